@@ -1,0 +1,71 @@
+"""Stages 6 and 7: sentiment (five stars) and toxicity (six sigmoid labels).
+
+Both read the response cut to 512 characters, as the reference did.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from pipeline import spec
+from pipeline.config import Settings
+from pipeline.device import Placement, placement_for
+from pipeline.models import ModelSource, resolve_model_source
+
+
+class _TextClassifier:
+    stage = ""
+    model_name = ""
+
+    def __init__(self, tokenizer, model, placement: Placement):
+        self.tokenizer = tokenizer
+        self.model = model
+        self.placement = placement
+        self.labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
+
+    @classmethod
+    def load(cls, source: ModelSource, placement: Placement):
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+        tokenizer = AutoTokenizer.from_pretrained(cls.model_name, **source.hf_kwargs())
+        model = AutoModelForSequenceClassification.from_pretrained(
+            cls.model_name, dtype=placement.torch_dtype, **source.hf_kwargs())
+        return cls(tokenizer, model.to(placement.device).eval(), placement)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, source: ModelSource | None = None):
+        source = source or resolve_model_source(settings)
+        return cls.load(source, placement_for(settings, cls.stage))
+
+    def logits(self, texts: Sequence[str]):
+        import torch
+        inputs = self.tokenizer([spec.classifier_text(t) for t in texts], padding=True, truncation=True,
+                                max_length=spec.TRUNCATE_LENGTH, return_tensors="pt")
+        inputs = {k: v.to(self.placement.device) for k, v in inputs.items()}
+        with torch.inference_mode():
+            return self.model(**inputs).logits.float().cpu()
+
+
+class SentimentClassifier(_TextClassifier):
+    stage = "sentiment"
+    model_name = spec.SENTIMENT_MODEL
+
+    def classify(self, texts: Sequence[str]) -> list[str]:
+        if not texts:
+            return []
+        top = self.logits(texts).softmax(dim=-1).argmax(dim=-1).tolist()
+        return [spec.sentiment_from_label(self.labels[i]) for i in top]
+
+    __call__ = classify
+
+
+class ToxicityClassifier(_TextClassifier):
+    stage = "toxicity"
+    model_name = spec.TOXICITY_MODEL
+
+    def top_probabilities(self, texts: Sequence[str]) -> list[float]:
+        # Multi-label: an independent sigmoid per label, as the pipeline applies it.
+        return self.logits(texts).sigmoid().max(dim=-1).values.tolist() if texts else []
+
+    def classify(self, texts: Sequence[str]) -> list[str]:
+        return [spec.is_toxic_flag(p) for p in self.top_probabilities(texts)]
+
+    __call__ = classify

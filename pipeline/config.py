@@ -1,0 +1,292 @@
+"""One typed, immutable settings object built from the environment, here only.
+
+Every variable the project reads is a field below, with its parser, default and
+one-line help; env.example is checked against this list by a test. A bad value
+raises ConfigError with one line naming the variable, the value and what is
+accepted, which entry points print instead of a traceback.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+STAGES = ("embed", "search", "fetch", "rerank", "generate", "sentiment", "toxicity", "index")
+MODEL_STAGES = ("embed", "rerank", "generate", "sentiment", "toxicity")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+class ConfigError(ValueError):
+    """A bad environment value; its message is one line meant for the operator."""
+
+
+@dataclass(frozen=True)
+class Address:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    max_size: int
+    max_wait_ms: float
+    max_queue: int
+
+
+# ---- parsers: each takes the raw string and returns the value or raises ValueError(accepted)
+
+def _int_range(lo: int | None = None, hi: int | None = None) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        what = "an integer" + (f" >= {lo}" if lo is not None and hi is None else "")
+        if lo is not None and hi is not None:
+            what = f"an integer from {lo} to {hi}"
+        try:
+            value = int(raw.strip())
+        except ValueError:
+            raise ValueError(what) from None
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            raise ValueError(what)
+        return value
+    return parse
+
+
+def _positive_float(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError("a number > 0") from None
+    if not value > 0 or value == float("inf"):
+        raise ValueError("a number > 0")
+    return value
+
+
+def _non_negative_float(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError("a number >= 0") from None
+    if not value >= 0 or value == float("inf"):
+        raise ValueError("a number >= 0")
+    return value
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _bool(raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ValueError("true or false (also 1/0, yes/no, on/off)")
+
+
+def _choice(*options: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        lowered = raw.strip().lower()
+        if lowered not in options:
+            raise ValueError("one of " + ", ".join(options))
+        return lowered
+    return parse
+
+
+def _optional_dtype(raw: str) -> str:
+    return "" if not raw.strip() else _choice(*DTYPES)(raw)
+
+
+def _address(raw: str) -> Address:
+    what = "host:port with a port from 1 to 65535 (for example 10.0.0.5:8000)"
+    host, sep, port = raw.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(what)
+    return Address(host.strip("[]"), int(port))
+
+
+def _path(raw: str) -> Path:
+    if not raw.strip():
+        raise ValueError("a file system path")
+    path = Path(raw.strip()).expanduser()
+    return path if path.is_absolute() else (Path.cwd() / path)
+
+
+def _optional_path(raw: str) -> Path | None:
+    return _path(raw) if raw.strip() else None
+
+
+def _node_list(raw: str) -> tuple[int, ...]:
+    what = "a comma-separated list of distinct node numbers, for example 0,1"
+    try:
+        nodes = tuple(int(part) for part in raw.split(",") if part.strip())
+    except ValueError:
+        raise ValueError(what) from None
+    if not nodes or len(set(nodes)) != len(nodes) or min(nodes) < 0:
+        raise ValueError(what)
+    return nodes
+
+
+def _text(raw: str) -> str:
+    return raw
+
+
+def var(env: str, parse: Callable[[str], Any], default: str, help: str) -> Any:
+    """A settings field bound to one environment variable."""
+    return field(metadata={"env": env, "parse": parse, "default": default, "help": help})
+
+
+def _max_batch(stage: str, size: int, why: str) -> Any:
+    return var(f"{stage.upper()}_MAX_BATCH", _int_range(1, 4096), str(size),
+               f"largest batch the {stage} stage runs ({why})")
+
+
+def _max_wait(stage: str, wait_ms: int) -> Any:
+    return var(f"{stage.upper()}_MAX_WAIT_MS", _non_negative_float, str(wait_ms),
+               f"how long the {stage} stage's oldest item may wait for a fuller batch (ms)")
+
+
+@dataclass(frozen=True)
+class Settings:
+    # --- the cluster (SPEC)
+    total_nodes: int = var("TOTAL_NODES", _int_range(3, 3), "3", "number of nodes; the design has exactly 3")
+    node_number: int | None = var("NODE_NUMBER", _int_range(0, 2), "", "this node's role: 0 gateway+worker, 1 worker, 2 index server; empty for tools")
+    node_0_ip: Address = var("NODE_0_IP", _address, "127.0.0.1:8000", "host:port of node 0 (gateway and worker)")
+    node_1_ip: Address = var("NODE_1_IP", _address, "127.0.0.1:8001", "host:port of node 1 (worker)")
+    node_2_ip: Address = var("NODE_2_IP", _address, "127.0.0.1:8002", "host:port of node 2 (FAISS index server)")
+    worker_nodes: tuple[int, ...] = var("WORKER_NODES", _node_list, "0,1", "nodes the gateway round-robins requests between")
+    # --- data (SPEC)
+    faiss_index_path: Path = var("FAISS_INDEX_PATH", _path, "data/demo/faiss_index.bin", "the FAISS index node 2 serves")
+    documents_dir: Path = var("DOCUMENTS_DIR", _path, "data/demo/documents", "folder holding documents.db (workers)")
+    nprobe: int = var("NPROBE", _int_range(1, 65536), "64", "IVF lists probed per FAISS search")
+    faiss_mmap: bool = var("FAISS_MMAP", _bool, "true", "memory-map the index file instead of reading it into RAM")
+    # --- models
+    only_cpu: bool = var("ONLY_CPU", _bool, "false", "true forces the CPU even where a GPU exists")
+    model_source: str = var("MODEL_SOURCE", _choice("auto", "hub", "standin"), "auto", "hub: real models; standin: offline random-weight stand-ins; auto: real if cached or downloadable")
+    standin_profile: str = var("STANDIN_PROFILE", _choice("tiny", "faithful"), "tiny", "stand-in size: tiny for tests and demo, faithful (real shapes) for benchmarks")
+    standin_home: Path | None = var("STANDIN_HOME", _optional_path, "", "where stand-ins are built (default .cache/standins/<profile>)")
+    dtype: str = var("DTYPE", _choice(*DTYPES), "auto", "model dtype: auto = bfloat16 on CPUs with avx512_bf16/AMX, else float32; never float16 on CPU")
+    embed_dtype: str = var("EMBED_DTYPE", _optional_dtype, "", "dtype override for the embedder (empty: DTYPE)")
+    rerank_dtype: str = var("RERANK_DTYPE", _optional_dtype, "", "dtype override for the reranker (empty: DTYPE)")
+    generate_dtype: str = var("GENERATE_DTYPE", _optional_dtype, "", "dtype override for the LLM (empty: DTYPE)")
+    sentiment_dtype: str = var("SENTIMENT_DTYPE", _optional_dtype, "", "dtype override for the sentiment classifier (empty: DTYPE)")
+    toxicity_dtype: str = var("TOXICITY_DTYPE", _optional_dtype, "", "dtype override for the toxicity classifier (empty: DTYPE)")
+    # --- threads
+    torch_threads: int = var("TORCH_THREADS", _int_range(0, 1024), "0", "torch intra-op threads; 0 = the core count")
+    faiss_threads: int = var("FAISS_THREADS", _int_range(0, 1024), "0", "faiss OpenMP threads; 0 = the core count")
+    waitress_threads: int = var("WAITRESS_THREADS", _int_range(0, 1024), "0", "HTTP threads per node; 0 = enough for STAGE_MAX_QUEUE concurrent requests")
+    # --- batching, one pair per stage (defaults from docs/performance.md once measured)
+    embed_max_batch: int = _max_batch("embed", 16, "cheap; batching helps")
+    embed_max_wait_ms: float = _max_wait("embed", 5)
+    search_max_batch: int = _max_batch("search", 16, "one HTTP call to node 2 per batch")
+    search_max_wait_ms: float = _max_wait("search", 5)
+    fetch_max_batch: int = _max_batch("fetch", 32, "one SQL query per batch")
+    fetch_max_wait_ms: float = _max_wait("fetch", 2)
+    rerank_max_batch: int = _max_batch("rerank", 4, "10 pairs per request; cost follows tokens")
+    rerank_max_wait_ms: float = _max_wait("rerank", 5)
+    generate_max_batch: int = _max_batch("generate", 8, "the LLM; batching raises tokens/s")
+    generate_max_wait_ms: float = _max_wait("generate", 20)
+    sentiment_max_batch: int = _max_batch("sentiment", 16, "short texts")
+    sentiment_max_wait_ms: float = _max_wait("sentiment", 5)
+    toxicity_max_batch: int = _max_batch("toxicity", 16, "short texts")
+    toxicity_max_wait_ms: float = _max_wait("toxicity", 5)
+    index_max_batch: int = _max_batch("index", 32, "node 2 merges concurrent searches")
+    index_max_wait_ms: float = _max_wait("index", 2)
+    stage_max_queue: int = var("STAGE_MAX_QUEUE", _int_range(1, 1_000_000), "256", "items a stage may hold waiting before it answers 503")
+    # --- time
+    request_timeout_s: float = var("REQUEST_TIMEOUT_S", _positive_float, "280", "a request unanswered after this gets 504 (clients wait 300 s)")
+    connect_timeout_s: float = var("CONNECT_TIMEOUT_S", _positive_float, "3", "connect timeout of node-to-node calls")
+    search_timeout_s: float = var("SEARCH_TIMEOUT_S", _positive_float, "30", "read timeout of a search call to node 2")
+    health_interval_s: float = var("HEALTH_INTERVAL_S", _positive_float, "2", "how often the gateway re-checks a worker out of rotation")
+    startup_timeout_s: float = var("STARTUP_TIMEOUT_S", _positive_float, "300", "how long ./run.sh local waits for the nodes to become healthy")
+    log_level: str = var("LOG_LEVEL", _choice("debug", "info", "warning", "error"), "info", "logging level")
+
+    # ----------------------------------------------------------------- building
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            meta = f.metadata
+            raw = env.get(meta["env"])
+            raw = meta["default"] if raw is None else raw
+            if f.name == "node_number" and not raw.strip():
+                values[f.name] = None
+                continue
+            try:
+                values[f.name] = meta["parse"](raw)
+            except ValueError as exc:
+                raise ConfigError(f"{meta['env']}={raw!r} is not valid: expected {exc}") from None
+        values.update(overrides)
+        settings = cls(**values)
+        settings._check_consistency()
+        return settings
+
+    def replace(self, **changes: Any) -> "Settings":
+        return dataclasses.replace(self, **changes)
+
+    def _check_consistency(self) -> None:
+        bad = [n for n in self.worker_nodes if n not in (0, 1)]
+        if bad:
+            raise ConfigError(f"WORKER_NODES={','.join(map(str, self.worker_nodes))!r} is not valid: expected worker nodes among 0 and 1")
+
+    # ----------------------------------------------------------------- views
+
+    @staticmethod
+    def variables() -> dict[str, dict]:
+        """Environment variable name -> {field, default, help}, in declaration order."""
+        return {
+            f.metadata["env"]: {"field": f.name, "default": f.metadata["default"], "help": f.metadata["help"]}
+            for f in dataclasses.fields(Settings)
+        }
+
+    def node_address(self, node: int) -> Address:
+        return (self.node_0_ip, self.node_1_ip, self.node_2_ip)[node]
+
+    def batching(self, stage: str) -> BatchConfig:
+        if stage not in STAGES:
+            raise KeyError(stage)
+        return BatchConfig(getattr(self, f"{stage}_max_batch"), getattr(self, f"{stage}_max_wait_ms"), self.stage_max_queue)
+
+    def stage_dtype(self, stage: str) -> str:
+        if stage not in MODEL_STAGES:
+            raise KeyError(stage)
+        return getattr(self, f"{stage}_dtype") or self.dtype
+
+    def stage_dtype_variable(self, stage: str) -> str:
+        return f"{stage.upper()}_DTYPE" if getattr(self, f"{stage}_dtype") else "DTYPE"
+
+    @property
+    def documents_db(self) -> Path:
+        return self.documents_dir / "documents.db"
+
+    @property
+    def standin_dir(self) -> Path:
+        return self.standin_home or (REPO_ROOT / ".cache" / "standins" / self.standin_profile)
+
+    # ----------------------------------------------------------------- role checks
+
+    def require_node_number(self) -> int:
+        if self.node_number is None:
+            raise ConfigError("NODE_NUMBER='' is not valid: expected an integer from 0 to 2 to start a node")
+        return self.node_number
+
+    def require_index_file(self) -> Path:
+        if not self.faiss_index_path.is_file():
+            raise ConfigError(f"FAISS_INDEX_PATH={str(self.faiss_index_path)!r} is not valid: expected an existing FAISS index file")
+        return self.faiss_index_path
+
+    def require_documents(self) -> Path:
+        if not self.documents_db.is_file():
+            raise ConfigError(f"DOCUMENTS_DIR={str(self.documents_dir)!r} is not valid: expected a folder holding documents.db")
+        return self.documents_db

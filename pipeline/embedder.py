@@ -1,0 +1,47 @@
+"""Stage 1: the query embedding (bge-base through sentence-transformers)."""
+from __future__ import annotations
+
+import numpy as np
+
+from pipeline import spec
+from pipeline.config import Settings
+from pipeline.device import Placement, placement_for
+from pipeline.models import ModelSource, resolve_model_source
+
+
+class Embedder:
+    stage = "embed"
+
+    def __init__(self, model, placement: Placement):
+        self.model = model
+        self.placement = placement
+
+    @classmethod
+    def load(cls, source: ModelSource, placement: Placement) -> "Embedder":
+        from sentence_transformers import SentenceTransformer
+        kwargs = source.hf_kwargs()
+        model = SentenceTransformer(
+            spec.EMBEDDER_MODEL,
+            device=placement.device,
+            cache_folder=kwargs.get("cache_dir"),
+            local_files_only=source.local_files_only,
+            model_kwargs={"dtype": placement.torch_dtype},
+        )
+        model.eval()
+        return cls(model, placement)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, source: ModelSource | None = None) -> "Embedder":
+        source = source or resolve_model_source(settings)
+        return cls.load(source, placement_for(settings, cls.stage))
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        """(n, 768) float32, unit norm; no query prefix, as the reference did."""
+        if not texts:
+            return np.zeros((0, spec.EMBED_DIM), dtype=np.float32)
+        vectors = self.model.encode(list(texts), batch_size=len(texts), normalize_embeddings=True,
+                                    convert_to_numpy=True, show_progress_bar=False)
+        return np.ascontiguousarray(vectors, dtype=np.float32)
+
+    def __call__(self, texts: list[str]) -> list[np.ndarray]:
+        return list(self.embed(texts))

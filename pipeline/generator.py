@@ -1,0 +1,75 @@
+"""Stage 5: the grounded answer from Qwen2.5-0.5B-Instruct, greedy, batched.
+
+Batches are left-padded with attention masks, so a batch gives the same text
+as one request at a time (checked in float32 by the tests).
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Sequence
+
+from pipeline import spec
+from pipeline.config import Settings
+from pipeline.device import Placement, placement_for
+from pipeline.models import ModelSource, resolve_model_source
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    query: str
+    documents: tuple  # reranked documents, best first; only the top 3 are used
+
+
+class Generator:
+    stage = "generate"
+
+    def __init__(self, tokenizer, model, placement: Placement, max_new_tokens: int = spec.MAX_NEW_TOKENS):
+        self.tokenizer = tokenizer
+        self.model = model
+        self.placement = placement
+        self.max_new_tokens = max_new_tokens
+        # Greedy instead of the reference's temperature 0.01 sampling (the same
+        # answer in all but name, and deterministic); the model's own repetition
+        # penalty and eos ids stay as its generation config sets them.
+        config = copy.deepcopy(model.generation_config)
+        config.do_sample = False
+        config.temperature = None
+        config.top_p = None
+        config.top_k = None
+        config.max_new_tokens = max_new_tokens
+        if config.pad_token_id is None:
+            config.pad_token_id = tokenizer.pad_token_id
+        self.generation_config = config
+
+    @classmethod
+    def load(cls, source: ModelSource, placement: Placement, **kwargs) -> "Generator":
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        tokenizer = AutoTokenizer.from_pretrained(spec.GENERATOR_MODEL, padding_side="left", **source.hf_kwargs())
+        model = AutoModelForCausalLM.from_pretrained(spec.GENERATOR_MODEL, dtype=placement.torch_dtype,
+                                                     **source.hf_kwargs())
+        return cls(tokenizer, model.to(placement.device).eval(), placement, **kwargs)
+
+    @classmethod
+    def from_settings(cls, settings: Settings, source: ModelSource | None = None) -> "Generator":
+        source = source or resolve_model_source(settings)
+        return cls.load(source, placement_for(settings, cls.stage))
+
+    def prompt(self, query: str, documents: Sequence) -> str:
+        return self.tokenizer.apply_chat_template(spec.build_messages(query, documents), tokenize=False,
+                                                  add_generation_prompt=True)
+
+    def generate_prompts(self, prompts: Sequence[str]) -> list[str]:
+        import torch
+        if not prompts:
+            return []
+        inputs = self.tokenizer(list(prompts), return_tensors="pt", padding=True).to(self.placement.device)
+        with torch.inference_mode():
+            output = self.model.generate(**inputs, generation_config=self.generation_config)
+        new_tokens = output[:, inputs["input_ids"].shape[1]:]
+        return self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[str]:
+        return self.generate_prompts([self.prompt(r.query, r.documents) for r in requests])
+
+    __call__ = generate

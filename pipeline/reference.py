@@ -1,0 +1,84 @@
+"""The oracle: the seven stages in one process, one request at a time, float32.
+
+Later work (batching, continuous batching, bfloat16, distribution) is checked
+against the answers this gives. CLI: `python -m pipeline.reference [QUERY ...]`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from dataclasses import dataclass
+
+from pipeline import spec
+from pipeline.classifiers import SentimentClassifier, ToxicityClassifier
+from pipeline.config import ConfigError, Settings
+from pipeline.device import Placement, select_device
+from pipeline.docstore import DocumentStore
+from pipeline.embedder import Embedder
+from pipeline.generator import GenerationRequest, Generator
+from pipeline.models import ModelSource, resolve_model_source
+from pipeline.reranker import RerankRequest, Reranker
+from pipeline.vector_index import VectorIndex
+
+
+@dataclass
+class ReferencePipeline:
+    embedder: Embedder
+    index: VectorIndex
+    store: DocumentStore
+    reranker: Reranker
+    generator: Generator
+    sentiment: SentimentClassifier
+    toxicity: ToxicityClassifier
+
+    @classmethod
+    def from_settings(cls, settings: Settings, source: ModelSource | None = None) -> "ReferencePipeline":
+        source = source or resolve_model_source(settings)
+        fp32 = Placement(select_device(settings.only_cpu), "float32")
+        return cls(
+            embedder=Embedder.load(source, fp32),
+            index=VectorIndex.load(settings.require_index_file(), nprobe=settings.nprobe, mmap=settings.faiss_mmap),
+            store=DocumentStore(settings.require_documents()),
+            reranker=Reranker.load(source, fp32),
+            generator=Generator.load(source, fp32),
+            sentiment=SentimentClassifier.load(source, fp32),
+            toxicity=ToxicityClassifier.load(source, fp32),
+        )
+
+    def retrieve(self, query: str):
+        ids, _ = self.index.search(self.embedder.embed([query]), spec.TOP_K)
+        return self.store.fetch_batch([ids[0].tolist()])[0]
+
+    def answer(self, query: str, request_id: str = "") -> dict:
+        documents = self.retrieve(query)
+        ranked = self.reranker.rerank([RerankRequest(query, tuple(documents))])[0]
+        response = self.generator.generate([GenerationRequest(query, tuple(s.document for s in ranked))])[0]
+        return spec.answer_json(request_id, response, self.sentiment.classify([response])[0],
+                                self.toxicity.classify([response])[0])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("queries", nargs="*", help="queries to answer (default: the reference client's eight)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object per line")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        pipeline = ReferencePipeline.from_settings(Settings.from_env())
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    for i, query in enumerate(args.queries or spec.REFERENCE_QUERIES):
+        answer = pipeline.answer(query, request_id=f"ref-{i}")
+        if args.json:
+            print(json.dumps(answer), flush=True)
+        else:
+            print(f"\nQ: {query}\nA: {answer['generated_response']!r}\n"
+                  f"   sentiment={answer['sentiment']} is_toxic={answer['is_toxic']}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

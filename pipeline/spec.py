@@ -1,0 +1,85 @@
+"""The contract of ../shared/SPEC.md in code: constants, prompt, label rules.
+
+Everything a stage must agree on with the course's reference pipeline lives
+here, so the reference and the batched stages cannot drift apart.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Protocol, Sequence
+
+EMBED_DIM = 768
+TOP_K = 10
+MAX_NEW_TOKENS = 128
+TRUNCATE_LENGTH = 512  # tokens for the reranker, characters for the classifiers
+CONTEXT_DOCS = 3
+CONTEXT_CHARS = 200
+TOXICITY_THRESHOLD = 0.5
+
+EMBEDDER_MODEL = "BAAI/bge-base-en-v1.5"
+RERANKER_MODEL = "BAAI/bge-reranker-base"
+GENERATOR_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+SENTIMENT_MODEL = "nlptown/bert-base-multilingual-uncased-sentiment"
+TOXICITY_MODEL = "unitary/toxic-bert"
+
+SYSTEM_PROMPT = "When given Context and Question, reply as 'Answer: <final answer>' only."
+
+SENTIMENTS = ("very negative", "negative", "neutral", "positive", "very positive")
+STAR_LABELS: Mapping[str, str] = {
+    "1 star": "very negative",
+    "2 stars": "negative",
+    "3 stars": "neutral",
+    "4 stars": "positive",
+    "5 stars": "very positive",
+}
+
+REFERENCE_QUERIES = (
+    "How do I return a defective product?",
+    "What is your refund policy?",
+    "My order hasn't arrived yet, tracking number is ABC123",
+    "How do I update my billing information?",
+    "Is there a warranty on electronic items?",
+    "Can I change my shipping address after placing an order?",
+    "What payment methods do you accept?",
+    "How long does shipping typically take?",
+)
+
+
+class HasTitleAndContent(Protocol):
+    title: str
+    content: str
+
+
+def build_context(ranked_docs: Sequence[HasTitleAndContent]) -> str:
+    """The top three reranked documents, one line each, as the reference built it."""
+    return "\n".join(
+        f"- {doc.title}: {doc.content[:CONTEXT_CHARS]}" for doc in ranked_docs[:CONTEXT_DOCS]
+    )
+
+
+def build_messages(query: str, ranked_docs: Sequence[HasTitleAndContent]) -> list[dict]:
+    context = build_context(ranked_docs)
+    return [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": f"Context:\n{context}\n\nQuestion: {query}\n\nAnswer:"},
+    ]
+
+
+def sentiment_from_label(label: str) -> str:
+    """Map the classifier's top star label; anything unexpected is neutral."""
+    return STAR_LABELS.get(label, "neutral")
+
+
+def is_toxic_flag(top_probability: float) -> str:
+    """`"true"` when the top toxic label's probability is over the threshold."""
+    return "true" if top_probability > TOXICITY_THRESHOLD else "false"
+
+
+def classifier_text(response: str) -> str:
+    """The classifiers see the response cut to 512 characters."""
+    return response[:TRUNCATE_LENGTH]
+
+
+def answer_json(request_id: str, generated_response: str, sentiment: str, is_toxic: str) -> dict:
+    """The reply body of POST /query."""
+    return {"request_id": request_id, "generated_response": generated_response,
+            "sentiment": sentiment, "is_toxic": is_toxic}
