@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Send JSON queries to the gateway, like the course's client.
+
+Checks /health, then sends requests from separate threads at a fixed
+interval (each waiting up to 300 s), prints every answer and a summary.
+    NODE_0_IP=127.0.0.1:8000 python client.py [--requests N] [--interval S] [--queries-file F]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+import uuid
+
+import requests
+
+DEFAULT_QUERIES = [
+    "How do I return a defective product?",
+    "What is your refund policy?",
+    "My order hasn't arrived yet, tracking number is ABC123",
+    "How do I update my billing information?",
+    "Is there a warranty on electronic items?",
+    "Can I change my shipping address after placing an order?",
+    "What payment methods do you accept?",
+    "How long does shipping typically take?",
+]
+
+
+def wait_for_health(base_url: str, wait_s: float) -> dict:
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            response = requests.get(f"{base_url}/health", timeout=5)
+            if response.status_code == 200:
+                return response.json()
+        except requests.RequestException:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"gateway at {base_url} is not healthy after {wait_s:.0f}s")
+        time.sleep(1)
+
+
+def send(base_url: str, request_id: str, query: str, timeout_s: float, results: list, lock: threading.Lock):
+    started = time.monotonic()
+    try:
+        response = requests.post(f"{base_url}/query", json={"request_id": request_id, "query": query},
+                                 timeout=timeout_s)
+        try:
+            body = response.json()
+        except ValueError:
+            body = {"error": response.text[:200]}
+        outcome = (response.status_code, body)
+    except requests.RequestException as exc:
+        outcome = (None, {"error": f"{type(exc).__name__}: {exc}"})
+    elapsed = time.monotonic() - started
+    with lock:
+        results.append((request_id, query, outcome[0], outcome[1], elapsed))
+        status, body = outcome
+        if status == 200:
+            print(f"[{request_id}] {elapsed:6.1f}s  Q: {query}\n    A: {body.get('generated_response')!r}\n"
+                  f"    sentiment={body.get('sentiment')} is_toxic={body.get('is_toxic')}"
+                  f" served_by={body.get('served_by', '?')}", flush=True)
+        else:
+            print(f"[{request_id}] {elapsed:6.1f}s  FAILED ({status}): {body.get('error')}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Send JSON queries to the gateway (node 0).")
+    parser.add_argument("--requests", type=int, default=None, help="how many requests (default: one per query)")
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between requests")
+    parser.add_argument("--queries-file", help="a file with one query per line")
+    parser.add_argument("--timeout", type=float, default=300.0, help="per-request timeout (s)")
+    parser.add_argument("--wait-health", type=float, default=300.0, help="how long to wait for /health")
+    parser.add_argument("--url", default=None, help="gateway base URL (default http://$NODE_0_IP)")
+    parser.add_argument("--json", action="store_true", help="print the replies as JSON lines at the end")
+    args = parser.parse_args(argv)
+
+    base_url = args.url or f"http://{os.environ.get('NODE_0_IP', '127.0.0.1:8000')}"
+    queries = DEFAULT_QUERIES
+    if args.queries_file:
+        with open(args.queries_file, encoding="utf-8") as f:
+            queries = [line.strip() for line in f if line.strip()]
+    count = args.requests if args.requests is not None else len(queries)
+
+    health = wait_for_health(base_url, args.wait_health)
+    print(f"gateway healthy: {json.dumps(health)}", flush=True)
+    results: list = []
+    lock = threading.Lock()
+    threads = []
+    run_id = uuid.uuid4().hex[:8]
+    started = time.monotonic()
+    for i in range(count):
+        thread = threading.Thread(target=send, args=(base_url, f"{run_id}-{i}", queries[i % len(queries)],
+                                                     args.timeout, results, lock))
+        thread.start()
+        threads.append(thread)
+        if i + 1 < count:
+            time.sleep(args.interval)
+    for thread in threads:
+        thread.join()
+    elapsed = time.monotonic() - started
+
+    ok = [r for r in results if r[2] == 200]
+    latencies = sorted(r[4] for r in results)
+    print(f"\nsummary: sent {count}, succeeded {len(ok)}, failed {count - len(ok)}, elapsed {elapsed:.1f}s")
+    for request_id, _query, status, _body, latency in sorted(results):
+        print(f"  {request_id}: {status} in {latency:.1f}s")
+    if latencies:
+        print(f"latency: min {latencies[0]:.1f}s, median {latencies[len(latencies) // 2]:.1f}s, "
+              f"max {latencies[-1]:.1f}s")
+    if args.json:
+        for r in sorted(results):
+            print(json.dumps({"request_id": r[0], "status": r[2], **r[3]}))
+    return 0 if len(ok) == count else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""Node 2: the FAISS index over HTTP. Ids (and distances) go back, never documents.
+
+Concurrent callers are merged into one faiss search by a BatchingService of
+single vectors: faiss's per-query cost falls with batch size.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from flask import Flask, jsonify
+
+from pipeline.vector_index import VectorIndex
+from services.batching import BatchingService
+from services.http import ApiError, make_app, read_json_object
+from services.lifecycle import Readiness
+
+MAX_SEARCH_VECTORS = 1024
+MAX_K = 1024
+MAX_SEARCH_BODY_BYTES = 32 * 1024 * 1024  # 1024 vectors of 768 floats as JSON text
+
+
+@dataclass(frozen=True)
+class SearchItem:
+    vector: np.ndarray
+    k: int
+
+
+class IndexService:
+    def __init__(self, index: VectorIndex, *, max_size: int, max_wait_ms: float, max_queue: int):
+        self.index = index
+        self.batcher = BatchingService("index", self._search_batch, max_size=max_size,
+                                       max_wait_ms=max_wait_ms, max_queue=max_queue)
+
+    def _search_batch(self, items: list[SearchItem]) -> list[tuple[list[int], list[float]]]:
+        k = max(item.k for item in items)
+        ids, distances = self.index.search(np.stack([item.vector for item in items]), k)
+        return [(ids[i, :item.k].tolist(), distances[i, :item.k].tolist()) for i, item in enumerate(items)]
+
+    def search(self, vectors: np.ndarray, k: int, timeout_s: float) -> tuple[list, list]:
+        futures = self.batcher.submit_many([SearchItem(v, k) for v in vectors])
+        deadline = time.monotonic() + timeout_s
+        results = []
+        for future in futures:
+            try:
+                results.append(future.result(timeout=max(0.0, deadline - time.monotonic())))
+            except TimeoutError:
+                for f in futures:
+                    f.cancel()
+                raise ApiError(504, "search timed out") from None
+        return [r[0] for r in results], [r[1] for r in results]
+
+    def close(self, timeout: float | None = None) -> None:
+        self.batcher.close(timeout)
+
+
+def parse_search_body(body: dict, dim: int) -> tuple[np.ndarray, int]:
+    """Validate {"embeddings": [[dim floats], ...], "k": int}; ApiError(400) naming the problem."""
+    k = body.get("k", 10)
+    if type(k) is not int or not 1 <= k <= MAX_K:
+        raise ApiError(400, f"'k' must be an integer from 1 to {MAX_K}", field="k")
+    rows = body.get("embeddings")
+    if not isinstance(rows, list) or not rows:
+        raise ApiError(400, "'embeddings' must be a non-empty list of vectors", field="embeddings")
+    if len(rows) > MAX_SEARCH_VECTORS:
+        raise ApiError(400, f"'embeddings' holds {len(rows)} vectors; the limit is {MAX_SEARCH_VECTORS}",
+                       field="embeddings")
+    for i, row in enumerate(rows):
+        if not isinstance(row, list) or len(row) != dim:
+            got = len(row) if isinstance(row, list) else type(row).__name__
+            raise ApiError(400, f"embeddings[{i}] must be a list of {dim} numbers, got {got}", field="embeddings")
+        for x in row:
+            if type(x) not in (int, float):
+                raise ApiError(400, f"embeddings[{i}] holds a {type(x).__name__}, expected numbers",
+                               field="embeddings")
+            if not math.isfinite(x):
+                raise ApiError(400, f"embeddings[{i}] holds a non-finite number ({x})", field="embeddings")
+    vectors = np.asarray(rows, dtype=np.float32)
+    if not np.isfinite(vectors).all():
+        raise ApiError(400, "embeddings overflow float32", field="embeddings")
+    return vectors, k
+
+
+def create_index_app(readiness: Readiness, holder: dict[str, Any], *, node: int, total_nodes: int,
+                     timeout_s: float) -> Flask:
+    """`holder["service"]` is the IndexService once the index is loaded."""
+    app = make_app("index-server")
+
+    @app.get("/health")
+    def health():
+        service: IndexService | None = holder.get("service")
+        if not readiness.ready or service is None:
+            return jsonify({"status": readiness.state, "node": node, "total_nodes": total_nodes,
+                            "role": "index", "detail": readiness.detail}), 503
+        index = service.index
+        return jsonify({"status": "healthy", "node": node, "total_nodes": total_nodes, "role": "index",
+                        "ntotal": index.ntotal, "dim": index.dim, "nprobe": index.nprobe,
+                        "mmap": index.is_mmap})
+
+    @app.post("/search")
+    def search():
+        service: IndexService | None = holder.get("service")
+        if not readiness.ready or service is None:
+            raise ApiError(503, f"index server is {readiness.state}", retry_after_s=5)
+        vectors, k = parse_search_body(read_json_object(MAX_SEARCH_BODY_BYTES), service.index.dim)
+        ids, distances = service.search(vectors, k, timeout_s)
+        return jsonify({"ids": ids, "distances": distances})
+
+    return app

@@ -1,0 +1,178 @@
+"""The three nodes as separate processes on 127.0.0.1: `./run.sh local`.
+
+Used by the demo, the tests and the load generator. Each node logs to its own
+file under one folder; the children die with the parent (PR_SET_PDEATHSIG),
+and Ctrl-C or SIGTERM stops all three gracefully.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Mapping
+
+import requests
+
+from pipeline.config import REPO_ROOT, ConfigError, Settings
+
+log = logging.getLogger(__name__)
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass  # not Linux: the parent's stop() still cleans up
+
+
+class LocalCluster:
+    def __init__(self, env: Mapping[str, str], log_dir: Path, python: str = sys.executable):
+        self.env = dict(env)
+        self.settings = Settings.from_env(self.env)
+        self.log_dir = Path(log_dir)
+        self.python = python
+        self.procs: dict[int, subprocess.Popen] = {}
+
+    def url(self, node: int) -> str:
+        return self.settings.node_address(node).url
+
+    def log_path(self, node: int) -> Path:
+        return self.log_dir / f"node{node}.log"
+
+    def start_node(self, node: int) -> subprocess.Popen:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        env = {**self.env, "NODE_NUMBER": str(node)}
+        with open(self.log_path(node), "ab") as out:
+            proc = subprocess.Popen([self.python, "-m", "services.node"], env=env, cwd=REPO_ROOT,
+                                    stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+        self.procs[node] = proc
+        return proc
+
+    def start(self, timeout_s: float | None = None) -> "LocalCluster":
+        for node in (2, 1, 0):  # the index first: workers search it as soon as they serve
+            self.start_node(node)
+        self.wait_healthy(timeout_s=timeout_s)
+        return self
+
+    def healthy(self, node: int) -> bool:
+        try:
+            return requests.get(f"{self.url(node)}/health", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def wait_healthy(self, nodes=(0, 1, 2), timeout_s: float | None = None) -> None:
+        deadline = time.monotonic() + (timeout_s or self.settings.startup_timeout_s)
+        pending = set(nodes)
+        while pending:
+            for node in list(pending):
+                proc = self.procs.get(node)
+                if proc is not None and proc.poll() is not None:
+                    raise RuntimeError(f"node {node} exited with {proc.returncode}; see {self.log_path(node)}:\n"
+                                       + self.tail(node))
+                if self.healthy(node):
+                    pending.discard(node)
+            if pending and time.monotonic() > deadline:
+                raise TimeoutError(f"nodes {sorted(pending)} not healthy in time; logs in {self.log_dir}")
+            if pending:
+                time.sleep(0.2)
+
+    def tail(self, node: int, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path(node).read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def kill_node(self, node: int) -> None:
+        """SIGKILL: a crash, as far as the others can tell."""
+        proc = self.procs.pop(node, None)
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+
+    def stop_node(self, node: int, timeout_s: float = 60) -> int | None:
+        proc = self.procs.pop(node, None)
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=30)
+        return proc.returncode
+
+    def stop(self, timeout_s: float = 60) -> dict[int, int | None]:
+        return {node: self.stop_node(node, timeout_s) for node in (0, 1, 2) if node in self.procs}
+
+    def __enter__(self) -> "LocalCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def pinned_env(env: Mapping[str, str]) -> dict[str, str]:
+    """Resolve the model source once here (building stand-ins if needed), so that
+    the two workers do not both build them, and pin it for the children."""
+    from pipeline.models import resolve_model_source
+    settings = Settings.from_env(env)
+    source = resolve_model_source(settings)
+    pinned = {**env, "MODEL_SOURCE": source.kind}
+    if source.is_standin:
+        pinned["STANDIN_HOME"] = str(settings.standin_dir)
+    return pinned
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run the three nodes locally on 127.0.0.1")
+    parser.add_argument("--log-dir", default=str(REPO_ROOT / "logs" / "local"))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s local-cluster %(levelname)s: %(message)s")
+    try:
+        env = pinned_env(os.environ)
+        cluster = LocalCluster(env, Path(args.log_dir))
+        cluster.settings.require_index_file()
+        cluster.settings.require_documents()
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    stopping = False
+
+    def on_signal(signum, _frame):
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    log.info("starting nodes 2, 1, 0; logs in %s", cluster.log_dir)
+    try:
+        cluster.start()
+        log.info("all three nodes healthy; gateway at %s (Ctrl-C stops them)", cluster.url(0))
+        print(f"READY {cluster.url(0)}", flush=True)
+        while not stopping:
+            for node, proc in list(cluster.procs.items()):
+                if proc.poll() is not None:
+                    log.error("node %d exited with %s; see %s", node, proc.returncode, cluster.log_path(node))
+                    stopping = True
+            time.sleep(0.5)
+    except (RuntimeError, TimeoutError) as exc:
+        log.error("%s", exc)
+        cluster.stop()
+        return 1
+    finally:
+        codes = cluster.stop()
+        if codes:
+            log.info("stopped: %s", ", ".join(f"node {n} exit {c}" for n, c in codes.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

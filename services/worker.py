@@ -1,0 +1,140 @@
+"""A worker node's request path: every model stage behind its own BatchingService.
+
+embed -> search (node 2, batched HTTP) -> fetch -> rerank -> generate ->
+sentiment and toxicity at the same time. Each stage runs on its own thread,
+so different requests are in different stages at once (a pipeline), while
+the caller's thread just waits on futures with the request's deadline.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future, TimeoutError as FutureTimeout
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline import spec
+from pipeline.classifiers import SentimentClassifier, ToxicityClassifier
+from pipeline.config import Settings
+from pipeline.device import placement_for
+from pipeline.docstore import DocumentStore
+from pipeline.embedder import Embedder
+from pipeline.generator import GenerationRequest, Generator
+from pipeline.models import ModelSource
+from pipeline.reranker import RerankRequest, Reranker
+from services.batching import BatchingService
+from services.node_client import IndexClient
+
+log = logging.getLogger(__name__)
+
+WARMUP_QUERY = "How do I return a defective product?"
+
+
+class RequestTimeout(TimeoutError):
+    """The request's deadline passed; its unstarted work was cancelled."""
+
+
+@dataclass
+class Stages:
+    """The models and the document store one worker runs (the pipeline layer)."""
+    embedder: Embedder
+    store: DocumentStore
+    reranker: Reranker
+    generator: Generator
+    sentiment: SentimentClassifier
+    toxicity: ToxicityClassifier
+
+    @classmethod
+    def load(cls, settings: Settings, source: ModelSource) -> "Stages":
+        return cls(
+            embedder=Embedder.load(source, placement_for(settings, "embed")),
+            store=DocumentStore(settings.require_documents()),
+            reranker=Reranker.load(source, placement_for(settings, "rerank")),
+            generator=Generator.load(source, placement_for(settings, "generate")),
+            sentiment=SentimentClassifier.load(source, placement_for(settings, "sentiment")),
+            toxicity=ToxicityClassifier.load(source, placement_for(settings, "toxicity")),
+        )
+
+    def warm_up(self) -> None:
+        """One pass through every model so the first real request pays no lazy init."""
+        self.embedder.embed([WARMUP_QUERY])
+        self.reranker.score_pairs([(WARMUP_QUERY, "Returns are accepted within 30 days.")])
+        self.generator.generate_prompts([self.generator.prompt(WARMUP_QUERY, [])], max_new_tokens=2)
+        self.sentiment.classify(["Thanks, that helped."])
+        self.toxicity.classify(["Thanks, that helped."])
+
+    def devices(self) -> dict[str, str]:
+        return {name: f"{stage.placement.device}/{stage.placement.dtype}"
+                for name, stage in (("embed", self.embedder), ("rerank", self.reranker),
+                                    ("generate", self.generator), ("sentiment", self.sentiment),
+                                    ("toxicity", self.toxicity))}
+
+
+class Worker:
+    def __init__(self, settings: Settings, stages: Stages, index: IndexClient):
+        self.settings = settings
+        self.stages = stages
+        self.index = index
+        self._served = 0
+        self._lock = threading.Lock()
+
+        def service(stage: str, batch_fn) -> BatchingService:
+            cfg = settings.batching(stage)
+            return BatchingService(stage, batch_fn, max_size=cfg.max_size, max_wait_ms=cfg.max_wait_ms,
+                                   max_queue=cfg.max_queue)
+
+        self.services = {
+            "embed": service("embed", stages.embedder),
+            "search": service("search", self._search_batch),
+            "fetch": service("fetch", stages.store.fetch_batch),
+            "rerank": service("rerank", stages.reranker.rerank),
+            "generate": service("generate", stages.generator.generate),
+            "sentiment": service("sentiment", stages.sentiment.classify),
+            "toxicity": service("toxicity", stages.toxicity.classify),
+        }
+
+    def _search_batch(self, vectors: list[np.ndarray]) -> list[list[int]]:
+        # One HTTP call to node 2 for the whole batch of embeddings.
+        deadline = time.monotonic() + self.settings.search_timeout_s
+        ids, _ = self.index.search(np.stack(vectors), spec.TOP_K, deadline=deadline)
+        return ids
+
+    @staticmethod
+    def _wait(future: Future, deadline: float):
+        try:
+            return future.result(timeout=max(0.0, deadline - time.monotonic()))
+        except FutureTimeout:
+            future.cancel()  # skipped by its stage if it has not started yet
+            raise RequestTimeout("request timed out") from None
+
+    def answer(self, request_id: str, query: str, timeout_s: float | None = None) -> dict:
+        deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.settings.request_timeout_s)
+        s = self.services
+        vector = self._wait(s["embed"].submit(query), deadline)
+        ids = self._wait(s["search"].submit(vector), deadline)
+        documents = self._wait(s["fetch"].submit(list(ids)), deadline)
+        ranked = self._wait(s["rerank"].submit(RerankRequest(query, tuple(documents))), deadline)
+        response = self._wait(s["generate"].submit(
+            GenerationRequest(query, tuple(r.document for r in ranked))), deadline)
+        # Sentiment and toxicity depend only on the answer: both are queued before either is awaited.
+        sentiment, toxicity = s["sentiment"].submit(response), s["toxicity"].submit(response)
+        reply = spec.answer_json(request_id, response, self._wait(sentiment, deadline),
+                                 self._wait(toxicity, deadline))
+        with self._lock:
+            self._served += 1
+        return reply
+
+    @property
+    def served(self) -> int:
+        with self._lock:
+            return self._served
+
+    def stats(self) -> dict:
+        return {name: svc.stats() for name, svc in self.services.items()}
+
+    def close(self, timeout: float | None = None) -> None:
+        for svc in self.services.values():
+            svc.close(timeout)
+        self.index.close()
