@@ -36,6 +36,8 @@ demo_env() {
 
 build_demo_data() {
   demo_env
+  # Only the demo's own data is built here; a deployer's FAISS_INDEX_PATH is theirs.
+  [[ "$FAISS_INDEX_PATH" == "$DEMO_DIR/faiss_index.bin" ]] || return 0
   if [[ ! -f "$FAISS_INDEX_PATH" || ! -f "$DOCUMENTS_DIR/documents.db" ]]; then
     log "building the demo data (support corpus) in $DEMO_DIR"
     "$PY" -m pipeline.data build --out "$DEMO_DIR" --kind support --docs "${DEMO_DOCS:-2000}" --force
@@ -54,7 +56,12 @@ case "$cmd" in
   demo)
     setup
     build_demo_data
-    exec "$PY" -m pipeline.reference
+    exec "$PY" -m services.demo
+    ;;
+  local)
+    setup
+    build_demo_data
+    exec "$PY" -m services.local_cluster
     ;;
   "")
     if [[ -z "${NODE_NUMBER:-}" ]]; then

@@ -1,0 +1,32 @@
+"""`./run.sh demo`: the three nodes on 127.0.0.1 answering the client's eight queries."""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+from pipeline.config import REPO_ROOT, ConfigError
+from services.local_cluster import LocalCluster, pinned_env
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s demo %(levelname)s: %(message)s")
+    try:
+        cluster = LocalCluster(pinned_env(os.environ), REPO_ROOT / "logs" / "demo")
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(REPO_ROOT))
+    import client  # the top-level client.py, exactly as a user runs it
+
+    logging.info("starting the three nodes (logs in %s)", cluster.log_dir)
+    try:
+        cluster.start()
+        return client.main(["--url", cluster.url(0), "--interval", os.environ.get("DEMO_INTERVAL_S", "0.5")])
+    finally:
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
