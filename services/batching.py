@@ -17,7 +17,6 @@ guarding the queue, and no polling.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import threading
@@ -162,11 +161,10 @@ class BatchingService:
         # runs (batch_fn, future callbacks): a done-callback that calls submit()
         # would otherwise deadlock on this non-reentrant lock.
         self._cond = threading.Condition(threading.Lock())
-        # Keyed by a sequence number so a cancelled item can be removed in O(1)
+        # Keyed by the item's future so a cancelled item can be removed in O(1)
         # while insertion order (= arrival order) is kept: the first entry is
         # always the oldest live item, which sets the batch deadline.
-        self._pending: OrderedDict[int, _PendingItem] = OrderedDict()
-        self._seq = itertools.count()
+        self._pending: OrderedDict[Future, _PendingItem] = OrderedDict()
         self._closing = False
 
         self._batches_total = 0
@@ -321,11 +319,10 @@ class BatchingService:
         records = []
         for item in items:
             future: Future = Future()
-            seq = next(self._seq)
             # Registered before the item is visible to the worker, while the
             # future is still PENDING, so the callback never fires right here.
-            future.add_done_callback(self._make_cancel_callback(seq))
-            records.append((seq, _PendingItem(item, future, now)))
+            future.add_done_callback(self._forget_if_cancelled)
+            records.append(_PendingItem(item, future, now))
 
         with self._cond:
             if self._closing:
@@ -337,8 +334,8 @@ class BatchingService:
                     f"queued, capacity max_queue={self._max_queue}",
                     retry_after_s=self._retry_after_locked(depth),
                 )
-            for seq, record in records:
-                self._pending[seq] = record
+            for record in records:
+                self._pending[record.future] = record
             new_depth = depth + len(records)
             # Only wake the worker when it has something new to decide: the
             # queue became non-empty (start the window) or a full batch is now
@@ -346,7 +343,7 @@ class BatchingService:
             # wake-ups that recompute the same deadline.
             if depth == 0 or depth < self._max_size <= new_depth:
                 self._cond.notify()
-        return [record.future for _, record in records]
+        return [record.future for record in records]
 
     def _retry_after_locked(self, depth: int) -> float:
         # Time to drain the current queue at the observed average batch time.
@@ -358,23 +355,25 @@ class BatchingService:
         estimate = math.ceil(depth / self._max_size) * per_batch
         return min(max(estimate, _MIN_RETRY_AFTER_S), _MAX_RETRY_AFTER_S)
 
-    def _make_cancel_callback(self, seq: int) -> Callable[[Future], None]:
-        def on_done(future: Future) -> None:
-            # Runs on every resolution; only cancellation needs work.
-            if not future.cancelled():
-                return
-            with self._cond:
-                if self._pending.pop(seq, None) is None:
-                    # The worker (or close) already took it off the queue and
-                    # will see the cancellation in set_running_or_notify_cancel.
-                    return
-                # CANCELLED -> CANCELLED_AND_NOTIFIED: without this,
-                # concurrent.futures.wait() would not count it as done. No user
-                # callbacks run here (they ran in cancel()), so the lock is fine.
-                future.set_running_or_notify_cancel()
-                self._cancelled_items_total += 1
+    def _forget_if_cancelled(self, future: Future) -> None:
+        """Done-callback of every item's future: drop cancelled items at once.
 
-        return on_done
+        Without it a cancelled item would hold a queue slot (and could trigger
+        Overloaded) and set the batch deadline until the worker reached it.
+        """
+        # Runs on every resolution; only cancellation needs work.
+        if not future.cancelled():
+            return
+        with self._cond:
+            if self._pending.pop(future, None) is None:
+                # The worker (or close) already took it off the queue and
+                # will see the cancellation in set_running_or_notify_cancel.
+                return
+            # CANCELLED -> CANCELLED_AND_NOTIFIED: without this,
+            # concurrent.futures.wait() would not count it as done. No user
+            # callbacks run here (they ran in cancel()), so the lock is fine.
+            future.set_running_or_notify_cancel()
+            self._cancelled_items_total += 1
 
     # ---------------------------------------------------------------- worker
 

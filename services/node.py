@@ -22,6 +22,7 @@ from services.gateway import Gateway, NoWorkerAvailable, Target, remote_target
 from services.http import ApiError, make_app, read_json_object, require_string, serve
 from services.index_server import IndexService, create_index_app
 from services.lifecycle import Readiness
+from services.metrics import GatewayCollector, NodeMetrics
 from services.node_client import IndexClient, NodeError, WorkerClient
 from services.worker import RequestTimeout, Stages, Worker
 
@@ -48,8 +49,17 @@ class NodeState:
         self.worker: Worker | None = None
         self.gateway: Gateway | None = None
         self.model_source = "loading"
+        self.index_holder: dict[str, Any] = {}
         self.in_flight = 0
         self.lock = threading.Lock()
+        self.metrics = NodeMetrics(self.batching_services)
+        self.metrics.register(GatewayCollector(lambda: self.gateway))
+
+    def batching_services(self):
+        if self.worker is not None:
+            yield from self.worker.services.values()
+        if self.index_holder.get("service") is not None:
+            yield self.index_holder["service"].batcher
 
     def health_body(self) -> dict[str, Any]:
         body: dict[str, Any] = {"status": "healthy" if self.readiness.ready else self.readiness.state,
@@ -58,6 +68,9 @@ class NodeState:
         if self.worker is not None:
             body["device"] = self.worker.stages.devices()
             body["served"] = self.worker.served
+            body["stages"] = {name: {"batches": st.batches_total, "items": st.items_total,
+                                     "max_batch": st.max_batch_size_seen, "queue_depth": st.queue_depth}
+                              for name, st in self.worker.stats().items()}
         if self.gateway is not None:
             body["workers"] = self.gateway.status()
         if self.readiness.detail:
@@ -89,6 +102,7 @@ def _track_in_flight(app: Flask, state: NodeState) -> None:
 def create_worker_app(state: NodeState) -> Flask:
     app = make_app(f"node-{state.node}")
     _track_in_flight(app, state)
+    state.metrics.instrument(app)
 
     @app.get("/health")
     def health():
@@ -239,11 +253,11 @@ def main() -> int:
     _configure_threads(settings)
     state = NodeState(settings, node)
     if node == 2:
-        holder: dict = {}
-        app = create_index_app(state.readiness, holder, node=node, total_nodes=settings.total_nodes,
+        app = create_index_app(state.readiness, state.index_holder, node=node, total_nodes=settings.total_nodes,
                                timeout_s=settings.search_timeout_s)
         _track_in_flight(app, state)
-        load = lambda: _load_index(state, holder)  # noqa: E731
+        state.metrics.instrument(app)
+        load = lambda: _load_index(state, state.index_holder)  # noqa: E731
     else:
         app = create_worker_app(state)
         load = lambda: _load_worker(state)  # noqa: E731

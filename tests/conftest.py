@@ -1,0 +1,91 @@
+"""Shared fixtures: tiny stand-ins (built once into .cache), small course and support data."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach a model hub
+
+import pytest
+
+from pipeline.config import Settings
+from pipeline.device import Placement
+
+TEST_ENV = {"MODEL_SOURCE": "standin", "STANDIN_PROFILE": "tiny", "DTYPE": "float32", "ONLY_CPU": "true"}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _torch_threads():
+    import torch
+    torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def tiny_settings() -> Settings:
+    return Settings.from_env(TEST_ENV)
+
+
+@pytest.fixture(scope="session")
+def model_source(tiny_settings):
+    from pipeline.models import standin_source
+    return standin_source(tiny_settings)
+
+
+@pytest.fixture(scope="session")
+def fp32() -> Placement:
+    return Placement("cpu", "float32")
+
+
+@pytest.fixture(scope="session")
+def embedder(model_source, fp32):
+    from pipeline.embedder import Embedder
+    return Embedder.load(model_source, fp32)
+
+
+@pytest.fixture(scope="session")
+def reranker(model_source, fp32):
+    from pipeline.reranker import Reranker
+    return Reranker.load(model_source, fp32)
+
+
+@pytest.fixture(scope="session")
+def generator(model_source, fp32):
+    from pipeline.generator import Generator
+    return Generator.load(model_source, fp32)
+
+
+@pytest.fixture(scope="session")
+def sentiment(model_source, fp32):
+    from pipeline.classifiers import SentimentClassifier
+    return SentimentClassifier.load(model_source, fp32)
+
+
+@pytest.fixture(scope="session")
+def toxicity(model_source, fp32):
+    from pipeline.classifiers import ToxicityClassifier
+    return ToxicityClassifier.load(model_source, fp32)
+
+
+@pytest.fixture(scope="session")
+def course_data(tmp_path_factory):
+    from pipeline.data import build_course
+    return build_course(tmp_path_factory.mktemp("course"), 3000, seed=0, progress=False)
+
+
+@pytest.fixture(scope="session")
+def support_data(tmp_path_factory, embedder):
+    from pipeline.data import build_support
+    return build_support(tmp_path_factory.mktemp("support"), 400, embedder.embed, seed=0, progress=False)
+
+
+def data_env(result) -> dict[str, str]:
+    return {"FAISS_INDEX_PATH": str(result.index_path), "DOCUMENTS_DIR": str(result.db_path.parent)}
+
+
+@pytest.fixture(scope="session")
+def reference(support_data, embedder, reranker, generator, sentiment, toxicity):
+    from pipeline.docstore import DocumentStore
+    from pipeline.reference import ReferencePipeline
+    from pipeline.vector_index import VectorIndex
+    return ReferencePipeline(embedder=embedder, index=VectorIndex.load(support_data.index_path, nprobe=64),
+                             store=DocumentStore(support_data.db_path), reranker=reranker,
+                             generator=generator, sentiment=sentiment, toxicity=toxicity)

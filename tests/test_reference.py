@@ -1,0 +1,33 @@
+"""The reference pipeline answers the eight queries on both data layouts."""
+from pipeline import spec
+from pipeline.docstore import DocumentStore
+from pipeline.reference import ReferencePipeline
+from pipeline.vector_index import VectorIndex
+
+
+def _check(answer, request_id):
+    assert answer["request_id"] == request_id
+    assert isinstance(answer["generated_response"], str) and answer["generated_response"]
+    assert answer["sentiment"] in spec.SENTIMENTS
+    assert answer["is_toxic"] in ("true", "false")
+
+
+def test_reference_on_support_data(reference):
+    for i, query in enumerate(spec.REFERENCE_QUERIES[:3]):
+        _check(reference.answer(query, f"r{i}"), f"r{i}")
+    docs = reference.retrieve(spec.REFERENCE_QUERIES[0])
+    assert 1 <= len(docs) <= spec.TOP_K
+
+
+def test_reference_on_course_data(course_data, reference):
+    course = ReferencePipeline(**{**reference.__dict__, "index": VectorIndex.load(course_data.index_path),
+                                  "store": DocumentStore(course_data.db_path)})
+    docs = course.retrieve(spec.REFERENCE_QUERIES[1])
+    assert len(docs) == spec.TOP_K
+    assert all(d.title == f"Document {d.doc_id}" for d in docs)
+    _check(course.answer(spec.REFERENCE_QUERIES[1], "c1"), "c1")
+
+
+def test_reference_is_deterministic(reference):
+    query = spec.REFERENCE_QUERIES[4]
+    assert reference.answer(query, "a") == reference.answer(query, "a")

@@ -1,0 +1,87 @@
+"""Every stage: a batch gives what one item at a time gives (float32, tiny stand-ins)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline import spec
+from pipeline.docstore import Document
+from pipeline.generator import GenerationRequest
+from pipeline.reranker import RerankRequest
+
+QUERIES = list(spec.REFERENCE_QUERIES)
+TEXTS = ["ok", "Answer: you can return it within 30 days for a refund.",
+         "Answer: " + "the package is delayed because of the weather and the carrier. " * 20]
+
+
+def _docs(n: int, long: bool = False) -> tuple[Document, ...]:
+    body = "Refunds are issued to the original payment method within 5 business days. " * (8 if long else 1)
+    return tuple(Document(i, f"Document {i}", f"{body} Case {i}.", "billing") for i in range(n))
+
+
+def test_embeddings_batch_equals_single(embedder):
+    batch = embedder.embed(QUERIES)
+    single = np.stack([embedder.embed([q])[0] for q in QUERIES])
+    assert batch.shape == (8, spec.EMBED_DIM) and batch.dtype == np.float32
+    np.testing.assert_allclose(batch, single, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.linalg.norm(batch, axis=1), 1.0, rtol=1e-5)
+    assert [v.shape for v in embedder(QUERIES[:2])] == [(768,), (768,)]
+
+
+def test_rerank_batch_equals_single_with_mixed_lengths(reranker):
+    requests = [RerankRequest(QUERIES[0], _docs(10)), RerankRequest(QUERIES[1], _docs(10, long=True)),
+                RerankRequest(QUERIES[2], _docs(3)), RerankRequest(QUERIES[3], ())]
+    batch = reranker.rerank(requests)
+    single = [reranker.rerank([r])[0] for r in requests]
+    for b, s, r in zip(batch, single, requests):
+        assert [x.document.doc_id for x in b] == [x.document.doc_id for x in s]
+        np.testing.assert_allclose([x.score for x in b], [x.score for x in s], rtol=1e-4, atol=1e-5)
+        assert sorted(x.document.doc_id for x in b) == sorted(d.doc_id for d in r.documents)
+        assert all(b[i].score >= b[i + 1].score for i in range(len(b) - 1))
+
+
+def test_generate_batch_equals_single_left_padded(generator):
+    requests = [GenerationRequest(QUERIES[0], _docs(3)), GenerationRequest(QUERIES[1], _docs(1, long=True)),
+                GenerationRequest(QUERIES[2], ()), GenerationRequest("Hi", _docs(3, long=True))]
+    prompts = [generator.prompt(r.query, r.documents) for r in requests]
+    lengths = {len(generator.tokenizer(p)["input_ids"]) for p in prompts}
+    assert len(lengths) == len(prompts), "the batch must mix prompt lengths to exercise left padding"
+    batch = generator.generate(requests)
+    single = [generator.generate([r])[0] for r in requests]
+    assert batch == single
+    assert all(isinstance(t, str) and t for t in batch)
+
+
+def test_generate_stops_at_128_new_tokens(generator):
+    prompt = generator.prompt(QUERIES[0], _docs(3))
+    inputs = generator.tokenizer([prompt], return_tensors="pt")
+    out = generator.model.generate(**inputs, generation_config=generator.generation_config)
+    assert out.shape[1] - inputs["input_ids"].shape[1] <= spec.MAX_NEW_TOKENS
+    assert generator.generation_config.do_sample is False
+    assert generator.generation_config.repetition_penalty == pytest.approx(1.1)
+
+
+def test_prompt_is_the_chat_template_of_the_spec_messages(generator):
+    docs = _docs(4)
+    text = generator.prompt(QUERIES[0], docs)
+    assert spec.SYSTEM_PROMPT in text
+    assert spec.build_context(docs) in text and "Document 3" not in text
+    assert text.rstrip().endswith("<|im_start|>assistant")
+
+
+def test_classifiers_batch_equals_single(sentiment, toxicity):
+    labels = sentiment.classify(TEXTS)
+    assert labels == [sentiment.classify([t])[0] for t in TEXTS]
+    assert set(labels) <= set(spec.SENTIMENTS)
+    flags = toxicity.classify(TEXTS)
+    assert flags == [toxicity.classify([t])[0] for t in TEXTS]
+    assert set(flags) <= {"true", "false"}
+    probs = toxicity.top_probabilities(TEXTS)
+    assert flags == [("true" if p > 0.5 else "false") for p in probs]
+
+
+def test_classifiers_see_only_512_characters(sentiment, toxicity):
+    long = "Answer: great service. " * 100
+    assert toxicity.top_probabilities([long]) == pytest.approx(toxicity.top_probabilities([long[:512]]))
+    assert sentiment.classify([long]) == sentiment.classify([long[:512]])
+    assert sentiment.classify([]) == [] and toxicity.classify([]) == []
