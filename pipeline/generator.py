@@ -59,13 +59,14 @@ class Generator:
         return self.tokenizer.apply_chat_template(spec.build_messages(query, documents), tokenize=False,
                                                   add_generation_prompt=True)
 
-    def generate_prompts(self, prompts: Sequence[str]) -> list[str]:
+    def generate_prompts(self, prompts: Sequence[str], max_new_tokens: int | None = None) -> list[str]:
         import torch
         if not prompts:
             return []
         inputs = self.tokenizer(list(prompts), return_tensors="pt", padding=True).to(self.placement.device)
+        extra = {} if max_new_tokens is None else {"max_new_tokens": max_new_tokens}
         with torch.inference_mode():
-            output = self.model.generate(**inputs, generation_config=self.generation_config)
+            output = self.model.generate(**inputs, generation_config=self.generation_config, **extra)
         new_tokens = output[:, inputs["input_ids"].shape[1]:]
         return self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
 

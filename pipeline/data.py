@@ -1,0 +1,563 @@
+"""Build the document database and FAISS index that the service reads.
+
+    python -m pipeline.data build --out DIR --kind {course,support} [--docs N]
+        [--nlist N] [--nprobe 64] [--seed 0] [--force] [--batch-size B]
+
+writes ``DIR/documents/documents.db`` and ``DIR/faiss_index.bin``.
+
+* ``course``: the course rows (``Document {i}``) and an ``IndexIVFFlat`` (L2,
+  768-d) of seeded uniform-random vectors whose ids are the doc_ids.
+* ``support``: the realistic articles of :mod:`pipeline.corpus`, embedded with
+  the configured embedder (``content`` only), in an ``IndexIVFFlat`` too.
+
+nlist defaults to ``clamp(N // 39, 1, 4096)`` because faiss wants ~39 training
+points per list; the stored nprobe is ``min(nprobe, nlist)``.
+
+Memory. An in-memory ``IndexIVFFlat`` holds every vector, so adding 4.5M
+vectors to one would need the whole 13.8 GB index in RAM. Instead the index
+file is written by a streaming two-pass writer: pass 1 assigns every vector to
+its inverted list (keeping only one int64 per vector), pass 2 regenerates the
+vectors and writes each one straight to its final offset in the file. The
+result is byte-identical to ``faiss.write_index`` of the same vectors added to
+an in-memory index (the tests check this), and peak memory is the training
+sample plus one batch.
+
+Crash safety. Both files are written under temporary names next to their final
+places (``documents/.documents.db.partial`` and ``.faiss_index.bin.partial``),
+fsynced, then renamed: database first, index last, so ``faiss_index.bin``
+exists only after a complete build. Any failure removes the partial files; a
+failure between the two renames removes both final files, so a new database
+never sits beside a stale index. Existing outputs are only replaced with
+``force``; until the final renames, the previous build stays intact.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sqlite3
+import struct
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+from itertools import islice
+from pathlib import Path
+
+import faiss
+import numpy as np
+from tqdm import tqdm
+
+from pipeline.corpus import course_document, support_documents
+from pipeline.docstore import DB_FILENAME, TABLE
+
+log = logging.getLogger(__name__)
+
+EmbedFn = Callable[[list[str]], np.ndarray]
+
+DOCS_SUBDIR = "documents"
+INDEX_FILENAME = "faiss_index.bin"
+PARTIAL_SUFFIX = ".partial"
+
+COURSE_DOCS = 4_500_000
+COURSE_DIM = 768
+SUPPORT_DOCS = 5_000
+MAX_NLIST = 4096
+POINTS_PER_LIST = 39  # faiss warns below 39 training points per centroid
+DEFAULT_NPROBE = 64
+COURSE_BATCH = 65_536
+SUPPORT_BATCH = 256
+
+SCHEMA = (
+    f"CREATE TABLE {TABLE} (doc_id INTEGER PRIMARY KEY, title TEXT NOT NULL, "
+    "content TEXT NOT NULL, category TEXT NOT NULL)"
+)
+INSERT = f"INSERT INTO {TABLE} (doc_id, title, content, category) VALUES (?, ?, ?, ?)"
+
+
+class BuildError(Exception):
+    """A build that cannot start; the CLI reports it in one line with exit code 2."""
+
+
+class OutputExistsError(BuildError, FileExistsError):
+    pass
+
+
+class InvalidBuildArgument(BuildError, ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    kind: str
+    db_path: Path
+    index_path: Path
+    n_docs: int
+    ntotal: int
+    dim: int
+    nlist: int
+    nprobe: int
+    train_size: int
+    seed: int
+    seconds: float
+
+    @property
+    def db_bytes(self) -> int:
+        return self.db_path.stat().st_size
+
+    @property
+    def index_bytes(self) -> int:
+        return self.index_path.stat().st_size
+
+
+@dataclass(frozen=True)
+class _IvfParams:
+    nlist: int
+    nprobe: int
+    train_size: int
+
+
+# --------------------------------------------------------------------------
+# Public API
+
+
+def output_paths(out_dir: str | Path) -> tuple[Path, Path]:
+    """``(db_path, index_path)`` of a build in ``out_dir``."""
+    out_dir = Path(out_dir)
+    return out_dir / DOCS_SUBDIR / DB_FILENAME, out_dir / INDEX_FILENAME
+
+
+def check_outputs(out_dir: str | Path, force: bool) -> None:
+    """Raise :class:`OutputExistsError` if a build would overwrite files without ``force``."""
+    existing = [p for p in output_paths(out_dir) if p.exists()]
+    if existing and not force:
+        names = ", ".join(str(p) for p in existing)
+        raise OutputExistsError(f"refusing to overwrite existing {names} (use --force)")
+
+
+def default_nlist(n_vectors: int) -> int:
+    return max(1, min(MAX_NLIST, n_vectors // POINTS_PER_LIST))
+
+
+def course_vector_batches(
+    n: int, dim: int = COURSE_DIM, seed: int = 0, batch_size: int = COURSE_BATCH
+) -> Iterator[np.ndarray]:
+    """Vectors 0..n-1 of the course index: uniform [0, 1) float32 from one seeded stream.
+
+    Consecutive draws continue the same stream, so the values do not depend on
+    ``batch_size``.
+    """
+    rng = np.random.default_rng(seed)
+    for start in range(0, n, batch_size):
+        yield rng.random((min(batch_size, n - start), dim), dtype=np.float32)
+
+
+def build_course(
+    out_dir: str | Path,
+    n_docs: int,
+    *,
+    nlist: int | None = None,
+    nprobe: int = DEFAULT_NPROBE,
+    seed: int = 0,
+    force: bool = False,
+    batch_size: int = COURSE_BATCH,
+    progress: bool = True,
+    dim: int = COURSE_DIM,
+    train_size: int | None = None,
+) -> BuildResult:
+    """Course rows and an IVFFlat of seeded random vectors, streamed in batches."""
+    params = _ivf_params(n_docs, nlist, nprobe, train_size, batch_size)
+    started = time.perf_counter()
+    with _staged_outputs(out_dir, force) as (db_tmp, index_tmp):
+        rows = (course_document(i).as_row() for i in range(n_docs))
+        with _db_writer(db_tmp) as insert:
+            for chunk in _chunks(rows, batch_size, n_docs, "documents", progress):
+                insert(chunk)
+        # The stream is i.i.d., so its first vectors are a fair training sample.
+        sample = next(course_vector_batches(params.train_size, dim, seed, params.train_size))
+        index = _train_index(sample, params)
+        del sample
+        vectors = partial(course_vector_batches, n_docs, dim, seed, batch_size)
+        _write_ivfflat(index_tmp, index, vectors, n_docs, progress)
+    return _result("course", out_dir, n_docs, dim, params, seed, started)
+
+
+def build_support(
+    out_dir: str | Path,
+    n_docs: int,
+    embed_fn: EmbedFn,
+    *,
+    nlist: int | None = None,
+    nprobe: int = DEFAULT_NPROBE,
+    seed: int = 0,
+    force: bool = False,
+    batch_size: int = SUPPORT_BATCH,
+    progress: bool = True,
+    train_size: int | None = None,
+) -> BuildResult:
+    """Support articles and an IVFFlat of their ``content`` embeddings.
+
+    ``embed_fn(texts) -> (len(texts), d) float32`` is called once per batch of
+    ``batch_size`` documents; the embeddings are kept in memory (3 KB per
+    document at d=768), since recomputing them for the second pass would cost
+    far more.
+    """
+    params = _ivf_params(n_docs, nlist, nprobe, train_size, batch_size)
+    started = time.perf_counter()
+    with _staged_outputs(out_dir, force) as (db_tmp, index_tmp):
+        vectors = _write_and_embed(db_tmp, support_documents(n_docs, seed), n_docs, embed_fn, batch_size, progress)
+        index = _train_index(vectors[_sample_rows(n_docs, params.train_size, seed)], params)
+        _write_ivfflat(index_tmp, index, partial(_row_batches, vectors, batch_size), n_docs, progress)
+    return _result("support", out_dir, n_docs, vectors.shape[1], params, seed, started)
+
+
+# --------------------------------------------------------------------------
+# Parameters and results
+
+
+def _ivf_params(n_docs: int, nlist: int | None, nprobe: int, train_size: int | None, batch_size: int) -> _IvfParams:
+    if n_docs < 1:
+        raise InvalidBuildArgument(f"--docs must be >= 1, got {n_docs}")
+    if batch_size < 1:
+        raise InvalidBuildArgument(f"--batch-size must be >= 1, got {batch_size}")
+    if nprobe < 1:
+        raise InvalidBuildArgument(f"--nprobe must be >= 1, got {nprobe}")
+    nlist = default_nlist(n_docs) if nlist is None else nlist
+    if not 1 <= nlist <= n_docs:
+        # k-means needs at least one training point per list.
+        raise InvalidBuildArgument(f"--nlist must be between 1 and the number of documents ({n_docs}), got {nlist}")
+    if train_size is None:
+        train_size = min(n_docs, POINTS_PER_LIST * nlist)
+    if not nlist <= train_size <= n_docs:
+        raise InvalidBuildArgument(f"train_size must be between nlist ({nlist}) and {n_docs}, got {train_size}")
+    return _IvfParams(nlist=nlist, nprobe=min(nprobe, nlist), train_size=train_size)
+
+
+def _result(kind: str, out_dir, n_docs: int, dim: int, params: _IvfParams, seed: int, started: float) -> BuildResult:
+    db_path, index_path = output_paths(out_dir)
+    return BuildResult(
+        kind=kind, db_path=db_path, index_path=index_path, n_docs=n_docs, ntotal=n_docs, dim=dim,
+        nlist=params.nlist, nprobe=params.nprobe, train_size=params.train_size, seed=seed,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _row_batches(array: np.ndarray, batch_size: int) -> Iterator[np.ndarray]:
+    for start in range(0, len(array), batch_size):
+        yield array[start : start + batch_size]
+
+
+def _sample_rows(n: int, size: int, seed: int) -> np.ndarray:
+    if size >= n:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(seed).choice(n, size, replace=False))
+
+
+# --------------------------------------------------------------------------
+# Staging: temporary names, cleanup, final renames
+
+
+def _partial(path: Path) -> Path:
+    return path.with_name(f".{path.name}{PARTIAL_SUFFIX}")
+
+
+@contextmanager
+def _staged_outputs(out_dir: str | Path, force: bool) -> Iterator[tuple[Path, Path]]:
+    """Yield temporary paths for (db, index); rename them into place on success."""
+    check_outputs(out_dir, force)
+    db_path, index_path = output_paths(out_dir)
+    created_dir = not db_path.parent.exists()
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    temps = (_partial(db_path), _partial(index_path))
+    _remove(temps)  # leftovers of a build that was killed
+    try:
+        yield temps
+        _commit(temps, (db_path, index_path))
+    except BaseException:
+        _remove(temps)
+        if created_dir:
+            _rmdir_if_empty(db_path.parent)
+        raise
+
+
+def _commit(temps: tuple[Path, Path], finals: tuple[Path, Path]) -> None:
+    try:
+        for temp, final in zip(temps, finals):  # database first, index last
+            os.replace(temp, final)
+    except BaseException:
+        _remove(finals)  # never leave a new database beside a stale index
+        raise
+    _fsync_dir(finals[0].parent)
+    _fsync_dir(finals[1].parent)
+
+
+def _remove(paths: Iterable[Path]) -> None:
+    for path in paths:
+        for extra in ("", "-journal", "-wal", "-shm"):  # SQLite side files, if any
+            Path(f"{path}{extra}").unlink(missing_ok=True)
+
+
+def _rmdir_if_empty(path: Path) -> None:
+    try:
+        path.rmdir()
+    except OSError:
+        pass
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    # Makes the renames durable; not every platform can fsync a directory.
+    try:
+        _fsync_file(path)
+    except OSError:
+        pass
+
+
+# --------------------------------------------------------------------------
+# Documents
+
+
+@contextmanager
+def _db_writer(path: Path) -> Iterator[Callable[[list[tuple]], None]]:
+    """Yield ``insert(rows)``; all inserts share one transaction, committed on exit."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        # No journal or syncs: a failed build deletes this file anyway.
+        conn.execute("PRAGMA journal_mode=OFF")
+        conn.execute("PRAGMA synchronous=OFF")
+        conn.execute(SCHEMA)
+        conn.execute("BEGIN")
+        yield lambda rows: conn.executemany(INSERT, rows)
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+    _fsync_file(path)
+
+
+def _chunks(items: Iterable, size: int, total: int, desc: str, progress: bool) -> Iterator[list]:
+    """Lists of up to ``size`` items, with a progress bar counting items."""
+    it = iter(items)
+    with tqdm(total=total, desc=desc, unit="doc", unit_scale=True, disable=not progress) as bar:
+        while chunk := list(islice(it, size)):
+            yield chunk
+            bar.update(len(chunk))
+
+
+def _write_and_embed(db_path: Path, docs, n_docs: int, embed_fn: EmbedFn, batch_size: int, progress: bool) -> np.ndarray:
+    """Insert the documents and return their embeddings as an (n_docs, d) float32 array."""
+    vectors: np.ndarray | None = None
+    done = 0
+    with _db_writer(db_path) as insert:
+        for chunk in _chunks(docs, batch_size, n_docs, "documents+embeddings", progress):
+            insert([doc.as_row() for doc in chunk])
+            emb = _checked_embeddings(embed_fn([doc.content for doc in chunk]), len(chunk))
+            if vectors is None:
+                vectors = np.empty((n_docs, emb.shape[1]), dtype=np.float32)
+            elif emb.shape[1] != vectors.shape[1]:
+                raise ValueError(f"embedding dimension changed from {vectors.shape[1]} to {emb.shape[1]}")
+            vectors[done : done + len(chunk)] = emb
+            done += len(chunk)
+    if done != n_docs:
+        raise RuntimeError(f"corpus produced {done} documents, expected {n_docs}")
+    return vectors
+
+
+def _checked_embeddings(emb, rows: int) -> np.ndarray:
+    emb = np.asarray(emb, dtype=np.float32)
+    if emb.ndim != 2 or emb.shape[0] != rows:
+        raise ValueError(f"embed_fn returned shape {emb.shape} for {rows} texts")
+    if not np.isfinite(emb).all():
+        raise ValueError("embed_fn returned NaN or infinite values")
+    return emb
+
+
+# --------------------------------------------------------------------------
+# Streaming IVFFlat writer
+
+
+def _train_index(sample: np.ndarray, params: _IvfParams) -> faiss.IndexIVFFlat:
+    dim = sample.shape[1]
+    log.info("training IVF quantizer: %d vectors, dim %d, nlist %d", len(sample), dim, params.nlist)
+    started = time.perf_counter()
+    index = faiss.IndexIVFFlat(faiss.IndexFlatL2(dim), dim, params.nlist, faiss.METRIC_L2)
+    index.train(np.ascontiguousarray(sample, dtype=np.float32))
+    index.nprobe = params.nprobe  # stored in the file
+    log.info("trained in %.1f s", time.perf_counter() - started)
+    return index
+
+
+def _write_ivfflat(
+    path: Path, index: faiss.IndexIVFFlat, batches: Callable[[], Iterable[np.ndarray]], n: int, progress: bool
+) -> None:
+    """Write ``index`` (trained, empty) filled with the vectors of ``batches()``, ids 0..n-1.
+
+    ``batches`` is called twice and must yield the same vectors both times.
+    """
+    lists = _assign_lists(index.quantizer, batches(), n, progress)
+    sizes = np.bincount(lists, minlength=index.nlist).astype(np.int64)
+    header = _ivfflat_header(index, n, sizes)
+    code_size = index.code_size
+    with open(path, "wb") as f:
+        f.write(header)
+        f.truncate(len(header) + int(sizes.sum()) * (code_size + 8))
+        f.flush()
+        _scatter_vectors(f.fileno(), batches(), lists, sizes, code_size, len(header), progress)
+        os.fsync(f.fileno())
+
+
+def _assign_lists(quantizer: faiss.Index, batches: Iterable[np.ndarray], n: int, progress: bool) -> np.ndarray:
+    """Pass 1: the inverted list of every vector, exactly as ``IndexIVF.add`` computes it."""
+    lists = np.empty(n, dtype=np.int64)
+    done = 0
+    with tqdm(total=n, desc="vectors (assign)", unit="vec", unit_scale=True, disable=not progress) as bar:
+        for x in batches:
+            if done + len(x) > n:
+                raise RuntimeError(f"vector source yielded more than {n} vectors")
+            lists[done : done + len(x)] = quantizer.assign(x, 1).ravel()
+            done += len(x)
+            bar.update(len(x))
+    if done != n:
+        raise RuntimeError(f"vector source yielded {done} vectors, expected {n}")
+    return lists
+
+
+def _ivfflat_header(index: faiss.IndexIVFFlat, ntotal: int, sizes: np.ndarray) -> bytes:
+    """Everything up to the first list's codes, as ``faiss.write_index`` lays it out.
+
+    faiss serialises the empty index (header, quantizer, direct map) for us;
+    only ntotal and the "ilar" inverted-lists header are patched in.
+    """
+    blob = faiss.serialize_index(index).tobytes()
+    # An empty ArrayInvertedLists ends the file: "ilar", nlist, code_size, "sprs", 0 entries.
+    empty_tail = b"ilar" + struct.pack("=QQ", index.nlist, index.code_size) + b"sprs" + struct.pack("=Q", 0)
+    if blob[:4] != b"IwFl" or not blob.endswith(empty_tail) or struct.unpack_from("=q", blob, 8)[0] != 0:
+        raise RuntimeError("unexpected faiss serialisation layout for an empty IndexIVFFlat")
+    prefix = blob[:8] + struct.pack("=q", ntotal) + blob[16 : -len(empty_tail)]
+    nonempty = np.flatnonzero(sizes)
+    # Same rule as faiss: a dense size table when more than half the lists are used.
+    if len(nonempty) > index.nlist // 2:
+        kind, table = b"full", sizes
+    else:
+        kind, table = b"sprs", np.column_stack([nonempty, sizes[nonempty]]).ravel()
+    table = np.ascontiguousarray(table, dtype=np.uint64)
+    invlists = b"ilar" + struct.pack("=QQ", index.nlist, index.code_size) + kind + struct.pack("=Q", len(table))
+    return prefix + invlists + table.tobytes()
+
+
+def _scatter_vectors(
+    fd: int, batches: Iterable[np.ndarray], lists: np.ndarray, sizes: np.ndarray, code_size: int, data_start: int,
+    progress: bool,
+) -> None:
+    """Pass 2: write each vector and id to its slot; lists keep ids in increasing order.
+
+    On disk each non-empty list is its codes (size * code_size bytes) followed
+    by its ids (size int64s). Within a batch, the vectors of one list are
+    consecutive in that list, so each list gets one write of codes and one of ids.
+    """
+    list_starts = data_start + np.concatenate(([0], np.cumsum(sizes * (code_size + 8))[:-1]))
+    filled = np.zeros_like(sizes)
+    done = 0
+    with tqdm(total=len(lists), desc="vectors (write)", unit="vec", unit_scale=True, disable=not progress) as bar:
+        for x in batches:
+            batch_lists = lists[done : done + len(x)]
+            order = np.argsort(batch_lists, kind="stable")
+            codes = np.ascontiguousarray(x[order], dtype=np.float32)
+            ids = (done + order).astype(np.int64)
+            uniq, first, counts = np.unique(batch_lists[order], return_index=True, return_counts=True)
+            for lst, i0, count in zip(uniq.tolist(), first.tolist(), counts.tolist()):
+                slot, start = int(filled[lst]), int(list_starts[lst])
+                _pwrite_all(fd, codes[i0 : i0 + count], start + slot * code_size)
+                _pwrite_all(fd, ids[i0 : i0 + count], start + int(sizes[lst]) * code_size + slot * 8)
+                filled[lst] += count
+            done += len(x)
+            bar.update(len(x))
+    if done != len(lists) or not np.array_equal(filled, sizes):
+        raise RuntimeError("vector source changed between the two passes")
+
+
+def _pwrite_all(fd: int, array: np.ndarray, offset: int) -> None:
+    view = memoryview(array).cast("B")
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
+
+
+# --------------------------------------------------------------------------
+# CLI
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.data", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    build = sub.add_parser("build", help="build documents.db and faiss_index.bin")
+    build.add_argument("--out", required=True, type=Path, help="output directory (DATA_DIR)")
+    build.add_argument("--kind", choices=("course", "support"), default="course")
+    build.add_argument("--docs", type=int, help=f"documents (default: course {COURSE_DOCS}, support {SUPPORT_DOCS})")
+    build.add_argument("--nlist", type=int, help=f"IVF lists (default: clamp(docs // {POINTS_PER_LIST}, 1, {MAX_NLIST}))")
+    build.add_argument("--nprobe", type=int, default=DEFAULT_NPROBE, help="nprobe stored in the index")
+    build.add_argument("--seed", type=int, default=0)
+    build.add_argument("--force", action="store_true", help="overwrite existing outputs")
+    build.add_argument(
+        "--batch-size", type=int,
+        help=f"vectors per batch for course ({COURSE_BATCH}), documents per embedding batch for support ({SUPPORT_BATCH})",
+    )
+    build.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    return parser
+
+
+def _configured_embed_fn() -> EmbedFn:
+    # Imported lazily: the model stack is only needed for support builds.
+    from pipeline.config import Settings
+    from pipeline.embedder import Embedder
+
+    return Embedder.from_settings(Settings.from_env()).embed
+
+
+def _run_build(args: argparse.Namespace) -> BuildResult:
+    common = dict(nlist=args.nlist, nprobe=args.nprobe, seed=args.seed, force=args.force, progress=not args.no_progress)
+    if args.batch_size is not None:
+        common["batch_size"] = args.batch_size
+    if args.kind == "course":
+        return build_course(args.out, COURSE_DOCS if args.docs is None else args.docs, **common)
+    n_docs = SUPPORT_DOCS if args.docs is None else args.docs
+    _ivf_params(n_docs, args.nlist, args.nprobe, None, common.get("batch_size", SUPPORT_BATCH))
+    check_outputs(args.out, args.force)  # fail before loading the model
+    return build_support(args.out, n_docs, _configured_embed_fn(), **common)
+
+
+def _describe(result: BuildResult) -> str:
+    return (
+        f"built {result.kind}: {result.n_docs} documents, {result.ntotal} x {result.dim} vectors "
+        f"(nlist={result.nlist}, nprobe={result.nprobe}) in {result.seconds:.1f} s\n"
+        f"  {result.db_path} ({result.db_bytes / 1e6:.1f} MB)\n"
+        f"  {result.index_path} ({result.index_bytes / 1e6:.1f} MB)"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        result = _run_build(args)
+    except BuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: partial files removed", file=sys.stderr)
+        return 130
+    print(_describe(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

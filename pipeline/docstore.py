@@ -1,0 +1,151 @@
+"""Read-only access to the SQLite document store (``documents.db``).
+
+The schema is the course contract::
+
+    documents(doc_id INTEGER PRIMARY KEY, title TEXT NOT NULL,
+              content TEXT NOT NULL, category TEXT NOT NULL)
+
+``DocumentStore.fetch_batch`` resolves the search results of a whole batch of
+requests with a single SQL query: ids are deduplicated across the batch, each
+request keeps its own order, and ids that are negative (faiss pads with -1) or
+absent from the table are skipped.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+TABLE = "documents"
+DB_FILENAME = "documents.db"
+COLUMNS = ("doc_id", "title", "content", "category")
+
+# Used when the sqlite3 module cannot report the compiled-in limit (< 3.11).
+_FALLBACK_VARIABLE_LIMIT = 999
+
+
+class DocumentStoreError(RuntimeError):
+    """The database exists but is not a usable document store."""
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    doc_id: int
+    title: str
+    content: str
+    category: str
+
+    def as_row(self) -> tuple[int, str, str, str]:
+        """The row in column order, as inserted into ``documents``."""
+        return (self.doc_id, self.title, self.content, self.category)
+
+    def __iter__(self) -> Iterator:
+        # Lets a Document be unpacked like the (doc_id, title, content, category) tuple.
+        return iter(self.as_row())
+
+
+class DocumentStore:
+    """A read-only, thread-safe handle on ``documents.db``.
+
+    One connection is shared behind a lock (``check_same_thread=False``), so a
+    store created on one thread can be used from a worker thread; queries are
+    short primary-key lookups, so serialising them costs little.
+    """
+
+    def __init__(self, path: str | Path):
+        self._path = _resolve_db_path(path)
+        self._lock = threading.Lock()
+        self._conn = _connect_read_only(self._path)
+        try:
+            _check_schema(self._conn, self._path)
+        except BaseException:
+            self._conn.close()
+            raise
+        self._max_vars = _variable_limit(self._conn)
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    def fetch_batch(self, id_lists: Sequence[Iterable[int]]) -> list[list[Document]]:
+        """Documents for each id list, in the same order as the ids.
+
+        All ids of the batch are looked up in one ``SELECT`` (more only when
+        they exceed SQLite's bound-variable limit). Negative and unknown ids
+        are dropped; an id repeated inside one request is returned each time.
+        """
+        requests = [[int(i) for i in ids] for ids in id_lists]
+        wanted = list(dict.fromkeys(i for ids in requests for i in ids if i >= 0))
+        by_id = self._select(wanted)
+        return [[by_id[i] for i in ids if i in by_id] for ids in requests]
+
+    def fetch(self, ids: Iterable[int]) -> list[Document]:
+        """Single-request convenience wrapper around :meth:`fetch_batch`."""
+        return self.fetch_batch([ids])[0]
+
+    def count(self) -> int:
+        """Number of rows (a full table scan: for diagnostics, not hot paths)."""
+        with self._lock:
+            return self._conn.execute(f"SELECT COUNT(*) FROM {TABLE}").fetchone()[0]
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> DocumentStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"DocumentStore({str(self._path)!r})"
+
+    def _select(self, ids: list[int]) -> dict[int, Document]:
+        found: dict[int, Document] = {}
+        with self._lock:
+            for start in range(0, len(ids), self._max_vars):
+                chunk = ids[start : start + self._max_vars]
+                marks = ",".join("?" * len(chunk))
+                sql = f"SELECT {', '.join(COLUMNS)} FROM {TABLE} WHERE doc_id IN ({marks})"
+                for row in self._conn.execute(sql, chunk):
+                    found[row[0]] = Document(*row)
+        return found
+
+
+def _resolve_db_path(path: str | Path) -> Path:
+    # Accept DOCUMENTS_DIR as well as the file itself.
+    path = Path(path)
+    if path.is_dir():
+        path = path / DB_FILENAME
+    if not path.is_file():
+        raise FileNotFoundError(f"document database not found: {path}")
+    return path.resolve()
+
+
+def _connect_read_only(path: Path) -> sqlite3.Connection:
+    # mode=ro: the serving side must never create or modify the database.
+    uri = f"{path.as_uri()}?mode=ro"
+    return sqlite3.connect(uri, uri=True, check_same_thread=False)
+
+
+def _check_schema(conn: sqlite3.Connection, path: Path) -> None:
+    try:
+        columns = {row[1] for row in conn.execute(f"PRAGMA table_info({TABLE})")}
+    except sqlite3.DatabaseError as exc:
+        raise DocumentStoreError(f"{path} is not a readable SQLite database: {exc}") from exc
+    if not columns:
+        raise DocumentStoreError(f"{path} has no '{TABLE}' table")
+    missing = [c for c in COLUMNS if c not in columns]
+    if missing:
+        raise DocumentStoreError(f"{path}: table '{TABLE}' lacks columns {missing}")
+
+
+def _variable_limit(conn: sqlite3.Connection) -> int:
+    try:
+        return conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+    except AttributeError:
+        return _FALLBACK_VARIABLE_LIMIT

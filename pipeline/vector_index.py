@@ -1,0 +1,174 @@
+"""Loading and searching the FAISS index (``faiss_index.bin``).
+
+IVF indexes are memory-mapped by default (``IO_FLAG_MMAP | IO_FLAG_READ_ONLY``):
+the inverted lists stay in the file and the OS page cache, so a 13.8 GB course
+index opens instantly and is shared between processes. Index types that faiss
+cannot map are read into memory instead, with a log line saying so.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+MMAP_FLAGS = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY
+
+
+class VectorIndexError(RuntimeError):
+    """The index file exists but faiss cannot read it."""
+
+
+class VectorIndex:
+    """A thin, validating wrapper around a faiss index."""
+
+    def __init__(self, index: faiss.Index, *, path: str | Path | None = None, is_mmap: bool = False):
+        self._index = index
+        self._ivf = faiss.try_extract_index_ivf(index)
+        self._path = Path(path) if path is not None else None
+        self._is_mmap = is_mmap
+
+    @classmethod
+    def load(cls, path: str | Path, nprobe: int | None = 64, mmap: bool = True) -> VectorIndex:
+        """Open ``path``; ``nprobe=None`` keeps the value stored in the file."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"faiss index not found: {path}")
+        index, is_mmap = _read_index(path, mmap)
+        vi = cls(index, path=path, is_mmap=is_mmap)
+        if nprobe is not None:
+            vi.nprobe = nprobe
+        log.info(
+            "loaded %s from %s: ntotal=%d dim=%d nprobe=%s mmap=%s",
+            type(index).__name__, path, vi.ntotal, vi.dim, vi.nprobe, is_mmap,
+        )
+        return vi
+
+    @property
+    def index(self) -> faiss.Index:
+        return self._index
+
+    @property
+    def path(self) -> Path | None:
+        return self._path
+
+    @property
+    def dim(self) -> int:
+        return self._index.d
+
+    @property
+    def ntotal(self) -> int:
+        return self._index.ntotal
+
+    @property
+    def nlist(self) -> int | None:
+        return self._ivf.nlist if self._ivf is not None else None
+
+    @property
+    def is_mmap(self) -> bool:
+        return self._is_mmap
+
+    @property
+    def nprobe(self) -> int | None:
+        """Lists probed per query; None for non-IVF indexes."""
+        return self._ivf.nprobe if self._ivf is not None else None
+
+    @nprobe.setter
+    def nprobe(self, value: int) -> None:
+        if value < 1:
+            raise ValueError(f"nprobe must be >= 1, got {value}")
+        if self._ivf is None:
+            log.debug("nprobe=%d ignored: %s is not an IVF index", value, type(self._index).__name__)
+            return
+        # Not thread-safe against concurrent searches: set it before serving.
+        self._ivf.nprobe = min(int(value), self._ivf.nlist)
+
+    def search(self, embeddings: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top-``k`` neighbours of each row: ``(ids int64 (n,k), distances float32 (n,k))``.
+
+        Rows with fewer than k neighbours are padded with id -1 by faiss.
+        """
+        x = self._validate(embeddings)
+        k = _validate_k(k)
+        if x.shape[0] == 0:
+            return np.empty((0, k), dtype=np.int64), np.empty((0, k), dtype=np.float32)
+        distances, ids = self._index.search(x, k)
+        return ids, distances
+
+    def search_batch(self, vectors: Sequence[np.ndarray], k: int) -> list[tuple[list[int], list[float]]]:
+        """One ``search`` call for a list of query vectors (each (d,) or (1, d)).
+
+        Returns ``(ids, distances)`` lists per query, in input order; -1 padding
+        is kept (the document store skips it).
+        """
+        if len(vectors) == 0:
+            return []
+        rows = [np.asarray(v).reshape(1, -1) if np.ndim(v) == 1 else np.asarray(v) for v in vectors]
+        if any(r.shape[0] != 1 for r in rows):
+            raise ValueError("search_batch expects one vector per query")
+        ids, distances = self.search(np.vstack(rows), k)
+        return list(zip(ids.tolist(), distances.tolist()))
+
+    def _validate(self, embeddings: np.ndarray) -> np.ndarray:
+        if not isinstance(embeddings, np.ndarray):
+            raise TypeError(f"embeddings must be a numpy array, got {type(embeddings).__name__}")
+        if embeddings.ndim != 2:
+            raise ValueError(f"embeddings must have shape (n, {self.dim}), got {embeddings.shape}")
+        if embeddings.shape[1] != self.dim:
+            raise ValueError(f"embedding dimension {embeddings.shape[1]} does not match index dimension {self.dim}")
+        if not np.issubdtype(embeddings.dtype, np.floating):
+            raise TypeError(f"embeddings must be floating point, got {embeddings.dtype}")
+        # faiss needs C-contiguous float32; this copies only when it must.
+        x = np.ascontiguousarray(embeddings, dtype=np.float32)
+        if not np.isfinite(x).all():
+            raise ValueError("embeddings contain NaN or infinite values")
+        return x
+
+    def __repr__(self) -> str:
+        return (
+            f"VectorIndex({type(self._index).__name__}, ntotal={self.ntotal}, dim={self.dim}, "
+            f"nprobe={self.nprobe}, mmap={self.is_mmap})"
+        )
+
+
+def _validate_k(k: int) -> int:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"k must be a positive integer, got {k!r}")
+    return int(k)
+
+
+def _read_index(path: Path, mmap: bool) -> tuple[faiss.Index, bool]:
+    if mmap:
+        try:
+            index = faiss.read_index(os.fspath(path), MMAP_FLAGS)
+        except RuntimeError as exc:
+            log.info("cannot memory-map %s (%s); reading it into memory", path, _short_error(exc))
+        else:
+            if _uses_mmap(index):
+                return index, True
+            # faiss ignores the flag for types without inverted lists (e.g. IndexFlat).
+            log.info("%s does not support mmap; it was read into memory", type(index).__name__)
+            return index, False
+    try:
+        return faiss.read_index(os.fspath(path)), False
+    except RuntimeError as exc:
+        raise VectorIndexError(f"cannot read faiss index {path}: {_short_error(exc)}") from exc
+
+
+def _uses_mmap(index: faiss.Index) -> bool:
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is None:
+        return False
+    return isinstance(faiss.downcast_InvertedLists(ivf.invlists), faiss.OnDiskInvertedLists)
+
+
+def _short_error(exc: Exception) -> str:
+    # faiss messages are multi-line ("Error in ... at file:line: message"); keep the message.
+    text = str(exc).strip()
+    return text.splitlines()[-1] if text else type(exc).__name__
