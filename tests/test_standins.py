@@ -21,13 +21,14 @@ from pipeline import standins
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 
-# Support-style English for the chars/token check.
+# Support-style English for the chars/token check (written fresh, not taken
+# from the generator's training templates).
 SUPPORT_SENTENCES = [
-    "Hi, I ordered a laptop last week and it arrived damaged. Can I get a refund?",
-    "Your order #482913 was shipped with FedEx and is expected to arrive on Friday.",
-    "Refunds are issued to the original payment method within 5 business days after the return is inspected.",
-    "I can't log in to my account, the password reset email never arrived. This is really frustrating!",
-    "Could you tell me whether the warranty covers water damage on my smartwatch?",
+    "Hello, my package was supposed to arrive on Tuesday but the tracking page still says label created.",
+    "I returned the blue sweater two weeks ago and still haven't seen the refund on my card.",
+    "Can you help me change the email address on my account? I no longer have access to the old one.",
+    "The charger that came with my tablet stopped working after three days. Is that covered by the warranty?",
+    "Why was I billed twice for my monthly subscription in March? Please fix this as soon as possible.",
 ]
 
 # Runs with HF_HOME=<tiny home> and HF_HUB_OFFLINE=1, using exactly the
@@ -37,7 +38,6 @@ CHECK_SCRIPT = r"""
 import json, sys
 import numpy as np
 import torch
-import huggingface_hub
 from huggingface_hub import constants, try_to_load_from_cache
 from sentence_transformers import SentenceTransformer
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, pipeline
