@@ -59,7 +59,8 @@ class Generator:
         return self.tokenizer.apply_chat_template(spec.build_messages(query, documents), tokenize=False,
                                                   add_generation_prompt=True)
 
-    def generate_prompts(self, prompts: Sequence[str], max_new_tokens: int | None = None) -> list[str]:
+    def generate_ids(self, prompts: Sequence[str], max_new_tokens: int | None = None) -> list[list[int]]:
+        """The new token ids of each prompt, up to and including its first eos."""
         import torch
         if not prompts:
             return []
@@ -67,8 +68,17 @@ class Generator:
         extra = {} if max_new_tokens is None else {"max_new_tokens": max_new_tokens}
         with torch.inference_mode():
             output = self.model.generate(**inputs, generation_config=self.generation_config, **extra)
-        new_tokens = output[:, inputs["input_ids"].shape[1]:]
-        return self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+        eos = self.generation_config.eos_token_id
+        eos = set(eos if isinstance(eos, (list, tuple)) else [eos])
+        rows = []
+        for row in output[:, inputs["input_ids"].shape[1]:].tolist():
+            end = next((i + 1 for i, token in enumerate(row) if token in eos), len(row))
+            rows.append(row[:end])  # after eos a batch row holds only padding
+        return rows
+
+    def generate_prompts(self, prompts: Sequence[str], max_new_tokens: int | None = None) -> list[str]:
+        return [self.tokenizer.decode(ids, skip_special_tokens=True)
+                for ids in self.generate_ids(prompts, max_new_tokens)]
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[str]:
         return self.generate_prompts([self.prompt(r.query, r.documents) for r in requests])

@@ -42,6 +42,7 @@ class ContinuousGenerationService:
         self._wait_s = 0.0
         self._run_s = 0.0
         self._max_rows = 0
+        self._tokens = 0
         self._ttft: deque[float] = deque(maxlen=1024)
         self._thread = threading.Thread(target=self._loop, name=f"continuous-{name}", daemon=True)
         self._thread.start()
@@ -79,6 +80,10 @@ class ContinuousGenerationService:
                 queue_depth=len(self._incoming) + len(self.engine.scheduler.waiting),
                 batch_size_counts=dict(self._rows_hist), wait_seconds_sum=self._wait_s,
                 run_seconds_sum=self._run_s, max_batch_size_seen=self._max_rows)
+
+    def generated_tokens_total(self) -> int:
+        with self._cond:
+            return self._tokens
 
     def ttft_seconds(self) -> list[float]:
         with self._cond:
@@ -118,6 +123,7 @@ class ContinuousGenerationService:
         text = self.engine.text(seq)
         with self._cond:
             self._items += 1
+            self._tokens += len(seq.generated)
             if seq.first_token_at is not None:
                 self._ttft.append(seq.first_token_at - submitted)
                 self._wait_s += seq.first_token_at - submitted

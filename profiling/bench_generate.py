@@ -1,0 +1,220 @@
+"""Continuous batching against the reference and static batching, side by side.
+
+    python -m profiling.bench_generate [--requests 16] [--stagger 1.0] [--max-batch 8]
+
+The same staggered arrivals (request i at i * stagger seconds) are served three
+ways in one run: (1) the reference, one request at a time in float32; (2) static
+batches through `generate` (BatchingService, same max batch and dtype as 3);
+(3) continuous batching. Prints aggregate generated tokens/s (all tokens over
+first arrival to last answer), latencies, time to first token, and the ratios
+the performance issue sets as targets. Use STANDIN_PROFILE=faithful
+MODEL_SOURCE=standin for faithful figures.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from pipeline import spec
+from pipeline.config import Settings
+from pipeline.continuous import ContinuousEngine
+from pipeline.corpus import support_documents
+from pipeline.device import Placement, placement_for, thread_budget
+from pipeline.generator import GenerationRequest, Generator
+from pipeline.models import resolve_model_source
+from services.batching import BatchingService
+from services.generation import ContinuousGenerationService
+
+
+@dataclass
+class RunResult:
+    mode: str
+    dtype: str
+    requests: int
+    tokens: int
+    seconds: float
+    latencies: list[float] = field(default_factory=list)
+    ttft: list[float] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+    def summary(self) -> dict:
+        def pct(values, q):
+            return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else (
+                values[0] if values else float("nan"))
+        return {"mode": self.mode, "dtype": self.dtype, "requests": self.requests, "tokens": self.tokens,
+                "seconds": round(self.seconds, 2), "tokens_per_s": round(self.tokens_per_s, 2),
+                "latency_p50_s": round(pct(self.latencies, 50), 2), "latency_p95_s": round(pct(self.latencies, 95), 2),
+                "ttft_p50_s": round(pct(self.ttft, 50), 3) if self.ttft else None,
+                "ttft_p95_s": round(pct(self.ttft, 95), 3) if self.ttft else None}
+
+
+def make_requests(n: int) -> list[GenerationRequest]:
+    docs = list(support_documents(60, seed=0))
+    return [GenerationRequest(spec.REFERENCE_QUERIES[i % 8], tuple(docs[(3 * i) % 57:(3 * i) % 57 + 3]))
+            for i in range(n)]
+
+
+def arrive(requests, stagger_s: float, submit) -> tuple[float, list[float]]:
+    """Call submit(i, request) at each arrival time; returns (start, arrival times)."""
+    start = time.monotonic()
+    arrivals = []
+    for i, request in enumerate(requests):
+        delay = start + i * stagger_s - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)  # an open-loop arrival schedule, not a wait for a result
+        arrivals.append(time.monotonic())
+        submit(i, request)
+    return start, arrivals
+
+
+def run_reference(generator: Generator, requests, stagger_s: float) -> RunResult:
+    """One request at a time in arrival order; a request arriving while busy waits."""
+    start = time.monotonic()
+    tokens, latencies = 0, []
+    for i, request in enumerate(requests):
+        arrival = start + i * stagger_s
+        if time.monotonic() < arrival:
+            time.sleep(arrival - time.monotonic())
+        ids = generator.generate_ids([generator.prompt(request.query, request.documents)])[0]
+        tokens += len(ids)
+        latencies.append(time.monotonic() - arrival)
+    return RunResult("reference", generator.placement.dtype, len(requests), tokens, time.monotonic() - start,
+                     latencies)
+
+
+def _collect(futures: dict[int, Future], arrivals: list[float], start: float, done_at: dict[int, float]):
+    for f in futures.values():
+        f.result()
+    end = max(done_at.values())
+    return end - start, [done_at[i] - arrivals[i] for i in sorted(futures)]
+
+
+def run_static(generator: Generator, requests, stagger_s: float, max_batch: int, max_wait_ms: float) -> RunResult:
+    def batch_fn(items):
+        return generator.generate_ids([generator.prompt(r.query, r.documents) for r in items])
+    service = BatchingService("generate-static", batch_fn, max_size=max_batch, max_wait_ms=max_wait_ms)
+    futures, done_at = {}, {}
+
+    def submit(i, request):
+        futures[i] = service.submit(request)
+        futures[i].add_done_callback(lambda _f, i=i: done_at.__setitem__(i, time.monotonic()))
+    start, arrivals = arrive(requests, stagger_s, submit)
+    seconds, latencies = _collect(futures, arrivals, start, done_at)
+    tokens = sum(len(f.result()) for f in futures.values())
+    service.close()
+    return RunResult("static", generator.placement.dtype, len(requests), tokens, seconds, latencies)
+
+
+def run_continuous(generator: Generator, requests, stagger_s: float, max_batch: int,
+                   prefill_chunk: int) -> tuple[RunResult, ContinuousGenerationService]:
+    engine = ContinuousEngine(generator, max_seqs=max_batch, max_tokens=max_batch * 1024,
+                              prefill_chunk=prefill_chunk)
+    service = ContinuousGenerationService("generate", engine, max_queue=len(requests) + 1)
+    futures, done_at = {}, {}
+
+    def submit(i, request):
+        futures[i] = service.submit(request)
+        futures[i].add_done_callback(lambda _f, i=i: done_at.__setitem__(i, time.monotonic()))
+    start, arrivals = arrive(requests, stagger_s, submit)
+    seconds, latencies = _collect(futures, arrivals, start, done_at)
+    result = RunResult("continuous", generator.placement.dtype, len(requests), service.generated_tokens_total(),
+                       seconds, latencies, service.ttft_seconds())
+    service.close()
+    return result, service
+
+
+def measure_step_times(generator: Generator, requests, max_batch: int) -> dict:
+    """Prefill of one prompt alone, and a decode step at the full batch, for the TTFT bound."""
+    engine = ContinuousEngine(generator, max_seqs=max_batch, max_tokens=max_batch * 1024, prefill_chunk=100_000)
+    for request in requests[:max_batch]:
+        engine.add(request)
+    started = time.perf_counter()
+    engine.step()  # prefills all (one chunk budget covers them) + the first decode step
+    prefill_all = time.perf_counter() - started
+    steps = []
+    for _ in range(5):
+        started = time.perf_counter()
+        engine.step()
+        steps.append(time.perf_counter() - started)
+    one = ContinuousEngine(generator, max_seqs=1, max_tokens=4096, prefill_chunk=100_000)
+    seq = one.add(requests[0])
+    started = time.perf_counter()
+    import torch
+    with torch.inference_mode():
+        one.scheduler.plan()
+        one.runner.prefill_chunk(seq, 0, seq.prompt_len)
+    return {"decode_step_s": statistics.median(steps), "prefill_one_s": time.perf_counter() - started,
+            "prefill_batch_plus_step_s": prefill_all}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=16)
+    parser.add_argument("--stagger", type=float, default=1.0, help="seconds between arrivals")
+    parser.add_argument("--max-batch", type=int, default=8)
+    parser.add_argument("--max-wait-ms", type=float, default=20.0, help="static batching window")
+    parser.add_argument("--prefill-chunk", type=int, default=512)
+    parser.add_argument("--skip-reference", action="store_true")
+    parser.add_argument("--out", default="runs/bench_generate")
+    args = parser.parse_args(argv)
+
+    import torch
+    settings = Settings.from_env()
+    torch.set_num_threads(thread_budget(settings.torch_threads))
+    source = resolve_model_source(settings)
+    placement = placement_for(settings, "generate")
+    requests = make_requests(args.requests)
+    results = []
+    fast = Generator.load(source, placement)
+    fast.generate_ids([fast.prompt("warm up", [])], max_new_tokens=2)
+    steps = measure_step_times(fast, requests, args.max_batch)
+    print(f"[{placement.dtype}] decode step at batch {args.max_batch}: {steps['decode_step_s']*1000:.0f} ms; "
+          f"prefill of one prompt: {steps['prefill_one_s']*1000:.0f} ms", flush=True)
+    cont, _ = run_continuous(fast, requests, args.stagger, args.max_batch, args.prefill_chunk)
+    results.append(cont)
+    print(json.dumps(cont.summary()), flush=True)
+    static = run_static(fast, requests, args.stagger, args.max_batch, args.max_wait_ms)
+    results.append(static)
+    print(json.dumps(static.summary()), flush=True)
+    del fast
+    if not args.skip_reference:
+        reference = Generator.load(source, Placement(placement.device, "float32"))
+        ref = run_reference(reference, requests, args.stagger)
+        results.append(ref)
+        print(json.dumps(ref.summary()), flush=True)
+    bound = 3 * steps["decode_step_s"] + steps["prefill_one_s"]
+    report = {
+        "settings": {"requests": args.requests, "stagger_s": args.stagger, "max_batch": args.max_batch,
+                     "torch_threads": torch.get_num_threads(), "model_source": source.describe()},
+        "step_times": steps, "results": [r.summary() for r in results],
+        "ratio_continuous_vs_static": cont.tokens_per_s / static.tokens_per_s,
+        "ttft_bound_s": bound, "ttft_p95_within_bound": cont.summary()["ttft_p95_s"] <= bound,
+    }
+    if not args.skip_reference:
+        report["ratio_continuous_vs_reference"] = cont.tokens_per_s / results[-1].tokens_per_s
+    print("\n| mode | dtype | tokens/s | latency p50 / p95 (s) | TTFT p50 / p95 (s) |\n|---|---|---|---|---|")
+    for r in results:
+        s = r.summary()
+        ttft = f"{s['ttft_p50_s']} / {s['ttft_p95_s']}" if s["ttft_p50_s"] is not None else "n/a"
+        print(f"| {s['mode']} | {s['dtype']} | {s['tokens_per_s']} | {s['latency_p50_s']} / {s['latency_p95_s']} | {ttft} |")
+    print(f"\ncontinuous / static tokens/s: {report['ratio_continuous_vs_static']:.2f}x (target >= 1.3x)")
+    if "ratio_continuous_vs_reference" in report:
+        print(f"continuous / reference tokens/s: {report['ratio_continuous_vs_reference']:.2f}x (target >= 3x)")
+    print(f"TTFT p95 {cont.summary()['ttft_p95_s']} s vs bound 3 decode steps + own prefill = {bound:.3f} s")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_generate.json").write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
