@@ -20,6 +20,7 @@ from typing import Mapping
 import requests
 
 from pipeline.config import REPO_ROOT, ConfigError, Settings
+from pipeline.device import thread_budget
 
 log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1
@@ -128,6 +129,14 @@ def pinned_env(env: Mapping[str, str]) -> dict[str, str]:
     pinned = {**env, "MODEL_SOURCE": source.kind}
     if source.is_standin:
         pinned["STANDIN_HOME"] = str(settings.standin_dir)
+    # Thread budget: the two workers share this machine's cores (on three
+    # machines each node has its own and 0 = all of them is right), and node 2
+    # needs little: split the cores between the workers, one faiss thread.
+    cores = thread_budget(0)
+    if settings.torch_threads == 0:
+        pinned["TORCH_THREADS"] = str(max(1, cores // 2))
+    if settings.faiss_threads == 0:
+        pinned["FAISS_THREADS"] = "1"
     return pinned
 
 
