@@ -1,0 +1,81 @@
+"""How often bfloat16 answers differ from float32 answers on the reference queries.
+
+    python -m profiling.bench_dtype [--queries 8]
+
+Runs each model stage in float32 and in bfloat16 on the same inputs (the eight
+reference queries with support documents) and reports, per stage, how many
+outputs are identical, and for the LLM the first token where they part. With
+stand-ins (random weights) this measures numeric drift, not answer quality.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from pipeline import spec
+from pipeline.classifiers import SentimentClassifier, ToxicityClassifier
+from pipeline.config import Settings
+from pipeline.corpus import support_documents
+from pipeline.device import Placement, select_device, thread_budget
+from pipeline.generator import GenerationRequest, Generator
+from pipeline.models import resolve_model_source
+from pipeline.reranker import RerankRequest, Reranker
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--queries", type=int, default=8)
+    parser.add_argument("--out", default="runs/bench_dtype")
+    args = parser.parse_args(argv)
+    import torch
+    settings = Settings.from_env()
+    torch.set_num_threads(thread_budget(settings.torch_threads))
+    source = resolve_model_source(settings)
+    device = select_device(settings.only_cpu)
+    queries = list(spec.REFERENCE_QUERIES[: args.queries])
+    docs = list(support_documents(200, seed=0))
+    rerank_requests = [RerankRequest(q, tuple(docs[10 * i: 10 * i + 10])) for i, q in enumerate(queries)]
+    report: dict = {"model_source": source.describe(), "queries": len(queries)}
+    outputs: dict = {}
+    for dtype in ("float32", "bfloat16"):
+        placement = Placement(device, dtype)
+        started = time.monotonic()
+        reranker = Reranker.load(source, placement)
+        ranked = reranker.rerank(rerank_requests)
+        del reranker
+        generator = Generator.load(source, placement)
+        gen_requests = [GenerationRequest(q, tuple(s.document for s in r)) for q, r in zip(queries, ranked)]
+        ids = [generator.generate_ids([generator.prompt(r.query, r.documents)])[0] for r in gen_requests]
+        texts = [generator.tokenizer.decode(x, skip_special_tokens=True) for x in ids]
+        del generator
+        sentiment = SentimentClassifier.load(source, placement).classify(texts)
+        toxicity = ToxicityClassifier.load(source, placement).classify(texts)
+        outputs[dtype] = {"order": [[s.document.doc_id for s in r] for r in ranked], "ids": ids, "texts": texts,
+                          "sentiment": sentiment, "toxicity": toxicity, "seconds": time.monotonic() - started}
+        print(f"{dtype}: {outputs[dtype]['seconds']:.1f}s", flush=True)
+    a, b = outputs["float32"], outputs["bfloat16"]
+    report["rerank_order_identical"] = sum(x == y for x, y in zip(a["order"], b["order"]))
+    report["rerank_top3_identical"] = sum(x[:3] == y[:3] for x, y in zip(a["order"], b["order"]))
+    report["answers_identical"] = sum(x == y for x, y in zip(a["texts"], b["texts"]))
+    report["first_differing_token"] = [first_difference(x, y) for x, y in zip(a["ids"], b["ids"])]
+    report["sentiment_identical"] = sum(x == y for x, y in zip(a["sentiment"], b["sentiment"]))
+    report["toxicity_identical"] = sum(x == y for x, y in zip(a["toxicity"], b["toxicity"]))
+    report["seconds"] = {k: round(v["seconds"], 1) for k, v in outputs.items()}
+    print(json.dumps(report, indent=2))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_dtype.json").write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
