@@ -46,7 +46,9 @@ class BatchingCollector:
                 cumulative = sum(c for s, c in st.batch_size_counts.items() if s <= bound)
                 buckets.append((str(float(bound)), cumulative))
             buckets.append(("+Inf", st.batches_total))
-            size.add_metric(label, buckets, sum_value=float(st.items_total))
+            # Sum of batch sizes (for continuous generation a "batch" is one decode
+            # step, whose size is its rows, not the requests that finished).
+            size.add_metric(label, buckets, sum_value=float(sum(s * c for s, c in st.batch_size_counts.items())))
             batches.add_metric(label, st.batches_total)
             items.add_metric(label, st.items_total)
             failed.add_metric(label, st.failed_items_total)

@@ -1,0 +1,81 @@
+"""Small PNG plots for the profiling tools (matplotlib's Agg backend: no display needed)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")  # before pyplot: the tools run headless, on servers and in tests
+import matplotlib.pyplot as plt  # noqa: E402
+
+# Small files on purpose: they are glanced at and attached to notes, not printed.
+FIGSIZE = (9, 3.4)
+DPI = 80
+
+
+def microbench_plot(path: Path, stage: str, batch_sizes: Sequence[int], item_ms_median: Sequence[float],
+                    item_ms_min: Sequence[float], item_ms_max: Sequence[float],
+                    items_per_s: Sequence[float], subtitle: str = "") -> Path:
+    """Per-item time (median with min-max bars) and throughput against batch size."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=FIGSIZE)
+    lower = [m - lo for m, lo in zip(item_ms_median, item_ms_min)]
+    upper = [hi - m for m, hi in zip(item_ms_median, item_ms_max)]
+    left.errorbar(batch_sizes, item_ms_median, yerr=[lower, upper], marker="o", capsize=3)
+    left.set(xlabel="batch size", ylabel="ms per item", title=f"{stage}: time per item")
+    right.plot(batch_sizes, items_per_s, marker="o", color="tab:green")
+    right.set(xlabel="batch size", ylabel="items / s", title=f"{stage}: throughput")
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(list(batch_sizes), [str(b) for b in batch_sizes])
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    if subtitle:
+        fig.suptitle(subtitle, fontsize=8)
+    return _save(fig, path)
+
+
+def latency_plot(path: Path, title: str, send_s: Sequence[float], latency_s: Sequence[float],
+                 ok: Sequence[bool], groups: Sequence[str]) -> Path:
+    """Latency of every request against its send time, one colour per phase or level; errors as x."""
+    fig, ax = plt.subplots(figsize=FIGSIZE)
+    for group in dict.fromkeys(groups):
+        xs = [s for s, g, good in zip(send_s, groups, ok) if g == group and good]
+        ys = [v for v, g, good in zip(latency_s, groups, ok) if g == group and good]
+        ax.scatter(xs, ys, s=12, label=group or "requests")
+    bad = [(s, v) for s, v, good in zip(send_s, latency_s, ok) if not good]
+    if bad:
+        ax.scatter([b[0] for b in bad], [b[1] for b in bad], marker="x", color="red", s=24, label="errors")
+    ax.set(xlabel="send time (s from start)", ylabel="latency (s)", title=title)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left")
+    return _save(fig, path)
+
+
+def sweep_plot(path: Path, levels: Sequence[int], throughput_rpm: Sequence[float], p95_s: Sequence[float],
+               knee_level: int | None) -> Path:
+    """Throughput against p95 latency across concurrency levels; the saturation level is marked."""
+    fig, ax = plt.subplots(figsize=FIGSIZE)
+    ax.plot(throughput_rpm, p95_s, marker="o")
+    for level, x, y in zip(levels, throughput_rpm, p95_s):
+        ax.annotate(f"c={level}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        if level == knee_level:
+            ax.scatter([x], [y], s=120, facecolors="none", edgecolors="red", label=f"saturation (c={level})")
+    ax.set(xlabel="throughput (requests / min)", ylabel="p95 latency (s)",
+           title="concurrency sweep: throughput vs p95 latency")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    if knee_level is not None:
+        ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def _save(fig, path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)  # figures are kept by pyplot until closed; sweeps make several
+    return path

@@ -1,0 +1,93 @@
+"""profiling.microbench on tiny stand-ins and the small course data: files, columns, sane numbers."""
+from __future__ import annotations
+
+import csv
+import math
+import os
+
+import pytest
+
+from profiling import microbench
+from tests.conftest import TEST_ENV
+
+STAGES = ("embed", "search", "fetch", "sentiment", "generate")
+MODEL_STAGES = {"embed", "sentiment", "generate"}
+BATCH_SIZES = [1, 2]
+MAX_NEW_TOKENS = 4
+
+
+@pytest.fixture(scope="module")
+def bench_out(course_data, tmp_path_factory):
+    """Runs the CLI once per stage, in-process (a subprocess would pay torch's import each time)."""
+    out = tmp_path_factory.mktemp("microbench")
+    env = {**os.environ, **TEST_ENV}
+    codes = {}
+    for stage in STAGES:
+        codes[stage] = microbench.main(
+            ["--stage", stage, "--batch-sizes", ",".join(map(str, BATCH_SIZES)), "--repeat", "2", "--warmup", "1",
+             "--max-new-tokens", str(MAX_NEW_TOKENS), "--index", str(course_data.index_path),
+             "--documents", str(course_data.db_path.parent), "--out", str(out), "--no-progress"],
+            env=env)
+    return out, codes
+
+
+def read_rows(path) -> tuple[list[str], list[dict]]:
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        return reader.fieldnames, list(reader)
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_csv_has_one_sane_row_per_batch_size(bench_out, stage):
+    out, codes = bench_out
+    assert codes[stage] == 0
+    columns, rows = read_rows(out / f"microbench_{stage}.csv")
+    assert columns == microbench.BenchRow.columns()
+    assert [int(r["batch_size"]) for r in rows] == BATCH_SIZES
+    for r in rows:
+        n = int(r["batch_size"])
+        lo, med, hi = float(r["batch_s_min"]), float(r["batch_s_median"]), float(r["batch_s_max"])
+        assert 0 < lo <= med <= hi
+        assert math.isclose(float(r["item_s_median"]), med / n, rel_tol=1e-9)
+        assert 0 < float(r["item_s_min"]) <= float(r["item_s_median"]) <= float(r["item_s_max"])
+        # items/s and the per-item time describe the same median run.
+        assert math.isclose(float(r["items_per_s"]) * float(r["item_s_median"]), 1.0, rel_tol=1e-6)
+        assert float(r["peak_rss_mib"]) > 0 and float(r["rss_mib"]) > 0
+        assert (r["stage"], r["repeat"], r["warmup"], r["device"]) == (stage, "2", "1", "cpu")
+        assert int(r["threads"]) >= 1
+        if stage in MODEL_STAGES:
+            assert (r["dtype"], r["model_source"]) == ("float32", "standin:tiny")
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_plot_written(bench_out, stage):
+    png = bench_out[0] / f"microbench_{stage}.png"
+    data = png.read_bytes()
+    assert data.startswith(b"\x89PNG") and len(data) < 200_000
+
+
+def test_details_explain_the_inputs(bench_out):
+    out, _ = bench_out
+    search = read_rows(out / "microbench_search.csv")[1][0]["detail"]
+    assert "k=10" in search and "nprobe=" in search and "ntotal=3000" in search
+    generate = read_rows(out / "microbench_generate.csv")[1]
+    # Full decoding is forced, so every run really generated --max-new-tokens tokens.
+    assert all(f"out_tokens={float(MAX_NEW_TOKENS)}" in r["detail"] for r in generate)
+
+
+def test_realistic_inputs():
+    from pipeline.corpus import support_documents
+    pool = list(support_documents(40))
+    texts = microbench.answer_texts(pool, 16)
+    assert all(380 <= len(t) <= 512 and t.startswith("Answer: ") for t in texts)
+    short = [d.__class__(d.doc_id, d.title, d.content[:90], d.category) for d in pool]
+    assert all(380 <= len(t) <= 512 for t in microbench.answer_texts(short, 16))
+    requests = microbench.rerank_inputs(pool, 3)
+    assert [len(r.documents) for r in requests] == [10, 10, 10]
+    assert microbench.spec_queries(10)[8] == microbench.spec_queries(1)[0]
+
+
+def test_bad_batch_sizes_are_refused():
+    with pytest.raises(SystemExit) as exc:
+        microbench.main(["--stage", "embed", "--batch-sizes", "0,2"])
+    assert exc.value.code == 2
