@@ -17,16 +17,9 @@ import uuid
 
 import requests
 
-DEFAULT_QUERIES = [
-    "How do I return a defective product?",
-    "What is your refund policy?",
-    "My order hasn't arrived yet, tracking number is ABC123",
-    "How do I update my billing information?",
-    "Is there a warranty on electronic items?",
-    "Can I change my shipping address after placing an order?",
-    "What payment methods do you accept?",
-    "How long does shipping typically take?",
-]
+from pipeline.spec import REFERENCE_QUERIES  # client.py sits beside the package
+
+DEFAULT_QUERIES = list(REFERENCE_QUERIES)  # the course client's eight queries
 
 
 def wait_for_health(base_url: str, wait_s: float) -> dict:
