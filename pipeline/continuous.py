@@ -32,6 +32,7 @@ class SequenceState:
     generated: list[int] = field(default_factory=list)
     prefilled: int = 0  # prompt tokens already in this sequence's cache
     arrived_at: float = field(default_factory=time.monotonic)
+    admitted_at: float | None = None  # when the scheduler gave it a slot
     first_token_at: float | None = None
     finished: bool = False
     cache: Any = None  # the runner's per-sequence cache while prefilling
@@ -95,7 +96,9 @@ class Scheduler:
         # Admit in arrival order while both budgets allow (no overtaking: fairness).
         while self.waiting and len(self.active) < self.max_seqs and \
                 self.tokens_reserved() + self.waiting[0].budget_tokens <= self.max_tokens:
-            self.prefilling.append(self.waiting.popleft())
+            seq = self.waiting.popleft()
+            seq.admitted_at = time.monotonic()
+            self.prefilling.append(seq)
         # Spend at most one chunk's worth of prompt tokens per iteration so the
         # running sequences' next token is never held up by more than that.
         chunks, budget = [], self.prefill_chunk

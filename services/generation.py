@@ -44,6 +44,7 @@ class ContinuousGenerationService:
         self._max_rows = 0
         self._tokens = 0
         self._ttft: deque[float] = deque(maxlen=1024)
+        self._ttft_admitted: deque[float] = deque(maxlen=1024)
         self._thread = threading.Thread(target=self._loop, name=f"continuous-{name}", daemon=True)
         self._thread.start()
 
@@ -85,9 +86,10 @@ class ContinuousGenerationService:
         with self._cond:
             return self._tokens
 
-    def ttft_seconds(self) -> list[float]:
+    def ttft_seconds(self, since_admission: bool = False) -> list[float]:
+        """Time to first token from submit (queueing for a slot included) or from admission."""
         with self._cond:
-            return list(self._ttft)
+            return list(self._ttft_admitted if since_admission else self._ttft)
 
     # ------------------------------------------------------------------ the loop
 
@@ -126,6 +128,7 @@ class ContinuousGenerationService:
             self._tokens += len(seq.generated)
             if seq.first_token_at is not None:
                 self._ttft.append(seq.first_token_at - submitted)
+                self._ttft_admitted.append(seq.first_token_at - (seq.admitted_at or submitted))
                 self._wait_s += seq.first_token_at - submitted
         if future.set_running_or_notify_cancel():
             future.set_result(text)
