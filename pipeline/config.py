@@ -140,9 +140,17 @@ def _text(raw: str) -> str:
     return raw
 
 
-def var(env: str, parse: Callable[[str], Any], default: str, help: str) -> Any:
-    """A settings field bound to one environment variable."""
-    return field(metadata={"env": env, "parse": parse, "default": default, "help": help})
+def _token(raw: str) -> str:
+    # It travels in an HTTP header: visible ASCII only, so no encoding can change it on the way.
+    token = raw.strip()
+    if any(not 0x21 <= ord(c) <= 0x7E for c in token):
+        raise ValueError("printable ASCII without spaces (or empty to turn the check off)")
+    return token
+
+
+def var(env: str, parse: Callable[[str], Any], default: str, help: str, *, secret: bool = False) -> Any:
+    """A settings field bound to one environment variable; a secret one is left out of repr()."""
+    return field(repr=not secret, metadata={"env": env, "parse": parse, "default": default, "help": help})
 
 
 def _max_batch(stage: str, size: int, why: str) -> Any:
@@ -183,7 +191,7 @@ class Settings:
     # --- threads
     torch_threads: int = var("TORCH_THREADS", _int_range(0, 1024), "0", "torch intra-op threads; 0 = the core count")
     faiss_threads: int = var("FAISS_THREADS", _int_range(0, 1024), "0", "faiss OpenMP threads; 0 = the core count")
-    waitress_threads: int = var("WAITRESS_THREADS", _int_range(0, 1024), "0", "HTTP threads per node; 0 = enough for STAGE_MAX_QUEUE concurrent requests")
+    waitress_threads: int = var("WAITRESS_THREADS", _int_range(0, 1024), "0", "HTTP threads per node; 0 = GATEWAY_MAX_IN_FLIGHT + 32 on workers, 32 on the index server")
     # --- batching, one pair per stage (defaults from docs/performance.md once measured)
     embed_max_batch: int = _max_batch("embed", 16, "cheap; batching helps")
     embed_max_wait_ms: float = _max_wait("embed", 5)
@@ -195,6 +203,9 @@ class Settings:
     rerank_max_wait_ms: float = _max_wait("rerank", 5)
     generate_max_batch: int = _max_batch("generate", 8, "the LLM; batching raises tokens/s")
     generate_max_wait_ms: float = _max_wait("generate", 20)
+    generate_mode: str = var("GENERATE_MODE", _choice("continuous", "static"), "continuous", "continuous: sequences join and leave the running batch every decode step; static: whole batches through generate()")
+    generate_max_tokens: int = var("GENERATE_MAX_TOKENS", _int_range(256, 10_000_000), "8192", "continuous mode: KV-cache tokens (prompt + 128 new) the running sequences may reserve; bounds its memory")
+    generate_prefill_chunk: int = var("GENERATE_PREFILL_CHUNK", _int_range(1, 100_000), "512", "continuous mode: prompt tokens prefilled per iteration, so decoding sequences wait at most that long")
     sentiment_max_batch: int = _max_batch("sentiment", 16, "short texts")
     sentiment_max_wait_ms: float = _max_wait("sentiment", 5)
     toxicity_max_batch: int = _max_batch("toxicity", 16, "short texts")
@@ -208,6 +219,18 @@ class Settings:
     search_timeout_s: float = var("SEARCH_TIMEOUT_S", _positive_float, "30", "read timeout of a search call to node 2")
     health_interval_s: float = var("HEALTH_INTERVAL_S", _positive_float, "2", "how often the gateway re-checks a worker out of rotation")
     startup_timeout_s: float = var("STARTUP_TIMEOUT_S", _positive_float, "300", "how long ./run.sh local waits for the nodes to become healthy")
+    shutdown_grace_s: float = var("SHUTDOWN_GRACE_S", _non_negative_float, "60", "after SIGTERM, how long a node lets requests in flight finish before it exits")
+    # --- load and input limits (what happens beyond them: README "Failure behaviour and its knobs")
+    gateway_max_in_flight: int = var("GATEWAY_MAX_IN_FLIGHT", _int_range(1, 100_000), "96", "distinct requests node 0 computes at once; more get an immediate 503 with Retry-After")
+    max_request_id_chars: int = var("MAX_REQUEST_ID_CHARS", _int_range(1, 1_000_000), "256", "longest request_id accepted (longer: 400)")
+    max_query_chars: int = var("MAX_QUERY_CHARS", _int_range(1, 1_000_000), "4096", "longest query accepted (longer: 400)")
+    max_body_bytes: int = var("MAX_BODY_BYTES", _int_range(256, 64 * 1024 * 1024), "65536", "largest /query or /internal/answer body accepted (larger: 413)")
+    idempotency_cache_size: int = var("IDEMPOTENCY_CACHE_SIZE", _int_range(0, 10_000_000), "1024", "completed replies node 0 keeps to answer a repeated request_id without recomputing (0 = none)")
+    idempotency_ttl_s: float = var("IDEMPOTENCY_TTL_S", _non_negative_float, "300", "how long a completed reply stays in that cache (s)")
+    # --- security
+    cluster_token: str = var("CLUSTER_TOKEN", _token, "", "shared secret every internal endpoint (/search, /internal/answer) requires in X-Cluster-Token; empty = no check", secret=True)
+    # --- tests only
+    index_inject_delay_ms: float = var("INDEX_INJECT_DELAY_MS", _non_negative_float, "0", "TEST ONLY: node 2 sleeps this long before each /search (simulates a slow index server); keep 0")
     log_level: str = var("LOG_LEVEL", _choice("debug", "info", "warning", "error"), "info", "logging level")
 
     # ----------------------------------------------------------------- building
@@ -226,7 +249,8 @@ class Settings:
             try:
                 values[f.name] = meta["parse"](raw)
             except ValueError as exc:
-                raise ConfigError(f"{meta['env']}={raw!r} is not valid: expected {exc}") from None
+                shown = raw if f.repr else "<hidden>"  # a secret's value never reaches a log
+                raise ConfigError(f"{meta['env']}={shown!r} is not valid: expected {exc}") from None
         values.update(overrides)
         settings = cls(**values)
         settings._check_consistency()
@@ -239,6 +263,10 @@ class Settings:
         bad = [n for n in self.worker_nodes if n not in (0, 1)]
         if bad:
             raise ConfigError(f"WORKER_NODES={','.join(map(str, self.worker_nodes))!r} is not valid: expected worker nodes among 0 and 1")
+        # Node 2 queues a whole search batch at once: a batch larger than its queue could never be accepted.
+        if self.search_max_batch > self.stage_max_queue:
+            raise ConfigError(f"SEARCH_MAX_BATCH='{self.search_max_batch}' is not valid: expected at most "
+                              f"STAGE_MAX_QUEUE ({self.stage_max_queue}), or node 2 could never queue a batch")
 
     # ----------------------------------------------------------------- views
 

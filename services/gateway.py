@@ -1,9 +1,15 @@
 """Node 0's gateway: round robin over the workers, skipping any that is not ready.
 
 Its own worker is called in-process (no HTTP hop to itself); node 1 over HTTP.
-A forward that fails because the worker cannot be reached is served by the
-next worker, and the failed one leaves the rotation until a background probe
-sees it healthy again. The same request_id in flight is computed once.
+A forward that fails because the worker cannot be reached, is not ready or
+is full is served by the next worker, and a worker that failed leaves the
+rotation until a background probe sees it healthy again.
+
+Every request gets exactly one answer, and each request_id is computed once:
+the same id in flight joins the computation, a recently completed one is
+answered from a bounded cache (failures are not cached: a retry recomputes).
+Only distinct computations count against `max_in_flight`; beyond it the
+gateway refuses at once (Overloaded -> 503 + Retry-After) instead of queueing.
 """
 from __future__ import annotations
 
@@ -13,18 +19,33 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
-from services.batching import Overloaded
+from services.batching import Overloaded, ServiceClosed
 from services.node_client import NodeError, NodeUnreachable, WorkerClient
-from services.worker import RequestTimeout
+from services.worker import RequestTimeout, StageFailed
 
 log = logging.getLogger(__name__)
 
+# Retry-After bounds for a full gateway: at least a second (no hammering), at
+# most half a minute (a slow average must not send clients away for minutes).
+MIN_RETRY_AFTER_S, MAX_RETRY_AFTER_S = 1.0, 30.0
+
 
 class NoWorkerAvailable(RuntimeError):
-    pass
+    """No worker could take the request (all down, not ready or full): a 503."""
+
+
+class WorkerFailed(RuntimeError):
+    """The worker computing the request failed it (a 500); other requests are unaffected.
+
+    str() is the detail for the log; `public` is what the client is told (no internals).
+    """
+
+    def __init__(self, node: int, detail: str):
+        super().__init__(f"worker node {node} failed the request: {detail}")
+        self.public = f"internal error on worker node {node}"
 
 
 @dataclass
@@ -40,17 +61,24 @@ class Target:
 
 
 class Gateway:
-    def __init__(self, targets: list[Target], *, health_interval_s: float = 2.0,
+    def __init__(self, targets: list[Target], *, health_interval_s: float = 2.0, max_in_flight: int = 96,
                  completed_cache_size: int = 1024, completed_ttl_s: float = 300.0):
         if not targets:
             raise ValueError("the gateway needs at least one worker")
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be >= 1")
         self.targets = targets
+        self.max_in_flight = max_in_flight
         self._turn = itertools.count()
         self._lock = threading.Lock()
         self._in_flight: dict[str, Future] = {}
         self._completed: OrderedDict[str, tuple[float, dict]] = OrderedDict()
         self._completed_cache_size = completed_cache_size
         self._completed_ttl_s = completed_ttl_s
+        self._latency_ema_s = 0.0  # of successful computations, for the Retry-After hint
+        self._rejected = 0
+        self._joined = 0
+        self._cache_hits = 0
         self._stop = threading.Event()
         self._prober = threading.Thread(target=self._probe_loop, args=(health_interval_s,),
                                         name="gateway-prober", daemon=True)
@@ -69,6 +97,8 @@ class Gateway:
         with self._lock:
             changed = target.up != up
             target.up = up
+            if not up:
+                target.failures += 1
         if changed:
             log.warning("worker node %d %s%s", target.node, "rejoins the rotation" if up else "leaves the rotation",
                         f": {why}" if why else "")
@@ -85,21 +115,32 @@ class Gateway:
                 raise RequestTimeout("request timed out")
             try:
                 reply = target.answer(request_id, query, remaining)
-            except Overloaded as exc:  # our own worker is full: the next one may not be
+            except (Overloaded, ServiceClosed) as exc:  # our own worker is full or stopping: try the next
                 last_error = exc
                 continue
-            except NodeUnreachable as exc:
+            except NodeUnreachable as exc:  # down: whatever it had started died with it
                 self._mark(target, False, str(exc))
                 last_error = exc
-                continue  # nothing was computed there: another worker serves it
+                continue
             except NodeError as exc:
-                if exc.status == 503:  # starting, stopping or overloaded: try the next one
-                    last_error = exc
-                    continue
                 if exc.status == 504:
                     raise RequestTimeout(exc.message) from None
-                raise
-            except TimeoutError:
+                if exc.status == 503:  # not ready, stopping or full: nothing computed, try the next
+                    self._mark(target, False, f"HTTP 503: {exc.message}")
+                    last_error = exc
+                    continue
+                if exc.status == 401:  # CLUSTER_TOKEN differs between nodes: say so loudly, use the others
+                    log.error("worker node %d refused our cluster token: set the same CLUSTER_TOKEN on every node",
+                              target.node)
+                    self._mark(target, False, "refused our cluster token")
+                    last_error = exc
+                    continue
+                if exc.status >= 500:  # it failed this request; the probe decides when it is back
+                    self._mark(target, False, f"HTTP {exc.status}: {exc.message}")
+                raise WorkerFailed(target.node, str(exc)) from None
+            except StageFailed as exc:  # our own worker failed this request alone
+                raise WorkerFailed(target.node, str(exc)) from None
+            except TimeoutError:  # RequestTimeout, or node 1 did not answer by the deadline
                 raise RequestTimeout("request timed out") from None
             with self._lock:
                 target.forwarded += 1
@@ -109,21 +150,56 @@ class Gateway:
             raise last_error
         raise NoWorkerAvailable(f"no worker could serve the request ({last_error})")
 
-    # ------------------------------------------------------------------ idempotency
+    # ------------------------------------------------------------------ idempotency and capacity
+
+    def _cached(self, request_id: str, now: float) -> dict | None:
+        """A recently completed reply for this id; drops expired entries on the way (lock held)."""
+        while self._completed:
+            oldest_id, (done_at, _) = next(iter(self._completed.items()))
+            if now - done_at < self._completed_ttl_s:
+                break
+            del self._completed[oldest_id]
+        entry = self._completed.get(request_id)
+        return entry[1] if entry is not None else None
+
+    def _remember(self, request_id: str, reply: dict, started: float) -> None:
+        """Cache a successful reply (never a failure); lock held."""
+        now = time.monotonic()
+        self._latency_ema_s = 0.8 * self._latency_ema_s + 0.2 * (now - started) if self._latency_ema_s \
+            else now - started
+        if self._completed_cache_size <= 0:
+            return
+        self._completed[request_id] = (now, reply)
+        self._completed.move_to_end(request_id)
+        while len(self._completed) > self._completed_cache_size:
+            self._completed.popitem(last=False)
+
+    def _retry_after_s(self) -> float:
+        # With every slot busy, one frees about every (mean latency / slots) seconds.
+        estimate = self._latency_ema_s / self.max_in_flight
+        return min(max(estimate, MIN_RETRY_AFTER_S), MAX_RETRY_AFTER_S)
 
     def answer(self, request_id: str, query: str, timeout_s: float) -> dict:
-        deadline = time.monotonic() + timeout_s
+        started = time.monotonic()
+        deadline = started + timeout_s
         with self._lock:
-            cached = self._completed.get(request_id)
-            if cached and time.monotonic() - cached[0] < self._completed_ttl_s:
-                return cached[1]
+            cached = self._cached(request_id, started)
+            if cached is not None:
+                self._cache_hits += 1
+                return cached
             future = self._in_flight.get(request_id)
             owner = future is None
             if owner:
+                if len(self._in_flight) >= self.max_in_flight:
+                    self._rejected += 1
+                    raise Overloaded(f"the gateway is at capacity ({self.max_in_flight} requests in flight)",
+                                     retry_after_s=self._retry_after_s())
                 future = self._in_flight[request_id] = Future()
+            else:
+                self._joined += 1
         if not owner:  # the same id is already being computed: join it
             try:
-                return future.result(timeout=max(0.0, deadline - time.monotonic()))
+                return future.result(timeout=max(0.0, deadline - started))
             except TimeoutError:
                 raise RequestTimeout("request timed out") from None
         try:
@@ -135,10 +211,7 @@ class Gateway:
             raise
         with self._lock:
             self._in_flight.pop(request_id, None)
-            self._completed[request_id] = (time.monotonic(), reply)
-            self._completed.move_to_end(request_id)
-            while len(self._completed) > self._completed_cache_size:
-                self._completed.popitem(last=False)
+            self._remember(request_id, reply, started)
         future.set_result(reply)
         return reply
 
@@ -148,7 +221,7 @@ class Gateway:
         while True:
             for target in list(self.targets):
                 try:
-                    ok = target.probe()
+                    ok = bool(target.probe())
                 except Exception:  # a probe must never kill the prober
                     ok = False
                 if ok != target.up:
@@ -158,11 +231,19 @@ class Gateway:
 
     def status(self) -> list[dict]:
         with self._lock:
-            return [{"node": t.node, "up": t.up, "local": t.local, "forwarded": t.forwarded} for t in self.targets]
+            return [{"node": t.node, "up": t.up, "local": t.local, "forwarded": t.forwarded,
+                     "failures": t.failures} for t in self.targets]
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {"in_flight": len(self._in_flight), "max_in_flight": self.max_in_flight,
+                    "cached": len(self._completed), "cache_hits": self._cache_hits, "joined": self._joined,
+                    "rejected": self._rejected}
 
     def close(self) -> None:
         self._stop.set()
 
 
 def remote_target(node: int, client: WorkerClient) -> Target:
-    return Target(node=node, answer=client.answer, probe=lambda: client.health() is not None)
+    # Out of the rotation until the first probe finds it ready: never route to a starting node.
+    return Target(node=node, answer=client.answer, probe=lambda: client.health() is not None, up=False)

@@ -13,9 +13,10 @@ from typing import Any
 import numpy as np
 from flask import Flask, jsonify
 
+from pipeline.config import Settings
 from pipeline.vector_index import VectorIndex
 from services.batching import BatchingService
-from services.http import ApiError, make_app, read_json_object
+from services.http import ApiError, internal_endpoint, make_app, read_json_object
 from services.lifecycle import Readiness
 
 MAX_SEARCH_VECTORS = 1024
@@ -41,7 +42,11 @@ class IndexService:
         return [(ids[i, :item.k].tolist(), distances[i, :item.k].tolist()) for i, item in enumerate(items)]
 
     def search(self, vectors: np.ndarray, k: int, timeout_s: float) -> tuple[list, list]:
-        futures = self.batcher.submit_many([SearchItem(v, k) for v in vectors])
+        try:
+            futures = self.batcher.submit_many([SearchItem(v, k) for v in vectors])
+        except ValueError as exc:  # more vectors than the queue can ever hold (Overloaded is a 503)
+            raise ApiError(400, f"'embeddings' holds too many vectors for this server: {exc}",
+                           field="embeddings") from None
         deadline = time.monotonic() + timeout_s
         results = []
         for future in futures:
@@ -55,6 +60,13 @@ class IndexService:
 
     def close(self, timeout: float | None = None) -> None:
         self.batcher.close(timeout)
+
+
+def _finite(x: int | float) -> bool:
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int beyond any float: JSON allows 400 digits
+        return False
 
 
 def parse_search_body(body: dict, dim: int) -> tuple[np.ndarray, int]:
@@ -76,36 +88,41 @@ def parse_search_body(body: dict, dim: int) -> tuple[np.ndarray, int]:
             if type(x) not in (int, float):
                 raise ApiError(400, f"embeddings[{i}] holds a {type(x).__name__}, expected numbers",
                                field="embeddings")
-            if not math.isfinite(x):
+            if not _finite(x):
                 raise ApiError(400, f"embeddings[{i}] holds a non-finite number ({x})", field="embeddings")
-    vectors = np.asarray(rows, dtype=np.float32)
+    with np.errstate(over="ignore"):  # overflow is checked just below, as a 400
+        vectors = np.asarray(rows, dtype=np.float32)
     if not np.isfinite(vectors).all():
         raise ApiError(400, "embeddings overflow float32", field="embeddings")
     return vectors, k
 
 
-def create_index_app(readiness: Readiness, holder: dict[str, Any], *, node: int, total_nodes: int,
-                     timeout_s: float) -> Flask:
+def create_index_app(readiness: Readiness, holder: dict[str, Any], *, node: int, settings: Settings) -> Flask:
     """`holder["service"]` is the IndexService once the index is loaded."""
     app = make_app("index-server")
+    timeout_s = settings.search_timeout_s
+    inject_delay_s = settings.index_inject_delay_ms / 1000.0  # tests only: a slow node 2
 
     @app.get("/health")
     def health():
         service: IndexService | None = holder.get("service")
         if not readiness.ready or service is None:
-            return jsonify({"status": readiness.state, "node": node, "total_nodes": total_nodes,
+            return jsonify({"status": readiness.state, "node": node, "total_nodes": settings.total_nodes,
                             "role": "index", "detail": readiness.detail}), 503
         index = service.index
-        return jsonify({"status": "healthy", "node": node, "total_nodes": total_nodes, "role": "index",
+        return jsonify({"status": "healthy", "node": node, "total_nodes": settings.total_nodes, "role": "index",
                         "ntotal": index.ntotal, "dim": index.dim, "nprobe": index.nprobe,
                         "mmap": index.is_mmap})
 
     @app.post("/search")
+    @internal_endpoint(settings.cluster_token)
     def search():
         service: IndexService | None = holder.get("service")
         if not readiness.ready or service is None:
             raise ApiError(503, f"index server is {readiness.state}", retry_after_s=5)
         vectors, k = parse_search_body(read_json_object(MAX_SEARCH_BODY_BYTES), service.index.dim)
+        if inject_delay_s:
+            time.sleep(inject_delay_s)
         ids, distances = service.search(vectors, k, timeout_s)
         return jsonify({"ids": ids, "distances": distances})
 

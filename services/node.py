@@ -15,28 +15,34 @@ import time
 from typing import Any
 
 from flask import Flask, jsonify
+from werkzeug.wsgi import ClosingIterator
 
 from pipeline.config import ConfigError, Settings
 from pipeline.device import thread_budget
-from services.gateway import Gateway, NoWorkerAvailable, Target, remote_target
-from services.http import ApiError, make_app, read_json_object, require_string, serve
-from services.index_server import IndexService, create_index_app
+from services.gateway import Gateway, NoWorkerAvailable, Target, WorkerFailed, remote_target
+from services.http import ApiError, internal_endpoint, make_app, read_json_object, require_string, serve
+from services.index_server import MAX_SEARCH_BODY_BYTES, IndexService, create_index_app
 from services.lifecycle import Readiness
 from services.metrics import GatewayCollector, NodeMetrics
-from services.node_client import IndexClient, NodeError, WorkerClient
-from services.worker import RequestTimeout, Stages, Worker
+from services.node_client import IndexClient, WorkerClient
+from services.worker import RequestTimeout, StageFailed, Stages, Worker
 
 log = logging.getLogger("services.node")
 
-MAX_REQUEST_ID_CHARS = 256
-MAX_QUERY_CHARS = 4096
 ROLES = {0: "gateway+worker", 1: "worker", 2: "index"}
+MAX_INTERNAL_TIMEOUT_S = 3600
+# After the last request in flight returns, waitress may still be writing its
+# reply to the socket from its own loop: wait this long before the process exits.
+EXIT_LINGER_S = 0.5
 
 
-def default_http_threads(node: int) -> int:
-    # Each request in flight holds one waitress thread while it waits on its
-    # futures; node 0 also holds one per request it forwards to node 1.
-    return {0: 128, 1: 64, 2: 32}[node]
+def default_http_threads(settings: Settings, node: int) -> int:
+    # A request in flight holds one waitress thread while it waits on its futures
+    # (on node 0 the same thread waits on node 1 for a forwarded one). The gateway
+    # admits at most GATEWAY_MAX_IN_FLIGHT, and on failover node 1 may get them all;
+    # 32 more keep /health, /metrics, joins, cache hits and quick 503s answered.
+    # Node 2 sees only batched searches: one call at a time per worker's search stage.
+    return 32 if node == 2 else settings.gateway_max_in_flight + 32
 
 
 class NodeState:
@@ -50,7 +56,7 @@ class NodeState:
         self.gateway: Gateway | None = None
         self.model_source = "loading"
         self.index_holder: dict[str, Any] = {}
-        self.in_flight = 0
+        self.in_flight = 0  # HTTP requests between arrival and the end of their reply
         self.lock = threading.Lock()
         self.metrics = NodeMetrics(self.batching_services)
         self.metrics.register(GatewayCollector(lambda: self.gateway))
@@ -73,6 +79,7 @@ class NodeState:
                               for name, st in self.worker.stats().items()}
         if self.gateway is not None:
             body["workers"] = self.gateway.status()
+            body["gateway"] = self.gateway.stats()
         if self.readiness.detail:
             body["detail"] = self.readiness.detail
         return body
@@ -82,21 +89,44 @@ class NodeState:
             raise ApiError(503, f"node {self.node} is {self.readiness.state}", retry_after_s=5)
 
 
-def _parse_query(body: dict) -> tuple[str, str]:
-    return (require_string(body, "request_id", MAX_REQUEST_ID_CHARS),
-            require_string(body, "query", MAX_QUERY_CHARS))
+def _parse_query(settings: Settings) -> tuple[dict, str, str]:
+    """The body of /query or /internal/answer, checked the same way on both."""
+    body = read_json_object(settings.max_body_bytes)
+    return (body, require_string(body, "request_id", settings.max_request_id_chars),
+            require_string(body, "query", settings.max_query_chars))
+
+
+def _internal_timeout(body: dict, settings: Settings) -> float:
+    """The caller's time left (the gateway's deadline), never more than our own limit."""
+    timeout_s = body.get("timeout_s", settings.request_timeout_s)
+    if type(timeout_s) not in (int, float) or not 0 < timeout_s <= MAX_INTERNAL_TIMEOUT_S:
+        raise ApiError(400, f"'timeout_s' must be a number of seconds over 0 and at most {MAX_INTERNAL_TIMEOUT_S}",
+                       field="timeout_s")
+    return min(float(timeout_s), settings.request_timeout_s)
 
 
 def _track_in_flight(app: Flask, state: NodeState) -> None:
-    @app.before_request
-    def _enter():
-        with state.lock:
-            state.in_flight += 1
+    """Count requests until their reply has been handed to waitress, for the SIGTERM drain.
 
-    @app.teardown_request
-    def _leave(_exc):
+    A WSGI wrapper rather than Flask hooks: teardown_request runs before the
+    reply body is handed over, so a drain that trusted it could cut replies.
+    """
+    inner = app.wsgi_app
+
+    def leave():
         with state.lock:
             state.in_flight -= 1
+
+    def counted(environ, start_response):
+        with state.lock:
+            state.in_flight += 1
+        try:
+            return ClosingIterator(inner(environ, start_response), [leave])
+        except BaseException:
+            leave()
+            raise
+
+    app.wsgi_app = counted
 
 
 def create_worker_app(state: NodeState) -> Flask:
@@ -109,17 +139,19 @@ def create_worker_app(state: NodeState) -> Flask:
         return jsonify(state.health_body()), (200 if state.readiness.ready else 503)
 
     @app.post("/internal/answer")
+    @internal_endpoint(state.settings.cluster_token)
     def internal_answer():
         state.require_ready()
-        body = read_json_object()
-        request_id, query = _parse_query(body)
-        timeout_s = body.get("timeout_s", state.settings.request_timeout_s)
-        if type(timeout_s) not in (int, float) or not 0 < timeout_s <= 3600:
-            raise ApiError(400, "'timeout_s' must be a number of seconds from 0 to 3600", field="timeout_s")
+        body, request_id, query = _parse_query(state.settings)
+        timeout_s = _internal_timeout(body, state.settings)
         try:
-            reply = state.worker.answer(request_id, query, float(timeout_s))
+            reply = state.worker.answer(request_id, query, timeout_s)
         except RequestTimeout:
+            log.warning("request_id=%r timed out after %.1fs", request_id, timeout_s)
             raise ApiError(504, "Request timeout") from None
+        except StageFailed as exc:
+            log.error("request_id=%r failed: %s", request_id, exc)
+            raise ApiError(500, str(exc)) from None
         reply["served_by"] = state.node
         return jsonify(reply)
 
@@ -127,16 +159,19 @@ def create_worker_app(state: NodeState) -> Flask:
         @app.post("/query")
         def query():
             state.require_ready()
-            request_id, text = _parse_query(read_json_object())
-            log.info("query request_id=%s", request_id)
+            _, request_id, text = _parse_query(state.settings)
+            log.info("query request_id=%r", request_id)  # repr: an id cannot forge log lines
             try:
                 reply = state.gateway.answer(request_id, text, state.settings.request_timeout_s)
             except RequestTimeout:
+                log.warning("request_id=%r timed out", request_id)
                 raise ApiError(504, "Request timeout") from None
             except NoWorkerAvailable as exc:
+                log.warning("request_id=%r: %s", request_id, exc)
                 raise ApiError(503, str(exc), retry_after_s=5) from None
-            except NodeError as exc:
-                raise ApiError(500, f"worker failed: {exc.message}") from None
+            except WorkerFailed as exc:
+                log.error("request_id=%r: %s", request_id, exc)
+                raise ApiError(500, exc.public) from None
             return jsonify(reply)
 
     return app
@@ -144,9 +179,10 @@ def create_worker_app(state: NodeState) -> Flask:
 
 # ---------------------------------------------------------------------- startup
 
-def _configure_threads(settings: Settings) -> None:
-    import torch
-    torch.set_num_threads(thread_budget(settings.torch_threads))
+def _configure_threads(settings: Settings, node: int) -> None:
+    if node != 2:  # the index server runs no model: importing torch would only cost memory and start time
+        import torch
+        torch.set_num_threads(thread_budget(settings.torch_threads))
     try:
         import faiss
         faiss.omp_set_num_threads(thread_budget(settings.faiss_threads))
@@ -163,10 +199,13 @@ def _load_worker(state: NodeState) -> None:
     stages = Stages.load(settings, source)
     stages.warm_up()
     index = IndexClient(settings.node_2_ip.url, connect_timeout_s=settings.connect_timeout_s,
-                        read_timeout_s=settings.search_timeout_s)
+                        read_timeout_s=settings.search_timeout_s, token=settings.cluster_token)
     state.worker = Worker(settings, stages, index)
     if state.node == 0:
-        state.gateway = Gateway(_gateway_targets(state), health_interval_s=settings.health_interval_s)
+        state.gateway = Gateway(_gateway_targets(state), health_interval_s=settings.health_interval_s,
+                                max_in_flight=settings.gateway_max_in_flight,
+                                completed_cache_size=settings.idempotency_cache_size,
+                                completed_ttl_s=settings.idempotency_ttl_s)
     log.info("node %d loaded and warmed its models in %.1fs (%s)", state.node,
              time.monotonic() - started, state.model_source)
 
@@ -176,10 +215,14 @@ def _gateway_targets(state: NodeState) -> list[Target]:
     targets = []
     for node in settings.worker_nodes:
         if node == state.node:  # our own worker: an in-process call, no HTTP hop
-            targets.append(Target(node=node, answer=worker.answer, probe=lambda: state.readiness.ready,
+            # The gateway exists only once this worker is loaded; it serves until the node stops
+            # (a stopping node refuses new requests before they reach the gateway).
+            serving = (Readiness.STARTING, Readiness.READY, Readiness.STOPPING)
+            targets.append(Target(node=node, answer=worker.answer, probe=lambda: state.readiness.state in serving,
                                   local=True))
         else:
-            client = WorkerClient(settings.node_address(node).url, connect_timeout_s=settings.connect_timeout_s)
+            client = WorkerClient(settings.node_address(node).url, connect_timeout_s=settings.connect_timeout_s,
+                                  token=settings.cluster_token)
             targets.append(remote_target(node, client))
     return targets
 
@@ -210,15 +253,16 @@ def _start_loading(state: NodeState, load) -> None:
     threading.Thread(target=run, name="startup", daemon=True).start()
 
 
-def _install_shutdown(state: NodeState, server, drain_s: float) -> None:
-    """SIGTERM/SIGINT: refuse new work (503), let in-flight requests finish, exit 0."""
+def _install_shutdown(state: NodeState, grace_s: float) -> None:
+    """SIGTERM/SIGINT: refuse new work (503), let in-flight requests finish within grace_s, exit 0."""
     def drain():
-        deadline = time.monotonic() + drain_s
+        deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
             with state.lock:
                 if state.in_flight == 0:
                     break
             time.sleep(0.05)
+        time.sleep(EXIT_LINGER_S)
         log.info("node %d stopped (in flight at exit: %d)", state.node, state.in_flight)
         logging.shutdown()
         os._exit(0)
@@ -250,25 +294,26 @@ def main() -> int:
     logging.basicConfig(level=settings.log_level.upper(),
                         format=f"%(asctime)s node{node} %(levelname)s %(name)s: %(message)s")
     logging.getLogger("waitress.queue").setLevel(logging.ERROR)  # "task queue depth" chatter under load
-    _configure_threads(settings)
+    _configure_threads(settings, node)
     state = NodeState(settings, node)
     if node == 2:
-        app = create_index_app(state.readiness, state.index_holder, node=node, total_nodes=settings.total_nodes,
-                               timeout_s=settings.search_timeout_s)
+        app = create_index_app(state.readiness, state.index_holder, node=node, settings=settings)
         _track_in_flight(app, state)
         state.metrics.instrument(app)
         load = lambda: _load_index(state, state.index_holder)  # noqa: E731
+        max_body = MAX_SEARCH_BODY_BYTES
     else:
         app = create_worker_app(state)
         load = lambda: _load_worker(state)  # noqa: E731
-    address = settings.node_address(node)
-    threads = settings.waitress_threads or default_http_threads(node)
+        max_body = settings.max_body_bytes
+    address = settings.node_address(node)  # our own address only: never 0.0.0.0
+    threads = settings.waitress_threads or default_http_threads(settings, node)
     try:
-        server = serve(app, address.host, address.port, threads)
+        server = serve(app, address.host, address.port, threads, max_body_bytes=max_body)
     except OSError as exc:
         print(f"config error: NODE_{node}_IP={str(address)!r} cannot be bound: {exc.strerror}", file=sys.stderr)
         return 2
-    _install_shutdown(state, server, drain_s=settings.request_timeout_s)
+    _install_shutdown(state, settings.shutdown_grace_s)
     log.info("node %d (%s) listening on %s with %d HTTP threads", node, ROLES[node], address, threads)
     _start_loading(state, load)
     server.run()

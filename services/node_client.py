@@ -1,7 +1,10 @@
 """Node-to-node calls over HTTP with pooled `requests` sessions and timeouts.
 
-JSON only between nodes. Search calls are idempotent, so they are retried
-with backoff and jitter on connection errors and 5xx, within a deadline.
+JSON only between nodes. Every call has a connect and a read timeout. Search
+calls are idempotent, so they are retried with capped exponential backoff and
+jitter on connection errors and 5xx until the caller's deadline (node 2 may be
+restarting: a request that can still wait should get its answer). With
+CLUSTER_TOKEN set every call carries it in the X-Cluster-Token header.
 """
 from __future__ import annotations
 
@@ -14,11 +17,23 @@ import numpy as np
 import requests
 from requests.adapters import HTTPAdapter
 
+from services.http import TOKEN_HEADER
+
 log = logging.getLogger(__name__)
+
+# A read this close to the deadline cannot bring an answer back in time.
+MIN_ATTEMPT_S = 0.05
+# Node 1 answers 504 at the deadline we send it; wait a little longer than that
+# for its answer, so the gateway sees its 504 rather than cutting the call itself.
+WORKER_REPLY_GRACE_S = 2.0
 
 
 class NodeUnreachable(RuntimeError):
     """The other node could not be reached (refused, reset, connect timeout)."""
+
+
+class DeadlineExceeded(TimeoutError):
+    """The caller's deadline passed (or left no room for another attempt) before an answer came."""
 
 
 class NodeError(RuntimeError):
@@ -30,52 +45,81 @@ class NodeError(RuntimeError):
         self.message = message
 
 
-def pooled_session(pool_size: int) -> requests.Session:
+def pooled_session(pool_size: int, token: str = "") -> requests.Session:
     session = requests.Session()
     adapter = HTTPAdapter(pool_connections=4, pool_maxsize=pool_size, max_retries=0)
     session.mount("http://", adapter)
     session.mount("https://", adapter)
+    if token:
+        session.headers[TOKEN_HEADER] = token
     return session
 
 
 def _error_message(response: requests.Response) -> str:
     try:
-        return str(response.json().get("error", response.text[:200]))
+        body = response.json()
     except ValueError:
         return response.text[:200]
+    return str(body.get("error", response.text[:200])) if isinstance(body, dict) else response.text[:200]
 
 
 class IndexClient:
-    def __init__(self, base_url: str, *, connect_timeout_s: float, read_timeout_s: float,
-                 pool_size: int = 16, max_attempts: int = 5, backoff_s: float = 0.2):
+    """Node 2's /search. With a deadline, retries run until it (max_attempts bounds only
+    calls without one); each attempt's read timeout is cut to the time left."""
+
+    def __init__(self, base_url: str, *, connect_timeout_s: float, read_timeout_s: float, token: str = "",
+                 pool_size: int = 16, max_attempts: int = 5, backoff_s: float = 0.2, max_backoff_s: float = 2.0):
         self.base_url = base_url.rstrip("/")
-        self.timeout = (connect_timeout_s, read_timeout_s)
-        self.session = pooled_session(pool_size)
+        self.connect_timeout_s = connect_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self.session = pooled_session(pool_size, token)
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s  # so a node that comes back is noticed within about this
+
+    def _timeouts(self, deadline: float | None) -> tuple[float, float]:
+        if deadline is None:
+            return self.connect_timeout_s, self.read_timeout_s
+        left = max(MIN_ATTEMPT_S, deadline - time.monotonic())
+        return min(self.connect_timeout_s, left), min(self.read_timeout_s, left)
+
+    def _attempt(self, payload: dict, deadline: float | None) -> tuple[list, list]:
+        """One POST; NodeUnreachable or a 5xx NodeError may be retried, anything else may not."""
+        try:
+            response = self.session.post(f"{self.base_url}/search", json=payload, timeout=self._timeouts(deadline))
+        except requests.ConnectionError as exc:
+            raise NodeUnreachable(f"index server at {self.base_url} unreachable: {exc.__class__.__name__}") from None
+        except requests.Timeout:
+            raise NodeUnreachable(f"index server at {self.base_url} timed out") from None
+        if response.status_code != 200:
+            raise NodeError(response.status_code, _error_message(response))
+        body = response.json()
+        return body["ids"], body["distances"]
 
     def search(self, vectors: np.ndarray | Sequence[Sequence[float]], k: int,
                deadline: float | None = None) -> tuple[list[list[int]], list[list[float]]]:
         payload = {"embeddings": np.asarray(vectors, dtype=np.float32).tolist(), "k": k}
-        for attempt in range(1, self.max_attempts + 1):
+        attempt = 0
+        while True:
+            if deadline is not None and deadline - time.monotonic() < MIN_ATTEMPT_S:
+                raise DeadlineExceeded(f"search gave up at the request deadline after {attempt} attempts")
+            attempt += 1
             try:
-                response = self.session.post(f"{self.base_url}/search", json=payload, timeout=self.timeout)
-                if response.status_code == 200:
-                    body = response.json()
-                    return body["ids"], body["distances"]
-                error: Exception = NodeError(response.status_code, _error_message(response))
-                if response.status_code < 500:
-                    raise error  # our request was wrong: retrying cannot help
-            except requests.ConnectionError as exc:
-                error = NodeUnreachable(f"index server at {self.base_url} unreachable: {exc.__class__.__name__}")
-            except requests.Timeout:
-                error = NodeUnreachable(f"index server at {self.base_url} timed out")
-            pause = self.backoff_s * (2 ** (attempt - 1)) * random.uniform(0.5, 1.5)
-            if attempt == self.max_attempts or (deadline is not None and time.monotonic() + pause > deadline):
+                return self._attempt(payload, deadline)
+            except NodeError as exc:
+                if exc.status < 500:
+                    raise  # our request was wrong: retrying cannot help
+                error: Exception = exc
+            except NodeUnreachable as exc:
+                error = exc
+            pause = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1)) * random.uniform(0.5, 1.5)
+            if deadline is None and attempt >= self.max_attempts:
                 raise error
+            if deadline is not None and time.monotonic() + pause + MIN_ATTEMPT_S > deadline:
+                raise DeadlineExceeded(f"search gave up at the request deadline after {attempt} attempts "
+                                       f"(last: {error})") from error
             log.warning("search attempt %d failed (%s); retrying in %.2fs", attempt, error, pause)
             time.sleep(pause)
-        raise AssertionError("unreachable")
 
     def close(self) -> None:
         self.session.close()
@@ -84,17 +128,20 @@ class IndexClient:
 class WorkerClient:
     """The gateway's handle on a remote worker's internal answer endpoint."""
 
-    def __init__(self, base_url: str, *, connect_timeout_s: float, pool_size: int = 64):
+    def __init__(self, base_url: str, *, connect_timeout_s: float, token: str = "", pool_size: int = 64):
         self.base_url = base_url.rstrip("/")
         self.connect_timeout_s = connect_timeout_s
-        self.session = pooled_session(pool_size)
+        self.session = pooled_session(pool_size, token)
 
     def answer(self, request_id: str, query: str, timeout_s: float) -> dict:
+        # The time left goes along, so node 1 gives up (and cancels its queued work) when we do.
+        body = {"request_id": request_id, "query": query, "timeout_s": max(0.001, timeout_s)}
         try:
-            response = self.session.post(f"{self.base_url}/internal/answer",
-                                         json={"request_id": request_id, "query": query},
-                                         timeout=(self.connect_timeout_s, max(0.1, timeout_s)))
-        except requests.ConnectionError as exc:  # includes connect timeouts: nothing was sent
+            response = self.session.post(f"{self.base_url}/internal/answer", json=body,
+                                         timeout=(self.connect_timeout_s, timeout_s + WORKER_REPLY_GRACE_S))
+        except requests.ConnectionError as exc:
+            # Refused, reset or a connect timeout: the node is down. If it had started the
+            # work, the work died with it, so another worker may compute the request.
             raise NodeUnreachable(f"worker at {self.base_url} unreachable: {exc.__class__.__name__}") from None
         except requests.Timeout:  # a read timeout: the work may be in flight there
             raise TimeoutError(f"worker at {self.base_url} did not answer within {timeout_s:.1f}s") from None

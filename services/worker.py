@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import Future, TimeoutError as FutureTimeout
+from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,7 +24,9 @@ from pipeline.embedder import Embedder
 from pipeline.generator import GenerationRequest, Generator
 from pipeline.models import ModelSource
 from pipeline.reranker import RerankRequest, Reranker
-from services.batching import BatchingService
+from pipeline.continuous import ContinuousEngine
+from services.batching import BatchingService, Overloaded, ServiceClosed
+from services.generation import ContinuousGenerationService
 from services.node_client import IndexClient
 
 log = logging.getLogger(__name__)
@@ -34,6 +36,25 @@ WARMUP_QUERY = "How do I return a defective product?"
 
 class RequestTimeout(TimeoutError):
     """The request's deadline passed; its unstarted work was cancelled."""
+
+
+class StageFailed(RuntimeError):
+    """One stage failed this request (and only this one: batches retry their items one by one).
+
+    Wrapping keeps the cause's type from being mistaken for something else upstream:
+    node 2 being unreachable must not read as *this* worker being unreachable.
+    """
+
+    def __init__(self, stage: str, cause: BaseException):
+        super().__init__(f"{stage} stage failed: {type(cause).__name__}: {cause}")
+        self.stage = stage
+
+
+@dataclass(frozen=True)
+class SearchItem:
+    """An embedding on its way to node 2, with the deadline of the request it belongs to."""
+    vector: np.ndarray
+    deadline: float
 
 
 @dataclass
@@ -90,38 +111,56 @@ class Worker:
             "search": service("search", self._search_batch),
             "fetch": service("fetch", stages.store.fetch_batch),
             "rerank": service("rerank", stages.reranker.rerank),
-            "generate": service("generate", stages.generator.generate),
+            "generate": self._generate_service(settings, stages, service),
             "sentiment": service("sentiment", stages.sentiment.classify),
             "toxicity": service("toxicity", stages.toxicity.classify),
         }
 
-    def _search_batch(self, vectors: list[np.ndarray]) -> list[list[int]]:
-        # One HTTP call to node 2 for the whole batch of embeddings.
-        deadline = time.monotonic() + self.settings.search_timeout_s
-        ids, _ = self.index.search(np.stack(vectors), spec.TOP_K, deadline=deadline)
+    @staticmethod
+    def _generate_service(settings: Settings, stages: Stages, service):
+        if settings.generate_mode == "static":
+            return service("generate", stages.generator.generate)
+        engine = ContinuousEngine(stages.generator, max_seqs=settings.generate_max_batch,
+                                  max_tokens=settings.generate_max_tokens,
+                                  prefill_chunk=settings.generate_prefill_chunk)
+        return ContinuousGenerationService("generate", engine, max_queue=settings.stage_max_queue)
+
+    def _search_batch(self, items: list[SearchItem]) -> list[list[int]]:
+        # One HTTP call to node 2 for the whole batch. Retries run until the latest
+        # deadline in the batch: a request that can still wait (node 2 restarting)
+        # should get its answer; one whose deadline passed has stopped waiting anyway.
+        deadline = max(item.deadline for item in items)
+        ids, _ = self.index.search(np.stack([item.vector for item in items]), spec.TOP_K, deadline=deadline)
         return ids
 
     @staticmethod
-    def _wait(future: Future, deadline: float):
+    def _wait(stage: str, future: Future, deadline: float):
         try:
             return future.result(timeout=max(0.0, deadline - time.monotonic()))
-        except FutureTimeout:
+        except TimeoutError:  # our deadline, or a stage that gave up at it (search retries)
             future.cancel()  # skipped by its stage if it has not started yet
             raise RequestTimeout("request timed out") from None
+        except (Overloaded, ServiceClosed, CancelledError):
+            raise
+        except Exception as exc:
+            raise StageFailed(stage, exc) from exc
 
     def answer(self, request_id: str, query: str, timeout_s: float | None = None) -> dict:
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.settings.request_timeout_s)
-        s = self.services
-        vector = self._wait(s["embed"].submit(query), deadline)
-        ids = self._wait(s["search"].submit(vector), deadline)
-        documents = self._wait(s["fetch"].submit(list(ids)), deadline)
-        ranked = self._wait(s["rerank"].submit(RerankRequest(query, tuple(documents))), deadline)
-        response = self._wait(s["generate"].submit(
+        s, wait = self.services, self._wait
+        vector = wait("embed", s["embed"].submit(query), deadline)
+        ids = wait("search", s["search"].submit(SearchItem(vector, deadline)), deadline)
+        documents = wait("fetch", s["fetch"].submit(list(ids)), deadline)
+        ranked = wait("rerank", s["rerank"].submit(RerankRequest(query, tuple(documents))), deadline)
+        response = wait("generate", s["generate"].submit(
             GenerationRequest(query, tuple(r.document for r in ranked))), deadline)
         # Sentiment and toxicity depend only on the answer: both are queued before either is awaited.
         sentiment, toxicity = s["sentiment"].submit(response), s["toxicity"].submit(response)
-        reply = spec.answer_json(request_id, response, self._wait(sentiment, deadline),
-                                 self._wait(toxicity, deadline))
+        try:
+            reply = spec.answer_json(request_id, response, wait("sentiment", sentiment, deadline),
+                                     wait("toxicity", toxicity, deadline))
+        finally:
+            toxicity.cancel()  # a no-op once it ran; spares the stage if sentiment gave up first
         with self._lock:
             self._served += 1
         return reply

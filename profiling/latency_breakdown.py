@@ -1,0 +1,77 @@
+"""One idle request at a time through the cluster, its latency broken down by stage.
+
+    python -m profiling.latency_breakdown --url http://127.0.0.1:8000 [--requests 3]
+
+For each request (sent only after the previous one is answered, so every stage
+runs a batch of one) it reads each node's /metrics before and after and
+reports every stage's run time on the worker that served it, their sum, the
+end-to-end latency, and the ratio of the two: the overhead of batching,
+queues and HTTP at low load (the performance target is <= 1.15).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import uuid
+from pathlib import Path
+
+import requests
+
+from pipeline import spec
+from profiling.loadgen import PIPELINE_STAGES, _delta, check_target, scrape
+
+WORKER_STAGES = [s for s in PIPELINE_STAGES if s != "index"]
+
+
+def breakdown(url: str, metrics: dict[int, str], query: str, timeout_s: float) -> dict:
+    before = {node: scrape(u) for node, u in metrics.items()}
+    started = time.perf_counter()
+    response = requests.post(f"{url}/query", json={"request_id": uuid.uuid4().hex, "query": query},
+                             timeout=timeout_s)
+    latency = time.perf_counter() - started
+    response.raise_for_status()
+    served_by = response.json().get("served_by", 0)
+    after = {node: scrape(u) for node, u in metrics.items()}
+    stages = {stage: _delta(before[served_by], after[served_by], "rag_batch_run_seconds_total", stage=stage) or 0.0
+              for stage in WORKER_STAGES}
+    if 2 in metrics:
+        stages["index (node 2)"] = _delta(before[2], after[2], "rag_batch_run_seconds_total", stage="index") or 0.0
+    # Sentiment and toxicity run at the same time: the critical path takes the longer.
+    path = sum(v for k, v in stages.items() if k not in ("sentiment", "toxicity", "index (node 2)"))
+    path += max(stages["sentiment"], stages["toxicity"])
+    return {"query": query, "served_by": served_by, "latency_s": latency, "stages_s": stages,
+            "critical_path_s": path, "ratio": latency / path if path else float("nan")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--metrics", default="", help="node=url,... (default: node 0..2 at ports of --url +0/+1/+2)")
+    parser.add_argument("--requests", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--allow-remote", action="store_true")
+    parser.add_argument("--out", default="runs/latency_breakdown")
+    args = parser.parse_args(argv)
+    url = check_target(args.url, args.allow_remote).rstrip("/")
+    if args.metrics:
+        metrics = {int(k): v for k, v in (part.split("=", 1) for part in args.metrics.split(","))}
+    else:
+        host, port = url.rsplit(":", 1)
+        metrics = {n: f"{host}:{int(port) + n}/metrics" for n in (0, 1, 2)}
+    for u in metrics.values():
+        check_target(u, args.allow_remote)
+    rows = [breakdown(url, metrics, spec.REFERENCE_QUERIES[i % 8], args.timeout) for i in range(args.requests)]
+    header = ["latency"] + list(rows[0]["stages_s"]) + ["critical path", "latency / path"]
+    print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
+    for r in rows:
+        cells = [f"{r['latency_s']:.3f}"] + [f"{v:.3f}" for v in r["stages_s"].values()]
+        print("| " + " | ".join(cells + [f"{r['critical_path_s']:.3f}", f"{r['ratio']:.3f}"]) + " |")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "latency_breakdown.json").write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,319 @@
+"""Fault injection on real node processes (127.0.0.1, tiny stand-ins): every request gets
+exactly one answer of an allowed kind, and no node process dies.
+
+One cluster with small limits serves the whole module, so capacity, deadlines and the
+cluster token are exercised together: CLUSTER_TOKEN is set (every /query below also
+proves the nodes pass it to each other), REQUEST_TIMEOUT_S is short so a 504 comes
+quickly, and GATEWAY_MAX_IN_FLIGHT / STAGE_MAX_QUEUE are tiny so a burst overflows them.
+Node 2 is restarted by some tests (killed, slowed with the test-only
+INDEX_INJECT_DELAY_MS); the SIGTERM test stops node 0 and so comes last.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+from hypothesis import HealthCheck, event, given, settings, strategies as st
+
+from pipeline import spec
+from services.http import TOKEN_HEADER
+from tests.cluster import start_cluster
+
+pytestmark = pytest.mark.timeout(600)
+
+TOKEN = "faults-test-token"
+REQUEST_TIMEOUT_S = 10.0
+MAX_IN_FLIGHT = 4
+AUTH = {TOKEN_HEADER: TOKEN}
+QUERY_STATUSES = {200, 400, 413, 415, 503, 504}
+
+
+@pytest.fixture(scope="module")
+def cluster(course_data, tmp_path_factory):
+    cluster = start_cluster(course_data, tmp_path_factory.mktemp("faults-logs"),
+                            CLUSTER_TOKEN=TOKEN, REQUEST_TIMEOUT_S=str(REQUEST_TIMEOUT_S),
+                            GATEWAY_MAX_IN_FLIGHT=str(MAX_IN_FLIGHT), STAGE_MAX_QUEUE="4", SEARCH_MAX_BATCH="4",
+                            SHUTDOWN_GRACE_S="30", CONNECT_TIMEOUT_S="1")
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(autouse=True)
+def no_node_exits(request, cluster):
+    """After every test: every node this test did not stop on purpose is still running."""
+    yield
+    stopped = getattr(request.node, "stopped_nodes", set())
+    for node, proc in cluster.procs.items():
+        if node not in stopped:
+            assert proc.poll() is None, f"node {node} exited with {proc.returncode}:\n{cluster.tail(node)}"
+
+
+def post_query(cluster, request_id: str, query: str = "Where is my order?", timeout: float = 60) -> requests.Response:
+    return requests.post(f"{cluster.url(0)}/query", json={"request_id": request_id, "query": query},
+                         timeout=timeout)
+
+
+def uid(prefix: str) -> str:
+    return f"{prefix}-{time.time_ns()}"
+
+
+def health(cluster, node: int) -> dict:
+    return requests.get(f"{cluster.url(node)}/health", timeout=10).json()
+
+
+def served_total(cluster) -> int:
+    return sum(health(cluster, n)["served"] for n in (0, 1))
+
+
+def assert_json_answer(response: requests.Response, allowed: set[int]) -> None:
+    assert response.status_code in allowed, (response.status_code, response.text[:300])
+    assert response.headers["Content-Type"].startswith("application/json"), response.text[:300]
+    body = response.json()
+    if response.status_code != 200:
+        assert isinstance(body["error"], str) and body["error"]
+    if response.status_code == 503:
+        assert int(response.headers["Retry-After"]) >= 1
+
+
+def restart_node_2(cluster, inject_delay_ms: int = 0) -> None:
+    cluster.kill_node(2)
+    cluster.env["INDEX_INJECT_DELAY_MS"] = str(inject_delay_ms)
+    try:
+        cluster.start_node(2)
+    finally:
+        cluster.env.pop("INDEX_INJECT_DELAY_MS")
+    cluster.wait_healthy(nodes=(2,), timeout_s=60)
+
+
+def wait_until(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+# ---------------------------------------------------------------- the cluster token
+
+def test_internal_endpoints_refuse_callers_without_the_token(cluster):
+    search = {"embeddings": [[0.01] * 768], "k": 10}
+    internal = {"request_id": uid("tok"), "query": "Refund?"}
+    for headers in ({}, {TOKEN_HEADER: "wrong"}, {TOKEN_HEADER: TOKEN.upper()}):
+        r = requests.post(f"{cluster.url(2)}/search", json=search, headers=headers, timeout=10)
+        assert r.status_code == 401 and r.json()["field"] == TOKEN_HEADER
+        for node in (0, 1):
+            r = requests.post(f"{cluster.url(node)}/internal/answer", json=internal, headers=headers, timeout=10)
+            assert r.status_code == 401 and TOKEN_HEADER in r.json()["error"]
+    assert requests.post(f"{cluster.url(2)}/search", json=search, headers=AUTH, timeout=10).status_code == 200
+    r = requests.post(f"{cluster.url(1)}/internal/answer", json=internal, headers=AUTH, timeout=30)
+    assert r.status_code == 200 and r.json()["served_by"] == 1
+
+
+def test_query_health_and_metrics_stay_open_and_query_works_end_to_end(cluster):
+    for node in (0, 1, 2):
+        assert requests.get(f"{cluster.url(node)}/health", timeout=10).status_code == 200
+        assert requests.get(f"{cluster.url(node)}/metrics", timeout=10).status_code == 200
+    replies = [post_query(cluster, uid(f"open-{i}"), spec.REFERENCE_QUERIES[i]) for i in range(4)]
+    assert [r.status_code for r in replies] == [200] * 4
+    assert {r.json()["served_by"] for r in replies} == {0, 1}  # node 1 and node 2 both took the token
+
+
+# ---------------------------------------------------------------- fuzzed bodies
+
+JSON_SCALARS = (st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True, allow_infinity=True)
+                | st.text(max_size=20))
+JSON_VALUES = st.recursive(JSON_SCALARS, lambda inner: st.lists(inner, max_size=4)
+                           | st.dictionaries(st.text(max_size=6), inner, max_size=4), max_leaves=12)
+HUGE_STRINGS = st.builds(lambda n, c: c * n, st.sampled_from([257, 4097, 20_000, 70_000]),
+                         st.sampled_from(["x", "é", "😀", " "]))
+FIELD_VALUES = st.text(max_size=40) | HUGE_STRINGS | JSON_VALUES
+QUERY_BODIES = st.fixed_dictionaries({}, optional={"request_id": FIELD_VALUES, "query": FIELD_VALUES,
+                                                   "timeout_s": JSON_SCALARS, "extra": JSON_VALUES})
+CONTENT_TYPES = st.sampled_from(["application/json"] * 6 + ["application/json; charset=utf-8", "text/plain",
+                                                            "application/x-www-form-urlencoded", ""])
+
+
+def encode(body) -> bytes:
+    return json.dumps(body).encode()  # NaN and Infinity go out as the bare words JSON parsers often accept
+
+
+# Well-formed bodies with any Unicode (and huge) strings, so a good share reaches the models.
+WELL_FORMED = st.fixed_dictionaries({"request_id": st.text(min_size=1, max_size=40),
+                                     "query": st.text(min_size=1, max_size=300) | HUGE_STRINGS},
+                                    optional={"extra": JSON_VALUES}).map(encode)
+RAW_BODIES = st.one_of(WELL_FORMED, WELL_FORMED, st.binary(max_size=300), QUERY_BODIES.map(encode),
+                       JSON_VALUES.map(encode), st.just(b"[" * 30_000),
+                       st.just(b'{"request_id": "a", "query": "\\udc80"}'))
+FUZZ = settings(max_examples=60, deadline=None, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                       HealthCheck.function_scoped_fixture])
+
+
+@FUZZ
+@given(body=RAW_BODIES, content_type=CONTENT_TYPES)
+def test_fuzzed_query_bodies_get_one_allowed_json_answer(cluster, body, content_type):
+    headers = {"Content-Type": content_type} if content_type else {}
+    response = requests.post(f"{cluster.url(0)}/query", data=body, headers=headers, timeout=60)
+    event(f"HTTP {response.status_code}")  # --hypothesis-show-statistics shows the mix
+    assert_json_answer(response, QUERY_STATUSES)
+    if response.status_code == 200:
+        assert response.json()["request_id"] == json.loads(body)["request_id"]
+
+
+def vectors(dim: int, count: int, fill) -> list:
+    return [[fill] * dim for _ in range(count)]
+
+
+SEARCH_BODIES = st.fixed_dictionaries({}, optional={
+    "embeddings": st.builds(vectors, st.sampled_from([0, 1, 767, 768, 768, 768, 769]), st.integers(0, 6),
+                            st.floats(-10, 10) | st.floats(allow_nan=True, allow_infinity=True) | st.integers()
+                            | JSON_SCALARS)
+    | JSON_VALUES,
+    "k": st.integers(-3, 2000) | JSON_SCALARS,
+    "extra": JSON_VALUES})
+
+
+WELL_FORMED_SEARCH = st.fixed_dictionaries({
+    "embeddings": st.builds(vectors, st.just(768), st.integers(1, 5), st.floats(-10, 10) | st.integers(-5, 5)),
+    "k": st.integers(1, 1024)}).map(encode)
+
+
+@FUZZ
+@given(body=st.one_of(WELL_FORMED_SEARCH, SEARCH_BODIES.map(encode), SEARCH_BODIES.map(encode), RAW_BODIES),
+       content_type=CONTENT_TYPES)
+def test_fuzzed_search_bodies_get_one_allowed_json_answer(cluster, body, content_type):
+    headers = {**AUTH, **({"Content-Type": content_type} if content_type else {})}
+    response = requests.post(f"{cluster.url(2)}/search", data=body, headers=headers, timeout=60)
+    event(f"HTTP {response.status_code}")
+    assert_json_answer(response, QUERY_STATUSES)
+    if response.status_code == 200:
+        ids = response.json()["ids"]
+        assert len(ids) == len(json.loads(body)["embeddings"])
+
+
+# ---------------------------------------------------------------- idempotency and capacity
+
+def test_same_request_id_from_20_threads_is_computed_once(cluster):
+    request_id, before = uid("same"), served_total(cluster)
+    barrier = threading.Barrier(20)
+
+    def send(_):
+        barrier.wait()
+        return post_query(cluster, request_id)
+
+    with ThreadPoolExecutor(20) as pool:
+        responses = list(pool.map(send, range(20)))
+    assert [r.status_code for r in responses] == [200] * 20
+    assert len({r.text for r in responses}) == 1
+    assert served_total(cluster) - before == 1
+    assert post_query(cluster, request_id).text == responses[0].text  # from the cache
+    assert served_total(cluster) - before == 1
+
+
+def burst(url: str, n: int, headers=None, body=lambda i: {}) -> list[requests.Response]:
+    barrier = threading.Barrier(n)
+
+    def send(i):
+        barrier.wait()
+        return requests.post(url, json=body(i), headers=headers or {}, timeout=30)
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(send, range(n)))
+
+
+def test_burst_of_4x_capacity_gets_200_or_immediate_503_and_the_cluster_recovers(cluster):
+    tag = uid("burst")
+    started = time.monotonic()
+    responses = burst(f"{cluster.url(0)}/query", 4 * MAX_IN_FLIGHT,
+                      body=lambda i: {"request_id": f"{tag}-{i}", "query": spec.REFERENCE_QUERIES[i % 8]})
+    assert time.monotonic() - started < 30
+    for r in responses:
+        assert_json_answer(r, {200, 503})
+    statuses = [r.status_code for r in responses]
+    print("gateway burst:", statuses)
+    assert statuses.count(503) >= 1 and statuses.count(200) >= 1, statuses
+    assert health(cluster, 0)["gateway"]["rejected"] >= 1  # the gateway's own limit refused some
+
+    # Straight at node 1, past the gateway: its stage queues (STAGE_MAX_QUEUE=4) are the bound.
+    direct = burst(f"{cluster.url(1)}/internal/answer", 16, headers=AUTH,
+                   body=lambda i: {"request_id": f"{tag}-direct-{i}", "query": "Refund?"})
+    for r in direct:
+        assert_json_answer(r, {200, 503})
+    print("node 1 burst:", [r.status_code for r in direct])
+
+    wait_until(lambda: all(w["up"] for w in health(cluster, 0)["workers"]), 10, "a worker stayed out")
+    after = [post_query(cluster, f"{tag}-after-{i}") for i in range(4)]
+    assert [r.status_code for r in after] == [200] * 4
+
+
+# ---------------------------------------------------------------- node 2 down, slow, back
+
+def test_node_2_killed_then_back_waiting_requests_succeed(cluster):
+    cluster.kill_node(2)
+    tag, results = uid("n2"), {}
+
+    def send(i):
+        results[i] = post_query(cluster, f"{tag}-{i}", spec.REFERENCE_QUERIES[i])
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(3)]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    time.sleep(1.5)  # they are retrying their searches now
+    assert not results, "a request finished while node 2 was down"
+    cluster.start_node(2)
+    for t in threads:
+        t.join(timeout=60)
+    assert [results[i].status_code for i in range(3)] == [200] * 3, [results[i].text for i in range(3)]
+    assert time.monotonic() - started < REQUEST_TIMEOUT_S
+
+
+def test_slow_node_2_gives_504_and_the_cluster_serves_normally_afterwards(cluster):
+    restart_node_2(cluster, inject_delay_ms=int(REQUEST_TIMEOUT_S * 1000) + 5000)
+    ids = [uid(f"slow-{i}") for i in range(3)]
+    started = time.monotonic()
+    with ThreadPoolExecutor(3) as pool:
+        responses = list(pool.map(lambda request_id: post_query(cluster, request_id), ids))
+    elapsed = time.monotonic() - started
+    for r in responses:
+        assert r.status_code == 504 and r.json() == {"error": "Request timeout"}
+    assert REQUEST_TIMEOUT_S - 1 < elapsed < REQUEST_TIMEOUT_S + 5
+    # A timed-out id is not cached: sent again once node 2 is quick, it is computed.
+    restart_node_2(cluster)
+    assert post_query(cluster, ids[0]).status_code == 200
+    assert [post_query(cluster, uid(f"fast-{i}")).status_code for i in range(4)] == [200] * 4
+
+
+# ---------------------------------------------------------------- SIGTERM (stops node 0: last)
+
+def test_sigterm_drains_node_0_then_exits_0(cluster, request):
+    restart_node_2(cluster, inject_delay_ms=2000)  # requests in flight long enough to be caught
+    tag, results = uid("drain"), {}
+
+    def send(i):
+        results[i] = post_query(cluster, f"{tag}-{i}", spec.REFERENCE_QUERIES[i])
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(MAX_IN_FLIGHT)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: health(cluster, 0)["gateway"]["in_flight"] == MAX_IN_FLIGHT, 5, "requests not in flight")
+    request.node.stopped_nodes = {0}
+    node0 = cluster.procs[0]
+    node0.send_signal(signal.SIGTERM)
+    time.sleep(0.2)
+    try:  # stopping: new work is refused (or, once it has exited, the connection is)
+        late = post_query(cluster, uid("late"), timeout=10)
+        assert_json_answer(late, {503})
+    except requests.ConnectionError:
+        pass
+    for t in threads:
+        t.join(timeout=60)
+    assert [results[i].status_code for i in range(MAX_IN_FLIGHT)] == [200] * MAX_IN_FLIGHT
+    assert node0.wait(timeout=30) == 0
+    with pytest.raises(requests.ConnectionError):
+        post_query(cluster, uid("gone"), timeout=5)
+    assert cluster.procs[1].poll() is None and cluster.procs[2].poll() is None

@@ -1,0 +1,209 @@
+"""The gateway's rules with fake workers: capacity, idempotency, failover, deadlines (no models, no HTTP)."""
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from services.batching import Overloaded
+from services.gateway import Gateway, NoWorkerAvailable, Target, WorkerFailed, remote_target
+from services.node_client import NodeError, NodeUnreachable
+from services.worker import RequestTimeout, StageFailed
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class FakeWorker:
+    """Counts computations; each call can be made to wait on a gate or to fail."""
+
+    def __init__(self, node: int, *, gate: threading.Event | None = None, errors: list | None = None):
+        self.node = node
+        self.gate = gate
+        self.errors = list(errors or [])
+        self.calls: list[tuple[str, float]] = []
+        self.lock = threading.Lock()
+
+    def answer(self, request_id: str, query: str, timeout_s: float) -> dict:
+        with self.lock:
+            self.calls.append((request_id, timeout_s))
+            error = self.errors.pop(0) if self.errors else None
+        if error is not None:
+            raise error
+        if self.gate is not None:
+            assert self.gate.wait(10), "test gate never opened"
+        return {"request_id": request_id, "generated_response": f"answer to {query}"}
+
+    def target(self, *, up: bool = True, local: bool = False, probe=lambda: True) -> Target:
+        return Target(node=self.node, answer=self.answer, probe=probe, up=up, local=local)
+
+
+def gateway(*targets: Target, **kwargs) -> Gateway:
+    kwargs.setdefault("health_interval_s", 3600)  # the probe runs once, at construction
+    gw = Gateway(list(targets), **kwargs)
+    time.sleep(0.05)  # let that first probe pass
+    return gw
+
+
+def test_round_robin_alternates_between_ready_workers():
+    a, b = FakeWorker(0), FakeWorker(1)
+    gw = gateway(a.target(local=True), b.target())
+    served = [gw.answer(f"rr-{i}", "q", 10)["served_by"] for i in range(6)]
+    assert served in ([0, 1] * 3, [1, 0] * 3)
+
+
+def test_same_id_from_20_threads_is_computed_once_and_then_cached():
+    gate = threading.Event()
+    worker = FakeWorker(0, gate=gate)
+    gw = gateway(worker.target(local=True), max_in_flight=1)
+    with ThreadPoolExecutor(20) as pool:
+        futures = [pool.submit(gw.answer, "same", "q", 10) for _ in range(20)]
+        time.sleep(0.3)  # all 20 have arrived: one computes, 19 join (joins use no capacity)
+        gate.set()
+        replies = [f.result(timeout=10) for f in futures]
+    assert len(worker.calls) == 1
+    assert all(r == replies[0] for r in replies)
+    assert gw.answer("same", "q", 10) == replies[0] and len(worker.calls) == 1  # from the cache
+    stats = gw.stats()
+    assert stats["joined"] == 19 and stats["cache_hits"] == 1 and stats["in_flight"] == 0
+
+
+def test_beyond_max_in_flight_is_refused_at_once_with_retry_after():
+    gate = threading.Event()
+    worker = FakeWorker(0, gate=gate)
+    gw = gateway(worker.target(local=True), max_in_flight=2)
+    with ThreadPoolExecutor(2) as pool:
+        running = [pool.submit(gw.answer, f"busy-{i}", "q", 10) for i in range(2)]
+        time.sleep(0.2)
+        started = time.monotonic()
+        with pytest.raises(Overloaded) as err:
+            gw.answer("one-too-many", "q", 10)
+        assert time.monotonic() - started < 0.1
+        assert err.value.retry_after_s >= 1
+        gate.set()
+        assert all(f.result(timeout=10)["request_id"].startswith("busy") for f in running)
+    assert gw.answer("one-too-many", "q", 10)["request_id"] == "one-too-many"  # capacity is back
+    assert gw.stats()["rejected"] == 1
+
+
+def test_failures_are_not_cached():
+    worker = FakeWorker(0, errors=[StageFailed("generate", RuntimeError("boom"))])
+    gw = gateway(worker.target(local=True))
+    with pytest.raises(WorkerFailed):
+        gw.answer("flaky", "q", 10)
+    assert gw.answer("flaky", "q", 10)["request_id"] == "flaky"
+    assert len(worker.calls) == 2
+
+
+def test_cache_is_bounded_in_size_and_time():
+    worker = FakeWorker(0)
+    gw = gateway(worker.target(local=True), completed_cache_size=3, completed_ttl_s=0.3)
+    for i in range(5):
+        gw.answer(f"c-{i}", "q", 10)
+    assert gw.stats()["cached"] == 3
+    gw.answer("c-4", "q", 10)
+    assert len(worker.calls) == 5  # c-4 came from the cache
+    gw.answer("c-0", "q", 10)
+    assert len(worker.calls) == 6  # c-0 had been evicted
+    time.sleep(0.35)
+    gw.answer("c-4", "q", 10)
+    assert len(worker.calls) == 7  # expired
+    assert gw.stats()["cached"] == 1  # the expired ones were dropped
+
+
+def test_unreachable_worker_leaves_rotation_and_another_serves():
+    local, remote = FakeWorker(0), FakeWorker(1, errors=[NodeUnreachable("refused")])
+    remote_target_ = remote.target(probe=lambda: False)
+    gw = gateway(local.target(local=True), remote_target_)
+    remote_target_.up = True  # as if it had been healthy until now
+    served = {gw.answer(f"u-{i}", "q", 10)["served_by"] for i in range(4)}
+    assert served == {0}
+    assert not remote_target_.up and len(remote.calls) == 1
+
+
+@pytest.mark.parametrize("error,expected", [
+    (NodeError(503, "node 1 is starting"), None),  # nothing computed: the other worker serves
+    (NodeError(401, "missing or wrong X-Cluster-Token"), None),  # a misconfigured node: use the other
+    (Overloaded("full"), None),
+    (NodeError(500, "internal error"), WorkerFailed),  # this request fails alone
+    (NodeError(504, "Request timeout"), RequestTimeout),
+    (TimeoutError("read timeout"), RequestTimeout),
+])
+def test_worker_errors_map_to_one_answer(error, expected):
+    first, second = FakeWorker(1, errors=[error]), FakeWorker(0)
+    first_target = first.target()
+    gw = gateway(first_target, second.target(local=True))
+    gw._turn = iter(range(0, 1000, 2))  # always start with the first target
+    if expected is None:
+        assert gw.answer("e", "q", 10)["served_by"] == 0
+    else:
+        with pytest.raises(expected):
+            gw.answer("e", "q", 10)
+    if isinstance(error, NodeError) and error.status in (401, 500, 503):
+        assert not first_target.up  # 5xx: out of the rotation until the probe sees it ready
+
+
+def test_no_worker_available_when_all_fail_to_take_it():
+    a = FakeWorker(0, errors=[NodeUnreachable("down")])
+    b = FakeWorker(1, errors=[NodeError(503, "stopping")])
+    gw = gateway(a.target(), b.target())
+    with pytest.raises(NoWorkerAvailable):
+        gw.answer("n", "q", 10)
+
+
+def test_remaining_deadline_is_passed_on_and_enforced():
+    worker = FakeWorker(0)
+    gw = gateway(worker.target(local=True))
+    gw.answer("d", "q", 7.5)
+    assert 7.0 < worker.calls[0][1] <= 7.5
+    with pytest.raises(RequestTimeout):
+        gw.answer("late", "q", 0.0)
+
+
+def test_remote_worker_is_out_of_rotation_until_its_probe_says_ready():
+    class Client:
+        ready = False
+        answer = FakeWorker(1).answer
+
+        def health(self):
+            return {"status": "healthy"} if self.ready else None
+
+    client, local = Client(), FakeWorker(0)
+    gw = gateway(local.target(local=True), remote_target(1, client), health_interval_s=0.05)
+    assert {gw.answer(f"p-{i}", "q", 10)["served_by"] for i in range(4)} == {0}
+    client.ready = True
+    time.sleep(0.3)
+    assert {gw.answer(f"q-{i}", "q", 10)["served_by"] for i in range(4)} == {0, 1}
+    gw.close()
+
+
+def test_worker_wait_maps_stage_outcomes():
+    from concurrent.futures import Future
+
+    from services.batching import ServiceClosed
+    from services.node_client import DeadlineExceeded
+    from services.worker import Worker
+
+    def failed(exc):
+        future = Future()
+        future.set_exception(exc)
+        return future
+
+    later = time.monotonic() + 5
+    with pytest.raises(StageFailed, match="embed stage failed: ValueError"):
+        Worker._wait("embed", failed(ValueError("bad")), later)
+    with pytest.raises(StageFailed, match="search stage failed: NodeUnreachable"):
+        Worker._wait("search", failed(NodeUnreachable("node 2 down")), later)  # not *this* worker down
+    with pytest.raises(RequestTimeout):
+        Worker._wait("search", failed(DeadlineExceeded("gave up")), later)
+    for exc in (Overloaded("full"), ServiceClosed("closing")):
+        with pytest.raises(type(exc)):
+            Worker._wait("generate", failed(exc), later)
+    pending = Future()
+    with pytest.raises(RequestTimeout):
+        Worker._wait("rerank", pending, time.monotonic() + 0.05)
+    assert pending.cancelled()  # unstarted work is dropped
+    done = Future()
+    done.set_result([1, 2])
+    assert Worker._wait("fetch", done, later) == [1, 2]

@@ -1,0 +1,212 @@
+"""Input rules, the cluster token and node-to-node client behaviour, without models or a cluster."""
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+import pytest
+from flask import jsonify
+
+from pipeline.config import Settings
+from services.http import TOKEN_HEADER, internal_endpoint, make_app, read_json_object, require_string
+from services.index_server import parse_search_body
+from services.node_client import DeadlineExceeded, IndexClient, NodeError, NodeUnreachable, WorkerClient
+
+pytestmark = pytest.mark.timeout(60)
+TOKEN = "s3cret-Token"
+
+
+@pytest.fixture(scope="module")
+def client():
+    app = make_app("test")
+
+    @app.post("/echo")
+    def echo():
+        body = read_json_object(1024)
+        return jsonify({"id": require_string(body, "request_id", 8), "query": require_string(body, "query", 32)})
+
+    @app.post("/internal")
+    @internal_endpoint(TOKEN)
+    def internal():
+        return jsonify({"ok": True})
+
+    return app.test_client()
+
+
+@pytest.mark.parametrize("data,content_type,status,field", [
+    (b'{"request_id": "a", "query": "b", "extra": [1, {"x": NaN}]}', "application/json", 200, None),
+    (b'{"request_id": "a", "query": "b"}', "text/plain", 415, "Content-Type"),
+    (b'{"request_id": "a", "query": "b"}', None, 415, "Content-Type"),
+    (b"{oops", "application/json", 400, "body"),
+    (b"[" * 5000 + b"]" * 5000, "application/json", 413, "body"),
+    (b"[" * 500 + b"]" * 500, "application/json", 400, "body"),  # deep, not a JSON object
+    (b'"just a string"', "application/json", 400, "body"),
+    (b'{"request_id": "123456789", "query": "b"}', "application/json", 400, "request_id"),
+    (b'{"request_id": "a", "query": "' + b"q" * 33 + b'"}', "application/json", 400, "query"),
+    (b'{"request_id": "a", "query": "  "}', "application/json", 400, "query"),
+    (b'{"request_id": "a", "query": null}', "application/json", 400, "query"),
+    (b'{"request_id": 7, "query": "b"}', "application/json", 400, "request_id"),
+    (b'{"request_id": "a", "query": "\\ud800"}', "application/json", 400, "query"),
+    (b'\xff\xfe\x00', "application/json", 400, "body"),
+])
+def test_body_rules(client, data, content_type, status, field):
+    headers = {"Content-Type": content_type} if content_type else {}
+    response = client.post("/echo", data=data, headers=headers)
+    assert response.status_code == status, response.get_json()
+    assert response.is_json
+    if status != 200:
+        assert response.get_json()["error"] and response.get_json()["field"] == field
+
+
+def test_deep_nesting_within_the_size_limit_is_a_400_not_a_500():
+    app = make_app("deep")
+
+    @app.post("/echo")
+    def echo():
+        return jsonify(read_json_object(1_000_000))
+
+    response = app.test_client().post("/echo", data=b"[" * 200_000, content_type="application/json")
+    assert response.status_code == 400 and "nested" in response.get_json()["error"]
+
+
+def test_chunked_body_over_the_limit_is_413(client):
+    # No Content-Length (as with chunked uploads, which waitress marks wsgi.input_terminated):
+    # the limit must hold while reading.
+    response = client.post("/echo", input_stream=io.BytesIO(b" " * 2000), content_type="application/json",
+                           environ_overrides={"wsgi.input_terminated": True, "CONTENT_LENGTH": ""})
+    assert response.status_code == 413 and "over the limit" in response.get_json()["error"]
+
+
+@pytest.mark.parametrize("headers,status", [
+    ({}, 401),
+    ({TOKEN_HEADER: "wrong"}, 401),
+    ({TOKEN_HEADER: TOKEN + "x"}, 401),
+    ({TOKEN_HEADER: "ünïcode"}, 401),
+    ({TOKEN_HEADER: TOKEN}, 200),
+])
+def test_internal_endpoint_requires_the_token(client, headers, status):
+    response = client.post("/internal", json={}, headers=headers)
+    assert response.status_code == status
+    if status == 401:
+        assert response.get_json()["field"] == TOKEN_HEADER
+
+
+def test_no_token_configured_means_no_check():
+    app = make_app("open")
+
+    @app.post("/internal")
+    @internal_endpoint("")
+    def internal():
+        return jsonify({"ok": True})
+
+    assert app.test_client().post("/internal", json={}).status_code == 200
+
+
+@pytest.mark.parametrize("body,field", [
+    ({"embeddings": [[10 ** 400] * 4], "k": 2}, "embeddings"),
+    ({"embeddings": [[1e300] * 4], "k": 2}, "embeddings"),
+    ({"embeddings": [[True] * 4], "k": 2}, "embeddings"),
+    ({"embeddings": [[0.1] * 4], "k": True}, "k"),
+    ({"embeddings": "vectors", "k": 2}, "embeddings"),
+])
+def test_search_body_rules(body, field):
+    from services.http import ApiError
+    with pytest.raises(ApiError) as err:
+        parse_search_body(body, dim=4)
+    assert err.value.status == 400 and err.value.field == field
+
+
+def test_settings_keep_the_token_out_of_repr_and_errors():
+    settings = Settings.from_env({"CLUSTER_TOKEN": TOKEN})
+    assert settings.cluster_token == TOKEN and TOKEN not in repr(settings)
+    with pytest.raises(Exception) as err:
+        Settings.from_env({"CLUSTER_TOKEN": "has space"})
+    assert "has space" not in str(err.value)
+
+
+# ---------------------------------------------------------------- the node-to-node clients
+
+class Recorder(BaseHTTPRequestHandler):
+    """A tiny HTTP node: answers per `plan` (a list of statuses, then 200) and records what it got."""
+    plan: list[int] = []
+    seen: list[tuple[dict, dict]] = []
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).seen.append((dict(self.headers), body))
+        status = type(self).plan.pop(0) if type(self).plan else 200
+        reply = ({"ids": [[1, 2]], "distances": [[0.0, 0.1]]} if self.path == "/search"
+                 else {"request_id": body.get("request_id")}) if status == 200 else {"error": "nope"}
+        data = json.dumps(reply).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture()
+def node():
+    Recorder.plan, Recorder.seen = [], []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_worker_client_sends_token_and_the_time_left(node):
+    client = WorkerClient(node, connect_timeout_s=1, token=TOKEN)
+    assert client.answer("r1", "q", 12.5) == {"request_id": "r1"}
+    headers, body = Recorder.seen[0]
+    assert headers[TOKEN_HEADER] == TOKEN
+    assert body == {"request_id": "r1", "query": "q", "timeout_s": 12.5}
+
+
+def test_index_client_retries_5xx_past_max_attempts_while_the_deadline_allows(node):
+    Recorder.plan = [503] * 6
+    client = IndexClient(node, connect_timeout_s=1, read_timeout_s=5, token=TOKEN, max_attempts=2,
+                         backoff_s=0.01, max_backoff_s=0.02)
+    ids, _ = client.search(np.zeros((1, 4)), 2, deadline=time.monotonic() + 10)
+    assert ids == [[1, 2]] and len(Recorder.seen) == 7
+    assert all(h[TOKEN_HEADER] == TOKEN for h, _ in Recorder.seen)
+
+
+def test_index_client_gives_up_at_the_deadline(node):
+    Recorder.plan = [500] * 1000
+    client = IndexClient(node, connect_timeout_s=1, read_timeout_s=5, backoff_s=0.05, max_backoff_s=0.1)
+    started = time.monotonic()
+    with pytest.raises(DeadlineExceeded):
+        client.search(np.zeros((1, 4)), 2, deadline=started + 0.6)
+    assert 0.4 < time.monotonic() - started < 1.0
+
+
+def test_index_client_does_not_retry_4xx(node):
+    Recorder.plan = [400]
+    client = IndexClient(node, connect_timeout_s=1, read_timeout_s=5, backoff_s=0.01)
+    with pytest.raises(NodeError) as err:
+        client.search(np.zeros((1, 4)), 2, deadline=time.monotonic() + 5)
+    assert err.value.status == 400 and len(Recorder.seen) == 1
+
+
+def test_index_client_without_deadline_stops_after_max_attempts():
+    client = IndexClient("http://127.0.0.1:9", connect_timeout_s=0.2, read_timeout_s=0.2, max_attempts=3,
+                         backoff_s=0.01)
+    with pytest.raises(NodeUnreachable):
+        client.search(np.zeros((1, 4)), 2)
+
+
+def test_reliability_settings_defaults_and_consistency():
+    s = Settings.from_env({})
+    assert (s.max_request_id_chars, s.max_query_chars, s.max_body_bytes) == (256, 4096, 65536)
+    assert (s.idempotency_cache_size, s.idempotency_ttl_s, s.gateway_max_in_flight) == (1024, 300.0, 96)
+    assert (s.shutdown_grace_s, s.cluster_token, s.index_inject_delay_ms) == (60.0, "", 0.0)
+    with pytest.raises(Exception, match=r"^SEARCH_MAX_BATCH='8' is not valid: expected at most STAGE_MAX_QUEUE \(4\)"):
+        Settings.from_env({"STAGE_MAX_QUEUE": "4", "SEARCH_MAX_BATCH": "8"})
