@@ -97,7 +97,9 @@ class LocalCluster:
             proc.kill()
             proc.wait(timeout=30)
 
-    def stop_node(self, node: int, timeout_s: float = 60) -> int | None:
+    def stop_node(self, node: int, timeout_s: float | None = None) -> int | None:
+        """SIGTERM (the node drains its in-flight work), SIGKILL only past its grace period."""
+        timeout_s = self.settings.shutdown_grace_s + 10 if timeout_s is None else timeout_s
         proc = self.procs.pop(node, None)
         if proc is None:
             return None
@@ -110,7 +112,7 @@ class LocalCluster:
                 proc.wait(timeout=30)
         return proc.returncode
 
-    def stop(self, timeout_s: float = 60) -> dict[int, int | None]:
+    def stop(self, timeout_s: float | None = None) -> dict[int, int | None]:
         return {node: self.stop_node(node, timeout_s) for node in (0, 1, 2) if node in self.procs}
 
     def __enter__(self) -> "LocalCluster":
