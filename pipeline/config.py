@@ -155,7 +155,7 @@ def var(env: str, parse: Callable[[str], Any], default: str, help: str, *, secre
 
 def _max_batch(stage: str, size: int, why: str) -> Any:
     return var(f"{stage.upper()}_MAX_BATCH", _int_range(1, 4096), str(size),
-               f"largest batch the {stage} stage runs ({why})")
+               f"largest batch the {stage} stage runs ({why}; docs/performance.md)")
 
 
 def _max_wait(stage: str, wait_ms: int) -> Any:
@@ -193,22 +193,22 @@ class Settings:
     faiss_threads: int = var("FAISS_THREADS", _int_range(0, 1024), "0", "faiss OpenMP threads; 0 = the core count")
     waitress_threads: int = var("WAITRESS_THREADS", _int_range(0, 1024), "0", "HTTP threads per node; 0 = GATEWAY_MAX_IN_FLIGHT + 32 on workers, 32 on the index server")
     # --- batching, one pair per stage (defaults from docs/performance.md once measured)
-    embed_max_batch: int = _max_batch("embed", 16, "cheap; batching helps")
+    embed_max_batch: int = _max_batch("embed", 16, "measured: 84 ms per query alone, 29 ms at 16")
     embed_max_wait_ms: float = _max_wait("embed", 5)
-    search_max_batch: int = _max_batch("search", 16, "one HTTP call to node 2 per batch")
+    search_max_batch: int = _max_batch("search", 16, "one HTTP call to node 2 per batch; faiss: 34 ms per query alone, 13 ms at 16")
     search_max_wait_ms: float = _max_wait("search", 5)
-    fetch_max_batch: int = _max_batch("fetch", 32, "one SQL query per batch")
+    fetch_max_batch: int = _max_batch("fetch", 32, "one SQL query per batch; about 4 ms per request at any size")
     fetch_max_wait_ms: float = _max_wait("fetch", 2)
-    rerank_max_batch: int = _max_batch("rerank", 4, "10 pairs per request; cost follows tokens")
-    rerank_max_wait_ms: float = _max_wait("rerank", 5)
-    generate_max_batch: int = _max_batch("generate", 8, "the LLM; batching raises tokens/s")
+    rerank_max_batch: int = _max_batch("rerank", 1, "measured: about 2.9 s per request at 1, 2 and 4; batching only delays the first")
+    rerank_max_wait_ms: float = _max_wait("rerank", 0)
+    generate_max_batch: int = _max_batch("generate", 8, "continuous mode: sequences decoding together; one decode step at 8 measured 421 ms")
     generate_max_wait_ms: float = _max_wait("generate", 20)
     generate_mode: str = var("GENERATE_MODE", _choice("continuous", "static"), "continuous", "continuous: sequences join and leave the running batch every decode step; static: whole batches through generate()")
     generate_max_tokens: int = var("GENERATE_MAX_TOKENS", _int_range(256, 10_000_000), "8192", "continuous mode: KV-cache tokens (prompt + 128 new) the running sequences may reserve; bounds its memory")
     generate_prefill_chunk: int = var("GENERATE_PREFILL_CHUNK", _int_range(1, 100_000), "512", "continuous mode: prompt tokens prefilled per iteration, so decoding sequences wait at most that long")
-    sentiment_max_batch: int = _max_batch("sentiment", 16, "short texts")
+    sentiment_max_batch: int = _max_batch("sentiment", 16, "measured: 308 ms per text alone, 200 ms at 16")
     sentiment_max_wait_ms: float = _max_wait("sentiment", 5)
-    toxicity_max_batch: int = _max_batch("toxicity", 16, "short texts")
+    toxicity_max_batch: int = _max_batch("toxicity", 16, "measured: 325 ms per text alone, 189 ms at 16")
     toxicity_max_wait_ms: float = _max_wait("toxicity", 5)
     index_max_batch: int = _max_batch("index", 32, "node 2 merges concurrent searches")
     index_max_wait_ms: float = _max_wait("index", 2)
