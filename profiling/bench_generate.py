@@ -15,10 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import threading
 import time
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline import spec
@@ -94,24 +93,24 @@ def run_reference(generator: Generator, requests, stagger_s: float) -> RunResult
                      latencies)
 
 
-def _collect(futures: dict[int, Future], arrivals: list[float], start: float, done_at: dict[int, float]):
-    for f in futures.values():
-        f.result()
-    end = max(done_at.values())
-    return end - start, [done_at[i] - arrivals[i] for i in sorted(futures)]
-
-
-def run_static(generator: Generator, requests, stagger_s: float, max_batch: int, max_wait_ms: float) -> RunResult:
-    def batch_fn(items):
-        return generator.generate_ids([generator.prompt(r.query, r.documents) for r in items])
-    service = BatchingService("generate-static", batch_fn, max_size=max_batch, max_wait_ms=max_wait_ms)
+def serve(service, requests, stagger_s: float) -> tuple[dict[int, Future], float, list[float]]:
+    """Submit at the arrival times and wait for all: (futures, seconds, latencies)."""
     futures, done_at = {}, {}
 
     def submit(i, request):
         futures[i] = service.submit(request)
         futures[i].add_done_callback(lambda _f, i=i: done_at.__setitem__(i, time.monotonic()))
     start, arrivals = arrive(requests, stagger_s, submit)
-    seconds, latencies = _collect(futures, arrivals, start, done_at)
+    for f in futures.values():
+        f.result()
+    return futures, max(done_at.values()) - start, [done_at[i] - arrivals[i] for i in sorted(futures)]
+
+
+def run_static(generator: Generator, requests, stagger_s: float, max_batch: int, max_wait_ms: float) -> RunResult:
+    def batch_fn(items):
+        return generator.generate_ids([generator.prompt(r.query, r.documents) for r in items])
+    service = BatchingService("generate-static", batch_fn, max_size=max_batch, max_wait_ms=max_wait_ms)
+    futures, seconds, latencies = serve(service, requests, stagger_s)
     tokens = sum(len(f.result()) for f in futures.values())
     service.close()
     return RunResult("static", generator.placement.dtype, len(requests), tokens, seconds, latencies)
@@ -122,13 +121,7 @@ def run_continuous(generator: Generator, requests, stagger_s: float, max_batch: 
     engine = ContinuousEngine(generator, max_seqs=max_batch, max_tokens=max_batch * 1024,
                               prefill_chunk=prefill_chunk)
     service = ContinuousGenerationService("generate", engine, max_queue=len(requests) + 1)
-    futures, done_at = {}, {}
-
-    def submit(i, request):
-        futures[i] = service.submit(request)
-        futures[i].add_done_callback(lambda _f, i=i: done_at.__setitem__(i, time.monotonic()))
-    start, arrivals = arrive(requests, stagger_s, submit)
-    seconds, latencies = _collect(futures, arrivals, start, done_at)
+    _futures, seconds, latencies = serve(service, requests, stagger_s)
     result = RunResult("continuous", generator.placement.dtype, len(requests), service.generated_tokens_total(),
                        seconds, latencies, service.ttft_seconds(), service.ttft_seconds(since_admission=True))
     service.close()

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import ipaddress
 import json
 import sys
 import threading
@@ -35,13 +34,13 @@ import uuid
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import numpy as np
 import requests
 
 from pipeline import spec
 from pipeline.config import ConfigError, Settings
+from profiling.loadgen import check_target
 
 DEFAULT_OUT = Path("runs/soak")
 GROWTH_GOAL_PCT = 5.0
@@ -54,24 +53,7 @@ RSS_METRIC = "process_resident_memory_bytes"
 
 # ------------------------------------------------------------------------- target guard
 
-def check_target(url: str, allow_remote: bool) -> str:
-    """The URL without a trailing slash, if http(s) and (unless allowed) a literal loopback host."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"{url!r}: expected an http URL such as http://127.0.0.1:8000")
-    if not allow_remote and not _is_loopback(parts.hostname):
-        raise ValueError(f"{url!r}: refusing to send load to {parts.hostname}: only loopback "
-                         "(127.0.0.0/8, ::1, localhost) unless --allow-remote is given")
-    return url.rstrip("/")
-
-
-def _is_loopback(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
-    try:  # a host name could resolve anywhere, so it is not resolved to decide
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+# One guard for every load tool: loadgen's (literal loopback only unless --allow-remote).
 
 
 # ------------------------------------------------------------------------- records

@@ -211,3 +211,17 @@ def test_metrics_parse_and_move_when_requests_are_served(cluster):
     assert after[2][("rag_batch_items_total", (("stage", "index"),))] > before[2].get(
         ("rag_batch_items_total", (("stage", "index"),)), 0)
     assert after[0][("rag_http_request_duration_seconds_count", (("endpoint", "/query"),))] >= 4
+
+
+def test_latency_breakdown_tool_against_the_cluster(cluster, tmp_path):
+    import json
+    from profiling import latency_breakdown
+    metrics = ",".join(f"{n}={cluster.url(n)}/metrics" for n in (0, 1, 2))
+    assert latency_breakdown.main(["--url", cluster.url(0), "--metrics", metrics, "--requests", "2",
+                                   "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "latency_breakdown.json").read_text())
+    assert len(rows) == 2
+    for row in rows:
+        assert row["served_by"] in (0, 1)
+        assert all(row["stages_s"][s] > 0 for s in ("embed", "search", "rerank", "generate", "sentiment"))
+        assert row["latency_s"] >= row["critical_path_s"] > 0  # stages are inside the request's time
