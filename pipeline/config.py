@@ -225,6 +225,9 @@ class Settings:
     max_request_id_chars: int = var("MAX_REQUEST_ID_CHARS", _int_range(1, 1_000_000), "256", "longest request_id accepted (longer: 400)")
     max_query_chars: int = var("MAX_QUERY_CHARS", _int_range(1, 1_000_000), "4096", "longest query accepted (longer: 400)")
     max_body_bytes: int = var("MAX_BODY_BYTES", _int_range(256, 64 * 1024 * 1024), "65536", "largest /query or /internal/answer body accepted (larger: 413)")
+    embed_cache_size: int = var("EMBED_CACHE_SIZE", _int_range(0, 10_000_000), "1024", "query embeddings each worker keeps (LRU; 0 = off): the same question skips the embedder")
+    response_cache_size: int = var("RESPONSE_CACHE_SIZE", _int_range(0, 10_000_000), "0", "replies node 0 keeps by normalised query (0 = off: valid only while models and documents are fixed)")
+    response_cache_ttl_s: float = var("RESPONSE_CACHE_TTL_S", _non_negative_float, "300", "how long a cached reply is served (s; 0 = until evicted or POST /cache/clear)")
     idempotency_cache_size: int = var("IDEMPOTENCY_CACHE_SIZE", _int_range(0, 10_000_000), "1024", "completed replies node 0 keeps to answer a repeated request_id without recomputing (0 = none)")
     idempotency_ttl_s: float = var("IDEMPOTENCY_TTL_S", _non_negative_float, "300", "how long a completed reply stays in that cache (s)")
     # --- security

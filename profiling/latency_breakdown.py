@@ -24,7 +24,18 @@ from profiling.loadgen import PIPELINE_STAGES, _delta, check_target, scrape
 WORKER_STAGES = [s for s in PIPELINE_STAGES if s != "index"]
 
 
-def breakdown(url: str, metrics: dict[int, str], query: str, timeout_s: float) -> dict:
+def clear_caches(metrics: dict[int, str], token: str) -> None:
+    """A cached embedding would hide the embed stage: start each request cold."""
+    headers = {"X-Cluster-Token": token} if token else {}
+    for u in metrics.values():
+        try:
+            requests.post(u.rsplit("/metrics", 1)[0] + "/cache/clear", headers=headers, timeout=10)
+        except requests.RequestException:
+            pass  # a node without caches, or down: the stage times will show it
+
+
+def breakdown(url: str, metrics: dict[int, str], query: str, timeout_s: float, token: str = "") -> dict:
+    clear_caches(metrics, token)
     before = {node: scrape(u) for node, u in metrics.items()}
     started = time.perf_counter()
     response = requests.post(f"{url}/query", json={"request_id": uuid.uuid4().hex, "query": query},
@@ -51,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--allow-remote", action="store_true")
+    parser.add_argument("--token", default="", help="the cluster token, to clear the caches before each request")
     parser.add_argument("--out", default="runs/latency_breakdown")
     args = parser.parse_args(argv)
     url = check_target(args.url, args.allow_remote).rstrip("/")
@@ -61,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics = {n: f"{host}:{int(port) + n}/metrics" for n in (0, 1, 2)}
     for u in metrics.values():
         check_target(u, args.allow_remote)
-    rows = [breakdown(url, metrics, spec.REFERENCE_QUERIES[i % 8], args.timeout) for i in range(args.requests)]
+    rows = [breakdown(url, metrics, spec.REFERENCE_QUERIES[i % 8], args.timeout, args.token) for i in range(args.requests)]
     header = ["latency"] + list(rows[0]["stages_s"]) + ["critical path", "latency / path"]
     print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
     for r in rows:

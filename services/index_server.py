@@ -103,6 +103,11 @@ def create_index_app(readiness: Readiness, holder: dict[str, Any], *, node: int,
     timeout_s = settings.search_timeout_s
     inject_delay_s = settings.index_inject_delay_ms / 1000.0  # tests only: a slow node 2
 
+    @app.post("/cache/clear")
+    @internal_endpoint(settings.cluster_token)
+    def cache_clear():
+        return jsonify({"cleared": {}})  # node 2 caches nothing: faiss answers from the index itself
+
     @app.get("/health")
     def health():
         service: IndexService | None = holder.get("service")

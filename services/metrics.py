@@ -87,6 +87,26 @@ class GatewayCollector:
         yield up
 
 
+class CacheCollector:
+    """Hits, misses, evictions and size of the node's caches."""
+
+    def __init__(self, caches: Callable[[], Iterable[object]]):
+        self._caches = caches
+
+    def collect(self):
+        hits = CounterMetricFamily("rag_cache_hits", "Cache lookups that found an entry", labels=["cache"])
+        misses = CounterMetricFamily("rag_cache_misses", "Cache lookups that found nothing", labels=["cache"])
+        evictions = CounterMetricFamily("rag_cache_evictions", "Entries pushed out by newer ones", labels=["cache"])
+        entries = GaugeMetricFamily("rag_cache_entries", "Entries held", labels=["cache"])
+        for cache in self._caches():
+            st = cache.stats()
+            hits.add_metric([st.name], st.hits)
+            misses.add_metric([st.name], st.misses)
+            evictions.add_metric([st.name], st.evictions)
+            entries.add_metric([st.name], st.entries)
+        yield from (hits, misses, evictions, entries)
+
+
 class NodeMetrics:
     """One registry per node process, plus the Flask hooks that feed it."""
 

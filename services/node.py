@@ -23,7 +23,8 @@ from services.gateway import Gateway, NoWorkerAvailable, Target, WorkerFailed, r
 from services.http import ApiError, internal_endpoint, make_app, read_json_object, require_string, serve
 from services.index_server import MAX_SEARCH_BODY_BYTES, IndexService, create_index_app
 from services.lifecycle import Readiness
-from services.metrics import GatewayCollector, NodeMetrics
+from services.cache import ResponseCache
+from services.metrics import CacheCollector, GatewayCollector, NodeMetrics
 from services.node_client import IndexClient, WorkerClient
 from services.worker import RequestTimeout, StageFailed, Stages, Worker
 
@@ -60,6 +61,14 @@ class NodeState:
         self.lock = threading.Lock()
         self.metrics = NodeMetrics(self.batching_services)
         self.metrics.register(GatewayCollector(lambda: self.gateway))
+        self.response_cache = ResponseCache(settings.response_cache_size, settings.response_cache_ttl_s)
+        self.metrics.register(CacheCollector(self.caches))
+
+    def caches(self):
+        if self.worker is not None:
+            yield self.worker.embed_cache
+        if self.node == 0:
+            yield self.response_cache.cache
 
     def batching_services(self):
         if self.worker is not None:
@@ -138,6 +147,13 @@ def create_worker_app(state: NodeState) -> Flask:
     def health():
         return jsonify(state.health_body()), (200 if state.readiness.ready else 503)
 
+    @app.post("/cache/clear")
+    @internal_endpoint(state.settings.cluster_token)
+    def cache_clear():
+        cleared = {cache.name: cache.clear() for cache in state.caches()}
+        log.info("caches cleared: %s", cleared)
+        return jsonify({"cleared": cleared})
+
     @app.post("/internal/answer")
     @internal_endpoint(state.settings.cluster_token)
     def internal_answer():
@@ -161,6 +177,9 @@ def create_worker_app(state: NodeState) -> Flask:
             state.require_ready()
             _, request_id, text = _parse_query(state.settings)
             log.info("query request_id=%r", request_id)  # repr: an id cannot forge log lines
+            cached = state.response_cache.get(request_id, text)
+            if cached is not None:
+                return jsonify(cached)
             try:
                 reply = state.gateway.answer(request_id, text, state.settings.request_timeout_s)
             except RequestTimeout:
@@ -172,6 +191,7 @@ def create_worker_app(state: NodeState) -> Flask:
             except WorkerFailed as exc:
                 log.error("request_id=%r: %s", request_id, exc)
                 raise ApiError(500, exc.public) from None
+            state.response_cache.put(text, reply)
             return jsonify(reply)
 
     return app

@@ -25,6 +25,7 @@ from pipeline.generator import GenerationRequest, Generator
 from pipeline.models import ModelSource
 from pipeline.reranker import RerankRequest, Reranker
 from pipeline.continuous import ContinuousEngine
+from services.cache import LruCache
 from services.batching import BatchingService, Overloaded, ServiceClosed
 from services.generation import ContinuousGenerationService
 from services.node_client import IndexClient
@@ -100,6 +101,7 @@ class Worker:
         self.index = index
         self._served = 0
         self._lock = threading.Lock()
+        self.embed_cache = LruCache("embedding", settings.embed_cache_size)
 
         def service(stage: str, batch_fn) -> BatchingService:
             cfg = settings.batching(stage)
@@ -148,7 +150,10 @@ class Worker:
     def answer(self, request_id: str, query: str, timeout_s: float | None = None) -> dict:
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.settings.request_timeout_s)
         s, wait = self.services, self._wait
-        vector = wait("embed", s["embed"].submit(query), deadline)
+        vector = self.embed_cache.get(query)
+        if vector is None:
+            vector = wait("embed", s["embed"].submit(query), deadline)
+            self.embed_cache.put(query, vector)
         ids = wait("search", s["search"].submit(SearchItem(vector, deadline)), deadline)
         documents = wait("fetch", s["fetch"].submit(list(ids)), deadline)
         ranked = wait("rerank", s["rerank"].submit(RerankRequest(query, tuple(documents))), deadline)

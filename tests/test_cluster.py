@@ -197,7 +197,9 @@ def scrape(url: str) -> dict[tuple[str, tuple], float]:
 def test_metrics_parse_and_move_when_requests_are_served(cluster):
     before = {n: scrape(cluster.url(n)) for n in (0, 1, 2)}
     for i in range(4):
-        assert post_query(cluster.url(0), f"metrics-{time.time_ns()}-{i}", spec.REFERENCE_QUERIES[i]).status_code == 200
+        # distinct queries: a repeated one would be served from the embedding cache
+        query = f"{spec.REFERENCE_QUERIES[i]} ({time.time_ns()})"
+        assert post_query(cluster.url(0), f"metrics-{time.time_ns()}-{i}", query).status_code == 200
     after = {n: scrape(cluster.url(n)) for n in (0, 1, 2)}
     for node in (0, 1):
         for stage in ("embed", "search", "fetch", "rerank", "generate", "sentiment", "toxicity"):
@@ -225,3 +227,21 @@ def test_latency_breakdown_tool_against_the_cluster(cluster, tmp_path):
         assert row["served_by"] in (0, 1)
         assert all(row["stages_s"][s] > 0 for s in ("embed", "search", "rerank", "generate", "sentiment"))
         assert row["latency_s"] >= row["critical_path_s"] > 0  # stages are inside the request's time
+
+
+def test_embedding_cache_skips_the_embedder_and_clears(cluster):
+    query = f"Cache me {time.time_ns()}?"
+    before = {n: scrape(cluster.url(n)) for n in (0, 1)}
+    for i in range(4):  # round robin: each worker sees the query twice
+        assert post_query(cluster.url(0), f"cache-{time.time_ns()}-{i}", query).status_code == 200
+    after = {n: scrape(cluster.url(n)) for n in (0, 1)}
+    for n in (0, 1):
+        embedded = after[n][("rag_batch_items_total", (("stage", "embed"),))] - \
+            before[n][("rag_batch_items_total", (("stage", "embed"),))]
+        hits = after[n][("rag_cache_hits_total", (("cache", "embedding"),))] - \
+            before[n].get(("rag_cache_hits_total", (("cache", "embedding"),)), 0)
+        assert (embedded, hits) == (1, 1), n
+    cleared = requests.post(f"{cluster.url(1)}/cache/clear", timeout=10)
+    assert cleared.status_code == 200 and cleared.json()["cleared"]["embedding"] >= 1
+    assert requests.post(f"{cluster.url(2)}/cache/clear", timeout=10).json() == {"cleared": {}}
+    assert scrape(cluster.url(1))[("rag_cache_entries", (("cache", "embedding"),))] == 0
