@@ -1,0 +1,112 @@
+"""/search over HTTP against in-process faiss, same index, batch and nprobe, one run.
+
+    python -m profiling.bench_search --index PATH [--batch 16] [--rounds 20]
+
+Starts node 2 (the real index server, a separate process on 127.0.0.1) on the
+same index file, then times batches of unit vectors both ways: through
+`IndexClient` (JSON over HTTP, node 2's BatchingService, faiss) and through
+`VectorIndex.search` in this process. Prints queries/s for each and the ratio
+(the performance target is HTTP >= 0.8x in-process), plus node 2's load time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import requests
+
+from pipeline.config import REPO_ROOT
+from pipeline.vector_index import VectorIndex
+from services.node_client import IndexClient
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_index_server(index: Path, port: int, nprobe: int, threads: int) -> subprocess.Popen:
+    env = {**os.environ, "NODE_NUMBER": "2", "NODE_2_IP": f"127.0.0.1:{port}", "FAISS_INDEX_PATH": str(index),
+           "NPROBE": str(nprobe), "FAISS_THREADS": str(threads), "LOG_LEVEL": "warning"}
+    return subprocess.Popen([sys.executable, "-m", "services.node"], env=env, cwd=REPO_ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def wait_ready(url: str, timeout_s: float = 300) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        try:
+            if requests.get(f"{url}/health", timeout=2).status_code == 200:
+                return time.monotonic() - started
+        except requests.RequestException:
+            pass
+        time.sleep(0.1)  # polling a starting server, bounded by timeout_s
+    raise TimeoutError("index server not ready")
+
+
+def timed(fn, batches) -> list[float]:
+    times = []
+    for batch in batches:
+        started = time.perf_counter()
+        fn(batch)
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--index", required=True)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--nprobe", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2, help="faiss threads, both ways")
+    parser.add_argument("--out", default="runs/bench_search")
+    args = parser.parse_args(argv)
+    import faiss
+    faiss.omp_set_num_threads(args.threads)
+    rng = np.random.default_rng(0)
+    index = VectorIndex.load(args.index, nprobe=args.nprobe)
+    batches = []
+    for _ in range(args.rounds + 2):
+        v = rng.standard_normal((args.batch, index.dim)).astype(np.float32)
+        batches.append(v / np.linalg.norm(v, axis=1, keepdims=True))
+    port = free_port()
+    server = start_index_server(Path(args.index), port, args.nprobe, args.threads)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        ready_s = wait_ready(url)
+        client = IndexClient(url, connect_timeout_s=3, read_timeout_s=120)
+        # Warm both paths over every batch first: memory-mapped pages are then resident for both.
+        timed(lambda b: index.search(b, 10), batches)
+        timed(lambda b: client.search(b, 10), batches)
+        local, http = [], []
+        for batch in batches[2:]:  # interleaved, so machine noise hits both alike
+            local += timed(lambda b: index.search(b, 10), [batch])
+            http += timed(lambda b: client.search(b, 10), [batch])
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    qps = {name: args.batch / statistics.median(t) for name, t in (("in_process", local), ("http", http))}
+    report = {"index": args.index, "ntotal": index.ntotal, "batch": args.batch, "nprobe": index.nprobe,
+              "rounds": args.rounds, "node2_ready_s": round(ready_s, 2),
+              "median_batch_s": {"in_process": statistics.median(local), "http": statistics.median(http)},
+              "queries_per_s": qps, "ratio_http_vs_in_process": qps["http"] / qps["in_process"]}
+    print(json.dumps(report, indent=2))
+    print(f"HTTP / in-process: {report['ratio_http_vs_in_process']:.2f}x (target >= 0.8x)")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench_search.json").write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
