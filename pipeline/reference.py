@@ -9,7 +9,7 @@ import argparse
 import json
 import logging
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from pipeline import spec
 from pipeline.classifiers import SentimentClassifier, ToxicityClassifier
@@ -20,6 +20,7 @@ from pipeline.embedder import Embedder
 from pipeline.generator import GenerationRequest, Generator
 from pipeline.models import ModelSource, resolve_model_source
 from pipeline.reranker import RerankRequest, Reranker
+from pipeline.stages import Stages
 from pipeline.vector_index import VectorIndex
 
 
@@ -37,15 +38,9 @@ class ReferencePipeline:
     def from_settings(cls, settings: Settings, source: ModelSource | None = None) -> "ReferencePipeline":
         source = source or resolve_model_source(settings)
         fp32 = Placement(select_device(settings.only_cpu), "float32")
-        return cls(
-            embedder=Embedder.load(source, fp32),
-            index=VectorIndex.load(settings.require_index_file(), nprobe=settings.nprobe, mmap=settings.faiss_mmap),
-            store=DocumentStore(settings.require_documents()),
-            reranker=Reranker.load(source, fp32),
-            generator=Generator.load(source, fp32),
-            sentiment=SentimentClassifier.load(source, fp32),
-            toxicity=ToxicityClassifier.load(source, fp32),
-        )
+        index = VectorIndex.load(settings.require_index_file(), nprobe=settings.nprobe, mmap=settings.faiss_mmap)
+        stages = Stages.load(settings, source, placement=lambda _stage: fp32)
+        return cls(index=index, **{f.name: getattr(stages, f.name) for f in fields(stages)})
 
     def retrieve(self, query: str):
         ids, _ = self.index.search(self.embedder.embed([query]), spec.TOP_K)

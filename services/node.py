@@ -26,7 +26,8 @@ from services.lifecycle import Readiness
 from services.cache import ResponseCache
 from services.metrics import CacheCollector, GatewayCollector, NodeMetrics
 from services.node_client import IndexClient, WorkerClient
-from services.worker import RequestTimeout, StageFailed, Stages, Worker
+from pipeline.stages import Stages
+from services.worker import RequestTimeout, StageFailed, Worker
 
 log = logging.getLogger("services.node")
 

@@ -16,15 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline import spec
-from pipeline.classifiers import SentimentClassifier, ToxicityClassifier
 from pipeline.config import Settings
-from pipeline.device import placement_for
-from pipeline.docstore import DocumentStore
-from pipeline.embedder import Embedder
-from pipeline.generator import GenerationRequest, Generator
-from pipeline.models import ModelSource
-from pipeline.reranker import RerankRequest, Reranker
+from pipeline.generator import GenerationRequest
+from pipeline.reranker import RerankRequest
 from pipeline.continuous import ContinuousEngine
+from pipeline.stages import Stages
 from services.cache import LruCache
 from services.batching import BatchingService, Overloaded, ServiceClosed
 from services.generation import ContinuousGenerationService
@@ -32,7 +28,6 @@ from services.node_client import IndexClient
 
 log = logging.getLogger(__name__)
 
-WARMUP_QUERY = "How do I return a defective product?"
 
 
 class RequestTimeout(TimeoutError):
@@ -56,42 +51,6 @@ class SearchItem:
     """An embedding on its way to node 2, with the deadline of the request it belongs to."""
     vector: np.ndarray
     deadline: float
-
-
-@dataclass
-class Stages:
-    """The models and the document store one worker runs (the pipeline layer)."""
-    embedder: Embedder
-    store: DocumentStore
-    reranker: Reranker
-    generator: Generator
-    sentiment: SentimentClassifier
-    toxicity: ToxicityClassifier
-
-    @classmethod
-    def load(cls, settings: Settings, source: ModelSource) -> "Stages":
-        return cls(
-            embedder=Embedder.load(source, placement_for(settings, "embed")),
-            store=DocumentStore(settings.require_documents()),
-            reranker=Reranker.load(source, placement_for(settings, "rerank")),
-            generator=Generator.load(source, placement_for(settings, "generate")),
-            sentiment=SentimentClassifier.load(source, placement_for(settings, "sentiment")),
-            toxicity=ToxicityClassifier.load(source, placement_for(settings, "toxicity")),
-        )
-
-    def warm_up(self) -> None:
-        """One pass through every model so the first real request pays no lazy init."""
-        self.embedder.embed([WARMUP_QUERY])
-        self.reranker.score_pairs([(WARMUP_QUERY, "Returns are accepted within 30 days.")])
-        self.generator.generate_prompts([self.generator.prompt(WARMUP_QUERY, [])], max_new_tokens=2)
-        self.sentiment.classify(["Thanks, that helped."])
-        self.toxicity.classify(["Thanks, that helped."])
-
-    def devices(self) -> dict[str, str]:
-        return {name: f"{stage.placement.device}/{stage.placement.dtype}"
-                for name, stage in (("embed", self.embedder), ("rerank", self.reranker),
-                                    ("generate", self.generator), ("sentiment", self.sentiment),
-                                    ("toxicity", self.toxicity))}
 
 
 class Worker:
