@@ -11,6 +11,7 @@ import ctypes
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -122,9 +123,22 @@ class LocalCluster:
         self.stop()
 
 
-def pinned_env(env: Mapping[str, str]) -> dict[str, str]:
+def free_ports(n: int) -> list[int]:
+    """n ports free on 127.0.0.1 right now (the OS picks them)."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def pinned_env(env: Mapping[str, str], cores: int | None = None) -> dict[str, str]:
     """Resolve the model source once here (building stand-ins if needed), so that
-    the two workers do not both build them, and pin it for the children."""
+    the two workers do not both build them, and pin it for the children.
+    `cores`: the machine's cores (default: what this process may use)."""
     from pipeline.models import resolve_model_source
     settings = Settings.from_env(env)
     source = resolve_model_source(settings)
@@ -134,7 +148,7 @@ def pinned_env(env: Mapping[str, str]) -> dict[str, str]:
     # Thread budget: the two workers share this machine's cores (on three
     # machines each node has its own and 0 = all of them is right), and node 2
     # needs little: split the cores between the workers, one faiss thread.
-    cores = thread_budget(0)
+    cores = thread_budget(0, cores)
     if settings.torch_threads == 0:
         pinned["TORCH_THREADS"] = str(max(1, cores // 2))
     if settings.faiss_threads == 0:

@@ -2,22 +2,10 @@
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
-from services.local_cluster import LocalCluster
+from services.local_cluster import LocalCluster, free_ports
 from tests.conftest import TEST_ENV, data_env
-
-
-def free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def cluster_env(data, **extra: str) -> dict[str, str]:

@@ -1,0 +1,339 @@
+"""The whole service under closed-loop load, in several configurations, side by side.
+
+    python -m profiling.bench_service --compare batching|threads|cache
+        [--concurrency 16] [--count 32] [--warmup 2] [--variants a,b] [--base-port 8500]
+        [--max-duration 1800] [--out runs/bench_service] [--name NAME]
+
+For each configuration ("variant") of the chosen comparison this starts a fresh
+local three-node cluster (`services.local_cluster`, separate processes on
+127.0.0.1, the environment's data and models: `STANDIN_PROFILE=faithful
+MODEL_SOURCE=standin` for faithful figures), sends `--warmup` requests, clears
+the caches, then keeps `--concurrency` clients busy for `--count` requests, and
+stops the cluster. The variants run one after the other on the same machine
+and the same request plan, and the report gives each one's throughput,
+latency, per-stage batching from /metrics, peak RSS, cache hits, and its
+throughput as a ratio of the first variant's (the baseline):
+
+- batching: `unbatched` (every stage's max batch 1, `GENERATE_MODE=static`, so
+  one sequence at a time) against `batched` (the env.example defaults);
+- threads: `budget` (what `./run.sh local` picks: the cores split between the
+  two workers, one faiss thread, HTTP threads from the in-flight limit) against
+  `library-defaults` (torch and faiss on every core in each process, waitress's
+  4 HTTP threads), `cores-per-worker` (the budget, but each worker's torch on
+  every core) and `one-per-stage` (one torch and one faiss thread). Variants
+  whose thread settings come out the same on this machine run once;
+- cache: `no-cache` against `embed-cache` and `response-cache` on a workload
+  that repeats the queries (the SPEC's eight, or `--queries-file`).
+
+The batching and threads comparisons run with both caches off. Every run is
+bounded in count and in time (`--max-duration` per variant) and only sends to
+loopback addresses.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import socket
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import requests
+
+from pipeline.config import REPO_ROOT, STAGES, ConfigError, Settings
+from pipeline.device import thread_budget
+from profiling.loadgen import (ClosedGroup, MetricsSnapshot, NodeDelta, RunStats, Target, format_nodes_table,
+                               load_queries, node_deltas, run_closed, run_stats, scrape_all)
+from services.http import TOKEN_HEADER
+from services.local_cluster import LocalCluster, free_ports, pinned_env
+
+DEFAULT_OUT = Path("runs/bench_service")
+DEMO_DIR = REPO_ROOT / "data" / "demo"
+CACHES_OFF = {"EMBED_CACHE_SIZE": "0", "RESPONSE_CACHE_SIZE": "0"}
+THREAD_VARS = ("TORCH_THREADS", "FAISS_THREADS", "WAITRESS_THREADS")
+WAITRESS_DEFAULT_THREADS = "4"  # waitress.serve(threads=4) when nobody says otherwise
+CACHE_NAMES = ("embedding", "response")  # the `cache` label in rag_cache_*_total
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    env: dict[str, str]
+    what: str
+
+
+def batching_variants(cores: int) -> list[Variant]:
+    one_at_a_time = {f"{stage.upper()}_MAX_BATCH": "1" for stage in STAGES}
+    return [
+        Variant("unbatched", {**CACHES_OFF, **one_at_a_time, "GENERATE_MODE": "static"},
+                "every stage's max batch 1, one sequence at a time through generate()"),
+        Variant("batched", dict(CACHES_OFF), "the env.example defaults (continuous batching for generate)"),
+    ]
+
+
+def thread_variants(cores: int) -> list[Variant]:
+    return [
+        Variant("budget", {**CACHES_OFF, **{v: "0" for v in THREAD_VARS}},
+                f"{max(1, cores // 2)} torch thread(s) per worker ({cores} cores split in two), 1 faiss thread, "
+                "HTTP threads from the in-flight limit"),
+        Variant("library-defaults", {**CACHES_OFF, "TORCH_THREADS": str(cores), "FAISS_THREADS": str(cores),
+                                     "WAITRESS_THREADS": WAITRESS_DEFAULT_THREADS},
+                f"what torch, faiss and waitress pick alone: {cores} torch and {cores} faiss threads in every "
+                "process, 4 HTTP threads"),
+        Variant("cores-per-worker", {**CACHES_OFF, "TORCH_THREADS": str(cores), "FAISS_THREADS": "0",
+                                     "WAITRESS_THREADS": "0"},
+                f"every worker on all {cores} cores (TORCH_THREADS=0 when each node has its own machine), "
+                "otherwise the budget"),
+        Variant("one-per-stage", {**CACHES_OFF, "TORCH_THREADS": "1", "FAISS_THREADS": "1", "WAITRESS_THREADS": "0"},
+                "one torch thread per stage thread, one faiss thread, HTTP threads from the in-flight limit"),
+    ]
+
+
+def cache_variants(cores: int) -> list[Variant]:
+    return [
+        Variant("no-cache", dict(CACHES_OFF), "no cache"),
+        Variant("embed-cache", {"EMBED_CACHE_SIZE": "1024", "RESPONSE_CACHE_SIZE": "0"},
+                "the workers' query-embedding LRU (the default)"),
+        Variant("response-cache", {"EMBED_CACHE_SIZE": "1024", "RESPONSE_CACHE_SIZE": "1024"},
+                "plus node 0's reply cache by normalised query"),
+    ]
+
+
+COMPARISONS: dict[str, Callable[[int], list[Variant]]] = {
+    "batching": batching_variants, "threads": thread_variants, "cache": cache_variants}
+
+
+@dataclass
+class VariantResult:
+    variant: Variant
+    threads: dict[str, str]  # the thread settings the nodes actually got
+    startup_s: float
+    stats: RunStats | None = None
+    nodes: list[NodeDelta] = field(default_factory=list)
+    caches: dict[str, dict[str, float]] = field(default_factory=dict)
+    same_as: str = ""  # skipped: its settings equal this earlier variant's
+    error: str = ""
+
+    def ratio_to(self, baseline: "VariantResult") -> float:
+        if self.stats is None or baseline.stats is None or not baseline.stats.throughput_rpm:
+            return math.nan
+        return self.stats.throughput_rpm / baseline.stats.throughput_rpm
+
+
+def effective_threads(env: Mapping[str, str]) -> dict[str, str]:
+    return {v: env.get(v, "0") for v in THREAD_VARS}
+
+
+def cache_deltas(before: Sequence[MetricsSnapshot], after: Sequence[MetricsSnapshot]) -> dict[str, dict[str, float]]:
+    """Hits and misses of each cache over the run, summed over the nodes."""
+    totals: dict[str, dict[str, float]] = {}
+    for b, a in zip(before, after):
+        for cache in CACHE_NAMES:
+            for kind in ("hits", "misses", "evictions"):
+                now = a.get(f"rag_cache_{kind}_total", cache=cache)
+                if now is None:
+                    continue
+                was = b.get(f"rag_cache_{kind}_total", cache=cache) or 0.0
+                totals.setdefault(cache, {}).setdefault(kind, 0.0)
+                totals[cache][kind] += now - was
+    return totals
+
+
+def free_port_block() -> int:
+    """A port p with p, p+1 and p+2 free on 127.0.0.1 right now."""
+    for _ in range(50):
+        base = free_ports(1)[0]
+        if base <= 65533 and all(_port_free(base + n) for n in (1, 2)):
+            return base
+    raise OSError("no block of three free ports on 127.0.0.1")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def base_env(env: Mapping[str, str], base_port: int) -> dict[str, str]:
+    """The caller's environment with the cluster's addresses on loopback and, unless
+    given, the demo data (`./run.sh demo` builds it)."""
+    out = {k: v for k, v in env.items() if not k.startswith("NODE_")}
+    out.update({f"NODE_{n}_IP": f"127.0.0.1:{base_port + n}" for n in range(3)})
+    out.setdefault("FAISS_INDEX_PATH", str(DEMO_DIR / "faiss_index.bin"))
+    out.setdefault("DOCUMENTS_DIR", str(DEMO_DIR / "documents"))
+    return out
+
+
+def _post_cache_clear(cluster: LocalCluster) -> None:
+    headers = {TOKEN_HEADER: cluster.settings.cluster_token} if cluster.settings.cluster_token else {}
+    for node in (0, 1):
+        requests.post(f"{cluster.url(node)}/cache/clear", headers=headers, timeout=30).raise_for_status()
+
+
+def run_variant(variant: Variant, env: Mapping[str, str], args: argparse.Namespace, queries: Sequence[str],
+                log_dir: Path) -> VariantResult:
+    cluster = LocalCluster(env, log_dir)
+    started = time.monotonic()
+    result = VariantResult(variant, effective_threads(env), math.nan)
+    try:
+        cluster.start(timeout_s=args.startup_timeout)
+        result.startup_s = time.monotonic() - started
+        deadline = time.monotonic() + args.max_duration
+        url = cluster.url(0)
+        metrics_urls = [f"{cluster.url(n)}/metrics" for n in range(3)]
+        if args.warmup:
+            warm = Target(url, queries, args.timeout, deadline)
+            run_closed(warm, ClosedGroup("warmup", args.warmup, min(args.warmup, args.concurrency)))
+            _post_cache_clear(cluster)  # measured hits come from the measured load only
+        target = Target(url, queries, args.timeout, deadline)
+        before = scrape_all(metrics_urls)
+        records = run_closed(target, ClosedGroup(variant.name, args.count, args.concurrency))
+        after = scrape_all(metrics_urls)
+        result.stats = run_stats(variant.name, args.count, records)
+        result.nodes = node_deltas(before, after)
+        result.caches = cache_deltas(before, after)
+    except (RuntimeError, TimeoutError, requests.RequestException) as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        cluster.stop()
+    return result
+
+
+def _mib(value: float | None) -> str:
+    return f"{value / 2**20:.0f}" if value else "?"
+
+
+def format_report(results: Sequence[VariantResult]) -> str:
+    header = (f"{'variant':<17}{'torch/faiss/http':>17}{'ok/sent':>9}{'req/min':>9}{'p50 s':>8}{'p95 s':>8}"
+              f"{'x base':>8}  {'peak RSS MiB n0/n1/n2':<22}caches")
+    lines = [header, "-" * len(header)]
+    baseline = next((r for r in results if r.stats is not None), None)
+    for r in results:
+        threads = "/".join(r.threads[v] for v in THREAD_VARS)
+        if r.same_as or r.error or r.stats is None:
+            why = f"same settings as {r.same_as} on this machine: not run again" if r.same_as else r.error
+            lines.append(f"{r.variant.name:<17}{threads:>17}  {why}")
+            continue
+        s = r.stats
+        ratio = r.ratio_to(baseline) if baseline is not None else math.nan
+        rss = "/".join(_mib(n.peak_rss_bytes) for n in r.nodes)
+        caches = ", ".join(f"{name} {c.get('hits', 0):.0f} hit {c.get('misses', 0):.0f} miss"
+                           for name, c in r.caches.items() if c.get("hits") or c.get("misses")) or "-"
+        errors = "" if not s.errors else "  errors: " + ", ".join(f"{k}={v}" for k, v in s.errors.items())
+        lines.append(f"{r.variant.name:<17}{threads:>17}{f'{s.ok}/{s.sent}':>9}{s.throughput_rpm:>9.2f}"
+                     f"{s.latency.p50_s:>8.1f}{s.latency.p95_s:>8.1f}{ratio:>7.2f}x  {rss:<22}{caches}{errors}")
+    lines.append("")
+    for r in results:
+        lines.append(f"{r.variant.name}: {r.variant.what}" + (f" (started in {r.startup_s:.1f}s)"
+                                                             if not math.isnan(r.startup_s) else ""))
+        if r.nodes:
+            lines.append(format_nodes_table(r.nodes))
+    return "\n".join(lines)
+
+
+def write_summary(path: Path, args: argparse.Namespace, results: Sequence[VariantResult], extra: dict) -> Path:
+    def default(value):
+        if isinstance(value, Path):
+            return str(value)
+        if hasattr(value, "__dataclass_fields__"):
+            return asdict(value)
+        raise TypeError(type(value).__name__)
+
+    baseline = next((r for r in results if r.stats is not None), None)
+    summary = {**extra, "args": vars(args),
+               "variants": [{**asdict(r), "ratio_to_baseline": r.ratio_to(baseline) if baseline else None}
+                            for r in results]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(summary, indent=2, default=default, allow_nan=True))
+    return path
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m profiling.bench_service", description=__doc__.split("\n\n")[0])
+    p.add_argument("--compare", required=True, choices=sorted(COMPARISONS))
+    p.add_argument("--variants", default=None, help="comma-separated subset, in this order (the first is the baseline)")
+    p.add_argument("--concurrency", type=int, default=16, help="closed-loop clients")
+    p.add_argument("--count", type=int, default=32, help="measured requests per variant")
+    p.add_argument("--warmup", type=int, default=2, help="requests before measuring (then the caches are cleared)")
+    p.add_argument("--queries-file", help="one query per line (default: the SPEC's eight)")
+    p.add_argument("--base-port", type=int, default=8500,
+                   help="nodes 0-2 listen on this port and the next two (0: any free ones)")
+    p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout (s)")
+    p.add_argument("--max-duration", type=float, default=1800.0, help="per variant: no request is sent after it (s)")
+    p.add_argument("--startup-timeout", type=float, default=600.0, help="per cluster start (s)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--name", default=None, help="output name (default: the comparison)")
+    return p
+
+
+def choose_variants(compare: str, subset: str | None, cores: int) -> list[Variant]:
+    variants = COMPARISONS[compare](cores)
+    if not subset:
+        return variants
+    by_name = {v.name: v for v in variants}
+    names = [n.strip() for n in subset.split(",") if n.strip()]
+    unknown = [n for n in names if n not in by_name]
+    if unknown or not names:
+        raise ValueError(f"--variants {subset!r}: expected names from {', '.join(by_name)}")
+    return [by_name[n] for n in names]
+
+
+def plan_runs(variants: Sequence[Variant], envs: Sequence[Mapping[str, str]]):
+    """(variant, its resolved environment, the earlier variant it equals or '') for each variant:
+    two variants that resolve to the same settings on this machine run once."""
+    seen: dict[frozenset, str] = {}
+    for variant, env in zip(variants, envs):
+        key = frozenset(env.items())
+        yield variant, env, seen.get(key, "")
+        seen.setdefault(key, variant.name)
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    p = parser()
+    args = p.parse_args(argv)
+    for name in ("concurrency", "count", "max_duration", "startup_timeout", "timeout"):
+        if not getattr(args, name) > 0:
+            p.error(f"--{name.replace('_', '-')} must be > 0")
+    if args.warmup < 0 or not (args.base_port == 0 or 1024 <= args.base_port <= 65533):
+        p.error("--warmup must be >= 0 and --base-port 0 or in 1024..65533")
+    env = dict(os.environ if env is None else env)
+    cores = thread_budget(0)
+    try:
+        variants = choose_variants(args.compare, args.variants, cores)
+        queries = load_queries(args.queries_file)
+        common = base_env(env, args.base_port or free_port_block())
+        Settings.from_env(common).require_index_file()
+        envs = [pinned_env({**common, **v.env}, cores) for v in variants]
+    except (ConfigError, ValueError, OSError) as exc:
+        print(f"bench_service: {exc}", file=sys.stderr)
+        return 2
+    name = args.name or args.compare
+    results: list[VariantResult] = []
+    for variant, variant_env, same_as in plan_runs(variants, envs):
+        if same_as:
+            results.append(VariantResult(variant, effective_threads(variant_env), math.nan, same_as=same_as))
+            continue
+        print(f"bench_service: {variant.name}: starting the cluster", file=sys.stderr, flush=True)
+        result = run_variant(variant, variant_env, args, queries, args.out / f"{name}_{variant.name}_logs")
+        results.append(result)
+        done = result.error or (f"{result.stats.ok}/{result.stats.sent} ok, {result.stats.throughput_rpm:.2f} req/min")
+        print(f"bench_service: {variant.name}: {done}", file=sys.stderr, flush=True)
+    report = format_report(results)
+    path = write_summary(args.out / f"bench_service_{name}.json", args, results,
+                         {"cores": cores, "model_source": envs[0].get("MODEL_SOURCE"),
+                          "standin_profile": envs[0].get("STANDIN_PROFILE", "")})
+    print(report)
+    print(f"wrote {path}")
+    failed = any(r.error or (r.stats is not None and (r.stats.errors or r.stats.ok < args.count)) for r in results)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""profiling.bench_service: the variants' settings, and one small comparison on real local clusters."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.config import STAGES, Settings
+from profiling import bench_service
+from profiling.loadgen import MetricsSnapshot
+from tests.conftest import TEST_ENV, data_env
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _settings(variant: bench_service.Variant) -> Settings:
+    return Settings.from_env({**TEST_ENV, **variant.env})
+
+
+def test_unbatched_baseline_forces_every_stage_to_one_at_a_time():
+    unbatched, batched = bench_service.batching_variants(cores=2)
+    slow, fast = _settings(unbatched), _settings(batched)
+    assert all(slow.batching(stage).max_size == 1 for stage in STAGES)
+    assert slow.generate_mode == "static"
+    defaults = Settings.from_env(TEST_ENV)
+    assert all(fast.batching(stage) == defaults.batching(stage) for stage in STAGES)
+    assert fast.generate_mode == defaults.generate_mode == "continuous"
+
+
+@pytest.mark.parametrize("compare", ["batching", "threads"])
+def test_comparisons_other_than_cache_run_with_caches_off(compare):
+    for variant in bench_service.COMPARISONS[compare](2):
+        settings = _settings(variant)
+        assert settings.embed_cache_size == 0 and settings.response_cache_size == 0, variant.name
+
+
+def test_thread_variants_that_coincide_on_a_machine_run_once(model_source):
+    def plan(cores):
+        variants = bench_service.thread_variants(cores)
+        envs = [bench_service.pinned_env({**TEST_ENV, **v.env}, cores) for v in variants]
+        return {v.name: (env["TORCH_THREADS"], env["FAISS_THREADS"], env["WAITRESS_THREADS"], same)
+                for v, env, same in bench_service.plan_runs(variants, envs)}
+
+    two = plan(2)  # the budget splits 2 cores into one torch thread per worker: one per stage
+    assert two["budget"] == ("1", "1", "0", "")
+    assert two["one-per-stage"] == ("1", "1", "0", "budget")
+    assert two["library-defaults"] == ("2", "2", "4", "")
+    assert two["cores-per-worker"] == ("2", "1", "0", "")
+    eight = plan(8)
+    assert eight["budget"][:1] == ("4",) and not any(same for *_, same in eight.values())
+
+
+def test_unknown_variant_names_are_refused():
+    assert [v.name for v in bench_service.choose_variants("cache", "response-cache,no-cache", 2)] == [
+        "response-cache", "no-cache"]
+    with pytest.raises(ValueError, match="no-such"):
+        bench_service.choose_variants("cache", "no-cache,no-such", 2)
+
+
+def test_cache_deltas_sum_over_nodes():
+    def snap(hits, misses):
+        return MetricsSnapshot("u", {("rag_cache_hits_total", (("cache", "embedding"),)): hits,
+                                     ("rag_cache_misses_total", (("cache", "embedding"),)): misses})
+
+    deltas = bench_service.cache_deltas([snap(1, 2), snap(0, 0), MetricsSnapshot("u", {})],
+                                        [snap(4, 3), snap(2, 5), MetricsSnapshot("u", {}, error="http_404")])
+    assert deltas == {"embedding": {"hits": 5.0, "misses": 6.0}}
+
+
+def test_cache_comparison_on_real_clusters(support_data, model_source, tmp_path):
+    env = {**TEST_ENV, **data_env(support_data), "TORCH_THREADS": "1", "FAISS_THREADS": "1",
+           "HEALTH_INTERVAL_S": "0.5"}
+    count = 10  # the eight SPEC queries, then the first two again
+    rc = bench_service.main(["--compare", "cache", "--variants", "no-cache,response-cache", "--count", str(count),
+                             "--concurrency", "2", "--warmup", "1", "--base-port", "0", "--out", str(tmp_path),
+                             "--max-duration", "300", "--startup-timeout", "240"], env=env)
+    assert rc == 0
+    summary = json.loads((tmp_path / "bench_service_cache.json").read_text())
+    by_name = {v["variant"]["name"]: v for v in summary["variants"]}
+    assert list(by_name) == ["no-cache", "response-cache"]
+    off, on = by_name["no-cache"], by_name["response-cache"]
+    for v in (off, on):
+        assert v["stats"]["ok"] == count and not v["stats"]["errors"] and not v["error"]
+        assert len(v["nodes"]) == 3 and all(n["peak_rss_bytes"] for n in v["nodes"])
+    assert all(c.get("hits", 0) == 0 for c in off["caches"].values())
+    response = on["caches"]["response"]
+    # The warm-up's entry was cleared: the eight distinct queries miss, and repeats
+    # hit unless their first asking is still in flight (closed loop, two clients).
+    assert response["hits"] + response["misses"] == count and 1 <= response["hits"] <= count - 8
+    assert off["ratio_to_baseline"] == 1.0 and on["ratio_to_baseline"] > 0
