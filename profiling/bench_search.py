@@ -6,14 +6,18 @@ Starts node 2 (the real index server, a separate process on 127.0.0.1) on the
 same index file, then times batches of unit vectors both ways: through
 `IndexClient` (JSON over HTTP, node 2's BatchingService, faiss) and through
 `VectorIndex.search` in this process. Prints queries/s for each and the ratio
-(the performance target is HTTP >= 0.8x in-process), plus node 2's load time.
+(the performance target is HTTP >= 0.8x in-process), plus what loading costs:
+the in-process load time, the first (cold) batch, this process's RSS after the
+load, the cold batch and the warm-up, and node 2's time to /health 200 and its
+RSS (from its /metrics) after serving the same batches. RSS counts the index
+file's pages that searches touched (the index is memory-mapped), so it grows
+with the lists probed, not with the file's size.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -25,13 +29,26 @@ import requests
 
 from pipeline.config import REPO_ROOT
 from pipeline.vector_index import VectorIndex
+from profiling.loadgen import scrape
+from services.local_cluster import free_ports
 from services.node_client import IndexClient
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def rss_mib() -> float:
+    """This process's resident set now (Linux /proc; NaN elsewhere)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def node_rss_mib(url: str) -> dict[str, float]:
+    snapshot = scrape(f"{url}/metrics")
+    return {name: round((snapshot.get(metric) or float("nan")) / 2**20, 1) for name, metric in
+            (("rss", "process_resident_memory_bytes"), ("peak_rss", "rag_process_peak_rss_bytes"))}
 
 
 def start_index_server(index: Path, port: int, nprobe: int, threads: int) -> subprocess.Popen:
@@ -74,12 +91,18 @@ def main(argv: list[str] | None = None) -> int:
     import faiss
     faiss.omp_set_num_threads(args.threads)
     rng = np.random.default_rng(0)
+    rss = {"before_load": rss_mib()}
+    started = time.perf_counter()
     index = VectorIndex.load(args.index, nprobe=args.nprobe)
+    load_s = time.perf_counter() - started
+    rss["after_load"] = rss_mib()
     batches = []
     for _ in range(args.rounds + 2):
         v = rng.standard_normal((args.batch, index.dim)).astype(np.float32)
         batches.append(v / np.linalg.norm(v, axis=1, keepdims=True))
-    port = free_port()
+    first_batch_s = timed(lambda b: index.search(b, 10), batches[:1])[0]
+    rss["after_first_batch"] = rss_mib()
+    port = free_ports(1)[0]
     server = start_index_server(Path(args.index), port, args.nprobe, args.threads)
     try:
         url = f"http://127.0.0.1:{port}"
@@ -92,12 +115,17 @@ def main(argv: list[str] | None = None) -> int:
         for batch in batches[2:]:  # interleaved, so machine noise hits both alike
             local += timed(lambda b: index.search(b, 10), [batch])
             http += timed(lambda b: client.search(b, 10), [batch])
+        rss["after_all_batches"] = rss_mib()
+        node2 = node_rss_mib(url)
     finally:
         server.terminate()
         server.wait(timeout=60)
     qps = {name: args.batch / statistics.median(t) for name, t in (("in_process", local), ("http", http))}
     report = {"index": args.index, "ntotal": index.ntotal, "batch": args.batch, "nprobe": index.nprobe,
-              "rounds": args.rounds, "node2_ready_s": round(ready_s, 2),
+              "rounds": args.rounds, "file_gb": round(Path(args.index).stat().st_size / 1e9, 2),
+              "mmap": index.is_mmap, "load_s": round(load_s, 4), "first_batch_s": round(first_batch_s, 3),
+              "rss_mib": {k: round(v, 1) for k, v in rss.items()}, "node2_ready_s": round(ready_s, 2),
+              "node2_rss_mib": node2,
               "median_batch_s": {"in_process": statistics.median(local), "http": statistics.median(http)},
               "queries_per_s": qps, "ratio_http_vs_in_process": qps["http"] / qps["in_process"]}
     print(json.dumps(report, indent=2))
