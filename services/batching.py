@@ -126,6 +126,15 @@ def _validate_max_wait_ms(value: Any) -> float:
     return float(value)
 
 
+def _traceback(error: BaseException) -> BaseException | None:
+    """A deadline that ran out is an outcome, not a bug: one line, no traceback."""
+    return None if isinstance(error, TimeoutError) else error
+
+
+def _brief(error: BaseException) -> str:
+    return f": {type(error).__name__}: {error}" if isinstance(error, TimeoutError) else ""
+
+
 class BatchingService:
     """Groups submitted items into batches for ``batch_fn`` on one worker thread.
 
@@ -479,8 +488,8 @@ class BatchingService:
                 # A wrong result count is a bug in batch_fn, not a bad item:
                 # retrying items one by one would hide it, so fail them all.
                 logger.error(
-                    "batching service %r: batch_fn failed on a batch of %d items",
-                    self._name, len(batch), exc_info=error,
+                    "batching service %r: batch_fn failed on a batch of %d items%s",
+                    self._name, len(batch), _brief(error), exc_info=_traceback(error),
                 )
                 for pending in batch:
                     failed += 1
@@ -501,8 +510,8 @@ class BatchingService:
                         self._set_result(pending.future, results[0])
                     else:
                         logger.error(
-                            "batching service %r: batch_fn failed on a single item",
-                            self._name, exc_info=item_error,
+                            "batching service %r: batch_fn failed on a single item%s",
+                            self._name, _brief(item_error), exc_info=_traceback(item_error),
                         )
                         failed += 1
                         self._set_exception(pending.future, item_error)

@@ -325,6 +325,23 @@ def test_poison_item_fails_alone_and_worker_survives(services, caplog):
 
 
 @pytest.mark.timeout(30)
+def test_a_deadline_that_ran_out_is_logged_in_one_line_a_bug_with_its_traceback(services, caplog):
+    def fn(items):
+        if items == ["late"]:
+            raise TimeoutError("search gave up at the request's deadline")
+        raise ValueError("a bug")
+    svc, _ = services(Recorder(fn), max_size=1, max_wait_ms=0, name="search")
+    with caplog.at_level(logging.WARNING, logger="services.batching"):
+        with pytest.raises(TimeoutError):
+            svc.submit("late").result(timeout=RESULT_TIMEOUT)
+        with pytest.raises(ValueError):
+            svc.submit("other").result(timeout=RESULT_TIMEOUT)
+    late, bug = [r for r in caplog.records if r.name == "services.batching"]
+    assert "TimeoutError: search gave up" in late.getMessage() and late.exc_info is None
+    assert bug.exc_info is not None and bug.exc_info[0] is ValueError
+
+
+@pytest.mark.timeout(30)
 def test_single_item_failure_is_not_retried(services):
     svc, rec = services(Recorder(poison_fn), max_size=4, max_wait_ms=0)
     with pytest.raises(ValueError):
