@@ -129,11 +129,11 @@ def effective_threads(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def cache_deltas(before: Sequence[MetricsSnapshot], after: Sequence[MetricsSnapshot]) -> dict[str, dict[str, float]]:
-    """Hits and misses of each cache over the run, summed over the nodes."""
+    """Hits, misses (joins included) and joins of each cache over the run, summed over the nodes."""
     totals: dict[str, dict[str, float]] = {}
     for b, a in zip(before, after):
         for cache in CACHE_NAMES:
-            for kind in ("hits", "misses", "evictions"):
+            for kind in ("hits", "misses", "joined", "evictions"):
                 now = a.get(f"rag_cache_{kind}_total", cache=cache)
                 if now is None:
                     continue
@@ -228,6 +228,7 @@ def format_report(results: Sequence[VariantResult]) -> str:
         ratio = r.ratio_to(baseline) if baseline is not None else math.nan
         rss = "/".join(_mib(n.peak_rss_bytes) for n in r.nodes)
         caches = ", ".join(f"{name} {c.get('hits', 0):.0f} hit {c.get('misses', 0):.0f} miss"
+                           + (f" ({c['joined']:.0f} joined)" if c.get("joined") else "")
                            for name, c in r.caches.items() if c.get("hits") or c.get("misses")) or "-"
         errors = "" if not s.errors else "  errors: " + ", ".join(f"{k}={v}" for k, v in s.errors.items())
         lines.append(f"{r.variant.name:<17}{threads:>17}{f'{s.ok}/{s.sent}':>9}{s.throughput_rpm:>9.2f}"

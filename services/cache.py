@@ -7,9 +7,11 @@ cached only while the models and the documents stay fixed.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import Future, TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable
 
@@ -22,6 +24,7 @@ class CacheStats:
     hits: int
     misses: int
     evictions: int
+    joined: int = 0  # misses that waited for the same computation already in flight
 
 
 class LruCache:
@@ -83,15 +86,100 @@ def normalise_query(query: str) -> str:
     return " ".join(query.lower().split())
 
 
+@dataclass(frozen=True)
+class Claim:
+    """What the response cache says about a query: exactly one field is set.
+
+    reply: a cached reply, already addressed to this request;
+    leader: another request is computing this very question: wait on it;
+    key: compute it yourself, then `finish` (or `abandon` on failure) with this key.
+    With the cache off every claim is a `key` of None: compute, nothing is shared.
+    """
+    reply: dict | None = None
+    leader: Future | None = None
+    key: str | None = None
+
+
 class ResponseCache:
-    """Replies by normalised query; a hit is re-addressed to the new request_id."""
+    """Replies by normalised query; a hit is re-addressed to the new request_id.
+
+    The same question asked again while its first asking is still being computed
+    joins that computation (single flight) instead of computing it twice: under
+    load the repeats of a popular question arrive before its answer does. A
+    failure is never shared: whoever joined a computation that failed computes
+    its own answer.
+    """
 
     def __init__(self, max_entries: int, ttl_s: float, clock: Callable[[], float] = time.monotonic):
         self.cache = LruCache("response", max_entries, ttl_s, clock)
+        self.name = self.cache.name
+        self._lock = threading.Lock()
+        self._leaders: dict[str, Future] = {}
+        self._joined = 0
 
     def get(self, request_id: str, query: str) -> dict | None:
         reply = self.cache.get(normalise_query(query))
-        return None if reply is None else {**reply, "request_id": request_id, "cached": True}
+        return None if reply is None else _readdress(reply, request_id)
 
     def put(self, query: str, reply: dict) -> None:
-        self.cache.put(normalise_query(query), {k: v for k, v in reply.items() if k != "request_id"})
+        self.cache.put(normalise_query(query), _unaddressed(reply))
+
+    def claim(self, request_id: str, query: str) -> Claim:
+        if not self.cache.enabled:
+            return Claim()
+        key = normalise_query(query)
+        with self._lock:  # lookup and leadership in one step: two askers cannot both lead
+            reply = self.get(request_id, query)
+            if reply is not None:
+                return Claim(reply=reply)
+            leader = self._leaders.get(key)
+            if leader is not None:
+                self._joined += 1
+                return Claim(leader=leader)
+            self._leaders[key] = Future()
+            return Claim(key=key)
+
+    def finish(self, key: str | None, reply: dict) -> None:
+        if key is None:
+            return
+        shared = _unaddressed(reply)
+        with self._lock:
+            self.cache.put(key, shared)
+            leader = self._leaders.pop(key)
+        leader.set_result(shared)
+
+    def abandon(self, key: str | None, error: BaseException) -> None:
+        if key is None:
+            return
+        with self._lock:
+            leader = self._leaders.pop(key)
+        leader.set_exception(error)
+
+    @staticmethod
+    def joined_reply(leader: Future, request_id: str, timeout_s: float) -> dict | None:
+        """The leader's reply for this request, None if the leader failed; TimeoutError past timeout_s."""
+        try:
+            return _readdress(leader.result(timeout=timeout_s), request_id)
+        except FutureTimeout:
+            raise TimeoutError("the computation this request joined did not finish in time") from None
+        except Exception:
+            return None
+
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._leaders)
+
+    def clear(self) -> int:
+        return self.cache.clear()  # computations in flight finish and are cached as usual
+
+    def stats(self) -> CacheStats:
+        with self._lock:
+            return dataclasses.replace(self.cache.stats(), joined=self._joined)
+
+
+def _unaddressed(reply: dict) -> dict:
+    return {k: v for k, v in reply.items() if k != "request_id"}
+
+
+def _readdress(reply: dict, request_id: str) -> dict:
+    return {**reply, "request_id": request_id, "cached": True}

@@ -97,14 +97,17 @@ class CacheCollector:
         hits = CounterMetricFamily("rag_cache_hits", "Cache lookups that found an entry", labels=["cache"])
         misses = CounterMetricFamily("rag_cache_misses", "Cache lookups that found nothing", labels=["cache"])
         evictions = CounterMetricFamily("rag_cache_evictions", "Entries pushed out by newer ones", labels=["cache"])
+        joined = CounterMetricFamily("rag_cache_joined", "Misses that joined the same computation in flight",
+                                     labels=["cache"])
         entries = GaugeMetricFamily("rag_cache_entries", "Entries held", labels=["cache"])
         for cache in self._caches():
             st = cache.stats()
             hits.add_metric([st.name], st.hits)
             misses.add_metric([st.name], st.misses)
             evictions.add_metric([st.name], st.evictions)
+            joined.add_metric([st.name], st.joined)
             entries.add_metric([st.name], st.entries)
-        yield from (hits, misses, evictions, entries)
+        yield from (hits, misses, evictions, joined, entries)
 
 
 class NodeMetrics:

@@ -69,7 +69,7 @@ class NodeState:
         if self.worker is not None:
             yield self.worker.embed_cache
         if self.node == 0:
-            yield self.response_cache.cache
+            yield self.response_cache
 
     def batching_services(self):
         if self.worker is not None:
@@ -178,21 +178,36 @@ def create_worker_app(state: NodeState) -> Flask:
             state.require_ready()
             _, request_id, text = _parse_query(state.settings)
             log.info("query request_id=%r", request_id)  # repr: an id cannot forge log lines
-            cached = state.response_cache.get(request_id, text)
-            if cached is not None:
-                return jsonify(cached)
+            started = time.monotonic()
+            claim = state.response_cache.claim(request_id, text)
+            if claim.reply is not None:
+                return jsonify(claim.reply)
+            if claim.leader is not None:  # the same question is being answered right now
+                try:
+                    reply = state.response_cache.joined_reply(claim.leader, request_id,
+                                                              state.settings.request_timeout_s)
+                except TimeoutError:
+                    log.warning("request_id=%r timed out waiting for the same question in flight", request_id)
+                    raise ApiError(504, "Request timeout") from None
+                if reply is not None:
+                    return jsonify(reply)
+                # That computation failed; a failure is not shared: answer this one ourselves.
+            timeout_s = state.settings.request_timeout_s - (time.monotonic() - started)
             try:
-                reply = state.gateway.answer(request_id, text, state.settings.request_timeout_s)
-            except RequestTimeout:
-                log.warning("request_id=%r timed out", request_id)
-                raise ApiError(504, "Request timeout") from None
-            except NoWorkerAvailable as exc:
-                log.warning("request_id=%r: %s", request_id, exc)
-                raise ApiError(503, str(exc), retry_after_s=5) from None
-            except WorkerFailed as exc:
-                log.error("request_id=%r: %s", request_id, exc)
-                raise ApiError(500, exc.public) from None
-            state.response_cache.put(text, reply)
+                reply = state.gateway.answer(request_id, text, timeout_s)
+            except BaseException as exc:
+                state.response_cache.abandon(claim.key, exc)
+                if isinstance(exc, RequestTimeout):
+                    log.warning("request_id=%r timed out", request_id)
+                    raise ApiError(504, "Request timeout") from None
+                if isinstance(exc, NoWorkerAvailable):
+                    log.warning("request_id=%r: %s", request_id, exc)
+                    raise ApiError(503, str(exc), retry_after_s=5) from None
+                if isinstance(exc, WorkerFailed):
+                    log.error("request_id=%r: %s", request_id, exc)
+                    raise ApiError(500, exc.public) from None
+                raise
+            state.response_cache.finish(claim.key, reply)
             return jsonify(reply)
 
     return app

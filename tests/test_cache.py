@@ -1,9 +1,9 @@
-"""The LRU caches: eviction order, time to live, counters, thread safety, query normalisation."""
+"""The LRU caches: eviction order, time to live, counters, thread safety, query normalisation, single flight."""
 import threading
 
 import pytest
 
-from services.cache import LruCache, ResponseCache, normalise_query
+from services.cache import Claim, LruCache, ResponseCache, normalise_query
 
 
 class Clock:
@@ -72,3 +72,73 @@ def test_response_cache_normalises_and_readdresses():
     assert hit["request_id"] == "r2" and hit["generated_response"] == "A" and hit["cached"] is True
     assert cache.get("r3", "What is your refund policy") is None  # punctuation changes the question
     assert normalise_query(" A\tb  C ") == "a b c"
+
+
+REPLY = {"request_id": "lead", "generated_response": "A", "sentiment": "neutral", "is_toxic": "false"}
+
+
+def test_a_repeat_in_flight_joins_the_first_computation():
+    cache = ResponseCache(4, ttl_s=0)
+    lead = cache.claim("r1", "Where is my order?")
+    assert lead.key == "where is my order?" and lead.reply is None and lead.leader is None
+    follow = cache.claim("r2", "where is  MY order?")
+    assert follow.leader is not None and follow.key is None
+    other = cache.claim("r3", "Something else")
+    assert other.key == "something else"  # a different question leads its own computation
+    cache.finish(lead.key, REPLY)
+    joined = ResponseCache.joined_reply(follow.leader, "r2", timeout_s=5)
+    assert joined == {**REPLY, "request_id": "r2", "cached": True}
+    hit = cache.claim("r4", "Where is my order?")
+    assert hit.reply["request_id"] == "r4" and hit.reply["generated_response"] == "A"
+    st = cache.stats()
+    assert (st.hits, st.misses, st.joined, st.entries) == (1, 3, 1, 1)
+    assert cache.in_flight() == 1  # "something else" is still being computed
+
+
+def test_a_failed_computation_is_not_shared_nor_cached():
+    cache = ResponseCache(4, ttl_s=0)
+    lead = cache.claim("r1", "q")
+    follow = cache.claim("r2", "q")
+    cache.abandon(lead.key, RuntimeError("worker failed"))
+    assert ResponseCache.joined_reply(follow.leader, "r2", timeout_s=5) is None  # it computes its own
+    again = cache.claim("r3", "q")
+    assert again.key == "q" and cache.stats().entries == 0
+    with pytest.raises(TimeoutError):
+        ResponseCache.joined_reply(cache.claim("r4", "q").leader, "r4", timeout_s=0.01)
+
+
+def test_with_the_cache_off_nothing_is_shared():
+    cache = ResponseCache(0, ttl_s=0)
+    first, second = cache.claim("r1", "q"), cache.claim("r2", "q")
+    assert first == second == Claim()
+    cache.finish(first.key, REPLY)
+    assert cache.claim("r3", "q") == Claim() and cache.in_flight() == 0
+
+
+def test_many_askers_of_one_question_compute_it_once():
+    cache = ResponseCache(16, ttl_s=0)
+    askers = 24
+    claimed = threading.Barrier(askers)
+    computed, replies = [], {}
+
+    def ask(i):
+        claim = cache.claim(f"r{i}", "How do I reset my password?")
+        claimed.wait(timeout=30)  # nobody finishes before everyone has asked
+        if claim.key is not None:
+            computed.append(i)
+            cache.finish(claim.key, {**REPLY, "request_id": f"r{i}", "generated_response": f"by {i}"})
+            replies[i] = f"by {i}"
+        else:
+            replies[i] = ResponseCache.joined_reply(claim.leader, f"r{i}", timeout_s=30)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(askers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert len(computed) == 1
+    leader_text = replies[computed[0]]
+    for i in range(askers):
+        if i != computed[0]:
+            assert replies[i]["request_id"] == f"r{i}" and replies[i]["generated_response"] == leader_text
+    assert cache.stats().joined == askers - 1 and cache.in_flight() == 0
