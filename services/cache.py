@@ -28,13 +28,17 @@ class CacheStats:
 
 
 class LruCache:
+    """Bounded, optionally expiring; `refresh_on_read=False` makes it first-in first-out
+    (eviction by age, and expired entries can then be purged from the front cheaply)."""
+
     def __init__(self, name: str, max_entries: int, ttl_s: float = 0.0,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, *, refresh_on_read: bool = True):
         if max_entries < 0 or ttl_s < 0:
             raise ValueError("max_entries and ttl_s must be >= 0")
         self.name = name
         self.max_entries = max_entries
         self.ttl_s = ttl_s  # 0 = entries never expire
+        self.refresh_on_read = refresh_on_read
         self._clock = clock
         self._data: OrderedDict[Hashable, tuple[float, Any]] = OrderedDict()
         self._lock = threading.Lock()
@@ -55,7 +59,8 @@ class LruCache:
             if entry is None:
                 self._misses += 1
                 return None
-            self._data.move_to_end(key)
+            if self.refresh_on_read:
+                self._data.move_to_end(key)
             self._hits += 1
             return entry[1]
 
@@ -68,6 +73,21 @@ class LruCache:
             while len(self._data) > self.max_entries:
                 self._data.popitem(last=False)
                 self._evictions += 1
+
+    def purge_expired(self) -> int:
+        """Drop expired entries now rather than when looked up (first-in first-out order only)."""
+        if not self.ttl_s or self.refresh_on_read:
+            return 0
+        dropped = 0
+        with self._lock:
+            now = self._clock()
+            while self._data:
+                stored_at, _ = next(iter(self._data.values()))
+                if now - stored_at <= self.ttl_s:
+                    break
+                self._data.popitem(last=False)
+                dropped += 1
+        return dropped
 
     def clear(self) -> int:
         with self._lock:

@@ -17,12 +17,12 @@ import itertools
 import logging
 import threading
 import time
-from collections import OrderedDict
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable
 
 from services.batching import Overloaded, ServiceClosed
+from services.cache import LruCache
 from services.node_client import NodeError, NodeUnreachable, WorkerClient
 from services.worker import RequestTimeout, StageFailed
 
@@ -72,9 +72,9 @@ class Gateway:
         self._turn = itertools.count()
         self._lock = threading.Lock()
         self._in_flight: dict[str, Future] = {}
-        self._completed: OrderedDict[str, tuple[float, dict]] = OrderedDict()
-        self._completed_cache_size = completed_cache_size
-        self._completed_ttl_s = completed_ttl_s
+        # Completed replies by request_id, oldest first; a ttl of 0 keeps none.
+        self.completed = LruCache("idempotency", completed_cache_size if completed_ttl_s > 0 else 0,
+                                  completed_ttl_s, refresh_on_read=False)
         self._latency_ema_s = 0.0  # of successful computations, for the Retry-After hint
         self._rejected = 0
         self._joined = 0
@@ -152,27 +152,17 @@ class Gateway:
 
     # ------------------------------------------------------------------ idempotency and capacity
 
-    def _cached(self, request_id: str, now: float) -> dict | None:
-        """A recently completed reply for this id; drops expired entries on the way (lock held)."""
-        while self._completed:
-            oldest_id, (done_at, _) = next(iter(self._completed.items()))
-            if now - done_at < self._completed_ttl_s:
-                break
-            del self._completed[oldest_id]
-        entry = self._completed.get(request_id)
-        return entry[1] if entry is not None else None
+    def _cached(self, request_id: str) -> dict | None:
+        """A recently completed reply for this id; expired entries are dropped on the way."""
+        self.completed.purge_expired()
+        return self.completed.get(request_id)
 
     def _remember(self, request_id: str, reply: dict, started: float) -> None:
         """Cache a successful reply (never a failure); lock held."""
         now = time.monotonic()
         self._latency_ema_s = 0.8 * self._latency_ema_s + 0.2 * (now - started) if self._latency_ema_s \
             else now - started
-        if self._completed_cache_size <= 0:
-            return
-        self._completed[request_id] = (now, reply)
-        self._completed.move_to_end(request_id)
-        while len(self._completed) > self._completed_cache_size:
-            self._completed.popitem(last=False)
+        self.completed.put(request_id, reply)
 
     def _retry_after_s(self) -> float:
         # With every slot busy, one frees about every (mean latency / slots) seconds.
@@ -183,7 +173,7 @@ class Gateway:
         started = time.monotonic()
         deadline = started + timeout_s
         with self._lock:
-            cached = self._cached(request_id, started)
+            cached = self._cached(request_id)
             if cached is not None:
                 self._cache_hits += 1
                 return cached
@@ -237,7 +227,7 @@ class Gateway:
     def stats(self) -> dict:
         with self._lock:
             return {"in_flight": len(self._in_flight), "max_in_flight": self.max_in_flight,
-                    "cached": len(self._completed), "cache_hits": self._cache_hits, "joined": self._joined,
+                    "cached": self.completed.stats().entries, "cache_hits": self._cache_hits, "joined": self._joined,
                     "rejected": self._rejected}
 
     def close(self) -> None:

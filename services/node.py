@@ -63,13 +63,20 @@ class NodeState:
         self.metrics = NodeMetrics(self.batching_services)
         self.metrics.register(GatewayCollector(lambda: self.gateway))
         self.response_cache = ResponseCache(settings.response_cache_size, settings.response_cache_ttl_s)
-        self.metrics.register(CacheCollector(self.caches))
+        self.metrics.register(CacheCollector(self.metered_caches))
 
     def caches(self):
+        """What POST /cache/clear empties: answers that a change of models or documents makes stale."""
         if self.worker is not None:
             yield self.worker.embed_cache
         if self.node == 0:
             yield self.response_cache
+
+    def metered_caches(self):
+        yield from self.caches()
+        # Replies kept by request_id are not cleared: a retried request must get the reply it got.
+        if self.gateway is not None:
+            yield self.gateway.completed
 
     def batching_services(self):
         if self.worker is not None:

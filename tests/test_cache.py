@@ -28,6 +28,22 @@ def test_lru_evicts_least_recently_used_and_counts():
     assert cache.clear() == 2 and cache.get("a") is None
 
 
+def test_first_in_first_out_mode_evicts_by_age_and_purges_expired_entries_eagerly():
+    clock = Clock()
+    cache = LruCache("fifo", 3, ttl_s=5, clock=clock, refresh_on_read=False)
+    for i, key in enumerate("abc"):
+        clock.now = float(i)
+        cache.put(key, i)
+    assert cache.get("a") == 0  # a read does not make "a" young again
+    cache.put("d", 3)  # evicts a, the oldest
+    assert cache.get("a") is None and cache.get("b") == 1
+    clock.now = 6.5  # b (t=1) has expired, c (t=2) has not
+    assert cache.purge_expired() == 1 and cache.stats().entries == 2
+    clock.now = 100.0
+    assert cache.purge_expired() == 2 and cache.stats().entries == 0
+    assert LruCache("lru", 3, ttl_s=5).purge_expired() == 0  # LRU order is not by age: expires lazily
+
+
 def test_ttl_expires_entries():
     clock = Clock()
     cache = LruCache("c", 10, ttl_s=5, clock=clock)

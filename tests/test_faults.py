@@ -210,8 +210,16 @@ def test_same_request_id_from_20_threads_is_computed_once(cluster):
     assert [r.status_code for r in responses] == [200] * 20
     assert len({r.text for r in responses}) == 1
     assert served_total(cluster) - before == 1
+    hits = idempotency_hits(cluster)
     assert post_query(cluster, request_id).text == responses[0].text  # from the cache
     assert served_total(cluster) - before == 1
+    assert idempotency_hits(cluster) == hits + 1  # counted in /metrics
+
+
+def idempotency_hits(cluster) -> float:
+    text = requests.get(f"{cluster.url(0)}/metrics", timeout=10).text
+    return float(next(line.split()[-1] for line in text.splitlines()
+                      if line.startswith('rag_cache_hits_total{cache="idempotency"}')))
 
 
 def burst(url: str, n: int, headers=None, body=lambda i: {}) -> list[requests.Response]:
