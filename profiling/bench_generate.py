@@ -1,6 +1,7 @@
 """Continuous batching against the reference and static batching, side by side.
 
     python -m profiling.bench_generate [--requests 16] [--stagger 1.0] [--max-batch 8]
+                                       [--answer-lengths 128 | uniform:LOW:HIGH]
 
 The same staggered arrivals (request i at i * stagger seconds) are served three
 ways in one run: (1) the reference, one request at a time in float32; (2) static
@@ -9,11 +10,20 @@ batches through `generate` (BatchingService, same max batch and dtype as 3);
 first arrival to last answer), latencies, time to first token, and the ratios
 the performance issue sets as targets. Use STANDIN_PROFILE=faithful
 MODEL_SOURCE=standin for faithful figures.
+
+Random-weight stand-ins never emit eos, so every answer runs the full 128
+tokens. `--answer-lengths uniform:LOW:HIGH` models real answers that end
+early: request i's answer ends after a seeded length drawn from LOW..HIGH, in
+every mode alike (greedy decoding makes the first L tokens the same whether
+the answer stops there or not). A static batch then runs as long as its
+longest answer, its finished rows computing padding, as `generate` does with
+eos; continuous batching frees the slot at once.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import time
 from concurrent.futures import Future
@@ -59,10 +69,44 @@ class RunResult:
                 "ttft_after_admission_p95_s": round(pct(self.ttft_admitted, 95), 3) if self.ttft_admitted else None}
 
 
-def make_requests(n: int) -> list[GenerationRequest]:
+@dataclass(frozen=True)
+class SizedRequest(GenerationRequest):
+    """A request whose answer ends (as if at eos) after `answer_tokens` new tokens."""
+    answer_tokens: int = spec.MAX_NEW_TOKENS
+
+
+def parse_answer_lengths(text: str) -> tuple[int, int]:
+    """'128' or 'uniform:LOW:HIGH' -> (low, high), both within 1..MAX_NEW_TOKENS."""
+    parts = text.split(":")
+    try:
+        if len(parts) == 1:
+            low = high = int(parts[0])
+        elif len(parts) == 3 and parts[0] == "uniform":
+            low, high = int(parts[1]), int(parts[2])
+        else:
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or uniform:LOW:HIGH, got {text!r}") from None
+    if not 1 <= low <= high <= spec.MAX_NEW_TOKENS:
+        raise argparse.ArgumentTypeError(f"answer lengths must satisfy 1 <= LOW <= HIGH <= {spec.MAX_NEW_TOKENS}")
+    return low, high
+
+
+def make_requests(n: int, lengths: tuple[int, int] = (spec.MAX_NEW_TOKENS, spec.MAX_NEW_TOKENS),
+                  seed: int = 0) -> list[SizedRequest]:
     docs = list(support_documents(60, seed=0))
-    return [GenerationRequest(spec.REFERENCE_QUERIES[i % 8], tuple(docs[(3 * i) % 57:(3 * i) % 57 + 3]))
+    rng = random.Random(seed)
+    return [SizedRequest(spec.REFERENCE_QUERIES[i % 8], tuple(docs[(3 * i) % 57:(3 * i) % 57 + 3]),
+                         answer_tokens=rng.randint(*lengths))
             for i in range(n)]
+
+
+class SizedEngine(ContinuousEngine):
+    """The continuous engine, each sequence capped at its request's answer length."""
+
+    def add(self, request, payload=None):
+        return self.add_prompt(self.generator.prompt(request.query, request.documents), payload,
+                               max_new_tokens=request.answer_tokens)
 
 
 def arrive(requests, stagger_s: float, submit) -> tuple[float, list[float]]:
@@ -86,7 +130,8 @@ def run_reference(generator: Generator, requests, stagger_s: float) -> RunResult
         arrival = start + i * stagger_s
         if time.monotonic() < arrival:
             time.sleep(arrival - time.monotonic())
-        ids = generator.generate_ids([generator.prompt(request.query, request.documents)])[0]
+        ids = generator.generate_ids([generator.prompt(request.query, request.documents)],
+                                     max_new_tokens=request.answer_tokens)[0]
         tokens += len(ids)
         latencies.append(time.monotonic() - arrival)
     return RunResult("reference", generator.placement.dtype, len(requests), tokens, time.monotonic() - start,
@@ -108,7 +153,11 @@ def serve(service, requests, stagger_s: float) -> tuple[dict[int, Future], float
 
 def run_static(generator: Generator, requests, stagger_s: float, max_batch: int, max_wait_ms: float) -> RunResult:
     def batch_fn(items):
-        return generator.generate_ids([generator.prompt(r.query, r.documents) for r in items])
+        # One generate call runs until its longest answer ends; shorter ones are cut
+        # where their eos would have been (their rows computed padding meanwhile).
+        rows = generator.generate_ids([generator.prompt(r.query, r.documents) for r in items],
+                                      max_new_tokens=max(r.answer_tokens for r in items))
+        return [row[:r.answer_tokens] for row, r in zip(rows, items)]
     service = BatchingService("generate-static", batch_fn, max_size=max_batch, max_wait_ms=max_wait_ms)
     futures, seconds, latencies = serve(service, requests, stagger_s)
     tokens = sum(len(f.result()) for f in futures.values())
@@ -118,8 +167,7 @@ def run_static(generator: Generator, requests, stagger_s: float, max_batch: int,
 
 def run_continuous(generator: Generator, requests, stagger_s: float, max_batch: int,
                    prefill_chunk: int) -> tuple[RunResult, ContinuousGenerationService]:
-    engine = ContinuousEngine(generator, max_seqs=max_batch, max_tokens=max_batch * 1024,
-                              prefill_chunk=prefill_chunk)
+    engine = SizedEngine(generator, max_seqs=max_batch, max_tokens=max_batch * 1024, prefill_chunk=prefill_chunk)
     service = ContinuousGenerationService("generate", engine, max_queue=len(requests) + 1)
     _futures, seconds, latencies = serve(service, requests, stagger_s)
     result = RunResult("continuous", generator.placement.dtype, len(requests), service.generated_tokens_total(),
@@ -159,6 +207,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch", type=int, default=8)
     parser.add_argument("--max-wait-ms", type=float, default=20.0, help="static batching window")
     parser.add_argument("--prefill-chunk", type=int, default=512)
+    parser.add_argument("--answer-lengths", type=parse_answer_lengths, default=(spec.MAX_NEW_TOKENS,) * 2,
+                        metavar="N|uniform:LOW:HIGH",
+                        help="new tokens per answer (default 128, the target's setting); uniform:LOW:HIGH "
+                             "draws a seeded length per request, modelling answers that end at eos")
     parser.add_argument("--skip-reference", action="store_true")
     parser.add_argument("--skip-static", action="store_true")
     parser.add_argument("--out", default="runs/bench_generate")
@@ -169,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(thread_budget(settings.torch_threads))
     source = resolve_model_source(settings)
     placement = placement_for(settings, "generate")
-    requests = make_requests(args.requests)
+    requests = make_requests(args.requests, args.answer_lengths)
     results = []
     fast = Generator.load(source, placement)
     fast.generate_ids([fast.prompt("warm up", [])], max_new_tokens=2)
@@ -193,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     bound = 3 * steps["decode_step_s"] + steps["prefill_one_s"]
     report = {
         "settings": {"requests": args.requests, "stagger_s": args.stagger, "max_batch": args.max_batch,
+                     "answer_lengths": list(args.answer_lengths),
+                     "answer_tokens": [r.answer_tokens for r in requests],
                      "torch_threads": torch.get_num_threads(), "model_source": source.describe()},
         "step_times": steps, "results": [r.summary() for r in results],
         "ttft_bound_s": bound,

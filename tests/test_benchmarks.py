@@ -1,4 +1,5 @@
 """The generate benchmark runs end to end on tiny stand-ins and reports what it promises."""
+import argparse
 import json
 
 import pytest
@@ -19,3 +20,29 @@ def test_bench_generate_reports_all_modes(tmp_path, model_source):
     assert report["ratio_continuous_vs_static"] > 0 and report["ratio_continuous_vs_reference"] > 0
     assert modes["continuous"]["ttft_after_admission_p95_s"] <= modes["continuous"]["latency_p95_s"]
     assert report["step_times"]["decode_step_s"] > 0 and report["step_times"]["prefill_one_s"] > 0
+
+
+@pytest.mark.timeout(600)
+def test_bench_generate_answer_lengths_end_answers_alike_in_every_mode(tmp_path, model_source):
+    rc = bench_generate.main(["--requests", "4", "--stagger", "0.05", "--max-batch", "2",
+                              "--answer-lengths", "uniform:2:9", "--out", str(tmp_path)])
+    assert rc == 0
+    report = json.loads((tmp_path / "bench_generate.json").read_text())
+    lengths = report["settings"]["answer_tokens"]
+    assert len(lengths) == 4 and all(2 <= n <= 9 for n in lengths) and len(set(lengths)) > 1
+    modes = {r["mode"]: r for r in report["results"]}
+    # static batches cut each answer at its own length, continuous stops it there,
+    # the reference generates only that much: the same tokens, never more than asked
+    assert len({r["tokens"] for r in modes.values()}) == 1
+    assert 0 < modes["reference"]["tokens"] <= sum(lengths)
+
+
+def test_answer_lengths_are_parsed_and_checked():
+    assert bench_generate.parse_answer_lengths("128") == (128, 128)
+    assert bench_generate.parse_answer_lengths("uniform:32:128") == (32, 128)
+    for bad in ("0", "129", "uniform:64:32", "uniform:1", "normal:1:2", "x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            bench_generate.parse_answer_lengths(bad)
+    requests = bench_generate.make_requests(16, (32, 128))
+    assert requests == bench_generate.make_requests(16, (32, 128))  # seeded
+    assert all(32 <= r.answer_tokens <= 128 for r in requests)
