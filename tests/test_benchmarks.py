@@ -46,3 +46,26 @@ def test_answer_lengths_are_parsed_and_checked():
     requests = bench_generate.make_requests(16, (32, 128))
     assert requests == bench_generate.make_requests(16, (32, 128))  # seeded
     assert all(32 <= r.answer_tokens <= 128 for r in requests)
+
+
+@pytest.mark.timeout(600)
+def test_bench_rerank_compares_one_forward_with_length_groups(tmp_path, model_source):
+    from profiling import bench_rerank
+    assert bench_rerank.main(["--requests", "2", "--rounds", "1", "--pad-ratios", "1.0,1.5",
+                              "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "bench_rerank.json").read_text())
+    rows = {row["setting"]: row for row in report["rows"]}
+    assert list(rows) == ["one forward", "pad ratio 1.0", "pad ratio 1.5"]
+    assert rows["one forward"]["forwards_per_request"] == 1 and rows["one forward"]["speedup"] == 1
+    # the support corpus mixes lengths: no padding at all takes several forwards a request
+    assert rows["pad ratio 1.0"]["forwards_per_request"] > 1
+    assert rows["pad ratio 1.0"]["forwards_per_request"] >= rows["pad ratio 1.5"]["forwards_per_request"] >= 1
+    assert all(row["seconds_per_request"] > 0 and row["max_score_diff"] < 1e-4 for row in rows.values())
+
+
+def test_bench_rerank_refuses_bad_ratios():
+    from profiling import bench_rerank
+    for bad in ("", "0.9", "x", "1.1,abc"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            bench_rerank.parse_ratios(bad)
+    assert bench_rerank.parse_ratios("1,1.25") == [1.0, 1.25]

@@ -7,7 +7,7 @@ import pytest
 from pipeline import spec
 from pipeline.docstore import Document
 from pipeline.generator import GenerationRequest
-from pipeline.reranker import RerankRequest
+from pipeline.reranker import RerankRequest, length_groups
 
 QUERIES = list(spec.REFERENCE_QUERIES)
 TEXTS = ["ok", "Answer: you can return it within 30 days for a refund.",
@@ -38,6 +38,43 @@ def test_rerank_batch_equals_single_with_mixed_lengths(reranker):
         np.testing.assert_allclose([x.score for x in b], [x.score for x in s], rtol=1e-4, atol=1e-5)
         assert sorted(x.document.doc_id for x in b) == sorted(d.doc_id for d in r.documents)
         assert all(b[i].score >= b[i + 1].score for i in range(len(b) - 1))
+
+
+def test_length_groups_cover_every_pair_once_and_bound_padding():
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        lengths = rng.integers(5, 513, size=int(rng.integers(0, 40))).tolist()
+        max_pairs, ratio = int(rng.integers(1, 12)), float(rng.choice([1.0, 1.1, 1.5]))
+        groups = length_groups(lengths, max_pairs, ratio)
+        assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+        for g in groups:
+            assert 1 <= len(g) <= max_pairs
+            if len(g) > 1:  # a lone pair has no padding to bound
+                assert len(g) * max(lengths[i] for i in g) <= ratio * sum(lengths[i] for i in g) + 1e-9
+        # shortest first: every group's pairs are no longer than the next group's
+        assert all(max(lengths[i] for i in a) <= min(lengths[i] for i in b) for a, b in zip(groups, groups[1:]))
+
+
+def test_length_groups_examples():
+    assert length_groups([], 32, 1.1) == []
+    assert length_groups([100, 100, 100], 32, 1.0) == [[0, 1, 2]]  # equal lengths: no padding, one forward
+    assert length_groups([100, 100, 100], 2, 1.0) == [[0, 1], [2]]
+    assert length_groups([200, 100, 105, 400], 32, 1.1) == [[1, 2], [0], [3]]
+    assert length_groups([200, 100, 105, 400], 32, float("inf")) == [[1, 2, 0, 3]]  # the old one forward
+
+
+def test_rerank_scores_do_not_depend_on_how_pairs_are_grouped(reranker):
+    pairs = [(QUERIES[i % 8], d.content) for i, d in enumerate(_docs(4) + _docs(4, long=True) + _docs(2))]
+    saved = reranker.max_pad_ratio
+    try:
+        reranker.max_pad_ratio = float("inf")
+        one_forward = reranker.score_pairs(pairs)
+        reranker.max_pad_ratio = 1.0
+        grouped = reranker.score_pairs(pairs)
+    finally:
+        reranker.max_pad_ratio = saved
+    assert len(length_groups([len(reranker.tokenizer(*p)["input_ids"]) for p in pairs], 32, 1.0)) > 1
+    np.testing.assert_allclose(grouped, one_forward, rtol=1e-4, atol=1e-5)
 
 
 def test_generate_batch_equals_single_left_padded(generator):
