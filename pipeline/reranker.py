@@ -68,11 +68,15 @@ class Reranker:
         source = source or resolve_model_source(settings)
         return cls.load(source, placement_for(settings, cls.stage))
 
+    def encode_pairs(self, pairs: Sequence[tuple[str, str]]):
+        """Token ids of each (query, document) pair, truncated as the model reads them, unpadded."""
+        return self.tokenizer([list(pair) for pair in pairs], truncation=True, max_length=spec.TRUNCATE_LENGTH)
+
     def score_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
         import torch
         if not pairs:
             return []
-        encoded = self.tokenizer([list(pair) for pair in pairs], truncation=True, max_length=spec.TRUNCATE_LENGTH)
+        encoded = self.encode_pairs(pairs)
         lengths = [len(ids) for ids in encoded["input_ids"]]
         scores = [0.0] * len(pairs)
         with torch.inference_mode():

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import spec
 from pipeline.config import Settings
 from pipeline.device import placement_for, thread_budget
 from pipeline.models import resolve_model_source
@@ -67,9 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(thread_budget(settings.torch_threads))
     reranker = Reranker.load(resolve_model_source(settings), placement_for(settings, Reranker.stage))
     requests = rerank_inputs(document_pool(args.documents), args.requests)
-    lengths = [[len(reranker.tokenizer(r.query, d.content, truncation=True,
-                                       max_length=spec.TRUNCATE_LENGTH)["input_ids"])
-                for d in r.documents] for r in requests]
+    lengths = [[len(ids) for ids in reranker.encode_pairs([(r.query, d.content) for d in r.documents])["input_ids"]]
+               for r in requests]
     settings_order = [ONE_FORWARD, *args.pad_ratios]
     time_setting(reranker, requests[:1], ONE_FORWARD)  # warm-up
     seconds: dict[float, list[float]] = {ratio: [] for ratio in settings_order}

@@ -78,7 +78,6 @@ class Gateway:
         self._latency_ema_s = 0.0  # of successful computations, for the Retry-After hint
         self._rejected = 0
         self._joined = 0
-        self._cache_hits = 0
         self._stop = threading.Event()
         self._prober = threading.Thread(target=self._probe_loop, args=(health_interval_s,),
                                         name="gateway-prober", daemon=True)
@@ -175,7 +174,6 @@ class Gateway:
         with self._lock:
             cached = self._cached(request_id)
             if cached is not None:
-                self._cache_hits += 1
                 return cached
             future = self._in_flight.get(request_id)
             owner = future is None
@@ -225,9 +223,10 @@ class Gateway:
                      "failures": t.failures} for t in self.targets]
 
     def stats(self) -> dict:
+        completed = self.completed.stats()
         with self._lock:
             return {"in_flight": len(self._in_flight), "max_in_flight": self.max_in_flight,
-                    "cached": self.completed.stats().entries, "cache_hits": self._cache_hits, "joined": self._joined,
+                    "cached": completed.entries, "cache_hits": completed.hits, "joined": self._joined,
                     "rejected": self._rejected}
 
     def close(self) -> None:
