@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from pipeline.spec import MODEL_STAGES, Stage
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
-STAGES = ("embed", "search", "fetch", "rerank", "generate", "sentiment", "toxicity", "index")
-MODEL_STAGES = ("embed", "rerank", "generate", "sentiment", "toxicity")
+STAGES = tuple(Stage)  # every stage with a batching service: the worker's seven and node 2's index
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 

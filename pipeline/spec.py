@@ -5,7 +5,29 @@ here, so the reference and the batched stages cannot drift apart.
 """
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Mapping, Protocol, Sequence
+
+
+class Stage(StrEnum):
+    """The stages of one request, in order, plus node 2's side of search.
+
+    A StrEnum so a stage is its own name wherever a string is expected: settings
+    variables (`EMBED_MAX_BATCH`), metric labels, JSON keys.
+    """
+    EMBED = "embed"
+    SEARCH = "search"
+    FETCH = "fetch"
+    RERANK = "rerank"
+    GENERATE = "generate"
+    SENTIMENT = "sentiment"
+    TOXICITY = "toxicity"
+    INDEX = "index"  # node 2 merges the workers' search batches into one faiss search
+
+
+WORKER_STAGES = (Stage.EMBED, Stage.SEARCH, Stage.FETCH, Stage.RERANK, Stage.GENERATE, Stage.SENTIMENT,
+                 Stage.TOXICITY)
+MODEL_STAGES = (Stage.EMBED, Stage.RERANK, Stage.GENERATE, Stage.SENTIMENT, Stage.TOXICITY)
 
 EMBED_DIM = 768
 TOP_K = 10

@@ -27,6 +27,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.errors import BatchSizeMismatch, Overloaded, ServiceClosed
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -42,30 +44,6 @@ __all__ = [
 # average (one very slow batch) from telling clients to go away for minutes.
 _MIN_RETRY_AFTER_S = 0.05
 _MAX_RETRY_AFTER_S = 60.0
-
-
-class Overloaded(RuntimeError):
-    """The service's queue is full; the item was not accepted.
-
-    ``retry_after_s`` is a hint (seconds) for when capacity is likely to be
-    available again; the HTTP layer turns this into ``503`` + ``Retry-After``.
-    """
-
-    def __init__(self, message: str, retry_after_s: float = 1.0):
-        super().__init__(message)
-        self.retry_after_s = float(retry_after_s)
-
-    def __reduce__(self):
-        # BaseException pickles only ``args``; keep the hint across processes.
-        return (type(self), (str(self), self.retry_after_s))
-
-
-class ServiceClosed(RuntimeError):
-    """The service is closed, or shut down before the item could run."""
-
-
-class BatchSizeMismatch(RuntimeError):
-    """``batch_fn`` did not return exactly one result per input item."""
 
 
 @dataclass(frozen=True)

@@ -21,31 +21,16 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable
 
-from services.batching import Overloaded, ServiceClosed
 from services.cache import LruCache
-from services.node_client import NodeError, NodeUnreachable, WorkerClient
-from services.worker import RequestTimeout, StageFailed
+from services.errors import (NodeError, NodeUnreachable, NoWorkerAvailable, Overloaded, RequestTimeout,
+                             ServiceClosed, StageFailed, WorkerFailed)
+from services.node_client import WorkerClient
 
 log = logging.getLogger(__name__)
 
 # Retry-After bounds for a full gateway: at least a second (no hammering), at
 # most half a minute (a slow average must not send clients away for minutes).
 MIN_RETRY_AFTER_S, MAX_RETRY_AFTER_S = 1.0, 30.0
-
-
-class NoWorkerAvailable(RuntimeError):
-    """No worker could take the request (all down, not ready or full): a 503."""
-
-
-class WorkerFailed(RuntimeError):
-    """The worker computing the request failed it (a 500); other requests are unaffected.
-
-    str() is the detail for the log; `public` is what the client is told (no internals).
-    """
-
-    def __init__(self, node: int, detail: str):
-        super().__init__(f"worker node {node} failed the request: {detail}")
-        self.public = f"internal error on worker node {node}"
 
 
 @dataclass

@@ -15,24 +15,12 @@ from typing import Any, Callable
 from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-from services.batching import Overloaded, ServiceClosed
+from services.errors import ApiError, Overloaded, ServiceClosed
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024
 TOKEN_HEADER = "X-Cluster-Token"
-
-
-class ApiError(Exception):
-    """An error meant for the caller: status code, message, optional extra fields."""
-
-    def __init__(self, status: int, message: str, *, field: str | None = None,
-                 retry_after_s: float | None = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.field = field
-        self.retry_after_s = retry_after_s
 
 
 def error_response(status: int, message: str, *, field: str | None = None,

@@ -17,6 +17,7 @@ import numpy as np
 import requests
 from requests.adapters import HTTPAdapter
 
+from services.errors import DeadlineExceeded, NodeError, NodeUnreachable
 from services.http import TOKEN_HEADER
 
 log = logging.getLogger(__name__)
@@ -26,23 +27,6 @@ MIN_ATTEMPT_S = 0.05
 # Node 1 answers 504 at the deadline we send it; wait a little longer than that
 # for its answer, so the gateway sees its 504 rather than cutting the call itself.
 WORKER_REPLY_GRACE_S = 2.0
-
-
-class NodeUnreachable(RuntimeError):
-    """The other node could not be reached (refused, reset, connect timeout)."""
-
-
-class DeadlineExceeded(TimeoutError):
-    """The caller's deadline passed (or left no room for another attempt) before an answer came."""
-
-
-class NodeError(RuntimeError):
-    """The other node answered with an error status."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(f"HTTP {status}: {message}")
-        self.status = status
-        self.message = message
 
 
 def pooled_session(pool_size: int, token: str = "") -> requests.Session:

@@ -22,28 +22,13 @@ from pipeline.reranker import RerankRequest
 from pipeline.continuous import ContinuousEngine
 from pipeline.stages import Stages
 from services.cache import LruCache
-from services.batching import BatchingService, Overloaded, ServiceClosed
+from services.batching import BatchingService
+from services.errors import Overloaded, RequestTimeout, ServiceClosed, StageFailed
 from services.generation import ContinuousGenerationService
 from services.node_client import IndexClient
 
 log = logging.getLogger(__name__)
 
-
-
-class RequestTimeout(TimeoutError):
-    """The request's deadline passed; its unstarted work was cancelled."""
-
-
-class StageFailed(RuntimeError):
-    """One stage failed this request (and only this one: batches retry their items one by one).
-
-    Wrapping keeps the cause's type from being mistaken for something else upstream:
-    node 2 being unreachable must not read as *this* worker being unreachable.
-    """
-
-    def __init__(self, stage: str, cause: BaseException):
-        super().__init__(f"{stage} stage failed: {type(cause).__name__}: {cause}")
-        self.stage = stage
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny stand-ins (built once into .cache), small course and support data."""
+"""Shared fixtures for unit/ and integration/: tiny stand-ins (built once into .cache), small course and
+support data. Helpers that tests import live in tests/helpers.py."""
 from __future__ import annotations
 
 import os
@@ -9,8 +10,7 @@ import pytest
 
 from pipeline.config import Settings
 from pipeline.device import Placement
-
-TEST_ENV = {"MODEL_SOURCE": "standin", "STANDIN_PROFILE": "tiny", "DTYPE": "float32", "ONLY_CPU": "true"}
+from tests.helpers import TEST_ENV
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -75,10 +75,6 @@ def course_data(tmp_path_factory):
 def support_data(tmp_path_factory, embedder):
     from pipeline.data import build_support
     return build_support(tmp_path_factory.mktemp("support"), 400, embedder.embed, seed=0, progress=False)
-
-
-def data_env(result) -> dict[str, str]:
-    return {"FAISS_INDEX_PATH": str(result.index_path), "DOCUMENTS_DIR": str(result.db_path.parent)}
 
 
 @pytest.fixture(scope="session")

@@ -9,9 +9,9 @@ import pytest
 import requests
 
 from pipeline import spec
-from tests.cluster import start_cluster
+from tests.helpers import start_cluster
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")

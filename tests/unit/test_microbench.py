@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import csv
-import json
 import math
 import os
 
 import pytest
 
 from profiling import microbench
-from tests.conftest import TEST_ENV
+from tests.helpers import TEST_ENV
 
 STAGES = ("embed", "search", "fetch", "sentiment", "generate")
 MODEL_STAGES = {"embed", "sentiment", "generate"}
@@ -92,16 +91,3 @@ def test_bad_batch_sizes_are_refused():
     with pytest.raises(SystemExit) as exc:
         microbench.main(["--stage", "embed", "--batch-sizes", "0,2"])
     assert exc.value.code == 2
-
-
-def test_bench_search_compares_http_with_in_process(course_data, tmp_path):
-    from profiling import bench_search
-    assert bench_search.main(["--index", str(course_data.index_path), "--batch", "4", "--rounds", "3",
-                              "--threads", "1", "--out", str(tmp_path)]) == 0
-    report = json.loads((tmp_path / "bench_search.json").read_text())
-    assert report["ntotal"] == 3000 and report["batch"] == 4 and report["mmap"] is True
-    assert report["load_s"] > 0 and report["first_batch_s"] > 0 and report["node2_ready_s"] > 0
-    assert all(v > 0 for v in report["rss_mib"].values()) and report["node2_rss_mib"]["rss"] > 0
-    qps = report["queries_per_s"]
-    assert qps["http"] > 0 and qps["in_process"] > 0
-    assert report["ratio_http_vs_in_process"] == pytest.approx(qps["http"] / qps["in_process"])

@@ -1,11 +1,18 @@
-"""Starting a real three-node cluster on 127.0.0.1 for tests (free ports, tiny stand-ins)."""
+"""Helpers the tests share (imported, unlike fixtures): the test environment and a real local cluster."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
 from services.local_cluster import LocalCluster, free_ports
-from tests.conftest import TEST_ENV, data_env
+
+# What every test runs with: tiny stand-ins, float32 on the CPU (the oracle's precision).
+TEST_ENV = {"MODEL_SOURCE": "standin", "STANDIN_PROFILE": "tiny", "DTYPE": "float32", "ONLY_CPU": "true"}
+
+
+def data_env(result) -> dict[str, str]:
+    """The environment that points a node at a built data set (index file and documents folder)."""
+    return {"FAISS_INDEX_PATH": str(result.index_path), "DOCUMENTS_DIR": str(result.db_path.parent)}
 
 
 def cluster_env(data, **extra: str) -> dict[str, str]:
@@ -20,6 +27,7 @@ def cluster_env(data, **extra: str) -> dict[str, str]:
 
 
 def start_cluster(data, log_dir: Path, **extra: str) -> LocalCluster:
+    """Three real node processes on 127.0.0.1 (free ports), healthy; the caller stops them."""
     cluster = LocalCluster(cluster_env(data, **extra), log_dir)
     try:
         cluster.start(timeout_s=240)
@@ -27,3 +35,8 @@ def start_cluster(data, log_dir: Path, **extra: str) -> LocalCluster:
         cluster.stop()
         raise
     return cluster
+
+
+def leftovers(out_dir: Path) -> list[Path]:
+    """Every file under a folder: what a failed or refused build left behind."""
+    return [p for p in out_dir.rglob("*") if p.is_file()]

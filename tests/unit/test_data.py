@@ -5,8 +5,6 @@ import functools
 import os
 import re
 import sqlite3
-import subprocess
-import sys
 import zlib
 from collections import Counter
 from pathlib import Path
@@ -19,8 +17,9 @@ from pipeline import data
 from pipeline.corpus import CATEGORIES, course_document, support_documents
 from pipeline.data import InvalidBuildArgument, OutputExistsError, build_course, build_support
 from pipeline.vector_index import VectorIndex
+from tests.helpers import leftovers
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 N_COURSE = 3000
 FAKE_DIM = 64
 
@@ -46,10 +45,6 @@ def fake_embed(texts: list[str]) -> np.ndarray:
 def rows(db_path: Path) -> list[tuple]:
     with sqlite3.connect(db_path) as conn:
         return conn.execute("SELECT * FROM documents ORDER BY doc_id").fetchall()
-
-
-def leftovers(out_dir: Path) -> list[Path]:
-    return [p for p in out_dir.rglob("*") if p.is_file()]
 
 
 @pytest.fixture(scope="module")
@@ -296,34 +291,3 @@ def test_support_corpus_topics():
                    "warranty", "shipping address", "payment methods", "business days", "gift card", "password",
                    "subscription", "privacy", "exchange", "promo code", "repair", "bluetooth", "lost"]:
         assert phrase in text, phrase
-
-
-# ---------------------------------------------------------------- CLI
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline.data", "build", *args, "--no-progress"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
-
-
-def test_cli_course_build_and_refusal(tmp_path):
-    args = ["--out", str(tmp_path), "--kind", "course", "--docs", "400", "--nprobe", "4"]
-    first = run_cli(*args)
-    assert first.returncode == 0, first.stderr
-    assert "built course: 400 documents" in first.stdout
-    index = VectorIndex.load(tmp_path / "faiss_index.bin", nprobe=None)
-    assert (index.ntotal, index.dim, index.nprobe) == (400, 768, 4)
-
-    refused = run_cli(*args)
-    assert refused.returncode == 2
-    assert refused.stderr.strip().count("\n") == 0 and "--force" in refused.stderr
-
-    forced = run_cli(*args, "--seed", "1", "--force")
-    assert forced.returncode == 0, forced.stderr
-    assert VectorIndex.load(tmp_path / "faiss_index.bin").ntotal == 400
-
-
-def test_cli_rejects_bad_nlist(tmp_path):
-    result = run_cli("--out", str(tmp_path), "--kind", "course", "--docs", "10", "--nlist", "50")
-    assert result.returncode == 2 and "--nlist" in result.stderr
-    assert leftovers(tmp_path) == []

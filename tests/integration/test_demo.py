@@ -7,7 +7,9 @@ import pytest
 
 from pipeline import spec
 from pipeline.config import REPO_ROOT
-from tests.cluster import free_ports
+from services.local_cluster import free_ports
+
+pytestmark = pytest.mark.slow
 
 
 @pytest.mark.timeout(900)

@@ -22,9 +22,9 @@ from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 from pipeline import spec
 from services.http import TOKEN_HEADER
-from tests.cluster import start_cluster
+from tests.helpers import start_cluster
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 TOKEN = "faults-test-token"
 REQUEST_TIMEOUT_S = 10.0

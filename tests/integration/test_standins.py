@@ -19,7 +19,9 @@ import pytest
 
 from pipeline import standins
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # Support-style English for the chars/token check (written fresh, not taken
 # from the generator's training templates).

@@ -1,15 +1,12 @@
 """profiling.loadgen: the pure parts directly, the loops against a real local cluster."""
 from __future__ import annotations
 
-import csv
 import json
 import math
-import time
 
 import pytest
 
 from profiling import loadgen
-from tests.cluster import start_cluster
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -136,119 +133,3 @@ def test_sweep_plot_and_summary_json(tmp_path):
     assert all(p.read_bytes().startswith(b"\x89PNG") for p in paths)
     path = loadgen.write_summary(tmp_path / "s.json", {"saturation": saturation, "nan": math.nan})
     assert json.loads(path.read_text())["saturation"]["level"] == 2
-
-
-# ---------------------------------------------------------------- against a local cluster
-
-@pytest.fixture(scope="module")
-def cluster(course_data, tmp_path_factory):
-    # The course data builds in under a second; the load generator only needs replies.
-    cluster = start_cluster(course_data, tmp_path_factory.mktemp("loadgen-cluster-logs"))
-    yield cluster
-    cluster.stop()
-
-
-def metrics_urls(cluster) -> str:
-    return ",".join(f"{cluster.url(n)}/metrics" for n in range(3))
-
-
-def run_loadgen(cluster, out, *mode: str) -> int:
-    return loadgen.main(["--url", cluster.url(0), "--metrics-urls", metrics_urls(cluster), *mode,
-                         "--out", str(out), "--timeout", "120", "--max-duration", "180", "--wait-health", "30"])
-
-
-def read_csv(path) -> list[dict]:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def check_percentiles(latency: dict) -> None:
-    assert 0 < latency["p50_s"] <= latency["p95_s"] <= latency["p99_s"] <= latency["max_s"]
-
-
-@pytest.fixture(scope="module")
-def closed_run(cluster, tmp_path_factory):
-    out = tmp_path_factory.mktemp("loadgen-closed")
-    rc = run_loadgen(cluster, out, "--concurrency", "2", "--count", "6", "--name", "closed")
-    return rc, out, json.loads((out / "loadgen_closed.json").read_text())
-
-
-def test_closed_loop(closed_run):
-    rc, out, summary = closed_run
-    assert rc == 0
-    rows = read_csv(out / "loadgen_closed.csv")
-    assert len(rows) == 6 and len({r["request_id"] for r in rows}) == 6
-    assert all(r["status"] == "200" and r["error"] == "" for r in rows)
-    assert {r["served_by"] for r in rows} <= {"0", "1"}
-    overall = summary["overall"]
-    assert (overall["planned"], overall["sent"], overall["ok"], overall["errors"]) == (6, 6, 6, {})
-    assert overall["throughput_rpm"] > 0
-    check_percentiles(overall["latency"])
-    assert (out / "loadgen_closed_latency.png").read_bytes().startswith(b"\x89PNG")
-
-
-def test_closed_loop_metrics_deltas(closed_run):
-    _, _, summary = closed_run
-    nodes = summary["nodes"]
-    if any(n["error"] == "http_404" for n in nodes):
-        pytest.skip("the nodes do not serve /metrics yet (404): batch-size deltas not checked")
-    assert [n["error"] for n in nodes] == ["", "", ""]
-    assert all(n["peak_rss_bytes"] > 0 for n in nodes)
-    workers = {s["stage"]: 0 for s in nodes[0]["stages"]}
-    below_one = set()
-    for node in nodes[:2]:
-        for s in node["stages"]:
-            workers[s["stage"]] += s["items"]
-            if s["batches"]:
-                assert s["mean_batch_run_s"] > 0
-                if not s["mean_batch_size"] >= 1:
-                    below_one.add(s["stage"])
-    # Every request went through every stage of exactly one worker, once.
-    assert {stage: workers.get(stage) for stage in ("embed", "rerank", "generate", "toxicity")} == \
-        {"embed": 6, "rerank": 6, "generate": 6, "toxicity": 6}
-    index = {s["stage"]: s for s in nodes[2]["stages"]}["index"]
-    assert index["items"] == 6  # one vector per request
-    if below_one == {"generate"}:
-        # services/metrics.py exports a continuous stage's finished requests as the
-        # rag_batch_size sum, while its batches are decode steps; summing rows per
-        # step (sum(size * count)) fixes it, and then this check applies to generate too.
-        pytest.xfail("generate's rag_batch_size_sum counts requests, not rows per decode step")
-    assert not below_one, f"mean batch size below 1 in {below_one}"
-
-
-def test_open_loop_schedule(cluster, tmp_path):
-    rc = run_loadgen(cluster, tmp_path, "--schedule", "3x1,3x0.5", "--time-scale", "0.2", "--name", "sched")
-    assert rc == 0
-    rows = read_csv(tmp_path / "loadgen_sched.csv")
-    assert [r["group"] for r in rows] == ["3x1"] * 3 + ["3x0.5"] * 3
-    assert all(r["status"] == "200" and r["error"] == "" for r in rows)
-    first = [float(r["scheduled_s"]) for r in rows[:3]]
-    assert [b - a for a, b in zip(first, first[1:])] == pytest.approx([0.2, 0.2], abs=1e-3)
-    summary = json.loads((tmp_path / "loadgen_sched.json").read_text())
-    assert [run["stats"]["ok"] for run in summary["runs"]] == [3, 3]
-    assert summary["overall"]["ok"] == 6 and summary["overall"]["errors"] == {}
-    check_percentiles(summary["overall"]["latency"])
-    # The second phase starts after the first one's replies (the course client's runs are separate).
-    first_done = max(float(r["send_s"]) + float(r["latency_s"]) for r in rows[:3])
-    assert float(rows[3]["send_s"]) >= first_done
-
-
-def test_closed_loop_stops_at_duration(cluster, tmp_path):
-    # Each reply takes seconds, so with --duration 0.5 each client sends once and stops.
-    rc = run_loadgen(cluster, tmp_path, "--concurrency", "2", "--count", "100", "--duration", "0.5",
-                     "--name", "dur", "--no-plots")
-    assert rc == 0  # a bound the caller chose is not a failure
-    overall = json.loads((tmp_path / "loadgen_dur.json").read_text())["overall"]
-    assert overall["planned"] == 100 and 2 <= overall["sent"] < 100 and overall["ok"] == overall["sent"]
-
-
-def test_max_duration_is_a_hard_bound(cluster, tmp_path):
-    # Last on purpose: the cut requests may still be computing on the nodes afterwards.
-    started = time.monotonic()
-    rc = loadgen.main(["--url", cluster.url(0), "--metrics-urls", "none", "--schedule", "5x1",
-                       "--max-duration", "1.5", "--out", str(tmp_path), "--name", "cut", "--no-plots"])
-    assert time.monotonic() - started < 1.5 + loadgen.JOIN_GRACE_S + 2
-    assert rc == 1
-    summary = json.loads((tmp_path / "loadgen_cut.json").read_text())
-    assert summary["deadline_hit"] is True
-    assert summary["overall"]["planned"] == 5 and summary["overall"]["sent"] == 2

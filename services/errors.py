@@ -1,0 +1,148 @@
+"""Every error a node can meet on a request's way, and the one table that turns it into HTTP.
+
+Domain code raises these (the batching service, the worker, the gateway, the node clients);
+no handler catches one to pick a status. `http_answer(exc)` is the single place an error
+becomes a status, a public message, a field and a `Retry-After`; the Flask apps install it
+once (services.http). A type that is not in the table is a bug: 500, logged with its
+traceback, and its text is not shown to the caller.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+# How long a caller should wait before retrying a node that is starting, stopping or has
+# no worker to offer: about one gateway health probe plus a margin.
+NOT_READY_RETRY_AFTER_S = 5.0
+
+
+# ---------------------------------------------------------------- the caller's mistakes
+
+class ApiError(Exception):
+    """An error meant for the caller as it is: status code, message, optional field and Retry-After."""
+
+    def __init__(self, status: int, message: str, *, field: str | None = None,
+                 retry_after_s: float | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.field = field
+        self.retry_after_s = retry_after_s
+
+
+# ---------------------------------------------------------------- capacity and lifecycle
+
+class Overloaded(RuntimeError):
+    """A queue or the gateway is full; the work was not accepted (503 + Retry-After).
+
+    `retry_after_s` is a hint for when capacity is likely to be available again.
+    """
+
+    def __init__(self, message: str, retry_after_s: float = 1.0):
+        super().__init__(message)
+        self.retry_after_s = float(retry_after_s)
+
+    def __reduce__(self):
+        # BaseException pickles only `args`; keep the hint across processes.
+        return (type(self), (str(self), self.retry_after_s))
+
+
+class ServiceClosed(RuntimeError):
+    """A stage service is closed, or shut down before the item could run (503: stopping)."""
+
+
+class NodeNotReady(RuntimeError):
+    """This node is starting, stopping or failed (503 + Retry-After)."""
+
+
+class NoWorkerAvailable(RuntimeError):
+    """No worker could take the request (all down, not ready or full): 503."""
+
+
+# ---------------------------------------------------------------- one request's failures
+
+class RequestTimeout(TimeoutError):
+    """The request's deadline passed; its unstarted work was cancelled (504)."""
+
+
+class BatchSizeMismatch(RuntimeError):
+    """A batch function did not return exactly one result per input item (a bug: 500)."""
+
+
+class StageFailed(RuntimeError):
+    """One stage failed this request (and only this one: batches retry their items one by one).
+
+    Wrapping keeps the cause's type from being mistaken for something else upstream:
+    node 2 being unreachable must not read as *this* worker being unreachable.
+    """
+
+    def __init__(self, stage: str, cause: BaseException):
+        super().__init__(f"{stage} stage failed: {type(cause).__name__}: {cause}")
+        self.stage = stage
+
+
+class WorkerFailed(RuntimeError):
+    """The worker computing the request failed it (500); other requests are unaffected.
+
+    str() is the detail for the log; `public` is what the client is told (no internals).
+    """
+
+    def __init__(self, node: int, detail: str):
+        super().__init__(f"worker node {node} failed the request: {detail}")
+        self.public = f"internal error on worker node {node}"
+
+
+# ---------------------------------------------------------------- node-to-node calls
+
+class NodeUnreachable(RuntimeError):
+    """The other node could not be reached (refused, reset, connect timeout)."""
+
+
+class DeadlineExceeded(TimeoutError):
+    """The caller's deadline passed (or left no room for another attempt) before an answer came."""
+
+
+class NodeError(RuntimeError):
+    """The other node answered with an error status."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+# ---------------------------------------------------------------- the table
+
+@dataclass(frozen=True)
+class HttpAnswer:
+    """What the caller is told about an error, and how loudly the node logs it."""
+    status: int
+    message: str
+    field: str | None = None
+    retry_after_s: float | None = None
+    log_level: int | None = None  # None: not logged here (the caller's own mistake, or logged where raised)
+
+
+# Most specific first: the first entry whose type matches decides.
+_TABLE: list[tuple[type[BaseException], Callable[[BaseException], HttpAnswer]]] = [
+    (ApiError, lambda e: HttpAnswer(e.status, e.message, e.field, e.retry_after_s)),
+    (Overloaded, lambda e: HttpAnswer(503, f"overloaded: {e}", retry_after_s=e.retry_after_s or 1.0,
+                                      log_level=logging.WARNING)),
+    (ServiceClosed, lambda e: HttpAnswer(503, "shutting down", retry_after_s=NOT_READY_RETRY_AFTER_S)),
+    (NodeNotReady, lambda e: HttpAnswer(503, str(e), retry_after_s=NOT_READY_RETRY_AFTER_S)),
+    (NoWorkerAvailable, lambda e: HttpAnswer(503, str(e), retry_after_s=NOT_READY_RETRY_AFTER_S,
+                                             log_level=logging.WARNING)),
+    # The reference's exact 504 body: clients match on it.
+    (TimeoutError, lambda e: HttpAnswer(504, "Request timeout", log_level=logging.WARNING)),
+    (WorkerFailed, lambda e: HttpAnswer(500, e.public, log_level=logging.ERROR)),
+    (StageFailed, lambda e: HttpAnswer(500, str(e), log_level=logging.ERROR)),
+]
+
+
+def http_answer(exc: BaseException) -> HttpAnswer | None:
+    """The HTTP answer for a known error; None for anything else (a bug: the app answers 500)."""
+    for kind, answer in _TABLE:
+        if isinstance(exc, kind):
+            return answer(exc)
+    return None
