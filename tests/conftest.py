@@ -12,6 +12,11 @@ from pipeline.config import Settings
 from pipeline.device import Placement
 from tests.helpers import TEST_ENV
 
+# In-process tools read Settings from the environment too: they get the tests' settings
+# (float32, the oracle's precision) unless the runner set them, whatever this CPU would pick.
+for _name, _value in TEST_ENV.items():
+    os.environ.setdefault(_name, _value)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _torch_threads():
