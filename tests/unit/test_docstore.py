@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from pipeline.corpus import course_document
+from builders.corpus import course_document
 from pipeline.docstore import Document, DocumentStore, DocumentStoreError
 
 N_ROWS = 50
