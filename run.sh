@@ -40,7 +40,7 @@ build_demo_data() {
   [[ "$FAISS_INDEX_PATH" == "$DEMO_DIR/faiss_index.bin" ]] || return 0
   if [[ ! -f "$FAISS_INDEX_PATH" || ! -f "$DOCUMENTS_DIR/documents.db" ]]; then
     log "building the demo data (support corpus) in $DEMO_DIR"
-    "$PY" -m pipeline.data build --out "$DEMO_DIR" --kind support --docs "${DEMO_DOCS:-2000}" --force
+    "$PY" -m builders.data build --out "$DEMO_DIR" --kind support --docs "${DEMO_DOCS:-2000}" --force
   fi
 }
 

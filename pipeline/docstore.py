@@ -1,6 +1,6 @@
 """Read-only access to the SQLite document store (``documents.db``).
 
-The schema is the course contract::
+The schema is the course contract, ``pipeline.spec.DOCUMENTS_SCHEMA``::
 
     documents(doc_id INTEGER PRIMARY KEY, title TEXT NOT NULL,
               content TEXT NOT NULL, category TEXT NOT NULL)
@@ -19,9 +19,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-TABLE = "documents"
-DB_FILENAME = "documents.db"
-COLUMNS = ("doc_id", "title", "content", "category")
+from pipeline.spec import DOCUMENTS_COLUMNS, DOCUMENTS_DB, DOCUMENTS_TABLE
 
 # Used when the sqlite3 module cannot report the compiled-in limit (< 3.11).
 _FALLBACK_VARIABLE_LIMIT = 999
@@ -89,7 +87,7 @@ class DocumentStore:
     def count(self) -> int:
         """Number of rows (a full table scan: for diagnostics, not hot paths)."""
         with self._lock:
-            return self._conn.execute(f"SELECT COUNT(*) FROM {TABLE}").fetchone()[0]
+            return self._conn.execute(f"SELECT COUNT(*) FROM {DOCUMENTS_TABLE}").fetchone()[0]
 
     def close(self) -> None:
         with self._lock:
@@ -110,7 +108,7 @@ class DocumentStore:
             for start in range(0, len(ids), self._max_vars):
                 chunk = ids[start : start + self._max_vars]
                 marks = ",".join("?" * len(chunk))
-                sql = f"SELECT {', '.join(COLUMNS)} FROM {TABLE} WHERE doc_id IN ({marks})"
+                sql = f"SELECT {', '.join(DOCUMENTS_COLUMNS)} FROM {DOCUMENTS_TABLE} WHERE doc_id IN ({marks})"
                 for row in self._conn.execute(sql, chunk):
                     found[row[0]] = Document(*row)
         return found
@@ -120,7 +118,7 @@ def _resolve_db_path(path: str | Path) -> Path:
     # Accept DOCUMENTS_DIR as well as the file itself.
     path = Path(path)
     if path.is_dir():
-        path = path / DB_FILENAME
+        path = path / DOCUMENTS_DB
     if not path.is_file():
         raise FileNotFoundError(f"document database not found: {path}")
     return path.resolve()
@@ -134,14 +132,14 @@ def _connect_read_only(path: Path) -> sqlite3.Connection:
 
 def _check_schema(conn: sqlite3.Connection, path: Path) -> None:
     try:
-        columns = {row[1] for row in conn.execute(f"PRAGMA table_info({TABLE})")}
+        columns = {row[1] for row in conn.execute(f"PRAGMA table_info({DOCUMENTS_TABLE})")}
     except sqlite3.DatabaseError as exc:
         raise DocumentStoreError(f"{path} is not a readable SQLite database: {exc}") from exc
     if not columns:
-        raise DocumentStoreError(f"{path} has no '{TABLE}' table")
-    missing = [c for c in COLUMNS if c not in columns]
+        raise DocumentStoreError(f"{path} has no '{DOCUMENTS_TABLE}' table")
+    missing = [c for c in DOCUMENTS_COLUMNS if c not in columns]
     if missing:
-        raise DocumentStoreError(f"{path}: table '{TABLE}' lacks columns {missing}")
+        raise DocumentStoreError(f"{path}: table '{DOCUMENTS_TABLE}' lacks columns {missing}")
 
 
 def _variable_limit(conn: sqlite3.Connection) -> int:

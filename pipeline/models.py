@@ -66,7 +66,7 @@ def hub_reachable(timeout_s: float = 3.0) -> bool:
 
 
 def standin_source(settings: Settings, build: bool = True) -> ModelSource:
-    from pipeline import standins
+    from builders import standins  # lazily: only a stand-in source needs the builder
     home = settings.standin_dir
     if build and not standins.is_built(home, settings.standin_profile):
         log.warning("building %s stand-in models in %s (first use)", settings.standin_profile, home)

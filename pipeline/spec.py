@@ -43,6 +43,16 @@ GENERATOR_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 SENTIMENT_MODEL = "nlptown/bert-base-multilingual-uncased-sentiment"
 TOXICITY_MODEL = "unitary/toxic-bert"
 
+# The document store: DOCUMENTS_DIR holds DOCUMENTS_DB, one table, the same schema
+# for the course and the support layouts.
+DOCUMENTS_DB = "documents.db"
+DOCUMENTS_TABLE = "documents"
+DOCUMENTS_COLUMNS = ("doc_id", "title", "content", "category")
+DOCUMENTS_SCHEMA = (
+    f"CREATE TABLE {DOCUMENTS_TABLE} (doc_id INTEGER PRIMARY KEY, title TEXT NOT NULL, "
+    "content TEXT NOT NULL, category TEXT NOT NULL)"
+)
+
 SYSTEM_PROMPT = "When given Context and Question, reply as 'Answer: <final answer>' only."
 
 SENTIMENTS = ("very negative", "negative", "neutral", "positive", "very positive")

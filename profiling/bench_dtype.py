@@ -17,7 +17,7 @@ from pathlib import Path
 from pipeline import spec
 from pipeline.classifiers import SentimentClassifier, ToxicityClassifier
 from pipeline.config import Settings
-from pipeline.corpus import support_documents
+from builders.corpus import support_documents
 from pipeline.device import Placement, select_device, thread_budget
 from pipeline.generator import GenerationRequest, Generator
 from pipeline.models import resolve_model_source

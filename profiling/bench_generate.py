@@ -33,7 +33,7 @@ from pathlib import Path
 from pipeline import spec
 from pipeline.config import Settings
 from pipeline.continuous import ContinuousEngine
-from pipeline.corpus import support_documents
+from builders.corpus import support_documents
 from pipeline.device import Placement, placement_for, thread_budget
 from pipeline.generator import GenerationRequest, Generator
 from pipeline.models import resolve_model_source

@@ -41,7 +41,8 @@ from tqdm import tqdm
 from pipeline import spec
 from pipeline.config import ConfigError, Settings
 from pipeline.device import placement_for, thread_budget
-from pipeline.docstore import TABLE, DocumentStoreError
+from pipeline.docstore import DocumentStoreError
+from pipeline.spec import DOCUMENTS_TABLE as TABLE
 from pipeline.vector_index import VectorIndexError
 
 log = logging.getLogger("profiling.microbench")
@@ -186,7 +187,7 @@ def document_pool(documents_dir: Path | None, size: int = DOC_POOL_SIZE) -> list
         if pool:
             return pool
         log.warning("no documents found in %s; using the support corpus", documents_dir)
-    from pipeline.corpus import support_documents
+    from builders.corpus import support_documents
     return list(support_documents(size, seed=SEED))
 
 

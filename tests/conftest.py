@@ -72,13 +72,13 @@ def toxicity(model_source, fp32):
 
 @pytest.fixture(scope="session")
 def course_data(tmp_path_factory):
-    from pipeline.data import build_course
+    from builders.data import build_course
     return build_course(tmp_path_factory.mktemp("course"), 3000, seed=0, progress=False)
 
 
 @pytest.fixture(scope="session")
 def support_data(tmp_path_factory, embedder):
-    from pipeline.data import build_support
+    from builders.data import build_support
     return build_support(tmp_path_factory.mktemp("support"), 400, embedder.embed, seed=0, progress=False)
 
 

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline.data", "build", *args, "--no-progress"],
+    return subprocess.run([sys.executable, "-m", "builders.data", "build", *args, "--no-progress"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 

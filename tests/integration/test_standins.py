@@ -1,4 +1,4 @@
-"""Tests for pipeline.standins (tiny profile only).
+"""Tests for builders.standins (tiny profile only).
 
 The stand-ins are built once per session into a temp dir. The loading checks
 run in a subprocess: huggingface_hub reads HF_HOME / HF_HUB_OFFLINE when it is
@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from pipeline import standins
+from builders import standins
 
 pytestmark = pytest.mark.slow
 

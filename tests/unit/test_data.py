@@ -13,9 +13,9 @@ import faiss
 import numpy as np
 import pytest
 
-from pipeline import data
-from pipeline.corpus import CATEGORIES, course_document, support_documents
-from pipeline.data import InvalidBuildArgument, OutputExistsError, build_course, build_support
+from builders import data
+from builders.corpus import CATEGORIES, course_document, support_documents
+from builders.data import InvalidBuildArgument, OutputExistsError, build_course, build_support
 from pipeline.vector_index import VectorIndex
 from tests.helpers import leftovers
 

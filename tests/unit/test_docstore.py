@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from pipeline.corpus import course_document
+from builders.corpus import course_document
 from pipeline.docstore import Document, DocumentStore, DocumentStoreError
 
 N_ROWS = 50
@@ -118,3 +118,16 @@ def test_document_is_frozen_and_unpacks():
     doc_id, title, content, category = doc
     assert (doc_id, title, category) == (6, "Document 6", "shipping")
     assert content == "This is the content of document 6. It contains information about customer support issue 6."
+
+
+def test_contract_schema_is_the_one_the_store_reads():
+    # spec.DOCUMENTS_SCHEMA is what builders.data writes; it must be the SPEC's table, column for column.
+    from pipeline import spec
+    conn = sqlite3.connect(":memory:")
+    conn.execute(spec.DOCUMENTS_SCHEMA)
+    info = conn.execute(f"PRAGMA table_info({spec.DOCUMENTS_TABLE})").fetchall()
+    conn.close()
+    assert spec.DOCUMENTS_TABLE == "documents" and spec.DOCUMENTS_DB == "documents.db"
+    assert [(name, kind, notnull, pk) for _, name, kind, notnull, _, pk in info] == [
+        ("doc_id", "INTEGER", 0, 1), ("title", "TEXT", 1, 0), ("content", "TEXT", 1, 0), ("category", "TEXT", 1, 0)]
+    assert tuple(name for _, name, *_ in info) == spec.DOCUMENTS_COLUMNS

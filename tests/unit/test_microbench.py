@@ -76,7 +76,7 @@ def test_details_explain_the_inputs(bench_out):
 
 
 def test_realistic_inputs():
-    from pipeline.corpus import support_documents
+    from builders.corpus import support_documents
     pool = list(support_documents(40))
     texts = microbench.answer_texts(pool, 16)
     assert all(380 <= len(t) <= 512 and t.startswith("Answer: ") for t in texts)

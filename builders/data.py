@@ -1,13 +1,13 @@
 """Build the document database and FAISS index that the service reads.
 
-    python -m pipeline.data build --out DIR --kind {course,support} [--docs N]
+    python -m builders.data build --out DIR --kind {course,support} [--docs N]
         [--nlist N] [--nprobe 64] [--seed 0] [--force] [--batch-size B]
 
 writes ``DIR/documents/documents.db`` and ``DIR/faiss_index.bin``.
 
 * ``course``: the course rows (``Document {i}``) and an ``IndexIVFFlat`` (L2,
   768-d) of seeded uniform-random vectors whose ids are the doc_ids.
-* ``support``: the realistic articles of :mod:`pipeline.corpus`, embedded with
+* ``support``: the realistic articles of :mod:`builders.corpus`, embedded with
   the configured embedder (``content`` only), in an ``IndexIVFFlat`` too.
 
 nlist defaults to ``clamp(N // 39, 1, 4096)`` because faiss wants ~39 training
@@ -51,8 +51,8 @@ import faiss
 import numpy as np
 from tqdm import tqdm
 
-from pipeline.corpus import course_document, support_documents
-from pipeline.docstore import DB_FILENAME, TABLE
+from builders.corpus import course_document, support_documents
+from pipeline.spec import DOCUMENTS_COLUMNS, DOCUMENTS_DB, DOCUMENTS_SCHEMA, DOCUMENTS_TABLE, EMBED_DIM
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,6 @@ INDEX_FILENAME = "faiss_index.bin"
 PARTIAL_SUFFIX = ".partial"
 
 COURSE_DOCS = 4_500_000
-COURSE_DIM = 768
 SUPPORT_DOCS = 5_000
 MAX_NLIST = 4096
 POINTS_PER_LIST = 39  # faiss warns below 39 training points per centroid
@@ -71,11 +70,8 @@ DEFAULT_NPROBE = 64
 COURSE_BATCH = 65_536
 SUPPORT_BATCH = 256
 
-SCHEMA = (
-    f"CREATE TABLE {TABLE} (doc_id INTEGER PRIMARY KEY, title TEXT NOT NULL, "
-    "content TEXT NOT NULL, category TEXT NOT NULL)"
-)
-INSERT = f"INSERT INTO {TABLE} (doc_id, title, content, category) VALUES (?, ?, ?, ?)"
+INSERT = (f"INSERT INTO {DOCUMENTS_TABLE} ({', '.join(DOCUMENTS_COLUMNS)}) "
+          f"VALUES ({', '.join('?' * len(DOCUMENTS_COLUMNS))})")
 
 
 class BuildError(Exception):
@@ -127,7 +123,7 @@ class _IvfParams:
 def output_paths(out_dir: str | Path) -> tuple[Path, Path]:
     """``(db_path, index_path)`` of a build in ``out_dir``."""
     out_dir = Path(out_dir)
-    return out_dir / DOCS_SUBDIR / DB_FILENAME, out_dir / INDEX_FILENAME
+    return out_dir / DOCS_SUBDIR / DOCUMENTS_DB, out_dir / INDEX_FILENAME
 
 
 def check_outputs(out_dir: str | Path, force: bool) -> None:
@@ -143,7 +139,7 @@ def default_nlist(n_vectors: int) -> int:
 
 
 def course_vector_batches(
-    n: int, dim: int = COURSE_DIM, seed: int = 0, batch_size: int = COURSE_BATCH
+    n: int, dim: int = EMBED_DIM, seed: int = 0, batch_size: int = COURSE_BATCH
 ) -> Iterator[np.ndarray]:
     """Vectors 0..n-1 of the course index: uniform [0, 1) float32 from one seeded stream.
 
@@ -165,7 +161,7 @@ def build_course(
     force: bool = False,
     batch_size: int = COURSE_BATCH,
     progress: bool = True,
-    dim: int = COURSE_DIM,
+    dim: int = EMBED_DIM,
     train_size: int | None = None,
 ) -> BuildResult:
     """Course rows and an IVFFlat of seeded random vectors, streamed in batches."""
@@ -335,7 +331,7 @@ def _db_writer(path: Path) -> Iterator[Callable[[list[tuple]], None]]:
         # No journal or syncs: a failed build deletes this file anyway.
         conn.execute("PRAGMA journal_mode=OFF")
         conn.execute("PRAGMA synchronous=OFF")
-        conn.execute(SCHEMA)
+        conn.execute(DOCUMENTS_SCHEMA)
         conn.execute("BEGIN")
         yield lambda rows: conn.executemany(INSERT, rows)
         conn.execute("COMMIT")
@@ -497,7 +493,7 @@ def _pwrite_all(fd: int, array: np.ndarray, offset: int) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.data", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m builders.data", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     build = sub.add_parser("build", help="build documents.db and faiss_index.bin")
     build.add_argument("--out", required=True, type=Path, help="output directory (DATA_DIR)")

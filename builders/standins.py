@@ -20,7 +20,7 @@ Outputs are meaningless (random weights): retrieval order, reranker scores,
 sentiment and generated text are noise. Only shapes, dtypes, token counts and
 timings are realistic.
 
-CLI: ``python -m pipeline.standins --profile {tiny,faithful} [--hf-home DIR] [--seed N] [--force]``
+CLI: ``python -m builders.standins --profile {tiny,faithful} [--hf-home DIR] [--seed N] [--force]``
 """
 
 from __future__ import annotations
@@ -42,6 +42,9 @@ import time
 import uuid
 from typing import Any, Callable, Iterable, Iterator
 
+from pipeline import spec
+from pipeline.config import Settings
+
 __all__ = [
     "PROFILES",
     "MODEL_NAMES",
@@ -56,18 +59,18 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 PROFILES = ("tiny", "faithful")
+# Build order and marker keys; the repo names are the contract's.
 MODEL_NAMES = {
-    "embedder": "BAAI/bge-base-en-v1.5",
-    "reranker": "BAAI/bge-reranker-base",
-    "generator": "Qwen/Qwen2.5-0.5B-Instruct",
-    "sentiment": "nlptown/bert-base-multilingual-uncased-sentiment",
-    "toxicity": "unitary/toxic-bert",
+    "embedder": spec.EMBEDDER_MODEL,
+    "reranker": spec.RERANKER_MODEL,
+    "generator": spec.GENERATOR_MODEL,
+    "sentiment": spec.SENTIMENT_MODEL,
+    "toxicity": spec.TOXICITY_MODEL,
 }
 
 # Bump whenever the produced files change, so stale caches get rebuilt.
 STANDIN_VERSION = 4
 MARKER_NAME = "standins.json"
-REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 BANNER = (
     "\n"
@@ -88,9 +91,13 @@ def _check_profile(profile: str) -> None:
 
 
 def default_standin_home(profile: str) -> pathlib.Path:
-    """``<repo root>/.cache/standins/<profile>`` (git-ignored via ``.cache/``)."""
+    """``<repo root>/.cache/standins/<profile>`` (git-ignored via ``.cache/``).
+
+    The settings' own default, read with an empty environment so that
+    STANDIN_HOME does not change it (the CLI's ``--hf-home`` does that).
+    """
     _check_profile(profile)
-    return REPO_ROOT / ".cache" / "standins" / profile
+    return Settings.from_env({}, standin_profile=profile).standin_dir
 
 
 def standin_env(hf_home: str | os.PathLike) -> dict[str, str]:
@@ -614,95 +621,18 @@ def _added_token(content: str, special: bool = True, lstrip: bool = False) -> di
     }
 
 
-@functools.lru_cache(maxsize=None)
-def _qwen_tokenizer_files() -> dict[str, str]:
-    """Byte-level BPE with Qwen2's pre-tokenizer; vocab padded to exactly 151643 entries."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-
-    def pipeline(tok: Tokenizer) -> Tokenizer:
-        tok.normalizer = normalizers.NFC()
-        tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Split(Regex(QWEN_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
-            ]
-        )
-        tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
-        tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
-        return tok
-
-    trainer_tok = pipeline(Tokenizer(models.BPE()))
-    trainer = trainers.BpeTrainer(
-        vocab_size=60000,
-        min_frequency=2,
-        show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=[],
-    )
-    trainer_tok.train_from_iterator(_corpus(), trainer=trainer)
-    trained = json.loads(trainer_tok.to_str())["model"]
-    vocab: dict[str, int] = dict(trained["vocab"])
-    merges = trained["merges"]
-
-    # Fillers: decode-only entries (no merge produces them) so any id a random
-    # model samples turns into visible, word-like text.
-    def render(i: int, word: str) -> str:
-        r = i % 10
-        if r < 7:
-            return _byte_level(" " + word)
-        if r < 9:
-            return _byte_level(" " + word.capitalize())
-        return _byte_level(word)
-
-    for tok in _fillers(QWEN_REGULAR_VOCAB - len(vocab), render, set(vocab)):
-        vocab[tok] = len(vocab)
-    assert len(vocab) == QWEN_REGULAR_VOCAB and max(vocab.values()) == QWEN_REGULAR_VOCAB - 1
-
-    tok = pipeline(
-        Tokenizer(
-            models.BPE(
-                vocab=vocab,
-                merges=[tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in merges],
-                dropout=None,
-                unk_token=None,
-                continuing_subword_prefix="",
-                end_of_word_suffix="",
-                fuse_unk=False,
-                byte_fallback=False,
-            )
-        )
-    )
-    tok.add_tokens([AddedToken(c, special=s, normalized=not s) for _, c, s in QWEN_ADDED_TOKENS])
-    for tid, content, _ in QWEN_ADDED_TOKENS:
-        assert tok.token_to_id(content) == tid, (content, tok.token_to_id(content), tid)
-
-    special_names = [c for tid, c, s in QWEN_ADDED_TOKENS if s and tid != 151643]
-    config = {
-        "add_bos_token": False,
-        "add_prefix_space": False,
-        "added_tokens_decoder": {str(t): _added_token(c, s) for t, c, s in QWEN_ADDED_TOKENS},
-        "additional_special_tokens": special_names,
-        "bos_token": None,
-        "chat_template": QWEN_CHAT_TEMPLATE,
-        "clean_up_tokenization_spaces": False,
-        "eos_token": "<|im_end|>",
-        "errors": "replace",
-        "model_max_length": 131072,
-        "pad_token": "<|endoftext|>",
-        "split_special_tokens": False,
-        "tokenizer_class": "Qwen2Tokenizer",
-        "unk_token": None,
-    }
-    return {
-        "tokenizer.json": tok.to_str(pretty=False),
-        "tokenizer_config.json": _dumps(config),
-        "vocab.json": json.dumps(vocab, ensure_ascii=False, separators=(",", ":")),
-        "merges.txt": "#version: 0.2\n" + "\n".join(" ".join(m) if isinstance(m, list) else m for m in merges) + "\n",
-    }
+def _tokenizer_file_set(tok: Any, config: dict[str, Any], special_map: dict[str, str] | None = None,
+                        **extra: str) -> dict[str, str]:
+    """The files a tokenizer repo ships: tokenizer.json, its config, the optional
+    special-tokens map and any model-specific vocabulary files, in that order."""
+    files = {"tokenizer.json": tok.to_str(pretty=False), "tokenizer_config.json": _dumps(config)}
+    if special_map is not None:
+        files["special_tokens_map.json"] = _dumps(special_map)
+    return {**files, **extra}
 
 
-def _train_bpe(tok: Any, corpus: Iterable[str], alphabet: list[str]) -> list[str]:
-    """Train a plain BPE on ``tok`` (normalizer/pre-tokenizer already set); tokens in id order.
+def _train_bpe_model(tok: Any, corpus: Iterable[str], alphabet: list[str]) -> dict[str, Any]:
+    """Train a plain BPE on ``tok`` (normalizer/pre-tokenizer already set); its model JSON.
 
     Plain BPE is the one `tokenizers` trainer that is reproducible across
     processes (its alphabet ids are sorted and merge ties break on ids). The
@@ -715,31 +645,147 @@ def _train_bpe(tok: Any, corpus: Iterable[str], alphabet: list[str]) -> list[str
         vocab_size=60000, min_frequency=2, show_progress=False, initial_alphabet=alphabet, special_tokens=[]
     )
     tok.train_from_iterator(corpus, trainer=trainer)
-    vocab = json.loads(tok.to_str())["model"]["vocab"]
+    return json.loads(tok.to_str())["model"]
+
+
+def _train_bpe(tok: Any, corpus: Iterable[str], alphabet: list[str]) -> list[str]:
+    """The tokens of :func:`_train_bpe_model`, in id order."""
+    vocab = _train_bpe_model(tok, corpus, alphabet)["vocab"]
     return [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
 
 
-BERT_SPECIALS = {"[PAD]": 0, "[UNK]": 100, "[CLS]": 101, "[SEP]": 102, "[MASK]": 103}
+# ---- Qwen2.5: byte-level BPE
+
+QWEN_TOKENIZER_CONFIG = {
+    "add_bos_token": False,
+    "add_prefix_space": False,
+    "added_tokens_decoder": {str(t): _added_token(c, s) for t, c, s in QWEN_ADDED_TOKENS},
+    "additional_special_tokens": [c for tid, c, s in QWEN_ADDED_TOKENS if s and tid != 151643],
+    "bos_token": None,
+    "chat_template": QWEN_CHAT_TEMPLATE,
+    "clean_up_tokenization_spaces": False,
+    "eos_token": "<|im_end|>",
+    "errors": "replace",
+    "model_max_length": 131072,
+    "pad_token": "<|endoftext|>",
+    "split_special_tokens": False,
+    "tokenizer_class": "Qwen2Tokenizer",
+    "unk_token": None,
+}
+
+
+def _qwen_pipeline(tok: Any) -> Any:
+    """Qwen2's normalizer, pre-tokenizer (split regex, then bytes) and byte-level decoder."""
+    from tokenizers import Regex, decoders, normalizers, pre_tokenizers, processors
+
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    tok.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    return tok
+
+
+def _qwen_filler(i: int, word: str) -> str:
+    # Mostly space-prefixed lower case, some capitalised, some word-internal: like a real BPE vocab.
+    r = i % 10
+    if r < 7:
+        return _byte_level(" " + word)
+    if r < 9:
+        return _byte_level(" " + word.capitalize())
+    return _byte_level(word)
+
+
+def _qwen_vocab() -> tuple[dict[str, int], list]:
+    """The trained BPE vocab padded to exactly 151643 regular entries, and its merges."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    trained = _train_bpe_model(_qwen_pipeline(Tokenizer(models.BPE())), _corpus(), pre_tokenizers.ByteLevel.alphabet())
+    vocab: dict[str, int] = dict(trained["vocab"])
+    # Fillers: decode-only entries (no merge produces them) so any id a random
+    # model samples turns into visible, word-like text.
+    for tok in _fillers(QWEN_REGULAR_VOCAB - len(vocab), _qwen_filler, set(vocab)):
+        vocab[tok] = len(vocab)
+    assert len(vocab) == QWEN_REGULAR_VOCAB and max(vocab.values()) == QWEN_REGULAR_VOCAB - 1
+    return vocab, trained["merges"]
 
 
 @functools.lru_cache(maxsize=None)
-def _bert_tokenizer_files(vocab_size: int, n_unused: int, multilingual: bool) -> dict[str, str]:
-    """Uncased WordPiece laid out like bert-base-uncased: [PAD]=0, [unusedN], [UNK]=100,
-    [CLS]=101, [SEP]=102, [MASK]=103, then the learned vocabulary, padded to ``vocab_size``."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+def _qwen_tokenizer_files() -> dict[str, str]:
+    """Byte-level BPE with Qwen2's pre-tokenizer; vocab padded to exactly 151643 entries."""
+    from tokenizers import AddedToken, Tokenizer, models
 
-    def pipeline(tok: Tokenizer) -> Tokenizer:
-        tok.normalizer = normalizers.BertNormalizer(
-            clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=True
-        )
-        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        tok.decoder = decoders.WordPiece(prefix="##")
-        return tok
+    vocab, merges = _qwen_vocab()
+    bpe = models.BPE(
+        vocab=vocab,
+        merges=[tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in merges],
+        dropout=None,
+        unk_token=None,
+        continuing_subword_prefix="",
+        end_of_word_suffix="",
+        fuse_unk=False,
+        byte_fallback=False,
+    )
+    tok = _qwen_pipeline(Tokenizer(bpe))
+    tok.add_tokens([AddedToken(c, special=s, normalized=not s) for _, c, s in QWEN_ADDED_TOKENS])
+    for tid, content, _ in QWEN_ADDED_TOKENS:
+        assert tok.token_to_id(content) == tid, (content, tok.token_to_id(content), tid)
+    return _tokenizer_file_set(
+        tok,
+        QWEN_TOKENIZER_CONFIG,
+        **{
+            "vocab.json": json.dumps(vocab, ensure_ascii=False, separators=(",", ":")),
+            "merges.txt": "#version: 0.2\n" + "\n".join(" ".join(m) if isinstance(m, list) else m for m in merges) + "\n",
+        },
+    )
+
+
+# ---- BERT (bge-base, toxic-bert, nlptown): uncased WordPiece
+
+BERT_SPECIALS = {"[PAD]": 0, "[UNK]": 100, "[CLS]": 101, "[SEP]": 102, "[MASK]": 103}
+BERT_TOKENIZER_CONFIG = {
+    "added_tokens_decoder": {str(i): _added_token(t) for t, i in sorted(BERT_SPECIALS.items(), key=lambda kv: kv[1])},
+    "clean_up_tokenization_spaces": True,
+    "cls_token": "[CLS]",
+    "do_basic_tokenize": True,
+    "do_lower_case": True,
+    "mask_token": "[MASK]",
+    "model_max_length": 512,
+    "never_split": None,
+    "pad_token": "[PAD]",
+    "sep_token": "[SEP]",
+    "strip_accents": None,
+    "tokenize_chinese_chars": True,
+    "tokenizer_class": "BertTokenizer",
+    "unk_token": "[UNK]",
+}
+BERT_SPECIAL_MAP = {"cls_token": "[CLS]", "mask_token": "[MASK]", "pad_token": "[PAD]", "sep_token": "[SEP]", "unk_token": "[UNK]"}
+
+
+def _bert_pipeline(tok: Any) -> Any:
+    from tokenizers import decoders, normalizers, pre_tokenizers
+
+    tok.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=True
+    )
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    return tok
+
+
+def _bert_vocab_tokens(vocab_size: int, n_unused: int, multilingual: bool) -> list[str]:
+    """Token list laid out like bert-base-uncased: [PAD]=0, [unusedN], [UNK]=100,
+    [CLS]=101, [SEP]=102, [MASK]=103, then the learned vocabulary, padded to ``vocab_size``."""
+    from tokenizers import Tokenizer, models
 
     corpus = _corpus() if multilingual else tuple(line for line in _corpus() if line.isascii())
     alphabet = [c for c in _EXTRA_ALPHABET if c.lower() == c]
     # Every BPE piece serves both word-initially and as a "##" continuation.
-    learned = [form for t in _train_bpe(pipeline(Tokenizer(models.BPE())), corpus, alphabet) for form in (t, "##" + t)]
+    learned = [form for t in _train_bpe(_bert_pipeline(Tokenizer(models.BPE())), corpus, alphabet) for form in (t, "##" + t)]
 
     # Layout of the real uncased BERT vocabularies: unused slots around the specials.
     tokens: list[str] = ["[PAD]"] + [f"[unused{i}]" for i in range(99)]
@@ -753,111 +799,106 @@ def _bert_tokenizer_files(vocab_size: int, n_unused: int, multilingual: bool) ->
     # Whole-word fillers (some as ## continuations) up to the model's vocab size.
     tokens += _fillers(vocab_size - len(tokens), lambda i, w: w if i % 5 else "##" + w, taken)
     assert len(tokens) == vocab_size
+    return tokens
+
+
+@functools.lru_cache(maxsize=None)
+def _bert_tokenizer_files(vocab_size: int, n_unused: int, multilingual: bool) -> dict[str, str]:
+    """Uncased WordPiece laid out like bert-base-uncased (see :func:`_bert_vocab_tokens`)."""
+    from tokenizers import AddedToken, Tokenizer, models, processors
+
+    tokens = _bert_vocab_tokens(vocab_size, n_unused, multilingual)
     vocab = {t: i for i, t in enumerate(tokens)}
     assert all(vocab[k] == v for k, v in BERT_SPECIALS.items())
-
-    tok = pipeline(Tokenizer(models.WordPiece(vocab=vocab, unk_token="[UNK]", max_input_chars_per_word=100)))
+    tok = _bert_pipeline(Tokenizer(models.WordPiece(vocab=vocab, unk_token="[UNK]", max_input_chars_per_word=100)))
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS]:0 $A:0 [SEP]:0",
         pair="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
         special_tokens=[("[CLS]", 101), ("[SEP]", 102)],
     )
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in BERT_SPECIALS])
+    return _tokenizer_file_set(tok, BERT_TOKENIZER_CONFIG, BERT_SPECIAL_MAP, **{"vocab.txt": "\n".join(tokens) + "\n"})
 
-    config = {
-        "added_tokens_decoder": {str(i): _added_token(t) for t, i in sorted(BERT_SPECIALS.items(), key=lambda kv: kv[1])},
-        "clean_up_tokenization_spaces": True,
-        "cls_token": "[CLS]",
-        "do_basic_tokenize": True,
-        "do_lower_case": True,
-        "mask_token": "[MASK]",
-        "model_max_length": 512,
-        "never_split": None,
-        "pad_token": "[PAD]",
-        "sep_token": "[SEP]",
-        "strip_accents": None,
-        "tokenize_chinese_chars": True,
-        "tokenizer_class": "BertTokenizer",
-        "unk_token": "[UNK]",
-    }
-    special_map = {"cls_token": "[CLS]", "mask_token": "[MASK]", "pad_token": "[PAD]", "sep_token": "[SEP]", "unk_token": "[UNK]"}
-    return {
-        "tokenizer.json": tok.to_str(pretty=False),
-        "tokenizer_config.json": _dumps(config),
-        "special_tokens_map.json": _dumps(special_map),
-        "vocab.txt": "\n".join(tokens) + "\n",
-    }
 
+# ---- XLM-RoBERTa (bge-reranker-base): SentencePiece-style Unigram
 
 XLMR_VOCAB = 250002
+XLMR_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"]
+XLMR_IDS = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3, "<mask>": XLMR_VOCAB - 1}
+XLMR_TOKENIZER_CONFIG = {
+    "added_tokens_decoder": {str(i): _added_token(t, lstrip=t == "<mask>") for t, i in XLMR_IDS.items()},
+    "bos_token": "<s>",
+    "clean_up_tokenization_spaces": True,
+    "cls_token": "<s>",
+    "eos_token": "</s>",
+    "mask_token": "<mask>",
+    "model_max_length": 512,
+    "pad_token": "<pad>",
+    "sep_token": "</s>",
+    "sp_model_kwargs": {},
+    "tokenizer_class": "XLMRobertaTokenizer",
+    "unk_token": "<unk>",
+}
+XLMR_SPECIAL_MAP = {
+    "bos_token": "<s>", "cls_token": "<s>", "eos_token": "</s>", "mask_token": "<mask>",
+    "pad_token": "<pad>", "sep_token": "</s>", "unk_token": "<unk>",
+}
 
 
-@functools.lru_cache(maxsize=None)
-def _xlmr_tokenizer_files() -> dict[str, str]:
-    """SentencePiece-style Unigram: <s>=0 <pad>=1 </s>=2 <unk>=3 ... <mask>=250001."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+def _xlmr_pipeline(tok: Any) -> Any:
+    from tokenizers import decoders, normalizers, pre_tokenizers
 
-    def pipeline(tok: Tokenizer) -> Tokenizer:
-        tok.normalizer = normalizers.NFKC()
-        tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")]
-        )
-        tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
-        return tok
+    tok.normalizer = normalizers.NFKC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")]
+    )
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    return tok
 
-    specials = ["<s>", "<pad>", "</s>", "<unk>"]
-    # SentencePiece-style pieces from a (reproducible) BPE run; each piece's score
-    # is its log-frequency when that BPE segments the corpus, which is what a
-    # Unigram model's scores estimate.
+
+def _xlmr_pieces() -> list[list[Any]]:
+    """``[piece, score]`` for all 250002 ids, specials first and <mask> last.
+
+    SentencePiece-style pieces from a (reproducible) BPE run; each piece's score
+    is its log-frequency when that BPE segments the corpus, which is what a
+    Unigram model's scores estimate.
+    """
+    from tokenizers import Tokenizer, models
+
     corpus = _corpus()[::2]  # half is plenty and keeps the build fast
-    bpe = pipeline(Tokenizer(models.BPE()))
+    bpe = _xlmr_pipeline(Tokenizer(models.BPE()))
     learned = _train_bpe(bpe, corpus, _EXTRA_ALPHABET)
     counts = collections.Counter(i for enc in bpe.encode_batch(list(corpus)) for i in enc.ids)
     total = sum(counts.values()) + len(learned)
     # Rounded: full-precision floats double tokenizer.json and its parse time.
-    pieces: list[list[Any]] = [[p, 0.0] for p in specials] + [
-        [t, round(math.log((counts[i] + 1) / total), 4)] for i, t in enumerate(learned) if t not in specials
+    pieces: list[list[Any]] = [[p, 0.0] for p in XLMR_SPECIALS] + [
+        [t, round(math.log((counts[i] + 1) / total), 4)] for i, t in enumerate(learned) if t not in XLMR_SPECIALS
     ]
     floor = round(min(s for _, s in pieces[4:]) - 2.0, 1)
     taken = {p for p, _ in pieces} | {"<mask>"}
     pieces += [[f, floor] for f in _fillers(XLMR_VOCAB - 1 - len(pieces), lambda i, w: "▁" + w, taken, _pseudo_words)]
     pieces.append(["<mask>", 0.0])
     assert len(pieces) == XLMR_VOCAB
+    return pieces
 
-    tok = pipeline(Tokenizer(models.Unigram([tuple(p) for p in pieces], unk_id=3, byte_fallback=False)))
+
+@functools.lru_cache(maxsize=None)
+def _xlmr_tokenizer_files() -> dict[str, str]:
+    """SentencePiece-style Unigram: <s>=0 <pad>=1 </s>=2 <unk>=3 ... <mask>=250001."""
+    from tokenizers import AddedToken, Tokenizer, models, processors
+
+    pieces = _xlmr_pieces()
+    tok = _xlmr_pipeline(Tokenizer(models.Unigram([tuple(p) for p in pieces], unk_id=3, byte_fallback=False)))
     tok.post_processor = processors.TemplateProcessing(
         single="<s> $A </s>",
         pair="<s> $A </s> </s> $B </s>",
         special_tokens=[("<s>", 0), ("</s>", 2)],
     )
     tok.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False) for t in specials]
+        [AddedToken(t, special=True, normalized=False) for t in XLMR_SPECIALS]
         + [AddedToken("<mask>", special=True, normalized=False, lstrip=True)]
     )
-    ids = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3, "<mask>": XLMR_VOCAB - 1}
-    config = {
-        "added_tokens_decoder": {str(i): _added_token(t, lstrip=t == "<mask>") for t, i in ids.items()},
-        "bos_token": "<s>",
-        "clean_up_tokenization_spaces": True,
-        "cls_token": "<s>",
-        "eos_token": "</s>",
-        "mask_token": "<mask>",
-        "model_max_length": 512,
-        "pad_token": "<pad>",
-        "sep_token": "</s>",
-        "sp_model_kwargs": {},
-        "tokenizer_class": "XLMRobertaTokenizer",
-        "unk_token": "<unk>",
-    }
-    special_map = {
-        "bos_token": "<s>", "cls_token": "<s>", "eos_token": "</s>", "mask_token": "<mask>",
-        "pad_token": "<pad>", "sep_token": "</s>", "unk_token": "<unk>",
-    }
-    return {
-        "tokenizer.json": tok.to_str(pretty=False),
-        "tokenizer_config.json": _dumps(config),
-        "special_tokens_map.json": _dumps(special_map),
-    }
+    return _tokenizer_file_set(tok, XLMR_TOKENIZER_CONFIG, XLMR_SPECIAL_MAP)
 
 
 def _dumps(obj: Any) -> str:
@@ -901,17 +942,17 @@ def _labels(names: list[str]) -> dict[str, Any]:
     }
 
 
-BASE = {"hidden": 768, "layers": 12, "heads": 12, "intermediate": 3072}
-# Toy sizes; the embedder keeps hidden=768 so its vectors stay 768-d (FAISS
-# indexes built with either profile work with the other).
+BASE = {"hidden": 768, "layers": 12, "heads": 12, "intermediate": 3072}  # bert-base
+# Toy sizes; the embedder keeps hidden=EMBED_DIM so its vectors keep the contract's
+# dimension (FAISS indexes built with either profile work with the other).
 TINY = {
-    "embedder": {"hidden": 768, "layers": 2, "heads": 12, "intermediate": 256},
+    "embedder": {"hidden": spec.EMBED_DIM, "layers": 2, "heads": 12, "intermediate": 256},
     "encoder": {"hidden": 32, "layers": 2, "heads": 2, "intermediate": 64},
     "generator": {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 128},
 }
 QWEN_FAITHFUL = {"hidden": 896, "layers": 24, "heads": 14, "kv_heads": 2, "intermediate": 4864}
 
-STAR_LABELS = ["1 star", "2 stars", "3 stars", "4 stars", "5 stars"]
+STAR_LABELS = list(spec.STAR_LABELS)  # id order = star order, as in the real config
 TOXIC_LABELS = ["toxic", "severe_toxic", "obscene", "threat", "insult", "identity_hate"]
 # Output-bias priors for the random toxicity head: roughly the real model's
 # base rates on benign text, so a stand-in does not flag half of all messages
@@ -931,74 +972,93 @@ QWEN_GENERATION_CONFIG = {
 }
 
 
+# Dimensions per profile: "faithful" is the real models' shapes. The embedder's
+# hidden size is the contract's embedding dimension in both.
+PROFILE_DIMS = {
+    "faithful": {"embedder": {**BASE, "hidden": spec.EMBED_DIM}, "encoder": BASE, "generator": QWEN_FAITHFUL},
+    "tiny": TINY,
+}
+
+
 def _model_configs(profile: str) -> dict[str, dict[str, Any]]:
-    faithful = profile == "faithful"
-    emb = BASE if faithful else TINY["embedder"]
-    enc = BASE if faithful else TINY["encoder"]
-    gen = QWEN_FAITHFUL if faithful else TINY["generator"]
+    dims = PROFILE_DIMS[profile]
     return {
-        "embedder": _bert_config(30522, emb, **_labels(["LABEL_0"])),
-        "reranker": _bert_config(
-            XLMR_VOCAB,
-            enc,
-            architectures=["XLMRobertaForSequenceClassification"],
-            model_type="xlm-roberta",
-            bos_token_id=0,
-            eos_token_id=2,
-            pad_token_id=1,
-            layer_norm_eps=1e-05,
-            max_position_embeddings=514,
-            type_vocab_size=1,
-            output_past=True,
-            **_labels(["LABEL_0"]),
-        ),
-        "generator": {
-            "architectures": ["Qwen2ForCausalLM"],
-            "attention_dropout": 0.0,
-            "bos_token_id": 151643,
-            "eos_token_id": 151645,
-            "hidden_act": "silu",
-            "hidden_size": gen["hidden"],
-            "initializer_range": 0.02,
-            "intermediate_size": gen["intermediate"],
-            "max_position_embeddings": 32768,
-            "max_window_layers": 21 if faithful else gen["layers"],
-            "model_type": "qwen2",
-            "num_attention_heads": gen["heads"],
-            "num_hidden_layers": gen["layers"],
-            "num_key_value_heads": gen["kv_heads"],
-            "rms_norm_eps": 1e-06,
-            "rope_theta": 1000000.0,
-            "sliding_window": 32768,
-            "tie_word_embeddings": True,
-            "torch_dtype": "bfloat16",
-            "transformers_version": "4.43.1",
-            "use_cache": True,
-            "use_sliding_window": False,
-            "vocab_size": 151936,
-        },
-        "sentiment": _bert_config(
-            105879,
-            enc,
-            architectures=["BertForSequenceClassification"],
-            _num_labels=5,
-            directionality="bidi",
-            finetuning_task="sentiment-analysis",
-            output_past=True,
-            pooler_fc_size=768,
-            pooler_num_attention_heads=12,
-            pooler_num_fc_layers=3,
-            pooler_size_per_head=128,
-            pooler_type="first_token_transform",
-            **_labels(STAR_LABELS),
-        ),
+        "embedder": _bert_config(30522, dims["embedder"], **_labels(["LABEL_0"])),
+        "reranker": _reranker_config(dims["encoder"]),
+        "generator": _qwen_config(dims["generator"], faithful=profile == "faithful"),
+        "sentiment": _sentiment_config(dims["encoder"]),
         "toxicity": _bert_config(
             30522,
-            enc,
+            dims["encoder"],
             architectures=["BertForSequenceClassification"],
             problem_type="multi_label_classification",
             **_labels(TOXIC_LABELS),
         ),
+    }
+
+
+def _reranker_config(dims: dict[str, int]) -> dict[str, Any]:
+    # bge-reranker-base is an XLM-RoBERTa cross-encoder with one logit.
+    return _bert_config(
+        XLMR_VOCAB,
+        dims,
+        architectures=["XLMRobertaForSequenceClassification"],
+        model_type="xlm-roberta",
+        bos_token_id=0,
+        eos_token_id=2,
+        pad_token_id=1,
+        layer_norm_eps=1e-05,
+        max_position_embeddings=514,
+        type_vocab_size=1,
+        output_past=True,
+        **_labels(["LABEL_0"]),
+    )
+
+
+def _sentiment_config(dims: dict[str, int]) -> dict[str, Any]:
+    # nlptown's config carries the old pooler_* fields; kept so the file reads like the real one.
+    return _bert_config(
+        105879,
+        dims,
+        architectures=["BertForSequenceClassification"],
+        _num_labels=5,
+        directionality="bidi",
+        finetuning_task="sentiment-analysis",
+        output_past=True,
+        pooler_fc_size=768,
+        pooler_num_attention_heads=12,
+        pooler_num_fc_layers=3,
+        pooler_size_per_head=128,
+        pooler_type="first_token_transform",
+        **_labels(STAR_LABELS),
+    )
+
+
+def _qwen_config(gen: dict[str, int], faithful: bool) -> dict[str, Any]:
+    return {
+        "architectures": ["Qwen2ForCausalLM"],
+        "attention_dropout": 0.0,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+        "hidden_act": "silu",
+        "hidden_size": gen["hidden"],
+        "initializer_range": 0.02,
+        "intermediate_size": gen["intermediate"],
+        "max_position_embeddings": 32768,
+        "max_window_layers": 21 if faithful else gen["layers"],
+        "model_type": "qwen2",
+        "num_attention_heads": gen["heads"],
+        "num_hidden_layers": gen["layers"],
+        "num_key_value_heads": gen["kv_heads"],
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0,
+        "sliding_window": 32768,
+        "tie_word_embeddings": True,
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.43.1",
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": 151936,
     }
 
 
@@ -1021,7 +1081,7 @@ def _sentence_transformers_files() -> dict[str, str]:
         {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
     ]
     pooling = {
-        "word_embedding_dimension": 768,
+        "word_embedding_dimension": spec.EMBED_DIM,
         "pooling_mode_cls_token": True,
         "pooling_mode_mean_tokens": False,
         "pooling_mode_max_tokens": False,
@@ -1040,7 +1100,7 @@ def _sentence_transformers_files() -> dict[str, str]:
 def _readme(key: str, profile: str, seed: int) -> str:
     return (
         f"# STAND-IN for {MODEL_NAMES[key]} ({profile} profile, seed {seed})\n\n"
-        "Written by `pipeline.standins`. Same architecture, config format and tokenizer class as the\n"
+        "Written by `builders.standins`. Same architecture, config format and tokenizer class as the\n"
         "real model, but the weights are **seeded random** and the tokenizer was trained on synthetic\n"
         "English. Outputs are meaningless; only shapes, token counts and timings are realistic.\n"
     )
@@ -1287,7 +1347,7 @@ def _build_all(root: pathlib.Path, profile: str, seed: int, progress: bool) -> d
 # --------------------------------------------------------------------------- #
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m pipeline.standins",
+        prog="python -m builders.standins",
         description="Build offline random-weight stand-ins of the service's five models into a HF hub cache.",
     )
     parser.add_argument("--profile", choices=PROFILES, default="tiny")
