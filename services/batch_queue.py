@@ -9,6 +9,7 @@ tested with no thread and no sleep.
 """
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -19,7 +20,9 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from services.errors import Overloaded, ServiceClosed
-from services.futures import Claim, claim
+from services.futures import Claim, claim, end_with_exception, peek
+
+logger = logging.getLogger(__name__)
 
 # Bounds of the Retry-After hint carried by Overloaded. The lower bound keeps
 # clients from hammering a full queue; the upper one keeps a pathological
@@ -206,17 +209,22 @@ class BatchQueue:
         oldest = next(iter(self._pending.values()))
         return max(0.0, oldest.enqueued_at + self._max_wait_s - self._clock())
 
-    def take(self, limit: int | None = None) -> list[PendingItem]:
-        """Take up to ``limit`` (default max_size) live items now, counted as one batch."""
-        with self._cond:
-            return self._take_locked(self.max_size if limit is None else limit)
+    def take(self, limit: int | None = None, *, start_running: bool = True) -> list[PendingItem]:
+        """Take up to ``limit`` (default max_size) live items now, counted as one batch.
 
-    def _take_locked(self, limit: int) -> list[PendingItem]:
+        ``start_running=False`` leaves their futures PENDING, for a stage whose
+        callers may cancel work in progress (continuous generation).
+        """
+        with self._cond:
+            return self._take_locked(self.max_size if limit is None else limit, start_running)
+
+    def _take_locked(self, limit: int, start_running: bool = True) -> list[PendingItem]:
         batch = []
+        owner = f"stage service {self.name!r}"
         while self._pending and len(batch) < limit:
             _, pending = self._pending.popitem(last=False)
             # PENDING -> RUNNING; a caller who cancelled first is skipped here.
-            outcome = claim(pending.future, f"stage service {self.name!r}")
+            outcome = claim(pending.future, owner) if start_running else peek(pending.future, owner)
             if outcome is Claim.RUN:
                 batch.append(pending)
             elif outcome is Claim.CANCELLED:
@@ -261,12 +269,20 @@ class BatchQueue:
             self._closing = True
             self._cond.notify_all()
 
-    def drain(self) -> list[PendingItem]:
-        """Take every queued item off, uncounted: the caller fails them (see end_closed)."""
+    def fail_queued(self, reason: str, cause: BaseException | None = None) -> None:
+        """The one way items still queued end when their service stops: ServiceClosed (cancelled stay so)."""
         with self._cond:
             abandoned = list(self._pending.values())
             self._pending.clear()
-        return abandoned
+        if abandoned:
+            logger.warning("stage service %r: %s; failing %d queued items", self.name, reason, len(abandoned))
+        owner = f"stage service {self.name!r}"
+        outcomes = []
+        for pending in abandoned:
+            error = ServiceClosed(f"stage service {self.name!r} shut down before this item ran ({reason})")
+            error.__cause__ = cause
+            outcomes.append(end_with_exception(pending.future, error, owner))
+        self.record(failed_items_total=outcomes.count(Claim.RUN), cancelled_items_total=outcomes.count(Claim.CANCELLED))
 
     # ------------------------------------------------------------ counters
 

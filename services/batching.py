@@ -27,7 +27,7 @@ from typing import Any
 
 from services.batch_queue import BatchQueue, BatchingStats, PendingItem
 from services.errors import BatchSizeMismatch, Overloaded, ServiceClosed
-from services.futures import Claim, end_closed, set_exception, set_result
+from services.futures import set_exception, set_result
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +142,7 @@ class BatchingService:
             return
         self._thread.join(timeout)
         if self._thread.is_alive():
-            self._fail_queued(f"close timed out after {timeout}s")
+            self._queue.fail_queued(f"close timed out after {timeout}s")
 
     def stats(self) -> BatchingStats:
         """Return a consistent snapshot of the counters."""
@@ -160,19 +160,6 @@ class BatchingService:
                 f"max_wait_ms={q.max_wait_ms}, max_queue={q.max_queue})")
 
     # ------------------------------------------------------------ shutdown
-
-    def _fail_queued(self, reason: str, cause: BaseException | None = None) -> None:
-        """The one way items still queued end when the service stops: ServiceClosed (or stay cancelled)."""
-        abandoned = self._queue.drain()
-        if abandoned:
-            logger.warning("%s: %s; failing %d queued items", self._owner, reason, len(abandoned))
-        outcomes = []
-        for pending in abandoned:
-            error = ServiceClosed(f"{self._owner} shut down before this item ran ({reason})")
-            error.__cause__ = cause
-            outcomes.append(end_closed(pending.future, error, self._owner))
-        self._queue.record(failed_items_total=outcomes.count(Claim.RUN),
-                           cancelled_items_total=outcomes.count(Claim.CANCELLED))
 
     def _fail_unresolved(self, batch: list[PendingItem], make_error: Callable[[], BaseException]) -> None:
         """Fail the items of a batch that did not get an answer (the worker is giving up on them)."""
@@ -198,7 +185,7 @@ class BatchingService:
                 logger.error("%s: batch_fn raised %s; shutting the service down", self._owner, type(exc).__name__)
                 self._queue.close()
                 self._fail_unresolved(batch, lambda exc=exc: self._stopped_by(exc))
-                self._fail_queued(f"batch_fn raised {type(exc).__name__}", cause=exc)
+                self._queue.fail_queued(f"batch_fn raised {type(exc).__name__}", cause=exc)
                 return
             except BaseException:
                 # Only a bug in this module gets here (batch_fn errors are

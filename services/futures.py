@@ -1,4 +1,4 @@
-"""How a stage's future ends: one helper per way (run, result, exception, closed).
+"""How a stage's future ends: one helper per way (claimed to run, result, exception, cancelled).
 
 Both stage services hand callers plain ``concurrent.futures.Future`` objects and
 must never let a future's misuse kill their worker thread: a caller may cancel
@@ -46,8 +46,21 @@ def set_exception(future: Future, error: BaseException, owner: str) -> None:
         logger.exception("%s: could not set an exception", owner)
 
 
-def end_closed(future: Future, error: BaseException, owner: str) -> Claim:
-    """Fail a future that will never run (its service stopped); cancelled ones stay cancelled."""
+def peek(future: Future, owner: str) -> Claim:
+    """Like claim, but a live future stays PENDING: its caller may still cancel it while it runs."""
+    return claim(future, owner) if future.done() else Claim.RUN
+
+
+def end_with_result(future: Future, result: Any, owner: str) -> Claim:
+    """Resolve a future that was left PENDING while it ran (see peek); a cancelled one stays cancelled."""
+    outcome = claim(future, owner)
+    if outcome is Claim.RUN:
+        set_result(future, result, owner)
+    return outcome
+
+
+def end_with_exception(future: Future, error: BaseException, owner: str) -> Claim:
+    """Fail a future not yet RUNNING (still queued, or left PENDING while it ran); cancelled stays cancelled."""
     outcome = claim(future, owner)
     if outcome is Claim.RUN:
         set_exception(future, error, owner)

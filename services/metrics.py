@@ -1,6 +1,6 @@
-"""Prometheus metrics for every node: HTTP requests, batching services, process.
+"""Prometheus metrics for every node: HTTP requests, stage services, process.
 
-The batching services keep plain counters (no prometheus import in the heart
+The stage services keep plain counters (no prometheus import in the heart
 of the design); a collector turns their snapshots into metric families at
 scrape time, so a scrape costs nothing between scrapes.
 """
@@ -14,41 +14,49 @@ from flask import Flask, Response, g, request
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from services.batching import BatchingService
+from services.batch_queue import BatchingStats
+from services.generation import TTFT_BUCKETS, GenerationStats
+from services.stage_service import StageService
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-class BatchingCollector:
-    """Yields the metric families of the batching services a callable returns."""
+def _size_buckets(counts: dict[int, int]) -> list[tuple[str, int]]:
+    """Cumulative Prometheus buckets of a {size: how often} count."""
+    buckets = [(str(float(bound)), sum(c for s, c in counts.items() if s <= bound)) for bound in BATCH_BUCKETS]
+    return buckets + [("+Inf", sum(counts.values()))]
 
-    def __init__(self, services: Callable[[], Iterable[BatchingService]]):
+
+def _batching(stats) -> BatchingStats:
+    # The generate stage's batches are the requests it takes off its queue together.
+    return stats.batching if isinstance(stats, GenerationStats) else stats
+
+
+class BatchingCollector:
+    """The batch families of every stage; a batch means the same for each (items taken off its queue together)."""
+
+    def __init__(self, services: Callable[[], Iterable[StageService]]):
         self._services = services
 
     def collect(self):
-        size = HistogramMetricFamily("rag_batch_size", "Items per batch run by a stage", labels=["stage"])
-        batches = CounterMetricFamily("rag_batches", "Batches run by a stage", labels=["stage"])
-        items = CounterMetricFamily("rag_batch_items", "Items run by a stage", labels=["stage"])
+        size = HistogramMetricFamily("rag_batch_size", "Items per batch taken off a stage's queue", labels=["stage"])
+        batches = CounterMetricFamily("rag_batches", "Batches taken off a stage's queue", labels=["stage"])
+        items = CounterMetricFamily("rag_batch_items", "Items taken off a stage's queue", labels=["stage"])
         failed = CounterMetricFamily("rag_batch_failed_items", "Items that got an exception", labels=["stage"])
-        cancelled = CounterMetricFamily("rag_batch_cancelled_items", "Items cancelled before running",
+        cancelled = CounterMetricFamily("rag_batch_cancelled_items", "Items cancelled while queued",
                                         labels=["stage"])
-        waited = CounterMetricFamily("rag_batch_wait_seconds", "Sum of item waits from submit to batch start",
+        waited = CounterMetricFamily("rag_batch_wait_seconds", "Sum of item waits from submit to leaving the queue",
                                      labels=["stage"])
-        ran = CounterMetricFamily("rag_batch_run_seconds", "Sum of batch function run times", labels=["stage"])
-        depth = GaugeMetricFamily("rag_batch_queue_depth", "Items waiting for a batch", labels=["stage"])
+        ran = CounterMetricFamily("rag_batch_run_seconds", "Time the stage's thread spent computing",
+                                  labels=["stage"])
+        depth = GaugeMetricFamily("rag_batch_queue_depth", "Items waiting in a stage's queue", labels=["stage"])
         for service in self._services():
-            st = service.stats()
+            st = _batching(service.stats())
             label = [st.name]
-            cumulative, buckets = 0, []
-            for bound in BATCH_BUCKETS:
-                cumulative = sum(c for s, c in st.batch_size_counts.items() if s <= bound)
-                buckets.append((str(float(bound)), cumulative))
-            buckets.append(("+Inf", st.batches_total))
-            # Sum of batch sizes (for continuous generation a "batch" is one decode
-            # step, whose size is its rows, not the requests that finished).
-            size.add_metric(label, buckets, sum_value=float(sum(s * c for s, c in st.batch_size_counts.items())))
+            size.add_metric(label, _size_buckets(st.batch_size_counts),
+                            sum_value=float(sum(s * c for s, c in st.batch_size_counts.items())))
             batches.add_metric(label, st.batches_total)
             items.add_metric(label, st.items_total)
             failed.add_metric(label, st.failed_items_total)
@@ -57,6 +65,50 @@ class BatchingCollector:
             ran.add_metric(label, st.run_seconds_sum)
             depth.add_metric(label, st.queue_depth)
         yield from (size, batches, items, failed, cancelled, waited, ran, depth)
+
+
+class GenerationCollector:
+    """The continuous generate stage's own families: decode steps, tokens, sequences, KV cache, TTFT."""
+
+    def __init__(self, services: Callable[[], Iterable[StageService]]):
+        self._services = services
+
+    def collect(self):
+        steps = CounterMetricFamily("rag_generate_decode_steps", "Decode steps run", labels=["stage"])
+        rows = HistogramMetricFamily("rag_generate_step_sequences", "Sequences that decoded together in a step",
+                                     labels=["stage"])
+        tokens = CounterMetricFamily("rag_generate_tokens", "New tokens generated by finished sequences",
+                                     labels=["stage"])
+        finished = CounterMetricFamily("rag_generate_finished_sequences", "Sequences that finished",
+                                       labels=["stage"])
+        cancelled = CounterMetricFamily("rag_generate_cancelled_sequences",
+                                        "Sequences cancelled after leaving the queue", labels=["stage"])
+        running = GaugeMetricFamily("rag_generate_running_sequences", "Sequences holding a slot", labels=["stage"])
+        waiting = GaugeMetricFamily("rag_generate_waiting_sequences", "Sequences waiting for a slot",
+                                    labels=["stage"])
+        kv = GaugeMetricFamily("rag_generate_kv_tokens", "KV-cache tokens in use (padding included) or reserved",
+                               labels=["stage", "state"])
+        ttft = HistogramMetricFamily("rag_generate_ttft_seconds", "Time to first token from submit",
+                                     labels=["stage"])
+        for service in self._services():
+            st = service.stats()
+            if not isinstance(st, GenerationStats):
+                continue
+            label = [st.name]
+            steps.add_metric(label, st.decode_steps_total)
+            rows.add_metric(label, _size_buckets(st.step_sequences_counts),
+                            sum_value=float(sum(s * c for s, c in st.step_sequences_counts.items())))
+            tokens.add_metric(label, st.tokens_generated_total)
+            finished.add_metric(label, st.finished_sequences_total)
+            cancelled.add_metric(label, st.cancelled_sequences_total)
+            running.add_metric(label, st.running_sequences)
+            waiting.add_metric(label, st.waiting_sequences)
+            kv.add_metric(label + ["in_use"], st.kv_tokens_in_use)
+            kv.add_metric(label + ["reserved"], st.kv_tokens_reserved)
+            cumulative = [sum(st.ttft_bucket_counts[:i + 1]) for i in range(len(TTFT_BUCKETS))]
+            ttft.add_metric(label, [(str(float(b)), c) for b, c in zip(TTFT_BUCKETS, cumulative)]
+                            + [("+Inf", st.ttft_count)], sum_value=st.ttft_seconds_sum)
+        yield from (steps, rows, tokens, finished, cancelled, running, waiting, kv, ttft)
 
 
 class PeakRssCollector:
@@ -113,11 +165,12 @@ class CacheCollector:
 class NodeMetrics:
     """One registry per node process, plus the Flask hooks that feed it."""
 
-    def __init__(self, services: Callable[[], Iterable[BatchingService]] = lambda: ()):
+    def __init__(self, services: Callable[[], Iterable[StageService]] = lambda: ()):
         self.registry = CollectorRegistry(auto_describe=False)
         ProcessCollector(registry=self.registry)
         self.registry.register(PeakRssCollector())
         self.registry.register(BatchingCollector(services))
+        self.registry.register(GenerationCollector(services))
         self.requests = Counter("rag_http_requests", "HTTP requests by endpoint and status",
                                 ["endpoint", "status"], registry=self.registry)
         self.latency = Histogram("rag_http_request_duration_seconds", "HTTP request latency by endpoint",
