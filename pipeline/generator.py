@@ -19,6 +19,8 @@ from pipeline.models import ModelSource, resolve_model_source
 class GenerationRequest:
     query: str
     documents: tuple  # reranked documents, best first; only the top 3 are used
+    # New tokens at most; None: the generation config's (the contract's 128).
+    max_new_tokens: int | None = None
 
 
 class Generator:
@@ -81,6 +83,13 @@ class Generator:
                 for ids in self.generate_ids(prompts, max_new_tokens)]
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[str]:
-        return self.generate_prompts([self.prompt(r.query, r.documents) for r in requests])
+        if not requests:
+            return []
+        caps = [self.max_new_tokens if r.max_new_tokens is None else r.max_new_tokens for r in requests]
+        # One generate call runs until its longest answer ends, as with eos. Greedy
+        # decoding makes a row's first n tokens the same whatever the call's cap,
+        # so each answer is cut at its own cap afterwards.
+        rows = self.generate_ids([self.prompt(r.query, r.documents) for r in requests], max_new_tokens=max(caps))
+        return [self.tokenizer.decode(row[:cap], skip_special_tokens=True) for row, cap in zip(rows, caps)]
 
     __call__ = generate

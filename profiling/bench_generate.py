@@ -69,12 +69,6 @@ class RunResult:
                 "ttft_after_admission_p95_s": round(pct(self.ttft_admitted, 95), 3) if self.ttft_admitted else None}
 
 
-@dataclass(frozen=True)
-class SizedRequest(GenerationRequest):
-    """A request whose answer ends (as if at eos) after `answer_tokens` new tokens."""
-    answer_tokens: int = spec.MAX_NEW_TOKENS
-
-
 def parse_answer_lengths(text: str) -> tuple[int, int]:
     """'128' or 'uniform:LOW:HIGH' -> (low, high), both within 1..MAX_NEW_TOKENS."""
     parts = text.split(":")
@@ -93,20 +87,13 @@ def parse_answer_lengths(text: str) -> tuple[int, int]:
 
 
 def make_requests(n: int, lengths: tuple[int, int] = (spec.MAX_NEW_TOKENS, spec.MAX_NEW_TOKENS),
-                  seed: int = 0) -> list[SizedRequest]:
+                  seed: int = 0) -> list[GenerationRequest]:
+    """Requests whose answers end (as if at eos) after a seeded number of new tokens (max_new_tokens)."""
     docs = list(support_documents(60, seed=0))
     rng = random.Random(seed)
-    return [SizedRequest(spec.REFERENCE_QUERIES[i % 8], tuple(docs[(3 * i) % 57:(3 * i) % 57 + 3]),
-                         answer_tokens=rng.randint(*lengths))
+    return [GenerationRequest(spec.REFERENCE_QUERIES[i % 8], tuple(docs[(3 * i) % 57:(3 * i) % 57 + 3]),
+                              max_new_tokens=rng.randint(*lengths))
             for i in range(n)]
-
-
-class SizedEngine(ContinuousEngine):
-    """The continuous engine, each sequence capped at its request's answer length."""
-
-    def add(self, request, payload=None):
-        return self.add_prompt(self.generator.prompt(request.query, request.documents), payload,
-                               max_new_tokens=request.answer_tokens)
 
 
 def arrive(requests, stagger_s: float, submit) -> tuple[float, list[float]]:
@@ -131,7 +118,7 @@ def run_reference(generator: Generator, requests, stagger_s: float) -> RunResult
         if time.monotonic() < arrival:
             time.sleep(arrival - time.monotonic())
         ids = generator.generate_ids([generator.prompt(request.query, request.documents)],
-                                     max_new_tokens=request.answer_tokens)[0]
+                                     max_new_tokens=request.max_new_tokens)[0]
         tokens += len(ids)
         latencies.append(time.monotonic() - arrival)
     return RunResult("reference", generator.placement.dtype, len(requests), tokens, time.monotonic() - start,
@@ -156,8 +143,8 @@ def run_static(generator: Generator, requests, stagger_s: float, max_batch: int,
         # One generate call runs until its longest answer ends; shorter ones are cut
         # where their eos would have been (their rows computed padding meanwhile).
         rows = generator.generate_ids([generator.prompt(r.query, r.documents) for r in items],
-                                      max_new_tokens=max(r.answer_tokens for r in items))
-        return [row[:r.answer_tokens] for row, r in zip(rows, items)]
+                                      max_new_tokens=max(r.max_new_tokens for r in items))
+        return [row[:r.max_new_tokens] for row, r in zip(rows, items)]
     service = BatchingService("generate-static", batch_fn, max_size=max_batch, max_wait_ms=max_wait_ms)
     futures, seconds, latencies = serve(service, requests, stagger_s)
     tokens = sum(len(f.result()) for f in futures.values())
@@ -167,10 +154,10 @@ def run_static(generator: Generator, requests, stagger_s: float, max_batch: int,
 
 def run_continuous(generator: Generator, requests, stagger_s: float, max_batch: int,
                    prefill_chunk: int) -> tuple[RunResult, ContinuousGenerationService]:
-    engine = SizedEngine(generator, max_seqs=max_batch, max_tokens=max_batch * 1024, prefill_chunk=prefill_chunk)
+    engine = ContinuousEngine(generator, max_seqs=max_batch, max_tokens=max_batch * 1024, prefill_chunk=prefill_chunk)
     service = ContinuousGenerationService("generate", engine, max_queue=len(requests) + 1)
     _futures, seconds, latencies = serve(service, requests, stagger_s)
-    result = RunResult("continuous", generator.placement.dtype, len(requests), service.generated_tokens_total(),
+    result = RunResult("continuous", generator.placement.dtype, len(requests), service.stats().tokens_generated_total,
                        seconds, latencies, service.ttft_seconds(), service.ttft_seconds(since_admission=True))
     service.close()
     return result, service
@@ -246,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "settings": {"requests": args.requests, "stagger_s": args.stagger, "max_batch": args.max_batch,
                      "answer_lengths": list(args.answer_lengths),
-                     "answer_tokens": [r.answer_tokens for r in requests],
+                     "answer_tokens": [r.max_new_tokens for r in requests],
                      "torch_threads": torch.get_num_threads(), "model_source": source.describe()},
         "step_times": steps, "results": [r.summary() for r in results],
         "ttft_bound_s": bound,

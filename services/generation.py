@@ -1,24 +1,114 @@
-"""The generate stage with continuous batching, behind the BatchingService face.
+"""The generate stage with continuous batching, behind the stage-service protocol.
 
 `submit(request) -> Future` as for every stage, but behind it decoding is
 scheduled per iteration by `pipeline.continuous.ContinuousEngine`: a request
-joins the running batch at the next step, and its future resolves the moment
-its sequence finishes. A future cancelled while its sequence decodes leaves
-the batch at the next step (futures stay pending until the answer is set, so
-`cancel()` works mid-decode).
+joins the running batch at the next iteration, and its future resolves the
+moment its sequence finishes. A future cancelled while its sequence decodes
+leaves the batch at the next iteration (futures stay PENDING until the answer
+is set, so `cancel()` works mid-decode).
+
+Its "batches" mean what they mean for every stage: the requests taken off its
+queue together (once per iteration), waiting from submit until then, running
+for the time its thread spends in the engine. What is particular to generation
+(decode steps, tokens, sequences, KV cache, time to first token) is in
+`GenerationStats`.
 """
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 import time
 from collections import deque
 from concurrent.futures import Future
+from dataclasses import dataclass, field, fields, replace
 
-from pipeline.continuous import ContinuousEngine, SequenceState
-from services.batching import BatchingStats, Overloaded, ServiceClosed
+from pipeline.continuous import ContinuousEngine, SequenceState, StepResult
+from services.batch_queue import BatchingStats, BatchQueue, PendingItem
+from services.errors import ServiceClosed
+from services.futures import Claim, claim, end_with_exception, end_with_result
 
 log = logging.getLogger(__name__)
+
+# Retry-After for a full generate stage: a slot frees when a sequence finishes,
+# which at up to 128 decode steps is seconds, not the milliseconds of a batch.
+GENERATION_RETRY_AFTER_S = 5.0
+# Upper bounds of the time-to-first-token histogram (seconds).
+TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
+# Recent TTFT samples kept for benchmarks' percentiles.
+_TTFT_SAMPLES = 1024
+
+
+@dataclass(frozen=True)
+class GenerationCounters:
+    """What decoding did. Immutable: swapped under the service's lock, so snapshots never share state."""
+
+    decode_steps_total: int = 0
+    # Decode steps by how many sequences decoded together.
+    step_sequences_counts: dict[int, int] = field(default_factory=dict)
+    max_step_sequences: int = 0
+    tokens_generated_total: int = 0
+    finished_sequences_total: int = 0
+    # Cancelled by their caller after leaving the queue (waiting for a slot or decoding).
+    cancelled_sequences_total: int = 0
+    # Time to first token from submit: count per TTFT_BUCKETS bound (+ one over the last), and the sum.
+    ttft_bucket_counts: tuple[int, ...] = (0,) * (len(TTFT_BUCKETS) + 1)
+    ttft_seconds_sum: float = 0.0
+
+    def with_step(self, rows: int) -> GenerationCounters:
+        counts = dict(self.step_sequences_counts)
+        counts[rows] = counts.get(rows, 0) + 1
+        return replace(self, decode_steps_total=self.decode_steps_total + 1, step_sequences_counts=counts,
+                       max_step_sequences=max(self.max_step_sequences, rows))
+
+    def with_finished(self, tokens: int, ttft_s: float | None) -> GenerationCounters:
+        done = replace(self, tokens_generated_total=self.tokens_generated_total + tokens,
+                       finished_sequences_total=self.finished_sequences_total + 1)
+        if ttft_s is None:
+            return done
+        buckets = list(self.ttft_bucket_counts)
+        buckets[bisect.bisect_left(TTFT_BUCKETS, ttft_s)] += 1
+        return replace(done, ttft_bucket_counts=tuple(buckets), ttft_seconds_sum=self.ttft_seconds_sum + ttft_s)
+
+
+@dataclass(frozen=True)
+class GenerationStats(GenerationCounters):
+    """A consistent snapshot of the generate stage: its batches plus its decoding."""
+
+    name: str = ""
+    max_seqs: int = 0
+    max_queue: int = 0
+    batching: BatchingStats = field(default_factory=BatchingStats)
+    running_sequences: int = 0  # holding a slot (prefilling or decoding)
+    waiting_sequences: int = 0  # off the queue, waiting for a slot (sequence or KV budget)
+    kv_tokens_in_use: int = 0  # cache slots of the running batch, padding included
+    kv_tokens_reserved: int = 0  # prompt + max new tokens of every sequence holding a slot
+
+    @property
+    def ttft_count(self) -> int:
+        return sum(self.ttft_bucket_counts)
+
+    def summary(self) -> dict:
+        return {"batches": self.batching.batches_total, "items": self.batching.items_total,
+                # The most sequences that decoded together: what batching buys for the LLM.
+                "max_batch": self.max_step_sequences,
+                "queue_depth": self.batching.queue_depth + self.waiting_sequences,
+                "decode_steps": self.decode_steps_total, "running": self.running_sequences}
+
+
+@dataclass(frozen=True)
+class GenerationTicket:
+    """The caller's handle carried by a sequence through the engine."""
+    future: Future
+    submitted_at: float
+
+
+@dataclass(frozen=True)
+class _Gauges:
+    running_sequences: int = 0
+    waiting_sequences: int = 0
+    kv_tokens_in_use: int = 0
+    kv_tokens_reserved: int = 0
 
 
 class ContinuousGenerationService:
@@ -28,152 +118,126 @@ class ContinuousGenerationService:
         self.max_size = engine.scheduler.max_seqs
         self.max_wait_ms = 0.0
         self.max_queue = max_queue
-        self._cond = threading.Condition()
-        self._incoming: deque[tuple[object, Future, float]] = deque()
+        self._owner = f"generation service {name!r}"
+        # Each iteration takes everything queued: no window, sequences join at once.
+        self._queue = BatchQueue(name, max_size=max_queue, max_wait_ms=0, max_queue=max_queue)
+        self._lock = threading.Lock()
+        self._counters = GenerationCounters()
+        self._gauges = _Gauges()
+        self._ttft: deque[float] = deque(maxlen=_TTFT_SAMPLES)
+        self._ttft_admitted: deque[float] = deque(maxlen=_TTFT_SAMPLES)
+        # Owned by the loop thread; submit() reads only its length (atomic) for admission.
         self._active: dict[int, SequenceState] = {}
-        self._closed = False
         self._abort = False
-        # counters (under _cond)
-        self._steps = 0
-        self._items = 0
-        self._failed = 0
-        self._cancelled = 0
-        self._rows_hist: dict[int, int] = {}
-        self._wait_s = 0.0
-        self._run_s = 0.0
-        self._max_rows = 0
-        self._tokens = 0
-        self._ttft: deque[float] = deque(maxlen=1024)
-        self._ttft_admitted: deque[float] = deque(maxlen=1024)
         self._thread = threading.Thread(target=self._loop, name=f"continuous-{name}", daemon=True)
         self._thread.start()
 
     # ------------------------------------------------------------------ public face
 
     def submit(self, request) -> Future:
-        with self._cond:
-            if self._closed:
-                raise ServiceClosed(f"{self.name} is closed")
-            if len(self._incoming) + len(self._active) >= self.max_queue:
-                raise Overloaded(f"{self.name} holds {self.max_queue} requests, its limit", retry_after_s=5.0)
-            future: Future = Future()
-            self._incoming.append((request, future, time.monotonic()))
-            self._cond.notify()
-        return future
+        return self._queue.put([request], busy=len(self._active),
+                               retry_after_s=lambda _depth: GENERATION_RETRY_AFTER_S)[0]
 
     def close(self, timeout: float | None = None) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
+        """Finish what it holds (waiting up to timeout), then stop; past it, fail what is left."""
+        self._queue.close()
         self._thread.join(timeout)
         if self._thread.is_alive():
-            with self._cond:
-                self._abort = True
-                self._cond.notify()
+            self._abort = True  # the loop stops after its current iteration
             self._thread.join()
 
-    def stats(self) -> BatchingStats:
-        with self._cond:
-            return BatchingStats(
-                name=self.name, max_size=self.max_size, max_wait_ms=0.0, max_queue=self.max_queue,
-                batches_total=self._steps, items_total=self._items, failed_items_total=self._failed,
-                cancelled_items_total=self._cancelled, retried_batches_total=0,
-                queue_depth=len(self._incoming) + len(self.engine.scheduler.waiting),
-                batch_size_counts=dict(self._rows_hist), wait_seconds_sum=self._wait_s,
-                run_seconds_sum=self._run_s, max_batch_size_seen=self._max_rows)
-
-    def generated_tokens_total(self) -> int:
-        with self._cond:
-            return self._tokens
+    def stats(self) -> GenerationStats:
+        batching = self._queue.snapshot()
+        with self._lock:
+            counters = {f.name: getattr(self._counters, f.name) for f in fields(GenerationCounters)}
+            counters["step_sequences_counts"] = dict(self._counters.step_sequences_counts)
+            return GenerationStats(**counters, **vars(self._gauges), name=self.name, max_seqs=self.max_size,
+                                   max_queue=self.max_queue, batching=batching)
 
     def ttft_seconds(self, since_admission: bool = False) -> list[float]:
-        """Time to first token from submit (queueing for a slot included) or from admission."""
-        with self._cond:
+        """Recent times to first token from submit (queueing for a slot included) or from admission."""
+        with self._lock:
             return list(self._ttft_admitted if since_admission else self._ttft)
 
     # ------------------------------------------------------------------ the loop
 
-    def _admit(self, batch) -> None:
-        for request, future, submitted in batch:
-            if future.cancelled():
-                with self._cond:
-                    self._cancelled += 1
-                continue
+    def _loop(self) -> None:
+        while not self._abort:
+            if not self._active and not self._queue.wait_for_items():
+                break  # closing, nothing queued, nothing running
             try:
-                seq = self.engine.add(request, payload=(future, submitted))
+                self._iterate()
+            except Exception:  # the loop must survive anything
+                log.exception("%s: iteration failed; failing its sequences", self._owner)
+                self._end_active(lambda: RuntimeError("generation failed"))
+        self._queue.fail_queued("the service stopped")
+        self._end_active(lambda: ServiceClosed(f"{self._owner} shut down before this request finished"))
+
+    def _iterate(self) -> None:
+        self._admit(self._queue.take(self.max_queue, start_running=False))
+        self._drop_cancelled()
+        if self._active:
+            started = time.perf_counter()
+            result = self.engine.step()
+            self._queue.record(run_seconds_sum=time.perf_counter() - started)
+            self._account(result)
+        self._measure()
+
+    def _admit(self, batch: list[PendingItem]) -> None:
+        for pending in batch:
+            ticket = GenerationTicket(pending.future, pending.enqueued_at)
+            try:
+                seq = self.engine.add(pending.item, payload=ticket)
             except Exception as exc:  # e.g. a prompt over the token budget: this request alone
-                self._fail(future, exc)
+                self._fail(ticket, exc)
                 continue
             self._active[seq.seq_id] = seq
 
     def _drop_cancelled(self) -> None:
-        for seq in [s for s in self._active.values() if s.payload[0].cancelled()]:
+        for seq in [s for s in self._active.values() if s.payload.future.cancelled()]:
             self.engine.cancel(seq)
             del self._active[seq.seq_id]
-            with self._cond:
-                self._cancelled += 1
+            claim(seq.payload.future, self._owner)  # CANCELLED -> notified, so wait() counts it done
+            with self._lock:
+                self._counters = replace(self._counters,
+                                         cancelled_sequences_total=self._counters.cancelled_sequences_total + 1)
 
-    def _fail(self, future: Future, exc: BaseException) -> None:
-        with self._cond:
-            self._failed += 1
-        if future.set_running_or_notify_cancel():
-            future.set_exception(exc)
+    def _account(self, result: StepResult) -> None:
+        if result.decoded_rows:
+            with self._lock:
+                self._counters = self._counters.with_step(result.decoded_rows)
+        for seq in result.finished:
+            self._finish(seq)
+        for seq, exc in result.failed:
+            self._active.pop(seq.seq_id, None)
+            log.warning("%s: a sequence failed: %s", self._owner, type(exc).__name__)
+            self._fail(seq.payload, exc)
+
+    def _measure(self) -> None:
+        scheduler = self.engine.scheduler
+        gauges = _Gauges(len(scheduler.active), len(scheduler.waiting), self.engine.runner.cache_tokens(),
+                         scheduler.tokens_reserved())
+        with self._lock:
+            self._gauges = gauges
 
     def _finish(self, seq: SequenceState) -> None:
-        future, submitted = seq.payload
+        ticket: GenerationTicket = seq.payload
         self._active.pop(seq.seq_id, None)
-        text = self.engine.text(seq)
-        with self._cond:
-            self._items += 1
-            self._tokens += len(seq.generated)
-            if seq.first_token_at is not None:
-                self._ttft.append(seq.first_token_at - submitted)
-                self._ttft_admitted.append(seq.first_token_at - (seq.admitted_at or submitted))
-                self._wait_s += seq.first_token_at - submitted
-        if future.set_running_or_notify_cancel():
-            future.set_result(text)
+        ttft = None if seq.first_token_at is None else seq.first_token_at - ticket.submitted_at
+        with self._lock:
+            self._counters = self._counters.with_finished(len(seq.generated), ttft)
+            if ttft is not None:
+                self._ttft.append(ttft)
+                self._ttft_admitted.append(seq.first_token_at - (seq.admitted_at or ticket.submitted_at))
+        end_with_result(ticket.future, self.engine.text(seq), self._owner)
 
-    def _loop(self) -> None:
-        while True:
-            with self._cond:
-                while not self._incoming and not self._active and not self._closed:
-                    self._cond.wait()
-                if self._abort or (self._closed and not self._incoming and not self._active):
-                    break
-                batch = list(self._incoming)
-                self._incoming.clear()
-            try:
-                self._admit(batch)
-                self._drop_cancelled()
-                if not self._active:
-                    continue
-                started = time.perf_counter()
-                result = self.engine.step()
-                elapsed = time.perf_counter() - started
-                with self._cond:
-                    self._run_s += elapsed
-                    if result.decoded_rows:
-                        self._steps += 1
-                        self._rows_hist[result.decoded_rows] = self._rows_hist.get(result.decoded_rows, 0) + 1
-                        self._max_rows = max(self._max_rows, result.decoded_rows)
-                for seq in result.finished:
-                    self._finish(seq)
-                for seq, exc in result.failed:
-                    self._active.pop(seq.seq_id, None)
-                    log.warning("%s: a sequence failed: %s", self.name, type(exc).__name__)
-                    self._fail(seq.payload[0], exc)
-            except Exception:  # the loop must survive anything
-                log.exception("%s: iteration failed; failing its sequences", self.name)
-                for seq in list(self._active.values()):
-                    self.engine.cancel(seq)
-                    self._fail(seq.payload[0], RuntimeError("generation failed"))
-                self._active.clear()
-        # shutdown: whatever is left gets a clear error
-        with self._cond:
-            leftover = list(self._incoming)
-            self._incoming.clear()
-        for _request, future, _t in leftover:
-            self._fail(future, ServiceClosed(f"{self.name} shut down before this request ran"))
+    def _fail(self, ticket: GenerationTicket, error: BaseException) -> None:
+        if end_with_exception(ticket.future, error, self._owner) is Claim.RUN:
+            self._queue.record(failed_items_total=1)
+
+    def _end_active(self, make_error) -> None:
         for seq in list(self._active.values()):
-            self._fail(seq.payload[0], ServiceClosed(f"{self.name} shut down before this request finished"))
+            self.engine.cancel(seq)
+            self._fail(seq.payload, make_error())
         self._active.clear()
+        self._measure()

@@ -503,7 +503,7 @@ def test_worker_skips_items_cancelled_after_eager_removal_lost_the_race(services
     # marks it running; then only the worker's own check keeps the item out of
     # batch_fn. Disable the eager removal (white-box) to make that path certain.
     svc, rec = services(max_size=8, max_wait_ms=5)
-    monkeypatch.setattr(svc, "_forget_if_cancelled", lambda fut: None)
+    monkeypatch.setattr(svc._queue, "_forget_if_cancelled", lambda fut: None)
     block_worker(svc, rec)
     futs = [svc.submit(i) for i in range(4)]
     assert futs[1].cancel() and futs[2].cancel()

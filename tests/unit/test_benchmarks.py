@@ -45,7 +45,7 @@ def test_answer_lengths_are_parsed_and_checked():
             bench_generate.parse_answer_lengths(bad)
     requests = bench_generate.make_requests(16, (32, 128))
     assert requests == bench_generate.make_requests(16, (32, 128))  # seeded
-    assert all(32 <= r.answer_tokens <= 128 for r in requests)
+    assert all(32 <= r.max_new_tokens <= 128 for r in requests)
 
 
 @pytest.mark.timeout(600)

@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from pipeline import spec
-from pipeline.continuous import ContinuousEngine, Scheduler
+from pipeline.continuous import ContinuousEngine, RunnerOutput, Scheduler
 from pipeline.docstore import Document
 from pipeline.generator import GenerationRequest
 from services.batching import Overloaded
@@ -18,7 +18,7 @@ EOS = frozenset({0})
 # ----------------------------------------------------------------------------- scheduler, no model
 
 def make(max_seqs=2, max_tokens=100, chunk=8) -> Scheduler:
-    return Scheduler(max_seqs=max_seqs, max_tokens=max_tokens, prefill_chunk=chunk)
+    return Scheduler(max_seqs=max_seqs, max_tokens=max_tokens, prefill_chunk=chunk, eos_ids=EOS)
 
 
 def test_admission_respects_sequence_and_token_budgets_in_arrival_order():
@@ -53,10 +53,10 @@ def test_prefill_is_chunked_within_the_per_iteration_budget():
     s.add(long), s.add(short)
     plan = s.plan()
     assert [(q.seq_id, a, b) for q, a, b in plan.prefill] == [(long.seq_id, 0, 8)]
-    s.prefilled(long, 8)
+    s.update_from_output(plan, RunnerOutput(prefilled={long.seq_id: 8}))
     plan = s.plan()
     assert [(a, b) for _, a, b in plan.prefill] == [(8, 16)]
-    s.prefilled(long, 16)
+    s.update_from_output(plan, RunnerOutput(prefilled={long.seq_id: 16}))
     plan = s.plan()
     assert [(q.seq_id, a, b) for q, a, b in plan.prefill] == [(long.seq_id, 16, 20), (short.seq_id, 0, 3)]
 
@@ -65,17 +65,16 @@ def test_finish_on_eos_or_token_limit_and_budget_is_released():
     s = make(max_seqs=1, max_tokens=100)
     a, b = s.new_sequence([5, 6], 3), s.new_sequence([7], 3)
     s.add(a), s.add(b)
-    s.plan()
-    s.prefilled(a, 2)
-    s.promote(a, 9, EOS)
+    s.update_from_output(s.plan(), RunnerOutput(prefilled={a.seq_id: 2}, first_tokens={a.seq_id: 9}))
     assert s.running == [a] and s.plan().prefill == []  # b waits: one sequence at a time
-    s.advance([a], [9], EOS)
-    s.advance([a], [9], EOS)
+    s.update_from_output(s.plan(), RunnerOutput(decoded={a.seq_id: 9}))
+    s.update_from_output(s.plan(), RunnerOutput(decoded={a.seq_id: 9}))
     assert a.finished and a.generated == [9, 9, 9]
-    s.drop(a)
-    assert s.plan().prefill[0][0] is b
-    s.prefilled(b, 1)
-    s.promote(b, 0, EOS)  # eos as the first token: done at once, never runs
+    s.drop(a)  # update_from_output already did: dropping again is harmless
+    plan = s.plan()
+    assert plan.prefill[0][0] is b
+    # eos as the first token: done at once, never runs
+    s.update_from_output(plan, RunnerOutput(prefilled={b.seq_id: 1}, first_tokens={b.seq_id: 0}))
     assert b.finished and s.running == []
 
 
@@ -130,7 +129,7 @@ def test_service_resolves_futures_as_reference_and_survives_cancel_and_failure(g
         # cancel mid-decode: wait until the victim has produced tokens, then cancel it
         seq_started = threading.Event()
         for _ in range(2000):
-            active = [s for s in engine.scheduler.running if s.payload[0] is victim]
+            active = [s for s in engine.scheduler.running if s.payload.future is victim]
             if active and len(active[0].generated) > 2:
                 seq_started.set()
                 break
@@ -141,8 +140,9 @@ def test_service_resolves_futures_as_reference_and_survives_cancel_and_failure(g
         assert victim.cancel()
         assert [f.result(timeout=300) for f in futures] == reference_texts[:3]
         stats = service.stats()
-        assert stats.cancelled_items_total == 1 and stats.failed_items_total == 1
-        assert stats.items_total == 3 and stats.max_batch_size_seen > 1
+        # the victim was cancelled mid-decode, the over-long prompt failed
+        assert stats.cancelled_sequences_total == 1 and stats.batching.failed_items_total == 1
+        assert stats.finished_sequences_total == 3 and stats.max_step_sequences > 1
         assert len(service.ttft_seconds()) == 3
     finally:
         service.close(timeout=60)

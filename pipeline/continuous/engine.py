@@ -1,0 +1,61 @@
+"""One Generator's model under continuous batching: `step()` = schedule -> execute -> update."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.continuous.runner import ModelRunner
+from pipeline.continuous.scheduler import Scheduler, SequenceState
+
+
+@dataclass
+class StepResult:
+    finished: list[SequenceState]
+    failed: list[tuple[SequenceState, BaseException]]
+    decoded_rows: int  # sequences that took a decode step this iteration
+    admitted: list[SequenceState] = field(default_factory=list)  # given a slot this iteration
+
+
+class ContinuousEngine:
+    def __init__(self, generator, *, max_seqs: int = 8, max_tokens: int = 8192, prefill_chunk: int = 512):
+        self.generator = generator
+        config = generator.generation_config
+        eos = config.eos_token_id
+        self.eos_ids = frozenset(eos if isinstance(eos, (list, tuple)) else [eos])
+        self.max_new_tokens = config.max_new_tokens
+        self.scheduler = Scheduler(max_seqs=max_seqs, max_tokens=max_tokens, prefill_chunk=prefill_chunk,
+                                   eos_ids=self.eos_ids)
+        self.runner = ModelRunner(generator.model, repetition_penalty=config.repetition_penalty or 1.0,
+                                  device=generator.placement.device)
+
+    def add_prompt(self, prompt: str, payload: Any = None, max_new_tokens: int | None = None) -> SequenceState:
+        ids = self.generator.tokenizer(prompt)["input_ids"]
+        cap = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        seq = self.scheduler.new_sequence(ids, cap, payload)
+        self.scheduler.add(seq)
+        return seq
+
+    def add(self, request, payload: Any = None) -> SequenceState:
+        """Queue a GenerationRequest; its max_new_tokens (None: the generation config's) caps the answer."""
+        return self.add_prompt(self.generator.prompt(request.query, request.documents), payload,
+                               request.max_new_tokens)
+
+    def text(self, seq: SequenceState) -> str:
+        return self.generator.tokenizer.decode(seq.generated, skip_special_tokens=True)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def cancel(self, seq: SequenceState) -> None:
+        self.scheduler.drop(seq)
+        self.runner.release([seq.seq_id])
+
+    def step(self) -> StepResult:
+        import torch
+        plan = self.scheduler.plan()
+        # Cache surgery and logits edits touch inference tensors: all of it inside.
+        with torch.inference_mode():
+            output = self.runner.execute(plan)
+            update = self.scheduler.update_from_output(plan, output)
+            self.runner.release([s.seq_id for s in update.finished] + [s.seq_id for s, _ in update.failed])
+        return StepResult(update.finished, update.failed, len(plan.decode), plan.admitted)

@@ -1,0 +1,165 @@
+"""Admission, per-iteration plans and every sequence's state; no tensors, no model.
+
+Each iteration a sequence is in one of three places: waiting for a slot,
+prefilling its prompt (in chunks, so running sequences never wait for more than
+one chunk's worth of prompt), or running (one decode step per iteration). A
+sequence leaves the moment it finishes.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+
+@dataclass(eq=False)
+class SequenceState:
+    """One request's generation: the only copy of its state."""
+    seq_id: int
+    prompt_ids: list[int]
+    max_new_tokens: int
+    payload: Any = None  # the caller's handle; the scheduler never looks inside
+    generated: list[int] = field(default_factory=list)
+    prefilled: int = 0  # prompt tokens already in this sequence's cache
+    arrived_at: float = field(default_factory=time.monotonic)
+    admitted_at: float | None = None  # when the scheduler gave it a slot
+    first_token_at: float | None = None
+    finished: bool = False
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def budget_tokens(self) -> int:
+        """KV cache tokens this sequence may need at most."""
+        return self.prompt_len + self.max_new_tokens
+
+
+class PrefillChunk(NamedTuple):
+    seq: SequenceState
+    start: int  # prompt tokens [start, end) run this iteration
+    end: int
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    """One iteration's plan: all the runner needs to know."""
+    prefill: list[PrefillChunk]
+    decode: list[SequenceState]  # running sequences, each takes one decode step
+    admitted: list[SequenceState] = field(default_factory=list)  # given a slot by this plan
+
+
+@dataclass
+class RunnerOutput:
+    """What executing a plan produced, keyed by seq id."""
+    prefilled: dict[int, int] = field(default_factory=dict)  # prompt tokens now in the sequence's cache
+    first_tokens: dict[int, int] = field(default_factory=dict)  # for prompts completed this iteration
+    decoded: dict[int, int] = field(default_factory=dict)  # the next token of each decoded sequence
+    failed: dict[int, BaseException] = field(default_factory=dict)
+
+
+@dataclass
+class UpdateResult:
+    finished: list[SequenceState]
+    failed: list[tuple[SequenceState, BaseException]]
+
+
+class Scheduler:
+    """Bounded by sequences and cache tokens; admits in arrival order (no overtaking: fairness)."""
+
+    def __init__(self, *, max_seqs: int, max_tokens: int, prefill_chunk: int,
+                 eos_ids: frozenset[int] = frozenset(), clock: Callable[[], float] = time.monotonic):
+        if max_seqs < 1 or max_tokens < 1 or prefill_chunk < 1:
+            raise ValueError("max_seqs, max_tokens and prefill_chunk must be >= 1")
+        self.max_seqs = max_seqs
+        self.max_tokens = max_tokens
+        self.prefill_chunk = prefill_chunk
+        self.eos_ids = frozenset(eos_ids)
+        self._clock = clock
+        self.waiting: deque[SequenceState] = deque()
+        self.prefilling: list[SequenceState] = []
+        self.running: list[SequenceState] = []
+        self._ids = itertools.count()
+
+    def new_sequence(self, prompt_ids: list[int], max_new_tokens: int, payload: Any = None) -> SequenceState:
+        if not prompt_ids:
+            raise ValueError("empty prompt")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if len(prompt_ids) + max_new_tokens > self.max_tokens:
+            raise ValueError(f"prompt of {len(prompt_ids)} tokens + {max_new_tokens} new tokens exceeds the "
+                             f"{self.max_tokens}-token budget")
+        return SequenceState(next(self._ids), list(prompt_ids), max_new_tokens, payload, arrived_at=self._clock())
+
+    def add(self, seq: SequenceState) -> None:
+        self.waiting.append(seq)
+
+    @property
+    def active(self) -> list[SequenceState]:
+        return self.prefilling + self.running
+
+    def tokens_reserved(self) -> int:
+        return sum(s.budget_tokens for s in self.active)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.prefilling or self.running)
+
+    def plan(self) -> SchedulerOutput:
+        admitted = []
+        while self.waiting and len(self.active) < self.max_seqs and \
+                self.tokens_reserved() + self.waiting[0].budget_tokens <= self.max_tokens:
+            seq = self.waiting.popleft()
+            seq.admitted_at = self._clock()
+            self.prefilling.append(seq)
+            admitted.append(seq)
+        chunks, budget = [], self.prefill_chunk
+        for seq in self.prefilling:
+            if budget <= 0:
+                break
+            end = min(seq.prompt_len, seq.prefilled + budget)
+            chunks.append(PrefillChunk(seq, seq.prefilled, end))
+            budget -= end - seq.prefilled
+        return SchedulerOutput(prefill=chunks, decode=list(self.running), admitted=admitted)
+
+    schedule = plan
+
+    def update_from_output(self, plan: SchedulerOutput, output: RunnerOutput) -> UpdateResult:
+        """The one place sequences change: tokens appended, prompts promoted, leavers dropped."""
+        now = self._clock()
+        failed = []
+        for seq in plan.decode + [chunk.seq for chunk in plan.prefill]:
+            if seq.seq_id in output.failed:
+                failed.append((seq, output.failed[seq.seq_id]))
+                self.drop(seq)
+        for seq in plan.decode:
+            if seq.seq_id in output.decoded:
+                self._append(seq, output.decoded[seq.seq_id])
+        for seq, _start, _end in plan.prefill:
+            seq.prefilled = output.prefilled.get(seq.seq_id, seq.prefilled)
+            if seq.seq_id in output.first_tokens:
+                # The prompt is in: its first token is known and it joins the running batch.
+                self.prefilling.remove(seq)
+                seq.first_token_at = now
+                self._append(seq, output.first_tokens[seq.seq_id])
+                self.running.append(seq)
+        finished = [s for s in self.running if s.finished]
+        for seq in finished:
+            self.drop(seq)
+        return UpdateResult(finished, failed)
+
+    def _append(self, seq: SequenceState, token: int) -> None:
+        seq.generated.append(token)
+        if token in self.eos_ids or len(seq.generated) >= seq.max_new_tokens:
+            seq.finished = True
+
+    def drop(self, seq: SequenceState) -> None:
+        """Remove a sequence wherever it is (finished, cancelled or failed)."""
+        for group in (self.running, self.prefilling):
+            if seq in group:
+                group.remove(seq)
+        if seq in self.waiting:
+            self.waiting.remove(seq)

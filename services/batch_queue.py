@@ -1,0 +1,304 @@
+"""The pending items of a stage and the policy that decides when a batch closes.
+
+A batch closes as soon as ``max_size`` items are waiting, or ``max_wait_ms``
+after its *oldest* item arrived, whichever comes first; when the queue is
+closing it goes at once (nothing new can join). ``BatchQueue`` owns the items,
+the lock and the counters; it never runs a batch (``BatchingService`` does).
+The policy methods (``due_in``, ``take``) read an injectable clock, so they are
+tested with no thread and no sleep.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from services.errors import Overloaded, ServiceClosed
+from services.futures import Claim, claim, end_with_exception, peek
+
+logger = logging.getLogger(__name__)
+
+# Bounds of the Retry-After hint carried by Overloaded. The lower bound keeps
+# clients from hammering a full queue; the upper one keeps a pathological
+# average (one very slow batch) from telling clients to go away for minutes.
+MIN_RETRY_AFTER_S = 0.05
+MAX_RETRY_AFTER_S = 60.0
+
+
+@dataclass(frozen=True)
+class BatchCounters:
+    """What a stage's batches did. Immutable: the queue swaps in a new value
+    under its lock, so a snapshot can never share state with the live one."""
+
+    # Batches taken off the queue. Individual retries after a failed batch are
+    # part of that batch, so sum(size * count) over batch_size_counts == items_total.
+    batches_total: int = 0
+    # Items taken off the queue to run (cancelled items are never counted).
+    items_total: int = 0
+    # Items whose future got an exception (the stage's error, or ServiceClosed).
+    failed_items_total: int = 0
+    # Items cancelled by their caller before they were taken off the queue.
+    cancelled_items_total: int = 0
+    # Batches whose items were retried one by one after the batch raised.
+    retried_batches_total: int = 0
+    batch_size_counts: dict[int, int] = field(default_factory=dict)
+    # Sum over items of the time from submit to being taken off the queue.
+    wait_seconds_sum: float = 0.0
+    # Sum of the time the stage's thread spent computing.
+    run_seconds_sum: float = 0.0
+    max_batch_size_seen: int = 0
+
+    def plus(self, **deltas: float) -> BatchCounters:
+        return replace(self, **{name: getattr(self, name) + delta for name, delta in deltas.items()})
+
+    def with_batch(self, waits: list[float]) -> BatchCounters:
+        """One batch of len(waits) items taken off the queue, each having waited so long."""
+        size = len(waits)
+        sizes = dict(self.batch_size_counts)
+        sizes[size] = sizes.get(size, 0) + 1
+        return replace(self.plus(batches_total=1, items_total=size, wait_seconds_sum=sum(waits)),
+                       batch_size_counts=sizes, max_batch_size_seen=max(self.max_batch_size_seen, size))
+
+
+@dataclass(frozen=True)
+class BatchingStats(BatchCounters):
+    """A consistent snapshot of a queue's counters (taken under its lock)."""
+
+    name: str = ""
+    max_size: int = 0
+    max_wait_ms: float = 0.0
+    max_queue: int = 0
+    # Items accepted and still waiting to be taken off the queue.
+    queue_depth: int = 0
+
+    def summary(self) -> dict:
+        return {"batches": self.batches_total, "items": self.items_total,
+                "max_batch": self.max_batch_size_seen, "queue_depth": self.queue_depth}
+
+
+@dataclass
+class PendingItem:
+    """One submitted item waiting in the queue."""
+
+    item: Any
+    future: Future
+    enqueued_at: float  # the queue's clock at submit
+
+
+def validate_positive_int(name: str, value: Any) -> int:
+    # bool is an int subclass; max_size=True is certainly a mistake.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return value
+
+
+def validate_max_wait_ms(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"max_wait_ms must be a number >= 0, got {value!r}")
+    # inf would let a lone request wait forever; nan compares false to everything.
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"max_wait_ms must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+class BatchQueue:
+    """Thread-safe pending items, the batch-closing policy and the batch counters.
+
+    One lock guards the items, the closing flag and every counter, so
+    ``snapshot()`` is consistent. It is never held while user code runs (batch
+    functions, future callbacks): a done-callback that calls ``put()`` would
+    otherwise deadlock on this non-reentrant lock.
+    """
+
+    def __init__(self, name: str, *, max_size: int, max_wait_ms: float, max_queue: int,
+                 clock: Callable[[], float] = time.monotonic):
+        self.name = name
+        self.max_size = validate_positive_int("max_size", max_size)
+        self.max_wait_ms = validate_max_wait_ms(max_wait_ms)
+        self.max_queue = validate_positive_int("max_queue", max_queue)
+        self._max_wait_s = self.max_wait_ms / 1000.0
+        self._clock = clock
+        self._cond = threading.Condition(threading.Lock())
+        # Keyed by the item's future so a cancelled item can be removed in O(1)
+        # while arrival order is kept: the first entry is always the oldest
+        # live item, which sets the batch deadline.
+        self._pending: OrderedDict[Future, PendingItem] = OrderedDict()
+        self._closing = False
+        self._counters = BatchCounters()
+
+    # ------------------------------------------------------------ submitting
+
+    def put(self, items: list, *, busy: int = 0,
+            retry_after_s: Callable[[int], float] | None = None) -> list[Future]:
+        """Queue items atomically (all or none); a Future for each.
+
+        ``busy`` counts work the owner already holds outside the queue against
+        ``max_queue``; ``retry_after_s(depth)`` overrides the Overloaded hint.
+        """
+        now = self._clock()
+        records = []
+        for item in items:
+            future: Future = Future()
+            # Registered while the future is PENDING and not yet visible to the
+            # worker, so the callback never fires right here.
+            future.add_done_callback(self._forget_if_cancelled)
+            records.append(PendingItem(item, future, now))
+        with self._cond:
+            if self._closing:
+                raise ServiceClosed(f"stage service {self.name!r} is closed")
+            depth = len(self._pending)
+            if depth + busy + len(records) > self.max_queue:
+                hint = retry_after_s(depth) if retry_after_s else self._retry_after_locked(depth)
+                raise Overloaded(f"stage service {self.name!r} is overloaded: {depth + busy} items held, "
+                                 f"capacity max_queue={self.max_queue}", retry_after_s=hint)
+            for record in records:
+                self._pending[record.future] = record
+            # Only wake the worker when it has something new to decide: the
+            # queue became non-empty (start the window) or a full batch is now
+            # there (stop waiting); other submits would recompute the same deadline.
+            if depth == 0 or depth < self.max_size <= depth + len(records):
+                self._cond.notify()
+        return [record.future for record in records]
+
+    def _retry_after_locked(self, depth: int) -> float:
+        # Time to drain the current queue at the observed average batch time.
+        # Before the first batch there is no average; a window is a fair guess.
+        counters = self._counters
+        per_batch = counters.run_seconds_sum / counters.batches_total if counters.batches_total else self._max_wait_s
+        estimate = math.ceil(depth / self.max_size) * per_batch
+        return min(max(estimate, MIN_RETRY_AFTER_S), MAX_RETRY_AFTER_S)
+
+    def _forget_if_cancelled(self, future: Future) -> None:
+        """Done-callback of every item's future: drop a cancelled item at once.
+
+        Otherwise it would hold a queue slot (and could trigger Overloaded) and
+        set the batch deadline until the worker reached it.
+        """
+        if not future.cancelled():
+            return
+        with self._cond:
+            if self._pending.pop(future, None) is None:
+                # Already taken off the queue: the taker sees the cancellation.
+                return
+            # CANCELLED -> CANCELLED_AND_NOTIFIED, or concurrent.futures.wait()
+            # would not count it as done. User callbacks ran in cancel(), not here.
+            future.set_running_or_notify_cancel()
+            self._counters = self._counters.plus(cancelled_items_total=1)
+
+    # ------------------------------------------------------------ the policy
+
+    def due_in(self) -> float | None:
+        """Seconds until the next batch closes: 0 now, None while nothing is queued."""
+        with self._cond:
+            return self._due_in_locked()
+
+    def _due_in_locked(self) -> float | None:
+        if not self._pending:
+            return None
+        # Go now if a full batch waits (never sleep on one) or when closing.
+        if len(self._pending) >= self.max_size or self._closing:
+            return 0.0
+        oldest = next(iter(self._pending.values()))
+        return max(0.0, oldest.enqueued_at + self._max_wait_s - self._clock())
+
+    def take(self, limit: int | None = None, *, start_running: bool = True) -> list[PendingItem]:
+        """Take up to ``limit`` (default max_size) live items now, counted as one batch.
+
+        ``start_running=False`` leaves their futures PENDING, for a stage whose
+        callers may cancel work in progress (continuous generation).
+        """
+        with self._cond:
+            return self._take_locked(self.max_size if limit is None else limit, start_running)
+
+    def _take_locked(self, limit: int, start_running: bool = True) -> list[PendingItem]:
+        batch = []
+        owner = f"stage service {self.name!r}"
+        while self._pending and len(batch) < limit:
+            _, pending = self._pending.popitem(last=False)
+            # PENDING -> RUNNING; a caller who cancelled first is skipped here.
+            outcome = claim(pending.future, owner) if start_running else peek(pending.future, owner)
+            if outcome is Claim.RUN:
+                batch.append(pending)
+            elif outcome is Claim.CANCELLED:
+                self._counters = self._counters.plus(cancelled_items_total=1)
+        if batch:
+            now = self._clock()
+            self._counters = self._counters.with_batch([now - p.enqueued_at for p in batch])
+        return batch
+
+    def next_batch(self) -> list[PendingItem] | None:
+        """Block until a batch is due and take it; None once closing and drained (the worker's call)."""
+        with self._cond:
+            while True:
+                wait = self._due_in_locked()
+                if wait is None:
+                    if self._closing:
+                        return None
+                    self._cond.wait()
+                elif wait > 0:
+                    self._cond.wait(wait)  # then re-check: full now? oldest cancelled? closing?
+                else:
+                    batch = self._take_locked(self.max_size)
+                    if batch:
+                        return batch
+
+    def wait_for_items(self) -> bool:
+        """Block until something is queued; False once closing with nothing queued."""
+        with self._cond:
+            while not self._pending and not self._closing:
+                self._cond.wait()
+            return bool(self._pending)
+
+    # ------------------------------------------------------------ shutdown
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    def close(self) -> None:
+        """Refuse new items and wake the worker: it flushes without waiting for windows."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+
+    def fail_queued(self, reason: str, cause: BaseException | None = None) -> None:
+        """The one way items still queued end when their service stops: ServiceClosed (cancelled stay so)."""
+        with self._cond:
+            abandoned = list(self._pending.values())
+            self._pending.clear()
+        if abandoned:
+            logger.warning("stage service %r: %s; failing %d queued items", self.name, reason, len(abandoned))
+        owner = f"stage service {self.name!r}"
+        outcomes = []
+        for pending in abandoned:
+            error = ServiceClosed(f"stage service {self.name!r} shut down before this item ran ({reason})")
+            error.__cause__ = cause
+            outcomes.append(end_with_exception(pending.future, error, owner))
+        self.record(failed_items_total=outcomes.count(Claim.RUN), cancelled_items_total=outcomes.count(Claim.CANCELLED))
+
+    # ------------------------------------------------------------ counters
+
+    def record(self, **deltas: float) -> None:
+        """Add to counters (run_seconds_sum, failed_items_total, ...) under the lock."""
+        with self._cond:
+            self._counters = self._counters.plus(**deltas)
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def snapshot(self) -> BatchingStats:
+        with self._cond:
+            counters = {f.name: getattr(self._counters, f.name) for f in fields(BatchCounters)}
+            # A copy: a caller editing its snapshot must not reach the next one.
+            counters["batch_size_counts"] = dict(self._counters.batch_size_counts)
+            return BatchingStats(**counters, name=self.name, max_size=self.max_size,
+                                 max_wait_ms=self.max_wait_ms, max_queue=self.max_queue,
+                                 queue_depth=len(self._pending))

@@ -1,0 +1,67 @@
+"""How a stage's future ends: one helper per way (claimed to run, result, exception, cancelled).
+
+Both stage services hand callers plain ``concurrent.futures.Future`` objects and
+must never let a future's misuse kill their worker thread: a caller may cancel
+it at any time, and ``Future.set_result`` is public, so someone else may have
+resolved it already. These helpers absorb both cases in one place.
+"""
+from __future__ import annotations
+
+import enum
+import logging
+from concurrent.futures import Future
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+class Claim(enum.Enum):
+    """What taking a future off a queue found."""
+    RUN = "run"  # PENDING -> RUNNING: ours to resolve
+    CANCELLED = "cancelled"  # the caller cancelled it (now CANCELLED_AND_NOTIFIED)
+    RESOLVED_ELSEWHERE = "resolved elsewhere"  # someone holding it set it themselves
+
+
+def claim(future: Future, owner: str) -> Claim:
+    """Move a queued future to RUNNING; from then on its caller cannot cancel it."""
+    try:
+        return Claim.RUN if future.set_running_or_notify_cancel() else Claim.CANCELLED
+    except RuntimeError:
+        logger.warning("%s: skipping an item whose future was resolved outside the service", owner)
+        return Claim.RESOLVED_ELSEWHERE
+
+
+def set_result(future: Future, result: Any, owner: str) -> None:
+    # A done-callback that raises must not reach the worker thread.
+    try:
+        future.set_result(result)
+    except Exception:  # noqa: BLE001
+        logger.exception("%s: could not set a result", owner)
+
+
+def set_exception(future: Future, error: BaseException, owner: str) -> None:
+    try:
+        future.set_exception(error)
+    except Exception:  # noqa: BLE001
+        logger.exception("%s: could not set an exception", owner)
+
+
+def peek(future: Future, owner: str) -> Claim:
+    """Like claim, but a live future stays PENDING: its caller may still cancel it while it runs."""
+    return claim(future, owner) if future.done() else Claim.RUN
+
+
+def end_with_result(future: Future, result: Any, owner: str) -> Claim:
+    """Resolve a future that was left PENDING while it ran (see peek); a cancelled one stays cancelled."""
+    outcome = claim(future, owner)
+    if outcome is Claim.RUN:
+        set_result(future, result, owner)
+    return outcome
+
+
+def end_with_exception(future: Future, error: BaseException, owner: str) -> Claim:
+    """Fail a future not yet RUNNING (still queued, or left PENDING while it ran); cancelled stays cancelled."""
+    outcome = claim(future, owner)
+    if outcome is Claim.RUN:
+        set_exception(future, error, owner)
+    return outcome

@@ -1,0 +1,36 @@
+"""The face every stage service shows the worker: submit, close, stats.
+
+``BatchingService`` (a batch function behind a queue) and
+``ContinuousGenerationService`` (the LLM's continuous batching) both follow it,
+so the worker, the node's /health and the metrics treat every stage alike.
+"""
+from __future__ import annotations
+
+from concurrent.futures import Future
+from typing import Any, Protocol, runtime_checkable
+
+
+class StageStats(Protocol):
+    """A consistent snapshot of one stage service's counters."""
+
+    name: str
+
+    def summary(self) -> dict:
+        """The /health view: at least batches, items, max_batch and queue_depth."""
+        ...
+
+
+@runtime_checkable
+class StageService(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    def submit(self, item: Any) -> Future:
+        """Queue one item; a Future for its result. Raises Overloaded or ServiceClosed."""
+        ...
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop accepting work, finish or fail what is held, stop the thread."""
+        ...
+
+    def stats(self) -> StageStats: ...

@@ -1,0 +1,279 @@
+"""The queue policy alone (injected clock), the one fail-what-is-queued path under
+concurrency, the scheduler's plan/update with no model, and the generate stage's
+statistics and metric families (a model-free engine on the real scheduler)."""
+from __future__ import annotations
+
+import threading
+from concurrent.futures import CancelledError
+
+import pytest
+from flask import Flask
+from prometheus_client.parser import text_string_to_metric_families
+
+from pipeline.continuous import RunnerOutput, Scheduler, StepResult
+from services.batch_queue import BatchQueue
+from services.batching import BatchingService
+from services.errors import Overloaded, ServiceClosed
+from services.generation import ContinuousGenerationService, GenerationStats, GenerationTicket
+from services.metrics import NodeMetrics
+from services.stage_service import StageService
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+# ----------------------------------------------------------------------------- queue policy
+
+
+def test_window_starts_at_the_oldest_item_and_a_full_batch_goes_at_once():
+    clock = Clock()
+    q = BatchQueue("q", max_size=3, max_wait_ms=10, max_queue=10, clock=clock)
+    assert q.due_in() is None
+    q.put(["a"])
+    clock.now += 0.004
+    q.put(["b"])
+    assert q.due_in() == pytest.approx(0.006)
+    clock.now += 0.006
+    assert q.due_in() == 0
+    clock.now -= 0.006
+    q.put(["c"])
+    assert q.due_in() == 0  # full: no waiting on a full batch
+    q.put(["d"])
+    batch = q.take()
+    assert [p.item for p in batch] == ["a", "b", "c"] and all(p.future.running() for p in batch)
+    st = q.snapshot()
+    assert st.batches_total == 1 and st.items_total == 3 and st.queue_depth == 1
+    assert st.wait_seconds_sum == pytest.approx(0.004 + 0.0 + 0.0)
+
+
+def test_cancelled_oldest_item_does_not_set_the_window_and_is_never_taken():
+    clock = Clock()
+    q = BatchQueue("q", max_size=4, max_wait_ms=10, max_queue=10, clock=clock)
+    old = q.put(["old"])[0]
+    clock.now += 0.008
+    q.put(["new"])
+    assert old.cancel()
+    assert q.due_in() == pytest.approx(0.010)
+    clock.now += 0.010
+    assert [p.item for p in q.take()] == ["new"]
+    assert q.snapshot().cancelled_items_total == 1
+
+
+def test_closing_flushes_without_window_and_refuses_new_items():
+    clock = Clock()
+    q = BatchQueue("q", max_size=4, max_wait_ms=1000, max_queue=10, clock=clock)
+    q.put([1, 2])
+    q.close()
+    assert q.due_in() == 0
+    with pytest.raises(ServiceClosed):
+        q.put([3])
+    assert [p.item for p in q.next_batch()] == [1, 2]
+    assert q.next_batch() is None  # closing and drained
+
+
+def test_capacity_counts_busy_work_and_take_can_leave_futures_pending():
+    q = BatchQueue("q", max_size=8, max_wait_ms=0, max_queue=3, clock=Clock())
+    q.put([1])
+    with pytest.raises(Overloaded) as info:
+        q.put([2], busy=2, retry_after_s=lambda depth: 7.0)
+    assert info.value.retry_after_s == 7.0
+    batch = q.take(start_running=False)
+    assert not batch[0].future.running() and batch[0].future.cancel()  # still the caller's to cancel
+
+
+# ----------------------------------------------------------------------------- fail what is queued
+
+
+@pytest.mark.timeout(60)
+def test_concurrent_submit_and_close_resolve_every_future_exactly_once():
+    release = threading.Event()
+
+    def slow(items):
+        release.wait(5)
+        return items
+
+    for round_ in range(5):
+        svc = BatchingService(f"stress-{round_}", slow, max_size=4, max_wait_ms=1, max_queue=10_000)
+        accepted, endings, lock = [], [], threading.Lock()
+        start = threading.Barrier(9)
+
+        def on_done(future):
+            with lock:
+                endings.append(future)
+
+        def client():
+            start.wait()
+            for i in range(300):
+                try:
+                    future = svc.submit(i)
+                except ServiceClosed:
+                    return
+                future.add_done_callback(on_done)
+                with lock:
+                    accepted.append(future)
+                if i % 7 == 0:
+                    future.cancel()
+
+        threads = [threading.Thread(target=client) for _ in range(8)]
+        for t in threads:
+            t.start()
+        start.wait()
+        svc.close(timeout=0.01)  # some items still queued: they fail with ServiceClosed
+        release.set()
+        for t in threads:
+            t.join(30)
+        svc.close(timeout=30)
+        release.clear()
+        assert all(f.done() for f in accepted)
+        assert sorted(map(id, endings)) == sorted(map(id, accepted))  # each future ended once
+        outcomes = {"result": 0, "closed": 0, "cancelled": 0}
+        for f in accepted:
+            try:
+                f.result(timeout=0)
+                outcomes["result"] += 1
+            except ServiceClosed:
+                outcomes["closed"] += 1
+            except CancelledError:
+                outcomes["cancelled"] += 1
+        st = svc.stats()
+        assert st.items_total == outcomes["result"] and st.failed_items_total == outcomes["closed"]
+        assert st.cancelled_items_total == outcomes["cancelled"] and st.queue_depth == 0
+
+
+# ----------------------------------------------------------------------------- scheduler, no model
+
+
+def test_plan_lists_decode_and_admissions_and_update_drops_failures():
+    clock = Clock()
+    s = Scheduler(max_seqs=2, max_tokens=100, prefill_chunk=16, eos_ids=frozenset({0}), clock=clock)
+    a, b, c = (s.new_sequence([1, 2, 3], 4) for _ in range(3))
+    for seq in (a, b, c):
+        s.add(seq)
+    plan = s.plan()
+    assert plan.admitted == [a, b] and plan.decode == [] and [ch.seq for ch in plan.prefill] == [a, b]
+    clock.now += 1
+    update = s.update_from_output(plan, RunnerOutput(prefilled={a.seq_id: 3}, first_tokens={a.seq_id: 5},
+                                                     failed={b.seq_id: ValueError("bad prompt")}))
+    assert update.failed == [(b, update.failed[0][1])] and update.finished == []
+    assert s.running == [a] and a.first_token_at == 101.0 and a.generated == [5]
+    plan = s.plan()  # b's slot went to c
+    assert plan.decode == [a] and plan.admitted == [c]
+    update = s.update_from_output(plan, RunnerOutput(prefilled={c.seq_id: 3}, decoded={a.seq_id: 0},
+                                                     first_tokens={c.seq_id: 7}))
+    assert update.finished == [a] and a.finished and s.running == [c]  # eos: a left at once
+    assert s.tokens_reserved() == c.budget_tokens
+
+
+# ----------------------------------------------------------------------------- generation stats and metrics
+
+
+class FakeRunner:
+    def cache_tokens(self):
+        return 12
+
+
+class FakeEngine:
+    """The real scheduler with a model-free runner: every decode step yields token 7."""
+
+    def __init__(self, max_seqs=2):
+        self.scheduler = Scheduler(max_seqs=max_seqs, max_tokens=1000, prefill_chunk=64, eos_ids=frozenset({0}))
+        self.runner = FakeRunner()
+        self.gate = threading.Event()
+        self.gate.set()
+        self.stepping = threading.Event()
+
+    def add(self, request, payload=None):
+        prompt, cap = request
+        seq = self.scheduler.new_sequence(list(range(1, prompt + 1)), cap, payload)
+        self.scheduler.add(seq)
+        return seq
+
+    def cancel(self, seq):
+        self.scheduler.drop(seq)
+
+    def text(self, seq):
+        return " ".join(map(str, seq.generated))
+
+    def step(self):
+        self.stepping.set()
+        self.gate.wait(10)
+        plan = self.scheduler.plan()
+        out = RunnerOutput(prefilled={ch.seq.seq_id: ch.end for ch in plan.prefill},
+                           first_tokens={ch.seq.seq_id: 7 for ch in plan.prefill if ch.end == ch.seq.prompt_len},
+                           decoded={seq.seq_id: 7 for seq in plan.decode})
+        update = self.scheduler.update_from_output(plan, out)
+        return StepResult(update.finished, update.failed, len(plan.decode), plan.admitted)
+
+
+def scrape(services) -> dict:
+    app = Flask("t")
+    NodeMetrics(lambda: services).instrument(app)
+    text = app.test_client().get("/metrics").get_data(as_text=True)
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+@pytest.mark.timeout(60)
+def test_generation_stats_and_metric_families():
+    engine = FakeEngine()
+    gen = ContinuousGenerationService("generate", engine, max_queue=8)
+    embed = BatchingService("embed", lambda items: items, max_size=4, max_wait_ms=1)
+    try:
+        assert isinstance(gen, StageService) and isinstance(embed, StageService)
+        engine.gate.clear()
+        futures = [gen.submit((5, 3))]
+        assert engine.stepping.wait(10)  # the loop holds the first request; the next two queue up
+        futures += [gen.submit((5, 3)) for _ in range(2)]
+        engine.gate.set()
+        assert [f.result(timeout=10) for f in futures] == ["7 7 7"] * 3
+        assert embed.submit_many([1, 2, 3])[2].result(timeout=10) == 3
+        st = gen.stats()
+        assert isinstance(st, GenerationStats)
+        assert st.finished_sequences_total == 3 and st.tokens_generated_total == 9
+        assert st.ttft_count == 3 and st.ttft_seconds_sum >= 0
+        assert st.batching.items_total == 3 and st.batching.failed_items_total == 0
+        assert sum(size * n for size, n in st.batching.batch_size_counts.items()) == 3
+        assert st.max_step_sequences == 2 and st.running_sequences == 0 and st.waiting_sequences == 0
+        assert sum(st.step_sequences_counts.values()) == st.decode_steps_total
+        assert set(st.summary()) >= {"batches", "items", "max_batch", "queue_depth"}
+        assert st.summary()["max_batch"] == 2
+
+        m = scrape([embed, gen])
+        for stage in ("embed", "generate"):
+            label = (("stage", stage),)
+            assert m[("rag_batch_size_sum", label)] == m[("rag_batch_items_total", label)] == 3
+            assert m[("rag_batch_size_count", label)] == m[("rag_batches_total", label)] >= 1
+        g = (("stage", "generate"),)
+        assert m[("rag_generate_decode_steps_total", g)] == st.decode_steps_total
+        assert m[("rag_generate_step_sequences_count", g)] == st.decode_steps_total
+        assert m[("rag_generate_step_sequences_sum", g)] == 2 * 3  # each of 3 sequences decoded twice
+        assert m[("rag_generate_tokens_total", g)] == 9
+        assert m[("rag_generate_ttft_seconds_count", g)] == 3
+        assert m[("rag_generate_running_sequences", g)] == 0 and m[("rag_generate_waiting_sequences", g)] == 0
+        assert m[("rag_generate_kv_tokens", (("stage", "generate"), ("state", "in_use")))] == 12
+        assert ("rag_generate_kv_tokens", (("stage", "generate"), ("state", "reserved"))) in m
+        assert not any(name.startswith("rag_generate") and labels == (("stage", "embed"),) for name, labels in m)
+    finally:
+        gen.close(timeout=10)
+        embed.close(timeout=10)
+
+
+def test_generation_ticket_is_the_sequence_payload():
+    engine = FakeEngine()
+    gen = ContinuousGenerationService("generate", engine, max_queue=2)
+    try:
+        future = gen.submit((3, 2))
+        assert future.result(timeout=10) == "7 7"
+        with pytest.raises(Overloaded) as info:
+            for _ in range(3):
+                gen.submit((3, 900))
+        assert info.value.retry_after_s > 0
+        seqs = engine.scheduler.active + list(engine.scheduler.waiting)
+        assert all(isinstance(s.payload, GenerationTicket) for s in seqs)
+    finally:
+        gen.close(timeout=10)
