@@ -17,23 +17,17 @@ import uuid
 
 import requests
 
-from pipeline.spec import REFERENCE_QUERIES  # client.py sits beside the package
+from pipeline.spec import REFERENCE_QUERIES, validate_reply  # client.py sits beside the packages
+from services.health_wait import wait_healthy
 
 DEFAULT_QUERIES = list(REFERENCE_QUERIES)  # the course client's eight queries
 
 
 def wait_for_health(base_url: str, wait_s: float) -> dict:
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            response = requests.get(f"{base_url}/health", timeout=5)
-            if response.status_code == 200:
-                return response.json()
-        except requests.RequestException:
-            pass
-        if time.monotonic() > deadline:
-            raise SystemExit(f"gateway at {base_url} is not healthy after {wait_s:.0f}s")
-        time.sleep(1)
+    try:
+        return wait_healthy(base_url, wait_s)
+    except TimeoutError:
+        raise SystemExit(f"gateway at {base_url} is not healthy after {wait_s:.0f}s") from None
 
 
 def send(base_url: str, request_id: str, query: str, timeout_s: float, results: list, lock: threading.Lock):
@@ -49,10 +43,14 @@ def send(base_url: str, request_id: str, query: str, timeout_s: float, results: 
     except requests.RequestException as exc:
         outcome = (None, {"error": f"{type(exc).__name__}: {exc}"})
     elapsed = time.monotonic() - started
+    status, body = outcome
+    # A 200 whose body breaks the contract is a failure too, reported with what is wrong.
+    problems = validate_reply(body, request_id) if status == 200 else []
     with lock:
-        results.append((request_id, query, outcome[0], outcome[1], elapsed))
-        status, body = outcome
-        if status == 200:
+        results.append((request_id, query, status, body, elapsed, problems))
+        if status == 200 and problems:
+            print(f"[{request_id}] {elapsed:6.1f}s  INVALID REPLY: {'; '.join(problems)}", flush=True)
+        elif status == 200:
             print(f"[{request_id}] {elapsed:6.1f}s  Q: {query}\n    A: {body.get('generated_response')!r}\n"
                   f"    sentiment={body.get('sentiment')} is_toxic={body.get('is_toxic')}"
                   f" served_by={body.get('served_by', '?')}", flush=True)
@@ -96,10 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         thread.join()
     elapsed = time.monotonic() - started
 
-    ok = [r for r in results if r[2] == 200]
+    ok = [r for r in results if r[2] == 200 and not r[5]]
     latencies = sorted(r[4] for r in results)
     print(f"\nsummary: sent {count}, succeeded {len(ok)}, failed {count - len(ok)}, elapsed {elapsed:.1f}s")
-    for request_id, _query, status, _body, latency in sorted(results):
+    for request_id, _query, status, _body, latency, _problems in sorted(results):
         print(f"  {request_id}: {status} in {latency:.1f}s")
     if latencies:
         print(f"latency: min {latencies[0]:.1f}s, median {latencies[len(latencies) // 2]:.1f}s, "

@@ -115,3 +115,26 @@ def answer_json(request_id: str, generated_response: str, sentiment: str, is_tox
     """The reply body of POST /query."""
     return {"request_id": request_id, "generated_response": generated_response,
             "sentiment": sentiment, "is_toxic": is_toxic}
+
+
+TOXIC_FLAGS = ("true", "false")
+
+
+def validate_reply(body: object, request_id: str) -> list[str]:
+    """What is wrong with a POST /query reply body for `request_id`; [] when it honours the contract.
+
+    Returns the problems instead of raising, so a load tool can count a bad reply as
+    one error kind and a test can assert on the list. Extra fields are allowed (SPEC).
+    """
+    if not isinstance(body, dict):
+        return [f"reply is not a JSON object: {type(body).__name__}"]
+    problems = []
+    if body.get("request_id") != request_id:
+        problems.append(f"request_id {body.get('request_id')!r} is not the {request_id!r} sent")
+    if not isinstance(body.get("generated_response"), str):
+        problems.append(f"generated_response {body.get('generated_response')!r} is not a string")
+    if body.get("sentiment") not in SENTIMENTS:
+        problems.append(f"sentiment {body.get('sentiment')!r} is not one of {', '.join(SENTIMENTS)}")
+    if body.get("is_toxic") not in TOXIC_FLAGS:
+        problems.append(f"is_toxic {body.get('is_toxic')!r} is not 'true' or 'false'")
+    return problems

@@ -22,6 +22,7 @@ from pipeline.device import Placement, select_device, thread_budget
 from pipeline.generator import GenerationRequest, Generator
 from pipeline.models import resolve_model_source
 from pipeline.reranker import RerankRequest, Reranker
+from profiling.lib.report import write_json
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -71,9 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     report["toxicity_identical"] = sum(x == y for x, y in zip(a["toxicity"], b["toxicity"]))
     report["seconds"] = {k: round(v["seconds"], 1) for k, v in outputs.items()}
     print(json.dumps(report, indent=2))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_dtype.json").write_text(json.dumps(report, indent=2))
+    write_json(Path(args.out) / "bench_dtype.json", report)
     return 0
 
 

@@ -38,6 +38,7 @@ from pipeline.device import Placement, placement_for, thread_budget
 from pipeline.generator import GenerationRequest, Generator
 from pipeline.models import resolve_model_source
 from services.batching import BatchingService
+from profiling.lib.report import write_json
 from services.generation import ContinuousGenerationService
 
 
@@ -187,7 +188,7 @@ def measure_step_times(generator: Generator, requests, max_batch: int) -> dict:
             "prefill_batch_plus_step_s": prefill_all}
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--stagger", type=float, default=1.0, help="seconds between arrivals")
@@ -201,65 +202,80 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-reference", action="store_true")
     parser.add_argument("--skip-static", action="store_true")
     parser.add_argument("--out", default="runs/bench_generate")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
-    import torch
-    settings = Settings.from_env()
-    torch.set_num_threads(thread_budget(settings.torch_threads))
-    source = resolve_model_source(settings)
-    placement = placement_for(settings, "generate")
-    requests = make_requests(args.requests, args.answer_lengths)
-    results = []
+
+def run_modes(args: argparse.Namespace, source, placement: Placement, requests) -> tuple[dict, dict[str, RunResult]]:
+    """(step times, {mode: result}): continuous, then static and the reference unless skipped."""
+    results = {}
     fast = Generator.load(source, placement)
     fast.generate_ids([fast.prompt("warm up", [])], max_new_tokens=2)
     steps = measure_step_times(fast, requests, args.max_batch)
     print(f"[{placement.dtype}] decode step at batch {args.max_batch}: {steps['decode_step_s']*1000:.0f} ms; "
           f"prefill of one prompt: {steps['prefill_one_s']*1000:.0f} ms", flush=True)
-    cont, _ = run_continuous(fast, requests, args.stagger, args.max_batch, args.prefill_chunk)
-    results.append(cont)
-    print(json.dumps(cont.summary()), flush=True)
-    static = None
+    results["continuous"], _ = run_continuous(fast, requests, args.stagger, args.max_batch, args.prefill_chunk)
+    print(json.dumps(results["continuous"].summary()), flush=True)
     if not args.skip_static:
-        static = run_static(fast, requests, args.stagger, args.max_batch, args.max_wait_ms)
-        results.append(static)
-        print(json.dumps(static.summary()), flush=True)
+        results["static"] = run_static(fast, requests, args.stagger, args.max_batch, args.max_wait_ms)
+        print(json.dumps(results["static"].summary()), flush=True)
     del fast
     if not args.skip_reference:
         reference = Generator.load(source, Placement(placement.device, "float32"))
-        ref = run_reference(reference, requests, args.stagger)
-        results.append(ref)
-        print(json.dumps(ref.summary()), flush=True)
+        results["reference"] = run_reference(reference, requests, args.stagger)
+        print(json.dumps(results["reference"].summary()), flush=True)
+    return steps, results
+
+
+def build_report(args: argparse.Namespace, source, requests, steps: dict, results: dict[str, RunResult]) -> dict:
+    import torch
+    cont = results["continuous"]
     bound = 3 * steps["decode_step_s"] + steps["prefill_one_s"]
     report = {
         "settings": {"requests": args.requests, "stagger_s": args.stagger, "max_batch": args.max_batch,
                      "answer_lengths": list(args.answer_lengths),
                      "answer_tokens": [r.max_new_tokens for r in requests],
                      "torch_threads": torch.get_num_threads(), "model_source": source.describe()},
-        "step_times": steps, "results": [r.summary() for r in results],
+        "step_times": steps, "results": [r.summary() for r in results.values()],
         "ttft_bound_s": bound,
         "ttft_after_admission_p95_within_bound": cont.summary()["ttft_after_admission_p95_s"] <= bound,
     }
-    if static is not None:
-        report["ratio_continuous_vs_static"] = cont.tokens_per_s / static.tokens_per_s
-    if not args.skip_reference:
-        report["ratio_continuous_vs_reference"] = cont.tokens_per_s / results[-1].tokens_per_s
-    print("\n| mode | dtype | tokens/s | latency p50 / p95 (s) | TTFT from submit p50 / p95 (s) | TTFT from admission p50 / p95 (s) |\n|---|---|---|---|---|---|")
-    for r in results:
+    for mode in ("static", "reference"):
+        if mode in results:
+            report[f"ratio_continuous_vs_{mode}"] = cont.tokens_per_s / results[mode].tokens_per_s
+    return report
+
+
+def print_report(report: dict, results: dict[str, RunResult]) -> None:
+    print("\n| mode | dtype | tokens/s | latency p50 / p95 (s) | TTFT from submit p50 / p95 (s) "
+          "| TTFT from admission p50 / p95 (s) |\n|---|---|---|---|---|---|")
+    for r in results.values():
         s = r.summary()
         ttft = f"{s['ttft_p50_s']} / {s['ttft_p95_s']}" if s["ttft_p50_s"] is not None else "n/a"
         admitted = (f"{s['ttft_after_admission_p50_s']} / {s['ttft_after_admission_p95_s']}"
                     if s["ttft_after_admission_p50_s"] is not None else "n/a")
         print(f"| {s['mode']} | {s['dtype']} | {s['tokens_per_s']} | {s['latency_p50_s']} / {s['latency_p95_s']} "
               f"| {ttft} | {admitted} |")
-    if static is not None:
+    if "ratio_continuous_vs_static" in report:
         print(f"\ncontinuous / static tokens/s: {report['ratio_continuous_vs_static']:.2f}x (target >= 1.3x)")
     if "ratio_continuous_vs_reference" in report:
         print(f"continuous / reference tokens/s: {report['ratio_continuous_vs_reference']:.2f}x (target >= 3x)")
-    print(f"TTFT after admission p95 {cont.summary()['ttft_after_admission_p95_s']} s vs bound 3 decode steps + "
-          f"own prefill = {bound:.3f} s (from submit, queueing for a slot included: p95 {cont.summary()['ttft_p95_s']} s)")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_generate.json").write_text(json.dumps(report, indent=2))
+    cont = results["continuous"].summary()
+    print(f"TTFT after admission p95 {cont['ttft_after_admission_p95_s']} s vs bound 3 decode steps + "
+          f"own prefill = {report['ttft_bound_s']:.3f} s (from submit, queueing for a slot included: "
+          f"p95 {cont['ttft_p95_s']} s)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+    settings = Settings.from_env()
+    torch.set_num_threads(thread_budget(settings.torch_threads))
+    source = resolve_model_source(settings)
+    requests = make_requests(args.requests, args.answer_lengths)
+    steps, results = run_modes(args, source, placement_for(settings, "generate"), requests)
+    report = build_report(args, source, requests, steps, results)
+    print_report(report, results)
+    write_json(Path(args.out) / "bench_generate.json", report)
     return 0
 
 

@@ -17,7 +17,6 @@ MODEL_SOURCE=standin for faithful figures.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
@@ -27,19 +26,15 @@ from pipeline.config import Settings
 from pipeline.device import placement_for, thread_budget
 from pipeline.models import resolve_model_source
 from pipeline.reranker import Reranker, length_groups
-from profiling.microbench import document_pool, rerank_inputs
+from profiling.lib.cli import comma_list
+from profiling.lib.inputs import document_pool, rerank_inputs
+from profiling.lib.report import write_json
 
 ONE_FORWARD = float("inf")
 
 
-def parse_ratios(text: str) -> list[float]:
-    try:
-        ratios = [float(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not ratios or any(not r >= 1.0 for r in ratios):
-        raise argparse.ArgumentTypeError("pad ratios must be numbers >= 1.0")
-    return ratios
+# Kept in the order given: the report lists the settings that way.
+parse_ratios = comma_list(float, minimum=1.0, what="pad ratios", example="1.1,1.25")
 
 
 def time_setting(reranker: Reranker, requests, ratio: float) -> tuple[float, list[list[float]]]:
@@ -94,12 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         print(f"{row['setting']:<16} {row['seconds_per_request']:>10.3f} {row['forwards_per_request']:>9.1f} "
               f"{row['speedup']:>8.2f}x {row['max_score_diff']:>17.2e}")
-    args.out.mkdir(parents=True, exist_ok=True)
     report = {"requests": len(requests), "rounds": args.rounds, "torch_threads": torch.get_num_threads(),
               "pair_tokens": {"min": min(all_lengths), "max": max(all_lengths),
                               "mean": float(np.mean(all_lengths))},
               "rows": rows}
-    (args.out / "bench_rerank.json").write_text(json.dumps(report, indent=2))
+    write_json(args.out / "bench_rerank.json", report)
     return 0
 
 

@@ -25,11 +25,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-import requests
 
 from pipeline.config import REPO_ROOT
 from pipeline.vector_index import VectorIndex
-from profiling.loadgen import scrape
+from profiling.lib.prometheus import PEAK_RSS_METRIC, RSS_METRIC, scrape
+from profiling.lib.report import write_json
+from services.health_wait import wait_healthy
 from services.local_cluster import free_ports
 from services.node_client import IndexClient
 
@@ -48,7 +49,7 @@ def rss_mib() -> float:
 def node_rss_mib(url: str) -> dict[str, float]:
     snapshot = scrape(f"{url}/metrics")
     return {name: round((snapshot.get(metric) or float("nan")) / 2**20, 1) for name, metric in
-            (("rss", "process_resident_memory_bytes"), ("peak_rss", "rag_process_peak_rss_bytes"))}
+            (("rss", RSS_METRIC), ("peak_rss", PEAK_RSS_METRIC))}
 
 
 def start_index_server(index: Path, port: int, nprobe: int, threads: int) -> subprocess.Popen:
@@ -59,15 +60,10 @@ def start_index_server(index: Path, port: int, nprobe: int, threads: int) -> sub
 
 
 def wait_ready(url: str, timeout_s: float = 300) -> float:
+    """Seconds until node 2 answers /health 200 (polled often: the time is reported)."""
     started = time.monotonic()
-    while time.monotonic() - started < timeout_s:
-        try:
-            if requests.get(f"{url}/health", timeout=2).status_code == 200:
-                return time.monotonic() - started
-        except requests.RequestException:
-            pass
-        time.sleep(0.1)  # polling a starting server, bounded by timeout_s
-    raise TimeoutError("index server not ready")
+    wait_healthy(url, timeout_s, poll_s=0.1, request_timeout_s=2)
+    return time.monotonic() - started
 
 
 def timed(fn, batches) -> list[float]:
@@ -130,9 +126,7 @@ def main(argv: list[str] | None = None) -> int:
               "queries_per_s": qps, "ratio_http_vs_in_process": qps["http"] / qps["in_process"]}
     print(json.dumps(report, indent=2))
     print(f"HTTP / in-process: {report['ratio_http_vs_in_process']:.2f}x (target >= 0.8x)")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench_search.json").write_text(json.dumps(report, indent=2))
+    write_json(Path(args.out) / "bench_search.json", report)
     return 0
 
 

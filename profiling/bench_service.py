@@ -32,22 +32,24 @@ loopback addresses.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import socket
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 import requests
 
-from pipeline.config import REPO_ROOT, STAGES, ConfigError, Settings
+from pipeline.config import REPO_ROOT, ConfigError, Settings
 from pipeline.device import thread_budget
-from profiling.loadgen import (ClosedGroup, MetricsSnapshot, NodeDelta, RunStats, Target, format_nodes_table,
-                               load_queries, node_deltas, run_closed, run_stats, scrape_all)
+from pipeline.spec import Stage
+from profiling.lib.cli import split_list
+from profiling.lib.load import ClosedGroup, Target, load_queries, run_closed
+from profiling.lib.prometheus import MetricsSnapshot, NodeDelta, node_deltas, scrape_all
+from profiling.lib.report import RunStats, format_nodes_table, jsonable, mib, run_stats, write_json
 from services.http import TOKEN_HEADER
 from services.local_cluster import LocalCluster, free_ports, pinned_env
 
@@ -67,7 +69,7 @@ class Variant:
 
 
 def batching_variants(cores: int) -> list[Variant]:
-    one_at_a_time = {f"{stage.upper()}_MAX_BATCH": "1" for stage in STAGES}
+    one_at_a_time = {f"{stage.upper()}_MAX_BATCH": "1" for stage in Stage}
     return [
         Variant("unbatched", {**CACHES_OFF, **one_at_a_time, "GENERATE_MODE": "static"},
                 "every stage's max batch 1, one sequence at a time through generate()"),
@@ -209,10 +211,6 @@ def run_variant(variant: Variant, env: Mapping[str, str], args: argparse.Namespa
     return result
 
 
-def _mib(value: float | None) -> str:
-    return f"{value / 2**20:.0f}" if value else "?"
-
-
 def format_report(results: Sequence[VariantResult]) -> str:
     header = (f"{'variant':<17}{'torch/faiss/http':>17}{'ok/sent':>9}{'req/min':>9}{'p50 s':>8}{'p95 s':>8}"
               f"{'x base':>8}  {'peak RSS MiB n0/n1/n2':<22}caches")
@@ -226,7 +224,7 @@ def format_report(results: Sequence[VariantResult]) -> str:
             continue
         s = r.stats
         ratio = r.ratio_to(baseline) if baseline is not None else math.nan
-        rss = "/".join(_mib(n.peak_rss_bytes) for n in r.nodes)
+        rss = "/".join(mib(n.peak_rss_bytes) for n in r.nodes)
         caches = ", ".join(f"{name} {c.get('hits', 0):.0f} hit {c.get('misses', 0):.0f} miss"
                            + (f" ({c['joined']:.0f} joined)" if c.get("joined") else "")
                            for name, c in r.caches.items() if c.get("hits") or c.get("misses")) or "-"
@@ -243,20 +241,11 @@ def format_report(results: Sequence[VariantResult]) -> str:
 
 
 def write_summary(path: Path, args: argparse.Namespace, results: Sequence[VariantResult], extra: dict) -> Path:
-    def default(value):
-        if isinstance(value, Path):
-            return str(value)
-        if hasattr(value, "__dataclass_fields__"):
-            return asdict(value)
-        raise TypeError(type(value).__name__)
-
     baseline = next((r for r in results if r.stats is not None), None)
-    summary = {**extra, "args": vars(args),
-               "variants": [{**asdict(r), "ratio_to_baseline": r.ratio_to(baseline) if baseline else None}
-                            for r in results]}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(summary, indent=2, default=default, allow_nan=True))
-    return path
+    variants = [{**jsonable(r, strict=False), "ratio_to_baseline": r.ratio_to(baseline) if baseline else None}
+                for r in results]
+    summary = {**extra, "args": vars(args), "variants": variants}
+    return write_json(path, summary)  # NaN kept as NaN (a variant not run has no ratio), as before
 
 
 def parser() -> argparse.ArgumentParser:
@@ -283,7 +272,7 @@ def choose_variants(compare: str, subset: str | None, cores: int) -> list[Varian
     if not subset:
         return variants
     by_name = {v.name: v for v in variants}
-    names = [n.strip() for n in subset.split(",") if n.strip()]
+    names = split_list(subset)
     unknown = [n for n in names if n not in by_name]
     if unknown or not names:
         raise ValueError(f"--variants {subset!r}: expected names from {', '.join(by_name)}")

@@ -11,7 +11,6 @@ queues and HTTP at low load (the performance target is <= 1.15).
 from __future__ import annotations
 
 import argparse
-import json
 import time
 import uuid
 from pathlib import Path
@@ -19,9 +18,9 @@ from pathlib import Path
 import requests
 
 from pipeline import spec
-from profiling.loadgen import PIPELINE_STAGES, _delta, check_target, scrape
-
-WORKER_STAGES = [s for s in PIPELINE_STAGES if s != "index"]
+from profiling.lib.cli import add_allow_remote, check_target, split_list
+from profiling.lib.prometheus import MetricsSnapshot, counter_delta, scrape
+from profiling.lib.report import write_json
 
 
 def clear_caches(metrics: dict[int, str], token: str) -> None:
@@ -34,6 +33,11 @@ def clear_caches(metrics: dict[int, str], token: str) -> None:
             pass  # a node without caches, or down: the stage times will show it
 
 
+def run_seconds(before: MetricsSnapshot, after: MetricsSnapshot, stage: str) -> float:
+    """Seconds the stage's batches ran between the two snapshots (0 when not exported)."""
+    return counter_delta(before, after, "rag_batch_run_seconds_total", stage=str(stage)) or 0.0
+
+
 def breakdown(url: str, metrics: dict[int, str], query: str, timeout_s: float, token: str = "") -> dict:
     clear_caches(metrics, token)
     before = {node: scrape(u) for node, u in metrics.items()}
@@ -44,10 +48,9 @@ def breakdown(url: str, metrics: dict[int, str], query: str, timeout_s: float, t
     response.raise_for_status()
     served_by = response.json().get("served_by", 0)
     after = {node: scrape(u) for node, u in metrics.items()}
-    stages = {stage: _delta(before[served_by], after[served_by], "rag_batch_run_seconds_total", stage=stage) or 0.0
-              for stage in WORKER_STAGES}
+    stages = {str(stage): run_seconds(before[served_by], after[served_by], stage) for stage in spec.WORKER_STAGES}
     if 2 in metrics:
-        stages["index (node 2)"] = _delta(before[2], after[2], "rag_batch_run_seconds_total", stage="index") or 0.0
+        stages["index (node 2)"] = run_seconds(before[2], after[2], spec.Stage.INDEX)
     # Sentiment and toxicity run at the same time: the critical path takes the longer.
     path = sum(v for k, v in stages.items() if k not in ("sentiment", "toxicity", "index (node 2)"))
     path += max(stages["sentiment"], stages["toxicity"])
@@ -61,13 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metrics", default="", help="node=url,... (default: node 0..2 at ports of --url +0/+1/+2)")
     parser.add_argument("--requests", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=600)
-    parser.add_argument("--allow-remote", action="store_true")
+    add_allow_remote(parser)
     parser.add_argument("--token", default="", help="the cluster token, to clear the caches before each request")
     parser.add_argument("--out", default="runs/latency_breakdown")
     args = parser.parse_args(argv)
     url = check_target(args.url, args.allow_remote).rstrip("/")
     if args.metrics:
-        metrics = {int(k): v for k, v in (part.split("=", 1) for part in args.metrics.split(","))}
+        metrics = {int(k): v for k, v in (part.split("=", 1) for part in split_list(args.metrics))}
     else:
         host, port = url.rsplit(":", 1)
         metrics = {n: f"{host}:{int(port) + n}/metrics" for n in (0, 1, 2)}
@@ -79,9 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         cells = [f"{r['latency_s']:.3f}"] + [f"{v:.3f}" for v in r["stages_s"].values()]
         print("| " + " | ".join(cells + [f"{r['critical_path_s']:.3f}", f"{r['ratio']:.3f}"]) + " |")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "latency_breakdown.json").write_text(json.dumps(rows, indent=2))
+    write_json(Path(args.out) / "latency_breakdown.json", rows)
     return 0
 
 

@@ -20,14 +20,11 @@ DIR/microbench_<stage>.png, and prints a summary table.
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import gc
 import logging
-import random
 import re
 import resource
-import sqlite3
 import statistics
 import sys
 import time
@@ -42,17 +39,16 @@ from pipeline import spec
 from pipeline.config import ConfigError, Settings
 from pipeline.device import placement_for, thread_budget
 from pipeline.docstore import DocumentStoreError
-from pipeline.spec import DOCUMENTS_TABLE as TABLE
 from pipeline.vector_index import VectorIndexError
+from profiling.lib.cli import comma_list, positive
+from profiling.lib.inputs import (ANSWER_CHARS, DOCS_PER_RERANK, SEED, answer_texts, cycled, document_pool, max_doc_id,
+                                  random_id_lists, random_unit_vectors, rerank_inputs, spec_queries)
+from profiling.lib.report import write_csv
 
 log = logging.getLogger("profiling.microbench")
 
-STAGES = ("embed", "search", "fetch", "rerank", "generate", "sentiment", "toxicity")
+STAGES = tuple(map(str, spec.WORKER_STAGES))  # plain names: argparse shows choices with repr()
 DEFAULT_OUT = Path("runs/microbench")
-DOCS_PER_RERANK = spec.TOP_K  # the reranker sees what search and fetch return: 10 documents
-DOC_POOL_SIZE = 400  # documents the rerank/generate inputs are drawn from
-ANSWER_CHARS = (400, 512)  # classifier inputs: a full answer, up to the 512-character cut
-SEED = 0
 
 
 # ------------------------------------------------------------------------- results
@@ -141,78 +137,6 @@ def _status_kib(key: str) -> int | None:
     except OSError:
         return None
     return int(match.group(1)) if match else None
-
-
-# ------------------------------------------------------------------------- realistic inputs
-
-def cycled(items: Sequence, n: int, offset: int = 0) -> list:
-    return [items[(offset + i) % len(items)] for i in range(n)]
-
-
-def spec_queries(n: int, offset: int = 0) -> list[str]:
-    """The reference client's eight queries, cycled: what the course client sends."""
-    return cycled(spec.REFERENCE_QUERIES, n, offset)
-
-
-def random_unit_vectors(n: int, dim: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((n, dim), dtype=np.float32)
-    return x / np.linalg.norm(x, axis=1, keepdims=True)
-
-
-def max_doc_id(db_path: Path) -> int:
-    # MAX over the primary key is one b-tree descent; COUNT(*) would scan 4.5M rows.
-    with sqlite3.connect(f"{db_path.resolve().as_uri()}?mode=ro", uri=True) as conn:
-        value = conn.execute(f"SELECT MAX(doc_id) FROM {TABLE}").fetchone()[0]
-    if value is None:
-        raise ValueError(f"{db_path} holds no documents")
-    return int(value)
-
-
-def random_id_lists(n: int, max_id: int, seed: int) -> list[list[int]]:
-    """n lists of top-k ids, as search returns them (uniform: the course index is random)."""
-    rng = random.Random(seed)
-    return [[rng.randint(0, max_id) for _ in range(spec.TOP_K)] for _ in range(n)]
-
-
-def document_pool(documents_dir: Path | None, size: int = DOC_POOL_SIZE) -> list:
-    """Documents to rerank and prompt with: from the given documents.db (what the
-    service would fetch), else from the support corpus (varied, realistic lengths)."""
-    if documents_dir is not None:
-        from pipeline.docstore import DocumentStore
-        with DocumentStore(documents_dir) as store:
-            ids = [i for ids in random_id_lists((size + spec.TOP_K - 1) // spec.TOP_K, max_doc_id(store.path), SEED)
-                   for i in ids]
-            pool = [d for docs in store.fetch_batch([ids]) for d in docs]
-        if pool:
-            return pool
-        log.warning("no documents found in %s; using the support corpus", documents_dir)
-    from builders.corpus import support_documents
-    return list(support_documents(size, seed=SEED))
-
-
-def rerank_inputs(pool: Sequence, n: int, offset: int = 0) -> list:
-    from pipeline.reranker import RerankRequest
-    return [RerankRequest(query, tuple(cycled(pool, DOCS_PER_RERANK, (offset + i) * DOCS_PER_RERANK)))
-            for i, query in enumerate(spec_queries(n, offset))]
-
-
-def answer_texts(pool: Sequence, n: int, offset: int = 0) -> list[str]:
-    """Answers of 400-512 characters, the length the classifiers see at most.
-
-    Built from support articles ("Answer: ..." as the LLM is told to reply) and
-    cut at a word boundary to a seeded length, so batches are padded as in service.
-    """
-    rng = random.Random(SEED + offset)
-    texts = []
-    for i in range(n):
-        limit = rng.randint(*ANSWER_CHARS)
-        text, j = "Answer:", 0
-        while len(text) <= limit:  # short articles: keep adding until the cut falls inside the text
-            text += " " + pool[((offset + i) * 3 + j) % len(pool)].content
-            j += 1
-        texts.append(text[:limit].rsplit(" ", 1)[0])
-    return texts
 
 
 # ------------------------------------------------------------------------- stages
@@ -422,18 +346,8 @@ def bench_stage(bench: StageBench, batch_sizes: Sequence[int], repeat: int, warm
     return rows
 
 
-def write_csv(path: Path, rows: Sequence[BenchRow]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=BenchRow.columns())
-        writer.writeheader()
-        for row in rows:
-            writer.writerow(dataclasses.asdict(row))
-    return path
-
-
 def write_plot(path: Path, rows: Sequence[BenchRow]) -> Path:
-    from profiling.plots import microbench_plot
+    from profiling.lib.plots import microbench_plot
     first = rows[0]
     subtitle = (f"{first.model_source} {first.device}/{first.dtype} threads={first.threads} "
                 f"repeat={first.repeat} {first.detail}")
@@ -467,7 +381,7 @@ def run_stage(ctx: BenchContext, stage: str, memory: MemoryProbe, progress: bool
     args = ctx.args
     rows = bench_stage(bench, args.batch_sizes, args.repeat, args.warmup, memory, progress)
     out = Path(args.out)
-    result = StageResult(stage, rows, write_csv(out / f"microbench_{stage}.csv", rows),
+    result = StageResult(stage, rows, write_csv(out / f"microbench_{stage}.csv", rows, BenchRow.columns()),
                          write_plot(out / f"microbench_{stage}.png", rows))
     del bench  # free the model before the next stage loads its own
     gc.collect()
@@ -476,36 +390,22 @@ def run_stage(ctx: BenchContext, stage: str, memory: MemoryProbe, progress: bool
 
 # ------------------------------------------------------------------------- CLI
 
-def _batch_sizes(raw: str) -> list[int]:
-    try:
-        sizes = [int(part) for part in raw.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{raw!r}: expected comma-separated integers, e.g. 1,2,4,8") from None
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError(f"{raw!r}: batch sizes must be integers >= 1")
-    return sorted(set(sizes))
-
-
-def _positive_int(raw: str) -> int:
-    value = int(raw)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{raw!r}: expected an integer >= 1")
-    return value
+parse_batch_sizes = comma_list(int, minimum=1, sort_unique=True, what="batch sizes", example="1,2,4,8")
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m profiling.microbench",
                                 description="Time each pipeline stage's batch function by batch size.")
     p.add_argument("--stage", required=True, choices=STAGES + ("all",))
-    p.add_argument("--batch-sizes", type=_batch_sizes, default=[1, 2, 4, 8, 16, 32])
-    p.add_argument("--repeat", type=_positive_int, default=5, help="timed runs per batch size")
+    p.add_argument("--batch-sizes", type=parse_batch_sizes, default=[1, 2, 4, 8, 16, 32])
+    p.add_argument("--repeat", type=positive(int), default=5, help="timed runs per batch size")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs per batch size first")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default runs/microbench)")
     p.add_argument("--index", type=Path, default=None, help="FAISS index for search (default FAISS_INDEX_PATH)")
     p.add_argument("--documents", type=Path, default=None,
                    help="folder holding documents.db: fetch reads it (default DOCUMENTS_DIR); rerank and "
                         "generate draw documents from it (default: the support corpus)")
-    p.add_argument("--max-new-tokens", type=_positive_int, default=spec.MAX_NEW_TOKENS)
+    p.add_argument("--max-new-tokens", type=positive(int), default=spec.MAX_NEW_TOKENS)
     p.add_argument("--allow-early-stop", action="store_true",
                    help="let generation stop at EOS (default: always decode --max-new-tokens tokens)")
     p.add_argument("--search-vectors", choices=("embedded", "random"), default="embedded",

@@ -25,41 +25,34 @@ node per sample) and DIR/soak_<name>_requests.csv (one row per request).
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
 import threading
 import time
-import uuid
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import requests
 
-from pipeline import spec
-from pipeline.config import ConfigError, Settings
-from profiling.loadgen import check_target
+from pipeline.config import ConfigError
+from profiling.lib.cli import add_allow_remote, check_target, check_targets, node_urls, split_list
+from profiling.lib.load import JOIN_GRACE_S, ClosedGroup, OpenGroup, Target, load_queries, run_closed, run_open
+from profiling.lib.load import RequestRecord as LoadRecord
+from profiling.lib.prometheus import RSS_METRIC, scrape
+from profiling.lib.report import percentiles, write_csv, write_json
 
 DEFAULT_OUT = Path("runs/soak")
 GROWTH_GOAL_PCT = 5.0
 BASELINE_S = 60.0
 SCRAPE_TIMEOUT_S = 5.0
-JOIN_GRACE_S = 5.0
-MIN_REQUEST_TIMEOUT_S = 1.0
-RSS_METRIC = "process_resident_memory_bytes"
-
-
-# ------------------------------------------------------------------------- target guard
-
-# One guard for every load tool: loadgen's (literal loopback only unless --allow-remote).
 
 
 # ------------------------------------------------------------------------- records
 
 @dataclass
 class RequestRecord:
+    """One row of soak_<name>_requests.csv."""
     sent_s: float  # since the start of the run
     latency_s: float
     outcome: str  # "ok", "http_<status>", an exception class, or "invalid_reply"
@@ -72,124 +65,46 @@ class RssSample:
     rss_bytes: float | None  # None: the scrape failed (counted, not fatal)
 
 
-class Run:
-    """Shared state of one soak run: the clock, the stop rule and what was seen."""
+def soak_target(args: argparse.Namespace, url: str) -> tuple[Target, float]:
+    """The library's target for this run and the monotonic time sending stops (--minutes).
 
-    def __init__(self, url: str, minutes: float, max_requests: int, timeout_s: float, drain_s: float):
-        self.url = url
-        self.started = time.monotonic()
-        self.stop_sending_at = self.started + minutes * 60.0
-        self.hard_end = self.stop_sending_at + drain_s
-        self.max_requests = max_requests
-        self.timeout_s = timeout_s
-        self.run_id = uuid.uuid4().hex[:8]
-        self.lock = threading.Lock()
-        self.sent = 0
-        self.records: list[RequestRecord] = []
-        self._local = threading.local()  # one Session per sending thread: Sessions are not thread-safe
-
-    @property
-    def session(self) -> requests.Session:
-        if not hasattr(self._local, "session"):
-            self._local.session = requests.Session()
-        return self._local.session
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.started
-
-    def take_ticket(self) -> int | None:
-        """The next request's number, or None once the time or the count is used up."""
-        with self.lock:
-            if time.monotonic() >= self.stop_sending_at or self.sent >= self.max_requests:
-                return None
-            self.sent += 1
-            return self.sent
-
-    def request_timeout(self) -> float:
-        # Cut so that no request outlives the run's hard end.
-        return max(MIN_REQUEST_TIMEOUT_S, min(self.timeout_s, self.hard_end - time.monotonic()))
-
-    def send(self, n: int) -> None:
-        request_id = f"soak-{self.run_id}-{n}"
-        body = {"request_id": request_id, "query": spec.REFERENCE_QUERIES[n % len(spec.REFERENCE_QUERIES)]}
-        sent = time.monotonic()
-        try:
-            response = self.session.post(f"{self.url}/query", json=body, timeout=self.request_timeout())
-            outcome = _outcome(response, request_id)
-        except requests.RequestException as exc:
-            outcome = type(exc).__name__
-        with self.lock:
-            self.records.append(RequestRecord(sent - self.started, time.monotonic() - sent, outcome))
+    Its deadline, --drain-s later, cuts request timeouts so nothing outlives the run;
+    a timeout so cut keeps its exception's name (cut_error=None), as any timeout does.
+    """
+    started = time.monotonic()
+    stop_sending_at = started + args.minutes * 60.0
+    target = Target(url, load_queries(None), args.timeout, stop_sending_at + args.drain_s, t0=started,
+                    id_prefix="soak", cut_error=None)
+    return target, stop_sending_at
 
 
-def _outcome(response: requests.Response, request_id: str) -> str:
-    if response.status_code != 200:
-        return f"http_{response.status_code}"
-    try:
-        reply = response.json()
-    except ValueError:
-        return "invalid_reply"
-    ok = (isinstance(reply, dict) and reply.get("request_id") == request_id
-          and reply.get("sentiment") in spec.SENTIMENTS and reply.get("is_toxic") in ("true", "false"))
-    return "ok" if ok else "invalid_reply"
+def run_load(target: Target, stop_sending_at: float, args: argparse.Namespace) -> list[LoadRecord]:
+    """The library's closed loop (C clients) or open loop (R per second, at most
+    --max-outstanding out at once), bounded by --max-requests, --minutes and the drain."""
+    if args.rate:
+        return run_open(target, OpenGroup("soak", args.max_requests, 1.0 / args.rate),
+                        send_until=stop_sending_at, max_outstanding=args.max_outstanding)
+    duration = stop_sending_at - time.monotonic()
+    return run_closed(target, ClosedGroup("soak", args.max_requests, args.concurrency, duration_s=duration))
 
 
-# ------------------------------------------------------------------------- load
-
-def closed_loop(run: Run, concurrency: int) -> list[threading.Thread]:
-    def client():
-        while (n := run.take_ticket()) is not None:
-            run.send(n)
-    return [threading.Thread(target=client, name=f"soak-client-{i}", daemon=True) for i in range(concurrency)]
-
-
-def open_loop(run: Run, rate: float, max_outstanding: int) -> list[threading.Thread]:
-    """One pacing thread; each request on its own thread, at most max_outstanding at once."""
-    slots = threading.BoundedSemaphore(max_outstanding)
-
-    def one(n: int):
-        try:
-            run.send(n)
-        finally:
-            slots.release()
-
-    def pace():
-        interval, next_at = 1.0 / rate, time.monotonic()
-        while (n := run.take_ticket()) is not None:
-            time.sleep(max(0.0, next_at - time.monotonic()))
-            next_at += interval
-            if not slots.acquire(timeout=max(0.0, run.stop_sending_at - time.monotonic())):
-                break  # the service stopped answering: do not pile up threads
-            threading.Thread(target=one, args=(n,), daemon=True).start()
-        # Wait (bounded) for the requests still out, so the run's records are complete.
-        for _ in range(max_outstanding):
-            if not slots.acquire(timeout=max(0.0, run.hard_end - time.monotonic())):
-                break
-    return [threading.Thread(target=pace, name="soak-pacer", daemon=True)]
+def answered(records: list[LoadRecord]) -> list[RequestRecord]:
+    """The requests that got an answer (one still out at the hard end was sent, not answered)."""
+    return [RequestRecord(r.send_s, r.latency_s, r.error or "ok") for r in records if r.finished]
 
 
 # ------------------------------------------------------------------------- memory
 
-def scrape_rss(session: requests.Session, url: str) -> float | None:
-    from prometheus_client.parser import text_string_to_metric_families
-    try:
-        response = session.get(f"{url}/metrics", timeout=SCRAPE_TIMEOUT_S)
-        response.raise_for_status()
-        for family in text_string_to_metric_families(response.text):
-            for sample in family.samples:
-                if sample.name == RSS_METRIC:
-                    return float(sample.value)
-    except (requests.RequestException, ValueError):
-        pass
-    return None
+def scrape_rss(url: str) -> float | None:
+    """The node's resident memory from its /metrics (None: the scrape failed)."""
+    return scrape(f"{url}/metrics", timeout_s=SCRAPE_TIMEOUT_S).get(RSS_METRIC)
 
 
-def sampler(run: Run, urls: list[str], every_s: float, samples: list[RssSample], stop: threading.Event):
-    session = requests.Session()
-    while not stop.is_set() and time.monotonic() < run.hard_end:
-        t = run.elapsed()
+def sampler(target: Target, urls: list[str], every_s: float, samples: list[RssSample], stop: threading.Event):
+    while not stop.is_set() and time.monotonic() < target.deadline:
+        t = target.now_s()
         for url in urls:
-            samples.append(RssSample(round(t, 2), url, scrape_rss(session, url)))
+            samples.append(RssSample(round(t, 2), url, scrape_rss(url)))
         stop.wait(every_s)
 
 
@@ -214,18 +129,19 @@ def growth(samples: list[RssSample], urls: list[str], duration_s: float) -> dict
 
 # ------------------------------------------------------------------------- report
 
-def summarize(run: Run, samples: list[RssSample], urls: list[str], args: argparse.Namespace) -> dict:
-    duration_s = min(run.elapsed(), args.minutes * 60.0)
-    outcomes = Counter(r.outcome for r in run.records)
-    ok_latencies = [r.latency_s for r in run.records if r.outcome == "ok"]
+def summarize(target: Target, sent: int, records: list[RequestRecord], samples: list[RssSample], urls: list[str],
+              args: argparse.Namespace) -> dict:
+    duration_s = min(target.now_s(), args.minutes * 60.0)
+    outcomes = Counter(r.outcome for r in records)
+    ok_latencies = [r.latency_s for r in records if r.outcome == "ok"]
     errors = {k: v for k, v in outcomes.items() if k != "ok"}
     memory = growth(samples, urls, duration_s)
     return {
-        "url": run.url, "mode": f"rate {args.rate}/s" if args.rate else f"closed loop x{args.concurrency}",
-        "minutes": args.minutes, "ran_s": round(run.elapsed(), 1), "sent": run.sent,
-        "answered": len(run.records), "ok": outcomes.get("ok", 0), "error_count": sum(errors.values()),
+        "url": target.url, "mode": f"rate {args.rate}/s" if args.rate else f"closed loop x{args.concurrency}",
+        "minutes": args.minutes, "ran_s": round(target.now_s(), 1), "sent": sent,
+        "answered": len(records), "ok": outcomes.get("ok", 0), "error_count": sum(errors.values()),
         "errors": errors,
-        "latency_s": ({f"p{q}": round(float(np.percentile(ok_latencies, q)), 3) for q in (50, 95, 99)}
+        "latency_s": ({f"p{q}": round(v, 3) for q, v in zip((50, 95, 99), percentiles(ok_latencies))}
                       if ok_latencies else {}),
         "throughput_per_min": round(60.0 * len(ok_latencies) / max(duration_s, 1e-9), 1),
         "rss_growth_goal_pct": GROWTH_GOAL_PCT, "rss": memory,
@@ -234,16 +150,11 @@ def summarize(run: Run, samples: list[RssSample], urls: list[str], args: argpars
     }
 
 
-def write_outputs(out: Path, name: str, summary: dict, samples: list[RssSample], run: Run) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / f"soak_{name}.json", out / f"soak_{name}_rss.csv", out / f"soak_{name}_requests.csv"]
-    paths[0].write_text(json.dumps(summary, indent=2) + "\n")
-    for path, rows, fields in ((paths[1], samples, RssSample), (paths[2], run.records, RequestRecord)):
-        with path.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(fields.__dataclass_fields__))
-            writer.writeheader()
-            writer.writerows(asdict(row) for row in rows)
-    return paths
+def write_outputs(out: Path, name: str, summary: dict, samples: list[RssSample],
+                  records: list[RequestRecord]) -> list[Path]:
+    return [write_json(out / f"soak_{name}.json", summary),
+            write_csv(out / f"soak_{name}_rss.csv", samples, list(RssSample.__dataclass_fields__)),
+            write_csv(out / f"soak_{name}_requests.csv", records, list(RequestRecord.__dataclass_fields__))]
 
 
 # ------------------------------------------------------------------------- main
@@ -264,7 +175,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--drain-s", type=float, default=30.0, help="after --minutes, how long requests out may take")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--name", default=time.strftime("%Y%m%d-%H%M%S"))
-    parser.add_argument("--allow-remote", action="store_true", help="allow non-loopback targets")
+    add_allow_remote(parser)
     args = parser.parse_args(argv)
     if args.rate is None and args.concurrency is None:
         args.concurrency = 4
@@ -280,12 +191,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def metrics_urls(args: argparse.Namespace) -> list[str]:
-    if args.metrics_urls:
-        raw = [u for u in args.metrics_urls.split(",") if u.strip()]
-    else:
-        settings = Settings.from_env()
-        raw = [settings.node_address(n).url for n in range(3)]
-    return [check_target(u.strip(), args.allow_remote) for u in raw]
+    """Node base URLs to watch: --metrics-urls, else NODE_0_IP..NODE_2_IP (loopback unless allowed)."""
+    return check_targets(split_list(args.metrics_urls) or node_urls(), args.allow_remote)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -296,24 +203,20 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, ConfigError) as exc:  # ConfigError is a ValueError too
         print(f"soak: {exc}", file=sys.stderr)
         return 2
-    run = Run(url, args.minutes, args.max_requests, args.timeout, args.drain_s)
+    target, stop_sending_at = soak_target(args, url)
     samples: list[RssSample] = []
     stop = threading.Event()
-    watcher = threading.Thread(target=sampler, args=(run, urls, args.sample_s, samples, stop), daemon=True)
-    load = open_loop(run, args.rate, args.max_outstanding) if args.rate else closed_loop(run, args.concurrency)
+    watcher = threading.Thread(target=sampler, args=(target, urls, args.sample_s, samples, stop), daemon=True)
     print(f"soak: {args.minutes:g} min against {url}, RSS of {len(urls)} nodes every {args.sample_s:g}s", flush=True)
     watcher.start()
-    for thread in load:
-        thread.start()
-    for thread in load:
-        thread.join(timeout=max(0.0, run.hard_end - time.monotonic()) + JOIN_GRACE_S)
+    load = run_load(target, stop_sending_at, args)  # returns by the deadline plus the join grace
     stop.set()
     watcher.join(timeout=SCRAPE_TIMEOUT_S * len(urls) + JOIN_GRACE_S)
-    end = round(min(run.elapsed(), args.minutes * 60.0), 2)  # one last sample, as the load ends
-    samples.extend(RssSample(end, u, scrape_rss(requests.Session(), u)) for u in urls)
-    with run.lock:
-        summary = summarize(run, list(samples), urls, args)
-        paths = write_outputs(args.out, args.name, summary, list(samples), run)
+    end = round(min(target.now_s(), args.minutes * 60.0), 2)  # one last sample, as the load ends
+    samples.extend(RssSample(end, u, scrape_rss(u)) for u in urls)
+    records = answered(list(load))  # a copy: a thread past its join timeout may still finish a record
+    summary = summarize(target, len(load), records, list(samples), urls, args)
+    paths = write_outputs(args.out, args.name, summary, list(samples), records)
     print(json.dumps(summary, indent=2))
     print("soak: wrote " + ", ".join(str(p) for p in paths))
     return 0

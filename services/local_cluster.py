@@ -18,10 +18,9 @@ import time
 from pathlib import Path
 from typing import Mapping
 
-import requests
-
 from pipeline.config import REPO_ROOT, ConfigError, Settings
 from pipeline.device import thread_budget
+from services.health_wait import health, wait_healthy
 
 log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1
@@ -64,26 +63,29 @@ class LocalCluster:
         return self
 
     def healthy(self, node: int) -> bool:
-        try:
-            return requests.get(f"{self.url(node)}/health", timeout=2).status_code == 200
-        except requests.RequestException:
-            return False
+        return health(self.url(node), request_timeout_s=2) is not None
 
     def wait_healthy(self, nodes=(0, 1, 2), timeout_s: float | None = None) -> None:
+        """Every node in `nodes` answers /health 200, within one shared deadline.
+
+        RuntimeError (with the log's tail) as soon as a node still waited for has exited.
+        """
+        nodes = tuple(nodes)
         deadline = time.monotonic() + (timeout_s or self.settings.startup_timeout_s)
-        pending = set(nodes)
-        while pending:
-            for node in list(pending):
-                proc = self.procs.get(node)
-                if proc is not None and proc.poll() is not None:
-                    raise RuntimeError(f"node {node} exited with {proc.returncode}; see {self.log_path(node)}:\n"
-                                       + self.tail(node))
-                if self.healthy(node):
-                    pending.discard(node)
-            if pending and time.monotonic() > deadline:
-                raise TimeoutError(f"nodes {sorted(pending)} not healthy in time; logs in {self.log_dir}")
-            if pending:
-                time.sleep(0.2)
+        for i, node in enumerate(nodes):
+            pending = nodes[i:]
+            try:
+                wait_healthy(self.url(node), deadline - time.monotonic(), poll_s=0.2, request_timeout_s=2,
+                             check=lambda pending=pending: self._raise_if_exited(pending))
+            except TimeoutError:
+                raise TimeoutError(f"nodes {sorted(pending)} not healthy in time; logs in {self.log_dir}") from None
+
+    def _raise_if_exited(self, nodes) -> None:
+        for node in nodes:
+            proc = self.procs.get(node)
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"node {node} exited with {proc.returncode}; see {self.log_path(node)}:\n"
+                                   + self.tail(node))
 
     def tail(self, node: int, lines: int = 30) -> str:
         try:

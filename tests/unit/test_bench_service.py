@@ -5,7 +5,7 @@ import pytest
 
 from pipeline.config import STAGES, Settings
 from profiling import bench_service
-from profiling.loadgen import MetricsSnapshot
+from profiling.lib.prometheus import MetricsSnapshot
 from tests.helpers import TEST_ENV
 
 pytestmark = pytest.mark.timeout(600)

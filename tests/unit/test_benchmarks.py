@@ -5,6 +5,7 @@ import json
 import pytest
 
 from profiling import bench_generate
+from tests.helpers import TEST_ENV
 
 
 @pytest.mark.timeout(600)
@@ -49,8 +50,12 @@ def test_answer_lengths_are_parsed_and_checked():
 
 
 @pytest.mark.timeout(600)
-def test_bench_rerank_compares_one_forward_with_length_groups(tmp_path, model_source):
+def test_bench_rerank_compares_one_forward_with_length_groups(tmp_path, model_source, monkeypatch):
     from profiling import bench_rerank
+    # The tool reads its settings from the environment: pin the tests' float32, where the
+    # scores of one forward and of length groups agree to 1e-4 (bfloat16 only to ~2e-3).
+    for name, value in TEST_ENV.items():
+        monkeypatch.setenv(name, value)
     assert bench_rerank.main(["--requests", "2", "--rounds", "1", "--pad-ratios", "1.0,1.5",
                               "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "bench_rerank.json").read_text())

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from profiling import microbench
+from profiling.lib import inputs
 from tests.helpers import TEST_ENV
 
 STAGES = ("embed", "search", "fetch", "sentiment", "generate")
@@ -78,13 +79,13 @@ def test_details_explain_the_inputs(bench_out):
 def test_realistic_inputs():
     from builders.corpus import support_documents
     pool = list(support_documents(40))
-    texts = microbench.answer_texts(pool, 16)
+    texts = inputs.answer_texts(pool, 16)
     assert all(380 <= len(t) <= 512 and t.startswith("Answer: ") for t in texts)
     short = [d.__class__(d.doc_id, d.title, d.content[:90], d.category) for d in pool]
-    assert all(380 <= len(t) <= 512 for t in microbench.answer_texts(short, 16))
-    requests = microbench.rerank_inputs(pool, 3)
+    assert all(380 <= len(t) <= 512 for t in inputs.answer_texts(short, 16))
+    requests = inputs.rerank_inputs(pool, 3)
     assert [len(r.documents) for r in requests] == [10, 10, 10]
-    assert microbench.spec_queries(10)[8] == microbench.spec_queries(1)[0]
+    assert inputs.spec_queries(10)[8] == inputs.spec_queries(1)[0]
 
 
 def test_bad_batch_sizes_are_refused():

@@ -58,3 +58,18 @@ def test_classifier_text_truncated_to_512_characters():
 def test_constants():
     assert (spec.EMBED_DIM, spec.TOP_K, spec.MAX_NEW_TOKENS, spec.TRUNCATE_LENGTH) == (768, 10, 128, 512)
     assert len(spec.REFERENCE_QUERIES) == 8
+
+
+def test_validate_reply():
+    good = spec.answer_json("r1", "Answer: yes", "neutral", "false")
+    assert spec.validate_reply(good, "r1") == []
+    assert spec.validate_reply({**good, "served_by": 1}, "r1") == []  # extra fields are allowed
+    assert spec.validate_reply({**good, "generated_response": ""}, "r1") == []  # a string, even empty
+    for sentiment in spec.SENTIMENTS:
+        assert spec.validate_reply({**good, "sentiment": sentiment}, "r1") == []
+    bad = {"request_id": "r2", "generated_response": None, "sentiment": "happy", "is_toxic": True}
+    problems = spec.validate_reply(bad, "r1")
+    assert len(problems) == 4
+    assert [p.split()[0] for p in problems] == ["request_id", "generated_response", "sentiment", "is_toxic"]
+    assert len(spec.validate_reply({k: v for k, v in good.items() if k != "is_toxic"}, "r1")) == 1
+    assert spec.validate_reply(["not", "a", "dict"], "r1") and spec.validate_reply(None, "r1")

@@ -1,0 +1,269 @@
+"""Load generation against node 0's POST /query: open-loop schedules, closed loops, sweeps.
+
+Open loop sends at fixed times whatever the service does (as the course client
+does: one thread per request), so queueing shows up as latency; closed loop
+keeps C requests in flight, so it finds the throughput the service can sustain.
+Every loop is bounded in count and in time: a Target carries a hard deadline
+after which nothing is sent and no request is waited for.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import requests
+
+from pipeline import spec
+
+COURSE_SCHEDULE = "10x10,20x5,50x1"  # the course client's three runs: count x interval (s)
+MIN_REQUEST_TIMEOUT_S = 1.0
+JOIN_GRACE_S = 5.0  # past the deadline, how long to wait for threads whose timeout was cut
+INVALID_REPLY = "invalid_reply"
+
+
+# ------------------------------------------------------------------------- plan
+
+@dataclass(frozen=True)
+class OpenGroup:
+    """count requests sent interval_s apart (open loop), whatever the replies do."""
+    name: str
+    count: int
+    interval_s: float
+
+
+@dataclass(frozen=True)
+class ClosedGroup:
+    """concurrency clients, each sending its next request when its reply arrives."""
+    name: str
+    count: int
+    concurrency: int
+    duration_s: float | None = None
+
+
+Group = OpenGroup | ClosedGroup
+_PHASE = re.compile(r"^\s*(\d+)\s*x\s*(\d+(?:\.\d*)?|\.\d+)\s*$")
+
+
+def parse_schedule(raw: str, time_scale: float = 1.0) -> list[OpenGroup]:
+    """'course' or 'COUNTxINTERVAL,...' (e.g. 10x10,20x5) into open-loop phases.
+
+    time_scale multiplies every interval (0.01 turns the course's 10 s into 0.1 s for tests).
+    """
+    text = COURSE_SCHEDULE if raw.strip().lower() == "course" else raw
+    phases = []
+    for part in text.split(","):  # not split_list: an empty part is an error here, not a blank to drop
+        match = _PHASE.match(part)
+        if not match or int(match.group(1)) < 1:
+            raise ValueError(f"schedule part {part!r}: expected COUNTxINTERVAL such as 10x10 (10 requests 10 s apart)")
+        count, interval = int(match.group(1)), float(match.group(2))
+        phases.append(OpenGroup(f"{count}x{match.group(2)}", count, interval * time_scale))
+    return phases
+
+
+def load_queries(path: str | None) -> list[str]:
+    """One query per line of `path`, or the SPEC's eight when no file is given."""
+    if not path:
+        return list(spec.REFERENCE_QUERIES)
+    queries = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not queries:
+        raise ValueError(f"{path} holds no queries")
+    return queries
+
+
+# ------------------------------------------------------------------------- one request
+
+@dataclass
+class RequestRecord:
+    request_id: str
+    group: str
+    query_index: int
+    scheduled_s: float  # planned send time, seconds from the start of the run
+    send_s: float = math.nan  # actual send time (open loop lag = send_s - scheduled_s)
+    latency_s: float = math.nan
+    status: int = 0  # HTTP status; 0 when no response came back
+    error: str = ""  # "" for a valid 200 reply
+    served_by: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.error
+
+    @property
+    def finished(self) -> bool:
+        return not math.isnan(self.latency_s)
+
+    @property
+    def done_s(self) -> float:
+        return self.send_s + self.latency_s
+
+    @classmethod
+    def columns(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+
+def reply_error(body: object, request_id: str) -> str:
+    """'' when a 200 body honours the SPEC's reply contract, else 'invalid_reply'."""
+    return INVALID_REPLY if spec.validate_reply(body, request_id) else ""
+
+
+def json_or_none(response: requests.Response, default):
+    """The response's JSON object, or `default` when it is not JSON or not an object."""
+    try:
+        body = response.json()
+    except ValueError:
+        return default
+    return body if isinstance(body, dict) else default
+
+
+@dataclass
+class Target:
+    url: str
+    queries: Sequence[str]
+    timeout_s: float
+    deadline: float  # time.monotonic() after which nothing is sent and nothing waited for
+    # One clock for the whole invocation: every record's times are seconds since t0,
+    # so phases and levels lie on one timeline and "overall" spans them all.
+    t0: float = field(default_factory=time.monotonic)
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    deadline_hit: bool = False  # something planned was not sent because of the deadline
+    id_prefix: str = "lg"  # request ids: PREFIX-RUN-GROUP-I
+    # What a timeout cut short by the deadline counts as; None: its exception class, like any timeout.
+    cut_error: str | None = "max_duration_cut"
+
+    def past_deadline(self) -> bool:
+        if time.monotonic() >= self.deadline:
+            self.deadline_hit = True
+        return self.deadline_hit
+
+    def request_timeout(self) -> tuple[float, bool]:
+        """(timeout, cut): the per-request timeout, cut so the request ends by the deadline."""
+        left = self.deadline - time.monotonic()
+        if left < self.timeout_s:
+            return max(MIN_REQUEST_TIMEOUT_S, left), True
+        return self.timeout_s, False
+
+    def now_s(self) -> float:
+        return time.monotonic() - self.t0
+
+    def record(self, group: str, i: int, scheduled_s: float) -> RequestRecord:
+        return RequestRecord(f"{self.id_prefix}-{self.run_id}-{group}-{i}", group, i, scheduled_s)
+
+    def send(self, record: RequestRecord, session: requests.Session | None = None) -> RequestRecord:
+        """POST /query for one record; fills its send time, latency, status and error kind."""
+        timeout, cut = self.request_timeout()
+        body = {"request_id": record.request_id, "query": self.queries[record.query_index % len(self.queries)]}
+        post = session.post if session is not None else requests.post
+        started = time.monotonic()
+        record.send_s = started - self.t0
+        try:
+            response = post(f"{self.url}/query", json=body, timeout=timeout)
+            record.status = response.status_code
+            record.error = self._classify(response, record.request_id)
+            if response.status_code == 200:
+                record.served_by = str(json_or_none(response, {}).get("served_by", ""))
+        except requests.Timeout as exc:
+            record.error = self.cut_error if cut and self.cut_error else type(exc).__name__
+        except requests.RequestException as exc:
+            record.error = type(exc).__name__
+        record.latency_s = time.monotonic() - started
+        return record
+
+    @staticmethod
+    def _classify(response: requests.Response, request_id: str) -> str:
+        if response.status_code != 200:
+            return f"http_{response.status_code}"
+        return reply_error(json_or_none(response, None), request_id)
+
+
+# ------------------------------------------------------------------------- loops
+
+def run_open(target: Target, group: OpenGroup, *, send_until: float | None = None,
+             max_outstanding: int | None = None) -> list[RequestRecord]:
+    """One thread per request, started on schedule (as the course client does), then all joined.
+
+    Requests whose time falls after the deadline (or after send_until, a monotonic
+    time the caller chose) are not sent: they are left out of the records. With
+    max_outstanding, a send waits for a free slot (at most until the send bound):
+    a service that stopped answering does not pile up threads.
+    """
+    start = time.monotonic()
+    stop_at = target.deadline if send_until is None else min(send_until, target.deadline)
+    slots = threading.BoundedSemaphore(max_outstanding) if max_outstanding else None
+    records, threads = [], []
+    for i in range(group.count):
+        planned = start + i * group.interval_s
+        if planned >= target.deadline:
+            target.deadline_hit = True
+        if planned >= stop_at:
+            break
+        _sleep_until(planned)
+        if slots is not None and not slots.acquire(timeout=max(0.0, stop_at - time.monotonic())):
+            break
+        record = target.record(group.name, i, planned - target.t0)
+        thread = threading.Thread(target=_send_in_slot, args=(target, record, slots), daemon=True, name=f"req-{i}")
+        thread.start()
+        records.append(record)
+        threads.append(thread)
+    _join_all(threads, target.deadline)
+    return records
+
+
+def _send_in_slot(target: Target, record: RequestRecord, slots: threading.BoundedSemaphore | None) -> None:
+    try:
+        target.send(record)
+    finally:
+        if slots is not None:
+            slots.release()
+
+
+def run_closed(target: Target, group: ClosedGroup) -> list[RequestRecord]:
+    """concurrency clients (a keep-alive session each) sharing one request counter.
+
+    Bounded by count, by the group's duration (no new sends after it) and by the deadline.
+    """
+    start = time.monotonic()
+    stop_at = min(target.deadline, start + group.duration_s) if group.duration_s else target.deadline
+    records: list[RequestRecord] = []
+    lock = threading.Lock()
+
+    def claim() -> RequestRecord | None:
+        with lock:
+            i = len(records)
+            if i >= group.count or target.past_deadline() or time.monotonic() >= stop_at:
+                return None
+            records.append(target.record(group.name, i, target.now_s()))
+            return records[-1]
+
+    def client() -> None:
+        with requests.Session() as session:
+            while (record := claim()) is not None:
+                target.send(record, session)
+
+    threads = [threading.Thread(target=client, daemon=True, name=f"client-{c}")
+               for c in range(min(group.concurrency, group.count))]
+    for thread in threads:
+        thread.start()
+    _join_all(threads, target.deadline)
+    return records
+
+
+def run_group(target: Target, group: Group) -> list[RequestRecord]:
+    return run_open(target, group) if isinstance(group, OpenGroup) else run_closed(target, group)
+
+
+def _sleep_until(when: float) -> None:
+    delay = when - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
+
+
+def _join_all(threads: Sequence[threading.Thread], deadline: float) -> None:
+    for thread in threads:
+        thread.join(timeout=max(0.0, deadline + JOIN_GRACE_S - time.monotonic()))

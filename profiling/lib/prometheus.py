@@ -1,0 +1,136 @@
+"""Each node's /metrics: scraping, snapshots, and what changed between two snapshots."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import requests
+
+from pipeline.spec import Stage
+
+SCRAPE_TIMEOUT_S = 10.0
+RSS_METRIC = "process_resident_memory_bytes"
+PEAK_RSS_METRIC = "rag_process_peak_rss_bytes"
+
+SampleKey = tuple[str, tuple[tuple[str, str], ...]]
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    url: str
+    samples: dict[SampleKey, float]
+    error: str = ""  # why there are no samples ("http_404", "ConnectionError", ...)
+
+    def get(self, name: str, **labels: str) -> float | None:
+        return self.samples.get((name, tuple(sorted(labels.items()))))
+
+    def label_values(self, name: str, label: str) -> list[str]:
+        return sorted({dict(lbl)[label] for (n, lbl) in self.samples if n == name and label in dict(lbl)})
+
+
+def parse_metrics(text: str) -> dict[SampleKey, float]:
+    """Prometheus text into {(sample name, sorted labels): value}; sample names keep their
+    suffixes (_total, _count, _sum, _bucket), so counters and histograms read the same way."""
+    from prometheus_client.parser import text_string_to_metric_families
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
+    return samples
+
+
+def scrape(url: str, timeout_s: float = SCRAPE_TIMEOUT_S) -> MetricsSnapshot:
+    """GET a /metrics URL; a failure is an empty snapshot that says why, never an exception."""
+    try:
+        response = requests.get(url, timeout=timeout_s)
+    except requests.RequestException as exc:
+        return MetricsSnapshot(url, {}, type(exc).__name__)
+    if response.status_code != 200:
+        return MetricsSnapshot(url, {}, f"http_{response.status_code}")
+    try:
+        return MetricsSnapshot(url, parse_metrics(response.text))
+    except ValueError as exc:  # not Prometheus text
+        return MetricsSnapshot(url, {}, f"unparsable: {exc}")
+
+
+def scrape_all(urls: Sequence[str]) -> list[MetricsSnapshot]:
+    return [scrape(url) for url in urls]
+
+
+@dataclass(frozen=True)
+class StageDelta:
+    stage: str
+    batches: float
+    items: float
+    mean_batch_size: float
+    mean_batch_run_s: float  # per batch
+    mean_item_wait_s: float  # per item, submit to batch start
+    queue_depth_after: float | None
+
+
+@dataclass(frozen=True)
+class NodeDelta:
+    url: str
+    error: str
+    peak_rss_bytes: float | None
+    rss_bytes: float | None
+    stages: list[StageDelta]
+    http_requests: dict[str, float]  # "endpoint status" -> count during the run
+
+
+def counter_delta(before: MetricsSnapshot, after: MetricsSnapshot, *names: str, **labels: str) -> float | None:
+    """after - before of the first of `names` that the node exports (counters, histogram sums)."""
+    for name in names:
+        a = after.get(name, **labels)
+        if a is not None:
+            return a - (before.get(name, **labels) or 0.0)
+    return None
+
+
+def stage_order(stage: str) -> tuple[int, str]:
+    """Sort key: pipeline order reads better than alphabetical; unknown stages go last."""
+    order = list(Stage)
+    return (order.index(stage) if stage in order else len(order), stage)
+
+
+def _ratio(num: float | None, den: float | None) -> float:
+    return num / den if num is not None and den else math.nan
+
+
+def stage_delta(before: MetricsSnapshot, after: MetricsSnapshot, stage: str) -> StageDelta:
+    batches = counter_delta(before, after, "rag_batch_size_count", "rag_batches_total", stage=stage)
+    # Items the stage finished (requests), and items summed over its batches (the
+    # histogram's sum); the two agree for request batches, but a continuous-batching
+    # stage counts decode steps as batches, whose sizes are rows, not requests.
+    items = counter_delta(before, after, "rag_batch_items_total", "rag_batch_size_sum", stage=stage)
+    batched = counter_delta(before, after, "rag_batch_size_sum", "rag_batch_items_total", stage=stage)
+    run_s = counter_delta(before, after, "rag_batch_run_seconds_total", stage=stage)
+    wait_s = counter_delta(before, after, "rag_batch_wait_seconds_total", stage=stage)
+    return StageDelta(stage, batches or 0.0, items or 0.0, _ratio(batched, batches), _ratio(run_s, batches),
+                      _ratio(wait_s, items), after.get("rag_batch_queue_depth", stage=stage))
+
+
+def http_deltas(before: MetricsSnapshot, after: MetricsSnapshot) -> dict[str, float]:
+    """{"endpoint status": requests during the run}, for the pairs that changed."""
+    http = {}
+    for (name, labels), value in after.samples.items():
+        if name == "rag_http_requests_total":
+            d = dict(labels)
+            count = value - (before.samples.get((name, labels)) or 0.0)
+            if count:
+                http[f"{d.get('endpoint', '?')} {d.get('status', '?')}"] = count
+    return dict(sorted(http.items()))
+
+
+def node_delta(before: MetricsSnapshot, after: MetricsSnapshot) -> NodeDelta:
+    if after.error:
+        return NodeDelta(after.url, after.error, None, None, [], {})
+    names = after.label_values("rag_batch_size_count", "stage") or after.label_values("rag_batches_total", "stage")
+    stages = [stage_delta(before, after, stage) for stage in sorted(names, key=stage_order)]
+    return NodeDelta(after.url, "", after.get(PEAK_RSS_METRIC), after.get(RSS_METRIC), stages,
+                     http_deltas(before, after))
+
+
+def node_deltas(before: Sequence[MetricsSnapshot], after: Sequence[MetricsSnapshot]) -> list[NodeDelta]:
+    return [node_delta(b, a) for b, a in zip(before, after)]
