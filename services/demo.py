@@ -4,7 +4,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from pathlib import Path
 
 from pipeline.config import REPO_ROOT, ConfigError
 from services.local_cluster import LocalCluster, pinned_env
