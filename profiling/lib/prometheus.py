@@ -100,9 +100,10 @@ def _ratio(num: float | None, den: float | None) -> float:
 
 def stage_delta(before: MetricsSnapshot, after: MetricsSnapshot, stage: str) -> StageDelta:
     batches = counter_delta(before, after, "rag_batch_size_count", "rag_batches_total", stage=stage)
-    # Items the stage finished (requests), and items summed over its batches (the
-    # histogram's sum); the two agree for request batches, but a continuous-batching
-    # stage counts decode steps as batches, whose sizes are rows, not requests.
+    # Items taken off the stage's queue, and items summed over its batches (the histogram's
+    # sum): the two agree for every stage (a continuous generate batch is the requests
+    # admitted together; its decode steps are the rag_generate_* families). Older nodes
+    # counted decode steps as generate's batches, so each is read on its own.
     items = counter_delta(before, after, "rag_batch_items_total", "rag_batch_size_sum", stage=stage)
     batched = counter_delta(before, after, "rag_batch_size_sum", "rag_batch_items_total", stage=stage)
     run_s = counter_delta(before, after, "rag_batch_run_seconds_total", stage=stage)
