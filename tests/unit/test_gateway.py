@@ -7,10 +7,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from services.batching import Overloaded
-from services.gateway import Gateway, NoWorkerAvailable, Target, WorkerFailed, remote_target
-from services.node_client import NodeError, NodeUnreachable
-from services.worker import RequestTimeout, StageFailed
+from services.errors import (NodeError, NodeUnreachable, NoWorkerAvailable, Overloaded, RequestTimeout, StageFailed,
+                             WorkerFailed)
+from services.gateway import Gateway, Target, remote_target
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -181,8 +180,7 @@ def test_remote_worker_is_out_of_rotation_until_its_probe_says_ready():
 def test_worker_wait_maps_stage_outcomes():
     from concurrent.futures import Future
 
-    from services.batching import ServiceClosed
-    from services.node_client import DeadlineExceeded
+    from services.errors import DeadlineExceeded, ServiceClosed
     from services.worker import Worker
 
     def failed(exc):
