@@ -130,9 +130,9 @@ def install_error_handler(app: Flask) -> None:
     def _error(exc: Exception):
         answer = _answer_for(exc)
         if answer.log_level is not None:
-            # repr of the id: a request_id cannot forge log lines
-            log.log(answer.log_level, "%s %s request_id=%r -> %d: %s", request.method, request.path,
-                    g.get("request_id"), answer.status, exc)
+            request_id = g.get("request_id")  # set once the body named one; repr: it cannot forge log lines
+            tag = f" request_id={request_id!r}" if request_id is not None else ""
+            log.log(answer.log_level, "%s %s%s -> %d: %s", request.method, request.path, tag, answer.status, exc)
         return error_response(answer.status, answer.message, field=answer.field,
                               retry_after_s=answer.retry_after_s)
 
