@@ -45,7 +45,7 @@ class _TextClassifier:
 
 
 class SentimentClassifier(_TextClassifier):
-    stage = "sentiment"
+    stage = spec.Stage.SENTIMENT
     model_name = spec.SENTIMENT_MODEL
 
     def classify(self, texts: Sequence[str]) -> list[str]:
@@ -58,7 +58,7 @@ class SentimentClassifier(_TextClassifier):
 
 
 class ToxicityClassifier(_TextClassifier):
-    stage = "toxicity"
+    stage = spec.Stage.TOXICITY
     model_name = spec.TOXICITY_MODEL
 
     def top_probabilities(self, texts: Sequence[str]) -> list[float]:

@@ -18,6 +18,11 @@ from pipeline.spec import MODEL_STAGES, Stage
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STAGES = tuple(Stage)  # every stage with a batching service: the worker's seven and node 2's index
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# Waitress closes a connection that has no request in progress after this long quiet
+# (idle keep-alive connections between nodes, stalled uploads): Settings.channel_timeout_s
+# is REQUEST_TIMEOUT_S plus this, so no connection is cut while a request could still be
+# waited on, and pooled node-to-node connections survive a quiet spell.
+CHANNEL_TIMEOUT_MARGIN_S = 60.0
 
 
 class ConfigError(ValueError):
@@ -180,6 +185,7 @@ class Settings:
     faiss_mmap: bool = var("FAISS_MMAP", _bool, "true", "memory-map the index file instead of reading it into RAM")
     # --- models
     only_cpu: bool = var("ONLY_CPU", _bool, "false", "true forces the CPU even where a GPU exists")
+    hf_hub_offline: bool = var("HF_HUB_OFFLINE", _bool, "false", "true: never contact the Hugging Face hub (huggingface_hub reads it too); MODEL_SOURCE=auto then uses cached real models or stand-ins")
     model_source: str = var("MODEL_SOURCE", _choice("auto", "hub", "standin"), "auto", "hub: real models; standin: offline random-weight stand-ins; auto: real if cached or downloadable")
     standin_profile: str = var("STANDIN_PROFILE", _choice("tiny", "faithful"), "tiny", "stand-in size: tiny for tests and demo, faithful (real shapes) for benchmarks")
     standin_home: Path | None = var("STANDIN_HOME", _optional_path, "", "where stand-ins are built (default .cache/standins/<profile>)")
@@ -192,27 +198,27 @@ class Settings:
     # --- threads
     torch_threads: int = var("TORCH_THREADS", _int_range(0, 1024), "0", "torch intra-op threads; 0 = the core count")
     faiss_threads: int = var("FAISS_THREADS", _int_range(0, 1024), "0", "faiss OpenMP threads; 0 = the core count")
-    waitress_threads: int = var("WAITRESS_THREADS", _int_range(0, 1024), "0", "HTTP threads per node; 0 = GATEWAY_MAX_IN_FLIGHT + 32 on workers, 32 on the index server")
+    waitress_threads: int = var("WAITRESS_THREADS", _int_range(0, 1024), "0", "HTTP threads per node; 0 = GATEWAY_MAX_IN_FLIGHT + 32 spare on workers, 32 on the index server")
     # --- batching, one pair per stage (defaults from docs/performance.md once measured)
-    embed_max_batch: int = _max_batch("embed", 16, "measured: 84 ms per query alone, 29 ms at 16")
-    embed_max_wait_ms: float = _max_wait("embed", 5)
-    search_max_batch: int = _max_batch("search", 16, "one HTTP call to node 2 per batch; faiss: 34 ms per query alone, 13 ms at 16")
-    search_max_wait_ms: float = _max_wait("search", 5)
-    fetch_max_batch: int = _max_batch("fetch", 32, "one SQL query per batch; about 4 ms per request at any size")
-    fetch_max_wait_ms: float = _max_wait("fetch", 2)
-    rerank_max_batch: int = _max_batch("rerank", 1, "measured: about 2.9 s per request at 1, 2 and 4; batching only delays the first")
-    rerank_max_wait_ms: float = _max_wait("rerank", 0)
-    generate_max_batch: int = _max_batch("generate", 16, "continuous mode: sequences decoding together; one decode step measured 476 ms at 8, 554 ms at 16 (2.99x the one-at-a-time reference's tokens/s)")
-    generate_max_wait_ms: float = _max_wait("generate", 20)
+    embed_max_batch: int = _max_batch(Stage.EMBED, 16, "measured: 84 ms per query alone, 29 ms at 16")
+    embed_max_wait_ms: float = _max_wait(Stage.EMBED, 5)
+    search_max_batch: int = _max_batch(Stage.SEARCH, 16, "one HTTP call to node 2 per batch; faiss: 34 ms per query alone, 13 ms at 16")
+    search_max_wait_ms: float = _max_wait(Stage.SEARCH, 5)
+    fetch_max_batch: int = _max_batch(Stage.FETCH, 32, "one SQL query per batch; about 4 ms per request at any size")
+    fetch_max_wait_ms: float = _max_wait(Stage.FETCH, 2)
+    rerank_max_batch: int = _max_batch(Stage.RERANK, 1, "measured: about 2.9 s per request at 1, 2 and 4; batching only delays the first")
+    rerank_max_wait_ms: float = _max_wait(Stage.RERANK, 0)
+    generate_max_batch: int = _max_batch(Stage.GENERATE, 16, "continuous mode: sequences decoding together; one decode step measured 476 ms at 8, 554 ms at 16 (2.99x the one-at-a-time reference's tokens/s)")
+    generate_max_wait_ms: float = _max_wait(Stage.GENERATE, 20)
     generate_mode: str = var("GENERATE_MODE", _choice("continuous", "static"), "continuous", "continuous: sequences join and leave the running batch every decode step; static: whole batches through generate()")
     generate_max_tokens: int = var("GENERATE_MAX_TOKENS", _int_range(256, 10_000_000), "16384", "continuous mode: KV-cache tokens (prompt + 128 new) the running sequences may reserve; bounds its memory (Qwen2-0.5B: 24 KiB a token in float32, so about 400 MB)")
     generate_prefill_chunk: int = var("GENERATE_PREFILL_CHUNK", _int_range(1, 100_000), "512", "continuous mode: prompt tokens prefilled per iteration, so decoding sequences wait at most that long")
-    sentiment_max_batch: int = _max_batch("sentiment", 16, "measured: 308 ms per text alone, 200 ms at 16")
-    sentiment_max_wait_ms: float = _max_wait("sentiment", 5)
-    toxicity_max_batch: int = _max_batch("toxicity", 16, "measured: 325 ms per text alone, 189 ms at 16")
-    toxicity_max_wait_ms: float = _max_wait("toxicity", 5)
-    index_max_batch: int = _max_batch("index", 32, "node 2 merges concurrent searches")
-    index_max_wait_ms: float = _max_wait("index", 2)
+    sentiment_max_batch: int = _max_batch(Stage.SENTIMENT, 16, "measured: 308 ms per text alone, 200 ms at 16")
+    sentiment_max_wait_ms: float = _max_wait(Stage.SENTIMENT, 5)
+    toxicity_max_batch: int = _max_batch(Stage.TOXICITY, 16, "measured: 325 ms per text alone, 189 ms at 16")
+    toxicity_max_wait_ms: float = _max_wait(Stage.TOXICITY, 5)
+    index_max_batch: int = _max_batch(Stage.INDEX, 32, "node 2 merges concurrent searches")
+    index_max_wait_ms: float = _max_wait(Stage.INDEX, 2)
     stage_max_queue: int = var("STAGE_MAX_QUEUE", _int_range(1, 1_000_000), "256", "items a stage may hold waiting before it answers 503")
     # --- time
     request_timeout_s: float = var("REQUEST_TIMEOUT_S", _positive_float, "280", "a request unanswered after this gets 504 (clients wait 300 s)")
@@ -271,6 +277,10 @@ class Settings:
         if self.search_max_batch > self.stage_max_queue:
             raise ConfigError(f"SEARCH_MAX_BATCH='{self.search_max_batch}' is not valid: expected at most "
                               f"STAGE_MAX_QUEUE ({self.stage_max_queue}), or node 2 could never queue a batch")
+        # Waitress must keep a connection at least as long as a request may be waited on.
+        if not self.channel_timeout_s > self.request_timeout_s:
+            raise ConfigError(f"REQUEST_TIMEOUT_S='{self.request_timeout_s:g}' is not valid: expected a value "
+                              f"whose HTTP channel timeout ({self.channel_timeout_s:g} s) lies above it")
 
     # ----------------------------------------------------------------- views
 
@@ -297,6 +307,11 @@ class Settings:
 
     def stage_dtype_variable(self, stage: str) -> str:
         return f"{stage.upper()}_DTYPE" if getattr(self, f"{stage}_dtype") else "DTYPE"
+
+    @property
+    def channel_timeout_s(self) -> float:
+        """Waitress's channel timeout: above the request timeout (CHANNEL_TIMEOUT_MARGIN_S)."""
+        return self.request_timeout_s + CHANNEL_TIMEOUT_MARGIN_S
 
     @property
     def documents_db(self) -> Path:

@@ -10,7 +10,7 @@ from pipeline.models import ModelSource, resolve_model_source
 
 
 class Embedder:
-    stage = "embed"
+    stage = spec.Stage.EMBED
 
     def __init__(self, model, placement: Placement):
         self.model = model

@@ -24,7 +24,7 @@ class GenerationRequest:
 
 
 class Generator:
-    stage = "generate"
+    stage = spec.Stage.GENERATE
 
     def __init__(self, tokenizer, model, placement: Placement, max_new_tokens: int = spec.MAX_NEW_TOKENS):
         self.tokenizer = tokenizer

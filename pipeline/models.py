@@ -6,7 +6,6 @@ loading code in each stage is the same for both; only `cache_dir` differs.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -44,18 +43,12 @@ class ModelSource:
         return kwargs
 
 
-def _offline_env() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
-
-
 def real_models_cached() -> bool:
     from huggingface_hub import try_to_load_from_cache
     return all(isinstance(try_to_load_from_cache(name, "config.json"), str) for name in ALL_MODELS)
 
 
 def hub_reachable(timeout_s: float = 3.0) -> bool:
-    if _offline_env():
-        return False
     try:
         import requests
         from huggingface_hub import constants
@@ -79,10 +72,10 @@ def resolve_model_source(settings: Settings, *, cached: Callable[[], bool] = rea
     if settings.model_source == "standin":
         source = standin_source(settings)
     elif settings.model_source == "hub":
-        source = ModelSource("hub", None, _offline_env())
+        source = ModelSource("hub", None, settings.hf_hub_offline)
     elif cached():
         source = ModelSource("hub", None, True)
-    elif reachable():
+    elif not settings.hf_hub_offline and reachable():  # offline: not even a look
         source = ModelSource("hub", None, False)
     else:
         source = standin_source(settings)

@@ -12,27 +12,19 @@ import sys
 from dataclasses import dataclass, fields
 
 from pipeline import spec
-from pipeline.classifiers import SentimentClassifier, ToxicityClassifier
 from pipeline.config import ConfigError, Settings
 from pipeline.device import Placement, select_device
-from pipeline.docstore import DocumentStore
-from pipeline.embedder import Embedder
-from pipeline.generator import GenerationRequest, Generator
+from pipeline.generator import GenerationRequest
 from pipeline.models import ModelSource, resolve_model_source
-from pipeline.reranker import RerankRequest, Reranker
+from pipeline.reranker import RerankRequest
 from pipeline.stages import Stages
 from pipeline.vector_index import VectorIndex
 
 
 @dataclass
-class ReferencePipeline:
-    embedder: Embedder
+class ReferencePipeline(Stages):
+    """A worker's stages plus the FAISS index itself (a worker asks node 2 instead)."""
     index: VectorIndex
-    store: DocumentStore
-    reranker: Reranker
-    generator: Generator
-    sentiment: SentimentClassifier
-    toxicity: ToxicityClassifier
 
     @classmethod
     def from_settings(cls, settings: Settings, source: ModelSource | None = None) -> "ReferencePipeline":

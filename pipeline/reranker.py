@@ -44,7 +44,7 @@ def length_groups(lengths: Sequence[int], max_pairs: int, max_pad_ratio: float) 
 
 
 class Reranker:
-    stage = "rerank"
+    stage = spec.Stage.RERANK
 
     def __init__(self, tokenizer, model, placement: Placement, max_pairs_per_forward: int = 32,
                  max_pad_ratio: float = 1.1):

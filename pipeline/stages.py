@@ -12,8 +12,12 @@ from pipeline.embedder import Embedder
 from pipeline.generator import Generator
 from pipeline.models import ModelSource
 from pipeline.reranker import Reranker
+from pipeline.spec import REFERENCE_QUERIES, Stage
 
-WARMUP_QUERY = "How do I return a defective product?"
+# The warm-up asks what the course's client asks first: real input shapes, no made-up text.
+WARMUP_QUERY = REFERENCE_QUERIES[0]
+WARMUP_DOCUMENT = "Returns are accepted within 30 days."  # any text: only the shapes warm up
+WARMUP_REPLY = "Thanks, that helped."
 
 
 @dataclass
@@ -32,24 +36,27 @@ class Stages:
         """Each model where `placement(stage)` says; by default the settings' device and dtype."""
         place = placement or (lambda stage: placement_for(settings, stage))
         return cls(
-            embedder=Embedder.load(source, place("embed")),
+            embedder=Embedder.load(source, place(Stage.EMBED)),
             store=DocumentStore(settings.require_documents()),
-            reranker=Reranker.load(source, place("rerank")),
-            generator=Generator.load(source, place("generate")),
-            sentiment=SentimentClassifier.load(source, place("sentiment")),
-            toxicity=ToxicityClassifier.load(source, place("toxicity")),
+            reranker=Reranker.load(source, place(Stage.RERANK)),
+            generator=Generator.load(source, place(Stage.GENERATE)),
+            sentiment=SentimentClassifier.load(source, place(Stage.SENTIMENT)),
+            toxicity=ToxicityClassifier.load(source, place(Stage.TOXICITY)),
         )
 
     def warm_up(self) -> None:
         """One pass through every model so the first real request pays no lazy init."""
         self.embedder.embed([WARMUP_QUERY])
-        self.reranker.score_pairs([(WARMUP_QUERY, "Returns are accepted within 30 days.")])
+        self.reranker.score_pairs([(WARMUP_QUERY, WARMUP_DOCUMENT)])
         self.generator.generate_prompts([self.generator.prompt(WARMUP_QUERY, [])], max_new_tokens=2)
-        self.sentiment.classify(["Thanks, that helped."])
-        self.toxicity.classify(["Thanks, that helped."])
+        self.sentiment.classify([WARMUP_REPLY])
+        self.toxicity.classify([WARMUP_REPLY])
+
+    def models(self) -> dict[Stage, Embedder | Reranker | Generator | SentimentClassifier | ToxicityClassifier]:
+        """Each model stage's model, in MODEL_STAGES order."""
+        return {Stage.EMBED: self.embedder, Stage.RERANK: self.reranker, Stage.GENERATE: self.generator,
+                Stage.SENTIMENT: self.sentiment, Stage.TOXICITY: self.toxicity}
 
     def devices(self) -> dict[str, str]:
-        return {name: f"{stage.placement.device}/{stage.placement.dtype}"
-                for name, stage in (("embed", self.embedder), ("rerank", self.reranker),
-                                    ("generate", self.generator), ("sentiment", self.sentiment),
-                                    ("toxicity", self.toxicity))}
+        return {str(stage): f"{model.placement.device}/{model.placement.dtype}"
+                for stage, model in self.models().items()}

@@ -1,7 +1,9 @@
 """The HTTP layer shared by every node: JSON errors, body parsing, waitress.
 
 Every error a node sends is JSON with an `error` field saying what is wrong;
-no handler leaks an HTML page or a traceback.
+no handler leaks an HTML page or a traceback. Handlers raise; the one error
+handler installed here turns what they raise into an answer through
+`services.errors.http_answer`.
 """
 from __future__ import annotations
 
@@ -12,10 +14,10 @@ import logging
 import math
 from typing import Any, Callable
 
-from flask import Flask, Response, jsonify, request
+from flask import Flask, Response, g, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-from services.errors import ApiError, Overloaded, ServiceClosed
+from services.errors import ApiError, HttpAnswer, http_answer
 
 log = logging.getLogger(__name__)
 
@@ -111,33 +113,34 @@ def internal_endpoint(token: str) -> Callable:
     return wrap
 
 
-def install_error_handlers(app: Flask) -> None:
-    @app.errorhandler(ApiError)
-    def _api_error(exc: ApiError):
-        return error_response(exc.status, exc.message, field=exc.field, retry_after_s=exc.retry_after_s)
+def _answer_for(exc: Exception) -> HttpAnswer:
+    """The table's answer; Flask's own HTTP errors (404, 405) as they are; anything else is a bug."""
+    answer = http_answer(exc)
+    if answer is not None:
+        return answer
+    if isinstance(exc, HTTPException):
+        return HttpAnswer(exc.code or 500, exc.description or exc.name)
+    log.exception("internal error on %s %s", request.method, request.path)
+    return HttpAnswer(500, f"internal error: {type(exc).__name__}")
 
-    @app.errorhandler(Overloaded)
-    def _overloaded(exc: Overloaded):
-        return error_response(503, f"overloaded: {exc}", retry_after_s=getattr(exc, "retry_after_s", 1.0) or 1.0)
 
-    @app.errorhandler(ServiceClosed)
-    def _closed(exc: ServiceClosed):
-        return error_response(503, "shutting down", retry_after_s=5)
-
-    @app.errorhandler(HTTPException)
-    def _http(exc: HTTPException):
-        return error_response(exc.code or 500, exc.description or exc.name)
-
+def install_error_handler(app: Flask) -> None:
+    """The one place a raised error becomes an HTTP answer, on every node."""
     @app.errorhandler(Exception)
-    def _internal(exc: Exception):
-        log.exception("internal error on %s %s", request.method, request.path)
-        return error_response(500, f"internal error: {type(exc).__name__}")
+    def _error(exc: Exception):
+        answer = _answer_for(exc)
+        if answer.log_level is not None:
+            request_id = g.get("request_id")  # set once the body named one; repr: it cannot forge log lines
+            tag = f" request_id={request_id!r}" if request_id is not None else ""
+            log.log(answer.log_level, "%s %s%s -> %d: %s", request.method, request.path, tag, answer.status, exc)
+        return error_response(answer.status, answer.message, field=answer.field,
+                              retry_after_s=answer.retry_after_s)
 
 
 def make_app(name: str) -> Flask:
     app = Flask(name)
     app.json.sort_keys = False
-    install_error_handlers(app)
+    install_error_handler(app)
     return app
 
 
@@ -168,13 +171,16 @@ def _json_error_channel():
     return JsonErrorChannel
 
 
-def serve(app: Flask, host: str, port: int, threads: int, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
-    """A waitress server, returned unstarted so the caller can close it on SIGTERM."""
+def serve(app: Flask, host: str, port: int, threads: int, *, channel_timeout_s: float,
+          max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
+    """A waitress server, returned unstarted so the caller can close it on SIGTERM.
+
+    `channel_timeout_s`: Settings.channel_timeout_s (derived from REQUEST_TIMEOUT_S).
+    """
     from waitress.server import BaseWSGIServer, create_server
-    # channel_timeout above the request timeout: waitress must not cut a long generation.
     # Waitress buffers a body before the app sees it: cap that a little above the app's
     # own limit (413 from the app), so a huge upload is refused before it is spooled.
-    server = create_server(app, host=host, port=port, threads=threads, channel_timeout=600,
+    server = create_server(app, host=host, port=port, threads=threads, channel_timeout=channel_timeout_s,
                            connection_limit=max(100, threads * 4), clear_untrusted_proxy_headers=True,
                            max_request_body_size=2 * max_body_bytes, ident="rag-node")
     channel = _json_error_channel()

@@ -1,23 +1,21 @@
-"""Node 2: the FAISS index over HTTP. Ids (and distances) go back, never documents.
+"""Node 2's search service: the FAISS index behind a batcher, and the /search body's rules.
 
-Concurrent callers are merged into one faiss search by a BatchingService of
-single vectors: faiss's per-query cost falls with batch size.
+Ids (and distances) go back, never documents. Concurrent callers are merged into
+one faiss search by a BatchingService of single vectors: faiss's per-query cost
+falls with batch size. The routes are in services.roles.index.
 """
 from __future__ import annotations
 
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
-from flask import Flask, jsonify
 
-from pipeline.config import Settings
+from pipeline import spec
 from pipeline.vector_index import VectorIndex
 from services.batching import BatchingService
-from services.http import ApiError, internal_endpoint, make_app, read_json_object
-from services.lifecycle import Readiness
+from services.errors import ApiError
 
 MAX_SEARCH_VECTORS = 1024
 MAX_K = 1024
@@ -71,7 +69,7 @@ def _finite(x: int | float) -> bool:
 
 def parse_search_body(body: dict, dim: int) -> tuple[np.ndarray, int]:
     """Validate {"embeddings": [[dim floats], ...], "k": int}; ApiError(400) naming the problem."""
-    k = body.get("k", 10)
+    k = body.get("k", spec.TOP_K)  # the contract's k when a caller leaves it out
     if type(k) is not int or not 1 <= k <= MAX_K:
         raise ApiError(400, f"'k' must be an integer from 1 to {MAX_K}", field="k")
     rows = body.get("embeddings")
@@ -95,40 +93,3 @@ def parse_search_body(body: dict, dim: int) -> tuple[np.ndarray, int]:
     if not np.isfinite(vectors).all():
         raise ApiError(400, "embeddings overflow float32", field="embeddings")
     return vectors, k
-
-
-def create_index_app(readiness: Readiness, holder: dict[str, Any], *, node: int, settings: Settings) -> Flask:
-    """`holder["service"]` is the IndexService once the index is loaded."""
-    app = make_app("index-server")
-    timeout_s = settings.search_timeout_s
-    inject_delay_s = settings.index_inject_delay_ms / 1000.0  # tests only: a slow node 2
-
-    @app.post("/cache/clear")
-    @internal_endpoint(settings.cluster_token)
-    def cache_clear():
-        return jsonify({"cleared": {}})  # node 2 caches nothing: faiss answers from the index itself
-
-    @app.get("/health")
-    def health():
-        service: IndexService | None = holder.get("service")
-        if not readiness.ready or service is None:
-            return jsonify({"status": readiness.state, "node": node, "total_nodes": settings.total_nodes,
-                            "role": "index", "detail": readiness.detail}), 503
-        index = service.index
-        return jsonify({"status": "healthy", "node": node, "total_nodes": settings.total_nodes, "role": "index",
-                        "ntotal": index.ntotal, "dim": index.dim, "nprobe": index.nprobe,
-                        "mmap": index.is_mmap})
-
-    @app.post("/search")
-    @internal_endpoint(settings.cluster_token)
-    def search():
-        service: IndexService | None = holder.get("service")
-        if not readiness.ready or service is None:
-            raise ApiError(503, f"index server is {readiness.state}", retry_after_s=5)
-        vectors, k = parse_search_body(read_json_object(MAX_SEARCH_BODY_BYTES), service.index.dim)
-        if inject_delay_s:
-            time.sleep(inject_delay_s)
-        ids, distances = service.search(vectors, k, timeout_s)
-        return jsonify({"ids": ids, "distances": distances})
-
-    return app

@@ -1,7 +1,29 @@
-"""A node's readiness, shared by its HTTP handlers and its startup thread."""
+"""A node's life: starting -> ready -> stopping (or failed), and the requests in flight.
+
+One object per process, shared by the HTTP handlers (is the node ready? count this
+request), the startup thread (load, then ready or exit 1) and the signal handler
+(SIGTERM/SIGINT: refuse new work with 503, let requests in flight finish within
+SHUTDOWN_GRACE_S, exit 0).
+"""
 from __future__ import annotations
 
+import logging
+import os
+import signal
 import threading
+import time
+from typing import Callable
+
+from flask import Flask
+from werkzeug.wsgi import ClosingIterator
+
+from services.errors import NodeNotReady
+
+log = logging.getLogger(__name__)
+
+# After the last request in flight returns, waitress may still be writing its
+# reply to the socket from its own loop: wait this long before the process exits.
+EXIT_LINGER_S = 0.5
 
 
 class Readiness:
@@ -16,6 +38,14 @@ class Readiness:
         with self._lock:
             self._state, self._detail = state, detail
 
+    def stop(self) -> bool:
+        """Move to STOPPING; False if it already was (a second signal changes nothing)."""
+        with self._lock:
+            if self._state == self.STOPPING:
+                return False
+            self._state, self._detail = self.STOPPING, ""
+            return True
+
     @property
     def state(self) -> str:
         with self._lock:
@@ -29,3 +59,120 @@ class Readiness:
     @property
     def ready(self) -> bool:
         return self.state == self.READY
+
+
+class InFlight:
+    """HTTP requests between their arrival and the end of their reply; the drain waits on it."""
+
+    def __init__(self):
+        self._count = 0
+        self._idle = threading.Condition()
+
+    def enter(self) -> None:
+        with self._idle:
+            self._count += 1
+
+    def leave(self) -> None:
+        with self._idle:
+            self._count -= 1
+            if self._count == 0:
+                self._idle.notify_all()
+
+    @property
+    def count(self) -> int:
+        with self._idle:
+            return self._count
+
+    def wait_idle(self, timeout_s: float) -> int:
+        """Block until nothing is in flight or timeout_s passed; the count left."""
+        with self._idle:
+            self._idle.wait_for(lambda: self._count == 0, timeout=max(0.0, timeout_s))
+            return self._count
+
+    def track(self, app: Flask) -> None:
+        """Count every request of `app` until its reply has been handed to waitress.
+
+        A WSGI wrapper rather than Flask hooks: teardown_request runs before the
+        reply body is handed over, so a drain that trusted it could cut replies.
+        """
+        inner = app.wsgi_app
+
+        def counted(environ, start_response):
+            self.enter()
+            try:
+                return ClosingIterator(inner(environ, start_response), [self.leave])
+            except BaseException:
+                self.leave()
+                raise
+
+        app.wsgi_app = counted
+
+
+class Lifecycle:
+    """Readiness, in-flight tracking and drain of one node; `name` is how errors call it."""
+
+    def __init__(self, name: str, grace_s: float, *, exit: Callable[[int], None] = os._exit):
+        self.name = name
+        self.grace_s = grace_s
+        self.readiness = Readiness()
+        self.in_flight = InFlight()
+        self._exit = exit  # os._exit: waitress's threads must not keep a drained node alive
+
+    @property
+    def ready(self) -> bool:
+        return self.readiness.ready
+
+    def require_ready(self, who: str | None = None) -> None:
+        """Raise NodeNotReady (503 + Retry-After) unless the node serves requests; `who` names it."""
+        state = self.readiness.state
+        if state != Readiness.READY:
+            raise NodeNotReady(f"{who or self.name} is {state}")
+
+    def start_loading(self, load: Callable[[], None]) -> threading.Thread:
+        """Run `load` in the background: ready when it returns, exit 1 when it raises."""
+        def run():
+            try:
+                load()
+            except Exception as exc:
+                self.readiness.set(Readiness.FAILED, f"{type(exc).__name__}: {exc}")
+                log.exception("%s failed to start", self.name)
+                self._exit(1)
+                return
+            self.readiness.set(Readiness.READY)
+            log.info("%s is ready", self.name)
+        thread = threading.Thread(target=run, name="startup", daemon=True)
+        thread.start()
+        return thread
+
+    def drain(self) -> int:
+        """Wait up to grace_s for the requests in flight; how many are still running."""
+        return self.in_flight.wait_idle(self.grace_s)
+
+    def stop(self, on_stop: Callable[[], None] = lambda: None) -> threading.Thread | None:
+        """Refuse new work from now on, then drain and exit 0 on a thread of its own.
+
+        None when already stopping. `on_stop` runs first (the gateway stops probing).
+        """
+        if not self.readiness.stop():
+            return None
+        on_stop()
+        thread = threading.Thread(target=self._drain_and_exit, name="drain", daemon=True)
+        thread.start()
+        return thread
+
+    def _drain_and_exit(self) -> None:
+        left = self.drain()
+        time.sleep(EXIT_LINGER_S)
+        log.info("%s stopped (in flight at exit: %d)", self.name, left)
+        logging.shutdown()
+        self._exit(0)
+
+    def install_signal_handlers(self, on_stop: Callable[[], None] = lambda: None) -> None:
+        """SIGTERM and SIGINT start the drain (once)."""
+        def on_signal(signum, _frame):
+            if self.readiness.state != Readiness.STOPPING:
+                log.info("%s got signal %d: draining", self.name, signum)
+            self.stop(on_stop)
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)

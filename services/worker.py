@@ -12,23 +12,42 @@ import threading
 import time
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
+from typing import Mapping
 
 import numpy as np
 
 from pipeline import spec
-from pipeline.config import Settings
+from pipeline.config import BatchConfig
+from pipeline.continuous import ContinuousEngine
 from pipeline.generator import GenerationRequest
 from pipeline.reranker import RerankRequest
-from pipeline.continuous import ContinuousEngine
+from pipeline.spec import Stage
 from pipeline.stages import Stages
-from services.cache import LruCache
 from services.batching import BatchingService
+from services.cache import LruCache
 from services.errors import Overloaded, RequestTimeout, ServiceClosed, StageFailed
 from services.generation import ContinuousGenerationService
 from services.node_client import IndexClient
 
 log = logging.getLogger(__name__)
 
+
+@dataclass(frozen=True)
+class ContinuousConfig:
+    """The continuous-batching engine's bounds (GENERATE_MAX_BATCH, _MAX_TOKENS, _PREFILL_CHUNK)."""
+    max_seqs: int
+    max_tokens: int
+    prefill_chunk: int
+    max_queue: int
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """What a worker reads of the settings, and nothing else."""
+    batching: Mapping[Stage, BatchConfig]  # one per stage in spec.WORKER_STAGES
+    request_timeout_s: float
+    embed_cache_size: int
+    continuous: ContinuousConfig | None  # None: static batches through generate()
 
 
 @dataclass(frozen=True)
@@ -39,37 +58,33 @@ class SearchItem:
 
 
 class Worker:
-    def __init__(self, settings: Settings, stages: Stages, index: IndexClient):
-        self.settings = settings
+    def __init__(self, config: WorkerConfig, stages: Stages, index: IndexClient):
+        self.config = config
         self.stages = stages
         self.index = index
         self._served = 0
         self._lock = threading.Lock()
-        self.embed_cache = LruCache("embedding", settings.embed_cache_size)
-
-        def service(stage: str, batch_fn) -> BatchingService:
-            cfg = settings.batching(stage)
-            return BatchingService(stage, batch_fn, max_size=cfg.max_size, max_wait_ms=cfg.max_wait_ms,
-                                   max_queue=cfg.max_queue)
-
-        self.services = {
-            "embed": service("embed", stages.embedder),
-            "search": service("search", self._search_batch),
-            "fetch": service("fetch", stages.store.fetch_batch),
-            "rerank": service("rerank", stages.reranker.rerank),
-            "generate": self._generate_service(settings, stages, service),
-            "sentiment": service("sentiment", stages.sentiment.classify),
-            "toxicity": service("toxicity", stages.toxicity.classify),
+        self.embed_cache = LruCache("embedding", config.embed_cache_size)
+        batch_fns = {
+            Stage.EMBED: stages.embedder,
+            Stage.SEARCH: self._search_batch,
+            Stage.FETCH: stages.store.fetch_batch,
+            Stage.RERANK: stages.reranker.rerank,
+            Stage.GENERATE: stages.generator.generate,
+            Stage.SENTIMENT: stages.sentiment.classify,
+            Stage.TOXICITY: stages.toxicity.classify,
         }
+        self.services = {stage: self._service(stage, batch_fns[stage]) for stage in spec.WORKER_STAGES}
 
-    @staticmethod
-    def _generate_service(settings: Settings, stages: Stages, service):
-        if settings.generate_mode == "static":
-            return service("generate", stages.generator.generate)
-        engine = ContinuousEngine(stages.generator, max_seqs=settings.generate_max_batch,
-                                  max_tokens=settings.generate_max_tokens,
-                                  prefill_chunk=settings.generate_prefill_chunk)
-        return ContinuousGenerationService("generate", engine, max_queue=settings.stage_max_queue)
+    def _service(self, stage: Stage, batch_fn):
+        if stage == Stage.GENERATE and self.config.continuous is not None:
+            c = self.config.continuous
+            engine = ContinuousEngine(self.stages.generator, max_seqs=c.max_seqs, max_tokens=c.max_tokens,
+                                      prefill_chunk=c.prefill_chunk)
+            return ContinuousGenerationService(stage, engine, max_queue=c.max_queue)
+        cfg = self.config.batching[stage]
+        return BatchingService(stage, batch_fn, max_size=cfg.max_size, max_wait_ms=cfg.max_wait_ms,
+                               max_queue=cfg.max_queue)
 
     def _search_batch(self, items: list[SearchItem]) -> list[list[int]]:
         # One HTTP call to node 2 for the whole batch. Retries run until the latest
@@ -92,22 +107,22 @@ class Worker:
             raise StageFailed(stage, exc) from exc
 
     def answer(self, request_id: str, query: str, timeout_s: float | None = None) -> dict:
-        deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.settings.request_timeout_s)
+        deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.config.request_timeout_s)
         s, wait = self.services, self._wait
         vector = self.embed_cache.get(query)
         if vector is None:
-            vector = wait("embed", s["embed"].submit(query), deadline)
+            vector = wait(Stage.EMBED, s[Stage.EMBED].submit(query), deadline)
             self.embed_cache.put(query, vector)
-        ids = wait("search", s["search"].submit(SearchItem(vector, deadline)), deadline)
-        documents = wait("fetch", s["fetch"].submit(list(ids)), deadline)
-        ranked = wait("rerank", s["rerank"].submit(RerankRequest(query, tuple(documents))), deadline)
-        response = wait("generate", s["generate"].submit(
+        ids = wait(Stage.SEARCH, s[Stage.SEARCH].submit(SearchItem(vector, deadline)), deadline)
+        documents = wait(Stage.FETCH, s[Stage.FETCH].submit(list(ids)), deadline)
+        ranked = wait(Stage.RERANK, s[Stage.RERANK].submit(RerankRequest(query, tuple(documents))), deadline)
+        response = wait(Stage.GENERATE, s[Stage.GENERATE].submit(
             GenerationRequest(query, tuple(r.document for r in ranked))), deadline)
         # Sentiment and toxicity depend only on the answer: both are queued before either is awaited.
-        sentiment, toxicity = s["sentiment"].submit(response), s["toxicity"].submit(response)
+        sentiment, toxicity = s[Stage.SENTIMENT].submit(response), s[Stage.TOXICITY].submit(response)
         try:
-            reply = spec.answer_json(request_id, response, wait("sentiment", sentiment, deadline),
-                                     wait("toxicity", toxicity, deadline))
+            reply = spec.answer_json(request_id, response, wait(Stage.SENTIMENT, sentiment, deadline),
+                                     wait(Stage.TOXICITY, toxicity, deadline))
         finally:
             toxicity.cancel()  # a no-op once it ran; spares the stage if sentiment gave up first
         with self._lock:
@@ -119,8 +134,8 @@ class Worker:
         with self._lock:
             return self._served
 
-    def stats(self) -> dict:
-        return {name: svc.stats() for name, svc in self.services.items()}
+    def stats(self) -> dict[Stage, object]:
+        return {stage: svc.stats() for stage, svc in self.services.items()}
 
     def close(self, timeout: float | None = None) -> None:
         for svc in self.services.values():

@@ -70,3 +70,47 @@ def test_missing_index_file_and_documents(tmp_path: Path):
         s.require_index_file()
     with pytest.raises(ConfigError, match=r"^DOCUMENTS_DIR=.*documents.db"):
         s.require_documents()
+
+
+def test_channel_timeout_is_derived_from_the_request_timeout():
+    from pipeline.config import CHANNEL_TIMEOUT_MARGIN_S
+    s = Settings.from_env({"REQUEST_TIMEOUT_S": "10"})
+    assert s.channel_timeout_s == 10 + CHANNEL_TIMEOUT_MARGIN_S > s.request_timeout_s
+    assert Settings.from_env({}).channel_timeout_s > Settings.from_env({}).request_timeout_s
+
+
+def test_hf_hub_offline_is_a_setting_and_offline_never_looks_at_the_hub():
+    from pipeline.models import resolve_model_source
+    assert Settings.from_env({"HF_HUB_OFFLINE": "1"}).hf_hub_offline is True
+    assert Settings.from_env({}).hf_hub_offline is False
+    with pytest.raises(ConfigError, match=r"^HF_HUB_OFFLINE='maybe' is not valid: expected true or false"):
+        Settings.from_env({"HF_HUB_OFFLINE": "maybe"})
+
+    def reachable():
+        raise AssertionError("an offline node must not contact the hub")
+
+    hub = resolve_model_source(Settings.from_env({"HF_HUB_OFFLINE": "1", "MODEL_SOURCE": "hub"}),
+                               reachable=reachable)
+    assert hub.kind == "hub" and hub.local_files_only
+
+
+def test_worker_config_takes_only_what_the_worker_reads():
+    from pipeline.spec import WORKER_STAGES
+    from services.roles.worker import worker_config
+    s = Settings.from_env({"GENERATE_MAX_BATCH": "4", "EMBED_CACHE_SIZE": "7"})
+    cfg = worker_config(s)
+    assert set(cfg.batching) == set(WORKER_STAGES) and cfg.embed_cache_size == 7
+    assert cfg.continuous is not None and cfg.continuous.max_seqs == 4
+    assert worker_config(s.replace(generate_mode="static")).continuous is None
+
+
+def test_default_http_threads_leave_spare_threads_beyond_the_gateway_limit():
+    from services.lifecycle import Lifecycle
+    from services.roles import role_class
+    from services.roles.base import SPARE_HTTP_THREADS
+    s = Settings.from_env({"GATEWAY_MAX_IN_FLIGHT": "10"})
+    life = Lifecycle("t", 0.0)
+    assert role_class(0)(s, 0, life).http_threads() == 10 + SPARE_HTTP_THREADS
+    assert role_class(1)(s, 1, life).http_threads() == 10 + SPARE_HTTP_THREADS
+    assert role_class(2)(s, 2, life).http_threads() == SPARE_HTTP_THREADS
+    assert role_class(2)(s.replace(waitress_threads=5), 2, life).http_threads() == 5

@@ -7,10 +7,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from services.batching import Overloaded
-from services.gateway import Gateway, NoWorkerAvailable, Target, WorkerFailed, remote_target
-from services.node_client import NodeError, NodeUnreachable
-from services.worker import RequestTimeout, StageFailed
+from services.errors import (NodeError, NodeUnreachable, NoWorkerAvailable, Overloaded, RequestTimeout, StageFailed,
+                             WorkerFailed)
+from services.gateway import Gateway, Target, remote_target
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -181,8 +180,7 @@ def test_remote_worker_is_out_of_rotation_until_its_probe_says_ready():
 def test_worker_wait_maps_stage_outcomes():
     from concurrent.futures import Future
 
-    from services.batching import ServiceClosed
-    from services.node_client import DeadlineExceeded
+    from services.errors import DeadlineExceeded, ServiceClosed
     from services.worker import Worker
 
     def failed(exc):
@@ -207,3 +205,65 @@ def test_worker_wait_maps_stage_outcomes():
     done = Future()
     done.set_result([1, 2])
     assert Worker._wait("fetch", done, later) == [1, 2]
+
+
+# ---------------------------------------------------------------- node 0's /query, through the one error handler
+
+class StubGateway:
+    """Answers from a list of outcomes: a reply dict, or an exception to raise."""
+
+    def __init__(self, outcomes):
+        self.outcomes = list(outcomes)
+        self.completed = None
+
+    def answer(self, request_id, query, timeout_s):
+        outcome = self.outcomes.pop(0)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return {**outcome, "request_id": request_id}
+
+    def status(self):
+        return []
+
+    def stats(self):
+        return {}
+
+
+def query_app(outcomes, **env):
+    from pipeline.config import Settings
+    from services.app import build_app
+    from services.lifecycle import Lifecycle, Readiness
+    from services.roles.gateway import GatewayRole
+    settings = Settings.from_env({"RESPONSE_CACHE_SIZE": "16", **env})
+    lifecycle = Lifecycle("node 0", 0.0, exit=lambda code: None)
+    role = GatewayRole(settings, 0, lifecycle)
+    app = build_app(role, lifecycle)
+    role.gateway = StubGateway(outcomes)
+    lifecycle.readiness.set(Readiness.READY)
+    return role, app.test_client()
+
+
+@pytest.mark.parametrize("error,status,body,retry_after", [
+    (RequestTimeout("request timed out"), 504, {"error": "Request timeout"}, None),
+    (NoWorkerAvailable("no worker could serve the request (down)"), 503,
+     {"error": "no worker could serve the request (down)"}, "5"),
+    (WorkerFailed(1, "HTTP 500: secret"), 500, {"error": "internal error on worker node 1"}, None),
+    (Overloaded("the gateway is at capacity", retry_after_s=3), 503,
+     {"error": "overloaded: the gateway is at capacity"}, "3"),
+])
+def test_query_failure_is_answered_once_and_abandons_the_response_cache_claim(error, status, body, retry_after):
+    reply = {"generated_response": "ok", "sentiment": "neutral", "is_toxic": "false"}
+    role, client = query_app([error, reply])
+    first = client.post("/query", json={"request_id": "a", "query": "Where is my order?"})
+    assert (first.status_code, first.get_json(), first.headers.get("Retry-After")) == (status, body, retry_after)
+    assert role.response_cache.in_flight() == 0  # abandoned: a repeat does not wait on a failure
+    second = client.post("/query", json={"request_id": "b", "query": "where is my  order?"})
+    assert second.status_code == 200 and second.get_json()["request_id"] == "b"
+
+
+def test_query_refused_with_retry_after_while_not_ready():
+    role, client = query_app([])
+    role.lifecycle.readiness.set("starting")
+    response = client.post("/query", json={"request_id": "a", "query": "q"})
+    assert response.status_code == 503 and response.get_json() == {"error": "node 0 is starting"}
+    assert response.headers["Retry-After"] == "5"

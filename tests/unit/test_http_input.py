@@ -14,7 +14,8 @@ from flask import jsonify
 from pipeline.config import Settings
 from services.http import TOKEN_HEADER, internal_endpoint, make_app, read_json_object, require_string
 from services.index_server import parse_search_body
-from services.node_client import DeadlineExceeded, IndexClient, NodeError, NodeUnreachable, WorkerClient
+from services.errors import DeadlineExceeded, NodeError, NodeUnreachable
+from services.node_client import IndexClient, WorkerClient
 
 pytestmark = pytest.mark.timeout(60)
 TOKEN = "s3cret-Token"
@@ -114,7 +115,7 @@ def test_no_token_configured_means_no_check():
     ({"embeddings": "vectors", "k": 2}, "embeddings"),
 ])
 def test_search_body_rules(body, field):
-    from services.http import ApiError
+    from services.errors import ApiError
     with pytest.raises(ApiError) as err:
         parse_search_body(body, dim=4)
     assert err.value.status == 400 and err.value.field == field

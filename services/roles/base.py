@@ -1,0 +1,63 @@
+"""What every node role provides; services.app and services.node use nothing else."""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from flask import Flask
+
+from pipeline.config import Settings
+from services.lifecycle import Lifecycle
+
+# HTTP threads beyond the requests a node computes at once, so /health, /metrics, joined
+# requests, cache hits and quick 503s are answered while every computing thread waits
+# on its futures (and on node 0, on node 1 for a forwarded request).
+SPARE_HTTP_THREADS = 32
+
+
+class Role:
+    name = ""  # the /health "role"
+    uses_torch = True  # False: the node never imports torch (memory and start time)
+    gateway = None  # node 0's Gateway once loaded, for its metrics
+
+    def __init__(self, settings: Settings, node: int, lifecycle: Lifecycle):
+        self.settings = settings
+        self.node = node
+        self.lifecycle = lifecycle
+
+    @staticmethod
+    def check_settings(settings: Settings) -> None:
+        """Raise ConfigError before anything starts if this role's files are missing."""
+
+    @property
+    def max_body_bytes(self) -> int:
+        return self.settings.max_body_bytes
+
+    def load(self) -> None:
+        """Load what the role serves (on the startup thread; /health says "starting" meanwhile)."""
+        raise NotImplementedError
+
+    def register_routes(self, app: Flask) -> None:
+        raise NotImplementedError
+
+    def health_fields(self) -> dict[str, Any]:
+        """What this role adds to /health after status, node, total_nodes and role."""
+        return {}
+
+    def caches(self) -> Iterable:
+        """What POST /cache/clear empties: answers that a change of models or documents makes stale."""
+        return ()
+
+    def metered_caches(self) -> Iterable:
+        return self.caches()
+
+    def batching_services(self) -> Iterable:
+        return ()
+
+    def default_http_threads(self) -> int:
+        raise NotImplementedError
+
+    def http_threads(self) -> int:
+        return self.settings.waitress_threads or self.default_http_threads()
+
+    def stop(self) -> None:
+        """Called once when the node starts draining."""

@@ -1,0 +1,71 @@
+"""Node 2's role: load the FAISS index, serve /search (ids back, never documents)."""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from flask import Flask, jsonify
+
+from pipeline.config import Settings
+from pipeline.spec import Stage
+from services.http import internal_endpoint, read_json_object
+from services.index_server import MAX_SEARCH_BODY_BYTES, IndexService, parse_search_body
+from services.roles.base import SPARE_HTTP_THREADS, Role
+
+log = logging.getLogger(__name__)
+
+
+class IndexRole(Role):
+    name = "index"
+    uses_torch = False  # faiss only
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.service: IndexService | None = None
+
+    @staticmethod
+    def check_settings(settings: Settings) -> None:
+        settings.require_index_file()
+
+    @property
+    def max_body_bytes(self) -> int:
+        return MAX_SEARCH_BODY_BYTES
+
+    def default_http_threads(self) -> int:
+        # Node 2 sees only batched searches: one call at a time per worker's search stage.
+        return SPARE_HTTP_THREADS
+
+    def load(self) -> None:
+        from pipeline.vector_index import VectorIndex
+        settings = self.settings
+        started = time.monotonic()
+        index = VectorIndex.load(settings.faiss_index_path, nprobe=settings.nprobe, mmap=settings.faiss_mmap)
+        cfg = settings.batching(Stage.INDEX)
+        self.service = IndexService(index, max_size=cfg.max_size, max_wait_ms=cfg.max_wait_ms,
+                                    max_queue=cfg.max_queue)
+        log.info("index %s loaded in %.2fs: %d vectors, dim %d, nprobe %s, mmap %s", settings.faiss_index_path,
+                 time.monotonic() - started, index.ntotal, index.dim, index.nprobe, index.is_mmap)
+
+    def batching_services(self):
+        return (self.service.batcher,) if self.service is not None else ()
+
+    def health_fields(self) -> dict[str, Any]:
+        if not self.lifecycle.ready or self.service is None:
+            return {"detail": self.lifecycle.readiness.detail}
+        index = self.service.index
+        return {"ntotal": index.ntotal, "dim": index.dim, "nprobe": index.nprobe, "mmap": index.is_mmap}
+
+    def register_routes(self, app: Flask) -> None:
+        timeout_s = self.settings.search_timeout_s
+        inject_delay_s = self.settings.index_inject_delay_ms / 1000.0  # tests only: a slow node 2
+
+        @app.post("/search")
+        @internal_endpoint(self.settings.cluster_token)
+        def search():
+            self.lifecycle.require_ready("index server")
+            vectors, k = parse_search_body(read_json_object(MAX_SEARCH_BODY_BYTES), self.service.index.dim)
+            if inject_delay_s:
+                time.sleep(inject_delay_s)
+            ids, distances = self.service.search(vectors, k, timeout_s)
+            return jsonify({"ids": ids, "distances": distances})

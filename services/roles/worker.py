@@ -1,0 +1,113 @@
+"""Node 1's role (and half of node 0's): load and warm the models, serve /internal/answer."""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from flask import Flask, g, jsonify
+
+from pipeline import spec
+from pipeline.config import Settings
+from pipeline.stages import Stages
+from services.errors import ApiError
+from services.http import internal_endpoint, read_json_object, require_string
+from services.node_client import IndexClient
+from services.roles.base import SPARE_HTTP_THREADS, Role
+from services.worker import ContinuousConfig, Worker, WorkerConfig
+
+log = logging.getLogger(__name__)
+
+MAX_INTERNAL_TIMEOUT_S = 3600
+
+
+def worker_config(settings: Settings) -> WorkerConfig:
+    continuous = None
+    if settings.generate_mode == "continuous":
+        continuous = ContinuousConfig(max_seqs=settings.generate_max_batch, max_tokens=settings.generate_max_tokens,
+                                      prefill_chunk=settings.generate_prefill_chunk,
+                                      max_queue=settings.stage_max_queue)
+    return WorkerConfig(batching={stage: settings.batching(stage) for stage in spec.WORKER_STAGES},
+                        request_timeout_s=settings.request_timeout_s,
+                        embed_cache_size=settings.embed_cache_size, continuous=continuous)
+
+
+def stage_summary(stats) -> dict[str, int]:
+    """A stage's /health entry. (The batching rework adds stats().summary() returning exactly this.)"""
+    return {"batches": stats.batches_total, "items": stats.items_total, "max_batch": stats.max_batch_size_seen,
+            "queue_depth": stats.queue_depth}
+
+
+def parse_query(settings: Settings) -> tuple[dict, str, str]:
+    """The body of /query or /internal/answer, checked the same way on both."""
+    body = read_json_object(settings.max_body_bytes)
+    request_id = require_string(body, "request_id", settings.max_request_id_chars)
+    g.request_id = request_id  # for the error handler's log line
+    return body, request_id, require_string(body, "query", settings.max_query_chars)
+
+
+def internal_timeout(body: dict, settings: Settings) -> float:
+    """The caller's time left (the gateway's deadline), never more than our own limit."""
+    timeout_s = body.get("timeout_s", settings.request_timeout_s)
+    if type(timeout_s) not in (int, float) or not 0 < timeout_s <= MAX_INTERNAL_TIMEOUT_S:
+        raise ApiError(400, f"'timeout_s' must be a number of seconds over 0 and at most {MAX_INTERNAL_TIMEOUT_S}",
+                       field="timeout_s")
+    return min(float(timeout_s), settings.request_timeout_s)
+
+
+class WorkerRole(Role):
+    name = "worker"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.worker: Worker | None = None
+        self.model_source = "loading"
+
+    @staticmethod
+    def check_settings(settings: Settings) -> None:
+        settings.require_documents()
+
+    def default_http_threads(self) -> int:
+        # A request in flight holds one waitress thread while it waits on its futures. The
+        # gateway admits at most GATEWAY_MAX_IN_FLIGHT, and on failover node 1 may get them all.
+        return self.settings.gateway_max_in_flight + SPARE_HTTP_THREADS
+
+    def load(self) -> None:
+        from pipeline.models import resolve_model_source
+        settings = self.settings
+        source = resolve_model_source(settings)
+        self.model_source = source.describe()
+        started = time.monotonic()
+        stages = Stages.load(settings, source)
+        stages.warm_up()
+        index = IndexClient(settings.node_2_ip.url, connect_timeout_s=settings.connect_timeout_s,
+                            read_timeout_s=settings.search_timeout_s, token=settings.cluster_token)
+        self.worker = Worker(worker_config(settings), stages, index)
+        log.info("node %d loaded and warmed its models in %.1fs (%s)", self.node, time.monotonic() - started,
+                 self.model_source)
+
+    def caches(self):
+        return (self.worker.embed_cache,) if self.worker is not None else ()
+
+    def batching_services(self):
+        return self.worker.services.values() if self.worker is not None else ()
+
+    def health_fields(self) -> dict[str, Any]:
+        fields: dict[str, Any] = {"model_source": self.model_source}
+        if self.worker is not None:
+            fields["device"] = self.worker.stages.devices()
+            fields["served"] = self.worker.served
+            fields["stages"] = {str(stage): stage_summary(st) for stage, st in self.worker.stats().items()}
+        return fields
+
+    def register_routes(self, app: Flask) -> None:
+        @app.post("/internal/answer")
+        @internal_endpoint(self.settings.cluster_token)
+        def internal_answer():
+            self.lifecycle.require_ready()
+            body, request_id, query = parse_query(self.settings)
+            reply = self.worker.answer(request_id, query, internal_timeout(body, self.settings))
+            reply["served_by"] = self.node
+            return jsonify(reply)
+
+
