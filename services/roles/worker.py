@@ -32,12 +32,6 @@ def worker_config(settings: Settings) -> WorkerConfig:
                         embed_cache_size=settings.embed_cache_size, continuous=continuous)
 
 
-def stage_summary(stats) -> dict[str, int]:
-    """A stage's /health entry. (The batching rework adds stats().summary() returning exactly this.)"""
-    return {"batches": stats.batches_total, "items": stats.items_total, "max_batch": stats.max_batch_size_seen,
-            "queue_depth": stats.queue_depth}
-
-
 def parse_query(settings: Settings) -> tuple[dict, str, str]:
     """The body of /query or /internal/answer, checked the same way on both."""
     body = read_json_object(settings.max_body_bytes)
@@ -97,7 +91,7 @@ class WorkerRole(Role):
         if self.worker is not None:
             fields["device"] = self.worker.stages.devices()
             fields["served"] = self.worker.served
-            fields["stages"] = {str(stage): stage_summary(st) for stage, st in self.worker.stats().items()}
+            fields["stages"] = {str(stage): st.summary() for stage, st in self.worker.stats().items()}
         return fields
 
     def register_routes(self, app: Flask) -> None:

@@ -9,7 +9,7 @@ from pipeline import spec
 from pipeline.continuous import ContinuousEngine, RunnerOutput, Scheduler
 from pipeline.docstore import Document
 from pipeline.generator import GenerationRequest
-from services.batching import Overloaded
+from services.errors import Overloaded
 from services.generation import ContinuousGenerationService
 
 EOS = frozenset({0})
