@@ -32,10 +32,8 @@ def health(cluster, node: int) -> dict:
 
 
 def check_reply(reply: dict, request_id: str) -> None:
-    assert reply["request_id"] == request_id
-    assert isinstance(reply["generated_response"], str) and reply["generated_response"]
-    assert reply["sentiment"] in spec.SENTIMENTS
-    assert reply["is_toxic"] in ("true", "false")
+    assert spec.validate_reply(reply, request_id) == []
+    assert reply["generated_response"]  # the contract allows "", a 128-token stand-in answer never is
 
 
 def test_health_reports_role_source_and_device(cluster):
