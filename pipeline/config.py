@@ -226,6 +226,7 @@ class Settings:
     search_timeout_s: float = var("SEARCH_TIMEOUT_S", _positive_float, "30", "read timeout of a search call to node 2")
     health_interval_s: float = var("HEALTH_INTERVAL_S", _positive_float, "2", "how often the gateway re-checks a worker out of rotation")
     startup_timeout_s: float = var("STARTUP_TIMEOUT_S", _positive_float, "300", "how long ./run.sh local waits for the nodes to become healthy")
+    demo_interval_s: float = var("DEMO_INTERVAL_S", _non_negative_float, "0.5", "./run.sh demo: seconds between the client's queries")
     shutdown_grace_s: float = var("SHUTDOWN_GRACE_S", _non_negative_float, "60", "after SIGTERM, how long a node lets requests in flight finish before it exits")
     # --- load and input limits (what happens beyond them: README "Failure behaviour and its knobs")
     gateway_max_in_flight: int = var("GATEWAY_MAX_IN_FLIGHT", _int_range(1, 100_000), "96", "distinct requests node 0 computes at once; more get an immediate 503 with Retry-After")

@@ -12,7 +12,7 @@ from services.local_cluster import LocalCluster, pinned_env
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s demo %(levelname)s: %(message)s")
     try:
-        cluster = LocalCluster(pinned_env(os.environ), REPO_ROOT / "logs" / "demo")
+        cluster = LocalCluster(pinned_env(os.environ), REPO_ROOT / "logs" / "demo")  # the nodes' environment
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
@@ -22,7 +22,7 @@ def main() -> int:
     logging.info("starting the three nodes (logs in %s)", cluster.log_dir)
     try:
         cluster.start()
-        return client.main(["--url", cluster.url(0), "--interval", os.environ.get("DEMO_INTERVAL_S", "0.5")])
+        return client.main(["--url", cluster.url(0), "--interval", str(cluster.settings.demo_interval_s)])
     finally:
         cluster.stop()
 
