@@ -40,3 +40,13 @@ def start_cluster(data, log_dir: Path, **extra: str) -> LocalCluster:
 def leftovers(out_dir: Path) -> list[Path]:
     """Every file under a folder: what a failed or refused build left behind."""
     return [p for p in out_dir.rglob("*") if p.is_file()]
+
+
+class ManualClock:
+    """A clock a test moves by hand (`clock.now += 1`): time-dependent code without sleeps."""
+
+    def __init__(self, now: float = 0.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now

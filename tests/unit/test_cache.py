@@ -4,14 +4,7 @@ import threading
 import pytest
 
 from services.cache import Claim, LruCache, ResponseCache, normalise_query
-
-
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
+from tests.helpers import ManualClock
 
 
 def test_lru_evicts_least_recently_used_and_counts():
@@ -27,7 +20,7 @@ def test_lru_evicts_least_recently_used_and_counts():
 
 
 def test_first_in_first_out_mode_evicts_by_age_and_purges_expired_entries_eagerly():
-    clock = Clock()
+    clock = ManualClock()
     cache = LruCache("fifo", 3, ttl_s=5, clock=clock, refresh_on_read=False)
     for i, key in enumerate("abc"):
         clock.now = float(i)
@@ -43,7 +36,7 @@ def test_first_in_first_out_mode_evicts_by_age_and_purges_expired_entries_eagerl
 
 
 def test_ttl_expires_entries():
-    clock = Clock()
+    clock = ManualClock()
     cache = LruCache("c", 10, ttl_s=5, clock=clock)
     cache.put("k", "v")
     clock.now = 4.9

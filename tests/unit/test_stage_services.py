@@ -17,21 +17,14 @@ from services.errors import Overloaded, ServiceClosed
 from services.generation import ContinuousGenerationService, GenerationStats, GenerationTicket
 from services.metrics import NodeMetrics
 from services.stage_service import StageService
-
-
-class Clock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
+from tests.helpers import ManualClock
 
 
 # ----------------------------------------------------------------------------- queue policy
 
 
 def test_window_starts_at_the_oldest_item_and_a_full_batch_goes_at_once():
-    clock = Clock()
+    clock = ManualClock(100.0)
     q = BatchQueue("q", max_size=3, max_wait_ms=10, max_queue=10, clock=clock)
     assert q.due_in() is None
     q.put(["a"])
@@ -52,7 +45,7 @@ def test_window_starts_at_the_oldest_item_and_a_full_batch_goes_at_once():
 
 
 def test_cancelled_oldest_item_does_not_set_the_window_and_is_never_taken():
-    clock = Clock()
+    clock = ManualClock(100.0)
     q = BatchQueue("q", max_size=4, max_wait_ms=10, max_queue=10, clock=clock)
     old = q.put(["old"])[0]
     clock.now += 0.008
@@ -65,7 +58,7 @@ def test_cancelled_oldest_item_does_not_set_the_window_and_is_never_taken():
 
 
 def test_closing_flushes_without_window_and_refuses_new_items():
-    clock = Clock()
+    clock = ManualClock(100.0)
     q = BatchQueue("q", max_size=4, max_wait_ms=1000, max_queue=10, clock=clock)
     q.put([1, 2])
     q.close()
@@ -77,7 +70,7 @@ def test_closing_flushes_without_window_and_refuses_new_items():
 
 
 def test_capacity_counts_busy_work_and_take_can_leave_futures_pending():
-    q = BatchQueue("q", max_size=8, max_wait_ms=0, max_queue=3, clock=Clock())
+    q = BatchQueue("q", max_size=8, max_wait_ms=0, max_queue=3, clock=ManualClock(100.0))
     q.put([1])
     with pytest.raises(Overloaded) as info:
         q.put([2], busy=2, retry_after_s=lambda depth: 7.0)
@@ -149,7 +142,7 @@ def test_concurrent_submit_and_close_resolve_every_future_exactly_once():
 
 
 def test_plan_lists_decode_and_admissions_and_update_drops_failures():
-    clock = Clock()
+    clock = ManualClock(100.0)
     s = Scheduler(max_seqs=2, max_tokens=100, prefill_chunk=16, eos_ids=frozenset({0}), clock=clock)
     a, b, c = (s.new_sequence([1, 2, 3], 4) for _ in range(3))
     for seq in (a, b, c):
