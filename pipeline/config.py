@@ -23,6 +23,9 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 # is REQUEST_TIMEOUT_S plus this, so no connection is cut while a request could still be
 # waited on, and pooled node-to-node connections survive a quiet spell.
 CHANNEL_TIMEOUT_MARGIN_S = 60.0
+# The longest /internal/answer `timeout_s` a worker accepts (a sanity bound on what another
+# node sends). The gateway forwards up to REQUEST_TIMEOUT_S, so that must not exceed it.
+MAX_INTERNAL_TIMEOUT_S = 3600.0
 
 
 class ConfigError(ValueError):
@@ -230,6 +233,8 @@ class Settings:
     shutdown_grace_s: float = var("SHUTDOWN_GRACE_S", _non_negative_float, "60", "after SIGTERM, how long a node lets requests in flight finish before it exits")
     # --- load and input limits (what happens beyond them: README "Failure behaviour and its knobs")
     gateway_max_in_flight: int = var("GATEWAY_MAX_IN_FLIGHT", _int_range(1, 100_000), "96", "distinct requests node 0 computes at once; more get an immediate 503 with Retry-After")
+    gateway_max_joiners_per_id: int = var("GATEWAY_MAX_JOINERS_PER_ID", _int_range(0, 100_000), "8", "callers that may wait on one request_id already in flight (each holds an HTTP thread); more get an immediate 503")
+    gateway_max_joiners: int = var("GATEWAY_MAX_JOINERS", _int_range(0, 100_000), "16", "callers that may wait on request_ids in flight, all ids together; under the 32 spare HTTP threads, so /health and 503s always get one")
     max_request_id_chars: int = var("MAX_REQUEST_ID_CHARS", _int_range(1, 1_000_000), "256", "longest request_id accepted (longer: 400)")
     max_query_chars: int = var("MAX_QUERY_CHARS", _int_range(1, 1_000_000), "4096", "longest query accepted (longer: 400)")
     max_body_bytes: int = var("MAX_BODY_BYTES", _int_range(256, 64 * 1024 * 1024), "65536", "largest /query or /internal/answer body accepted (larger: 413)")
@@ -278,6 +283,14 @@ class Settings:
         if self.search_max_batch > self.stage_max_queue:
             raise ConfigError(f"SEARCH_MAX_BATCH='{self.search_max_batch}' is not valid: expected at most "
                               f"STAGE_MAX_QUEUE ({self.stage_max_queue}), or node 2 could never queue a batch")
+        # Node 1 refuses a forwarded timeout_s above its cap: every forward would fail.
+        if self.request_timeout_s > MAX_INTERNAL_TIMEOUT_S:
+            raise ConfigError(f"REQUEST_TIMEOUT_S='{self.request_timeout_s:g}' is not valid: expected at most "
+                              f"{MAX_INTERNAL_TIMEOUT_S:g}, MAX_INTERNAL_TIMEOUT_S, the longest timeout_s a worker "
+                              "accepts on /internal/answer")
+        if self.gateway_max_joiners_per_id > self.gateway_max_joiners:
+            raise ConfigError(f"GATEWAY_MAX_JOINERS_PER_ID='{self.gateway_max_joiners_per_id}' is not valid: "
+                              f"expected at most GATEWAY_MAX_JOINERS ({self.gateway_max_joiners})")
         # Waitress must keep a connection at least as long as a request may be waited on.
         if not self.channel_timeout_s > self.request_timeout_s:
             raise ConfigError(f"REQUEST_TIMEOUT_S='{self.request_timeout_s:g}' is not valid: expected a value "

@@ -8,7 +8,7 @@ from typing import Any
 from flask import Flask, g, jsonify
 
 from pipeline import spec
-from pipeline.config import Settings
+from pipeline.config import MAX_INTERNAL_TIMEOUT_S, Settings
 from pipeline.stages import Stages
 from services.errors import ApiError
 from services.http import internal_endpoint, read_json_object, require_string
@@ -17,8 +17,6 @@ from services.roles.base import SPARE_HTTP_THREADS, Role
 from services.worker import ContinuousConfig, Worker, WorkerConfig
 
 log = logging.getLogger(__name__)
-
-MAX_INTERNAL_TIMEOUT_S = 3600
 
 
 def worker_config(settings: Settings) -> WorkerConfig:
@@ -44,7 +42,7 @@ def internal_timeout(body: dict, settings: Settings) -> float:
     """The caller's time left (the gateway's deadline), never more than our own limit."""
     timeout_s = body.get("timeout_s", settings.request_timeout_s)
     if type(timeout_s) not in (int, float) or not 0 < timeout_s <= MAX_INTERNAL_TIMEOUT_S:
-        raise ApiError(400, f"'timeout_s' must be a number of seconds over 0 and at most {MAX_INTERNAL_TIMEOUT_S}",
+        raise ApiError(400, f"'timeout_s' must be a number of seconds over 0 and at most {MAX_INTERNAL_TIMEOUT_S:g}",
                        field="timeout_s")
     return min(float(timeout_s), settings.request_timeout_s)
 

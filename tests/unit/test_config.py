@@ -114,3 +114,27 @@ def test_default_http_threads_leave_spare_threads_beyond_the_gateway_limit():
     assert role_class(1)(s, 1, life).http_threads() == 10 + SPARE_HTTP_THREADS
     assert role_class(2)(s, 2, life).http_threads() == SPARE_HTTP_THREADS
     assert role_class(2)(s.replace(waitress_threads=5), 2, life).http_threads() == 5
+
+
+def test_settings_that_must_agree_are_checked_in_one_line_naming_both():
+    from pipeline.config import MAX_INTERNAL_TIMEOUT_S
+    assert Settings.from_env({"REQUEST_TIMEOUT_S": str(MAX_INTERNAL_TIMEOUT_S)}).request_timeout_s == MAX_INTERNAL_TIMEOUT_S
+    cases = [({"REQUEST_TIMEOUT_S": "4000"}, r"^REQUEST_TIMEOUT_S='4000' is not valid: .*MAX_INTERNAL_TIMEOUT_S"),
+             ({"GATEWAY_MAX_JOINERS_PER_ID": "9", "GATEWAY_MAX_JOINERS": "8"},
+              r"^GATEWAY_MAX_JOINERS_PER_ID='9' is not valid: expected at most GATEWAY_MAX_JOINERS \(8\)$")]
+    for env, message in cases:
+        with pytest.raises(ConfigError, match=message) as err:
+            Settings.from_env(env)
+        assert "\n" not in str(err.value)
+
+
+def test_joiner_caps_default_below_node_0s_spare_http_threads(tmp_path: Path):
+    from services.roles.base import SPARE_HTTP_THREADS
+    from services.roles.gateway import GatewayRole
+    (tmp_path / "documents.db").touch()
+    s = Settings.from_env({"DOCUMENTS_DIR": str(tmp_path)})
+    assert (s.gateway_max_joiners_per_id, s.gateway_max_joiners) == (8, 16)
+    GatewayRole.check_settings(s)
+    with pytest.raises(ConfigError, match=r"^GATEWAY_MAX_JOINERS='32' is not valid: .*spare HTTP threads"):
+        GatewayRole.check_settings(s.replace(gateway_max_joiners=SPARE_HTTP_THREADS))
+    GatewayRole.check_settings(s.replace(gateway_max_joiners=SPARE_HTTP_THREADS, waitress_threads=200))
