@@ -31,6 +31,19 @@ class ApiError(Exception):
         self.retry_after_s = retry_after_s
 
 
+class RequestIdConflict(ApiError):
+    """A request_id already used with another query (in flight or completed): 409, field "query".
+
+    The id is an idempotency key bound to its exact query; answering it with the first query's
+    reply (or computing the second) would let anyone who guesses an id read or plant its answer.
+    """
+
+    def __init__(self, request_id: str):
+        super().__init__(409, "'query' differs from the query this request_id was first sent with: "
+                              "a request_id is bound to its exact query; send a new request_id", field="query")
+        self.request_id = request_id
+
+
 # ---------------------------------------------------------------- capacity and lifecycle
 
 class Overloaded(RuntimeError):

@@ -2,16 +2,16 @@
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from flask import Flask, jsonify
 
+from pipeline.config import ConfigError, Settings
 from services.cache import ResponseCache
-from services.errors import RequestTimeout
 from services.gateway import Gateway, Target, remote_target
 from services.lifecycle import Readiness
 from services.node_client import WorkerClient
+from services.roles.base import SPARE_HTTP_THREADS
 from services.roles.worker import WorkerRole, parse_query
 
 log = logging.getLogger(__name__)
@@ -29,12 +29,24 @@ class GatewayRole(WorkerRole):
         self.gateway: Gateway | None = None
         self.response_cache = ResponseCache(self.settings.response_cache_size, self.settings.response_cache_ttl_s)
 
+    @staticmethod
+    def check_settings(settings: Settings) -> None:
+        # Each joiner holds an HTTP thread: with the derived thread count, joiners must leave some
+        # of the spare threads to /health and the quick 503s. (An explicit WAITRESS_THREADS is the
+        # operator's own sum to make; README says so.)
+        if not settings.waitress_threads and settings.gateway_max_joiners >= SPARE_HTTP_THREADS:
+            raise ConfigError(f"GATEWAY_MAX_JOINERS='{settings.gateway_max_joiners}' is not valid: expected fewer "
+                              f"than the {SPARE_HTTP_THREADS} spare HTTP threads node 0 has beyond "
+                              f"GATEWAY_MAX_IN_FLIGHT (WAITRESS_THREADS=0), or /health and the 503s would starve")
+        WorkerRole.check_settings(settings)
+
     def load(self) -> None:
         super().load()
         s = self.settings
         self.gateway = Gateway(self._targets(), health_interval_s=s.health_interval_s,
                                max_in_flight=s.gateway_max_in_flight, completed_cache_size=s.idempotency_cache_size,
-                               completed_ttl_s=s.idempotency_ttl_s)
+                               completed_ttl_s=s.idempotency_ttl_s, max_joiners_per_id=s.gateway_max_joiners_per_id,
+                               max_joiners=s.gateway_max_joiners, response_cache=self.response_cache)
 
     def _targets(self) -> list[Target]:
         targets = []
@@ -76,26 +88,6 @@ class GatewayRole(WorkerRole):
         self.lifecycle.require_ready()
         _, request_id, text = parse_query(self.settings)
         log.info("query request_id=%r", request_id)  # repr: an id cannot forge log lines
-        started = time.monotonic()
-        claim = self.response_cache.claim(request_id, text)
-        if claim.reply is not None:
-            return jsonify(claim.reply)
-        if claim.leader is not None:  # the same question is being answered right now
-            reply = self._joined(claim.leader, request_id)
-            if reply is not None:
-                return jsonify(reply)
-            # That computation failed; a failure is not shared: answer this one ourselves.
-        timeout_s = self.settings.request_timeout_s - (time.monotonic() - started)
-        try:
-            reply = self.gateway.answer(request_id, text, timeout_s)
-        except BaseException as exc:  # whatever it was, the waiting repeats must not wait on us
-            self.response_cache.abandon(claim.key, exc)
-            raise
-        self.response_cache.finish(claim.key, reply)
-        return jsonify(reply)
-
-    def _joined(self, leader, request_id: str) -> dict | None:
-        try:
-            return self.response_cache.joined_reply(leader, request_id, self.settings.request_timeout_s)
-        except TimeoutError:
-            raise RequestTimeout("timed out waiting for the same question in flight") from None
+        # The request_id rules come first and the reply cache only behind them (Gateway._compute):
+        # an id's own answer always wins over a cached answer to the same question.
+        return jsonify(self.gateway.answer(request_id, text, self.settings.request_timeout_s))

@@ -29,6 +29,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 TOKEN = "faults-test-token"
 REQUEST_TIMEOUT_S = 10.0
 MAX_IN_FLIGHT = 4
+# Joiners of a request_id in flight: 19 per id lets the 20-thread test below join in full;
+# 24 in all stays under node 0's 32 spare HTTP threads.
+MAX_JOINERS_PER_ID, MAX_JOINERS = 19, 24
 AUTH = {TOKEN_HEADER: TOKEN}
 QUERY_STATUSES = {200, 400, 413, 415, 503, 504}
 
@@ -38,7 +41,9 @@ def cluster(course_data, tmp_path_factory):
     cluster = start_cluster(course_data, tmp_path_factory.mktemp("faults-logs"),
                             CLUSTER_TOKEN=TOKEN, REQUEST_TIMEOUT_S=str(REQUEST_TIMEOUT_S),
                             GATEWAY_MAX_IN_FLIGHT=str(MAX_IN_FLIGHT), STAGE_MAX_QUEUE="4", SEARCH_MAX_BATCH="4",
-                            SHUTDOWN_GRACE_S="30", CONNECT_TIMEOUT_S="1")
+                            SHUTDOWN_GRACE_S="30", CONNECT_TIMEOUT_S="1",
+                            GATEWAY_MAX_JOINERS_PER_ID=str(MAX_JOINERS_PER_ID),
+                            GATEWAY_MAX_JOINERS=str(MAX_JOINERS))
     yield cluster
     cluster.stop()
 
@@ -294,6 +299,117 @@ def test_slow_node_2_gives_504_and_the_cluster_serves_normally_afterwards(cluste
     restart_node_2(cluster)
     assert post_query(cluster, ids[0]).status_code == 200
     assert [post_query(cluster, uid(f"fast-{i}")).status_code for i in range(4)] == [200] * 4
+
+
+# ---------------------------------------------------------------- a request_id is bound to its query
+
+def test_a_completed_request_id_sent_with_another_query_gets_409_naming_the_query(cluster):
+    request_id = uid("bound")
+    first = post_query(cluster, request_id, "What is your refund policy?")
+    assert first.status_code == 200
+    again = post_query(cluster, request_id, "What is your refund policy?")
+    assert again.text == first.text  # the same id and query: the id's own answer
+    for other in ("How do I update my billing information?", "what is your refund policy?"):
+        planted = post_query(cluster, request_id, other)  # exact text: case counts
+        assert planted.status_code == 409, planted.text[:300]
+        assert planted.json()["field"] == "query" and "request_id" in planted.json()["error"]
+    assert post_query(cluster, request_id, "What is your refund policy?").text == first.text
+
+
+def gateway_stats(cluster) -> dict:
+    return health(cluster, 0)["gateway"]
+
+
+def test_a_joiner_with_another_query_gets_409_not_the_other_querys_answer(cluster):
+    restart_node_2(cluster, inject_delay_ms=4000)  # the first asker stays in flight meanwhile
+    try:
+        request_id = uid("bound-flight")
+        with ThreadPoolExecutor(2) as pool:
+            owner = pool.submit(post_query, cluster, request_id, "Where is my order?")
+            wait_until(lambda: gateway_stats(cluster)["in_flight"] == 1, 3, "the first asker is not in flight")
+            started = time.monotonic()
+            planted = post_query(cluster, request_id, "What payment methods do you accept?")
+            assert planted.status_code == 409, planted.text[:300]
+            assert planted.json()["field"] == "query" and time.monotonic() - started < 2
+            joiner = pool.submit(post_query, cluster, request_id, "Where is my order?")
+            assert owner.result(timeout=30).status_code == 200
+            assert joiner.result(timeout=30).text == owner.result().text
+    finally:
+        restart_node_2(cluster)
+
+
+# ---------------------------------------------------------------- joiners are bounded
+
+def test_joiners_beyond_their_caps_get_an_immediate_503_while_health_stays_quick(cluster):
+    restart_node_2(cluster, inject_delay_ms=5000)  # both ids stay in flight through the test
+    ids, query = [uid("join-a"), uid("join-b")], "How long does shipping typically take?"
+    try:
+        with ThreadPoolExecutor(2 + MAX_JOINERS) as pool:
+            owners = [pool.submit(post_query, cluster, request_id, query) for request_id in ids]
+            wait_until(lambda: gateway_stats(cluster)["in_flight"] == 2, 3, "the two ids are not in flight")
+            joined = gateway_stats(cluster)["joined"]
+            accepted = join(pool, cluster, ids[0], MAX_JOINERS_PER_ID, joined)
+            assert_refused(cluster, ids[0], "per request_id")
+            accepted += join(pool, cluster, ids[1], MAX_JOINERS - MAX_JOINERS_PER_ID, joined + MAX_JOINERS_PER_ID)
+            assert_refused(cluster, ids[1], "in all")
+            started = time.monotonic()
+            assert health(cluster, 0)["status"] == "healthy" and time.monotonic() - started < 1
+            replies = [f.result(timeout=30) for f in owners + accepted]
+        assert [r.status_code for r in replies] == [200] * len(replies)
+        stats = gateway_stats(cluster)
+        assert stats["joined"] - joined == MAX_JOINERS and stats["rejected_joiners"] >= 6
+    finally:
+        restart_node_2(cluster)
+
+
+def assert_refused(cluster, request_id: str, cap: str) -> None:
+    """Three more callers of request_id: each refused at once (503 + Retry-After) by the named cap."""
+    for _ in range(3):
+        r = post_query(cluster, request_id, "How long does shipping typically take?", timeout=30)
+        assert_json_answer(r, {503})
+        assert r.elapsed.total_seconds() < 1 and cap in r.json()["error"], r.text[:300]
+
+
+def join(pool, cluster, request_id: str, n: int, joined_before: int) -> list:
+    """n callers joining request_id, returned once the gateway counts them all as joined."""
+    futures = [pool.submit(post_query, cluster, request_id, "How long does shipping typically take?")
+               for _ in range(n)]
+    wait_until(lambda: gateway_stats(cluster)["joined"] >= joined_before + n, 4, f"{n} joiners not counted")
+    return futures
+
+
+# ---------------------------------------------------------------- the reply cache stays behind the request_id
+
+def restart_node_0(cluster, **env: str) -> None:
+    cluster.stop_node(0)
+    saved = {k: cluster.env.get(k) for k in env}
+    cluster.env.update(env)
+    try:
+        cluster.start_node(0)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                cluster.env.pop(k)
+            else:
+                cluster.env[k] = v
+    cluster.wait_healthy(nodes=(0,), timeout_s=120)
+
+
+def test_with_the_reply_cache_on_a_request_id_keeps_its_own_answer(cluster):
+    restart_node_0(cluster, RESPONSE_CACHE_SIZE="64")
+    try:
+        first_id, other_id = uid("own"), uid("own-other")
+        first = post_query(cluster, first_id, "Is there a warranty on electronic items?")
+        assert first.status_code == 200
+        hits = idempotency_hits(cluster)
+        again = post_query(cluster, first_id, "Is there a warranty on electronic items?")
+        assert again.text == first.text  # not the reply cache's copy (marked "cached", re-addressed)
+        assert idempotency_hits(cluster) == hits + 1
+        assert post_query(cluster, other_id, "What is your refund policy?").status_code == 200
+        planted = post_query(cluster, first_id, "What is your refund policy?")  # a hit in the reply cache
+        assert planted.status_code == 409 and planted.json()["field"] == "query", planted.text[:300]
+    finally:
+        restart_node_0(cluster)
 
 
 # ---------------------------------------------------------------- SIGTERM (stops node 0: last)

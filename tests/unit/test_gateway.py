@@ -55,7 +55,7 @@ def test_round_robin_alternates_between_ready_workers():
 def test_same_id_from_20_threads_is_computed_once_and_then_cached():
     gate = threading.Event()
     worker = FakeWorker(0, gate=gate)
-    gw = gateway(worker.target(local=True), max_in_flight=1)
+    gw = gateway(worker.target(local=True), max_in_flight=1, max_joiners_per_id=19, max_joiners=19)
     with ThreadPoolExecutor(20) as pool:
         futures = [pool.submit(gw.answer, "same", "q", 10) for _ in range(20)]
         time.sleep(0.3)  # all 20 have arrived: one computes, 19 join (joins use no capacity)
@@ -209,12 +209,11 @@ def test_worker_wait_maps_stage_outcomes():
 
 # ---------------------------------------------------------------- node 0's /query, through the one error handler
 
-class StubGateway:
-    """Answers from a list of outcomes: a reply dict, or an exception to raise."""
+class Outcomes:
+    """A worker answering from a list of outcomes: a reply dict, or an exception to raise."""
 
     def __init__(self, outcomes):
         self.outcomes = list(outcomes)
-        self.completed = None
 
     def answer(self, request_id, query, timeout_s):
         outcome = self.outcomes.pop(0)
@@ -222,14 +221,9 @@ class StubGateway:
             raise outcome
         return {**outcome, "request_id": request_id}
 
-    def status(self):
-        return []
-
-    def stats(self):
-        return {}
-
 
 def query_app(outcomes, **env):
+    """Node 0's /query over a real Gateway (with its reply cache) and one worker answering `outcomes`."""
     from pipeline.config import Settings
     from services.app import build_app
     from services.lifecycle import Lifecycle, Readiness
@@ -238,7 +232,8 @@ def query_app(outcomes, **env):
     lifecycle = Lifecycle("node 0", 0.0, exit=lambda code: None)
     role = GatewayRole(settings, 0, lifecycle)
     app = build_app(role, lifecycle)
-    role.gateway = StubGateway(outcomes)
+    worker = Target(node=0, answer=Outcomes(outcomes).answer, probe=lambda: True, local=True)
+    role.gateway = gateway(worker, response_cache=role.response_cache)
     lifecycle.readiness.set(Readiness.READY)
     return role, app.test_client()
 
@@ -267,3 +262,102 @@ def test_query_refused_with_retry_after_while_not_ready():
     response = client.post("/query", json={"request_id": "a", "query": "q"})
     assert response.status_code == 503 and response.get_json() == {"error": "node 0 is starting"}
     assert response.headers["Retry-After"] == "5"
+
+
+REPLY = {"generated_response": "ok", "sentiment": "neutral", "is_toxic": "false"}
+
+
+def test_a_request_id_keeps_its_own_answer_over_the_reply_cache():
+    role, client = query_app([{**REPLY, "generated_response": "first"}, {**REPLY, "generated_response": "second"}])
+    first = client.post("/query", json={"request_id": "a", "query": "Where is my order?"})
+    role.response_cache.clear()  # the reply cache forgets; the id does not
+    other = client.post("/query", json={"request_id": "b", "query": "Where is my order?"})
+    assert other.get_json()["generated_response"] == "second"
+    again = client.post("/query", json={"request_id": "a", "query": "Where is my order?"})
+    assert again.get_json() == first.get_json()  # not the reply cache's "second", nor marked cached
+    assert role.gateway.stats()["cache_hits"] == 1
+
+
+def test_a_request_id_with_another_query_gets_409_naming_the_query():
+    role, client = query_app([REPLY, REPLY])
+    assert client.post("/query", json={"request_id": "a", "query": "Refund?"}).status_code == 200
+    assert client.post("/query", json={"request_id": "b", "query": "Shipping?"}).status_code == 200
+    for query in ("Shipping?", "refund?", "Refund? "):  # a reply-cache hit, then exact text: case and spaces count
+        r = client.post("/query", json={"request_id": "a", "query": query})
+        assert r.status_code == 409 and r.get_json()["field"] == "query", r.get_json()
+        assert "request_id" in r.get_json()["error"]
+    assert client.post("/query", json={"request_id": "a", "query": "Refund?"}).status_code == 200
+    assert role.gateway.stats()["conflicts"] == 3
+
+
+def test_the_completed_cache_keeps_a_hash_of_the_query_not_its_text():
+    gw = gateway(FakeWorker(0).target(local=True))
+    gw.answer("h", "my card number is 4111", 10)
+    digest, reply = gw.completed.get("h")
+    assert len(digest) == 64 and "4111" not in digest and reply["request_id"] == "h"
+
+
+def test_a_joiner_with_another_query_gets_409_and_the_computation_is_untouched():
+    from services.errors import RequestIdConflict
+    gate = threading.Event()
+    worker = FakeWorker(0, gate=gate)
+    gw = gateway(worker.target(local=True))
+    with ThreadPoolExecutor(1) as pool:
+        owner = pool.submit(gw.answer, "f", "q", 10)
+        wait_for(lambda: gw.stats()["in_flight"] == 1)
+        with pytest.raises(RequestIdConflict):
+            gw.answer("f", "another q", 10)
+        gate.set()
+        assert owner.result(timeout=10)["generated_response"] == "answer to q"
+    assert len(worker.calls) == 1 and gw.stats()["joined"] == 0
+
+
+def wait_for(condition, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+def test_joiners_are_capped_per_id_and_in_all_with_an_immediate_503():
+    gate = threading.Event()
+    worker = FakeWorker(0, gate=gate)
+    gw = gateway(worker.target(local=True), max_joiners_per_id=2, max_joiners=3)
+    with ThreadPoolExecutor(5) as pool:
+        owners = [pool.submit(gw.answer, rid, "q", 10) for rid in ("x", "y")]
+        wait_for(lambda: gw.stats()["in_flight"] == 2)
+        joiners = [pool.submit(gw.answer, "x", "q", 10) for _ in range(2)]
+        wait_for(lambda: gw.stats()["joining"] == 2)
+        for rid, cap in (("x", "2 per request_id"), ("y", None)):
+            if cap is None:  # y's one joiner fills the total of 3
+                joiners.append(pool.submit(gw.answer, "y", "q", 10))
+                wait_for(lambda: gw.stats()["joining"] == 3)
+                rid, cap = "y", "3 in all"
+            started = time.monotonic()
+            with pytest.raises(Overloaded, match=cap) as err:
+                gw.answer(rid, "q", 10)
+            assert time.monotonic() - started < 0.1 and err.value.retry_after_s >= 1
+        gate.set()
+        assert all(f.result(timeout=10)["generated_response"] == "answer to q" for f in owners + joiners)
+    stats = gw.stats()
+    assert (stats["joined"], stats["joining"], stats["rejected_joiners"], stats["rejected"]) == (3, 0, 2, 2)
+    assert len(worker.calls) == 2
+
+
+def test_a_reply_cache_hit_becomes_the_new_ids_answer_and_takes_no_capacity():
+    from services.cache import ResponseCache
+    gate = threading.Event()
+    gate.set()
+    worker = FakeWorker(0, gate=gate)
+    gw = gateway(worker.target(local=True), max_in_flight=1, response_cache=ResponseCache(8, 0))
+    gw.answer("a", "popular", 10)
+    gate.clear()
+    with ThreadPoolExecutor(1) as pool:
+        busy = pool.submit(gw.answer, "b", "slow one", 10)
+        wait_for(lambda: gw.stats()["in_flight"] == 1)  # the gateway is full
+        reply = gw.answer("c", "Popular", 10)
+        assert reply["request_id"] == "c" and reply["cached"] is True
+        assert gw.answer("c", "Popular", 10) == reply  # now c's own answer, from the id cache
+        gate.set()
+        busy.result(timeout=10)
+    assert len(worker.calls) == 2 and gw.stats()["rejected"] == 0
