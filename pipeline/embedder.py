@@ -7,6 +7,7 @@ from pipeline import spec
 from pipeline.config import Settings
 from pipeline.device import Placement, placement_for
 from pipeline.models import ModelSource, resolve_model_source
+from pipeline.precision import apply_precision
 
 
 class Embedder:
@@ -27,8 +28,7 @@ class Embedder:
             local_files_only=source.local_files_only,
             model_kwargs={"dtype": placement.torch_dtype},
         )
-        model.eval()
-        return cls(model, placement)
+        return cls(apply_precision(model.eval(), placement.precision), placement)
 
     @classmethod
     def from_settings(cls, settings: Settings, source: ModelSource | None = None) -> "Embedder":
