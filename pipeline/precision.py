@@ -28,11 +28,15 @@ from pipeline.config import PRECISION_VARIANTS, ConfigError
 
 CPU_BF16, CPU_PLAIN, CUDA = "cpu-bf16", "cpu", "cuda"
 
-# PROVISIONAL until the selection figures exist: the fastest variant per stage in a quick
-# side-by-side on this machine (2 shared cores, avx512_bf16 + VNNI, no AMX), tiny stand-ins;
-# re-measure with `MODEL_SOURCE=standin STANDIN_PROFILE=tiny python -m pipeline.precision`.
-# The plain-CPU and CUDA rows are not measured: int8-dynamic where bf16 is emulated,
-# bfloat16 on a GPU.
+# PROVISIONAL until the selection figures exist. Re-measure with
+#   MODEL_SOURCE=standin STANDIN_PROFILE=tiny ONLY_CPU=true TORCH_THREADS=2 python -m pipeline.precision
+# (or STANDIN_PROFILE=faithful for real shapes). Two runs here (2 cores shared, load ~5, tiny
+# stand-ins; ms per batch, float32 / bfloat16 / int8-dynamic / int8-weight): generate 1656/509/252/75
+# and 1091/93/62/61, sentiment 13/8/6/6 and 15/6/5/5; embed and rerank swung 5-50x between runs.
+# Both int8 variants beat float32 and bfloat16 in both runs; between them the noise decides, so
+# int8-dynamic is kept: its Linears are exact per row (batch-invariant) and it was faster at 16
+# rows of Qwen's real shapes (0.85 ms vs 5.4 ms for 896x4864). The plain-CPU and CUDA rows are not
+# measured: int8-dynamic where bf16 is emulated, bfloat16 on a GPU.
 FAST: dict[str, dict[str, str]] = {
     CPU_BF16: {"embed": "int8-dynamic", "rerank": "int8-dynamic", "generate": "int8-dynamic",
                "sentiment": "int8-dynamic", "toxicity": "int8-dynamic"},
