@@ -10,6 +10,7 @@ from pipeline import spec
 from pipeline.config import Settings
 from pipeline.device import Placement, placement_for
 from pipeline.models import ModelSource, resolve_model_source
+from pipeline.precision import apply_precision
 
 
 class _TextClassifier:
@@ -28,7 +29,7 @@ class _TextClassifier:
         tokenizer = AutoTokenizer.from_pretrained(cls.model_name, **source.hf_kwargs())
         model = AutoModelForSequenceClassification.from_pretrained(
             cls.model_name, dtype=placement.torch_dtype, **source.hf_kwargs())
-        return cls(tokenizer, model.to(placement.device).eval(), placement)
+        return cls(tokenizer, apply_precision(model.to(placement.device).eval(), placement.precision), placement)
 
     @classmethod
     def from_settings(cls, settings: Settings, source: ModelSource | None = None):

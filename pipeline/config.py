@@ -18,6 +18,10 @@ from pipeline.spec import MODEL_STAGES, Stage
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STAGES = tuple(Stage)  # every stage with a batching service: the worker's seven and node 2's index
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# How a model stage computes (pipeline/precision.py): exact = its *_DTYPE, fast = the table
+# of each stage's fastest variant on this hardware, or one variant by name.
+PRECISION_MODES = ("exact", "fast")
+PRECISION_VARIANTS = ("float32", "bfloat16", "int8-dynamic", "int8-weight")
 # Waitress closes a connection that has no request in progress after this long quiet
 # (idle keep-alive connections between nodes, stalled uploads): Settings.channel_timeout_s
 # is REQUEST_TIMEOUT_S plus this, so no connection is cut while a request could still be
@@ -115,6 +119,15 @@ def _optional_dtype(raw: str) -> str:
     return "" if not raw.strip() else _choice(*DTYPES)(raw)
 
 
+def _optional_precision(raw: str) -> str:
+    return "" if not raw.strip() else _choice(*PRECISION_MODES, *PRECISION_VARIANTS)(raw)
+
+
+def _precision(stage: str, model: str) -> Any:
+    return var(f"{stage.upper()}_PRECISION", _optional_precision, "",
+               f"precision of the {model} (empty: PRECISION): exact, fast, float32, bfloat16, int8-dynamic or int8-weight")
+
+
 def _address(raw: str) -> Address:
     what = "host:port with a port from 1 to 65535 (for example 10.0.0.5:8000)"
     host, sep, port = raw.strip().rpartition(":")
@@ -198,6 +211,12 @@ class Settings:
     generate_dtype: str = var("GENERATE_DTYPE", _optional_dtype, "", "dtype override for the LLM (empty: DTYPE)")
     sentiment_dtype: str = var("SENTIMENT_DTYPE", _optional_dtype, "", "dtype override for the sentiment classifier (empty: DTYPE)")
     toxicity_dtype: str = var("TOXICITY_DTYPE", _optional_dtype, "", "dtype override for the toxicity classifier (empty: DTYPE)")
+    precision: str = var("PRECISION", _choice(*PRECISION_MODES), "exact", "exact: each model as loaded in its *_DTYPE (today's behaviour); fast: each stage's fastest measured variant on this hardware (pipeline/precision.py FAST; int8 or bfloat16, answers may differ slightly)")
+    embed_precision: str = _precision(Stage.EMBED, "embedder")
+    rerank_precision: str = _precision(Stage.RERANK, "reranker")
+    generate_precision: str = _precision(Stage.GENERATE, "LLM")
+    sentiment_precision: str = _precision(Stage.SENTIMENT, "sentiment classifier")
+    toxicity_precision: str = _precision(Stage.TOXICITY, "toxicity classifier")
     # --- threads
     torch_threads: int = var("TORCH_THREADS", _int_range(0, 1024), "0", "torch intra-op threads; 0 = the core count")
     faiss_threads: int = var("FAISS_THREADS", _int_range(0, 1024), "0", "faiss OpenMP threads; 0 = the core count")
@@ -321,6 +340,14 @@ class Settings:
 
     def stage_dtype_variable(self, stage: str) -> str:
         return f"{stage.upper()}_DTYPE" if getattr(self, f"{stage}_dtype") else "DTYPE"
+
+    def stage_precision(self, stage: str) -> str:
+        if stage not in MODEL_STAGES:
+            raise KeyError(stage)
+        return getattr(self, f"{stage}_precision") or self.precision
+
+    def stage_precision_variable(self, stage: str) -> str:
+        return f"{stage.upper()}_PRECISION" if getattr(self, f"{stage}_precision") else "PRECISION"
 
     @property
     def channel_timeout_s(self) -> float:

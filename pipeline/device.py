@@ -59,7 +59,8 @@ def select_dtype(device: str, requested: str, *, variable: str = "DTYPE",
 @dataclass(frozen=True)
 class Placement:
     device: str
-    dtype: str
+    dtype: str  # what the model is loaded in
+    precision: str = "float32"  # its variant (pipeline/precision.py); the dtype itself for exact
 
     @property
     def torch_dtype(self):
@@ -68,10 +69,19 @@ class Placement:
 
 
 def placement_for(settings: Settings, stage: str, **detectors) -> Placement:
+    """Device, dtype and precision variant of one model stage, resolved once (faked detectors in tests)."""
+    from pipeline import precision  # imports torch: only where a model is about to be placed
     device = select_device(settings.only_cpu, **{k: v for k, v in detectors.items() if k == "cuda_available"})
-    dtype = select_dtype(device, settings.stage_dtype(stage), variable=settings.stage_dtype_variable(stage),
-                         **{k: v for k, v in detectors.items() if k != "cuda_available"})
-    return Placement(device, dtype)
+    dtype_detectors = {k: v for k, v in detectors.items() if k in ("bf16_cpu", "bf16_cuda")}
+    variant = precision.resolve_variant(
+        settings.stage_precision(stage), stage, device, settings.stage_precision_variable(stage),
+        bf16_cpu=detectors.get("bf16_cpu", cpu_supports_bf16),
+        **{k: v for k, v in detectors.items() if k in ("cuda_int8", "cuda_bf16")})
+    if variant is None:  # exact: the dtype settings decide, as before precision variants existed
+        dtype = select_dtype(device, settings.stage_dtype(stage), variable=settings.stage_dtype_variable(stage),
+                             **dtype_detectors)
+        return Placement(device, dtype, dtype)
+    return Placement(device, precision.LOAD_DTYPE[variant], variant)
 
 
 def thread_budget(requested: int, cores: int | None = None) -> int:

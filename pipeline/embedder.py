@@ -7,6 +7,7 @@ from pipeline import spec
 from pipeline.config import Settings
 from pipeline.device import Placement, placement_for
 from pipeline.models import ModelSource, resolve_model_source
+from pipeline.precision import apply_precision
 
 
 class Embedder:
@@ -27,8 +28,7 @@ class Embedder:
             local_files_only=source.local_files_only,
             model_kwargs={"dtype": placement.torch_dtype},
         )
-        model.eval()
-        return cls(model, placement)
+        return cls(apply_precision(model.eval(), placement.precision), placement)
 
     @classmethod
     def from_settings(cls, settings: Settings, source: ModelSource | None = None) -> "Embedder":
@@ -41,7 +41,9 @@ class Embedder:
             return np.zeros((0, spec.EMBED_DIM), dtype=np.float32)
         vectors = self.model.encode(list(texts), batch_size=len(texts), normalize_embeddings=True,
                                     convert_to_numpy=True, show_progress_bar=False)
-        return np.ascontiguousarray(vectors, dtype=np.float32)
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        # Normalised again in float32: a bfloat16 model's own normalisation leaves norms ~0.3% off 1.
+        return vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
 
     def __call__(self, texts: list[str]) -> list[np.ndarray]:
         return list(self.embed(texts))

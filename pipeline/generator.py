@@ -13,6 +13,7 @@ from pipeline import spec
 from pipeline.config import Settings
 from pipeline.device import Placement, placement_for
 from pipeline.models import ModelSource, resolve_model_source
+from pipeline.precision import apply_precision
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,8 @@ class Generator:
         tokenizer = AutoTokenizer.from_pretrained(spec.GENERATOR_MODEL, padding_side="left", **source.hf_kwargs())
         model = AutoModelForCausalLM.from_pretrained(spec.GENERATOR_MODEL, dtype=placement.torch_dtype,
                                                      **source.hf_kwargs())
-        return cls(tokenizer, model.to(placement.device).eval(), placement, **kwargs)
+        model = apply_precision(model.to(placement.device).eval(), placement.precision)
+        return cls(tokenizer, model, placement, **kwargs)
 
     @classmethod
     def from_settings(cls, settings: Settings, source: ModelSource | None = None) -> "Generator":

@@ -1,7 +1,9 @@
-"""The oracle: the seven stages in one process, one request at a time, float32.
+"""The oracle: the seven stages in one process, one request at a time.
 
-Later work (batching, continuous batching, bfloat16, distribution) is checked
-against the answers this gives. CLI: `python -m pipeline.reference [QUERY ...]`.
+Each model runs in the placement the service would give it for the same settings
+(float32 under the tests' settings; int8 or bfloat16 under PRECISION=fast), so
+batching, continuous batching and distribution are checked against the same arithmetic.
+CLI: `python -m pipeline.reference [QUERY ...]`.
 """
 from __future__ import annotations
 
@@ -13,7 +15,6 @@ from dataclasses import dataclass, fields
 
 from pipeline import spec
 from pipeline.config import ConfigError, Settings
-from pipeline.device import Placement, select_device
 from pipeline.generator import GenerationRequest
 from pipeline.models import ModelSource, resolve_model_source
 from pipeline.reranker import RerankRequest
@@ -29,9 +30,8 @@ class ReferencePipeline(Stages):
     @classmethod
     def from_settings(cls, settings: Settings, source: ModelSource | None = None) -> "ReferencePipeline":
         source = source or resolve_model_source(settings)
-        fp32 = Placement(select_device(settings.only_cpu), "float32")
         index = VectorIndex.load(settings.require_index_file(), nprobe=settings.nprobe, mmap=settings.faiss_mmap)
-        stages = Stages.load(settings, source, placement=lambda _stage: fp32)
+        stages = Stages.load(settings, source)  # the service's placement_for, per stage
         return cls(index=index, **{f.name: getattr(stages, f.name) for f in fields(stages)})
 
     def retrieve(self, query: str):

@@ -9,6 +9,7 @@ from pipeline.config import Settings
 from pipeline.device import Placement, placement_for
 from pipeline.docstore import Document
 from pipeline.models import ModelSource, resolve_model_source
+from pipeline.precision import apply_precision
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class Reranker:
         tokenizer = AutoTokenizer.from_pretrained(spec.RERANKER_MODEL, **source.hf_kwargs())
         model = AutoModelForSequenceClassification.from_pretrained(
             spec.RERANKER_MODEL, dtype=placement.torch_dtype, **source.hf_kwargs())
-        return cls(tokenizer, model.to(placement.device).eval(), placement)
+        return cls(tokenizer, apply_precision(model.to(placement.device).eval(), placement.precision), placement)
 
     @classmethod
     def from_settings(cls, settings: Settings, source: ModelSource | None = None) -> "Reranker":

@@ -33,7 +33,7 @@ class Stages:
     @classmethod
     def load(cls, settings: Settings, source: ModelSource,
              placement: Callable[[str], Placement] | None = None) -> "Stages":
-        """Each model where `placement(stage)` says; by default the settings' device and dtype."""
+        """Each model where `placement(stage)` says; by default the settings' device, dtype and precision."""
         place = placement or (lambda stage: placement_for(settings, stage))
         return cls(
             embedder=Embedder.load(source, place(Stage.EMBED)),
@@ -58,5 +58,5 @@ class Stages:
                 Stage.SENTIMENT: self.sentiment, Stage.TOXICITY: self.toxicity}
 
     def devices(self) -> dict[str, str]:
-        return {str(stage): f"{model.placement.device}/{model.placement.dtype}"
+        return {str(stage): f"{model.placement.device}/{model.placement.precision}"
                 for stage, model in self.models().items()}

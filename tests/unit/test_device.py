@@ -33,6 +33,7 @@ def test_per_stage_override():
     s = Settings.from_env({"DTYPE": "auto", "RERANK_DTYPE": "float32"})
     p = placement_for(s, "rerank", cuda_available=lambda: False, bf16_cpu=lambda: True)
     assert (p.device, p.dtype) == ("cpu", "float32")
+    assert p.precision == "float32"  # exact (the default PRECISION): the variant is the dtype itself
     p = placement_for(s, "generate", cuda_available=lambda: False, bf16_cpu=lambda: True)
     assert (p.device, p.dtype) == ("cpu", "bfloat16")
     p = placement_for(s.replace(only_cpu=False), "generate", cuda_available=lambda: True,

@@ -31,3 +31,13 @@ def test_reference_on_course_data(course_data, reference):
 def test_reference_is_deterministic(reference):
     query = spec.REFERENCE_QUERIES[4]
     assert reference.answer(query, "a") == reference.answer(query, "a")
+
+
+def test_reference_loads_each_model_as_the_service_would(support_data):
+    from pipeline.config import Settings
+    from tests.helpers import TEST_ENV, data_env
+    settings = Settings.from_env({**TEST_ENV, **data_env(support_data), "GENERATE_PRECISION": "int8-dynamic"})
+    pipeline = ReferencePipeline.from_settings(settings)
+    assert pipeline.devices() == {**{str(s): "cpu/float32" for s in spec.MODEL_STAGES},
+                                  "generate": "cpu/int8-dynamic"}
+    _check(pipeline.answer(spec.REFERENCE_QUERIES[0], "p"), "p")

@@ -122,3 +122,16 @@ def test_classifiers_see_only_512_characters(sentiment, toxicity):
     assert toxicity.top_probabilities([long]) == pytest.approx(toxicity.top_probabilities([long[:512]]))
     assert sentiment.classify([long]) == sentiment.classify([long[:512]])
     assert sentiment.classify([]) == [] and toxicity.classify([]) == []
+
+
+def test_devices_name_each_model_stage_device_and_precision(embedder, reranker, generator, sentiment, toxicity):
+    from pipeline.device import Placement
+    from pipeline.stages import Stages
+    stages = Stages(embedder, None, reranker, generator, sentiment, toxicity)
+    assert stages.devices() == {str(stage): "cpu/float32" for stage in spec.MODEL_STAGES}
+    saved = generator.placement
+    try:
+        generator.placement = Placement("cpu", "float32", "int8-dynamic")
+        assert stages.devices()["generate"] == "cpu/int8-dynamic"
+    finally:
+        generator.placement = saved

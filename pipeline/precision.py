@@ -1,0 +1,283 @@
+"""Precision variants of a model stage: how its weights are stored and its matmuls run.
+
+* ``float32``: the model as loaded (the oracle's precision by default).
+* ``bfloat16``: the whole model in bfloat16.
+* ``int8-dynamic``: every ``nn.Linear`` becomes :class:`Int8DynamicLinear`: int8 weights
+  with one scale per output channel; each row of the flattened input (one token) is
+  quantized with its own scale at run time, ``torch._int_mm`` multiplies int8 x int8
+  into int32, and the result is scaled back by row scale x channel scale, plus the
+  float32 bias. Integer accumulation is exact and every step is per row, so a row's
+  output cannot depend on its batch-mates. Everything but the Linears (embeddings,
+  layer norms, attention's own matmuls, softmax) stays float32.
+* ``int8-weight``: weight-only; the model is loaded in bfloat16 and every ``nn.Linear``
+  becomes :class:`Int8WeightLinear`: int8 per-channel weights, bfloat16 activations,
+  ``torch._weight_int8pack_mm``. Meant for CPUs with bf16 (avx512_bf16/AMX) and CUDA;
+  on a CPU without bf16 it runs, but bfloat16 arithmetic is emulated there and slow.
+
+``PRECISION=exact`` keeps today's behaviour (the ``*_DTYPE`` settings); ``fast`` picks
+the variant in :data:`FAST` for this hardware. Conversion happens once at load, layer
+by layer, and drops each float weight as soon as its int8 copy exists.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from pipeline.config import PRECISION_VARIANTS, ConfigError
+
+CPU_BF16, CPU_PLAIN, CUDA = "cpu-bf16", "cpu", "cuda"
+
+# PROVISIONAL until the selection figures exist. Re-measure with
+#   MODEL_SOURCE=standin STANDIN_PROFILE=tiny ONLY_CPU=true TORCH_THREADS=2 python -m pipeline.precision
+# (or STANDIN_PROFILE=faithful for real shapes). Two runs here (2 cores shared, load ~5, tiny
+# stand-ins; ms per batch, float32 / bfloat16 / int8-dynamic / int8-weight): generate 1656/509/252/75
+# and 1091/93/62/61, sentiment 13/8/6/6 and 15/6/5/5; embed and rerank swung 5-50x between runs.
+# Both int8 variants beat float32 and bfloat16 in both runs; between them the noise decides, so
+# int8-dynamic is kept: its Linears are exact per row (batch-invariant) and it was faster at 16
+# rows of Qwen's real shapes (0.85 ms vs 5.4 ms for 896x4864). The plain-CPU and CUDA rows are not
+# measured: int8-dynamic where bf16 is emulated, bfloat16 on a GPU.
+FAST: dict[str, dict[str, str]] = {
+    CPU_BF16: {"embed": "int8-dynamic", "rerank": "int8-dynamic", "generate": "int8-dynamic",
+               "sentiment": "int8-dynamic", "toxicity": "int8-dynamic"},
+    CPU_PLAIN: {"embed": "int8-dynamic", "rerank": "int8-dynamic", "generate": "int8-dynamic",
+                "sentiment": "int8-dynamic", "toxicity": "int8-dynamic"},
+    CUDA: {"embed": "bfloat16", "rerank": "bfloat16", "generate": "bfloat16",
+           "sentiment": "bfloat16", "toxicity": "bfloat16"},
+}
+# The dtype a variant's model is loaded in before its Linears are converted.
+LOAD_DTYPE = {"float32": "float32", "bfloat16": "bfloat16", "int8-dynamic": "float32", "int8-weight": "bfloat16"}
+# Rows quantized at a time at load: bounds the temporary float copies (lm_head is 151936 x 896).
+_QUANTIZE_ROWS = 8192
+
+
+def hardware_kind(device: str, bf16_cpu: Callable[[], bool]) -> str:
+    if device == "cuda":
+        return CUDA
+    return CPU_BF16 if bf16_cpu() else CPU_PLAIN
+
+
+def _cuda_int8() -> bool:
+    return torch.cuda.get_device_capability() >= (7, 5)  # int8 tensor cores, which _int_mm needs
+
+
+def _cuda_bf16() -> bool:
+    return torch.cuda.is_bf16_supported()
+
+
+def supported_variants(device: str, *, cuda_int8: Callable[[], bool] = _cuda_int8,
+                       cuda_bf16: Callable[[], bool] = _cuda_bf16) -> tuple[str, ...]:
+    """What this device can run; every variant runs on a CPU (bf16 ones slowly without avx512_bf16)."""
+    if device != "cuda":
+        return PRECISION_VARIANTS
+    bf16 = cuda_bf16()
+    allowed = {"float32": True, "bfloat16": bf16, "int8-dynamic": cuda_int8(), "int8-weight": bf16}
+    return tuple(v for v in PRECISION_VARIANTS if allowed[v])
+
+
+def resolve_variant(requested: str, stage: str, device: str, variable: str, *,
+                    bf16_cpu: Callable[[], bool], **cuda_detectors) -> str | None:
+    """The variant a stage runs, or None for 'exact' (the caller keeps its dtype settings).
+
+    `fast` takes the table's entry, or exact where this device cannot run it; a variant
+    asked for by name that the device cannot run is a ConfigError naming `variable`."""
+    if requested == "exact":
+        return None
+    supported = supported_variants(device, **cuda_detectors)
+    if requested == "fast":
+        variant = FAST[hardware_kind(device, bf16_cpu)][stage]
+        return variant if variant in supported else None
+    if requested not in supported:
+        where = "the CPU" if device != "cuda" else "this CUDA device"
+        raise ConfigError(f"{variable}={requested!r} is not valid on {where}: expected exact, fast or "
+                          f"{', '.join(supported)}")
+    return requested
+
+
+# ----------------------------------------------------------------------------- quantized Linears
+
+def quantize_per_channel(weight):
+    """(out, in) float weight -> int8 of the same shape and one float32 scale per output row."""
+    q = torch.empty(weight.shape, dtype=torch.int8, device=weight.device)
+    scales = torch.empty(weight.shape[0], dtype=torch.float32, device=weight.device)
+    for start in range(0, weight.shape[0], _QUANTIZE_ROWS):
+        rows = weight[start:start + _QUANTIZE_ROWS].float()
+        scale = rows.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+        q[start:start + _QUANTIZE_ROWS] = (rows / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+        scales[start:start + _QUANTIZE_ROWS] = scale
+    return q, scales
+
+
+def quantize_rows(x):
+    """Dynamic per-row quantization of a 2-D float tensor: one scale per row, never per tensor."""
+    scale = x.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0
+    return (x / scale).round().clamp(-127, 127).to(torch.int8), scale
+
+
+class _QuantizedLinear(torch.nn.Module):
+    """What both int8 Linears share: the int8 (out, in) weight, its scales, the bias."""
+    scale_dtype = torch.float32
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        q, scales = quantize_per_channel(linear.weight.detach())
+        self.register_buffer("qweight", q)
+        self.register_buffer("weight_scale", scales.to(self.scale_dtype))
+        bias = None if linear.bias is None else linear.bias.detach().to(self.scale_dtype)
+        self.register_buffer("bias", bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+    def _finish(self, out, x_shape):
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x_shape[:-1], self.out_features)
+
+
+class Int8DynamicLinear(_QuantizedLinear):
+    """int8 weights (per output channel) x int8 activations (per row), int32 accumulation.
+
+    On the CPU `torch._int_mm` takes any shape (checked on torch 2.13: M=1, K=7, N=5).
+    On CUDA it needs more than 16 rows and in/out sizes of at least 16 and multiples of
+    8 (not verified on a GPU in this change): rows are zero-padded up to 17 (padding rows are rows of their own, so they change nothing else),
+    and a layer whose sizes are not multiples of 8 stays a float Linear
+    (:func:`convert_linears`). The weight is passed as the transposed view of its
+    (out, in) rows: as fast as a row-major copy or faster here, and no second copy."""
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__(linear)
+        self._min_rows = 17 if self.qweight.is_cuda else 0
+
+    @staticmethod
+    def cuda_compatible(linear: torch.nn.Linear) -> bool:
+        return all(size >= 16 and size % 8 == 0 for size in (linear.in_features, linear.out_features))
+
+    def forward(self, x):
+        rows = x.reshape(-1, self.in_features).float()
+        n = rows.shape[0]
+        if n == 0:
+            return self._finish(rows.new_zeros((0, self.out_features)), x.shape).to(x.dtype)
+        xq, row_scale = quantize_rows(rows)
+        if n < self._min_rows:
+            xq = torch.nn.functional.pad(xq, (0, 0, 0, self._min_rows - n))
+        acc = torch._int_mm(xq, self.qweight.t())[:n]
+        out = acc.float() * row_scale * self.weight_scale
+        return self._finish(out, x.shape).to(x.dtype)
+
+
+class Int8WeightLinear(_QuantizedLinear):
+    """int8 weights (per output channel), bfloat16 activations: `torch._weight_int8pack_mm`."""
+    scale_dtype = torch.bfloat16
+
+    def forward(self, x):
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        if rows.shape[0] == 0:
+            return self._finish(rows.new_zeros((0, self.out_features)), x.shape)
+        out = torch._weight_int8pack_mm(rows, self.qweight, self.weight_scale)
+        return self._finish(out, x.shape)
+
+
+QUANTIZED = {"int8-dynamic": Int8DynamicLinear, "int8-weight": Int8WeightLinear}
+
+
+def _untie_output_embeddings(model) -> None:
+    """A tied lm_head shares the input embedding's weight: quantizing it must not touch
+    the lookups, and nothing may tie the two again (the quantized head is its own module)."""
+    config = getattr(model, "config", None)
+    if config is not None and getattr(config, "tie_word_embeddings", False):
+        config.tie_word_embeddings = False
+        text_config = getattr(config, "get_text_config", lambda **_: None)()
+        if text_config is not None and text_config is not config:
+            text_config.tie_word_embeddings = False
+
+
+def convert_linears(model, variant: str) -> int:
+    """Replace every nn.Linear under `model` in place; returns how many were converted."""
+    make = QUANTIZED[variant]
+    linears = [(name, module) for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
+    converted = 0
+    for name, linear in linears:
+        if linear.weight.is_cuda and make is Int8DynamicLinear and not make.cuda_compatible(linear):
+            continue  # _int_mm's CUDA shape rule: this layer stays a float Linear
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, make(linear))  # the float Linear is dropped here
+        converted += 1
+    return converted
+
+
+def apply_precision(model, precision: str):
+    """The model in `precision`: float variants are the dtype it was loaded in; int8 ones
+    convert its Linears (the model must have been loaded in LOAD_DTYPE[precision])."""
+    if precision in QUANTIZED:
+        _untie_output_embeddings(model)
+        with torch.no_grad():
+            convert_linears(model, precision)
+    return model
+
+
+# ----------------------------------------------------------------------------- side-by-side timing
+
+def _workloads(models: dict) -> dict[str, Callable[[], object]]:
+    """One representative batch per model stage (the reference client's queries and shapes)."""
+    from pipeline import spec
+    from pipeline.docstore import Document
+    from pipeline.generator import GenerationRequest
+    from pipeline.reranker import RerankRequest
+    queries = list(spec.REFERENCE_QUERIES)
+    docs = tuple(Document(i, f"Document {i}", f"This is the content of document {i}. " * 8, "general")
+                 for i in range(spec.TOP_K))
+    replies = [f"Answer: {q} " * 4 for q in queries]
+    generate = [GenerationRequest(q, docs, max_new_tokens=16) for q in queries[:4]]
+    return {"embed": lambda: models["embed"].embed(queries * 2),
+            "rerank": lambda: models["rerank"].rerank([RerankRequest(queries[0], docs)]),
+            "generate": lambda: models["generate"].generate(generate),
+            "sentiment": lambda: models["sentiment"].classify(replies * 2),
+            "toxicity": lambda: models["toxicity"].classify(replies * 2)}
+
+
+def measure(settings, variants=PRECISION_VARIANTS, repeats: int = 3) -> dict[str, dict[str, float]]:
+    """Best-of-`repeats` seconds per batch, stage -> variant -> seconds (one variant loaded at a time)."""
+    import time
+    from pipeline.classifiers import SentimentClassifier, ToxicityClassifier
+    from pipeline.device import Placement, select_device
+    from pipeline.embedder import Embedder
+    from pipeline.generator import Generator
+    from pipeline.models import resolve_model_source
+    from pipeline.reranker import Reranker
+    source, device = resolve_model_source(settings), select_device(settings.only_cpu)
+    classes = {"embed": Embedder, "rerank": Reranker, "generate": Generator, "sentiment": SentimentClassifier,
+               "toxicity": ToxicityClassifier}
+    times: dict[str, dict[str, float]] = {}
+    for variant in variants:
+        placement = Placement(device, LOAD_DTYPE[variant], variant)
+        models = {stage: cls.load(source, placement) for stage, cls in classes.items()}
+        for stage, run in _workloads(models).items():
+            run()  # warm-up
+            best = float("inf")
+            for _ in range(repeats):
+                start = time.perf_counter()
+                run()
+                best = min(best, time.perf_counter() - start)
+            times.setdefault(stage, {})[variant] = best
+        del models  # one variant's models in memory at a time
+    return times
+
+
+def main() -> int:
+    """Print each stage's batch time per variant and the fastest: what FAST's row should say."""
+    from pipeline.config import Settings
+    from pipeline.device import cpu_supports_bf16, select_device
+    settings = Settings.from_env()
+    kind = hardware_kind(select_device(settings.only_cpu), cpu_supports_bf16)
+    print(f"hardware: {kind}; ms per batch, best of 3")
+    for stage, by_variant in measure(settings).items():
+        cells = "  ".join(f"{v} {s * 1e3:8.1f}" for v, s in by_variant.items())
+        print(f"{stage:10s} {cells}  fastest: {min(by_variant, key=by_variant.get)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,244 @@
+"""Precision variants: settings, the int8 Linears against float32, and batch invariance per variant.
+
+Each variant's stage models are tiny stand-ins loaded once per module; a request's result
+must not depend on the requests that share its batch.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline import spec
+from pipeline.config import ConfigError, Settings
+from pipeline.continuous import ContinuousEngine
+from pipeline.device import Placement, placement_for
+from pipeline.docstore import Document
+from pipeline.generator import GenerationRequest
+from pipeline.precision import (FAST, LOAD_DTYPE, Int8DynamicLinear, Int8WeightLinear, apply_precision,
+                                quantize_rows)
+from pipeline.reranker import RerankRequest
+
+VARIANTS = ("bfloat16", "int8-dynamic", "int8-weight")  # float32 is tests/unit/test_stages.py's
+# How far alone and batched may differ. The int8 Linears are exact per row; what differs is
+# the float attention over a padded batch (summation order), which int8 rounding can step up
+# to one quantum and bfloat16 rounds to ~3 digits. Measured on the tiny stand-ins: int8-dynamic
+# cosine >= 1 - 1.1e-5, bfloat16 rerank scores within 1e-2 (scores of a random model near 0).
+TOLERANCE = {"bfloat16": {"cosine": 5e-5, "score": 2e-2, "prob": 2e-2},
+             "int8-weight": {"cosine": 5e-5, "score": 2e-2, "prob": 2e-2},
+             "int8-dynamic": {"cosine": 5e-5, "score": 1e-3, "prob": 1e-4}}
+QUERIES = list(spec.REFERENCE_QUERIES)
+TEXTS = ["ok", "Answer: you can return it within 30 days for a refund.",
+         "Answer: " + "the package is delayed because of the weather and the carrier. " * 20]
+CPU = {"cuda_available": lambda: False}
+
+
+# ----------------------------------------------------------------------------- settings
+
+def _placement(env: dict, stage: str, bf16: bool = True, **detectors) -> Placement:
+    return placement_for(Settings.from_env(env), stage, bf16_cpu=lambda: bf16, **{**CPU, **detectors})
+
+
+def test_exact_is_todays_dtype_and_fast_follows_the_hardware_table():
+    assert _placement({"DTYPE": "auto"}, "generate") == Placement("cpu", "bfloat16", "bfloat16")
+    assert _placement({"DTYPE": "auto"}, "generate", bf16=False) == Placement("cpu", "float32", "float32")
+    for bf16, kind in ((True, "cpu-bf16"), (False, "cpu")):
+        for stage, variant in FAST[kind].items():
+            p = _placement({"PRECISION": "fast", "DTYPE": "float32"}, stage, bf16=bf16)
+            assert (p.precision, p.dtype) == (variant, LOAD_DTYPE[variant])
+    cuda = placement_for(Settings.from_env({"PRECISION": "fast"}), "embed", cuda_available=lambda: True,
+                         bf16_cpu=lambda: True, cuda_bf16=lambda: True, cuda_int8=lambda: True)
+    assert (cuda.device, cuda.precision) == ("cuda", FAST["cuda"]["embed"])
+
+
+def test_per_stage_precision_overrides_precision_and_dtype():
+    env = {"PRECISION": "fast", "DTYPE": "float32", "RERANK_PRECISION": "exact", "EMBED_PRECISION": "int8-weight",
+           "SENTIMENT_PRECISION": "BFloat16"}
+    assert _placement(env, "rerank") == Placement("cpu", "float32", "float32")
+    assert _placement(env, "embed") == Placement("cpu", "bfloat16", "int8-weight")
+    assert _placement(env, "sentiment") == Placement("cpu", "bfloat16", "bfloat16")
+    assert _placement(env, "toxicity").precision == FAST["cpu-bf16"]["toxicity"]
+    s = Settings.from_env(env)
+    assert s.stage_precision_variable("embed") == "EMBED_PRECISION"
+    assert s.stage_precision_variable("generate") == "PRECISION"
+
+
+def test_bad_precision_values_are_one_line_errors_naming_the_variable():
+    with pytest.raises(ConfigError, match=r"^PRECISION='int8' is not valid: expected one of exact, fast$"):
+        Settings.from_env({"PRECISION": "int8"})
+    with pytest.raises(ConfigError, match=r"^GENERATE_PRECISION='float16' is not valid: expected one of exact, "
+                                          r"fast, float32, bfloat16, int8-dynamic, int8-weight$"):
+        Settings.from_env({"GENERATE_PRECISION": "float16"})
+
+
+def test_a_variant_the_device_cannot_run_is_refused_at_startup():
+    gpu = {"cuda_available": lambda: True, "bf16_cuda": lambda: False, "cuda_bf16": lambda: False,
+           "cuda_int8": lambda: False}
+    s = Settings.from_env({"GENERATE_PRECISION": "int8-dynamic"})
+    with pytest.raises(ConfigError, match=r"^GENERATE_PRECISION='int8-dynamic' is not valid on this CUDA device: "
+                                          r"expected exact, fast or float32$"):
+        placement_for(s, "generate", bf16_cpu=lambda: True, **gpu)
+    with pytest.raises(ConfigError, match="PRECISION='bfloat16' is not valid on this CUDA device"):
+        placement_for(Settings.from_env({"PRECISION": "exact", "EMBED_PRECISION": "bfloat16"}), "embed",
+                      bf16_cpu=lambda: True, **gpu)
+    # fast on that GPU falls back to exact (DTYPE=auto: float16 there), not to an error
+    assert placement_for(Settings.from_env({"PRECISION": "fast"}), "embed", bf16_cpu=lambda: True,
+                         **gpu) == Placement("cuda", "float16", "float16")
+
+
+# ----------------------------------------------------------------------------- the int8 Linears
+
+def _linear(k: int = 96, n: int = 80, bias: bool = True, dtype=torch.float32) -> torch.nn.Linear:
+    torch.manual_seed(0)
+    return torch.nn.Linear(k, n, bias=bias).to(dtype)
+
+
+@pytest.mark.parametrize("make, dtype, bound", [(Int8DynamicLinear, torch.float32, 0.02),
+                                                (Int8WeightLinear, torch.bfloat16, 0.03)])
+def test_quantized_linear_is_close_to_float32(make, dtype, bound):
+    linear = _linear()
+    x = torch.randn(3, 7, 96)
+    expected = linear(x)
+    got = make(_linear(dtype=dtype))(x.to(dtype)).float()
+    assert got.shape == expected.shape
+    rel = (got - expected).norm() / expected.norm()
+    assert 1e-5 < rel < bound  # quantized (not the float path by accident), yet close
+    assert make(_linear(bias=False, dtype=dtype))(x.to(dtype)[:0]).shape == (0, 7, 80)
+
+
+@pytest.mark.parametrize("make, dtype", [(Int8DynamicLinear, torch.float32), (Int8WeightLinear, torch.bfloat16)])
+def test_quantized_linear_rows_are_bit_identical_alone_and_in_any_batch(make, dtype):
+    layer = make(_linear(dtype=dtype))
+    x = torch.randn(16, 96).to(dtype)
+    batch = layer(x)
+    for m in (1, 2, 3, 5, 16):
+        assert torch.equal(layer(x[:m]), batch[:m])
+    assert torch.equal(layer(x[7:8]), batch[7:8])
+
+
+def test_per_row_scales_keep_an_outlier_batch_mate_from_changing_other_rows():
+    layer = Int8DynamicLinear(_linear())
+    x = torch.randn(2, 96)
+    outlier = x.clone()
+    outlier[1, 5] = 1e4  # one huge activation in the batch-mate
+    assert torch.equal(layer(outlier)[0], layer(x[:1])[0])
+    # what a per-tensor scale would do: row 0 is crushed to a few levels and its result moves
+    _, row_scale = quantize_rows(outlier)
+    per_tensor = (outlier[0] / row_scale.max()).round().clamp(-127, 127) * row_scale.max()
+    per_row = (outlier[0] / row_scale[0]).round().clamp(-127, 127) * row_scale[0]
+    assert (per_tensor - outlier[0]).abs().max() > 20 * (per_row - outlier[0]).abs().max()
+
+
+# ----------------------------------------------------------------------------- whole models, per variant
+
+@pytest.fixture(scope="module", params=VARIANTS)
+def stages(request, model_source):
+    from pipeline.classifiers import SentimentClassifier, ToxicityClassifier
+    from pipeline.embedder import Embedder
+    from pipeline.generator import Generator
+    from pipeline.reranker import Reranker
+    placement = Placement("cpu", LOAD_DTYPE[request.param], request.param)
+    return {"variant": request.param, "embed": Embedder.load(model_source, placement),
+            "rerank": Reranker.load(model_source, placement), "generate": Generator.load(model_source, placement),
+            "sentiment": SentimentClassifier.load(model_source, placement),
+            "toxicity": ToxicityClassifier.load(model_source, placement)}
+
+
+def test_every_linear_is_converted_and_the_lm_head_untied(stages):
+    variant = stages["variant"]
+    for stage in ("embed", "rerank", "generate", "sentiment", "toxicity"):
+        model = stages[stage].model
+        linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        quantized = [m for m in model.modules() if isinstance(m, (Int8DynamicLinear, Int8WeightLinear))]
+        assert (not linears and quantized) if variant.startswith("int8") else (linears and not quantized), stage
+        params = {p.dtype for p in model.parameters()}
+        assert params == {torch.float32 if variant == "int8-dynamic" else torch.bfloat16}, stage
+    llm = stages["generate"].model
+    if variant.startswith("int8"):
+        assert llm.lm_head.qweight.dtype == torch.int8 and llm.lm_head.out_features == llm.config.vocab_size
+        assert not llm.config.tie_word_embeddings
+    assert stages["generate"].placement.precision == variant
+
+
+def test_embeddings_alone_equal_embeddings_in_a_batch(stages):
+    embedder = stages["embed"]
+    texts = QUERIES + ["hi", "A much longer question about refunds, shipping and billing " * 6]
+    batch = embedder.embed(texts)
+    single = np.stack([embedder.embed([t])[0] for t in texts])
+    assert batch.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(batch, axis=1), 1.0, rtol=1e-5)
+    cosine = np.sum(batch * single, axis=1)
+    assert (cosine >= 1 - TOLERANCE[stages["variant"]]["cosine"]).all(), cosine
+
+
+def _docs(n: int, long: bool = False) -> tuple[Document, ...]:
+    body = "Refunds are issued to the original payment method within 5 business days. " * (8 if long else 1)
+    return tuple(Document(i, f"Document {i}", f"{body} Case {i}.", "billing") for i in range(n))
+
+
+def test_rerank_scores_alone_equal_scores_in_a_batch(stages):
+    reranker = stages["rerank"]
+    requests = [RerankRequest(QUERIES[0], _docs(10)), RerankRequest(QUERIES[1], _docs(6, long=True)),
+                RerankRequest(QUERIES[2], _docs(3))]
+    saved = reranker.max_pad_ratio
+    try:
+        reranker.max_pad_ratio = float("inf")  # one padded forward: the strongest batch-mate effect
+        batch = reranker.rerank(requests)
+    finally:
+        reranker.max_pad_ratio = saved
+    tol = TOLERANCE[stages["variant"]]["score"]
+    for b, r in zip(batch, requests):
+        batched = {x.document.doc_id: x.score for x in b}
+        alone = {x.document.doc_id: x.score for x in reranker.rerank([r])[0]}
+        assert batched.keys() == alone.keys()
+        np.testing.assert_allclose([batched[d] for d in alone], list(alone.values()), rtol=0, atol=tol)
+        # the same order wherever alone's scores are further apart than the noise
+        assert all(batched[i] > batched[j] for i in alone for j in alone if alone[i] > alone[j] + 2 * tol)
+
+
+def test_classifiers_alone_equal_classifiers_in_a_batch(stages):
+    sentiment, toxicity = stages["sentiment"], stages["toxicity"]
+    assert sentiment.classify(TEXTS) == [sentiment.classify([t])[0] for t in TEXTS]
+    assert toxicity.classify(TEXTS) == [toxicity.classify([t])[0] for t in TEXTS]
+    probs = sentiment.logits(TEXTS).softmax(-1)
+    single = torch.cat([sentiment.logits([t]) for t in TEXTS]).softmax(-1)
+    tol = TOLERANCE[stages["variant"]]["prob"]
+    torch.testing.assert_close(probs, single, rtol=0, atol=tol)
+    np.testing.assert_allclose(toxicity.top_probabilities(TEXTS),
+                               [toxicity.top_probabilities([t])[0] for t in TEXTS], rtol=0, atol=tol)
+
+
+GEN_REQUESTS = [GenerationRequest(q, _docs(i % 3)) for i, q in enumerate(QUERIES[:4])]
+
+
+def test_generated_ids_alone_equal_ids_among_same_length_batch_mates(stages):
+    generator = stages["generate"]
+    for request in GEN_REQUESTS:
+        prompt = generator.prompt(request.query, request.documents)
+        alone = generator.generate_ids([prompt], max_new_tokens=24)[0]
+        assert generator.generate_ids([prompt] * 3, max_new_tokens=24) == [alone] * 3
+
+
+def _continuous_texts(generator, requests, join_every: int = 9) -> list[str]:
+    """The engine's answers with each request joining `join_every` decode steps after the previous one."""
+    engine = ContinuousEngine(generator, max_seqs=3, max_tokens=4096, prefill_chunk=32)
+    seqs, pending, step = {}, list(enumerate(requests)), 0
+    while pending or engine.has_work():
+        if pending and step % join_every == 0:
+            i, request = pending.pop(0)
+            seqs[i] = engine.add(request)
+        assert not engine.step().failed
+        step += 1
+    return [engine.text(seqs[i]) for i in range(len(requests))]
+
+
+def test_generated_text_alone_equals_text_among_mixed_length_batch_mates(stages, request):
+    if stages["variant"] in ("bfloat16", "int8-weight"):
+        # Strict: passes the day attention over a padded batch stops depending on the padding.
+        request.applymarker(pytest.mark.xfail(strict=True, reason=(
+            "bfloat16 attention over a left-padded batch rounds differently from the row alone, and the "
+            "random tiny model's near-tied logits turn that into another token (DTYPE=auto did so already)")))
+    generator = stages["generate"]
+    alone = [generator.generate([r])[0] for r in GEN_REQUESTS]
+    assert generator.generate(GEN_REQUESTS) == alone
+    assert _continuous_texts(generator, GEN_REQUESTS) == alone
