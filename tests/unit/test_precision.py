@@ -15,7 +15,7 @@ from pipeline.continuous import ContinuousEngine
 from pipeline.device import Placement, placement_for
 from pipeline.docstore import Document
 from pipeline.generator import GenerationRequest
-from pipeline.precision import (FAST, LOAD_DTYPE, Int8DynamicLinear, Int8WeightLinear, apply_precision,
+from pipeline.precision import (FAST, LOAD_DTYPE, Int8DynamicLinear, Int8WeightLinear,
                                 quantize_rows)
 from pipeline.reranker import RerankRequest
 
