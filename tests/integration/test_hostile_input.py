@@ -33,6 +33,11 @@ def cluster(course_data, tmp_path_factory):
     cluster = start_cluster(course_data, tmp_path_factory.mktemp("hostile-logs"), REQUEST_TIMEOUT_S="30",
                             GATEWAY_MAX_IN_FLIGHT="4", HEALTH_INTERVAL_S="5", CONNECT_TIMEOUT_S="1",
                             HTTP_READ_TIMEOUT_S=str(READ_TIMEOUT_S))
+    # The gateway routes to node 1 once its own probe has seen it ready (up to HEALTH_INTERVAL_S later).
+    deadline = time.monotonic() + 30
+    while not all(workers_up(cluster).values()):
+        assert time.monotonic() < deadline, "the gateway never saw both workers up"
+        time.sleep(0.2)
     yield cluster
     cluster.stop()
 
