@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from pipeline import spec
 from pipeline.spec import MODEL_STAGES, Stage
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -30,6 +31,19 @@ CHANNEL_TIMEOUT_MARGIN_S = 60.0
 # The longest /internal/answer `timeout_s` a worker accepts (a sanity bound on what another
 # node sends). The gateway forwards up to REQUEST_TIMEOUT_S, so that must not exceed it.
 MAX_INTERNAL_TIMEOUT_S = 3600.0
+# MAX_QUERY_TOKENS must leave room in the continuous KV budget (GENERATE_MAX_TOKENS) for the
+# prompt around the query (system prompt, three 200-character context lines: a generous
+# allowance) and the 128 new tokens, so that the largest request reserves at most a quarter
+# of the budget and never makes every other request wait behind its prefill.
+PROMPT_ALLOWANCE_TOKENS = 512
+KV_SHARE_OF_LARGEST_REQUEST = 4
+# Derived HTTP read timeout (HTTP_READ_TIMEOUT_S=0): REQUEST_TIMEOUT_S / 30, within these bounds:
+# long enough for a 32 MiB /search upload on a LAN, short enough that a slowloris socket
+# holds a connection for seconds, not for the request timeout.
+READ_TIMEOUT_SHARE, MIN_READ_TIMEOUT_S, MAX_READ_TIMEOUT_S = 30.0, 2.0, 30.0
+# Derived connection limit (HTTP_CONNECTION_LIMIT=0): at least this many, or 4 per HTTP thread.
+# An open connection costs waitress a few KB (a partial header at most services.http's header cap).
+MIN_CONNECTION_LIMIT = 1024
 
 
 class ConfigError(ValueError):
@@ -256,12 +270,15 @@ class Settings:
     gateway_max_joiners: int = var("GATEWAY_MAX_JOINERS", _int_range(0, 100_000), "16", "callers that may wait on request_ids in flight, all ids together; under the 32 spare HTTP threads, so /health and 503s always get one")
     max_request_id_chars: int = var("MAX_REQUEST_ID_CHARS", _int_range(1, 1_000_000), "256", "longest request_id accepted (longer: 400)")
     max_query_chars: int = var("MAX_QUERY_CHARS", _int_range(1, 1_000_000), "4096", "longest query accepted (longer: 400)")
+    max_query_tokens: int = var("MAX_QUERY_TOKENS", _int_range(16, 1_000_000), "1024", "longest query accepted in the LLM tokenizer's tokens (longer: 400); emoji and some scripts take several tokens a character, and the embedder and reranker read only the first 512 anyway")
     max_body_bytes: int = var("MAX_BODY_BYTES", _int_range(256, 64 * 1024 * 1024), "65536", "largest /query or /internal/answer body accepted (larger: 413)")
     embed_cache_size: int = var("EMBED_CACHE_SIZE", _int_range(0, 10_000_000), "1024", "query embeddings each worker keeps (LRU; 0 = off): the same question skips the embedder")
     response_cache_size: int = var("RESPONSE_CACHE_SIZE", _int_range(0, 10_000_000), "0", "replies node 0 keeps by normalised query (0 = off: valid only while models and documents are fixed)")
     response_cache_ttl_s: float = var("RESPONSE_CACHE_TTL_S", _non_negative_float, "300", "how long a cached reply is served (s; 0 = until evicted or POST /cache/clear)")
     idempotency_cache_size: int = var("IDEMPOTENCY_CACHE_SIZE", _int_range(0, 10_000_000), "1024", "completed replies node 0 keeps to answer a repeated request_id without recomputing (0 = none)")
     idempotency_ttl_s: float = var("IDEMPOTENCY_TTL_S", _non_negative_float, "300", "how long a completed reply stays in that cache (s)")
+    http_read_timeout_s: float = var("HTTP_READ_TIMEOUT_S", _non_negative_float, "0", "a request's headers and body must arrive within this many seconds of its first byte (a new connection's first request: of the connect), else the connection is closed; slow clients (slowloris) cannot hold connections; 0 = REQUEST_TIMEOUT_S / 30 within 2..30 s")
+    http_connection_limit: int = var("HTTP_CONNECTION_LIMIT", _int_range(0, 1_000_000), "0", "open HTTP connections a node accepts at once (beyond: new ones wait unaccepted); 0 = the larger of 1024 and 4 per HTTP thread")
     # --- security
     cluster_token: str = var("CLUSTER_TOKEN", _token, "", "shared secret every internal endpoint (/search, /internal/answer) requires in X-Cluster-Token; empty = no check", secret=True)
     # --- tests only
@@ -310,10 +327,24 @@ class Settings:
         if self.gateway_max_joiners_per_id > self.gateway_max_joiners:
             raise ConfigError(f"GATEWAY_MAX_JOINERS_PER_ID='{self.gateway_max_joiners_per_id}' is not valid: "
                               f"expected at most GATEWAY_MAX_JOINERS ({self.gateway_max_joiners})")
+        self._check_http_limits()
         # Waitress must keep a connection at least as long as a request may be waited on.
         if not self.channel_timeout_s > self.request_timeout_s:
             raise ConfigError(f"REQUEST_TIMEOUT_S='{self.request_timeout_s:g}' is not valid: expected a value "
                               f"whose HTTP channel timeout ({self.channel_timeout_s:g} s) lies above it")
+
+    def _check_http_limits(self) -> None:
+        if self.http_read_timeout_s >= self.request_timeout_s:
+            raise ConfigError(f"HTTP_READ_TIMEOUT_S='{self.http_read_timeout_s:g}' is not valid: expected less than "
+                              f"REQUEST_TIMEOUT_S ({self.request_timeout_s:g}), or 0 for the derived value")
+        largest = self.max_query_tokens + PROMPT_ALLOWANCE_TOKENS + spec.MAX_NEW_TOKENS
+        if self.generate_mode == "continuous" and largest * KV_SHARE_OF_LARGEST_REQUEST > self.generate_max_tokens:
+            raise ConfigError(f"MAX_QUERY_TOKENS='{self.max_query_tokens}' is not valid: expected at most "
+                              f"{self.generate_max_tokens // KV_SHARE_OF_LARGEST_REQUEST - PROMPT_ALLOWANCE_TOKENS - spec.MAX_NEW_TOKENS}"
+                              f" with GENERATE_MAX_TOKENS={self.generate_max_tokens}, so that the largest request "
+                              f"(its query, a {PROMPT_ALLOWANCE_TOKENS}-token prompt allowance and "
+                              f"{spec.MAX_NEW_TOKENS} new tokens) reserves at most 1/{KV_SHARE_OF_LARGEST_REQUEST} "
+                              "of the KV budget")
 
     # ----------------------------------------------------------------- views
 
@@ -353,6 +384,17 @@ class Settings:
     def channel_timeout_s(self) -> float:
         """Waitress's channel timeout: above the request timeout (CHANNEL_TIMEOUT_MARGIN_S)."""
         return self.request_timeout_s + CHANNEL_TIMEOUT_MARGIN_S
+
+    @property
+    def read_timeout_s(self) -> float:
+        """HTTP_READ_TIMEOUT_S, or derived from REQUEST_TIMEOUT_S (READ_TIMEOUT_SHARE) when 0."""
+        if self.http_read_timeout_s:
+            return self.http_read_timeout_s
+        return min(MAX_READ_TIMEOUT_S, max(MIN_READ_TIMEOUT_S, self.request_timeout_s / READ_TIMEOUT_SHARE))
+
+    def connection_limit(self, http_threads: int) -> int:
+        """HTTP_CONNECTION_LIMIT, or derived from the node's HTTP threads when 0."""
+        return self.http_connection_limit or max(MIN_CONNECTION_LIMIT, 4 * http_threads)
 
     @property
     def documents_db(self) -> Path:

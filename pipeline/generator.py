@@ -6,6 +6,7 @@ as one request at a time (checked in float32 by the tests).
 from __future__ import annotations
 
 import copy
+import threading
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -44,6 +45,10 @@ class Generator:
         if config.pad_token_id is None:
             config.pad_token_id = tokenizer.pad_token_id
         self.generation_config = config
+        # Request threads count query tokens while the generation thread tokenizes prompts: a
+        # fast tokenizer must not be shared across threads, so they use a copy, one at a time.
+        self._counting_tokenizer = copy.deepcopy(tokenizer)
+        self._counting_lock = threading.Lock()
 
     @classmethod
     def load(cls, source: ModelSource, placement: Placement, **kwargs) -> "Generator":
@@ -58,6 +63,11 @@ class Generator:
     def from_settings(cls, settings: Settings, source: ModelSource | None = None) -> "Generator":
         source = source or resolve_model_source(settings)
         return cls.load(source, placement_for(settings, cls.stage))
+
+    def count_tokens(self, text: str) -> int:
+        """How many tokens `text` adds to a prompt (MAX_QUERY_TOKENS is checked with this)."""
+        with self._counting_lock:
+            return len(self._counting_tokenizer.encode(text, add_special_tokens=False))
 
     def prompt(self, query: str, documents: Sequence) -> str:
         return self.tokenizer.apply_chat_template(spec.build_messages(query, documents), tokenize=False,

@@ -2,8 +2,10 @@
 
 Its own worker is called in-process (no HTTP hop to itself); node 1 over HTTP.
 A forward that fails because the worker cannot be reached, is not ready or
-is full is served by the next worker, and a worker that failed leaves the
-rotation until a background probe sees it healthy again.
+is full is served by the next worker; a worker that could not be reached,
+refused our cluster token or answered 503 leaves the rotation until a
+background probe sees it healthy again. A request a worker failed (a 500)
+is that request's error alone: the worker stays in the rotation.
 
 Every request gets exactly one answer, and each request_id is computed once:
 the same id in flight joins the computation, a recently completed one is
@@ -144,8 +146,8 @@ class Gateway:
                     self._mark(target, False, "refused our cluster token")
                     last_error = exc
                     continue
-                if exc.status >= 500:  # it failed this request; the probe decides when it is back
-                    self._mark(target, False, f"HTTP {exc.status}: {exc.message}")
+                # Any other error (a 500 included) belongs to this request alone: the worker answered,
+                # so it stays in the rotation (only unreachability, 401 and 503 take it out).
                 raise WorkerFailed(target.node, str(exc)) from None
             except StageFailed as exc:  # our own worker failed this request alone
                 raise WorkerFailed(target.node, str(exc)) from None

@@ -22,6 +22,11 @@ MAX_K = 1024
 MAX_SEARCH_BODY_BYTES = 32 * 1024 * 1024  # 1024 vectors of 768 floats as JSON text
 
 
+def max_search_values(dim: int) -> int:
+    """JSON values a valid /search body holds at most: every number, each row, the list, k and slack."""
+    return MAX_SEARCH_VECTORS * (dim + 1) + 16
+
+
 @dataclass(frozen=True)
 class SearchItem:
     vector: np.ndarray

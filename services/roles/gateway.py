@@ -9,6 +9,7 @@ from flask import Flask, jsonify
 from pipeline.config import ConfigError, Settings
 from services.cache import ResponseCache
 from services.gateway import Gateway, Target, remote_target
+from services.http import use_settings
 from services.lifecycle import Readiness
 from services.node_client import WorkerClient
 from services.roles.base import SPARE_HTTP_THREADS
@@ -81,12 +82,14 @@ class GatewayRole(WorkerRole):
             self.gateway.close()
 
     def register_routes(self, app: Flask) -> None:
-        super().register_routes(app)
+        # Not WorkerRole's /internal/answer: node 0 calls its worker in-process, and that
+        # endpoint would let callers past the gateway's admission limit.
+        use_settings(app, self.settings)
         app.post("/query")(self.query)
 
     def query(self):
         self.lifecycle.require_ready()
-        _, request_id, text = parse_query(self.settings)
+        _, request_id, text = parse_query(self.settings, self.count_query_tokens)
         log.info("query request_id=%r", request_id)  # repr: an id cannot forge log lines
         # The request_id rules come first and the reply cache only behind them (Gateway._compute):
         # an id's own answer always wins over a cached answer to the same question.

@@ -9,8 +9,8 @@ from flask import Flask, jsonify
 
 from pipeline.config import Settings
 from pipeline.spec import Stage
-from services.http import internal_endpoint, read_json_object
-from services.index_server import MAX_SEARCH_BODY_BYTES, IndexService, parse_search_body
+from services.http import internal_endpoint, read_json_object, use_settings
+from services.index_server import MAX_SEARCH_BODY_BYTES, IndexService, max_search_values, parse_search_body
 from services.roles.base import SPARE_HTTP_THREADS, Role
 
 log = logging.getLogger(__name__)
@@ -59,12 +59,15 @@ class IndexRole(Role):
     def register_routes(self, app: Flask) -> None:
         timeout_s = self.settings.search_timeout_s
         inject_delay_s = self.settings.index_inject_delay_ms / 1000.0  # tests only: a slow node 2
+        use_settings(app, self.settings)
 
         @app.post("/search")
         @internal_endpoint(self.settings.cluster_token)
         def search():
             self.lifecycle.require_ready("index server")
-            vectors, k = parse_search_body(read_json_object(MAX_SEARCH_BODY_BYTES), self.service.index.dim)
+            dim = self.service.index.dim
+            body = read_json_object(MAX_SEARCH_BODY_BYTES, max_values=max_search_values(dim))
+            vectors, k = parse_search_body(body, dim)
             if inject_delay_s:
                 time.sleep(inject_delay_s)
             ids, distances = self.service.search(vectors, k, timeout_s)

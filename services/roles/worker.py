@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 from flask import Flask, g, jsonify
 
@@ -11,7 +11,7 @@ from pipeline import spec
 from pipeline.config import MAX_INTERNAL_TIMEOUT_S, Settings
 from pipeline.stages import Stages
 from services.errors import ApiError
-from services.http import internal_endpoint, read_json_object, require_string
+from services.http import internal_endpoint, read_json_object, require_string, use_settings
 from services.node_client import IndexClient
 from services.roles.base import SPARE_HTTP_THREADS, Role
 from services.worker import ContinuousConfig, Worker, WorkerConfig
@@ -30,12 +30,22 @@ def worker_config(settings: Settings) -> WorkerConfig:
                         embed_cache_size=settings.embed_cache_size, continuous=continuous)
 
 
-def parse_query(settings: Settings) -> tuple[dict, str, str]:
-    """The body of /query or /internal/answer, checked the same way on both."""
+def parse_query(settings: Settings, count_tokens: Callable[[str], int]) -> tuple[dict, str, str]:
+    """The body of /query or /internal/answer, checked the same way on both.
+
+    The query is bounded in characters (cheap, first) and then in the LLM tokenizer's tokens:
+    the tokens bound the prompt, its KV reservation and its prefill, which characters do not
+    (an emoji is four tokens).
+    """
     body = read_json_object(settings.max_body_bytes)
     request_id = require_string(body, "request_id", settings.max_request_id_chars)
     g.request_id = request_id  # for the error handler's log line
-    return body, request_id, require_string(body, "query", settings.max_query_chars)
+    query = require_string(body, "query", settings.max_query_chars)
+    tokens = count_tokens(query)
+    if tokens > settings.max_query_tokens:
+        raise ApiError(400, f"'query' is {tokens} tokens; the limit is {settings.max_query_tokens} tokens "
+                            "(MAX_QUERY_TOKENS, counted by the LLM's tokenizer)", field="query")
+    return body, request_id, query
 
 
 def internal_timeout(body: dict, settings: Settings) -> float:
@@ -92,12 +102,17 @@ class WorkerRole(Role):
             fields["stages"] = {str(stage): st.summary() for stage, st in self.worker.stats().items()}
         return fields
 
+    def count_query_tokens(self, query: str) -> int:
+        return self.worker.stages.generator.count_tokens(query)
+
     def register_routes(self, app: Flask) -> None:
+        use_settings(app, self.settings)
+
         @app.post("/internal/answer")
         @internal_endpoint(self.settings.cluster_token)
         def internal_answer():
             self.lifecycle.require_ready()
-            body, request_id, query = parse_query(self.settings)
+            body, request_id, query = parse_query(self.settings, self.count_query_tokens)
             reply = self.worker.answer(request_id, query, internal_timeout(body, self.settings))
             reply["served_by"] = self.node
             return jsonify(reply)

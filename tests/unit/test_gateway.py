@@ -139,8 +139,10 @@ def test_worker_errors_map_to_one_answer(error, expected):
     else:
         with pytest.raises(expected):
             gw.answer("e", "q", 10)
-    if isinstance(error, NodeError) and error.status in (401, 500, 503):
-        assert not first_target.up  # 5xx: out of the rotation until the probe sees it ready
+    if isinstance(error, NodeError) and error.status in (401, 503):
+        assert not first_target.up  # refused us or not ready: out of the rotation until the probe sees it ready
+    if isinstance(error, NodeError) and error.status == 500:
+        assert first_target.up  # it answered: the error is this request's alone, the worker stays in rotation
 
 
 def test_no_worker_available_when_all_fail_to_take_it():
@@ -234,8 +236,21 @@ def query_app(outcomes, **env):
     app = build_app(role, lifecycle)
     worker = Target(node=0, answer=Outcomes(outcomes).answer, probe=lambda: True, local=True)
     role.gateway = gateway(worker, response_cache=role.response_cache)
+    role.count_query_tokens = len  # no LLM tokenizer here: a character per token
     lifecycle.readiness.set(Readiness.READY)
     return role, app.test_client()
+
+
+def test_a_query_over_max_query_tokens_gets_400_naming_query_and_the_limit():
+    role, client = query_app([{"generated_response": "a"}], MAX_QUERY_TOKENS="16")
+    r = client.post("/query", json={"request_id": "long", "query": "x" * 17})
+    assert r.status_code == 400 and r.get_json()["field"] == "query"
+    assert "17 tokens; the limit is 16 tokens (MAX_QUERY_TOKENS" in r.get_json()["error"]
+
+
+def test_node_0_serves_no_internal_answer():
+    role, client = query_app([])
+    assert client.post("/internal/answer", json={"request_id": "i", "query": "q"}).status_code == 404
 
 
 @pytest.mark.parametrize("error,status,body,retry_after", [

@@ -12,8 +12,10 @@ import pytest
 from flask import jsonify
 
 from pipeline.config import Settings
-from services.http import TOKEN_HEADER, internal_endpoint, make_app, read_json_object, require_string
-from services.index_server import parse_search_body
+from services.errors import ApiError
+from services.http import (TOKEN_HEADER, HeaderGate, header_gate, internal_endpoint, make_app, read_json_object,
+                           require_string, warn_if_exposed)
+from services.index_server import max_search_values, parse_search_body
 from services.errors import DeadlineExceeded, NodeError, NodeUnreachable
 from services.node_client import IndexClient, WorkerClient
 
@@ -211,3 +213,72 @@ def test_reliability_settings_defaults_and_consistency():
     assert (s.shutdown_grace_s, s.cluster_token, s.index_inject_delay_ms) == (60.0, "", 0.0)
     with pytest.raises(Exception, match=r"^SEARCH_MAX_BATCH='8' is not valid: expected at most STAGE_MAX_QUEUE \(4\)"):
         Settings.from_env({"STAGE_MAX_QUEUE": "4", "SEARCH_MAX_BATCH": "8"})
+
+
+# ---------------------------------------------------------------- checks before the body is read
+
+@pytest.mark.parametrize("host,warned", [("127.0.0.1", False), ("127.5.5.5", False), ("::1", False),
+                                         ("localhost", False), ("10.0.0.7", True), ("0.0.0.0", True),
+                                         ("node1.internal", True)])
+def test_a_node_beyond_loopback_without_a_token_warns_loudly(host, warned, caplog):
+    # Binding a non-loopback address is not possible in the tests (127.0.0.1 only): the check itself.
+    with caplog.at_level("WARNING", logger="services.http"):
+        assert warn_if_exposed(host, "") is warned
+        assert warn_if_exposed(host, TOKEN) is False
+    assert ("SECURITY" in caplog.text) is warned
+
+
+def test_the_header_gate_refuses_without_the_token_then_by_declared_size():
+    gate = HeaderGate(TOKEN, frozenset({"/search"}), 100)
+    for path in ("/search", "/internal/answer", "/internal/anything"):
+        refused = gate.refusal(path, "wrong", 10**9)
+        assert refused.status == 401 and refused.field == TOKEN_HEADER  # the token first, whatever the size
+        assert gate.refusal(path, TOKEN, 100) is None
+    assert gate.refusal("/query", "", 100) is None  # public: no token asked
+    refused = gate.refusal("/query", "", 101)
+    assert refused.status == 413 and refused.field == "body" and "100" in refused.message
+    assert HeaderGate("", frozenset({"/search"}), 100).refusal("/search", "", 50) is None  # no token configured
+
+
+def test_the_header_gate_finds_the_internal_endpoints_of_an_app():
+    app = make_app("gate")
+
+    @app.post("/search")
+    @internal_endpoint(TOKEN)
+    def search():
+        return jsonify({})
+
+    @app.post("/query")
+    def query():
+        return jsonify({})
+
+    assert header_gate(app, TOKEN, 100).internal_paths == {"/search"}
+
+
+def test_a_body_of_too_many_json_values_is_refused_before_parsing():
+    app = make_app("values")
+    limit = max_search_values(4)
+    with app.test_request_context("/", method="POST", content_type="application/json",
+                                  data=b'{"embeddings": [' + b"[0]," * limit + b"[0]]}"):
+        with pytest.raises(ApiError) as refused:
+            read_json_object(10**8, max_values=limit)
+    assert refused.value.status == 400 and refused.value.field == "body" and str(limit) in refused.value.message
+    valid = json.dumps({"k": 10, "embeddings": [[0.5] * 4] * 1024}).encode()
+    with app.test_request_context("/", method="POST", content_type="application/json", data=valid):
+        assert len(read_json_object(10**8, max_values=limit)["embeddings"]) == 1024  # the largest valid body
+
+
+def test_http_limits_are_derived_from_the_request_timeout_and_threads():
+    s = Settings.from_env({"REQUEST_TIMEOUT_S": "300"})
+    assert s.read_timeout_s == 10 and s.connection_limit(128) == 1024 and s.connection_limit(1000) == 4000
+    assert Settings.from_env({"REQUEST_TIMEOUT_S": "30"}).read_timeout_s == 2
+    assert Settings.from_env({"HTTP_READ_TIMEOUT_S": "4", "HTTP_CONNECTION_LIMIT": "50"}).connection_limit(128) == 50
+
+
+def test_http_and_query_token_limits_are_checked_at_startup():
+    from pipeline.config import ConfigError
+    with pytest.raises(ConfigError, match=r"^HTTP_READ_TIMEOUT_S='30' is not valid: expected less than REQUEST_TIMEOUT_S"):
+        Settings.from_env({"REQUEST_TIMEOUT_S": "30", "HTTP_READ_TIMEOUT_S": "30"})
+    with pytest.raises(ConfigError, match=r"^MAX_QUERY_TOKENS='4096' is not valid: expected at most 3456"):
+        Settings.from_env({"MAX_QUERY_TOKENS": "4096"})  # (4096 + 512 + 128) * 4 > 16384
+    Settings.from_env({"MAX_QUERY_TOKENS": "4096", "GENERATE_MODE": "static"})  # no KV budget to share

@@ -1,0 +1,211 @@
+"""Hostile input on real node processes (127.0.0.1, tiny stand-ins): queries that are short in
+characters but long in tokens, slow (slowloris) clients, and oversized or unauthenticated
+bodies on internal endpoints. Each test failed on the code before its fix (see the commits).
+
+One cluster without a CLUSTER_TOKEN (the default deployment) serves the module; node 2 is
+restarted with a token where a test needs one. HEALTH_INTERVAL_S is long enough that a worker
+marked down stays down while a test looks; GATEWAY_MAX_IN_FLIGHT is small, so node 0 has few
+HTTP threads (the old connection limit followed them).
+"""
+from __future__ import annotations
+
+import contextlib
+import re
+import socket
+import time
+
+import pytest
+import requests
+
+from pipeline import spec
+from services.http import TOKEN_HEADER
+from tests.helpers import start_cluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+EMOJI_QUERY = "\U0001F600" * 4096  # MAX_QUERY_CHARS characters, 16384 LLM tokens (the whole KV budget)
+READ_TIMEOUT_S = 3.0
+SLOW_SOCKETS = 300
+
+
+@pytest.fixture(scope="module")
+def cluster(course_data, tmp_path_factory):
+    cluster = start_cluster(course_data, tmp_path_factory.mktemp("hostile-logs"), REQUEST_TIMEOUT_S="30",
+                            GATEWAY_MAX_IN_FLIGHT="4", HEALTH_INTERVAL_S="5", CONNECT_TIMEOUT_S="1",
+                            HTTP_READ_TIMEOUT_S=str(READ_TIMEOUT_S))
+    # The gateway routes to node 1 once its own probe has seen it ready (up to HEALTH_INTERVAL_S later).
+    deadline = time.monotonic() + 30
+    while not all(workers_up(cluster).values()):
+        assert time.monotonic() < deadline, "the gateway never saw both workers up"
+        time.sleep(0.2)
+    yield cluster
+    cluster.stop()
+
+
+def post_query(cluster, request_id: str, query: str = "Where is my order?") -> requests.Response:
+    return requests.post(f"{cluster.url(0)}/query", json={"request_id": request_id, "query": query}, timeout=60)
+
+
+def uid(prefix: str) -> str:
+    return f"{prefix}-{time.time_ns()}"
+
+
+def workers_up(cluster) -> dict[int, bool]:
+    body = requests.get(f"{cluster.url(0)}/health", timeout=5).json()
+    return {w["node"]: w["up"] for w in body["workers"]}
+
+
+def metric(cluster, node: int, name: str) -> float:
+    text = requests.get(f"{cluster.url(node)}/metrics", timeout=10).text
+    return float(re.search(rf"^{name} (\S+)$", text, re.M).group(1))
+
+
+@contextlib.contextmanager
+def node_2_with_token(cluster, token: str):
+    """Node 2 alone asks for a token the workers do not send: each search they make gets 401."""
+    def restart(env_token: str | None):
+        cluster.kill_node(2)
+        if env_token is None:
+            cluster.env.pop("CLUSTER_TOKEN", None)
+        else:
+            cluster.env["CLUSTER_TOKEN"] = env_token
+        try:
+            cluster.start_node(2)
+        finally:
+            cluster.env.pop("CLUSTER_TOKEN", None)
+        cluster.wait_healthy(nodes=(2,), timeout_s=60)
+    restart(token)
+    try:
+        yield
+    finally:
+        restart(None)
+
+
+def raw_exchange(host: str, port: int, head: bytes, timeout_s: float) -> bytes:
+    """Send request headers only (no body) and return what the server answers within timeout_s."""
+    deadline, received = time.monotonic() + timeout_s, b""
+    with socket.create_connection((host, port), timeout=timeout_s) as sock:
+        sock.sendall(head)
+        while time.monotonic() < deadline:  # an error answer ends with the server closing
+            sock.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                part = sock.recv(4096)
+            except (socket.timeout, ConnectionResetError):
+                break
+            if not part:
+                break
+            received += part
+    return received
+
+
+def status_of(raw: bytes) -> int | None:
+    match = re.match(rb"HTTP/1\.[01] (\d{3})", raw)
+    return int(match.group(1)) if match else None
+
+
+# ---------------------------------------------------------------- item 1: tokens, not characters
+
+def test_a_query_of_4096_emoji_gets_200_or_a_400_naming_the_token_limit(cluster):
+    for i in range(2):  # round robin: one lands on each worker
+        r = post_query(cluster, uid(f"emoji{i}"), EMOJI_QUERY)
+        assert r.status_code in (200, 400), (r.status_code, r.text[:300])
+        if r.status_code == 400:
+            body = r.json()
+            assert body["field"] == "query" and "token" in body["error"], body
+    assert all(workers_up(cluster).values())
+    r = post_query(cluster, uid("after-emoji"))
+    assert r.status_code == 200, r.text
+
+
+def test_a_request_node_1_fails_with_500_leaves_node_1_in_the_rotation(cluster):
+    with node_2_with_token(cluster, "only-node-2-has-it"):
+        statuses = [post_query(cluster, uid(f"fail{i}")).status_code for i in range(2)]
+        assert statuses == [500, 500], statuses  # one of them failed on node 1
+        assert workers_up(cluster) == {0: True, 1: True}
+    served = []
+    for i in range(4):
+        r = post_query(cluster, uid(f"back{i}"), spec.REFERENCE_QUERIES[i])
+        assert r.status_code == 200, r.text
+        served.append(r.json()["served_by"])
+    assert set(served) == {0, 1}, served
+
+
+# ---------------------------------------------------------------- item 7: slow clients
+
+def test_slowloris_sockets_neither_hang_health_nor_query_and_are_closed(cluster):
+    host, port = cluster.settings.node_address(0).host, cluster.settings.node_address(0).port
+    sockets = []
+    try:
+        for _ in range(SLOW_SOCKETS):  # bounded: 300 sockets, 127.0.0.1 only
+            sock = socket.create_connection((host, port), timeout=5)
+            sock.sendall(b"POST /query HTTP/1.1\r\nHost: x\r\n")  # headers never finish
+            sockets.append(sock)
+        started = time.monotonic()
+        r = requests.get(f"{cluster.url(0)}/health", timeout=3)
+        assert r.status_code == 200 and time.monotonic() - started < 2.5
+        assert post_query(cluster, uid("slowloris")).status_code == 200
+        # Trickling a byte now and then does not keep a request's reading open past the read timeout.
+        closed, deadline = set(), time.monotonic() + READ_TIMEOUT_S + 15
+        while len(closed) < len(sockets) and time.monotonic() < deadline:
+            for i, sock in enumerate(sockets):
+                if i not in closed and not _still_open(sock):
+                    closed.add(i)
+            time.sleep(0.5)  # the trickle's pace, not a wait for an outcome
+        assert len(closed) == len(sockets), f"{len(sockets) - len(closed)} trickling sockets still open"
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _still_open(sock: socket.socket) -> bool:
+    """Trickle one header byte (what keeps a slowloris socket active), then look for EOF."""
+    try:
+        sock.sendall(b"X")
+        sock.setblocking(False)
+        return sock.recv(1) != b""  # EOF: the server closed it; data would be its error answer
+    except BlockingIOError:
+        return True  # nothing to read: still open
+    except OSError:
+        return False  # reset or broken pipe: closed
+
+
+# ---------------------------------------------------------------- item 8: internal endpoints
+
+def test_node_0_does_not_serve_internal_answer(cluster):
+    r = requests.post(f"{cluster.url(0)}/internal/answer", json={"request_id": uid("int"), "query": "Refund?"},
+                      timeout=30)
+    assert r.status_code == 404, (r.status_code, r.text[:200])
+
+
+def test_an_oversized_search_body_is_refused_before_it_is_read(cluster):
+    addr = cluster.settings.node_address(2)
+    head = (f"POST /search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {40 * 1024 * 1024}\r\n\r\n").encode()
+    started = time.monotonic()
+    raw = raw_exchange(addr.host, addr.port, head, timeout_s=5)
+    assert status_of(raw) == 413 and time.monotonic() - started < 3, raw[:300]
+
+
+def test_a_search_body_of_millions_of_numbers_is_refused_quickly_without_a_memory_jump(cluster):
+    peak_before = metric(cluster, 2, "rag_process_peak_rss_bytes")
+    # 28 MiB, under the byte cap: 7M one-number rows, each a Python list once json.loads has run
+    body = b'{"k": 10, "embeddings": [' + b"[0]," * (7 * 1024 * 1024) + b'[0]]}'
+    started = time.monotonic()
+    r = requests.post(f"{cluster.url(2)}/search", data=body, headers={"Content-Type": "application/json"},
+                      timeout=60)
+    elapsed = time.monotonic() - started
+    assert r.status_code in (400, 413) and r.json()["field"] in ("embeddings", "body"), r.text[:300]
+    grown = metric(cluster, 2, "rag_process_peak_rss_bytes") - peak_before
+    assert grown < 64 * 1024 * 1024, f"node 2's peak RSS grew by {grown / 2**20:.0f} MiB"
+    assert elapsed < 3, elapsed
+
+
+def test_without_the_token_a_request_is_refused_before_its_body_is_read(cluster):
+    addr = cluster.settings.node_address(2)
+    head = (f"POST /search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {30 * 1024 * 1024}\r\n\r\n").encode()
+    with node_2_with_token(cluster, "node-2-token"):
+        started = time.monotonic()
+        raw = raw_exchange(addr.host, addr.port, head, timeout_s=5)
+        assert status_of(raw) == 401 and time.monotonic() - started < 3, raw[:300]
+        assert TOKEN_HEADER.encode() in raw.split(b"\r\n\r\n", 1)[1]  # the JSON body names the header
