@@ -247,6 +247,7 @@ class Settings:
     cluster_token: str = var("CLUSTER_TOKEN", _token, "", "shared secret every internal endpoint (/search, /internal/answer) requires in X-Cluster-Token; empty = no check", secret=True)
     # --- tests only
     index_inject_delay_ms: float = var("INDEX_INJECT_DELAY_MS", _non_negative_float, "0", "TEST ONLY: node 2 sleeps this long before each /search (simulates a slow index server); keep 0")
+    generate_inject_failure: str = var("GENERATE_INJECT_FAILURE", _choice("off", "iteration", "iteration_and_cleanup"), "off", "TEST ONLY: the continuous generate loop fails every iteration that has sequences (iteration_and_cleanup: its cleanup fails too), to test a dying stage thread; keep off")
     log_level: str = var("LOG_LEVEL", _choice("debug", "info", "warning", "error"), "info", "logging level")
 
     # ----------------------------------------------------------------- building

@@ -111,8 +111,12 @@ class _Gauges:
     kv_tokens_reserved: int = 0
 
 
+class InjectedFailure(RuntimeError):
+    """TEST ONLY (GENERATE_INJECT_FAILURE): a failure made on purpose, to test a dying loop."""
+
+
 class ContinuousGenerationService:
-    def __init__(self, name: str, engine: ContinuousEngine, *, max_queue: int):
+    def __init__(self, name: str, engine: ContinuousEngine, *, max_queue: int, inject_failure: str = "off"):
         self.name = name
         self.engine = engine
         self.max_size = engine.scheduler.max_seqs
@@ -129,6 +133,7 @@ class ContinuousGenerationService:
         # Owned by the loop thread; submit() reads only its length (atomic) for admission.
         self._active: dict[int, SequenceState] = {}
         self._abort = False
+        self._inject_failure = inject_failure  # TEST ONLY: "off", "iteration", "iteration_and_cleanup"
         self._thread = threading.Thread(target=self._loop, name=f"continuous-{name}", daemon=True)
         self._thread.start()
 
@@ -176,6 +181,8 @@ class ContinuousGenerationService:
     def _iterate(self) -> None:
         self._admit(self._queue.take(self.max_queue, start_running=False))
         self._drop_cancelled()
+        if self._active and self._inject_failure != "off":
+            raise InjectedFailure("GENERATE_INJECT_FAILURE: this iteration fails on purpose")
         if self._active:
             started = time.perf_counter()
             result = self.engine.step()
@@ -236,6 +243,8 @@ class ContinuousGenerationService:
             self._queue.record(failed_items_total=1)
 
     def _end_active(self, make_error) -> None:
+        if self._inject_failure == "iteration_and_cleanup":
+            raise InjectedFailure("GENERATE_INJECT_FAILURE: this cleanup fails on purpose")
         for seq in list(self._active.values()):
             self.engine.cancel(seq)
             self._fail(seq.payload, make_error())

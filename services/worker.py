@@ -39,6 +39,7 @@ class ContinuousConfig:
     max_tokens: int
     prefill_chunk: int
     max_queue: int
+    inject_failure: str = "off"  # TEST ONLY: GENERATE_INJECT_FAILURE
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ class Worker:
             c = self.config.continuous
             engine = ContinuousEngine(self.stages.generator, max_seqs=c.max_seqs, max_tokens=c.max_tokens,
                                       prefill_chunk=c.prefill_chunk)
-            return ContinuousGenerationService(stage, engine, max_queue=c.max_queue)
+            return ContinuousGenerationService(stage, engine, max_queue=c.max_queue, inject_failure=c.inject_failure)
         cfg = self.config.batching[stage]
         return BatchingService(stage, batch_fn, max_size=cfg.max_size, max_wait_ms=cfg.max_wait_ms,
                                max_queue=cfg.max_queue)
