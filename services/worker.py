@@ -25,7 +25,7 @@ from pipeline.spec import Stage
 from pipeline.stages import Stages
 from services.batching import BatchingService
 from services.cache import LruCache
-from services.errors import Overloaded, RequestTimeout, ServiceClosed, StageFailed
+from services.errors import Overloaded, RequestTimeout, ServiceClosed, StageDown, StageFailed
 from services.generation import ContinuousGenerationService
 from services.node_client import IndexClient
 
@@ -107,8 +107,18 @@ class Worker:
         except Exception as exc:
             raise StageFailed(stage, exc) from exc
 
+    def failure(self) -> StageDown | None:
+        """A StageDown for the first stage whose thread died, or None while every stage serves."""
+        for stage, svc in self.services.items():
+            if svc.failure is not None:
+                return StageDown(stage, svc.failure)
+        return None
+
     def answer(self, request_id: str, query: str, timeout_s: float | None = None) -> dict:
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.config.request_timeout_s)
+        down = self.failure()
+        if down is not None:  # refused before any stage runs: the gateway tries the other worker at once
+            raise down
         s, wait = self.services, self._wait
         vector = self.embed_cache.get(query)
         if vector is None:
