@@ -263,7 +263,9 @@ class Settings:
     health_interval_s: float = var("HEALTH_INTERVAL_S", _positive_float, "2", "how often the gateway re-checks a worker out of rotation")
     startup_timeout_s: float = var("STARTUP_TIMEOUT_S", _positive_float, "300", "how long ./run.sh local waits for the nodes to become healthy")
     demo_interval_s: float = var("DEMO_INTERVAL_S", _non_negative_float, "0.5", "./run.sh demo: seconds between the client's queries")
-    shutdown_grace_s: float = var("SHUTDOWN_GRACE_S", _non_negative_float, "60", "after SIGTERM, how long a node lets requests in flight finish before it exits")
+    shutdown_grace_s: float = var("SHUTDOWN_GRACE_S", _non_negative_float, "60", "after SIGTERM, how long a node lets requests in flight finish; those still running then get 503 'stopping' (retry) and the node exits. Well under REQUEST_TIMEOUT_S, so the gateway can still recompute a stopped node 1's requests on node 0 (a warning at startup otherwise)")
+    local_restart_limit: int = var("LOCAL_RESTART_LIMIT", _int_range(0, 1000), "5", "./run.sh local: restarts of one node that died allowed within LOCAL_RESTART_WINDOW_S; beyond, that node is given up on (loudly) and the others keep serving")
+    local_restart_window_s: float = var("LOCAL_RESTART_WINDOW_S", _positive_float, "600", "./run.sh local: the window LOCAL_RESTART_LIMIT counts restarts in (s); a node loads its models in up to minutes")
     # --- load and input limits (what happens beyond them: README "Failure behaviour and its knobs")
     gateway_max_in_flight: int = var("GATEWAY_MAX_IN_FLIGHT", _int_range(1, 100_000), "96", "distinct requests node 0 computes at once; more get an immediate 503 with Retry-After")
     gateway_max_joiners_per_id: int = var("GATEWAY_MAX_JOINERS_PER_ID", _int_range(0, 100_000), "8", "callers that may wait on one request_id already in flight (each holds an HTTP thread); more get an immediate 503")
@@ -283,6 +285,7 @@ class Settings:
     cluster_token: str = var("CLUSTER_TOKEN", _token, "", "shared secret every internal endpoint (/search, /internal/answer) requires in X-Cluster-Token; empty = no check", secret=True)
     # --- tests only
     index_inject_delay_ms: float = var("INDEX_INJECT_DELAY_MS", _non_negative_float, "0", "TEST ONLY: node 2 sleeps this long before each /search (simulates a slow index server); keep 0")
+    generate_inject_failure: str = var("GENERATE_INJECT_FAILURE", _choice("off", "iteration", "iteration_and_cleanup"), "off", "TEST ONLY: the continuous generate loop fails every iteration that has sequences (iteration_and_cleanup: its cleanup fails too), to test a dying stage thread; keep off")
     log_level: str = var("LOG_LEVEL", _choice("debug", "info", "warning", "error"), "info", "logging level")
 
     # ----------------------------------------------------------------- building

@@ -18,13 +18,20 @@ from services.roles.base import Role
 log = logging.getLogger(__name__)
 
 
+# /health's status when the node runs but a stage thread died (503: the gateway's probe drops it).
+UNHEALTHY = "unhealthy"
+
+
 def health_body(role: Role, lifecycle: Lifecycle) -> dict[str, Any]:
     readiness = lifecycle.readiness
-    body: dict[str, Any] = {"status": "healthy" if readiness.ready else readiness.state, "node": role.node,
+    failure = role.failure() if readiness.ready else None
+    status = UNHEALTHY if failure else ("healthy" if readiness.ready else readiness.state)
+    body: dict[str, Any] = {"status": status, "node": role.node,
                             "total_nodes": role.settings.total_nodes, "role": role.name}
     body.update(role.health_fields())
-    if readiness.detail:
-        body["detail"] = readiness.detail
+    detail = failure or readiness.detail
+    if detail:
+        body["detail"] = detail
     return body
 
 
@@ -38,7 +45,8 @@ def build_app(role: Role, lifecycle: Lifecycle) -> Flask:
 
     @app.get("/health")
     def health():
-        return jsonify(health_body(role, lifecycle)), (200 if lifecycle.ready else 503)
+        body = health_body(role, lifecycle)
+        return jsonify(body), (200 if body["status"] == "healthy" else 503)
 
     @app.post("/cache/clear")
     @internal_endpoint(role.settings.cluster_token)

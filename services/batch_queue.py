@@ -19,7 +19,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from services.errors import Overloaded, ServiceClosed
+from services.errors import Overloaded, ServiceClosed, StageDown
 from services.futures import Claim, claim, end_with_exception, peek
 
 logger = logging.getLogger(__name__)
@@ -132,6 +132,7 @@ class BatchQueue:
         # live item, which sets the batch deadline.
         self._pending: OrderedDict[Future, PendingItem] = OrderedDict()
         self._closing = False
+        self._failure: str | None = None  # why the owner's thread died (mark_down)
         self._counters = BatchCounters()
 
     # ------------------------------------------------------------ submitting
@@ -152,6 +153,8 @@ class BatchQueue:
             future.add_done_callback(self._forget_if_cancelled)
             records.append(PendingItem(item, future, now))
         with self._cond:
+            if self._failure is not None:
+                raise StageDown(self.name, self._failure)
             if self._closing:
                 raise ServiceClosed(f"stage service {self.name!r} is closed")
             depth = len(self._pending)
@@ -269,8 +272,25 @@ class BatchQueue:
             self._closing = True
             self._cond.notify_all()
 
+    def mark_down(self, reason: str) -> None:
+        """The owner's thread died: refuse new items with StageDown from now on (the first reason stays)."""
+        with self._cond:
+            self._failure = self._failure or reason
+            self._closing = True
+            self._cond.notify_all()
+
+    @property
+    def failure(self) -> str | None:
+        return self._failure
+
+    def _closed_error(self, reason: str) -> ServiceClosed:
+        if self._failure is not None:
+            return StageDown(self.name, self._failure)
+        return ServiceClosed(f"stage service {self.name!r} shut down before this item ran ({reason})")
+
     def fail_queued(self, reason: str, cause: BaseException | None = None) -> None:
-        """The one way items still queued end when their service stops: ServiceClosed (cancelled stay so)."""
+        """The one way items still queued end when their service stops: ServiceClosed, or StageDown
+        once marked down (cancelled stay so)."""
         with self._cond:
             abandoned = list(self._pending.values())
             self._pending.clear()
@@ -279,7 +299,7 @@ class BatchQueue:
         owner = f"stage service {self.name!r}"
         outcomes = []
         for pending in abandoned:
-            error = ServiceClosed(f"stage service {self.name!r} shut down before this item ran ({reason})")
+            error = self._closed_error(reason)
             error.__cause__ = cause
             outcomes.append(end_with_exception(pending.future, error, owner))
         self.record(failed_items_total=outcomes.count(Claim.RUN), cancelled_items_total=outcomes.count(Claim.CANCELLED))

@@ -26,7 +26,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from services.batch_queue import BatchQueue, BatchingStats, PendingItem
-from services.errors import BatchSizeMismatch, Overloaded, ServiceClosed
+from services.errors import BatchSizeMismatch, Overloaded, ServiceClosed, StageDown
 from services.futures import set_exception, set_result
 
 logger = logging.getLogger(__name__)
@@ -76,6 +76,8 @@ class BatchingService:
         self._batch_fn = batch_fn
         self._queue = BatchQueue(name, max_size=max_size, max_wait_ms=max_wait_ms, max_queue=max_queue)
         self._retry_individually = bool(retry_individually)
+        # The batch inside batch_fn now (set and cleared by the worker thread): abort() fails it.
+        self._running: list[PendingItem] = []
         # Daemon: a service someone forgot to close must not keep the process alive.
         self._thread = threading.Thread(target=self._worker_loop, name=f"batching-{name}", daemon=True)
         self._thread.start()
@@ -144,6 +146,20 @@ class BatchingService:
         if self._thread.is_alive():
             self._queue.fail_queued(f"close timed out after {timeout}s")
 
+    def abort(self, reason: str) -> None:
+        """Refuse new items and fail every held one now, the batch inside batch_fn included.
+
+        batch_fn cannot be interrupted: its results, when they come, find their futures
+        already failed and are dropped. Returns at once (the thread is not joined).
+        """
+        self._queue.close()
+        self._fail_unresolved(self._running, lambda: ServiceClosed(f"{self._owner} stopped: {reason}"))
+        self._queue.fail_queued(reason)
+
+    @property
+    def failure(self) -> str | None:
+        return self._queue.failure
+
     def stats(self) -> BatchingStats:
         """Return a consistent snapshot of the counters."""
         return self._queue.snapshot()
@@ -171,27 +187,47 @@ class BatchingService:
     # ---------------------------------------------------------------- worker
 
     def _worker_loop(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:  # noqa: BLE001 - nothing may end this thread silently
+            self._die(exc)
+
+    def _serve(self) -> None:
         while True:
             batch = self._queue.next_batch()
             if batch is None:
                 logger.debug("%s worker stopped", self._owner)
                 return
+            self._running = batch
             try:
                 self._run_batch(batch)
             except (KeyboardInterrupt, SystemExit) as exc:
                 # batch_fn asked for the thread to stop (sys.exit() in a thread
                 # ends that thread). Honour it, but resolve every future first so
-                # no caller waits forever, and refuse new work.
+                # no caller waits forever, and refuse new work: the stage is down.
                 logger.error("%s: batch_fn raised %s; shutting the service down", self._owner, type(exc).__name__)
-                self._queue.close()
+                self._queue.mark_down(f"batch_fn raised {type(exc).__name__}")
                 self._fail_unresolved(batch, lambda exc=exc: self._stopped_by(exc))
                 self._queue.fail_queued(f"batch_fn raised {type(exc).__name__}", cause=exc)
                 return
             except BaseException:
                 # Only a bug in this module gets here (batch_fn errors are
                 # handled in _run_batch). Keep serving; fail what is unresolved.
+                # Should this cleanup fail too, _worker_loop declares the stage dead.
                 logger.exception("%s: internal error in worker", self._owner)
                 self._fail_unresolved(batch, lambda: RuntimeError(f"{self._owner}: internal error"))
+            self._running = []  # not in a finally: _die must still see the batch when this loop raises
+
+    def _die(self, exc: BaseException) -> None:
+        """The thread is ending on an error: refuse new work and fail everything held, at once."""
+        reason = f"{type(exc).__name__}: {exc}"
+        logger.critical("%s: its thread died (%s); failing what it holds, the node reports unhealthy",
+                        self._owner, reason, exc_info=exc)
+        self._queue.mark_down(reason)
+        for pending in self._running:  # RUNNING futures: ours to fail; set_exception never raises
+            if not pending.future.done():
+                set_exception(pending.future, StageDown(self._name, reason), self._owner)
+        self._queue.fail_queued(reason, cause=exc)
 
     def _stopped_by(self, exc: BaseException) -> ServiceClosed:
         error = ServiceClosed(f"{self._owner} stopped: batch_fn raised {type(exc).__name__}")

@@ -65,6 +65,19 @@ class ServiceClosed(RuntimeError):
     """A stage service is closed, or shut down before the item could run (503: stopping)."""
 
 
+class StageDown(ServiceClosed):
+    """A stage's thread died: the stage takes no work and failed what it held (503; /health unhealthy).
+
+    A ServiceClosed, so the gateway tries the other worker as it does for a stopping one.
+    str() is the detail for the log; `public` is what the caller is told.
+    """
+
+    def __init__(self, stage: str, reason: str):
+        super().__init__(f"the {stage} stage stopped: {reason}")
+        self.stage = stage
+        self.public = f"the {stage} stage of this node has stopped; the node is unhealthy"
+
+
 class NodeNotReady(RuntimeError):
     """This node is starting, stopping or failed (503 + Retry-After)."""
 
@@ -142,6 +155,7 @@ _TABLE: list[tuple[type[BaseException], Callable[[BaseException], HttpAnswer]]] 
     (ApiError, lambda e: HttpAnswer(e.status, e.message, e.field, e.retry_after_s)),
     (Overloaded, lambda e: HttpAnswer(503, f"overloaded: {e}", retry_after_s=e.retry_after_s or 1.0,
                                       log_level=logging.WARNING)),
+    (StageDown, lambda e: HttpAnswer(503, e.public, retry_after_s=NOT_READY_RETRY_AFTER_S, log_level=logging.ERROR)),
     (ServiceClosed, lambda e: HttpAnswer(503, "shutting down", retry_after_s=NOT_READY_RETRY_AFTER_S)),
     (NodeNotReady, lambda e: HttpAnswer(503, str(e), retry_after_s=NOT_READY_RETRY_AFTER_S)),
     (NoWorkerAvailable, lambda e: HttpAnswer(503, str(e), retry_after_s=NOT_READY_RETRY_AFTER_S,

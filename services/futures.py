@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -35,6 +35,8 @@ def set_result(future: Future, result: Any, owner: str) -> None:
     # A done-callback that raises must not reach the worker thread.
     try:
         future.set_result(result)
+    except InvalidStateError:  # failed meanwhile by abort() or a dying stage: that answer stands
+        logger.debug("%s: a result came for a future already resolved", owner)
     except Exception:  # noqa: BLE001
         logger.exception("%s: could not set a result", owner)
 
@@ -42,6 +44,8 @@ def set_result(future: Future, result: Any, owner: str) -> None:
 def set_exception(future: Future, error: BaseException, owner: str) -> None:
     try:
         future.set_exception(error)
+    except InvalidStateError:
+        logger.debug("%s: an error came for a future already resolved", owner)
     except Exception:  # noqa: BLE001
         logger.exception("%s: could not set an exception", owner)
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, fields, replace
 
 from pipeline.continuous import ContinuousEngine, SequenceState, StepResult
 from services.batch_queue import BatchingStats, BatchQueue, PendingItem
-from services.errors import ServiceClosed
+from services.errors import ServiceClosed, StageDown
 from services.futures import Claim, claim, end_with_exception, end_with_result
 
 log = logging.getLogger(__name__)
@@ -111,8 +111,12 @@ class _Gauges:
     kv_tokens_reserved: int = 0
 
 
+class InjectedFailure(RuntimeError):
+    """TEST ONLY (GENERATE_INJECT_FAILURE): a failure made on purpose, to test a dying loop."""
+
+
 class ContinuousGenerationService:
-    def __init__(self, name: str, engine: ContinuousEngine, *, max_queue: int):
+    def __init__(self, name: str, engine: ContinuousEngine, *, max_queue: int, inject_failure: str = "off"):
         self.name = name
         self.engine = engine
         self.max_size = engine.scheduler.max_seqs
@@ -129,6 +133,7 @@ class ContinuousGenerationService:
         # Owned by the loop thread; submit() reads only its length (atomic) for admission.
         self._active: dict[int, SequenceState] = {}
         self._abort = False
+        self._inject_failure = inject_failure  # TEST ONLY: "off", "iteration", "iteration_and_cleanup"
         self._thread = threading.Thread(target=self._loop, name=f"continuous-{name}", daemon=True)
         self._thread.start()
 
@@ -146,6 +151,23 @@ class ContinuousGenerationService:
             self._abort = True  # the loop stops after its current iteration
             self._thread.join()
 
+    def abort(self, reason: str) -> None:
+        """Refuse new requests and fail every held one now, decoding ones included; returns at once.
+
+        The loop thread owns the engine: it stops after its current iteration (its later
+        results find their futures failed and are dropped).
+        """
+        self._queue.close()
+        self._abort = True
+        # list() of a dict's values is one C call under the GIL: safe against the loop's edits.
+        for seq in list(self._active.values()):
+            self._fail(seq.payload, ServiceClosed(f"{self._owner} stopped: {reason}"))
+        self._queue.fail_queued(reason)
+
+    @property
+    def failure(self) -> str | None:
+        return self._queue.failure
+
     def stats(self) -> GenerationStats:
         batching = self._queue.snapshot()
         with self._lock:
@@ -162,20 +184,44 @@ class ContinuousGenerationService:
     # ------------------------------------------------------------------ the loop
 
     def _loop(self) -> None:
+        try:
+            self._serve()
+            self._queue.fail_queued("the service stopped")
+            self._end_active(lambda: ServiceClosed(f"{self._owner} shut down before this request finished"))
+        except BaseException as exc:  # noqa: BLE001 - nothing may end this thread silently
+            self._die(exc)
+
+    def _serve(self) -> None:
         while not self._abort:
             if not self._active and not self._queue.wait_for_items():
-                break  # closing, nothing queued, nothing running
+                return  # closing, nothing queued, nothing running
             try:
                 self._iterate()
-            except Exception:  # the loop must survive anything
+            except Exception:  # one failed iteration fails its sequences; the loop goes on
                 log.exception("%s: iteration failed; failing its sequences", self._owner)
+                # Raises only when the engine's own cleanup fails: then _loop declares the stage dead.
                 self._end_active(lambda: RuntimeError("generation failed"))
-        self._queue.fail_queued("the service stopped")
-        self._end_active(lambda: ServiceClosed(f"{self._owner} shut down before this request finished"))
+
+    def _die(self, exc: BaseException) -> None:
+        """The loop is ending on an error: refuse new work and fail everything held, at once.
+
+        The engine is not touched again (its cleanup may be what failed): the futures are failed
+        directly, which is all a caller waits on.
+        """
+        reason = f"{type(exc).__name__}: {exc}"
+        log.critical("%s: its loop died (%s); failing what it holds, the node reports unhealthy",
+                     self._owner, reason, exc_info=exc)
+        self._queue.mark_down(reason)
+        for seq in list(self._active.values()):
+            self._fail(seq.payload, StageDown(self.name, reason))
+        self._active.clear()
+        self._queue.fail_queued(reason, cause=exc)
 
     def _iterate(self) -> None:
         self._admit(self._queue.take(self.max_queue, start_running=False))
         self._drop_cancelled()
+        if self._active and self._inject_failure != "off":
+            raise InjectedFailure("GENERATE_INJECT_FAILURE: this iteration fails on purpose")
         if self._active:
             started = time.perf_counter()
             result = self.engine.step()
@@ -236,8 +282,17 @@ class ContinuousGenerationService:
             self._queue.record(failed_items_total=1)
 
     def _end_active(self, make_error) -> None:
-        for seq in list(self._active.values()):
-            self.engine.cancel(seq)
-            self._fail(seq.payload, make_error())
+        """Fail every running sequence, then release them from the engine.
+
+        The futures go first, so their callers are answered even when the engine's cleanup
+        raises (the caller of this method then treats the stage as dead).
+        """
+        active = list(self._active.values())
         self._active.clear()
+        for seq in active:
+            self._fail(seq.payload, make_error())
+        if self._inject_failure == "iteration_and_cleanup":
+            raise InjectedFailure("GENERATE_INJECT_FAILURE: this cleanup fails on purpose")
+        for seq in active:
+            self.engine.cancel(seq)
         self._measure()

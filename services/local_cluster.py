@@ -2,7 +2,9 @@
 
 Used by the demo, the tests and the load generator. Each node logs to its own
 file under one folder; the children die with the parent (PR_SET_PDEATHSIG),
-and Ctrl-C or SIGTERM stops all three gracefully.
+and Ctrl-C or SIGTERM stops all three gracefully. While it runs, `main` supervises:
+a node that dies is logged and restarted (LOCAL_RESTART_LIMIT per LOCAL_RESTART_WINDOW_S),
+and the others keep serving meanwhile, so failover and rejoin can be watched.
 """
 from __future__ import annotations
 
@@ -14,16 +16,25 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Mapping
 
 from pipeline.config import REPO_ROOT, ConfigError, Settings
 from pipeline.device import thread_budget
 from services.health_wait import health, wait_healthy
+from services.lifecycle import ANSWER_WINDOW_S, EXIT_LINGER_S
 
 log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1
+# A node SIGTERMed exits by SHUTDOWN_GRACE_S + its answer window + linger; SIGKILL only past this margin.
+STOP_MARGIN_S = ANSWER_WINDOW_S + EXIT_LINGER_S + 5
+# How often the supervisor looks at its nodes.
+SUPERVISE_POLL_S = 0.5
+# A node's exit code for a configuration error: restarting it cannot help.
+CONFIG_ERROR_EXIT = 2
 
 
 def _die_with_parent() -> None:
@@ -102,7 +113,7 @@ class LocalCluster:
 
     def stop_node(self, node: int, timeout_s: float | None = None) -> int | None:
         """SIGTERM (the node drains its in-flight work), SIGKILL only past its grace period."""
-        timeout_s = self.settings.shutdown_grace_s + 10 if timeout_s is None else timeout_s
+        timeout_s = self.settings.shutdown_grace_s + STOP_MARGIN_S if timeout_s is None else timeout_s
         proc = self.procs.pop(node, None)
         if proc is None:
             return None
@@ -123,6 +134,49 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class Supervisor:
+    """Keeps a started cluster running: a node that exits is logged and restarted, at most
+    `limit` times per node within `window_s`; past that (or after a config error, which a
+    restart cannot cure) the node is given up on loudly and the others keep serving."""
+
+    def __init__(self, cluster: LocalCluster, limit: int, window_s: float, clock=time.monotonic):
+        self.cluster = cluster
+        self.limit, self.window_s = limit, window_s
+        self._clock = clock
+        self.restarts: dict[int, deque[float]] = {}
+        self.given_up: set[int] = set()
+
+    def check(self) -> None:
+        """One look at every node: restart (or give up on) those that exited."""
+        for node, proc in list(self.cluster.procs.items()):
+            if proc.poll() is None:
+                continue
+            log.error("node %d exited with %s; see %s:\n%s", node, proc.returncode, self.cluster.log_path(node),
+                      self.cluster.tail(node, lines=10))
+            why_not = self._why_not_restart(node, proc.returncode)
+            if why_not:
+                self.cluster.procs.pop(node)
+                self.given_up.add(node)
+                log.critical("giving up on node %d (%s); the other nodes keep serving", node, why_not)
+                continue
+            self.cluster.start_node(node)
+            log.warning("restarted node %d (restart %d of %d allowed within %gs)", node,
+                        len(self.restarts[node]), self.limit, self.window_s)
+
+    def _why_not_restart(self, node: int, code: int | None) -> str:
+        """'' when the node may be restarted now (and counts the restart), else why not."""
+        if code == CONFIG_ERROR_EXIT:
+            return "it exited with a configuration error"
+        now = self._clock()
+        recent = self.restarts.setdefault(node, deque())
+        while recent and now - recent[0] > self.window_s:
+            recent.popleft()
+        if len(recent) >= self.limit:
+            return f"{len(recent)} restarts within {self.window_s:g}s already (LOCAL_RESTART_LIMIT)"
+        recent.append(now)
+        return ""
 
 
 def free_ports(n: int) -> list[int]:
@@ -171,11 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
-    stopping = False
+    stopping = threading.Event()
 
     def on_signal(signum, _frame):
-        nonlocal stopping
-        stopping = True
+        stopping.set()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -184,15 +237,11 @@ def main(argv: list[str] | None = None) -> int:
         cluster.start()
         log.info("all three nodes healthy; gateway at %s (Ctrl-C stops them)", cluster.url(0))
         print(f"READY {cluster.url(0)}", flush=True)
-        while not stopping:
-            for node, proc in list(cluster.procs.items()):
-                if proc.poll() is not None:
-                    log.error("node %d exited with %s; see %s", node, proc.returncode, cluster.log_path(node))
-                    stopping = True
-            time.sleep(0.5)
+        supervisor = Supervisor(cluster, cluster.settings.local_restart_limit, cluster.settings.local_restart_window_s)
+        while not stopping.wait(SUPERVISE_POLL_S):  # until Ctrl-C or SIGTERM: a node's death is not the end
+            supervisor.check()
     except (RuntimeError, TimeoutError) as exc:
         log.error("%s", exc)
-        cluster.stop()
         return 1
     finally:
         codes = cluster.stop()

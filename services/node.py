@@ -54,7 +54,12 @@ def main() -> int:
     except OSError as exc:
         print(f"config error: NODE_{node}_IP={str(address)!r} cannot be bound: {exc.strerror}", file=sys.stderr)
         return 2
-    lifecycle.install_signal_handlers(role.stop)
+    lifecycle.install_signal_handlers(role.stop, role.abandon)
+    if settings.shutdown_grace_s >= settings.request_timeout_s:
+        log.warning("SHUTDOWN_GRACE_S (%g s) is not under REQUEST_TIMEOUT_S (%g s): a stopping worker holds "
+                    "its requests until they time out instead of handing them back (503) while the gateway "
+                    "could still recompute them on the other worker", settings.shutdown_grace_s,
+                    settings.request_timeout_s)
     log.info("node %d (%s) listening on %s with %d HTTP threads", node, role.name, address, threads)
     lifecycle.start_loading(role.load)
     server.run()

@@ -1,4 +1,4 @@
-"""The face every stage service shows the worker: submit, close, stats.
+"""The face every stage service shows the worker: submit, close, abort, failure, stats.
 
 ``BatchingService`` (a batch function behind a queue) and
 ``ContinuousGenerationService`` (the LLM's continuous batching) both follow it,
@@ -31,6 +31,17 @@ class StageService(Protocol):
 
     def close(self, timeout: float | None = None) -> None:
         """Stop accepting work, finish or fail what is held, stop the thread."""
+        ...
+
+    def abort(self, reason: str) -> None:
+        """Stop now, without waiting: refuse new items and fail every item it holds, queued or
+        running, with ServiceClosed (a node past its SHUTDOWN_GRACE_S). Returns at once."""
+        ...
+
+    @property
+    def failure(self) -> str | None:
+        """None while its thread serves; why it died once it has (submit then raises StageDown,
+        what it held has failed, and the node's /health says unhealthy)."""
         ...
 
     def stats(self) -> StageStats: ...

@@ -25,7 +25,7 @@ from pipeline.spec import Stage
 from pipeline.stages import Stages
 from services.batching import BatchingService
 from services.cache import LruCache
-from services.errors import Overloaded, RequestTimeout, ServiceClosed, StageFailed
+from services.errors import Overloaded, RequestTimeout, ServiceClosed, StageDown, StageFailed
 from services.generation import ContinuousGenerationService
 from services.node_client import IndexClient
 
@@ -39,6 +39,7 @@ class ContinuousConfig:
     max_tokens: int
     prefill_chunk: int
     max_queue: int
+    inject_failure: str = "off"  # TEST ONLY: GENERATE_INJECT_FAILURE
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ class Worker:
             c = self.config.continuous
             engine = ContinuousEngine(self.stages.generator, max_seqs=c.max_seqs, max_tokens=c.max_tokens,
                                       prefill_chunk=c.prefill_chunk)
-            return ContinuousGenerationService(stage, engine, max_queue=c.max_queue)
+            return ContinuousGenerationService(stage, engine, max_queue=c.max_queue, inject_failure=c.inject_failure)
         cfg = self.config.batching[stage]
         return BatchingService(stage, batch_fn, max_size=cfg.max_size, max_wait_ms=cfg.max_wait_ms,
                                max_queue=cfg.max_queue)
@@ -106,8 +107,18 @@ class Worker:
         except Exception as exc:
             raise StageFailed(stage, exc) from exc
 
+    def failure(self) -> StageDown | None:
+        """A StageDown for the first stage whose thread died, or None while every stage serves."""
+        for stage, svc in self.services.items():
+            if svc.failure is not None:
+                return StageDown(stage, svc.failure)
+        return None
+
     def answer(self, request_id: str, query: str, timeout_s: float | None = None) -> dict:
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.config.request_timeout_s)
+        down = self.failure()
+        if down is not None:  # refused before any stage runs: the gateway tries the other worker at once
+            raise down
         s, wait = self.services, self._wait
         vector = self.embed_cache.get(query)
         if vector is None:

@@ -61,3 +61,16 @@ class Role:
 
     def stop(self) -> None:
         """Called once when the node starts draining."""
+
+    def abandon(self, reason: str) -> None:
+        """Called once at the end of SHUTDOWN_GRACE_S with requests still in flight: every stage
+        fails what it holds now, so the threads waiting on it answer (503) instead of waiting on."""
+        for svc in self.batching_services():
+            svc.abort(reason)
+
+    def failure(self) -> str | None:
+        """Why this node cannot serve though it runs (a stage thread died), else None."""
+        for svc in self.batching_services():
+            if svc.failure is not None:
+                return f"the {svc.name} stage stopped: {svc.failure}"
+        return None

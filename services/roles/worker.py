@@ -24,7 +24,8 @@ def worker_config(settings: Settings) -> WorkerConfig:
     if settings.generate_mode == "continuous":
         continuous = ContinuousConfig(max_seqs=settings.generate_max_batch, max_tokens=settings.generate_max_tokens,
                                       prefill_chunk=settings.generate_prefill_chunk,
-                                      max_queue=settings.stage_max_queue)
+                                      max_queue=settings.stage_max_queue,
+                                      inject_failure=settings.generate_inject_failure)
     return WorkerConfig(batching={stage: settings.batching(stage) for stage in spec.WORKER_STAGES},
                         request_timeout_s=settings.request_timeout_s,
                         embed_cache_size=settings.embed_cache_size, continuous=continuous)

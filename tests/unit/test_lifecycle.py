@@ -7,6 +7,7 @@ import time
 import pytest
 from flask import Flask
 
+from pipeline.config import Settings
 from services.errors import NodeNotReady
 from services.lifecycle import InFlight, Lifecycle, Readiness
 
@@ -113,3 +114,163 @@ def test_a_failed_load_exits_one():
     life2 = Lifecycle("node 2", grace_s=0.0, exit=lambda code: codes.append(code))
     life2.start_loading(lambda: None).join(10)
     assert life2.ready and codes == [1]
+
+
+# ---------------------------------------------------------------- past the grace: every request answered
+
+
+def blocking_app(release: threading.Event, entered: threading.Event) -> Flask:
+    app = Flask("t")
+
+    @app.get("/slow")
+    def slow():
+        entered.set()
+        release.wait(10)  # a call that cannot be interrupted (another node, a batch in progress)
+        return {"late": True}
+
+    return app
+
+
+def test_abandon_answers_a_request_stuck_in_the_app_with_a_json_503_through_the_errors_table():
+    release, entered = threading.Event(), threading.Event()
+    app = blocking_app(release, entered)
+    in_flight = InFlight()
+    in_flight.track(app)
+    replies = []
+    client = threading.Thread(target=lambda: replies.append(app.test_client().get("/slow")), daemon=True)
+    client.start()
+    assert entered.wait(10) and in_flight.count == 1
+    assert in_flight.abandon(NodeNotReady("node 0 is stopping: the grace ended")) == 1
+    client.join(10)
+    reply = replies[0]
+    assert reply.status_code == 503 and reply.json == {"error": "node 0 is stopping: the grace ended"}
+    assert reply.headers["Retry-After"] == "5"
+    reply.close()  # the reply handed over: the request leaves
+    assert in_flight.count == 0
+    late = app.test_client().get("/slow")  # after abandon: answered at once, the app is not called
+    assert late.status_code == 503
+    release.set()  # the abandoned call's own reply comes later and is dropped
+
+
+def test_a_request_that_finishes_first_keeps_its_own_reply():
+    app = Flask("t")
+
+    @app.get("/ok")
+    def ok():
+        return {"ok": True}
+
+    in_flight = InFlight()
+    in_flight.track(app)
+    reply = app.test_client().get("/ok")
+    assert reply.json == {"ok": True}
+    reply.close()
+    assert in_flight.abandon(NodeNotReady("stopping")) == 0  # nothing was waiting
+    assert in_flight.count == 0
+
+
+def test_at_the_grace_deadline_requests_in_flight_get_503_the_stages_are_aborted_and_the_node_exits_0():
+    release, entered = threading.Event(), threading.Event()
+    app = blocking_app(release, entered)
+    exited, codes, deadlines = threading.Event(), [], []
+    life = Lifecycle("node 1", grace_s=0.2, exit=lambda code: (codes.append(code), exited.set()))
+    life.in_flight.track(app)
+    life.readiness.set(Readiness.READY)
+    replies = []
+    threading.Thread(target=lambda: replies.append(app.test_client().get("/slow")), daemon=True).start()
+    assert entered.wait(10)
+    life.stop(on_deadline=deadlines.append)
+    assert exited.wait(10) and codes == [0]
+    assert replies[0].status_code == 503 and "node 1 is stopping" in replies[0].json["error"]
+    assert len(deadlines) == 1 and "SHUTDOWN_GRACE_S" in deadlines[0]
+    release.set()
+
+
+def test_health_says_unhealthy_with_the_reason_when_a_stage_thread_died():
+    from services.app import build_app
+    from services.roles.base import Role
+
+    class Stage:
+        name, failure = "generate", None
+
+        def stats(self):
+            raise AssertionError("not asked")
+
+    stage = Stage()
+
+    class OneStage(Role):
+        name = "worker"
+        uses_torch = False
+
+        def register_routes(self, app):
+            pass
+
+        def batching_services(self):
+            return (stage,)
+
+    life = Lifecycle("node 1", grace_s=0.0, exit=lambda code: None)
+    app = build_app(OneStage(Settings.from_env({}), 1, life), life)
+    life.readiness.set(Readiness.READY)
+    client = app.test_client()
+    assert client.get("/health").status_code == 200
+    stage.failure = "RuntimeError: cleanup failed"
+    reply = client.get("/health")
+    assert reply.status_code == 503 and reply.json["status"] == "unhealthy"
+    assert reply.json["detail"] == "the generate stage stopped: RuntimeError: cleanup failed"
+
+
+# ---------------------------------------------------------------- the local launcher's supervisor
+
+
+class FakeProc:
+    def __init__(self, code=None):
+        self.returncode = code
+
+    def poll(self):
+        return self.returncode
+
+
+class FakeCluster:
+    def __init__(self):
+        self.procs = {0: FakeProc(), 1: FakeProc(), 2: FakeProc()}
+        self.started = []
+
+    def start_node(self, node):
+        self.started.append(node)
+        self.procs[node] = FakeProc()
+
+    def log_path(self, node):
+        return f"node{node}.log"
+
+    def tail(self, node, lines=30):
+        return ""
+
+
+def test_supervisor_restarts_a_dead_node_within_its_rate_then_gives_up_and_keeps_the_others():
+    from services.local_cluster import Supervisor
+    from tests.helpers import ManualClock
+    cluster, clock = FakeCluster(), ManualClock()
+    supervisor = Supervisor(cluster, limit=2, window_s=60, clock=clock)
+    supervisor.check()
+    assert cluster.started == []  # all alive
+    for _ in range(2):
+        cluster.procs[1].returncode = -9
+        supervisor.check()
+        clock.now += 1
+    assert cluster.started == [1, 1]
+    cluster.procs[1].returncode = -9
+    supervisor.check()  # a third death within the window: given up on
+    assert cluster.started == [1, 1] and 1 not in cluster.procs and supervisor.given_up == {1}
+    assert set(cluster.procs) == {0, 2}
+    clock.now += 120  # the window forgets old restarts: node 0 may restart twice again
+    cluster.procs[0].returncode = 1
+    supervisor.check()
+    assert cluster.started == [1, 1, 0]
+
+
+def test_supervisor_does_not_restart_a_node_with_a_config_error():
+    from services.local_cluster import Supervisor
+    cluster = FakeCluster()
+    cluster.procs[2].returncode = 2
+    supervisor = Supervisor(cluster, limit=5, window_s=60)
+    supervisor.check()
+    assert cluster.started == [] and supervisor.given_up == {2} and set(cluster.procs) == {0, 1}

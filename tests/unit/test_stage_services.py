@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pipeline.continuous import RunnerOutput, Scheduler, StepResult
 from services.batch_queue import BatchQueue
 from services.batching import BatchingService
-from services.errors import Overloaded, ServiceClosed
+from services.errors import Overloaded, ServiceClosed, StageDown
 from services.generation import ContinuousGenerationService, GenerationStats, GenerationTicket
 from services.metrics import NodeMetrics
 from services.stage_service import StageService
@@ -270,3 +270,135 @@ def test_generation_ticket_is_the_sequence_payload():
         assert all(isinstance(s.payload, GenerationTicket) for s in seqs)
     finally:
         gen.close(timeout=10)
+
+
+# ----------------------------------------------------------------------------- a stage thread that dies, abort
+
+
+class FailingEngine(FakeEngine):
+    """Every step fails; `cleanup_fails`: releasing a sequence fails too (the loop's cleanup)."""
+
+    def __init__(self, cleanup_fails: bool):
+        super().__init__()
+        self.cleanup_fails = cleanup_fails
+        self.steps = 0
+
+    def step(self):
+        self.steps += 1
+        self.stepping.set()
+        assert self.gate.wait(10)
+        raise RuntimeError("step failed")
+
+    def cancel(self, seq):
+        if self.cleanup_fails:
+            raise RuntimeError("cleanup failed")
+        super().cancel(seq)
+
+
+@pytest.mark.timeout(30)
+def test_a_failed_iteration_whose_cleanup_fails_too_fails_everything_held_and_the_stage_is_down():
+    engine = FailingEngine(cleanup_fails=True)
+    gen = ContinuousGenerationService("generate", engine, max_queue=8)
+    try:
+        engine.gate.clear()
+        running = gen.submit((5, 3))
+        assert engine.stepping.wait(10)
+        queued = gen.submit((5, 3))  # waits in the queue while the failing step runs
+        engine.gate.set()
+        with pytest.raises(RuntimeError, match="generation failed"):  # its own iteration's failure
+            running.result(timeout=10)
+        with pytest.raises(StageDown, match="generate stage stopped"):  # failed at once, not at a deadline
+            queued.result(timeout=10)
+        assert "cleanup failed" in gen.failure
+        with pytest.raises(StageDown):
+            gen.submit((5, 3))
+        assert gen.stats().batching.failed_items_total == 2
+    finally:
+        gen.close(timeout=10)
+
+
+@pytest.mark.timeout(30)
+def test_a_failed_iteration_with_a_working_cleanup_fails_its_sequences_and_the_loop_serves_on():
+    engine = FailingEngine(cleanup_fails=False)
+    gen = ContinuousGenerationService("generate", engine, max_queue=8)
+    try:
+        with pytest.raises(RuntimeError, match="generation failed"):
+            gen.submit((5, 3)).result(timeout=10)
+        assert gen.failure is None
+        with pytest.raises(RuntimeError, match="generation failed"):
+            gen.submit((5, 3)).result(timeout=10)  # the loop is still there to take it
+        assert engine.steps == 2
+    finally:
+        gen.close(timeout=10)
+
+
+@pytest.mark.timeout(30)
+def test_generation_abort_fails_a_decoding_request_at_once_and_refuses_new_ones():
+    engine = FakeEngine()
+    gen = ContinuousGenerationService("generate", engine, max_queue=8)
+    engine.gate.clear()
+    decoding = gen.submit((5, 3))
+    assert engine.stepping.wait(10)
+    gen.abort("node 0 is stopping")
+    with pytest.raises(ServiceClosed, match="node 0 is stopping"):
+        decoding.result(timeout=1)  # while the step is still running
+    with pytest.raises(ServiceClosed):
+        gen.submit((5, 3))
+    assert gen.failure is None  # stopped on purpose: not a dead stage
+    engine.gate.set()
+    gen.close(timeout=10)
+
+
+class Held:
+    """A batch_fn that signals it has a batch (`entered`) and returns it once `gate` opens."""
+
+    def __init__(self):
+        self.gate, self.entered = threading.Event(), threading.Event()
+
+    def __call__(self, items):
+        self.entered.set()
+        assert self.gate.wait(10)
+        return items
+
+
+@pytest.mark.timeout(30)
+def test_batching_abort_fails_the_running_batch_and_the_queue_at_once():
+    held = Held()
+    gate, entered = held.gate, held.entered
+    svc = BatchingService("search", held, max_size=1, max_wait_ms=0)
+    running = svc.submit("a")
+    assert entered.wait(10)
+    queued = svc.submit("b")
+    svc.abort("node 1 is stopping")
+    for future in (running, queued):
+        with pytest.raises(ServiceClosed, match="node 1 is stopping"):
+            future.result(timeout=1)
+    with pytest.raises(ServiceClosed):
+        svc.submit("c")
+    gate.set()  # batch_fn's late result finds its future failed: dropped, the thread ends
+    svc.close(timeout=10)
+    assert svc.failure is None
+
+
+@pytest.mark.timeout(30)
+def test_a_batching_worker_whose_cleanup_fails_dies_loudly_and_fails_what_it_holds(monkeypatch):
+    fn = Held()
+    gate, entered = fn.gate, fn.entered
+    svc = BatchingService("rerank", fn, max_size=1, max_wait_ms=0)
+
+    def broken(*_args):
+        raise RuntimeError("bookkeeping failed")
+
+    monkeypatch.setattr(svc, "_run_batch", lambda batch: (fn(batch), broken()))  # a bug after batch_fn
+    monkeypatch.setattr(svc, "_fail_unresolved", broken)  # and its cleanup fails too
+    running = svc.submit("a")
+    assert entered.wait(10)
+    queued = svc.submit("b")
+    gate.set()
+    for future in (running, queued):
+        with pytest.raises(StageDown, match="rerank stage stopped: RuntimeError: bookkeeping failed"):
+            future.result(timeout=10)
+    assert svc.failure == "RuntimeError: bookkeeping failed"
+    with pytest.raises(StageDown):
+        svc.submit("c")
+    svc.close(timeout=10)
