@@ -149,6 +149,7 @@ def summary(variant: Variant, n: int) -> dict:
     tokens = [list(s.generated) for s in variant.engine.scheduler.running]
     return {"runner": variant.name, "sequences": n, "steps": len(variant.steps),
             "step_ms": round(1000 * medians["total"], 2),
+            "step_ms_min": round(1000 * min(step["total"] for step in variant.steps), 2),
             "phases_ms": {key: round(1000 * medians[key], 2) for key in PHASES},
             "cache_width": int(variant.engine.runner.mask.shape[1]), "tokens": tokens}
 
@@ -169,10 +170,10 @@ def profile_steps(variant: Variant, steps: int, top: int) -> dict:
 # ------------------------------------------------------------------------- report
 
 def format_rows(rows: list[dict]) -> str:
-    header = f"{'runner':<12}{'seqs':>5}{'step ms':>10}" + "".join(f"{p:>14}" for p in PHASES)
+    header = f"{'runner':<18}{'seqs':>5}{'step ms':>10}{'min ms':>9}" + "".join(f"{p:>14}" for p in PHASES)
     lines = [header, "-" * len(header)]
     for row in rows:
-        lines.append(f"{row['runner']:<12}{row['sequences']:>5}{row['step_ms']:>10.1f}"
+        lines.append(f"{row['runner'][:17]:<18}{row['sequences']:>5}{row['step_ms']:>10.1f}{row['step_ms_min']:>9.1f}"
                      + "".join(f"{row['phases_ms'][p]:>14.1f}" for p in PHASES))
     return "\n".join(lines)
 
