@@ -32,7 +32,7 @@ def roomy_layer_class():
         """A DynamicLayer whose keys/values are views of buffers with spare columns.
 
         `update` copies the step's new columns into the room (growing the buffers
-        only when it runs out), so a step's cost no longer grows with the cache.
+        only when it runs out), so a step no longer copies the whole cache.
         The views hold the same values torch.cat would: attention sees the same numbers.
         """
 
