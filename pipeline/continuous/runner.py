@@ -5,24 +5,80 @@ joins it at its first decode step (its own cache padded to the batch's width,
 or the batch's to its), and columns that have become padding in every row are
 trimmed when sequences leave. Token choice is greedy with the model's
 repetition penalty, exactly as transformers' RepetitionPenaltyLogitsProcessor.
+
+A decode step does only the arithmetic that grows with the batch: the batch's
+cache layers keep spare columns (a step writes one column in place instead of
+DynamicLayer's torch.cat copying the whole cache in every layer), and the
+tokens each row has seen are one (rows, width) tensor aligned with the cache,
+so the repetition penalty is one batched gather/scatter rather than a tensor
+built from Python lists for every row at every step.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Sequence
 
 from pipeline.continuous.scheduler import PrefillChunk, RunnerOutput, SchedulerOutput, SequenceState
 
+CACHE_ROOM = 128  # spare columns per rebuild of the batch cache: the contract's new tokens
+
+
+@functools.cache
+def roomy_layer_class():
+    """RoomyLayer, defined on first use: importing transformers at module import would cost seconds."""
+    from transformers.cache_utils import DynamicLayer
+
+    class RoomyLayer(DynamicLayer):
+        """A DynamicLayer whose keys/values are views of buffers with spare columns.
+
+        `update` copies the step's new columns into the room (growing the buffers
+        only when it runs out), so a step no longer copies the whole cache.
+        The views hold the same values torch.cat would: attention sees the same numbers.
+        """
+
+        def __init__(self, keys, values, room: int = CACHE_ROOM):
+            super().__init__()
+            self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
+            self.room = room
+            self._store(keys, values)
+
+        def _store(self, keys, values) -> None:
+            width = keys.shape[2]
+            self._keys = keys.new_empty((*keys.shape[:2], width + self.room, keys.shape[3]))
+            self._values = values.new_empty((*values.shape[:2], width + self.room, values.shape[3]))
+            self._keys[:, :, :width].copy_(keys)
+            self._values[:, :, :width].copy_(values)
+            self._view(width)
+
+        def _view(self, width: int) -> None:
+            self.keys, self.values = self._keys[:, :, :width], self._values[:, :, :width]
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            width, new = self.keys.shape[2], key_states.shape[2]
+            if width + new > self._keys.shape[2]:
+                self._store(self.keys, self.values)
+            self._keys[:, :, width:width + new].copy_(key_states)
+            self._values[:, :, width:width + new].copy_(value_states)
+            self._view(width + new)
+            return self.keys, self.values
+
+    return RoomyLayer
+
 
 class ModelRunner:
-    def __init__(self, model, *, repetition_penalty: float = 1.0, device: str = "cpu"):
+    def __init__(self, model, *, repetition_penalty: float = 1.0, device: str = "cpu", cache_room: int = CACHE_ROOM):
         import torch
         self.torch = torch
         self.model = model
         self.device = device
         self.repetition_penalty = float(repetition_penalty)
+        self.cache_room = cache_room
         self.rows: list[int] = []  # seq ids of the running batch, in cache row order
-        self.cache = None  # DynamicCache of the running batch, left-padded
+        self.cache = None  # DynamicCache of the running batch (RoomyLayer layers), left-padded
         self.mask = None  # (rows, width) attention mask of that cache
+        # (rows, width) token ids fed to the cache, column for column; a padding
+        # column repeats the row's first token, which the penalty already counts.
+        self.seen = None
         self._prefill_caches: dict[int, Any] = {}  # seq id -> its own cache until it joins
 
     def execute(self, plan: SchedulerOutput) -> RunnerOutput:
@@ -63,15 +119,15 @@ class ModelRunner:
         if token is not None:
             out.first_tokens[seq_id] = token
 
-    def _choose(self, logits, seqs: Sequence[SequenceState]) -> list[int]:
+    def _choose(self, logits, seen) -> list[int]:
+        """Greedy after the repetition penalty over `seen` (rows, k) token ids, repeats allowed:
+        RepetitionPenaltyLogitsProcessor's gather/where/scatter, for all rows at once."""
         torch = self.torch
         logits = logits.float()
         if self.repetition_penalty != 1.0:
-            for row, seq in enumerate(seqs):
-                seen = torch.tensor(seq.prompt_ids + seq.generated, device=logits.device)
-                score = logits[row].gather(0, seen)
-                score = torch.where(score < 0, score * self.repetition_penalty, score / self.repetition_penalty)
-                logits[row].scatter_(0, seen, score)
+            score = logits.gather(1, seen)
+            score = torch.where(score < 0, score * self.repetition_penalty, score / self.repetition_penalty)
+            logits.scatter_(1, seen, score)
         return logits.argmax(dim=-1).tolist()
 
     def prefill_chunk(self, seq: SequenceState, start: int, end: int) -> int | None:
@@ -88,35 +144,46 @@ class ModelRunner:
         self._prefill_caches[seq.seq_id] = out.past_key_values
         if end < seq.prompt_len:
             return None
-        return self._choose(out.logits[:, -1, :], [seq])[0]
+        return self._choose(out.logits[:, -1, :], torch.tensor([seq.prompt_ids], device=self.device))[0]
 
     def join(self, seq: SequenceState) -> None:
         """Merge a fully prefilled sequence's cache into the running batch (left padding)."""
         torch = self.torch
         own_cache = self._prefill_caches.pop(seq.seq_id)
         own_mask = torch.ones((1, seq.prompt_len), dtype=torch.long, device=self.device)
+        own_seen = torch.tensor([seq.prompt_ids], device=self.device)  # what its cache holds
         if self.cache is None:
-            self.cache, self.mask, self.rows = own_cache, own_mask, [seq.seq_id]
+            self.cache, self.mask, self.seen, self.rows = own_cache, own_mask, own_seen, [seq.seq_id]
+            self._relayer(lambda _n, keys, values: (keys, values))
             return
-        for layer, new in zip(self.cache.layers, own_cache.layers):
-            layer.keys, layer.values = (self._cat_left_padded(a, b) for a, b in
-                                        ((layer.keys, new.keys), (layer.values, new.values)))
-        self.mask = self._cat_left_padded(self.mask, own_mask, dim=1, batch_dim=0)
+        own = own_cache.layers
+        self._relayer(lambda n, keys, values: (self._cat_left_padded(keys, own[n].keys, dim=2),
+                                               self._cat_left_padded(values, own[n].values, dim=2)))
+        self.mask = self._cat_left_padded(self.mask, own_mask, dim=1)
+        self.seen = self._cat_left_padded(self.seen, own_seen, dim=1, repeat_first=True)
         self.rows.append(seq.seq_id)
 
-    def _cat_left_padded(self, a, b, dim: int = 2, batch_dim: int = 0):
-        torch = self.torch
+    def _relayer(self, fn) -> None:
+        """Replace cache layer n by a RoomyLayer of fn(n, keys, values) -> (keys, values)."""
+        layer_class, layers = roomy_layer_class(), self.cache.layers
+        for n, layer in enumerate(layers):
+            layers[n] = layer_class(*fn(n, layer.keys, layer.values), self.cache_room)
+
+    def _cat_left_padded(self, a, b, dim: int, repeat_first: bool = False):
+        """a and b stacked along dim 0, the narrower one padded on the left along dim."""
         wa, wb = a.shape[dim], b.shape[dim]
         if wa < wb:
-            a = self._pad_left(a, wb - wa, dim)
+            a = self._pad_left(a, wb - wa, dim, repeat_first)
         elif wb < wa:
-            b = self._pad_left(b, wa - wb, dim)
-        return torch.cat([a, b], dim=batch_dim)
+            b = self._pad_left(b, wa - wb, dim, repeat_first)
+        return self.torch.cat([a, b], dim=0)
 
-    def _pad_left(self, t, n: int, dim: int):
+    def _pad_left(self, t, n: int, dim: int, repeat_first: bool):
+        """n columns before t along dim: zeros, or copies of the first column."""
         shape = list(t.shape)
         shape[dim] = n
-        return self.torch.cat([t.new_zeros(shape), t], dim=dim)
+        pad = t.narrow(dim, 0, 1).expand(shape) if repeat_first else t.new_zeros(shape)
+        return self.torch.cat([pad, t], dim=dim)
 
     def decode(self, seqs: Sequence[SequenceState]) -> list[int]:
         """One step for every running sequence (given in row order): feed its last token, get its next."""
@@ -125,12 +192,14 @@ class ModelRunner:
             raise RuntimeError(f"decode plan {[s.seq_id for s in seqs]} does not match the batch's rows {self.rows}")
         ids = torch.tensor([[s.generated[-1]] for s in seqs], device=self.device)
         positions = torch.tensor([[s.prompt_len + len(s.generated) - 1] for s in seqs], device=self.device)
+        # Small (rows x width) tensors: growing them by cat costs microseconds, unlike the cache.
         self.mask = torch.cat([self.mask, self.mask.new_ones((len(seqs), 1))], dim=1)
+        self.seen = torch.cat([self.seen, ids], dim=1)  # now each row's prompt + generated
         with torch.inference_mode():
             out = self.model(input_ids=ids, attention_mask=self.mask, position_ids=positions,
                              past_key_values=self.cache, use_cache=True)
         self.cache = out.past_key_values
-        return self._choose(out.logits[:, -1, :], seqs)
+        return self._choose(out.logits[:, -1, :], self.seen)
 
     def release(self, seq_ids: Sequence[int]) -> None:
         """Free the tensors of sequences that left; trim columns that are padding in every row."""
@@ -141,16 +210,16 @@ class ModelRunner:
         if len(keep) == len(self.rows):
             return
         if not keep:
-            self.rows, self.cache, self.mask = [], None, None
+            self.rows, self.cache, self.mask, self.seen = [], None, None, None
             return
         index = self.torch.tensor(keep, device=self.device)
         self.rows = [self.rows[i] for i in keep]
         self.mask = self.mask.index_select(0, index)
         first = int(self.mask.any(dim=0).nonzero()[0])
         self.mask = self.mask[:, first:]
-        for layer in self.cache.layers:
-            layer.keys = layer.keys.index_select(0, index)[:, :, first:]
-            layer.values = layer.values.index_select(0, index)[:, :, first:]
+        self.seen = self.seen.index_select(0, index)[:, first:]
+        self._relayer(lambda _n, keys, values: (keys.index_select(0, index)[:, :, first:],
+                                                values.index_select(0, index)[:, :, first:]))
 
     def cache_tokens(self) -> int:
         """Cache slots held by the running batch (rows x width, padding included)."""

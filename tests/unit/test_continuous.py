@@ -156,3 +156,49 @@ def test_service_overload_and_close(generator):
         service.submit(REQUESTS[2])
     service.close(timeout=300)  # finishes what it holds
     assert first.result(timeout=1) and second.result(timeout=1)
+
+
+# ----------------------------------------------------------------------------- runner internals
+
+def test_batched_repetition_penalty_equals_the_reference_processor_per_row():
+    import torch
+    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+    from pipeline.continuous.runner import ModelRunner
+    runner = ModelRunner(None, repetition_penalty=1.1)
+    processor = RepetitionPenaltyLogitsProcessor(1.1)
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 50, generator=gen) * 4
+    rows = [[5, 7, 5, 9], [1, 2], [3, 3, 3, 40, 41, 0]]  # repeats, ragged, token 0 seen only by row 2
+    width = max(map(len, rows))
+    # padded on the left with each row's first token, as the runner's seen tensor is
+    seen = torch.tensor([[row[0]] * (width - len(row)) + row for row in rows])
+    expected = [int(processor(torch.tensor([row]), logits[i:i + 1].clone()).argmax()) for i, row in enumerate(rows)]
+    scores = torch.cat([processor(torch.tensor([row]), logits[i:i + 1].clone()) for i, row in enumerate(rows)])
+    penalised = logits.clone()
+    assert runner._choose(penalised, seen) == expected
+    assert torch.equal(penalised, scores)  # the same scores, bit for bit, not only the same argmax
+
+
+def test_roomy_layer_holds_what_torch_cat_would_and_grows_when_full():
+    import torch
+
+    from pipeline.continuous.runner import roomy_layer_class
+    keys, values = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5, 4)
+    layer = roomy_layer_class()(keys, values, room=2)
+    for _ in range(5):  # past the room: the buffers grow
+        new_k, new_v = torch.randn(2, 3, 1, 4), torch.randn(2, 3, 1, 4)
+        keys, values = torch.cat([keys, new_k], dim=2), torch.cat([values, new_v], dim=2)
+        out_k, out_v = layer.update(new_k, new_v)
+        assert torch.equal(out_k, keys) and torch.equal(out_v, values)
+    assert layer.get_seq_length() == 10
+
+
+def test_engine_matches_reference_when_the_cache_room_runs_out_often(generator, reference_texts):
+    engine = ContinuousEngine(generator, max_seqs=2, max_tokens=4096, prefill_chunk=64)
+    engine.runner.cache_room = 3  # regrow the batch cache every few steps
+    seqs = [engine.add(r) for r in REQUESTS[:3]]
+    while engine.has_work():
+        assert not engine.step().failed
+    assert [engine.text(s) for s in seqs] == reference_texts[:3]
+    assert engine.runner.seen is None and engine.runner.cache is None

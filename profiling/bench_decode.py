@@ -1,0 +1,260 @@
+"""Where a continuous-batching decode step's time goes, at 1 and more running sequences.
+
+    python -m profiling.bench_decode [--sequences 1,16] [--repeat 8] [--profile]
+                                     [--baseline GIT_REF] [--out runs/bench_decode]
+
+Fills the continuous engine with N running sequences (the SPEC prompt over
+support documents, ~250 tokens each), then times engine steps that are pure
+decode (no prefill in the plan). Each step is split into: model forward, token
+choice (repetition penalty + argmax), the runner's other decode work (ids,
+positions, mask, cache and seen-token bookkeeping) and the engine's own Python
+(plan, update, release). `--profile` adds torch.profiler's top operators by
+self CPU time over a few steps. `--baseline REF` loads pipeline/continuous/
+runner.py as it was at git REF and measures it interleaved with the current
+runner, step for step, on the same prompts (and checks both chose the same
+tokens). The model and dtype come from the environment (MODEL_SOURCE,
+STANDIN_PROFILE, DTYPE / GENERATE_DTYPE, TORCH_THREADS).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline import spec
+from pipeline.config import Settings
+from pipeline.continuous import ContinuousEngine
+from pipeline.device import placement_for, thread_budget
+from pipeline.generator import GenerationRequest, Generator
+from pipeline.models import resolve_model_source
+from profiling.lib.cli import comma_list, positive
+from profiling.lib.inputs import cycled, document_pool, spec_queries
+from profiling.lib.report import write_json
+
+PHASES = ("forward", "choose", "decode_other", "engine_other")
+CURRENT = "current"
+
+
+# ------------------------------------------------------------------------- timing one step by phase
+
+class _Timed:
+    """Wraps a callable; adds each call's seconds to phases[name]."""
+
+    def __init__(self, fn, phases: dict[str, float], name: str):
+        self._fn, self._phases, self._name = fn, phases, name
+
+    def __call__(self, *args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return self._fn(*args, **kwargs)
+        finally:
+            self._phases[self._name] += time.perf_counter() - started
+
+    def __getattr__(self, attr):  # the runner reads model attributes (config, device)
+        return getattr(self._fn, attr)
+
+
+def instrument(engine: ContinuousEngine) -> dict[str, float]:
+    """Time the runner's model calls, token choice and decode; returns the live accumulator."""
+    phases = dict.fromkeys(("forward", "choose", "decode"), 0.0)
+    runner = engine.runner
+    runner.model = _Timed(runner.model, phases, "forward")
+    runner._choose = _Timed(runner._choose, phases, "choose")
+    runner.decode = _Timed(runner.decode, phases, "decode")
+    return phases
+
+
+def timed_step(engine: ContinuousEngine, phases: dict[str, float]) -> dict[str, float]:
+    """One pure-decode engine step, split into PHASES (seconds)."""
+    for name in phases:
+        phases[name] = 0.0
+    started = time.perf_counter()
+    result = engine.step()
+    total = time.perf_counter() - started
+    if result.failed or result.finished:
+        raise RuntimeError("a sequence failed or finished during the timed steps: too many steps for 128 tokens?")
+    return {"total": total, "forward": phases["forward"], "choose": phases["choose"],
+            "decode_other": phases["decode"] - phases["forward"] - phases["choose"],
+            "engine_other": total - phases["decode"]}
+
+
+# ------------------------------------------------------------------------- engines
+
+def requests(n: int) -> list[GenerationRequest]:
+    """n SPEC prompts (reference queries over three support documents each): ~250 tokens."""
+    pool = document_pool(None)
+    return [GenerationRequest(query, tuple(cycled(pool, 3, 3 * i))) for i, query in enumerate(spec_queries(n))]
+
+
+def load_runner_class(ref: str):
+    """ModelRunner from pipeline/continuous/runner.py as committed at git `ref`."""
+    source = subprocess.run(["git", "show", f"{ref}:pipeline/continuous/runner.py"], check=True,
+                            capture_output=True, text=True).stdout
+    path = Path(tempfile.mkdtemp(prefix="bench_decode_")) / "baseline_runner.py"
+    path.write_text(source)
+    module_spec = importlib.util.spec_from_file_location("bench_decode_baseline_runner", path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_spec.name] = module
+    module_spec.loader.exec_module(module)
+    return module.ModelRunner
+
+
+def filled_engine(generator: Generator, n: int, runner_class=None) -> ContinuousEngine:
+    """An engine with n running sequences, all prompts prefilled, ready for pure decode steps."""
+    engine = ContinuousEngine(generator, max_seqs=n, max_tokens=n * 2048, prefill_chunk=4096)
+    if runner_class is not None:
+        engine.runner = runner_class(generator.model, repetition_penalty=engine.runner.repetition_penalty,
+                                     device=engine.runner.device)
+    for request in requests(n):
+        engine.add(request)
+    while len(engine.scheduler.running) < n:
+        engine.step()
+    engine.step()  # the first decode step joins the prompts into the batch: not a steady-state step
+    return engine
+
+
+@dataclass
+class Variant:
+    name: str
+    engine: ContinuousEngine
+    phases: dict[str, float]
+    steps: list[dict[str, float]] = field(default_factory=list)
+
+
+def build_variants(generator: Generator, n: int, runner_classes: dict) -> list[Variant]:
+    variants = []
+    for name, runner_class in runner_classes.items():
+        engine = filled_engine(generator, n, runner_class)
+        variants.append(Variant(name, engine, instrument(engine)))
+    return variants
+
+
+# ------------------------------------------------------------------------- measuring
+
+def measure(variants: list[Variant], repeat: int) -> None:
+    """repeat steps per variant, interleaved (the order flips each round: both see the same cache growth)."""
+    for round_ in range(repeat):
+        for variant in (variants if round_ % 2 == 0 else variants[::-1]):
+            variant.steps.append(timed_step(variant.engine, variant.phases))
+
+
+def summary(variant: Variant, n: int) -> dict:
+    medians = {key: statistics.median(step[key] for step in variant.steps) for key in ("total", *PHASES)}
+    tokens = [list(s.generated) for s in variant.engine.scheduler.running]
+    return {"runner": variant.name, "sequences": n, "steps": len(variant.steps),
+            "step_ms": round(1000 * medians["total"], 2),
+            "step_ms_min": round(1000 * min(step["total"] for step in variant.steps), 2),
+            "phases_ms": {key: round(1000 * medians[key], 2) for key in PHASES},
+            "cache_width": int(variant.engine.runner.mask.shape[1]), "tokens": tokens}
+
+
+def profile_steps(variant: Variant, steps: int, top: int) -> dict:
+    """torch.profiler (CPU) over a few steps: the top operators by self CPU time."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            timed_step(variant.engine, variant.phases)
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in events) or 1
+    rows = [{"op": e.key, "calls": e.count, "self_ms_per_step": round(e.self_cpu_time_total / 1000 / steps, 2),
+             "share": round(e.self_cpu_time_total / total, 3)} for e in events[:top]]
+    return {"runner": variant.name, "steps": steps, "top_ops": rows}
+
+
+# ------------------------------------------------------------------------- report
+
+def format_rows(rows: list[dict]) -> str:
+    header = f"{'runner':<18}{'seqs':>5}{'step ms':>10}{'min ms':>9}" + "".join(f"{p:>14}" for p in PHASES)
+    lines = [header, "-" * len(header)]
+    for row in rows:
+        lines.append(f"{row['runner'][:17]:<18}{row['sequences']:>5}{row['step_ms']:>10.1f}{row['step_ms_min']:>9.1f}"
+                     + "".join(f"{row['phases_ms'][p]:>14.1f}" for p in PHASES))
+    return "\n".join(lines)
+
+
+def format_profile(prof: dict, n: int) -> str:
+    lines = [f"top ops by self CPU, {prof['runner']} at {n} sequences (per step over {prof['steps']} steps):",
+             f"  {'op':<44}{'calls':>7}{'ms/step':>10}{'share':>8}"]
+    lines += [f"  {r['op'][:43]:<44}{r['calls']:>7}{r['self_ms_per_step']:>10.2f}{r['share']:>8.1%}"
+              for r in prof["top_ops"]]
+    return "\n".join(lines)
+
+
+def ratios(rows: list[dict]) -> dict[str, float]:
+    """Per runner: step at the most sequences / step at the fewest."""
+    out = {}
+    for name in dict.fromkeys(r["runner"] for r in rows):
+        mine = sorted((r for r in rows if r["runner"] == name), key=lambda r: r["sequences"])
+        if len(mine) > 1:
+            out[f"{name}: {mine[-1]['sequences']} vs {mine[0]['sequences']}"] = round(
+                mine[-1]["step_ms"] / mine[0]["step_ms"], 2)
+    return out
+
+
+# ------------------------------------------------------------------------- CLI
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sequences", type=comma_list(int, minimum=1, sort_unique=True, example="1,16"),
+                        default=[1, 16], help="running sequences per measured batch")
+    parser.add_argument("--repeat", type=positive(int), default=8, help="timed decode steps per runner and size")
+    parser.add_argument("--profile", action="store_true", help="torch.profiler top operators per size")
+    parser.add_argument("--profile-steps", type=positive(int), default=3)
+    parser.add_argument("--top", type=positive(int), default=15, help="operators listed by --profile")
+    parser.add_argument("--baseline", metavar="GIT_REF", help="also measure runner.py as at this git ref")
+    parser.add_argument("--out", default="runs/bench_decode")
+    args = parser.parse_args(argv)
+    steps = args.repeat + (args.profile_steps if args.profile else 0)
+    if steps + 2 > spec.MAX_NEW_TOKENS:
+        parser.error(f"--repeat + --profile-steps must leave room within {spec.MAX_NEW_TOKENS} new tokens")
+    return args
+
+
+def run_size(generator: Generator, n: int, args: argparse.Namespace, runner_classes: dict) -> tuple[list, list]:
+    variants = build_variants(generator, n, runner_classes)
+    measure(variants, args.repeat)
+    rows = [summary(v, n) for v in variants]
+    if len({str(r["tokens"]) for r in rows}) != 1:
+        print(f"WARNING: runners chose different tokens at {n} sequences", flush=True)
+    profiles = [profile_steps(v, args.profile_steps, args.top) for v in variants] if args.profile else []
+    for prof in profiles:
+        print(format_profile(prof, n), flush=True)
+    return rows, profiles
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+    settings = Settings.from_env()
+    torch.set_num_threads(thread_budget(settings.torch_threads))
+    source = resolve_model_source(settings)
+    placement = placement_for(settings, "generate")
+    generator = Generator.load(source, placement)
+    runner_classes = {CURRENT: None}
+    if args.baseline:
+        runner_classes = {f"baseline@{args.baseline}": load_runner_class(args.baseline), CURRENT: None}
+    rows, profiles, same = [], {}, {}
+    for n in args.sequences:
+        size_rows, profiles[str(n)] = run_size(generator, n, args, runner_classes)
+        same[str(n)] = len({str(r["tokens"]) for r in size_rows}) == 1
+        rows += size_rows
+    print(f"\n[{placement.dtype}, {torch.get_num_threads()} threads, {source.describe()}] median per step:")
+    print(format_rows(rows))
+    report = {"settings": {"sequences": args.sequences, "repeat": args.repeat, "dtype": placement.dtype,
+                           "torch_threads": torch.get_num_threads(), "model_source": source.describe(),
+                           "baseline": args.baseline},
+              "ratio_most_vs_fewest": ratios(rows), "same_tokens_across_runners": same,
+              "rows": rows, "profiles": profiles}
+    print("step ratio:", report["ratio_most_vs_fewest"])
+    write_json(Path(args.out) / f"bench_decode_{placement.dtype}.json", report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
