@@ -36,7 +36,6 @@ INTERNAL_PREFIX = "/internal/"
 MAX_HEADER_BYTES = 16 * 1024
 # File descriptors a node needs beyond its client connections (models, index, node-to-node pools).
 SPARE_FDS = 256
-SETTINGS_KEY = "rag.settings"
 
 
 def error_response(status: int, message: str, *, field: str | None = None,
@@ -155,11 +154,6 @@ def internal_endpoint(token: str) -> Callable:
         checked.cluster_internal = True
         return checked
     return wrap
-
-
-def use_settings(app: Flask, settings) -> None:
-    """Hand the node's Settings to serve() (its HTTP limits and the cluster token)."""
-    app.extensions[SETTINGS_KEY] = settings
 
 
 def warn_if_exposed(host: str, token: str) -> bool:
@@ -330,23 +324,22 @@ def _ensure_fd_room(connection_limit: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
 
 
-def serve(app: Flask, host: str, port: int, threads: int, *, channel_timeout_s: float,
-          max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, settings=None):
+def serve(app: Flask, host: str, port: int, threads: int, *, settings,
+          max_body_bytes: int = DEFAULT_MAX_BODY_BYTES):
     """A waitress server, returned unstarted so the caller can close it on SIGTERM.
 
-    `channel_timeout_s`: Settings.channel_timeout_s (derived from REQUEST_TIMEOUT_S): how long
-    a kept-alive connection may sit idle between requests. `settings` (or the app's, see
-    use_settings) gives the read timeout, the connection limit and the cluster token.
+    `settings` gives the read timeout, the connection limit, the cluster token and
+    `channel_timeout_s` (derived from REQUEST_TIMEOUT_S: how long a kept-alive connection may
+    sit idle between requests).
     """
     from waitress.server import BaseWSGIServer, create_server
-    settings = settings or app.extensions[SETTINGS_KEY]
     read_timeout_s, connection_limit = settings.read_timeout_s, settings.connection_limit(threads)
     _ensure_fd_room(connection_limit)
     warn_if_exposed(host, settings.cluster_token)
     gate = header_gate(app, settings.cluster_token, max_body_bytes)
     # Waitress refuses a declared size over the limit before reading (as does HeaderGate, with our
     # message); this cap is what stops a chunked body, which declares none.
-    server = create_server(app, host=host, port=port, threads=threads, channel_timeout=channel_timeout_s,
+    server = create_server(app, host=host, port=port, threads=threads, channel_timeout=settings.channel_timeout_s,
                            connection_limit=connection_limit, clear_untrusted_proxy_headers=True,
                            max_request_body_size=max_body_bytes + 1, max_request_header_size=MAX_HEADER_BYTES,
                            cleanup_interval=max(0.5, read_timeout_s / 4), ident="rag-node")
@@ -357,5 +350,5 @@ def serve(app: Flask, host: str, port: int, threads: int, *, channel_timeout_s: 
             dispatcher.channel_class = channel
             dispatcher.maintenance = functools.partial(_close_slow_readers, dispatcher, read_timeout_s)
     log.info("HTTP: read timeout %.1fs, %d connections at most, idle keep-alive %.0fs", read_timeout_s,
-             connection_limit, channel_timeout_s)
+             connection_limit, settings.channel_timeout_s)
     return server

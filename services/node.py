@@ -49,8 +49,7 @@ def main() -> int:
     address = settings.node_address(node)  # our own address only: never 0.0.0.0
     threads = role.http_threads()
     try:
-        server = serve(app, address.host, address.port, threads, channel_timeout_s=settings.channel_timeout_s,
-                       max_body_bytes=role.max_body_bytes)
+        server = serve(app, address.host, address.port, threads, settings=settings, max_body_bytes=role.max_body_bytes)
     except OSError as exc:
         print(f"config error: NODE_{node}_IP={str(address)!r} cannot be bound: {exc.strerror}", file=sys.stderr)
         return 2

@@ -9,7 +9,6 @@ from flask import Flask, jsonify
 from pipeline.config import ConfigError, Settings
 from services.cache import ResponseCache
 from services.gateway import Gateway, Target, remote_target
-from services.http import use_settings
 from services.lifecycle import Readiness
 from services.node_client import WorkerClient
 from services.roles.base import SPARE_HTTP_THREADS
@@ -84,7 +83,6 @@ class GatewayRole(WorkerRole):
     def register_routes(self, app: Flask) -> None:
         # Not WorkerRole's /internal/answer: node 0 calls its worker in-process, and that
         # endpoint would let callers past the gateway's admission limit.
-        use_settings(app, self.settings)
         app.post("/query")(self.query)
 
     def query(self):

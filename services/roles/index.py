@@ -9,7 +9,7 @@ from flask import Flask, jsonify
 
 from pipeline.config import Settings
 from pipeline.spec import Stage
-from services.http import internal_endpoint, read_json_object, use_settings
+from services.http import internal_endpoint, read_json_object
 from services.index_server import MAX_SEARCH_BODY_BYTES, IndexService, max_search_values, parse_search_body
 from services.roles.base import SPARE_HTTP_THREADS, Role
 
@@ -59,7 +59,6 @@ class IndexRole(Role):
     def register_routes(self, app: Flask) -> None:
         timeout_s = self.settings.search_timeout_s
         inject_delay_s = self.settings.index_inject_delay_ms / 1000.0  # tests only: a slow node 2
-        use_settings(app, self.settings)
 
         @app.post("/search")
         @internal_endpoint(self.settings.cluster_token)

@@ -11,7 +11,7 @@ from pipeline import spec
 from pipeline.config import MAX_INTERNAL_TIMEOUT_S, Settings
 from pipeline.stages import Stages
 from services.errors import ApiError
-from services.http import internal_endpoint, read_json_object, require_string, use_settings
+from services.http import internal_endpoint, read_json_object, require_string
 from services.node_client import IndexClient
 from services.roles.base import SPARE_HTTP_THREADS, Role
 from services.worker import ContinuousConfig, Worker, WorkerConfig
@@ -107,7 +107,6 @@ class WorkerRole(Role):
         return self.worker.stages.generator.count_tokens(query)
 
     def register_routes(self, app: Flask) -> None:
-        use_settings(app, self.settings)
 
         @app.post("/internal/answer")
         @internal_endpoint(self.settings.cluster_token)
