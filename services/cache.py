@@ -48,7 +48,8 @@ class LruCache:
     def enabled(self) -> bool:
         return self.max_entries > 0
 
-    def get(self, key: Hashable) -> Any | None:
+    def get(self, key: Hashable, *, count_miss: bool = True) -> Any | None:
+        """The value, or None; count_miss=False for a second look the caller already counted."""
         if not self.enabled:
             return None
         with self._lock:
@@ -57,7 +58,7 @@ class LruCache:
                 del self._data[key]
                 entry = None
             if entry is None:
-                self._misses += 1
+                self._misses += count_miss
                 return None
             if self.refresh_on_read:
                 self._data.move_to_end(key)
@@ -137,19 +138,21 @@ class ResponseCache:
         self._leaders: dict[str, Future] = {}
         self._joined = 0
 
-    def get(self, request_id: str, query: str) -> dict | None:
-        reply = self.cache.get(normalise_query(query))
+    def get(self, request_id: str, query: str, *, count_miss: bool = True) -> dict | None:
+        reply = self.cache.get(normalise_query(query), count_miss=count_miss)
         return None if reply is None else _readdress(reply, request_id)
 
     def put(self, query: str, reply: dict) -> None:
         self.cache.put(normalise_query(query), _unaddressed(reply))
 
-    def claim(self, request_id: str, query: str) -> Claim:
+    def claim(self, request_id: str, query: str, *, looked_up: bool = False) -> Claim:
+        """Its reply, the computation in flight to join, or leadership (`looked_up`: the caller
+        has just counted a miss for this question, so this second look does not count one)."""
         if not self.cache.enabled:
             return Claim()
         key = normalise_query(query)
         with self._lock:  # lookup and leadership in one step: two askers cannot both lead
-            reply = self.get(request_id, query)
+            reply = self.get(request_id, query, count_miss=not looked_up)
             if reply is not None:
                 return Claim(reply=reply)
             leader = self._leaders.get(key)

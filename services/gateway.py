@@ -167,7 +167,7 @@ class Gateway:
         cache = self.response_cache
         if cache is None:
             return self._forward(request_id, query, deadline)
-        claim = cache.claim(request_id, query)
+        claim = cache.claim(request_id, query, looked_up=True)  # _claim counted its miss
         if claim.reply is not None:
             return claim.reply
         if claim.leader is not None:

@@ -376,3 +376,15 @@ def test_a_reply_cache_hit_becomes_the_new_ids_answer_and_takes_no_capacity():
         gate.set()
         busy.result(timeout=10)
     assert len(worker.calls) == 2 and gw.stats()["rejected"] == 0
+
+
+def test_each_new_question_is_one_reply_cache_lookup():
+    # The gateway looks the question up before it takes a slot and again, under the cache's
+    # own lock, when it claims the computation: that is one lookup, one miss, not two.
+    from services.cache import ResponseCache
+    cache = ResponseCache(8, 0)
+    gw = gateway(FakeWorker(0).target(local=True), response_cache=cache)
+    for i, question in enumerate(["one", "two", "One", "three", "two"]):
+        gw.answer(f"r{i}", question, 10)
+    stats = cache.stats()
+    assert (stats.hits, stats.misses) == (2, 3)
