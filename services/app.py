@@ -5,15 +5,18 @@ count the drain waits on, and the one error handler (services.http.make_app).
 """
 from __future__ import annotations
 
+import configparser
+import importlib.metadata
 import logging
 import time
 from typing import Any
 
 from flask import Flask, Response, g, jsonify, request
 
+from pipeline.config import REPO_ROOT
 from services.http import internal_endpoint, make_app
 from services.lifecycle import Lifecycle
-from services.metrics import CacheCollector, GatewayCollector, NodeMetrics
+from services.metrics import CacheCollector, GatewayCollector, InfoCollector, NodeMetrics
 from services.roles.base import Role
 
 log = logging.getLogger(__name__)
@@ -37,6 +40,25 @@ def health_body(role: Role, lifecycle: Lifecycle) -> dict[str, Any]:
     if detail:
         body["detail"] = detail
     return body
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("rag-support-service")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout: setup.cfg says it
+        parser = configparser.ConfigParser()
+        parser.read(REPO_ROOT / "setup.cfg")
+        return parser.get("metadata", "version", fallback="unknown")
+
+
+VERSION = _version()
+
+
+def node_info(role: Role) -> dict[str, str]:
+    """The labels of rag_node_info: which node, role, models and precision, and the code's version."""
+    s = role.settings
+    return {"node": str(role.node), "role": role.name, "model_source": role.model_source,
+            "precision": s.precision, "dtype": s.dtype, "version": VERSION}
 
 
 def completion_fields(response: Response, started: float) -> dict[str, Any]:
@@ -73,6 +95,7 @@ def build_app(role: Role, lifecycle: Lifecycle) -> Flask:
     metrics = NodeMetrics(role.batching_services)
     metrics.register(GatewayCollector(lambda: role.gateway))
     metrics.register(CacheCollector(role.metered_caches))
+    metrics.register(InfoCollector(lambda: node_info(role)))
     metrics.instrument(app)
 
     @app.get("/health")
