@@ -24,6 +24,7 @@ LOCAL_SERVING = (Readiness.STARTING, Readiness.READY, Readiness.STOPPING)
 
 class GatewayRole(WorkerRole):
     name = "gateway+worker"
+    # Its completion lines are the clients' requests (its own worker's work shows in their stages_ms).
     request_endpoints = ("/query",)
 
     def __init__(self, *args, **kwargs):

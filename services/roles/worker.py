@@ -60,7 +60,6 @@ def internal_timeout(body: dict, settings: Settings) -> float:
 
 class WorkerRole(Role):
     name = "worker"
-    request_endpoints = ("/internal/answer",)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -106,6 +105,9 @@ class WorkerRole(Role):
 
     def count_query_tokens(self, query: str) -> int:
         return self.worker.stages.generator.count_tokens(query)
+
+    # Each forward from the gateway gets its completion line here too: served_by and this node's stages_ms.
+    request_endpoints = ("/internal/answer",)
 
     def register_routes(self, app: Flask) -> None:
 
