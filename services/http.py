@@ -270,8 +270,7 @@ def bind_request_id(body_request_id: str) -> str:
 def install_request_id(app: Flask) -> None:
     @app.before_request
     def _take():
-        g.trace_id = None
-        current_request_id.set(None)  # this thread's previous request is over
+        current_request_id.set(None)  # this thread's previous request is over (and a bad header names none)
         g.trace_id = _sent_request_id()
         current_request_id.set(g.trace_id)
 

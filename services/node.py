@@ -64,6 +64,9 @@ def _quiet_libraries(uses_torch: bool) -> None:
         # transformers prints through its own stderr handler; ours formats (and levels) it instead
         transformers.logging.disable_default_handler()
         transformers.logging.enable_propagation()
+        # "generation flags are not valid" / "generation_config together with arguments": about the
+        # generation arguments we pass on purpose, twice per load; other transformers warnings stay
+        logging.getLogger("transformers.generation").setLevel(logging.ERROR)
 
 
 def configure_logging(settings: Settings, node: int, uses_torch: bool) -> None:
