@@ -287,6 +287,7 @@ class Settings:
     index_inject_delay_ms: float = var("INDEX_INJECT_DELAY_MS", _non_negative_float, "0", "TEST ONLY: node 2 sleeps this long before each /search (simulates a slow index server); keep 0")
     generate_inject_failure: str = var("GENERATE_INJECT_FAILURE", _choice("off", "iteration", "iteration_and_cleanup"), "off", "TEST ONLY: the continuous generate loop fails every iteration that has sequences (iteration_and_cleanup: its cleanup fails too), to test a dying stage thread; keep off")
     log_level: str = var("LOG_LEVEL", _choice("debug", "info", "warning", "error"), "info", "logging level")
+    log_format: str = var("LOG_FORMAT", _choice("text", "json"), "text", "node log lines: text for people, json for log collectors (one object per line: time, node, level, logger, message and the request's fields)")
 
     # ----------------------------------------------------------------- building
 

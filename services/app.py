@@ -5,17 +5,24 @@ count the drain waits on, and the one error handler (services.http.make_app).
 """
 from __future__ import annotations
 
+import configparser
+import importlib.metadata
 import logging
+import time
 from typing import Any
 
-from flask import Flask, jsonify
+from flask import Flask, Response, g, jsonify, request
 
+from pipeline.config import REPO_ROOT
 from services.http import internal_endpoint, make_app
 from services.lifecycle import Lifecycle
-from services.metrics import CacheCollector, GatewayCollector, NodeMetrics
+from services.metrics import CacheCollector, GatewayCollector, InfoCollector, NodeMetrics
 from services.roles.base import Role
 
 log = logging.getLogger(__name__)
+# One line per request per node (the role's request endpoints), in its own logger so it can be
+# filtered or routed on its own.
+request_log = logging.getLogger("services.requests")
 
 
 # /health's status when the node runs but a stage thread died (503: the gateway's probe drops it).
@@ -35,12 +42,60 @@ def health_body(role: Role, lifecycle: Lifecycle) -> dict[str, Any]:
     return body
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("rag-support-service")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout: setup.cfg says it
+        parser = configparser.ConfigParser()
+        parser.read(REPO_ROOT / "setup.cfg")
+        return parser.get("metadata", "version", fallback="unknown")
+
+
+VERSION = _version()
+
+
+def node_info(role: Role) -> dict[str, str]:
+    """The labels of rag_node_info: which node, role, models and precision, and the code's version."""
+    s = role.settings
+    return {"node": str(role.node), "role": role.name, "model_source": role.model_source,
+            "precision": s.precision, "dtype": s.dtype, "version": VERSION}
+
+
+def completion_fields(response: Response, started: float) -> dict[str, Any]:
+    """What a request's completion line says; `served_by` and `stages_ms` are set by the role's view."""
+    return {"id": g.get("trace_id"), "request_id": g.get("request_id"), "endpoint": request.path,
+            "status": response.status_code, "latency_ms": round((time.perf_counter() - started) * 1000, 1),
+            "served_by": g.get("served_by"), "stages_ms": dict(g.get("stage_times") or {})}
+
+
+def install_completion_log(app: Flask, endpoints: tuple[str, ...]) -> None:
+    """One INFO line per request on `endpoints`, answered or refused: ids as repr (a newline in an id
+    cannot forge a line); with LOG_FORMAT=json the fields travel as JSON fields too."""
+    @app.before_request
+    def _start():
+        g.completion_started = time.perf_counter()
+
+    @app.after_request
+    def _log(response):
+        rule = request.url_rule.rule if request.url_rule is not None else None
+        started = g.get("completion_started")
+        if rule in endpoints and started is not None:
+            f = completion_fields(response, started)
+            stages = ",".join(f"{stage}:{ms:g}" for stage, ms in f["stages_ms"].items()) or "-"
+            request_log.info("request done id=%r request_id=%r %s status=%d latency_ms=%.1f served_by=%s "
+                             "stages_ms=%s", f["id"], f["request_id"], f["endpoint"], f["status"], f["latency_ms"],
+                             f["served_by"], stages, extra={"fields": f})
+        return response
+
+
 def build_app(role: Role, lifecycle: Lifecycle) -> Flask:
     app = make_app(f"node-{role.node}")
+    install_completion_log(app, role.request_endpoints)
     lifecycle.in_flight.track(app)
     metrics = NodeMetrics(role.batching_services)
     metrics.register(GatewayCollector(lambda: role.gateway))
     metrics.register(CacheCollector(role.metered_caches))
+    metrics.register(InfoCollector(lambda: node_info(role)))
     metrics.instrument(app)
 
     @app.get("/health")

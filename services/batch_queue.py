@@ -9,6 +9,7 @@ tested with no thread and no sleep.
 """
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 import threading
@@ -31,6 +32,19 @@ MIN_RETRY_AFTER_S = 0.05
 MAX_RETRY_AFTER_S = 60.0
 
 
+# Upper bounds (seconds) of the queue-wait histogram: from a batch window's few milliseconds to a
+# request's whole timeout spent queued.
+WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+def with_observations(counts: tuple[int, ...], bounds: tuple[float, ...], values) -> tuple[int, ...]:
+    """Histogram counts (one per bound, plus one over the last) with `values` added."""
+    updated = list(counts)
+    for value in values:
+        updated[bisect.bisect_left(bounds, value)] += 1
+    return tuple(updated)
+
+
 @dataclass(frozen=True)
 class BatchCounters:
     """What a stage's batches did. Immutable: the queue swaps in a new value
@@ -50,6 +64,8 @@ class BatchCounters:
     batch_size_counts: dict[int, int] = field(default_factory=dict)
     # Sum over items of the time from submit to being taken off the queue.
     wait_seconds_sum: float = 0.0
+    # The same waits counted per WAIT_BUCKETS bound (+ one over the last), for the histogram.
+    wait_bucket_counts: tuple[int, ...] = (0,) * (len(WAIT_BUCKETS) + 1)
     # Sum of the time the stage's thread spent computing.
     run_seconds_sum: float = 0.0
     max_batch_size_seen: int = 0
@@ -63,7 +79,8 @@ class BatchCounters:
         sizes = dict(self.batch_size_counts)
         sizes[size] = sizes.get(size, 0) + 1
         return replace(self.plus(batches_total=1, items_total=size, wait_seconds_sum=sum(waits)),
-                       batch_size_counts=sizes, max_batch_size_seen=max(self.max_batch_size_seen, size))
+                       batch_size_counts=sizes, max_batch_size_seen=max(self.max_batch_size_seen, size),
+                       wait_bucket_counts=with_observations(self.wait_bucket_counts, WAIT_BUCKETS, waits))
 
 
 @dataclass(frozen=True)

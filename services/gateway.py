@@ -110,9 +110,9 @@ class Gateway:
             target.up = up
             if not up:
                 target.failures += 1
-        if changed:
-            log.warning("worker node %d %s%s", target.node, "rejoins the rotation" if up else "leaves the rotation",
-                        f": {why}" if why else "")
+        if changed:  # rejoining is the normal end of a start or restart; leaving is worth a look
+            log.log(logging.INFO if up else logging.WARNING, "worker node %d %s%s", target.node,
+                    "rejoins the rotation" if up else "leaves the rotation", f": {why}" if why else "")
 
     def _forward(self, request_id: str, query: str, deadline: float) -> dict:
         candidates = self._rotation()

@@ -15,7 +15,6 @@ for the time its thread spends in the engine. What is particular to generation
 """
 from __future__ import annotations
 
-import bisect
 import logging
 import threading
 import time
@@ -24,7 +23,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, fields, replace
 
 from pipeline.continuous import ContinuousEngine, SequenceState, StepResult
-from services.batch_queue import BatchingStats, BatchQueue, PendingItem
+from services.batch_queue import BatchingStats, BatchQueue, PendingItem, with_observations
 from services.errors import ServiceClosed, StageDown
 from services.futures import Claim, claim, end_with_exception, end_with_result
 
@@ -35,6 +34,9 @@ log = logging.getLogger(__name__)
 GENERATION_RETRY_AFTER_S = 5.0
 # Upper bounds of the time-to-first-token histogram (seconds).
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
+# Upper bounds of the time-per-output-token histogram (seconds): after the first token, the time
+# per further token, which the running batch's size and the KV cache's length drive.
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 # Recent TTFT samples kept for benchmarks' percentiles.
 _TTFT_SAMPLES = 1024
 
@@ -54,6 +56,9 @@ class GenerationCounters:
     # Time to first token from submit: count per TTFT_BUCKETS bound (+ one over the last), and the sum.
     ttft_bucket_counts: tuple[int, ...] = (0,) * (len(TTFT_BUCKETS) + 1)
     ttft_seconds_sum: float = 0.0
+    # Time per output token after the first, per sequence of two tokens or more: per TPOT_BUCKETS bound.
+    tpot_bucket_counts: tuple[int, ...] = (0,) * (len(TPOT_BUCKETS) + 1)
+    tpot_seconds_sum: float = 0.0
 
     def with_step(self, rows: int) -> GenerationCounters:
         counts = dict(self.step_sequences_counts)
@@ -61,14 +66,16 @@ class GenerationCounters:
         return replace(self, decode_steps_total=self.decode_steps_total + 1, step_sequences_counts=counts,
                        max_step_sequences=max(self.max_step_sequences, rows))
 
-    def with_finished(self, tokens: int, ttft_s: float | None) -> GenerationCounters:
+    def with_finished(self, tokens: int, ttft_s: float | None, tpot_s: float | None = None) -> GenerationCounters:
         done = replace(self, tokens_generated_total=self.tokens_generated_total + tokens,
                        finished_sequences_total=self.finished_sequences_total + 1)
-        if ttft_s is None:
-            return done
-        buckets = list(self.ttft_bucket_counts)
-        buckets[bisect.bisect_left(TTFT_BUCKETS, ttft_s)] += 1
-        return replace(done, ttft_bucket_counts=tuple(buckets), ttft_seconds_sum=self.ttft_seconds_sum + ttft_s)
+        if ttft_s is not None:
+            done = replace(done, ttft_bucket_counts=with_observations(done.ttft_bucket_counts, TTFT_BUCKETS, [ttft_s]),
+                           ttft_seconds_sum=done.ttft_seconds_sum + ttft_s)
+        if tpot_s is not None:
+            done = replace(done, tpot_bucket_counts=with_observations(done.tpot_bucket_counts, TPOT_BUCKETS, [tpot_s]),
+                           tpot_seconds_sum=done.tpot_seconds_sum + tpot_s)
+        return done
 
 
 @dataclass(frozen=True)
@@ -87,6 +94,10 @@ class GenerationStats(GenerationCounters):
     @property
     def ttft_count(self) -> int:
         return sum(self.ttft_bucket_counts)
+
+    @property
+    def tpot_count(self) -> int:
+        return sum(self.tpot_bucket_counts)
 
     def summary(self) -> dict:
         return {"batches": self.batching.batches_total, "items": self.batching.items_total,
@@ -270,8 +281,11 @@ class ContinuousGenerationService:
         ticket: GenerationTicket = seq.payload
         self._active.pop(seq.seq_id, None)
         ttft = None if seq.first_token_at is None else seq.first_token_at - ticket.submitted_at
+        tokens = len(seq.generated)
+        # The scheduler stamps first_token_at with time.monotonic (its default clock), as here.
+        tpot = (time.monotonic() - seq.first_token_at) / (tokens - 1) if ttft is not None and tokens > 1 else None
         with self._lock:
-            self._counters = self._counters.with_finished(len(seq.generated), ttft)
+            self._counters = self._counters.with_finished(tokens, ttft, tpot)
             if ttft is not None:
                 self._ttft.append(ttft)
                 self._ttft_admitted.append(seq.first_token_at - (seq.admitted_at or ticket.submitted_at))

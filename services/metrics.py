@@ -14,8 +14,8 @@ from flask import Flask, Response, g, request
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from services.batch_queue import BatchingStats
-from services.generation import TTFT_BUCKETS, GenerationStats
+from services.batch_queue import WAIT_BUCKETS, BatchingStats
+from services.generation import TPOT_BUCKETS, TTFT_BUCKETS, GenerationStats
 from services.stage_service import StageService
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -40,6 +40,17 @@ def _histogram(name: str, doc: str, snapshots, counts_of) -> HistogramMetricFami
     for st in snapshots:
         counts = counts_of(st)
         family.add_metric([st.name], _size_buckets(counts), sum_value=float(sum(s * c for s, c in counts.items())))
+    return family
+
+
+def _seconds_histogram(name: str, doc: str, snapshots, bounds, counts_of, sum_of) -> HistogramMetricFamily:
+    """A per-stage histogram from each snapshot's counts per bound (plus one over the last) and sum."""
+    family = HistogramMetricFamily(name, doc, labels=["stage"])
+    for st in snapshots:
+        counts = counts_of(st)
+        cumulative = [sum(counts[:i + 1]) for i in range(len(bounds))]
+        family.add_metric([st.name], [(str(float(b)), c) for b, c in zip(bounds, cumulative)]
+                          + [("+Inf", sum(counts))], sum_value=sum_of(st))
     return family
 
 
@@ -86,6 +97,9 @@ class BatchingCollector:
         snapshots = [_batching(service.stats()) for service in self._services()]
         yield _histogram("rag_batch_size", "Items per batch taken off a stage's queue", snapshots,
                          lambda st: st.batch_size_counts)
+        yield _seconds_histogram("rag_batch_queue_wait_seconds", "Each item's wait from submit to leaving the "
+                                 "stage's queue", snapshots, WAIT_BUCKETS, lambda st: st.wait_bucket_counts,
+                                 lambda st: st.wait_seconds_sum)
         for kind, name, doc, attribute in _BATCH_FAMILIES:
             yield _per_stage(kind, name, doc, snapshots, attribute)
 
@@ -104,15 +118,15 @@ class GenerationCollector:
             yield _per_stage(kind, name, doc, snapshots, attribute)
         kv = GaugeMetricFamily("rag_generate_kv_tokens", "KV-cache tokens in use (padding included) or reserved",
                                labels=["stage", "state"])
-        ttft = HistogramMetricFamily("rag_generate_ttft_seconds", "Time to first token from submit",
-                                     labels=["stage"])
         for st in snapshots:
             kv.add_metric([st.name, "in_use"], st.kv_tokens_in_use)
             kv.add_metric([st.name, "reserved"], st.kv_tokens_reserved)
-            cumulative = [sum(st.ttft_bucket_counts[:i + 1]) for i in range(len(TTFT_BUCKETS))]
-            ttft.add_metric([st.name], [(str(float(b)), c) for b, c in zip(TTFT_BUCKETS, cumulative)]
-                            + [("+Inf", st.ttft_count)], sum_value=st.ttft_seconds_sum)
-        yield from (kv, ttft)
+        yield kv
+        yield _seconds_histogram("rag_generate_ttft_seconds", "Time to first token from submit", snapshots,
+                                 TTFT_BUCKETS, lambda st: st.ttft_bucket_counts, lambda st: st.ttft_seconds_sum)
+        yield _seconds_histogram("rag_generate_tpot_seconds", "Time per output token after the first, per finished "
+                                 "sequence of two tokens or more", snapshots, TPOT_BUCKETS,
+                                 lambda st: st.tpot_bucket_counts, lambda st: st.tpot_seconds_sum)
 
 
 class PeakRssCollector:
@@ -124,7 +138,7 @@ class PeakRssCollector:
 
 
 class GatewayCollector:
-    """Requests the gateway sent to each worker, and whether each is in the rotation."""
+    """Where the gateway sent requests, whether each worker is in the rotation, and its admission."""
 
     def __init__(self, gateway: Callable[[], object]):
         self._gateway = gateway
@@ -133,14 +147,40 @@ class GatewayCollector:
         gateway = self._gateway()
         if gateway is None:
             return
-        forwarded = CounterMetricFamily("rag_gateway_forwarded", "Requests answered by each worker",
-                                        labels=["worker"])
+        yield from self._routing(gateway.status())
+        yield from self._admission(gateway.stats())
+
+    @staticmethod
+    def _routing(statuses: list[dict]):
+        routed = CounterMetricFamily("rag_gateway_routed", "Requests answered by each worker (local: node 0's own "
+                                     "worker, called in-process)", labels=["worker", "local"])
+        forwarded = CounterMetricFamily("rag_gateway_forwarded", "Requests answered by a worker over HTTP "
+                                        "(node 0's in-process calls are not forwards)", labels=["worker"])
         up = GaugeMetricFamily("rag_gateway_worker_up", "1 if the worker is in the rotation", labels=["worker"])
-        for status in gateway.status():
-            forwarded.add_metric([str(status["node"])], status["forwarded"])
-            up.add_metric([str(status["node"])], 1 if status["up"] else 0)
-        yield forwarded
-        yield up
+        for status in statuses:
+            worker = str(status["node"])
+            routed.add_metric([worker, "true" if status["local"] else "false"], status["forwarded"])
+            if not status["local"]:
+                forwarded.add_metric([worker], status["forwarded"])
+            up.add_metric([worker], 1 if status["up"] else 0)
+        yield from (routed, forwarded, up)
+
+    @staticmethod
+    def _admission(st: dict):
+        gauges = [("rag_gateway_in_flight", "Distinct request_ids being computed", st["in_flight"]),
+                  ("rag_gateway_max_in_flight", "GATEWAY_MAX_IN_FLIGHT", st["max_in_flight"]),
+                  ("rag_gateway_joining", "Callers waiting on the same request_id in flight", st["joining"])]
+        for name, doc, value in gauges:
+            yield GaugeMetricFamily(name, doc, value=value)
+        yield CounterMetricFamily("rag_gateway_joined", "Callers that joined a request_id in flight",
+                                  value=st["joined"])
+        yield CounterMetricFamily("rag_gateway_conflicts", "Requests refused 409: a request_id sent with "
+                                  "another query", value=st["conflicts"])
+        rejected = CounterMetricFamily("rag_gateway_rejected", "Requests refused 503 at once (capacity: "
+                                       "GATEWAY_MAX_IN_FLIGHT; joiners: a joiner cap)", labels=["reason"])
+        rejected.add_metric(["capacity"], st["rejected"] - st["rejected_joiners"])
+        rejected.add_metric(["joiners"], st["rejected_joiners"])
+        yield rejected
 
 
 class CacheCollector:
@@ -164,6 +204,19 @@ class CacheCollector:
             joined.add_metric([st.name], st.joined)
             entries.add_metric([st.name], st.entries)
         yield from (hits, misses, evictions, joined, entries)
+
+
+class InfoCollector:
+    """rag_node_info = 1, its labels saying what this node runs (to join other series on)."""
+
+    def __init__(self, labels: Callable[[], dict[str, str]]):
+        self._labels = labels
+
+    def collect(self):
+        labels = self._labels()
+        info = GaugeMetricFamily("rag_node_info", "What this node runs (the labels); always 1", labels=list(labels))
+        info.add_metric(list(labels.values()), 1)
+        yield info
 
 
 class NodeMetrics:

@@ -6,8 +6,13 @@ the index load in the background, so deployers can watch a node come up.
 """
 from __future__ import annotations
 
+import json
 import logging
+import os
 import sys
+import threading
+import warnings
+from datetime import datetime, timezone
 
 from pipeline.config import ConfigError, Settings
 from pipeline.device import thread_budget
@@ -17,6 +22,62 @@ from services.lifecycle import Lifecycle
 from services.roles import role_class
 
 log = logging.getLogger("services.node")
+
+
+TEXT_FORMAT = "%(asctime)s node{node} %(levelname)s %(name)s: %(message)s"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line for log collectors: time, node, level, logger, message, and the
+    fields a line carries (`extra={"fields": {...}}`, e.g. a request's id, status and stage times)."""
+
+    def __init__(self, node: int):
+        super().__init__()
+        self.node = node
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"time": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds"),
+                 "node": self.node, "level": record.levelname, "logger": record.name, "message": record.getMessage()}
+        entry.update(getattr(record, "fields", {}))
+        if record.exc_info:  # a traceback inside the object: every line stays one JSON value
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def _log_uncaught(args: threading.ExceptHookArgs) -> None:
+    # Through logging, not a raw traceback on stderr: with LOG_FORMAT=json every line stays JSON.
+    if not issubclass(args.exc_type, SystemExit):
+        log.error("uncaught exception in thread %s", args.thread.name if args.thread else "?",
+                  exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
+
+
+def _quiet_libraries(uses_torch: bool) -> None:
+    """Progress bars and advisory notes are noise in a node's log (and break JSON lines)."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    for module in ("transformers", "torch", "huggingface_hub"):
+        warnings.filterwarnings("ignore", category=FutureWarning, module=module)
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module=module)
+    if uses_torch:  # the index node never imports transformers
+        import transformers
+        transformers.logging.disable_progress_bar()
+        # transformers prints through its own stderr handler; ours formats (and levels) it instead
+        transformers.logging.disable_default_handler()
+        transformers.logging.enable_propagation()
+        # "generation flags are not valid" / "generation_config together with arguments": about the
+        # generation arguments we pass on purpose, twice per load; other transformers warnings stay
+        logging.getLogger("transformers.generation").setLevel(logging.ERROR)
+
+
+def configure_logging(settings: Settings, node: int, uses_torch: bool) -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter(node) if settings.log_format == "json"
+                         else logging.Formatter(TEXT_FORMAT.format(node=node)))
+    logging.basicConfig(level=settings.log_level.upper(), handlers=[handler], force=True)
+    logging.captureWarnings(True)  # the warnings left go through our handler, formatted like the rest
+    logging.getLogger("waitress.queue").setLevel(logging.ERROR)  # "task queue depth" chatter under load
+    threading.excepthook = _log_uncaught
+    _quiet_libraries(uses_torch)
 
 
 def _configure_threads(settings: Settings, uses_torch: bool) -> None:
@@ -39,9 +100,7 @@ def main() -> int:
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=settings.log_level.upper(),
-                        format=f"%(asctime)s node{node} %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("waitress.queue").setLevel(logging.ERROR)  # "task queue depth" chatter under load
+    configure_logging(settings, node, Role.uses_torch)
     _configure_threads(settings, Role.uses_torch)
     lifecycle = Lifecycle(f"node {node}", settings.shutdown_grace_s)
     role = Role(settings, node, lifecycle)

@@ -18,7 +18,7 @@ import requests
 from requests.adapters import HTTPAdapter
 
 from services.errors import DeadlineExceeded, NodeError, NodeUnreachable
-from services.http import TOKEN_HEADER
+from services.http import REQUEST_ID_HEADER, TOKEN_HEADER, batch_request_ids, current_request_id
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +67,11 @@ class IndexClient:
         left = max(MIN_ATTEMPT_S, deadline - time.monotonic())
         return min(self.connect_timeout_s, left), min(self.read_timeout_s, left)
 
-    def _attempt(self, payload: dict, deadline: float | None) -> tuple[list, list]:
+    def _attempt(self, payload: dict, deadline: float | None, headers: dict) -> tuple[list, list]:
         """One POST; NodeUnreachable or a 5xx NodeError may be retried, anything else may not."""
         try:
-            response = self.session.post(f"{self.base_url}/search", json=payload, timeout=self._timeouts(deadline))
+            response = self.session.post(f"{self.base_url}/search", json=payload, timeout=self._timeouts(deadline),
+                                         headers=headers)
         except requests.ConnectionError as exc:
             raise NodeUnreachable(f"index server at {self.base_url} unreachable: {exc.__class__.__name__}") from None
         except requests.Timeout:
@@ -81,15 +82,19 @@ class IndexClient:
         return body["ids"], body["distances"]
 
     def search(self, vectors: np.ndarray | Sequence[Sequence[float]], k: int,
-               deadline: float | None = None) -> tuple[list[list[int]], list[list[float]]]:
+               deadline: float | None = None,
+               request_ids: Sequence[str] = ()) -> tuple[list[list[int]], list[list[float]]]:
+        """`request_ids`: the requests of the batch, sent in one X-Request-ID header (comma-joined,
+        bounded) so node 2's log line for the batch names them."""
         payload = {"embeddings": np.asarray(vectors, dtype=np.float32).tolist(), "k": k}
+        headers = {REQUEST_ID_HEADER: batch_request_ids(list(request_ids))} if request_ids else {}
         attempt = 0
         while True:
             if deadline is not None and deadline - time.monotonic() < MIN_ATTEMPT_S:
                 raise DeadlineExceeded(f"search gave up at the request deadline after {attempt} attempts")
             attempt += 1
             try:
-                return self._attempt(payload, deadline)
+                return self._attempt(payload, deadline, headers)
             except NodeError as exc:
                 if exc.status < 500:
                     raise  # our request was wrong: retrying cannot help
@@ -120,8 +125,11 @@ class WorkerClient:
     def answer(self, request_id: str, query: str, timeout_s: float) -> dict:
         # The time left goes along, so node 1 gives up (and cancels its queued work) when we do.
         body = {"request_id": request_id, "query": query, "timeout_s": max(0.001, timeout_s)}
+        # The caller's X-Request-ID (this thread serves its /query), so node 1 logs the same id.
+        trace = current_request_id.get()
         try:
             response = self.session.post(f"{self.base_url}/internal/answer", json=body,
+                                         headers={REQUEST_ID_HEADER: trace} if trace else None,
                                          timeout=(self.connect_timeout_s, timeout_s + WORKER_REPLY_GRACE_S))
         except requests.ConnectionError as exc:
             # Refused, reset or a connect timeout: the node is down. If it had started the

@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from concurrent.futures import CancelledError, Future
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -27,9 +28,21 @@ from services.batching import BatchingService
 from services.cache import LruCache
 from services.errors import Overloaded, RequestTimeout, ServiceClosed, StageDown, StageFailed
 from services.generation import ContinuousGenerationService
+from services.http import current_request_id
 from services.node_client import IndexClient
 
 log = logging.getLogger(__name__)
+
+# Where Worker.answer records how long the request waited on each stage, for the node's completion
+# log line: kept out of the reply, whose fields are the contract. Per thread (one request each).
+_stage_times: ContextVar[dict[str, float] | None] = ContextVar("stage_times", default=None)
+
+
+def collect_stage_times() -> dict[str, float]:
+    """A dict this thread's next Worker.answer fills with {stage: ms waited}, even if it fails."""
+    times: dict[str, float] = {}
+    _stage_times.set(times)
+    return times
 
 
 @dataclass(frozen=True)
@@ -56,6 +69,7 @@ class SearchItem:
     """An embedding on its way to node 2, with the deadline of the request it belongs to."""
     vector: np.ndarray
     deadline: float
+    request_id: str = ""  # sent to node 2 with its batch, to follow the request there
 
 
 class Worker:
@@ -92,7 +106,8 @@ class Worker:
         # deadline in the batch: a request that can still wait (node 2 restarting)
         # should get its answer; one whose deadline passed has stopped waiting anyway.
         deadline = max(item.deadline for item in items)
-        ids, _ = self.index.search(np.stack([item.vector for item in items]), spec.TOP_K, deadline=deadline)
+        ids, _ = self.index.search(np.stack([item.vector for item in items]), spec.TOP_K, deadline=deadline,
+                                   request_ids=[item.request_id for item in items if item.request_id])
         return ids
 
     @staticmethod
@@ -107,6 +122,19 @@ class Worker:
         except Exception as exc:
             raise StageFailed(stage, exc) from exc
 
+    def _timed_wait(self, times: dict[str, float] | None):
+        """_wait that also records each stage's wait (ms) in `times` when a caller collects them."""
+        if times is None:
+            return self._wait
+
+        def wait(stage: str, future: Future, deadline: float):
+            started = time.perf_counter()
+            try:
+                return self._wait(stage, future, deadline)
+            finally:
+                times[str(stage)] = round((time.perf_counter() - started) * 1000, 1)
+        return wait
+
     def failure(self) -> StageDown | None:
         """A StageDown for the first stage whose thread died, or None while every stage serves."""
         for stage, svc in self.services.items():
@@ -119,12 +147,13 @@ class Worker:
         down = self.failure()
         if down is not None:  # refused before any stage runs: the gateway tries the other worker at once
             raise down
-        s, wait = self.services, self._wait
+        s, wait = self.services, self._timed_wait(_stage_times.get())
         vector = self.embed_cache.get(query)
         if vector is None:
             vector = wait(Stage.EMBED, s[Stage.EMBED].submit(query), deadline)
             self.embed_cache.put(query, vector)
-        ids = wait(Stage.SEARCH, s[Stage.SEARCH].submit(SearchItem(vector, deadline)), deadline)
+        trace = current_request_id.get() or request_id
+        ids = wait(Stage.SEARCH, s[Stage.SEARCH].submit(SearchItem(vector, deadline, trace)), deadline)
         documents = wait(Stage.FETCH, s[Stage.FETCH].submit(list(ids)), deadline)
         ranked = wait(Stage.RERANK, s[Stage.RERANK].submit(RerankRequest(query, tuple(documents))), deadline)
         response = wait(Stage.GENERATE, s[Stage.GENERATE].submit(

@@ -18,6 +18,8 @@ class Role:
     name = ""  # the /health "role"
     uses_torch = True  # False: the node never imports torch (memory and start time)
     gateway = None  # node 0's Gateway once loaded, for its metrics
+    request_endpoints: tuple[str, ...] = ()  # each request on these gets one completion log line
+    model_source = "none"  # for the node info metric
 
     def __init__(self, settings: Settings, node: int, lifecycle: Lifecycle):
         self.settings = settings

@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from flask import Flask, jsonify
+from flask import Flask, g, jsonify
 
 from pipeline.config import ConfigError, Settings
 from services.cache import ResponseCache
@@ -13,6 +13,7 @@ from services.lifecycle import Readiness
 from services.node_client import WorkerClient
 from services.roles.base import SPARE_HTTP_THREADS
 from services.roles.worker import WorkerRole, parse_query
+from services.worker import collect_stage_times
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +24,8 @@ LOCAL_SERVING = (Readiness.STARTING, Readiness.READY, Readiness.STOPPING)
 
 class GatewayRole(WorkerRole):
     name = "gateway+worker"
+    # Its completion lines are the clients' requests (its own worker's work shows in their stages_ms).
+    request_endpoints = ("/query",)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -88,7 +91,10 @@ class GatewayRole(WorkerRole):
     def query(self):
         self.lifecycle.require_ready()
         _, request_id, text = parse_query(self.settings, self.count_query_tokens)
-        log.info("query request_id=%r", request_id)  # repr: an id cannot forge log lines
+        log.debug("query request_id=%r", request_id)  # repr: an id cannot forge log lines
+        g.stage_times = collect_stage_times()  # filled when our own worker computes it
         # The request_id rules come first and the reply cache only behind them (Gateway._compute):
         # an id's own answer always wins over a cached answer to the same question.
-        return jsonify(self.gateway.answer(request_id, text, self.settings.request_timeout_s))
+        reply = self.gateway.answer(request_id, text, self.settings.request_timeout_s)
+        g.served_by = reply.get("served_by")
+        return jsonify(reply)

@@ -19,6 +19,7 @@ log = logging.getLogger(__name__)
 class IndexRole(Role):
     name = "index"
     uses_torch = False  # faiss only
+    request_endpoints = ("/search",)  # one line per batch; its X-Request-ID names the batch's requests
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -11,10 +11,10 @@ from pipeline import spec
 from pipeline.config import MAX_INTERNAL_TIMEOUT_S, Settings
 from pipeline.stages import Stages
 from services.errors import ApiError
-from services.http import internal_endpoint, read_json_object, require_string
+from services.http import bind_request_id, internal_endpoint, read_json_object, require_string
 from services.node_client import IndexClient
 from services.roles.base import SPARE_HTTP_THREADS, Role
-from services.worker import ContinuousConfig, Worker, WorkerConfig
+from services.worker import ContinuousConfig, Worker, WorkerConfig, collect_stage_times
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ def parse_query(settings: Settings, count_tokens: Callable[[str], int]) -> tuple
     """
     body = read_json_object(settings.max_body_bytes)
     request_id = require_string(body, "request_id", settings.max_request_id_chars)
-    g.request_id = request_id  # for the error handler's log line
+    bind_request_id(request_id)
     query = require_string(body, "query", settings.max_query_chars)
     tokens = count_tokens(query)
     if tokens > settings.max_query_tokens:
@@ -106,6 +106,9 @@ class WorkerRole(Role):
     def count_query_tokens(self, query: str) -> int:
         return self.worker.stages.generator.count_tokens(query)
 
+    # Each forward from the gateway gets its completion line here too: served_by and this node's stages_ms.
+    request_endpoints = ("/internal/answer",)
+
     def register_routes(self, app: Flask) -> None:
 
         @app.post("/internal/answer")
@@ -113,6 +116,7 @@ class WorkerRole(Role):
         def internal_answer():
             self.lifecycle.require_ready()
             body, request_id, query = parse_query(self.settings, self.count_query_tokens)
+            g.served_by, g.stage_times = self.node, collect_stage_times()  # for the completion line
             reply = self.worker.answer(request_id, query, internal_timeout(body, self.settings))
             reply["served_by"] = self.node
             return jsonify(reply)

@@ -1,0 +1,85 @@
+"""One request followed across real nodes: X-Request-ID, completion log lines, JSON logs, new metric families."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import requests
+
+from tests.helpers import start_cluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+@pytest.fixture(scope="module")
+def cluster(support_data, tmp_path_factory):
+    cluster = start_cluster(support_data, tmp_path_factory.mktemp("obs-logs"), LOG_FORMAT="json")
+    yield cluster
+    cluster.stop()
+
+
+def log_lines(cluster, node: int) -> list[dict]:
+    """Every line of the node's log as JSON (json.loads fails the test on any line that is not)."""
+    return [json.loads(line) for line in cluster.log_path(node).read_text().splitlines() if line.strip()]
+
+
+def completions(cluster, node: int, request_id: str) -> list[dict]:
+    return [e for e in log_lines(cluster, node) if e["logger"] == "services.requests" and e.get("id") == request_id]
+
+
+def ask(cluster, header_id: str, body_id: str, query: str = "How do I return an item?") -> requests.Response:
+    return requests.post(f"{cluster.url(0)}/query", json={"request_id": body_id, "query": query},
+                         headers={"X-Request-ID": header_id}, timeout=120)
+
+
+def test_request_id_comes_back_and_each_node_logs_one_completion_line(cluster):
+    # Round robin: of two new requests one is node 0's own, the other node 1's.
+    replies = {f"abc-123-{n}": ask(cluster, f"abc-123-{n}", f"body-{n}") for n in range(2)}
+    for header_id, reply in replies.items():
+        assert reply.status_code == 200 and reply.headers["X-Request-ID"] == header_id
+    by_node = {reply.json()["served_by"]: header_id for header_id, reply in replies.items()}
+    assert set(by_node) == {0, 1}
+    remote = by_node[1]
+    (line0,) = completions(cluster, 0, remote)
+    (line1,) = completions(cluster, 1, remote)
+    assert line0["status"] == line1["status"] == 200 and line0["served_by"] == line1["served_by"] == 1
+    assert line1["request_id"] == "body-1" or line1["request_id"].startswith("body-")
+    assert set(line1["stages_ms"]) >= {"embed", "search", "fetch", "rerank", "generate", "sentiment", "toxicity"}
+    local = by_node[0]
+    (own,) = completions(cluster, 0, local)
+    assert own["served_by"] == 0 and "generate" in own["stages_ms"]
+    assert not completions(cluster, 1, local)
+    # node 2 logs one line per search batch, naming the batch's requests
+    assert any(local in e["id"].split(",") for e in log_lines(cluster, 2) if e["logger"] == "services.requests")
+
+
+def test_error_replies_carry_the_id_and_the_body_id_stands_in_for_a_missing_header(cluster):
+    bad = requests.post(f"{cluster.url(0)}/query", json={"request_id": "err-1"}, headers={"X-Request-ID": "e-1"},
+                        timeout=30)
+    assert bad.status_code == 400 and bad.headers["X-Request-ID"] == "e-1"
+    (line,) = completions(cluster, 0, "e-1")
+    assert line["status"] == 400
+    plain = requests.post(f"{cluster.url(0)}/query", json={"request_id": "no-header-1", "query": "Refunds?"},
+                          timeout=120)
+    assert plain.status_code == 200 and plain.headers["X-Request-ID"] == "no-header-1"
+
+
+def test_every_log_line_is_json_with_the_common_fields(cluster):
+    for node in (0, 1, 2):
+        lines = log_lines(cluster, node)
+        assert lines and all({"time", "node", "level", "logger", "message"} <= set(e) for e in lines)
+        assert {e["node"] for e in lines} == {node}
+        assert not [e for e in lines if "rejoins the rotation" in e["message"] and e["level"] != "INFO"]
+
+
+def test_new_metric_families_appear(cluster):
+    from prometheus_client.parser import text_string_to_metric_families
+    assert ask(cluster, "metrics-obs-1", "metrics-obs-1", "Where is my parcel?").status_code == 200
+    families = {n: {f.name for f in text_string_to_metric_families(requests.get(f"{cluster.url(n)}/metrics",
+                                                                                 timeout=10).text)}
+                for n in (0, 1, 2)}
+    for node in (0, 1):
+        assert {"rag_batch_queue_wait_seconds", "rag_generate_tpot_seconds", "rag_node_info"} <= families[node]
+    assert {"rag_gateway_routed", "rag_gateway_in_flight", "rag_gateway_rejected", "rag_gateway_joined",
+            "rag_gateway_conflicts"} <= families[0]
+    assert "rag_node_info" in families[2] and "rag_batch_queue_wait_seconds" in families[2]
