@@ -261,10 +261,11 @@ def _stage_list(raw: str) -> list[str]:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m profiling.select_variants", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--stages", type=_stage_list, default=list(STAGES), help="model stages, comma-separated")
-    p.add_argument("--variants", type=comma_list(str, what="variants", example="float32,int8-dynamic"), default=None,
+    p.add_argument("--stages", type=_stage_list, default=",".join(STAGES), help="model stages, comma-separated")
+    p.add_argument("--variants", type=comma_list(str, what="variants", example="float32,int8-dynamic"),
+                   default=argparse.SUPPRESS,
                    help="candidates (float32 is added: it is the reference); default: what this device supports")
-    p.add_argument("--batch", type=parse_batches, default=dict(DEFAULT_BATCH),
+    p.add_argument("--batch", type=parse_batches, default=",".join(f"{k}={v}" for k, v in DEFAULT_BATCH.items()),
                    help="typical batch per stage, STAGE=N comma-separated (rerank: requests of ten documents)")
     p.add_argument("--repeat", type=positive(int), default=3, help="timings per size per round (median)")
     p.add_argument("--rounds", type=positive(int), default=1, help="times every subprocess runs, order rotated")
@@ -283,7 +284,7 @@ def resolve_args(p: argparse.ArgumentParser, args: argparse.Namespace, settings:
     from pipeline.device import select_device
     from pipeline.precision import supported_variants
     supported = supported_variants(select_device(settings.only_cpu))
-    variants = args.variants or list(supported)
+    variants = getattr(args, "variants", None) or list(supported)
     unsupported = [v for v in variants if v not in supported]
     if unsupported:
         p.error(f"--variants: {', '.join(unsupported)} not supported here (expected some of {', '.join(supported)})")
