@@ -210,8 +210,9 @@ def header_lines(settings: Settings, args: argparse.Namespace, rows: Sequence[Me
     if settings.model_source == "standin":
         lines.append(STANDIN_WARNING)
     lines += [f"rule: {rule_text(args.thresholds)}",
-              f"queries {args.queries}, repeat {args.repeat}, rounds {args.rounds}, generate max new tokens "
-              f"{args.max_new_tokens}; median ms one item / typical batch (B), peak RSS MiB:"]
+              f"queries {args.queries}, repeat {args.repeat}, rounds {args.rounds}"
+              + (f", generate max new tokens {args.max_new_tokens}" if "generate" in args.stages else "")
+              + "; median ms one item / typical batch (B), peak RSS MiB:"]
     for m in rows:
         lines.append(f"  {m.stage} {m.variant}: {m.one_ms:.1f} / {m.batch_ms:.1f} (B={m.batch}), {m.peak_rss_mib:.0f}"
                      f" MiB, " + (", ".join(f"{k} {v:.4g}" for k, v in m.fidelity.items()) or "reference")
