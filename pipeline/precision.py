@@ -28,9 +28,10 @@ from pipeline.config import PRECISION_VARIANTS, ConfigError
 
 CPU_BF16, CPU_PLAIN, CUDA = "cpu-bf16", "cpu", "cuda"
 
-# PROVISIONAL until the selection figures exist. Re-measure with
-#   MODEL_SOURCE=standin STANDIN_PROFILE=tiny ONLY_CPU=true TORCH_THREADS=2 python -m pipeline.precision
-# (or STANDIN_PROFILE=faithful for real shapes). Two runs here (2 cores shared, load ~5, tiny
+# PROVISIONAL until the selection figures exist. Re-measure (speed, memory and fidelity per stage and
+# variant; it writes the chosen settings as an env file) with
+#   MODEL_SOURCE=standin STANDIN_PROFILE=faithful ONLY_CPU=true TORCH_THREADS=2 python -m profiling.select_variants
+# (STANDIN_PROFILE=tiny for a quick check). Two runs here (2 cores shared, load ~5, tiny
 # stand-ins; ms per batch, float32 / bfloat16 / int8-dynamic / int8-weight): generate 1656/509/252/75
 # and 1091/93/62/61, sentiment 13/8/6/6 and 15/6/5/5; embed and rerank swung 5-50x between runs.
 # Both int8 variants beat float32 and bfloat16 in both runs; between them the noise decides, so
@@ -216,68 +217,3 @@ def apply_precision(model, precision: str):
         with torch.no_grad():
             convert_linears(model, precision)
     return model
-
-
-# ----------------------------------------------------------------------------- side-by-side timing
-
-def _workloads(models: dict) -> dict[str, Callable[[], object]]:
-    """One representative batch per model stage (the reference client's queries and shapes)."""
-    from pipeline import spec
-    from pipeline.docstore import Document
-    from pipeline.generator import GenerationRequest
-    from pipeline.reranker import RerankRequest
-    queries = list(spec.REFERENCE_QUERIES)
-    docs = tuple(Document(i, f"Document {i}", f"This is the content of document {i}. " * 8, "general")
-                 for i in range(spec.TOP_K))
-    replies = [f"Answer: {q} " * 4 for q in queries]
-    generate = [GenerationRequest(q, docs, max_new_tokens=16) for q in queries[:4]]
-    return {"embed": lambda: models["embed"].embed(queries * 2),
-            "rerank": lambda: models["rerank"].rerank([RerankRequest(queries[0], docs)]),
-            "generate": lambda: models["generate"].generate(generate),
-            "sentiment": lambda: models["sentiment"].classify(replies * 2),
-            "toxicity": lambda: models["toxicity"].classify(replies * 2)}
-
-
-def measure(settings, variants=PRECISION_VARIANTS, repeats: int = 3) -> dict[str, dict[str, float]]:
-    """Best-of-`repeats` seconds per batch, stage -> variant -> seconds (one variant loaded at a time)."""
-    import time
-    from pipeline.classifiers import SentimentClassifier, ToxicityClassifier
-    from pipeline.device import Placement, select_device
-    from pipeline.embedder import Embedder
-    from pipeline.generator import Generator
-    from pipeline.models import resolve_model_source
-    from pipeline.reranker import Reranker
-    source, device = resolve_model_source(settings), select_device(settings.only_cpu)
-    classes = {"embed": Embedder, "rerank": Reranker, "generate": Generator, "sentiment": SentimentClassifier,
-               "toxicity": ToxicityClassifier}
-    times: dict[str, dict[str, float]] = {}
-    for variant in variants:
-        placement = Placement(device, LOAD_DTYPE[variant], variant)
-        models = {stage: cls.load(source, placement) for stage, cls in classes.items()}
-        for stage, run in _workloads(models).items():
-            run()  # warm-up
-            best = float("inf")
-            for _ in range(repeats):
-                start = time.perf_counter()
-                run()
-                best = min(best, time.perf_counter() - start)
-            times.setdefault(stage, {})[variant] = best
-        del models  # one variant's models in memory at a time
-    return times
-
-
-def main() -> int:
-    """Print each stage's batch time per variant and the fastest: what FAST's row should say."""
-    from pipeline.config import Settings
-    from pipeline.device import cpu_supports_bf16, select_device
-    settings = Settings.from_env()
-    kind = hardware_kind(select_device(settings.only_cpu), cpu_supports_bf16)
-    print(f"hardware: {kind}; ms per batch, best of 3")
-    for stage, by_variant in measure(settings).items():
-        cells = "  ".join(f"{v} {s * 1e3:8.1f}" for v, s in by_variant.items())
-        print(f"{stage:10s} {cells}  fastest: {min(by_variant, key=by_variant.get)}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

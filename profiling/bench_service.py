@@ -1,6 +1,6 @@
 """The whole service under closed-loop load, in several configurations, side by side.
 
-    python -m profiling.bench_service --compare batching|threads|cache
+    python -m profiling.bench_service --compare batching|threads|cache|precision
         [--concurrency 16] [--count 32] [--warmup 2] [--variants a,b] [--base-port 8500]
         [--max-duration 1800] [--out runs/bench_service] [--name NAME]
 
@@ -23,9 +23,12 @@ throughput as a ratio of the first variant's (the baseline):
   every core) and `one-per-stage` (one torch and one faiss thread). Variants
   whose thread settings come out the same on this machine run once;
 - cache: `no-cache` against `embed-cache` and `response-cache` on a workload
-  that repeats the queries (the SPEC's eight, or `--queries-file`).
+  that repeats the queries (the SPEC's eight, or `--queries-file`);
+- precision: `exact` (`PRECISION=exact`) against `fast` (`PRECISION=fast`, the
+  FAST table's variant per stage; `profiling/select_variants.py` measures the
+  variants one stage at a time), every `*_PRECISION` override cleared.
 
-The batching and threads comparisons run with both caches off. Every run is
+The batching, threads and precision comparisons run with both caches off. Every run is
 bounded in count and in time (`--max-duration` per variant) and only sends to
 loopback addresses.
 """
@@ -45,7 +48,7 @@ import requests
 
 from pipeline.config import REPO_ROOT, ConfigError, Settings
 from pipeline.device import thread_budget
-from pipeline.spec import Stage
+from pipeline.spec import MODEL_STAGES, Stage
 from profiling.lib.cli import split_list
 from profiling.lib.load import ClosedGroup, Target, load_queries, run_closed
 from profiling.lib.prometheus import MetricsSnapshot, NodeDelta, node_deltas, scrape_all
@@ -105,8 +108,22 @@ def cache_variants(cores: int) -> list[Variant]:
     ]
 
 
+# Every per-stage override empty: each stage follows PRECISION, whatever the caller's environment says.
+FOLLOW_PRECISION = {f"{stage.upper()}_PRECISION": "" for stage in MODEL_STAGES}
+
+
+def precision_variants(cores: int) -> list[Variant]:
+    return [
+        Variant("exact", {**CACHES_OFF, **FOLLOW_PRECISION, "PRECISION": "exact"},
+                "every model in its *_DTYPE (float32, or bfloat16 where DTYPE=auto picks it)"),
+        Variant("fast", {**CACHES_OFF, **FOLLOW_PRECISION, "PRECISION": "fast"},
+                "each stage's variant in pipeline/precision.py FAST for this hardware"),
+    ]
+
+
 COMPARISONS: dict[str, Callable[[int], list[Variant]]] = {
-    "batching": batching_variants, "threads": thread_variants, "cache": cache_variants}
+    "batching": batching_variants, "threads": thread_variants, "cache": cache_variants,
+    "precision": precision_variants}
 
 
 @dataclass

@@ -93,3 +93,14 @@ def answer_texts(pool: Sequence, n: int, offset: int = 0) -> list[str]:
             j += 1
         texts.append(text[:limit].rsplit(" ", 1)[0])
     return texts
+
+
+def query_set(n: int) -> list[str]:
+    """n distinct questions: the reference client's eight, then support-article titles
+    (short customer questions and topics), so a fidelity check is not eight queries repeated."""
+    queries = list(dict.fromkeys(spec.REFERENCE_QUERIES))
+    if n > len(queries):
+        from builders.corpus import support_documents
+        titles = dict.fromkeys(d.title for d in support_documents(max(DOC_POOL_SIZE, 4 * n), seed=SEED))
+        queries += [t for t in titles if t not in queries]
+    return cycled(queries, n)  # cycled only past the corpus's distinct titles

@@ -25,7 +25,7 @@ def test_unbatched_baseline_forces_every_stage_to_one_at_a_time():
     assert fast.generate_mode == defaults.generate_mode == "continuous"
 
 
-@pytest.mark.parametrize("compare", ["batching", "threads"])
+@pytest.mark.parametrize("compare", ["batching", "threads", "precision"])
 def test_comparisons_other_than_cache_run_with_caches_off(compare):
     for variant in bench_service.COMPARISONS[compare](2):
         settings = _settings(variant)
@@ -46,6 +46,20 @@ def test_thread_variants_that_coincide_on_a_machine_run_once(model_source):
     assert two["cores-per-worker"] == ("2", "1", "0", "")
     eight = plan(8)
     assert eight["budget"][:1] == ("4",) and not any(same for *_, same in eight.values())
+
+
+def test_precision_variants_are_exact_against_the_fast_table_whatever_the_callers_overrides():
+    from pipeline.device import placement_for
+    from pipeline.precision import FAST
+    exact, fast = bench_service.precision_variants(cores=2)
+    assert (exact.name, fast.name) == ("exact", "fast")
+    caller = {**TEST_ENV, "DTYPE": "float32", "EMBED_PRECISION": "int8-weight", "GENERATE_PRECISION": "bfloat16"}
+    for variant, expected in ((exact, lambda stage: "float32"), (fast, lambda stage: FAST["cpu-bf16"][stage])):
+        settings = Settings.from_env({**caller, **variant.env})
+        for stage in ("embed", "rerank", "generate", "sentiment", "toxicity"):
+            placement = placement_for(settings, stage, bf16_cpu=lambda: True, cuda_available=lambda: False)
+            assert placement.precision == expected(stage), (variant.name, stage)
+    assert [v.name for v in bench_service.choose_variants("precision", None, 2)] == ["exact", "fast"]
 
 
 def test_unknown_variant_names_are_refused():

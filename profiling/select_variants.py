@@ -1,0 +1,327 @@
+"""Pick each model stage's precision variant on this machine and write it as an env file.
+
+    python -m profiling.select_variants [--stages embed,rerank,generate,sentiment,toxicity]
+        [--variants float32,bfloat16,int8-dynamic,int8-weight] [--batch embed=8,...]
+        [--repeat 3] [--rounds 1] [--queries 16] [--max-new-tokens 16] [--out runs/select_variants]
+        [--<stage>-<metric> MINIMUM ...]
+
+For every stage and candidate variant (default: those this device supports,
+`pipeline.precision.supported_variants`) a fresh subprocess loads only that model in
+that variant (`Placement(device, LOAD_DTYPE[variant], variant)`, as the service does)
+and measures:
+
+- speed: the median of `--repeat` timings of one item and of a typical batch
+  (`--batch`), after a warm-up; with `--rounds R` the whole set of subprocesses runs R
+  times, the variants' order rotated each round, and the medians are over all rounds
+  (interleaving: a busy neighbour slows every variant alike);
+- memory: the subprocess's peak RSS (VmHWM: imports, the load and conversion, and the
+  runs; nothing of any other variant), and the model's parameter + buffer bytes;
+- fidelity against float32 on `--queries N` queries (the SPEC's eight, then support
+  article titles), run in batches of the typical size: embedding cosine (min, mean);
+  rerank top-3 agreement, Spearman and Kendall rank correlation per query (mean);
+  label agreement of the classifiers; the LLM's exact-match rate of greedy token ids
+  and the first differing token (min, median).
+
+The rule (printed, and in the env file): per stage, the fastest variant at the
+typical batch among those whose every fidelity metric reaches its stage's minimum
+(`--<stage>-<metric>`); float32 when none does. Output under `--out/<timestamp>/`:
+`precision.env` (`EMBED_PRECISION=...` lines a deployer sources, the figures in
+its comments), `select_variants.json` and `select_variants.csv`. The settings come
+from the environment (`MODEL_SOURCE`, `STANDIN_PROFILE`, `ONLY_CPU`, `TORCH_THREADS`);
+fidelity on random-weight stand-ins is a worst case (said in the output).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from pipeline.config import Settings
+from profiling.lib.cli import comma_list, positive, split_list
+from profiling.lib.fidelity import (DEFAULT_THRESHOLDS, REFERENCE, Measurement, check, choose, env_file,
+                                    fidelity, rule_text)
+from profiling.lib.report import write_csv, write_json
+
+STAGES = ("embed", "rerank", "generate", "sentiment", "toxicity")
+# A typical batch per stage in service: a few requests' worth under moderate load (rerank:
+# requests of ten documents each; generate: sequences decoding together).
+DEFAULT_BATCH = {"embed": 8, "rerank": 2, "generate": 4, "sentiment": 8, "toxicity": 8}
+DEFAULT_OUT = Path("runs/select_variants")
+STANDIN_WARNING = ("model source is stand-ins (random weights): fidelity here is a worst case; real "
+                   "weights usually agree more")
+
+
+# ------------------------------------------------------------------------- one variant (subprocess)
+
+def _workload(stage: str, model, n: int, max_new: int) -> tuple[list, Callable[[list], object], Callable[[list], list]]:
+    """(inputs, the stage's batch call to time, outputs to compare per item) for n queries."""
+    from profiling.lib.inputs import answer_texts, cycled, document_pool, query_set, rerank_inputs
+    queries = query_set(n)
+    if stage == "embed":
+        return queries, model.embed, lambda items: model.embed(items).tolist()
+    pool = document_pool(None)
+    if stage == "rerank":
+        from pipeline.reranker import RerankRequest
+        # ten documents each as in service, asked with the varied query set instead of the eight
+        requests = [RerankRequest(q, r.documents) for q, r in zip(queries, rerank_inputs(pool, n))]
+        return requests, model.rerank, lambda items: [
+            model.score_pairs([(r.query, d.content) for d in r.documents]) for r in items]
+    if stage == "generate":
+        from pipeline import spec
+        # Random-weight stand-ins may emit EOS at any step: every variant generates the full
+        # count, so timings compare like with like and the token comparison is the worst case.
+        model.generation_config.min_new_tokens = max_new
+        prompts = [model.prompt(q, cycled(pool, spec.CONTEXT_DOCS, i * spec.CONTEXT_DOCS))
+                   for i, q in enumerate(queries)]
+        run = lambda items: model.generate_ids(items, max_new_tokens=max_new)  # noqa: E731
+        return prompts, run, run
+    return answer_texts(pool, n), model.classify, model.classify
+
+
+def _times_ms(run: Callable[[list], object], items: list, repeat: int) -> list[float]:
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        run(items)
+        times.append((time.perf_counter() - started) * 1e3)
+    return times
+
+
+def _model_mib(module) -> float:
+    tensors = list(module.parameters()) + list(module.buffers())
+    return sum(t.numel() * t.element_size() for t in tensors) / 2**20
+
+
+def measure_one(job: Mapping) -> dict:
+    """Load one stage in one variant in this (fresh) process and measure it: what a worker prints."""
+    import torch
+    from pipeline.classifiers import SentimentClassifier, ToxicityClassifier
+    from pipeline.device import Placement, select_device, thread_budget
+    from pipeline.embedder import Embedder
+    from pipeline.generator import Generator
+    from pipeline.models import resolve_model_source
+    from pipeline.precision import LOAD_DTYPE
+    from pipeline.reranker import Reranker
+    from profiling.lib.inputs import cycled
+    from profiling.microbench import MemoryProbe
+    classes = {"embed": Embedder, "rerank": Reranker, "generate": Generator, "sentiment": SentimentClassifier,
+               "toxicity": ToxicityClassifier}
+    settings = Settings.from_env()
+    torch.set_num_threads(thread_budget(settings.torch_threads))  # the budget a worker gives its models
+    stage, variant, batch = job["stage"], job["variant"], job["batch"]
+    probe = MemoryProbe()
+    placement = Placement(select_device(settings.only_cpu), LOAD_DTYPE[variant], variant)
+    model = classes[stage].load(resolve_model_source(settings), placement)
+    inputs, run, outputs_of = _workload(stage, model, job["queries"], job["max_new_tokens"])
+    outputs = [o for start in range(0, len(inputs), batch) for o in outputs_of(inputs[start:start + batch])]
+    run(inputs[:1])  # the fidelity pass warmed the batch shapes; this the one-item shape
+    return {"one_ms": _times_ms(run, inputs[:1], job["repeat"]),
+            "batch_ms": _times_ms(run, cycled(inputs, batch), job["repeat"]),
+            "peak_rss_mib": probe.peak_mib() if probe.resettable else math.nan,
+            "model_mib": _model_mib(model.model), "outputs": outputs}
+
+
+def run_job(job: dict, env: Mapping[str, str]) -> dict:
+    """measure_one in a fresh interpreter, so no variant's memory or caches reach another's."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [sys.executable, "-m", "profiling.select_variants", "--worker", json.dumps({**job, "out": str(out)})]
+        done = subprocess.run(cmd, env=dict(env), capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{job['stage']}/{job['variant']} failed (rc {done.returncode}): "
+                               f"{done.stderr.strip()[-2000:]}")
+        return json.loads(out.read_text())
+
+
+# ------------------------------------------------------------------------- all of them
+
+def measure_all(args: argparse.Namespace, env: Mapping[str, str], progress=print) -> list[Measurement]:
+    """Every (stage, variant) for args.rounds rounds, variants rotated each round; medians over rounds."""
+    runs: dict[tuple[str, str], list[dict]] = {}
+    for r in range(args.rounds):
+        for stage in args.stages:
+            shift = r % len(args.variants)
+            for variant in args.variants[shift:] + args.variants[:shift]:
+                progress(f"select_variants: round {r + 1}/{args.rounds} {stage} {variant}")
+                job = {"stage": stage, "variant": variant, "batch": args.batch[stage], "queries": args.queries,
+                       "repeat": args.repeat, "max_new_tokens": args.max_new_tokens}
+                runs.setdefault((stage, variant), []).append(run_job(job, env))
+    return [_summarize(stage, variant, results, runs.get((stage, REFERENCE)), args)
+            for (stage, variant), results in runs.items()]
+
+
+def _summarize(stage: str, variant: str, results: list[dict], reference: list[dict] | None,
+               args: argparse.Namespace) -> Measurement:
+    first = results[0]  # outputs are deterministic: round 1's stand for all
+    figures = fidelity(stage, reference[0]["outputs"], first["outputs"]) if reference else {}
+    m = Measurement(stage, variant, statistics.median(t for r in results for t in r["one_ms"]),
+                    statistics.median(t for r in results for t in r["batch_ms"]), args.batch[stage],
+                    max(r["peak_rss_mib"] for r in results), first["model_mib"], figures)
+    return check(m, args.thresholds)
+
+
+# ------------------------------------------------------------------------- report
+
+def format_table(rows: Sequence[Measurement], chosen: Mapping[str, str]) -> str:
+    header = (f"{'stage':<10}{'variant':<14}{'one ms':>9}{'batch ms':>10}{'  B':>4}{'x f32':>7}{'peak MiB':>10}"
+              f"{'model MiB':>10}  {'pass':<6}fidelity vs float32")
+    lines = [header, "-" * len(header)]
+    for m in rows:
+        ref = next((r for r in rows if r.stage == m.stage and r.variant == REFERENCE), None)
+        ratio = ref.batch_ms / m.batch_ms if ref and m.batch_ms else math.nan
+        figures = ", ".join(f"{k} {v:.4g}" for k, v in m.fidelity.items()) or "-"
+        mark = ("yes" if m.passed else "no") + (" *" if chosen.get(m.stage) == m.variant else "")
+        lines.append(f"{m.stage:<10}{m.variant:<14}{m.one_ms:>9.1f}{m.batch_ms:>10.1f}{m.batch:>4}{ratio:>6.2f}x"
+                     f"{m.peak_rss_mib:>10.0f}{m.model_mib:>10.0f}  {mark:<6}{figures}"
+                     + (f"  [{'; '.join(m.failed)}]" if m.failed else ""))
+    lines.append("x f32: float32's batch time / the variant's (above 1 = faster); * = chosen")
+    return "\n".join(lines)
+
+
+def machine_lines(settings: Settings) -> list[str]:
+    from pipeline.device import cpu_supports_bf16, select_device, thread_budget
+    from pipeline.precision import hardware_kind
+    device = select_device(settings.only_cpu)
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else "?"
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    source = f"{settings.model_source}" + (f" ({settings.standin_profile})" if settings.model_source == "standin"
+                                           else "")
+    return [f"machine: {platform.node()}, {cpu}, {os.cpu_count()} cores, device {device}, "
+            f"hardware kind {hardware_kind(device, cpu_supports_bf16)}",
+            f"torch threads: {thread_budget(settings.torch_threads)}; load average at the end: {load}",
+            f"model source: {source}"]
+
+
+def header_lines(settings: Settings, args: argparse.Namespace, rows: Sequence[Measurement],
+                 chosen: Mapping[str, str]) -> list[str]:
+    lines = [f"Precision per model stage, chosen by profiling/select_variants.py on "
+             f"{time.strftime('%Y-%m-%d %H:%M:%S')}", *machine_lines(settings)]
+    if settings.model_source == "standin":
+        lines.append(STANDIN_WARNING)
+    lines += [f"rule: {rule_text(args.thresholds)}",
+              f"queries {args.queries}, repeat {args.repeat}, rounds {args.rounds}"
+              + (f", generate max new tokens {args.max_new_tokens}" if "generate" in args.stages else "")
+              + "; median ms one item / typical batch (B), peak RSS MiB:"]
+    for m in rows:
+        lines.append(f"  {m.stage} {m.variant}: {m.one_ms:.1f} / {m.batch_ms:.1f} (B={m.batch}), {m.peak_rss_mib:.0f}"
+                     f" MiB, " + (", ".join(f"{k} {v:.4g}" for k, v in m.fidelity.items()) or "reference")
+                     + ("" if m.passed else f" FAILS {'; '.join(m.failed)}")
+                     + (" <- chosen" if chosen.get(m.stage) == m.variant else ""))
+    return lines
+
+
+def write_outputs(out: Path, settings: Settings, args: argparse.Namespace, rows: Sequence[Measurement],
+                  chosen: Mapping[str, str]) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    header = header_lines(settings, args, rows, chosen)
+    (out / "precision.env").write_text(env_file(chosen, header))
+    write_json(out / "select_variants.json", {"header": header, "rule": rule_text(args.thresholds),
+                                              "chosen": chosen, "rows": rows, "args": vars(args)})
+    flat = [_CsvRow(**{k: v for k, v in asdict(m).items() if k not in ("fidelity", "failed")},
+                    fidelity=json.dumps(m.fidelity), failed="; ".join(m.failed)) for m in rows]
+    write_csv(out / "select_variants.csv", flat, list(Measurement.__dataclass_fields__), float_digits=4)
+    return out / "precision.env"
+
+
+class _CsvRow(Measurement):
+    """A Measurement whose fidelity and failures are strings (one CSV cell each)."""
+
+
+# ------------------------------------------------------------------------- command line
+
+def parse_batches(raw: str) -> dict[str, int]:
+    """'embed=8,generate=2' -> those stages' batch sizes over the defaults."""
+    batches = dict(DEFAULT_BATCH)
+    for item in split_list(raw):
+        stage, _, size = item.partition("=")
+        if stage.strip() not in STAGES or not size.strip().isdigit() or int(size) < 1:
+            raise argparse.ArgumentTypeError(f"{item!r}: expected STAGE=N with a stage of {', '.join(STAGES)}, N >= 1")
+        batches[stage.strip()] = int(size)
+    return batches
+
+
+def _stage_list(raw: str) -> list[str]:
+    stages = comma_list(str, what="stages", example="embed,rerank")(raw)
+    unknown = [s for s in stages if s not in STAGES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown stage(s) {', '.join(unknown)}: expected {', '.join(STAGES)}")
+    return list(dict.fromkeys(stages))
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m profiling.select_variants", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--stages", type=_stage_list, default=",".join(STAGES), help="model stages, comma-separated")
+    p.add_argument("--variants", type=comma_list(str, what="variants", example="float32,int8-dynamic"),
+                   default=argparse.SUPPRESS,
+                   help="candidates (float32 is added: it is the reference); default: what this device supports")
+    p.add_argument("--batch", type=parse_batches, default=",".join(f"{k}={v}" for k, v in DEFAULT_BATCH.items()),
+                   help="typical batch per stage, STAGE=N comma-separated (rerank: requests of ten documents)")
+    p.add_argument("--repeat", type=positive(int), default=3, help="timings per size per round (median)")
+    p.add_argument("--rounds", type=positive(int), default=1, help="times every subprocess runs, order rotated")
+    p.add_argument("--queries", type=positive(int), default=16, help="queries in the fidelity set")
+    p.add_argument("--max-new-tokens", type=positive(int), default=16, help="generate: tokens per answer")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="a <timestamp> folder is made under it")
+    for stage, metrics in DEFAULT_THRESHOLDS.items():
+        for metric, minimum in metrics.items():
+            p.add_argument(f"--{stage}-{metric.replace('_', '-')}", type=float, default=minimum,
+                           dest=f"min_{stage}_{metric}", metavar="MIN", help=f"{stage}: pass when {metric} >= MIN")
+    p.add_argument("--worker", help=argparse.SUPPRESS)  # internal: one measurement, as JSON
+    return p
+
+
+def resolve_args(p: argparse.ArgumentParser, args: argparse.Namespace, settings: Settings) -> argparse.Namespace:
+    from pipeline.device import select_device
+    from pipeline.precision import supported_variants
+    supported = supported_variants(select_device(settings.only_cpu))
+    variants = getattr(args, "variants", None) or list(supported)
+    unsupported = [v for v in variants if v not in supported]
+    if unsupported:
+        p.error(f"--variants: {', '.join(unsupported)} not supported here (expected some of {', '.join(supported)})")
+    args.variants = [REFERENCE] + [v for v in dict.fromkeys(variants) if v != REFERENCE]
+    args.thresholds = {stage: {metric: getattr(args, f"min_{stage}_{metric}") for metric in metrics}
+                       for stage, metrics in DEFAULT_THRESHOLDS.items() if stage in args.stages}
+    return args
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    p = parser()
+    args = p.parse_args(argv)
+    if args.worker:
+        job = json.loads(args.worker)
+        Path(job["out"]).write_text(json.dumps(measure_one(job)))
+        return 0
+    env = dict(os.environ if env is None else env)
+    settings = Settings.from_env(env)
+    args = resolve_args(p, args, settings)
+    progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        rows = measure_all(args, env, progress)
+    except RuntimeError as exc:
+        print(f"select_variants: {exc}", file=sys.stderr)
+        return 1
+    chosen = choose(rows)
+    out = args.out / time.strftime("%Y%m%d-%H%M%S")
+    env_path = write_outputs(out, settings, args, rows, chosen)
+    if settings.model_source == "standin":
+        print(f"NOTE: {STANDIN_WARNING}")
+    print(format_table(rows, chosen))
+    print(f"rule: {rule_text(args.thresholds)}")
+    print(env_file(chosen, []), end="")
+    print(f"wrote {env_path} (source it: set -a; . {env_path}; set +a) and its .json/.csv beside it")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

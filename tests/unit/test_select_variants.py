@@ -1,0 +1,126 @@
+"""profiling.select_variants: the fidelity metrics, the selection rule, the env file, one quick run."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+from profiling import select_variants
+from profiling.lib import fidelity as fid
+from profiling.lib.fidelity import DEFAULT_THRESHOLDS, Measurement, check, choose, env_file
+from tests.helpers import TEST_ENV
+
+
+# ------------------------------------------------------------------------- metrics
+
+def test_top3_agreement_counts_shared_members_not_their_order():
+    ref = [0.9, 0.8, 0.7, 0.1, 0.0]
+    assert fid.top_k_agreement(ref, [0.7, 0.8, 0.9, 0.1, 0.0]) == 1.0  # same three, reversed
+    assert fid.top_k_agreement(ref, [0.9, 0.8, 0.0, 0.1, 0.7]) == pytest.approx(2 / 3)  # doc 2 swapped for doc 4
+    assert fid.top_k_agreement(ref, [0.0, 0.0, 0.0, 0.9, 0.8]) == pytest.approx(1 / 3)  # ties keep order: 0 stays
+
+
+def test_rank_correlations_on_hand_made_rankings():
+    ref = [5.0, 4.0, 3.0, 2.0, 1.0]
+    assert fid.spearman(ref, ref) == fid.kendall(ref, ref) == 1.0
+    assert fid.spearman(ref, ref[::-1]) == fid.kendall(ref, ref[::-1]) == -1.0
+    one_swap = [5.0, 4.0, 2.0, 3.0, 1.0]  # items 2 and 3 swap: 1 discordant pair of 10
+    assert fid.kendall(ref, one_swap) == pytest.approx(0.8)
+    assert fid.spearman(ref, one_swap) == pytest.approx(1 - 6 * 2 / (5 * 24))
+    # against scipy where it is installed
+    stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal(10), rng.standard_normal(10)
+    assert fid.spearman(a, b) == pytest.approx(stats.spearmanr(a, b).statistic)
+    assert fid.kendall(a, b) == pytest.approx(stats.kendalltau(a, b).statistic)
+
+
+def test_first_differing_token_and_exact_matches():
+    assert fid.first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert fid.first_difference([1, 2, 3], [1, 9, 3]) == 1
+    assert fid.first_difference([1, 2, 3], [1, 2]) == 2  # the shorter answer stopped early
+    figures = fid.fidelity("generate", [[1, 2, 3], [4, 5], [6, 7, 8]], [[1, 2, 3], [4, 6], [9, 7, 8]])
+    assert figures == {"exact_match": pytest.approx(1 / 3), "first_diff_min": 0.0, "first_diff_median": 0.5}
+    same = fid.fidelity("generate", [[1]], [[1]])
+    assert same["exact_match"] == 1.0 and math.isnan(same["first_diff_min"])
+
+
+def test_embedding_cosine_and_label_agreement():
+    ref = np.array([[1.0, 0.0], [0.0, 2.0]])
+    figures = fid.fidelity("embed", ref, np.array([[1.0, 0.0], [1.0, 1.0]]))
+    assert figures["cosine_min"] == pytest.approx(math.sqrt(0.5)) and figures["cosine_mean"] > figures["cosine_min"]
+    assert fid.fidelity("sentiment", ["neutral", "positive"], ["neutral", "negative"]) == {"label_agreement": 0.5}
+    rerank = fid.fidelity("rerank", [[3.0, 2.0, 1.0, 0.0]], [[3.0, 2.0, 0.0, 1.0]])
+    assert rerank["top3_agreement"] == pytest.approx(2 / 3) and rerank["spearman"] == pytest.approx(0.8)
+
+
+# ------------------------------------------------------------------------- the rule
+
+def _m(stage, variant, batch_ms, **figures):
+    return check(Measurement(stage, variant, 1.0, batch_ms, 8, 500.0, 100.0, figures), DEFAULT_THRESHOLDS)
+
+
+def test_the_fastest_passing_variant_is_chosen():
+    rows = [_m("embed", "float32", 100.0), _m("embed", "bfloat16", 40.0, cosine_min=0.95),
+            _m("embed", "int8-dynamic", 60.0, cosine_min=0.999), _m("embed", "int8-weight", 70.0, cosine_min=0.999)]
+    assert not rows[1].passed and rows[1].failed == ["cosine_min 0.95 < 0.99"]
+    assert choose(rows) == {"embed": "int8-dynamic"}  # bfloat16 is faster but fails
+
+
+def test_float32_when_no_variant_passes_or_none_is_faster():
+    rows = [_m("generate", "float32", 100.0), _m("generate", "int8-dynamic", 30.0, exact_match=0.5),
+            _m("generate", "bfloat16", 20.0)]  # a missing metric fails too
+    assert not rows[2].passed
+    slower = [_m("toxicity", "float32", 10.0), _m("toxicity", "bfloat16", 12.0, label_agreement=1.0)]
+    assert choose(rows + slower) == {"generate": "float32", "toxicity": "float32"}
+
+
+def test_env_file_is_comments_then_one_setting_per_stage(tmp_path):
+    text = env_file({"embed": "int8-dynamic", "generate": "float32"}, ["machine: x", "", "rule: y"])
+    assert text == "# machine: x\n#\n# rule: y\nEMBED_PRECISION=int8-dynamic\nGENERATE_PRECISION=float32\n"
+    path = tmp_path / "precision.env"
+    path.write_text(text)
+    sourced = subprocess.run(["bash", "-c", f"set -a; . {path}; echo $EMBED_PRECISION $GENERATE_PRECISION"],
+                             capture_output=True, text=True, check=True).stdout.split()
+    assert sourced == ["int8-dynamic", "float32"]
+
+
+def test_options_are_checked():
+    p = select_variants.parser()
+    assert p.parse_args(["--batch", "embed=3"]).batch == {**select_variants.DEFAULT_BATCH, "embed": 3}
+    for bad in (["--batch", "embed=0"], ["--batch", "search=2"], ["--stages", "fetch"], ["--repeat", "0"]):
+        with pytest.raises(SystemExit):
+            p.parse_args(bad)
+    assert p.parse_args(["--rerank-top3-agreement", "0.5"]).min_rerank_top3_agreement == 0.5
+
+
+# ------------------------------------------------------------------------- one quick run
+
+@pytest.mark.timeout(600)
+def test_cli_on_tiny_standins_writes_the_table_and_an_env_file(tmp_path, model_source, capsys):
+    env = {**TEST_ENV, "TORCH_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    rc = select_variants.main(["--stages", "embed,sentiment", "--variants", "float32,int8-dynamic", "--queries", "4",
+                               "--repeat", "1", "--batch", "embed=2,sentiment=2", "--out", str(tmp_path)],
+                              env={**os.environ, **env})
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "worst case" in printed and "rule:" in printed
+    (run,) = tmp_path.iterdir()
+    lines = (run / "precision.env").read_text().splitlines()
+    settings = [line for line in lines if not line.startswith("#")]
+    assert [s.split("=")[0] for s in settings] == ["EMBED_PRECISION", "SENTIMENT_PRECISION"]
+    assert all(s.split("=")[1] in ("float32", "int8-dynamic") for s in settings)
+    assert any("model source: standin (tiny)" in line for line in lines)
+    report = json.loads((run / "select_variants.json").read_text())
+    rows = {(r["stage"], r["variant"]): r for r in report["rows"]}
+    assert set(rows) == {(s, v) for s in ("embed", "sentiment") for v in ("float32", "int8-dynamic")}
+    assert all(r["batch_ms"] > 0 and r["one_ms"] > 0 and r["peak_rss_mib"] > r["model_mib"] > 0 for r in rows.values())
+    # int8 weights take a quarter of float32's bytes in the Linears: the model is smaller
+    assert rows[("embed", "int8-dynamic")]["model_mib"] < rows[("embed", "float32")]["model_mib"]
+    assert 0.99 < rows[("embed", "int8-dynamic")]["fidelity"]["cosine_min"] <= 1.0 + 1e-6
+    assert rows[("sentiment", "float32")]["fidelity"] == {"label_agreement": 1.0}
+    assert (run / "select_variants.csv").read_text().startswith("stage,variant,one_ms")
