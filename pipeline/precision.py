@@ -28,19 +28,24 @@ from pipeline.config import PRECISION_VARIANTS, ConfigError
 
 CPU_BF16, CPU_PLAIN, CUDA = "cpu-bf16", "cpu", "cuda"
 
-# PROVISIONAL until the selection figures exist. Re-measure (speed, memory and fidelity per stage and
-# variant; it writes the chosen settings as an env file) with
-#   MODEL_SOURCE=standin STANDIN_PROFILE=faithful ONLY_CPU=true TORCH_THREADS=2 python -m profiling.select_variants
-# (STANDIN_PROFILE=tiny for a quick check). Two runs here (2 cores shared, load ~5, tiny
-# stand-ins; ms per batch, float32 / bfloat16 / int8-dynamic / int8-weight): generate 1656/509/252/75
-# and 1091/93/62/61, sentiment 13/8/6/6 and 15/6/5/5; embed and rerank swung 5-50x between runs.
-# Both int8 variants beat float32 and bfloat16 in both runs; between them the noise decides, so
-# int8-dynamic is kept: its Linears are exact per row (batch-invariant) and it was faster at 16
-# rows of Qwen's real shapes (0.85 ms vs 5.4 ms for 896x4864). The plain-CPU and CUDA rows are not
-# measured: int8-dynamic where bf16 is emulated, bfloat16 on a GPU.
+# Chosen by measurement (speed, memory, fidelity per stage and variant; it writes the choice as an
+# env file). Re-measure with
+#   MODEL_SOURCE=standin STANDIN_PROFILE=faithful ONLY_CPU=true TORCH_THREADS=2 \
+#     python -m profiling.select_variants --rounds 2
+# The cpu-bf16 row: faithful stand-ins, 2-core AMD EPYC with avx512_bf16, quiet machine, 2 rounds
+# (docs/performance.md, "Precision variants"); batch time vs float32, fidelity vs float32:
+#   embed     int8-dynamic 2.53x (bfloat16 2.21x), cosine min 0.9989
+#   rerank    bfloat16 1.77x; int8-dynamic 1.93x but top-3 agreement 0.875 < 0.9 on random weights
+#   sentiment int8-dynamic 1.76x (bfloat16 1.56x), labels 8/8
+#   toxicity  bfloat16 1.95x vs int8-dynamic 1.85x (within noise), labels 8/8
+#   generate  STILL PROVISIONAL: on random-weight stand-ins no cheaper variant keeps greedy answers
+#             equal to float32 (near-tied logits), so the rule picks float32 there; int8-dynamic is
+#             kept because its Linears are batch-invariant, unlike bfloat16 attention over a padded
+#             batch (tests/unit/test_precision.py). Rerun with the real model before trusting it.
+# The plain-CPU and CUDA rows are not measured: int8-dynamic where bf16 is emulated, bfloat16 on a GPU.
 FAST: dict[str, dict[str, str]] = {
-    CPU_BF16: {"embed": "int8-dynamic", "rerank": "int8-dynamic", "generate": "int8-dynamic",
-               "sentiment": "int8-dynamic", "toxicity": "int8-dynamic"},
+    CPU_BF16: {"embed": "int8-dynamic", "rerank": "bfloat16", "generate": "int8-dynamic",
+               "sentiment": "int8-dynamic", "toxicity": "bfloat16"},
     CPU_PLAIN: {"embed": "int8-dynamic", "rerank": "int8-dynamic", "generate": "int8-dynamic",
                 "sentiment": "int8-dynamic", "toxicity": "int8-dynamic"},
     CUDA: {"embed": "bfloat16", "rerank": "bfloat16", "generate": "bfloat16",
