@@ -1,4 +1,4 @@
-"""The HTTP layer shared by every node: JSON errors, body parsing, waitress.
+"""The HTTP layer shared by every node: JSON errors, body parsing, the cluster token, waitress.
 
 Every error a node sends is JSON with an `error` field saying what is wrong;
 no handler leaks an HTML page or a traceback. Handlers raise; the one error
@@ -15,16 +15,15 @@ import logging
 import math
 import resource
 import time
-from contextvars import ContextVar
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Callable
-from urllib.parse import quote
 
 from flask import Flask, Response, g, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from services.errors import ApiError, HttpAnswer, http_answer
+from services.request_ids import install_request_id
 
 log = logging.getLogger(__name__)
 
@@ -33,14 +32,6 @@ TOKEN_HEADER = "X-Cluster-Token"
 # Paths under this prefix are internal on every node, served or not: without the token a caller
 # learns nothing (401), not even which node serves them.
 INTERNAL_PREFIX = "/internal/"
-# One request followed across nodes: accepted on /query, returned on every reply, sent along to
-# node 1 (/internal/answer) and node 2 (/search: the ids of the batch, comma-joined).
-REQUEST_ID_HEADER = "X-Request-ID"
-# A /search batch names all its requests; longer headers are cut (see batch_request_ids).
-MAX_REQUEST_ID_HEADER_CHARS = 1024
-# The request id of the request this thread serves (waitress runs one request per thread at a
-# time; set on every request), for the node-to-node clients that send it along.
-current_request_id: ContextVar[str | None] = ContextVar("current_request_id", default=None)
 # Waitress keeps a partial header in memory: our clients send a few hundred bytes, so 16 KiB
 # (waitress: 256 KiB) bounds what a thousand slow connections can hold to 16 MiB.
 MAX_HEADER_BYTES = 16 * 1024
@@ -225,60 +216,6 @@ def install_error_handler(app: Flask) -> None:
             log.log(answer.log_level, "%s %s%s -> %d: %s", request.method, request.path, tag, answer.status, exc)
         return error_response(answer.status, answer.message, field=answer.field,
                               retry_after_s=answer.retry_after_s)
-
-
-def header_form(request_id: str) -> str:
-    """The id as a header value: as it is when printable ASCII without commas (the batch separator),
-    else percent-encoded UTF-8 (a body's request_id may hold any text; a header may not)."""
-    if request_id.isascii() and request_id.isprintable() and "," not in request_id:
-        return request_id
-    return quote(request_id, safe="")
-
-
-def batch_request_ids(ids: list[str]) -> str:
-    """One header for a /search batch: its requests' ids comma-joined, cut to a bounded length."""
-    joined, kept = "", 0
-    for request_id in ids:
-        part = header_form(request_id)
-        if len(joined) + len(part) + 1 > MAX_REQUEST_ID_HEADER_CHARS - 16:  # room for the "+N more" tail
-            return f"{joined},+{len(ids) - kept} more" if joined else f"+{len(ids)} more"
-        joined = f"{joined},{part}" if joined else part
-        kept += 1
-    return joined
-
-
-def _sent_request_id() -> str | None:
-    sent = request.headers.get(REQUEST_ID_HEADER)
-    if sent is None:
-        return None
-    if not sent or len(sent) > MAX_REQUEST_ID_HEADER_CHARS or not (sent.isascii() and sent.isprintable()):
-        raise ApiError(400, f"'{REQUEST_ID_HEADER}' must be 1 to {MAX_REQUEST_ID_HEADER_CHARS} printable ASCII "
-                            "characters", field=REQUEST_ID_HEADER)
-    return sent
-
-
-def bind_request_id(body_request_id: str) -> str:
-    """The request's id once its body is read: the X-Request-ID header's when one came, else the
-    body's request_id (the contract's id). Returned on the reply and sent along to other nodes."""
-    g.request_id = body_request_id  # for the error handler's log line
-    if g.get("trace_id") is None:
-        g.trace_id = header_form(body_request_id)
-        current_request_id.set(g.trace_id)
-    return g.trace_id
-
-
-def install_request_id(app: Flask) -> None:
-    @app.before_request
-    def _take():
-        current_request_id.set(None)  # this thread's previous request is over (and a bad header names none)
-        g.trace_id = _sent_request_id()
-        current_request_id.set(g.trace_id)
-
-    @app.after_request
-    def _return(response):
-        if g.get("trace_id"):
-            response.headers[REQUEST_ID_HEADER] = g.trace_id
-        return response
 
 
 def make_app(name: str) -> Flask:

@@ -18,7 +18,8 @@ import requests
 from requests.adapters import HTTPAdapter
 
 from services.errors import DeadlineExceeded, NodeError, NodeUnreachable
-from services.http import REQUEST_ID_HEADER, TOKEN_HEADER, batch_request_ids, current_request_id
+from services.http import TOKEN_HEADER
+from services.request_ids import REQUEST_ID_HEADER, batch_request_ids, current_request_id
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from services.batching import BatchingService
 from services.cache import LruCache
 from services.errors import Overloaded, RequestTimeout, ServiceClosed, StageDown, StageFailed
 from services.generation import ContinuousGenerationService
-from services.http import current_request_id
+from services.request_ids import current_request_id
 from services.node_client import IndexClient
 
 log = logging.getLogger(__name__)

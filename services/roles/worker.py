@@ -11,7 +11,8 @@ from pipeline import spec
 from pipeline.config import MAX_INTERNAL_TIMEOUT_S, Settings
 from pipeline.stages import Stages
 from services.errors import ApiError
-from services.http import bind_request_id, internal_endpoint, read_json_object, require_string
+from services.http import internal_endpoint, read_json_object, require_string
+from services.request_ids import bind_request_id
 from services.node_client import IndexClient
 from services.roles.base import SPARE_HTTP_THREADS, Role
 from services.worker import ContinuousConfig, Worker, WorkerConfig, collect_stage_times

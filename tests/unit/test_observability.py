@@ -16,8 +16,9 @@ from services.batching import BatchingService
 from services.errors import Overloaded
 from services.gateway import Gateway
 from services.generation import ContinuousGenerationService
-from services.http import (MAX_REQUEST_ID_HEADER_CHARS, batch_request_ids, bind_request_id, current_request_id,
-                           header_form, make_app)
+from services.http import make_app
+from services.request_ids import (MAX_REQUEST_ID_HEADER_CHARS, batch_request_ids, bind_request_id, current_request_id,
+                                  header_form)
 from services.metrics import GatewayCollector, InfoCollector
 from services.node import JsonFormatter
 from services.worker import collect_stage_times
