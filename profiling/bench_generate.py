@@ -38,7 +38,7 @@ from pipeline.device import Placement, placement_for, thread_budget
 from pipeline.generator import GenerationRequest, Generator
 from pipeline.models import resolve_model_source
 from services.batching import BatchingService
-from profiling.lib.report import write_json
+from profiling.lib.report import percentiles, write_json
 from services.generation import ContinuousGenerationService
 
 
@@ -58,16 +58,15 @@ class RunResult:
         return self.tokens / self.seconds
 
     def summary(self) -> dict:
-        def pct(values, q):
-            return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else (
-                values[0] if values else float("nan"))
+        def p50_p95(name: str, values: list[float], digits: int, empty=None) -> dict:
+            if not values and empty is None:
+                return {f"{name}_p50_s": None, f"{name}_p95_s": None}
+            p50, p95 = percentiles(values, (50, 95))
+            return {f"{name}_p50_s": round(p50, digits), f"{name}_p95_s": round(p95, digits)}
         return {"mode": self.mode, "dtype": self.dtype, "requests": self.requests, "tokens": self.tokens,
                 "seconds": round(self.seconds, 2), "tokens_per_s": round(self.tokens_per_s, 2),
-                "latency_p50_s": round(pct(self.latencies, 50), 2), "latency_p95_s": round(pct(self.latencies, 95), 2),
-                "ttft_p50_s": round(pct(self.ttft, 50), 3) if self.ttft else None,
-                "ttft_p95_s": round(pct(self.ttft, 95), 3) if self.ttft else None,
-                "ttft_after_admission_p50_s": round(pct(self.ttft_admitted, 50), 3) if self.ttft_admitted else None,
-                "ttft_after_admission_p95_s": round(pct(self.ttft_admitted, 95), 3) if self.ttft_admitted else None}
+                **p50_p95("latency", self.latencies, 2, empty="nan"), **p50_p95("ttft", self.ttft, 3),
+                **p50_p95("ttft_after_admission", self.ttft_admitted, 3)}
 
 
 def parse_answer_lengths(text: str) -> tuple[int, int]:
