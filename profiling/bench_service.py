@@ -50,10 +50,9 @@ from pipeline.config import REPO_ROOT, ConfigError, Settings
 from pipeline.device import thread_budget
 from pipeline.spec import MODEL_STAGES, Stage
 from profiling.lib.cli import split_list
-from profiling.lib.load import ClosedGroup, Target, load_queries, run_closed
+from profiling.lib.load import ClosedGroup, Target, clear_caches, load_queries, run_closed
 from profiling.lib.prometheus import MetricsSnapshot, NodeDelta, node_deltas, scrape_all
 from profiling.lib.report import RunStats, format_nodes_table, jsonable, mib, run_stats, write_json
-from services.http import TOKEN_HEADER
 from services.local_cluster import LocalCluster, free_ports, pinned_env
 
 DEFAULT_OUT = Path("runs/bench_service")
@@ -193,12 +192,6 @@ def base_env(env: Mapping[str, str], base_port: int, timeout_s: float) -> dict[s
     return out
 
 
-def _post_cache_clear(cluster: LocalCluster) -> None:
-    headers = {TOKEN_HEADER: cluster.settings.cluster_token} if cluster.settings.cluster_token else {}
-    for node in (0, 1):
-        requests.post(f"{cluster.url(node)}/cache/clear", headers=headers, timeout=30).raise_for_status()
-
-
 def run_variant(variant: Variant, env: Mapping[str, str], args: argparse.Namespace, queries: Sequence[str],
                 log_dir: Path) -> VariantResult:
     cluster = LocalCluster(env, log_dir)
@@ -213,7 +206,7 @@ def run_variant(variant: Variant, env: Mapping[str, str], args: argparse.Namespa
         if args.warmup:
             warm = Target(url, queries, args.timeout, deadline)
             run_closed(warm, ClosedGroup("warmup", args.warmup, min(args.warmup, args.concurrency)))
-            _post_cache_clear(cluster)  # measured hits come from the measured load only
+            clear_caches([cluster.url(node) for node in (0, 1)], cluster.settings.cluster_token)  # measured hits come from the measured load only
         target = Target(url, queries, args.timeout, deadline)
         before = scrape_all(metrics_urls)
         records = run_closed(target, ClosedGroup(variant.name, args.count, args.concurrency))

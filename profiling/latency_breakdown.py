@@ -19,18 +19,9 @@ import requests
 
 from pipeline import spec
 from profiling.lib.cli import add_allow_remote, check_target, split_list
+from profiling.lib.load import clear_caches
 from profiling.lib.prometheus import MetricsSnapshot, counter_delta, scrape
 from profiling.lib.report import write_json
-
-
-def clear_caches(metrics: dict[int, str], token: str) -> None:
-    """A cached embedding would hide the embed stage: start each request cold."""
-    headers = {"X-Cluster-Token": token} if token else {}
-    for u in metrics.values():
-        try:
-            requests.post(u.rsplit("/metrics", 1)[0] + "/cache/clear", headers=headers, timeout=10)
-        except requests.RequestException:
-            pass  # a node without caches, or down: the stage times will show it
 
 
 def run_seconds(before: MetricsSnapshot, after: MetricsSnapshot, stage: str) -> float:
@@ -39,7 +30,8 @@ def run_seconds(before: MetricsSnapshot, after: MetricsSnapshot, stage: str) -> 
 
 
 def breakdown(url: str, metrics: dict[int, str], query: str, timeout_s: float, token: str = "") -> dict:
-    clear_caches(metrics, token)
+    # A cached embedding would hide the embed stage: start each request cold.
+    clear_caches([u.rsplit("/metrics", 1)[0] for u in metrics.values()], token, strict=False, timeout_s=10)
     before = {node: scrape(u) for node, u in metrics.items()}
     started = time.perf_counter()
     response = requests.post(f"{url}/query", json={"request_id": uuid.uuid4().hex, "query": query},

@@ -21,6 +21,7 @@ from typing import Sequence
 import requests
 
 from pipeline import spec
+from services.http import TOKEN_HEADER
 
 COURSE_SCHEDULE = "10x10,20x5,50x1"  # the course client's three runs: count x interval (s)
 MIN_REQUEST_TIMEOUT_S = 1.0
@@ -267,3 +268,16 @@ def _sleep_until(when: float) -> None:
 def _join_all(threads: Sequence[threading.Thread], deadline: float) -> None:
     for thread in threads:
         thread.join(timeout=max(0.0, deadline + JOIN_GRACE_S - time.monotonic()))
+
+
+def clear_caches(node_urls: Sequence[str], token: str, *, strict: bool = True, timeout_s: float = 30) -> None:
+    """POST /cache/clear on each node (an internal endpoint: the cluster token when set), so a
+    measurement starts cold. strict: a node that cannot clear is an error; else it is skipped
+    (a node without caches, or down, shows in the figures anyway)."""
+    headers = {TOKEN_HEADER: token} if token else {}
+    for url in node_urls:
+        try:
+            requests.post(f"{url}/cache/clear", headers=headers, timeout=timeout_s).raise_for_status()
+        except requests.RequestException:
+            if strict:
+                raise
