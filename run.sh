@@ -29,6 +29,12 @@ setup() {
   echo "$want" > "$stamp"
 }
 
+setup_test_tools() {
+  # Tools some tests drive as real processes (Debian's prometheus + promtool); the script
+  # installs them where it can (root with apt) and otherwise says which tests will skip.
+  [[ -x deploy/install-test-tools.sh ]] && deploy/install-test-tools.sh || true
+}
+
 demo_env() {
   export FAISS_INDEX_PATH="${FAISS_INDEX_PATH:-$DEMO_DIR/faiss_index.bin}"
   export DOCUMENTS_DIR="${DOCUMENTS_DIR:-$DEMO_DIR/documents}"
@@ -49,6 +55,7 @@ case "$cmd" in
   setup) setup ;;
   test)
     setup
+    setup_test_tools
     export HF_HUB_OFFLINE=1 MODEL_SOURCE=standin STANDIN_PROFILE=tiny
     shift
     exec "$PY" -m pytest "$@"

@@ -288,6 +288,10 @@ class Settings:
     generate_inject_failure: str = var("GENERATE_INJECT_FAILURE", _choice("off", "iteration", "iteration_and_cleanup"), "off", "TEST ONLY: the continuous generate loop fails every iteration that has sequences (iteration_and_cleanup: its cleanup fails too), to test a dying stage thread; keep off")
     log_level: str = var("LOG_LEVEL", _choice("debug", "info", "warning", "error"), "info", "logging level")
     log_format: str = var("LOG_FORMAT", _choice("text", "json"), "text", "node log lines: text for people, json for log collectors (one object per line: time, node, level, logger, message and the request's fields)")
+    # --- tracing (OpenTelemetry, opt-in; services/tracing.py)
+    tracing: str = var("TRACING", _choice("off", "otlp", "jsonl"), "off", "OpenTelemetry tracing: off; otlp = export spans over OTLP/HTTP to TRACING_ENDPOINT; jsonl = append one JSON span per line to TRACING_FILE (W3C trace context crosses nodes 0 -> 1 -> 2 either way)")
+    tracing_endpoint: str = var("TRACING_ENDPOINT", str, "http://127.0.0.1:4318/v1/traces", "OTLP/HTTP traces endpoint (a collector, Jaeger, Tempo) when TRACING=otlp")
+    tracing_file: str = var("TRACING_FILE", str, "", "file spans are appended to when TRACING=jsonl (empty = logs/traces-node<N>.jsonl)")
 
     # ----------------------------------------------------------------- building
 
