@@ -72,6 +72,9 @@ _BATCH_FAMILIES = [
      "wait_seconds_sum"),
     (CounterMetricFamily, "rag_batch_run_seconds", "Time the stage's thread spent computing", "run_seconds_sum"),
     (GaugeMetricFamily, "rag_batch_queue_depth", "Items waiting in a stage's queue", "queue_depth"),
+    # The bound depth is judged against (alerts and dashboards divide by it; STAGE_MAX_QUEUE is configurable).
+    (GaugeMetricFamily, "rag_batch_queue_capacity", "Items a stage accepts (STAGE_MAX_QUEUE) before it "
+     "refuses new ones with 503", "max_queue"),
 ]
 
 # The same for GenerationStats attributes: what decoding did.
