@@ -1,11 +1,6 @@
 #!/usr/bin/env bash
 # One entry point for every role and chore; configured only by environment
-# variables (see env.example).
-#   ./run.sh setup   create .venv and install the project with its test extra (idempotent)
-#   ./run.sh test    setup, then the whole test suite
-#   ./run.sh demo    setup, build demo data and stand-ins if missing, answer the eight queries
-#   ./run.sh local   start the three nodes on 127.0.0.1 (logs under logs/local/)
-#   NODE_NUMBER=N ./run.sh   start node N's role
+# variables (see env.example). `./run.sh help` lists the commands (usage() below).
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT="$(pwd)"
@@ -50,8 +45,30 @@ build_demo_data() {
   fi
 }
 
+usage() {
+  cat <<'EOF'
+usage: ./run.sh COMMAND [args]   (configured only by environment variables: env.example)
+
+  setup              create .venv and install the project with its test extra (idempotent)
+  test [pytest args] setup, then the test suite with tiny stand-ins, offline (-m "not slow": the fast subset)
+  demo               setup, build demo data and stand-ins if missing, start the three nodes, ask the eight queries
+  local              setup, build demo data if missing, run the three nodes on 127.0.0.1 until Ctrl-C
+                     (logs in logs/local/)
+  models             is each of the five real models in the Hugging Face cache? prints the command that
+                     fetches each missing one; exit 0 when all are present, 1 otherwise
+  settings [--non-default]
+                     print every setting's effective value and whether it is the default (secrets hidden);
+                     exit 2 listing every bad value
+  help, --help, -h   this text
+
+  NODE_NUMBER=N ./run.sh   start node N's role (0 gateway+worker, 1 worker, 2 index server) on the port of
+                           its own NODE_N_IP; GET /live, /ready, /health and /settings tell how it is doing
+EOF
+}
+
 cmd="${1:-}"
 case "$cmd" in
+  help|--help|-h) usage ;;
   setup) setup ;;
   test)
     setup
@@ -70,16 +87,26 @@ case "$cmd" in
     build_demo_data
     exec "$PY" -m services.local_cluster
     ;;
+  models)
+    setup
+    shift
+    exec "$PY" -m pipeline.provision "$@"
+    ;;
+  settings)
+    setup
+    shift
+    exec "$PY" -m pipeline.config "$@"
+    ;;
   "")
     if [[ -z "${NODE_NUMBER:-}" ]]; then
-      echo "usage: ./run.sh {setup|test|demo|local}, or set NODE_NUMBER to start a node" >&2
+      usage >&2
       exit 2
     fi
     setup
     exec "$PY" -m services.node
     ;;
   *)
-    echo "unknown subcommand '$cmd': expected setup, test, demo or local (or none with NODE_NUMBER set)" >&2
+    echo "unknown subcommand '$cmd': expected setup, test, demo, local, models, settings or help (or none with NODE_NUMBER set)" >&2
     exit 2
     ;;
 esac

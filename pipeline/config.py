@@ -1,14 +1,17 @@
 """One typed, immutable settings object built from the environment, here only.
 
 Every variable the project reads is a field below, with its parser, default and
-one-line help; env.example is checked against this list by a test. A bad value
-raises ConfigError with one line naming the variable, the value and what is
-accepted, which entry points print instead of a traceback.
+one-line help; env.example is checked against this list by a test. Bad values
+raise one ConfigError with one line per problem (each naming the variable, the
+value and what is accepted), which entry points print instead of a traceback.
+`python -m pipeline.config` prints the effective settings.
 """
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -46,8 +49,24 @@ READ_TIMEOUT_SHARE, MIN_READ_TIMEOUT_S, MAX_READ_TIMEOUT_S = 30.0, 2.0, 30.0
 MIN_CONNECTION_LIMIT = 1024
 
 
+# How a secret's value is shown anywhere it could be logged or served.
+HIDDEN = "<hidden>"
+
+
+# What an entry point prints before each problem (and exits 2).
+CONFIG_ERROR_PREFIX = "config error: "
+
+
 class ConfigError(ValueError):
-    """A bad environment value; its message is one line meant for the operator."""
+    """Bad environment values: one line per problem, meant for the operator (`problems`).
+
+    Every entry point prints `f"config error: {exc}"`, so str() puts that prefix before each
+    problem after the first: the print shows every problem on a line of its own, prefixed.
+    """
+
+    def __init__(self, *problems: str):
+        super().__init__(("\n" + CONFIG_ERROR_PREFIX).join(problems))
+        self.problems = list(problems)
 
 
 @dataclass(frozen=True)
@@ -297,8 +316,15 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
+        """Parse every variable; ConfigError with one line per bad value, then per disagreement.
+
+        Every problem is reported at once, so an operator fixes them in one round: first each
+        value that does not parse, then each consistency check whose variables all parsed.
+        """
         env = os.environ if env is None else env
         values: dict[str, Any] = {}
+        problems: list[str] = []
+        unparsed: set[str] = set()
         for f in dataclasses.fields(cls):
             meta = f.metadata
             raw = env.get(meta["env"])
@@ -309,50 +335,79 @@ class Settings:
             try:
                 values[f.name] = meta["parse"](raw)
             except ValueError as exc:
+                if f.name in overrides:
+                    continue
                 shown = raw if f.repr else "<hidden>"  # a secret's value never reaches a log
-                raise ConfigError(f"{meta['env']}={shown!r} is not valid: expected {exc}") from None
+                problems.append(f"{meta['env']}={shown!r} is not valid: expected {exc}")
+                unparsed.add(meta["env"])
+                # The default stands in, so the checks that do not read this variable can still run.
+                values[f.name] = None if f.name == "node_number" else meta["parse"](meta["default"])
         values.update(overrides)
         settings = cls(**values)
-        settings._check_consistency()
+        for variables, check in _CONSISTENCY_CHECKS:
+            if unparsed.isdisjoint(variables):
+                problem = check(settings)
+                if problem:
+                    problems.append(problem)
+        if problems:
+            raise ConfigError(*problems)
         return settings
 
     def replace(self, **changes: Any) -> "Settings":
         return dataclasses.replace(self, **changes)
 
-    def _check_consistency(self) -> None:
-        bad = [n for n in self.worker_nodes if n not in (0, 1)]
-        if bad:
-            raise ConfigError(f"WORKER_NODES={','.join(map(str, self.worker_nodes))!r} is not valid: expected worker nodes among 0 and 1")
+    # Consistency checks: each returns its one-line problem or None (listed in _CONSISTENCY_CHECKS).
+
+    def _check_worker_nodes(self) -> str | None:
+        if any(n not in (0, 1) for n in self.worker_nodes):
+            return (f"WORKER_NODES={','.join(map(str, self.worker_nodes))!r} is not valid: "
+                    "expected worker nodes among 0 and 1")
+        return None
+
+    def _check_search_batch(self) -> str | None:
         # Node 2 queues a whole search batch at once: a batch larger than its queue could never be accepted.
         if self.search_max_batch > self.stage_max_queue:
-            raise ConfigError(f"SEARCH_MAX_BATCH='{self.search_max_batch}' is not valid: expected at most "
-                              f"STAGE_MAX_QUEUE ({self.stage_max_queue}), or node 2 could never queue a batch")
+            return (f"SEARCH_MAX_BATCH='{self.search_max_batch}' is not valid: expected at most "
+                    f"STAGE_MAX_QUEUE ({self.stage_max_queue}), or node 2 could never queue a batch")
+        return None
+
+    def _check_internal_timeout(self) -> str | None:
         # Node 1 refuses a forwarded timeout_s above its cap: every forward would fail.
         if self.request_timeout_s > MAX_INTERNAL_TIMEOUT_S:
-            raise ConfigError(f"REQUEST_TIMEOUT_S='{self.request_timeout_s:g}' is not valid: expected at most "
-                              f"{MAX_INTERNAL_TIMEOUT_S:g}, MAX_INTERNAL_TIMEOUT_S, the longest timeout_s a worker "
-                              "accepts on /internal/answer")
-        if self.gateway_max_joiners_per_id > self.gateway_max_joiners:
-            raise ConfigError(f"GATEWAY_MAX_JOINERS_PER_ID='{self.gateway_max_joiners_per_id}' is not valid: "
-                              f"expected at most GATEWAY_MAX_JOINERS ({self.gateway_max_joiners})")
-        self._check_http_limits()
-        # Waitress must keep a connection at least as long as a request may be waited on.
-        if not self.channel_timeout_s > self.request_timeout_s:
-            raise ConfigError(f"REQUEST_TIMEOUT_S='{self.request_timeout_s:g}' is not valid: expected a value "
-                              f"whose HTTP channel timeout ({self.channel_timeout_s:g} s) lies above it")
+            return (f"REQUEST_TIMEOUT_S='{self.request_timeout_s:g}' is not valid: expected at most "
+                    f"{MAX_INTERNAL_TIMEOUT_S:g}, MAX_INTERNAL_TIMEOUT_S, the longest timeout_s a worker "
+                    "accepts on /internal/answer")
+        return None
 
-    def _check_http_limits(self) -> None:
+    def _check_joiners(self) -> str | None:
+        if self.gateway_max_joiners_per_id > self.gateway_max_joiners:
+            return (f"GATEWAY_MAX_JOINERS_PER_ID='{self.gateway_max_joiners_per_id}' is not valid: "
+                    f"expected at most GATEWAY_MAX_JOINERS ({self.gateway_max_joiners})")
+        return None
+
+    def _check_read_timeout(self) -> str | None:
         if self.http_read_timeout_s >= self.request_timeout_s:
-            raise ConfigError(f"HTTP_READ_TIMEOUT_S='{self.http_read_timeout_s:g}' is not valid: expected less than "
-                              f"REQUEST_TIMEOUT_S ({self.request_timeout_s:g}), or 0 for the derived value")
+            return (f"HTTP_READ_TIMEOUT_S='{self.http_read_timeout_s:g}' is not valid: expected less than "
+                    f"REQUEST_TIMEOUT_S ({self.request_timeout_s:g}), or 0 for the derived value")
+        return None
+
+    def _check_query_tokens(self) -> str | None:
         largest = self.max_query_tokens + PROMPT_ALLOWANCE_TOKENS + spec.MAX_NEW_TOKENS
         if self.generate_mode == "continuous" and largest * KV_SHARE_OF_LARGEST_REQUEST > self.generate_max_tokens:
-            raise ConfigError(f"MAX_QUERY_TOKENS='{self.max_query_tokens}' is not valid: expected at most "
-                              f"{self.generate_max_tokens // KV_SHARE_OF_LARGEST_REQUEST - PROMPT_ALLOWANCE_TOKENS - spec.MAX_NEW_TOKENS}"
-                              f" with GENERATE_MAX_TOKENS={self.generate_max_tokens}, so that the largest request "
-                              f"(its query, a {PROMPT_ALLOWANCE_TOKENS}-token prompt allowance and "
-                              f"{spec.MAX_NEW_TOKENS} new tokens) reserves at most 1/{KV_SHARE_OF_LARGEST_REQUEST} "
-                              "of the KV budget")
+            return (f"MAX_QUERY_TOKENS='{self.max_query_tokens}' is not valid: expected at most "
+                    f"{self.generate_max_tokens // KV_SHARE_OF_LARGEST_REQUEST - PROMPT_ALLOWANCE_TOKENS - spec.MAX_NEW_TOKENS}"
+                    f" with GENERATE_MAX_TOKENS={self.generate_max_tokens}, so that the largest request "
+                    f"(its query, a {PROMPT_ALLOWANCE_TOKENS}-token prompt allowance and "
+                    f"{spec.MAX_NEW_TOKENS} new tokens) reserves at most 1/{KV_SHARE_OF_LARGEST_REQUEST} "
+                    "of the KV budget")
+        return None
+
+    def _check_channel_timeout(self) -> str | None:
+        # Waitress must keep a connection at least as long as a request may be waited on.
+        if not self.channel_timeout_s > self.request_timeout_s:
+            return (f"REQUEST_TIMEOUT_S='{self.request_timeout_s:g}' is not valid: expected a value "
+                    f"whose HTTP channel timeout ({self.channel_timeout_s:g} s) lies above it")
+        return None
 
     # ----------------------------------------------------------------- views
 
@@ -363,6 +418,20 @@ class Settings:
             f.metadata["env"]: {"field": f.name, "default": f.metadata["default"], "help": f.metadata["help"]}
             for f in dataclasses.fields(Settings)
         }
+
+    def effective(self) -> dict[str, str]:
+        """Environment variable name -> effective value as the string that sets it, in declaration
+        order; a secret that is set reads "<hidden>" (what GET /settings and the startup line show)."""
+        shown = {}
+        for f in dataclasses.fields(self):
+            text = render(getattr(self, f.name))
+            shown[f.metadata["env"]] = HIDDEN if text and not f.repr else text
+        return shown
+
+    def non_defaults(self) -> dict[str, str]:
+        """effective() restricted to the variables whose value differs from their default."""
+        defaults = Settings.from_env({}).effective()
+        return {name: value for name, value in self.effective().items() if value != defaults[name]}
 
     def node_address(self, node: int) -> Address:
         return (self.node_0_ip, self.node_1_ip, self.node_2_ip)[node]
@@ -428,3 +497,114 @@ class Settings:
         if not self.documents_db.is_file():
             raise ConfigError(f"DOCUMENTS_DIR={str(self.documents_dir)!r} is not valid: expected a folder holding documents.db")
         return self.documents_db
+
+
+# Each consistency check with the variables it reads: it runs only when all of them parsed.
+_CONSISTENCY_CHECKS: tuple[tuple[frozenset[str], Callable[[Settings], str | None]], ...] = (
+    (frozenset({"WORKER_NODES"}), Settings._check_worker_nodes),
+    (frozenset({"SEARCH_MAX_BATCH", "STAGE_MAX_QUEUE"}), Settings._check_search_batch),
+    (frozenset({"REQUEST_TIMEOUT_S"}), Settings._check_internal_timeout),
+    (frozenset({"GATEWAY_MAX_JOINERS_PER_ID", "GATEWAY_MAX_JOINERS"}), Settings._check_joiners),
+    (frozenset({"HTTP_READ_TIMEOUT_S", "REQUEST_TIMEOUT_S"}), Settings._check_read_timeout),
+    (frozenset({"MAX_QUERY_TOKENS", "GENERATE_MAX_TOKENS", "GENERATE_MODE"}), Settings._check_query_tokens),
+    (frozenset({"REQUEST_TIMEOUT_S"}), Settings._check_channel_timeout),
+)
+
+
+def render(value: Any) -> str:
+    """A parsed value as the environment string that sets it (Settings.effective)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else repr(value)
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+# ---- misspelt variables: a name that looks like ours but is not one is most likely a typo that
+# would otherwise be ignored in silence (the default applies and nobody notices).
+
+# Other software's variables that share a word with ours (HF_HOME beside HF_HUB_OFFLINE, TORCH_HOME
+# beside TORCH_THREADS, HTTP_PROXY beside HTTP_READ_TIMEOUT_S): never "ours by the look of it".
+FOREIGN_PREFIXES = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TOKENIZERS_", "TORCH", "OTEL_", "PYTHON", "PYTEST",
+                    "OMP_", "MKL_", "KMP_", "CUDA_", "NVIDIA_", "LC_", "XDG_", "SSH_", "GIT_", "HTTP_PROXY",
+                    "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "LD_", "VIRTUAL_ENV", "CONDA_", "PIP_", "DEMO_DIR",
+                    "DEMO_DOCS")
+# How close (difflib ratio) an unknown name must be to one of ours to be called a typo of it;
+# a foreign-looking name must be closer still (HF_HUB_OFLINE is, HF_HUB_CACHE is not).
+TYPO_RATIO, FOREIGN_TYPO_RATIO = 0.8, 0.9
+
+
+def _our_affixes() -> tuple[set[str], set[str]]:
+    """The first word of each of our names ending in a stage or knob word (EMBED_, GATEWAY_...) and
+    the endings several of ours share (_MAX_BATCH, _DTYPE, _TIMEOUT_S...)."""
+    names = list(Settings.variables())
+    prefixes = {name.split("_")[0] + "_" for name in names if "_" in name}
+    # Words that are ours alone (NODE_ is not: Node.js has NODE_OPTIONS; a typo of NODE_1_IP is close anyway).
+    prefixes &= {f"{stage.upper()}_" for stage in STAGES} | {"GATEWAY_", "STANDIN_", "FAISS_", "LOCAL_",
+                                                              "TRACING_", "RESPONSE_", "IDEMPOTENCY_",
+                                                              "CLUSTER_", "SHUTDOWN_", "WAITRESS_"}
+    endings = ("_MAX_BATCH", "_MAX_WAIT_MS", "_DTYPE", "_PRECISION", "_CACHE_SIZE", "_INJECT_DELAY_MS")
+    suffixes = {end for end in endings if sum(name.endswith(end) for name in names) >= 2}
+    return prefixes, suffixes
+
+
+def misspelt_variables(env: Mapping[str, str] | None = None) -> list[str]:
+    """One warning per variable in `env` that is not ours but looks like it, naming the closest of ours."""
+    env = os.environ if env is None else env
+    ours = list(Settings.variables())
+    prefixes, suffixes = _our_affixes()
+    warnings = []
+    for name in sorted(env):
+        if name in ours or not name.isupper():
+            continue
+        foreign = name.startswith(FOREIGN_PREFIXES)
+        close = difflib.get_close_matches(name, ours, n=1, cutoff=FOREIGN_TYPO_RATIO if foreign else TYPO_RATIO)
+        if not close and not foreign:  # one of our words: the closest of ours sharing it
+            kin = [our for our in ours if any(name.startswith(p) and our.startswith(p) for p in prefixes)
+                   or any(name.endswith(x) and our.endswith(x) for x in suffixes)]
+            close = difflib.get_close_matches(name, kin, n=1, cutoff=0.0)
+        if close:
+            warnings.append(f"{name} is not a setting this service reads (ignored); did you mean {close[0]}? "
+                            "(env.example lists them all)")
+    return warnings
+
+
+def describe(settings: Settings, env: Mapping[str, str]) -> list[str]:
+    """One line per variable: NAME=effective value, and whether that is the default."""
+    defaults = Settings.from_env({}).effective()
+    lines = []
+    for name, value in settings.effective().items():
+        if value == defaults[name]:
+            origin = "default" if name not in env else "set, equal to the default"
+        else:
+            origin = f"set (default: {defaults[name] or 'empty'})"
+        lines.append(f"{name}={value}".ljust(48) + f"  # {origin}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m pipeline.config` (`./run.sh settings`): the effective settings; exit 2 on bad values."""
+    import argparse
+    parser = argparse.ArgumentParser(prog="python -m pipeline.config", description=main.__doc__)
+    parser.add_argument("--non-default", action="store_true", help="only the variables not at their default")
+    args = parser.parse_args(argv)
+    for warning in misspelt_variables():
+        print(f"warning: {warning}", file=sys.stderr)
+    try:
+        settings = Settings.from_env()
+    except ConfigError as exc:
+        print(f"{CONFIG_ERROR_PREFIX}{exc}", file=sys.stderr)
+        return 2
+    lines = describe(settings, os.environ)
+    if args.non_default:
+        lines = [line for line in lines if "# set (default" in line] or ["# every setting is at its default"]
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -6,12 +6,14 @@ loading code in each stage is the same for both; only `cache_dir` differs.
 from __future__ import annotations
 
 import logging
+import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from pipeline import spec
-from pipeline.config import Settings
+from pipeline.config import ConfigError, Settings
 
 log = logging.getLogger(__name__)
 
@@ -43,19 +45,94 @@ class ModelSource:
         return kwargs
 
 
-def real_models_cached() -> bool:
+class ModelsMissing(ConfigError):
+    """MODEL_SOURCE=hub, some models are not in the cache and cannot be fetched from here: the
+    operator must fetch them (a restart cannot help, so it is a ConfigError: exit 2, no restart)."""
+
+
+# A model counts as present when its config and at least one weights file are in one snapshot.
+WEIGHT_SUFFIXES = (".safetensors", ".bin")
+
+
+def hub_cache_dir() -> Path:
+    """The Hugging Face cache the hub source reads (HF_HOME / HF_HUB_CACHE choose it)."""
+    from huggingface_hub import constants
+    return Path(constants.HF_HUB_CACHE)
+
+
+def hub_endpoint() -> str:
+    from huggingface_hub import constants
+    return constants.ENDPOINT
+
+
+def model_is_cached(name: str, cache_dir: Path | None = None) -> bool:
     from huggingface_hub import try_to_load_from_cache
-    return all(isinstance(try_to_load_from_cache(name, "config.json"), str) for name in ALL_MODELS)
+    config = try_to_load_from_cache(name, "config.json", cache_dir=str(cache_dir) if cache_dir else None)
+    if not isinstance(config, str):
+        return False
+    return any(p.suffix in WEIGHT_SUFFIXES for p in Path(config).parent.iterdir())
+
+
+def missing_models(cache_dir: Path | None = None, names: Sequence[str] = ALL_MODELS) -> list[str]:
+    """The models in `names` not (completely) in the hub cache `cache_dir` (None: the default one)."""
+    return [name for name in names if not model_is_cached(name, cache_dir)]
+
+
+def real_models_cached() -> bool:
+    return not missing_models()
+
+
+def fetch_command(name: str, cache_dir: Path | None = None) -> str:
+    """The shell command that puts `name` into the hub cache: huggingface_hub's own CLI
+    (`hf download` since 1.0, `huggingface-cli download` before), the one beside this Python
+    when it is not the one on PATH (a venv that is not activated); into `cache_dir` if given."""
+    into = f" --cache-dir {cache_dir}" if cache_dir is not None else ""
+    here = Path(sys.executable).parent
+    for cli, args in (("hf", "download"), ("huggingface-cli", "download")):
+        beside = here / cli
+        if beside.is_file():
+            on_path = shutil.which(cli)
+            shown = cli if on_path and Path(on_path).resolve() == beside.resolve() else str(beside)
+            return f"{shown} {args} {name}{into}"
+    return f"hf download {name}{into}"
+
+
+def missing_models_message(missing: Sequence[str], why: str) -> str:
+    """One line: which models are missing, why they cannot be fetched now, and the commands."""
+    commands = "; ".join(fetch_command(name) for name in missing)
+    return (f"MODEL_SOURCE=hub: {len(missing)} of {len(ALL_MODELS)} models are not in the Hugging Face cache "
+            f"{hub_cache_dir()} and {why}: {', '.join(missing)}; fetch them with: {commands} "
+            "(./run.sh models checks the cache)")
 
 
 def hub_reachable(timeout_s: float = 3.0) -> bool:
     try:
         import requests
-        from huggingface_hub import constants
-        requests.head(constants.ENDPOINT, timeout=timeout_s)
+        requests.head(hub_endpoint(), timeout=timeout_s)
         return True
     except Exception:  # any failure means "not reachable from here"
         return False
+
+
+def hub_source(settings: Settings, *, missing: Callable[[], list[str]] = missing_models,
+               reachable: Callable[[], bool] = hub_reachable) -> ModelSource:
+    """The real models; ModelsMissing at once (one line) when some are not cached and cannot be
+    fetched, instead of huggingface_hub's minute of retries per file and a traceback.
+
+    All cached: read the cache only when the hub cannot be reached (no retries on each file)."""
+    absent = missing()
+    if settings.hf_hub_offline:  # offline: not even a look
+        if absent:
+            raise ModelsMissing(missing_models_message(absent, "HF_HUB_OFFLINE is set"))
+        return ModelSource("hub", None, True)
+    if reachable():
+        if absent:
+            log.warning("downloading %s from %s into %s", ", ".join(absent), hub_endpoint(), hub_cache_dir())
+        return ModelSource("hub", None, False)
+    if absent:
+        raise ModelsMissing(missing_models_message(absent, f"the hub ({hub_endpoint()}) cannot be reached"))
+    log.warning("the hub (%s) cannot be reached: using the cached models", hub_endpoint())
+    return ModelSource("hub", None, True)
 
 
 def standin_source(settings: Settings, build: bool = True) -> ModelSource:
@@ -67,13 +144,13 @@ def standin_source(settings: Settings, build: bool = True) -> ModelSource:
     return ModelSource("standin", home / "hub", True, settings.standin_profile)
 
 
-def resolve_model_source(settings: Settings, *, cached: Callable[[], bool] = real_models_cached,
+def resolve_model_source(settings: Settings, *, missing: Callable[[], list[str]] = missing_models,
                          reachable: Callable[[], bool] = hub_reachable) -> ModelSource:
     if settings.model_source == "standin":
         source = standin_source(settings)
     elif settings.model_source == "hub":
-        source = ModelSource("hub", None, settings.hf_hub_offline)
-    elif cached():
+        source = hub_source(settings, missing=missing, reachable=reachable)
+    elif not missing():
         source = ModelSource("hub", None, True)
     elif not settings.hf_hub_offline and reachable():  # offline: not even a look
         source = ModelSource("hub", None, False)

@@ -1,7 +1,9 @@
 """A node's Flask app: the routes every role shares around the role's own.
 
-Shared: GET /health (503 until ready), POST /cache/clear, /metrics, the in-flight
-count the drain waits on, and the one error handler (services.http.make_app).
+Shared: GET /health (503 until ready, with the state and why), GET /live (200 while the
+process answers at all), GET /ready (200 only when it can serve), GET /settings (the
+effective settings, secrets hidden), POST /cache/clear, /metrics, the in-flight count
+the drain waits on, and the one error handler (services.http.make_app).
 """
 from __future__ import annotations
 
@@ -102,6 +104,29 @@ def build_app(role: Role, lifecycle: Lifecycle) -> Flask:
     def health():
         body = health_body(role, lifecycle)
         return jsonify(body), (200 if body["status"] == "healthy" else 503)
+
+    # Liveness for a supervisor (restart only a process that stopped answering): 200 whatever the
+    # state, even starting, failed or stopping, which /ready and /health tell apart.
+    @app.get("/live")
+    def live():
+        return jsonify({"status": "live", "node": role.node})
+
+    # Readiness for a load balancer: /health's verdict without the role's details.
+    @app.get("/ready")
+    def ready():
+        body = health_body(role, lifecycle)
+        answer = {"ready": body["status"] == "healthy", "status": body["status"], "node": role.node}
+        if body.get("detail"):
+            answer["detail"] = body["detail"]
+        return jsonify(answer), (200 if answer["ready"] else 503)
+
+    # What this node runs with, for benchmark result files and operators: every variable's
+    # effective value as a string, secrets "<hidden>" (Settings.effective).
+    settings_body = {"settings": role.settings.effective()}
+
+    @app.get("/settings")
+    def settings():
+        return jsonify(settings_body)
 
     @app.post("/cache/clear")
     @internal_endpoint(role.settings.cluster_token)

@@ -1,7 +1,8 @@
 """A node's life: starting -> ready -> stopping (or failed), and the requests in flight.
 
 One object per process, shared by the HTTP handlers (is the node ready? count this
-request), the startup thread (load, then ready or exit 1) and the signal handler
+request), the startup thread (load, then ready; or failed: /health says why for
+FAILED_LINGER_S, then exit 1, or 2 for a ConfigError) and the signal handler
 (SIGTERM/SIGINT: refuse new work with 503, let requests in flight finish within
 SHUTDOWN_GRACE_S, answer those still running then with 503 "stopping", exit 0).
 """
@@ -20,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from flask import Flask
 from werkzeug.wsgi import ClosingIterator
 
+from pipeline.config import ConfigError
 from services.errors import NodeNotReady, http_answer
 from services.http import error_response
 
@@ -31,6 +33,12 @@ EXIT_LINGER_S = 0.5
 # After SHUTDOWN_GRACE_S, the requests still in flight are answered 503 at once: this bounds how
 # long their replies may take to be handed to waitress before the process exits anyway.
 ANSWER_WINDOW_S = 5.0
+# A node whose load failed keeps answering /health "failed" (with the reason) and /ready 503 this
+# long before it exits, so an operator or a probe polling it sees why rather than a refused connection.
+FAILED_LINGER_S = 5.0
+# Exit codes of a failed load: 2 when the operator must change something first (a ConfigError, e.g.
+# models missing: a restart cannot help, and ./run.sh local gives up on it), else 1.
+FAILED_EXIT, CONFIG_ERROR_EXIT = 1, 2
 # Helper threads that run the app (InFlight): never the limit, as waitress's own threads
 # (at most a few hundred) bound the requests running at once.
 HELPER_THREADS = 4096
@@ -203,9 +211,11 @@ class InFlight:
 class Lifecycle:
     """Readiness, in-flight tracking and drain of one node; `name` is how errors call it."""
 
-    def __init__(self, name: str, grace_s: float, *, exit: Callable[[int], None] = os._exit):
+    def __init__(self, name: str, grace_s: float, *, exit: Callable[[int], None] = os._exit,
+                 failed_linger_s: float = FAILED_LINGER_S):
         self.name = name
         self.grace_s = grace_s
+        self.failed_linger_s = failed_linger_s
         self.readiness = Readiness()
         self.in_flight = InFlight()
         self._exit = exit  # os._exit: waitress's threads must not keep a drained node alive
@@ -221,20 +231,33 @@ class Lifecycle:
             raise NodeNotReady(f"{who or self.name} is {state}")
 
     def start_loading(self, load: Callable[[], None]) -> threading.Thread:
-        """Run `load` in the background: ready when it returns, exit 1 when it raises."""
+        """Run `load` in the background: ready when it returns; when it raises, failed (with the
+        reason) for failed_linger_s, then exit 1 (2 for a ConfigError)."""
         def run():
             try:
                 load()
             except Exception as exc:
-                self.readiness.set(Readiness.FAILED, f"{type(exc).__name__}: {exc}")
-                log.exception("%s failed to start", self.name)
-                self._exit(1)
+                self._fail(exc)
                 return
             self.readiness.set(Readiness.READY)
             log.info("%s is ready", self.name)
         thread = threading.Thread(target=run, name="startup", daemon=True)
         thread.start()
         return thread
+
+    def _fail(self, exc: Exception) -> None:
+        if isinstance(exc, ConfigError):  # the operator's to fix: the message says how; no traceback
+            detail, code = "; ".join(exc.problems), CONFIG_ERROR_EXIT
+            log.error("%s failed to start: %s", self.name, detail)
+        else:  # a bug or an environment problem we did not foresee: the traceback helps
+            detail, code = f"{type(exc).__name__}: {exc}", FAILED_EXIT
+            log.exception("%s failed to start", self.name)
+        self.readiness.set(Readiness.FAILED, detail)
+        log.info("%s answers /health 'failed' for %g s, then exits %d", self.name, self.failed_linger_s, code)
+        time.sleep(self.failed_linger_s)
+        if self.readiness.state == Readiness.FAILED:  # a signal meanwhile: the drain exits instead
+            logging.shutdown()
+            self._exit(code)
 
     def drain(self) -> int:
         """Wait up to grace_s for the requests in flight; how many are still running."""

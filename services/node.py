@@ -14,7 +14,7 @@ import threading
 import warnings
 from datetime import datetime, timezone
 
-from pipeline.config import ConfigError, Settings
+from pipeline.config import ConfigError, Settings, misspelt_variables
 from pipeline.device import thread_budget
 from services.app import build_app
 from services.http import serve
@@ -64,6 +64,9 @@ def _quiet_libraries(uses_torch: bool) -> None:
         # transformers prints through its own stderr handler; ours formats (and levels) it instead
         transformers.logging.disable_default_handler()
         transformers.logging.enable_propagation()
+        # huggingface_hub too has a stderr handler of its own and propagates: each warning twice
+        from huggingface_hub.utils import logging as hub_logging
+        hub_logging.get_logger().handlers.clear()
         # "generation flags are not valid" / "generation_config together with arguments": about the
         # generation arguments we pass on purpose, twice per load; other transformers warnings stay
         logging.getLogger("transformers.generation").setLevel(logging.ERROR)
@@ -91,6 +94,15 @@ def _configure_threads(settings: Settings, uses_torch: bool) -> None:
         pass
 
 
+def log_settings(settings: Settings) -> None:
+    """One line with what differs from the defaults (secrets hidden), and a warning per variable
+    that looks like a misspelling of ours (it would otherwise be ignored in silence)."""
+    changed = settings.non_defaults()
+    log.info("settings not at their default: %s", " ".join(f"{k}={v}" for k, v in changed.items()) or "none")
+    for warning in misspelt_variables():
+        log.warning("%s", warning)
+
+
 def main() -> int:
     try:
         settings = Settings.from_env()
@@ -98,9 +110,10 @@ def main() -> int:
         Role = role_class(node)
         Role.check_settings(settings)
     except ConfigError as exc:
-        print(f"config error: {exc}", file=sys.stderr)
+        print(f"config error: {exc}", file=sys.stderr)  # every problem on a line of its own
         return 2
     configure_logging(settings, node, Role.uses_torch)
+    log_settings(settings)
     _configure_threads(settings, Role.uses_torch)
     lifecycle = Lifecycle(f"node {node}", settings.shutdown_grace_s)
     role = Role(settings, node, lifecycle)

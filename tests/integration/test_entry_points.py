@@ -1,4 +1,4 @@
-"""Entry points started as processes: a bad setting is one line, not a traceback."""
+"""Entry points started as processes: bad settings are one line each, not a traceback; run.sh help."""
 import subprocess
 import sys
 from pathlib import Path
@@ -39,3 +39,52 @@ def test_node_whose_request_timeout_exceeds_node_1s_internal_cap_exits_2_naming_
     last = stderr.strip().splitlines()[-1]
     assert last.startswith("config error: REQUEST_TIMEOUT_S='4000' is not valid"), last
     assert "MAX_INTERNAL_TIMEOUT_S" in last and "Traceback" not in stderr
+
+
+def test_node_with_several_bad_settings_prints_every_problem_one_line_each_and_exits_2():
+    env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "NODE_NUMBER": "1", "ONLY_CPU": "maybe",
+           "NPROBE": "0", "GATEWAY_MAX_JOINERS_PER_ID": "20"}
+    proc = subprocess.run([sys.executable, "-m", "services.node"], env=env, capture_output=True, text=True,
+                          cwd=REPO_ROOT, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "config error: NPROBE='0' is not valid: expected an integer from 1 to 65536",
+        "config error: ONLY_CPU='maybe' is not valid: expected true or false (also 1/0, yes/no, on/off)",
+        "config error: GATEWAY_MAX_JOINERS_PER_ID='20' is not valid: expected at most GATEWAY_MAX_JOINERS (16)"]
+
+
+def test_huggingface_hub_warnings_reach_a_node_log_once():
+    # huggingface_hub has a stderr handler of its own and also propagates: every warning (the hub's
+    # retries among them) appeared twice, once bare and once formatted.
+    script = ("from pipeline.config import Settings; from services.node import configure_logging; "
+              "configure_logging(Settings.from_env({}), 1, True); import logging; "
+              "logging.getLogger('huggingface_hub.utils._http').warning('hub-warning-marker')")
+    proc = subprocess.run([sys.executable, "-c", script], env={"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"},
+                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if "hub-warning-marker" in line]
+    assert len(lines) == 1 and " node1 WARNING huggingface_hub" in lines[0], proc.stderr
+
+
+@pytest.mark.parametrize("arg", ["--help", "-h", "help"])
+def test_run_sh_help_lists_its_commands_and_needs_no_setup(arg):
+    proc = subprocess.run(["bash", str(REPO_ROOT / "run.sh"), arg], capture_output=True, text=True,
+                          cwd=REPO_ROOT, timeout=30, env={"PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0 and proc.stderr == ""
+    for command in ("setup", "test", "demo", "local", "models", "settings", "NODE_NUMBER=N ./run.sh"):
+        assert command in proc.stdout
+
+
+def test_run_sh_without_a_command_or_node_number_prints_the_help_and_exits_2():
+    proc = subprocess.run(["bash", str(REPO_ROOT / "run.sh")], capture_output=True, text=True, cwd=REPO_ROOT,
+                          timeout=30, env={"PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 2 and "models" in proc.stderr and "NODE_NUMBER" in proc.stderr
+
+
+def test_python_m_pipeline_provision_checks_the_cache_it_is_given(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "pipeline.provision"], env=env, capture_output=True, text=True,
+                          cwd=REPO_ROOT, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert f"Hugging Face cache: {tmp_path / 'hf' / 'hub'}" in proc.stdout
+    assert "5 of 5 models missing" in proc.stdout and "download BAAI/bge-base-en-v1.5" in proc.stdout

@@ -1,4 +1,5 @@
-"""Settings: typed values, defaults, one-line errors, env.example agreement."""
+"""Settings: typed values, defaults, one line per problem (all at once), env.example agreement,
+effective settings, misspelt variables."""
 import re
 from pathlib import Path
 
@@ -90,7 +91,7 @@ def test_hf_hub_offline_is_a_setting_and_offline_never_looks_at_the_hub():
         raise AssertionError("an offline node must not contact the hub")
 
     hub = resolve_model_source(Settings.from_env({"HF_HUB_OFFLINE": "1", "MODEL_SOURCE": "hub"}),
-                               reachable=reachable)
+                               missing=lambda: [], reachable=reachable)
     assert hub.kind == "hub" and hub.local_files_only
 
 
@@ -138,3 +139,123 @@ def test_joiner_caps_default_below_node_0s_spare_http_threads(tmp_path: Path):
     with pytest.raises(ConfigError, match=r"^GATEWAY_MAX_JOINERS='32' is not valid: .*spare HTTP threads"):
         GatewayRole.check_settings(s.replace(gateway_max_joiners=SPARE_HTTP_THREADS))
     GatewayRole.check_settings(s.replace(gateway_max_joiners=SPARE_HTTP_THREADS, waitress_threads=200))
+
+
+# ---------------------------------------------------------------- every problem at once
+
+
+def test_every_bad_value_and_every_disagreement_is_reported_at_once_one_line_each():
+    env = {"NODE_NUMBER": "abc", "ONLY_CPU": "maybe", "GATEWAY_MAX_JOINERS_PER_ID": "20",
+           "REQUEST_TIMEOUT_S": "4000"}
+    with pytest.raises(ConfigError) as err:
+        Settings.from_env(env)
+    problems = err.value.problems
+    # what every entry point prints: each problem on its own line, each prefixed
+    assert f"config error: {err.value}".splitlines() == [f"config error: {p}" for p in problems]
+    # first the values that do not parse (declaration order), then the checks between values
+    assert [p.split("=")[0] for p in problems] == [
+        "NODE_NUMBER", "ONLY_CPU", "REQUEST_TIMEOUT_S", "GATEWAY_MAX_JOINERS_PER_ID"]
+    assert problems[2].startswith("REQUEST_TIMEOUT_S='4000' is not valid: expected at most 3600")
+    assert problems[0] == "NODE_NUMBER='abc' is not valid: expected an integer from 0 to 2"
+
+
+def test_a_check_between_values_is_skipped_when_one_of_its_values_did_not_parse():
+    # GATEWAY_MAX_JOINERS did not parse: comparing the per-id cap with its default would mislead.
+    with pytest.raises(ConfigError) as err:
+        Settings.from_env({"GATEWAY_MAX_JOINERS": "many", "GATEWAY_MAX_JOINERS_PER_ID": "20"})
+    assert len(err.value.problems) == 1 and err.value.problems[0].startswith("GATEWAY_MAX_JOINERS='many'")
+
+
+def test_a_bad_secret_is_reported_without_its_value():
+    with pytest.raises(ConfigError) as err:
+        Settings.from_env({"CLUSTER_TOKEN": "has space", "NPROBE": "0"})
+    assert err.value.problems[1] == "CLUSTER_TOKEN='<hidden>' is not valid: expected printable ASCII without " \
+                                    "spaces (or empty to turn the check off)"
+    assert "has space" not in str(err.value)
+
+
+# ---------------------------------------------------------------- effective settings
+
+
+def test_effective_settings_are_the_strings_that_set_them_with_secrets_hidden():
+    s = Settings.from_env({"CLUSTER_TOKEN": "s3cret", "EMBED_MAX_BATCH": "8", "ONLY_CPU": "YES",
+                           "WORKER_NODES": "1", "DEMO_INTERVAL_S": "0.25", "NODE_1_IP": "10.0.0.5:9000"})
+    shown = s.effective()
+    assert list(shown) == list(Settings.variables())
+    assert shown["CLUSTER_TOKEN"] == "<hidden>" and "s3cret" not in str(shown)
+    assert (shown["EMBED_MAX_BATCH"], shown["ONLY_CPU"], shown["WORKER_NODES"]) == ("8", "true", "1")
+    assert (shown["DEMO_INTERVAL_S"], shown["REQUEST_TIMEOUT_S"], shown["NODE_NUMBER"]) == ("0.25", "280", "")
+    assert shown["NODE_1_IP"] == "10.0.0.5:9000"
+    assert Settings.from_env(shown | {"CLUSTER_TOKEN": "s3cret"}) == s  # they parse back to the same settings
+    assert s.non_defaults() == {"NODE_1_IP": "10.0.0.5:9000", "WORKER_NODES": "1", "ONLY_CPU": "true",
+                                "EMBED_MAX_BATCH": "8", "DEMO_INTERVAL_S": "0.25", "CLUSTER_TOKEN": "<hidden>"}
+    assert Settings.from_env({"ONLY_CPU": "false"}).non_defaults() == {}
+
+
+def test_python_m_pipeline_config_prints_each_variable_and_whether_it_is_the_default(monkeypatch, capsys):
+    from pipeline import config
+    for name in Settings.variables():
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("EMBED_MAX_BATCH", "8")
+    monkeypatch.setenv("NPROBE", "64")
+    monkeypatch.setenv("CLUSTER_TOKEN", "s3cret")
+    assert config.main([]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == len(Settings.variables())
+    lines = {line.split("=")[0]: line for line in out}
+    assert re.fullmatch(r"EMBED_MAX_BATCH=8 +# set \(default: 16\)", lines["EMBED_MAX_BATCH"])
+    assert re.fullmatch(r"NPROBE=64 +# set, equal to the default", lines["NPROBE"])
+    assert re.fullmatch(r"TOTAL_NODES=3 +# default", lines["TOTAL_NODES"])
+    assert re.fullmatch(r"CLUSTER_TOKEN=<hidden> +# set \(default: empty\)", lines["CLUSTER_TOKEN"])
+    assert config.main(["--non-default"]) == 0
+    assert [line.split("=")[0] for line in capsys.readouterr().out.splitlines()] == ["EMBED_MAX_BATCH", "CLUSTER_TOKEN"]
+    for name in ("EMBED_MAX_BATCH", "CLUSTER_TOKEN"):
+        monkeypatch.delenv(name)
+    assert config.main(["--non-default"]) == 0
+    assert capsys.readouterr().out == "# every setting is at its default\n"
+
+
+def test_python_m_pipeline_config_prints_every_problem_and_exits_2(monkeypatch, capsys):
+    from pipeline import config
+    monkeypatch.setenv("ONLY_CPU", "maybe")
+    monkeypatch.setenv("NPROBE", "0")
+    assert config.main([]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["config error: NPROBE='0' is not valid: expected an integer from 1 to 65536",
+                   "config error: ONLY_CPU='maybe' is not valid: expected true or false (also 1/0, yes/no, on/off)"]
+
+
+# ---------------------------------------------------------------- misspelt variables
+
+
+@pytest.mark.parametrize("typo,meant", [
+    ("GENERTE_MAX_BATCH", "GENERATE_MAX_BATCH"),
+    ("EMBED_MAX_BACH", "EMBED_MAX_BATCH"),
+    ("RERANK_BATCH", "RERANK_MAX_BATCH"),  # one of our stage words
+    ("SENTIMENT_MAXWAIT", "SENTIMENT_MAX_WAIT_MS"),
+    ("FOO_DTYPE", None),  # one of our endings: some *_DTYPE is named
+    ("HF_HUB_OFLINE", "HF_HUB_OFFLINE"),  # huggingface's prefix, but very close to ours
+    ("REQEST_TIMEOUT_S", "REQUEST_TIMEOUT_S"),
+    ("NODE_3_IP", None),
+])
+def test_a_variable_that_looks_like_ours_gets_a_warning_naming_the_closest(typo, meant):
+    from pipeline.config import misspelt_variables
+    warnings = misspelt_variables({typo: "1", "EMBED_MAX_BATCH": "4"})
+    assert len(warnings) == 1 and warnings[0].startswith(f"{typo} is not a setting this service reads")
+    suggested = re.search(r"did you mean (\w+)\?", warnings[0]).group(1)
+    assert suggested in Settings.variables()
+    if meant:
+        assert suggested == meant
+
+
+def test_other_softwares_variables_get_no_warning():
+    from pipeline.config import misspelt_variables
+    foreign = ["PATH", "HOME", "USER", "LANG", "PWD", "SHELL", "TERM", "TMPDIR", "HF_HOME", "HF_ENDPOINT", "HF_TOKEN",
+               "HF_HUB_CACHE", "HF_HUB_DISABLE_PROGRESS_BARS", "HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT",
+               "TRANSFORMERS_OFFLINE", "TRANSFORMERS_NO_ADVISORY_WARNINGS", "TOKENIZERS_PARALLELISM", "TORCH_HOME",
+               "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "OTEL_SERVICE_NAME",
+               "OTEL_EXPORTER_OTLP_ENDPOINT", "PYTHONPATH", "PYTHONUNBUFFERED", "PYTEST_CURRENT_TEST",
+               "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "NODE_OPTIONS", "NODE_EXTRA_CA_CERTS", "VIRTUAL_ENV",
+               "DEMO_DIR", "DEMO_DOCS", "LD_LIBRARY_PATH", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "LOGNAME",
+               "PIP_FIND_LINKS", "HOSTNAME", *Settings.variables()]
+    assert misspelt_variables({name: "x" for name in foreign}) == []

@@ -103,7 +103,8 @@ def test_stop_refuses_new_work_runs_on_stop_once_and_exits_zero():
 def test_a_failed_load_exits_one():
     exited = threading.Event()
     codes = []
-    life = Lifecycle("node 2", grace_s=0.0, exit=lambda code: (codes.append(code), exited.set()))
+    life = Lifecycle("node 2", grace_s=0.0, exit=lambda code: (codes.append(code), exited.set()),
+                     failed_linger_s=0.0)
 
     def load():
         raise OSError("no index")
@@ -114,6 +115,24 @@ def test_a_failed_load_exits_one():
     life2 = Lifecycle("node 2", grace_s=0.0, exit=lambda code: codes.append(code))
     life2.start_loading(lambda: None).join(10)
     assert life2.ready and codes == [1]
+
+
+def test_a_failed_load_says_failed_with_the_reason_through_the_linger_then_a_config_error_exits_2():
+    from pipeline.config import ConfigError
+    from services.lifecycle import CONFIG_ERROR_EXIT
+    seen = []  # what the node said when it exited, and after how long
+    life = Lifecycle("node 1", grace_s=0.0, failed_linger_s=0.3,
+                     exit=lambda code: seen.append((code, life.readiness.state, life.readiness.detail,
+                                                    time.monotonic() - started)))
+
+    def load():
+        raise ConfigError("MODEL_SOURCE=hub: models missing; fetch them with: hf download a/b")
+
+    started = time.monotonic()
+    life.start_loading(load).join(10)
+    [(code, state, detail, after_s)] = seen
+    assert (code, state) == (CONFIG_ERROR_EXIT, Readiness.FAILED) and after_s >= 0.3
+    assert detail == "MODEL_SOURCE=hub: models missing; fetch them with: hf download a/b"
 
 
 # ---------------------------------------------------------------- past the grace: every request answered

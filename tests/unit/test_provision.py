@@ -1,0 +1,102 @@
+"""Provisioning: which real models the hub cache lacks, the command that fetches each, and a hub
+source that fails at once (one line) instead of retrying for a minute when they cannot be fetched."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pipeline import provision
+from pipeline.config import ConfigError, Settings
+from pipeline.models import (ALL_MODELS, ModelsMissing, fetch_command, missing_models, resolve_model_source,
+                             standin_source)
+
+
+@pytest.fixture(scope="module")
+def full_cache(tiny_settings) -> Path:
+    """A hub cache holding all five (the tiny stand-ins live in one under the real names)."""
+    return standin_source(tiny_settings).cache_dir
+
+
+def partial_cache(full_cache: Path, tmp_path: Path, keep: set[str], weights: bool = True) -> Path:
+    cache = tmp_path / "hub"
+    for name in keep:
+        folder = "models--" + name.replace("/", "--")
+        shutil.copytree(full_cache / folder, cache / folder, symlinks=True)
+        if not weights:
+            for weight in (cache / folder).rglob("*.safetensors"):
+                weight.unlink()
+    return cache
+
+
+def test_missing_models_names_those_not_cached_with_their_weights(full_cache, tmp_path):
+    assert missing_models(full_cache) == []
+    assert missing_models(tmp_path / "empty") == list(ALL_MODELS)
+    cache = partial_cache(full_cache, tmp_path, {ALL_MODELS[0], ALL_MODELS[2]})
+    assert missing_models(cache) == [ALL_MODELS[1], *ALL_MODELS[3:]]
+
+
+def test_a_model_whose_weights_are_missing_counts_as_missing(full_cache, tmp_path):
+    cache = partial_cache(full_cache, tmp_path, {ALL_MODELS[1]}, weights=False)
+    assert ALL_MODELS[1] in missing_models(cache)
+
+
+def test_fetch_command_is_huggingface_hubs_download():
+    command = fetch_command("BAAI/bge-base-en-v1.5")
+    assert command.split()[-2:] == ["download", "BAAI/bge-base-en-v1.5"]
+    assert Path(command.split()[0]).name in ("hf", "huggingface-cli")
+    assert fetch_command("a/b", Path("/x")).endswith("download a/b --cache-dir /x")
+
+
+def test_provision_lists_each_missing_model_with_its_command_and_exits_1(full_cache, tmp_path, capsys):
+    cache = partial_cache(full_cache, tmp_path, {ALL_MODELS[0]})
+    assert provision.main(["--cache-dir", str(cache)]) == 1
+    out = capsys.readouterr().out
+    assert f"present  {ALL_MODELS[0]}" in out
+    for name in ALL_MODELS[1:]:
+        assert f"missing  {name}" in out
+        assert f"  {fetch_command(name, cache)}\n" in out  # the command alone on its line, to copy
+    assert "4 of 5 models missing" in out
+
+
+def test_provision_exits_0_when_all_are_present(full_cache, capsys):
+    assert provision.main(["--cache-dir", str(full_cache)]) == 0
+    assert "all 5 models present" in capsys.readouterr().out
+
+
+def hub_settings(**env: str) -> Settings:
+    return Settings.from_env({"MODEL_SOURCE": "hub", **env})
+
+
+def test_hub_source_without_the_models_and_without_the_hub_fails_at_once_in_one_line():
+    probes = []
+
+    def unreachable():
+        probes.append(1)
+        return False
+
+    with pytest.raises(ModelsMissing) as err:
+        resolve_model_source(hub_settings(), missing=lambda: list(ALL_MODELS[3:]), reachable=unreachable)
+    message = str(err.value)
+    assert isinstance(err.value, ConfigError) and "\n" not in message and probes == [1]
+    assert "cannot be reached" in message
+    for name in ALL_MODELS[3:]:
+        assert name in message and fetch_command(name) in message
+    assert ALL_MODELS[0] not in message
+
+
+def test_offline_hub_source_without_the_models_fails_without_looking_at_the_hub():
+    def reachable():
+        raise AssertionError("an offline node must not contact the hub")
+
+    with pytest.raises(ModelsMissing, match="HF_HUB_OFFLINE is set"):
+        resolve_model_source(hub_settings(HF_HUB_OFFLINE="1"), missing=lambda: [ALL_MODELS[0]], reachable=reachable)
+
+
+def test_hub_source_with_every_model_cached_reads_only_the_cache_when_the_hub_is_unreachable():
+    # Otherwise huggingface_hub retries each file against the unreachable hub for about a minute.
+    source = resolve_model_source(hub_settings(), missing=lambda: [], reachable=lambda: False)
+    assert source.kind == "hub" and source.local_files_only
+    online = resolve_model_source(hub_settings(), missing=lambda: [ALL_MODELS[0]], reachable=lambda: True)
+    assert online.kind == "hub" and not online.local_files_only  # it downloads what is missing
