@@ -235,7 +235,7 @@ class Settings:
     # --- models
     only_cpu: bool = var("ONLY_CPU", _bool, "false", "true forces the CPU even where a GPU exists")
     hf_hub_offline: bool = var("HF_HUB_OFFLINE", _bool, "false", "true: never contact the Hugging Face hub (huggingface_hub reads it too); MODEL_SOURCE=auto then uses cached real models or stand-ins")
-    model_source: str = var("MODEL_SOURCE", _choice("auto", "hub", "standin"), "auto", "hub: real models; standin: offline random-weight stand-ins; auto: real if cached or downloadable")
+    model_source: str = var("MODEL_SOURCE", _choice("auto", "hub", "standin"), "auto", "hub: real models (`./run.sh models` checks the cache; a node without them and without the hub exits at once naming the fetch commands); standin: offline random-weight stand-ins; auto: real if cached or downloadable")
     standin_profile: str = var("STANDIN_PROFILE", _choice("tiny", "faithful"), "tiny", "stand-in size: tiny for tests and demo, faithful (real shapes) for benchmarks")
     standin_home: Path | None = var("STANDIN_HOME", _optional_path, "", "where stand-ins are built (default .cache/standins/<profile>)")
     dtype: str = var("DTYPE", _choice(*DTYPES), "auto", "model dtype: auto = bfloat16 on CPUs with avx512_bf16/AMX, else float32; never float16 on CPU")

@@ -1,11 +1,13 @@
 """Entry points started as processes: bad settings are one line each, not a traceback; run.sh help."""
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from pipeline.config import REPO_ROOT
+from pipeline.config import REPO_ROOT, Settings
+from pipeline.models import ALL_MODELS
 
 pytestmark = pytest.mark.slow
 
@@ -81,10 +83,44 @@ def test_run_sh_without_a_command_or_node_number_prints_the_help_and_exits_2():
     assert proc.returncode == 2 and "models" in proc.stderr and "NODE_NUMBER" in proc.stderr
 
 
-def test_python_m_pipeline_provision_checks_the_cache_it_is_given(tmp_path):
-    env = {"PATH": "/usr/bin:/bin", "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "pipeline.provision"], env=env, capture_output=True, text=True,
-                          cwd=REPO_ROOT, timeout=120)
+def run_sh(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """`./run.sh ARGS` as a process (its setup step is a no-op where .venv is installed, as for the suite)."""
+    return subprocess.run(["bash", str(REPO_ROOT / "run.sh"), *args], env={"PATH": "/usr/bin:/bin", **env},
+                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
+
+
+def test_run_sh_models_lists_each_missing_model_with_the_command_that_fetches_it_and_exits_1(tmp_path):
+    proc = run_sh("models", env={"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 1, proc.stderr
     assert f"Hugging Face cache: {tmp_path / 'hf' / 'hub'}" in proc.stdout
-    assert "5 of 5 models missing" in proc.stdout and "download BAAI/bge-base-en-v1.5" in proc.stdout
+    assert "5 of 5 models missing" in proc.stdout
+    for name in ALL_MODELS:  # each on a line of its own, the command alone after the list, to copy
+        assert re.search(rf"^  missing  {re.escape(name)} .*download {re.escape(name)}$", proc.stdout, re.M)
+        assert re.search(rf"^  \S*(hf|huggingface-cli) download {re.escape(name)}$", proc.stdout, re.M)
+
+
+def test_run_sh_settings_prints_the_effective_values_with_secrets_hidden_and_warns_of_a_misspelling():
+    env = {"HF_HUB_OFFLINE": "1", "EMBED_MAX_BATCH": "8", "CLUSTER_TOKEN": "s3cret", "GENERTE_MAX_BATCH": "4"}
+    proc = run_sh("settings", env=env)
+    assert proc.returncode == 0, proc.stderr
+    lines = {line.split("=")[0]: line for line in proc.stdout.splitlines()}
+    assert set(lines) == set(Settings.variables())
+    assert re.fullmatch(r"EMBED_MAX_BATCH=8 +# set \(default: 16\)", lines["EMBED_MAX_BATCH"])
+    assert re.fullmatch(r"CLUSTER_TOKEN=<hidden> +# set \(default: empty\)", lines["CLUSTER_TOKEN"])
+    assert re.fullmatch(r"NPROBE=64 +# default", lines["NPROBE"]) and "s3cret" not in proc.stdout
+    assert proc.stderr.splitlines() == ["warning: GENERTE_MAX_BATCH is not a setting this service reads (ignored); "
+                                        "did you mean GENERATE_MAX_BATCH? (env.example lists them all)"]
+    only = run_sh("settings", "--non-default", env=env)
+    assert only.returncode == 0
+    assert [line.split("=")[0] for line in only.stdout.splitlines()] == [
+        "HF_HUB_OFFLINE", "EMBED_MAX_BATCH", "CLUSTER_TOKEN"]
+
+
+def test_run_sh_settings_lists_every_bad_value_at_once_and_exits_2():
+    proc = run_sh("settings", env={"ONLY_CPU": "maybe", "NPROBE": "0", "SEARCH_MAX_BATCH": "300"})
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        "config error: NPROBE='0' is not valid: expected an integer from 1 to 65536",
+        "config error: ONLY_CPU='maybe' is not valid: expected true or false (also 1/0, yes/no, on/off)",
+        "config error: SEARCH_MAX_BATCH='300' is not valid: expected at most STAGE_MAX_QUEUE (256), "
+        "or node 2 could never queue a batch"]

@@ -17,9 +17,12 @@ from services.lifecycle import CONFIG_ERROR_EXIT, FAILED_LINGER_S
 from services.local_cluster import free_ports
 from tests.helpers import TEST_ENV, data_env
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 POLL_S = 0.1
+# Importing torch and transformers before the HTTP server is up takes seconds alone, minutes on a
+# loaded 2-core machine: a generous bound that no behaviour under test depends on.
+START_S = 240
 
 
 def start_node(node: int, env: dict[str, str], log: Path) -> tuple[subprocess.Popen, str]:
@@ -68,17 +71,24 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait(timeout=30)
 
 
+# No hub: one that refuses connections (port 9 on 127.0.0.1, the same with or without internet), or
+# HF_HUB_OFFLINE; each with the reason the node's one line gives.
+NO_HUB = {"unreachable": ({"HF_ENDPOINT": "http://127.0.0.1:9"}, "the hub (http://127.0.0.1:9) cannot be reached"),
+          "offline": ({"HF_HUB_OFFLINE": "1"}, "HF_HUB_OFFLINE is set")}
+
+
+@pytest.mark.parametrize("no_hub", list(NO_HUB))
 def test_hub_node_without_models_or_hub_fails_in_seconds_in_one_line_saying_failed_until_it_exits(
-        course_data, tmp_path):
-    # An empty cache and a hub that refuses connections (port 9 on 127.0.0.1): the same with or without
-    # internet. Before: a minute of retries per file, each warning twice, then a misleading traceback.
+        course_data, tmp_path, no_hub):
+    # An empty cache and no hub. Before: a minute of retries per file, each warning twice, then a
+    # misleading traceback.
+    no_hub_env, why = NO_HUB[no_hub]
     env = {**data_env(course_data), "MODEL_SOURCE": "hub", "ONLY_CPU": "true", "HF_HOME": str(tmp_path / "hf"),
-           "HF_ENDPOINT": "http://127.0.0.1:9"}
+           **no_hub_env}
     log = tmp_path / "node1.log"
-    started = time.monotonic()
     proc, url = start_node(1, env, log)
     try:
-        poll(proc, lambda: get(f"{url}/live"), 120, "/live answering", log)
+        poll(proc, lambda: get(f"{url}/live"), START_S, "/live answering", log)
         served_at = time.monotonic()
         [health] = poll(proc, lambda: answer(f"{url}/health", lambda body: body["status"] == "failed"),
                         30, "/health saying failed", log)
@@ -96,12 +106,11 @@ def test_hub_node_without_models_or_hub_fails_in_seconds_in_one_line_saying_fail
     assert code == CONFIG_ERROR_EXIT, text  # a restart cannot fetch models: ./run.sh local gives up on it
     # in seconds: HTTP up to exit is the failed-state linger plus a little, not a minute of retries
     assert exited_at - served_at < FAILED_LINGER_S + 15, text
-    assert exited_at - started < 120, text
     errors = [line for line in text.splitlines() if " ERROR " in line]
     assert len(errors) == 1, text
     for name in ALL_MODELS:  # the cache is empty: every model named, each with its command
         assert name in errors[0] and fetch_command(name) in errors[0] and fetch_command(name) in detail
-    assert "http://127.0.0.1:9" in errors[0] and str(tmp_path / "hf") in errors[0]
+    assert why in errors[0] and why in detail and str(tmp_path / "hf") in errors[0]
     assert "Traceback" not in text and "Retrying" not in text and "WARNING huggingface_hub" not in text
 
 
@@ -111,8 +120,8 @@ def test_a_ready_node_answers_live_ready_and_its_settings_with_secrets_hidden(co
     log = tmp_path / "node2.log"
     proc, url = start_node(2, env, log)
     try:
-        poll(proc, lambda: get(f"{url}/live"), 120, "/live answering", log)
-        [ready] = poll(proc, lambda: answer(f"{url}/ready", lambda body: body["ready"]), 120, "/ready 200", log)
+        poll(proc, lambda: get(f"{url}/live"), START_S, "/live answering", log)
+        [ready] = poll(proc, lambda: answer(f"{url}/ready", lambda body: body["ready"]), START_S, "/ready 200", log)
         assert ready.json() == {"ready": True, "status": "healthy", "node": 2}
         assert get(f"{url}/health").status_code == 200 and get(f"{url}/live").status_code == 200
         settings = get(f"{url}/settings")
