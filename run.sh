@@ -49,7 +49,8 @@ usage() {
   cat <<'EOF'
 usage: ./run.sh COMMAND [args]   (configured only by environment variables: env.example)
 
-  setup              create .venv and install the project with its test extra (idempotent)
+  setup              create .venv and install the project with its test extra (idempotent);
+                     as root with apt, also Debian's prometheus for tests/integration/test_prometheus.py
   test [pytest args] setup, then the test suite with tiny stand-ins, offline (-m "not slow": the fast subset)
   demo               setup, build demo data and stand-ins if missing, start the three nodes, ask the eight queries
   local              setup, build demo data if missing, run the three nodes on 127.0.0.1 until Ctrl-C
@@ -69,7 +70,7 @@ EOF
 cmd="${1:-}"
 case "$cmd" in
   help|--help|-h) usage ;;
-  setup) setup ;;
+  setup) setup; setup_test_tools ;;
   test)
     setup
     setup_test_tools

@@ -25,7 +25,7 @@ from typing import Mapping
 from pipeline.config import REPO_ROOT, ConfigError, Settings
 from pipeline.device import thread_budget
 from services.health_wait import health, wait_healthy
-from services.lifecycle import ANSWER_WINDOW_S, EXIT_LINGER_S
+from services.lifecycle import ANSWER_WINDOW_S, CONFIG_ERROR_EXIT, EXIT_LINGER_S
 
 log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1
@@ -33,8 +33,6 @@ PR_SET_PDEATHSIG = 1
 STOP_MARGIN_S = ANSWER_WINDOW_S + EXIT_LINGER_S + 5
 # How often the supervisor looks at its nodes.
 SUPERVISE_POLL_S = 0.5
-# A node's exit code for a configuration error: restarting it cannot help.
-CONFIG_ERROR_EXIT = 2
 
 
 def _die_with_parent() -> None:
