@@ -227,12 +227,24 @@ def wait_rejoined(run: Run, timeout_s: float) -> float | None:
     deadline = time.monotonic() + timeout_s
     while True:
         with run.lock:
-            back = [t for t, node, up, _ in run.health if node == 1 and up and t > run.kill_s]
-        if back:
-            return back[0] - run.kill_s
-        if time.monotonic() >= deadline:
-            return None
+            back = rejoined_after(run.health, run.kill_s)
+        if back is not None or time.monotonic() >= deadline:
+            return back
         time.sleep(WATCH_EVERY_S)  # the watcher's pace: its next sample decides
+
+
+def rejoined_after(health: list[tuple[float, int, bool, int]], kill_s: float) -> float | None:
+    """Seconds from the kill until node 1 was up again in node 0's view, after node 0 had seen it
+    down (right after a SIGKILL node 0 still lists it up until a probe or a forward fails)."""
+    seen_down = False
+    for t, node, up, _failures in sorted(health):
+        if node != 1 or t <= kill_s:
+            continue
+        if not up:
+            seen_down = True
+        elif seen_down:
+            return t - kill_s
+    return None
 
 
 # ------------------------------------------------------------------------- verdict

@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from profiling.lib.hostile import MALFORMED_FIELD, check_computed, check_refused, malformed_body, slow_socket
-from profiling.soak_hostile import ejections, unexplained
+from profiling.soak_hostile import ejections, rejoined_after, unexplained
 
 
 def response(status: int, body: object, headers: dict | None = None) -> requests.Response:
@@ -107,6 +107,17 @@ def test_ejections_are_increments_of_a_workers_failures():
     health = [(0.0, 0, True, 0), (0.0, 1, True, 0), (0.5, 1, True, 0), (1.0, 1, False, 1), (1.5, 1, False, 3),
               (2.0, 1, True, 3), (2.5, 0, True, 0)]
     assert ejections(health) == [(1.0, 1), (1.5, 1)]
+
+
+def test_rejoin_is_node_1_up_again_after_node_0_saw_it_down_not_the_first_sample_after_the_kill():
+    # The faithful soak's failure: node 0 still listed node 1 up 0.1 s after the SIGKILL (it had not
+    # noticed yet), which was taken for the rejoin, so the ejection at 0.6 s looked unexplained.
+    health = [(170.0, 1, True, 0), (180.1, 1, True, 0), (180.6, 1, False, 1), (190.0, 1, False, 1),
+              (181.0, 0, True, 0), (201.5, 1, True, 1), (202.0, 1, True, 1)]
+    assert rejoined_after(health, kill_s=180.0) == 201.5 - 180.0
+    assert unexplained(ejections(health), kill_s=180.0, rejoin_s=rejoined_after(health, 180.0)) == []
+    assert rejoined_after(health[:4], kill_s=180.0) is None  # down and never back
+    assert rejoined_after(health[:2], kill_s=180.0) is None  # never seen down: no rejoin either
 
 
 def test_only_node_1_between_its_kill_and_its_rejoin_is_explained():
