@@ -1,4 +1,5 @@
-"""The HTTP layer shared by every node: JSON errors, body parsing, the cluster token, waitress.
+"""The HTTP layer shared by every node: JSON errors, body parsing, the cluster token, waitress
+(and, through services.tracing, each request's server span).
 
 Every error a node sends is JSON with an `error` field saying what is wrong;
 no handler leaks an HTML page or a traceback. Handlers raise; the one error
@@ -22,6 +23,7 @@ from typing import Any, Callable
 from flask import Flask, Response, g, jsonify, request
 from werkzeug.exceptions import HTTPException
 
+from services import tracing
 from services.errors import ApiError, HttpAnswer, http_answer
 from services.request_ids import install_request_id
 
@@ -222,6 +224,7 @@ def make_app(name: str) -> Flask:
     app = Flask(name)
     app.json.sort_keys = False
     install_error_handler(app)
+    tracing.install_server_spans(app)  # first: it must see the requests the hooks after it refuse
     install_request_id(app)
     return app
 
@@ -332,9 +335,11 @@ def serve(app: Flask, host: str, port: int, threads: int, *, settings,
 
     `settings` gives the read timeout, the connection limit, the cluster token and
     `channel_timeout_s` (derived from REQUEST_TIMEOUT_S: how long a kept-alive connection may
-    sit idle between requests).
+    sit idle between requests); it also starts the node's tracing (TRACING, services.tracing).
     """
     from waitress.server import BaseWSGIServer, create_server
+    # Before the role loads (its worker asks whether tracing is on); TRACING=off installs nothing.
+    tracing.start(settings)
     read_timeout_s, connection_limit = settings.read_timeout_s, settings.connection_limit(threads)
     _ensure_fd_room(connection_limit)
     warn_if_exposed(host, settings.cluster_token)

@@ -14,8 +14,10 @@ import numpy as np
 
 from pipeline import spec
 from pipeline.vector_index import VectorIndex
+from services import tracing
 from services.batching import BatchingService
 from services.errors import ApiError
+from services.request_ids import current_request_id
 
 MAX_SEARCH_VECTORS = 1024
 MAX_K = 1024
@@ -36,7 +38,7 @@ class SearchItem:
 class IndexService:
     def __init__(self, index: VectorIndex, *, max_size: int, max_wait_ms: float, max_queue: int):
         self.index = index
-        self.batcher = BatchingService("index", self._search_batch, max_size=max_size,
+        self.batcher = BatchingService("index", tracing.noting_batches(self._search_batch), max_size=max_size,
                                        max_wait_ms=max_wait_ms, max_queue=max_queue)
 
     def _search_batch(self, items: list[SearchItem]) -> list[tuple[list[int], list[float]]]:
@@ -45,12 +47,33 @@ class IndexService:
         return [(ids[i, :item.k].tolist(), distances[i, :item.k].tolist()) for i, item in enumerate(items)]
 
     def search(self, vectors: np.ndarray, k: int, timeout_s: float) -> tuple[list, list]:
+        started = time.monotonic()
+        # With tracing on, the call's time in the index stage (a child of the /search server span);
+        # its first vector tells it the batch size and queue wait.
+        span = tracing.start_stage("index", current_request_id.get())
+        items = [SearchItem(v, k) for v in vectors]
+        if items:
+            items[0] = tracing.noted(span, items[0])
+        error: BaseException | None = None
         try:
-            futures = self.batcher.submit_many([SearchItem(v, k) for v in vectors])
+            results = self._gather(self._submit(items), started + timeout_s)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            if span is not None:
+                span.end(time.monotonic() - started, error, **{"rag.vectors": len(items)})
+        return [r[0] for r in results], [r[1] for r in results]
+
+    def _submit(self, items: list) -> list:
+        try:
+            return self.batcher.submit_many(items)
         except ValueError as exc:  # more vectors than the queue can ever hold (Overloaded is a 503)
             raise ApiError(400, f"'embeddings' holds too many vectors for this server: {exc}",
                            field="embeddings") from None
-        deadline = time.monotonic() + timeout_s
+
+    @staticmethod
+    def _gather(futures, deadline: float) -> list:
         results = []
         for future in futures:
             try:
@@ -59,7 +82,7 @@ class IndexService:
                 for f in futures:
                     f.cancel()
                 raise ApiError(504, "search timed out") from None
-        return [r[0] for r in results], [r[1] for r in results]
+        return results
 
     def close(self, timeout: float | None = None) -> None:
         self.batcher.close(timeout)

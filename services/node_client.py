@@ -4,7 +4,8 @@ JSON only between nodes. Every call has a connect and a read timeout. Search
 calls are idempotent, so they are retried with capped exponential backoff and
 jitter on connection errors and 5xx until the caller's deadline (node 2 may be
 restarting: a request that can still wait should get its answer). With
-CLUSTER_TOKEN set every call carries it in the X-Cluster-Token header.
+CLUSTER_TOKEN set every call carries it in the X-Cluster-Token header. With tracing on,
+each HTTP call is a CLIENT span whose traceparent goes along (services.tracing).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import numpy as np
 import requests
 from requests.adapters import HTTPAdapter
 
+from services import tracing
 from services.errors import DeadlineExceeded, NodeError, NodeUnreachable
 from services.http import TOKEN_HEADER
 from services.request_ids import REQUEST_ID_HEADER, batch_request_ids, current_request_id
@@ -68,25 +70,32 @@ class IndexClient:
         left = max(MIN_ATTEMPT_S, deadline - time.monotonic())
         return min(self.connect_timeout_s, left), min(self.read_timeout_s, left)
 
-    def _attempt(self, payload: dict, deadline: float | None, headers: dict) -> tuple[list, list]:
+    def _attempt(self, payload: dict, deadline: float | None, headers: dict,
+                 parents: Sequence = (), attempt: int = 1) -> tuple[list, list]:
         """One POST; NodeUnreachable or a 5xx NodeError may be retried, anything else may not."""
-        try:
-            response = self.session.post(f"{self.base_url}/search", json=payload, timeout=self._timeouts(deadline),
-                                         headers=headers)
-        except requests.ConnectionError as exc:
-            raise NodeUnreachable(f"index server at {self.base_url} unreachable: {exc.__class__.__name__}") from None
-        except requests.Timeout:
-            raise NodeUnreachable(f"index server at {self.base_url} timed out") from None
-        if response.status_code != 200:
-            raise NodeError(response.status_code, _error_message(response))
-        body = response.json()
-        return body["ids"], body["distances"]
+        url = f"{self.base_url}/search"
+        with tracing.client_span("POST /search", url, parents, **{"rag.attempt": attempt,
+                                 "rag.batch_size": len(payload["embeddings"])}) as call:
+            try:
+                response = self.session.post(url, json=payload, timeout=self._timeouts(deadline),
+                                             headers={**headers, **call.headers})
+            except requests.ConnectionError as exc:
+                raise NodeUnreachable(f"index server at {self.base_url} unreachable: "
+                                      f"{exc.__class__.__name__}") from None
+            except requests.Timeout:
+                raise NodeUnreachable(f"index server at {self.base_url} timed out") from None
+            call.answered(response.status_code)
+            if response.status_code != 200:
+                raise NodeError(response.status_code, _error_message(response))
+            body = response.json()
+            return body["ids"], body["distances"]
 
     def search(self, vectors: np.ndarray | Sequence[Sequence[float]], k: int,
-               deadline: float | None = None,
-               request_ids: Sequence[str] = ()) -> tuple[list[list[int]], list[list[float]]]:
+               deadline: float | None = None, request_ids: Sequence[str] = (),
+               trace_parents: Sequence = ()) -> tuple[list[list[int]], list[list[float]]]:
         """`request_ids`: the requests of the batch, sent in one X-Request-ID header (comma-joined,
-        bounded) so node 2's log line for the batch names them."""
+        bounded) so node 2's log line for the batch names them. `trace_parents`: their span
+        contexts, so each attempt's span joins the first one's trace and links the others."""
         payload = {"embeddings": np.asarray(vectors, dtype=np.float32).tolist(), "k": k}
         headers = {REQUEST_ID_HEADER: batch_request_ids(list(request_ids))} if request_ids else {}
         attempt = 0
@@ -95,7 +104,7 @@ class IndexClient:
                 raise DeadlineExceeded(f"search gave up at the request deadline after {attempt} attempts")
             attempt += 1
             try:
-                return self._attempt(payload, deadline, headers)
+                return self._attempt(payload, deadline, headers, trace_parents, attempt)
             except NodeError as exc:
                 if exc.status < 500:
                     raise  # our request was wrong: retrying cannot help
@@ -128,19 +137,22 @@ class WorkerClient:
         body = {"request_id": request_id, "query": query, "timeout_s": max(0.001, timeout_s)}
         # The caller's X-Request-ID (this thread serves its /query), so node 1 logs the same id.
         trace = current_request_id.get()
-        try:
-            response = self.session.post(f"{self.base_url}/internal/answer", json=body,
-                                         headers={REQUEST_ID_HEADER: trace} if trace else None,
-                                         timeout=(self.connect_timeout_s, timeout_s + WORKER_REPLY_GRACE_S))
-        except requests.ConnectionError as exc:
-            # Refused, reset or a connect timeout: the node is down. If it had started the
-            # work, the work died with it, so another worker may compute the request.
-            raise NodeUnreachable(f"worker at {self.base_url} unreachable: {exc.__class__.__name__}") from None
-        except requests.Timeout:  # a read timeout: the work may be in flight there
-            raise TimeoutError(f"worker at {self.base_url} did not answer within {timeout_s:.1f}s") from None
-        if response.status_code != 200:
-            raise NodeError(response.status_code, _error_message(response))
-        return response.json()
+        url = f"{self.base_url}/internal/answer"
+        with tracing.client_span("POST /internal/answer", url, **{tracing.REQUEST_ID: trace}) as call:
+            headers = {REQUEST_ID_HEADER: trace, **call.headers} if trace else call.headers
+            try:
+                response = self.session.post(url, json=body, headers=headers or None,
+                                             timeout=(self.connect_timeout_s, timeout_s + WORKER_REPLY_GRACE_S))
+            except requests.ConnectionError as exc:
+                # Refused, reset or a connect timeout: the node is down. If it had started the
+                # work, the work died with it, so another worker may compute the request.
+                raise NodeUnreachable(f"worker at {self.base_url} unreachable: {exc.__class__.__name__}") from None
+            except requests.Timeout:  # a read timeout: the work may be in flight there
+                raise TimeoutError(f"worker at {self.base_url} did not answer within {timeout_s:.1f}s") from None
+            call.answered(response.status_code)
+            if response.status_code != 200:
+                raise NodeError(response.status_code, _error_message(response))
+            return response.json()
 
     def health(self, timeout_s: float = 2.0) -> dict | None:
         """The worker's /health body when it is ready, else None."""

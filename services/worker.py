@@ -4,6 +4,8 @@ embed -> search (node 2, batched HTTP) -> fetch -> rerank -> generate ->
 sentiment and toxicity at the same time. Each stage runs on its own thread,
 so different requests are in different stages at once (a pipeline), while
 the caller's thread just waits on futures with the request's deadline.
+A request's time in each stage is measured once (_StageClock): the completion
+line's stages_ms and, with tracing on, the stage's span.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import time
 from concurrent.futures import CancelledError, Future
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -24,6 +26,7 @@ from pipeline.generator import GenerationRequest
 from pipeline.reranker import RerankRequest
 from pipeline.spec import Stage
 from pipeline.stages import Stages
+from services import tracing
 from services.batching import BatchingService
 from services.cache import LruCache
 from services.errors import Overloaded, RequestTimeout, ServiceClosed, StageDown, StageFailed
@@ -70,6 +73,65 @@ class SearchItem:
     vector: np.ndarray
     deadline: float
     request_id: str = ""  # sent to node 2 with its batch, to follow the request there
+    trace_context: Any = None  # the request's search span (tracing on): node 2's call joins its trace
+
+
+class _Visit:
+    """One request in one stage: from submitting to it until its result (or error) is back."""
+
+    def __init__(self, stage: Stage, span: tracing.StageSpan | None):
+        self.stage = stage
+        self.span = span
+        self.started = time.perf_counter()
+        self.future: Future | None = None
+
+    def submit(self, service, item, noting: bool) -> "_Visit":
+        """`noting`: the service's batch_fn went through tracing.noting_batches, so the span may
+        learn the batch the item runs in (the continuous generate stage has no batch_fn)."""
+        self.future = service.submit(tracing.noted(self.span, item) if noting else item)
+        return self
+
+
+class _StageClock:
+    """Times one request's stages once: that duration is its stages_ms entry on the completion
+    line and, with tracing on, its stage span (started in the request's context, so a child of
+    its server span, however many requests share the stage's batches)."""
+
+    def __init__(self, times: dict[str, float] | None, request_id: str, wait: Callable[[str, Future, float], Any]):
+        self.times = times
+        self.request_id = request_id
+        self._wait = wait  # Worker._wait: the stage's result by the deadline, errors mapped
+        self._open: list[_Visit] = []
+
+    def enter(self, stage: Stage) -> _Visit:
+        visit = _Visit(stage, tracing.start_stage(stage, self.request_id))
+        self._open.append(visit)
+        return visit
+
+    def wait(self, visit: _Visit, deadline: float):
+        error: BaseException | None = None
+        try:
+            return self._wait(visit.stage, visit.future, deadline)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            self._leave(visit, time.perf_counter() - visit.started, error)
+
+    def _leave(self, visit: _Visit, elapsed_s: float, error: BaseException | None) -> None:
+        self._open.remove(visit)
+        if self.times is not None:
+            self.times[str(visit.stage)] = round(elapsed_s * 1000, 1)
+        if visit.span is not None:
+            visit.span.end(elapsed_s, error)
+
+    def close(self) -> None:
+        """End the spans of stages the request left unawaited (refused at submit, or toxicity
+        after sentiment failed): not in stages_ms, which holds the stages it waited on."""
+        for visit in list(self._open):
+            self._open.remove(visit)
+            if visit.span is not None:
+                visit.span.end(time.perf_counter() - visit.started, RuntimeError("not awaited"))
 
 
 class Worker:
@@ -89,7 +151,10 @@ class Worker:
             Stage.SENTIMENT: stages.sentiment.classify,
             Stage.TOXICITY: stages.toxicity.classify,
         }
-        self.services = {stage: self._service(stage, batch_fns[stage]) for stage in spec.WORKER_STAGES}
+        # Each batch tells its requests' stage spans (tracing on) its size and when it started.
+        self.services = {stage: self._service(stage, tracing.noting_batches(batch_fns[stage]))
+                         for stage in spec.WORKER_STAGES}
+        self._noting = frozenset(stage for stage, svc in self.services.items() if isinstance(svc, BatchingService))
 
     def _service(self, stage: Stage, batch_fn):
         if stage == Stage.GENERATE and self.config.continuous is not None:
@@ -107,7 +172,8 @@ class Worker:
         # should get its answer; one whose deadline passed has stopped waiting anyway.
         deadline = max(item.deadline for item in items)
         ids, _ = self.index.search(np.stack([item.vector for item in items]), spec.TOP_K, deadline=deadline,
-                                   request_ids=[item.request_id for item in items if item.request_id])
+                                   request_ids=[item.request_id for item in items if item.request_id],
+                                   trace_parents=[item.trace_context for item in items])
         return ids
 
     @staticmethod
@@ -122,19 +188,6 @@ class Worker:
         except Exception as exc:
             raise StageFailed(stage, exc) from exc
 
-    def _timed_wait(self, times: dict[str, float] | None):
-        """_wait that also records each stage's wait (ms) in `times` when a caller collects them."""
-        if times is None:
-            return self._wait
-
-        def wait(stage: str, future: Future, deadline: float):
-            started = time.perf_counter()
-            try:
-                return self._wait(stage, future, deadline)
-            finally:
-                times[str(stage)] = round((time.perf_counter() - started) * 1000, 1)
-        return wait
-
     def failure(self) -> StageDown | None:
         """A StageDown for the first stage whose thread died, or None while every stage serves."""
         for stage, svc in self.services.items():
@@ -147,27 +200,42 @@ class Worker:
         down = self.failure()
         if down is not None:  # refused before any stage runs: the gateway tries the other worker at once
             raise down
-        s, wait = self.services, self._timed_wait(_stage_times.get())
-        vector = self.embed_cache.get(query)
-        if vector is None:
-            vector = wait(Stage.EMBED, s[Stage.EMBED].submit(query), deadline)
-            self.embed_cache.put(query, vector)
         trace = current_request_id.get() or request_id
-        ids = wait(Stage.SEARCH, s[Stage.SEARCH].submit(SearchItem(vector, deadline, trace)), deadline)
-        documents = wait(Stage.FETCH, s[Stage.FETCH].submit(list(ids)), deadline)
-        ranked = wait(Stage.RERANK, s[Stage.RERANK].submit(RerankRequest(query, tuple(documents))), deadline)
-        response = wait(Stage.GENERATE, s[Stage.GENERATE].submit(
-            GenerationRequest(query, tuple(r.document for r in ranked))), deadline)
-        # Sentiment and toxicity depend only on the answer: both are queued before either is awaited.
-        sentiment, toxicity = s[Stage.SENTIMENT].submit(response), s[Stage.TOXICITY].submit(response)
+        clock = _StageClock(_stage_times.get(), trace, self._wait)
         try:
-            reply = spec.answer_json(request_id, response, wait(Stage.SENTIMENT, sentiment, deadline),
-                                     wait(Stage.TOXICITY, toxicity, deadline))
+            reply = self._through_stages(clock, request_id, trace, query, deadline)
         finally:
-            toxicity.cancel()  # a no-op once it ran; spares the stage if sentiment gave up first
+            clock.close()
         with self._lock:
             self._served += 1
         return reply
+
+    def _through_stages(self, clock: _StageClock, request_id: str, trace: str, query: str, deadline: float) -> dict:
+        s = self.services
+
+        def enter(stage: Stage, item) -> _Visit:
+            return clock.enter(stage).submit(s[stage], item, stage in self._noting)
+
+        def run(stage: Stage, item):
+            return clock.wait(enter(stage, item), deadline)
+
+        vector = self.embed_cache.get(query)
+        if vector is None:
+            vector = run(Stage.EMBED, query)
+            self.embed_cache.put(query, vector)
+        search = clock.enter(Stage.SEARCH)  # its span's context goes along: node 2's call joins its trace
+        item = SearchItem(vector, deadline, trace, search.span.context if search.span is not None else None)
+        ids = clock.wait(search.submit(s[Stage.SEARCH], item, Stage.SEARCH in self._noting), deadline)
+        documents = run(Stage.FETCH, list(ids))
+        ranked = run(Stage.RERANK, RerankRequest(query, tuple(documents)))
+        response = run(Stage.GENERATE, GenerationRequest(query, tuple(r.document for r in ranked)))
+        # Sentiment and toxicity depend only on the answer: both are queued before either is awaited.
+        sentiment, toxicity = enter(Stage.SENTIMENT, response), enter(Stage.TOXICITY, response)
+        try:
+            return spec.answer_json(request_id, response, clock.wait(sentiment, deadline),
+                                    clock.wait(toxicity, deadline))
+        finally:
+            toxicity.future.cancel()  # a no-op once it ran; spares the stage if sentiment gave up first
 
     @property
     def served(self) -> int:

@@ -1,0 +1,338 @@
+"""Opt-in OpenTelemetry tracing: TRACING=off (default) | jsonl | otlp.
+
+One trace per request across the nodes, carried by the W3C `traceparent` header:
+node 0's SERVER span (POST /query) -> its CLIENT span to node 1 -> node 1's SERVER span
+(POST /internal/answer) -> one span per stage -> the search stage's CLIENT span to node 2
+-> node 2's SERVER span (POST /search) -> its `index` stage span.
+
+Where spans start and end:
+- SERVER: Flask hooks on every app (`install_server_spans`, from services.http.make_app), opened
+  from the incoming traceparent before any other hook, current while the view runs, ended at
+  teardown with the route, status and request id.
+- CLIENT: `client_span` around each node-to-node HTTP call (services.node_client), which sends
+  the span's traceparent in the call's headers.
+- Stages: `start_stage` on the request's own thread when the request enters a stage (its
+  context is the request's server span), ended by the caller with the same duration that the
+  completion line's stages_ms gets (services.worker); batch size and queue wait come from the
+  stage thread (`noting_batches`, `noted`). A batched search call to node 2 is the child of its
+  first request's search span, linked to the others'.
+
+Off: no SDK provider, no exporter, opentelemetry never imported; every helper returns at once.
+Settings come only from the Settings object (OTEL_* variables play no part).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from flask import Flask, g, request
+
+log = logging.getLogger(__name__)
+
+# Asked every HEALTH_INTERVAL_S by the gateway and by scrapers: a root trace each would bury the requests.
+UNTRACED_ROUTES = frozenset({"/health", "/metrics"})
+# OTLP: how often the batch processor sends (the SDK's default is 5 s; a trace should show up soon).
+OTLP_SCHEDULE_DELAY_MS = 1000
+OTLP_TIMEOUT_S = 10.0
+REQUEST_ID = "rag.request_id"  # the id followed across nodes (X-Request-ID, or the body's request_id)
+
+
+@dataclass
+class _On:
+    """What tracing holds while on: the provider (to flush and shut down) and its tracer."""
+    provider: Any
+    tracer: Any
+    propagator: Any
+
+
+_state: _On | None = None
+_start_lock = threading.Lock()
+
+
+def enabled() -> bool:
+    return _state is not None
+
+
+def start(settings) -> bool:
+    """Install this process's tracer from Settings (TRACING, TRACING_ENDPOINT, TRACING_FILE);
+    False (and nothing installed) when TRACING=off. Once per process; a second call is a no-op."""
+    global _state
+    if settings.tracing == "off":
+        return False
+    with _start_lock:
+        if _state is not None:
+            return True
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        node = settings.node_number
+        resource = Resource({"service.name": "rag-node" if node is None else f"rag-node-{node}",
+                             "service.namespace": "rag", "rag.node": -1 if node is None else node,
+                             "rag.node.role": _role_name(node)})
+        # Every request is traced (sampling is the collector's business); a caller's decision is kept.
+        provider = TracerProvider(resource=resource, sampler=ParentBased(ALWAYS_ON), shutdown_on_exit=True)
+        provider.add_span_processor(_processor(settings, node))
+        # W3C trace context explicitly: the global propagator would follow OTEL_PROPAGATORS.
+        _state = _On(provider, provider.get_tracer("services"), TraceContextTextMapPropagator())
+    log.info("tracing on: %s", settings.tracing_endpoint if settings.tracing == "otlp"
+             else jsonl_path(settings, node))
+    return True
+
+
+def stop() -> None:
+    """Flush and shut the provider down (tests; a node's exit does it through the SDK's atexit)."""
+    global _state
+    with _start_lock:
+        state, _state = _state, None
+    if state is not None:
+        state.provider.shutdown()
+
+
+def force_flush(timeout_ms: int = 5000) -> bool:
+    return _state.provider.force_flush(timeout_ms) if _state is not None else True
+
+
+def _role_name(node: int | None) -> str:
+    if node is None:
+        return "none"
+    from services.roles import role_class  # lazily: the roles import this module's importers
+    return role_class(node).name
+
+
+def jsonl_path(settings, node: int | None) -> Path:
+    from pipeline.config import REPO_ROOT
+    if settings.tracing_file:
+        return Path(settings.tracing_file)
+    return REPO_ROOT / "logs" / f"traces-node{'' if node is None else node}.jsonl"
+
+
+def _processor(settings, node: int | None):
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+    if settings.tracing == "jsonl":
+        # Written (and flushed) as each span ends: a reader of the file never waits on a timer.
+        return SimpleSpanProcessor(JsonlSpanExporter(jsonl_path(settings, node), node))
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    exporter = OTLPSpanExporter(endpoint=settings.tracing_endpoint, timeout=OTLP_TIMEOUT_S)
+    return BatchSpanProcessor(exporter, schedule_delay_millis=OTLP_SCHEDULE_DELAY_MS)
+
+
+# ------------------------------------------------------------------ the JSONL exporter
+
+def span_record(span, node: int | None) -> dict[str, Any]:
+    """One finished span as one JSON object (ids in W3C hex; times in ns since the epoch)."""
+    ctx, parent = span.context, span.parent
+    return {"name": span.name, "trace_id": f"{ctx.trace_id:032x}", "span_id": f"{ctx.span_id:016x}",
+            "parent_span_id": f"{parent.span_id:016x}" if parent is not None else None,
+            "kind": span.kind.name, "start_time_ns": span.start_time, "end_time_ns": span.end_time,
+            "duration_ms": round((span.end_time - span.start_time) / 1e6, 3),
+            "status": span.status.status_code.name, "status_description": span.status.description,
+            "attributes": dict(span.attributes or {}),
+            "links": [{"trace_id": f"{link.context.trace_id:032x}", "span_id": f"{link.context.span_id:016x}"}
+                      for link in span.links],
+            "node": node}
+
+
+class JsonlSpanExporter:
+    """Appends one JSON span per line to a file (opened once; a lock keeps each line whole). A plain
+    class with SpanExporter's three methods, so that importing this module never imports the SDK."""
+
+    def __init__(self, path: Path, node: int | None):
+        from opentelemetry.sdk.trace.export import SpanExportResult
+        self._ok, self._failed = SpanExportResult.SUCCESS, SpanExportResult.FAILURE
+        self.node = node
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(path, "a", encoding="utf-8")
+        self._lock = threading.Lock()
+
+    def export(self, spans) -> Any:
+        lines = "".join(json.dumps(span_record(s, self.node), default=str) + "\n" for s in spans)
+        with self._lock:
+            if self._file.closed:
+                return self._failed
+            self._file.write(lines)
+            self._file.flush()
+        return self._ok
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True  # every export is flushed already
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._file.close()
+
+
+# ------------------------------------------------------------------ SERVER spans
+
+def install_server_spans(app: Flask) -> None:
+    """A SERVER span per request (but /health and /metrics), continuing the caller's traceparent.
+
+    Install before the other hooks: a before_request that raises (a bad X-Request-ID) stops the
+    ones after it, and the 400 it becomes should be traced too.
+    """
+    @app.before_request
+    def _open_server_span():
+        state = _state
+        if state is None:
+            return
+        rule = request.url_rule.rule if request.url_rule is not None else None
+        if rule in UNTRACED_ROUTES:
+            return
+        from opentelemetry import context, trace
+        parent = state.propagator.extract(request.headers)  # built from the headers alone, never inherited
+        span = state.tracer.start_span(f"{request.method} {rule or 'unmatched'}", context=parent,
+                                       kind=trace.SpanKind.SERVER,
+                                       attributes={"http.request.method": request.method,
+                                                   "url.path": request.path, "http.route": rule or ""})
+        g.otel_span = span
+        g.otel_token = context.attach(trace.set_span_in_context(span, parent))
+
+    @app.after_request
+    def _note_answer(response):
+        span = g.get("otel_span")
+        if span is not None:
+            g.otel_status = response.status_code
+        return response
+
+    @app.teardown_request
+    def _close_server_span(exc):
+        span = g.pop("otel_span", None)
+        if span is None:
+            return
+        from opentelemetry import context
+        from opentelemetry.trace import Status, StatusCode
+        status = g.get("otel_status", 500)
+        span.set_attribute("http.response.status_code", status)
+        for attribute, value in ((REQUEST_ID, g.get("trace_id")), ("rag.body_request_id", g.get("request_id")),
+                                 ("rag.served_by", g.get("served_by"))):
+            if value is not None:
+                span.set_attribute(attribute, value)
+        if status >= 500 or exc is not None:  # a server span's error is the server's (semconv)
+            span.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
+        span.end()
+        context.detach(g.pop("otel_token"))
+
+
+# ------------------------------------------------------------------ CLIENT spans
+
+class ClientCall:
+    """One node-to-node call in flight: the headers to send along, and its answer's status."""
+
+    def __init__(self, span=None, headers: Mapping[str, str] = MappingProxyType({})):
+        self.span = span
+        self.headers = headers  # read-only when off: one instance serves every call
+
+    def answered(self, status: int) -> None:
+        if self.span is not None:
+            self.span.set_attribute("http.response.status_code", status)
+            if status >= 400:  # a client span's error is any 4xx or 5xx (semconv)
+                from opentelemetry.trace import Status, StatusCode
+                self.span.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
+
+
+_OFF_CALL = ClientCall()
+
+
+@contextmanager
+def client_span(name: str, url: str, parents: Sequence[Any] = (), **attributes: Any) -> Iterator[ClientCall]:
+    """A CLIENT span around one HTTP call to another node; send `call.headers` with it.
+
+    `parents`: the span contexts of the requests a batched call serves (services.worker's search):
+    the first is the parent, the others are linked. None of them: the current context's span.
+    """
+    state = _state
+    if state is None:
+        yield _OFF_CALL
+        return
+    from opentelemetry import trace
+    known = [p for p in parents if p is not None]
+    parent = trace.set_span_in_context(trace.NonRecordingSpan(known[0])) if known else None
+    links = [trace.Link(p) for p in known[1:]]
+    span = state.tracer.start_span(name, context=parent, kind=trace.SpanKind.CLIENT, links=links,
+                                   attributes={"url.full": url, **{k: v for k, v in attributes.items()
+                                                                   if v is not None}})
+    headers: dict[str, str] = {}
+    state.propagator.inject(headers, context=trace.set_span_in_context(span))
+    with trace.use_span(span, end_on_exit=True):  # an exception is recorded and marks the span ERROR
+        yield ClientCall(span, headers)
+
+
+# ------------------------------------------------------------------ stage spans
+
+class _Noted:
+    """An item on its way through a stage, with the stage span that wants to know its batch."""
+    __slots__ = ("item", "span")
+
+    def __init__(self, item, span: "StageSpan"):
+        self.item, self.span = item, span
+
+
+def noting_batches(batch_fn: Callable[[list], list]) -> Callable[[list], list]:
+    """batch_fn for items that `noted` may have wrapped: a wrapped item's span learns its batch's
+    size and start (on the stage thread, before the item's future resolves); batch_fn gets the
+    items as they were. Installed whether tracing is on or not: a pass over the batch's items."""
+    def noted_batch(items: list) -> list:
+        started, size = time.monotonic(), len(items)
+        return batch_fn([_unwrap(item, started, size) for item in items])
+    return noted_batch
+
+
+def _unwrap(item, started: float, size: int):
+    if type(item) is not _Noted:
+        return item
+    item.span._batch = (started, size)  # a one-by-one retry notes its batch of one last
+    return item.item
+
+
+def noted(span: "StageSpan | None", item):
+    """The item to submit to a stage whose batch_fn went through noting_batches."""
+    return item if span is None else _Noted(item, span)
+
+
+class StageSpan:
+    """A request's span in one stage: started on the request's thread when it enters the stage,
+    ended by the caller with the duration it measured (the one timing the completion line uses)."""
+
+    def __init__(self, span, started_ns: int):
+        self.span = span
+        self.started_ns = started_ns
+        self._entered = time.monotonic()
+        self._batch: tuple[float, int] | None = None  # (monotonic start, size) of the batch it ran in
+
+    @property
+    def context(self):
+        """This span's context, for work done on its behalf on another thread (a batched call)."""
+        return self.span.get_span_context()
+
+    def end(self, duration_s: float, error: BaseException | None = None, **attributes: Any) -> None:
+        batch = self._batch
+        if batch is not None:
+            self.span.set_attribute("rag.batch_size", batch[1])
+            self.span.set_attribute("rag.queue_wait_ms", round(max(0.0, batch[0] - self._entered) * 1000, 3))
+        for key, value in attributes.items():
+            if value is not None:
+                self.span.set_attribute(key, value)
+        if error is not None:
+            from opentelemetry.trace import Status, StatusCode
+            self.span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"[:200]))
+        self.span.end(end_time=self.started_ns + int(duration_s * 1e9))
+
+
+def start_stage(stage: str, request_id: str | None = None) -> StageSpan | None:
+    """The span of the current request in `stage` (a child of the current span), or None when off."""
+    state = _state
+    if state is None:
+        return None
+    started_ns = time.time_ns()
+    span = state.tracer.start_span(str(stage), start_time=started_ns,
+                                   attributes={"rag.stage": str(stage), REQUEST_ID: request_id or ""})
+    return StageSpan(span, started_ns)
