@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, fields, replace
 
 from pipeline.continuous import ContinuousEngine, SequenceState, StepResult
 from services.batch_queue import BatchingStats, BatchQueue, PendingItem, with_observations
+from services import tracing
 from services.errors import ServiceClosed, StageDown
 from services.futures import Claim, claim, end_with_exception, end_with_result
 
@@ -241,10 +242,11 @@ class ContinuousGenerationService:
         self._measure()
 
     def _admit(self, batch: list[PendingItem]) -> None:
+        running = len(self._active) + len(batch)  # the batch each joins: a traced request's batch size
         for pending in batch:
             ticket = GenerationTicket(pending.future, pending.enqueued_at)
             try:
-                seq = self.engine.add(pending.item, payload=ticket)
+                seq = self.engine.add(tracing.admitted(pending.item, running), payload=ticket)
             except Exception as exc:  # e.g. a prompt over the token budget: this request alone
                 self._fail(ticket, exc)
                 continue

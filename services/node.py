@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 
 from pipeline.config import ConfigError, Settings, misspelt_variables
 from pipeline.device import thread_budget
+from services import tracing
 from services.app import build_app
 from services.http import serve
 from services.lifecycle import Lifecycle
@@ -109,6 +110,7 @@ def main() -> int:
         node = settings.require_node_number()
         Role = role_class(node)
         Role.check_settings(settings)
+        tracing.require(settings)  # TRACING=otlp|jsonl without OpenTelemetry: one line, exit 2
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)  # every problem on a line of its own
         return 2

@@ -61,12 +61,32 @@ def enabled() -> bool:
     return _state is not None
 
 
+# What TRACING=otlp|jsonl imports, checked at startup so a missing package is one clear line.
+_NEEDED = {"jsonl": ("opentelemetry.sdk.trace",),
+           "otlp": ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http.trace_exporter")}
+PIP_INSTALL = "pip install -e '.[tracing]'"
+
+
+def require(settings) -> None:
+    """ConfigError (one line naming TRACING and the pip command) when TRACING asks for packages
+    this Python lacks; nothing is imported when TRACING=off."""
+    import importlib
+    from pipeline.config import ConfigError
+    for module in _NEEDED.get(settings.tracing, ()):
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ConfigError(f"TRACING={settings.tracing} needs the OpenTelemetry packages ({exc.name or module} "
+                              f"is missing): run {PIP_INSTALL}, or set TRACING=off") from None
+
+
 def start(settings) -> bool:
     """Install this process's tracer from Settings (TRACING, TRACING_ENDPOINT, TRACING_FILE);
     False (and nothing installed) when TRACING=off. Once per process; a second call is a no-op."""
     global _state
     if settings.tracing == "off":
         return False
+    require(settings)
     with _start_lock:
         if _state is not None:
             return True
@@ -291,6 +311,12 @@ def _unwrap(item, started: float, size: int):
         return item
     item.span._batch = (started, size)  # a one-by-one retry notes its batch of one last
     return item.item
+
+
+def admitted(item, running: int):
+    """The item as submitted, for a stage with no batch_fn (continuous generate): a `noted` item's
+    span learns when it joined the running batch and how many sequences that batch held."""
+    return _unwrap(item, time.monotonic(), running)
 
 
 def noted(span: "StageSpan | None", item):

@@ -85,10 +85,10 @@ class _Visit:
         self.started = time.perf_counter()
         self.future: Future | None = None
 
-    def submit(self, service, item, noting: bool) -> "_Visit":
-        """`noting`: the service's batch_fn went through tracing.noting_batches, so the span may
-        learn the batch the item runs in (the continuous generate stage has no batch_fn)."""
-        self.future = service.submit(tracing.noted(self.span, item) if noting else item)
+    def submit(self, service, item) -> "_Visit":
+        """Every stage service unwraps a noted item (tracing.noting_batches, or the continuous
+        generate stage's tracing.admitted), telling the span the batch it ran in."""
+        self.future = service.submit(tracing.noted(self.span, item))
         return self
 
 
@@ -154,7 +154,6 @@ class Worker:
         # Each batch tells its requests' stage spans (tracing on) its size and when it started.
         self.services = {stage: self._service(stage, tracing.noting_batches(batch_fns[stage]))
                          for stage in spec.WORKER_STAGES}
-        self._noting = frozenset(stage for stage, svc in self.services.items() if isinstance(svc, BatchingService))
 
     def _service(self, stage: Stage, batch_fn):
         if stage == Stage.GENERATE and self.config.continuous is not None:
@@ -214,7 +213,7 @@ class Worker:
         s = self.services
 
         def enter(stage: Stage, item) -> _Visit:
-            return clock.enter(stage).submit(s[stage], item, stage in self._noting)
+            return clock.enter(stage).submit(s[stage], item)
 
         def run(stage: Stage, item):
             return clock.wait(enter(stage, item), deadline)
@@ -225,7 +224,7 @@ class Worker:
             self.embed_cache.put(query, vector)
         search = clock.enter(Stage.SEARCH)  # its span's context goes along: node 2's call joins its trace
         item = SearchItem(vector, deadline, trace, search.span.context if search.span is not None else None)
-        ids = clock.wait(search.submit(s[Stage.SEARCH], item, Stage.SEARCH in self._noting), deadline)
+        ids = clock.wait(search.submit(s[Stage.SEARCH], item), deadline)
         documents = run(Stage.FETCH, list(ids))
         ranked = run(Stage.RERANK, RerankRequest(query, tuple(documents)))
         response = run(Stage.GENERATE, GenerationRequest(query, tuple(r.document for r in ranked)))

@@ -3,18 +3,18 @@ between a client span and a server span, batch notes, and OTLP/HTTP to a receive
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from flask import g, jsonify, request
 
-from pipeline.config import Settings
+from pipeline.config import REPO_ROOT, ConfigError, Settings
 from services import tracing
 from services.batching import BatchingService
 from services.http import make_app
-
-pytestmark = pytest.mark.timeout(60)
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
@@ -72,6 +72,61 @@ def test_off_installs_nothing_and_writes_nothing(tmp_path):
     assert not path.exists() and not list(tmp_path.iterdir())
     # No SDK provider was made global either (the API's default proxy is still there).
     assert "sdk" not in type(trace.get_tracer_provider()).__module__
+
+
+def test_off_never_imports_opentelemetry():
+    # Zero cost when off: a node's modules, its startup and a request through the hooks and the
+    # stage helpers leave OpenTelemetry unimported (so a node without the packages runs).
+    code = """
+import sys
+from pipeline.config import Settings
+from services import tracing
+import services.node, services.worker, services.index_server, services.generation, services.node_client
+from services.http import make_app
+from services.batching import BatchingService
+settings = Settings.from_env({"NODE_NUMBER": "1", "TRACING": "off"})
+tracing.require(settings)
+assert tracing.start(settings) is False
+app = make_app("t")
+app.post("/x")(lambda: "ok")
+assert app.test_client().post("/x", headers={"traceparent": "00-%s-%s-01"}).status_code == 200
+service = BatchingService("t", tracing.noting_batches(lambda items: items), max_size=2, max_wait_ms=1)
+assert service.submit(tracing.noted(tracing.start_stage("embed"), 5)).result(timeout=10) == 5
+service.close(timeout=5)
+print(sorted(m for m in sys.modules if m.startswith("opentelemetry")))
+""" % (TRACE_ID, PARENT_ID)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("mode", ["jsonl", "otlp"])
+def test_tracing_on_without_the_packages_is_one_config_error_naming_the_pip_command(mode, monkeypatch):
+    for module in ("opentelemetry", *tracing._NEEDED[mode]):  # an import of any of them now fails
+        monkeypatch.setitem(sys.modules, module, None)
+    with pytest.raises(ConfigError) as caught:
+        tracing.require(settings(TRACING=mode))
+    message = str(caught.value)
+    assert message.startswith(f"TRACING={mode} needs the OpenTelemetry packages") and "\n" not in message
+    assert tracing.PIP_INSTALL in message and "TRACING=off" in message
+    with pytest.raises(ConfigError):
+        tracing.start(settings(TRACING=mode))
+    assert not tracing.enabled()
+
+
+def test_a_node_with_tracing_on_and_no_opentelemetry_exits_2_with_one_line(tmp_path):
+    index = tmp_path / "index.faiss"
+    index.write_bytes(b"")  # only its existence is checked before the tracing check
+    env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "NODE_NUMBER": "2", "TRACING": "jsonl",
+           "FAISS_INDEX_PATH": str(index), "NODE_2_IP": "127.0.0.1:1"}
+    # This Python has the packages: the child hides them the way a missing install would.
+    code = "import sys; sys.modules['opentelemetry'] = None; from services.node import main; sys.exit(main())"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("config error: TRACING=jsonl needs the OpenTelemetry packages") and tracing.PIP_INSTALL in last
 
 
 def test_a_server_span_continues_the_callers_trace_and_its_stages_are_its_children(spans_file):
@@ -173,6 +228,16 @@ def test_a_stage_span_learns_the_batch_it_ran_in(spans_file):
         service.close(timeout=5)
     (record,) = read_spans(spans_file)
     assert record["attributes"]["rag.batch_size"] == 3 and record["attributes"]["rag.queue_wait_ms"] >= 0
+
+
+def test_a_continuous_stage_tells_the_span_the_running_batch_it_joined(spans_file):
+    span = tracing.start_stage("generate", "g-1")
+    item = object()
+    assert tracing.admitted(tracing.noted(span, item), 5) is item  # the engine gets the request as it was
+    assert tracing.admitted(item, 5) is item
+    span.end(0.001)
+    (record,) = read_spans(spans_file)
+    assert record["attributes"]["rag.batch_size"] == 5 and record["attributes"]["rag.queue_wait_ms"] >= 0
 
 
 def test_the_jsonl_file_defaults_to_logs_under_the_repo():
