@@ -1,6 +1,7 @@
 """One request's trace across three real nodes (TRACING=jsonl, one span file per node):
 node 0's server and client spans, node 1's server span, its seven stage spans, its call to node 2
-and node 2's /search server span, all in one trace with the right parents."""
+and node 2's /search server span, all in one trace with the right parents; and its X-Request-ID
+back on the reply, in each node's completion line (LOG_FORMAT=json) and on each node's server span."""
 from __future__ import annotations
 
 import json
@@ -22,11 +23,11 @@ SPAN_WAIT_S = 30  # spans are written as they end; this only bounds a failing te
 
 
 @pytest.fixture(scope="module")
-def traced(support_data, tmp_path_factory):
+def traced(course_data, tmp_path_factory):
     """The cluster, each node appending its spans to a file of its own."""
     root = tmp_path_factory.mktemp("tracing")
     files = {node: root / f"traces-node{node}.jsonl" for node in NODES}
-    cluster = LocalCluster(cluster_env(support_data, TRACING="jsonl"), root / "logs")
+    cluster = LocalCluster(cluster_env(course_data, TRACING="jsonl", LOG_FORMAT="json"), root / "logs")
     try:
         for node in (2, 1, 0):  # the index first, as LocalCluster.start does
             cluster.env["TRACING_FILE"] = str(files[node])
@@ -70,9 +71,11 @@ def one(spans: list[dict], name: str, kind: str) -> dict:
 
 
 def ask(cluster, request_id: str, query: str) -> dict:
-    reply = requests.post(f"{cluster.url(0)}/query", json={"request_id": request_id, "query": query},
+    # The header's id differs from the body's: the header's is the one followed across nodes.
+    reply = requests.post(f"{cluster.url(0)}/query", json={"request_id": f"body-{request_id}", "query": query},
                           headers={"X-Request-ID": request_id}, timeout=120)
     assert reply.status_code == 200, reply.text
+    assert reply.headers["X-Request-ID"] == request_id and reply.json()["request_id"] == f"body-{request_id}"
     return reply.json()
 
 
@@ -91,14 +94,16 @@ def served(traced):
 
 
 def check_stages(spans: list[dict], parent: dict, request_id: str) -> dict[str, dict]:
-    stages = {s["name"]: s for s in spans if s["parent_span_id"] == parent["span_id"] and s["kind"] == "INTERNAL"}
-    assert set(stages) == STAGES
+    """Exactly one span per stage, children of the request's server span, each inside it."""
+    children = [s for s in spans if s["parent_span_id"] == parent["span_id"] and s["kind"] == "INTERNAL"]
+    assert sorted(s["name"] for s in children) == sorted(STAGES)
+    stages = {s["name"]: s for s in children}
     for span in stages.values():
         assert span["attributes"]["rag.request_id"] == request_id and span["status"] != "ERROR"
         # inside the request's own span
         assert parent["start_time_ns"] <= span["start_time_ns"] <= span["end_time_ns"] <= parent["end_time_ns"]
-    assert stages["embed"]["attributes"]["rag.batch_size"] >= 1  # the batch it ran in
-    assert stages["embed"]["attributes"]["rag.queue_wait_ms"] >= 0
+        # the batch it ran in (continuous generate: the running batch it joined), and its wait for it
+        assert span["attributes"]["rag.batch_size"] >= 1 and span["attributes"]["rag.queue_wait_ms"] >= 0
     return stages
 
 
@@ -128,6 +133,7 @@ def test_a_request_served_by_node_1_is_one_trace_across_the_three_nodes(traced, 
     assert gateway["attributes"]["http.response.status_code"] == 200 and gateway["attributes"]["http.route"] == "/query"
     assert forward["attributes"]["http.response.status_code"] == 200
     assert [s["node"] for s in (gateway, worker, index)] == [0, 1, 2]
+    assert request_id in index["attributes"]["rag.request_id"].split(",")  # the batch's ids, as node 2 got them
     # node 0 computed nothing of it
     assert not [s for s in spans[0] if s["name"] in STAGES]
 
@@ -143,3 +149,21 @@ def test_a_request_node_0_serves_itself_has_its_stages_under_node_0s_server_span
     assert search_call["parent_span_id"] == stages["search"]["span_id"]
     assert one(spans[2], "POST /search", "SERVER")["parent_span_id"] == search_call["span_id"]
     assert not spans[1] and not [s for s in spans[0] if s["name"] == "POST /internal/answer"]
+
+
+def completion_lines(cluster, node: int) -> list[dict]:
+    """The node's services.requests lines (LOG_FORMAT=json: one object a line)."""
+    lines = [json.loads(line) for line in cluster.log_path(node).read_text().splitlines() if line.strip()]
+    return [e for e in lines if e["logger"] == "services.requests"]
+
+
+def test_the_request_id_is_in_each_nodes_completion_line(traced, served):
+    cluster, _ = traced
+    request_id = served[1]
+    (line0,) = [e for e in completion_lines(cluster, 0) if e.get("id") == request_id]
+    (line1,) = [e for e in completion_lines(cluster, 1) if e.get("id") == request_id]
+    assert line0["served_by"] == line1["served_by"] == 1 and line0["status"] == line1["status"] == 200
+    assert line0["request_id"] == line1["request_id"] == f"body-{request_id}"
+    assert set(line1["stages_ms"]) == STAGES and not line0["stages_ms"]  # node 1 computed it
+    # node 2: one line per search batch, naming the batch's requests
+    assert any(request_id in str(e.get("id")).split(",") for e in completion_lines(cluster, 2))
