@@ -23,8 +23,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, fields, replace
 
 from pipeline.continuous import ContinuousEngine, SequenceState, StepResult
-from services.batch_queue import BatchingStats, BatchQueue, PendingItem, with_observations
 from services import tracing
+from services.batch_queue import BatchingStats, BatchQueue, PendingItem, with_observations
 from services.errors import ServiceClosed, StageDown
 from services.futures import Claim, claim, end_with_exception, end_with_result
 
