@@ -1,0 +1,130 @@
+"""One int8 Linear, four ways, side by side: where int8-dynamic's time goes against fbgemm.
+
+`int8-dynamic` (pipeline/precision.py) quantizes each row with its own scale so a row's result
+cannot depend on its batch-mates, and multiplies with `torch._int_mm`. `torch.ao`'s
+`quantize_dynamic` (fbgemm) is faster but scales the whole tensor at once (not batch-invariant).
+The fourth column feeds our per-row int8 codes to fbgemm's dynamic linear with one anchor row
+(-128 ... 127) that pins fbgemm's activation scale to exactly 1: its int32 sums equal
+`_int_mm`'s, so it is batch-invariant too. Each shape is timed at each row count, the four
+interleaved, medians printed; `--check` also asserts the anchored sums equal `_int_mm`'s and that
+each row's output is the same alone and in the batch.
+
+    python -m profiling.bench_int8_linear --rows 1,16,256 --repeat 20
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+
+import torch
+
+from pipeline.precision import Int8DynamicLinear, quantize_rows
+from profiling.lib.cli import comma_list, positive
+
+# The Qwen2.5-0.5B Linears that dominate a decode step: q/o, k/v, MLP up/gate, MLP down, the output head.
+SHAPES = ((896, 896), (896, 128), (896, 4864), (4864, 896), (896, 151936))
+
+
+class AnchoredFbgemm(torch.nn.Module):
+    """Per-row int8 codes through fbgemm's dynamic linear, its activation scale pinned to 1."""
+
+    def __init__(self, ours: Int8DynamicLinear):
+        super().__init__()
+        self.ours = ours
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch.ao's quantized tensors are deprecated, still shipped
+            weight = torch.quantize_per_channel(
+                ours.qweight.float() * ours.weight_scale[:, None], ours.weight_scale.double(),
+                torch.zeros(ours.out_features, dtype=torch.long), 0, torch.qint8)
+            self.packed = torch.ops.quantized.linear_prepack(weight, None)
+        self.anchor = torch.zeros(1, ours.in_features)
+        self.anchor[0, 0], self.anchor[0, 1] = -128.0, 127.0
+
+    def sums(self, codes):
+        """int32 sums x channel scale, for int8 codes given as floats (rows x in_features)."""
+        return torch.ops.quantized.linear_dynamic(torch.cat([self.anchor, codes]), self.packed, False)[1:]
+
+    def forward(self, x):
+        codes, scale = quantize_rows(x.reshape(-1, self.ours.in_features).float())
+        out = self.sums(codes.float()) * scale
+        return out if self.ours.bias is None else out + self.ours.bias
+
+
+def variants(in_features: int, out_features: int) -> dict[str, torch.nn.Module]:
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(in_features, out_features)
+    ours = Int8DynamicLinear(linear)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        per_tensor = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(linear), {torch.nn.Linear},
+                                                            dtype=torch.qint8)
+    return {"float32": linear, "int8-dynamic": ours, "fbgemm per tensor": per_tensor,
+            "fbgemm anchored per row": AnchoredFbgemm(ours)}
+
+
+def check(models: dict[str, torch.nn.Module], rows: int) -> None:
+    """The anchored path's sums equal _int_mm's, and each row's output is the same alone."""
+    ours, anchored = models["int8-dynamic"], models["fbgemm anchored per row"]
+    x = torch.randn(rows, ours.in_features) * torch.logspace(-2, 2, rows)[:, None]
+    codes, _ = quantize_rows(x)
+    expected = torch._int_mm(codes, ours.qweight.t()).float() * ours.weight_scale
+    assert torch.equal(anchored.sums(codes.float()), expected), "anchored sums differ from _int_mm"
+    together = anchored(x)
+    alone = torch.cat([anchored(x[i:i + 1]) for i in range(rows)])
+    assert torch.equal(alone, together), "anchored output depends on the batch"
+
+
+def time_interleaved(models: dict[str, torch.nn.Module], x, repeat: int) -> dict[str, float]:
+    samples: dict[str, list[float]] = {name: [] for name in models}
+    for model in models.values():
+        model(x)  # first call: packing and allocator warm-up
+    for _ in range(repeat):
+        for name, model in models.items():
+            start = time.perf_counter()
+            model(x)
+            samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) * 1000 for name, values in samples.items()}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--rows", type=comma_list(int, minimum=1, what="row counts"), default=[1, 16, 256],
+                        help="row counts (decode: sequences; prefill: tokens), comma-separated")
+    parser.add_argument("--repeat", type=positive(int), default=20, help="timed calls per variant, interleaved")
+    parser.add_argument("--threads", type=positive(int), default=1, help="torch threads (a worker on the local cluster has 1)")
+    parser.add_argument("--shapes", default="all", help="'all' or in x out pairs, e.g. 896x4864,896x151936")
+    parser.add_argument("--check", action="store_true", help="also assert bit-identical sums and batch invariance")
+    return parser.parse_args(argv)
+
+
+def shapes_from(text: str) -> tuple[tuple[int, int], ...]:
+    if text == "all":
+        return SHAPES
+    return tuple(tuple(int(n) for n in pair.split("x")) for pair in text.split(","))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {args.threads} thread(s), quantized engine {torch.backends.quantized.engine}; "
+          "median ms per call")
+    names = None
+    with torch.inference_mode():
+        for in_features, out_features in shapes_from(args.shapes):
+            models = variants(in_features, out_features)
+            if names is None:
+                names = list(models)
+                print(f"{'shape':>12} {'rows':>5} " + " ".join(f"{n:>24}" for n in names))
+            if args.check:
+                check(models, max(args.rows))
+            for rows in args.rows:
+                ms = time_interleaved(models, torch.randn(rows, in_features), args.repeat)
+                print(f"{in_features:>5}x{out_features:<6} {rows:>5} " + " ".join(f"{ms[n]:>24.2f}" for n in names))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
