@@ -35,7 +35,9 @@ from pipeline.generator import GenerationRequest, Generator
 from pipeline.models import resolve_model_source
 from profiling.lib.cli import comma_list, positive
 from profiling.lib.inputs import cycled, document_pool, spec_queries
-from profiling.lib.report import write_json
+from profiling.lib.cli import add_out, make_parser
+from profiling.lib.provenance import local_record
+from profiling.lib.report import run_folder, write_json
 
 PHASES = ("forward", "choose", "decode_other", "engine_other")
 CURRENT = "current"
@@ -199,20 +201,25 @@ def ratios(rows: list[dict]) -> dict[str, float]:
 
 # ------------------------------------------------------------------------- CLI
 
+def parser() -> argparse.ArgumentParser:
+    p = make_parser("python -m profiling.bench_decode", __doc__)
+    p.add_argument("--sequences", type=comma_list(int, minimum=1, sort_unique=True, example="1,16"),
+                   default=[1, 16], help="running sequences per measured batch")
+    p.add_argument("--repeat", type=positive(int), default=8, help="timed decode steps per runner and size")
+    p.add_argument("--profile", action="store_true", help="torch.profiler top operators per size")
+    p.add_argument("--profile-steps", type=positive(int), default=3, help="decode steps --profile records")
+    p.add_argument("--top", type=positive(int), default=15, help="operators listed by --profile")
+    p.add_argument("--baseline", metavar="GIT_REF", help="also measure runner.py as at this git ref; unset: only the current one")
+    add_out(p, "bench_decode")
+    return p
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sequences", type=comma_list(int, minimum=1, sort_unique=True, example="1,16"),
-                        default=[1, 16], help="running sequences per measured batch")
-    parser.add_argument("--repeat", type=positive(int), default=8, help="timed decode steps per runner and size")
-    parser.add_argument("--profile", action="store_true", help="torch.profiler top operators per size")
-    parser.add_argument("--profile-steps", type=positive(int), default=3)
-    parser.add_argument("--top", type=positive(int), default=15, help="operators listed by --profile")
-    parser.add_argument("--baseline", metavar="GIT_REF", help="also measure runner.py as at this git ref")
-    parser.add_argument("--out", default="runs/bench_decode")
-    args = parser.parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
     steps = args.repeat + (args.profile_steps if args.profile else 0)
     if steps + 2 > spec.MAX_NEW_TOKENS:
-        parser.error(f"--repeat + --profile-steps must leave room within {spec.MAX_NEW_TOKENS} new tokens")
+        p.error(f"--repeat + --profile-steps must leave room within {spec.MAX_NEW_TOKENS} new tokens")
     return args
 
 
@@ -252,7 +259,9 @@ def main(argv: list[str] | None = None) -> int:
               "ratio_most_vs_fewest": ratios(rows), "same_tokens_across_runners": same,
               "rows": rows, "profiles": profiles}
     print("step ratio:", report["ratio_most_vs_fewest"])
-    write_json(Path(args.out) / f"bench_decode_{placement.dtype}.json", report)
+    report["provenance"] = local_record()
+    path = write_json(run_folder("bench_decode", args.out) / f"bench_decode_{placement.dtype}.json", report)
+    print(f"results in {path}")
     return 0
 
 

@@ -1,6 +1,6 @@
 """How often bfloat16 answers differ from float32 answers on the reference queries.
 
-    python -m profiling.bench_dtype [--queries 8]
+    python -m profiling.bench_dtype [--queries 8] [--out DIR]
 
 Runs each model stage in float32 and in bfloat16 on the same inputs (the eight
 reference queries with support documents) and reports, per stage, how many
@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
 from pipeline import spec
 from pipeline.classifiers import SentimentClassifier, ToxicityClassifier
@@ -22,7 +21,9 @@ from pipeline.device import Placement, select_device, thread_budget
 from pipeline.generator import GenerationRequest, Generator
 from pipeline.models import resolve_model_source
 from pipeline.reranker import RerankRequest, Reranker
-from profiling.lib.report import write_json
+from profiling.lib.cli import add_out, make_parser
+from profiling.lib.provenance import local_record
+from profiling.lib.report import run_folder, write_json
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -32,11 +33,15 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def parser() -> argparse.ArgumentParser:
+    p = make_parser("python -m profiling.bench_dtype", __doc__)
+    p.add_argument("--queries", type=int, default=8, help="reference queries compared (at most the SPEC's eight)")
+    add_out(p, "bench_dtype")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--queries", type=int, default=8)
-    parser.add_argument("--out", default="runs/bench_dtype")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     import torch
     settings = Settings.from_env()
     torch.set_num_threads(thread_budget(settings.torch_threads))
@@ -72,7 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     report["toxicity_identical"] = sum(x == y for x, y in zip(a["toxicity"], b["toxicity"]))
     report["seconds"] = {k: round(v["seconds"], 1) for k, v in outputs.items()}
     print(json.dumps(report, indent=2))
-    write_json(Path(args.out) / "bench_dtype.json", report)
+    report["provenance"] = local_record()
+    path = write_json(run_folder("bench_dtype", args.out) / "bench_dtype.json", report)
+    print(f"results in {path}")
     return 0
 
 

@@ -28,7 +28,6 @@ import statistics
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from pipeline import spec
 from pipeline.config import Settings
@@ -38,7 +37,9 @@ from pipeline.device import Placement, placement_for, thread_budget
 from pipeline.generator import GenerationRequest, Generator
 from pipeline.models import resolve_model_source
 from services.batching import BatchingService
-from profiling.lib.report import percentiles, write_json
+from profiling.lib.cli import add_out, make_parser
+from profiling.lib.provenance import local_record
+from profiling.lib.report import percentiles, run_folder, write_json
 from services.generation import ContinuousGenerationService
 
 
@@ -187,21 +188,25 @@ def measure_step_times(generator: Generator, requests, max_batch: int) -> dict:
             "prefill_batch_plus_step_s": prefill_all}
 
 
+def parser() -> argparse.ArgumentParser:
+    p = make_parser("python -m profiling.bench_generate", __doc__)
+    p.add_argument("--requests", type=int, default=16, help="generation requests, arriving --stagger apart")
+    p.add_argument("--stagger", type=float, default=1.0, help="seconds between arrivals")
+    p.add_argument("--max-batch", type=int, default=8, help="sequences decoding together (continuous and static)")
+    p.add_argument("--max-wait-ms", type=float, default=20.0, help="static batching window")
+    p.add_argument("--prefill-chunk", type=int, default=512, help="continuous: prompt tokens prefilled per iteration")
+    p.add_argument("--answer-lengths", type=parse_answer_lengths, default=(spec.MAX_NEW_TOKENS,) * 2,
+                   metavar="N|uniform:LOW:HIGH",
+                   help="new tokens per answer (LOW,HIGH; 128 is the target's setting); uniform:LOW:HIGH "
+                        "draws a seeded length per request, modelling answers that end at eos")
+    p.add_argument("--skip-reference", action="store_true", help="do not run the one-at-a-time reference")
+    p.add_argument("--skip-static", action="store_true", help="do not run static batching")
+    add_out(p, "bench_generate")
+    return p
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=16)
-    parser.add_argument("--stagger", type=float, default=1.0, help="seconds between arrivals")
-    parser.add_argument("--max-batch", type=int, default=8)
-    parser.add_argument("--max-wait-ms", type=float, default=20.0, help="static batching window")
-    parser.add_argument("--prefill-chunk", type=int, default=512)
-    parser.add_argument("--answer-lengths", type=parse_answer_lengths, default=(spec.MAX_NEW_TOKENS,) * 2,
-                        metavar="N|uniform:LOW:HIGH",
-                        help="new tokens per answer (default 128, the target's setting); uniform:LOW:HIGH "
-                             "draws a seeded length per request, modelling answers that end at eos")
-    parser.add_argument("--skip-reference", action="store_true")
-    parser.add_argument("--skip-static", action="store_true")
-    parser.add_argument("--out", default="runs/bench_generate")
-    return parser.parse_args(argv)
+    return parser().parse_args(argv)
 
 
 def run_modes(args: argparse.Namespace, source, placement: Placement, requests) -> tuple[dict, dict[str, RunResult]]:
@@ -274,7 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     steps, results = run_modes(args, source, placement_for(settings, "generate"), requests)
     report = build_report(args, source, requests, steps, results)
     print_report(report, results)
-    write_json(Path(args.out) / "bench_generate.json", report)
+    report["provenance"] = local_record()
+    path = write_json(run_folder("bench_generate", args.out) / "bench_generate.json", report)
+    print(f"results in {path}")
     return 0
 
 

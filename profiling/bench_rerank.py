@@ -1,7 +1,7 @@
 """The reranker's forwards grouped by length against one padded forward, side by side.
 
     python -m profiling.bench_rerank [--requests 8] [--rounds 2] [--pad-ratios 1.1,1.25]
-                                     [--documents DIR]
+                                     [--documents DIR] [--out DIR]
 
 Each request is a SPEC query with 10 documents (what search and fetch hand the
 reranker), drawn from documents.db under --documents or from the support corpus.
@@ -28,7 +28,9 @@ from pipeline.models import resolve_model_source
 from pipeline.reranker import Reranker, length_groups
 from profiling.lib.cli import comma_list
 from profiling.lib.inputs import document_pool, rerank_inputs
-from profiling.lib.report import write_json
+from profiling.lib.cli import add_out, make_parser
+from profiling.lib.provenance import local_record
+from profiling.lib.report import run_folder, write_json
 
 ONE_FORWARD = float("inf")
 
@@ -44,17 +46,23 @@ def time_setting(reranker: Reranker, requests, ratio: float) -> tuple[float, lis
     return (time.perf_counter() - started) / len(requests), scores
 
 
+def parser() -> argparse.ArgumentParser:
+    p = make_parser("python -m profiling.bench_rerank", __doc__)
+    p.add_argument("--requests", type=int, default=8, help="rerank requests of ten documents")
+    p.add_argument("--rounds", type=int, default=2, help="timed rounds (the best is reported)")
+    p.add_argument("--pad-ratios", type=parse_ratios, default=[1.1, 1.25],
+                   help="length-grouping settings compared with one padded forward")
+    p.add_argument("--documents", type=Path, default=None,
+                   help="folder holding documents.db; unset: the support corpus")
+    add_out(p, "bench_rerank")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--pad-ratios", type=parse_ratios, default=[1.1, 1.25])
-    parser.add_argument("--documents", type=Path, default=None,
-                        help="folder holding documents.db (default: the support corpus)")
-    parser.add_argument("--out", type=Path, default=Path("runs/bench_rerank"))
-    args = parser.parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
     if args.requests < 1 or args.rounds < 1:
-        parser.error("--requests and --rounds must be at least 1")
+        p.error("--requests and --rounds must be at least 1")
 
     import torch
     settings = Settings.from_env()
@@ -93,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
               "pair_tokens": {"min": min(all_lengths), "max": max(all_lengths),
                               "mean": float(np.mean(all_lengths))},
               "rows": rows}
-    write_json(args.out / "bench_rerank.json", report)
+    report["provenance"] = local_record()
+    path = write_json(run_folder("bench_rerank", args.out) / "bench_rerank.json", report)
+    print(f"results in {path}")
     return 0
 
 

@@ -1,6 +1,6 @@
 """/search over HTTP against in-process faiss, same index, batch and nprobe, one run.
 
-    python -m profiling.bench_search --index PATH [--batch 16] [--rounds 20]
+    python -m profiling.bench_search --index PATH [--batch 16] [--rounds 20] [--out DIR]
 
 Starts node 2 (the real index server, a separate process on 127.0.0.1) on the
 same index file, then times batches of unit vectors both ways: through
@@ -11,11 +11,13 @@ the in-process load time, the first (cold) batch, this process's RSS after the
 load, the cold batch and the warm-up, and node 2's time to /health 200 and its
 RSS (from its /metrics) after serving the same batches. RSS counts the index
 file's pages that searches touched (the index is memory-mapped), so it grows
-with the lists probed, not with the file's size.
+with the lists probed, not with the file's size. A node 2 whose /metrics cannot be
+read stops the tool (exit 1). Writes bench_search.json (with the tool's git commit,
+this process's settings and node 2's) into --out, or a fresh
+runs/bench_search-<UTC time>/ folder.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -28,8 +30,11 @@ import numpy as np
 
 from pipeline.config import REPO_ROOT
 from pipeline.vector_index import VectorIndex
-from profiling.lib.prometheus import PEAK_RSS_METRIC, RSS_METRIC, scrape
-from profiling.lib.report import write_json
+from profiling.lib.cli import add_out, make_parser
+from profiling.lib.cluster import ClusterError, Node, scrape_nodes
+from profiling.lib.prometheus import PEAK_RSS_METRIC, RSS_METRIC, MetricsSnapshot
+from profiling.lib.provenance import cluster_record, local_record
+from profiling.lib.report import run_folder, write_json
 from services.health_wait import wait_healthy
 from services.local_cluster import free_ports
 from services.node_client import IndexClient
@@ -46,8 +51,7 @@ def rss_mib() -> float:
     return float("nan")
 
 
-def node_rss_mib(url: str) -> dict[str, float]:
-    snapshot = scrape(f"{url}/metrics")
+def node_rss_mib(snapshot: MetricsSnapshot) -> dict[str, float]:
     return {name: round((snapshot.get(metric) or float("nan")) / 2**20, 1) for name, metric in
             (("rss", RSS_METRIC), ("peak_rss", PEAK_RSS_METRIC))}
 
@@ -75,15 +79,19 @@ def timed(fn, batches) -> list[float]:
     return times
 
 
+def parser():
+    p = make_parser("python -m profiling.bench_search", __doc__)
+    p.add_argument("--index", required=True, help="the FAISS index file, served by node 2 and loaded here")
+    p.add_argument("--batch", type=int, default=16, help="query vectors per search")
+    p.add_argument("--rounds", type=int, default=20, help="timed batches each way")
+    p.add_argument("--nprobe", type=int, default=64, help="IVF lists probed, both ways")
+    p.add_argument("--threads", type=int, default=2, help="faiss threads, both ways")
+    add_out(p, "bench_search")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--index", required=True)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--nprobe", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=2, help="faiss threads, both ways")
-    parser.add_argument("--out", default="runs/bench_search")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     import faiss
     faiss.omp_set_num_threads(args.threads)
     rng = np.random.default_rng(0)
@@ -112,7 +120,13 @@ def main(argv: list[str] | None = None) -> int:
             local += timed(lambda b: index.search(b, 10), [batch])
             http += timed(lambda b: client.search(b, 10), [batch])
         rss["after_all_batches"] = rss_mib()
-        node2 = node_rss_mib(url)
+        node = Node(2, url, "index")
+        snapshot, = scrape_nodes([node])
+        node2 = node_rss_mib(snapshot)
+        provenance = {**local_record(), "nodes": cluster_record([node], [snapshot])["nodes"]}
+    except ClusterError as exc:
+        print(f"bench_search: {exc}", file=sys.stderr)
+        return 1
     finally:
         server.terminate()
         server.wait(timeout=60)
@@ -123,10 +137,12 @@ def main(argv: list[str] | None = None) -> int:
               "rss_mib": {k: round(v, 1) for k, v in rss.items()}, "node2_ready_s": round(ready_s, 2),
               "node2_rss_mib": node2,
               "median_batch_s": {"in_process": statistics.median(local), "http": statistics.median(http)},
-              "queries_per_s": qps, "ratio_http_vs_in_process": qps["http"] / qps["in_process"]}
-    print(json.dumps(report, indent=2))
+              "queries_per_s": qps, "ratio_http_vs_in_process": qps["http"] / qps["in_process"],
+              "provenance": provenance}
+    print(json.dumps({k: v for k, v in report.items() if k != "provenance"}, indent=2))
     print(f"HTTP / in-process: {report['ratio_http_vs_in_process']:.2f}x (target >= 0.8x)")
-    write_json(Path(args.out) / "bench_search.json", report)
+    path = write_json(run_folder("bench_search", args.out) / "bench_search.json", report)
+    print(f"results in {path}")
     return 0
 
 

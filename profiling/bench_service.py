@@ -2,7 +2,7 @@
 
     python -m profiling.bench_service --compare batching|threads|cache|precision
         [--concurrency 16] [--count 32] [--warmup 2] [--variants a,b] [--base-port 8500]
-        [--max-duration 1800] [--out runs/bench_service] [--name NAME]
+        [--max-duration 1800] [--out DIR] [--name NAME]
 
 For each configuration ("variant") of the chosen comparison this starts a fresh
 local three-node cluster (`services.local_cluster`, separate processes on
@@ -30,7 +30,12 @@ throughput as a ratio of the first variant's (the baseline):
 
 The batching, threads and precision comparisons run with both caches off. Every run is
 bounded in count and in time (`--max-duration` per variant) and only sends to
-loopback addresses.
+loopback addresses. A node whose /metrics cannot be read fails its variant (named
+in the report). The summary records the tool's git commit and, per variant, every
+node's settings (GET /settings, 'unknown' where missing) and rag_node_info, with a
+warning when a cache could answer the repeated queries (outside --compare cache).
+Writes bench_service_<name>.json and the nodes' logs into --out, or a fresh
+runs/bench_service-<UTC time>/ folder.
 """
 from __future__ import annotations
 
@@ -49,18 +54,19 @@ import requests
 from pipeline.config import REPO_ROOT, ConfigError, Settings
 from pipeline.device import thread_budget
 from pipeline.spec import MODEL_STAGES, Stage
-from profiling.lib.cli import split_list
+from profiling.lib.cli import add_out, make_parser, split_list
+from profiling.lib.cluster import ClusterError, Node, check_scraped
 from profiling.lib.load import ClosedGroup, Target, clear_caches, load_queries, run_closed
-from profiling.lib.prometheus import MetricsSnapshot, NodeDelta, node_deltas, scrape_all
-from profiling.lib.report import RunStats, format_nodes_table, jsonable, mib, run_stats, write_json
+from profiling.lib.prometheus import NodeDelta, cache_deltas, node_deltas, scrape_all  # noqa: F401 (cache_deltas: its old home)
+from profiling.lib.provenance import cache_warnings, cluster_record, git_commit, node_settings, settings_warnings
+from profiling.lib.report import RunStats, format_nodes_table, jsonable, mib, run_folder, run_stats, write_json
 from services.local_cluster import LocalCluster, free_ports, pinned_env
 
-DEFAULT_OUT = Path("runs/bench_service")
+TOOL = "bench_service"
 DEMO_DIR = REPO_ROOT / "data" / "demo"
 CACHES_OFF = {"EMBED_CACHE_SIZE": "0", "RESPONSE_CACHE_SIZE": "0"}
 THREAD_VARS = ("TORCH_THREADS", "FAISS_THREADS", "WAITRESS_THREADS")
 WAITRESS_DEFAULT_THREADS = "4"  # waitress.serve(threads=4) when nobody says otherwise
-CACHE_NAMES = ("embedding", "response")  # the `cache` label in rag_cache_*_total
 
 
 @dataclass(frozen=True)
@@ -135,6 +141,8 @@ class VariantResult:
     caches: dict[str, dict[str, float]] = field(default_factory=dict)
     same_as: str = ""  # skipped: its settings equal this earlier variant's
     error: str = ""
+    provenance: dict = field(default_factory=dict)  # every node's settings and rag_node_info, as it ran
+    warnings: list[str] = field(default_factory=list)
 
     def ratio_to(self, baseline: "VariantResult") -> float:
         if self.stats is None or baseline.stats is None or not baseline.stats.throughput_rpm:
@@ -144,21 +152,6 @@ class VariantResult:
 
 def effective_threads(env: Mapping[str, str]) -> dict[str, str]:
     return {v: env.get(v, "0") for v in THREAD_VARS}
-
-
-def cache_deltas(before: Sequence[MetricsSnapshot], after: Sequence[MetricsSnapshot]) -> dict[str, dict[str, float]]:
-    """Hits, misses (joins included) and joins of each cache over the run, summed over the nodes."""
-    totals: dict[str, dict[str, float]] = {}
-    for b, a in zip(before, after):
-        for cache in CACHE_NAMES:
-            for kind in ("hits", "misses", "joined", "evictions"):
-                now = a.get(f"rag_cache_{kind}_total", cache=cache)
-                if now is None:
-                    continue
-                was = b.get(f"rag_cache_{kind}_total", cache=cache) or 0.0
-                totals.setdefault(cache, {}).setdefault(kind, 0.0)
-                totals[cache][kind] += now - was
-    return totals
 
 
 def free_port_block() -> int:
@@ -202,19 +195,26 @@ def run_variant(variant: Variant, env: Mapping[str, str], args: argparse.Namespa
         result.startup_s = time.monotonic() - started
         deadline = time.monotonic() + args.max_duration
         url = cluster.url(0)
-        metrics_urls = [f"{cluster.url(n)}/metrics" for n in range(3)]
+        nodes = [Node(n, cluster.url(n)) for n in range(3)]
+        metrics_urls = [n.metrics_url for n in nodes]
         if args.warmup:
             warm = Target(url, queries, args.timeout, deadline)
             run_closed(warm, ClosedGroup("warmup", args.warmup, min(args.warmup, args.concurrency)))
             clear_caches([cluster.url(node) for node in (0, 1)], cluster.settings.cluster_token)  # measured hits come from the measured load only
         target = Target(url, queries, args.timeout, deadline)
         before = scrape_all(metrics_urls)
+        check_scraped(nodes, before)
+        result.provenance = cluster_record(nodes, before, cluster.settings.cluster_token)
+        result.warnings = settings_warnings(result.provenance)
+        if args.compare != "cache":  # there the caches are what is measured
+            result.warnings += cache_warnings(nodes, node_settings(result.provenance), queries, args.count)
         records = run_closed(target, ClosedGroup(variant.name, args.count, args.concurrency))
         after = scrape_all(metrics_urls)
+        check_scraped(nodes, after)
         result.stats = run_stats(variant.name, args.count, records)
         result.nodes = node_deltas(before, after)
         result.caches = cache_deltas(before, after)
-    except (RuntimeError, TimeoutError, requests.RequestException) as exc:
+    except (ClusterError, RuntimeError, TimeoutError, requests.RequestException) as exc:
         result.error = f"{type(exc).__name__}: {exc}"
     finally:
         cluster.stop()
@@ -254,26 +254,28 @@ def write_summary(path: Path, args: argparse.Namespace, results: Sequence[Varian
     baseline = next((r for r in results if r.stats is not None), None)
     variants = [{**jsonable(r, strict=False), "ratio_to_baseline": r.ratio_to(baseline) if baseline else None}
                 for r in results]
-    summary = {**extra, "args": vars(args), "variants": variants}
+    summary = {**extra, "args": vars(args), "variants": variants,
+               "warnings": [f"{r.variant.name}: {w}" for r in results for w in r.warnings]}
     return write_json(path, summary)  # NaN kept as NaN (a variant not run has no ratio), as before
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m profiling.bench_service", description=__doc__.split("\n\n")[0])
-    p.add_argument("--compare", required=True, choices=sorted(COMPARISONS))
-    p.add_argument("--variants", default=None, help="comma-separated subset, in this order (the first is the baseline)")
+    p = make_parser("python -m profiling.bench_service", __doc__)
+    p.add_argument("--compare", required=True, choices=sorted(COMPARISONS), help="which comparison to run")
+    p.add_argument("--variants", default=None,
+                   help="comma-separated subset, in this order (the first is the baseline); unset: all")
     p.add_argument("--concurrency", type=int, default=16, help="closed-loop clients")
     p.add_argument("--count", type=int, default=32, help="measured requests per variant")
     p.add_argument("--warmup", type=int, default=2, help="requests before measuring (then the caches are cleared)")
-    p.add_argument("--queries-file", help="one query per line (default: the SPEC's eight)")
+    p.add_argument("--queries-file", help="one query per line; unset: the SPEC's eight")
     p.add_argument("--base-port", type=int, default=8500,
                    help="nodes 0-2 listen on this port and the next two (0: any free ones)")
     p.add_argument("--timeout", type=float, default=900.0,
                    help="clients' per-request timeout (s); the service's REQUEST_TIMEOUT_S is set 10 s below it")
     p.add_argument("--max-duration", type=float, default=1800.0, help="per variant: no request is sent after it (s)")
     p.add_argument("--startup-timeout", type=float, default=600.0, help="per cluster start (s)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    p.add_argument("--name", default=None, help="output name (default: the comparison)")
+    add_out(p, TOOL)
+    p.add_argument("--name", default=None, help="output name; unset: the comparison")
     return p
 
 
@@ -319,22 +321,27 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         print(f"bench_service: {exc}", file=sys.stderr)
         return 2
     name = args.name or args.compare
+    out = run_folder(TOOL, args.out)
+    print(f"bench_service: results go to {out}", file=sys.stderr, flush=True)
     results: list[VariantResult] = []
     for variant, variant_env, same_as in plan_runs(variants, envs):
         if same_as:
             results.append(VariantResult(variant, effective_threads(variant_env), math.nan, same_as=same_as))
             continue
         print(f"bench_service: {variant.name}: starting the cluster", file=sys.stderr, flush=True)
-        result = run_variant(variant, variant_env, args, queries, args.out / f"{name}_{variant.name}_logs")
+        result = run_variant(variant, variant_env, args, queries, out / f"{name}_{variant.name}_logs")
         results.append(result)
         done = result.error or (f"{result.stats.ok}/{result.stats.sent} ok, {result.stats.throughput_rpm:.2f} req/min")
         print(f"bench_service: {variant.name}: {done}", file=sys.stderr, flush=True)
     report = format_report(results)
-    path = write_summary(args.out / f"bench_service_{name}.json", args, results,
+    path = write_summary(out / f"bench_service_{name}.json", args, results,
                          {"cores": cores, "model_source": envs[0].get("MODEL_SOURCE"),
-                          "standin_profile": envs[0].get("STANDIN_PROFILE", "")})
+                          "standin_profile": envs[0].get("STANDIN_PROFILE", ""), "tool": git_commit()})
     print(report)
-    print(f"wrote {path}")
+    for r in results:
+        for line in r.warnings:
+            print(f"warning: {r.variant.name}: {line}")
+    print(f"results in {path}")
     failed = any(r.error or (r.stats is not None and (r.stats.errors or r.stats.ok < args.count)) for r in results)
     return 1 if failed else 0
 

@@ -1,11 +1,11 @@
 """Load generator: drives node 0's POST /query over HTTP and reports what the service did.
 
-    python -m profiling.loadgen --url http://127.0.0.1:8000 [--metrics-urls URL,URL,URL]
+    python -m profiling.loadgen --url http://127.0.0.1:8000 [--metrics-urls URL,URL,URL | none]
         (--schedule course | --schedule 10x10,20x5 [--time-scale F]   open loop, the course client's way
          | --rate R --count N                                        open loop, R requests per second
          | --concurrency C --count N [--duration S]                  closed loop, C clients
          | --sweep 1,2,4,8 --count-per-level N)                      closed loop at each level
-        [--out runs/loadgen] [--name NAME] [--timeout 300] [--max-duration 1800] [--queries-file F]
+        [--out DIR] [--name NAME] [--timeout 300] [--max-duration 1800] [--queries-file F]
 
 Open loop sends at fixed times whatever the service does (as the course client
 does: one thread per request), so queueing shows up as latency; closed loop
@@ -20,12 +20,23 @@ requests in flight are cut so they end by it). Load goes only to the URLs
 given, and by default only to loopback addresses (`--allow-remote` lifts that):
 these machines may send load to nothing else.
 
+Every node is found from --url: node 0's /health lists its peers, and each
+node's /metrics is scraped there (before the load, after each phase or level);
+a node that cannot be scraped stops the tool with a message naming it and a
+non-zero exit (--metrics-urls lists them by hand, or 'none' skips them).
+
 Reports throughput (successful requests per minute), latency percentiles of
-successful requests, errors by kind (`http_<status>`, the exception class, or
-`invalid_reply`), and from each node's /metrics (before/after deltas) each
-stage's mean batch size, mean batch run time and mean queue wait, plus peak RSS.
-Writes DIR/loadgen_<name>.csv (one row per request), DIR/loadgen_<name>.json
-(the summary) and PNG plots (latency over time; for --sweep, throughput against p95).
+successful requests and their spread, errors by kind (`http_<status>`, the
+exception class, or `invalid_reply`), and from each node's /metrics
+(before/after deltas) each stage's mean batch size, mean batch run time and mean
+queue wait, plus peak RSS and cache hits. A sweep level with fewer than 20
+successful requests makes the knee verdict tentative (said so). The summary
+records what the figures were measured with: the tool's git commit, every
+node's settings (GET /settings; 'unknown' where a node has none) and
+rag_node_info, and a warning when a cache could answer repeated queries.
+Writes loadgen_<name>.csv (one row per request), loadgen_<name>.json (the
+summary) and PNG plots (latency over time; for --sweep, throughput against p95)
+into --out, or a fresh runs/loadgen-<UTC time>/ folder.
 """
 from __future__ import annotations
 
@@ -35,19 +46,21 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Sequence
 
-from pipeline.config import ConfigError
-from profiling.lib.cli import (TargetRefused, add_allow_remote, check_target, check_targets, comma_list, node_urls,
-                               positive, split_list)
+from profiling.lib.cli import (TargetRefused, add_allow_remote, add_out, check_target, check_targets, comma_list,
+                               make_parser, positive, split_list)
+from profiling.lib.cluster import ClusterError, Node, check_scraped, nodes_from_health, nodes_from_urls
 from profiling.lib.load import (ClosedGroup, Group, OpenGroup, RequestRecord, Target, load_queries, parse_schedule,
                                 run_group)
-from profiling.lib.prometheus import NodeDelta, node_deltas, scrape_all
-from profiling.lib.report import (DEFAULT_KNEE_RATIO, RunStats, Saturation, find_saturation, format_nodes_table,
-                                  format_stats_table, run_stats, write_csv, write_json)
+from profiling.lib.prometheus import MetricsSnapshot, NodeDelta, cache_deltas, node_deltas, scrape_all
+from profiling.lib.provenance import cache_warnings, cluster_record, headline, node_settings, settings_warnings
+from profiling.lib.report import (DEFAULT_KNEE_RATIO, MIN_SWEEP_SAMPLE, RunStats, Saturation, find_saturation,
+                                  format_nodes_table, format_spread_table, format_stats_table, run_folder, run_stats,
+                                  small_sample_warning, write_csv, write_json)
 from services.health_wait import wait_healthy
 
-DEFAULT_OUT = Path("runs/loadgen")
+TOOL = "loadgen"
 DEFAULT_MAX_DURATION_S = 1800.0
 
 
@@ -116,32 +129,33 @@ parse_levels = comma_list(int, minimum=1, sort_unique=True, what="concurrency le
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m profiling.loadgen", description="Drive node 0 with HTTP load.")
+    p = make_parser("python -m profiling.loadgen", __doc__)
     p.add_argument("--url", required=True, help="node 0's base URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--metrics-urls", default=None,
-                   help="comma-separated /metrics URLs (default: NODE_0_IP..NODE_2_IP from the environment); "
-                        "'none' to skip")
+                   help="comma-separated /metrics URLs, node 0 first, or 'none' to skip; unset: node 0 at --url "
+                        "and the peers its /health lists")
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--schedule", help="'course' (10x10,20x5,50x1) or COUNTxINTERVAL,... (open loop)")
     mode.add_argument("--rate", type=positive(float), help="open loop: requests per second (with --count)")
     mode.add_argument("--concurrency", type=positive(int), help="closed loop: concurrent clients (with --count)")
     mode.add_argument("--sweep", type=parse_levels, help="closed loop at each concurrency level, e.g. 1,2,4,8")
     p.add_argument("--count", type=positive(int), help="requests for --rate / --concurrency")
-    p.add_argument("--count-per-level", type=positive(int), help="requests per --sweep level")
+    p.add_argument("--count-per-level", type=positive(int),
+                   help=f"requests per --sweep level (the knee verdict wants >= {MIN_SWEEP_SAMPLE} successful ones)")
     p.add_argument("--duration", type=positive(float), default=None,
                    help="closed loop: stop sending after this many seconds (per level)")
     p.add_argument("--time-scale", type=positive(float), default=1.0, help="multiplies --schedule intervals")
     p.add_argument("--knee-ratio", type=positive(float), default=DEFAULT_KNEE_RATIO,
                    help="--sweep: the knee is where p95 grows more than this times throughput's growth")
-    p.add_argument("--queries-file", help="one query per line (default: the SPEC's eight)")
+    p.add_argument("--queries-file", help="one query per line; unset: the SPEC's eight")
     p.add_argument("--timeout", type=positive(float), default=300.0, help="per-request timeout (s), as clients wait")
     p.add_argument("--max-duration", type=positive(float), default=DEFAULT_MAX_DURATION_S,
                    help="hard limit for the whole run (s)")
     p.add_argument("--wait-health", type=float, default=300.0, help="how long to wait for /health 200 first (s)")
     add_allow_remote(p)
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default runs/loadgen)")
-    p.add_argument("--name", default=None, help="output name (default from the mode)")
-    p.add_argument("--no-plots", action="store_true")
+    add_out(p, TOOL)
+    p.add_argument("--name", default=None, help="output name; unset: from the mode (course, sweep, closed-c4...)")
+    p.add_argument("--no-plots", action="store_true", help="write no PNG plots")
     return p
 
 
@@ -157,15 +171,17 @@ def validate(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             p.error(str(exc))
 
 
-def resolve_urls(args: argparse.Namespace, env: Mapping[str, str] | None) -> tuple[str, list[str]]:
-    url = check_target(args.url, args.allow_remote)
+def resolve_nodes(args: argparse.Namespace, url: str, health: dict) -> list[Node]:
+    """The nodes to scrape: --metrics-urls when given ('none': no node), else node 0 and its peers."""
     if args.metrics_urls is None:
-        metrics = node_urls(env, "/metrics")
-    elif args.metrics_urls.strip().lower() == "none":
-        metrics = []
-    else:
-        metrics = split_list(args.metrics_urls)
-    return url, check_targets(metrics, args.allow_remote)
+        return nodes_from_health(url, health, args.allow_remote)
+    if args.metrics_urls.strip().lower() == "none":
+        return []
+    return nodes_from_urls(check_targets(split_list(args.metrics_urls), args.allow_remote))
+
+
+def planned_requests(args: argparse.Namespace) -> int:
+    return sum(g.count for g in plan_groups(args)[1])
 
 
 @dataclass
@@ -178,6 +194,8 @@ class LoadRun:
     nodes: list[NodeDelta]  # /metrics deltas over the whole invocation
     saturation: Saturation | None  # --sweep only
     deadline_hit: bool  # --max-duration cut the plan short
+    caches: dict | None = None  # cache hits/misses over the whole invocation, by cache
+    scrape_error: str = ""  # a node that could not be scraped after some phase (the figures lack it)
 
     @property
     def records(self) -> list[RequestRecord]:
@@ -185,22 +203,28 @@ class LoadRun:
 
     @property
     def failed(self) -> bool:
-        # A failed request, or a plan cut by --max-duration; stopping at --duration
-        # is a bound the caller chose, not a failure.
-        return bool(self.overall.errors) or self.deadline_hit
+        # A failed request, a node not scraped, or a plan cut by --max-duration;
+        # stopping at --duration is a bound the caller chose, not a failure.
+        return bool(self.overall.errors) or self.deadline_hit or bool(self.scrape_error)
 
 
-def run(args: argparse.Namespace, url: str, metrics_urls: Sequence[str], queries: Sequence[str],
-        deadline: float) -> LoadRun:
+def run(args: argparse.Namespace, url: str, nodes: Sequence[Node], queries: Sequence[str],
+        deadline: float, first: Sequence[MetricsSnapshot]) -> LoadRun:
+    """The plan's groups one after the other; `first`: every node's /metrics before any load."""
     mode, groups = plan_groups(args)
     target = Target(url, queries, args.timeout, deadline)
-    first = before = scrape_all(metrics_urls)
-    results = []
+    before = first
+    results, scrape_error = [], ""
+    metrics_urls = [n.metrics_url for n in nodes]
     for group in groups:
         if target.past_deadline():
             break
         records = run_group(target, group)
         after = scrape_all(metrics_urls)  # per group, so each phase or level gets its own deltas
+        try:
+            check_scraped(nodes, after)
+        except ClusterError as exc:
+            scrape_error = scrape_error or str(exc)  # the first: the later ones follow from it
         results.append(GroupResult(group, records, run_stats(group.name, group.count, records),
                                    node_deltas(before, after)))
         print("done: " + format_stats_table([results[-1].stats]).splitlines()[-1], file=sys.stderr, flush=True)
@@ -211,18 +235,29 @@ def run(args: argparse.Namespace, url: str, metrics_urls: Sequence[str], queries
         saturation = find_saturation([r.group.concurrency for r in results], [r.stats for r in results],
                                      args.knee_ratio)
     return LoadRun(default_name(args, mode), mode, results, overall, node_deltas(first, before), saturation,
-                   target.deadline_hit)
+                   target.deadline_hit, cache_deltas(first, before), scrape_error)
 
 
-def write_outputs(load: LoadRun, args: argparse.Namespace, extra: dict) -> list[Path]:
-    out = Path(args.out)
+def warnings_of(load: LoadRun) -> list[str]:
+    """What the figures should be read with (beside the cache warnings found before the run)."""
+    found = []
+    if load.saturation is not None and (small := small_sample_warning(load.saturation)):
+        found.append(small)
+    if load.scrape_error:
+        found.append(f"{load.scrape_error} after the load: its figures are missing")
+    return found
+
+
+def write_outputs(load: LoadRun, args: argparse.Namespace, out: Path, extra: dict) -> list[Path]:
     summary = {
         "name": load.name, "mode": load.mode, **extra,
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "overall": load.overall, "deadline_hit": load.deadline_hit,
         "runs": [{"group": r.group, "stats": r.stats, "nodes": r.nodes} for r in load.results],
-        "nodes": load.nodes, "saturation": load.saturation,
+        "nodes": load.nodes, "caches": load.caches or {}, "saturation": load.saturation,
+        "min_sweep_sample": MIN_SWEEP_SAMPLE,
     }
+    summary["warnings"] = list(extra.get("warnings", [])) + warnings_of(load)
     paths = [write_records(out / f"loadgen_{load.name}.csv", load.records),
              write_summary(out / f"loadgen_{load.name}.json", summary)]
     if not args.no_plots:
@@ -232,44 +267,68 @@ def write_outputs(load: LoadRun, args: argparse.Namespace, extra: dict) -> list[
 
 def report(load: LoadRun, args: argparse.Namespace) -> str:
     stats = [r.stats for r in load.results] + ([load.overall] if len(load.results) > 1 else [])
-    lines = [format_stats_table(stats), format_nodes_table(load.nodes)]
+    lines = [format_stats_table(stats), "latency spread (successful requests):", format_spread_table(stats),
+             format_nodes_table(load.nodes)]
+    hits = {name: c.get("hits", 0) for name, c in (load.caches or {}).items() if c.get("hits")}
+    if hits:
+        lines.append("cache hits during the run: " + ", ".join(f"{k} {v:.0f}" for k, v in hits.items())
+                     + " (those requests were not computed in full)")
     sat = load.saturation
     if sat is not None:
+        if not sat.judgeable:
+            lines.append(f"warning: {small_sample_warning(sat)}")
         verdict = (f"saturation at c={sat.level}: {sat.throughput_rpm:.2f} req/min (knee at c={sat.knee_level})"
                    if sat.reached else
                    f"no knee up to c={load.results[-1].group.concurrency}: saturation not reached; "
                    f"best {sat.max_throughput_rpm:.2f} req/min at c={sat.max_throughput_level}")
-        lines.append(f"{verdict}\n  rule: {sat.rule}")
+        lines.append(f"{verdict}{'' if sat.judgeable else ' (tentative: too few requests)'}\n  rule: {sat.rule}")
     if load.deadline_hit:
         lines.append(f"--max-duration {args.max_duration:g}s reached: "
                      f"{load.overall.planned - load.overall.sent} planned requests were not sent")
+    if load.scrape_error:
+        lines.append(f"loadgen: {load.scrape_error} after the load: its figures are missing")
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
     validate(p, args)
     started = time.monotonic()
     deadline = started + args.max_duration
     try:
-        url, metrics_urls = resolve_urls(args, env)
+        url = check_target(args.url, args.allow_remote)
         queries = load_queries(args.queries_file)
-    except (TargetRefused, ConfigError, OSError, ValueError) as exc:
+    except (TargetRefused, OSError, ValueError) as exc:
         print(f"loadgen: {exc}", file=sys.stderr)
         return 2
     try:
         # Like the course client: /health must answer 200 before any load is sent.
         health = wait_healthy(url, min(args.wait_health, deadline - time.monotonic()))
-    except TimeoutError as exc:
+        nodes = resolve_nodes(args, url, health)
+        first = scrape_all([n.metrics_url for n in nodes])
+        check_scraped(nodes, first)  # before any load: a node we cannot see would make every figure partial
+    except (TimeoutError, ClusterError, TargetRefused) as exc:
         print(f"loadgen: {exc}", file=sys.stderr)
         return 1
+    provenance = cluster_record(nodes, first)
+    warnings = settings_warnings(provenance) + cache_warnings(nodes, node_settings(provenance), queries,
+                                                              planned_requests(args))
+    for line in warnings:
+        print(f"warning: {line}", file=sys.stderr)
+    out = run_folder(TOOL, args.out)
+    print(f"loadgen: results go to {out}", file=sys.stderr, flush=True)
     wall_start = time.time()
-    load = run(args, url, metrics_urls, queries, deadline)
-    paths = write_outputs(load, args, {"url": url, "metrics_urls": list(metrics_urls), "started_unix": wall_start,
-                                       "elapsed_s": time.monotonic() - started, "health": health})
+    load = run(args, url, nodes, queries, deadline, first)
+    paths = write_outputs(load, args, out, {
+        "url": url, "metrics_urls": [n.metrics_url for n in nodes], "started_unix": wall_start,
+        "elapsed_s": time.monotonic() - started, "health": health, "provenance": provenance,
+        "warnings": warnings})
+    print(headline(provenance))
     print(report(load, args))
-    print("wrote " + ", ".join(map(str, paths)))
+    for line in warnings:
+        print(f"warning: {line}")
+    print(f"results in {out}: " + ", ".join(p.name for p in paths))
     return 1 if load.failed else 0
 
 

@@ -1,7 +1,7 @@
 """Microbenchmarks: each pipeline stage's batch function timed in-process, by batch size.
 
     python -m profiling.microbench --stage {embed,search,fetch,rerank,generate,sentiment,toxicity,all}
-        --batch-sizes 1,2,4,8,16,32 [--repeat 5] [--warmup 1] [--out runs/microbench]
+        --batch-sizes 1,2,4,8,16,32 [--repeat 5] [--warmup 1] [--out DIR]
         [--index PATH] [--documents DIR] [--max-new-tokens 128] [--search-vectors embedded|random]
 
 No HTTP, queues or threads of the service: this is what a stage costs once its
@@ -14,8 +14,10 @@ Inputs are realistic for each stage (see the `*_inputs` functions). Every batch
 size gets its own warm-up: a new input shape costs one-off work (oneDNN
 primitives, allocator growth, cold index pages) that is not the steady state.
 
-Writes DIR/microbench_<stage>.csv (one row per batch size) and
-DIR/microbench_<stage>.png, and prints a summary table.
+Writes microbench_<stage>.csv (one row per batch size), microbench_<stage>.png
+and microbench_settings.json (the git commit and the settings this process ran
+with) into --out, or a fresh runs/microbench-<UTC time>/ folder, and prints a
+summary table.
 """
 from __future__ import annotations
 
@@ -40,15 +42,15 @@ from pipeline.config import ConfigError, Settings
 from pipeline.device import placement_for, thread_budget
 from pipeline.docstore import DocumentStoreError
 from pipeline.vector_index import VectorIndexError
-from profiling.lib.cli import comma_list, positive
+from profiling.lib.cli import add_out, comma_list, make_parser, positive
 from profiling.lib.inputs import (ANSWER_CHARS, DOCS_PER_RERANK, SEED, answer_texts, cycled, document_pool, max_doc_id,
                                   random_id_lists, random_unit_vectors, rerank_inputs, spec_queries)
-from profiling.lib.report import write_csv
+from profiling.lib.provenance import local_record
+from profiling.lib.report import run_folder, write_csv, write_json
 
 log = logging.getLogger("profiling.microbench")
 
 STAGES = tuple(map(str, spec.WORKER_STAGES))  # plain names: argparse shows choices with repr()
-DEFAULT_OUT = Path("runs/microbench")
 
 
 # ------------------------------------------------------------------------- results
@@ -394,20 +396,19 @@ parse_batch_sizes = comma_list(int, minimum=1, sort_unique=True, what="batch siz
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m profiling.microbench",
-                                description="Time each pipeline stage's batch function by batch size.")
-    p.add_argument("--stage", required=True, choices=STAGES + ("all",))
-    p.add_argument("--batch-sizes", type=parse_batch_sizes, default=[1, 2, 4, 8, 16, 32])
+    p = make_parser("python -m profiling.microbench", __doc__)
+    p.add_argument("--stage", required=True, choices=STAGES + ("all",), help="the stage to time, or all")
+    p.add_argument("--batch-sizes", type=parse_batch_sizes, default=[1, 2, 4, 8, 16, 32], help="batch sizes timed")
     p.add_argument("--repeat", type=positive(int), default=5, help="timed runs per batch size")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs per batch size first")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default runs/microbench)")
-    p.add_argument("--index", type=Path, default=None, help="FAISS index for search (default FAISS_INDEX_PATH)")
+    add_out(p, "microbench")
+    p.add_argument("--index", type=Path, default=None, help="FAISS index for search; unset: FAISS_INDEX_PATH")
     p.add_argument("--documents", type=Path, default=None,
-                   help="folder holding documents.db: fetch reads it (default DOCUMENTS_DIR); rerank and "
-                        "generate draw documents from it (default: the support corpus)")
-    p.add_argument("--max-new-tokens", type=positive(int), default=spec.MAX_NEW_TOKENS)
+                   help="folder holding documents.db: fetch reads it (unset: DOCUMENTS_DIR); rerank and "
+                        "generate draw documents from it (unset: the support corpus)")
+    p.add_argument("--max-new-tokens", type=positive(int), default=spec.MAX_NEW_TOKENS, help="generate: new tokens")
     p.add_argument("--allow-early-stop", action="store_true",
-                   help="let generation stop at EOS (default: always decode --max-new-tokens tokens)")
+                   help="let generation stop at EOS (off: always decode --max-new-tokens tokens)")
     p.add_argument("--search-vectors", choices=("embedded", "random"), default="embedded",
                    help="search queries: the SPEC queries embedded by the configured embedder, or random unit vectors")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -424,6 +425,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         return 2
     import torch
     torch.set_num_threads(torch_threads(settings))  # the same budget a worker gives its models
+    args.out = run_folder("microbench", args.out)
+    write_json(args.out / "microbench_settings.json", {"args": vars(args), "provenance": local_record(env)})
     ctx = BenchContext(settings, args)
     memory = MemoryProbe()
     stages = STAGES if args.stage == "all" else (args.stage,)
@@ -437,6 +440,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     print(format_table([row for r in results for row in r.rows]))
     for r in results:
         print(f"{r.stage}: {r.rows[0].detail}\n  wrote {r.csv_path} and {r.png_path}")
+    print(f"results in {args.out}")
     return 0
 
 

@@ -2,7 +2,7 @@
 
     python -m profiling.soak --url http://127.0.0.1:8000 [--metrics-urls URL,URL,URL]
         [--minutes 10] (--concurrency 4 | --rate R) [--sample-s 5] [--max-requests N]
-        [--timeout 300] [--drain-s 30] [--out runs/soak] [--name NAME] [--allow-remote]
+        [--timeout 300] [--drain-s 30] [--out DIR] [--name NAME] [--allow-remote]
 
 A leak shows as resident memory that keeps climbing under a load that does not
 change. So the load is steady (closed loop: C clients, each sending its next
@@ -19,8 +19,16 @@ flight then get at most --drain-s more (their timeouts are cut); --max-requests
 caps the total; every thread is joined with a timeout. Load goes only to
 loopback addresses unless --allow-remote is given.
 
-Writes DIR/soak_<name>.json (the summary), DIR/soak_<name>_rss.csv (one row per
-node per sample) and DIR/soak_<name>_requests.csv (one row per request).
+The nodes are found from --url (node 0's /health lists its peers) unless
+--metrics-urls names them; each must answer /metrics before the load starts,
+and a node whose /metrics failed during the run makes the exit status 1 (its
+memory figure is incomplete). The summary records the tool's git commit, each
+node's settings (GET /settings, 'unknown' where missing) and rag_node_info, and
+warns when a cache could answer the repeated queries.
+
+Writes soak_<name>.json (the summary), soak_<name>_rss.csv (one row per node per
+sample) and soak_<name>_requests.csv (one row per request) into --out, or a
+fresh runs/soak-<UTC time>/ folder.
 """
 from __future__ import annotations
 
@@ -35,14 +43,16 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.config import ConfigError
-from profiling.lib.cli import add_allow_remote, check_target, check_targets, node_urls, split_list
+from profiling.lib.cli import add_allow_remote, add_out, check_target, check_targets, make_parser, split_list
+from profiling.lib.cluster import ClusterError, Node, nodes_from_health, nodes_from_urls, scrape_nodes
 from profiling.lib.load import JOIN_GRACE_S, ClosedGroup, OpenGroup, Target, load_queries, run_closed, run_open
 from profiling.lib.load import RequestRecord as LoadRecord
 from profiling.lib.prometheus import RSS_METRIC, scrape
-from profiling.lib.report import percentiles, write_csv, write_json
+from profiling.lib.provenance import cache_warnings, cluster_record, headline, node_settings, settings_warnings
+from profiling.lib.report import percentiles, run_folder, write_csv, write_json
+from services.health_wait import wait_healthy
 
-DEFAULT_OUT = Path("runs/soak")
+TOOL = "soak"
 GROWTH_GOAL_PCT = 5.0
 BASELINE_S = 60.0
 SCRAPE_TIMEOUT_S = 5.0
@@ -159,24 +169,32 @@ def write_outputs(out: Path, name: str, summary: dict, samples: list[RssSample],
 
 # ------------------------------------------------------------------------- main
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Steady load for N minutes; report each node's RSS growth")
-    parser.add_argument("--url", required=True, help="the gateway (node 0), e.g. http://127.0.0.1:8000")
-    parser.add_argument("--metrics-urls", default="",
-                        help="comma-separated node URLs to scrape (default: NODE_0_IP..NODE_2_IP from the environment)")
-    parser.add_argument("--minutes", type=float, default=10.0, help="how long to send load (default 10)")
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--concurrency", type=int, default=None, help="closed loop: this many clients (default 4)")
+def parser() -> argparse.ArgumentParser:
+    p = make_parser("python -m profiling.soak", __doc__)
+    p.add_argument("--url", required=True, help="the gateway (node 0), e.g. http://127.0.0.1:8000")
+    p.add_argument("--metrics-urls", default="",
+                   help="comma-separated node URLs to scrape, node 0 first; empty: node 0 at --url and the peers "
+                        "its /health lists")
+    p.add_argument("--minutes", type=float, default=10.0, help="how long to send load")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--concurrency", type=int, default=None, help="closed loop: this many clients (4 when neither "
+                                                                   "--concurrency nor --rate is given)")
     mode.add_argument("--rate", type=float, default=None, help="open loop: requests per second")
-    parser.add_argument("--max-outstanding", type=int, default=256, help="open loop: most requests out at once")
-    parser.add_argument("--max-requests", type=int, default=1_000_000, help="hard cap on requests sent")
-    parser.add_argument("--sample-s", type=float, default=5.0, help="seconds between RSS samples")
-    parser.add_argument("--timeout", type=float, default=300.0, help="per-request timeout (s)")
-    parser.add_argument("--drain-s", type=float, default=30.0, help="after --minutes, how long requests out may take")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--name", default=time.strftime("%Y%m%d-%H%M%S"))
-    add_allow_remote(parser)
-    args = parser.parse_args(argv)
+    p.add_argument("--max-outstanding", type=int, default=256, help="open loop: most requests out at once")
+    p.add_argument("--max-requests", type=int, default=1_000_000, help="hard cap on requests sent")
+    p.add_argument("--sample-s", type=float, default=5.0, help="seconds between RSS samples")
+    p.add_argument("--timeout", type=float, default=300.0, help="per-request timeout (s)")
+    p.add_argument("--drain-s", type=float, default=30.0, help="after --minutes, how long requests out may take")
+    p.add_argument("--wait-health", type=float, default=300.0, help="how long to wait for node 0's /health 200 (s)")
+    add_out(p, TOOL)
+    p.add_argument("--name", default=time.strftime("%Y%m%d-%H%M%S"), help="output name (the start time)")
+    add_allow_remote(p)
+    return p
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = parser()
+    args = p.parse_args(argv)
     if args.rate is None and args.concurrency is None:
         args.concurrency = 4
     checks = [(args.minutes > 0, "--minutes must be > 0"), (args.sample_s > 0, "--sample-s must be > 0"),
@@ -186,28 +204,50 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
               (args.timeout > 0 and args.drain_s >= 0, "--timeout must be > 0 and --drain-s >= 0")]
     for ok, message in checks:
         if not ok:
-            parser.error(message)
+            p.error(message)
     return args
 
 
-def metrics_urls(args: argparse.Namespace) -> list[str]:
-    """Node base URLs to watch: --metrics-urls, else NODE_0_IP..NODE_2_IP (loopback unless allowed)."""
-    return check_targets(split_list(args.metrics_urls) or node_urls(), args.allow_remote)
+def find_nodes(args: argparse.Namespace, url: str) -> list[Node]:
+    """The nodes to watch: --metrics-urls, else node 0 at --url and the peers its /health lists."""
+    if split_list(args.metrics_urls):
+        return nodes_from_urls(check_targets(split_list(args.metrics_urls), args.allow_remote))
+    return nodes_from_health(url, wait_healthy(url, args.wait_health), args.allow_remote)
+
+
+def scrape_failures(samples: list[RssSample], nodes: list[Node]) -> list[str]:
+    """One line per node whose /metrics failed at some sample: its memory figure is incomplete."""
+    lines = []
+    for node in nodes:
+        mine = [s for s in samples if s.node_url == node.url]
+        failed = sum(1 for s in mine if s.rss_bytes is None)
+        if failed:
+            lines.append(f"{node} could not be scraped at {failed} of {len(mine)} samples")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         url = check_target(args.url, args.allow_remote)
-        urls = metrics_urls(args)
-    except (ValueError, ConfigError) as exc:  # ConfigError is a ValueError too
+        nodes = find_nodes(args, url)
+        first = scrape_nodes(nodes)  # every node visible before any load, or no soak at all
+    except (ValueError, ClusterError, TimeoutError) as exc:  # TargetRefused is a ValueError
         print(f"soak: {exc}", file=sys.stderr)
-        return 2
+        return 2 if isinstance(exc, ValueError) else 1
+    urls = [n.url for n in nodes]
+    provenance = cluster_record(nodes, first)
+    warnings = settings_warnings(provenance) + cache_warnings(nodes, node_settings(provenance), load_queries(None),
+                                                              args.max_requests)
+    for line in warnings:
+        print(f"warning: {line}", file=sys.stderr)
+    out = run_folder(TOOL, args.out)
     target, stop_sending_at = soak_target(args, url)
     samples: list[RssSample] = []
     stop = threading.Event()
     watcher = threading.Thread(target=sampler, args=(target, urls, args.sample_s, samples, stop), daemon=True)
-    print(f"soak: {args.minutes:g} min against {url}, RSS of {len(urls)} nodes every {args.sample_s:g}s", flush=True)
+    print(f"soak: {args.minutes:g} min against {url}, RSS of {len(urls)} nodes every {args.sample_s:g}s; "
+          f"results go to {out}", flush=True)
     watcher.start()
     load = run_load(target, stop_sending_at, args)  # returns by the deadline plus the join grace
     stop.set()
@@ -215,11 +255,17 @@ def main(argv: list[str] | None = None) -> int:
     end = round(min(target.now_s(), args.minutes * 60.0), 2)  # one last sample, as the load ends
     samples.extend(RssSample(end, u, scrape_rss(u)) for u in urls)
     records = answered(list(load))  # a copy: a thread past its join timeout may still finish a record
+    failures = scrape_failures(list(samples), nodes)
     summary = summarize(target, len(load), records, list(samples), urls, args)
-    paths = write_outputs(args.out, args.name, summary, list(samples), records)
-    print(json.dumps(summary, indent=2))
-    print("soak: wrote " + ", ".join(str(p) for p in paths))
-    return 0
+    summary.update({"nodes": [{"node": n.node, "url": n.url, "role": n.role} for n in nodes],
+                    "provenance": provenance, "warnings": warnings + failures})
+    paths = write_outputs(out, args.name, summary, list(samples), records)
+    print(json.dumps({k: v for k, v in summary.items() if k != "provenance"}, indent=2))  # the file has all
+    print(headline(provenance))
+    for line in failures:
+        print(f"soak: {line}", file=sys.stderr)
+    print(f"soak: results in {out}: " + ", ".join(p.name for p in paths))
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

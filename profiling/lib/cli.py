@@ -3,10 +3,54 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+from pathlib import Path
 from typing import Callable, Mapping, Sequence, TypeVar
 from urllib.parse import urlsplit
 
 T = TypeVar("T")
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """--help shows every option's default (or that it is required), and the tool's docstring as written.
+
+    Like argparse.ArgumentDefaultsHelpFormatter, but a flag's default reads "off", a list's
+    "1,2,4", an unset one "unset", and a required one "(required)". An option needs a help
+    text for any of it to show (tests/unit/test_cli_help.py checks every tool's options).
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        return with_default(action)
+
+
+def default_text(action: argparse.Action) -> str:
+    """How --help shows an option's default: '(required)', '(default: ...)', or '' (no default to show)."""
+    if action.required:
+        return "(required)"
+    if action.default is argparse.SUPPRESS or not action.option_strings or isinstance(action, argparse._HelpAction):
+        return ""
+    value = action.default
+    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+        shown = "on" if value else "off"
+    elif value is None:
+        shown = "unset"
+    elif isinstance(value, (list, tuple)):
+        shown = ",".join(map(str, value))
+    else:
+        shown = str(value)
+    return f"(default: {shown.replace('%', '%%')})"
+
+
+def with_default(action: argparse.Action) -> str:
+    help = (action.help or "").strip()
+    if "%(default)" in help:
+        return help
+    extra = default_text(action)
+    return f"{help} {extra}".strip() if extra else help
+
+
+def make_parser(prog: str, description: str | None = None, **kwargs) -> argparse.ArgumentParser:
+    """An ArgumentParser whose --help states every option's default (HelpFormatter)."""
+    return argparse.ArgumentParser(prog=prog, description=description, formatter_class=HelpFormatter, **kwargs)
 
 
 def split_list(raw: str) -> list[str]:
@@ -50,8 +94,16 @@ class TargetRefused(ValueError):
     """A URL this tool will not send to (not http, or not loopback without --allow-remote)."""
 
 
+def add_out(parser: argparse.ArgumentParser, tool: str) -> None:
+    """--out: where results go; unset, a fresh runs/<tool>-<UTC time>/ per run (report.run_folder)."""
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"output folder; unset: a fresh runs/{tool}-<UTC time>/ for each run, so none overwrites "
+                             "another")
+
+
 def add_allow_remote(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--allow-remote", action="store_true", help="allow non-loopback targets")
+    parser.add_argument("--allow-remote", action="store_true",
+                        help="allow non-loopback targets (by default only 127.0.0.0/8, ::1 and localhost)")
 
 
 def check_target(url: str, allow_remote: bool) -> str:

@@ -270,14 +270,17 @@ def _join_all(threads: Sequence[threading.Thread], deadline: float) -> None:
         thread.join(timeout=max(0.0, deadline + JOIN_GRACE_S - time.monotonic()))
 
 
-def clear_caches(node_urls: Sequence[str], token: str, *, strict: bool = True, timeout_s: float = 30) -> None:
+def clear_caches(node_urls: Sequence[str], token: str, *, strict: bool = True, timeout_s: float = 30) -> list[str]:
     """POST /cache/clear on each node (an internal endpoint: the cluster token when set), so a
     measurement starts cold. strict: a node that cannot clear is an error; else it is skipped
-    (a node without caches, or down, shows in the figures anyway)."""
+    and returned as 'URL: why' (the caller can warn that its caches may answer)."""
     headers = {TOKEN_HEADER: token} if token else {}
+    failed = []
     for url in node_urls:
         try:
             requests.post(f"{url}/cache/clear", headers=headers, timeout=timeout_s).raise_for_status()
-        except requests.RequestException:
+        except requests.RequestException as exc:
             if strict:
                 raise
+            failed.append(f"{url}: {type(exc).__name__}")
+    return failed

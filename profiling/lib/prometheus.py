@@ -135,3 +135,21 @@ def node_delta(before: MetricsSnapshot, after: MetricsSnapshot) -> NodeDelta:
 
 def node_deltas(before: Sequence[MetricsSnapshot], after: Sequence[MetricsSnapshot]) -> list[NodeDelta]:
     return [node_delta(b, a) for b, a in zip(before, after)]
+
+
+CACHE_NAMES = ("embedding", "response")  # the `cache` label of the caches that can answer a query
+
+
+def cache_deltas(before: Sequence[MetricsSnapshot], after: Sequence[MetricsSnapshot]) -> dict[str, dict[str, float]]:
+    """Hits, misses (joins included), joins and evictions of each cache over a run, summed over the nodes."""
+    totals: dict[str, dict[str, float]] = {}
+    for b, a in zip(before, after):
+        for cache in CACHE_NAMES:
+            for kind in ("hits", "misses", "joined", "evictions"):
+                now = a.get(f"rag_cache_{kind}_total", cache=cache)
+                if now is None:
+                    continue
+                was = b.get(f"rag_cache_{kind}_total", cache=cache) or 0.0
+                totals.setdefault(cache, {}).setdefault(kind, 0.0)
+                totals[cache][kind] += now - was
+    return totals

@@ -6,6 +6,7 @@ import csv
 import dataclasses
 import json
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -16,6 +17,10 @@ from profiling.lib.load import RequestRecord
 from profiling.lib.prometheus import NodeDelta
 
 DEFAULT_KNEE_RATIO = 1.0
+# A level's p95 needs at least 20 successful requests to have one observation beyond it
+# (with fewer, "p95" is an interpolation towards the maximum, one slow request): below this
+# the sweep still prints its verdict, marked as too small to judge.
+MIN_SWEEP_SAMPLE = 20
 
 
 # ------------------------------------------------------------------------- statistics
@@ -29,21 +34,27 @@ def percentiles(values: Sequence[float], qs: Sequence[float] = (50, 95, 99)) -> 
 
 @dataclass(frozen=True)
 class LatencyStats:
-    """Over successful requests only: an error's latency says how it failed, not how fast we served."""
+    """Over successful requests only: an error's latency says how it failed, not how fast we served.
+
+    The spread (min, p5, stdev) is at the end so older positional uses keep working."""
     count: int
     mean_s: float
     p50_s: float
     p95_s: float
     p99_s: float
     max_s: float
+    min_s: float = math.nan
+    p5_s: float = math.nan
+    stdev_s: float = math.nan  # sample standard deviation (n - 1); NaN for fewer than two
 
     @classmethod
     def of(cls, latencies: Sequence[float]) -> "LatencyStats":
         if not latencies:
             return cls(0, math.nan, math.nan, math.nan, math.nan, math.nan)
         x = np.asarray(latencies, dtype=float)
-        p50, p95, p99 = percentiles(x)
-        return cls(len(x), float(x.mean()), p50, p95, p99, float(x.max()))
+        p5, p50, p95, p99 = percentiles(x, (5, 50, 95, 99))
+        stdev = float(x.std(ddof=1)) if len(x) > 1 else math.nan
+        return cls(len(x), float(x.mean()), p50, p95, p99, float(x.max()), float(x.min()), p5, stdev)
 
 
 @dataclass(frozen=True)
@@ -93,6 +104,21 @@ class Saturation:
     knee_level: int | None  # the first level past it
     max_throughput_rpm: float
     max_throughput_level: int | None
+    min_sample: int = MIN_SWEEP_SAMPLE
+    small_levels: tuple[int, ...] = ()  # levels with fewer successful requests than min_sample
+
+    @property
+    def judgeable(self) -> bool:
+        return not self.small_levels
+
+
+def small_sample_warning(sat: Saturation) -> str:
+    """'' when every level had enough successful requests, else why the verdict is not to be trusted."""
+    if sat.judgeable:
+        return ""
+    return (f"too few successful requests to judge the knee at c={','.join(map(str, sat.small_levels))} "
+            f"(fewer than {sat.min_sample} each: a p95 needs {sat.min_sample} to have one request beyond it); "
+            f"the verdict below is tentative: rerun with --count-per-level >= {sat.min_sample}")
 
 
 def saturation_rule(ratio: float) -> str:
@@ -101,7 +127,8 @@ def saturation_rule(ratio: float) -> str:
             "its throughput = the saturation throughput")
 
 
-def find_saturation(levels: Sequence[int], stats: Sequence[RunStats], ratio: float = DEFAULT_KNEE_RATIO) -> Saturation:
+def find_saturation(levels: Sequence[int], stats: Sequence[RunStats], ratio: float = DEFAULT_KNEE_RATIO,
+                    min_sample: int = MIN_SWEEP_SAMPLE) -> Saturation:
     """The knee of a closed-loop sweep.
 
     Why a ratio of 1 by default and not 2: in a closed loop, Little's law makes
@@ -111,14 +138,16 @@ def find_saturation(levels: Sequence[int], stats: Sequence[RunStats], ratio: flo
     as fast as the clients and p95 little; past it, p95 outgrows throughput.
     """
     rpm = [s.throughput_rpm for s in stats]
+    small = tuple(level for level, s in zip(levels, stats) if s.ok < min_sample)
     best = max(range(len(rpm)), key=rpm.__getitem__, default=None)
     best_rpm, best_level = (rpm[best], levels[best]) if best is not None else (0.0, None)
     for a in range(len(levels) - 1):
         b = a + 1
         p95_a, p95_b = stats[a].latency.p95_s, stats[b].latency.p95_s
         if rpm[b] <= 0 or (rpm[a] > 0 and p95_b / p95_a > ratio * rpm[b] / rpm[a]):
-            return Saturation(saturation_rule(ratio), True, levels[a], rpm[a], levels[b], best_rpm, best_level)
-    return Saturation(saturation_rule(ratio), False, best_level, best_rpm, None, best_rpm, best_level)
+            return Saturation(saturation_rule(ratio), True, levels[a], rpm[a], levels[b], best_rpm, best_level,
+                              min_sample, small)
+    return Saturation(saturation_rule(ratio), False, best_level, best_rpm, None, best_rpm, best_level, min_sample, small)
 
 
 # ------------------------------------------------------------------------- tables
@@ -132,6 +161,17 @@ def format_stats_table(stats: Sequence[RunStats]) -> str:
         errors = ", ".join(f"{k}={v}" for k, v in s.errors.items()) or "none"
         lines.append(f"{s.name:<14}{s.sent:>6}{s.ok:>6}{s.throughput_rpm:>10.2f}{lat.p50_s:>9.2f}{lat.p95_s:>9.2f}"
                      f"{lat.p99_s:>9.2f}{lat.max_s:>9.2f}{s.max_send_lag_s:>8.2f}  {errors}")
+    return "\n".join(lines)
+
+
+def format_spread_table(stats: Sequence[RunStats]) -> str:
+    """Each run's latency spread: how far one figure of the table above may be trusted."""
+    header = f"{'run':<14}{'n ok':>6}{'min s':>9}{'p5 s':>9}{'p50 s':>9}{'p95 s':>9}{'max s':>9}{'stdev s':>9}"
+    lines = [header, "-" * len(header)]
+    for s in stats:
+        lat = s.latency
+        lines.append(f"{s.name:<14}{lat.count:>6}{lat.min_s:>9.2f}{lat.p5_s:>9.2f}{lat.p50_s:>9.2f}{lat.p95_s:>9.2f}"
+                     f"{lat.max_s:>9.2f}{lat.stdev_s:>9.2f}")
     return "\n".join(lines)
 
 
@@ -159,6 +199,28 @@ def format_nodes_table(nodes: Sequence[NodeDelta]) -> str:
 
 
 # ------------------------------------------------------------------------- files
+
+RUNS_DIR = Path("runs")
+
+
+def run_folder(tool: str, out: Path | str | None = None, *, now: float | None = None,
+               runs_dir: Path = RUNS_DIR) -> Path:
+    """Where a run writes: `out` when the user chose one, else a fresh runs/<tool>-<UTC time>/
+    (made here; -2, -3... when two runs start in the same second), so no run overwrites another."""
+    if out is not None:
+        path = Path(out)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 1000):
+        path = runs_dir / (f"{tool}-{stamp}" if n == 1 else f"{tool}-{stamp}-{n}")
+        try:
+            path.mkdir()  # exist_ok=False: the folder is ours alone
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{runs_dir}/{tool}-{stamp}: 999 folders already")
 
 def jsonable(value: Any, strict: bool = True) -> Any:
     """Dataclasses, dicts, sequences and paths as plain JSON values.

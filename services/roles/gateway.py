@@ -72,8 +72,16 @@ class GatewayRole(WorkerRole):
         completed = (self.gateway.completed,) if self.gateway is not None else ()
         return (*self.caches(), *completed)
 
+    def peers(self) -> list[dict[str, Any]]:
+        """The other nodes as this node reaches them (its NODE_<n>_IP settings): tools given only
+        node 0's address (the profiling tools' --url) find every node's /metrics from here."""
+        s = self.settings
+        return [{"node": n, "role": "index" if n == 2 else "worker", "url": s.node_address(n).url}
+                for n in range(s.total_nodes) if n != self.node]
+
     def health_fields(self) -> dict[str, Any]:
         fields = super().health_fields()
+        fields["peers"] = self.peers()
         if self.gateway is not None:
             fields["workers"] = self.gateway.status()
             fields["gateway"] = self.gateway.stats()

@@ -17,3 +17,8 @@ def test_bench_search_compares_http_with_in_process(course_data, tmp_path):
     qps = report["queries_per_s"]
     assert qps["http"] > 0 and qps["in_process"] > 0
     assert report["ratio_http_vs_in_process"] == pytest.approx(qps["http"] / qps["in_process"])
+    # What it was measured with: this process's settings, node 2's (or 'unknown' without GET /settings)
+    provenance = report["provenance"]
+    assert provenance["settings"]["FAISS_THREADS"] and len(provenance["tool"]["commit"]) == 40
+    (node2,) = provenance["nodes"]
+    assert node2["node"] == 2 and node2["info"]["role"] == "index"

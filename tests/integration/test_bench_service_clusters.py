@@ -33,3 +33,11 @@ def test_cache_comparison_on_real_clusters(support_data, model_source, tmp_path)
     assert response["hits"] + response["misses"] == count
     assert response["hits"] + response["joined"] == count - 8
     assert off["ratio_to_baseline"] == 1.0 and on["ratio_to_baseline"] > 0
+    # Each variant records every node as it ran (rag_node_info; settings, or 'unknown' before GET /settings);
+    # the caches are what --compare cache measures, so they are not warned about.
+    for v in (off, on):
+        assert [n["info"]["role"] for n in v["provenance"]["nodes"]] == ["gateway+worker", "worker", "index"]
+        assert not [w for w in v["warnings"] if "cache" in w]
+    settings = on["provenance"]["nodes"][0]["settings"]
+    assert settings == "unknown" or settings["RESPONSE_CACHE_SIZE"] == "1024"
+    assert len(summary["tool"]["commit"]) == 40

@@ -24,12 +24,9 @@ def cluster(course_data, tmp_path_factory):
     cluster.stop()
 
 
-def metrics_urls(cluster) -> str:
-    return ",".join(f"{cluster.url(n)}/metrics" for n in range(3))
-
-
 def run_loadgen(cluster, out, *mode: str) -> int:
-    return loadgen.main(["--url", cluster.url(0), "--metrics-urls", metrics_urls(cluster), *mode,
+    # Only node 0's URL: the tool finds nodes 1 and 2 from node 0's /health (its peers).
+    return loadgen.main(["--url", cluster.url(0), *mode,
                          "--out", str(out), "--timeout", "120", "--max-duration", "180", "--wait-health", "30"])
 
 
@@ -61,6 +58,25 @@ def test_closed_loop(closed_run):
     assert overall["throughput_rpm"] > 0
     check_percentiles(overall["latency"])
     assert (out / "loadgen_closed_latency.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_every_node_is_found_and_scraped_from_url_alone(cluster, closed_run):
+    _, _, summary = closed_run
+    # The cluster is on OS-picked ports, not the NODE_<n>_IP defaults 8000-8002 this process would read.
+    assert not {cluster.url(n).rsplit(":", 1)[1] for n in range(3)} & {"8000", "8001", "8002"}
+    assert summary["metrics_urls"] == [f"{cluster.url(n)}/metrics" for n in range(3)]
+    assert [n["error"] for n in summary["nodes"]] == ["", "", ""]
+    assert [p["url"] for p in summary["health"]["peers"]] == [cluster.url(1), cluster.url(2)]
+    index = {s["stage"]: s["items"] for s in summary["nodes"][2]["stages"]}
+    assert index.get("index") == 6  # node 2 really was scraped: its searches moved
+    # What the figures were measured with: every node's rag_node_info and settings (or 'unknown' before
+    # GET /settings exists), and the tool's commit.
+    provenance = summary["provenance"]
+    assert [n["info"].get("role") for n in provenance["nodes"]] == ["gateway+worker", "worker", "index"]
+    assert all(n["info"].get("model_source") for n in provenance["nodes"])
+    for n in provenance["nodes"]:
+        assert isinstance(n["settings"], dict) or (n["settings"] == "unknown" and n["settings_note"])
+    assert len(provenance["tool"]["commit"]) == 40
 
 
 def test_closed_loop_metrics_deltas(closed_run):
@@ -123,3 +139,15 @@ def test_max_duration_is_a_hard_bound(cluster, tmp_path):
     summary = json.loads((tmp_path / "loadgen_cut.json").read_text())
     assert summary["deadline_hit"] is True
     assert summary["overall"]["planned"] == 5 and summary["overall"]["sent"] == 2
+
+
+def test_a_node_that_cannot_be_scraped_fails_loudly(cluster, tmp_path, capsys):
+    # After every other test: node 2 is stopped for good. Node 0 still answers /health 200,
+    # so only the scrape can tell that the figures would lack node 2.
+    cluster.stop_node(2)
+    rc = loadgen.main(["--url", cluster.url(0), "--concurrency", "1", "--count", "1", "--out", str(tmp_path),
+                       "--wait-health", "30", "--max-duration", "60"])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert f"node 2 ({cluster.url(2)}/metrics)" in err and "ConnectionError" in err
+    assert not list(tmp_path.iterdir())  # refused before any load: nothing half-measured was written

@@ -134,3 +134,153 @@ def test_sweep_plot_and_summary_json(tmp_path):
     assert all(p.read_bytes().startswith(b"\x89PNG") for p in paths)
     path = loadgen.write_summary(tmp_path / "s.json", {"saturation": saturation, "nan": math.nan})
     assert json.loads(path.read_text())["saturation"]["level"] == 2
+
+
+# ---------------------------------------------------------------- the cluster a tool measures (issue 14)
+
+def test_nodes_come_from_node_0s_health():
+    from profiling.lib.cluster import ClusterError, Node, nodes_from_health
+    health = {"status": "healthy", "node": 0, "role": "gateway+worker",
+              "peers": [{"node": 2, "role": "index", "url": "http://127.0.0.1:19202"},
+                        {"node": 1, "role": "worker", "url": "http://127.0.0.1:19201"}]}
+    nodes = nodes_from_health("http://127.0.0.1:19200/", health)
+    assert nodes == [Node(0, "http://127.0.0.1:19200", "gateway+worker"), Node(1, "http://127.0.0.1:19201", "worker"),
+                     Node(2, "http://127.0.0.1:19202", "index")]
+    assert [n.metrics_url for n in nodes][2] == "http://127.0.0.1:19202/metrics"
+    with pytest.raises(ClusterError, match="--metrics-urls"):  # an older node 0: say what to do
+        nodes_from_health("http://127.0.0.1:19200", {"status": "healthy", "node": 0})
+    remote = {**health, "peers": [{"node": 1, "url": "http://10.0.0.11:8000"}]}
+    with pytest.raises(ClusterError, match="node 1.*10.0.0.11"):  # loopback only, unless allowed
+        nodes_from_health("http://127.0.0.1:19200", remote)
+    assert nodes_from_health("http://127.0.0.1:19200", remote, allow_remote=True)[1].url == "http://10.0.0.11:8000"
+
+
+def test_gateway_health_lists_its_peers():
+    from types import SimpleNamespace
+
+    from pipeline.config import Settings
+    from services.roles.gateway import GatewayRole
+    settings = Settings.from_env({"NODE_0_IP": "127.0.0.1:19200", "NODE_1_IP": "127.0.0.1:19201",
+                                  "NODE_2_IP": "127.0.0.1:19202"})
+    peers = GatewayRole.peers(SimpleNamespace(settings=settings, node=0))
+    assert peers == [{"node": 1, "role": "worker", "url": "http://127.0.0.1:19201"},
+                     {"node": 2, "role": "index", "url": "http://127.0.0.1:19202"}]
+
+
+def test_a_node_that_cannot_be_scraped_is_named():
+    from profiling.lib.cluster import ClusterError, Node, scrape_nodes
+    from services.local_cluster import free_ports
+    port = free_ports(1)[0]  # free now: nothing answers there
+    with pytest.raises(ClusterError) as caught:
+        scrape_nodes([Node(2, f"http://127.0.0.1:{port}", "index")], timeout_s=2)
+    assert f"node 2 (http://127.0.0.1:{port}/metrics): ConnectionError" in str(caught.value)
+
+
+def test_cache_warnings_only_where_a_cache_can_answer_a_repeat():
+    from profiling.lib.cluster import Node
+    from profiling.lib.provenance import cache_warnings, queries_repeat
+    nodes = [Node(0, "u0", "gateway+worker"), Node(1, "u1", "worker"), Node(2, "u2", "index")]
+    on = {"EMBED_CACHE_SIZE": "1024", "RESPONSE_CACHE_SIZE": "0"}
+    off = {"EMBED_CACHE_SIZE": "0", "RESPONSE_CACHE_SIZE": "0"}
+    eight = [f"q{i}" for i in range(8)]
+    assert queries_repeat(eight, 9) and not queries_repeat(eight, 8) and queries_repeat(["a", "b", "a"], 3)
+    assert cache_warnings(nodes, [on, on, on], eight, 8) == []  # no query sent twice
+    lines = cache_warnings(nodes, [on, on, on], eight, 32)
+    # node 2 has no cache whatever its environment says; node 0's reply cache is off
+    assert [line.split(":")[0] for line in lines] == ["node 0", "node 1"]
+    assert all("EMBED_CACHE_SIZE=1024" in line and "8 distinct queries, 32 requests" in line for line in lines)
+    assert cache_warnings(nodes, [off, off, off], eight, 32) == []
+    reply = cache_warnings(nodes, [{**off, "RESPONSE_CACHE_SIZE": "64"}, off, off], eight, 32)
+    assert len(reply) == 1 and "node 0: RESPONSE_CACHE_SIZE=64" in reply[0]
+    unknown = cache_warnings(nodes, [None, None, None], eight, 32)
+    assert [line.split(":")[0] for line in unknown] == ["node 0", "node 1"] and "unknown" in unknown[0]
+
+
+def test_settings_record_falls_back_when_a_node_has_no_settings_endpoint(monkeypatch):
+    from profiling.lib import provenance
+    from profiling.lib.cluster import Node
+    from profiling.lib.prometheus import MetricsSnapshot
+    from tests.fake_node import FakeNode
+    info = MetricsSnapshot("m", {("rag_node_info", (("model_source", "standin"), ("node", "0"),
+                                                    ("precision", "exact"), ("version", "0.9"))): 1.0})
+    with FakeNode() as node:  # answers 404 on /settings, like a node older than it
+        record = provenance.cluster_record([Node(0, node.url)], [info])
+    (entry,) = record["nodes"]
+    assert entry["settings"] == "unknown" and "404" in entry["settings_note"]
+    assert entry["info"] == {"model_source": "standin", "node": "0", "precision": "exact", "version": "0.9"}
+    assert "node 0's settings are unknown" in provenance.settings_warnings(record)[0]
+    commit = record["tool"]["commit"]
+    assert len(commit) == 40 and int(commit, 16) >= 0  # the tool's own git rev-parse HEAD
+    assert "settings unknown" in provenance.headline(record) and "version=0.9" in provenance.headline(record)
+
+    class Answer:  # what a node with GET /settings says
+        status_code = 200
+
+        @staticmethod
+        def json():
+            return {"settings": {"EMBED_CACHE_SIZE": "0", "CLUSTER_TOKEN": "<hidden>"}}
+
+    monkeypatch.setattr(provenance.requests, "get", lambda url, **kw: Answer())
+    values, why = provenance.fetch_settings(Node(1, "http://127.0.0.1:1"))
+    assert (values, why) == ({"EMBED_CACHE_SIZE": "0", "CLUSTER_TOKEN": "<hidden>"}, "")
+
+
+def test_in_process_tools_record_their_own_settings_with_secrets_hidden():
+    from profiling.lib.provenance import local_record
+    record = local_record({"CLUSTER_TOKEN": "s3cret", "EMBED_CACHE_SIZE": "0", "PRECISION": "fast"})
+    values = record["settings"]
+    assert values["CLUSTER_TOKEN"] == "<hidden>" and "s3cret" not in json.dumps(record)
+    assert (values["EMBED_CACHE_SIZE"], values["PRECISION"], values["TORCH_THREADS"]) == ("0", "fast", "0")
+
+
+def test_sweep_levels_too_small_to_judge_and_their_spread():
+    def stats(ok: int, rpm: float, p95: float) -> report.RunStats:
+        return report.RunStats("x", ok, ok, ok, {}, 60.0, rpm, report.LatencyStats(ok, p95, p95, p95, p95, p95), 0.0, {})
+
+    small = report.find_saturation([1, 2, 4], [stats(4, 10, 6), stats(25, 19, 6.3), stats(4, 20, 13)])
+    assert small.reached and small.small_levels == (1, 4) and not small.judgeable
+    warning = report.small_sample_warning(small)
+    assert "c=1,4" in warning and f"fewer than {report.MIN_SWEEP_SAMPLE}" in warning and "tentative" in warning
+    enough = report.find_saturation([1, 2], [stats(20, 10, 6), stats(30, 19, 6.3)])
+    assert enough.judgeable and report.small_sample_warning(enough) == ""
+
+    spread = report.LatencyStats.of([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert (spread.min_s, spread.p5_s, spread.p50_s, spread.max_s) == pytest.approx((1.0, 1.2, 3.0, 5.0))
+    assert spread.stdev_s == pytest.approx(1.5811, abs=1e-4)
+    assert math.isnan(report.LatencyStats.of([2.0]).stdev_s)
+    table = report.format_spread_table([report.run_stats("c1", 1, [load.RequestRecord("r", "c1", 0, 0, 0, 2.5, 200)])])
+    assert "stdev s" in table and table.splitlines()[-1].split()[:3] == ["c1", "1", "2.50"]
+
+
+def test_output_folders_are_fresh_per_run(tmp_path):
+    moment = 1704164645.0  # 2024-01-02 03:04:05 UTC
+    first = report.run_folder("loadgen", now=moment, runs_dir=tmp_path)
+    second = report.run_folder("loadgen", now=moment, runs_dir=tmp_path)  # same second: not the same folder
+    assert (first.name, second.name) == ("loadgen-20240102T030405Z", "loadgen-20240102T030405Z-2")
+    assert first.is_dir() and second.is_dir()
+    chosen = report.run_folder("loadgen", tmp_path / "mine", now=moment, runs_dir=tmp_path)
+    assert chosen == tmp_path / "mine" and chosen.is_dir()  # --out: exactly where the user said
+
+
+def test_loadgen_sweep_records_warnings_settings_and_a_fresh_folder(tmp_path, monkeypatch, capsys):
+    from tests.fake_node import FakeNode
+    monkeypatch.chdir(tmp_path)  # no --out: runs/loadgen-<UTC time>/ under the working directory
+    with FakeNode() as node:
+        rc = loadgen.main(["--url", node.url, "--metrics-urls", f"{node.url}/metrics", "--sweep", "1,2",
+                           "--count-per-level", "5", "--max-duration", "20", "--name", "s", "--no-plots"])
+    assert rc == 0
+    (out,) = (tmp_path / "runs").iterdir()
+    assert out.name.startswith("loadgen-") and out.name.endswith("Z")
+    printed = capsys.readouterr()
+    assert f"results in runs/{out.name}" in printed.out
+    assert "too few successful requests to judge the knee at c=1,2" in printed.out and "(tentative" in printed.out
+    assert "min s" in printed.out and "stdev s" in printed.out
+    summary = json.loads((out / "loadgen_s.json").read_text())
+    assert summary["saturation"]["small_levels"] == [1, 2] and summary["min_sweep_sample"] == 20
+    assert all(run["stats"]["latency"]["min_s"] > 0 for run in summary["runs"])
+    warnings = summary["warnings"]
+    assert any("settings are unknown" in w and "404" in w for w in warnings)  # the fake node has no /settings
+    assert any("cache settings unknown" in w and "10 requests planned" in w for w in warnings)
+    assert any("too few successful requests" in w for w in warnings)
+    assert summary["provenance"]["nodes"][0]["settings"] == "unknown"
+    assert len(summary["provenance"]["tool"]["commit"]) == 40

@@ -115,3 +115,23 @@ def test_loadgen_cli_against_a_fake_node(tmp_path):
     with open(tmp_path / "loadgen_f.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == load.RequestRecord.columns() and not any(math.isnan(float(r["latency_s"])) for r in rows)
+
+
+@pytest.mark.parametrize("tool", ["soak", "latency_breakdown", "loadgen"])
+def test_every_scraping_tool_stops_naming_a_node_it_cannot_scrape(tool, tmp_path, capsys):
+    from profiling import latency_breakdown
+    from services.local_cluster import free_ports
+    dead = f"http://127.0.0.1:{free_ports(1)[0]}"  # nothing listens there
+    with FakeNode() as node:
+        if tool == "soak":
+            rc = soak.main(["--url", node.url, "--metrics-urls", f"{node.url},{dead}", "--minutes", "0.01",
+                            "--out", str(tmp_path)])
+        elif tool == "latency_breakdown":
+            rc = latency_breakdown.main(["--url", node.url, "--metrics", f"0={node.url},1={dead}", "--out",
+                                         str(tmp_path)])
+        else:
+            rc = loadgen.main(["--url", node.url, "--metrics-urls", f"{node.url}/metrics,{dead}/metrics",
+                               "--concurrency", "1", "--count", "1", "--out", str(tmp_path)])
+        assert node.queries == []  # refused before any load
+    assert rc == 1
+    assert f"node 1 ({dead}/metrics): ConnectionError" in capsys.readouterr().err
