@@ -2,7 +2,7 @@
 
     python -m profiling.select_variants [--stages embed,rerank,generate,sentiment,toxicity]
         [--variants float32,bfloat16,int8-dynamic,int8-weight] [--batch embed=8,...]
-        [--repeat 3] [--rounds 1] [--queries 16] [--max-new-tokens 16] [--out DIR]
+        [--repeat 3] [--rounds 1] [--queries 16] [--max-new-tokens 16] [--out runs/select_variants]
         [--<stage>-<metric> MINIMUM ...]
 
 For every stage and candidate variant (default: those this device supports,
@@ -24,8 +24,7 @@ and measures:
 
 The rule (printed, and in the env file): per stage, the fastest variant at the
 typical batch among those whose every fidelity metric reaches its stage's minimum
-(`--<stage>-<metric>`); float32 when none does. Output in --out, or a fresh
-`runs/select_variants-<UTC time>/`:
+(`--<stage>-<metric>`); float32 when none does. Output under `--out/<timestamp>/`:
 `precision.env` (`EMBED_PRECISION=...` lines a deployer sources, the figures in
 its comments), `select_variants.json` and `select_variants.csv`. The settings come
 from the environment (`MODEL_SOURCE`, `STANDIN_PROFILE`, `ONLY_CPU`, `TORCH_THREADS`);
@@ -48,16 +47,16 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from pipeline.config import Settings
-from profiling.lib.cli import add_out, comma_list, make_parser, positive, split_list
+from profiling.lib.cli import comma_list, positive, split_list
 from profiling.lib.fidelity import (DEFAULT_THRESHOLDS, REFERENCE, Measurement, check, choose, env_file,
                                     fidelity, rule_text)
-from profiling.lib.provenance import local_record
-from profiling.lib.report import run_folder, write_csv, write_json
+from profiling.lib.report import write_csv, write_json
 
 STAGES = ("embed", "rerank", "generate", "sentiment", "toxicity")
 # A typical batch per stage in service: a few requests' worth under moderate load (rerank:
 # requests of ten documents each; generate: sequences decoding together).
 DEFAULT_BATCH = {"embed": 8, "rerank": 2, "generate": 4, "sentiment": 8, "toxicity": 8}
+DEFAULT_OUT = Path("runs/select_variants")
 STANDIN_WARNING = ("model source is stand-ins (random weights): fidelity here is a worst case; real "
                    "weights usually agree more")
 
@@ -223,13 +222,12 @@ def header_lines(settings: Settings, args: argparse.Namespace, rows: Sequence[Me
 
 
 def write_outputs(out: Path, settings: Settings, args: argparse.Namespace, rows: Sequence[Measurement],
-                  chosen: Mapping[str, str], provenance: dict | None = None) -> Path:
+                  chosen: Mapping[str, str]) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     header = header_lines(settings, args, rows, chosen)
     (out / "precision.env").write_text(env_file(chosen, header))
     write_json(out / "select_variants.json", {"header": header, "rule": rule_text(args.thresholds),
-                                              "chosen": chosen, "rows": rows, "args": vars(args),
-                                              "provenance": provenance or local_record()})
+                                              "chosen": chosen, "rows": rows, "args": vars(args)})
     flat = [_CsvRow(**{k: v for k, v in asdict(m).items() if k not in ("fidelity", "failed")},
                     fidelity=json.dumps(m.fidelity), failed="; ".join(m.failed)) for m in rows]
     write_csv(out / "select_variants.csv", flat, list(Measurement.__dataclass_fields__), float_digits=4)
@@ -262,18 +260,19 @@ def _stage_list(raw: str) -> list[str]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = make_parser("python -m profiling.select_variants", __doc__)
+    p = argparse.ArgumentParser(prog="python -m profiling.select_variants", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--stages", type=_stage_list, default=",".join(STAGES), help="model stages, comma-separated")
     p.add_argument("--variants", type=comma_list(str, what="variants", example="float32,int8-dynamic"),
                    default=argparse.SUPPRESS,
-                   help="candidates (float32 is added: it is the reference) (default: what this device supports)")
+                   help="candidates (float32 is added: it is the reference); default: what this device supports")
     p.add_argument("--batch", type=parse_batches, default=",".join(f"{k}={v}" for k, v in DEFAULT_BATCH.items()),
                    help="typical batch per stage, STAGE=N comma-separated (rerank: requests of ten documents)")
     p.add_argument("--repeat", type=positive(int), default=3, help="timings per size per round (median)")
     p.add_argument("--rounds", type=positive(int), default=1, help="times every subprocess runs, order rotated")
     p.add_argument("--queries", type=positive(int), default=16, help="queries in the fidelity set")
     p.add_argument("--max-new-tokens", type=positive(int), default=16, help="generate: tokens per answer")
-    add_out(p, "select_variants")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="a <timestamp> folder is made under it")
     for stage, metrics in DEFAULT_THRESHOLDS.items():
         for metric, minimum in metrics.items():
             p.add_argument(f"--{stage}-{metric.replace('_', '-')}", type=float, default=minimum,
@@ -313,7 +312,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         print(f"select_variants: {exc}", file=sys.stderr)
         return 1
     chosen = choose(rows)
-    env_path = write_outputs(run_folder("select_variants", args.out), settings, args, rows, chosen, local_record(env))
+    out = args.out / time.strftime("%Y%m%d-%H%M%S")
+    env_path = write_outputs(out, settings, args, rows, chosen)
     if settings.model_source == "standin":
         print(f"NOTE: {STANDIN_WARNING}")
     print(format_table(rows, chosen))

@@ -34,15 +34,16 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import requests
 
 from pipeline import spec
 from pipeline.config import REPO_ROOT, ConfigError, Settings
+from profiling.lib.cli import add_out, make_parser
 from profiling.lib.hostile import EMOJI, MALFORMED_FIELD, Outcome, Prober, check_refused, slow_socket
 from profiling.lib.prometheus import RSS_METRIC, scrape
-from profiling.lib.report import percentiles, write_csv, write_json
+from profiling.lib.provenance import local_record
+from profiling.lib.report import percentiles, run_folder, write_csv, write_json
 from services.local_cluster import LocalCluster, Supervisor, free_ports, pinned_env
 
 log = logging.getLogger("soak_hostile")
@@ -300,6 +301,7 @@ def summarize(run: Run, rejoin_s: float | None, rejoined_proof: bool) -> dict:
         "ejections": [{"t_s": round(t, 1), "node": n} for t, n in events],
         "unexplained_ejections": [{"t_s": round(t, 1), "node": n} for t, n in bad],
         "peak_rss_mib": {url: round(v / 2**20) for url, v in run.rss.items()},
+        "provenance": local_record(run.cluster.env),  # the cluster ran with exactly this environment
         "passed": not violations and not bad and (run.kill_s is None or rejoined_proof),
     }
 
@@ -328,8 +330,7 @@ def format_report(summary: dict) -> str:
 # ------------------------------------------------------------------------- main
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = make_parser("python -m profiling.soak_hostile", __doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=10.0, help="how long to send load")
     p.add_argument("--clients", type=int, default=4, help="normal closed-loop clients")
     p.add_argument("--slow-sockets", type=int, default=40, help="slowloris sockets open at any time")
@@ -341,8 +342,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=0.0,
                    help="per-request timeout in s (0 = the cluster's REQUEST_TIMEOUT_S + 20)")
     p.add_argument("--startup-timeout", type=float, default=600.0, help="how long the cluster may take to start")
-    p.add_argument("--out", type=Path, default=None,
-                   help="result folder (default: runs/soak_hostile-<UTC time>)")
+    add_out(p, "soak_hostile")
     return p
 
 
@@ -358,7 +358,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         (args.near_limit_every >= 0, "--near-limit-every must be >= 0")]:
         if not ok:
             p.error(message)
-    args.out = args.out or REPO_ROOT / "runs" / time.strftime("soak_hostile-%Y%m%dT%H%M%SZ", time.gmtime())
+    args.out = run_folder("soak_hostile", args.out)
     return args
 
 
