@@ -16,6 +16,7 @@ class FakeNode:
         self.health_status = health_status
         self.bad_reply = bad_reply
         self.health_calls = 0
+        self.metrics_calls = 0  # a decoy cluster's tests check that nothing scraped it
         self.queries: list[str] = []
         node = self
 
@@ -36,6 +37,7 @@ class FakeNode:
                     node.health_calls += 1
                     self._send(node.health_status, json.dumps({"status": "healthy", "node": 0, "total_nodes": 3}))
                 elif self.path == "/metrics":
+                    node.metrics_calls += 1
                     self._send(200, METRICS, "text/plain")
                 else:
                     self._send(404, "{}")

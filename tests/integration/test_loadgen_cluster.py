@@ -3,12 +3,18 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import subprocess
+import sys
 import time
+from contextlib import ExitStack
 
 import pytest
 
+from pipeline.config import REPO_ROOT
 from profiling import loadgen
 from profiling.lib.load import JOIN_GRACE_S
+from tests.fake_node import FakeNode
 from tests.helpers import start_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -79,6 +85,34 @@ def test_every_node_is_found_and_scraped_from_url_alone(cluster, closed_run):
     assert len(provenance["tool"]["commit"]) == 40
 
 
+@pytest.fixture
+def decoys():
+    """Three stand-in nodes that NODE_<n>_IP names: another cluster on this host, which a tool
+    pointed at our cluster must not measure."""
+    with ExitStack() as stack:
+        yield [stack.enter_context(FakeNode()) for _ in range(3)]
+
+
+def loadgen_process(url: str, out, decoys, *extra: str) -> subprocess.CompletedProcess:
+    """`python -m profiling.loadgen --url URL` as its own process, its NODE_<n>_IP naming the decoys."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NODE_")}
+    env.update({f"NODE_{n}_IP": d.url.removeprefix("http://") for n, d in enumerate(decoys)})
+    return subprocess.run([sys.executable, "-m", "profiling.loadgen", "--url", url, "--concurrency", "1", "--count",
+                           "1", "--out", str(out), "--wait-health", "30", "--max-duration", "120", "--no-plots",
+                           "--name", "p", *extra], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=240)
+
+
+def test_a_loadgen_process_measures_the_cluster_its_url_names(cluster, decoys, tmp_path):
+    done = loadgen_process(cluster.url(0), tmp_path, decoys)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads((tmp_path / "loadgen_p.json").read_text())
+    assert summary["metrics_urls"] == [f"{cluster.url(n)}/metrics" for n in range(3)]
+    assert [d.metrics_calls + d.health_calls + len(d.queries) for d in decoys] == [0, 0, 0]
+    assert [n["node"] for n in summary["provenance"]["nodes"]] == [0, 1, 2]
+    assert f"results in {tmp_path}" in done.stdout
+
+
 def test_closed_loop_metrics_deltas(closed_run):
     _, _, summary = closed_run
     nodes = summary["nodes"]
@@ -141,13 +175,15 @@ def test_max_duration_is_a_hard_bound(cluster, tmp_path):
     assert summary["overall"]["planned"] == 5 and summary["overall"]["sent"] == 2
 
 
-def test_a_node_that_cannot_be_scraped_fails_loudly(cluster, tmp_path, capsys):
+
+
+def test_a_node_that_cannot_be_scraped_fails_loudly(cluster, decoys, tmp_path):
     # After every other test: node 2 is stopped for good. Node 0 still answers /health 200,
-    # so only the scrape can tell that the figures would lack node 2.
+    # so only the scrape can tell that the figures would lack node 2; the decoys (NODE_<n>_IP)
+    # answer every scrape, so a tool that fell back to them would pass.
     cluster.stop_node(2)
-    rc = loadgen.main(["--url", cluster.url(0), "--concurrency", "1", "--count", "1", "--out", str(tmp_path),
-                       "--wait-health", "30", "--max-duration", "60"])
-    assert rc == 1
-    err = capsys.readouterr().err
-    assert f"node 2 ({cluster.url(2)}/metrics)" in err and "ConnectionError" in err
+    done = loadgen_process(cluster.url(0), tmp_path, decoys)
+    assert done.returncode == 1
+    assert f"node 2 ({cluster.url(2)}/metrics)" in done.stderr and "ConnectionError" in done.stderr
+    assert [d.metrics_calls for d in decoys] == [0, 0, 0]
     assert not list(tmp_path.iterdir())  # refused before any load: nothing half-measured was written
