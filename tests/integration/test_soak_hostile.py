@@ -38,3 +38,6 @@ def test_a_short_hostile_soak_with_a_node_killed_passes_and_records_every_kind(c
     rows = (out / "requests.csv").read_text().splitlines()
     assert len(rows) == summary["requests"] + 1
     assert "PASSED" in result.stdout
+    # What it ran with: the cluster's environment and this code's commit
+    provenance = summary["provenance"]
+    assert provenance["settings"]["REQUEST_TIMEOUT_S"] == "60" and len(provenance["tool"]["commit"]) == 40
