@@ -9,7 +9,6 @@ In-process tools record this process's own settings instead.
 """
 from __future__ import annotations
 
-import dataclasses
 import subprocess
 from typing import Any, Mapping, Sequence
 
@@ -21,7 +20,6 @@ from profiling.lib.prometheus import MetricsSnapshot
 from services.http import TOKEN_HEADER
 
 UNKNOWN = "unknown"
-HIDDEN = "<hidden>"
 SETTINGS_TIMEOUT_S = 10.0
 # The caches that can answer a repeated query without computing it, and the nodes they live on.
 WORKER_CACHE, GATEWAY_CACHE = "EMBED_CACHE_SIZE", "RESPONSE_CACHE_SIZE"
@@ -45,15 +43,8 @@ def git_commit(cwd=REPO_ROOT) -> dict[str, Any]:
 
 
 def settings_strings(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """This process's settings as /settings gives a node's: ENV_NAME -> the value in force, as text."""
-    import os
-    env = os.environ if env is None else env
-    out = {}
-    for f in dataclasses.fields(Settings):
-        name = f.metadata.get("env")
-        if name:
-            out[name] = HIDDEN if not f.repr else env.get(name, f.metadata["default"])
-    return out
+    """This process's settings as a node's GET /settings gives them (Settings.effective: secrets hidden)."""
+    return Settings.from_env(env).effective()
 
 
 def fetch_settings(node: Node, token: str = "", timeout_s: float = SETTINGS_TIMEOUT_S) -> tuple[dict | None, str]:
