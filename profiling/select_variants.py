@@ -50,6 +50,7 @@ from pipeline.config import Settings
 from profiling.lib.cli import comma_list, positive, split_list
 from profiling.lib.fidelity import (DEFAULT_THRESHOLDS, REFERENCE, Measurement, check, choose, env_file,
                                     fidelity, rule_text)
+from profiling.lib.provenance import local_record
 from profiling.lib.report import write_csv, write_json
 
 STAGES = ("embed", "rerank", "generate", "sentiment", "toxicity")
@@ -227,7 +228,8 @@ def write_outputs(out: Path, settings: Settings, args: argparse.Namespace, rows:
     header = header_lines(settings, args, rows, chosen)
     (out / "precision.env").write_text(env_file(chosen, header))
     write_json(out / "select_variants.json", {"header": header, "rule": rule_text(args.thresholds),
-                                              "chosen": chosen, "rows": rows, "args": vars(args)})
+                                              "chosen": chosen, "rows": rows, "args": vars(args),
+                                              "provenance": {**local_record(), "settings": settings.effective()}})
     flat = [_CsvRow(**{k: v for k, v in asdict(m).items() if k not in ("fidelity", "failed")},
                     fidelity=json.dumps(m.fidelity), failed="; ".join(m.failed)) for m in rows]
     write_csv(out / "select_variants.csv", flat, list(Measurement.__dataclass_fields__), float_digits=4)

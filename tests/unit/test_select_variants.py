@@ -116,6 +116,8 @@ def test_cli_on_tiny_standins_writes_the_table_and_an_env_file(tmp_path, model_s
     assert all(s.split("=")[1] in ("float32", "int8-dynamic") for s in settings)
     assert any("model source: standin (tiny)" in line for line in lines)
     report = json.loads((run / "select_variants.json").read_text())
+    assert report["provenance"]["settings"]["TORCH_THREADS"] == "1"  # the settings it measured under
+    assert len(report["provenance"]["tool"]["commit"]) >= 7
     rows = {(r["stage"], r["variant"]): r for r in report["rows"]}
     assert set(rows) == {(s, v) for s in ("embed", "sentiment") for v in ("float32", "int8-dynamic")}
     assert all(r["batch_ms"] > 0 and r["one_ms"] > 0 and r["peak_rss_mib"] > r["model_mib"] > 0 for r in rows.values())
