@@ -1,11 +1,11 @@
-"""One int8 Linear, four ways, side by side: where int8-dynamic's time goes against fbgemm.
+"""One int8 Linear, four ways, side by side: int8-dynamic's kernels against fbgemm's.
 
 `int8-dynamic` (pipeline/precision.py) quantizes each row with its own scale so a row's result
-cannot depend on its batch-mates, and multiplies with `torch._int_mm`. `torch.ao`'s
-`quantize_dynamic` (fbgemm) is faster but scales the whole tensor at once (not batch-invariant).
-The fourth column feeds our per-row int8 codes to fbgemm's dynamic linear with one anchor row
-(-128 ... 127) that pins fbgemm's activation scale to exactly 1: its int32 sums equal
-`_int_mm`'s, so it is batch-invariant too. Each shape is timed at each row count, the four
+cannot depend on its batch-mates. It multiplies either with `torch._int_mm` (CUDA, and CPUs
+where fbgemm is not exact) or by feeding those per-row codes to fbgemm's dynamic linear with
+one anchor row (-128 ... 127) that pins fbgemm's activation scale to exactly 1, which gives
+`_int_mm`'s bits (pipeline.precision.AnchoredFbgemm). `torch.ao`'s `quantize_dynamic` (fbgemm
+with one scale for the whole tensor: not batch-invariant) is the speed it is measured against. Each shape is timed at each row count, the four
 interleaved, medians printed; `--check` also asserts the anchored sums equal `_int_mm`'s and that
 each row's output is the same alone and in the batch.
 
@@ -20,57 +20,30 @@ import warnings
 
 import torch
 
-from pipeline.precision import Int8DynamicLinear, quantize_rows
+from pipeline.precision import Int8DynamicLinear
 from profiling.lib.cli import comma_list, positive
 
 # The Qwen2.5-0.5B Linears that dominate a decode step: q/o, k/v, MLP up/gate, MLP down, the output head.
 SHAPES = ((896, 896), (896, 128), (896, 4864), (4864, 896), (896, 151936))
 
 
-class AnchoredFbgemm(torch.nn.Module):
-    """Per-row int8 codes through fbgemm's dynamic linear, its activation scale pinned to 1."""
-
-    def __init__(self, ours: Int8DynamicLinear):
-        super().__init__()
-        self.ours = ours
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch.ao's quantized tensors are deprecated, still shipped
-            weight = torch.quantize_per_channel(
-                ours.qweight.float() * ours.weight_scale[:, None], ours.weight_scale.double(),
-                torch.zeros(ours.out_features, dtype=torch.long), 0, torch.qint8)
-            self.packed = torch.ops.quantized.linear_prepack(weight, None)
-        self.anchor = torch.zeros(1, ours.in_features)
-        self.anchor[0, 0], self.anchor[0, 1] = -128.0, 127.0
-
-    def sums(self, codes):
-        """int32 sums x channel scale, for int8 codes given as floats (rows x in_features)."""
-        return torch.ops.quantized.linear_dynamic(torch.cat([self.anchor, codes]), self.packed, False)[1:]
-
-    def forward(self, x):
-        codes, scale = quantize_rows(x.reshape(-1, self.ours.in_features).float())
-        out = self.sums(codes.float()) * scale
-        return out if self.ours.bias is None else out + self.ours.bias
-
-
 def variants(in_features: int, out_features: int) -> dict[str, torch.nn.Module]:
     torch.manual_seed(0)
     linear = torch.nn.Linear(in_features, out_features)
-    ours = Int8DynamicLinear(linear)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+        warnings.simplefilter("ignore")  # torch.ao's quantized modules are deprecated, still shipped
         per_tensor = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(linear), {torch.nn.Linear},
                                                             dtype=torch.qint8)
-    return {"float32": linear, "int8-dynamic": ours, "fbgemm per tensor": per_tensor,
-            "fbgemm anchored per row": AnchoredFbgemm(ours)}
+    return {"float32": linear, "_int_mm per row": Int8DynamicLinear(linear, use_fbgemm=False),
+            "fbgemm per tensor": per_tensor, "int8-dynamic (fbgemm per row)": Int8DynamicLinear(linear)}
 
 
 def check(models: dict[str, torch.nn.Module], rows: int) -> None:
-    """The anchored path's sums equal _int_mm's, and each row's output is the same alone."""
-    ours, anchored = models["int8-dynamic"], models["fbgemm anchored per row"]
-    x = torch.randn(rows, ours.in_features) * torch.logspace(-2, 2, rows)[:, None]
-    codes, _ = quantize_rows(x)
-    expected = torch._int_mm(codes, ours.qweight.t()).float() * ours.weight_scale
-    assert torch.equal(anchored.sums(codes.float()), expected), "anchored sums differ from _int_mm"
+    """The anchored fbgemm path gives _int_mm's bits, and each row's output is the same alone."""
+    int_mm, anchored = models["_int_mm per row"], models["int8-dynamic (fbgemm per row)"]
+    assert anchored._fbgemm is not None, "fbgemm is not exact on this CPU: int8-dynamic uses _int_mm here"
+    x = torch.randn(rows, int_mm.in_features) * torch.logspace(-2, 2, rows)[:, None]
+    assert torch.equal(anchored(x), int_mm(x)), "anchored fbgemm and _int_mm differ"
     together = anchored(x)
     alone = torch.cat([anchored(x[i:i + 1]) for i in range(rows)])
     assert torch.equal(alone, together), "anchored output depends on the batch"

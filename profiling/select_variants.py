@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from pipeline.config import Settings
+from pipeline.precision import Int8DynamicLinear
 from profiling.lib.cli import comma_list, positive, split_list
 from profiling.lib.fidelity import (DEFAULT_THRESHOLDS, REFERENCE, Measurement, check, choose, env_file,
                                     fidelity, rule_text)
@@ -100,7 +101,10 @@ def _times_ms(run: Callable[[list], object], items: list, repeat: int) -> list[f
 
 def _model_mib(module) -> float:
     tensors = list(module.parameters()) + list(module.buffers())
-    return sum(t.numel() * t.element_size() for t in tensors) / 2**20
+    # fbgemm-packed int8 weights are not buffers: each layer counts its own
+    packed = sum(m.nbytes() - sum(b.numel() * b.element_size() for b in m.buffers(recurse=False))
+                 for m in module.modules() if isinstance(m, Int8DynamicLinear))
+    return (sum(t.numel() * t.element_size() for t in tensors) + packed) / 2**20
 
 
 def measure_one(job: Mapping) -> dict:
