@@ -1,7 +1,8 @@
 """Stage 5: the grounded answer from Qwen2.5-0.5B-Instruct, greedy, batched.
 
-Batches are left-padded with attention masks, so a batch gives the same text
-as one request at a time (checked in float32 by the tests).
+Batches are left-padded with attention masks. A request's answer must not depend on its
+batch-mates in any precision: attention runs each padded row over its own keys, and bfloat16
+Linears run a lone row as a batch would (pipeline/precision.py, "batch invariance").
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from pipeline import spec
 from pipeline.config import Settings
 from pipeline.device import Placement, placement_for
 from pipeline.models import ModelSource, resolve_model_source
-from pipeline.precision import apply_precision
+from pipeline.precision import (apply_precision, make_bf16_linears_row_invariant,
+                                use_batch_invariant_attention)
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,8 @@ class Generator:
         model = AutoModelForCausalLM.from_pretrained(spec.GENERATOR_MODEL, dtype=placement.torch_dtype,
                                                      **source.hf_kwargs())
         model = apply_precision(model.to(placement.device).eval(), placement.precision)
+        use_batch_invariant_attention(model)
+        make_bf16_linears_row_invariant(model)
         return cls(tokenizer, model, placement, **kwargs)
 
     @classmethod
