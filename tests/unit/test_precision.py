@@ -247,8 +247,9 @@ def test_next_token_logits_alone_are_bit_identical_in_a_left_padded_batch(stages
 
     def last_logits(texts):
         inputs = tok(texts, return_tensors="pt", padding=True)
+        positions = (inputs["attention_mask"].cumsum(-1) - 1).clamp(min=0)  # as generate() counts them
         with torch.inference_mode():
-            return model(**inputs, logits_to_keep=1).logits[:, -1]
+            return model(**inputs, position_ids=positions, logits_to_keep=1).logits[:, -1]
 
     batch = last_logits(prompts)
     assert len({len(tok(p)["input_ids"]) for p in prompts}) > 1  # the batch is padded
