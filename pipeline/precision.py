@@ -41,8 +41,8 @@ CPU_BF16, CPU_PLAIN, CUDA = "cpu-bf16", "cpu", "cuda"
 #   toxicity  bfloat16 1.95x vs int8-dynamic 1.85x (within noise), labels 8/8
 #   generate  STILL PROVISIONAL: on random-weight stand-ins no cheaper variant keeps greedy answers
 #             equal to float32 (near-tied logits), so the rule picks float32 there; int8-dynamic is
-#             kept because its Linears are batch-invariant, unlike bfloat16 attention over a padded
-#             batch (tests/unit/test_precision.py). Rerun with the real model before trusting it.
+#             kept for speed (the whole-service runs in docs/performance.md); every variant is
+#             batch-invariant (tests/unit/test_precision.py). Rerun with the real model before trusting it.
 # The plain-CPU and CUDA rows are not measured: int8-dynamic where bf16 is emulated, bfloat16 on a GPU.
 FAST: dict[str, dict[str, str]] = {
     CPU_BF16: {"embed": "int8-dynamic", "rerank": "bfloat16", "generate": "int8-dynamic",
