@@ -195,6 +195,9 @@ def ort_runner(path: Path, threads: int) -> Callable[[Mapping[str, np.ndarray]],
     options.intra_op_num_threads = threads  # the same budget torch gets
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    # No busy-waiting after a run: spinning threads would steal the cores from the next runtime timed
+    # (and, in service, from the other stages in the process).
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     return lambda feed: session.run(None, dict(feed))[0]
 
