@@ -328,8 +328,8 @@ def rule_text(min_speedup: float) -> str:
 
 def format_table(stages: Mapping[str, Mapping]) -> str:
     """stages: stage -> {"figures": [RuntimeFigures], "sizes": (one, batch), "verdict": Verdict}."""
-    header = (f"{'stage':<10}{'runtime':<15}{'ms@1':>8}{'ms@B':>9}{'  B':>4}{'x int8@1':>9}{'x int8@B':>9}"
-              f"{'prep s':>8}{'MiB':>7}  fidelity vs torch-float32")
+    header = (f"{'stage':<10}{'runtime':<15}{'items':>6}{'tokens':>8}{'ms one':>9}{'ms B':>9}{'x int8 one':>11}"
+              f"{'x int8 B':>9}{'prep s':>8}{'MiB':>7}  fidelity vs torch-float32")
     lines = [header, "-" * len(header)]
     for stage, result in stages.items():
         figures = result["figures"]
@@ -338,10 +338,13 @@ def format_table(stages: Mapping[str, Mapping]) -> str:
             one, batch = speedups(f, base) if base else (math.nan, math.nan)
             adopted = " *" if result["verdict"].adopt == f.runtime else ""
             fid = ", ".join(f"{k} {v:.4g}" for k, v in f.fidelity.items())
-            lines.append(f"{stage:<10}{f.runtime + adopted:<15}{f.one_ms:>8.1f}{f.batch_ms:>9.1f}"
-                         f"{result['sizes'][1]:>4}{one:>8.2f}x{batch:>8.2f}x{f.prepare_s:>8.1f}{f.model_mib:>7.0f}  {fid}")
-    lines.append("ms@1 / ms@B: median ms for one item / the batch of B; x int8: PyTorch int8's time / this one's "
-                 "(above 1 = faster); prep s: load (torch) or export / quantize (ORT); * = adopted")
+            (n1, nb), tokens = result["sizes"], result["tokens"]
+            lines.append(f"{stage:<10}{f.runtime + adopted:<15}{f'{n1}/{nb}':>6}{f'{tokens[n1]}/{tokens[nb]}':>8}"
+                         f"{f.one_ms:>9.1f}{f.batch_ms:>9.1f}{one:>10.2f}x{batch:>8.2f}x{f.prepare_s:>8.1f}"
+                         f"{f.model_mib:>7.0f}  {fid}")
+    lines.append("items: one / batch B; tokens: their padded lengths; ms: median ms; x int8: PyTorch int8's time / "
+                 "this one's (above 1 = faster); prep s: load (torch), export (ort-float32), quantize (ort-int8); "
+                 "MiB: parameters + buffers (torch), file size (ORT); * = adopted")
     return "\n".join(lines)
 
 

@@ -150,6 +150,6 @@ def test_cli_on_tiny_standins_prints_verdicts_and_writes_json(tmp_path, model_so
     assert sorted(p.relative_to(exports).as_posix() for p in exports.rglob("model.onnx")) == [
         "embed/float32/model.onnx", "embed/int8/model.onnx", "toxicity/float32/model.onnx", "toxicity/int8/model.onnx"]
     printed = capsys.readouterr().out
-    assert "x int8@B" in printed and "rule: adopt an ONNX Runtime variant" in printed
+    assert "x int8 B" in printed and "rule: adopt an ONNX Runtime variant" in printed
     assert any(line.startswith("embed: ") for line in printed.splitlines())
     assert spec.Stage.TOXICITY in printed
