@@ -100,6 +100,8 @@ def run(args: argparse.Namespace, settings: Settings, workdir: Path, progress) -
                                progress=progress)
         result["verdict"] = verdict(stage, result["figures"], args.min_speedup)
         stages[stage] = result
+        # each stage's rows as soon as they exist: a long run cut short still leaves its figures in the log
+        progress(f"{stage} done\n{format_table({stage: result})}\n{format_verdicts({stage: result})}")
     return stages
 
 
