@@ -13,8 +13,9 @@ rotated each repeat, so a busy neighbour slows every runtime alike) and their
 medians compared. Fidelity is measured against PyTorch float32 with the selection
 tool's metrics (`profiling.lib.fidelity`). The rule (:func:`verdict`): a stage
 adopts an ONNX Runtime variant only if it is at least `min_speedup` times faster
-than PyTorch int8-dynamic at both sizes and its every rule metric is at least as
-good as PyTorch int8-dynamic's.
+than PyTorch int8-dynamic at both sizes, its every rule metric is at least as
+good as PyTorch int8-dynamic's, and its outputs move with their batch-mates no more
+than PyTorch int8-dynamic's (per-row scales) do.
 """
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ DEFAULT_SIZES = {"embed": (1, 16), "rerank": (1, 10), "sentiment": (1, 8), "toxi
 RULE_METRICS = {"embed": ("cosine_min", "cosine_mean"), "rerank": ("top3_agreement", "spearman"),
                 "sentiment": ("label_agreement",), "toxicity": ("label_agreement",)}
 DEFAULT_MIN_SPEEDUP = 1.3
+# A candidate's batch drift may exceed PyTorch int8-dynamic's (padding only: per-row scales) by float noise only.
+DRIFT_SLACK = 1e-5
 RERANK_DOCS = 10  # pairs per rerank request, as search returns them
 
 
@@ -94,6 +97,7 @@ class Workload:
     fidelity_feeds: list[dict[str, np.ndarray]]
     to_items: Callable[[list[np.ndarray]], list]  # raw outputs of the fidelity feeds -> fidelity() input
     tokens: dict[int, int] = field(default_factory=dict)  # item count -> padded sequence length
+    alone_feeds: list[dict[str, np.ndarray]] = field(default_factory=list)  # fidelity_feeds[0]'s items, one each
 
 
 def _tokenizer(stage: str, obj) -> Callable[[list], dict[str, np.ndarray]]:
@@ -151,8 +155,17 @@ def build_workload(stage: str, obj, sizes: tuple[int, int], queries: int) -> Wor
     items = stage_items(stage, total)
     feeds = [tokenize(items[i:i + per_feed]) for i in range(0, len(items), per_feed)]
     names = list(timed[sizes[1]].keys())
+    alone = [tokenize([item]) for item in items[:per_feed]]
     return Workload(stage, names, tuple(sizes), timed, feeds, _to_items(stage, obj),
-                    {n: int(feed[names[0]].shape[1]) for n, feed in timed.items()})
+                    {n: int(feed[names[0]].shape[1]) for n, feed in timed.items()}, alone)
+
+
+def batch_drift(run: Callable[[Mapping[str, np.ndarray]], np.ndarray], work: Workload) -> float:
+    """Largest difference between an item's raw output in its batch and alone. Padding moves
+    float sums a little in any runtime; a per-tensor activation scale (ORT's dynamic int8 picks
+    one per input) moves every row with its batch-mates, which the service must not allow."""
+    together = run(work.fidelity_feeds[0])
+    return max(float(np.abs(together[i] - run(feed)[0]).max()) for i, feed in enumerate(work.alone_feeds))
 
 
 # ------------------------------------------------------------------------- runtimes
@@ -253,13 +266,14 @@ def measure_stage(stage: str, source, *, sizes: tuple[int, int], queries: int, r
                "ort-int8": ort_runner(i8_dir / "model.onnx", threads)}
     progress(f"{stage}: fidelity on {len(work.fidelity_feeds)} feed(s), then {repeat} interleaved repeat(s)")
     outputs = {name: work.to_items([run(feed) for feed in work.fidelity_feeds]) for name, run in runners.items()}
+    drift = {name: batch_drift(run, work) for name, run in runners.items()}
     times = interleaved_ms(runners, work.timed, repeat)
     prepare = {REFERENCE: load32_s, BASELINE: load8_s, "ort-float32": export_s, "ort-int8": quantize_s}
     size = {REFERENCE: _mib(m32), BASELINE: _mib(m8), "ort-float32": _folder_mib(f32_dir),
             "ort-int8": _folder_mib(i8_dir)}
     figures = [RuntimeFigures(stage, name, median(times[name][sizes[0]]), median(times[name][sizes[1]]),
                               fidelity(stage, outputs[REFERENCE], outputs[name]), prepare[name], size[name],
-                              {str(n): t for n, t in times[name].items()})
+                              {str(n): t for n, t in times[name].items()}, drift[name])
                for name in runners]
     return {"figures": figures, "sizes": tuple(sizes), "tokens": work.tokens, "export_s": export_s,
             "quantize_s": quantize_s}
@@ -277,6 +291,7 @@ class RuntimeFigures:
     prepare_s: float  # load (torch) or export / quantize (ORT)
     model_mib: float  # ONNX file size, or the torch model's parameters and buffers
     times_ms: dict[str, list[float]] = field(default_factory=dict)
+    batch_drift: float = math.nan  # max |output in a batch - output alone|, raw model outputs
 
 
 @dataclass
@@ -311,6 +326,9 @@ def verdict(stage: str, figures: Sequence[RuntimeFigures], min_speedup: float = 
         faults += [f"{m} {cand.fidelity.get(m, math.nan):.4g} < int8's {baseline.fidelity.get(m, math.nan):.4g}"
                    for m in RULE_METRICS[stage]
                    if not cand.fidelity.get(m, math.nan) >= baseline.fidelity.get(m, math.nan)]
+        if not cand.batch_drift <= baseline.batch_drift + DRIFT_SLACK:  # NaN fails
+            faults.append(f"batch drift {cand.batch_drift:.2g} > int8's {baseline.batch_drift:.2g}: "
+                          "an answer would depend on its batch-mates")
         reasons[name] = (f"{one:.2f}x / {batch:.2f}x vs {BASELINE}; "
                          + ("passes" if not faults else "fails: " + "; ".join(faults)))
         if not faults:
@@ -323,13 +341,14 @@ def rule_text(min_speedup: float) -> str:
     metrics = "; ".join(f"{s}: {', '.join(m)}" for s, m in RULE_METRICS.items())
     return (f"adopt an ONNX Runtime variant for a stage only if its median time is >= {min_speedup:g}x faster than "
             f"PyTorch int8-dynamic at both sizes and every fidelity metric vs PyTorch float32 ({metrics}) is at "
-            f"least as good as PyTorch int8-dynamic's; the fastest such at the batch, else keep PyTorch")
+            f"least as good as PyTorch int8-dynamic's, and an item's output moves with its batch-mates no more than "
+            f"PyTorch int8-dynamic's (+{DRIFT_SLACK:g}); the fastest such at the batch, else keep PyTorch")
 
 
 def format_table(stages: Mapping[str, Mapping]) -> str:
     """stages: stage -> {"figures": [RuntimeFigures], "sizes": (one, batch), "verdict": Verdict}."""
     header = (f"{'stage':<10}{'runtime':<15}{'items':>6}{'tokens':>8}{'ms one':>9}{'ms B':>9}{'x int8 one':>11}"
-              f"{'x int8 B':>9}{'prep s':>8}{'MiB':>7}  fidelity vs torch-float32")
+              f"{'x int8 B':>9}{'prep s':>8}{'MiB':>7}{'drift':>9}  fidelity vs torch-float32")
     lines = [header, "-" * len(header)]
     for stage, result in stages.items():
         figures = result["figures"]
@@ -341,10 +360,10 @@ def format_table(stages: Mapping[str, Mapping]) -> str:
             (n1, nb), tokens = result["sizes"], result["tokens"]
             lines.append(f"{stage:<10}{f.runtime + adopted:<15}{f'{n1}/{nb}':>6}{f'{tokens[n1]}/{tokens[nb]}':>8}"
                          f"{f.one_ms:>9.1f}{f.batch_ms:>9.1f}{one:>10.2f}x{batch:>8.2f}x{f.prepare_s:>8.1f}"
-                         f"{f.model_mib:>7.0f}  {fid}")
+                         f"{f.model_mib:>7.0f}{f.batch_drift:>9.1e}  {fid}")
     lines.append("items: one / batch B; tokens: their padded lengths; ms: median ms; x int8: PyTorch int8's time / "
                  "this one's (above 1 = faster); prep s: load (torch), export (ort-float32), quantize (ort-int8); "
-                 "MiB: parameters + buffers (torch), file size (ORT); * = adopted")
+                 "MiB: parameters + buffers (torch), file size (ORT); drift: max |output in a batch - alone|; * = adopted")
     return "\n".join(lines)
 
 

@@ -81,9 +81,9 @@ def test_ort_int8_runs_quantized_yet_close_and_smaller(exported):
 
 # ------------------------------------------------------------------------- the rule on hand-made figures
 
-def _fig(runtime, one_ms, batch_ms, **fid) -> rt.RuntimeFigures:
+def _fig(runtime, one_ms, batch_ms, drift=1e-6, **fid) -> rt.RuntimeFigures:
     return rt.RuntimeFigures("rerank", runtime, one_ms, batch_ms, fid or {"top3_agreement": 1.0, "spearman": 1.0},
-                             prepare_s=0.0, model_mib=1.0)
+                             prepare_s=0.0, model_mib=1.0, batch_drift=drift)
 
 
 BASE = dict(top3_agreement=0.9, spearman=0.95)
@@ -111,6 +111,14 @@ def test_too_slow_at_one_size_or_less_faithful_keeps_pytorch():
     assert v.reasons["ort-float32"] == "not measured"
     nan = [_fig(rt.BASELINE, 50, 200, **BASE), _fig("ort-int8", 10, 40, top3_agreement=math.nan, spearman=1.0)]
     assert rt.verdict("rerank", nan, 1.3).adopt is None  # a metric not measured is not "at least as good"
+
+
+def test_a_variant_whose_outputs_move_with_their_batch_mates_keeps_pytorch():
+    per_tensor = [_fig(rt.BASELINE, 50, 200, drift=2e-6, **BASE), _fig("ort-int8", 10, 40, drift=3e-2, **BASE),
+                  _fig("ort-float32", 20, 80, drift=8e-6)]
+    v = rt.verdict("rerank", per_tensor, 1.3)
+    assert v.adopt == "ort-float32"  # padding noise within the slack passes
+    assert "batch drift 0.03 > int8's 2e-06" in v.reasons["ort-int8"]
 
 
 # ------------------------------------------------------------------------- the command line
@@ -146,6 +154,7 @@ def test_cli_on_tiny_standins_prints_verdicts_and_writes_json(tmp_path, model_so
                                                      if stage == "embed" else {"label_agreement": 1.0})
         assert data["verdicts"][stage] == (result["verdict"]["adopt"] or "pytorch")
         assert result["tokens"]["1"] > 2 and result["export_s"] > 0 and result["quantize_s"] > 0
+        assert all(0 <= f["batch_drift"] < 1 for f in figures.values())  # measured, alone against the batch
     (exports,) = (tmp_path / "exports").iterdir()  # kept where asked, one folder per stage and precision
     assert sorted(p.relative_to(exports).as_posix() for p in exports.rglob("model.onnx")) == [
         "embed/float32/model.onnx", "embed/int8/model.onnx", "toxicity/float32/model.onnx", "toxicity/int8/model.onnx"]
