@@ -219,7 +219,9 @@ def test_latency_breakdown_tool_against_the_cluster(cluster, tmp_path):
     metrics = ",".join(f"{n}={cluster.url(n)}/metrics" for n in (0, 1, 2))
     assert latency_breakdown.main(["--url", cluster.url(0), "--metrics", metrics, "--requests", "2",
                                    "--out", str(tmp_path)]) == 0
-    rows = json.loads((tmp_path / "latency_breakdown.json").read_text())
+    result = json.loads((tmp_path / "latency_breakdown.json").read_text())
+    assert result["url"] == cluster.url(0) and result["provenance"]["tool"]["commit"]
+    rows = result["rows"]
     assert len(rows) == 2
     for row in rows:
         assert row["served_by"] in (0, 1)
