@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from pipeline.config import Settings
-from profiling.lib.cli import comma_list, positive, split_list
+from profiling.lib.cli import comma_list, make_parser, positive, split_list
 from profiling.lib.report import write_json
 from profiling.lib.runtimes import (DEFAULT_MIN_SPEEDUP, DEFAULT_SIZES, STAGES, default_opset, format_table,
                                     format_verdicts, measure_stage, rule_text, verdict)
@@ -64,9 +64,7 @@ def _export_dir(raw: str) -> Path:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m profiling.bench_encoder_runtimes",
-                                description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = make_parser("python -m profiling.bench_encoder_runtimes", __doc__.split("\n\n")[0])
     p.add_argument("--stages", type=_stage_list, default=",".join(STAGES), help="encoder stages, comma-separated")
     p.add_argument("--sizes", type=parse_sizes, default=",".join(f"{s}={a}:{b}" for s, (a, b) in DEFAULT_SIZES.items()),
                    help="items timed per stage, STAGE=ONE:BATCH (rerank: (query, document) pairs)")
@@ -76,11 +74,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--min-speedup", type=positive(float), default=DEFAULT_MIN_SPEEDUP,
                    help="the rule: ORT must be this many times faster than PyTorch int8-dynamic at both sizes")
     p.add_argument("--opset", type=positive(int), default=default_opset(),
-                   help="ONNX opset (default: the newest the installed torch's TorchScript exporter writes)")
+                   help="ONNX opset (the newest the installed torch's TorchScript exporter writes)")
     p.add_argument("--per-channel", action=argparse.BooleanOptionalAction, default=True,
                    help="ORT int8 weights with one scale per output channel (as the project's int8), else per tensor")
     p.add_argument("--export-dir", type=_export_dir, default=None,
-                   help="keep the ONNX files in a new <timestamp> folder here (default: a temporary folder, removed)")
+                   help="keep the ONNX files in a new <timestamp> folder here; unset: a temporary folder, removed")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="a <timestamp> folder is made under it")
     return p
 

@@ -21,7 +21,7 @@ import warnings
 import torch
 
 from pipeline.precision import Int8DynamicLinear
-from profiling.lib.cli import comma_list, positive
+from profiling.lib.cli import comma_list, make_parser, positive
 
 # The Qwen2.5-0.5B Linears that dominate a decode step: q/o, k/v, MLP up/gate, MLP down, the output head.
 SHAPES = ((896, 896), (896, 128), (896, 4864), (4864, 896), (896, 151936))
@@ -61,16 +61,15 @@ def time_interleaved(models: dict[str, torch.nn.Module], x, repeat: int) -> dict
     return {name: statistics.median(values) * 1000 for name, values in samples.items()}
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def parser() -> argparse.ArgumentParser:
+    parser = make_parser("python -m profiling.bench_int8_linear", __doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=comma_list(int, minimum=1, what="row counts"), default=[1, 16, 256],
                         help="row counts (decode: sequences; prefill: tokens), comma-separated")
     parser.add_argument("--repeat", type=positive(int), default=20, help="timed calls per variant, interleaved")
     parser.add_argument("--threads", type=positive(int), default=1, help="torch threads (a worker on the local cluster has 1)")
     parser.add_argument("--shapes", default="all", help="'all' or in x out pairs, e.g. 896x4864,896x151936")
     parser.add_argument("--check", action="store_true", help="also assert bit-identical sums and batch invariance")
-    return parser.parse_args(argv)
+    return parser
 
 
 def shapes_from(text: str) -> tuple[tuple[int, int], ...]:
@@ -80,7 +79,7 @@ def shapes_from(text: str) -> tuple[tuple[int, int], ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = parser().parse_args(argv)
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} thread(s), quantized engine {torch.backends.quantized.engine}; "
           "median ms per call")
