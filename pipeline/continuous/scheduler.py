@@ -116,11 +116,14 @@ class Scheduler:
             seq.admitted_at = self._clock()
             self.prefilling.append(seq)
             admitted.append(seq)
+        # Each prompt is cut at multiples of prefill_chunk from its own start, whoever shares the
+        # iteration: where a chunk starts and ends changes its rounding (visibly in bfloat16), so a
+        # cut placed by another prompt's leftover budget would make the answer depend on company.
         chunks, budget = [], self.prefill_chunk
         for seq in self.prefilling:
-            if budget <= 0:
-                break
-            end = min(seq.prompt_len, seq.prefilled + budget)
+            end = min(seq.prompt_len, (seq.prefilled // self.prefill_chunk + 1) * self.prefill_chunk)
+            if end - seq.prefilled > budget:
+                break  # its next whole chunk waits for the next iteration (the first always fits)
             chunks.append(PrefillChunk(seq, seq.prefilled, end))
             budget -= end - seq.prefilled
         return SchedulerOutput(prefill=chunks, decode=list(self.running), admitted=admitted)

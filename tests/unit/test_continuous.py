@@ -61,6 +61,30 @@ def test_prefill_is_chunked_within_the_per_iteration_budget():
     assert [(q.seq_id, a, b) for q, a, b in plan.prefill] == [(long.seq_id, 16, 20), (short.seq_id, 0, 3)]
 
 
+def test_a_prompts_chunk_boundaries_do_not_depend_on_the_prompts_prefilling_beside_it():
+    # Rounding in a prefill depends on where its chunks start and end (visibly in bfloat16): a prompt
+    # cut wherever another prompt left the iteration's budget would answer differently in company.
+    def chunks_of(target_len: int, others: list[int]) -> list[tuple[int, int]]:
+        s = make(max_seqs=8, max_tokens=1000, chunk=8)
+        seqs = [s.new_sequence(list(range(1, n + 1)), 5) for n in others]
+        target = s.new_sequence(list(range(1, target_len + 1)), 5)
+        for seq in [*seqs, target]:
+            s.add(seq)
+        seen = []
+        while target in s.prefilling or target in s.waiting:
+            plan = s.plan()
+            assert sum(b - a for _, a, b in plan.prefill) <= 8  # the per-iteration budget still holds
+            seen += [(a, b) for q, a, b in plan.prefill if q is target]
+            s.update_from_output(plan, RunnerOutput(prefilled={q.seq_id: b for q, _a, b in plan.prefill},
+                                                    first_tokens={q.seq_id: 1 for q, _a, b in plan.prefill
+                                                                  if b == q.prompt_len}))
+        return seen
+    alone = chunks_of(20, [])
+    assert alone == [(0, 8), (8, 16), (16, 20)]
+    for others in ([4], [12], [3, 6], [21, 2]):
+        assert chunks_of(20, others) == alone, others
+
+
 def test_finish_on_eos_or_token_limit_and_budget_is_released():
     s = make(max_seqs=1, max_tokens=100)
     a, b = s.new_sequence([5, 6], 3), s.new_sequence([7], 3)

@@ -219,9 +219,9 @@ def test_generated_ids_alone_equal_ids_among_same_length_batch_mates(stages):
         assert generator.generate_ids([prompt] * 3, max_new_tokens=24) == [alone] * 3
 
 
-def _continuous_texts(generator, requests, join_every: int = 9) -> list[str]:
+def _continuous_texts(generator, requests, join_every: int = 9, max_seqs: int = 3) -> list[str]:
     """The engine's answers with each request joining `join_every` decode steps after the previous one."""
-    engine = ContinuousEngine(generator, max_seqs=3, max_tokens=4096, prefill_chunk=32)
+    engine = ContinuousEngine(generator, max_seqs=max_seqs, max_tokens=8192, prefill_chunk=32)
     seqs, pending, step = {}, list(enumerate(requests)), 0
     while pending or engine.has_work():
         if pending and step % join_every == 0:
@@ -237,6 +237,17 @@ def test_generated_text_alone_equals_text_among_mixed_length_batch_mates(stages)
     alone = [generator.generate([r])[0] for r in GEN_REQUESTS]
     assert generator.generate(GEN_REQUESTS) == alone
     assert _continuous_texts(generator, GEN_REQUESTS) == alone
+
+
+# Six prompts of 1-3 documents, long and short, joining one per step: several prompts prefill at once
+# and share an iteration's prefill budget (where they were once cut at each other's leftovers).
+CROWDED = [GenerationRequest(q, _docs(1 + i % 3, long=i % 2 == 0)) for i, q in enumerate(QUERIES[:6])]
+
+
+def test_generated_text_alone_equals_text_when_prompts_prefill_side_by_side(stages):
+    generator = stages["generate"]
+    alone = [generator.generate([r])[0] for r in CROWDED]
+    assert _continuous_texts(generator, CROWDED, join_every=1, max_seqs=6) == alone
 
 
 def test_next_token_logits_alone_are_bit_identical_in_a_left_padded_batch(stages):
