@@ -20,6 +20,7 @@ by layer, and drops each float weight as soon as its int8 copy exists.
 """
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Callable
 
@@ -155,25 +156,20 @@ class AnchoredFbgemm:
         return torch.ops.quantized.linear_unpack(self.packed)[0].int_repr()
 
 
-_fbgemm_exact: bool | None = None
-
-
+@functools.cache
 def fbgemm_is_exact() -> bool:
     """Whether this CPU's fbgemm sums int8 exactly (checked once, on the worst case: without
     VNNI its 16-bit pair sums saturate at full-range codes), so the anchored path may be used."""
-    global _fbgemm_exact
-    if _fbgemm_exact is None:
-        try:
-            qweight = torch.full((24, 64), 127, dtype=torch.int8)
-            qweight[1::2] = -127
-            scale = torch.full((24,), 0.0123)  # not a power of two: the rounding must agree too
-            codes = torch.full((5, 64), 127.0)
-            codes[1::2] = -127.0
-            expected = torch._int_mm(codes.to(torch.int8), qweight.t()).float() * scale
-            _fbgemm_exact = torch.equal(AnchoredFbgemm(qweight, scale).sums(codes), expected)
-        except (RuntimeError, AttributeError):  # a torch without fbgemm or the quantized ops
-            _fbgemm_exact = False
-    return _fbgemm_exact
+    try:
+        qweight = torch.full((24, 64), 127, dtype=torch.int8)
+        qweight[1::2] = -127
+        scale = torch.full((24,), 0.0123)  # not a power of two: the rounding must agree too
+        codes = torch.full((5, 64), 127.0)
+        codes[1::2] = -127.0
+        expected = torch._int_mm(codes.to(torch.int8), qweight.t()).float() * scale
+        return torch.equal(AnchoredFbgemm(qweight, scale).sums(codes), expected)
+    except (RuntimeError, AttributeError):  # a torch without fbgemm or the quantized ops
+        return False
 
 
 class _QuantizedLinear(torch.nn.Module):
@@ -225,10 +221,9 @@ class Int8DynamicLinear(_QuantizedLinear):
     def int8_weight(self):
         return self.qweight if self._fbgemm is None else self._fbgemm.unpacked()
 
-    def nbytes(self) -> int:
-        """Bytes of weights this layer holds, packed ones included (buffers() misses those)."""
-        packed = 0 if self._fbgemm is None else self.in_features * self.out_features
-        return packed + sum(b.numel() * b.element_size() for b in self.buffers(recurse=False))
+    def packed_nbytes(self) -> int:
+        """Bytes of the fbgemm-packed int8 weight, which buffers() does not see (0 without one)."""
+        return 0 if self._fbgemm is None else self.in_features * self.out_features
 
     @staticmethod
     def cuda_compatible(linear: torch.nn.Linear) -> bool:
@@ -264,6 +259,13 @@ class Int8WeightLinear(_QuantizedLinear):
 
 
 QUANTIZED = {"int8-dynamic": Int8DynamicLinear, "int8-weight": Int8WeightLinear}
+
+
+def model_nbytes(module) -> int:
+    """A model's weight bytes: parameters, buffers, and the fbgemm-packed int8 weights."""
+    tensors = list(module.parameters()) + list(module.buffers())
+    packed = sum(m.packed_nbytes() for m in module.modules() if isinstance(m, Int8DynamicLinear))
+    return sum(t.numel() * t.element_size() for t in tensors) + packed
 
 
 def _untie_output_embeddings(model) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from pipeline.config import Settings
-from profiling.lib.cli import comma_list, make_parser, positive, split_list
+from profiling.lib.cli import make_parser, positive, split_list, stage_list
 from profiling.lib.report import write_json
 from profiling.lib.runtimes import (DEFAULT_MIN_SPEEDUP, DEFAULT_SIZES, STAGES, default_opset, format_table,
                                     format_verdicts, measure_stage, rule_text, verdict)
@@ -48,14 +48,6 @@ def parse_sizes(raw: str) -> dict[str, tuple[int, int]]:
     return sizes
 
 
-def _stage_list(raw: str) -> list[str]:
-    stages = comma_list(str, what="stages", example="embed,rerank")(raw)
-    unknown = [s for s in stages if s not in STAGES]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown stage(s) {', '.join(unknown)}: expected {', '.join(STAGES)}")
-    return list(dict.fromkeys(stages))
-
-
 def _export_dir(raw: str) -> Path:
     path = Path(raw).resolve()
     if path == REPO or REPO in path.parents:
@@ -65,7 +57,7 @@ def _export_dir(raw: str) -> Path:
 
 def parser() -> argparse.ArgumentParser:
     p = make_parser("python -m profiling.bench_encoder_runtimes", __doc__.split("\n\n")[0])
-    p.add_argument("--stages", type=_stage_list, default=",".join(STAGES), help="encoder stages, comma-separated")
+    p.add_argument("--stages", type=stage_list(STAGES), default=",".join(STAGES), help="encoder stages, comma-separated")
     p.add_argument("--sizes", type=parse_sizes, default=",".join(f"{s}={a}:{b}" for s, (a, b) in DEFAULT_SIZES.items()),
                    help="items timed per stage, STAGE=ONE:BATCH (rerank: (query, document) pairs)")
     p.add_argument("--repeat", type=positive(int), default=5, help="interleaved timings per runtime and size (median)")

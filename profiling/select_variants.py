@@ -47,8 +47,8 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from pipeline.config import Settings
-from pipeline.precision import Int8DynamicLinear
-from profiling.lib.cli import comma_list, positive, split_list
+from pipeline.precision import model_nbytes
+from profiling.lib.cli import comma_list, positive, split_list, stage_list
 from profiling.lib.fidelity import (DEFAULT_THRESHOLDS, REFERENCE, Measurement, check, choose, env_file,
                                     fidelity, rule_text)
 from profiling.lib.provenance import local_record
@@ -100,11 +100,7 @@ def _times_ms(run: Callable[[list], object], items: list, repeat: int) -> list[f
 
 
 def _model_mib(module) -> float:
-    tensors = list(module.parameters()) + list(module.buffers())
-    # fbgemm-packed int8 weights are not buffers: each layer counts its own
-    packed = sum(m.nbytes() - sum(b.numel() * b.element_size() for b in m.buffers(recurse=False))
-                 for m in module.modules() if isinstance(m, Int8DynamicLinear))
-    return (sum(t.numel() * t.element_size() for t in tensors) + packed) / 2**20
+    return model_nbytes(module) / 2**20
 
 
 def measure_one(job: Mapping) -> dict:
@@ -233,7 +229,7 @@ def write_outputs(out: Path, settings: Settings, args: argparse.Namespace, rows:
     (out / "precision.env").write_text(env_file(chosen, header))
     write_json(out / "select_variants.json", {"header": header, "rule": rule_text(args.thresholds),
                                               "chosen": chosen, "rows": rows, "args": vars(args),
-                                              "provenance": {**local_record(), "settings": settings.effective()}})
+                                              "provenance": local_record(settings=settings)})
     flat = [_CsvRow(**{k: v for k, v in asdict(m).items() if k not in ("fidelity", "failed")},
                     fidelity=json.dumps(m.fidelity), failed="; ".join(m.failed)) for m in rows]
     write_csv(out / "select_variants.csv", flat, list(Measurement.__dataclass_fields__), float_digits=4)
@@ -257,18 +253,10 @@ def parse_batches(raw: str) -> dict[str, int]:
     return batches
 
 
-def _stage_list(raw: str) -> list[str]:
-    stages = comma_list(str, what="stages", example="embed,rerank")(raw)
-    unknown = [s for s in stages if s not in STAGES]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown stage(s) {', '.join(unknown)}: expected {', '.join(STAGES)}")
-    return list(dict.fromkeys(stages))
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m profiling.select_variants", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--stages", type=_stage_list, default=",".join(STAGES), help="model stages, comma-separated")
+    p.add_argument("--stages", type=stage_list(STAGES), default=",".join(STAGES), help="model stages, comma-separated")
     p.add_argument("--variants", type=comma_list(str, what="variants", example="float32,int8-dynamic"),
                    default=argparse.SUPPRESS,
                    help="candidates (float32 is added: it is the reference); default: what this device supports")

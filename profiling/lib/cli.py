@@ -78,6 +78,17 @@ def comma_list(kind: Callable[[str], T], *, minimum: T | None = None, sort_uniqu
     return parse
 
 
+def stage_list(allowed: Sequence[str]) -> Callable[[str], list[str]]:
+    """An argparse `type`: a comma-separated list of stages out of `allowed`, repeats dropped."""
+    def parse(raw: str) -> list[str]:
+        stages = comma_list(str, what="stages", example="embed,rerank")(raw)
+        unknown = [s for s in stages if s not in allowed]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown stage(s) {', '.join(unknown)}: expected {', '.join(allowed)}")
+        return list(dict.fromkeys(stages))
+    return parse
+
+
 def positive(kind: Callable[[str], T]) -> Callable[[str], T]:
     """An argparse `type`: a number of `kind` that is > 0."""
     def parse(raw: str) -> T:

@@ -132,9 +132,11 @@ def node_settings(record: Mapping[str, Any]) -> list[dict | None]:
     return [n["settings"] if isinstance(n["settings"], dict) else None for n in record["nodes"]]
 
 
-def local_record(env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """For in-process tools: the commit and this process's settings."""
-    return {"tool": git_commit(), "settings": settings_strings(env), "settings_source": "this process's environment"}
+def local_record(env: Mapping[str, str] | None = None, settings: Settings | None = None) -> dict[str, Any]:
+    """For in-process tools: the commit and this process's settings (`settings` when the tool
+    already built them, else from `env`)."""
+    values = settings.effective() if settings is not None else settings_strings(env)
+    return {"tool": git_commit(), "settings": values, "settings_source": "this process's environment"}
 
 
 def headline(record: Mapping[str, Any]) -> str:

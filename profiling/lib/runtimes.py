@@ -233,8 +233,8 @@ def interleaved_ms(runners: Mapping[str, Callable], feeds: Mapping[int, Mapping]
 
 
 def _mib(module) -> float:
-    tensors = list(module.parameters()) + list(module.buffers())
-    return sum(t.numel() * t.element_size() for t in tensors) / 2**20
+    from pipeline.precision import model_nbytes
+    return model_nbytes(module) / 2**20  # int8-dynamic's packed weights included
 
 
 def _folder_mib(folder: Path) -> float:

@@ -2,8 +2,7 @@
 import pytest
 import torch
 
-from pipeline import precision
-from pipeline.precision import AnchoredFbgemm, Int8DynamicLinear, fbgemm_is_exact
+from pipeline.precision import AnchoredFbgemm, Int8DynamicLinear, fbgemm_is_exact, model_nbytes
 
 
 def _pair(in_features=96, out_features=40, bias=True):
@@ -48,13 +47,14 @@ def test_the_packed_copy_replaces_the_plain_weight(fbgemm):
     packed, plain = _pair()
     assert packed.qweight is None and "qweight" not in dict(packed.named_buffers())
     assert torch.equal(packed.int8_weight(), plain.int8_weight())
-    assert packed.nbytes() == plain.nbytes()  # packed int8 counted once, as the plain int8 was
+    assert model_nbytes(packed) == model_nbytes(plain)  # packed int8 counted once, as the plain int8 was
 
 
-def test_an_inexact_fbgemm_is_detected_and_int_mm_used(monkeypatch):
+def test_an_inexact_fbgemm_is_detected_and_int_mm_used(monkeypatch, request):
     real_sums = AnchoredFbgemm.sums
     monkeypatch.setattr(AnchoredFbgemm, "sums", lambda self, codes: real_sums(self, codes) + 1.0)
-    monkeypatch.setattr(precision, "_fbgemm_exact", None)  # forget the cached verdict
+    fbgemm_is_exact.cache_clear()  # forget the cached verdict, here and after this test
+    request.addfinalizer(fbgemm_is_exact.cache_clear)
     assert fbgemm_is_exact() is False
     packed, plain = _pair()
     assert packed._fbgemm is None
