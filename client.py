@@ -18,7 +18,7 @@ import uuid
 import requests
 
 from pipeline.spec import REFERENCE_QUERIES, validate_reply  # client.py sits beside the packages
-from services.health_wait import wait_healthy
+from services.cluster.health_wait import wait_healthy
 
 DEFAULT_QUERIES = list(REFERENCE_QUERIES)  # the course client's eight queries
 

@@ -81,12 +81,12 @@ case "$cmd" in
   demo)
     setup
     build_demo_data
-    exec "$PY" -m services.demo
+    exec "$PY" -m services.cluster.demo
     ;;
   local)
     setup
     build_demo_data
-    exec "$PY" -m services.local_cluster
+    exec "$PY" -m services.cluster.local
     ;;
   models)
     setup

@@ -45,7 +45,7 @@ KV_SHARE_OF_LARGEST_REQUEST = 4
 # holds a connection for seconds, not for the request timeout.
 READ_TIMEOUT_SHARE, MIN_READ_TIMEOUT_S, MAX_READ_TIMEOUT_S = 30.0, 2.0, 30.0
 # Derived connection limit (HTTP_CONNECTION_LIMIT=0): at least this many, or 4 per HTTP thread.
-# An open connection costs waitress a few KB (a partial header at most services.http's header cap).
+# An open connection costs waitress a few KB (a partial header at most services.server.http's header cap).
 MIN_CONNECTION_LIMIT = 1024
 
 

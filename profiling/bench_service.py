@@ -5,7 +5,7 @@
         [--max-duration 1800] [--out DIR] [--name NAME]
 
 For each configuration ("variant") of the chosen comparison this starts a fresh
-local three-node cluster (`services.local_cluster`, separate processes on
+local three-node cluster (`services.cluster.local`, separate processes on
 127.0.0.1, the environment's data and models: `STANDIN_PROFILE=faithful
 MODEL_SOURCE=standin` for faithful figures), sends `--warmup` requests, clears
 the caches, then keeps `--concurrency` clients busy for `--count` requests, and
@@ -60,7 +60,7 @@ from profiling.lib.load import ClosedGroup, Target, clear_caches, load_queries, 
 from profiling.lib.prometheus import NodeDelta, cache_deltas, node_deltas, scrape_all  # noqa: F401 (cache_deltas: its old home)
 from profiling.lib.provenance import cache_warnings, cluster_record, git_commit, node_settings, settings_warnings
 from profiling.lib.report import RunStats, format_nodes_table, jsonable, mib, run_folder, run_stats, write_json
-from services.local_cluster import LocalCluster, free_ports, pinned_env
+from services.cluster.local import LocalCluster, free_ports, pinned_env
 
 TOOL = "bench_service"
 DEMO_DIR = REPO_ROOT / "data" / "demo"

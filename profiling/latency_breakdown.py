@@ -32,7 +32,7 @@ from profiling.lib.load import clear_caches
 from profiling.lib.prometheus import MetricsSnapshot, counter_delta
 from profiling.lib.provenance import cluster_record, headline, settings_warnings
 from profiling.lib.report import run_folder, write_json
-from services.health_wait import wait_healthy
+from services.cluster.health_wait import wait_healthy
 
 TOOL = "latency_breakdown"
 

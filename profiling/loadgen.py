@@ -58,7 +58,7 @@ from profiling.lib.provenance import cache_warnings, cluster_record, headline, n
 from profiling.lib.report import (DEFAULT_KNEE_RATIO, MIN_SWEEP_SAMPLE, RunStats, Saturation, find_saturation,
                                   format_nodes_table, format_spread_table, format_stats_table, run_folder, run_stats,
                                   small_sample_warning, write_csv, write_json)
-from services.health_wait import wait_healthy
+from services.cluster.health_wait import wait_healthy
 
 TOOL = "loadgen"
 DEFAULT_MAX_DURATION_S = 1800.0

@@ -50,7 +50,7 @@ from profiling.lib.load import RequestRecord as LoadRecord
 from profiling.lib.prometheus import RSS_METRIC, scrape
 from profiling.lib.provenance import cache_warnings, cluster_record, headline, node_settings, settings_warnings
 from profiling.lib.report import percentiles, run_folder, write_csv, write_json
-from services.health_wait import wait_healthy
+from services.cluster.health_wait import wait_healthy
 
 TOOL = "soak"
 GROWTH_GOAL_PCT = 5.0

@@ -16,10 +16,10 @@ from datetime import datetime, timezone
 
 from pipeline.config import ConfigError, Settings, misspelt_variables
 from pipeline.device import thread_budget
-from services import tracing
-from services.app import build_app
-from services.http import serve
-from services.lifecycle import Lifecycle
+from services.server import tracing
+from services.server.routes import build_app
+from services.server.http import serve
+from services.server.lifecycle import Lifecycle
 from services.roles import role_class
 
 log = logging.getLogger("services.node")

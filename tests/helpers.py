@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from services.local_cluster import LocalCluster, free_ports
+from services.cluster.local import LocalCluster, free_ports
 
 # What every test runs with: tiny stand-ins, float32 on the CPU (the oracle's precision).
 TEST_ENV = {"MODEL_SOURCE": "standin", "STANDIN_PROFILE": "tiny", "DTYPE": "float32", "ONLY_CPU": "true"}

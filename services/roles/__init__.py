@@ -2,14 +2,14 @@
 
 Each role says what it loads (`load`, run by the startup thread), which routes it
 serves (`register_routes`), what its /health adds, and its HTTP thread count;
-services.app wraps it in the routes every node shares, services.node serves it.
+services.server.routes wraps it in the routes every node shares, services.node serves it.
 """
 from __future__ import annotations
 
 from services.roles.base import Role
-from services.roles.gateway import GatewayRole
-from services.roles.index import IndexRole
-from services.roles.worker import WorkerRole
+from services.roles.gateway.role import GatewayRole
+from services.roles.index.role import IndexRole
+from services.roles.worker.role import WorkerRole
 
 ROLES: dict[int, type[Role]] = {0: GatewayRole, 1: WorkerRole, 2: IndexRole}
 

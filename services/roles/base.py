@@ -1,4 +1,4 @@
-"""What every node role provides; services.app and services.node use nothing else."""
+"""What every node role provides; services.server.routes and services.node use nothing else."""
 from __future__ import annotations
 
 from typing import Any, Iterable
@@ -6,7 +6,7 @@ from typing import Any, Iterable
 from flask import Flask
 
 from pipeline.config import Settings
-from services.lifecycle import Lifecycle
+from services.server.lifecycle import Lifecycle
 
 # HTTP threads beyond the requests a node computes at once, so /health, /metrics, joined
 # requests, cache hits and quick 503s are answered while every computing thread waits

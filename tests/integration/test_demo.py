@@ -7,7 +7,7 @@ import pytest
 
 from pipeline import spec
 from pipeline.config import REPO_ROOT
-from services.local_cluster import free_ports
+from services.cluster.local import free_ports
 
 pytestmark = pytest.mark.slow
 

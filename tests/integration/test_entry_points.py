@@ -25,7 +25,7 @@ def test_entry_point_prints_one_line_not_a_traceback(tmp_path: Path):
 def test_node_whose_request_timeout_exceeds_node_1s_internal_cap_exits_2_naming_both(course_data):
     # Node 1 refuses an /internal/answer timeout_s above its cap: such a node would start and then
     # fail every forward. It must refuse to start instead, with one line naming both limits.
-    from services.local_cluster import free_ports
+    from services.cluster.local import free_ports
     from tests.helpers import TEST_ENV, data_env
     env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", **TEST_ENV, **data_env(course_data),
            "NODE_NUMBER": "1", "NODE_1_IP": f"127.0.0.1:{free_ports(1)[0]}", "REQUEST_TIMEOUT_S": "4000"}

@@ -33,7 +33,7 @@ import requests
 import yaml
 
 from pipeline.config import REPO_ROOT
-from services.local_cluster import _die_with_parent, free_ports
+from services.cluster.local import _die_with_parent, free_ports
 from tests.helpers import start_cluster
 
 PROMETHEUS = shutil.which("prometheus")

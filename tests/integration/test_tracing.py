@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from pipeline import spec
-from services.local_cluster import LocalCluster
+from services.cluster.local import LocalCluster
 from tests.helpers import cluster_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

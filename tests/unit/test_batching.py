@@ -1,4 +1,4 @@
-"""Tests for services.batching.BatchingService.
+"""Tests for services.stages.batching.BatchingService.
 
 Timing is controlled with events and a gate inside batch_fn rather than bare
 sleeps. The few timing assertions (a batch window) use generous tolerances and
@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.batching import (
+from services.stages.batching import (
     BatchingService,
     BatchingStats,
     BatchSizeMismatch,
@@ -304,7 +304,7 @@ def poison_fn(items):
 @pytest.mark.timeout(30)
 def test_poison_item_fails_alone_and_worker_survives(services, caplog):
     svc, rec = services(Recorder(poison_fn), max_size=4, max_wait_ms=10_000, name="reranker")
-    with caplog.at_level(logging.WARNING, logger="services.batching"):
+    with caplog.at_level(logging.WARNING, logger="services.stages.batching"):
         futs = svc.submit_many([1, 2, POISON, 4])
         assert futs[0].result(timeout=RESULT_TIMEOUT) == 2
         assert futs[1].result(timeout=RESULT_TIMEOUT) == 4
@@ -312,7 +312,7 @@ def test_poison_item_fails_alone_and_worker_survives(services, caplog):
         with pytest.raises(ValueError, match="bad item"):
             futs[2].result(timeout=RESULT_TIMEOUT)
     assert rec.batches == [[1, 2, POISON, 4], [1], [2], [POISON], [4]]
-    messages = [r.getMessage() for r in caplog.records if r.name == "services.batching"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "services.stages.batching"]
     assert messages and all("reranker" in m for m in messages)
     assert not any(POISON in m for m in messages)  # no item contents in log lines
     stats = svc.stats()
@@ -331,12 +331,12 @@ def test_a_deadline_that_ran_out_is_logged_in_one_line_a_bug_with_its_traceback(
             raise TimeoutError("search gave up at the request's deadline")
         raise ValueError("a bug")
     svc, _ = services(Recorder(fn), max_size=1, max_wait_ms=0, name="search")
-    with caplog.at_level(logging.WARNING, logger="services.batching"):
+    with caplog.at_level(logging.WARNING, logger="services.stages.batching"):
         with pytest.raises(TimeoutError):
             svc.submit("late").result(timeout=RESULT_TIMEOUT)
         with pytest.raises(ValueError):
             svc.submit("other").result(timeout=RESULT_TIMEOUT)
-    late, bug = [r for r in caplog.records if r.name == "services.batching"]
+    late, bug = [r for r in caplog.records if r.name == "services.stages.batching"]
     assert "TimeoutError: search gave up" in late.getMessage() and late.exc_info is None
     assert bug.exc_info is not None and bug.exc_info[0] is ValueError
 

@@ -3,7 +3,7 @@ import threading
 
 import pytest
 
-from services.cache import Claim, LruCache, ResponseCache, normalise_query
+from services.roles.caches import Claim, LruCache, ResponseCache, normalise_query
 from tests.helpers import ManualClock
 
 

@@ -97,7 +97,7 @@ def test_hf_hub_offline_is_a_setting_and_offline_never_looks_at_the_hub():
 
 def test_worker_config_takes_only_what_the_worker_reads():
     from pipeline.spec import WORKER_STAGES
-    from services.roles.worker import worker_config
+    from services.roles.worker.role import worker_config
     s = Settings.from_env({"GENERATE_MAX_BATCH": "4", "EMBED_CACHE_SIZE": "7"})
     cfg = worker_config(s)
     assert set(cfg.batching) == set(WORKER_STAGES) and cfg.embed_cache_size == 7
@@ -106,7 +106,7 @@ def test_worker_config_takes_only_what_the_worker_reads():
 
 
 def test_default_http_threads_leave_spare_threads_beyond_the_gateway_limit():
-    from services.lifecycle import Lifecycle
+    from services.server.lifecycle import Lifecycle
     from services.roles import role_class
     from services.roles.base import SPARE_HTTP_THREADS
     s = Settings.from_env({"GATEWAY_MAX_IN_FLIGHT": "10"})
@@ -131,7 +131,7 @@ def test_settings_that_must_agree_are_checked_in_one_line_naming_both():
 
 def test_joiner_caps_default_below_node_0s_spare_http_threads(tmp_path: Path):
     from services.roles.base import SPARE_HTTP_THREADS
-    from services.roles.gateway import GatewayRole
+    from services.roles.gateway.role import GatewayRole
     (tmp_path / "documents.db").touch()
     s = Settings.from_env({"DOCUMENTS_DIR": str(tmp_path)})
     assert (s.gateway_max_joiners_per_id, s.gateway_max_joiners) == (8, 16)

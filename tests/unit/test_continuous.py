@@ -9,8 +9,8 @@ from pipeline import spec
 from pipeline.continuous import ContinuousEngine, RunnerOutput, Scheduler
 from pipeline.docstore import Document
 from pipeline.generator import GenerationRequest
-from services.errors import Overloaded
-from services.generation import ContinuousGenerationService
+from services.server.errors import Overloaded
+from services.stages.continuous import ContinuousGenerationService
 
 EOS = frozenset({0})
 

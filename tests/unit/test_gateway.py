@@ -7,9 +7,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from services.errors import (NodeError, NodeUnreachable, NoWorkerAvailable, Overloaded, RequestTimeout, StageFailed,
+from services.server.errors import (NodeError, NodeUnreachable, NoWorkerAvailable, Overloaded, RequestTimeout, StageFailed,
                              WorkerFailed)
-from services.gateway import Gateway, Target, remote_target
+from services.roles.gateway.gateway import Gateway, Target, remote_target
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -182,8 +182,8 @@ def test_remote_worker_is_out_of_rotation_until_its_probe_says_ready():
 def test_worker_wait_maps_stage_outcomes():
     from concurrent.futures import Future
 
-    from services.errors import DeadlineExceeded, ServiceClosed
-    from services.worker import Worker
+    from services.server.errors import DeadlineExceeded, ServiceClosed
+    from services.roles.worker.request_path import Worker
 
     def failed(exc):
         future = Future()
@@ -227,9 +227,9 @@ class Outcomes:
 def query_app(outcomes, **env):
     """Node 0's /query over a real Gateway (with its reply cache) and one worker answering `outcomes`."""
     from pipeline.config import Settings
-    from services.app import build_app
-    from services.lifecycle import Lifecycle, Readiness
-    from services.roles.gateway import GatewayRole
+    from services.server.routes import build_app
+    from services.server.lifecycle import Lifecycle, Readiness
+    from services.roles.gateway.role import GatewayRole
     settings = Settings.from_env({"RESPONSE_CACHE_SIZE": "16", **env})
     lifecycle = Lifecycle("node 0", 0.0, exit=lambda code: None)
     role = GatewayRole(settings, 0, lifecycle)
@@ -313,7 +313,7 @@ def test_the_completed_cache_keeps_a_hash_of_the_query_not_its_text():
 
 
 def test_a_joiner_with_another_query_gets_409_and_the_computation_is_untouched():
-    from services.errors import RequestIdConflict
+    from services.server.errors import RequestIdConflict
     gate = threading.Event()
     worker = FakeWorker(0, gate=gate)
     gw = gateway(worker.target(local=True))
@@ -360,7 +360,7 @@ def test_joiners_are_capped_per_id_and_in_all_with_an_immediate_503():
 
 
 def test_a_reply_cache_hit_becomes_the_new_ids_answer_and_takes_no_capacity():
-    from services.cache import ResponseCache
+    from services.roles.caches import ResponseCache
     gate = threading.Event()
     gate.set()
     worker = FakeWorker(0, gate=gate)
@@ -381,7 +381,7 @@ def test_a_reply_cache_hit_becomes_the_new_ids_answer_and_takes_no_capacity():
 def test_each_new_question_is_one_reply_cache_lookup():
     # The gateway looks the question up before it takes a slot and again, under the cache's
     # own lock, when it claims the computation: that is one lookup, one miss, not two.
-    from services.cache import ResponseCache
+    from services.roles.caches import ResponseCache
     cache = ResponseCache(8, 0)
     gw = gateway(FakeWorker(0).target(local=True), response_cache=cache)
     for i, question in enumerate(["one", "two", "One", "three", "two"]):

@@ -1,4 +1,4 @@
-"""services.health_wait.wait_healthy against a real HTTP server on 127.0.0.1, every wait bounded."""
+"""services.cluster.health_wait.wait_healthy against a real HTTP server on 127.0.0.1, every wait bounded."""
 from __future__ import annotations
 
 import threading
@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from services.health_wait import health, wait_healthy
-from services.local_cluster import free_ports
+from services.cluster.health_wait import health, wait_healthy
+from services.cluster.local import free_ports
 from tests.fake_node import FakeNode
 
 pytestmark = pytest.mark.timeout(60)

@@ -12,12 +12,12 @@ import pytest
 from flask import jsonify
 
 from pipeline.config import Settings
-from services.errors import ApiError
-from services.http import (TOKEN_HEADER, HeaderGate, header_gate, internal_endpoint, make_app, read_json_object,
+from services.server.errors import ApiError
+from services.server.http import (TOKEN_HEADER, HeaderGate, header_gate, internal_endpoint, make_app, read_json_object,
                            require_string, warn_if_exposed)
-from services.index_server import max_search_values, parse_search_body
-from services.errors import DeadlineExceeded, NodeError, NodeUnreachable
-from services.node_client import IndexClient, WorkerClient
+from services.roles.index.search import max_search_values, parse_search_body
+from services.server.errors import DeadlineExceeded, NodeError, NodeUnreachable
+from services.cluster.clients import IndexClient, WorkerClient
 
 pytestmark = pytest.mark.timeout(60)
 TOKEN = "s3cret-Token"
@@ -117,7 +117,7 @@ def test_no_token_configured_means_no_check():
     ({"embeddings": "vectors", "k": 2}, "embeddings"),
 ])
 def test_search_body_rules(body, field):
-    from services.errors import ApiError
+    from services.server.errors import ApiError
     with pytest.raises(ApiError) as err:
         parse_search_body(body, dim=4)
     assert err.value.status == 400 and err.value.field == field
@@ -222,7 +222,7 @@ def test_reliability_settings_defaults_and_consistency():
                                          ("node1.internal", True)])
 def test_a_node_beyond_loopback_without_a_token_warns_loudly(host, warned, caplog):
     # Binding a non-loopback address is not possible in the tests (127.0.0.1 only): the check itself.
-    with caplog.at_level("WARNING", logger="services.http"):
+    with caplog.at_level("WARNING", logger="services.server.http"):
         assert warn_if_exposed(host, "") is warned
         assert warn_if_exposed(host, TOKEN) is False
     assert ("SECURITY" in caplog.text) is warned

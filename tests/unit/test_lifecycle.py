@@ -8,8 +8,8 @@ import pytest
 from flask import Flask
 
 from pipeline.config import Settings
-from services.errors import NodeNotReady
-from services.lifecycle import InFlight, Lifecycle, Readiness
+from services.server.errors import NodeNotReady
+from services.server.lifecycle import InFlight, Lifecycle, Readiness
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -119,7 +119,7 @@ def test_a_failed_load_exits_one():
 
 def test_a_failed_load_says_failed_with_the_reason_through_the_linger_then_a_config_error_exits_2():
     from pipeline.config import ConfigError
-    from services.lifecycle import CONFIG_ERROR_EXIT
+    from services.server.lifecycle import CONFIG_ERROR_EXIT
     seen = []  # what the node said when it exited, and after how long
     life = Lifecycle("node 1", grace_s=0.0, failed_linger_s=0.3,
                      exit=lambda code: seen.append((code, life.readiness.state, life.readiness.detail,
@@ -205,7 +205,7 @@ def test_at_the_grace_deadline_requests_in_flight_get_503_the_stages_are_aborted
 
 
 def test_health_says_unhealthy_with_the_reason_when_a_stage_thread_died():
-    from services.app import build_app
+    from services.server.routes import build_app
     from services.roles.base import Role
 
     class Stage:
@@ -265,7 +265,7 @@ class FakeCluster:
 
 
 def test_supervisor_restarts_a_dead_node_within_its_rate_then_gives_up_and_keeps_the_others():
-    from services.local_cluster import Supervisor
+    from services.cluster.local import Supervisor
     from tests.helpers import ManualClock
     cluster, clock = FakeCluster(), ManualClock()
     supervisor = Supervisor(cluster, limit=2, window_s=60, clock=clock)
@@ -287,7 +287,7 @@ def test_supervisor_restarts_a_dead_node_within_its_rate_then_gives_up_and_keeps
 
 
 def test_supervisor_does_not_restart_a_node_with_a_config_error():
-    from services.local_cluster import Supervisor
+    from services.cluster.local import Supervisor
     cluster = FakeCluster()
     cluster.procs[2].returncode = 2
     supervisor = Supervisor(cluster, limit=5, window_s=60)

@@ -159,7 +159,7 @@ def test_gateway_health_lists_its_peers():
     from types import SimpleNamespace
 
     from pipeline.config import Settings
-    from services.roles.gateway import GatewayRole
+    from services.roles.gateway.role import GatewayRole
     settings = Settings.from_env({"NODE_0_IP": "127.0.0.1:19200", "NODE_1_IP": "127.0.0.1:19201",
                                   "NODE_2_IP": "127.0.0.1:19202"})
     peers = GatewayRole.peers(SimpleNamespace(settings=settings, node=0))
@@ -169,7 +169,7 @@ def test_gateway_health_lists_its_peers():
 
 def test_a_node_that_cannot_be_scraped_is_named():
     from profiling.lib.cluster import ClusterError, Node, scrape_nodes
-    from services.local_cluster import free_ports
+    from services.cluster.local import free_ports
     port = free_ports(1)[0]  # free now: nothing answers there
     with pytest.raises(ClusterError) as caught:
         scrape_nodes([Node(2, f"http://127.0.0.1:{port}", "index")], timeout_s=2)

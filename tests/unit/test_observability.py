@@ -10,18 +10,18 @@ from flask import Flask, g, jsonify
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.app import install_completion_log
-from services.batch_queue import WAIT_BUCKETS, BatchCounters, with_observations
-from services.batching import BatchingService
-from services.errors import Overloaded
-from services.gateway import Gateway
-from services.generation import ContinuousGenerationService
-from services.http import make_app
-from services.request_ids import (MAX_REQUEST_ID_HEADER_CHARS, batch_request_ids, bind_request_id, current_request_id,
+from services.server.routes import install_completion_log
+from services.stages.batch_queue import WAIT_BUCKETS, BatchCounters, with_observations
+from services.stages.batching import BatchingService
+from services.server.errors import Overloaded
+from services.roles.gateway.gateway import Gateway
+from services.stages.continuous import ContinuousGenerationService
+from services.server.http import make_app
+from services.server.request_ids import (MAX_REQUEST_ID_HEADER_CHARS, batch_request_ids, bind_request_id, current_request_id,
                                   header_form)
-from services.metrics import GatewayCollector, InfoCollector
+from services.server.metrics import GatewayCollector, InfoCollector
 from services.node import JsonFormatter
-from services.worker import collect_stage_times
+from services.roles.worker.request_path import collect_stage_times
 from tests.unit.test_gateway import FakeWorker
 from tests.unit.test_stage_services import FakeEngine, scrape
 
@@ -183,7 +183,7 @@ def test_a_worker_rejoining_is_info_and_leaving_is_a_warning(caplog):
     target = FakeWorker(1).target()  # up, and its probe agrees: whenever the first probe runs, it logs nothing
     gw = Gateway([target], health_interval_s=3600)
     try:
-        with caplog.at_level(logging.INFO, logger="services.gateway"):
+        with caplog.at_level(logging.INFO, logger="services.roles.gateway.gateway"):
             gw._mark(target, False, "gone")
             gw._mark(target, True, "health probe")
         levels = {r.getMessage().split(":")[0]: r.levelno for r in caplog.records if "rotation" in r.getMessage()}

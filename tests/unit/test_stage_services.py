@@ -11,12 +11,12 @@ from flask import Flask
 from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.continuous import RunnerOutput, Scheduler, StepResult
-from services.batch_queue import BatchQueue
-from services.batching import BatchingService
-from services.errors import Overloaded, ServiceClosed, StageDown
-from services.generation import ContinuousGenerationService, GenerationStats, GenerationTicket
-from services.metrics import NodeMetrics
-from services.stage_service import StageService
+from services.stages.batch_queue import BatchQueue
+from services.stages.batching import BatchingService
+from services.server.errors import Overloaded, ServiceClosed, StageDown
+from services.stages.continuous import ContinuousGenerationService, GenerationStats, GenerationTicket
+from services.server.metrics import NodeMetrics
+from services.stages.protocol import StageService
 from tests.helpers import ManualClock
 
 

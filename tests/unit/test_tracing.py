@@ -1,4 +1,4 @@
-"""services.tracing in one process: off installs nothing, the JSONL line format, W3C propagation
+"""services.server.tracing in one process: off installs nothing, the JSONL line format, W3C propagation
 between a client span and a server span, batch notes, and OTLP/HTTP to a receiver on 127.0.0.1."""
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 from flask import g, jsonify, request
 
 from pipeline.config import REPO_ROOT, ConfigError, Settings
-from services import tracing
-from services.batching import BatchingService
-from services.http import make_app
+from services.server import tracing
+from services.stages.batching import BatchingService
+from services.server.http import make_app
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
@@ -43,7 +43,7 @@ def one(spans: list[dict], name: str) -> dict:
 
 
 def traced_app(name: str = "t"):
-    """An app whose /work view runs two stages the way services.worker does."""
+    """An app whose /work view runs two stages the way services.roles.worker.request_path does."""
     app = make_app(name)
 
     @app.post("/work")
@@ -80,10 +80,10 @@ def test_off_never_imports_opentelemetry():
     code = """
 import sys
 from pipeline.config import Settings
-from services import tracing
-import services.node, services.worker, services.index_server, services.generation, services.node_client
-from services.http import make_app
-from services.batching import BatchingService
+from services.server import tracing
+import services.node, services.roles.worker.request_path, services.roles.index.search, services.stages.continuous, services.cluster.clients
+from services.server.http import make_app
+from services.stages.batching import BatchingService
 settings = Settings.from_env({"NODE_NUMBER": "1", "TRACING": "off"})
 tracing.require(settings)
 assert tracing.start(settings) is False

@@ -14,9 +14,9 @@ from flask import Flask, Response, g, request
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from services.batch_queue import WAIT_BUCKETS, BatchingStats
-from services.generation import TPOT_BUCKETS, TTFT_BUCKETS, GenerationStats
-from services.stage_service import StageService
+from services.stages.batch_queue import WAIT_BUCKETS, BatchingStats
+from services.stages.continuous import TPOT_BUCKETS, TTFT_BUCKETS, GenerationStats
+from services.stages.protocol import StageService
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)

@@ -10,7 +10,7 @@ from urllib.parse import quote
 
 from flask import Flask, g, request
 
-from services.errors import ApiError
+from services.server.errors import ApiError
 
 REQUEST_ID_HEADER = "X-Request-ID"
 # A /search batch names all its requests; longer headers are cut (see batch_request_ids).

@@ -6,7 +6,7 @@ import os
 import sys
 
 from pipeline.config import REPO_ROOT, ConfigError
-from services.local_cluster import LocalCluster, pinned_env
+from services.cluster.local import LocalCluster, pinned_env
 
 
 def main() -> int:

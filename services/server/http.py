@@ -1,10 +1,10 @@
 """The HTTP layer shared by every node: JSON errors, body parsing, the cluster token, waitress
-(and, through services.tracing, each request's server span).
+(and, through services.server.tracing, each request's server span).
 
 Every error a node sends is JSON with an `error` field saying what is wrong;
 no handler leaks an HTML page or a traceback. Handlers raise; the one error
 handler installed here turns what they raise into an answer through
-`services.errors.http_answer`.
+`services.server.errors.http_answer`.
 """
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ from typing import Any, Callable
 from flask import Flask, Response, g, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-from services import tracing
-from services.errors import ApiError, HttpAnswer, http_answer
-from services.request_ids import install_request_id
+from services.server import tracing
+from services.server.errors import ApiError, HttpAnswer, http_answer
+from services.server.request_ids import install_request_id
 
 log = logging.getLogger(__name__)
 
@@ -335,7 +335,7 @@ def serve(app: Flask, host: str, port: int, threads: int, *, settings,
 
     `settings` gives the read timeout, the connection limit, the cluster token and
     `channel_timeout_s` (derived from REQUEST_TIMEOUT_S: how long a kept-alive connection may
-    sit idle between requests); it also starts the node's tracing (TRACING, services.tracing).
+    sit idle between requests); it also starts the node's tracing (TRACING, services.server.tracing).
     """
     from waitress.server import BaseWSGIServer, create_server
     # Before the role loads (its worker asks whether tracing is on); TRACING=off installs nothing.

@@ -5,7 +5,7 @@ calls are idempotent, so they are retried with capped exponential backoff and
 jitter on connection errors and 5xx until the caller's deadline (node 2 may be
 restarting: a request that can still wait should get its answer). With
 CLUSTER_TOKEN set every call carries it in the X-Cluster-Token header. With tracing on,
-each HTTP call is a CLIENT span whose traceparent goes along (services.tracing).
+each HTTP call is a CLIENT span whose traceparent goes along (services.server.tracing).
 """
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ import numpy as np
 import requests
 from requests.adapters import HTTPAdapter
 
-from services import tracing
-from services.errors import DeadlineExceeded, NodeError, NodeUnreachable
-from services.http import TOKEN_HEADER
-from services.request_ids import REQUEST_ID_HEADER, batch_request_ids, current_request_id
+from services.server import tracing
+from services.server.errors import DeadlineExceeded, NodeError, NodeUnreachable
+from services.server.http import TOKEN_HEADER
+from services.server.request_ids import REQUEST_ID_HEADER, batch_request_ids, current_request_id
 
 log = logging.getLogger(__name__)
 

@@ -26,13 +26,13 @@ from pipeline.generator import GenerationRequest
 from pipeline.reranker import RerankRequest
 from pipeline.spec import Stage
 from pipeline.stages import Stages
-from services import tracing
-from services.batching import BatchingService
-from services.cache import LruCache
-from services.errors import Overloaded, RequestTimeout, ServiceClosed, StageDown, StageFailed
-from services.generation import ContinuousGenerationService
-from services.request_ids import current_request_id
-from services.node_client import IndexClient
+from services.server import tracing
+from services.stages.batching import BatchingService
+from services.roles.caches import LruCache
+from services.server.errors import Overloaded, RequestTimeout, ServiceClosed, StageDown, StageFailed
+from services.stages.continuous import ContinuousGenerationService
+from services.server.request_ids import current_request_id
+from services.cluster.clients import IndexClient
 
 log = logging.getLogger(__name__)
 

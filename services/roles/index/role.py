@@ -9,8 +9,8 @@ from flask import Flask, jsonify
 
 from pipeline.config import Settings
 from pipeline.spec import Stage
-from services.http import internal_endpoint, read_json_object
-from services.index_server import MAX_SEARCH_BODY_BYTES, IndexService, max_search_values, parse_search_body
+from services.server.http import internal_endpoint, read_json_object
+from services.roles.index.search import MAX_SEARCH_BODY_BYTES, IndexService, max_search_values, parse_search_body
 from services.roles.base import SPARE_HTTP_THREADS, Role
 
 log = logging.getLogger(__name__)

@@ -24,8 +24,8 @@ from typing import Mapping
 
 from pipeline.config import REPO_ROOT, ConfigError, Settings
 from pipeline.device import thread_budget
-from services.health_wait import health, wait_healthy
-from services.lifecycle import ANSWER_WINDOW_S, CONFIG_ERROR_EXIT, EXIT_LINGER_S
+from services.cluster.health_wait import health, wait_healthy
+from services.server.lifecycle import ANSWER_WINDOW_S, CONFIG_ERROR_EXIT, EXIT_LINGER_S
 
 log = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1

@@ -20,8 +20,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from services.errors import Overloaded, ServiceClosed, StageDown
-from services.futures import Claim, claim, end_with_exception, peek
+from services.server.errors import Overloaded, ServiceClosed, StageDown
+from services.stages.futures import Claim, claim, end_with_exception, peek
 
 logger = logging.getLogger(__name__)
 

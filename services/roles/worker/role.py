@@ -10,12 +10,12 @@ from flask import Flask, g, jsonify
 from pipeline import spec
 from pipeline.config import MAX_INTERNAL_TIMEOUT_S, Settings
 from pipeline.stages import Stages
-from services.errors import ApiError
-from services.http import internal_endpoint, read_json_object, require_string
-from services.request_ids import bind_request_id
-from services.node_client import IndexClient
+from services.server.errors import ApiError
+from services.server.http import internal_endpoint, read_json_object, require_string
+from services.server.request_ids import bind_request_id
+from services.cluster.clients import IndexClient
 from services.roles.base import SPARE_HTTP_THREADS, Role
-from services.worker import ContinuousConfig, Worker, WorkerConfig, collect_stage_times
+from services.roles.worker.request_path import ContinuousConfig, Worker, WorkerConfig, collect_stage_times
 
 log = logging.getLogger(__name__)
 

@@ -6,14 +6,14 @@ node 0's SERVER span (POST /query) -> its CLIENT span to node 1 -> node 1's SERV
 -> node 2's SERVER span (POST /search) -> its `index` stage span.
 
 Where spans start and end:
-- SERVER: Flask hooks on every app (`install_server_spans`, from services.http.make_app), opened
+- SERVER: Flask hooks on every app (`install_server_spans`, from services.server.http.make_app), opened
   from the incoming traceparent before any other hook, current while the view runs, ended at
   teardown with the route, status and request id.
-- CLIENT: `client_span` around each node-to-node HTTP call (services.node_client), which sends
+- CLIENT: `client_span` around each node-to-node HTTP call (services.cluster.clients), which sends
   the span's traceparent in the call's headers.
 - Stages: `start_stage` on the request's own thread when the request enters a stage (its
   context is the request's server span), ended by the caller with the same duration that the
-  completion line's stages_ms gets (services.worker); batch size and queue wait come from the
+  completion line's stages_ms gets (services.roles.worker.request_path); batch size and queue wait come from the
   stage thread (`noting_batches`, `noted`). A batched search call to node 2 is the child of its
   first request's search span, linked to the others'.
 
@@ -266,7 +266,7 @@ _OFF_CALL = ClientCall()
 def client_span(name: str, url: str, parents: Sequence[Any] = (), **attributes: Any) -> Iterator[ClientCall]:
     """A CLIENT span around one HTTP call to another node; send `call.headers` with it.
 
-    `parents`: the span contexts of the requests a batched call serves (services.worker's search):
+    `parents`: the span contexts of the requests a batched call serves (services.roles.worker.request_path's search):
     the first is the parent, the others are linked. None of them: the current context's span.
     """
     state = _state

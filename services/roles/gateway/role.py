@@ -7,13 +7,13 @@ from typing import Any
 from flask import Flask, g, jsonify
 
 from pipeline.config import ConfigError, Settings
-from services.cache import ResponseCache
-from services.gateway import Gateway, Target, remote_target
-from services.lifecycle import Readiness
-from services.node_client import WorkerClient
+from services.roles.caches import ResponseCache
+from services.roles.gateway.gateway import Gateway, Target, remote_target
+from services.server.lifecycle import Readiness
+from services.cluster.clients import WorkerClient
 from services.roles.base import SPARE_HTTP_THREADS
-from services.roles.worker import WorkerRole, parse_query
-from services.worker import collect_stage_times
+from services.roles.worker.role import WorkerRole, parse_query
+from services.roles.worker.request_path import collect_stage_times
 
 log = logging.getLogger(__name__)
 

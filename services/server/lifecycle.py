@@ -22,8 +22,8 @@ from flask import Flask
 from werkzeug.wsgi import ClosingIterator
 
 from pipeline.config import ConfigError
-from services.errors import NodeNotReady, http_answer
-from services.http import error_response
+from services.server.errors import NodeNotReady, http_answer
+from services.server.http import error_response
 
 log = logging.getLogger(__name__)
 

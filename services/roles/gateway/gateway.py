@@ -30,10 +30,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable
 
-from services.cache import LruCache, ResponseCache
-from services.errors import (NodeError, NodeUnreachable, NoWorkerAvailable, Overloaded, RequestIdConflict,
+from services.roles.caches import LruCache, ResponseCache
+from services.server.errors import (NodeError, NodeUnreachable, NoWorkerAvailable, Overloaded, RequestIdConflict,
                              RequestTimeout, ServiceClosed, StageFailed, WorkerFailed)
-from services.node_client import WorkerClient
+from services.cluster.clients import WorkerClient
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Ids (and distances) go back, never documents. Concurrent callers are merged into
 one faiss search by a BatchingService of single vectors: faiss's per-query cost
-falls with batch size. The routes are in services.roles.index.
+falls with batch size. The routes are in services.roles.index.role.
 """
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import numpy as np
 
 from pipeline import spec
 from pipeline.vector_index import VectorIndex
-from services import tracing
-from services.batching import BatchingService
-from services.errors import ApiError
-from services.request_ids import current_request_id
+from services.server import tracing
+from services.stages.batching import BatchingService
+from services.server.errors import ApiError
+from services.server.request_ids import current_request_id
 
 MAX_SEARCH_VECTORS = 1024
 MAX_K = 1024

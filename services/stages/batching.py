@@ -11,9 +11,9 @@ first. Under load batches fill up and go at once; with no load a lone request
 waits at most ``max_wait_ms``.
 
 The design follows Ray Serve's ``serve.batch`` (``python/ray/serve/batching.py``):
-``services.batch_queue.BatchQueue`` decides when a batch is ready, this module
+``services.stages.batch_queue.BatchQueue`` decides when a batch is ready, this module
 runs it on one daemon thread per service (synchronous, no polling), and each
-way a future ends has one helper in ``services.futures``.
+way a future ends has one helper in ``services.stages.futures``.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
-from services.batch_queue import BatchQueue, BatchingStats, PendingItem
-from services.errors import BatchSizeMismatch, Overloaded, ServiceClosed, StageDown
-from services.futures import set_exception, set_result
+from services.stages.batch_queue import BatchQueue, BatchingStats, PendingItem
+from services.server.errors import BatchSizeMismatch, Overloaded, ServiceClosed, StageDown
+from services.stages.futures import set_exception, set_result
 
 logger = logging.getLogger(__name__)
 

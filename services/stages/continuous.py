@@ -23,10 +23,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, fields, replace
 
 from pipeline.continuous import ContinuousEngine, SequenceState, StepResult
-from services import tracing
-from services.batch_queue import BatchingStats, BatchQueue, PendingItem, with_observations
-from services.errors import ServiceClosed, StageDown
-from services.futures import Claim, claim, end_with_exception, end_with_result
+from services.server import tracing
+from services.stages.batch_queue import BatchingStats, BatchQueue, PendingItem, with_observations
+from services.server.errors import ServiceClosed, StageDown
+from services.stages.futures import Claim, claim, end_with_exception, end_with_result
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 Shared: GET /health (503 until ready, with the state and why), GET /live (200 while the
 process answers at all), GET /ready (200 only when it can serve), GET /settings (the
 effective settings, secrets hidden), POST /cache/clear, /metrics, the in-flight count
-the drain waits on, and the one error handler (services.http.make_app).
+the drain waits on, and the one error handler (services.server.http.make_app).
 """
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from typing import Any
 from flask import Flask, Response, g, jsonify, request
 
 from pipeline.config import REPO_ROOT
-from services.http import internal_endpoint, make_app
-from services.lifecycle import Lifecycle
-from services.metrics import CacheCollector, GatewayCollector, InfoCollector, NodeMetrics
+from services.server.http import internal_endpoint, make_app
+from services.server.lifecycle import Lifecycle
+from services.server.metrics import CacheCollector, GatewayCollector, InfoCollector, NodeMetrics
 from services.roles.base import Role
 
 log = logging.getLogger(__name__)
