@@ -52,9 +52,11 @@ usage: ./run.sh COMMAND [args]   (configured only by environment variables: env.
   setup              create .venv and install the project with its test extra (idempotent);
                      as root with apt, also Debian's prometheus for tests/integration/test_prometheus.py
   test [pytest args] setup, then the test suite with tiny stand-ins, offline (-m "not slow": the fast subset)
-  demo               setup, build demo data and stand-ins if missing, start the three nodes, ask the eight queries
-  local              setup, build demo data if missing, run the three nodes on 127.0.0.1 until Ctrl-C
-                     (logs in logs/local/)
+  demo [--interval-s S]
+                     setup, build demo data and stand-ins if missing, start the three nodes, ask the eight queries
+  local [--restart-limit N] [--restart-window-s S] [--startup-timeout-s S]
+                     setup, build demo data if missing, run the three nodes on 127.0.0.1 until Ctrl-C
+                     (logs in logs/local/; a node that dies is restarted; --help lists the options)
   models             is each of the five real models in the Hugging Face cache? prints the command that
                      fetches each missing one; exit 0 when all are present, 1 otherwise
   settings [--non-default]
@@ -81,12 +83,14 @@ case "$cmd" in
   demo)
     setup
     build_demo_data
-    exec "$PY" -m services.cluster.demo
+    shift
+    exec "$PY" -m services.cluster.demo "$@"
     ;;
   local)
     setup
     build_demo_data
-    exec "$PY" -m services.cluster.local
+    shift
+    exec "$PY" -m services.cluster.local "$@"
     ;;
   models)
     setup

@@ -97,7 +97,7 @@ def default_standin_home(profile: str) -> pathlib.Path:
     STANDIN_HOME does not change it (the CLI's ``--hf-home`` does that).
     """
     _check_profile(profile)
-    return Settings.from_env({}, standin_profile=profile).standin_dir
+    return Settings.from_env({"STANDIN_PROFILE": profile}).standin_dir
 
 
 def standin_env(hf_home: str | os.PathLike) -> dict[str, str]:

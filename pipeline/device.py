@@ -71,7 +71,7 @@ class Placement:
 def placement_for(settings: Settings, stage: str, **detectors) -> Placement:
     """Device, dtype and precision variant of one model stage, resolved once (faked detectors in tests)."""
     from pipeline import precision  # imports torch: only where a model is about to be placed
-    device = select_device(settings.only_cpu, **{k: v for k, v in detectors.items() if k == "cuda_available"})
+    device = select_device(settings.models.only_cpu, **{k: v for k, v in detectors.items() if k == "cuda_available"})
     dtype_detectors = {k: v for k, v in detectors.items() if k in ("bf16_cpu", "bf16_cuda")}
     variant = precision.resolve_variant(
         settings.stage_precision(stage), stage, device, settings.stage_precision_variable(stage),

@@ -121,7 +121,7 @@ def hub_source(settings: Settings, *, missing: Callable[[], list[str]] = missing
 
     All cached: read the cache only when the hub cannot be reached (no retries on each file)."""
     absent = missing()
-    if settings.hf_hub_offline:  # offline: not even a look
+    if settings.models.hf_hub_offline:  # offline: not even a look
         if absent:
             raise ModelsMissing(missing_models_message(absent, "HF_HUB_OFFLINE is set"))
         return ModelSource("hub", None, True)
@@ -138,21 +138,21 @@ def hub_source(settings: Settings, *, missing: Callable[[], list[str]] = missing
 def standin_source(settings: Settings, build: bool = True) -> ModelSource:
     from builders import standins  # lazily: only a stand-in source needs the builder
     home = settings.standin_dir
-    if build and not standins.is_built(home, settings.standin_profile):
-        log.warning("building %s stand-in models in %s (first use)", settings.standin_profile, home)
-        standins.build_standins(settings.standin_profile, home)
-    return ModelSource("standin", home / "hub", True, settings.standin_profile)
+    if build and not standins.is_built(home, settings.models.standin_profile):
+        log.warning("building %s stand-in models in %s (first use)", settings.models.standin_profile, home)
+        standins.build_standins(settings.models.standin_profile, home)
+    return ModelSource("standin", home / "hub", True, settings.models.standin_profile)
 
 
 def resolve_model_source(settings: Settings, *, missing: Callable[[], list[str]] = missing_models,
                          reachable: Callable[[], bool] = hub_reachable) -> ModelSource:
-    if settings.model_source == "standin":
+    if settings.models.model_source == "standin":
         source = standin_source(settings)
-    elif settings.model_source == "hub":
+    elif settings.models.model_source == "hub":
         source = hub_source(settings, missing=missing, reachable=reachable)
     elif not missing():
         source = ModelSource("hub", None, True)
-    elif not settings.hf_hub_offline and reachable():  # offline: not even a look
+    elif not settings.models.hf_hub_offline and reachable():  # offline: not even a look
         source = ModelSource("hub", None, False)
     else:
         source = standin_source(settings)

@@ -30,7 +30,7 @@ class ReferencePipeline(Stages):
     @classmethod
     def from_settings(cls, settings: Settings, source: ModelSource | None = None) -> "ReferencePipeline":
         source = source or resolve_model_source(settings)
-        index = VectorIndex.load(settings.require_index_file(), nprobe=settings.nprobe, mmap=settings.faiss_mmap)
+        index = VectorIndex.load(settings.require_index_file(), nprobe=settings.index.nprobe, mmap=settings.index.faiss_mmap)
         stages = Stages.load(settings, source)  # the service's placement_for, per stage
         return cls(index=index, **{f.name: getattr(stages, f.name) for f in fields(stages)})
 

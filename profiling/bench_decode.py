@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
     settings = Settings.from_env()
-    torch.set_num_threads(thread_budget(settings.torch_threads))
+    torch.set_num_threads(thread_budget(settings.models.torch_threads))
     source = resolve_model_source(settings)
     placement = placement_for(settings, "generate")
     generator = Generator.load(source, placement)

@@ -44,9 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     import torch
     settings = Settings.from_env()
-    torch.set_num_threads(thread_budget(settings.torch_threads))
+    torch.set_num_threads(thread_budget(settings.models.torch_threads))
     source = resolve_model_source(settings)
-    device = select_device(settings.only_cpu)
+    device = select_device(settings.models.only_cpu)
     queries = list(spec.REFERENCE_QUERIES[: args.queries])
     docs = list(support_documents(200, seed=0))
     rerank_requests = [RerankRequest(q, tuple(docs[10 * i: 10 * i + 10])) for i, q in enumerate(queries)]

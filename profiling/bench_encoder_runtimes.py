@@ -80,7 +80,7 @@ def run(args: argparse.Namespace, settings: Settings, workdir: Path, progress) -
 
     from pipeline.device import thread_budget
     from pipeline.models import resolve_model_source
-    threads = thread_budget(settings.torch_threads)
+    threads = thread_budget(settings.models.torch_threads)
     torch.set_num_threads(threads)
     source = resolve_model_source(settings)
     stages = {}
@@ -107,7 +107,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         with tempfile.TemporaryDirectory(prefix="encoder-runtimes-") as tmp:
             stages = run(args, settings, Path(tmp), progress)
     from profiling.select_variants import STANDIN_WARNING, machine_lines
-    header = machine_lines(settings) + ([STANDIN_WARNING] if settings.model_source == "standin" else [])
+    header = machine_lines(settings) + ([STANDIN_WARNING] if settings.models.model_source == "standin" else [])
     header.append(f"repeat {args.repeat}, fidelity set {args.queries}, opset {args.opset}, ORT int8 "
                   f"{'per channel' if args.per_channel else 'per tensor'}")
     out = args.out / stamp

@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
     settings = Settings.from_env()
-    torch.set_num_threads(thread_budget(settings.torch_threads))
+    torch.set_num_threads(thread_budget(settings.models.torch_threads))
     source = resolve_model_source(settings)
     requests = make_requests(args.requests, args.answer_lengths)
     steps, results = run_modes(args, source, placement_for(settings, "generate"), requests)

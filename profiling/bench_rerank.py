@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
     settings = Settings.from_env()
-    torch.set_num_threads(thread_budget(settings.torch_threads))
+    torch.set_num_threads(thread_budget(settings.models.torch_threads))
     reranker = Reranker.load(resolve_model_source(settings), placement_for(settings, Reranker.stage))
     requests = rerank_inputs(document_pool(args.documents), args.requests)
     lengths = [[len(ids) for ids in reranker.encode_pairs([(r.query, d.content) for d in r.documents])["input_ids"]]

@@ -200,11 +200,11 @@ def run_variant(variant: Variant, env: Mapping[str, str], args: argparse.Namespa
         if args.warmup:
             warm = Target(url, queries, args.timeout, deadline)
             run_closed(warm, ClosedGroup("warmup", args.warmup, min(args.warmup, args.concurrency)))
-            clear_caches([cluster.url(node) for node in (0, 1)], cluster.settings.cluster_token)  # measured hits come from the measured load only
+            clear_caches([cluster.url(node) for node in (0, 1)], cluster.settings.cluster.cluster_token)  # measured hits come from the measured load only
         target = Target(url, queries, args.timeout, deadline)
         before = scrape_all(metrics_urls)
         check_scraped(nodes, before)
-        result.provenance = cluster_record(nodes, before, cluster.settings.cluster_token)
+        result.provenance = cluster_record(nodes, before, cluster.settings.cluster.cluster_token)
         result.warnings = settings_warnings(result.provenance)
         if args.compare != "cache":  # there the caches are what is measured
             result.warnings += cache_warnings(nodes, node_settings(result.provenance), queries, args.count)

@@ -190,10 +190,10 @@ class BenchContext:
         return self._articles
 
     def documents_dir(self) -> Path:
-        return self.args.documents or self.settings.documents_dir
+        return self.args.documents or self.settings.fetch.documents_dir
 
     def index_path(self) -> Path:
-        return self.args.index or self.settings.faiss_index_path
+        return self.args.index or self.settings.index.faiss_index_path
 
     def model_bench(self, stage: str, model_cls, run_name: str, make_inputs, **details) -> StageBench:
         placement = placement_for(self.settings, stage)
@@ -203,7 +203,7 @@ class BenchContext:
 
 
 def torch_threads(settings: Settings) -> int:
-    return thread_budget(settings.torch_threads)
+    return thread_budget(settings.models.torch_threads)
 
 
 def build_embed(ctx: BenchContext) -> StageBench:
@@ -214,8 +214,8 @@ def build_embed(ctx: BenchContext) -> StageBench:
 def build_search(ctx: BenchContext) -> StageBench:
     import faiss
     from pipeline.vector_index import VectorIndex
-    index = VectorIndex.load(ctx.index_path(), nprobe=ctx.settings.nprobe, mmap=ctx.settings.faiss_mmap)
-    threads = thread_budget(ctx.settings.faiss_threads)
+    index = VectorIndex.load(ctx.index_path(), nprobe=ctx.settings.index.nprobe, mmap=ctx.settings.index.faiss_mmap)
+    threads = thread_budget(ctx.settings.index.faiss_threads)
     faiss.omp_set_num_threads(threads)
     vectors = search_vectors(ctx, index.dim)
 

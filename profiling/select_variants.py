@@ -118,10 +118,10 @@ def measure_one(job: Mapping) -> dict:
     classes = {"embed": Embedder, "rerank": Reranker, "generate": Generator, "sentiment": SentimentClassifier,
                "toxicity": ToxicityClassifier}
     settings = Settings.from_env()
-    torch.set_num_threads(thread_budget(settings.torch_threads))  # the budget a worker gives its models
+    torch.set_num_threads(thread_budget(settings.models.torch_threads))  # the budget a worker gives its models
     stage, variant, batch = job["stage"], job["variant"], job["batch"]
     probe = MemoryProbe()
-    placement = Placement(select_device(settings.only_cpu), LOAD_DTYPE[variant], variant)
+    placement = Placement(select_device(settings.models.only_cpu), LOAD_DTYPE[variant], variant)
     model = classes[stage].load(resolve_model_source(settings), placement)
     inputs, run, outputs_of = _workload(stage, model, job["queries"], job["max_new_tokens"])
     outputs = [o for start in range(0, len(inputs), batch) for o in outputs_of(inputs[start:start + batch])]
@@ -192,15 +192,15 @@ def format_table(rows: Sequence[Measurement], chosen: Mapping[str, str]) -> str:
 def machine_lines(settings: Settings) -> list[str]:
     from pipeline.device import cpu_supports_bf16, select_device, thread_budget
     from pipeline.precision import hardware_kind
-    device = select_device(settings.only_cpu)
+    device = select_device(settings.models.only_cpu)
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else "?"
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    source = f"{settings.model_source}" + (f" ({settings.standin_profile})" if settings.model_source == "standin"
+    source = f"{settings.models.model_source}" + (f" ({settings.models.standin_profile})" if settings.models.model_source == "standin"
                                            else "")
     return [f"machine: {platform.node()}, {cpu}, {os.cpu_count()} cores, device {device}, "
             f"hardware kind {hardware_kind(device, cpu_supports_bf16)}",
-            f"torch threads: {thread_budget(settings.torch_threads)}; load average at the end: {load}",
+            f"torch threads: {thread_budget(settings.models.torch_threads)}; load average at the end: {load}",
             f"model source: {source}"]
 
 
@@ -208,7 +208,7 @@ def header_lines(settings: Settings, args: argparse.Namespace, rows: Sequence[Me
                  chosen: Mapping[str, str]) -> list[str]:
     lines = [f"Precision per model stage, chosen by profiling/select_variants.py on "
              f"{time.strftime('%Y-%m-%d %H:%M:%S')}", *machine_lines(settings)]
-    if settings.model_source == "standin":
+    if settings.models.model_source == "standin":
         lines.append(STANDIN_WARNING)
     lines += [f"rule: {rule_text(args.thresholds)}",
               f"queries {args.queries}, repeat {args.repeat}, rounds {args.rounds}"
@@ -278,7 +278,7 @@ def parser() -> argparse.ArgumentParser:
 def resolve_args(p: argparse.ArgumentParser, args: argparse.Namespace, settings: Settings) -> argparse.Namespace:
     from pipeline.device import select_device
     from pipeline.precision import supported_variants
-    supported = supported_variants(select_device(settings.only_cpu))
+    supported = supported_variants(select_device(settings.models.only_cpu))
     variants = getattr(args, "variants", None) or list(supported)
     unsupported = [v for v in variants if v not in supported]
     if unsupported:
@@ -308,7 +308,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     chosen = choose(rows)
     out = args.out / time.strftime("%Y%m%d-%H%M%S")
     env_path = write_outputs(out, settings, args, rows, chosen)
-    if settings.model_source == "standin":
+    if settings.models.model_source == "standin":
         print(f"NOTE: {STANDIN_WARNING}")
     print(format_table(rows, chosen))
     print(f"rule: {rule_text(args.thresholds)}")

@@ -44,7 +44,7 @@ from profiling.lib.hostile import EMOJI, MALFORMED_FIELD, Outcome, Prober, check
 from profiling.lib.prometheus import RSS_METRIC, scrape
 from profiling.lib.provenance import local_record
 from profiling.lib.report import percentiles, run_folder, write_csv, write_json
-from services.cluster.local import LocalCluster, Supervisor, free_ports, pinned_env
+from services.cluster.local import RESTART_LIMIT, RESTART_WINDOW_S, LocalCluster, Supervisor, free_ports, pinned_env
 
 log = logging.getLogger("soak_hostile")
 DEMO_DIR = REPO_ROOT / "data" / "demo"
@@ -74,8 +74,8 @@ def near_limit_query(settings: Settings, share: float = 0.9) -> tuple[str, int]:
     from pipeline.models import resolve_model_source
     tokenizer = AutoTokenizer.from_pretrained(spec.GENERATOR_MODEL, **resolve_model_source(settings).hf_kwargs())
     count = lambda text: len(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
-    head, goal = "Where is my order? ", int(share * settings.max_query_tokens)
-    lo, hi = 0, settings.max_query_tokens  # an emoji is at least one token: hi is too many
+    head, goal = "Where is my order? ", int(share * settings.limits.max_query_tokens)
+    lo, hi = 0, settings.limits.max_query_tokens  # an emoji is at least one token: hi is too many
     while lo < hi:  # the most emoji that stay within the goal
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if count(head + EMOJI * mid) <= goal else (lo, mid - 1)
@@ -125,7 +125,7 @@ def normal_client(run: Run, index: int) -> None:
 def hostile_client(run: Run) -> None:
     """One hostile request every --hostile-every-s, cycling through the kinds."""
     args = run.args
-    oversized = EMOJI * min(run.cluster.settings.max_query_chars, run.cluster.settings.max_query_tokens)
+    oversized = EMOJI * min(run.cluster.settings.limits.max_query_chars, run.cluster.settings.limits.max_query_tokens)
     kinds = ["oversized", *(f"malformed:{name}" for name in MALFORMED_FIELD), "duplicate"]
     for n in itertools.count():
         if not run.sending():
@@ -172,7 +172,7 @@ def killer(run: Run) -> None:
 
 def supervise(run: Run) -> None:
     settings = run.cluster.settings
-    supervisor = Supervisor(run.cluster, settings.local_restart_limit, settings.local_restart_window_s)
+    supervisor = Supervisor(run.cluster, RESTART_LIMIT, RESTART_WINDOW_S)
     while not run.finished.wait(SUPERVISE_EVERY_S):
         supervisor.check()
 
@@ -289,12 +289,12 @@ def summarize(run: Run, rejoin_s: float | None, rejoined_proof: bool) -> dict:
     violations = [o for o in run.outcomes if o.violation]
     return {
         "minutes": run.args.minutes, "ran_s": round(run.now_s(), 1), "args": vars(run.args),
-        "settings": {"max_query_tokens": run.cluster.settings.max_query_tokens,
+        "settings": {"max_query_tokens": run.cluster.settings.limits.max_query_tokens,
                      "read_timeout_s": run.cluster.settings.read_timeout_s,
-                     "request_timeout_s": run.cluster.settings.request_timeout_s,
-                     "precision": run.cluster.settings.precision,
+                     "request_timeout_s": run.cluster.settings.limits.request_timeout_s,
+                     "precision": run.cluster.settings.models.precision,
                      "model_source": run.cluster.env.get("MODEL_SOURCE"),
-                     "standin_profile": run.cluster.settings.standin_profile},
+                     "standin_profile": run.cluster.settings.models.standin_profile},
         "kinds": per_kind(run.outcomes), "requests": len(run.outcomes), "violations": len(violations),
         "violation_examples": [f"{o.kind} {o.request_id}: {o.violation}" for o in violations[:20]],
         "kill_s": run.kill_s, "rejoin_s": rejoin_s, "node_1_served_after_rejoin": rejoined_proof,
@@ -364,14 +364,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def soak(args: argparse.Namespace, cluster: LocalCluster) -> tuple[dict, list[Outcome]]:
     near, tokens = near_limit_query(cluster.settings)
-    log.info("near-limit query: %d tokens (MAX_QUERY_TOKENS %d)", tokens, cluster.settings.max_query_tokens)
-    timeout_s = args.timeout or cluster.settings.request_timeout_s + 20
+    log.info("near-limit query: %d tokens (MAX_QUERY_TOKENS %d)", tokens, cluster.settings.limits.max_query_tokens)
+    timeout_s = args.timeout or cluster.settings.limits.request_timeout_s + 20
     t0 = time.monotonic()
     run = Run(args, cluster, Prober(cluster.url(0), timeout_s, t0), t0, t0 + args.minutes * 60, near)
     load, background = start_threads(run)
     for thread in load:
         thread.join(timeout=max(0.0, run.stop_at + timeout_s + JOIN_MARGIN_S - time.monotonic()))
-    rejoin_s = wait_rejoined(run, cluster.settings.health_interval_s + args.startup_timeout)
+    rejoin_s = wait_rejoined(run, cluster.settings.gateway.health_interval_s + args.startup_timeout)
     proof = prove_rejoin(run) if run.kill_s is not None else False
     run.finished.set()
     for thread in background:

@@ -18,7 +18,7 @@ from pipeline.config import ConfigError, Settings, misspelt_variables
 from pipeline.device import thread_budget
 from services.server import tracing
 from services.server.routes import build_app
-from services.server.http import serve
+from services.server.http_server import build_http_server
 from services.server.lifecycle import Lifecycle
 from services.roles import role_class
 
@@ -75,9 +75,9 @@ def _quiet_libraries(uses_torch: bool) -> None:
 
 def configure_logging(settings: Settings, node: int, uses_torch: bool) -> None:
     handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter(node) if settings.log_format == "json"
+    handler.setFormatter(JsonFormatter(node) if settings.observability.log_format == "json"
                          else logging.Formatter(TEXT_FORMAT.format(node=node)))
-    logging.basicConfig(level=settings.log_level.upper(), handlers=[handler], force=True)
+    logging.basicConfig(level=settings.observability.log_level.upper(), handlers=[handler], force=True)
     logging.captureWarnings(True)  # the warnings left go through our handler, formatted like the rest
     logging.getLogger("waitress.queue").setLevel(logging.ERROR)  # "task queue depth" chatter under load
     threading.excepthook = _log_uncaught
@@ -87,10 +87,10 @@ def configure_logging(settings: Settings, node: int, uses_torch: bool) -> None:
 def _configure_threads(settings: Settings, uses_torch: bool) -> None:
     if uses_torch:  # importing torch where no model runs would only cost memory and start time
         import torch
-        torch.set_num_threads(thread_budget(settings.torch_threads))
+        torch.set_num_threads(thread_budget(settings.models.torch_threads))
     try:
         import faiss
-        faiss.omp_set_num_threads(thread_budget(settings.faiss_threads))
+        faiss.omp_set_num_threads(thread_budget(settings.index.faiss_threads))
     except ImportError:
         pass
 
@@ -110,29 +110,31 @@ def main() -> int:
         node = settings.require_node_number()
         Role = role_class(node)
         Role.check_settings(settings)
-        tracing.require(settings)  # TRACING=otlp|jsonl without OpenTelemetry: one line, exit 2
+        tracing.require(settings.observability)  # TRACING=otlp|jsonl without OpenTelemetry: one line, exit 2
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)  # every problem on a line of its own
         return 2
     configure_logging(settings, node, Role.uses_torch)
     log_settings(settings)
     _configure_threads(settings, Role.uses_torch)
-    lifecycle = Lifecycle(f"node {node}", settings.shutdown_grace_s)
+    # Before the role loads (its worker asks whether tracing is on); TRACING=off installs nothing.
+    tracing.start(settings.observability, node, Role.name)
+    lifecycle = Lifecycle(f"node {node}", settings.limits.shutdown_grace_s)
     role = Role(settings, node, lifecycle)
     app = build_app(role, lifecycle)
     address = settings.node_address(node)  # our own address only: never 0.0.0.0
     threads = role.http_threads()
     try:
-        server = serve(app, address.host, address.port, threads, settings=settings, max_body_bytes=role.max_body_bytes)
+        server = build_http_server(app, address.host, address.port, settings.http_server(threads, role.max_body_bytes))
     except OSError as exc:
         print(f"config error: NODE_{node}_IP={str(address)!r} cannot be bound: {exc.strerror}", file=sys.stderr)
         return 2
     lifecycle.install_signal_handlers(role.stop, role.abandon)
-    if settings.shutdown_grace_s >= settings.request_timeout_s:
+    if settings.limits.shutdown_grace_s >= settings.limits.request_timeout_s:
         log.warning("SHUTDOWN_GRACE_S (%g s) is not under REQUEST_TIMEOUT_S (%g s): a stopping worker holds "
                     "its requests until they time out instead of handing them back (503) while the gateway "
-                    "could still recompute them on the other worker", settings.shutdown_grace_s,
-                    settings.request_timeout_s)
+                    "could still recompute them on the other worker", settings.limits.shutdown_grace_s,
+                    settings.limits.request_timeout_s)
     log.info("node %d (%s) listening on %s with %d HTTP threads", node, role.name, address, threads)
     lifecycle.start_loading(role.load)
     server.run()

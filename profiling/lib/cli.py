@@ -149,4 +149,4 @@ def node_urls(env: Mapping[str, str] | None = None, path: str = "") -> list[str]
     """Every node's base URL from NODE_<n>_IP (ConfigError when unset or malformed), plus `path`."""
     from pipeline.config import Settings
     settings = Settings.from_env(env)
-    return [f"{settings.node_address(n).url}{path}" for n in range(settings.total_nodes)]
+    return [f"{settings.node_address(n).url}{path}" for n in range(settings.cluster.total_nodes)]

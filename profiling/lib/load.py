@@ -21,7 +21,7 @@ from typing import Sequence
 import requests
 
 from pipeline import spec
-from services.server.http import TOKEN_HEADER
+from services.server.token import TOKEN_HEADER
 
 COURSE_SCHEDULE = "10x10,20x5,50x1"  # the course client's three runs: count x interval (s)
 MIN_REQUEST_TIMEOUT_S = 1.0

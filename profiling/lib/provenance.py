@@ -17,7 +17,7 @@ import requests
 from pipeline.config import REPO_ROOT, Settings
 from profiling.lib.cluster import Node
 from profiling.lib.prometheus import MetricsSnapshot
-from services.server.http import TOKEN_HEADER
+from services.server.token import TOKEN_HEADER
 
 UNKNOWN = "unknown"
 SETTINGS_TIMEOUT_S = 10.0

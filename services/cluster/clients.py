@@ -20,7 +20,7 @@ from requests.adapters import HTTPAdapter
 
 from services.server import tracing
 from services.server.errors import DeadlineExceeded, NodeError, NodeUnreachable
-from services.server.http import TOKEN_HEADER
+from services.server.token import TOKEN_HEADER
 from services.server.request_ids import REQUEST_ID_HEADER, batch_request_ids, current_request_id
 
 log = logging.getLogger(__name__)

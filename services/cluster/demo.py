@@ -1,6 +1,7 @@
 """`./run.sh demo`: the three nodes on 127.0.0.1 answering the client's eight queries."""
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import sys
@@ -9,7 +10,10 @@ from pipeline.config import REPO_ROOT, ConfigError
 from services.cluster.local import LocalCluster, pinned_env
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--interval-s", type=float, default=0.5, help="seconds between the client's queries")
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s demo %(levelname)s: %(message)s")
     try:
         cluster = LocalCluster(pinned_env(os.environ), REPO_ROOT / "logs" / "demo")  # the nodes' environment
@@ -22,7 +26,7 @@ def main() -> int:
     logging.info("starting the three nodes (logs in %s)", cluster.log_dir)
     try:
         cluster.start()
-        return client.main(["--url", cluster.url(0), "--interval", str(cluster.settings.demo_interval_s)])
+        return client.main(["--url", cluster.url(0), "--interval", str(args.interval_s)])
     finally:
         cluster.stop()
 

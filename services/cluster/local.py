@@ -3,7 +3,7 @@
 Used by the demo, the tests and the load generator. Each node logs to its own
 file under one folder; the children die with the parent (PR_SET_PDEATHSIG),
 and Ctrl-C or SIGTERM stops all three gracefully. While it runs, `main` supervises:
-a node that dies is logged and restarted (LOCAL_RESTART_LIMIT per LOCAL_RESTART_WINDOW_S),
+a node that dies is logged and restarted (--restart-limit per --restart-window-s),
 and the others keep serving meanwhile, so failover and rejoin can be watched.
 """
 from __future__ import annotations
@@ -33,6 +33,10 @@ PR_SET_PDEATHSIG = 1
 STOP_MARGIN_S = ANSWER_WINDOW_S + EXIT_LINGER_S + 5
 # How often the supervisor looks at its nodes.
 SUPERVISE_POLL_S = 0.5
+# How long the launcher waits for every node to answer /health 200 (a node loads its models in minutes).
+STARTUP_TIMEOUT_S = 300.0
+# A node that died is restarted at most this often within the window; beyond, it is given up on.
+RESTART_LIMIT, RESTART_WINDOW_S = 5, 600.0
 
 
 def _die_with_parent() -> None:
@@ -80,7 +84,7 @@ class LocalCluster:
         RuntimeError (with the log's tail) as soon as a node still waited for has exited.
         """
         nodes = tuple(nodes)
-        deadline = time.monotonic() + (timeout_s or self.settings.startup_timeout_s)
+        deadline = time.monotonic() + (timeout_s or STARTUP_TIMEOUT_S)
         for i, node in enumerate(nodes):
             pending = nodes[i:]
             try:
@@ -111,7 +115,7 @@ class LocalCluster:
 
     def stop_node(self, node: int, timeout_s: float | None = None) -> int | None:
         """SIGTERM (the node drains its in-flight work), SIGKILL only past its grace period."""
-        timeout_s = self.settings.shutdown_grace_s + STOP_MARGIN_S if timeout_s is None else timeout_s
+        timeout_s = self.settings.limits.shutdown_grace_s + STOP_MARGIN_S if timeout_s is None else timeout_s
         proc = self.procs.pop(node, None)
         if proc is None:
             return None
@@ -203,16 +207,25 @@ def pinned_env(env: Mapping[str, str], cores: int | None = None) -> dict[str, st
     # machines each node has its own and 0 = all of them is right), and node 2
     # needs little: split the cores between the workers, one faiss thread.
     cores = thread_budget(0, cores)
-    if settings.torch_threads == 0:
+    if settings.models.torch_threads == 0:
         pinned["TORCH_THREADS"] = str(max(1, cores // 2))
-    if settings.faiss_threads == 0:
+    if settings.index.faiss_threads == 0:
         pinned["FAISS_THREADS"] = "1"
     return pinned
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Run the three nodes locally on 127.0.0.1")
-    parser.add_argument("--log-dir", default=str(REPO_ROOT / "logs" / "local"))
+    parser = argparse.ArgumentParser(description="Run the three nodes locally on 127.0.0.1 (configured by the "
+                                     "same environment variables as a node: env.example)",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--log-dir", default=str(REPO_ROOT / "logs" / "local"), help="one log file per node here")
+    parser.add_argument("--startup-timeout-s", type=float, default=STARTUP_TIMEOUT_S,
+                        help="how long to wait for every node to answer /health 200")
+    parser.add_argument("--restart-limit", type=int, default=RESTART_LIMIT,
+                        help="restarts of one node that died allowed within --restart-window-s; beyond, that node is "
+                             "given up on (loudly) and the others keep serving")
+    parser.add_argument("--restart-window-s", type=float, default=RESTART_WINDOW_S,
+                        help="the window --restart-limit counts restarts in")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s local-cluster %(levelname)s: %(message)s")
     try:
@@ -232,10 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     log.info("starting nodes 2, 1, 0; logs in %s", cluster.log_dir)
     try:
-        cluster.start()
+        cluster.start(timeout_s=args.startup_timeout_s)
         log.info("all three nodes healthy; gateway at %s (Ctrl-C stops them)", cluster.url(0))
         print(f"READY {cluster.url(0)}", flush=True)
-        supervisor = Supervisor(cluster, cluster.settings.local_restart_limit, cluster.settings.local_restart_window_s)
+        supervisor = Supervisor(cluster, args.restart_limit, args.restart_window_s)
         while not stopping.wait(SUPERVISE_POLL_S):  # until Ctrl-C or SIGTERM: a node's death is not the end
             supervisor.check()
     except (RuntimeError, TimeoutError) as exc:

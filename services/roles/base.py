@@ -7,6 +7,7 @@ from flask import Flask
 
 from pipeline.config import Settings
 from services.server.lifecycle import Lifecycle
+from services.stages.metrics import BatchingCollector, GenerationCollector
 
 # HTTP threads beyond the requests a node computes at once, so /health, /metrics, joined
 # requests, cache hits and quick 503s are answered while every computing thread waits
@@ -17,7 +18,6 @@ SPARE_HTTP_THREADS = 32
 class Role:
     name = ""  # the /health "role"
     uses_torch = True  # False: the node never imports torch (memory and start time)
-    gateway = None  # node 0's Gateway once loaded, for its metrics
     request_endpoints: tuple[str, ...] = ()  # each request on these gets one completion log line
     model_source = "none"  # for the node info metric
 
@@ -32,7 +32,7 @@ class Role:
 
     @property
     def max_body_bytes(self) -> int:
-        return self.settings.max_body_bytes
+        return self.settings.limits.max_body_bytes
 
     def load(self) -> None:
         """Load what the role serves (on the startup thread; /health says "starting" meanwhile)."""
@@ -55,11 +55,15 @@ class Role:
     def batching_services(self) -> Iterable:
         return ()
 
+    def collectors(self) -> Iterable:
+        """Prometheus collectors of what this role runs (read at scrape time)."""
+        return (BatchingCollector(self.batching_services), GenerationCollector(self.batching_services))
+
     def default_http_threads(self) -> int:
         raise NotImplementedError
 
     def http_threads(self) -> int:
-        return self.settings.waitress_threads or self.default_http_threads()
+        return self.settings.http.waitress_threads or self.default_http_threads()
 
     def stop(self) -> None:
         """Called once when the node starts draining."""

@@ -3,7 +3,7 @@
 Domain code raises these (the batching service, the worker, the gateway, the node clients);
 no handler catches one to pick a status. `http_answer(exc)` is the single place an error
 becomes a status, a public message, a field and a `Retry-After`; the Flask apps install it
-once (services.server.http). A type that is not in the table is a bug: 500, logged with its
+once (services.server.app). A type that is not in the table is a bug: 500, logged with its
 traceback, and its text is not shown to the caller.
 """
 from __future__ import annotations

@@ -23,7 +23,7 @@ from werkzeug.wsgi import ClosingIterator
 
 from pipeline.config import ConfigError
 from services.server.errors import NodeNotReady, http_answer
-from services.server.http import error_response
+from services.server.app import error_response
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 Shared: GET /health (503 until ready, with the state and why), GET /live (200 while the
 process answers at all), GET /ready (200 only when it can serve), GET /settings (the
 effective settings, secrets hidden), POST /cache/clear, /metrics, the in-flight count
-the drain waits on, and the one error handler (services.server.http.make_app).
+the drain waits on, and the one error handler (services.server.app.make_app).
 """
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ import configparser
 import importlib.metadata
 import logging
 import time
-from typing import Any
+from typing import Any, Iterable, Protocol
 
 from flask import Flask, Response, g, jsonify, request
 
-from pipeline.config import REPO_ROOT
-from services.server.http import internal_endpoint, make_app
+from pipeline.config import REPO_ROOT, Settings
+from services.server.app import make_app
 from services.server.lifecycle import Lifecycle
-from services.server.metrics import CacheCollector, GatewayCollector, InfoCollector, NodeMetrics
-from services.roles.base import Role
+from services.server.metrics import CacheCollector, InfoCollector, NodeMetrics
+from services.server.token import internal_endpoint
 
 log = logging.getLogger(__name__)
 # One line per request per node (the role's request endpoints), in its own logger so it can be
@@ -31,12 +31,28 @@ request_log = logging.getLogger("services.requests")
 UNHEALTHY = "unhealthy"
 
 
-def health_body(role: Role, lifecycle: Lifecycle) -> dict[str, Any]:
+class NodeRole(Protocol):
+    """What the shared routes need of a node's role (services.roles.base.Role provides it)."""
+    name: str
+    node: int
+    settings: Settings
+    model_source: str
+    request_endpoints: tuple[str, ...]
+
+    def health_fields(self) -> dict[str, Any]: ...
+    def failure(self) -> str | None: ...
+    def caches(self) -> Iterable[Any]: ...
+    def metered_caches(self) -> Iterable[Any]: ...
+    def collectors(self) -> Iterable[Any]: ...
+    def register_routes(self, app: Flask) -> None: ...
+
+
+def health_body(role: NodeRole, lifecycle: Lifecycle) -> dict[str, Any]:
     readiness = lifecycle.readiness
     failure = role.failure() if readiness.ready else None
     status = UNHEALTHY if failure else ("healthy" if readiness.ready else readiness.state)
     body: dict[str, Any] = {"status": status, "node": role.node,
-                            "total_nodes": role.settings.total_nodes, "role": role.name}
+                            "total_nodes": role.settings.cluster.total_nodes, "role": role.name}
     body.update(role.health_fields())
     detail = failure or readiness.detail
     if detail:
@@ -56,11 +72,11 @@ def _version() -> str:
 VERSION = _version()
 
 
-def node_info(role: Role) -> dict[str, str]:
+def node_info(role: NodeRole) -> dict[str, str]:
     """The labels of rag_node_info: which node, role, models and precision, and the code's version."""
     s = role.settings
     return {"node": str(role.node), "role": role.name, "model_source": role.model_source,
-            "precision": s.precision, "dtype": s.dtype, "version": VERSION}
+            "precision": s.models.precision, "dtype": s.models.dtype, "version": VERSION}
 
 
 def completion_fields(response: Response, started: float) -> dict[str, Any]:
@@ -90,12 +106,13 @@ def install_completion_log(app: Flask, endpoints: tuple[str, ...]) -> None:
         return response
 
 
-def build_app(role: Role, lifecycle: Lifecycle) -> Flask:
+def build_app(role: NodeRole, lifecycle: Lifecycle) -> Flask:
     app = make_app(f"node-{role.node}")
     install_completion_log(app, role.request_endpoints)
     lifecycle.in_flight.track(app)
-    metrics = NodeMetrics(role.batching_services)
-    metrics.register(GatewayCollector(lambda: role.gateway))
+    metrics = NodeMetrics()
+    for collector in role.collectors():
+        metrics.register(collector)
     metrics.register(CacheCollector(role.metered_caches))
     metrics.register(InfoCollector(lambda: node_info(role)))
     metrics.instrument(app)
@@ -129,7 +146,7 @@ def build_app(role: Role, lifecycle: Lifecycle) -> Flask:
         return jsonify(settings_body)
 
     @app.post("/cache/clear")
-    @internal_endpoint(role.settings.cluster_token)
+    @internal_endpoint(role.settings.cluster.cluster_token)
     def cache_clear():
         cleared = {cache.name: cache.clear() for cache in role.caches()}
         log.info("caches cleared: %s", cleared)

@@ -6,7 +6,7 @@ node 0's SERVER span (POST /query) -> its CLIENT span to node 1 -> node 1's SERV
 -> node 2's SERVER span (POST /search) -> its `index` stage span.
 
 Where spans start and end:
-- SERVER: Flask hooks on every app (`install_server_spans`, from services.server.http.make_app), opened
+- SERVER: Flask hooks on every app (`install_server_spans`, from services.server.app.make_app), opened
   from the incoming traceparent before any other hook, current while the view runs, ended at
   teardown with the route, status and request id.
 - CLIENT: `client_span` around each node-to-node HTTP call (services.cluster.clients), which sends
@@ -34,6 +34,9 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from flask import Flask, g, request
+
+from pipeline.config import REPO_ROOT, ConfigError
+from pipeline.config.sections import ObservabilitySettings
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +70,10 @@ _NEEDED = {"jsonl": ("opentelemetry.sdk.trace",),
 PIP_INSTALL = "pip install -e '.[tracing]'"
 
 
-def require(settings) -> None:
+def require(settings: ObservabilitySettings) -> None:
     """ConfigError (one line naming TRACING and the pip command) when TRACING asks for packages
     this Python lacks; nothing is imported when TRACING=off."""
     import importlib
-    from pipeline.config import ConfigError
     for module in _NEEDED.get(settings.tracing, ()):
         try:
             importlib.import_module(module)
@@ -80,7 +82,7 @@ def require(settings) -> None:
                               f"is missing): run {PIP_INSTALL}, or set TRACING=off") from None
 
 
-def start(settings) -> bool:
+def start(settings: ObservabilitySettings, node: int | None, role: str) -> bool:
     """Install this process's tracer from Settings (TRACING, TRACING_ENDPOINT, TRACING_FILE);
     False (and nothing installed) when TRACING=off. Once per process; a second call is a no-op."""
     global _state
@@ -95,10 +97,9 @@ def start(settings) -> bool:
         from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-        node = settings.node_number
         resource = Resource({"service.name": "rag-node" if node is None else f"rag-node-{node}",
                              "service.namespace": "rag", "rag.node": -1 if node is None else node,
-                             "rag.node.role": _role_name(node)})
+                             "rag.node.role": role})
         # Every request is traced (sampling is the collector's business); a caller's decision is kept.
         provider = TracerProvider(resource=resource, sampler=ParentBased(ALWAYS_ON), shutdown_on_exit=True)
         provider.add_span_processor(_processor(settings, node))
@@ -122,21 +123,13 @@ def force_flush(timeout_ms: int = 5000) -> bool:
     return _state.provider.force_flush(timeout_ms) if _state is not None else True
 
 
-def _role_name(node: int | None) -> str:
-    if node is None:
-        return "none"
-    from services.roles import role_class  # lazily: the roles import this module's importers
-    return role_class(node).name
-
-
-def jsonl_path(settings, node: int | None) -> Path:
-    from pipeline.config import REPO_ROOT
+def jsonl_path(settings: ObservabilitySettings, node: int | None) -> Path:
     if settings.tracing_file:
         return Path(settings.tracing_file)
     return REPO_ROOT / "logs" / f"traces-node{'' if node is None else node}.jsonl"
 
 
-def _processor(settings, node: int | None):
+def _processor(settings: ObservabilitySettings, node: int | None):
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
     if settings.tracing == "jsonl":
         # Written (and flushed) as each span ends: a reader of the file never waits on a timer.
@@ -286,79 +279,8 @@ def client_span(name: str, url: str, parents: Sequence[Any] = (), **attributes: 
         yield ClientCall(span, headers)
 
 
-# ------------------------------------------------------------------ stage spans
-
-class _Noted:
-    """An item on its way through a stage, with the stage span that wants to know its batch."""
-    __slots__ = ("item", "span")
-
-    def __init__(self, item, span: "StageSpan"):
-        self.item, self.span = item, span
 
 
-def noting_batches(batch_fn: Callable[[list], list]) -> Callable[[list], list]:
-    """batch_fn for items that `noted` may have wrapped: a wrapped item's span learns its batch's
-    size and start (on the stage thread, before the item's future resolves); batch_fn gets the
-    items as they were. Installed whether tracing is on or not: a pass over the batch's items."""
-    def noted_batch(items: list) -> list:
-        started, size = time.monotonic(), len(items)
-        return batch_fn([_unwrap(item, started, size) for item in items])
-    return noted_batch
-
-
-def _unwrap(item, started: float, size: int):
-    if type(item) is not _Noted:
-        return item
-    item.span._batch = (started, size)  # a one-by-one retry notes its batch of one last
-    return item.item
-
-
-def admitted(item, running: int):
-    """The item as submitted, for a stage with no batch_fn (continuous generate): a `noted` item's
-    span learns when it joined the running batch and how many sequences that batch held."""
-    return _unwrap(item, time.monotonic(), running)
-
-
-def noted(span: "StageSpan | None", item):
-    """The item to submit to a stage whose batch_fn went through noting_batches."""
-    return item if span is None else _Noted(item, span)
-
-
-class StageSpan:
-    """A request's span in one stage: started on the request's thread when it enters the stage,
-    ended by the caller with the duration it measured (the one timing the completion line uses)."""
-
-    def __init__(self, span, started_ns: int):
-        self.span = span
-        self.started_ns = started_ns
-        self._entered = time.monotonic()
-        self._batch: tuple[float, int] | None = None  # (monotonic start, size) of the batch it ran in
-
-    @property
-    def context(self):
-        """This span's context, for work done on its behalf on another thread (a batched call)."""
-        return self.span.get_span_context()
-
-    def end(self, duration_s: float, error: BaseException | None = None, **attributes: Any) -> None:
-        batch = self._batch
-        if batch is not None:
-            self.span.set_attribute("rag.batch_size", batch[1])
-            self.span.set_attribute("rag.queue_wait_ms", round(max(0.0, batch[0] - self._entered) * 1000, 3))
-        for key, value in attributes.items():
-            if value is not None:
-                self.span.set_attribute(key, value)
-        if error is not None:
-            from opentelemetry.trace import Status, StatusCode
-            self.span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"[:200]))
-        self.span.end(end_time=self.started_ns + int(duration_s * 1e9))
-
-
-def start_stage(stage: str, request_id: str | None = None) -> StageSpan | None:
-    """The span of the current request in `stage` (a child of the current span), or None when off."""
-    state = _state
-    if state is None:
-        return None
-    started_ns = time.time_ns()
-    span = state.tracer.start_span(str(stage), start_time=started_ns,
-                                   attributes={"rag.stage": str(stage), REQUEST_ID: request_id or ""})
-    return StageSpan(span, started_ns)
+def active() -> _On | None:
+    """What tracing holds while on (its tracer), None while off."""
+    return _state

@@ -21,7 +21,7 @@ import requests
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 from pipeline import spec
-from services.server.http import TOKEN_HEADER
+from services.server.token import TOKEN_HEADER
 from tests.helpers import start_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from pipeline import spec
-from services.server.http import TOKEN_HEADER
+from services.server.token import TOKEN_HEADER
 from tests.helpers import start_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

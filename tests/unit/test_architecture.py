@@ -1,8 +1,9 @@
 """The house's shape, checked: no import circle anywhere in the project, and each floor of
 services/ imports only the floors below it (docs/architecture.md draws them).
 
-Every import statement counts, a lazy one inside a function too: a circle that only closes at
-run time is still a circle for whoever reads the code."""
+Every import statement that runs counts, a lazy one inside a function too: a circle that only
+closes at run time is still a circle for whoever reads the code. Imports under
+`if TYPE_CHECKING:` never run and name types only; they do not count."""
 from __future__ import annotations
 
 import ast
@@ -31,7 +32,12 @@ def project_modules() -> dict[str, Path]:
 def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
     """The project modules a file imports (resolved to the deepest module that exists)."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    type_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and _is_type_checking(block.test)
+                 for n in ast.walk(block)}
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
@@ -44,6 +50,11 @@ def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
                 found.add(name)
     found.discard(module_name(path))
     return found
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
 def import_graph() -> dict[str, set[str]]:

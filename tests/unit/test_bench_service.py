@@ -29,7 +29,7 @@ def test_unbatched_baseline_forces_every_stage_to_one_at_a_time():
 def test_comparisons_other_than_cache_run_with_caches_off(compare):
     for variant in bench_service.COMPARISONS[compare](2):
         settings = _settings(variant)
-        assert settings.embed_cache_size == 0 and settings.response_cache_size == 0, variant.name
+        assert settings.embed.cache_size == 0 and settings.gateway.response_cache_size == 0, variant.name
 
 
 def test_thread_variants_that_coincide_on_a_machine_run_once(model_source):

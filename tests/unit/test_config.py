@@ -27,20 +27,20 @@ def test_env_example_defaults_match_settings():
 
 def test_defaults_parse_and_are_typed():
     s = Settings.from_env({})
-    assert s.total_nodes == 3 and s.node_number is None
-    assert s.node_1_ip == Address("127.0.0.1", 8001)
-    assert s.worker_nodes == (0, 1)
-    assert s.only_cpu is False and s.nprobe == 64
+    assert s.cluster.total_nodes == 3 and s.cluster.node_number is None
+    assert s.cluster.node_1_ip == Address("127.0.0.1", 8001)
+    assert s.cluster.worker_nodes == (0, 1)
+    assert s.models.only_cpu is False and s.index.nprobe == 64
     assert s.batching("generate").max_size >= 1
     with pytest.raises(Exception):
-        s.nprobe = 1  # immutable
+        s.index.nprobe = 1  # immutable
 
 
 def test_values_from_env():
     s = Settings.from_env({"NODE_NUMBER": "1", "NODE_1_IP": "10.1.2.3:9000", "ONLY_CPU": "TRUE",
                            "GENERATE_MAX_BATCH": "4", "RERANK_DTYPE": "float32", "WORKER_NODES": "1"})
-    assert s.node_number == 1 and s.node_1_ip.url == "http://10.1.2.3:9000"
-    assert s.only_cpu is True and s.generate_max_batch == 4 and s.worker_nodes == (1,)
+    assert s.cluster.node_number == 1 and s.cluster.node_1_ip.url == "http://10.1.2.3:9000"
+    assert s.models.only_cpu is True and s.generate.max_batch == 4 and s.cluster.worker_nodes == (1,)
     assert s.stage_dtype("rerank") == "float32" and s.stage_dtype("embed") == "auto"
 
 
@@ -74,16 +74,16 @@ def test_missing_index_file_and_documents(tmp_path: Path):
 
 
 def test_channel_timeout_is_derived_from_the_request_timeout():
-    from pipeline.config import CHANNEL_TIMEOUT_MARGIN_S
+    from pipeline.config.settings import CHANNEL_TIMEOUT_MARGIN_S
     s = Settings.from_env({"REQUEST_TIMEOUT_S": "10"})
-    assert s.channel_timeout_s == 10 + CHANNEL_TIMEOUT_MARGIN_S > s.request_timeout_s
-    assert Settings.from_env({}).channel_timeout_s > Settings.from_env({}).request_timeout_s
+    assert s.channel_timeout_s == 10 + CHANNEL_TIMEOUT_MARGIN_S > s.limits.request_timeout_s
+    assert Settings.from_env({}).channel_timeout_s > Settings.from_env({}).limits.request_timeout_s
 
 
 def test_hf_hub_offline_is_a_setting_and_offline_never_looks_at_the_hub():
     from pipeline.models import resolve_model_source
-    assert Settings.from_env({"HF_HUB_OFFLINE": "1"}).hf_hub_offline is True
-    assert Settings.from_env({}).hf_hub_offline is False
+    assert Settings.from_env({"HF_HUB_OFFLINE": "1"}).models.hf_hub_offline is True
+    assert Settings.from_env({}).models.hf_hub_offline is False
     with pytest.raises(ConfigError, match=r"^HF_HUB_OFFLINE='maybe' is not valid: expected true or false"):
         Settings.from_env({"HF_HUB_OFFLINE": "maybe"})
 
@@ -102,7 +102,7 @@ def test_worker_config_takes_only_what_the_worker_reads():
     cfg = worker_config(s)
     assert set(cfg.batching) == set(WORKER_STAGES) and cfg.embed_cache_size == 7
     assert cfg.continuous is not None and cfg.continuous.max_seqs == 4
-    assert worker_config(s.replace(generate_mode="static")).continuous is None
+    assert worker_config(Settings.from_env({"GENERATE_MODE": "static"})).continuous is None
 
 
 def test_default_http_threads_leave_spare_threads_beyond_the_gateway_limit():
@@ -114,12 +114,12 @@ def test_default_http_threads_leave_spare_threads_beyond_the_gateway_limit():
     assert role_class(0)(s, 0, life).http_threads() == 10 + SPARE_HTTP_THREADS
     assert role_class(1)(s, 1, life).http_threads() == 10 + SPARE_HTTP_THREADS
     assert role_class(2)(s, 2, life).http_threads() == SPARE_HTTP_THREADS
-    assert role_class(2)(s.replace(waitress_threads=5), 2, life).http_threads() == 5
+    assert role_class(2)(Settings.from_env({"WAITRESS_THREADS": "5"}), 2, life).http_threads() == 5
 
 
 def test_settings_that_must_agree_are_checked_in_one_line_naming_both():
-    from pipeline.config import MAX_INTERNAL_TIMEOUT_S
-    assert Settings.from_env({"REQUEST_TIMEOUT_S": str(MAX_INTERNAL_TIMEOUT_S)}).request_timeout_s == MAX_INTERNAL_TIMEOUT_S
+    from pipeline.config.checks import MAX_INTERNAL_TIMEOUT_S
+    assert Settings.from_env({"REQUEST_TIMEOUT_S": str(MAX_INTERNAL_TIMEOUT_S)}).limits.request_timeout_s == MAX_INTERNAL_TIMEOUT_S
     cases = [({"REQUEST_TIMEOUT_S": "4000"}, r"^REQUEST_TIMEOUT_S='4000' is not valid: .*MAX_INTERNAL_TIMEOUT_S"),
              ({"GATEWAY_MAX_JOINERS_PER_ID": "9", "GATEWAY_MAX_JOINERS": "8"},
               r"^GATEWAY_MAX_JOINERS_PER_ID='9' is not valid: expected at most GATEWAY_MAX_JOINERS \(8\)$")]
@@ -134,11 +134,12 @@ def test_joiner_caps_default_below_node_0s_spare_http_threads(tmp_path: Path):
     from services.roles.gateway.role import GatewayRole
     (tmp_path / "documents.db").touch()
     s = Settings.from_env({"DOCUMENTS_DIR": str(tmp_path)})
-    assert (s.gateway_max_joiners_per_id, s.gateway_max_joiners) == (8, 16)
+    assert (s.gateway.max_joiners_per_id, s.gateway.max_joiners) == (8, 16)
     GatewayRole.check_settings(s)
     with pytest.raises(ConfigError, match=r"^GATEWAY_MAX_JOINERS='32' is not valid: .*spare HTTP threads"):
-        GatewayRole.check_settings(s.replace(gateway_max_joiners=SPARE_HTTP_THREADS))
-    GatewayRole.check_settings(s.replace(gateway_max_joiners=SPARE_HTTP_THREADS, waitress_threads=200))
+        GatewayRole.check_settings(Settings.from_env({"DOCUMENTS_DIR": str(tmp_path), "GATEWAY_MAX_JOINERS": str(SPARE_HTTP_THREADS)}))
+    GatewayRole.check_settings(Settings.from_env({"DOCUMENTS_DIR": str(tmp_path), "WAITRESS_THREADS": "200",
+                                                 "GATEWAY_MAX_JOINERS": str(SPARE_HTTP_THREADS)}))
 
 
 # ---------------------------------------------------------------- every problem at once
@@ -169,7 +170,7 @@ def test_a_check_between_values_is_skipped_when_one_of_its_values_did_not_parse(
 def test_a_bad_secret_is_reported_without_its_value():
     with pytest.raises(ConfigError) as err:
         Settings.from_env({"CLUSTER_TOKEN": "has space", "NPROBE": "0"})
-    assert err.value.problems[1] == "CLUSTER_TOKEN='<hidden>' is not valid: expected printable ASCII without " \
+    assert err.value.problems[0] == "CLUSTER_TOKEN='<hidden>' is not valid: expected printable ASCII without " \
                                     "spaces (or empty to turn the check off)"
     assert "has space" not in str(err.value)
 
@@ -179,21 +180,21 @@ def test_a_bad_secret_is_reported_without_its_value():
 
 def test_effective_settings_are_the_strings_that_set_them_with_secrets_hidden():
     s = Settings.from_env({"CLUSTER_TOKEN": "s3cret", "EMBED_MAX_BATCH": "8", "ONLY_CPU": "YES",
-                           "WORKER_NODES": "1", "DEMO_INTERVAL_S": "0.25", "NODE_1_IP": "10.0.0.5:9000"})
+                           "WORKER_NODES": "1", "IDEMPOTENCY_TTL_S": "0.25", "NODE_1_IP": "10.0.0.5:9000"})
     shown = s.effective()
     assert list(shown) == list(Settings.variables())
     assert shown["CLUSTER_TOKEN"] == "<hidden>" and "s3cret" not in str(shown)
     assert (shown["EMBED_MAX_BATCH"], shown["ONLY_CPU"], shown["WORKER_NODES"]) == ("8", "true", "1")
-    assert (shown["DEMO_INTERVAL_S"], shown["REQUEST_TIMEOUT_S"], shown["NODE_NUMBER"]) == ("0.25", "280", "")
+    assert (shown["IDEMPOTENCY_TTL_S"], shown["REQUEST_TIMEOUT_S"], shown["NODE_NUMBER"]) == ("0.25", "280", "")
     assert shown["NODE_1_IP"] == "10.0.0.5:9000"
     assert Settings.from_env(shown | {"CLUSTER_TOKEN": "s3cret"}) == s  # they parse back to the same settings
-    assert s.non_defaults() == {"NODE_1_IP": "10.0.0.5:9000", "WORKER_NODES": "1", "ONLY_CPU": "true",
-                                "EMBED_MAX_BATCH": "8", "DEMO_INTERVAL_S": "0.25", "CLUSTER_TOKEN": "<hidden>"}
+    assert s.non_defaults() == {"NODE_1_IP": "10.0.0.5:9000", "WORKER_NODES": "1", "CLUSTER_TOKEN": "<hidden>",
+                                "ONLY_CPU": "true", "EMBED_MAX_BATCH": "8", "IDEMPOTENCY_TTL_S": "0.25"}
     assert Settings.from_env({"ONLY_CPU": "false"}).non_defaults() == {}
 
 
 def test_python_m_pipeline_config_prints_each_variable_and_whether_it_is_the_default(monkeypatch, capsys):
-    from pipeline import config
+    from pipeline.config import __main__ as config
     for name in Settings.variables():
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("EMBED_MAX_BATCH", "8")
@@ -208,7 +209,7 @@ def test_python_m_pipeline_config_prints_each_variable_and_whether_it_is_the_def
     assert re.fullmatch(r"TOTAL_NODES=3 +# default", lines["TOTAL_NODES"])
     assert re.fullmatch(r"CLUSTER_TOKEN=<hidden> +# set \(default: empty\)", lines["CLUSTER_TOKEN"])
     assert config.main(["--non-default"]) == 0
-    assert [line.split("=")[0] for line in capsys.readouterr().out.splitlines()] == ["EMBED_MAX_BATCH", "CLUSTER_TOKEN"]
+    assert [line.split("=")[0] for line in capsys.readouterr().out.splitlines()] == ["CLUSTER_TOKEN", "EMBED_MAX_BATCH"]
     for name in ("EMBED_MAX_BATCH", "CLUSTER_TOKEN"):
         monkeypatch.delenv(name)
     assert config.main(["--non-default"]) == 0
@@ -216,13 +217,13 @@ def test_python_m_pipeline_config_prints_each_variable_and_whether_it_is_the_def
 
 
 def test_python_m_pipeline_config_prints_every_problem_and_exits_2(monkeypatch, capsys):
-    from pipeline import config
+    from pipeline.config import __main__ as config
     monkeypatch.setenv("ONLY_CPU", "maybe")
     monkeypatch.setenv("NPROBE", "0")
     assert config.main([]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert err == ["config error: NPROBE='0' is not valid: expected an integer from 1 to 65536",
-                   "config error: ONLY_CPU='maybe' is not valid: expected true or false (also 1/0, yes/no, on/off)"]
+    assert err == ["config error: ONLY_CPU='maybe' is not valid: expected true or false (also 1/0, yes/no, on/off)",
+                   "config error: NPROBE='0' is not valid: expected an integer from 1 to 65536"]
 
 
 # ---------------------------------------------------------------- misspelt variables
@@ -239,7 +240,7 @@ def test_python_m_pipeline_config_prints_every_problem_and_exits_2(monkeypatch, 
     ("NODE_3_IP", None),
 ])
 def test_a_variable_that_looks_like_ours_gets_a_warning_naming_the_closest(typo, meant):
-    from pipeline.config import misspelt_variables
+    from pipeline.config.typos import misspelt_variables
     warnings = misspelt_variables({typo: "1", "EMBED_MAX_BATCH": "4"})
     assert len(warnings) == 1 and warnings[0].startswith(f"{typo} is not a setting this service reads")
     suggested = re.search(r"did you mean (\w+)\?", warnings[0]).group(1)
@@ -249,7 +250,7 @@ def test_a_variable_that_looks_like_ours_gets_a_warning_naming_the_closest(typo,
 
 
 def test_other_softwares_variables_get_no_warning():
-    from pipeline.config import misspelt_variables
+    from pipeline.config.typos import misspelt_variables
     foreign = ["PATH", "HOME", "USER", "LANG", "PWD", "SHELL", "TERM", "TMPDIR", "HF_HOME", "HF_ENDPOINT", "HF_TOKEN",
                "HF_HUB_CACHE", "HF_HUB_DISABLE_PROGRESS_BARS", "HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT",
                "TRANSFORMERS_OFFLINE", "TRANSFORMERS_NO_ADVISORY_WARNINGS", "TOKENIZERS_PARALLELISM", "TORCH_HOME",

@@ -9,7 +9,7 @@ from werkzeug.exceptions import NotFound
 from services.server.errors import (NOT_READY_RETRY_AFTER_S, ApiError, BatchSizeMismatch, DeadlineExceeded, NodeNotReady,
                              NoWorkerAvailable, Overloaded, RequestTimeout, ServiceClosed, StageFailed, WorkerFailed,
                              http_answer)
-from services.server.http import make_app
+from services.server.app import make_app
 
 # (error, status, body, Retry-After header or None)
 CASES = [
@@ -59,14 +59,14 @@ def test_failures_are_logged_at_their_level_and_client_mistakes_not(caplog):
     assert http_answer(WorkerFailed(0, "x")).log_level == logging.ERROR
     assert http_answer(RequestTimeout("x")).log_level == logging.WARNING
     assert http_answer(ApiError(400, "x")).log_level is None
-    with caplog.at_level(logging.ERROR, logger="services.server.http"):
+    with caplog.at_level(logging.ERROR, logger="services.server.app"):
         raising_client(WorkerFailed(1, "secret detail")).get("/boom")
     assert "secret detail" in caplog.text  # the log has the detail; the reply only the public message
 
 
 def test_unknown_errors_are_500_with_their_type_only_and_a_traceback(caplog):
     assert http_answer(BatchSizeMismatch("2 results for 3 items")) is None  # a bug, not a known answer
-    with caplog.at_level(logging.ERROR, logger="services.server.http"):
+    with caplog.at_level(logging.ERROR, logger="services.server.app"):
         response = raising_client(KeyError("internals")).get("/boom")
     assert response.status_code == 500
     assert response.get_json() == {"error": "internal error: KeyError"}

@@ -13,8 +13,10 @@ from flask import jsonify
 
 from pipeline.config import Settings
 from services.server.errors import ApiError
-from services.server.http import (TOKEN_HEADER, HeaderGate, header_gate, internal_endpoint, make_app, read_json_object,
-                           require_string, warn_if_exposed)
+from services.server.app import make_app
+from services.server.body import read_json_object, require_string
+from services.server.http_server import HeaderGate, header_gate
+from services.server.token import TOKEN_HEADER, internal_endpoint, warn_if_exposed
 from services.roles.index.search import max_search_values, parse_search_body
 from services.server.errors import DeadlineExceeded, NodeError, NodeUnreachable
 from services.cluster.clients import IndexClient, WorkerClient
@@ -125,7 +127,7 @@ def test_search_body_rules(body, field):
 
 def test_settings_keep_the_token_out_of_repr_and_errors():
     settings = Settings.from_env({"CLUSTER_TOKEN": TOKEN})
-    assert settings.cluster_token == TOKEN and TOKEN not in repr(settings)
+    assert settings.cluster.cluster_token == TOKEN and TOKEN not in repr(settings)
     with pytest.raises(Exception) as err:
         Settings.from_env({"CLUSTER_TOKEN": "has space"})
     assert "has space" not in str(err.value)
@@ -208,9 +210,9 @@ def test_index_client_without_deadline_stops_after_max_attempts():
 
 def test_reliability_settings_defaults_and_consistency():
     s = Settings.from_env({})
-    assert (s.max_request_id_chars, s.max_query_chars, s.max_body_bytes) == (256, 4096, 65536)
-    assert (s.idempotency_cache_size, s.idempotency_ttl_s, s.gateway_max_in_flight) == (1024, 300.0, 96)
-    assert (s.shutdown_grace_s, s.cluster_token, s.index_inject_delay_ms) == (60.0, "", 0.0)
+    assert (s.limits.max_request_id_chars, s.limits.max_query_chars, s.limits.max_body_bytes) == (256, 4096, 65536)
+    assert (s.gateway.idempotency_cache_size, s.gateway.idempotency_ttl_s, s.gateway.max_in_flight) == (1024, 300.0, 96)
+    assert (s.limits.shutdown_grace_s, s.cluster.cluster_token, s.index_inject_delay_ms) == (60.0, "", 0.0)
     with pytest.raises(Exception, match=r"^SEARCH_MAX_BATCH='8' is not valid: expected at most STAGE_MAX_QUEUE \(4\)"):
         Settings.from_env({"STAGE_MAX_QUEUE": "4", "SEARCH_MAX_BATCH": "8"})
 
@@ -222,7 +224,7 @@ def test_reliability_settings_defaults_and_consistency():
                                          ("node1.internal", True)])
 def test_a_node_beyond_loopback_without_a_token_warns_loudly(host, warned, caplog):
     # Binding a non-loopback address is not possible in the tests (127.0.0.1 only): the check itself.
-    with caplog.at_level("WARNING", logger="services.server.http"):
+    with caplog.at_level("WARNING", logger="services.server.token"):
         assert warn_if_exposed(host, "") is warned
         assert warn_if_exposed(host, TOKEN) is False
     assert ("SECURITY" in caplog.text) is warned

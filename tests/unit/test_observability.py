@@ -16,7 +16,7 @@ from services.stages.batching import BatchingService
 from services.server.errors import Overloaded
 from services.roles.gateway.gateway import Gateway
 from services.stages.continuous import ContinuousGenerationService
-from services.server.http import make_app
+from services.server.app import make_app
 from services.server.request_ids import (MAX_REQUEST_ID_HEADER_CHARS, batch_request_ids, bind_request_id, current_request_id,
                                   header_form)
 from services.server.metrics import GatewayCollector, InfoCollector

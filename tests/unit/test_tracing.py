@@ -12,9 +12,9 @@ import pytest
 from flask import g, jsonify, request
 
 from pipeline.config import REPO_ROOT, ConfigError, Settings
-from services.server import tracing
+from services.server import stage_spans, tracing
 from services.stages.batching import BatchingService
-from services.server.http import make_app
+from services.server.app import make_app
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
@@ -50,7 +50,7 @@ def traced_app(name: str = "t"):
     def work():
         g.trace_id, g.served_by = request.headers.get("X-Request-ID"), 1
         for stage in ("embed", "search"):
-            span = tracing.start_stage(stage, g.trace_id)
+            span = stage_spans.start_stage(stage, g.trace_id)
             if span is not None:
                 span.end(0.002)
         return jsonify({"ok": True})
@@ -64,11 +64,11 @@ def test_off_installs_nothing_and_writes_nothing(tmp_path):
     assert not tracing.enabled()
     assert traced_app().test_client().post("/work", headers={"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"}
                                            ).status_code == 200
-    assert tracing.start_stage("embed") is None
+    assert stage_spans.start_stage("embed") is None
     with tracing.client_span("POST /x", "http://127.0.0.1:1/x") as call:
         assert dict(call.headers) == {}
     item = object()
-    assert tracing.noted(None, item) is item
+    assert stage_spans.noted(None, item) is item
     assert not path.exists() and not list(tmp_path.iterdir())
     # No SDK provider was made global either (the API's default proxy is still there).
     assert "sdk" not in type(trace.get_tracer_provider()).__module__
@@ -82,7 +82,7 @@ import sys
 from pipeline.config import Settings
 from services.server import tracing
 import services.node, services.roles.worker.request_path, services.roles.index.search, services.stages.continuous, services.cluster.clients
-from services.server.http import make_app
+from services.server.app import make_app
 from services.stages.batching import BatchingService
 settings = Settings.from_env({"NODE_NUMBER": "1", "TRACING": "off"})
 tracing.require(settings)
@@ -90,8 +90,8 @@ assert tracing.start(settings) is False
 app = make_app("t")
 app.post("/x")(lambda: "ok")
 assert app.test_client().post("/x", headers={"traceparent": "00-%s-%s-01"}).status_code == 200
-service = BatchingService("t", tracing.noting_batches(lambda items: items), max_size=2, max_wait_ms=1)
-assert service.submit(tracing.noted(tracing.start_stage("embed"), 5)).result(timeout=10) == 5
+service = BatchingService("t", stage_spans.noting_batches(lambda items: items), max_size=2, max_wait_ms=1)
+assert service.submit(stage_spans.noted(stage_spans.start_stage("embed"), 5)).result(timeout=10) == 5
 service.close(timeout=5)
 print(sorted(m for m in sys.modules if m.startswith("opentelemetry")))
 """ % (TRACE_ID, PARENT_ID)
@@ -194,7 +194,7 @@ def test_a_client_spans_headers_make_the_next_nodes_server_span_its_child(spans_
 
 
 def test_a_batched_call_joins_its_first_requests_trace_and_links_the_others(spans_file):
-    first, second = tracing.start_stage("search", "a"), tracing.start_stage("search", "b")
+    first, second = stage_spans.start_stage("search", "a"), stage_spans.start_stage("search", "b")
     with tracing.client_span("POST /search", "http://127.0.0.1/search", [first.context, second.context]):
         pass
     first.end(0.001)
@@ -216,12 +216,12 @@ def test_a_failed_call_is_an_error_span(spans_file):
 
 
 def test_a_stage_span_learns_the_batch_it_ran_in(spans_file):
-    service = BatchingService("t", tracing.noting_batches(lambda items: [x * 2 for x in items]), max_size=3,
+    service = BatchingService("t", stage_spans.noting_batches(lambda items: [x * 2 for x in items]), max_size=3,
                               max_wait_ms=60_000)
     try:
-        span = tracing.start_stage("rerank", "r-1")
+        span = stage_spans.start_stage("rerank", "r-1")
         # Three items fill the batch at once: no waiting on the window.
-        futures = service.submit_many([tracing.noted(span, 1), 2, 3])
+        futures = service.submit_many([stage_spans.noted(span, 1), 2, 3])
         assert [f.result(timeout=10) for f in futures] == [2, 4, 6]  # batch_fn saw the items as they were
         span.end(0.001)
     finally:
@@ -231,10 +231,10 @@ def test_a_stage_span_learns_the_batch_it_ran_in(spans_file):
 
 
 def test_a_continuous_stage_tells_the_span_the_running_batch_it_joined(spans_file):
-    span = tracing.start_stage("generate", "g-1")
+    span = stage_spans.start_stage("generate", "g-1")
     item = object()
-    assert tracing.admitted(tracing.noted(span, item), 5) is item  # the engine gets the request as it was
-    assert tracing.admitted(item, 5) is item
+    assert stage_spans.admitted(stage_spans.noted(span, item), 5) is item  # the engine gets the request as it was
+    assert stage_spans.admitted(item, 5) is item
     span.end(0.001)
     (record,) = read_spans(spans_file)
     assert record["attributes"]["rag.batch_size"] == 5 and record["attributes"]["rag.queue_wait_ms"] >= 0

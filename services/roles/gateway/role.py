@@ -30,15 +30,15 @@ class GatewayRole(WorkerRole):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.gateway: Gateway | None = None
-        self.response_cache = ResponseCache(self.settings.response_cache_size, self.settings.response_cache_ttl_s)
+        self.response_cache = ResponseCache(self.settings.gateway.response_cache_size, self.settings.gateway.response_cache_ttl_s)
 
     @staticmethod
     def check_settings(settings: Settings) -> None:
         # Each joiner holds an HTTP thread: with the derived thread count, joiners must leave some
         # of the spare threads to /health and the quick 503s. (An explicit WAITRESS_THREADS is the
         # operator's own sum to make; README says so.)
-        if not settings.waitress_threads and settings.gateway_max_joiners >= SPARE_HTTP_THREADS:
-            raise ConfigError(f"GATEWAY_MAX_JOINERS='{settings.gateway_max_joiners}' is not valid: expected fewer "
+        if not settings.http.waitress_threads and settings.gateway.max_joiners >= SPARE_HTTP_THREADS:
+            raise ConfigError(f"GATEWAY_MAX_JOINERS='{settings.gateway.max_joiners}' is not valid: expected fewer "
                               f"than the {SPARE_HTTP_THREADS} spare HTTP threads node 0 has beyond "
                               f"GATEWAY_MAX_IN_FLIGHT (WAITRESS_THREADS=0), or /health and the 503s would starve")
         WorkerRole.check_settings(settings)
@@ -46,21 +46,21 @@ class GatewayRole(WorkerRole):
     def load(self) -> None:
         super().load()
         s = self.settings
-        self.gateway = Gateway(self._targets(), health_interval_s=s.health_interval_s,
-                               max_in_flight=s.gateway_max_in_flight, completed_cache_size=s.idempotency_cache_size,
-                               completed_ttl_s=s.idempotency_ttl_s, max_joiners_per_id=s.gateway_max_joiners_per_id,
-                               max_joiners=s.gateway_max_joiners, response_cache=self.response_cache)
+        self.gateway = Gateway(self._targets(), health_interval_s=s.gateway.health_interval_s,
+                               max_in_flight=s.gateway.max_in_flight, completed_cache_size=s.gateway.idempotency_cache_size,
+                               completed_ttl_s=s.gateway.idempotency_ttl_s, max_joiners_per_id=s.gateway.max_joiners_per_id,
+                               max_joiners=s.gateway.max_joiners, response_cache=self.response_cache)
 
     def _targets(self) -> list[Target]:
         targets = []
-        for node in self.settings.worker_nodes:
+        for node in self.settings.cluster.worker_nodes:
             if node == self.node:  # our own worker: an in-process call, no HTTP hop
                 targets.append(Target(node=node, answer=self.worker.answer, local=True,
                                       probe=lambda: self.lifecycle.readiness.state in LOCAL_SERVING))
             else:
                 client = WorkerClient(self.settings.node_address(node).url,
-                                      connect_timeout_s=self.settings.connect_timeout_s,
-                                      token=self.settings.cluster_token)
+                                      connect_timeout_s=self.settings.cluster.connect_timeout_s,
+                                      token=self.settings.cluster.cluster_token)
                 targets.append(remote_target(node, client))
         return targets
 
@@ -77,7 +77,7 @@ class GatewayRole(WorkerRole):
         node 0's address (the profiling tools' --url) find every node's /metrics from here."""
         s = self.settings
         return [{"node": n, "role": "index" if n == 2 else "worker", "url": s.node_address(n).url}
-                for n in range(s.total_nodes) if n != self.node]
+                for n in range(s.cluster.total_nodes) if n != self.node]
 
     def health_fields(self) -> dict[str, Any]:
         fields = super().health_fields()
@@ -103,6 +103,6 @@ class GatewayRole(WorkerRole):
         g.stage_times = collect_stage_times()  # filled when our own worker computes it
         # The request_id rules come first and the reply cache only behind them (Gateway._compute):
         # an id's own answer always wins over a cached answer to the same question.
-        reply = self.gateway.answer(request_id, text, self.settings.request_timeout_s)
+        reply = self.gateway.answer(request_id, text, self.settings.limits.request_timeout_s)
         g.served_by = reply.get("served_by")
         return jsonify(reply)

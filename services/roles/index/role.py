@@ -9,7 +9,8 @@ from flask import Flask, jsonify
 
 from pipeline.config import Settings
 from pipeline.spec import Stage
-from services.server.http import internal_endpoint, read_json_object
+from services.server.body import read_json_object
+from services.server.token import internal_endpoint
 from services.roles.index.search import MAX_SEARCH_BODY_BYTES, IndexService, max_search_values, parse_search_body
 from services.roles.base import SPARE_HTTP_THREADS, Role
 
@@ -41,11 +42,11 @@ class IndexRole(Role):
         from pipeline.vector_index import VectorIndex
         settings = self.settings
         started = time.monotonic()
-        index = VectorIndex.load(settings.faiss_index_path, nprobe=settings.nprobe, mmap=settings.faiss_mmap)
+        index = VectorIndex.load(settings.index.faiss_index_path, nprobe=settings.index.nprobe, mmap=settings.index.faiss_mmap)
         cfg = settings.batching(Stage.INDEX)
         self.service = IndexService(index, max_size=cfg.max_size, max_wait_ms=cfg.max_wait_ms,
                                     max_queue=cfg.max_queue)
-        log.info("index %s loaded in %.2fs: %d vectors, dim %d, nprobe %s, mmap %s", settings.faiss_index_path,
+        log.info("index %s loaded in %.2fs: %d vectors, dim %d, nprobe %s, mmap %s", settings.index.faiss_index_path,
                  time.monotonic() - started, index.ntotal, index.dim, index.nprobe, index.is_mmap)
 
     def batching_services(self):
@@ -58,17 +59,14 @@ class IndexRole(Role):
         return {"ntotal": index.ntotal, "dim": index.dim, "nprobe": index.nprobe, "mmap": index.is_mmap}
 
     def register_routes(self, app: Flask) -> None:
-        timeout_s = self.settings.search_timeout_s
-        inject_delay_s = self.settings.index_inject_delay_ms / 1000.0  # tests only: a slow node 2
+        timeout_s = self.settings.search.timeout_s
 
         @app.post("/search")
-        @internal_endpoint(self.settings.cluster_token)
+        @internal_endpoint(self.settings.cluster.cluster_token)
         def search():
             self.lifecycle.require_ready("index server")
             dim = self.service.index.dim
             body = read_json_object(MAX_SEARCH_BODY_BYTES, max_values=max_search_values(dim))
             vectors, k = parse_search_body(body, dim)
-            if inject_delay_s:
-                time.sleep(inject_delay_s)
             ids, distances = self.service.search(vectors, k, timeout_s)
             return jsonify({"ids": ids, "distances": distances})

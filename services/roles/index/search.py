@@ -14,7 +14,7 @@ import numpy as np
 
 from pipeline import spec
 from pipeline.vector_index import VectorIndex
-from services.server import tracing
+from services.server import stage_spans, tracing
 from services.stages.batching import BatchingService
 from services.server.errors import ApiError
 from services.server.request_ids import current_request_id
@@ -38,7 +38,7 @@ class SearchItem:
 class IndexService:
     def __init__(self, index: VectorIndex, *, max_size: int, max_wait_ms: float, max_queue: int):
         self.index = index
-        self.batcher = BatchingService("index", tracing.noting_batches(self._search_batch), max_size=max_size,
+        self.batcher = BatchingService("index", stage_spans.noting_batches(self._search_batch), max_size=max_size,
                                        max_wait_ms=max_wait_ms, max_queue=max_queue)
 
     def _search_batch(self, items: list[SearchItem]) -> list[tuple[list[int], list[float]]]:
@@ -50,10 +50,10 @@ class IndexService:
         started = time.monotonic()
         # With tracing on, the call's time in the index stage (a child of the /search server span);
         # its first vector tells it the batch size and queue wait.
-        span = tracing.start_stage("index", current_request_id.get())
+        span = stage_spans.start_stage("index", current_request_id.get())
         items = [SearchItem(v, k) for v in vectors]
         if items:
-            items[0] = tracing.noted(span, items[0])
+            items[0] = stage_spans.noted(span, items[0])
         error: BaseException | None = None
         try:
             results = self._gather(self._submit(items), started + timeout_s)

@@ -26,7 +26,7 @@ from pipeline.generator import GenerationRequest
 from pipeline.reranker import RerankRequest
 from pipeline.spec import Stage
 from pipeline.stages import Stages
-from services.server import tracing
+from services.server import stage_spans, tracing
 from services.stages.batching import BatchingService
 from services.roles.caches import LruCache
 from services.server.errors import Overloaded, RequestTimeout, ServiceClosed, StageDown, StageFailed
@@ -55,7 +55,6 @@ class ContinuousConfig:
     max_tokens: int
     prefill_chunk: int
     max_queue: int
-    inject_failure: str = "off"  # TEST ONLY: GENERATE_INJECT_FAILURE
 
 
 @dataclass(frozen=True)
@@ -79,16 +78,16 @@ class SearchItem:
 class _Visit:
     """One request in one stage: from submitting to it until its result (or error) is back."""
 
-    def __init__(self, stage: Stage, span: tracing.StageSpan | None):
+    def __init__(self, stage: Stage, span: stage_spans.StageSpan | None):
         self.stage = stage
         self.span = span
         self.started = time.perf_counter()
         self.future: Future | None = None
 
     def submit(self, service, item) -> "_Visit":
-        """Every stage service unwraps a noted item (tracing.noting_batches, or the continuous
-        generate stage's tracing.admitted), telling the span the batch it ran in."""
-        self.future = service.submit(tracing.noted(self.span, item))
+        """Every stage service unwraps a noted item (stage_spans.noting_batches, or the continuous
+        generate stage's stage_spans.admitted), telling the span the batch it ran in."""
+        self.future = service.submit(stage_spans.noted(self.span, item))
         return self
 
 
@@ -104,7 +103,7 @@ class _StageClock:
         self._open: list[_Visit] = []
 
     def enter(self, stage: Stage) -> _Visit:
-        visit = _Visit(stage, tracing.start_stage(stage, self.request_id))
+        visit = _Visit(stage, stage_spans.start_stage(stage, self.request_id))
         self._open.append(visit)
         return visit
 
@@ -152,7 +151,7 @@ class Worker:
             Stage.TOXICITY: stages.toxicity.classify,
         }
         # Each batch tells its requests' stage spans (tracing on) its size and when it started.
-        self.services = {stage: self._service(stage, tracing.noting_batches(batch_fns[stage]))
+        self.services = {stage: self._service(stage, stage_spans.noting_batches(batch_fns[stage]))
                          for stage in spec.WORKER_STAGES}
 
     def _service(self, stage: Stage, batch_fn):
@@ -160,7 +159,7 @@ class Worker:
             c = self.config.continuous
             engine = ContinuousEngine(self.stages.generator, max_seqs=c.max_seqs, max_tokens=c.max_tokens,
                                       prefill_chunk=c.prefill_chunk)
-            return ContinuousGenerationService(stage, engine, max_queue=c.max_queue, inject_failure=c.inject_failure)
+            return ContinuousGenerationService(stage, engine, max_queue=c.max_queue)
         cfg = self.config.batching[stage]
         return BatchingService(stage, batch_fn, max_size=cfg.max_size, max_wait_ms=cfg.max_wait_ms,
                                max_queue=cfg.max_queue)

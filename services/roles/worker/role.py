@@ -8,10 +8,12 @@ from typing import Any, Callable
 from flask import Flask, g, jsonify
 
 from pipeline import spec
-from pipeline.config import MAX_INTERNAL_TIMEOUT_S, Settings
+from pipeline.config import Settings
+from pipeline.config.checks import MAX_INTERNAL_TIMEOUT_S
 from pipeline.stages import Stages
 from services.server.errors import ApiError
-from services.server.http import internal_endpoint, read_json_object, require_string
+from services.server.body import read_json_object, require_string
+from services.server.token import internal_endpoint
 from services.server.request_ids import bind_request_id
 from services.cluster.clients import IndexClient
 from services.roles.base import SPARE_HTTP_THREADS, Role
@@ -22,14 +24,13 @@ log = logging.getLogger(__name__)
 
 def worker_config(settings: Settings) -> WorkerConfig:
     continuous = None
-    if settings.generate_mode == "continuous":
-        continuous = ContinuousConfig(max_seqs=settings.generate_max_batch, max_tokens=settings.generate_max_tokens,
-                                      prefill_chunk=settings.generate_prefill_chunk,
-                                      max_queue=settings.stage_max_queue,
-                                      inject_failure=settings.generate_inject_failure)
+    if settings.generate.mode == "continuous":
+        continuous = ContinuousConfig(max_seqs=settings.generate.max_batch, max_tokens=settings.generate.max_tokens,
+                                      prefill_chunk=settings.generate.prefill_chunk,
+                                      max_queue=settings.limits.stage_max_queue)
     return WorkerConfig(batching={stage: settings.batching(stage) for stage in spec.WORKER_STAGES},
-                        request_timeout_s=settings.request_timeout_s,
-                        embed_cache_size=settings.embed_cache_size, continuous=continuous)
+                        request_timeout_s=settings.limits.request_timeout_s,
+                        embed_cache_size=settings.embed.cache_size, continuous=continuous)
 
 
 def parse_query(settings: Settings, count_tokens: Callable[[str], int]) -> tuple[dict, str, str]:
@@ -39,24 +40,24 @@ def parse_query(settings: Settings, count_tokens: Callable[[str], int]) -> tuple
     the tokens bound the prompt, its KV reservation and its prefill, which characters do not
     (an emoji is four tokens).
     """
-    body = read_json_object(settings.max_body_bytes)
-    request_id = require_string(body, "request_id", settings.max_request_id_chars)
+    body = read_json_object(settings.limits.max_body_bytes)
+    request_id = require_string(body, "request_id", settings.limits.max_request_id_chars)
     bind_request_id(request_id)
-    query = require_string(body, "query", settings.max_query_chars)
+    query = require_string(body, "query", settings.limits.max_query_chars)
     tokens = count_tokens(query)
-    if tokens > settings.max_query_tokens:
-        raise ApiError(400, f"'query' is {tokens} tokens; the limit is {settings.max_query_tokens} tokens "
+    if tokens > settings.limits.max_query_tokens:
+        raise ApiError(400, f"'query' is {tokens} tokens; the limit is {settings.limits.max_query_tokens} tokens "
                             "(MAX_QUERY_TOKENS, counted by the LLM's tokenizer)", field="query")
     return body, request_id, query
 
 
 def internal_timeout(body: dict, settings: Settings) -> float:
     """The caller's time left (the gateway's deadline), never more than our own limit."""
-    timeout_s = body.get("timeout_s", settings.request_timeout_s)
+    timeout_s = body.get("timeout_s", settings.limits.request_timeout_s)
     if type(timeout_s) not in (int, float) or not 0 < timeout_s <= MAX_INTERNAL_TIMEOUT_S:
         raise ApiError(400, f"'timeout_s' must be a number of seconds over 0 and at most {MAX_INTERNAL_TIMEOUT_S:g}",
                        field="timeout_s")
-    return min(float(timeout_s), settings.request_timeout_s)
+    return min(float(timeout_s), settings.limits.request_timeout_s)
 
 
 class WorkerRole(Role):
@@ -74,7 +75,7 @@ class WorkerRole(Role):
     def default_http_threads(self) -> int:
         # A request in flight holds one waitress thread while it waits on its futures. The
         # gateway admits at most GATEWAY_MAX_IN_FLIGHT, and on failover node 1 may get them all.
-        return self.settings.gateway_max_in_flight + SPARE_HTTP_THREADS
+        return self.settings.gateway.max_in_flight + SPARE_HTTP_THREADS
 
     def load(self) -> None:
         from pipeline.models import resolve_model_source
@@ -84,8 +85,8 @@ class WorkerRole(Role):
         started = time.monotonic()
         stages = Stages.load(settings, source)
         stages.warm_up()
-        index = IndexClient(settings.node_2_ip.url, connect_timeout_s=settings.connect_timeout_s,
-                            read_timeout_s=settings.search_timeout_s, token=settings.cluster_token)
+        index = IndexClient(settings.cluster.node_2_ip.url, connect_timeout_s=settings.cluster.connect_timeout_s,
+                            read_timeout_s=settings.search.timeout_s, token=settings.cluster.cluster_token)
         self.worker = Worker(worker_config(settings), stages, index)
         log.info("node %d loaded and warmed its models in %.1fs (%s)", self.node, time.monotonic() - started,
                  self.model_source)
@@ -113,7 +114,7 @@ class WorkerRole(Role):
     def register_routes(self, app: Flask) -> None:
 
         @app.post("/internal/answer")
-        @internal_endpoint(self.settings.cluster_token)
+        @internal_endpoint(self.settings.cluster.cluster_token)
         def internal_answer():
             self.lifecycle.require_ready()
             body, request_id, query = parse_query(self.settings, self.count_query_tokens)

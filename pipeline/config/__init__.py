@@ -1,0 +1,14 @@
+"""Configuration: one typed, immutable object built from the environment, here only, in sections.
+
+`Settings` (settings.py) holds one section per component (sections.py); each field is bound to
+one environment variable with its parser, default and help (fields.py, parsers.py); the
+consistency checks (checks.py), the misspelt-variable warnings (typos.py) and the `settings`
+command (__main__.py) each have a module of their own. env.example lists every variable, and a
+test keeps it in step with Settings.variables().
+"""
+from pipeline.config.errors import CONFIG_ERROR_PREFIX, HIDDEN, ConfigError
+from pipeline.config.parsers import DTYPES, PRECISION_MODES, PRECISION_VARIANTS, Address
+from pipeline.config.settings import REPO_ROOT, BatchConfig, HttpServerConfig, Settings
+
+__all__ = ["CONFIG_ERROR_PREFIX", "DTYPES", "HIDDEN", "PRECISION_MODES", "PRECISION_VARIANTS", "REPO_ROOT", "Address",
+           "BatchConfig", "ConfigError", "HttpServerConfig", "Settings"]

@@ -1,0 +1,49 @@
+"""`python -m pipeline.config` (`./run.sh settings`): every setting's effective value and whether
+it is the default; a warning per misspelt variable; exit 2 listing every bad value."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Mapping
+
+from pipeline.config.errors import CONFIG_ERROR_PREFIX, ConfigError
+from pipeline.config.settings import Settings
+from pipeline.config.typos import misspelt_variables
+
+
+def describe(settings: Settings, env: Mapping[str, str]) -> list[str]:
+    """One line per variable: NAME=effective value, and whether that is the default."""
+    defaults = Settings.from_env({}).effective()
+    lines = []
+    for name, value in settings.effective().items():
+        if value == defaults[name]:
+            origin = "default" if name not in env else "set, equal to the default"
+        else:
+            origin = f"set (default: {defaults[name] or 'empty'})"
+        lines.append(f"{name}={value}".ljust(48) + f"  # {origin}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m pipeline.config` (`./run.sh settings`): the effective settings; exit 2 on bad values."""
+
+    parser = argparse.ArgumentParser(prog="python -m pipeline.config", description=main.__doc__)
+    parser.add_argument("--non-default", action="store_true", help="only the variables not at their default")
+    args = parser.parse_args(argv)
+    for warning in misspelt_variables():
+        print(f"warning: {warning}", file=sys.stderr)
+    try:
+        settings = Settings.from_env()
+    except ConfigError as exc:
+        print(f"{CONFIG_ERROR_PREFIX}{exc}", file=sys.stderr)
+        return 2
+    lines = describe(settings, os.environ)
+    if args.non_default:
+        lines = [line for line in lines if "# set (default" in line] or ["# every setting is at its default"]
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Consistency checks between settings: each returns its one-line problem, or None.
+
+Each check names the variables it reads, and runs only when all of them parsed (a value that
+did not parse is reported once, as itself, not again as a disagreement).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from pipeline import spec
+
+if TYPE_CHECKING:
+    from pipeline.config.settings import Settings
+
+# The longest /internal/answer `timeout_s` a worker accepts (a sanity bound on what another
+# node sends). The gateway forwards up to REQUEST_TIMEOUT_S, so that must not exceed it.
+MAX_INTERNAL_TIMEOUT_S = 3600.0
+# MAX_QUERY_TOKENS must leave room in the continuous KV budget (GENERATE_MAX_TOKENS) for the
+# prompt around the query (system prompt, three 200-character context lines: a generous
+# allowance) and the 128 new tokens, so that the largest request reserves at most a quarter
+# of the budget and never makes every other request wait behind its prefill.
+PROMPT_ALLOWANCE_TOKENS = 512
+KV_SHARE_OF_LARGEST_REQUEST = 4
+
+
+def _worker_nodes(s: Settings) -> str | None:
+    if any(n not in (0, 1) for n in s.cluster.worker_nodes):
+        return (f"WORKER_NODES={','.join(map(str, s.cluster.worker_nodes))!r} is not valid: "
+                "expected worker nodes among 0 and 1")
+    return None
+
+
+def _search_batch(s: Settings) -> str | None:
+    # Node 2 queues a whole search batch at once: a batch larger than its queue could never be accepted.
+    if s.search.max_batch > s.limits.stage_max_queue:
+        return (f"SEARCH_MAX_BATCH='{s.search.max_batch}' is not valid: expected at most "
+                f"STAGE_MAX_QUEUE ({s.limits.stage_max_queue}), or node 2 could never queue a batch")
+    return None
+
+
+def _internal_timeout(s: Settings) -> str | None:
+    # Node 1 refuses a forwarded timeout_s above its cap: every forward would fail.
+    if s.limits.request_timeout_s > MAX_INTERNAL_TIMEOUT_S:
+        return (f"REQUEST_TIMEOUT_S='{s.limits.request_timeout_s:g}' is not valid: expected at most "
+                f"{MAX_INTERNAL_TIMEOUT_S:g}, MAX_INTERNAL_TIMEOUT_S, the longest timeout_s a worker "
+                "accepts on /internal/answer")
+    return None
+
+
+def _joiners(s: Settings) -> str | None:
+    if s.gateway.max_joiners_per_id > s.gateway.max_joiners:
+        return (f"GATEWAY_MAX_JOINERS_PER_ID='{s.gateway.max_joiners_per_id}' is not valid: "
+                f"expected at most GATEWAY_MAX_JOINERS ({s.gateway.max_joiners})")
+    return None
+
+
+def _read_timeout(s: Settings) -> str | None:
+    if s.http.read_timeout_s >= s.limits.request_timeout_s:
+        return (f"HTTP_READ_TIMEOUT_S='{s.http.read_timeout_s:g}' is not valid: expected less than "
+                f"REQUEST_TIMEOUT_S ({s.limits.request_timeout_s:g}), or 0 for the derived value")
+    return None
+
+
+def _query_tokens(s: Settings) -> str | None:
+    largest = s.limits.max_query_tokens + PROMPT_ALLOWANCE_TOKENS + spec.MAX_NEW_TOKENS
+    budget = s.generate.max_tokens
+    if s.generate.mode == "continuous" and largest * KV_SHARE_OF_LARGEST_REQUEST > budget:
+        most = budget // KV_SHARE_OF_LARGEST_REQUEST - PROMPT_ALLOWANCE_TOKENS - spec.MAX_NEW_TOKENS
+        return (f"MAX_QUERY_TOKENS='{s.limits.max_query_tokens}' is not valid: expected at most {most}"
+                f" with GENERATE_MAX_TOKENS={budget}, so that the largest request "
+                f"(its query, a {PROMPT_ALLOWANCE_TOKENS}-token prompt allowance and "
+                f"{spec.MAX_NEW_TOKENS} new tokens) reserves at most 1/{KV_SHARE_OF_LARGEST_REQUEST} "
+                "of the KV budget")
+    return None
+
+
+def _channel_timeout(s: Settings) -> str | None:
+    # Waitress must keep a connection at least as long as a request may be waited on.
+    if not s.channel_timeout_s > s.limits.request_timeout_s:
+        return (f"REQUEST_TIMEOUT_S='{s.limits.request_timeout_s:g}' is not valid: expected a value "
+                f"whose HTTP channel timeout ({s.channel_timeout_s:g} s) lies above it")
+    return None
+
+
+# Each check with the variables it reads.
+CHECKS: tuple[tuple[frozenset[str], Callable[[Settings], str | None]], ...] = (
+    (frozenset({"WORKER_NODES"}), _worker_nodes),
+    (frozenset({"SEARCH_MAX_BATCH", "STAGE_MAX_QUEUE"}), _search_batch),
+    (frozenset({"REQUEST_TIMEOUT_S"}), _internal_timeout),
+    (frozenset({"GATEWAY_MAX_JOINERS_PER_ID", "GATEWAY_MAX_JOINERS"}), _joiners),
+    (frozenset({"HTTP_READ_TIMEOUT_S", "REQUEST_TIMEOUT_S"}), _read_timeout),
+    (frozenset({"MAX_QUERY_TOKENS", "GENERATE_MAX_TOKENS", "GENERATE_MODE"}), _query_tokens),
+    (frozenset({"REQUEST_TIMEOUT_S"}), _channel_timeout),
+)
+
+
+def disagreements(settings: Settings, unparsed: set[str]) -> list[str]:
+    """The problems of every check whose variables all parsed."""
+    problems = []
+    for variables, check in CHECKS:
+        if unparsed.isdisjoint(variables):
+            problem = check(settings)
+            if problem:
+                problems.append(problem)
+    return problems

@@ -1,0 +1,31 @@
+"""How a settings field is bound to its environment variable: name, parser, default and help."""
+from __future__ import annotations
+
+from dataclasses import field
+from typing import Any, Callable
+
+import pipeline.config.parsers as p
+
+
+def var(env: str, parse: Callable[[str], Any], default: str, help: str, *, secret: bool = False) -> Any:
+    """A section field read from one environment variable; a secret one is left out of repr()."""
+    return field(repr=not secret, metadata={"env": env, "parse": parse, "default": default, "help": help})
+
+
+def max_batch(stage: str, size: int, why: str) -> Any:
+    return var(f"{stage.upper()}_MAX_BATCH", p.int_range(1, 4096), str(size),
+               f"largest batch the {stage} stage runs ({why}; docs/performance.md)")
+
+
+def max_wait(stage: str, wait_ms: int) -> Any:
+    return var(f"{stage.upper()}_MAX_WAIT_MS", p.non_negative_float, str(wait_ms),
+               f"how long the {stage} stage's oldest item may wait for a fuller batch (ms)")
+
+
+def dtype(stage: str, model: str) -> Any:
+    return var(f"{stage.upper()}_DTYPE", p.optional_dtype, "", f"dtype override for the {model} (empty: DTYPE)")
+
+
+def precision(stage: str, model: str) -> Any:
+    return var(f"{stage.upper()}_PRECISION", p.optional_precision, "",
+               f"precision of the {model} (empty: PRECISION): exact, fast, float32, bfloat16, int8-dynamic or int8-weight")

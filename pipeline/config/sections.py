@@ -1,0 +1,179 @@
+"""The settings in sections: one frozen dataclass per component, each field bound to one
+environment variable (fields.var). A component is given its own section and nothing else.
+
+Sections: the cluster, the models and their precision, one per stage (its batch window and
+what only that stage reads), the limits on what a request may cost, the gateway, HTTP, and
+observability. Settings (pipeline.config.settings) puts them together.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import pipeline.config.fields as f
+import pipeline.config.parsers as p
+from pipeline.config.parsers import Address
+from pipeline.spec import Stage
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """Which node this is, where every node listens, and how nodes call each other."""
+    total_nodes: int = f.var("TOTAL_NODES", p.int_range(3, 3), "3", "number of nodes; the design has exactly 3")
+    node_number: int | None = f.var("NODE_NUMBER", p.optional_node, "", "this node's role: 0 gateway+worker, 1 worker, 2 index server; empty for tools")
+    node_0_ip: Address = f.var("NODE_0_IP", p.address, "127.0.0.1:8000", "host:port of node 0 (gateway and worker)")
+    node_1_ip: Address = f.var("NODE_1_IP", p.address, "127.0.0.1:8001", "host:port of node 1 (worker)")
+    node_2_ip: Address = f.var("NODE_2_IP", p.address, "127.0.0.1:8002", "host:port of node 2 (FAISS index server)")
+    worker_nodes: tuple[int, ...] = f.var("WORKER_NODES", p.node_list, "0,1", "nodes the gateway round-robins requests between")
+    connect_timeout_s: float = f.var("CONNECT_TIMEOUT_S", p.positive_float, "3", "connect timeout of node-to-node calls")
+    cluster_token: str = f.var("CLUSTER_TOKEN", p.token, "", "shared secret every internal endpoint (/search, /internal/answer) requires in X-Cluster-Token; empty = no check", secret=True)
+
+    def node_address(self, node: int) -> Address:
+        return (self.node_0_ip, self.node_1_ip, self.node_2_ip)[node]
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """Where the model weights come from, and the device, dtype and precision they run in."""
+    only_cpu: bool = f.var("ONLY_CPU", p.boolean, "false", "true forces the CPU even where a GPU exists")
+    hf_hub_offline: bool = f.var("HF_HUB_OFFLINE", p.boolean, "false", "true: never contact the Hugging Face hub (huggingface_hub reads it too); MODEL_SOURCE=auto then uses cached real models or stand-ins")
+    model_source: str = f.var("MODEL_SOURCE", p.choice("auto", "hub", "standin"), "auto", "hub: real models (`./run.sh models` checks the cache; a node without them and without the hub exits at once naming the fetch commands); standin: offline random-weight stand-ins; auto: real if cached or downloadable")
+    standin_profile: str = f.var("STANDIN_PROFILE", p.choice("tiny", "faithful"), "tiny", "stand-in size: tiny for tests and demo, faithful (real shapes) for benchmarks")
+    standin_home: Path | None = f.var("STANDIN_HOME", p.optional_path, "", "where stand-ins are built (default .cache/standins/<profile>)")
+    dtype: str = f.var("DTYPE", p.choice(*p.DTYPES), "auto", "model dtype: auto = bfloat16 on CPUs with avx512_bf16/AMX, else float32; never float16 on CPU")
+    precision: str = f.var("PRECISION", p.choice(*p.PRECISION_MODES), "exact", "exact: each model as loaded in its *_DTYPE (today's behaviour); fast: each stage's fastest measured variant on this hardware (pipeline/precision.py FAST; int8 or bfloat16, answers may differ slightly)")
+    torch_threads: int = f.var("TORCH_THREADS", p.int_range(0, 1024), "0", "torch intra-op threads; 0 = the core count")
+
+
+class BatchWindow(Protocol):
+    """What every stage section has: its batch window."""
+    @property
+    def max_batch(self) -> int: ...
+    @property
+    def max_wait_ms(self) -> float: ...
+
+
+class ModelStage(BatchWindow, Protocol):
+    """A model stage's section: its batch window and its dtype and precision overrides."""
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def precision(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class EmbedSettings:
+    max_batch: int = f.max_batch(Stage.EMBED, 16, "measured: 84 ms per query alone, 29 ms at 16")
+    max_wait_ms: float = f.max_wait(Stage.EMBED, 5)
+    dtype: str = f.dtype(Stage.EMBED, "embedder")
+    precision: str = f.precision(Stage.EMBED, "embedder")
+    cache_size: int = f.var("EMBED_CACHE_SIZE", p.int_range(0, 10_000_000), "1024", "query embeddings each worker keeps (LRU; 0 = off): the same question skips the embedder")
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """The worker's side of search: one HTTP call to node 2 per batch."""
+    max_batch: int = f.max_batch(Stage.SEARCH, 16, "one HTTP call to node 2 per batch; faiss: 34 ms per query alone, 13 ms at 16")
+    max_wait_ms: float = f.max_wait(Stage.SEARCH, 5)
+    timeout_s: float = f.var("SEARCH_TIMEOUT_S", p.positive_float, "30", "read timeout of a search call to node 2")
+
+
+@dataclass(frozen=True)
+class FetchSettings:
+    max_batch: int = f.max_batch(Stage.FETCH, 32, "one SQL query per batch; about 4 ms per request at any size")
+    max_wait_ms: float = f.max_wait(Stage.FETCH, 2)
+    documents_dir: Path = f.var("DOCUMENTS_DIR", p.path, "data/demo/documents", "folder holding documents.db (workers)")
+
+    @property
+    def documents_db(self) -> Path:
+        return self.documents_dir / "documents.db"
+
+
+@dataclass(frozen=True)
+class RerankSettings:
+    max_batch: int = f.max_batch(Stage.RERANK, 1, "measured: about 2.9 s per request at 1, 2 and 4; batching only delays the first")
+    max_wait_ms: float = f.max_wait(Stage.RERANK, 0)
+    dtype: str = f.dtype(Stage.RERANK, "reranker")
+    precision: str = f.precision(Stage.RERANK, "reranker")
+
+
+@dataclass(frozen=True)
+class GenerateSettings:
+    max_batch: int = f.max_batch(Stage.GENERATE, 16, "continuous mode: sequences decoding together; one decode step measured 476 ms at 8, 554 ms at 16 (2.99x the one-at-a-time reference's tokens/s)")
+    max_wait_ms: float = f.max_wait(Stage.GENERATE, 20)
+    dtype: str = f.dtype(Stage.GENERATE, "LLM")
+    precision: str = f.precision(Stage.GENERATE, "LLM")
+    mode: str = f.var("GENERATE_MODE", p.choice("continuous", "static"), "continuous", "continuous: sequences join and leave the running batch every decode step; static: whole batches through generate()")
+    max_tokens: int = f.var("GENERATE_MAX_TOKENS", p.int_range(256, 10_000_000), "16384", "continuous mode: KV-cache tokens (prompt + 128 new) the running sequences may reserve; bounds its memory (Qwen2-0.5B: 24 KiB a token in float32, so about 400 MB)")
+    prefill_chunk: int = f.var("GENERATE_PREFILL_CHUNK", p.int_range(1, 100_000), "512", "continuous mode: prompt tokens prefilled per iteration, so decoding sequences wait at most that long")
+
+
+@dataclass(frozen=True)
+class SentimentSettings:
+    max_batch: int = f.max_batch(Stage.SENTIMENT, 16, "measured: 308 ms per text alone, 200 ms at 16")
+    max_wait_ms: float = f.max_wait(Stage.SENTIMENT, 5)
+    dtype: str = f.dtype(Stage.SENTIMENT, "sentiment classifier")
+    precision: str = f.precision(Stage.SENTIMENT, "sentiment classifier")
+
+
+@dataclass(frozen=True)
+class ToxicitySettings:
+    max_batch: int = f.max_batch(Stage.TOXICITY, 16, "measured: 325 ms per text alone, 189 ms at 16")
+    max_wait_ms: float = f.max_wait(Stage.TOXICITY, 5)
+    dtype: str = f.dtype(Stage.TOXICITY, "toxicity classifier")
+    precision: str = f.precision(Stage.TOXICITY, "toxicity classifier")
+
+
+@dataclass(frozen=True)
+class IndexSettings:
+    """Node 2: the FAISS index it serves and how it merges concurrent searches."""
+    max_batch: int = f.max_batch(Stage.INDEX, 32, "node 2 merges concurrent searches")
+    max_wait_ms: float = f.max_wait(Stage.INDEX, 2)
+    faiss_index_path: Path = f.var("FAISS_INDEX_PATH", p.path, "data/demo/faiss_index.bin", "the FAISS index node 2 serves")
+    nprobe: int = f.var("NPROBE", p.int_range(1, 65536), "64", "IVF lists probed per FAISS search")
+    faiss_mmap: bool = f.var("FAISS_MMAP", p.boolean, "true", "memory-map the index file instead of reading it into RAM")
+    faiss_threads: int = f.var("FAISS_THREADS", p.int_range(0, 1024), "0", "faiss OpenMP threads; 0 = the core count")
+
+
+@dataclass(frozen=True)
+class LimitsSettings:
+    """What one request may cost and how long it may take (README "Failure behaviour and its knobs")."""
+    request_timeout_s: float = f.var("REQUEST_TIMEOUT_S", p.positive_float, "280", "a request unanswered after this gets 504 (clients wait 300 s)")
+    stage_max_queue: int = f.var("STAGE_MAX_QUEUE", p.int_range(1, 1_000_000), "256", "items a stage may hold waiting before it answers 503")
+    max_request_id_chars: int = f.var("MAX_REQUEST_ID_CHARS", p.int_range(1, 1_000_000), "256", "longest request_id accepted (longer: 400)")
+    max_query_chars: int = f.var("MAX_QUERY_CHARS", p.int_range(1, 1_000_000), "4096", "longest query accepted (longer: 400)")
+    max_query_tokens: int = f.var("MAX_QUERY_TOKENS", p.int_range(16, 1_000_000), "1024", "longest query accepted in the LLM tokenizer's tokens (longer: 400); emoji and some scripts take several tokens a character, and the embedder and reranker read only the first 512 anyway")
+    max_body_bytes: int = f.var("MAX_BODY_BYTES", p.int_range(256, 64 * 1024 * 1024), "65536", "largest /query or /internal/answer body accepted (larger: 413)")
+    shutdown_grace_s: float = f.var("SHUTDOWN_GRACE_S", p.non_negative_float, "60", "after SIGTERM, how long a node lets requests in flight finish; those still running then get 503 'stopping' (retry) and the node exits. Well under REQUEST_TIMEOUT_S, so the gateway can still recompute a stopped node 1's requests on node 0 (a warning at startup otherwise)")
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    """Node 0's admission, request_id rules, reply caches and worker health probes."""
+    max_in_flight: int = f.var("GATEWAY_MAX_IN_FLIGHT", p.int_range(1, 100_000), "96", "distinct requests node 0 computes at once; more get an immediate 503 with Retry-After")
+    max_joiners_per_id: int = f.var("GATEWAY_MAX_JOINERS_PER_ID", p.int_range(0, 100_000), "8", "callers that may wait on one request_id already in flight (each holds an HTTP thread); more get an immediate 503")
+    max_joiners: int = f.var("GATEWAY_MAX_JOINERS", p.int_range(0, 100_000), "16", "callers that may wait on request_ids in flight, all ids together; under the 32 spare HTTP threads, so /health and 503s always get one")
+    health_interval_s: float = f.var("HEALTH_INTERVAL_S", p.positive_float, "2", "how often the gateway re-checks a worker out of rotation")
+    response_cache_size: int = f.var("RESPONSE_CACHE_SIZE", p.int_range(0, 10_000_000), "0", "replies node 0 keeps by normalised query (0 = off: valid only while models and documents are fixed)")
+    response_cache_ttl_s: float = f.var("RESPONSE_CACHE_TTL_S", p.non_negative_float, "300", "how long a cached reply is served (s; 0 = until evicted or POST /cache/clear)")
+    idempotency_cache_size: int = f.var("IDEMPOTENCY_CACHE_SIZE", p.int_range(0, 10_000_000), "1024", "completed replies node 0 keeps to answer a repeated request_id without recomputing (0 = none)")
+    idempotency_ttl_s: float = f.var("IDEMPOTENCY_TTL_S", p.non_negative_float, "300", "how long a completed reply stays in that cache (s)")
+
+
+@dataclass(frozen=True)
+class HttpSettings:
+    """Each node's HTTP server: threads, connections, and how long a request may take to arrive."""
+    waitress_threads: int = f.var("WAITRESS_THREADS", p.int_range(0, 1024), "0", "HTTP threads per node; 0 = GATEWAY_MAX_IN_FLIGHT + 32 spare on workers, 32 on the index server")
+    read_timeout_s: float = f.var("HTTP_READ_TIMEOUT_S", p.non_negative_float, "0", "a request's headers and body must arrive within this many seconds of its first byte (a new connection's first request: of the connect), else the connection is closed; slow clients (slowloris) cannot hold connections; 0 = REQUEST_TIMEOUT_S / 30 within 2..30 s")
+    connection_limit: int = f.var("HTTP_CONNECTION_LIMIT", p.int_range(0, 1_000_000), "0", "open HTTP connections a node accepts at once (beyond: new ones wait unaccepted); 0 = the larger of 1024 and 4 per HTTP thread")
+
+
+@dataclass(frozen=True)
+class ObservabilitySettings:
+    """Logs and traces (services/server/tracing.py)."""
+    log_level: str = f.var("LOG_LEVEL", p.choice("debug", "info", "warning", "error"), "info", "logging level")
+    log_format: str = f.var("LOG_FORMAT", p.choice("text", "json"), "text", "node log lines: text for people, json for log collectors (one object per line: time, node, level, logger, message and the request's fields)")
+    tracing: str = f.var("TRACING", p.choice("off", "otlp", "jsonl"), "off", "OpenTelemetry tracing: off; otlp = export spans over OTLP/HTTP to TRACING_ENDPOINT; jsonl = append one JSON span per line to TRACING_FILE (W3C trace context crosses nodes 0 -> 1 -> 2 either way)")
+    tracing_endpoint: str = f.var("TRACING_ENDPOINT", p.text, "http://127.0.0.1:4318/v1/traces", "OTLP/HTTP traces endpoint (a collector, Jaeger, Tempo) when TRACING=otlp")
+    tracing_file: str = f.var("TRACING_FILE", p.text, "", "file spans are appended to when TRACING=jsonl (empty = logs/traces-node<N>.jsonl)")

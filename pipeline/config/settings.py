@@ -1,0 +1,230 @@
+"""Settings: the sections put together, built from the environment here and nowhere else.
+
+`Settings.from_env()` parses every variable of every section; bad values raise one ConfigError
+with one line per problem, all at once (each naming the variable, the value and what is
+accepted), then one line per disagreement between values (pipeline.config.checks).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import pipeline.config.sections as s
+from pipeline.config.errors import HIDDEN, ConfigError
+from pipeline.config.parsers import Address, render
+from pipeline.spec import MODEL_STAGES, Stage
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# Waitress closes a connection that has no request in progress after this long quiet
+# (idle keep-alive connections between nodes, stalled uploads): REQUEST_TIMEOUT_S plus this, so
+# no connection is cut while a request could still be waited on.
+CHANNEL_TIMEOUT_MARGIN_S = 60.0
+# Derived HTTP read timeout (HTTP_READ_TIMEOUT_S=0): REQUEST_TIMEOUT_S / 30, within these bounds:
+# long enough for a 32 MiB /search upload on a LAN, short enough that a slowloris socket
+# holds a connection for seconds, not for the request timeout.
+READ_TIMEOUT_SHARE, MIN_READ_TIMEOUT_S, MAX_READ_TIMEOUT_S = 30.0, 2.0, 30.0
+# Derived connection limit (HTTP_CONNECTION_LIMIT=0): at least this many, or 4 per HTTP thread.
+MIN_CONNECTION_LIMIT = 1024
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    """What a stage's batching service is built with: its window and its queue bound."""
+    max_size: int
+    max_wait_ms: float
+    max_queue: int
+
+
+@dataclass(frozen=True)
+class HttpServerConfig:
+    """What one node's HTTP server is built with (derived from the HTTP, limits and cluster sections)."""
+    threads: int
+    read_timeout_s: float
+    connection_limit: int
+    channel_timeout_s: float
+    max_body_bytes: int
+    cluster_token: str
+
+
+StageSection = (s.EmbedSettings | s.SearchSettings | s.FetchSettings | s.RerankSettings | s.GenerateSettings
+                | s.SentimentSettings | s.ToxicitySettings | s.IndexSettings)
+
+
+def _section(section_type: type) -> Any:
+    """A field of Settings holding one section."""
+    return dataclasses.field(metadata={"section": section_type})
+
+
+@dataclass(frozen=True)
+class Settings:
+    cluster: s.ClusterSettings = _section(s.ClusterSettings)
+    models: s.ModelSettings = _section(s.ModelSettings)
+    embed: s.EmbedSettings = _section(s.EmbedSettings)
+    search: s.SearchSettings = _section(s.SearchSettings)
+    fetch: s.FetchSettings = _section(s.FetchSettings)
+    rerank: s.RerankSettings = _section(s.RerankSettings)
+    generate: s.GenerateSettings = _section(s.GenerateSettings)
+    sentiment: s.SentimentSettings = _section(s.SentimentSettings)
+    toxicity: s.ToxicitySettings = _section(s.ToxicitySettings)
+    index: s.IndexSettings = _section(s.IndexSettings)
+    limits: s.LimitsSettings = _section(s.LimitsSettings)
+    gateway: s.GatewaySettings = _section(s.GatewaySettings)
+    http: s.HttpSettings = _section(s.HttpSettings)
+    observability: s.ObservabilitySettings = _section(s.ObservabilitySettings)
+
+    # ----------------------------------------------------------------- building
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Parse every variable; ConfigError with one line per bad value, then per disagreement.
+
+        Every problem is reported at once, so an operator fixes them in one round: first each
+        value that does not parse, then each consistency check whose variables all parsed.
+        """
+        from pipeline.config.checks import disagreements
+        env = os.environ if env is None else env
+        problems: list[str] = []
+        unparsed: set[str] = set()
+        sections = {}
+        for section in dataclasses.fields(cls):
+            values = {}
+            for f in dataclasses.fields(_section_type(section)):
+                meta = f.metadata
+                raw = env.get(meta["env"])
+                raw = meta["default"] if raw is None else raw
+                try:
+                    values[f.name] = meta["parse"](raw)
+                except ValueError as exc:
+                    shown = raw if f.repr else HIDDEN  # a secret's value never reaches a log
+                    problems.append(f"{meta['env']}={shown!r} is not valid: expected {exc}")
+                    unparsed.add(meta["env"])
+                    # The default stands in, so the checks that do not read this variable can still run.
+                    values[f.name] = meta["parse"](meta["default"])
+            sections[section.name] = _section_type(section)(**values)
+        settings = cls(**sections)
+        problems += disagreements(settings, unparsed)
+        if problems:
+            raise ConfigError(*problems)
+        return settings
+
+    # ----------------------------------------------------------------- views
+
+    @staticmethod
+    def variables() -> dict[str, dict]:
+        """Environment variable name -> {section, field, default, help}, in declaration order."""
+        return {f.metadata["env"]: {"section": section, "field": f.name, "default": f.metadata["default"],
+                                    "help": f.metadata["help"]}
+                for section, f in _variable_fields()}
+
+    def effective(self) -> dict[str, str]:
+        """Environment variable name -> effective value as the string that sets it, in declaration
+        order; a secret that is set reads "<hidden>" (what GET /settings and the startup line show)."""
+        shown = {}
+        for section, f in _variable_fields():
+            text = render(getattr(getattr(self, section), f.name))
+            shown[f.metadata["env"]] = HIDDEN if text and not f.repr else text
+        return shown
+
+    def non_defaults(self) -> dict[str, str]:
+        """effective() restricted to the variables whose value differs from their default."""
+        defaults = Settings.from_env({}).effective()
+        return {name: value for name, value in self.effective().items() if value != defaults[name]}
+
+    def node_address(self, node: int) -> Address:
+        return self.cluster.node_address(node)
+
+    def stage(self, stage: str) -> StageSection:
+        """The section of one stage (a Stage, or its name)."""
+        if stage not in tuple(Stage):
+            raise KeyError(stage)
+        section: StageSection = getattr(self, str(stage))
+        return section
+
+    def model_stage(self, stage: str) -> s.ModelStage:
+        if stage not in MODEL_STAGES:
+            raise KeyError(stage)
+        section: s.ModelStage = getattr(self, str(stage))
+        return section
+
+    def batching(self, stage: str) -> BatchConfig:
+        section = self.stage(stage)
+        return BatchConfig(section.max_batch, section.max_wait_ms, self.limits.stage_max_queue)
+
+    def stage_dtype(self, stage: str) -> str:
+        return self.model_stage(stage).dtype or self.models.dtype
+
+    def stage_dtype_variable(self, stage: str) -> str:
+        return f"{stage.upper()}_DTYPE" if self.model_stage(stage).dtype else "DTYPE"
+
+    def stage_precision(self, stage: str) -> str:
+        return self.model_stage(stage).precision or self.models.precision
+
+    def stage_precision_variable(self, stage: str) -> str:
+        return f"{stage.upper()}_PRECISION" if self.model_stage(stage).precision else "PRECISION"
+
+    @property
+    def channel_timeout_s(self) -> float:
+        """Waitress's channel timeout: above the request timeout (CHANNEL_TIMEOUT_MARGIN_S)."""
+        return self.limits.request_timeout_s + CHANNEL_TIMEOUT_MARGIN_S
+
+    @property
+    def read_timeout_s(self) -> float:
+        """HTTP_READ_TIMEOUT_S, or derived from REQUEST_TIMEOUT_S (READ_TIMEOUT_SHARE) when 0."""
+        if self.http.read_timeout_s:
+            return self.http.read_timeout_s
+        share = self.limits.request_timeout_s / READ_TIMEOUT_SHARE
+        return min(MAX_READ_TIMEOUT_S, max(MIN_READ_TIMEOUT_S, share))
+
+    def connection_limit(self, http_threads: int) -> int:
+        """HTTP_CONNECTION_LIMIT, or derived from the node's HTTP threads when 0."""
+        return self.http.connection_limit or max(MIN_CONNECTION_LIMIT, 4 * http_threads)
+
+    def http_server(self, threads: int, max_body_bytes: int) -> HttpServerConfig:
+        """The HTTP server's configuration for a node with `threads` HTTP threads."""
+        return HttpServerConfig(threads, self.read_timeout_s, self.connection_limit(threads), self.channel_timeout_s,
+                                max_body_bytes, self.cluster.cluster_token)
+
+    @property
+    def standin_dir(self) -> Path:
+        return self.models.standin_home or (REPO_ROOT / ".cache" / "standins" / self.models.standin_profile)
+
+    # ----------------------------------------------------------------- role checks
+
+    def require_node_number(self) -> int:
+        if self.cluster.node_number is None:
+            raise ConfigError("NODE_NUMBER='' is not valid: expected an integer from 0 to 2 to start a node")
+        return self.cluster.node_number
+
+    def require_index_file(self) -> Path:
+        path = self.index.faiss_index_path
+        if not path.is_file():
+            raise ConfigError(f"FAISS_INDEX_PATH={str(path)!r} is not valid: expected an existing FAISS index file")
+        return path
+
+    def require_documents(self) -> Path:
+        if not self.fetch.documents_db.is_file():
+            raise ConfigError(f"DOCUMENTS_DIR={str(self.fetch.documents_dir)!r} is not valid: expected a folder "
+                              "holding documents.db")
+        return self.fetch.documents_db
+
+
+def _section_type(section: dataclasses.Field) -> type:
+    return section.metadata["section"]
+
+
+def _variable_fields() -> Iterator[tuple[str, dataclasses.Field]]:
+    """(section name, field) for every variable, in declaration order."""
+    for section in dataclasses.fields(Settings):
+        for f in dataclasses.fields(_section_type(section)):
+            yield section.name, f
+
+
+def parse_one(variable: str, raw: str) -> Any:
+    """One variable's parsed value (ValueError saying what is accepted)."""
+    for _section, f in _variable_fields():
+        if f.metadata["env"] == variable:
+            return f.metadata["parse"](raw)
+    raise KeyError(variable)

@@ -1,0 +1,66 @@
+"""A Flask app whose every error is JSON: the one place a raised error becomes an HTTP answer.
+
+Handlers raise; the error handler installed here turns what they raise into an answer through
+`services.server.errors.http_answer`. No handler leaks an HTML page or a traceback.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from flask import Flask, Response, g, jsonify, request
+from werkzeug.exceptions import HTTPException
+
+from services.server import tracing
+from services.server.errors import HttpAnswer, http_answer
+from services.server.request_ids import install_request_id
+
+log = logging.getLogger(__name__)
+
+
+def error_response(status: int, message: str, *, field: str | None = None,
+                   retry_after_s: float | None = None) -> Response:
+    body: dict[str, Any] = {"error": message}
+    if field is not None:
+        body["field"] = field
+    response = jsonify(body)
+    response.status_code = status
+    if retry_after_s is not None:
+        response.headers["Retry-After"] = str(max(1, math.ceil(retry_after_s)))
+    return response
+
+
+
+def _answer_for(exc: Exception) -> HttpAnswer:
+    """The table's answer; Flask's own HTTP errors (404, 405) as they are; anything else is a bug."""
+    answer = http_answer(exc)
+    if answer is not None:
+        return answer
+    if isinstance(exc, HTTPException):
+        return HttpAnswer(exc.code or 500, exc.description or exc.name)
+    log.exception("internal error on %s %s", request.method, request.path)
+    return HttpAnswer(500, f"internal error: {type(exc).__name__}")
+
+
+def install_error_handler(app: Flask) -> None:
+    """The one place a raised error becomes an HTTP answer, on every node."""
+    @app.errorhandler(Exception)
+    def _error(exc: Exception):
+        answer = _answer_for(exc)
+        if answer.log_level is not None:
+            request_id = g.get("request_id")  # set once the body named one; repr: it cannot forge log lines
+            tag = f" request_id={request_id!r}" if request_id is not None else ""
+            log.log(answer.log_level, "%s %s%s -> %d: %s", request.method, request.path, tag, answer.status, exc)
+        return error_response(answer.status, answer.message, field=answer.field,
+                              retry_after_s=answer.retry_after_s)
+
+
+def make_app(name: str) -> Flask:
+    app = Flask(name)
+    app.json.sort_keys = False
+    install_error_handler(app)
+    tracing.install_server_spans(app)  # first: it must see the requests the hooks after it refuse
+    install_request_id(app)
+    return app
+

@@ -1,0 +1,178 @@
+"""Waitress, hardened: refusals decided from the headers before a body is read (cluster token, size),
+JSON error pages, a read timeout against slow clients, a connection limit within the open-files limit.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import resource
+import time
+from dataclasses import dataclass
+from http import HTTPStatus
+
+from flask import Flask
+
+from pipeline.config import ConfigError, HttpServerConfig
+from services.server.errors import ApiError, HttpAnswer, http_answer
+from services.server.body import body_too_large
+from services.server.token import INTERNAL_PREFIX, token_matches, token_refused, warn_if_exposed
+
+log = logging.getLogger(__name__)
+
+# Waitress keeps a partial header in memory: our clients send a few hundred bytes, so 16 KiB
+# (waitress: 256 KiB) bounds what a thousand slow connections can hold to 16 MiB.
+MAX_HEADER_BYTES = 16 * 1024
+# File descriptors a node needs beyond its client connections (models, index, node-to-node pools).
+SPARE_FDS = 256
+
+
+@dataclass(frozen=True)
+class HeaderGate:
+    """What a node refuses once a request's headers are in, before waitress reads its body."""
+    token: str
+    internal_paths: frozenset
+    max_body_bytes: int
+
+    def refusal(self, path: str, sent_token: str, content_length: int) -> ApiError | None:
+        internal = path in self.internal_paths or path.startswith(INTERNAL_PREFIX)
+        if internal and self.token and not token_matches(sent_token, self.token):
+            return token_refused()
+        if content_length > self.max_body_bytes:
+            return body_too_large(content_length, self.max_body_bytes)
+        return None
+
+
+def header_gate(app: Flask, token: str, max_body_bytes: int) -> HeaderGate:
+    internal = frozenset(rule.rule for rule in app.url_map.iter_rules()
+                         if getattr(app.view_functions.get(rule.endpoint), "cluster_internal", False))
+    return HeaderGate(token, internal, max_body_bytes)
+
+
+
+def _refusal_class():
+    from waitress.utilities import Error
+
+    class Refusal(Error):
+        """A waitress request error carrying our table's answer (HeaderGate's refusals)."""
+
+        def __init__(self, exc: ApiError):
+            self.answer = http_answer(exc)
+            super().__init__(self.answer.message)
+            self.code = self.answer.status
+            self.reason = HTTPStatus(self.code).phrase
+
+    return Refusal
+
+
+def _gated_parser(gate: HeaderGate):
+    from waitress.parser import HTTPRequestParser
+    refusal_class = _refusal_class()
+
+    class GatedParser(HTTPRequestParser):
+        def parse_header(self, header_plus):
+            super().parse_header(header_plus)
+            refused = gate.refusal(self.path, self.headers.get("X_CLUSTER_TOKEN", ""), self.content_length)
+            if refused is not None:
+                self.error = refusal_class(refused)
+                # No body to wait for: waitress then answers at once (and closes the connection).
+                self.body_rcv, self.content_length, self.chunked = None, 0, False
+
+    return GatedParser
+
+
+def _json_error_channel(gate: HeaderGate):
+    """A waitress channel whose own refusals are JSON like every other error.
+
+    Waitress answers some requests before the app sees them (a body over
+    max_request_body_size, malformed HTTP, HeaderGate's refusals) with a text/plain
+    page; callers parse our errors as JSON, so those get the same {"error": ...} shape.
+    It also notes since when a request is being read (`reading_since`), for the read timeout.
+    """
+    from waitress.channel import HTTPChannel
+    from waitress.task import ErrorTask
+
+    class JsonErrorTask(ErrorTask):
+        def execute(self):
+            error = self.request.error
+            answer = getattr(error, "answer", None) or HttpAnswer(
+                error.code, f"{error.reason}: {error.body}", "body" if error.code == 413 else "request")
+            body = json.dumps({"error": answer.message, "field": answer.field}).encode()
+            self.status = f"{error.code} {error.reason}"
+            self.response_headers.append(("Content-Type", "application/json"))
+            self.set_close_on_finish()
+            self.content_length = len(body)
+            self.write(body)
+
+    class JsonErrorChannel(HTTPChannel):
+        error_task_class = JsonErrorTask
+        parser_class = _gated_parser(gate)
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.reading_since = self.creation_time  # a new connection must start its request in time
+
+        def received(self, data):
+            if self.request is None and self.reading_since is None:
+                self.reading_since = time.time()  # the first bytes of a request on a kept-alive connection
+            result = super().received(data)
+            if self.request is None:  # no request left half-read
+                self.reading_since = None
+            return result
+
+    return JsonErrorChannel
+
+
+def _close_slow_readers(server, read_timeout_s: float, now: float) -> None:
+    """Waitress's idle cleanup, plus: close a connection still reading a request after read_timeout_s.
+
+    Waitress itself closes only connections with no bytes for channel_timeout, so a client that
+    trickles a header byte now and then (slowloris) would keep its connection for ever. A request
+    being computed is never touched (channel.requests holds it).
+    """
+    type(server).maintenance(server, now)
+    cutoff = now - read_timeout_s
+    for channel in list(server.active_channels.values()):
+        since = getattr(channel, "reading_since", None)
+        if not channel.requests and since is not None and since < cutoff:
+            channel.will_close = True
+
+
+def _ensure_fd_room(connection_limit: int) -> None:
+    """Raise the soft open-files limit so the connection limit can be reached; ConfigError if it cannot."""
+    needed = connection_limit + SPARE_FDS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        if hard != resource.RLIM_INFINITY and hard < needed:
+            raise ConfigError(f"HTTP_CONNECTION_LIMIT='{connection_limit}' is not valid: expected at most "
+                              f"{hard - SPARE_FDS} (the open-files hard limit {hard} less {SPARE_FDS} spare)")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+
+
+def build_http_server(app: Flask, host: str, port: int, config: HttpServerConfig):
+    """A waitress server, returned unstarted so the caller can close it on SIGTERM.
+
+    `config` gives the threads, the read timeout, the connection limit, the cluster token and
+    the channel timeout (how long a kept-alive connection may sit idle between requests).
+    """
+    from waitress.server import BaseWSGIServer, create_server
+    read_timeout_s, connection_limit, threads = config.read_timeout_s, config.connection_limit, config.threads
+    max_body_bytes = config.max_body_bytes
+    _ensure_fd_room(connection_limit)
+    warn_if_exposed(host, config.cluster_token)
+    gate = header_gate(app, config.cluster_token, max_body_bytes)
+    # Waitress refuses a declared size over the limit before reading (as does HeaderGate, with our
+    # message); this cap is what stops a chunked body, which declares none.
+    server = create_server(app, host=host, port=port, threads=threads, channel_timeout=config.channel_timeout_s,
+                           connection_limit=connection_limit, clear_untrusted_proxy_headers=True,
+                           max_request_body_size=max_body_bytes + 1, max_request_header_size=MAX_HEADER_BYTES,
+                           cleanup_interval=max(0.5, read_timeout_s / 4), ident="rag-node")
+    channel = _json_error_channel(gate)
+    sockets = server.map if hasattr(server, "map") else server._map  # one listener, or several
+    for dispatcher in sockets.values():
+        if isinstance(dispatcher, BaseWSGIServer):
+            dispatcher.channel_class = channel
+            dispatcher.maintenance = functools.partial(_close_slow_readers, dispatcher, read_timeout_s)
+    log.info("HTTP: read timeout %.1fs, %d connections at most, idle keep-alive %.0fs", read_timeout_s,
+             connection_limit, config.channel_timeout_s)
+    return server
