@@ -14,7 +14,8 @@ import threading
 import warnings
 from datetime import datetime, timezone
 
-from pipeline.config import ConfigError, Settings, misspelt_variables
+from pipeline.config import ConfigError, Settings
+from pipeline.config.typos import misspelt_variables
 from pipeline.device import thread_budget
 from services.server import tracing
 from services.server.routes import build_app

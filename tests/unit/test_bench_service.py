@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.config import STAGES, Settings
+from pipeline.config import Settings
+from pipeline.spec import Stage
 from profiling import bench_service
 from profiling.lib.prometheus import MetricsSnapshot
 from tests.helpers import TEST_ENV
@@ -18,10 +19,10 @@ def _settings(variant: bench_service.Variant) -> Settings:
 def test_unbatched_baseline_forces_every_stage_to_one_at_a_time():
     unbatched, batched = bench_service.batching_variants(cores=2)
     slow, fast = _settings(unbatched), _settings(batched)
-    assert all(slow.batching(stage).max_size == 1 for stage in STAGES)
+    assert all(slow.batching(stage).max_size == 1 for stage in Stage)
     assert slow.generate_mode == "static"
     defaults = Settings.from_env(TEST_ENV)
-    assert all(fast.batching(stage) == defaults.batching(stage) for stage in STAGES)
+    assert all(fast.batching(stage) == defaults.batching(stage) for stage in Stage)
     assert fast.generate_mode == defaults.generate_mode == "continuous"
 
 

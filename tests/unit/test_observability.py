@@ -19,7 +19,8 @@ from services.stages.continuous import ContinuousGenerationService
 from services.server.app import make_app
 from services.server.request_ids import (MAX_REQUEST_ID_HEADER_CHARS, batch_request_ids, bind_request_id, current_request_id,
                                   header_form)
-from services.server.metrics import GatewayCollector, InfoCollector
+from services.roles.gateway.metrics import GatewayCollector
+from services.server.metrics import InfoCollector
 from services.node import JsonFormatter
 from services.roles.worker.request_path import collect_stage_times
 from tests.unit.test_gateway import FakeWorker

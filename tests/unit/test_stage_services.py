@@ -16,6 +16,7 @@ from services.stages.batching import BatchingService
 from services.server.errors import Overloaded, ServiceClosed, StageDown
 from services.stages.continuous import ContinuousGenerationService, GenerationStats, GenerationTicket
 from services.server.metrics import NodeMetrics
+from services.stages.metrics import BatchingCollector, GenerationCollector
 from services.stages.protocol import StageService
 from tests.helpers import ManualClock
 
@@ -205,7 +206,10 @@ class FakeEngine:
 
 def scrape(services) -> dict:
     app = Flask("t")
-    NodeMetrics(lambda: services).instrument(app)
+    metrics = NodeMetrics()
+    metrics.register(BatchingCollector(lambda: services))
+    metrics.register(GenerationCollector(lambda: services))
+    metrics.instrument(app)
     text = app.test_client().get("/metrics").get_data(as_text=True)
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
