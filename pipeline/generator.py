@@ -2,7 +2,7 @@
 
 Batches are left-padded with attention masks. A request's answer must not depend on its
 batch-mates in any precision: attention runs each padded row over its own keys, and bfloat16
-Linears run a lone row as a batch would (pipeline/precision.py, "batch invariance").
+Linears run a lone row as a batch would (pipeline/kernels/batch_invariance.py).
 """
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from typing import Sequence
 from pipeline import spec
 from pipeline.config import Settings
 from pipeline.device import Placement, placement_for
+from pipeline.kernels.batch_invariance import make_bf16_linears_row_invariant, use_batch_invariant_attention
 from pipeline.models import ModelSource, resolve_model_source
-from pipeline.precision import (apply_precision, make_bf16_linears_row_invariant,
-                                use_batch_invariant_attention)
+from pipeline.precision import apply_precision
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
 """One int8 Linear, four ways, side by side: int8-dynamic's kernels against fbgemm's.
 
-`int8-dynamic` (pipeline/precision.py) quantizes each row with its own scale so a row's result
+`int8-dynamic` (pipeline/kernels/int8.py) quantizes each row with its own scale so a row's result
 cannot depend on its batch-mates. It multiplies either with `torch._int_mm` (CUDA, and CPUs
 where fbgemm is not exact) or by feeding those per-row codes to fbgemm's dynamic linear with
 one anchor row (-128 ... 127) that pins fbgemm's activation scale to exactly 1, which gives
-`_int_mm`'s bits (pipeline.precision.AnchoredFbgemm). `torch.ao`'s `quantize_dynamic` (fbgemm
+`_int_mm`'s bits (pipeline.kernels.fbgemm.AnchoredFbgemm). `torch.ao`'s `quantize_dynamic` (fbgemm
 with one scale for the whole tensor: not batch-invariant) is the speed it is measured against. Each shape is timed at each row count, the four
 interleaved, medians printed; `--check` also asserts the anchored sums equal `_int_mm`'s and that
 each row's output is the same alone and in the batch.
@@ -20,7 +20,7 @@ import warnings
 
 import torch
 
-from pipeline.precision import Int8DynamicLinear
+from pipeline.kernels.int8 import Int8DynamicLinear
 from profiling.lib.cli import comma_list, make_parser, positive
 
 # The Qwen2.5-0.5B Linears that dominate a decode step: q/o, k/v, MLP up/gate, MLP down, the output head.

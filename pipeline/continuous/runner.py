@@ -25,7 +25,10 @@ CACHE_ROOM = 128  # spare columns per rebuild of the batch cache: the contract's
 
 @functools.cache
 def roomy_layer_class():
-    """RoomyLayer, defined on first use: importing transformers at module import would cost seconds."""
+    """RoomyLayer, defined on first use: importing transformers at module import would cost seconds.
+    Raises ConfigError where transformers is outside the versions DynamicLayer's internals were verified in."""
+    from pipeline.kernels.versions import check_kernel_versions
+    check_kernel_versions()
     from transformers.cache_utils import DynamicLayer
 
     class RoomyLayer(DynamicLayer):

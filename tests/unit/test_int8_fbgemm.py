@@ -2,7 +2,9 @@
 import pytest
 import torch
 
-from pipeline.precision import AnchoredFbgemm, Int8DynamicLinear, fbgemm_is_exact, model_nbytes
+from pipeline.kernels.fbgemm import AnchoredFbgemm, fbgemm_is_exact
+from pipeline.kernels.int8 import Int8DynamicLinear
+from pipeline.precision import model_nbytes
 
 
 def _pair(in_features=96, out_features=40, bias=True):

@@ -15,8 +15,8 @@ from pipeline.continuous import ContinuousEngine
 from pipeline.device import Placement, placement_for
 from pipeline.docstore import Document
 from pipeline.generator import GenerationRequest
-from pipeline.precision import (FAST, LOAD_DTYPE, Int8DynamicLinear, Int8WeightLinear,
-                                quantize_rows)
+from pipeline.kernels.int8 import Int8DynamicLinear, Int8WeightLinear, quantize_rows
+from pipeline.precision import FAST, LOAD_DTYPE
 from pipeline.reranker import RerankRequest
 
 VARIANTS = ("bfloat16", "int8-dynamic", "int8-weight")  # float32 is tests/unit/test_stages.py's
@@ -269,7 +269,7 @@ def test_next_token_logits_alone_are_bit_identical_in_a_left_padded_batch(stages
 
 
 def test_bf16_linear_gives_a_lone_row_what_a_batch_gives_it():
-    from pipeline.precision import RowInvariantLinear, make_bf16_linears_row_invariant
+    from pipeline.kernels.batch_invariance import RowInvariantLinear, make_bf16_linears_row_invariant
     torch.manual_seed(0)
     # in_features as Qwen2.5-0.5B's down_proj: wide enough for oneDNN to sum one row another way
     model = torch.nn.Sequential(torch.nn.Linear(4864, 512).to(torch.bfloat16), torch.nn.Linear(4, 4))

@@ -1,0 +1,13 @@
+"""The arithmetic behind the precision variants and batch invariance (pipeline.precision picks which runs).
+
+* :mod:`pipeline.kernels.int8`: int8 Linears (per-channel weights; per-row activations or bfloat16 ones)
+  and the in-place conversion of a model's Linears to them.
+* :mod:`pipeline.kernels.fbgemm`: fbgemm's dynamic linear made to return `torch._int_mm`'s exact sums.
+* :mod:`pipeline.kernels.batch_invariance`: bfloat16 Linears and SDPA attention whose result for a row
+  does not depend on its batch-mates.
+* :mod:`pipeline.kernels.versions`: the torch and transformers versions these were verified against,
+  and the check that refuses others.
+
+Nothing here imports pipeline.precision. Importing this package imports nothing heavy; each module
+imports torch itself.
+"""

@@ -1,0 +1,154 @@
+"""int8 Linears: per-output-channel int8 weights, and the in-place conversion of a model's nn.Linears.
+
+* :class:`Int8DynamicLinear`: int8 activations quantized per row at run time, int32 accumulation
+  (fbgemm where it is exact, else `torch._int_mm`), float32 in and out. A row's output does not
+  depend on its batch-mates.
+* :class:`Int8WeightLinear`: bfloat16 activations, `torch._weight_int8pack_mm`.
+
+Conversion drops each float weight as soon as its int8 copy exists.
+"""
+from __future__ import annotations
+
+import torch
+
+from pipeline.kernels.fbgemm import AnchoredFbgemm, fbgemm_is_exact
+
+# Rows quantized at a time at load: bounds the temporary float copies (lm_head is 151936 x 896).
+_QUANTIZE_ROWS = 8192
+
+
+def quantize_per_channel(weight):
+    """(out, in) float weight -> int8 of the same shape and one float32 scale per output row."""
+    q = torch.empty(weight.shape, dtype=torch.int8, device=weight.device)
+    scales = torch.empty(weight.shape[0], dtype=torch.float32, device=weight.device)
+    for start in range(0, weight.shape[0], _QUANTIZE_ROWS):
+        rows = weight[start:start + _QUANTIZE_ROWS].float()
+        scale = rows.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+        q[start:start + _QUANTIZE_ROWS] = (rows / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+        scales[start:start + _QUANTIZE_ROWS] = scale
+    return q, scales
+
+
+def row_codes(x):
+    """Dynamic per-row quantization of a 2-D float tensor: one scale per row, never per tensor.
+    Returns the int8 codes as floats (what fbgemm takes) and the (rows, 1) scales."""
+    scale = x.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0
+    return (x / scale).round().clamp(-127, 127), scale
+
+
+def quantize_rows(x):
+    """:func:`row_codes` as int8 (what `torch._int_mm` takes)."""
+    codes, scale = row_codes(x)
+    return codes.to(torch.int8), scale
+
+
+class _QuantizedLinear(torch.nn.Module):
+    """What both int8 Linears share: the int8 (out, in) weight, its scales, the bias."""
+    scale_dtype = torch.float32
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        q, scales = quantize_per_channel(linear.weight.detach())
+        self.register_buffer("qweight", q)
+        self.register_buffer("weight_scale", scales.to(self.scale_dtype))
+        bias = None if linear.bias is None else linear.bias.detach().to(self.scale_dtype)
+        self.register_buffer("bias", bias)
+
+    def int8_weight(self):
+        """The (out, in) int8 weight, wherever it is kept."""
+        return self.qweight
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+    def _finish(self, out, x_shape):
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x_shape[:-1], self.out_features)
+
+
+class Int8DynamicLinear(_QuantizedLinear):
+    """int8 weights (per output channel) x int8 activations (per row), int32 accumulation.
+
+    On the CPU the weight is packed for fbgemm and multiplied by :class:`AnchoredFbgemm`
+    where :func:`fbgemm_is_exact` (the packed copy replaces the plain one: no extra memory);
+    otherwise, or with ``use_fbgemm=False``, `torch._int_mm`, which on the CPU takes any shape
+    (torch 2.13: M=1, K=7, N=5). Both give the same bits. On CUDA `_int_mm` needs more than 16
+    rows and in/out sizes of at least 16 and multiples of 8 (not verified on a GPU): rows are
+    zero-padded up to 17 (padding rows are rows of their own, so they change nothing else), and a
+    layer whose sizes are not multiples of 8 stays a float Linear (:func:`convert_linears`). The
+    weight is passed as the transposed view of its (out, in) rows: as fast as a row-major copy or
+    faster here, and no second copy."""
+
+    def __init__(self, linear: torch.nn.Linear, *, use_fbgemm: bool = True):
+        super().__init__(linear)
+        self._min_rows = 17 if self.qweight.is_cuda else 0
+        self._fbgemm = None
+        if use_fbgemm and not self.qweight.is_cuda and self.in_features >= 2 and fbgemm_is_exact():
+            self._fbgemm = AnchoredFbgemm(self.qweight, self.weight_scale)
+            self.qweight = None  # fbgemm's packed copy is the weight now
+
+    def int8_weight(self):
+        return self.qweight if self._fbgemm is None else self._fbgemm.unpacked()
+
+    def packed_nbytes(self) -> int:
+        """Bytes of the fbgemm-packed int8 weight, which buffers() does not see (0 without one)."""
+        return 0 if self._fbgemm is None else self.in_features * self.out_features
+
+    @staticmethod
+    def cuda_compatible(linear: torch.nn.Linear) -> bool:
+        return all(size >= 16 and size % 8 == 0 for size in (linear.in_features, linear.out_features))
+
+    def forward(self, x):
+        rows = x.reshape(-1, self.in_features).float()
+        n = rows.shape[0]
+        if n == 0:
+            return self._finish(rows.new_zeros((0, self.out_features)), x.shape).to(x.dtype)
+        if self._fbgemm is not None:
+            codes, row_scale = row_codes(rows)
+            sums = self._fbgemm.sums(codes)
+        else:
+            xq, row_scale = quantize_rows(rows)
+            if n < self._min_rows:
+                xq = torch.nn.functional.pad(xq, (0, 0, 0, self._min_rows - n))
+            # Channel scale first, as fbgemm applies it: both paths round alike.
+            sums = torch._int_mm(xq, self.qweight.t())[:n].float() * self.weight_scale
+        return self._finish(sums * row_scale, x.shape).to(x.dtype)
+
+
+class Int8WeightLinear(_QuantizedLinear):
+    """int8 weights (per output channel), bfloat16 activations: `torch._weight_int8pack_mm`."""
+    scale_dtype = torch.bfloat16
+
+    def forward(self, x):
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        if rows.shape[0] == 0:
+            return self._finish(rows.new_zeros((0, self.out_features)), x.shape)
+        out = torch._weight_int8pack_mm(rows, self.qweight, self.weight_scale)
+        return self._finish(out, x.shape)
+
+
+def untie_output_embeddings(model) -> None:
+    """A tied lm_head shares the input embedding's weight: quantizing it must not touch
+    the lookups, and nothing may tie the two again (the quantized head is its own module)."""
+    config = getattr(model, "config", None)
+    if config is not None and getattr(config, "tie_word_embeddings", False):
+        config.tie_word_embeddings = False
+        text_config = getattr(config, "get_text_config", lambda **_: None)()
+        if text_config is not None and text_config is not config:
+            text_config.tie_word_embeddings = False
+
+
+def convert_linears(model, make: type[_QuantizedLinear]) -> int:
+    """Replace every nn.Linear under `model` in place by `make(linear)`; returns how many were converted."""
+    linears = [(name, module) for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
+    converted = 0
+    for name, linear in linears:
+        if linear.weight.is_cuda and make is Int8DynamicLinear and not make.cuda_compatible(linear):
+            continue  # _int_mm's CUDA shape rule: this layer stays a float Linear
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, make(linear))  # the float Linear is dropped here
+        converted += 1
+    return converted

@@ -1,0 +1,59 @@
+"""The torch and transformers versions the kernels were verified against, and the check that refuses others.
+
+The kernels use private or unstable APIs whose names, signatures or behaviour may change in any
+minor release:
+
+* torch: `torch._int_mm`, `torch._weight_int8pack_mm`, `torch._make_per_channel_quantized_tensor`,
+  `torch.ops.quantized.linear_prepack` / `linear_dynamic` / `linear_unpack` (pipeline.kernels.int8,
+  pipeline.kernels.fbgemm), and the row-count-dependent summation of oneDNN's bf16 matmul and of
+  SDPA's CPU kernel that pipeline.kernels.batch_invariance works around.
+* transformers: `AttentionInterface`, `integrations.sdpa_attention.sdpa_attention_forward`,
+  `masking_utils.ALL_MASK_ATTENTION_FUNCTIONS` and `sdpa_mask` (and which masks they pass)
+  (pipeline.kernels.batch_invariance), `cache_utils.DynamicLayer` (pipeline.continuous.runner).
+
+:func:`check_kernel_versions` runs where a kernel is first put to use, not at import.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib import metadata
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from pipeline.config import ConfigError
+
+# torch: 2.13.0 only (tests/unit/test_precision.py, test_int8_fbgemm.py, test_continuous.py and
+# test_stages.py pass); the next minor may move or drop any of the private ops.
+TORCH_VERIFIED = ">=2.13,<2.14"
+# transformers: 5.0.0, 5.12.1 and 5.24.0, the newest release when checked (test_precision.py,
+# test_continuous.py and test_stages.py pass). Not <6: 5.x removes things in minor releases (the
+# `past_key_values` argument pipeline.continuous.runner passes is to go in 5.40), and the attention
+# and cache hooks above are internals.
+TRANSFORMERS_VERIFIED = ">=5.0,<5.25"
+VERIFIED = {"torch": TORCH_VERIFIED, "transformers": TRANSFORMERS_VERIFIED}
+
+
+def _problem(package: str, verified: str, installed_version: Callable[[str], str]) -> str | None:
+    """One line saying why `package` is outside `verified`, or None where it is inside."""
+    try:
+        found = installed_version(package)
+    except metadata.PackageNotFoundError:
+        return f"{package} is not installed: the kernels need {package}{verified}"
+    try:
+        inside = SpecifierSet(verified).contains(Version(found), prereleases=True)  # a 2.13.1rc1 is still 2.13
+    except InvalidVersion:
+        inside = False
+    if inside:
+        return None
+    return (f"{package} {found} is installed, but the int8 and batch-invariant kernels (pipeline/kernels) use its "
+            f"private APIs and were verified only with {package}{verified}: install {package}{verified}")
+
+
+def check_kernel_versions(*, installed_version: Callable[[str], str] = metadata.version) -> None:
+    """Raise ConfigError, one line per package, where torch or transformers is outside VERIFIED.
+
+    `installed_version(name)` gives a distribution's version string (importlib.metadata.version)."""
+    problems = [p for package, verified in VERIFIED.items() if (p := _problem(package, verified, installed_version))]
+    if problems:
+        raise ConfigError(*problems)
