@@ -20,10 +20,10 @@ def test_unbatched_baseline_forces_every_stage_to_one_at_a_time():
     unbatched, batched = bench_service.batching_variants(cores=2)
     slow, fast = _settings(unbatched), _settings(batched)
     assert all(slow.batching(stage).max_size == 1 for stage in Stage)
-    assert slow.generate_mode == "static"
+    assert slow.generate.mode == "static"
     defaults = Settings.from_env(TEST_ENV)
     assert all(fast.batching(stage) == defaults.batching(stage) for stage in Stage)
-    assert fast.generate_mode == defaults.generate_mode == "continuous"
+    assert fast.generate.mode == defaults.generate.mode == "continuous"
 
 
 @pytest.mark.parametrize("compare", ["batching", "threads", "precision"])
