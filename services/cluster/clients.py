@@ -6,20 +6,25 @@ jitter on connection errors and 5xx until the caller's deadline (node 2 may be
 restarting: a request that can still wait should get its answer). With
 CLUSTER_TOKEN set every call carries it in the X-Cluster-Token header. With tracing on,
 each HTTP call is a CLIENT span whose traceparent goes along (services.server.tracing).
+
+This is the one module that reads another node's status codes: each error status becomes a
+typed error (services.server.errors: PeerUnavailable, PeerRejectedToken, PeerRejected,
+PeerTimedOut, PeerFailed), a connection failure NodeUnreachable; callers catch types only.
 """
 from __future__ import annotations
 
 import logging
 import random
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import requests
 from requests.adapters import HTTPAdapter
 
 from services.server import tracing
-from services.server.errors import DeadlineExceeded, NodeError, NodeUnreachable
+from services.server.errors import (DeadlineExceeded, NodeUnreachable, PeerError, PeerFailed, PeerRejected,
+                                    PeerRejectedToken, PeerTimedOut, PeerUnavailable)
 from services.server.token import TOKEN_HEADER
 from services.server.request_ids import REQUEST_ID_HEADER, batch_request_ids, current_request_id
 
@@ -50,6 +55,22 @@ def _error_message(response: requests.Response) -> str:
     return str(body.get("error", response.text[:200])) if isinstance(body, dict) else response.text[:200]
 
 
+def peer_error(response: requests.Response) -> PeerError | PeerTimedOut:
+    """The typed error for another node's error status, with its own message."""
+    status, message = response.status_code, _error_message(response)
+    if status == 401:
+        return PeerRejectedToken(message)
+    if status == 503:
+        return PeerUnavailable(message)
+    if status == 504:
+        return PeerTimedOut(message)
+    return PeerRejected(status, message) if status < 500 else PeerFailed(status, message)
+
+
+# What a search may retry: the index node down, restarting, slow or failing (any 5xx), never a 4xx.
+RETRIED = (NodeUnreachable, PeerUnavailable, PeerTimedOut, PeerFailed)
+
+
 class IndexClient:
     """Node 2's /search. With a deadline, retries run until it (max_attempts bounds only
     calls without one); each attempt's read timeout is cut to the time left."""
@@ -72,7 +93,7 @@ class IndexClient:
 
     def _attempt(self, payload: dict, deadline: float | None, headers: dict,
                  parents: Sequence = (), attempt: int = 1) -> tuple[list, list]:
-        """One POST; NodeUnreachable or a 5xx NodeError may be retried, anything else may not."""
+        """One POST; an error in RETRIED may be retried, anything else may not."""
         url = f"{self.base_url}/search"
         with tracing.client_span("POST /search", url, parents, **{"rag.attempt": attempt,
                                  "rag.batch_size": len(payload["embeddings"])}) as call:
@@ -83,10 +104,10 @@ class IndexClient:
                 raise NodeUnreachable(f"index server at {self.base_url} unreachable: "
                                       f"{exc.__class__.__name__}") from None
             except requests.Timeout:
-                raise NodeUnreachable(f"index server at {self.base_url} timed out") from None
+                raise PeerTimedOut(f"index server at {self.base_url} timed out") from None
             call.answered(response.status_code)
             if response.status_code != 200:
-                raise NodeError(response.status_code, _error_message(response))
+                raise peer_error(response)
             body = response.json()
             return body["ids"], body["distances"]
 
@@ -105,12 +126,8 @@ class IndexClient:
             attempt += 1
             try:
                 return self._attempt(payload, deadline, headers, trace_parents, attempt)
-            except NodeError as exc:
-                if exc.status < 500:
-                    raise  # our request was wrong: retrying cannot help
+            except RETRIED as exc:  # anything else (a 4xx: our request was wrong) goes up at once
                 error: Exception = exc
-            except NodeUnreachable as exc:
-                error = exc
             pause = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1)) * random.uniform(0.5, 1.5)
             if deadline is None and attempt >= self.max_attempts:
                 raise error
@@ -148,10 +165,10 @@ class WorkerClient:
                 # work, the work died with it, so another worker may compute the request.
                 raise NodeUnreachable(f"worker at {self.base_url} unreachable: {exc.__class__.__name__}") from None
             except requests.Timeout:  # a read timeout: the work may be in flight there
-                raise TimeoutError(f"worker at {self.base_url} did not answer within {timeout_s:.1f}s") from None
+                raise PeerTimedOut(f"worker at {self.base_url} did not answer within {timeout_s:.1f}s") from None
             call.answered(response.status_code)
             if response.status_code != 200:
-                raise NodeError(response.status_code, _error_message(response))
+                raise peer_error(response)
             return response.json()
 
     def health(self, timeout_s: float = 2.0) -> dict | None:

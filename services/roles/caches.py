@@ -11,9 +11,12 @@ import dataclasses
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Future, TimeoutError as FutureTimeout
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable
+from typing import Any
+
+from services.roles.single_flight import Entry, SingleFlight
+from services.server.errors import RequestTimeout
 
 
 @dataclass(frozen=True)
@@ -107,20 +110,6 @@ def normalise_query(query: str) -> str:
     return " ".join(query.lower().split())
 
 
-@dataclass(frozen=True)
-class Claim:
-    """What the response cache says about a query: exactly one field is set.
-
-    reply: a cached reply, already addressed to this request;
-    leader: another request is computing this very question: wait on it;
-    key: compute it yourself, then `finish` (or `abandon` on failure) with this key.
-    With the cache off every claim is a `key` of None: compute, nothing is shared.
-    """
-    reply: dict | None = None
-    leader: Future | None = None
-    key: str | None = None
-
-
 class ResponseCache:
     """Replies by normalised query; a hit is re-addressed to the new request_id.
 
@@ -134,9 +123,7 @@ class ResponseCache:
     def __init__(self, max_entries: int, ttl_s: float, clock: Callable[[], float] = time.monotonic):
         self.cache = LruCache("response", max_entries, ttl_s, clock)
         self.name = self.cache.name
-        self._lock = threading.Lock()
-        self._leaders: dict[str, Future] = {}
-        self._joined = 0
+        self._flights = SingleFlight()  # by normalised query
 
     def get(self, request_id: str, query: str, *, count_miss: bool = True) -> dict | None:
         reply = self.cache.get(normalise_query(query), count_miss=count_miss)
@@ -145,59 +132,67 @@ class ResponseCache:
     def put(self, query: str, reply: dict) -> None:
         self.cache.put(normalise_query(query), _unaddressed(reply))
 
-    def claim(self, request_id: str, query: str, *, looked_up: bool = False) -> Claim:
-        """Its reply, the computation in flight to join, or leadership (`looked_up`: the caller
-        has just counted a miss for this question, so this second look does not count one)."""
-        if not self.cache.enabled:
-            return Claim()
-        key = normalise_query(query)
-        with self._lock:  # lookup and leadership in one step: two askers cannot both lead
-            reply = self.get(request_id, query, count_miss=not looked_up)
+    def answer(self, request_id: str, query: str, compute: Callable[[], dict], timeout_s: float, *,
+               looked_up: bool = False) -> dict:
+        """The cached reply, the reply of the same question in flight, or `compute()`'s (then cached).
+        RequestTimeout when the computation joined has not ended within timeout_s."""
+        entry = self.enter(request_id, query, looked_up=looked_up)
+        if entry.value is not None:
+            return entry.value
+        if entry.joins:
+            reply = self.joined_reply(entry, request_id, timeout_s)
             if reply is not None:
-                return Claim(reply=reply)
-            leader = self._leaders.get(key)
-            if leader is not None:
-                self._joined += 1
-                return Claim(leader=leader)
-            self._leaders[key] = Future()
-            return Claim(key=key)
+                return reply
+            # That computation failed; a failure is not shared: answer this one ourselves.
+        try:
+            reply = compute()
+        except BaseException as exc:  # whatever it was, the waiting repeats must not wait on us
+            self.abandon(entry, exc)
+            raise
+        self.finish(entry, reply)
+        return reply
 
-    def finish(self, key: str | None, reply: dict) -> None:
-        if key is None:
+    def enter(self, request_id: str, query: str, *, looked_up: bool = False) -> Entry:
+        """Its reply (`value`), the computation in flight to join, or the lead of a new one
+        (`looked_up`: the caller has just counted a miss for this question, so this second look
+        does not count one). With the cache off: an empty Entry, compute alone."""
+        if not self.cache.enabled:
+            return Entry()
+        # Lookup and leadership in one step: two askers cannot both lead.
+        return self._flights.enter(normalise_query(query),
+                                   lookup=lambda: self.get(request_id, query, count_miss=not looked_up))
+
+    def finish(self, entry: Entry, reply: dict) -> None:
+        """The leader's reply: cached, then handed to the joiners. Nothing for a non-leader."""
+        if not entry.leads:
             return
         shared = _unaddressed(reply)
-        with self._lock:
-            self.cache.put(key, shared)
-            leader = self._leaders.pop(key)
-        leader.set_result(shared)
+        self.cache.put(entry.flight.key, shared)  # before the flight lands: a new asker finds one or the other
+        self._flights.finish(entry.flight, shared)
 
-    def abandon(self, key: str | None, error: BaseException) -> None:
-        if key is None:
-            return
-        with self._lock:
-            leader = self._leaders.pop(key)
-        leader.set_exception(error)
+    def abandon(self, entry: Entry, error: BaseException) -> None:
+        """The leader failed: its joiners are told (and compute their own). Nothing for a non-leader."""
+        if entry.leads:
+            self._flights.fail(entry.flight, error)
 
-    @staticmethod
-    def joined_reply(leader: Future, request_id: str, timeout_s: float) -> dict | None:
-        """The leader's reply for this request, None if the leader failed; TimeoutError past timeout_s."""
+    def joined_reply(self, entry: Entry, request_id: str, timeout_s: float) -> dict | None:
+        """The leader's reply for this request, None if the leader failed; RequestTimeout past timeout_s."""
         try:
-            return _readdress(leader.result(timeout=timeout_s), request_id)
-        except FutureTimeout:
-            raise TimeoutError("the computation this request joined did not finish in time") from None
-        except Exception:
+            ended = self._flights.wait(entry.flight, timeout_s)
+        except TimeoutError:
+            raise RequestTimeout("timed out waiting for the same question in flight") from None
+        if ended.exception() is not None:
             return None
+        return _readdress(ended.result(), request_id)
 
     def in_flight(self) -> int:
-        with self._lock:
-            return len(self._leaders)
+        return len(self._flights)
 
     def clear(self) -> int:
         return self.cache.clear()  # computations in flight finish and are cached as usual
 
     def stats(self) -> CacheStats:
-        with self._lock:
-            return dataclasses.replace(self.cache.stats(), joined=self._joined)
+        return dataclasses.replace(self.cache.stats(), joined=self._flights.stats().joined)
 
 
 def _unaddressed(reply: dict) -> dict:

@@ -9,12 +9,15 @@ traceback, and its text is not shown to the caller.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 # How long a caller should wait before retrying a node that is starting, stopping or has
 # no worker to offer: about one gateway health probe plus a margin.
 NOT_READY_RETRY_AFTER_S = 5.0
+# What a caller is told when another node fails its request (the details go to the log only).
+PEER_UNAVAILABLE = "a node this request needs is unavailable"
+PEER_FAILED = "internal error on a node this request needs"
 
 
 # ---------------------------------------------------------------- the caller's mistakes
@@ -129,13 +132,45 @@ class DeadlineExceeded(TimeoutError):
     """The caller's deadline passed (or left no room for another attempt) before an answer came."""
 
 
-class NodeError(RuntimeError):
-    """The other node answered with an error status."""
+class PeerTimedOut(TimeoutError):
+    """The other node did not answer in time: its own 504, or our read timeout (the work may be in flight there)."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class PeerError(RuntimeError):
+    """The other node answered with an error status (services.cluster.clients picks the subtype from it).
+
+    `message` is the peer's own words; str() adds the status, for the log.
+    """
 
     def __init__(self, status: int, message: str):
         super().__init__(f"HTTP {status}: {message}")
-        self.status = status
         self.message = message
+
+
+class PeerUnavailable(PeerError):
+    """The other node answered 503: starting, stopping or full; it computed nothing."""
+
+    def __init__(self, message: str):
+        super().__init__(503, message)
+
+
+class PeerRejected(PeerError):
+    """The other node refused our request (a 4xx): our request was wrong, so retrying cannot help."""
+
+
+class PeerRejectedToken(PeerRejected):
+    """The other node refused our cluster token (401): CLUSTER_TOKEN differs between the nodes."""
+
+    def __init__(self, message: str):
+        super().__init__(401, message)
+
+
+class PeerFailed(PeerError):
+    """The other node failed our request (a 5xx other than 503 and 504)."""
 
 
 # ---------------------------------------------------------------- the table
@@ -160,10 +195,17 @@ _TABLE: list[tuple[type[BaseException], Callable[[BaseException], HttpAnswer]]] 
     (NodeNotReady, lambda e: HttpAnswer(503, str(e), retry_after_s=NOT_READY_RETRY_AFTER_S)),
     (NoWorkerAvailable, lambda e: HttpAnswer(503, str(e), retry_after_s=NOT_READY_RETRY_AFTER_S,
                                              log_level=logging.WARNING)),
-    # The reference's exact 504 body: clients match on it.
+    # A peer's error the gateway or the worker did not translate: the caller is told as little as
+    # for WorkerFailed; the peer's address and words stay in the log.
+    (NodeUnreachable, lambda e: HttpAnswer(503, PEER_UNAVAILABLE, retry_after_s=NOT_READY_RETRY_AFTER_S,
+                                           log_level=logging.WARNING)),
+    (PeerUnavailable, lambda e: HttpAnswer(503, PEER_UNAVAILABLE, retry_after_s=NOT_READY_RETRY_AFTER_S,
+                                           log_level=logging.WARNING)),
+    # The reference's exact 504 body: clients match on it. (PeerTimedOut and DeadlineExceeded too.)
     (TimeoutError, lambda e: HttpAnswer(504, "Request timeout", log_level=logging.WARNING)),
     (WorkerFailed, lambda e: HttpAnswer(500, e.public, log_level=logging.ERROR)),
     (StageFailed, lambda e: HttpAnswer(500, str(e), log_level=logging.ERROR)),
+    (PeerError, lambda e: HttpAnswer(500, PEER_FAILED, log_level=logging.ERROR)),
 ]
 
 

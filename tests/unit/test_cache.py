@@ -3,7 +3,8 @@ import threading
 
 import pytest
 
-from services.roles.caches import Claim, LruCache, ResponseCache, normalise_query
+from services.roles.caches import LruCache, ResponseCache, normalise_query
+from services.roles.single_flight import Entry
 from tests.helpers import ManualClock
 
 
@@ -88,17 +89,17 @@ REPLY = {"request_id": "lead", "generated_response": "A", "sentiment": "neutral"
 
 def test_a_repeat_in_flight_joins_the_first_computation():
     cache = ResponseCache(4, ttl_s=0)
-    lead = cache.claim("r1", "Where is my order?")
-    assert lead.key == "where is my order?" and lead.reply is None and lead.leader is None
-    follow = cache.claim("r2", "where is  MY order?")
-    assert follow.leader is not None and follow.key is None
-    other = cache.claim("r3", "Something else")
-    assert other.key == "something else"  # a different question leads its own computation
-    cache.finish(lead.key, REPLY)
-    joined = ResponseCache.joined_reply(follow.leader, "r2", timeout_s=5)
+    lead = cache.enter("r1", "Where is my order?")
+    assert lead.leads and lead.flight.key == "where is my order?" and lead.value is None
+    follow = cache.enter("r2", "where is  MY order?")
+    assert follow.joins and follow.flight is lead.flight
+    other = cache.enter("r3", "Something else")
+    assert other.leads and other.flight.key == "something else"  # a different question leads its own computation
+    cache.finish(lead, REPLY)
+    joined = cache.joined_reply(follow, "r2", timeout_s=5)
     assert joined == {**REPLY, "request_id": "r2", "cached": True}
-    hit = cache.claim("r4", "Where is my order?")
-    assert hit.reply["request_id"] == "r4" and hit.reply["generated_response"] == "A"
+    hit = cache.enter("r4", "Where is my order?")
+    assert hit.value["request_id"] == "r4" and hit.value["generated_response"] == "A"
     st = cache.stats()
     assert (st.hits, st.misses, st.joined, st.entries) == (1, 3, 1, 1)
     assert cache.in_flight() == 1  # "something else" is still being computed
@@ -106,22 +107,36 @@ def test_a_repeat_in_flight_joins_the_first_computation():
 
 def test_a_failed_computation_is_not_shared_nor_cached():
     cache = ResponseCache(4, ttl_s=0)
-    lead = cache.claim("r1", "q")
-    follow = cache.claim("r2", "q")
-    cache.abandon(lead.key, RuntimeError("worker failed"))
-    assert ResponseCache.joined_reply(follow.leader, "r2", timeout_s=5) is None  # it computes its own
-    again = cache.claim("r3", "q")
-    assert again.key == "q" and cache.stats().entries == 0
+    lead = cache.enter("r1", "q")
+    follow = cache.enter("r2", "q")
+    cache.abandon(lead, RuntimeError("worker failed"))
+    assert cache.joined_reply(follow, "r2", timeout_s=5) is None  # it computes its own
+    again = cache.enter("r3", "q")
+    assert again.leads and again.flight.key == "q" and cache.stats().entries == 0
     with pytest.raises(TimeoutError):
-        ResponseCache.joined_reply(cache.claim("r4", "q").leader, "r4", timeout_s=0.01)
+        cache.joined_reply(cache.enter("r4", "q"), "r4", timeout_s=0.01)
 
 
 def test_with_the_cache_off_nothing_is_shared():
     cache = ResponseCache(0, ttl_s=0)
-    first, second = cache.claim("r1", "q"), cache.claim("r2", "q")
-    assert first == second == Claim()
-    cache.finish(first.key, REPLY)
-    assert cache.claim("r3", "q") == Claim() and cache.in_flight() == 0
+    first, second = cache.enter("r1", "q"), cache.enter("r2", "q")
+    assert first == second == Entry()  # compute alone
+    cache.finish(first, REPLY)
+    assert cache.enter("r3", "q") == Entry() and cache.in_flight() == 0
+
+
+def test_answer_computes_a_question_once_and_never_caches_a_failure():
+    # (Joiners of a failed leader computing their own answer: tests/unit/test_single_flight.py.)
+    cache = ResponseCache(4, ttl_s=0)
+    assert cache.answer("r1", "Q", lambda: {**REPLY, "request_id": "r1"}, 5) == {**REPLY, "request_id": "r1"}
+    assert cache.answer("r2", "q", lambda: pytest.fail("a hit computes nothing"), 5)["request_id"] == "r2"
+
+    def failing():
+        raise RuntimeError("worker failed")
+
+    with pytest.raises(RuntimeError, match="worker failed"):
+        cache.answer("r3", "other", failing, 5)
+    assert cache.in_flight() == 0 and cache.stats().entries == 1
 
 
 def test_many_askers_of_one_question_compute_it_once():
@@ -131,14 +146,14 @@ def test_many_askers_of_one_question_compute_it_once():
     computed, replies = [], {}
 
     def ask(i):
-        claim = cache.claim(f"r{i}", "How do I reset my password?")
+        entry = cache.enter(f"r{i}", "How do I reset my password?")
         claimed.wait(timeout=30)  # nobody finishes before everyone has asked
-        if claim.key is not None:
+        if entry.leads:
             computed.append(i)
-            cache.finish(claim.key, {**REPLY, "request_id": f"r{i}", "generated_response": f"by {i}"})
+            cache.finish(entry, {**REPLY, "request_id": f"r{i}", "generated_response": f"by {i}"})
             replies[i] = f"by {i}"
         else:
-            replies[i] = ResponseCache.joined_reply(claim.leader, f"r{i}", timeout_s=30)
+            replies[i] = cache.joined_reply(entry, f"r{i}", timeout_s=30)
 
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(askers)]
     for t in threads:

@@ -7,9 +7,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from services.server.errors import (NodeError, NodeUnreachable, NoWorkerAvailable, Overloaded, RequestTimeout, StageFailed,
-                             WorkerFailed)
-from services.roles.gateway.gateway import Gateway, Target, remote_target
+from services.server.errors import (NodeUnreachable, NoWorkerAvailable, Overloaded, PeerFailed, PeerRejected,
+                                    PeerRejectedToken, PeerTimedOut, PeerUnavailable, RequestTimeout, StageFailed,
+                                    WorkerFailed)
+from services.roles.gateway.gateway import Gateway
+from services.roles.gateway.routing import WorkerTarget, remote_target
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -34,11 +36,11 @@ class FakeWorker:
             assert self.gate.wait(10), "test gate never opened"
         return {"request_id": request_id, "generated_response": f"answer to {query}"}
 
-    def target(self, *, up: bool = True, local: bool = False, probe=lambda: True) -> Target:
-        return Target(node=self.node, answer=self.answer, probe=probe, up=up, local=local)
+    def target(self, *, up: bool = True, local: bool = False, probe=lambda: True) -> WorkerTarget:
+        return WorkerTarget(node=self.node, answer=self.answer, probe=probe, up=up, local=local)
 
 
-def gateway(*targets: Target, **kwargs) -> Gateway:
+def gateway(*targets: WorkerTarget, **kwargs) -> Gateway:
     kwargs.setdefault("health_interval_s", 3600)  # the probe runs once, at construction
     gw = Gateway(list(targets), **kwargs)
     time.sleep(0.05)  # let that first probe pass
@@ -122,32 +124,34 @@ def test_unreachable_worker_leaves_rotation_and_another_serves():
 
 
 @pytest.mark.parametrize("error,expected", [
-    (NodeError(503, "node 1 is starting"), None),  # nothing computed: the other worker serves
-    (NodeError(401, "missing or wrong X-Cluster-Token"), None),  # a misconfigured node: use the other
+    (PeerUnavailable("node 1 is starting"), None),  # nothing computed: the other worker serves
+    (PeerRejectedToken("missing or wrong X-Cluster-Token"), None),  # a misconfigured node: use the other
     (Overloaded("full"), None),
-    (NodeError(500, "internal error"), WorkerFailed),  # this request fails alone
-    (NodeError(504, "Request timeout"), RequestTimeout),
+    (PeerFailed(500, "internal error"), WorkerFailed),  # this request fails alone
+    (PeerRejected(400, "bad request"), WorkerFailed),  # so does one it refused
+    (PeerTimedOut("Request timeout"), RequestTimeout),  # its 504
+    (PeerTimedOut("worker at node 1 did not answer within 9.0s"), RequestTimeout),  # our read timeout
     (TimeoutError("read timeout"), RequestTimeout),
 ])
 def test_worker_errors_map_to_one_answer(error, expected):
     first, second = FakeWorker(1, errors=[error]), FakeWorker(0)
     first_target = first.target()
     gw = gateway(first_target, second.target(local=True))
-    gw._turn = iter(range(0, 1000, 2))  # always start with the first target
+    gw.router._turn = iter(range(0, 1000, 2))  # always start with the first target
     if expected is None:
         assert gw.answer("e", "q", 10)["served_by"] == 0
     else:
         with pytest.raises(expected):
             gw.answer("e", "q", 10)
-    if isinstance(error, NodeError) and error.status in (401, 503):
+    if isinstance(error, (PeerRejectedToken, PeerUnavailable)):
         assert not first_target.up  # refused us or not ready: out of the rotation until the probe sees it ready
-    if isinstance(error, NodeError) and error.status == 500:
+    if isinstance(error, (PeerFailed, PeerRejected)) and not isinstance(error, PeerRejectedToken):
         assert first_target.up  # it answered: the error is this request's alone, the worker stays in rotation
 
 
 def test_no_worker_available_when_all_fail_to_take_it():
     a = FakeWorker(0, errors=[NodeUnreachable("down")])
-    b = FakeWorker(1, errors=[NodeError(503, "stopping")])
+    b = FakeWorker(1, errors=[PeerUnavailable("stopping")])
     gw = gateway(a.target(), b.target())
     with pytest.raises(NoWorkerAvailable):
         gw.answer("n", "q", 10)
@@ -234,7 +238,7 @@ def query_app(outcomes, **env):
     lifecycle = Lifecycle("node 0", 0.0, exit=lambda code: None)
     role = GatewayRole(settings, 0, lifecycle)
     app = build_app(role, lifecycle)
-    worker = Target(node=0, answer=Outcomes(outcomes).answer, probe=lambda: True, local=True)
+    worker = WorkerTarget(node=0, answer=Outcomes(outcomes).answer, probe=lambda: True, local=True)
     role.gateway = gateway(worker, response_cache=role.response_cache)
     role.count_query_tokens = len  # no LLM tokenizer here: a character per token
     lifecycle.readiness.set(Readiness.READY)

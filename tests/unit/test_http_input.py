@@ -18,7 +18,8 @@ from services.server.body import read_json_object, require_string
 from services.server.http_server import HeaderGate, header_gate
 from services.server.token import TOKEN_HEADER, internal_endpoint, warn_if_exposed
 from services.roles.index.search import max_search_values, parse_search_body
-from services.server.errors import DeadlineExceeded, NodeError, NodeUnreachable
+from services.server.errors import (DeadlineExceeded, NodeUnreachable, PeerFailed, PeerRejected, PeerRejectedToken,
+                                    PeerTimedOut, PeerUnavailable)
 from services.cluster.clients import IndexClient, WorkerClient
 
 pytestmark = pytest.mark.timeout(60)
@@ -175,8 +176,21 @@ def test_worker_client_sends_token_and_the_time_left(node):
     assert body == {"request_id": "r1", "query": "q", "timeout_s": 12.5}
 
 
+@pytest.mark.parametrize("status,error", [(503, PeerUnavailable), (401, PeerRejectedToken), (504, PeerTimedOut),
+                                          (500, PeerFailed), (502, PeerFailed), (400, PeerRejected)])
+def test_worker_client_says_what_happened_by_the_errors_type(node, status, error):
+    Recorder.plan = [status]
+    with pytest.raises(error) as err:
+        WorkerClient(node, connect_timeout_s=1).answer("r1", "q", 5)
+    assert type(err.value) is error and err.value.message == "nope"  # the peer's own words
+    if error is not PeerTimedOut:
+        assert str(err.value) == f"HTTP {status}: nope"  # the status, for the log
+    with pytest.raises(NodeUnreachable):
+        WorkerClient("http://127.0.0.1:9", connect_timeout_s=0.2).answer("r1", "q", 5)
+
+
 def test_index_client_retries_5xx_past_max_attempts_while_the_deadline_allows(node):
-    Recorder.plan = [503] * 6
+    Recorder.plan = [503, 500, 504, 502, 503, 500]  # every 5xx: unavailable, failed, timed out
     client = IndexClient(node, connect_timeout_s=1, read_timeout_s=5, token=TOKEN, max_attempts=2,
                          backoff_s=0.01, max_backoff_s=0.02)
     ids, _ = client.search(np.zeros((1, 4)), 2, deadline=time.monotonic() + 10)
@@ -196,9 +210,13 @@ def test_index_client_gives_up_at_the_deadline(node):
 def test_index_client_does_not_retry_4xx(node):
     Recorder.plan = [400]
     client = IndexClient(node, connect_timeout_s=1, read_timeout_s=5, backoff_s=0.01)
-    with pytest.raises(NodeError) as err:
+    with pytest.raises(PeerRejected) as err:
         client.search(np.zeros((1, 4)), 2, deadline=time.monotonic() + 5)
-    assert err.value.status == 400 and len(Recorder.seen) == 1
+    assert str(err.value).startswith("HTTP 400") and len(Recorder.seen) == 1
+    Recorder.plan, Recorder.seen = [401], []  # a refused token is a 4xx too
+    with pytest.raises(PeerRejectedToken):
+        client.search(np.zeros((1, 4)), 2, deadline=time.monotonic() + 5)
+    assert len(Recorder.seen) == 1
 
 
 def test_index_client_without_deadline_stops_after_max_attempts():

@@ -184,9 +184,9 @@ def test_a_worker_rejoining_is_info_and_leaving_is_a_warning(caplog):
     target = FakeWorker(1).target()  # up, and its probe agrees: whenever the first probe runs, it logs nothing
     gw = Gateway([target], health_interval_s=3600)
     try:
-        with caplog.at_level(logging.INFO, logger="services.roles.gateway.gateway"):
-            gw._mark(target, False, "gone")
-            gw._mark(target, True, "health probe")
+        with caplog.at_level(logging.INFO, logger="services.roles.gateway.routing"):
+            gw.router.mark(target, False, "gone")
+            gw.router.mark(target, True, "health probe")
         levels = {r.getMessage().split(":")[0]: r.levelno for r in caplog.records if "rotation" in r.getMessage()}
         assert levels == {"worker node 1 rejoins the rotation": logging.INFO,
                           "worker node 1 leaves the rotation": logging.WARNING}

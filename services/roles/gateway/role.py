@@ -8,7 +8,8 @@ from flask import Flask, g, jsonify
 
 from pipeline.config import ConfigError, Settings
 from services.roles.caches import ResponseCache
-from services.roles.gateway.gateway import Gateway, Target, remote_target
+from services.roles.gateway.gateway import Gateway
+from services.roles.gateway.routing import WorkerTarget, remote_target
 from services.server.lifecycle import Readiness
 from services.cluster.clients import WorkerClient
 from services.roles.base import SPARE_HTTP_THREADS
@@ -51,12 +52,12 @@ class GatewayRole(WorkerRole):
                                completed_ttl_s=s.gateway.idempotency_ttl_s, max_joiners_per_id=s.gateway.max_joiners_per_id,
                                max_joiners=s.gateway.max_joiners, response_cache=self.response_cache)
 
-    def _targets(self) -> list[Target]:
+    def _targets(self) -> list[WorkerTarget]:
         targets = []
         for node in self.settings.cluster.worker_nodes:
             if node == self.node:  # our own worker: an in-process call, no HTTP hop
-                targets.append(Target(node=node, answer=self.worker.answer, local=True,
-                                      probe=lambda: self.lifecycle.readiness.state in LOCAL_SERVING))
+                targets.append(WorkerTarget(node=node, answer=self.worker.answer, local=True,
+                                            probe=lambda: self.lifecycle.readiness.state in LOCAL_SERVING))
             else:
                 client = WorkerClient(self.settings.node_address(node).url,
                                       connect_timeout_s=self.settings.cluster.connect_timeout_s,

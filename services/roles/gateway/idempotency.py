@@ -1,0 +1,150 @@
+"""The gateway's request_id rules: each id computed once, bound to its query, within capacity.
+
+The same id in flight joins the computation (and gets its outcome, a failure included);
+a recently completed one is answered from a bounded cache (failures are not cached: a
+retry recomputes). A request_id is bound to the exact query text it first came with (a
+sha256 of it is kept, not the text): the same id with another query is refused with 409,
+so nobody who guesses an id can read or plant its answer. A reply-cache hit for a new id
+becomes that id's answer, so an id's answer never changes once given.
+Only distinct computations count against `max_in_flight`; joiners, each holding an HTTP
+thread while it waits, are capped per id and in all. Beyond any limit the gateway refuses
+at once (Overloaded -> 503 + Retry-After) instead of queueing.
+"""
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Callable
+
+from services.roles.caches import LruCache, ResponseCache
+from services.roles.single_flight import Flight, SingleFlight
+from services.server.errors import Overloaded, RequestIdConflict, RequestTimeout
+
+# Retry-After bounds for a full gateway: at least a second (no hammering), at
+# most half a minute (a slow average must not send clients away for minutes).
+MIN_RETRY_AFTER_S, MAX_RETRY_AFTER_S = 1.0, 30.0
+
+
+def query_digest(query: str) -> str:
+    """What a request_id is bound to: the exact text as received (no normalisation, since the
+    models see it exactly), hashed so the cache keeps no query text."""
+    return hashlib.sha256(query.encode("utf-8")).hexdigest()
+
+
+class Idempotency:
+    """Request_id → its completed reply, its computation in flight (with joiners), or a new one."""
+
+    def __init__(self, *, max_in_flight: int = 96, completed_cache_size: int = 1024, completed_ttl_s: float = 300.0,
+                 max_joiners_per_id: int = 8, max_joiners: int = 16, response_cache: ResponseCache | None = None):
+        if max_in_flight < 1 or max_joiners_per_id < 0 or max_joiners < 0:
+            raise ValueError("max_in_flight must be >= 1, the joiner caps >= 0")
+        self.max_in_flight = max_in_flight
+        self.max_joiners_per_id, self.max_joiners = max_joiners_per_id, max_joiners
+        self.response_cache = response_cache
+        self.flights = SingleFlight()  # by request_id; each flight's meta is its query digest
+        # (query digest, reply) by request_id, oldest first; a ttl of 0 keeps none.
+        self.completed = LruCache("idempotency", completed_cache_size if completed_ttl_s > 0 else 0,
+                                  completed_ttl_s, refresh_on_read=False)
+        # The counters and the latency average; taken last (inside the flights' lock, never around it).
+        self._lock = threading.Lock()
+        self._latency_ema_s = 0.0  # of successful computations, for the Retry-After hint
+        self._rejected = self._rejected_joiners = self._conflicts = 0
+
+    def answer(self, request_id: str, query: str, timeout_s: float, compute: Callable[[float], dict]) -> dict:
+        """The id's reply: cached, joined, or `compute(deadline)`'s (monotonic deadline)."""
+        started = time.monotonic()
+        deadline = started + timeout_s
+        digest = query_digest(query)
+        entry = self.flights.enter(
+            request_id, meta=digest, lookup=lambda: self._completed_reply(request_id, digest),
+            admit_joiner=lambda flight, joining: self._admit_joiner(request_id, digest, flight, joining),
+            admit_leader=lambda in_flight: self._admit_leader(request_id, query, digest, in_flight))
+        if entry.value is not None:
+            return entry.value
+        if entry.joins:  # the same id and query are already being computed
+            try:
+                return self.flights.wait(entry.flight, deadline - time.monotonic()).result()
+            except TimeoutError:  # our wait, or the computation's own timeout
+                raise RequestTimeout("request timed out") from None
+        try:
+            reply = compute(deadline)
+        except BaseException as exc:  # its joiners share the failure; the id is not cached
+            self.flights.fail(entry.flight, exc)
+            raise
+        self._remember(request_id, digest, reply, started)  # before the flight lands: no gap to recompute in
+        self.flights.finish(entry.flight, reply)
+        return reply
+
+    # ------------------------------------------------------------------ the rules, run under the flights' lock
+
+    def _completed_reply(self, request_id: str, digest: str) -> dict | None:
+        """A recently completed reply for this id; expired entries are dropped on the way."""
+        self.completed.purge_expired()
+        entry = self.completed.get(request_id)
+        if entry is None:
+            return None
+        self._check_same_query(request_id, entry[0], digest)
+        return entry[1]
+
+    def _check_same_query(self, request_id: str, known: str, digest: str) -> None:
+        if known != digest:
+            with self._lock:
+                self._conflicts += 1
+            raise RequestIdConflict(request_id)
+
+    def _admit_joiner(self, request_id: str, digest: str, flight: Flight, joining: int) -> None:
+        """Let one more caller wait on `flight`, or refuse it at once."""
+        self._check_same_query(request_id, flight.meta, digest)
+        if flight.joiners >= self.max_joiners_per_id:
+            limit = f"{self.max_joiners_per_id} per request_id"
+        elif joining >= self.max_joiners:
+            limit = f"{self.max_joiners} in all"
+        else:
+            return
+        with self._lock:
+            self._rejected += 1
+            self._rejected_joiners += 1
+        raise Overloaded(f"too many callers waiting on a request_id in flight ({limit})",
+                         retry_after_s=self._retry_after_s(time.monotonic() - flight.started))
+
+    def _admit_leader(self, request_id: str, query: str, digest: str, in_flight: int) -> dict | None:
+        """A reply-cache hit (now the id's answer: it takes no capacity), else a free slot or a refusal."""
+        hit = self.response_cache.get(request_id, query) if self.response_cache is not None else None
+        if hit is not None:
+            self.completed.put(request_id, (digest, hit))
+            return hit
+        if in_flight >= self.max_in_flight:
+            with self._lock:
+                self._rejected += 1
+            raise Overloaded(f"the gateway is at capacity ({self.max_in_flight} requests in flight)",
+                             retry_after_s=self._retry_after_s())
+        return None
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def _remember(self, request_id: str, digest: str, reply: dict, started: float) -> None:
+        """Cache a successful reply (never a failure)."""
+        now = time.monotonic()
+        if not reply.get("cached"):  # a reply-cache hit says nothing about how long a computation takes
+            with self._lock:
+                self._latency_ema_s = 0.8 * self._latency_ema_s + 0.2 * (now - started) if self._latency_ema_s \
+                    else now - started
+        self.completed.put(request_id, (digest, reply))
+
+    def _retry_after_s(self, elapsed_s: float = 0.0) -> float:
+        # With every slot busy, one frees about every (mean latency / slots) seconds; a joiner
+        # refused is better off coming back about when its id's answer is due (and cached).
+        with self._lock:
+            latency_s = self._latency_ema_s
+        estimate = latency_s - elapsed_s if elapsed_s else latency_s / self.max_in_flight
+        return min(max(estimate, MIN_RETRY_AFTER_S), MAX_RETRY_AFTER_S)
+
+    def stats(self) -> dict:
+        completed, flights = self.completed.stats(), self.flights.stats()
+        with self._lock:
+            return {"in_flight": flights.in_flight, "max_in_flight": self.max_in_flight,
+                    "cached": completed.entries, "cache_hits": completed.hits, "joined": flights.joined,
+                    "joining": flights.joining, "max_joiners": self.max_joiners,
+                    "max_joiners_per_id": self.max_joiners_per_id, "rejected": self._rejected,
+                    "rejected_joiners": self._rejected_joiners, "conflicts": self._conflicts}
