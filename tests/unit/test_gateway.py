@@ -1,6 +1,7 @@
 """The gateway's rules with fake workers: capacity, idempotency, failover, deadlines (no models, no HTTP)."""
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -10,6 +11,8 @@ import pytest
 from services.server.errors import (NodeUnreachable, NoWorkerAvailable, Overloaded, PeerFailed, PeerRejected,
                                     PeerRejectedToken, PeerTimedOut, PeerUnavailable, RequestTimeout, StageFailed,
                                     WorkerFailed)
+from pipeline.config import Settings
+from pipeline.config.sections import GatewaySettings
 from services.roles.gateway.gateway import Gateway
 from services.roles.gateway.routing import WorkerTarget, remote_target
 
@@ -40,9 +43,15 @@ class FakeWorker:
         return WorkerTarget(node=self.node, answer=self.answer, probe=probe, up=up, local=local)
 
 
-def gateway(*targets: WorkerTarget, **kwargs) -> Gateway:
+def gateway_settings(**kwargs) -> GatewaySettings:
+    """The gateway's section: its defaults, with Gateway's own names for the two idempotency knobs."""
+    names = {"completed_cache_size": "idempotency_cache_size", "completed_ttl_s": "idempotency_ttl_s"}
+    return dataclasses.replace(Settings.from_env({}).gateway, **{names.get(k, k): v for k, v in kwargs.items()})
+
+
+def gateway(*targets: WorkerTarget, response_cache=None, **kwargs) -> Gateway:
     kwargs.setdefault("health_interval_s", 3600)  # the probe runs once, at construction
-    gw = Gateway(list(targets), **kwargs)
+    gw = Gateway(list(targets), gateway_settings(**kwargs), response_cache=response_cache)
     time.sleep(0.05)  # let that first probe pass
     return gw
 

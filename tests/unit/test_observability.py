@@ -23,7 +23,7 @@ from services.roles.gateway.metrics import GatewayCollector
 from services.server.metrics import InfoCollector
 from services.node import JsonFormatter
 from services.roles.worker.request_path import collect_stage_times
-from tests.unit.test_gateway import FakeWorker
+from tests.unit.test_gateway import FakeWorker, gateway_settings
 from tests.unit.test_stage_services import FakeEngine, scrape
 
 pytestmark = pytest.mark.timeout(60)
@@ -147,8 +147,8 @@ def test_node_info_is_one_with_its_labels():
 def test_gateway_families_separate_local_work_from_forwards_and_count_admission():
     gate = threading.Event()
     local, remote = FakeWorker(0, gate=gate), FakeWorker(1, gate=gate)
-    gw = Gateway([local.target(local=True), remote.target()], health_interval_s=3600, max_in_flight=2,
-                 max_joiners_per_id=1, max_joiners=1)
+    gw = Gateway([local.target(local=True), remote.target()],
+                 gateway_settings(health_interval_s=3600, max_in_flight=2, max_joiners_per_id=1, max_joiners=1))
     collector = GatewayCollector(lambda: gw)
     try:
         threads = [threading.Thread(target=gw.answer, args=(f"r{i}", "q", 10)) for i in range(2)]
@@ -182,7 +182,7 @@ def test_gateway_families_separate_local_work_from_forwards_and_count_admission(
 
 def test_a_worker_rejoining_is_info_and_leaving_is_a_warning(caplog):
     target = FakeWorker(1).target()  # up, and its probe agrees: whenever the first probe runs, it logs nothing
-    gw = Gateway([target], health_interval_s=3600)
+    gw = Gateway([target], gateway_settings(health_interval_s=3600))
     try:
         with caplog.at_level(logging.INFO, logger="services.roles.gateway.routing"):
             gw.router.mark(target, False, "gone")

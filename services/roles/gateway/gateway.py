@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 
+from pipeline.config.sections import GatewaySettings
 from services.roles.caches import LruCache, ResponseCache
 from services.roles.gateway.idempotency import Idempotency
 from services.roles.gateway.probing import HealthProber
@@ -20,15 +21,14 @@ from services.roles.gateway.routing import Router, WorkerTarget
 class Gateway:
     """`answer(request_id, query, timeout_s)` for node 0's /query; `status()` and `stats()` for /health."""
 
-    def __init__(self, targets: list[WorkerTarget], *, health_interval_s: float = 2.0, max_in_flight: int = 96,
-                 completed_cache_size: int = 1024, completed_ttl_s: float = 300.0, max_joiners_per_id: int = 8,
-                 max_joiners: int = 16, response_cache: ResponseCache | None = None):
+    def __init__(self, targets: list[WorkerTarget], settings: GatewaySettings, *,
+                 response_cache: ResponseCache | None = None):
         self.router = Router(targets)
-        self.ids = Idempotency(max_in_flight=max_in_flight, completed_cache_size=completed_cache_size,
-                               completed_ttl_s=completed_ttl_s, max_joiners_per_id=max_joiners_per_id,
-                               max_joiners=max_joiners, response_cache=response_cache)
+        self.ids = Idempotency(max_in_flight=settings.max_in_flight, completed_cache_size=settings.idempotency_cache_size,
+                               completed_ttl_s=settings.idempotency_ttl_s, max_joiners_per_id=settings.max_joiners_per_id,
+                               max_joiners=settings.max_joiners, response_cache=response_cache)
         self.response_cache = response_cache
-        self.prober = HealthProber(self.router, health_interval_s)
+        self.prober = HealthProber(self.router, settings.health_interval_s)
 
     @property
     def targets(self) -> list[WorkerTarget]:

@@ -47,10 +47,7 @@ class GatewayRole(WorkerRole):
     def load(self) -> None:
         super().load()
         s = self.settings
-        self.gateway = Gateway(self._targets(), health_interval_s=s.gateway.health_interval_s,
-                               max_in_flight=s.gateway.max_in_flight, completed_cache_size=s.gateway.idempotency_cache_size,
-                               completed_ttl_s=s.gateway.idempotency_ttl_s, max_joiners_per_id=s.gateway.max_joiners_per_id,
-                               max_joiners=s.gateway.max_joiners, response_cache=self.response_cache)
+        self.gateway = Gateway(self._targets(), s.gateway, response_cache=self.response_cache)
 
     def _targets(self) -> list[WorkerTarget]:
         targets = []
