@@ -51,7 +51,8 @@ usage: ./run.sh COMMAND [args]   (configured only by environment variables: env.
 
   setup              create .venv and install the project with its test extra (idempotent);
                      as root with apt, also Debian's prometheus for tests/integration/test_prometheus.py
-  test [pytest args] setup, then the test suite with tiny stand-ins, offline (-m "not slow": the fast subset)
+  test [pytest args] setup, ruff and mypy, then the test suite with tiny stand-ins, offline
+                     (-m "not slow": the fast subset)
   demo [--interval-s S]
                      setup, build demo data and stand-ins if missing, start the three nodes, ask the eight queries
   local [--restart-limit N] [--restart-window-s S] [--startup-timeout-s S]
@@ -78,6 +79,11 @@ case "$cmd" in
     setup_test_tools
     export HF_HUB_OFFLINE=1 MODEL_SOURCE=standin STANDIN_PROFILE=tiny
     shift
+    # Lint and types first (pyproject.toml holds their rules): a finding stops the run.
+    log "ruff check (rules: pyproject.toml)"
+    "$VENV/bin/ruff" check --quiet .
+    log "mypy pipeline services"
+    "$VENV/bin/mypy" --no-error-summary
     exec "$PY" -m pytest "$@"
     ;;
   demo)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import threading
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from pipeline import spec
 from pipeline.config import Settings
@@ -56,8 +56,8 @@ class Generator:
     def load(cls, source: ModelSource, placement: Placement, **kwargs) -> "Generator":
         from transformers import AutoModelForCausalLM, AutoTokenizer
         tokenizer = AutoTokenizer.from_pretrained(spec.GENERATOR_MODEL, padding_side="left", **source.hf_kwargs())
-        model = AutoModelForCausalLM.from_pretrained(spec.GENERATOR_MODEL, dtype=placement.torch_dtype,
-                                                     **source.hf_kwargs())
+        model: Any = AutoModelForCausalLM.from_pretrained(spec.GENERATOR_MODEL, dtype=placement.torch_dtype,
+                                                          **source.hf_kwargs())
         model = apply_precision(model.to(placement.device).eval(), placement.precision)
         use_batch_invariant_attention(model)
         make_bf16_linears_row_invariant(model)

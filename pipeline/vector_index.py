@@ -163,7 +163,7 @@ def _read_index(path: Path, mmap: bool) -> tuple[faiss.Index, bool]:
 
 def _uses_mmap(index: faiss.Index) -> bool:
     ivf = faiss.try_extract_index_ivf(index)
-    if ivf is None:
+    if ivf is None or ivf.invlists is None:
         return False
     return isinstance(faiss.downcast_InvertedLists(ivf.invlists), faiss.OnDiskInvertedLists)
 

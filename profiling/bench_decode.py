@@ -33,9 +33,8 @@ from pipeline.continuous import ContinuousEngine
 from pipeline.device import placement_for, thread_budget
 from pipeline.generator import GenerationRequest, Generator
 from pipeline.models import resolve_model_source
-from profiling.lib.cli import comma_list, positive
+from profiling.lib.cli import add_out, comma_list, make_parser, positive
 from profiling.lib.inputs import cycled, document_pool, spec_queries
-from profiling.lib.cli import add_out, make_parser
 from profiling.lib.provenance import local_record
 from profiling.lib.report import run_folder, write_json
 

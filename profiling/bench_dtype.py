@@ -13,14 +13,14 @@ import argparse
 import json
 import time
 
+from builders.corpus import support_documents
 from pipeline import spec
 from pipeline.classifiers import SentimentClassifier, ToxicityClassifier
 from pipeline.config import Settings
-from builders.corpus import support_documents
 from pipeline.device import Placement, select_device, thread_budget
 from pipeline.generator import GenerationRequest, Generator
 from pipeline.models import resolve_model_source
-from pipeline.reranker import RerankRequest, Reranker
+from pipeline.reranker import Reranker, RerankRequest
 from profiling.lib.cli import add_out, make_parser
 from profiling.lib.provenance import local_record
 from profiling.lib.report import run_folder, write_json

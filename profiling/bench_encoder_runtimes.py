@@ -27,8 +27,17 @@ from typing import Mapping, Sequence
 from pipeline.config import Settings
 from profiling.lib.cli import make_parser, positive, split_list, stage_list
 from profiling.lib.report import write_json
-from profiling.lib.runtimes import (DEFAULT_MIN_SPEEDUP, DEFAULT_SIZES, STAGES, default_opset, format_table,
-                                    format_verdicts, measure_stage, rule_text, verdict)
+from profiling.lib.runtimes import (
+    DEFAULT_MIN_SPEEDUP,
+    DEFAULT_SIZES,
+    STAGES,
+    default_opset,
+    format_table,
+    format_verdicts,
+    measure_stage,
+    rule_text,
+    verdict,
+)
 
 DEFAULT_OUT = Path("runs/encoder_runtimes")
 REPO = Path(__file__).resolve().parents[1]

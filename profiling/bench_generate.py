@@ -29,17 +29,17 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from builders.corpus import support_documents
 from pipeline import spec
 from pipeline.config import Settings
 from pipeline.continuous import ContinuousEngine
-from builders.corpus import support_documents
 from pipeline.device import Placement, placement_for, thread_budget
 from pipeline.generator import GenerationRequest, Generator
 from pipeline.models import resolve_model_source
-from services.stages.batching import BatchingService
 from profiling.lib.cli import add_out, make_parser
 from profiling.lib.provenance import local_record
 from profiling.lib.report import percentiles, run_folder, write_json
+from services.stages.batching import BatchingService
 from services.stages.continuous import ContinuousGenerationService
 
 

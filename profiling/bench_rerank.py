@@ -26,9 +26,8 @@ from pipeline.config import Settings
 from pipeline.device import placement_for, thread_budget
 from pipeline.models import resolve_model_source
 from pipeline.reranker import Reranker, length_groups
-from profiling.lib.cli import comma_list
+from profiling.lib.cli import add_out, comma_list, make_parser
 from profiling.lib.inputs import document_pool, rerank_inputs
-from profiling.lib.cli import add_out, make_parser
 from profiling.lib.provenance import local_record
 from profiling.lib.report import run_folder, write_json
 

@@ -35,9 +35,9 @@ from profiling.lib.cluster import ClusterError, Node, scrape_nodes
 from profiling.lib.prometheus import PEAK_RSS_METRIC, RSS_METRIC, MetricsSnapshot
 from profiling.lib.provenance import cluster_record, local_record
 from profiling.lib.report import run_folder, write_json
+from services.cluster.clients import IndexClient
 from services.cluster.health_wait import wait_healthy
 from services.cluster.local import free_ports
-from services.cluster.clients import IndexClient
 
 
 def rss_mib() -> float:

@@ -48,16 +48,45 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from profiling.lib.cli import (TargetRefused, add_allow_remote, add_out, check_target, check_targets, comma_list,
-                               make_parser, positive, split_list)
+from profiling.lib.cli import (
+    TargetRefused,
+    add_allow_remote,
+    add_out,
+    check_target,
+    check_targets,
+    comma_list,
+    make_parser,
+    positive,
+    split_list,
+)
 from profiling.lib.cluster import ClusterError, Node, check_scraped, nodes_from_health, nodes_from_urls
-from profiling.lib.load import (ClosedGroup, Group, OpenGroup, RequestRecord, Target, load_queries, parse_schedule,
-                                run_group)
+from profiling.lib.load import (
+    ClosedGroup,
+    Group,
+    OpenGroup,
+    RequestRecord,
+    Target,
+    load_queries,
+    parse_schedule,
+    run_group,
+)
 from profiling.lib.prometheus import MetricsSnapshot, NodeDelta, cache_deltas, node_deltas, scrape_all
 from profiling.lib.provenance import cache_warnings, cluster_record, headline, node_settings, settings_warnings
-from profiling.lib.report import (DEFAULT_KNEE_RATIO, MIN_SWEEP_SAMPLE, RunStats, Saturation, find_saturation,
-                                  format_nodes_table, format_spread_table, format_stats_table, run_folder, run_stats,
-                                  small_sample_warning, write_csv, write_json)
+from profiling.lib.report import (
+    DEFAULT_KNEE_RATIO,
+    MIN_SWEEP_SAMPLE,
+    RunStats,
+    Saturation,
+    find_saturation,
+    format_nodes_table,
+    format_spread_table,
+    format_stats_table,
+    run_folder,
+    run_stats,
+    small_sample_warning,
+    write_csv,
+    write_json,
+)
 from services.cluster.health_wait import wait_healthy
 
 TOOL = "loadgen"

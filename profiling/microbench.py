@@ -43,8 +43,19 @@ from pipeline.device import placement_for, thread_budget
 from pipeline.docstore import DocumentStoreError
 from pipeline.vector_index import VectorIndexError
 from profiling.lib.cli import add_out, comma_list, make_parser, positive
-from profiling.lib.inputs import (ANSWER_CHARS, DOCS_PER_RERANK, SEED, answer_texts, cycled, document_pool, max_doc_id,
-                                  random_id_lists, random_unit_vectors, rerank_inputs, spec_queries)
+from profiling.lib.inputs import (
+    ANSWER_CHARS,
+    DOCS_PER_RERANK,
+    SEED,
+    answer_texts,
+    cycled,
+    document_pool,
+    max_doc_id,
+    random_id_lists,
+    random_unit_vectors,
+    rerank_inputs,
+    spec_queries,
+)
 from profiling.lib.provenance import local_record
 from profiling.lib.report import run_folder, write_csv, write_json
 
@@ -213,6 +224,7 @@ def build_embed(ctx: BenchContext) -> StageBench:
 
 def build_search(ctx: BenchContext) -> StageBench:
     import faiss
+
     from pipeline.vector_index import VectorIndex
     index = VectorIndex.load(ctx.index_path(), nprobe=ctx.settings.index.nprobe, mmap=ctx.settings.index.faiss_mmap)
     threads = thread_budget(ctx.settings.index.faiss_threads)

@@ -49,8 +49,16 @@ from typing import Callable, Mapping, Sequence
 from pipeline.config import Settings
 from pipeline.precision import model_nbytes
 from profiling.lib.cli import comma_list, positive, split_list, stage_list
-from profiling.lib.fidelity import (DEFAULT_THRESHOLDS, REFERENCE, Measurement, check, choose, env_file,
-                                    fidelity, rule_text)
+from profiling.lib.fidelity import (
+    DEFAULT_THRESHOLDS,
+    REFERENCE,
+    Measurement,
+    check,
+    choose,
+    env_file,
+    fidelity,
+    rule_text,
+)
 from profiling.lib.provenance import local_record
 from profiling.lib.report import write_csv, write_json
 
@@ -106,6 +114,7 @@ def _model_mib(module) -> float:
 def measure_one(job: Mapping) -> dict:
     """Load one stage in one variant in this (fresh) process and measure it: what a worker prints."""
     import torch
+
     from pipeline.classifiers import SentimentClassifier, ToxicityClassifier
     from pipeline.device import Placement, select_device, thread_budget
     from pipeline.embedder import Embedder

@@ -171,7 +171,6 @@ def killer(run: Run) -> None:
 
 
 def supervise(run: Run) -> None:
-    settings = run.cluster.settings
     supervisor = Supervisor(run.cluster, RESTART_LIMIT, RESTART_WINDOW_S)
     while not run.finished.wait(SUPERVISE_EVERY_S):
         supervisor.check()

@@ -17,11 +17,11 @@ from datetime import datetime, timezone
 from pipeline.config import ConfigError, Settings
 from pipeline.config.typos import misspelt_variables
 from pipeline.device import thread_budget
+from services.roles import role_class
 from services.server import tracing
-from services.server.routes import build_app
 from services.server.http_server import build_http_server
 from services.server.lifecycle import Lifecycle
-from services.roles import role_class
+from services.server.routes import build_app
 
 log = logging.getLogger("services.node")
 
@@ -48,9 +48,9 @@ class JsonFormatter(logging.Formatter):
 
 def _log_uncaught(args: threading.ExceptHookArgs) -> None:
     # Through logging, not a raw traceback on stderr: with LOG_FORMAT=json every line stays JSON.
-    if not issubclass(args.exc_type, SystemExit):
+    if not issubclass(args.exc_type, SystemExit) and args.exc_value is not None:
         log.error("uncaught exception in thread %s", args.thread.name if args.thread else "?",
-                  exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
+                  exc_info=args.exc_value)
 
 
 def _quiet_libraries(uses_torch: bool) -> None:

@@ -10,8 +10,14 @@ one Generator's model.
 """
 from pipeline.continuous.engine import ContinuousEngine, StepResult
 from pipeline.continuous.runner import ModelRunner
-from pipeline.continuous.scheduler import (PrefillChunk, RunnerOutput, Scheduler, SchedulerOutput, SequenceState,
-                                           UpdateResult)
+from pipeline.continuous.scheduler import (
+                                           PrefillChunk,
+                                           RunnerOutput,
+                                           Scheduler,
+                                           SchedulerOutput,
+                                           SequenceState,
+                                           UpdateResult,
+)
 
 __all__ = ["ContinuousEngine", "ModelRunner", "PrefillChunk", "RunnerOutput", "Scheduler", "SchedulerOutput",
            "SequenceState", "StepResult", "UpdateResult"]

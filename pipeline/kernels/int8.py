@@ -9,6 +9,8 @@ Conversion drops each float weight as soon as its int8 copy exists.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from pipeline.kernels.fbgemm import AnchoredFbgemm, fbgemm_is_exact
@@ -45,6 +47,7 @@ def quantize_rows(x):
 class _QuantizedLinear(torch.nn.Module):
     """What both int8 Linears share: the int8 (out, in) weight, its scales, the bias."""
     scale_dtype = torch.float32
+    qweight: Any  # a registered buffer: the int8 weight, or None once fbgemm holds a packed copy
 
     def __init__(self, linear: torch.nn.Linear):
         super().__init__()
@@ -84,7 +87,7 @@ class Int8DynamicLinear(_QuantizedLinear):
     def __init__(self, linear: torch.nn.Linear, *, use_fbgemm: bool = True):
         super().__init__(linear)
         self._min_rows = 17 if self.qweight.is_cuda else 0
-        self._fbgemm = None
+        self._fbgemm: AnchoredFbgemm | None = None
         if use_fbgemm and not self.qweight.is_cuda and self.in_features >= 2 and fbgemm_is_exact():
             self._fbgemm = AnchoredFbgemm(self.qweight, self.weight_scale)
             self.qweight = None  # fbgemm's packed copy is the weight now

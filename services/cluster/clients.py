@@ -23,10 +23,18 @@ import requests
 from requests.adapters import HTTPAdapter
 
 from services.server import tracing
-from services.server.errors import (DeadlineExceeded, NodeUnreachable, PeerError, PeerFailed, PeerRejected,
-                                    PeerRejectedToken, PeerTimedOut, PeerUnavailable)
-from services.server.token import TOKEN_HEADER
+from services.server.errors import (
+    DeadlineExceeded,
+    NodeUnreachable,
+    PeerError,
+    PeerFailed,
+    PeerRejected,
+    PeerRejectedToken,
+    PeerTimedOut,
+    PeerUnavailable,
+)
 from services.server.request_ids import REQUEST_ID_HEADER, batch_request_ids, current_request_id
+from services.server.token import TOKEN_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +103,7 @@ class IndexClient:
                  parents: Sequence = (), attempt: int = 1) -> tuple[list, list]:
         """One POST; an error in RETRIED may be retried, anything else may not."""
         url = f"{self.base_url}/search"
-        with tracing.client_span("POST /search", url, parents, **{"rag.attempt": attempt,
+        with tracing.client_span("POST /search", url, parents, attributes={"rag.attempt": attempt,
                                  "rag.batch_size": len(payload["embeddings"])}) as call:
             try:
                 response = self.session.post(url, json=payload, timeout=self._timeouts(deadline),
@@ -155,7 +163,7 @@ class WorkerClient:
         # The caller's X-Request-ID (this thread serves its /query), so node 1 logs the same id.
         trace = current_request_id.get()
         url = f"{self.base_url}/internal/answer"
-        with tracing.client_span("POST /internal/answer", url, **{tracing.REQUEST_ID: trace}) as call:
+        with tracing.client_span("POST /internal/answer", url, attributes={tracing.REQUEST_ID: trace}) as call:
             headers = {REQUEST_ID_HEADER: trace, **call.headers} if trace else call.headers
             try:
                 response = self.session.post(url, json=body, headers=headers or None,

@@ -167,18 +167,18 @@ class ResponseCache:
         if not entry.leads:
             return
         shared = _unaddressed(reply)
-        self.cache.put(entry.flight.key, shared)  # before the flight lands: a new asker finds one or the other
-        self._flights.finish(entry.flight, shared)
+        self.cache.put(entry.held.key, shared)  # before the flight lands: a new asker finds one or the other
+        self._flights.finish(entry.held, shared)
 
     def abandon(self, entry: Entry, error: BaseException) -> None:
         """The leader failed: its joiners are told (and compute their own). Nothing for a non-leader."""
         if entry.leads:
-            self._flights.fail(entry.flight, error)
+            self._flights.fail(entry.held, error)
 
     def joined_reply(self, entry: Entry, request_id: str, timeout_s: float) -> dict | None:
         """The leader's reply for this request, None if the leader failed; RequestTimeout past timeout_s."""
         try:
-            ended = self._flights.wait(entry.flight, timeout_s)
+            ended = self._flights.wait(entry.held, timeout_s)
         except TimeoutError:
             raise RequestTimeout("timed out waiting for the same question in flight") from None
         if ended.exception() is not None:

@@ -45,6 +45,13 @@ class Entry:
     def joins(self) -> bool:
         return self.flight is not None and not self.leads
 
+    @property
+    def held(self) -> Flight:
+        """The flight this entry leads or joins (an entry with a value, or none, holds no flight)."""
+        if self.flight is None:
+            raise RuntimeError("this entry holds no flight")
+        return self.flight
+
 
 @dataclass(frozen=True)
 class FlightStats:

@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 from flask import Flask, Response, g, jsonify, request
+from flask.json.provider import DefaultJSONProvider
 from werkzeug.exceptions import HTTPException
 
 from services.server import tracing
@@ -58,7 +59,9 @@ def install_error_handler(app: Flask) -> None:
 
 def make_app(name: str) -> Flask:
     app = Flask(name)
-    app.json.sort_keys = False
+    provider = app.json
+    if isinstance(provider, DefaultJSONProvider):
+        provider.sort_keys = False  # replies keep the contract's field order
     install_error_handler(app)
     tracing.install_server_spans(app)  # first: it must see the requests the hooks after it refuse
     install_request_id(app)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 # How long a caller should wait before retrying a node that is starting, stopping or has
 # no worker to offer: about one gateway health probe plus a margin.
@@ -186,7 +187,7 @@ class HttpAnswer:
 
 
 # Most specific first: the first entry whose type matches decides.
-_TABLE: list[tuple[type[BaseException], Callable[[BaseException], HttpAnswer]]] = [
+_TABLE: list[tuple[type[BaseException], Callable[[Any], HttpAnswer]]] = [
     (ApiError, lambda e: HttpAnswer(e.status, e.message, e.field, e.retry_after_s)),
     (Overloaded, lambda e: HttpAnswer(503, f"overloaded: {e}", retry_after_s=e.retry_after_s or 1.0,
                                       log_level=logging.WARNING)),

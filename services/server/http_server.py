@@ -14,8 +14,8 @@ from http import HTTPStatus
 from flask import Flask
 
 from pipeline.config import ConfigError, HttpServerConfig
-from services.server.errors import ApiError, HttpAnswer, http_answer
 from services.server.body import body_too_large
+from services.server.errors import ApiError, HttpAnswer, http_answer
 from services.server.token import INTERNAL_PREFIX, token_matches, token_refused, warn_if_exposed
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,10 @@ def _refusal_class():
         """A waitress request error carrying our table's answer (HeaderGate's refusals)."""
 
         def __init__(self, exc: ApiError):
-            self.answer = http_answer(exc)
+            answer = http_answer(exc)
+            if answer is None:  # an ApiError always has its row
+                raise TypeError(f"no HTTP answer for {exc!r}")
+            self.answer = answer
             super().__init__(self.answer.message)
             self.code = self.answer.status
             self.reason = HTTPStatus(self.code).phrase

@@ -14,16 +14,15 @@ import os
 import signal
 import threading
 import time
-from typing import Callable
-
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 from flask import Flask
 from werkzeug.wsgi import ClosingIterator
 
 from pipeline.config import ConfigError
-from services.server.errors import NodeNotReady, http_answer
 from services.server.app import error_response
+from services.server.errors import NodeNotReady, http_answer
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +174,7 @@ class InFlight:
                 self.leave()
                 raise
 
-        app.wsgi_app = counted
+        app.wsgi_app = counted  # type: ignore[method-assign]  # Flask's documented way to wrap the WSGI app
 
     def _call(self, app: Flask, inner, environ, start_response):
         call = _Call(inner, environ)
@@ -194,6 +193,8 @@ class InFlight:
             return self._answer_for(app, environ, start_response)
         if call.error is not None:
             raise call.error
+        if call.start is None:  # an app that returned without starting its reply: a bug
+            raise RuntimeError("the app returned without calling start_response")
         start_response(*call.start)
         if not call.written:
             return call.result
@@ -201,7 +202,9 @@ class InFlight:
         return ClosingIterator(itertools.chain(call.written, call.result), close)
 
     def _answer_for(self, app: Flask, environ, start_response):
-        answer = http_answer(self._abandoned)
+        answer = http_answer(self._abandoned) if self._abandoned is not None else None
+        if answer is None:
+            raise RuntimeError(f"no HTTP answer for {self._abandoned!r}")
         with app.app_context():
             response = error_response(answer.status, answer.message, field=answer.field,
                                       retry_after_s=answer.retry_after_s)

@@ -13,7 +13,6 @@ from typing import Any, Callable
 from services.server import tracing
 
 
-
 class _Noted:
     """An item on its way through a stage, with the stage span that wants to know its batch."""
     __slots__ = ("item", "span")

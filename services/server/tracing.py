@@ -25,8 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,7 +132,9 @@ def _processor(settings: ObservabilitySettings, node: int | None):
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
     if settings.tracing == "jsonl":
         # Written (and flushed) as each span ends: a reader of the file never waits on a timer.
-        return SimpleSpanProcessor(JsonlSpanExporter(jsonl_path(settings, node), node))
+        # JsonlSpanExporter has SpanExporter's methods without subclassing it (no SDK import at import time).
+        exporter: Any = JsonlSpanExporter(jsonl_path(settings, node), node)
+        return SimpleSpanProcessor(exporter)
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     exporter = OTLPSpanExporter(endpoint=settings.tracing_endpoint, timeout=OTLP_TIMEOUT_S)
     return BatchSpanProcessor(exporter, schedule_delay_millis=OTLP_SCHEDULE_DELAY_MS)
@@ -256,7 +257,8 @@ _OFF_CALL = ClientCall()
 
 
 @contextmanager
-def client_span(name: str, url: str, parents: Sequence[Any] = (), **attributes: Any) -> Iterator[ClientCall]:
+def client_span(name: str, url: str, parents: Sequence[Any] = (), *,
+                attributes: Mapping[str, Any] = MappingProxyType({})) -> Iterator[ClientCall]:
     """A CLIENT span around one HTTP call to another node; send `call.headers` with it.
 
     `parents`: the span contexts of the requests a batched call serves (services.roles.worker.request_path's search):

@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
-from services.stages.batch_queue import BatchQueue, BatchingStats, PendingItem
 from services.server.errors import BatchSizeMismatch, Overloaded, ServiceClosed, StageDown
+from services.stages.batch_queue import BatchingStats, BatchQueue, PendingItem
 from services.stages.futures import set_exception, set_result
 
 logger = logging.getLogger(__name__)

@@ -23,9 +23,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, fields, replace
 
 from pipeline.continuous import ContinuousEngine, SequenceState, StepResult
-from services.server import tracing
-from services.stages.batch_queue import BatchingStats, BatchQueue, PendingItem, with_observations
+from services.server import stage_spans, tracing
 from services.server.errors import ServiceClosed, StageDown
+from services.stages.batch_queue import BatchingStats, BatchQueue, PendingItem, with_observations
 from services.stages.futures import Claim, claim, end_with_exception, end_with_result
 
 log = logging.getLogger(__name__)
@@ -246,7 +246,7 @@ class ContinuousGenerationService:
         for pending in batch:
             ticket = GenerationTicket(pending.future, pending.enqueued_at)
             try:
-                seq = self.engine.add(tracing.admitted(pending.item, running), payload=ticket)
+                seq = self.engine.add(stage_spans.admitted(pending.item, running), payload=ticket)
             except Exception as exc:  # e.g. a prompt over the token budget: this request alone
                 self._fail(ticket, exc)
                 continue

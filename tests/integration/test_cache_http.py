@@ -27,7 +27,7 @@ def _served(cluster) -> int:
 
 def _joined(cluster) -> float:
     text = requests.get(f"{cluster.url(0)}/metrics", timeout=10).text
-    line = next(l for l in text.splitlines() if l.startswith('rag_cache_joined_total{cache="response"}'))
+    line = next(line for line in text.splitlines() if line.startswith('rag_cache_joined_total{cache="response"}'))
     return float(line.split()[-1])
 
 

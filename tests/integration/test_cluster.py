@@ -215,6 +215,7 @@ def test_metrics_parse_and_move_when_requests_are_served(cluster):
 
 def test_latency_breakdown_tool_against_the_cluster(cluster, tmp_path):
     import json
+
     from profiling import latency_breakdown
     metrics = ",".join(f"{n}={cluster.url(n)}/metrics" for n in (0, 1, 2))
     assert latency_breakdown.main(["--url", cluster.url(0), "--metrics", metrics, "--requests", "2",

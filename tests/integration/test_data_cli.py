@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from pipeline.vector_index import VectorIndex
 from pipeline.config import REPO_ROOT as ROOT
+from pipeline.vector_index import VectorIndex
 from tests.helpers import leftovers
 
 pytestmark = pytest.mark.slow

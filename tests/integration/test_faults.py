@@ -18,7 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-from hypothesis import HealthCheck, event, given, settings, strategies as st
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 from pipeline import spec
 from services.server.token import TOKEN_HEADER

@@ -13,8 +13,8 @@ import requests
 
 from pipeline.config import REPO_ROOT, Settings
 from pipeline.models import ALL_MODELS, fetch_command
-from services.server.lifecycle import CONFIG_ERROR_EXIT, FAILED_LINGER_S
 from services.cluster.local import free_ports
+from services.server.lifecycle import CONFIG_ERROR_EXIT, FAILED_LINGER_S
 from tests.helpers import TEST_ENV, data_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

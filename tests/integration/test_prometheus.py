@@ -246,7 +246,7 @@ def refused_while_another_is_in_flight(cluster) -> None:
     """One request holds the gateway's only slot; a second one meanwhile is answered 503."""
     for attempt in range(3):
         held = {}
-        thread = threading.Thread(target=lambda: held.update(reply=ask(cluster, f"held-{attempt}")))
+        thread = threading.Thread(target=lambda held=held, attempt=attempt: held.update(reply=ask(cluster, f"held-{attempt}")))
         thread.start()
         try:
             deadline = time.monotonic() + 30

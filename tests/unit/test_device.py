@@ -36,7 +36,7 @@ def test_per_stage_override():
     assert p.precision == "float32"  # exact (the default PRECISION): the variant is the dtype itself
     p = placement_for(s, "generate", cuda_available=lambda: False, bf16_cpu=lambda: True)
     assert (p.device, p.dtype) == ("cpu", "bfloat16")
-    p = placement_for(s.replace(only_cpu=False), "generate", cuda_available=lambda: True,
+    p = placement_for(Settings.from_env({"DTYPE": "auto", "RERANK_DTYPE": "float32", "ONLY_CPU": "false"}), "generate", cuda_available=lambda: True,
                       bf16_cpu=lambda: True, bf16_cuda=lambda: False)
     assert (p.device, p.dtype) == ("cuda", "float16")
 

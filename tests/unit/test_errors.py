@@ -6,11 +6,29 @@ import logging
 import pytest
 from werkzeug.exceptions import NotFound
 
-from services.server.errors import (NOT_READY_RETRY_AFTER_S, PEER_FAILED, PEER_UNAVAILABLE, ApiError, BatchSizeMismatch,
-                                    DeadlineExceeded, NodeNotReady, NodeUnreachable, NoWorkerAvailable, Overloaded,
-                                    PeerFailed, PeerRejected, PeerRejectedToken, PeerTimedOut, PeerUnavailable,
-                                    RequestTimeout, ServiceClosed, StageFailed, WorkerFailed, http_answer)
 from services.server.app import make_app
+from services.server.errors import (
+    NOT_READY_RETRY_AFTER_S,
+    PEER_FAILED,
+    PEER_UNAVAILABLE,
+    ApiError,
+    BatchSizeMismatch,
+    DeadlineExceeded,
+    NodeNotReady,
+    NodeUnreachable,
+    NoWorkerAvailable,
+    Overloaded,
+    PeerFailed,
+    PeerRejected,
+    PeerRejectedToken,
+    PeerTimedOut,
+    PeerUnavailable,
+    RequestTimeout,
+    ServiceClosed,
+    StageFailed,
+    WorkerFailed,
+    http_answer,
+)
 
 # (error, status, body, Retry-After header or None)
 CASES = [

@@ -8,13 +8,23 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from services.server.errors import (NodeUnreachable, NoWorkerAvailable, Overloaded, PeerFailed, PeerRejected,
-                                    PeerRejectedToken, PeerTimedOut, PeerUnavailable, RequestTimeout, StageFailed,
-                                    WorkerFailed)
 from pipeline.config import Settings
 from pipeline.config.sections import GatewaySettings
 from services.roles.gateway.gateway import Gateway
 from services.roles.gateway.routing import WorkerTarget, remote_target
+from services.server.errors import (
+    NodeUnreachable,
+    NoWorkerAvailable,
+    Overloaded,
+    PeerFailed,
+    PeerRejected,
+    PeerRejectedToken,
+    PeerTimedOut,
+    PeerUnavailable,
+    RequestTimeout,
+    StageFailed,
+    WorkerFailed,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -195,8 +205,8 @@ def test_remote_worker_is_out_of_rotation_until_its_probe_says_ready():
 def test_worker_wait_maps_stage_outcomes():
     from concurrent.futures import Future
 
-    from services.server.errors import DeadlineExceeded, ServiceClosed
     from services.roles.worker.request_path import Worker
+    from services.server.errors import DeadlineExceeded, ServiceClosed
 
     def failed(exc):
         future = Future()
@@ -240,9 +250,9 @@ class Outcomes:
 def query_app(outcomes, **env):
     """Node 0's /query over a real Gateway (with its reply cache) and one worker answering `outcomes`."""
     from pipeline.config import Settings
-    from services.server.routes import build_app
-    from services.server.lifecycle import Lifecycle, Readiness
     from services.roles.gateway.role import GatewayRole
+    from services.server.lifecycle import Lifecycle, Readiness
+    from services.server.routes import build_app
     settings = Settings.from_env({"RESPONSE_CACHE_SIZE": "16", **env})
     lifecycle = Lifecycle("node 0", 0.0, exit=lambda code: None)
     role = GatewayRole(settings, 0, lifecycle)

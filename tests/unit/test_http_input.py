@@ -12,15 +12,22 @@ import pytest
 from flask import jsonify
 
 from pipeline.config import Settings
-from services.server.errors import ApiError
+from services.cluster.clients import IndexClient, WorkerClient
+from services.roles.index.search import max_search_values, parse_search_body
 from services.server.app import make_app
 from services.server.body import read_json_object, require_string
+from services.server.errors import (
+    ApiError,
+    DeadlineExceeded,
+    NodeUnreachable,
+    PeerFailed,
+    PeerRejected,
+    PeerRejectedToken,
+    PeerTimedOut,
+    PeerUnavailable,
+)
 from services.server.http_server import HeaderGate, header_gate
 from services.server.token import TOKEN_HEADER, internal_endpoint, warn_if_exposed
-from services.roles.index.search import max_search_values, parse_search_body
-from services.server.errors import (DeadlineExceeded, NodeUnreachable, PeerFailed, PeerRejected, PeerRejectedToken,
-                                    PeerTimedOut, PeerUnavailable)
-from services.cluster.clients import IndexClient, WorkerClient
 
 pytestmark = pytest.mark.timeout(60)
 TOKEN = "s3cret-Token"
@@ -230,7 +237,7 @@ def test_reliability_settings_defaults_and_consistency():
     s = Settings.from_env({})
     assert (s.limits.max_request_id_chars, s.limits.max_query_chars, s.limits.max_body_bytes) == (256, 4096, 65536)
     assert (s.gateway.idempotency_cache_size, s.gateway.idempotency_ttl_s, s.gateway.max_in_flight) == (1024, 300.0, 96)
-    assert (s.limits.shutdown_grace_s, s.cluster.cluster_token, s.index_inject_delay_ms) == (60.0, "", 0.0)
+    assert (s.limits.shutdown_grace_s, s.cluster.cluster_token) == (60.0, "")
     with pytest.raises(Exception, match=r"^SEARCH_MAX_BATCH='8' is not valid: expected at most STAGE_MAX_QUEUE \(4\)"):
         Settings.from_env({"STAGE_MAX_QUEUE": "4", "SEARCH_MAX_BATCH": "8"})
 

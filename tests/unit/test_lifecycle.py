@@ -205,8 +205,8 @@ def test_at_the_grace_deadline_requests_in_flight_get_503_the_stages_are_aborted
 
 
 def test_health_says_unhealthy_with_the_reason_when_a_stage_thread_died():
-    from services.server.routes import build_app
     from services.roles.base import Role
+    from services.server.routes import build_app
 
     class Stage:
         name, failure = "generate", None

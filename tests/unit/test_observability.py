@@ -10,19 +10,24 @@ from flask import Flask, g, jsonify
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from services.node import JsonFormatter
+from services.roles.gateway.gateway import Gateway
+from services.roles.gateway.metrics import GatewayCollector
+from services.roles.worker.request_path import collect_stage_times
+from services.server.app import make_app
+from services.server.errors import Overloaded, RequestIdConflict
+from services.server.metrics import InfoCollector
+from services.server.request_ids import (
+    MAX_REQUEST_ID_HEADER_CHARS,
+    batch_request_ids,
+    bind_request_id,
+    current_request_id,
+    header_form,
+)
 from services.server.routes import install_completion_log
 from services.stages.batch_queue import WAIT_BUCKETS, BatchCounters, with_observations
 from services.stages.batching import BatchingService
-from services.server.errors import Overloaded
-from services.roles.gateway.gateway import Gateway
 from services.stages.continuous import ContinuousGenerationService
-from services.server.app import make_app
-from services.server.request_ids import (MAX_REQUEST_ID_HEADER_CHARS, batch_request_ids, bind_request_id, current_request_id,
-                                  header_form)
-from services.roles.gateway.metrics import GatewayCollector
-from services.server.metrics import InfoCollector
-from services.node import JsonFormatter
-from services.roles.worker.request_path import collect_stage_times
 from tests.unit.test_gateway import FakeWorker, gateway_settings
 from tests.unit.test_stage_services import FakeEngine, scrape
 
@@ -166,7 +171,7 @@ def test_gateway_families_separate_local_work_from_forwards_and_count_admission(
         gate.set()
         for t in threads:
             t.join(10)
-        with pytest.raises(Exception):  # same id, another query: 409
+        with pytest.raises(RequestIdConflict):  # same id, another query: 409
             gw.answer("r1", "another", 10)
         m = samples(collector)
         assert m[("rag_gateway_in_flight", ())] == 0 and m[("rag_gateway_joined_total", ())] == 1

@@ -9,8 +9,14 @@ import pytest
 
 from pipeline import provision
 from pipeline.config import ConfigError, Settings
-from pipeline.models import (ALL_MODELS, ModelsMissing, fetch_command, missing_models, resolve_model_source,
-                             standin_source)
+from pipeline.models import (
+    ALL_MODELS,
+    ModelsMissing,
+    fetch_command,
+    missing_models,
+    resolve_model_source,
+    standin_source,
+)
 
 
 @pytest.fixture(scope="module")

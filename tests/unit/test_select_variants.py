@@ -14,7 +14,6 @@ from profiling.lib import fidelity as fid
 from profiling.lib.fidelity import DEFAULT_THRESHOLDS, Measurement, check, choose, env_file
 from tests.helpers import TEST_ENV
 
-
 # ------------------------------------------------------------------------- metrics
 
 def test_top3_agreement_counts_shared_members_not_their_order():

@@ -11,15 +11,14 @@ from flask import Flask
 from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.continuous import RunnerOutput, Scheduler, StepResult
+from services.server.errors import Overloaded, ServiceClosed, StageDown
+from services.server.metrics import NodeMetrics
 from services.stages.batch_queue import BatchQueue
 from services.stages.batching import BatchingService
-from services.server.errors import Overloaded, ServiceClosed, StageDown
 from services.stages.continuous import ContinuousGenerationService, GenerationStats, GenerationTicket
-from services.server.metrics import NodeMetrics
 from services.stages.metrics import BatchingCollector, GenerationCollector
 from services.stages.protocol import StageService
 from tests.helpers import ManualClock
-
 
 # ----------------------------------------------------------------------------- queue policy
 

@@ -12,23 +12,29 @@ import pytest
 from flask import g, jsonify, request
 
 from pipeline.config import REPO_ROOT, ConfigError, Settings
+from pipeline.config.sections import ObservabilitySettings
 from services.server import stage_spans, tracing
-from services.stages.batching import BatchingService
 from services.server.app import make_app
+from services.stages.batching import BatchingService
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
 
 
-def settings(**env: str) -> Settings:
-    return Settings.from_env({"NODE_NUMBER": "1", **env})
+def settings(**env: str) -> ObservabilitySettings:
+    """The observability section, as node 1 would read it from `env`."""
+    return Settings.from_env({"NODE_NUMBER": "1", **env}).observability
+
+
+def start(section: ObservabilitySettings) -> bool:
+    return tracing.start(section, 1, "worker")
 
 
 @pytest.fixture
 def spans_file(tmp_path):
     """Tracing on (jsonl) for one test; the file it writes."""
     path = tmp_path / "spans.jsonl"
-    assert tracing.start(settings(TRACING="jsonl", TRACING_FILE=str(path)))
+    assert start(settings(TRACING="jsonl", TRACING_FILE=str(path)))
     yield path
     tracing.stop()
 
@@ -60,7 +66,7 @@ def traced_app(name: str = "t"):
 def test_off_installs_nothing_and_writes_nothing(tmp_path):
     from opentelemetry import trace
     path = tmp_path / "spans.jsonl"
-    assert tracing.start(settings(TRACING="off", TRACING_FILE=str(path))) is False
+    assert start(settings(TRACING="off", TRACING_FILE=str(path))) is False
     assert not tracing.enabled()
     assert traced_app().test_client().post("/work", headers={"traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01"}
                                            ).status_code == 200
@@ -80,13 +86,13 @@ def test_off_never_imports_opentelemetry():
     code = """
 import sys
 from pipeline.config import Settings
-from services.server import tracing
+from services.server import stage_spans, tracing
 import services.node, services.roles.worker.request_path, services.roles.index.search, services.stages.continuous, services.cluster.clients
 from services.server.app import make_app
 from services.stages.batching import BatchingService
 settings = Settings.from_env({"NODE_NUMBER": "1", "TRACING": "off"})
-tracing.require(settings)
-assert tracing.start(settings) is False
+tracing.require(settings.observability)
+assert tracing.start(settings.observability, 1, "worker") is False
 app = make_app("t")
 app.post("/x")(lambda: "ok")
 assert app.test_client().post("/x", headers={"traceparent": "00-%s-%s-01"}).status_code == 200
@@ -110,7 +116,7 @@ def test_tracing_on_without_the_packages_is_one_config_error_naming_the_pip_comm
     assert message.startswith(f"TRACING={mode} needs the OpenTelemetry packages") and "\n" not in message
     assert tracing.PIP_INSTALL in message and "TRACING=off" in message
     with pytest.raises(ConfigError):
-        tracing.start(settings(TRACING=mode))
+        start(settings(TRACING=mode))
     assert not tracing.enabled()
 
 
@@ -269,7 +275,7 @@ def test_otlp_sends_protobuf_spans_to_the_endpoint():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         endpoint = f"http://127.0.0.1:{server.server_port}/v1/traces"
-        assert tracing.start(settings(TRACING="otlp", TRACING_ENDPOINT=endpoint))
+        assert start(settings(TRACING="otlp", TRACING_ENDPOINT=endpoint))
         try:
             assert traced_app().test_client().post("/work", headers={"X-Request-ID": "otlp-1"}).status_code == 200
             assert tracing.force_flush(10_000)  # the batch processor sends now instead of on its timer

@@ -64,16 +64,16 @@ class Idempotency:
             return entry.value
         if entry.joins:  # the same id and query are already being computed
             try:
-                return self.flights.wait(entry.flight, deadline - time.monotonic()).result()
+                return self.flights.wait(entry.held, deadline - time.monotonic()).result()
             except TimeoutError:  # our wait, or the computation's own timeout
                 raise RequestTimeout("request timed out") from None
         try:
             reply = compute(deadline)
         except BaseException as exc:  # its joiners share the failure; the id is not cached
-            self.flights.fail(entry.flight, exc)
+            self.flights.fail(entry.held, exc)
             raise
         self._remember(request_id, digest, reply, started)  # before the flight lands: no gap to recompute in
-        self.flights.finish(entry.flight, reply)
+        self.flights.finish(entry.held, reply)
         return reply
 
     # ------------------------------------------------------------------ the rules, run under the flights' lock

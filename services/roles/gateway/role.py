@@ -7,14 +7,14 @@ from typing import Any
 from flask import Flask, g, jsonify
 
 from pipeline.config import ConfigError, Settings
+from services.cluster.clients import WorkerClient
+from services.roles.base import SPARE_HTTP_THREADS
 from services.roles.caches import ResponseCache
 from services.roles.gateway.gateway import Gateway
 from services.roles.gateway.routing import WorkerTarget, remote_target
-from services.server.lifecycle import Readiness
-from services.cluster.clients import WorkerClient
-from services.roles.base import SPARE_HTTP_THREADS
-from services.roles.worker.role import WorkerRole, parse_query
 from services.roles.worker.request_path import collect_stage_times
+from services.roles.worker.role import WorkerRole, parse_query
+from services.server.lifecycle import Readiness
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class GatewayRole(WorkerRole):
         targets = []
         for node in self.settings.cluster.worker_nodes:
             if node == self.node:  # our own worker: an in-process call, no HTTP hop
-                targets.append(WorkerTarget(node=node, answer=self.worker.answer, local=True,
+                targets.append(WorkerTarget(node=node, answer=self.loaded_worker().answer, local=True,
                                             probe=lambda: self.lifecycle.readiness.state in LOCAL_SERVING))
             else:
                 client = WorkerClient(self.settings.node_address(node).url,

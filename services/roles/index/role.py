@@ -9,10 +9,10 @@ from flask import Flask, jsonify
 
 from pipeline.config import Settings
 from pipeline.spec import Stage
+from services.roles.base import SPARE_HTTP_THREADS, Role
+from services.roles.index.search import MAX_SEARCH_BODY_BYTES, IndexService, max_search_values, parse_search_body
 from services.server.body import read_json_object
 from services.server.token import internal_endpoint
-from services.roles.index.search import MAX_SEARCH_BODY_BYTES, IndexService, max_search_values, parse_search_body
-from services.roles.base import SPARE_HTTP_THREADS, Role
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,10 @@ import numpy as np
 
 from pipeline import spec
 from pipeline.vector_index import VectorIndex
-from services.server import stage_spans, tracing
-from services.stages.batching import BatchingService
+from services.server import stage_spans
 from services.server.errors import ApiError
 from services.server.request_ids import current_request_id
+from services.stages.batching import BatchingService
 
 MAX_SEARCH_VECTORS = 1024
 MAX_K = 1024

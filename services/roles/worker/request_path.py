@@ -26,13 +26,13 @@ from pipeline.generator import GenerationRequest
 from pipeline.reranker import RerankRequest
 from pipeline.spec import Stage
 from pipeline.stages import Stages
-from services.server import stage_spans, tracing
-from services.stages.batching import BatchingService
-from services.roles.caches import LruCache
-from services.server.errors import Overloaded, RequestTimeout, ServiceClosed, StageDown, StageFailed
-from services.stages.continuous import ContinuousGenerationService
-from services.server.request_ids import current_request_id
 from services.cluster.clients import IndexClient
+from services.roles.caches import LruCache
+from services.server import stage_spans
+from services.server.errors import Overloaded, RequestTimeout, ServiceClosed, StageDown, StageFailed
+from services.server.request_ids import current_request_id
+from services.stages.batching import BatchingService
+from services.stages.continuous import ContinuousGenerationService
 
 log = logging.getLogger(__name__)
 

@@ -11,13 +11,13 @@ from pipeline import spec
 from pipeline.config import Settings
 from pipeline.config.checks import MAX_INTERNAL_TIMEOUT_S
 from pipeline.stages import Stages
-from services.server.errors import ApiError
-from services.server.body import read_json_object, require_string
-from services.server.token import internal_endpoint
-from services.server.request_ids import bind_request_id
 from services.cluster.clients import IndexClient
 from services.roles.base import SPARE_HTTP_THREADS, Role
 from services.roles.worker.request_path import ContinuousConfig, Worker, WorkerConfig, collect_stage_times
+from services.server.body import read_json_object, require_string
+from services.server.errors import ApiError, NodeNotReady
+from services.server.request_ids import bind_request_id
+from services.server.token import internal_endpoint
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +105,14 @@ class WorkerRole(Role):
             fields["stages"] = {str(stage): st.summary() for stage, st in self.worker.stats().items()}
         return fields
 
+    def loaded_worker(self) -> Worker:
+        """The worker, once load() has built it (the routes answer 503 until the node is ready)."""
+        if self.worker is None:
+            raise NodeNotReady(f"node {self.node} is still loading its models")
+        return self.worker
+
     def count_query_tokens(self, query: str) -> int:
-        return self.worker.stages.generator.count_tokens(query)
+        return self.loaded_worker().stages.generator.count_tokens(query)
 
     # Each forward from the gateway gets its completion line here too: served_by and this node's stages_ms.
     request_endpoints = ("/internal/answer",)
