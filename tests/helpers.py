@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from services.cluster.local import LocalCluster, free_ports
@@ -26,11 +27,19 @@ def cluster_env(data, **extra: str) -> dict[str, str]:
     return env
 
 
-def start_cluster(data, log_dir: Path, **extra: str) -> LocalCluster:
-    """Three real node processes on 127.0.0.1 (free ports), healthy; the caller stops them."""
+def start_cluster(data, log_dir: Path, *, commands: Mapping[int, Sequence[str]] | None = None,
+                  **extra: str) -> LocalCluster:
+    """Three real node processes on 127.0.0.1 (free ports), healthy; the caller stops them.
+
+    `commands`: a node's own command line (tests.support's wrapped nodes), by node number."""
     cluster = LocalCluster(cluster_env(data, **extra), log_dir)
     try:
-        cluster.start(timeout_s=240)
+        if commands:
+            for node in (2, 1, 0):  # as LocalCluster.start: the index first, workers search it at once
+                cluster.start_node(node, command=commands.get(node))
+            cluster.wait_healthy(timeout_s=240)
+        else:
+            cluster.start(timeout_s=240)
     except Exception:
         cluster.stop()
         raise

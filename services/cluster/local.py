@@ -20,7 +20,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from pipeline.config import REPO_ROOT, ConfigError, Settings
 from pipeline.device import thread_budget
@@ -60,11 +60,12 @@ class LocalCluster:
     def log_path(self, node: int) -> Path:
         return self.log_dir / f"node{node}.log"
 
-    def start_node(self, node: int) -> subprocess.Popen:
+    def start_node(self, node: int, *, command: Sequence[str] | None = None) -> subprocess.Popen:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         env = {**self.env, "NODE_NUMBER": str(node)}
+        command = [self.python, "-m", "services.node"] if command is None else list(command)
         with open(self.log_path(node), "ab") as out:
-            proc = subprocess.Popen([self.python, "-m", "services.node"], env=env, cwd=REPO_ROOT,
+            proc = subprocess.Popen(command, env=env, cwd=REPO_ROOT,
                                     stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
         self.procs[node] = proc
         return proc

@@ -23,7 +23,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, fields, replace
 
 from pipeline.continuous import ContinuousEngine, SequenceState, StepResult
-from services.server import stage_spans, tracing
+from services.server import stage_spans
 from services.server.errors import ServiceClosed, StageDown
 from services.stages.batch_queue import BatchingStats, BatchQueue, PendingItem, with_observations
 from services.stages.futures import Claim, claim, end_with_exception, end_with_result
@@ -123,12 +123,8 @@ class _Gauges:
     kv_tokens_reserved: int = 0
 
 
-class InjectedFailure(RuntimeError):
-    """TEST ONLY (GENERATE_INJECT_FAILURE): a failure made on purpose, to test a dying loop."""
-
-
 class ContinuousGenerationService:
-    def __init__(self, name: str, engine: ContinuousEngine, *, max_queue: int, inject_failure: str = "off"):
+    def __init__(self, name: str, engine: ContinuousEngine, *, max_queue: int):
         self.name = name
         self.engine = engine
         self.max_size = engine.scheduler.max_seqs
@@ -145,7 +141,6 @@ class ContinuousGenerationService:
         # Owned by the loop thread; submit() reads only its length (atomic) for admission.
         self._active: dict[int, SequenceState] = {}
         self._abort = False
-        self._inject_failure = inject_failure  # TEST ONLY: "off", "iteration", "iteration_and_cleanup"
         self._thread = threading.Thread(target=self._loop, name=f"continuous-{name}", daemon=True)
         self._thread.start()
 
@@ -232,8 +227,6 @@ class ContinuousGenerationService:
     def _iterate(self) -> None:
         self._admit(self._queue.take(self.max_queue, start_running=False))
         self._drop_cancelled()
-        if self._active and self._inject_failure != "off":
-            raise InjectedFailure("GENERATE_INJECT_FAILURE: this iteration fails on purpose")
         if self._active:
             started = time.perf_counter()
             result = self.engine.step()
@@ -307,8 +300,6 @@ class ContinuousGenerationService:
         self._active.clear()
         for seq in active:
             self._fail(seq.payload, make_error())
-        if self._inject_failure == "iteration_and_cleanup":
-            raise InjectedFailure("GENERATE_INJECT_FAILURE: this cleanup fails on purpose")
         for seq in active:
             self.engine.cancel(seq)
         self._measure()

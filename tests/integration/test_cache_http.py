@@ -6,6 +6,7 @@ import pytest
 import requests
 
 from tests.helpers import start_cluster
+from tests.support import slow_index_command
 
 pytestmark = pytest.mark.slow
 
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.slow
 def cached_cluster(course_data, tmp_path_factory):
     # Node 2 holds every search 1.5 s, so askers that arrive together overlap for sure.
     cluster = start_cluster(course_data, tmp_path_factory.mktemp("cache-logs"), RESPONSE_CACHE_SIZE="64",
-                            INDEX_INJECT_DELAY_MS="1500")
+                            commands={2: slow_index_command(1500)})
     yield cluster
     cluster.stop()
 

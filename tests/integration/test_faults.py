@@ -5,8 +5,8 @@ One cluster with small limits serves the whole module, so capacity, deadlines an
 cluster token are exercised together: CLUSTER_TOKEN is set (every /query below also
 proves the nodes pass it to each other), REQUEST_TIMEOUT_S is short so a 504 comes
 quickly, and GATEWAY_MAX_IN_FLIGHT / STAGE_MAX_QUEUE are tiny so a burst overflows them.
-Node 2 is restarted by some tests (killed, slowed with the test-only
-INDEX_INJECT_DELAY_MS); the SIGTERM test stops node 0 and so comes last.
+Node 2 is restarted by some tests (killed, or slowed: started as tests.support.slow_index_node);
+the SIGTERM test stops node 0 and so comes last.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from pipeline import spec
 from services.server.token import TOKEN_HEADER
 from tests.helpers import start_cluster
+from tests.support import slow_index_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -87,13 +88,10 @@ def assert_json_answer(response: requests.Response, allowed: set[int]) -> None:
         assert int(response.headers["Retry-After"]) >= 1
 
 
-def restart_node_2(cluster, inject_delay_ms: int = 0) -> None:
+def restart_node_2(cluster, delay_ms: int = 0) -> None:
+    """Replace node 2's process: one whose every search sleeps `delay_ms` first, or a usual one."""
     cluster.kill_node(2)
-    cluster.env["INDEX_INJECT_DELAY_MS"] = str(inject_delay_ms)
-    try:
-        cluster.start_node(2)
-    finally:
-        cluster.env.pop("INDEX_INJECT_DELAY_MS")
+    cluster.start_node(2, command=slow_index_command(delay_ms, cluster.python) if delay_ms else None)
     cluster.wait_healthy(nodes=(2,), timeout_s=60)
 
 
@@ -288,7 +286,7 @@ def test_node_2_killed_then_back_waiting_requests_succeed(cluster):
 
 
 def test_slow_node_2_gives_504_and_the_cluster_serves_normally_afterwards(cluster):
-    restart_node_2(cluster, inject_delay_ms=int(REQUEST_TIMEOUT_S * 1000) + 5000)
+    restart_node_2(cluster, delay_ms=int(REQUEST_TIMEOUT_S * 1000) + 5000)
     ids = [uid(f"slow-{i}") for i in range(3)]
     started = time.monotonic()
     with ThreadPoolExecutor(3) as pool:
@@ -323,7 +321,7 @@ def gateway_stats(cluster) -> dict:
 
 
 def test_a_joiner_with_another_query_gets_409_not_the_other_querys_answer(cluster):
-    restart_node_2(cluster, inject_delay_ms=4000)  # the first asker stays in flight meanwhile
+    restart_node_2(cluster, delay_ms=4000)  # the first asker stays in flight meanwhile
     try:
         request_id = uid("bound-flight")
         with ThreadPoolExecutor(2) as pool:
@@ -343,7 +341,7 @@ def test_a_joiner_with_another_query_gets_409_not_the_other_querys_answer(cluste
 # ---------------------------------------------------------------- joiners are bounded
 
 def test_joiners_beyond_their_caps_get_an_immediate_503_while_health_stays_quick(cluster):
-    restart_node_2(cluster, inject_delay_ms=5000)  # both ids stay in flight through the test
+    restart_node_2(cluster, delay_ms=5000)  # both ids stay in flight through the test
     ids, query = [uid("join-a"), uid("join-b")], "How long does shipping typically take?"
     try:
         with ThreadPoolExecutor(2 + MAX_JOINERS) as pool:
@@ -417,7 +415,7 @@ def test_with_the_reply_cache_on_a_request_id_keeps_its_own_answer(cluster):
 # ---------------------------------------------------------------- SIGTERM (stops node 0: last)
 
 def test_sigterm_drains_node_0_then_exits_0(cluster, request):
-    restart_node_2(cluster, inject_delay_ms=2000)  # requests in flight long enough to be caught
+    restart_node_2(cluster, delay_ms=2000)  # requests in flight long enough to be caught
     tag, results = uid("drain"), {}
 
     def send(i):

@@ -35,6 +35,7 @@ import yaml
 from pipeline.config import REPO_ROOT
 from services.cluster.local import _die_with_parent, free_ports
 from tests.helpers import start_cluster
+from tests.support import slow_index_command
 
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
@@ -211,7 +212,7 @@ def cluster(support_data, tmp_path):
     # One admission slot and a slow index: while one request is in flight a second one is
     # refused 503 by the gateway, so the 503 series the rules and dashboard select exists.
     cluster = start_cluster(support_data, tmp_path / "logs", GATEWAY_MAX_IN_FLIGHT="1",
-                            INDEX_INJECT_DELAY_MS="1000")
+                            commands={2: slow_index_command(1000)})
     try:
         yield cluster
     finally:

@@ -22,6 +22,7 @@ import requests
 from pipeline import spec
 from pipeline.config import REPO_ROOT
 from tests.helpers import cluster_env, start_cluster
+from tests.support import failing_generate_command, slow_index_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -54,15 +55,10 @@ def get_health(url: str) -> requests.Response:
     return requests.get(f"{url}/health", timeout=10)
 
 
-def restart(cluster, node: int, **env: str) -> None:
-    """Replace a node's process, with extra environment for the new one only."""
+def restart(cluster, node: int, command: list[str] | None = None) -> None:
+    """Replace a node's process, started by `command` (a tests.support node) or as usual."""
     cluster.kill_node(node)
-    saved = dict(cluster.env)
-    cluster.env.update(env)
-    try:
-        cluster.start_node(node)
-    finally:
-        cluster.env = saved
+    cluster.start_node(node, command=command)
     cluster.wait_healthy(nodes=(node,), timeout_s=120)
 
 
@@ -101,7 +97,7 @@ class Clients:
 # ---------------------------------------------------------------- item 4: a stage thread that dies
 
 def test_a_dead_generate_loop_fails_its_requests_at_once_and_health_says_unhealthy(cluster):
-    restart(cluster, 1, GENERATE_INJECT_FAILURE="iteration_and_cleanup")
+    restart(cluster, 1, failing_generate_command(cluster.python))
     try:
         _check_a_dead_stage(cluster, cluster.url(1))
     finally:
@@ -134,7 +130,7 @@ def _check_a_dead_stage(cluster, url: str) -> None:
 # ---------------------------------------------------------------- item 3: SIGTERM with requests in flight
 
 def test_sigterm_node_1_answers_requests_in_flight_at_the_grace_deadline_with_503(cluster):
-    restart(cluster, 2, INDEX_INJECT_DELAY_MS=str(SLOW_INDEX_MS))
+    restart(cluster, 2, slow_index_command(SLOW_INDEX_MS, cluster.python))
     url, clients = cluster.url(1), Clients()
     before = _reached_search(url)
     for i in range(2):
@@ -165,7 +161,7 @@ def _reached_search(url: str) -> int:
 
 def test_sigterm_node_0_answers_every_request_in_flight_with_503_and_exits_0(cluster):
     n = 4  # round robin: two on node 0's own worker, two forwarded to node 1
-    restart(cluster, 2, INDEX_INJECT_DELAY_MS=str(SLOW_INDEX_MS))
+    restart(cluster, 2, slow_index_command(SLOW_INDEX_MS, cluster.python))
     wait_until(lambda: all(w["up"] for w in get_health(cluster.url(0)).json()["workers"]), 20,
                "node 1 not back in the rotation")
     clients = Clients()

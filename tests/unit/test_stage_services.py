@@ -90,52 +90,55 @@ def test_concurrent_submit_and_close_resolve_every_future_exactly_once():
         release.wait(5)
         return items
 
-    for round_ in range(5):
-        svc = BatchingService(f"stress-{round_}", slow, max_size=4, max_wait_ms=1, max_queue=10_000)
-        accepted, endings, lock = [], [], threading.Lock()
-        start = threading.Barrier(9)
+    def one_round(round_: int) -> None:
+            svc = BatchingService(f"stress-{round_}", slow, max_size=4, max_wait_ms=1, max_queue=10_000)
+            accepted, endings, lock = [], [], threading.Lock()
+            start = threading.Barrier(9)
 
-        def on_done(future):
-            with lock:
-                endings.append(future)
-
-        def client():
-            start.wait()
-            for i in range(300):
-                try:
-                    future = svc.submit(i)
-                except ServiceClosed:
-                    return
-                future.add_done_callback(on_done)
+            def on_done(future):
                 with lock:
-                    accepted.append(future)
-                if i % 7 == 0:
-                    future.cancel()
+                    endings.append(future)
 
-        threads = [threading.Thread(target=client) for _ in range(8)]
-        for t in threads:
-            t.start()
-        start.wait()
-        svc.close(timeout=0.01)  # some items still queued: they fail with ServiceClosed
-        release.set()
-        for t in threads:
-            t.join(30)
-        svc.close(timeout=30)
-        release.clear()
-        assert all(f.done() for f in accepted)
-        assert sorted(map(id, endings)) == sorted(map(id, accepted))  # each future ended once
-        outcomes = {"result": 0, "closed": 0, "cancelled": 0}
-        for f in accepted:
-            try:
-                f.result(timeout=0)
-                outcomes["result"] += 1
-            except ServiceClosed:
-                outcomes["closed"] += 1
-            except CancelledError:
-                outcomes["cancelled"] += 1
-        st = svc.stats()
-        assert st.items_total == outcomes["result"] and st.failed_items_total == outcomes["closed"]
-        assert st.cancelled_items_total == outcomes["cancelled"] and st.queue_depth == 0
+            def client():
+                start.wait()
+                for i in range(300):
+                    try:
+                        future = svc.submit(i)
+                    except ServiceClosed:
+                        return
+                    future.add_done_callback(on_done)
+                    with lock:
+                        accepted.append(future)
+                    if i % 7 == 0:
+                        future.cancel()
+
+            threads = [threading.Thread(target=client) for _ in range(8)]
+            for t in threads:
+                t.start()
+            start.wait()
+            svc.close(timeout=0.01)  # some items still queued: they fail with ServiceClosed
+            release.set()
+            for t in threads:
+                t.join(30)
+            svc.close(timeout=30)
+            release.clear()
+            assert all(f.done() for f in accepted)
+            assert sorted(map(id, endings)) == sorted(map(id, accepted))  # each future ended once
+            outcomes = {"result": 0, "closed": 0, "cancelled": 0}
+            for f in accepted:
+                try:
+                    f.result(timeout=0)
+                    outcomes["result"] += 1
+                except ServiceClosed:
+                    outcomes["closed"] += 1
+                except CancelledError:
+                    outcomes["cancelled"] += 1
+            st = svc.stats()
+            assert st.items_total == outcomes["result"] and st.failed_items_total == outcomes["closed"]
+            assert st.cancelled_items_total == outcomes["cancelled"] and st.queue_depth == 0
+
+    for round_ in range(5):
+        one_round(round_)
 
 
 # ----------------------------------------------------------------------------- scheduler, no model
