@@ -51,8 +51,8 @@ def test_node_with_several_bad_settings_prints_every_problem_one_line_each_and_e
                           cwd=REPO_ROOT, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "config error: NPROBE='0' is not valid: expected an integer from 1 to 65536",
         "config error: ONLY_CPU='maybe' is not valid: expected true or false (also 1/0, yes/no, on/off)",
+        "config error: NPROBE='0' is not valid: expected an integer from 1 to 65536",
         "config error: GATEWAY_MAX_JOINERS_PER_ID='20' is not valid: expected at most GATEWAY_MAX_JOINERS (16)"]
 
 
@@ -121,7 +121,7 @@ def test_run_sh_settings_lists_every_bad_value_at_once_and_exits_2():
     proc = run_sh("settings", env={"ONLY_CPU": "maybe", "NPROBE": "0", "SEARCH_MAX_BATCH": "300"})
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.splitlines() == [
-        "config error: NPROBE='0' is not valid: expected an integer from 1 to 65536",
         "config error: ONLY_CPU='maybe' is not valid: expected true or false (also 1/0, yes/no, on/off)",
+        "config error: NPROBE='0' is not valid: expected an integer from 1 to 65536",
         "config error: SEARCH_MAX_BATCH='300' is not valid: expected at most STAGE_MAX_QUEUE (256), "
         "or node 2 could never queue a batch"]
