@@ -114,7 +114,7 @@ def test_run_sh_settings_prints_the_effective_values_with_secrets_hidden_and_war
     only = run_sh("settings", "--non-default", env=env)
     assert only.returncode == 0
     assert [line.split("=")[0] for line in only.stdout.splitlines()] == [
-        "HF_HUB_OFFLINE", "EMBED_MAX_BATCH", "CLUSTER_TOKEN"]
+        "CLUSTER_TOKEN", "HF_HUB_OFFLINE", "EMBED_MAX_BATCH"]
 
 
 def test_run_sh_settings_lists_every_bad_value_at_once_and_exits_2():
