@@ -221,10 +221,3 @@ def _variable_fields() -> Iterator[tuple[str, dataclasses.Field]]:
         for f in dataclasses.fields(_section_type(section)):
             yield section.name, f
 
-
-def parse_one(variable: str, raw: str) -> Any:
-    """One variable's parsed value (ValueError saying what is accepted)."""
-    for _section, f in _variable_fields():
-        if f.metadata["env"] == variable:
-            return f.metadata["parse"](raw)
-    raise KeyError(variable)
