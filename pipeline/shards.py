@@ -1,0 +1,150 @@
+"""A sharded index: which shard holds a document, where each shard's file lies, and merging.
+
+The index can be split into N shards over disjoint document ids: document ``i`` lives in
+shard ``i % N`` (:func:`shard_of`), and shard ``k`` of N is the file :func:`shard_path` names
+beside the unsharded ``FAISS_INDEX_PATH`` (``faiss_index.bin`` -> ``faiss_index.shard-0-of-2.bin``).
+A query is searched on every shard and the per-shard top k are merged by ascending L2
+distance (:func:`merge_top_k`).
+
+Exactness. For an exact index (``IndexFlatL2``) every shard returns its true top k, so the
+merged top k is the unsharded top k, ids and distances (tests/unit/test_shards.py checks it on
+random vectors). For IVF it depends on the coarse quantizer: shards that share the unsharded
+index's trained quantizer (what ``builders.data build --shards N`` writes) probe the same
+``nprobe`` lists, whose union is what the unsharded index probes, so the merge equals the
+unsharded IVF search too; shards trained each on its own vectors have their own centroids and
+probe their own lists, so their merged results can differ from (usually: are a little better
+or worse than) the unsharded IVF index's.
+
+Ties. Equal distances are ordered by shard position, then by rank within the shard, so a
+merge is deterministic; faiss may order exact ties among its own results differently.
+
+Pure: no threads, no HTTP, no faiss.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+# What faiss puts in place of an id when a shard has fewer than k results.
+PADDING_ID = -1
+
+Hits = tuple[Sequence[int], Sequence[float]]  # one query's (ids, distances), ascending distance
+
+
+def shard_path(index_path: str | Path, shard: int, shards: int) -> Path:
+    """The file of shard ``shard`` of ``shards``: ``<dir>/<stem>.shard-<k>-of-<N><suffix>``.
+
+    One shard is the unsharded index itself, so ``shard_path(p, 0, 1) == p``.
+    """
+    _check_count(shards)
+    if not 0 <= shard < shards:
+        raise ValueError(f"shard must be between 0 and {shards - 1}, got {shard}")
+    path = Path(index_path)
+    if shards == 1:
+        return path
+    return path.with_name(f"{path.stem}.shard-{shard}-of-{shards}{path.suffix}")
+
+
+def shard_of(doc_id, shards: int):
+    """The shard holding ``doc_id`` (an int or an integer array): ``doc_id % shards``."""
+    _check_count(shards)
+    return doc_id % shards
+
+
+def merge_top_k(per_shard: Sequence[Hits], k: int) -> tuple[list[int], list[float]]:
+    """One query's top ``k`` over every shard's ``(ids, distances)``, by ascending L2 distance.
+
+    ``per_shard[s]`` is shard ``s``'s answer (faiss order; -1 padding is dropped). Ties go to the
+    lower shard position, then the lower rank. An id that two shards both return (they should
+    be disjoint) is kept once, at its best place. The result may be shorter than ``k`` when the
+    shards hold fewer than ``k`` vectors together.
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    candidates = []
+    for position, (ids, distances) in enumerate(per_shard):
+        if len(ids) != len(distances):
+            raise ValueError(f"shard {position}: {len(ids)} ids but {len(distances)} distances")
+        for rank, (doc_id, distance) in enumerate(zip(ids, distances)):
+            if int(doc_id) != PADDING_ID:
+                candidates.append((float(distance), position, rank, int(doc_id)))
+    candidates.sort()
+    merged_ids: list[int] = []
+    merged_distances: list[float] = []
+    seen: set[int] = set()
+    for distance, _, _, doc_id in candidates:
+        if doc_id in seen:
+            continue
+        seen.add(doc_id)
+        merged_ids.append(doc_id)
+        merged_distances.append(distance)
+        if len(merged_ids) == k:
+            break
+    return merged_ids, merged_distances
+
+
+def merge_batch(per_shard: Sequence[Sequence[Hits]], k: int) -> list[tuple[list[int], list[float]]]:
+    """:func:`merge_top_k` for a batch: ``per_shard[s][q]`` is shard ``s``'s answer to query ``q``."""
+    if not per_shard:
+        raise ValueError("no shards to merge")
+    queries = len(per_shard[0])
+    if any(len(answers) != queries for answers in per_shard):
+        raise ValueError(f"shards answered different numbers of queries: {[len(a) for a in per_shard]}")
+    return [merge_top_k([answers[q] for answers in per_shard], k) for q in range(queries)]
+
+
+def merge_arrays(per_shard: Sequence[tuple[np.ndarray, np.ndarray]], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`merge_batch` in faiss's array shapes: each shard's ``(ids (n, k'), distances (n, k'))``
+    in, ``(ids int64 (n, k), distances float32 (n, k))`` out, padded with id -1 and distance inf
+    (as faiss pads) where fewer than ``k`` were found."""
+    merged = merge_batch([list(zip(ids.tolist(), distances.tolist())) for ids, distances in per_shard], k)
+    ids_out = np.full((len(merged), k), PADDING_ID, dtype=np.int64)
+    distances_out = np.full((len(merged), k), np.inf, dtype=np.float32)
+    for row, (ids, distances) in enumerate(merged):
+        ids_out[row, : len(ids)] = ids
+        distances_out[row, : len(distances)] = distances
+    return ids_out, distances_out
+
+
+def shard_file_problems(index_path: str | Path, shards: int) -> list[str]:
+    """What is wrong with the index files for ``shards`` shards, one line each (empty: nothing).
+
+    Names every shard file that is missing, and every shard file of another shard count lying
+    beside them (left by an earlier build: serving with the wrong count would silently lose or
+    repeat documents).
+    """
+    _check_count(shards)
+    path = Path(index_path)
+    missing = [shard_path(path, k, shards) for k in range(shards) if not shard_path(path, k, shards).is_file()]
+    if shards == 1:
+        problems = [f"the index file is missing: {path}" for _ in missing]
+    else:
+        problems = [f"shard {k} of {shards} is missing: {shard_path(path, k, shards)}"
+                    for k in range(shards) if shard_path(path, k, shards) in missing]
+        if missing and path.is_file():
+            problems.append(f"{path} beside them is an unsharded index: serve it with INDEX_SHARDS=1, or build "
+                            f"{shards} shards with `python -m builders.data build ... --shards {shards}`")
+    for shard, count, other in sorted(f for f in _shard_files(path) if f[1] != shards):
+        problems.append(f"{other} is shard {shard} of a {count}-shard build, but INDEX_SHARDS={shards}")
+    return problems
+
+
+def _shard_files(index_path: Path) -> list[tuple[int, int, Path]]:
+    """(shard, count, path) of every shard file of any count beside ``index_path``."""
+    pattern = re.compile(rf"{re.escape(index_path.stem)}\.shard-(\d+)-of-(\d+){re.escape(index_path.suffix)}")
+    if not index_path.parent.is_dir():
+        return []
+    found = []
+    for candidate in index_path.parent.iterdir():
+        match = pattern.fullmatch(candidate.name)
+        if match:
+            found.append((int(match[1]), int(match[2]), candidate))
+    return found
+
+
+def _check_count(shards: int) -> None:
+    if isinstance(shards, bool) or not isinstance(shards, (int, np.integer)) or shards < 1:
+        raise ValueError(f"the shard count must be a positive integer, got {shards!r}")
