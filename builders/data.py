@@ -1,9 +1,12 @@
 """Build the document database and FAISS index that the service reads.
 
     python -m builders.data build --out DIR --kind {course,support} [--docs N]
-        [--nlist N] [--nprobe 64] [--seed 0] [--force] [--batch-size B]
+        [--nlist N] [--nprobe 64] [--seed 0] [--shards 1] [--force] [--batch-size B]
 
-writes ``DIR/documents/documents.db`` and ``DIR/faiss_index.bin``.
+writes ``DIR/documents/documents.db`` and ``DIR/faiss_index.bin``; with ``--shards N`` (N > 1),
+N index files instead, ``pipeline.shards.shard_path(DIR/faiss_index.bin, k, N)``
+(``faiss_index.shard-0-of-2.bin``, ...), shard k holding the vectors of the doc_ids with
+``doc_id % N == k`` under their own ids, and no unsharded file.
 
 * ``course``: the course rows (``Document {i}``) and an ``IndexIVFFlat`` (L2,
   768-d) of seeded uniform-random vectors whose ids are the doc_ids.
@@ -13,22 +16,22 @@ writes ``DIR/documents/documents.db`` and ``DIR/faiss_index.bin``.
 nlist defaults to ``clamp(N // 39, 1, 4096)`` because faiss wants ~39 training
 points per list; the stored nprobe is ``min(nprobe, nlist)``.
 
-Memory. An in-memory ``IndexIVFFlat`` holds every vector, so adding 4.5M
-vectors to one would need the whole 13.8 GB index in RAM. Instead the index
-file is written by a streaming two-pass writer: pass 1 assigns every vector to
-its inverted list (keeping only one int64 per vector), pass 2 regenerates the
-vectors and writes each one straight to its final offset in the file. The
-result is byte-identical to ``faiss.write_index`` of the same vectors added to
-an in-memory index (the tests check this), and peak memory is the training
-sample plus one batch.
+Memory. The index files are written by the streaming two-pass writer of
+:mod:`builders.ivf_writer`, never holding the vectors in memory; each file is
+byte-identical to ``faiss.write_index`` of the same vectors added to an
+in-memory index (the tests check this), and peak memory is the training sample
+plus one batch. Shards share one trained quantizer (trained as the unsharded
+build would be), so a merged search over them equals the unsharded one, for
+IVF as for flat (:mod:`pipeline.shards`).
 
-Crash safety. Both files are written under temporary names next to their final
-places (``documents/.documents.db.partial`` and ``.faiss_index.bin.partial``),
-fsynced, then renamed: database first, index last, so ``faiss_index.bin``
-exists only after a complete build. Any failure removes the partial files; a
-failure between the two renames removes both final files, so a new database
-never sits beside a stale index. Existing outputs are only replaced with
-``force``; until the final renames, the previous build stays intact.
+Crash safety. Every file is written under a temporary name next to its final
+place (``documents/.documents.db.partial``, ``.faiss_index.bin.partial``, one per
+shard), fsynced, then renamed: database first, index files last, so they exist
+only after a complete build. Any failure removes the partial files; a failure
+between the renames removes every final file, so a new database never sits
+beside a stale index. Existing outputs (and index files of another shard count,
+which the build then removes) are only replaced with ``force``; until the final
+renames, the previous build stays intact.
 """
 
 from __future__ import annotations
@@ -37,7 +40,6 @@ import argparse
 import logging
 import os
 import sqlite3
-import struct
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -52,6 +54,8 @@ import numpy as np
 from tqdm import tqdm
 
 from builders.corpus import course_document, support_documents
+from builders.ivf_writer import write_ivfflat
+from pipeline.shards import shard_files_beside, shard_path
 from pipeline.spec import DOCUMENTS_COLUMNS, DOCUMENTS_DB, DOCUMENTS_SCHEMA, DOCUMENTS_TABLE, EMBED_DIM
 
 log = logging.getLogger(__name__)
@@ -99,6 +103,12 @@ class BuildResult:
     train_size: int
     seed: int
     seconds: float
+    shards: int = 1
+
+    @property
+    def index_files(self) -> list[Path]:
+        """The index files written: ``index_path`` itself, or one per shard."""
+        return index_files(self.index_path, self.shards)
 
     @property
     def db_bytes(self) -> int:
@@ -106,7 +116,7 @@ class BuildResult:
 
     @property
     def index_bytes(self) -> int:
-        return self.index_path.stat().st_size
+        return sum(path.stat().st_size for path in self.index_files)
 
 
 @dataclass(frozen=True)
@@ -126,9 +136,24 @@ def output_paths(out_dir: str | Path) -> tuple[Path, Path]:
     return out_dir / DOCS_SUBDIR / DOCUMENTS_DB, out_dir / INDEX_FILENAME
 
 
-def check_outputs(out_dir: str | Path, force: bool) -> None:
-    """Raise :class:`OutputExistsError` if a build would overwrite files without ``force``."""
-    existing = [p for p in output_paths(out_dir) if p.exists()]
+def index_files(index_path: str | Path, shards: int) -> list[Path]:
+    """The index files of a build into ``index_path`` with ``shards`` shards."""
+    return [shard_path(index_path, shard, shards) for shard in range(shards)]
+
+
+def stale_index_files(index_path: str | Path, shards: int) -> list[Path]:
+    """Index files of another shard count beside ``index_path``: a ``shards``-shard build removes them."""
+    others = [path for _, count, path in shard_files_beside(index_path) if count != shards]
+    if shards > 1 and Path(index_path).exists():
+        others.append(Path(index_path))
+    return sorted(others)
+
+
+def check_outputs(out_dir: str | Path, force: bool, shards: int = 1) -> None:
+    """Raise :class:`OutputExistsError` if a build would overwrite or remove files without ``force``."""
+    db_path, index_path = output_paths(out_dir)
+    existing = [p for p in (db_path, *index_files(index_path, shards)) if p.exists()]
+    existing += stale_index_files(index_path, shards)
     if existing and not force:
         names = ", ".join(str(p) for p in existing)
         raise OutputExistsError(f"refusing to overwrite existing {names} (use --force)")
@@ -163,11 +188,12 @@ def build_course(
     progress: bool = True,
     dim: int = EMBED_DIM,
     train_size: int | None = None,
+    shards: int = 1,
 ) -> BuildResult:
-    """Course rows and an IVFFlat of seeded random vectors, streamed in batches."""
-    params = _ivf_params(n_docs, nlist, nprobe, train_size, batch_size)
+    """Course rows and an IVFFlat of seeded random vectors (or ``shards`` of them), streamed in batches."""
+    params = _ivf_params(n_docs, nlist, nprobe, train_size, batch_size, shards)
     started = time.perf_counter()
-    with _staged_outputs(out_dir, force) as (db_tmp, index_tmp):
+    with _staged_outputs(out_dir, force, shards) as (db_tmp, index_tmps):
         rows = (course_document(i).as_row() for i in range(n_docs))
         with _db_writer(db_tmp) as insert:
             for chunk in _chunks(rows, batch_size, n_docs, "documents", progress):
@@ -177,8 +203,8 @@ def build_course(
         index = _train_index(sample, params)
         del sample
         vectors = partial(course_vector_batches, n_docs, dim, seed, batch_size)
-        _write_ivfflat(index_tmp, index, vectors, n_docs, progress)
-    return _result("course", out_dir, n_docs, dim, params, seed, started)
+        write_ivfflat(index_tmps, index, vectors, n_docs, progress)
+    return _result("course", out_dir, n_docs, dim, params, seed, started, shards)
 
 
 def build_support(
@@ -193,30 +219,35 @@ def build_support(
     batch_size: int = SUPPORT_BATCH,
     progress: bool = True,
     train_size: int | None = None,
+    shards: int = 1,
 ) -> BuildResult:
-    """Support articles and an IVFFlat of their ``content`` embeddings.
+    """Support articles and an IVFFlat (or ``shards`` of them) of their ``content`` embeddings.
 
     ``embed_fn(texts) -> (len(texts), d) float32`` is called once per batch of
     ``batch_size`` documents; the embeddings are kept in memory (3 KB per
     document at d=768), since recomputing them for the second pass would cost
     far more.
     """
-    params = _ivf_params(n_docs, nlist, nprobe, train_size, batch_size)
+    params = _ivf_params(n_docs, nlist, nprobe, train_size, batch_size, shards)
     started = time.perf_counter()
-    with _staged_outputs(out_dir, force) as (db_tmp, index_tmp):
+    with _staged_outputs(out_dir, force, shards) as (db_tmp, index_tmps):
         vectors = _write_and_embed(db_tmp, support_documents(n_docs, seed), n_docs, embed_fn, batch_size, progress)
         index = _train_index(vectors[_sample_rows(n_docs, params.train_size, seed)], params)
-        _write_ivfflat(index_tmp, index, partial(_row_batches, vectors, batch_size), n_docs, progress)
-    return _result("support", out_dir, n_docs, vectors.shape[1], params, seed, started)
+        write_ivfflat(index_tmps, index, partial(_row_batches, vectors, batch_size), n_docs, progress)
+    return _result("support", out_dir, n_docs, vectors.shape[1], params, seed, started, shards)
 
 
 # --------------------------------------------------------------------------
 # Parameters and results
 
 
-def _ivf_params(n_docs: int, nlist: int | None, nprobe: int, train_size: int | None, batch_size: int) -> _IvfParams:
+def _ivf_params(
+    n_docs: int, nlist: int | None, nprobe: int, train_size: int | None, batch_size: int, shards: int = 1
+) -> _IvfParams:
     if n_docs < 1:
         raise InvalidBuildArgument(f"--docs must be >= 1, got {n_docs}")
+    if not 1 <= shards <= n_docs:
+        raise InvalidBuildArgument(f"--shards must be between 1 and the number of documents ({n_docs}), got {shards}")
     if batch_size < 1:
         raise InvalidBuildArgument(f"--batch-size must be >= 1, got {batch_size}")
     if nprobe < 1:
@@ -225,6 +256,7 @@ def _ivf_params(n_docs: int, nlist: int | None, nprobe: int, train_size: int | N
     if not 1 <= nlist <= n_docs:
         # k-means needs at least one training point per list.
         raise InvalidBuildArgument(f"--nlist must be between 1 and the number of documents ({n_docs}), got {nlist}")
+    # Shards share the one quantizer, trained as the unsharded index's: same nlist, nprobe, sample.
     if train_size is None:
         train_size = min(n_docs, POINTS_PER_LIST * nlist)
     if not nlist <= train_size <= n_docs:
@@ -232,12 +264,14 @@ def _ivf_params(n_docs: int, nlist: int | None, nprobe: int, train_size: int | N
     return _IvfParams(nlist=nlist, nprobe=min(nprobe, nlist), train_size=train_size)
 
 
-def _result(kind: str, out_dir, n_docs: int, dim: int, params: _IvfParams, seed: int, started: float) -> BuildResult:
+def _result(
+    kind: str, out_dir, n_docs: int, dim: int, params: _IvfParams, seed: int, started: float, shards: int
+) -> BuildResult:
     db_path, index_path = output_paths(out_dir)
     return BuildResult(
         kind=kind, db_path=db_path, index_path=index_path, n_docs=n_docs, ntotal=n_docs, dim=dim,
         nlist=params.nlist, nprobe=params.nprobe, train_size=params.train_size, seed=seed,
-        seconds=time.perf_counter() - started,
+        seconds=time.perf_counter() - started, shards=shards,
     )
 
 
@@ -261,33 +295,38 @@ def _partial(path: Path) -> Path:
 
 
 @contextmanager
-def _staged_outputs(out_dir: str | Path, force: bool) -> Iterator[tuple[Path, Path]]:
-    """Yield temporary paths for (db, index); rename them into place on success."""
-    check_outputs(out_dir, force)
+def _staged_outputs(out_dir: str | Path, force: bool, shards: int = 1) -> Iterator[tuple[Path, list[Path]]]:
+    """Yield temporary paths for (db, [index files]); rename them into place on success, then
+    remove the index files of another shard count."""
+    check_outputs(out_dir, force, shards)
     db_path, index_path = output_paths(out_dir)
+    finals = [db_path, *index_files(index_path, shards)]
     created_dir = not db_path.parent.exists()
     db_path.parent.mkdir(parents=True, exist_ok=True)
-    temps = (_partial(db_path), _partial(index_path))
+    temps = [_partial(path) for path in finals]
     _remove(temps)  # leftovers of a build that was killed
     try:
-        yield temps
-        _commit(temps, (db_path, index_path))
+        yield temps[0], temps[1:]
+        _commit(temps, finals)
     except BaseException:
         _remove(temps)
         if created_dir:
             _rmdir_if_empty(db_path.parent)
         raise
+    # Only now: a failed build keeps the previous one whole. Served beside the new files, they
+    # would be a startup error (pipeline.shards.shard_file_problems).
+    _remove(stale_index_files(index_path, shards))
 
 
-def _commit(temps: tuple[Path, Path], finals: tuple[Path, Path]) -> None:
+def _commit(temps: list[Path], finals: list[Path]) -> None:
     try:
-        for temp, final in zip(temps, finals):  # database first, index last
+        for temp, final in zip(temps, finals):  # database first, index files last
             os.replace(temp, final)
     except BaseException:
         _remove(finals)  # never leave a new database beside a stale index
         raise
-    _fsync_dir(finals[0].parent)
-    _fsync_dir(finals[1].parent)
+    for folder in {path.parent for path in finals}:
+        _fsync_dir(folder)
 
 
 def _remove(paths: Iterable[Path]) -> None:
@@ -392,102 +431,6 @@ def _train_index(sample: np.ndarray, params: _IvfParams) -> faiss.IndexIVFFlat:
     return index
 
 
-def _write_ivfflat(
-    path: Path, index: faiss.IndexIVFFlat, batches: Callable[[], Iterable[np.ndarray]], n: int, progress: bool
-) -> None:
-    """Write ``index`` (trained, empty) filled with the vectors of ``batches()``, ids 0..n-1.
-
-    ``batches`` is called twice and must yield the same vectors both times.
-    """
-    lists = _assign_lists(index.quantizer, batches(), n, progress)
-    sizes = np.bincount(lists, minlength=index.nlist).astype(np.int64)
-    header = _ivfflat_header(index, n, sizes)
-    code_size = index.code_size
-    with open(path, "wb") as f:
-        f.write(header)
-        f.truncate(len(header) + int(sizes.sum()) * (code_size + 8))
-        f.flush()
-        _scatter_vectors(f.fileno(), batches(), lists, sizes, code_size, len(header), progress)
-        os.fsync(f.fileno())
-
-
-def _assign_lists(quantizer: faiss.Index, batches: Iterable[np.ndarray], n: int, progress: bool) -> np.ndarray:
-    """Pass 1: the inverted list of every vector, exactly as ``IndexIVF.add`` computes it."""
-    lists = np.empty(n, dtype=np.int64)
-    done = 0
-    with tqdm(total=n, desc="vectors (assign)", unit="vec", unit_scale=True, disable=not progress) as bar:
-        for x in batches:
-            if done + len(x) > n:
-                raise RuntimeError(f"vector source yielded more than {n} vectors")
-            lists[done : done + len(x)] = quantizer.assign(x, 1).ravel()
-            done += len(x)
-            bar.update(len(x))
-    if done != n:
-        raise RuntimeError(f"vector source yielded {done} vectors, expected {n}")
-    return lists
-
-
-def _ivfflat_header(index: faiss.IndexIVFFlat, ntotal: int, sizes: np.ndarray) -> bytes:
-    """Everything up to the first list's codes, as ``faiss.write_index`` lays it out.
-
-    faiss serialises the empty index (header, quantizer, direct map) for us;
-    only ntotal and the "ilar" inverted-lists header are patched in.
-    """
-    blob = faiss.serialize_index(index).tobytes()
-    # An empty ArrayInvertedLists ends the file: "ilar", nlist, code_size, "sprs", 0 entries.
-    empty_tail = b"ilar" + struct.pack("=QQ", index.nlist, index.code_size) + b"sprs" + struct.pack("=Q", 0)
-    if blob[:4] != b"IwFl" or not blob.endswith(empty_tail) or struct.unpack_from("=q", blob, 8)[0] != 0:
-        raise RuntimeError("unexpected faiss serialisation layout for an empty IndexIVFFlat")
-    prefix = blob[:8] + struct.pack("=q", ntotal) + blob[16 : -len(empty_tail)]
-    nonempty = np.flatnonzero(sizes)
-    # Same rule as faiss: a dense size table when more than half the lists are used.
-    if len(nonempty) > index.nlist // 2:
-        kind, table = b"full", sizes
-    else:
-        kind, table = b"sprs", np.column_stack([nonempty, sizes[nonempty]]).ravel()
-    table = np.ascontiguousarray(table, dtype=np.uint64)
-    invlists = b"ilar" + struct.pack("=QQ", index.nlist, index.code_size) + kind + struct.pack("=Q", len(table))
-    return prefix + invlists + table.tobytes()
-
-
-def _scatter_vectors(
-    fd: int, batches: Iterable[np.ndarray], lists: np.ndarray, sizes: np.ndarray, code_size: int, data_start: int,
-    progress: bool,
-) -> None:
-    """Pass 2: write each vector and id to its slot; lists keep ids in increasing order.
-
-    On disk each non-empty list is its codes (size * code_size bytes) followed
-    by its ids (size int64s). Within a batch, the vectors of one list are
-    consecutive in that list, so each list gets one write of codes and one of ids.
-    """
-    list_starts = data_start + np.concatenate(([0], np.cumsum(sizes * (code_size + 8))[:-1]))
-    filled = np.zeros_like(sizes)
-    done = 0
-    with tqdm(total=len(lists), desc="vectors (write)", unit="vec", unit_scale=True, disable=not progress) as bar:
-        for x in batches:
-            batch_lists = lists[done : done + len(x)]
-            order = np.argsort(batch_lists, kind="stable")
-            codes = np.ascontiguousarray(x[order], dtype=np.float32)
-            ids = (done + order).astype(np.int64)
-            uniq, first, counts = np.unique(batch_lists[order], return_index=True, return_counts=True)
-            for lst, i0, count in zip(uniq.tolist(), first.tolist(), counts.tolist()):
-                slot, start = int(filled[lst]), int(list_starts[lst])
-                _pwrite_all(fd, codes[i0 : i0 + count], start + slot * code_size)
-                _pwrite_all(fd, ids[i0 : i0 + count], start + int(sizes[lst]) * code_size + slot * 8)
-                filled[lst] += count
-            done += len(x)
-            bar.update(len(x))
-    if done != len(lists) or not np.array_equal(filled, sizes):
-        raise RuntimeError("vector source changed between the two passes")
-
-
-def _pwrite_all(fd: int, array: np.ndarray, offset: int) -> None:
-    view = memoryview(array).cast("B")
-    while view:
-        written = os.pwrite(fd, view, offset)
-        view, offset = view[written:], offset + written
-
-
 # --------------------------------------------------------------------------
 # CLI
 
@@ -502,6 +445,10 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--nlist", type=int, help=f"IVF lists (default: clamp(docs // {POINTS_PER_LIST}, 1, {MAX_NLIST}))")
     build.add_argument("--nprobe", type=int, default=DEFAULT_NPROBE, help="nprobe stored in the index")
     build.add_argument("--seed", type=int, default=0)
+    build.add_argument(
+        "--shards", type=int, default=1,
+        help="index files over disjoint doc_ids (doc_id %% N); N > 1 writes faiss_index.shard-<k>-of-<N>.bin",
+    )
     build.add_argument("--force", action="store_true", help="overwrite existing outputs")
     build.add_argument(
         "--batch-size", type=int,
@@ -520,23 +467,25 @@ def _configured_embed_fn() -> EmbedFn:
 
 
 def _run_build(args: argparse.Namespace) -> BuildResult:
-    common = dict(nlist=args.nlist, nprobe=args.nprobe, seed=args.seed, force=args.force, progress=not args.no_progress)
+    common = dict(nlist=args.nlist, nprobe=args.nprobe, seed=args.seed, force=args.force, progress=not args.no_progress,
+                  shards=args.shards)
     if args.batch_size is not None:
         common["batch_size"] = args.batch_size
     if args.kind == "course":
         return build_course(args.out, COURSE_DOCS if args.docs is None else args.docs, **common)
     n_docs = SUPPORT_DOCS if args.docs is None else args.docs
-    _ivf_params(n_docs, args.nlist, args.nprobe, None, common.get("batch_size", SUPPORT_BATCH))
-    check_outputs(args.out, args.force)  # fail before loading the model
+    _ivf_params(n_docs, args.nlist, args.nprobe, None, common.get("batch_size", SUPPORT_BATCH), args.shards)
+    check_outputs(args.out, args.force, args.shards)  # fail before loading the model
     return build_support(args.out, n_docs, _configured_embed_fn(), **common)
 
 
 def _describe(result: BuildResult) -> str:
     return (
         f"built {result.kind}: {result.n_docs} documents, {result.ntotal} x {result.dim} vectors "
-        f"(nlist={result.nlist}, nprobe={result.nprobe}) in {result.seconds:.1f} s\n"
+        f"(nlist={result.nlist}, nprobe={result.nprobe}{f', {result.shards} shards' if result.shards > 1 else ''}) "
+        f"in {result.seconds:.1f} s\n"
         f"  {result.db_path} ({result.db_bytes / 1e6:.1f} MB)\n"
-        f"  {result.index_path} ({result.index_bytes / 1e6:.1f} MB)"
+        + "\n".join(f"  {path} ({path.stat().st_size / 1e6:.1f} MB)" for path in result.index_files)
     )
 
 

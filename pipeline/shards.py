@@ -127,13 +127,14 @@ def shard_file_problems(index_path: str | Path, shards: int) -> list[str]:
         if missing and path.is_file():
             problems.append(f"{path} beside them is an unsharded index: serve it with INDEX_SHARDS=1, or build "
                             f"{shards} shards with `python -m builders.data build ... --shards {shards}`")
-    for shard, count, other in sorted(f for f in _shard_files(path) if f[1] != shards):
+    for shard, count, other in sorted(f for f in shard_files_beside(path) if f[1] != shards):
         problems.append(f"{other} is shard {shard} of a {count}-shard build, but INDEX_SHARDS={shards}")
     return problems
 
 
-def _shard_files(index_path: Path) -> list[tuple[int, int, Path]]:
-    """(shard, count, path) of every shard file of any count beside ``index_path``."""
+def shard_files_beside(index_path: str | Path) -> list[tuple[int, int, Path]]:
+    """(shard, count, path) of every shard file, of any count, beside ``index_path``."""
+    index_path = Path(index_path)
     pattern = re.compile(rf"{re.escape(index_path.stem)}\.shard-(\d+)-of-(\d+){re.escape(index_path.suffix)}")
     if not index_path.parent.is_dir():
         return []

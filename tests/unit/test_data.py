@@ -16,6 +16,7 @@ import pytest
 from builders import data
 from builders.corpus import CATEGORIES, course_document, support_documents
 from builders.data import InvalidBuildArgument, OutputExistsError, build_course, build_support
+from pipeline.shards import merge_arrays, shard_file_problems
 from pipeline.vector_index import VectorIndex
 from tests.helpers import leftovers
 
@@ -206,6 +207,144 @@ def test_stale_partials_are_cleaned(tmp_path):
     (tmp_path / ".faiss_index.bin.partial").write_bytes(b"junk")
     build_course(tmp_path, 300, progress=False)
     assert sorted(p.name for p in leftovers(tmp_path)) == ["documents.db", "faiss_index.bin"]
+
+
+# ---------------------------------------------------------------- shards
+
+
+N_SHARDED = 1200
+
+
+def stored_ids(index: faiss.Index) -> np.ndarray:
+    """Every id an IVF index file holds, list by list."""
+    invlists = faiss.extract_index_ivf(index).invlists
+    parts = [faiss.rev_swig_ptr(invlists.get_ids(lst), invlists.list_size(lst)).copy()
+             for lst in range(invlists.nlist) if invlists.list_size(lst)]
+    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sharded")
+    # nprobe 4 of 30 lists: a stored search that is not exhaustive.
+    unsharded = build_course(out / "one", N_SHARDED, nprobe=4, seed=0, progress=False, batch_size=250)
+    three = build_course(out / "three", N_SHARDED, nprobe=4, seed=0, progress=False, batch_size=250, shards=3)
+    return unsharded, three
+
+
+def test_sharded_build_layout(sharded):
+    unsharded, three = sharded
+    assert sorted(p.name for p in leftovers(three.index_path.parent)) == [
+        "documents.db", "faiss_index.shard-0-of-3.bin", "faiss_index.shard-1-of-3.bin", "faiss_index.shard-2-of-3.bin"]
+    assert not three.index_path.exists() and three.shards == 3 and len(three.index_files) == 3
+    assert rows(three.db_path) == rows(unsharded.db_path)
+    assert three.index_bytes > 0 and "3 shards" in data._describe(three)
+
+
+def test_shards_hold_disjoint_ids_covering_all_with_the_unsharded_parameters(sharded):
+    unsharded, three = sharded
+    whole = faiss.read_index(str(unsharded.index_path))
+    seen = []
+    for shard, path in enumerate(three.index_files):
+        index = faiss.read_index(str(path))
+        ivf = faiss.extract_index_ivf(index)
+        ids = stored_ids(index)
+        assert isinstance(index, faiss.IndexIVFFlat) and index.metric_type == faiss.METRIC_L2
+        assert (ivf.nlist, ivf.nprobe, index.d) == (three.nlist, three.nprobe, 768)
+        assert index.ntotal == len(ids) == len(range(shard, N_SHARDED, 3))
+        assert set(ids.tolist()) == set(range(shard, N_SHARDED, 3))  # shard_of(id) == shard
+        # The unsharded build's centroids, in every shard.
+        assert np.array_equal(ivf.quantizer.reconstruct_n(0, ivf.nlist),
+                              faiss.extract_index_ivf(whole).quantizer.reconstruct_n(0, ivf.nlist))
+        seen.append(ids)
+    assert sorted(np.concatenate(seen).tolist()) == list(range(N_SHARDED))
+
+
+def test_shard_files_are_byte_identical_to_faiss_add_with_ids(sharded):
+    _, three = sharded
+    params = data._ivf_params(N_SHARDED, None, 4, None, 250)
+    trained = data._train_index(next(data.course_vector_batches(params.train_size, seed=0, batch_size=params.train_size)),
+                                params)
+    vectors = next(data.course_vector_batches(N_SHARDED, seed=0, batch_size=N_SHARDED))
+    for shard, path in enumerate(three.index_files):
+        expected = faiss.clone_index(trained)
+        ids = np.arange(shard, N_SHARDED, 3, dtype=np.int64)
+        expected.add_with_ids(vectors[ids], ids)
+        assert faiss.serialize_index(expected).tobytes() == path.read_bytes()
+
+
+@pytest.mark.parametrize("nprobe", [None, "all"])
+def test_merged_shard_searches_equal_unsharded(sharded, nprobe):
+    # The stored nprobe (4 of 30 lists), and every list: an exact (flat) search, checked against IndexFlatL2 too.
+    unsharded, three = sharded
+    probe = three.nlist if nprobe == "all" else None
+    queries = np.random.default_rng(7).random((30, 768), dtype=np.float32)
+    expected_ids, expected_distances = VectorIndex.load(unsharded.index_path, nprobe=probe).search(queries, 10)
+    per_shard = [VectorIndex.load(path, nprobe=probe).search(queries, 10) for path in three.index_files]
+    merged_ids, merged_distances = merge_arrays(per_shard, 10)
+    assert np.array_equal(merged_ids, expected_ids) and np.array_equal(merged_distances, expected_distances)
+    if nprobe == "all":
+        flat = faiss.IndexFlatL2(768)
+        flat.add(next(data.course_vector_batches(N_SHARDED, seed=0, batch_size=N_SHARDED)))
+        flat_distances, flat_ids = flat.search(queries, 10)
+        assert np.array_equal(merged_ids, flat_ids) and np.allclose(merged_distances, flat_distances, rtol=1e-5)
+
+
+def test_sharded_support_build(tmp_path):
+    result = build_support(tmp_path, 300, fake_embed, progress=False, batch_size=64, shards=2)
+    contents = [r[2] for r in rows(result.db_path)[:6]]
+    per_shard = [VectorIndex.load(path, nprobe=None).search(fake_embed(contents), 1) for path in result.index_files]
+    assert merge_arrays(per_shard, 1)[0][:, 0].tolist() == [0, 1, 2, 3, 4, 5]
+
+
+def test_rebuild_with_another_shard_count_needs_force_and_removes_the_old_files(tmp_path):
+    first = build_course(tmp_path, 200, progress=False)
+    with pytest.raises(OutputExistsError, match="faiss_index.bin"):
+        build_course(tmp_path, 200, progress=False, shards=2)
+    two = build_course(tmp_path, 200, progress=False, shards=2, force=True)
+    assert not first.index_path.exists() and all(p.is_file() for p in two.index_files)
+    assert shard_file_problems(two.index_path, 2) == []
+    build_course(tmp_path, 200, progress=False, shards=4, force=True)
+    assert shard_file_problems(two.index_path, 4) == []
+    assert sorted(p.name for p in leftovers(tmp_path) if "shard" in p.name) == [
+        f"faiss_index.shard-{k}-of-4.bin" for k in range(4)]
+    build_course(tmp_path, 200, progress=False, force=True)
+    assert sorted(p.name for p in leftovers(tmp_path)) == ["documents.db", "faiss_index.bin"]
+
+
+def test_interrupted_sharded_build_leaves_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "course_vector_batches", failing_vectors(3, RuntimeError("boom")))
+    with pytest.raises(RuntimeError, match="boom"):
+        build_course(tmp_path, 600, batch_size=100, progress=False, shards=3)
+    assert leftovers(tmp_path) == []
+
+
+def test_failure_between_shard_renames_removes_every_file(tmp_path, monkeypatch):
+    real_replace = os.replace
+
+    def replace(src, dst):
+        if Path(dst).name == "faiss_index.shard-1-of-2.bin":
+            raise OSError("disk gone")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(data.os, "replace", replace)
+    with pytest.raises(OSError, match="disk gone"):
+        build_course(tmp_path, 300, progress=False, shards=2)
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("shards", [0, -1, 11])
+def test_invalid_shard_counts(tmp_path, shards):
+    with pytest.raises(InvalidBuildArgument, match="--shards"):
+        build_course(tmp_path, 10, progress=False, shards=shards)
+    assert leftovers(tmp_path) == []
+
+
+def test_cli_shards(tmp_path, capsys):
+    assert data.main(["build", "--out", str(tmp_path), "--docs", "120", "--shards", "2", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "2 shards" in out and "faiss_index.shard-0-of-2.bin" in out and "faiss_index.shard-1-of-2.bin" in out
+    assert data.main(["build", "--out", str(tmp_path), "--docs", "120", "--shards", "0", "--no-progress"]) == 2
 
 
 # ---------------------------------------------------------------- support build
