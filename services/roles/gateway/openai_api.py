@@ -1,0 +1,287 @@
+"""The OpenAI-compatible API's translation: request bodies in, response objects out; no HTTP.
+
+`POST /v1/chat/completions`: `parse_chat_request` turns a body into a `ChatRequest` (the last
+user message is the query; the contract's prompt is fixed, so earlier messages do not reach the
+model) or raises an `OpenAIError`. Parameters that would change the answer and that this service
+cannot honour (n > 1, sampling, penalties, tools, stop sequences, logprobs, structured output)
+are refused with a 400 naming them rather than ignored; fields it does not know are ignored, as
+OpenAI's own servers do for clients that send extras. `completion` builds the reply; `chunk` and
+its helpers the `stream: true` objects, sent as SSE `data:` events and closed by `data: [DONE]`.
+Both carry the sentiment and toxicity in an extra top-level `rag` field that OpenAI clients ignore.
+
+`GET /v1/models`: `models_list`. Errors: `OpenAIError.body()` is OpenAI's error shape;
+`error_from_http` maps the service's own statuses onto it.
+"""
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+DONE = "[DONE]"  # the data of the last event of a stream
+RAG_FIELDS = ("sentiment", "is_toxic", "request_id")  # what the extra `rag` field holds
+FinishReason = Literal["stop", "length"]
+
+# Status -> (OpenAI error type, code) for the statuses the service answers.
+_ERROR_KINDS: dict[int, tuple[str, str | None]] = {
+    400: ("invalid_request_error", None),
+    401: ("invalid_request_error", "invalid_api_key"),
+    404: ("invalid_request_error", "not_found"),
+    409: ("invalid_request_error", "conflict"),
+    413: ("invalid_request_error", "request_too_large"),
+    415: ("invalid_request_error", "unsupported_media_type"),
+    429: ("rate_limit_error", "rate_limit_exceeded"),
+    500: ("server_error", None),
+    503: ("server_error", "service_unavailable"),
+    504: ("server_error", "timeout"),
+}
+# The service's field names as OpenAI's request calls them.
+_PARAMS = {"query": "messages", "body": None}
+
+
+class OpenAIError(Exception):
+    """An error for an OpenAI client: its HTTP status and OpenAI's {message, type, param, code}."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, type: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        kind, default_code = _ERROR_KINDS.get(status, ("invalid_request_error" if status < 500 else "server_error",
+                                                        None))
+        self.status = status
+        self.message = message
+        self.param = param
+        self.type = type or kind
+        self.code = code if code is not None else default_code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def error_from_http(status: int, message: str, field: str | None = None) -> OpenAIError:
+    """The service's own error (services.server.errors' status, message and field) for an OpenAI client."""
+    return OpenAIError(status, message, _PARAMS.get(field, field) if field else None)
+
+
+def _invalid(message: str, param: str | None, code: str | None = None) -> OpenAIError:
+    return OpenAIError(400, message, param, code=code)
+
+
+def _unsupported(param: str, why: str) -> OpenAIError:
+    return _invalid(f"'{param}' is not supported: {why}", param, "unsupported_parameter")
+
+
+def _unsupported_value(param: str, value: object, allowed: str) -> OpenAIError:
+    return _invalid(f"'{param}' = {value!r} is not supported: {allowed}", param, "unsupported_value")
+
+
+# ---------------------------------------------------------------- requests
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """What the service computes for one chat completion request."""
+    query: str  # the last user message's text
+    max_tokens: int  # new tokens at most: the request's, or the service's limit
+    stream: bool
+    request_id: str | None  # the body's `request_id` extension field (the idempotency key), if sent
+    include_usage: bool  # stream_options.include_usage: a usage chunk before [DONE]
+
+
+def parse_chat_request(body: object, *, max_tokens_limit: int, model_id: str) -> ChatRequest:
+    """A chat completions body as a ChatRequest, or the OpenAIError (400, 404) that says what is wrong."""
+    if not isinstance(body, dict):
+        raise _invalid(f"the body must be a JSON object, got {type(body).__name__}", None)
+    model = body.get("model")
+    if model is None:
+        raise _invalid("you must provide a model parameter", "model")
+    if not isinstance(model, str):
+        raise _invalid(f"'model' must be a string, got {type(model).__name__}", "model")
+    if model != model_id:
+        raise OpenAIError(404, f"The model `{model}` does not exist or you do not have access to it; "
+                               f"this service serves `{model_id}`", "model", code="model_not_found")
+    _refuse_unsupported(body)
+    stream = _optional_bool(body, "stream")
+    options = body.get("stream_options")
+    if options is not None and not stream:
+        raise _invalid("'stream_options' is only allowed when 'stream' is true", "stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise _invalid("'stream_options' must be an object", "stream_options")
+    request_id = body.get("request_id")
+    if request_id is not None and (not isinstance(request_id, str) or not request_id.strip()):
+        raise _invalid("'request_id' must be a non-empty string", "request_id")
+    return ChatRequest(query=_query(body.get("messages")), max_tokens=_max_tokens(body, max_tokens_limit),
+                       stream=stream, request_id=request_id,
+                       include_usage=_optional_bool(options or {}, "include_usage", "stream_options.include_usage"))
+
+
+def _optional_bool(source: dict, key: str, param: str | None = None) -> bool:
+    value = source.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise _invalid(f"'{param or key}' must be a boolean, got {type(value).__name__}", param or key)
+    return bool(value)
+
+
+def _number(body: dict, key: str) -> float | None:
+    value = body.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise _invalid(f"'{key}' must be a number, got {type(value).__name__}", key)
+    return value
+
+
+def _refuse_unsupported(body: dict) -> None:
+    greedy = "this service decodes greedily (deterministic answers)"
+    if body.get("n") not in (None, 1):
+        raise _unsupported_value("n", body["n"], "this service returns one choice; send n = 1 or leave it out")
+    for key, neutral in (("temperature", 0), ("top_p", 1), ("presence_penalty", 0), ("frequency_penalty", 0)):
+        value = _number(body, key)
+        if value is not None and value != neutral:
+            raise _unsupported_value(key, value, f"{greedy}; send {neutral} or leave it out")
+    for key in ("tools", "functions", "logit_bias", "audio", "prediction"):
+        if body.get(key):  # an empty list or object asks for nothing
+            raise _unsupported(key, "this service answers with text from its fixed RAG prompt only")
+    for key in ("tool_choice", "function_call"):
+        if body.get(key) not in (None, "none"):
+            raise _unsupported(key, "this service does not call tools")
+    if body.get("logprobs") or body.get("top_logprobs"):
+        key = "logprobs" if body.get("logprobs") else "top_logprobs"
+        raise _unsupported(key, "this service does not return log probabilities")
+    fmt = body.get("response_format")
+    if fmt is not None and fmt != {"type": "text"}:
+        raise _unsupported("response_format", "only {'type': 'text'} is")
+    if body.get("stop"):
+        raise _unsupported("stop", "the answer ends at the model's end of turn or at max_tokens")
+    modalities = body.get("modalities")
+    if modalities is not None and modalities != ["text"]:
+        raise _unsupported_value("modalities", modalities, "only ['text'] is")
+
+
+def _max_tokens(body: dict, limit: int) -> int:
+    values = [_token_cap(body, key, limit) for key in ("max_completion_tokens", "max_tokens")]
+    given = [v for v in values if v is not None]
+    if len(set(given)) > 1:
+        raise _invalid("'max_tokens' and 'max_completion_tokens' differ; send one of them", "max_tokens")
+    return given[0] if given else limit
+
+
+def _token_cap(body: dict, key: str, limit: int) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _invalid(f"'{key}' must be an integer, got {type(value).__name__}", key)
+    if value < 1:
+        raise _invalid(f"'{key}' is {value}; it must be at least 1", key, "invalid_value")
+    if value > limit:
+        raise _invalid(f"'{key}' is {value}; the limit is {limit}", key, "invalid_value")
+    return value
+
+
+def _query(messages: object) -> str:
+    if messages is None:
+        raise _invalid("'messages' is required", "messages")
+    if not isinstance(messages, list) or not messages:
+        raise _invalid("'messages' must be a non-empty array of messages", "messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise _invalid(f"'messages[{i}]' must be an object with a string 'role'", f"messages[{i}]")
+    last = len(messages) - 1
+    if messages[last]["role"] != "user":
+        raise _invalid(f"the last message must have role 'user' (it is the query), got {messages[last]['role']!r}",
+                       f"messages[{last}].role")
+    query = _text(messages[last].get("content"), f"messages[{last}].content")
+    if not query.strip():
+        raise _invalid("the last user message must not be empty", f"messages[{last}].content")
+    return query
+
+
+def _text(content: object, param: str) -> str:
+    """A message's content as text: a string, or a list of text parts joined by newlines."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise _invalid(f"'{param}' must be a string or an array of text parts", param)
+    texts = []
+    for i, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise _unsupported_value(f"{param}[{i}]", kind, "only text parts ({'type': 'text', 'text': ...}) are")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+# ---------------------------------------------------------------- responses
+
+def completion_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def rag_fields(extra: Mapping[str, Any]) -> dict[str, Any]:
+    """The extra `rag` field: sentiment, is_toxic and request_id from the service's reply."""
+    return {key: extra[key] for key in RAG_FIELDS}
+
+
+def completion(id: str, created: int, model: str, text: str, prompt_tokens: int, completion_tokens: int,
+               extra: Mapping[str, Any], *, finish_reason: FinishReason = "stop") -> dict[str, Any]:
+    """A `chat.completion` object; `extra` is the service's reply (its RAG_FIELDS go into `rag`)."""
+    _check_finish_reason(finish_reason)
+    return {
+        "id": id, "object": "chat.completion", "created": created, "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
+                     "logprobs": None, "finish_reason": finish_reason}],
+        "usage": usage(prompt_tokens, completion_tokens),
+        "rag": rag_fields(extra),
+    }
+
+
+def chunk(id: str, created: int, model: str, delta: Mapping[str, Any], finish_reason: FinishReason | None = None,
+          *, include_usage: bool = False, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A `chat.completion.chunk` with one choice. With include_usage it carries `usage: null`, as
+    OpenAI's chunks do when the stream ends with a usage chunk; with extra, the `rag` field."""
+    if finish_reason is not None:
+        _check_finish_reason(finish_reason)
+    obj: dict[str, Any] = {
+        "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+        "choices": [{"index": 0, "delta": dict(delta), "logprobs": None, "finish_reason": finish_reason}],
+    }
+    if include_usage:
+        obj["usage"] = None
+    if extra is not None:
+        obj["rag"] = rag_fields(extra)
+    return obj
+
+
+def first_chunk(id: str, created: int, model: str, *, include_usage: bool = False) -> dict[str, Any]:
+    """The stream's first chunk: the assistant's role and empty content."""
+    return chunk(id, created, model, {"role": "assistant", "content": ""}, include_usage=include_usage)
+
+
+def content_chunk(id: str, created: int, model: str, text: str, *, include_usage: bool = False) -> dict[str, Any]:
+    """One text piece."""
+    return chunk(id, created, model, {"content": text}, include_usage=include_usage)
+
+
+def final_chunk(id: str, created: int, model: str, finish_reason: FinishReason, extra: Mapping[str, Any], *,
+                include_usage: bool = False) -> dict[str, Any]:
+    """The last choice chunk: an empty delta, why the answer ended, and the `rag` field."""
+    return chunk(id, created, model, {}, finish_reason, include_usage=include_usage, extra=extra)
+
+
+def usage_chunk(id: str, created: int, model: str, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    """The chunk sent before [DONE] when stream_options.include_usage: no choices, the usage."""
+    return {"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [],
+            "usage": usage(prompt_tokens, completion_tokens)}
+
+
+def models_list(model_id: str, created: int, owned_by: str = "rag-service") -> dict[str, Any]:
+    """GET /v1/models: the one model this service serves."""
+    return {"object": "list", "data": [{"id": model_id, "object": "model", "created": created, "owned_by": owned_by}]}
+
+
+def _check_finish_reason(reason: str) -> None:
+    if reason not in ("stop", "length"):
+        raise ValueError(f"finish_reason is 'stop' or 'length', got {reason!r}")

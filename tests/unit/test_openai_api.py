@@ -1,0 +1,280 @@
+"""services/roles/gateway/openai_api.py: requests refused or translated, response objects checked
+with the real `openai` package's types, and the real client against a tiny server built from them."""
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from services.roles.gateway import openai_api as api
+from services.roles.gateway.openai_api import ChatRequest, OpenAIError, parse_chat_request
+from services.server import sse
+
+MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+LIMIT = 128
+REPLY = {"request_id": "r-1", "generated_response": "Answer: within 30 days 😀", "sentiment": "positive",
+         "is_toxic": "false", "served_by": 0}
+
+
+def body(**fields) -> dict:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "How do I return it?"}], **fields}
+
+
+def parse(payload) -> ChatRequest:
+    return parse_chat_request(payload, max_tokens_limit=LIMIT, model_id=MODEL)
+
+
+def refused(payload, status: int = 400) -> OpenAIError:
+    with pytest.raises(OpenAIError) as info:
+        parse(payload)
+    assert info.value.status == status
+    return info.value
+
+
+# ---------------------------------------------------------------- requests
+
+def test_a_minimal_request():
+    assert parse(body()) == ChatRequest(query="How do I return it?", max_tokens=LIMIT, stream=False,
+                                        request_id=None, include_usage=False)
+
+
+def test_the_last_user_message_is_the_query():
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "first"},
+                {"role": "assistant", "content": "ok"},
+                {"role": "user", "content": [{"type": "text", "text": "line one"}, {"type": "text", "text": "two"}]}]
+    assert parse(body(messages=messages)).query == "line one\ntwo"
+
+
+def test_accepted_fields_and_unknown_ones_are_ignored():
+    request = parse(body(stream=True, stream_options={"include_usage": True}, max_completion_tokens=16, n=1,
+                         temperature=0, top_p=1.0, presence_penalty=0, frequency_penalty=0.0, user="u", seed=7,
+                         logprobs=False, response_format={"type": "text"}, tools=[], tool_choice="none", stop=None,
+                         request_id="abc", store=False, metadata={"k": "v"}, some_future_field=[1, 2]))
+    assert request == ChatRequest(query="How do I return it?", max_tokens=16, stream=True, request_id="abc",
+                                  include_usage=True)
+
+
+@pytest.mark.parametrize("key", ["max_tokens", "max_completion_tokens"])
+def test_max_tokens_bounds(key):
+    assert parse(body(**{key: 1})).max_tokens == 1
+    assert parse(body(**{key: LIMIT})).max_tokens == LIMIT
+    over = refused(body(**{key: LIMIT + 1}))
+    assert over.param == key and str(LIMIT) in over.message and "limit" in over.message
+    assert refused(body(**{key: 0})).param == key
+    assert refused(body(**{key: True})).param == key
+    assert refused(body(**{key: 2.5})).param == key
+
+
+def test_max_tokens_and_max_completion_tokens_must_agree():
+    assert parse(body(max_tokens=9, max_completion_tokens=9)).max_tokens == 9
+    assert refused(body(max_tokens=9, max_completion_tokens=10)).param == "max_tokens"
+
+
+@pytest.mark.parametrize("payload, param", [
+    ([], None),
+    ({"messages": [{"role": "user", "content": "q"}]}, "model"),
+    (body(model=3), "model"),
+    ({"model": MODEL}, "messages"),
+    (body(messages=[]), "messages"),
+    (body(messages="hi"), "messages"),
+    (body(messages=["hi"]), "messages[0]"),
+    (body(messages=[{"content": "no role"}]), "messages[0]"),
+    (body(messages=[{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]), "messages[1].role"),
+    (body(messages=[{"role": "user", "content": "  "}]), "messages[0].content"),
+    (body(messages=[{"role": "user", "content": None}]), "messages[0].content"),
+    (body(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
+     "messages[0].content[0]"),
+    (body(stream="yes"), "stream"),
+    (body(stream_options={"include_usage": True}), "stream_options"),
+    (body(stream=True, stream_options={"include_usage": 1}), "stream_options.include_usage"),
+    (body(request_id=""), "request_id"),
+    (body(request_id=5), "request_id"),
+])
+def test_malformed_requests(payload, param):
+    error = refused(payload)
+    assert error.param == param and error.type == "invalid_request_error"
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"n": 2}, "n"),
+    ({"temperature": 0.7}, "temperature"),
+    ({"temperature": "0"}, "temperature"),
+    ({"top_p": 0.9}, "top_p"),
+    ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"frequency_penalty": -1}, "frequency_penalty"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"tool_choice": "auto"}, "tool_choice"),
+    ({"functions": [{"name": "f"}]}, "functions"),
+    ({"function_call": "auto"}, "function_call"),
+    ({"logprobs": True}, "logprobs"),
+    ({"top_logprobs": 3}, "top_logprobs"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"stop": "\n"}, "stop"),
+    ({"stop": ["END"]}, "stop"),
+    ({"logit_bias": {"50256": -100}}, "logit_bias"),
+    ({"modalities": ["text", "audio"]}, "modalities"),
+])
+def test_unsupported_parameters_are_refused_not_ignored(fields, param):
+    error = refused(body(**fields))
+    assert error.param == param and error.type == "invalid_request_error"
+    if fields != {"temperature": "0"}:
+        assert "not supported" in error.message and error.code in ("unsupported_parameter", "unsupported_value")
+    assert error.body()["error"]["param"] == param
+
+
+def test_another_model_is_not_found():
+    error = refused(body(model="gpt-4o"), 404)
+    assert error.body() == {"error": {"message": error.message, "type": "invalid_request_error", "param": "model",
+                                      "code": "model_not_found"}}
+    assert "gpt-4o" in error.message and MODEL in error.message
+
+
+# ---------------------------------------------------------------- errors
+
+@pytest.mark.parametrize("status, type_, code", [
+    (400, "invalid_request_error", None), (401, "invalid_request_error", "invalid_api_key"),
+    (404, "invalid_request_error", "not_found"), (409, "invalid_request_error", "conflict"),
+    (413, "invalid_request_error", "request_too_large"), (429, "rate_limit_error", "rate_limit_exceeded"),
+    (500, "server_error", None), (503, "server_error", "service_unavailable"), (504, "server_error", "timeout"),
+    (418, "invalid_request_error", None), (502, "server_error", None),
+])
+def test_error_from_http(status, type_, code):
+    error = api.error_from_http(status, "what happened", "request_id")
+    assert error.status == status
+    assert error.body() == {"error": {"message": "what happened", "type": type_, "param": "request_id", "code": code}}
+
+
+def test_error_fields_are_named_as_openai_names_them():
+    assert api.error_from_http(400, "m", "query").param == "messages"
+    assert api.error_from_http(413, "m", "body").param is None
+    assert api.error_from_http(504, "Request timeout").param is None
+
+
+# ---------------------------------------------------------------- responses, checked by the openai package
+
+def stream_objects(text_pieces: list[str], include_usage: bool) -> list[dict]:
+    args = ("chatcmpl-1", 1700000000, MODEL)
+    objects = [api.first_chunk(*args, include_usage=include_usage)]
+    objects += [api.content_chunk(*args, piece, include_usage=include_usage) for piece in text_pieces]
+    objects.append(api.final_chunk(*args, "length", REPLY, include_usage=include_usage))
+    if include_usage:
+        objects.append(api.usage_chunk(*args, 300, 7))
+    return objects
+
+
+def test_completion_is_a_valid_openai_chat_completion():
+    from openai.types.chat import ChatCompletion
+    obj = api.completion("chatcmpl-1", 1700000000, MODEL, REPLY["generated_response"], 300, 12, REPLY)
+    parsed = ChatCompletion.model_validate(obj)
+    assert parsed.choices[0].message.content == REPLY["generated_response"]
+    assert parsed.choices[0].message.role == "assistant" and parsed.choices[0].finish_reason == "stop"
+    assert parsed.usage is not None and parsed.usage.total_tokens == 312
+    assert parsed.model_extra == {"rag": {"sentiment": "positive", "is_toxic": "false", "request_id": "r-1"}}
+    assert api.completion("c", 1, MODEL, "t", 1, 128, REPLY, finish_reason="length")["choices"][0][
+        "finish_reason"] == "length"
+    with pytest.raises(ValueError):
+        api.completion("c", 1, MODEL, "t", 1, 1, REPLY, finish_reason="tool_calls")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("include_usage", [False, True])
+def test_chunks_are_valid_openai_chunks(include_usage):
+    from openai.types.chat import ChatCompletionChunk
+    pieces = ["Answer", ":", " within", " 30 days 😀"]
+    chunks = [ChatCompletionChunk.model_validate(obj) for obj in stream_objects(pieces, include_usage)]
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[0].choices[0].delta.content == ""
+    choice_chunks = [c for c in chunks if c.choices]
+    assert "".join(c.choices[0].delta.content or "" for c in choice_chunks) == "".join(pieces)
+    last = choice_chunks[-1]
+    assert last.choices[0].finish_reason == "length" and last.choices[0].delta.content is None
+    assert last.model_extra is not None and last.model_extra["rag"]["sentiment"] == "positive"
+    if include_usage:
+        assert chunks[-1].choices == [] and chunks[-1].usage is not None and chunks[-1].usage.total_tokens == 307
+        assert all(c.usage is None for c in chunks[:-1])
+    else:
+        assert all(c.usage is None for c in chunks)
+
+
+def test_models_list_is_valid():
+    from openai.types import Model
+    listed = api.models_list(MODEL, 1700000000)
+    assert listed["object"] == "list"
+    (model,) = [Model.model_validate(m) for m in listed["data"]]
+    assert model.id == MODEL and model.object == "model"
+
+
+def test_error_body_is_a_valid_openai_error_object():
+    from openai.types.shared import ErrorObject
+    error = ErrorObject.model_validate(refused(body(n=3)).body()["error"])
+    assert error.type == "invalid_request_error" and error.param == "n"
+
+
+# ---------------------------------------------------------------- the real client against these objects
+
+class FakeOpenAIServer:
+    """POST /v1/chat/completions answered from this module's objects, for the real openai client."""
+
+    def __init__(self):
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                try:
+                    request = parse(payload)
+                except OpenAIError as error:
+                    return self._send(error.status, json.dumps(error.body()).encode(), "application/json")
+                if not request.stream:
+                    obj = api.completion("chatcmpl-1", 1700000000, MODEL, REPLY["generated_response"], 300, 12, REPLY)
+                    return self._send(200, json.dumps(obj).encode(), "application/json")
+                events = [sse.event(obj) for obj in stream_objects(["Answer", ": ok"], request.include_usage)]
+                self._send(200, b"".join(events) + sse.event(api.DONE), sse.HEADERS["Content-Type"])
+
+            def _send(self, status: int, data: bytes, kind: str):
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+
+@pytest.fixture()
+def openai_client():
+    import openai
+    fake = FakeOpenAIServer()
+    fake.thread.start()
+    try:
+        yield openai.OpenAI(base_url=fake.url, api_key="unused", max_retries=0, timeout=10)
+    finally:
+        fake.server.shutdown()
+        fake.server.server_close()
+
+
+def test_the_openai_client_reads_a_completion(openai_client):
+    reply = openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "q"}])
+    assert reply.choices[0].message.content == REPLY["generated_response"]
+    assert reply.model_extra is not None and reply.model_extra["rag"]["is_toxic"] == "false"
+
+
+def test_the_openai_client_reads_a_stream(openai_client):
+    stream = openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "q"}],
+                                                   stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Answer: ok"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 7
+
+
+def test_the_openai_client_raises_our_errors(openai_client):
+    import openai
+    with pytest.raises(openai.BadRequestError) as info:
+        openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "q"}], n=2)
+    assert info.value.status_code == 400 and info.value.param == "n" and info.value.code == "unsupported_value"
+    with pytest.raises(openai.NotFoundError) as missing:
+        openai_client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "q"}])
+    assert missing.value.code == "model_not_found"
