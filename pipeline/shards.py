@@ -28,8 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-# What faiss puts in place of an id when a shard has fewer than k results.
+# What faiss puts in place of an id, and of its L2 distance, when it finds fewer than k results.
 PADDING_ID = -1
+PADDING_DISTANCE = float(np.finfo(np.float32).max)
 
 Hits = tuple[Sequence[int], Sequence[float]]  # one query's (ids, distances), ascending distance
 
@@ -98,11 +99,11 @@ def merge_batch(per_shard: Sequence[Sequence[Hits]], k: int) -> list[tuple[list[
 
 def merge_arrays(per_shard: Sequence[tuple[np.ndarray, np.ndarray]], k: int) -> tuple[np.ndarray, np.ndarray]:
     """:func:`merge_batch` in faiss's array shapes: each shard's ``(ids (n, k'), distances (n, k'))``
-    in, ``(ids int64 (n, k), distances float32 (n, k))`` out, padded with id -1 and distance inf
-    (as faiss pads) where fewer than ``k`` were found."""
+    in, ``(ids int64 (n, k), distances float32 (n, k))`` out, padded as faiss pads an L2 search
+    (id -1, distance the largest float32) where fewer than ``k`` were found."""
     merged = merge_batch([list(zip(ids.tolist(), distances.tolist())) for ids, distances in per_shard], k)
     ids_out = np.full((len(merged), k), PADDING_ID, dtype=np.int64)
-    distances_out = np.full((len(merged), k), np.inf, dtype=np.float32)
+    distances_out = np.full((len(merged), k), PADDING_DISTANCE, dtype=np.float32)
     for row, (ids, distances) in enumerate(merged):
         ids_out[row, : len(ids)] = ids
         distances_out[row, : len(distances)] = distances

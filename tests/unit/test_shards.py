@@ -9,7 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.shards import merge_arrays, merge_batch, merge_top_k, shard_file_problems, shard_of, shard_path
+from pipeline.shards import (
+    PADDING_DISTANCE,
+    merge_arrays,
+    merge_batch,
+    merge_top_k,
+    shard_file_problems,
+    shard_of,
+    shard_path,
+)
 
 
 def flat_index(vectors: np.ndarray, ids: np.ndarray) -> faiss.Index:
@@ -93,7 +101,7 @@ def test_merge_batch_is_per_query():
 
 def test_merge_arrays_pads_like_faiss():
     ids, distances = merge_arrays([(np.array([[5, -1]]), np.array([[0.5, np.inf]], dtype=np.float32))], 3)
-    assert ids.tolist() == [[5, -1, -1]] and distances[0, 0] == np.float32(0.5) and np.isinf(distances[0, 1:]).all()
+    assert ids.tolist() == [[5, -1, -1]] and distances.tolist() == [[0.5, PADDING_DISTANCE, PADDING_DISTANCE]]
     assert ids.dtype == np.int64 and distances.dtype == np.float32
 
 
@@ -112,7 +120,7 @@ def test_flat_sharded_search_equals_unsharded(shards, k):
     assert np.array_equal(merged_distances, distances)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(n=st.integers(1, 300), dim=st.integers(1, 16), shards=st.integers(1, 9), k=st.integers(1, 30),
        queries=st.integers(1, 25), seed=st.integers(0, 2**32 - 1))
 def test_flat_sharded_search_equals_unsharded_randomized(n, dim, shards, k, queries, seed):
