@@ -8,7 +8,7 @@ The scheduler holds every sequence's state (no tensors, tested with no model);
 the runner holds only tensors keyed by seq id. `ContinuousEngine` ties them to
 one Generator's model.
 """
-from pipeline.continuous.engine import ContinuousEngine, StepResult
+from pipeline.continuous.engine import ContinuousEngine, EngineStats, StepResult
 from pipeline.continuous.runner import ModelRunner
 from pipeline.continuous.scheduler import (
                                            PrefillChunk,
@@ -19,5 +19,5 @@ from pipeline.continuous.scheduler import (
                                            UpdateResult,
 )
 
-__all__ = ["ContinuousEngine", "ModelRunner", "PrefillChunk", "RunnerOutput", "Scheduler", "SchedulerOutput",
+__all__ = ["ContinuousEngine", "EngineStats", "ModelRunner", "PrefillChunk", "RunnerOutput", "Scheduler", "SchedulerOutput",
            "SequenceState", "StepResult", "UpdateResult"]

@@ -16,6 +16,15 @@ class StepResult:
     admitted: list[SequenceState] = field(default_factory=list)  # given a slot this iteration
 
 
+@dataclass(frozen=True)
+class EngineStats:
+    """What the engine holds now."""
+    running_sequences: int = 0  # holding a slot (prefilling or decoding)
+    waiting_sequences: int = 0  # added, waiting for a slot (sequence or KV budget)
+    kv_tokens_in_use: int = 0  # cache slots of the running batch, padding included
+    kv_tokens_reserved: int = 0  # prompt + max new tokens of every sequence holding a slot
+
+
 class ContinuousEngine:
     def __init__(self, generator, *, max_seqs: int = 8, max_tokens: int = 8192, prefill_chunk: int = 512):
         self.generator = generator
@@ -45,6 +54,15 @@ class ContinuousEngine:
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
+
+    def sequences(self) -> list[SequenceState]:
+        """Every sequence the engine holds, waiting or with a slot: the one record of them."""
+        return self.scheduler.sequences()
+
+    def stats(self) -> EngineStats:
+        scheduler = self.scheduler
+        return EngineStats(len(scheduler.active), len(scheduler.waiting), self.runner.cache_tokens(),
+                           scheduler.tokens_reserved())
 
     def cancel(self, seq: SequenceState) -> None:
         self.scheduler.drop(seq)

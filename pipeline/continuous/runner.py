@@ -39,6 +39,9 @@ def roomy_layer_class():
         The views hold the same values torch.cat would: attention sees the same numbers.
         """
 
+        keys: Any  # tensors (DynamicLayer's own annotation allows None, which never holds here)
+        values: Any
+
         def __init__(self, keys, values, room: int = CACHE_ROOM):
             super().__init__()
             self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
@@ -77,11 +80,13 @@ class ModelRunner:
         self.repetition_penalty = float(repetition_penalty)
         self.cache_room = cache_room
         self.rows: list[int] = []  # seq ids of the running batch, in cache row order
-        self.cache = None  # DynamicCache of the running batch (RoomyLayer layers), left-padded
-        self.mask = None  # (rows, width) attention mask of that cache
+        # Typed Any: torch and transformers are imported on first use, not at module import.
+        # None while no sequence runs.
+        self.cache: Any = None  # DynamicCache of the running batch (RoomyLayer layers), left-padded
+        self.mask: Any = None  # (rows, width) attention mask of that cache
         # (rows, width) token ids fed to the cache, column for column; a padding
         # column repeats the row's first token, which the penalty already counts.
-        self.seen = None
+        self.seen: Any = None
         self._prefill_caches: dict[int, Any] = {}  # seq id -> its own cache until it joins
 
     def execute(self, plan: SchedulerOutput) -> RunnerOutput:

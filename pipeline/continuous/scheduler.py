@@ -102,6 +102,10 @@ class Scheduler:
     def active(self) -> list[SequenceState]:
         return self.prefilling + self.running
 
+    def sequences(self) -> list[SequenceState]:
+        """Every sequence held: waiting, prefilling or running."""
+        return list(self.waiting) + self.active
+
     def tokens_reserved(self) -> int:
         return sum(s.budget_tokens for s in self.active)
 

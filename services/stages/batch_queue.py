@@ -239,7 +239,7 @@ class BatchQueue:
             return self._take_locked(self.max_size if limit is None else limit, start_running)
 
     def _take_locked(self, limit: int, start_running: bool = True) -> list[PendingItem]:
-        batch = []
+        batch: list[PendingItem] = []
         owner = f"stage service {self.name!r}"
         while self._pending and len(batch) < limit:
             _, pending = self._pending.popitem(last=False)

@@ -25,9 +25,10 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
-from services.server.errors import BatchSizeMismatch, Overloaded, ServiceClosed, StageDown
+from services.server.errors import BatchSizeMismatch, Overloaded, ServiceClosed
 from services.stages.batch_queue import BatchingStats, BatchQueue, PendingItem
 from services.stages.futures import set_exception, set_result
+from services.stages.holdings import Holdings
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +77,8 @@ class BatchingService:
         self._batch_fn = batch_fn
         self._queue = BatchQueue(name, max_size=max_size, max_wait_ms=max_wait_ms, max_queue=max_queue)
         self._retry_individually = bool(retry_individually)
-        # The batch inside batch_fn now (set and cleared by the worker thread): abort() fails it.
-        self._running: list[PendingItem] = []
+        # The batch inside batch_fn now: abort() and a dying thread fail it.
+        self._holdings = Holdings(self._queue, self._owner)
         # Daemon: a service someone forgot to close must not keep the process alive.
         self._thread = threading.Thread(target=self._worker_loop, name=f"batching-{name}", daemon=True)
         self._thread.start()
@@ -152,9 +153,7 @@ class BatchingService:
         batch_fn cannot be interrupted: its results, when they come, find their futures
         already failed and are dropped. Returns at once (the thread is not joined).
         """
-        self._queue.close()
-        self._fail_unresolved(self._running, lambda: ServiceClosed(f"{self._owner} stopped: {reason}"))
-        self._queue.fail_queued(reason)
+        self._holdings.abort(reason)
 
     @property
     def failure(self) -> str | None:
@@ -175,22 +174,15 @@ class BatchingService:
         return (f"BatchingService(name={self._name!r}, max_size={q.max_size}, "
                 f"max_wait_ms={q.max_wait_ms}, max_queue={q.max_queue})")
 
-    # ------------------------------------------------------------ shutdown
-
-    def _fail_unresolved(self, batch: list[PendingItem], make_error: Callable[[], BaseException]) -> None:
-        """Fail the items of a batch that did not get an answer (the worker is giving up on them)."""
-        failed = [p for p in batch if not p.future.done()]
-        for pending in failed:
-            set_exception(pending.future, make_error(), self._owner)
-        self._queue.record(failed_items_total=len(failed))
-
     # ---------------------------------------------------------------- worker
 
     def _worker_loop(self) -> None:
         try:
             self._serve()
         except BaseException as exc:  # noqa: BLE001 - nothing may end this thread silently
-            self._die(exc)
+            # batch_fn's KeyboardInterrupt or SystemExit (sys.exit() in a thread ends that thread),
+            # or a bug here whose cleanup failed too: the stage is down.
+            self._holdings.die(exc)
 
     def _serve(self) -> None:
         while True:
@@ -198,61 +190,39 @@ class BatchingService:
             if batch is None:
                 logger.debug("%s worker stopped", self._owner)
                 return
-            self._running = batch
+            futures = [pending.future for pending in batch]
+            self._holdings.hold(futures)
             try:
                 self._run_batch(batch)
-            except (KeyboardInterrupt, SystemExit) as exc:
-                # batch_fn asked for the thread to stop (sys.exit() in a thread
-                # ends that thread). Honour it, but resolve every future first so
-                # no caller waits forever, and refuse new work: the stage is down.
-                logger.error("%s: batch_fn raised %s; shutting the service down", self._owner, type(exc).__name__)
-                self._queue.mark_down(f"batch_fn raised {type(exc).__name__}")
-                self._fail_unresolved(batch, lambda exc=exc: self._stopped_by(exc))
-                self._queue.fail_queued(f"batch_fn raised {type(exc).__name__}", cause=exc)
-                return
+            except (KeyboardInterrupt, SystemExit):
+                raise
             except BaseException:
                 # Only a bug in this module gets here (batch_fn errors are
                 # handled in _run_batch). Keep serving; fail what is unresolved.
                 # Should this cleanup fail too, _worker_loop declares the stage dead.
                 logger.exception("%s: internal error in worker", self._owner)
-                self._fail_unresolved(batch, lambda: RuntimeError(f"{self._owner}: internal error"))
-            self._running = []  # not in a finally: _die must still see the batch when this loop raises
-
-    def _die(self, exc: BaseException) -> None:
-        """The thread is ending on an error: refuse new work and fail everything held, at once."""
-        reason = f"{type(exc).__name__}: {exc}"
-        logger.critical("%s: its thread died (%s); failing what it holds, the node reports unhealthy",
-                        self._owner, reason, exc_info=exc)
-        self._queue.mark_down(reason)
-        for pending in self._running:  # RUNNING futures: ours to fail; set_exception never raises
-            if not pending.future.done():
-                set_exception(pending.future, StageDown(self._name, reason), self._owner)
-        self._queue.fail_queued(reason, cause=exc)
-
-    def _stopped_by(self, exc: BaseException) -> ServiceClosed:
-        error = ServiceClosed(f"{self._owner} stopped: batch_fn raised {type(exc).__name__}")
-        error.__cause__ = exc
-        return error
+                self._holdings.fail_held(lambda: RuntimeError(f"{self._owner}: internal error"))
+            self._holdings.release(futures)  # not in a finally: a dying thread still fails the batch
 
     def _run_batch(self, batch: list[PendingItem]) -> None:
         started = time.monotonic()
         failed = retried = 0
         try:
-            results, error = self._call_batch_fn([p.item for p in batch])
-            if error is None:
-                for pending, result in zip(batch, results):
+            outcome = self._call_batch_fn([p.item for p in batch])
+            if not isinstance(outcome, BaseException):
+                for pending, result in zip(batch, outcome):
                     set_result(pending.future, result, self._owner)
-            elif isinstance(error, BatchSizeMismatch) or len(batch) == 1 or not self._retry_individually:
+            elif isinstance(outcome, BatchSizeMismatch) or len(batch) == 1 or not self._retry_individually:
                 # A wrong result count is a bug in batch_fn, not a bad item:
                 # retrying items one by one would hide it, so fail them all.
                 logger.error("%s: batch_fn failed on a batch of %d items%s", self._owner, len(batch),
-                             _brief(error), exc_info=_traceback(error))
+                             _brief(outcome), exc_info=_traceback(outcome))
                 for pending in batch:
-                    set_exception(pending.future, error, self._owner)
+                    set_exception(pending.future, outcome, self._owner)
                 failed = len(batch)
             else:
                 retried = 1
-                failed = self._run_one_by_one(batch, error)
+                failed = self._run_one_by_one(batch, outcome)
         finally:
             self._queue.record(run_seconds_sum=time.monotonic() - started, failed_items_total=failed,
                                retried_batches_total=retried)
@@ -263,18 +233,18 @@ class BatchingService:
                        self._owner, type(error).__name__, len(batch))
         failed = 0
         for pending in batch:
-            results, item_error = self._call_batch_fn([pending.item])
-            if item_error is None:
-                set_result(pending.future, results[0], self._owner)
+            outcome = self._call_batch_fn([pending.item])
+            if not isinstance(outcome, BaseException):
+                set_result(pending.future, outcome[0], self._owner)
                 continue
-            logger.error("%s: batch_fn failed on a single item%s", self._owner, _brief(item_error),
-                         exc_info=_traceback(item_error))
+            logger.error("%s: batch_fn failed on a single item%s", self._owner, _brief(outcome),
+                         exc_info=_traceback(outcome))
             failed += 1
-            set_exception(pending.future, item_error, self._owner)
+            set_exception(pending.future, outcome, self._owner)
         return failed
 
-    def _call_batch_fn(self, items: list) -> tuple[list | None, BaseException | None]:
-        """Call batch_fn; return (results, None) or (None, the error)."""
+    def _call_batch_fn(self, items: list) -> list | BaseException:
+        """Call batch_fn: one result per item, in order, or the error that stands for them all."""
         try:
             results = self._batch_fn(items)
         except (KeyboardInterrupt, SystemExit):
@@ -283,23 +253,23 @@ class BatchingService:
             # Includes BaseExceptions such as GeneratorExit or
             # asyncio.CancelledError escaping batch_fn: they are the items'
             # failure, not a reason to stop the worker.
-            return None, exc
+            return exc
         expected = len(items)
         # Strings and mappings have a length but are not one-result-per-item.
         if isinstance(results, (str, bytes, bytearray, Mapping)) or not (
             hasattr(results, "__len__") and hasattr(results, "__iter__")
         ):
-            return None, BatchSizeMismatch(
+            return BatchSizeMismatch(
                 f"{self._owner}: batch_fn must return a sequence of "
                 f"{expected} results, expected {expected} got a {type(results).__name__}"
             )
         try:
             results = list(results)
         except Exception as exc:  # noqa: BLE001 - a broken sequence type
-            return None, exc
+            return exc
         if len(results) != expected:
-            return None, BatchSizeMismatch(
+            return BatchSizeMismatch(
                 f"{self._owner}: batch_fn returned the wrong number "
                 f"of results, expected {expected} got {len(results)}"
             )
-        return results, None
+        return results

@@ -19,14 +19,16 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field, fields, replace
 
-from pipeline.continuous import ContinuousEngine, SequenceState, StepResult
+from pipeline.continuous import ContinuousEngine, EngineStats, SequenceState, StepResult
 from services.server import stage_spans
-from services.server.errors import ServiceClosed, StageDown
+from services.server.errors import ServiceClosed
 from services.stages.batch_queue import BatchingStats, BatchQueue, PendingItem, with_observations
 from services.stages.futures import Claim, claim, end_with_exception, end_with_result
+from services.stages.holdings import Holdings
 
 log = logging.getLogger(__name__)
 
@@ -80,17 +82,13 @@ class GenerationCounters:
 
 
 @dataclass(frozen=True)
-class GenerationStats(GenerationCounters):
-    """A consistent snapshot of the generate stage: its batches plus its decoding."""
+class GenerationStats(GenerationCounters, EngineStats):
+    """A consistent snapshot of the generate stage: its batches, its decoding and what its engine holds."""
 
     name: str = ""
     max_seqs: int = 0
     max_queue: int = 0
     batching: BatchingStats = field(default_factory=BatchingStats)
-    running_sequences: int = 0  # holding a slot (prefilling or decoding)
-    waiting_sequences: int = 0  # off the queue, waiting for a slot (sequence or KV budget)
-    kv_tokens_in_use: int = 0  # cache slots of the running batch, padding included
-    kv_tokens_reserved: int = 0  # prompt + max new tokens of every sequence holding a slot
 
     @property
     def ttft_count(self) -> int:
@@ -115,14 +113,6 @@ class GenerationTicket:
     submitted_at: float
 
 
-@dataclass(frozen=True)
-class _Gauges:
-    running_sequences: int = 0
-    waiting_sequences: int = 0
-    kv_tokens_in_use: int = 0
-    kv_tokens_reserved: int = 0
-
-
 class ContinuousGenerationService:
     def __init__(self, name: str, engine: ContinuousEngine, *, max_queue: int):
         self.name = name
@@ -135,11 +125,11 @@ class ContinuousGenerationService:
         self._queue = BatchQueue(name, max_size=max_queue, max_wait_ms=0, max_queue=max_queue)
         self._lock = threading.Lock()
         self._counters = GenerationCounters()
-        self._gauges = _Gauges()
+        self._gauges = EngineStats()
         self._ttft: deque[float] = deque(maxlen=_TTFT_SAMPLES)
         self._ttft_admitted: deque[float] = deque(maxlen=_TTFT_SAMPLES)
-        # Owned by the loop thread; submit() reads only its length (atomic) for admission.
-        self._active: dict[int, SequenceState] = {}
+        # The futures of the sequences in the engine (whose own record holds the sequences).
+        self._holdings = Holdings(self._queue, self._owner)
         self._abort = False
         self._thread = threading.Thread(target=self._loop, name=f"continuous-{name}", daemon=True)
         self._thread.start()
@@ -147,7 +137,7 @@ class ContinuousGenerationService:
     # ------------------------------------------------------------------ public face
 
     def submit(self, request) -> Future:
-        return self._queue.put([request], busy=len(self._active),
+        return self._queue.put([request], busy=len(self._holdings),
                                retry_after_s=lambda _depth: GENERATION_RETRY_AFTER_S)[0]
 
     def close(self, timeout: float | None = None) -> None:
@@ -164,12 +154,8 @@ class ContinuousGenerationService:
         The loop thread owns the engine: it stops after its current iteration (its later
         results find their futures failed and are dropped).
         """
-        self._queue.close()
         self._abort = True
-        # list() of a dict's values is one C call under the GIL: safe against the loop's edits.
-        for seq in list(self._active.values()):
-            self._fail(seq.payload, ServiceClosed(f"{self._owner} stopped: {reason}"))
-        self._queue.fail_queued(reason)
+        self._holdings.abort(reason)
 
     @property
     def failure(self) -> str | None:
@@ -196,11 +182,13 @@ class ContinuousGenerationService:
             self._queue.fail_queued("the service stopped")
             self._end_active(lambda: ServiceClosed(f"{self._owner} shut down before this request finished"))
         except BaseException as exc:  # noqa: BLE001 - nothing may end this thread silently
-            self._die(exc)
+            # The engine is not touched again (its cleanup may be what failed): the futures are
+            # failed directly, which is all a caller waits on.
+            self._holdings.die(exc)
 
     def _serve(self) -> None:
         while not self._abort:
-            if not self._active and not self._queue.wait_for_items():
+            if not self.engine.has_work() and not self._queue.wait_for_items():
                 return  # closing, nothing queued, nothing running
             try:
                 self._iterate()
@@ -209,25 +197,10 @@ class ContinuousGenerationService:
                 # Raises only when the engine's own cleanup fails: then _loop declares the stage dead.
                 self._end_active(lambda: RuntimeError("generation failed"))
 
-    def _die(self, exc: BaseException) -> None:
-        """The loop is ending on an error: refuse new work and fail everything held, at once.
-
-        The engine is not touched again (its cleanup may be what failed): the futures are failed
-        directly, which is all a caller waits on.
-        """
-        reason = f"{type(exc).__name__}: {exc}"
-        log.critical("%s: its loop died (%s); failing what it holds, the node reports unhealthy",
-                     self._owner, reason, exc_info=exc)
-        self._queue.mark_down(reason)
-        for seq in list(self._active.values()):
-            self._fail(seq.payload, StageDown(self.name, reason))
-        self._active.clear()
-        self._queue.fail_queued(reason, cause=exc)
-
     def _iterate(self) -> None:
         self._admit(self._queue.take(self.max_queue, start_running=False))
         self._drop_cancelled()
-        if self._active:
+        if self.engine.has_work():
             started = time.perf_counter()
             result = self.engine.step()
             self._queue.record(run_seconds_sum=time.perf_counter() - started)
@@ -235,20 +208,20 @@ class ContinuousGenerationService:
         self._measure()
 
     def _admit(self, batch: list[PendingItem]) -> None:
-        running = len(self._active) + len(batch)  # the batch each joins: a traced request's batch size
+        running = len(self._holdings) + len(batch)  # the batch each joins: a traced request's batch size
         for pending in batch:
             ticket = GenerationTicket(pending.future, pending.enqueued_at)
             try:
-                seq = self.engine.add(stage_spans.admitted(pending.item, running), payload=ticket)
+                self.engine.add(stage_spans.admitted(pending.item, running), payload=ticket)
             except Exception as exc:  # e.g. a prompt over the token budget: this request alone
                 self._fail(ticket, exc)
                 continue
-            self._active[seq.seq_id] = seq
+            self._holdings.hold([ticket.future])
 
     def _drop_cancelled(self) -> None:
-        for seq in [s for s in self._active.values() if s.payload.future.cancelled()]:
+        for seq in [s for s in self.engine.sequences() if s.payload.future.cancelled()]:
             self.engine.cancel(seq)
-            del self._active[seq.seq_id]
+            self._holdings.release([seq.payload.future])
             claim(seq.payload.future, self._owner)  # CANCELLED -> notified, so wait() counts it done
             with self._lock:
                 self._counters = replace(self._counters,
@@ -261,45 +234,42 @@ class ContinuousGenerationService:
         for seq in result.finished:
             self._finish(seq)
         for seq, exc in result.failed:
-            self._active.pop(seq.seq_id, None)
             log.warning("%s: a sequence failed: %s", self._owner, type(exc).__name__)
             self._fail(seq.payload, exc)
 
     def _measure(self) -> None:
-        scheduler = self.engine.scheduler
-        gauges = _Gauges(len(scheduler.active), len(scheduler.waiting), self.engine.runner.cache_tokens(),
-                         scheduler.tokens_reserved())
+        gauges = self.engine.stats()
         with self._lock:
             self._gauges = gauges
 
     def _finish(self, seq: SequenceState) -> None:
         ticket: GenerationTicket = seq.payload
-        self._active.pop(seq.seq_id, None)
-        ttft = None if seq.first_token_at is None else seq.first_token_at - ticket.submitted_at
-        tokens = len(seq.generated)
-        # The scheduler stamps first_token_at with time.monotonic (its default clock), as here.
-        tpot = (time.monotonic() - seq.first_token_at) / (tokens - 1) if ttft is not None and tokens > 1 else None
+        self._holdings.release([ticket.future])
+        first, tokens = seq.first_token_at, len(seq.generated)
+        ttft = tpot = None
+        if first is not None:
+            ttft = first - ticket.submitted_at
+            # The scheduler stamps first_token_at with time.monotonic (its default clock), as here.
+            tpot = (time.monotonic() - first) / (tokens - 1) if tokens > 1 else None
         with self._lock:
             self._counters = self._counters.with_finished(tokens, ttft, tpot)
-            if ttft is not None:
+            if first is not None and ttft is not None:
                 self._ttft.append(ttft)
-                self._ttft_admitted.append(seq.first_token_at - (seq.admitted_at or ticket.submitted_at))
+                self._ttft_admitted.append(first - (seq.admitted_at or ticket.submitted_at))
         end_with_result(ticket.future, self.engine.text(seq), self._owner)
 
     def _fail(self, ticket: GenerationTicket, error: BaseException) -> None:
+        self._holdings.release([ticket.future])
         if end_with_exception(ticket.future, error, self._owner) is Claim.RUN:
             self._queue.record(failed_items_total=1)
 
-    def _end_active(self, make_error) -> None:
-        """Fail every running sequence, then release them from the engine.
+    def _end_active(self, make_error: Callable[[], BaseException]) -> None:
+        """Fail every sequence in the engine, then release them from it.
 
         The futures go first, so their callers are answered even when the engine's cleanup
         raises (the caller of this method then treats the stage as dead).
         """
-        active = list(self._active.values())
-        self._active.clear()
-        for seq in active:
-            self._fail(seq.payload, make_error())
-        for seq in active:
+        self._holdings.fail_held(make_error)
+        for seq in self.engine.sequences():
             self.engine.cancel(seq)
         self._measure()

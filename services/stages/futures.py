@@ -1,4 +1,4 @@
-"""How a stage's future ends: one helper per way (claimed to run, result, exception, cancelled).
+"""How a stage's future ends: one helper per way (claimed to run, result, exception, cancelled, failed while held).
 
 Both stage services hand callers plain ``concurrent.futures.Future`` objects and
 must never let a future's misuse kill their worker thread: a caller may cancel
@@ -41,13 +41,16 @@ def set_result(future: Future, result: Any, owner: str) -> None:
         logger.exception("%s: could not set a result", owner)
 
 
-def set_exception(future: Future, error: BaseException, owner: str) -> None:
+def set_exception(future: Future, error: BaseException, owner: str) -> bool:
+    """True when this call failed the future (False: it was resolved already)."""
     try:
         future.set_exception(error)
+        return True
     except InvalidStateError:
         logger.debug("%s: an error came for a future already resolved", owner)
     except Exception:  # noqa: BLE001
         logger.exception("%s: could not set an exception", owner)
+    return False
 
 
 def peek(future: Future, owner: str) -> Claim:
@@ -69,3 +72,13 @@ def end_with_exception(future: Future, error: BaseException, owner: str) -> Clai
     if outcome is Claim.RUN:
         set_exception(future, error, owner)
     return outcome
+
+
+def fail(future: Future, error: BaseException, owner: str) -> Claim:
+    """Fail a future its stage holds, RUNNING (claimed) or left PENDING while it ran; an answered
+    one stays answered, a cancelled one cancelled (CANCELLED -> notified)."""
+    if future.running():
+        return Claim.RUN if set_exception(future, error, owner) else Claim.RESOLVED_ELSEWHERE
+    if future.done() and not future.cancelled():
+        return Claim.RESOLVED_ELSEWHERE
+    return end_with_exception(future, error, owner)

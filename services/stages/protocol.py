@@ -13,7 +13,8 @@ from typing import Any, Protocol, runtime_checkable
 class StageStats(Protocol):
     """A consistent snapshot of one stage service's counters."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def summary(self) -> dict:
         """The /health view: at least batches, items, max_batch and queue_depth."""

@@ -10,7 +10,7 @@ import pytest
 from flask import Flask
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipeline.continuous import RunnerOutput, Scheduler, StepResult
+from pipeline.continuous import ContinuousEngine, RunnerOutput, Scheduler, StepResult
 from services.server.errors import Overloaded, ServiceClosed, StageDown
 from services.server.metrics import NodeMetrics
 from services.stages.batch_queue import BatchQueue
@@ -173,10 +173,10 @@ class FakeRunner:
         return 12
 
 
-class FakeEngine:
+class FakeEngine(ContinuousEngine):
     """The real scheduler with a model-free runner: every decode step yields token 7."""
 
-    def __init__(self, max_seqs=2):
+    def __init__(self, max_seqs=2):  # no generator: the engine's model parts are replaced below
         self.scheduler = Scheduler(max_seqs=max_seqs, max_tokens=1000, prefill_chunk=64, eos_ids=frozenset({0}))
         self.runner = FakeRunner()
         self.gate = threading.Event()
@@ -395,8 +395,17 @@ def test_a_batching_worker_whose_cleanup_fails_dies_loudly_and_fails_what_it_hol
     def broken(*_args):
         raise RuntimeError("bookkeeping failed")
 
+    fail_held = svc._holdings.fail_held
+    cleanups = []
+
+    def cleanup_fails_once(make_error):  # the internal-error path's cleanup fails; the dying thread's works
+        cleanups.append(make_error)
+        if len(cleanups) == 1:
+            broken()
+        fail_held(make_error)
+
     monkeypatch.setattr(svc, "_run_batch", lambda batch: (fn(batch), broken()))  # a bug after batch_fn
-    monkeypatch.setattr(svc, "_fail_unresolved", broken)  # and its cleanup fails too
+    monkeypatch.setattr(svc._holdings, "fail_held", cleanup_fails_once)  # and its cleanup fails too
     running = svc.submit("a")
     assert entered.wait(10)
     queued = svc.submit("b")
