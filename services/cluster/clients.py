@@ -16,12 +16,13 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import requests
 from requests.adapters import HTTPAdapter
 
+from services.cluster.abortable import AbortableCalls
 from services.server import tracing
 from services.server.errors import (
     DeadlineExceeded,
@@ -156,8 +157,18 @@ class WorkerClient:
         self.base_url = base_url.rstrip("/")
         self.connect_timeout_s = connect_timeout_s
         self.session = pooled_session(pool_size, token)
+        self._calls = AbortableCalls(f"to-{self.base_url}", pool_size)
 
     def answer(self, request_id: str, query: str, timeout_s: float) -> dict:
+        """The worker's reply; whatever abort() says instead once it is called."""
+        return self._calls.call(self._answer, request_id, query, timeout_s)
+
+    def abort(self, make_error: Callable[[], BaseException]) -> None:
+        """Answer every call waiting on this worker, and every later one, with make_error() (the
+        node is past its SHUTDOWN_GRACE_S; a reply that comes later is dropped)."""
+        self._calls.abort(make_error)
+
+    def _answer(self, request_id: str, query: str, timeout_s: float) -> dict:
         # The time left goes along, so node 1 gives up (and cancels its queued work) when we do.
         body = {"request_id": request_id, "query": query, "timeout_s": max(0.001, timeout_s)}
         # The caller's X-Request-ID (this thread serves its /query), so node 1 logs the same id.
@@ -188,4 +199,5 @@ class WorkerClient:
         return response.json() if response.status_code == 200 else None
 
     def close(self) -> None:
+        self._calls.close()
         self.session.close()

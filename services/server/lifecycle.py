@@ -8,21 +8,18 @@ SHUTDOWN_GRACE_S, answer those still running then with 503 "stopping", exit 0).
 """
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import signal
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from flask import Flask
 from werkzeug.wsgi import ClosingIterator
 
 from pipeline.config import ConfigError
-from services.server.app import error_response
-from services.server.errors import NodeNotReady, http_answer
+from services.server.errors import NodeNotReady
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +35,6 @@ FAILED_LINGER_S = 5.0
 # Exit codes of a failed load: 2 when the operator must change something first (a ConfigError, e.g.
 # models missing: a restart cannot help, and ./run.sh local gives up on it), else 1.
 FAILED_EXIT, CONFIG_ERROR_EXIT = 1, 2
-# Helper threads that run the app (InFlight): never the limit, as waitress's own threads
-# (at most a few hundred) bound the requests running at once.
-HELPER_THREADS = 4096
 
 
 class Readiness:
@@ -78,56 +72,12 @@ class Readiness:
         return self.state == self.READY
 
 
-class _Call:
-    """One request's app call, run on a helper thread while the HTTP thread waits for it to settle:
-    either the app's reply is ready, or the node gave up on it (abandon) and answers for it."""
-
-    def __init__(self, app, environ):
-        self._app, self._environ = app, environ
-        self._lock = threading.Lock()
-        self.settled = threading.Event()
-        self.outcome: str | None = None  # "done" or "abandoned": whichever came first
-        self.start: tuple | None = None  # start_response's arguments, passed on by the HTTP thread
-        self.written: list[bytes] = []  # the legacy write() callable's bytes, sent before the body
-        self.result = None
-        self.error: BaseException | None = None
-
-    def settle(self, outcome: str) -> bool:
-        """The first outcome wins; False if another came first."""
-        with self._lock:
-            if self.outcome is not None:
-                return False
-            self.outcome = outcome
-        self.settled.set()
-        return True
-
-    def _start_response(self, status, headers, exc_info=None):
-        self.start = (status, headers, exc_info)
-        return self.written.append
-
-    def run(self) -> None:
-        try:
-            self.result = self._app(self._environ, self._start_response)
-        except BaseException as exc:  # noqa: BLE001 - handed to the HTTP thread, which raises it
-            self.error = exc
-        if not self.settle("done") and hasattr(self.result, "close"):
-            self.result.close()  # answered already (abandoned): release what the reply held
-
-
 class InFlight:
-    """HTTP requests between their arrival and the end of their reply; the drain waits on it.
-
-    Each request's app runs on a helper thread and its HTTP thread waits for it, so that at the
-    end of the grace period the node can still answer a request whose computation cannot be
-    interrupted (a call to another node, a batch in progress): abandon() answers it for the app.
-    """
+    """HTTP requests between their arrival and the end of their reply; the drain waits on it."""
 
     def __init__(self):
         self._count = 0
         self._idle = threading.Condition()
-        self._calls: set[_Call] = set()
-        self._abandoned: BaseException | None = None  # the error every waiting request is answered with
-        self._helpers = ThreadPoolExecutor(max_workers=HELPER_THREADS, thread_name_prefix="request")
 
     def enter(self) -> None:
         with self._idle:
@@ -150,14 +100,6 @@ class InFlight:
             self._idle.wait_for(lambda: self._count == 0, timeout=max(0.0, timeout_s))
             return self._count
 
-    def abandon(self, error: BaseException) -> int:
-        """Answer every request still waiting on its app, and every later one, with `error`
-        (through the errors table); how many were waiting."""
-        with self._idle:
-            self._abandoned = error
-            calls, self._calls = list(self._calls), set()
-        return sum(call.settle("abandoned") for call in calls)
-
     def track(self, app: Flask) -> None:
         """Count every request of `app` until its reply has been handed to waitress.
 
@@ -169,46 +111,12 @@ class InFlight:
         def counted(environ, start_response):
             self.enter()
             try:
-                return ClosingIterator(self._call(app, inner, environ, start_response), [self.leave])
+                return ClosingIterator(inner(environ, start_response), [self.leave])
             except BaseException:
                 self.leave()
                 raise
 
         app.wsgi_app = counted  # type: ignore[method-assign]  # Flask's documented way to wrap the WSGI app
-
-    def _call(self, app: Flask, inner, environ, start_response):
-        call = _Call(inner, environ)
-        with self._idle:
-            accepted = self._abandoned is None
-            if accepted:
-                self._calls.add(call)
-        if accepted:
-            self._helpers.submit(call.run)
-            call.settled.wait()  # bounded by the app itself, or by abandon() at the grace deadline
-            with self._idle:
-                self._calls.discard(call)
-        else:  # abandoned already: the node is about to exit
-            call.settle("abandoned")
-        if call.outcome == "abandoned":
-            return self._answer_for(app, environ, start_response)
-        if call.error is not None:
-            raise call.error
-        if call.start is None:  # an app that returned without starting its reply: a bug
-            raise RuntimeError("the app returned without calling start_response")
-        start_response(*call.start)
-        if not call.written:
-            return call.result
-        close = [call.result.close] if hasattr(call.result, "close") else []
-        return ClosingIterator(itertools.chain(call.written, call.result), close)
-
-    def _answer_for(self, app: Flask, environ, start_response):
-        answer = http_answer(self._abandoned) if self._abandoned is not None else None
-        if answer is None:
-            raise RuntimeError(f"no HTTP answer for {self._abandoned!r}")
-        with app.app_context():
-            response = error_response(answer.status, answer.message, field=answer.field,
-                                      retry_after_s=answer.retry_after_s)
-        return response(environ, start_response)
 
 
 class Lifecycle:
@@ -292,15 +200,14 @@ class Lifecycle:
         self._exit(0)
 
     def _answer_the_rest(self, left: int, on_deadline: Callable[[str], None]) -> None:
-        """Past the grace: every request still in flight gets a 503 saying the node is stopping."""
+        """Past the grace: what every request still in flight waits on fails now (on_deadline: the
+        role's abandon), so each is answered 503 saying the node is stopping."""
         reason = f"{self.name} is stopping: SHUTDOWN_GRACE_S ({self.grace_s:g} s) ended before this request did"
         log.warning("%s: %d requests still in flight after SHUTDOWN_GRACE_S; answering them 503", self.name, left)
-        answered = self.in_flight.abandon(NodeNotReady(f"{reason}; retry"))
         try:
             on_deadline(reason)
-        except Exception:  # noqa: BLE001 - the 503s above are given; the exit must still come
-            log.exception("%s: failing the stages' work at the deadline failed", self.name)
-        log.info("%s: answered %d requests 503", self.name, answered)
+        except Exception:  # noqa: BLE001 - the exit must still come
+            log.exception("%s: failing the work in flight at the deadline failed", self.name)
 
     def install_signal_handlers(self, on_stop: Callable[[], None] = lambda: None,
                                 on_deadline: Callable[[str], None] = lambda reason: None) -> None:

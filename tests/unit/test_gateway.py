@@ -193,6 +193,9 @@ def test_remote_worker_is_out_of_rotation_until_its_probe_says_ready():
         def health(self):
             return {"status": "healthy"} if self.ready else None
 
+        def abort(self, make_error):
+            raise AssertionError("not abandoned in this test")
+
     client, local = Client(), FakeWorker(0)
     gw = gateway(local.target(local=True), remote_target(1, client), health_interval_s=0.05)
     assert {gw.answer(f"p-{i}", "q", 10)["served_by"] for i in range(4)} == {0}
@@ -411,3 +414,30 @@ def test_each_new_question_is_one_reply_cache_lookup():
         gw.answer(f"r{i}", question, 10)
     stats = cache.stats()
     assert (stats.hits, stats.misses) == (2, 3)
+
+
+def test_abandon_answers_a_request_waiting_on_a_remote_worker_and_stops_failover():
+    """Past the node's grace: the remote call is answered at once with the node's error, and a
+    request its own worker fails next (its stages aborted) is not sent to another worker."""
+    from services.cluster.abortable import AbortableCalls
+    from services.server.errors import NodeNotReady, ServiceClosed
+
+    gate, calls = threading.Event(), AbortableCalls("t", 4)
+    remote = FakeWorker(1, gate=gate)
+    local = FakeWorker(0, errors=[ServiceClosed("stage service 'embed' stopped")])
+    target = dataclasses.replace(remote.target(), answer=lambda *a: calls.call(remote.answer, *a),
+                                 abort=calls.abort)
+    gw = gateway(target, local.target(local=True))
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(gw.answer, "ab-1", "q", 30)
+        deadline = time.monotonic() + 10
+        while not remote.calls and time.monotonic() < deadline:
+            time.sleep(0.01)
+        gw.abandon(lambda: NodeNotReady("node 0 is stopping; retry"))
+        with pytest.raises(NodeNotReady, match="stopping"):
+            waiting.result(timeout=5)
+    with pytest.raises(NodeNotReady):  # its own worker stopped: no failover to node 1
+        gw.answer("ab-2", "q", 30)
+    assert [c[0] for c in local.calls] in ([], ["ab-2"]) and [c[0] for c in remote.calls] == ["ab-1"]
+    gate.set()
+    gw.close()

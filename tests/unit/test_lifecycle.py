@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import Future
 
 import pytest
 from flask import Flask
 
 from pipeline.config import Settings
+from services.server.app import make_app
 from services.server.errors import NodeNotReady
-from services.server.lifecycle import InFlight, Lifecycle, Readiness
+from services.server.lifecycle import ANSWER_WINDOW_S, InFlight, Lifecycle, Readiness
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -138,70 +140,62 @@ def test_a_failed_load_says_failed_with_the_reason_through_the_linger_then_a_con
 # ---------------------------------------------------------------- past the grace: every request answered
 
 
-def blocking_app(release: threading.Event, entered: threading.Event) -> Flask:
-    app = Flask("t")
+def waiting_app(waited_on: Future, entered: threading.Event) -> Flask:
+    """/slow waits on a future, as a request waits on a stage or on another node; errors go
+    through the errors table."""
+    app = make_app("t")
 
     @app.get("/slow")
     def slow():
         entered.set()
-        release.wait(10)  # a call that cannot be interrupted (another node, a batch in progress)
-        return {"late": True}
+        return {"late": waited_on.result(10)}
 
     return app
 
 
-def test_abandon_answers_a_request_stuck_in_the_app_with_a_json_503_through_the_errors_table():
-    release, entered = threading.Event(), threading.Event()
-    app = blocking_app(release, entered)
-    in_flight = InFlight()
-    in_flight.track(app)
-    replies = []
-    client = threading.Thread(target=lambda: replies.append(app.test_client().get("/slow")), daemon=True)
-    client.start()
-    assert entered.wait(10) and in_flight.count == 1
-    assert in_flight.abandon(NodeNotReady("node 0 is stopping: the grace ended")) == 1
-    client.join(10)
-    reply = replies[0]
-    assert reply.status_code == 503 and reply.json == {"error": "node 0 is stopping: the grace ended"}
-    assert reply.headers["Retry-After"] == "5"
-    reply.close()  # the reply handed over: the request leaves
-    assert in_flight.count == 0
-    late = app.test_client().get("/slow")  # after abandon: answered at once, the app is not called
-    assert late.status_code == 503
-    release.set()  # the abandoned call's own reply comes later and is dropped
-
-
-def test_a_request_that_finishes_first_keeps_its_own_reply():
-    app = Flask("t")
-
-    @app.get("/ok")
-    def ok():
-        return {"ok": True}
-
-    in_flight = InFlight()
-    in_flight.track(app)
-    reply = app.test_client().get("/ok")
-    assert reply.json == {"ok": True}
-    reply.close()
-    assert in_flight.abandon(NodeNotReady("stopping")) == 0  # nothing was waiting
-    assert in_flight.count == 0
-
-
-def test_at_the_grace_deadline_requests_in_flight_get_503_the_stages_are_aborted_and_the_node_exits_0():
-    release, entered = threading.Event(), threading.Event()
-    app = blocking_app(release, entered)
+def test_at_the_grace_deadline_the_roles_abandon_answers_requests_in_flight_503_and_the_node_exits_0():
+    waited_on, entered = Future(), threading.Event()
+    app = waiting_app(waited_on, entered)
     exited, codes, deadlines = threading.Event(), [], []
     life = Lifecycle("node 1", grace_s=0.2, exit=lambda code: (codes.append(code), exited.set()))
     life.in_flight.track(app)
     life.readiness.set(Readiness.READY)
-    replies = []
-    threading.Thread(target=lambda: replies.append(app.test_client().get("/slow")), daemon=True).start()
+
+    def abandon(reason: str) -> None:  # what a role does: fail what its requests wait on
+        deadlines.append(reason)
+        waited_on.set_exception(NodeNotReady(f"{reason}; retry"))
+
+    replies, answered = [], threading.Event()
+    threading.Thread(target=lambda: (replies.append(app.test_client().get("/slow")), answered.set()),
+                     daemon=True).start()
     assert entered.wait(10)
-    life.stop(on_deadline=deadlines.append)
-    assert exited.wait(10) and codes == [0]
+    started = time.monotonic()
+    life.stop(on_deadline=abandon)
+    assert answered.wait(10) and time.monotonic() - started < ANSWER_WINDOW_S  # at the deadline
     assert replies[0].status_code == 503 and "node 1 is stopping" in replies[0].json["error"]
+    assert replies[0].headers["Retry-After"] == "5"
+    replies[0].close()  # handed over: nothing is in flight, the node exits
+    assert exited.wait(10) and codes == [0]
     assert len(deadlines) == 1 and "SHUTDOWN_GRACE_S" in deadlines[0]
-    release.set()
+
+
+def test_a_request_that_finishes_within_the_grace_keeps_its_own_reply_and_nothing_is_abandoned():
+    waited_on, entered = Future(), threading.Event()
+    app = waiting_app(waited_on, entered)
+    exited, deadlines = threading.Event(), []
+    life = Lifecycle("node 1", grace_s=5.0, exit=lambda code: exited.set())
+    life.in_flight.track(app)
+    life.readiness.set(Readiness.READY)
+    replies = []
+    client = threading.Thread(target=lambda: replies.append(app.test_client().get("/slow")), daemon=True)
+    client.start()
+    assert entered.wait(10) and life.in_flight.count == 1
+    life.stop(on_deadline=deadlines.append)
+    waited_on.set_result("done")
+    client.join(10)
+    assert replies[0].json == {"late": "done"}
+    replies[0].close()  # the reply handed over: the request leaves, the drain ends
+    assert exited.wait(10) and deadlines == [] and life.in_flight.count == 0
 
 
 def test_health_says_unhealthy_with_the_reason_when_a_stage_thread_died():

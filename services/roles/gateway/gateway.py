@@ -10,6 +10,7 @@ request_id rules, so it can never overrule them: an id's answer never changes on
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from pipeline.config.sections import GatewaySettings
 from services.roles.caches import LruCache, ResponseCache
@@ -58,6 +59,11 @@ class Gateway:
 
     def stats(self) -> dict:
         return self.ids.stats()
+
+    def abandon(self, make_error: Callable[[], BaseException]) -> None:
+        """Past the node's grace period: every request waiting on a worker (its joiners with it)
+        is answered make_error() now, and none is routed again."""
+        self.router.abandon(make_error)
 
     def close(self) -> None:
         self.prober.close()

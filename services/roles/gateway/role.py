@@ -11,9 +11,11 @@ from services.cluster.clients import WorkerClient
 from services.roles.base import SPARE_HTTP_THREADS
 from services.roles.caches import ResponseCache
 from services.roles.gateway.gateway import Gateway
+from services.roles.gateway.metrics import GatewayCollector
 from services.roles.gateway.routing import WorkerTarget, remote_target
 from services.roles.worker.request_path import collect_stage_times
 from services.roles.worker.role import WorkerRole, parse_query
+from services.server.errors import NodeNotReady
 from services.server.lifecycle import Readiness
 
 log = logging.getLogger(__name__)
@@ -49,6 +51,12 @@ class GatewayRole(WorkerRole):
         s = self.settings
         self.gateway = Gateway(self._targets(), s.gateway, response_cache=self.response_cache)
 
+    def loaded_gateway(self) -> Gateway:
+        """The gateway, once load() has built it (the routes answer 503 until the node is ready)."""
+        if self.gateway is None:
+            raise NodeNotReady(f"node {self.node} is still loading its models")
+        return self.gateway
+
     def _targets(self) -> list[WorkerTarget]:
         targets = []
         for node in self.settings.cluster.worker_nodes:
@@ -61,6 +69,9 @@ class GatewayRole(WorkerRole):
                                       token=self.settings.cluster.cluster_token)
                 targets.append(remote_target(node, client))
         return targets
+
+    def collectors(self):
+        return (*super().collectors(), GatewayCollector(lambda: self.gateway))
 
     def caches(self):
         return (*super().caches(), self.response_cache)
@@ -89,6 +100,12 @@ class GatewayRole(WorkerRole):
         if self.gateway is not None:
             self.gateway.close()
 
+    def abandon(self, reason: str) -> None:
+        # The gateway first: a request its own worker fails next must not fail over to another.
+        if self.gateway is not None:
+            self.gateway.abandon(lambda: NodeNotReady(f"{reason}; retry"))
+        super().abandon(reason)
+
     def register_routes(self, app: Flask) -> None:
         # Not WorkerRole's /internal/answer: node 0 calls its worker in-process, and that
         # endpoint would let callers past the gateway's admission limit.
@@ -101,6 +118,6 @@ class GatewayRole(WorkerRole):
         g.stage_times = collect_stage_times()  # filled when our own worker computes it
         # The request_id rules come first and the reply cache only behind them (Gateway._compute):
         # an id's own answer always wins over a cached answer to the same question.
-        reply = self.gateway.answer(request_id, text, self.settings.limits.request_timeout_s)
+        reply = self.loaded_gateway().answer(request_id, text, self.settings.limits.request_timeout_s)
         g.served_by = reply.get("served_by")
         return jsonify(reply)

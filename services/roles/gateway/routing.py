@@ -40,6 +40,8 @@ class WorkerTarget:
     node: int
     answer: Callable[[str, str, float], dict]  # (request_id, query, timeout_s) -> reply
     probe: Callable[[], bool]  # is it ready to serve?
+    # Answer every call waiting on it now with make_error() (the node is past its grace period).
+    abort: Callable[[Callable[[], BaseException]], None] = lambda make_error: None
     local: bool = False
     up: bool = True  # in the rotation
     forwarded: int = 0
@@ -48,7 +50,8 @@ class WorkerTarget:
 
 def remote_target(node: int, client: WorkerClient) -> WorkerTarget:
     # Out of the rotation until the first probe finds it ready: never route to a starting node.
-    return WorkerTarget(node=node, answer=client.answer, probe=lambda: client.health() is not None, up=False)
+    return WorkerTarget(node=node, answer=client.answer, probe=lambda: client.health() is not None,
+                        abort=client.abort, up=False)
 
 
 class Router:
@@ -60,6 +63,7 @@ class Router:
         self.targets = targets
         self._turn = itertools.count()
         self._lock = threading.Lock()  # the targets' fields and the turn
+        self._abandoned: Callable[[], BaseException] | None = None
 
     def rotation(self) -> list[WorkerTarget]:
         """The workers in round-robin order from the next turn, ready ones only."""
@@ -87,6 +91,8 @@ class Router:
             candidates = list(self.targets)
         last_error: Exception | None = None
         for target in candidates:
+            if self._abandoned is not None:  # the node is exiting: no failover to another worker
+                raise self._abandoned()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise RequestTimeout("request timed out")
@@ -121,9 +127,17 @@ class Router:
                 target.forwarded += 1
             reply.setdefault("served_by", target.node)
             return reply
+        if self._abandoned is not None:
+            raise self._abandoned()
         if isinstance(last_error, Overloaded):
             raise last_error
         raise NoWorkerAvailable(f"no worker could serve the request ({last_error})")
+
+    def abandon(self, make_error: Callable[[], BaseException]) -> None:
+        """Answer every forward in progress and every later one with make_error(), at once."""
+        self._abandoned = make_error
+        for target in self.targets:
+            target.abort(make_error)
 
     def status(self) -> list[dict]:
         """Each worker: whether it is in the rotation, and what it was sent."""

@@ -1,0 +1,78 @@
+"""Calls to another node whose callers can all be answered at once.
+
+A call whose request is on the wire cannot be interrupted, yet at the end of a
+node's SHUTDOWN_GRACE_S every caller still waiting must get an answer (the node
+exits right after). Each call runs on this object's own threads while its caller
+waits on a Future: ``abort`` fails those futures, and the call's late outcome,
+when it comes, is dropped. It is what a stage service's ``abort`` is for the
+futures of its queue, for the node's outgoing calls.
+"""
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class AbortableCalls:
+    """Runs blocking calls on at most `max_workers` threads; `abort` answers every caller now."""
+
+    def __init__(self, name: str, max_workers: int):
+        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=name)
+        self._lock = threading.Lock()
+        self._waiting: set[Future] = set()
+        self._abort_error: Callable[[], BaseException] | None = None
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """fn(*args) on a pool thread: its result or its error, or abort's error if that comes first.
+
+        fn must bound its own time (a request's timeouts): the caller waits as long as fn runs. It
+        runs in a copy of the caller's context (its request id and trace span go along).
+        """
+        waiter: Future = Future()
+        with self._lock:
+            if self._abort_error is not None:
+                raise self._abort_error()
+            self._waiting.add(waiter)
+        try:
+            self._pool.submit(self._run, waiter, contextvars.copy_context().run, (fn, *args))
+            return waiter.result()
+        finally:
+            with self._lock:
+                self._waiting.discard(waiter)
+
+    @staticmethod
+    def _run(waiter: Future, fn: Callable[..., Any], args: tuple) -> None:
+        try:
+            result = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - the caller's to raise
+            _settle(waiter, error=exc)
+        else:
+            _settle(waiter, result=result)
+
+    def abort(self, make_error: Callable[[], BaseException]) -> int:
+        """Fail every call waiting now, and refuse every later one, with a new make_error() each;
+        how many were waiting."""
+        with self._lock:
+            self._abort_error = make_error
+            waiting, self._waiting = list(self._waiting), set()
+        return sum(_settle(waiter, error=make_error()) for waiter in waiting)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)  # calls already submitted still run and answer their callers
+
+
+def _settle(waiter: Future, *, result: Any = None, error: BaseException | None = None) -> bool:
+    """The first outcome wins (the call's, or abort's); True if this one did."""
+    try:
+        if error is not None:
+            waiter.set_exception(error)
+        else:
+            waiter.set_result(result)
+    except InvalidStateError:
+        return False
+    return True
