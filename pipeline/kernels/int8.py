@@ -48,6 +48,7 @@ class _QuantizedLinear(torch.nn.Module):
     """What both int8 Linears share: the int8 (out, in) weight, its scales, the bias."""
     scale_dtype = torch.float32
     qweight: Any  # a registered buffer: the int8 weight, or None once fbgemm holds a packed copy
+    weight_scale: torch.Tensor  # a registered buffer: one scale per output channel
 
     def __init__(self, linear: torch.nn.Linear):
         super().__init__()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import logging
 import os
 import signal
@@ -90,7 +91,7 @@ class LocalCluster:
             pending = nodes[i:]
             try:
                 wait_healthy(self.url(node), deadline - time.monotonic(), poll_s=0.2, request_timeout_s=2,
-                             check=lambda pending=pending: self._raise_if_exited(pending))
+                             check=functools.partial(self._raise_if_exited, pending))
             except TimeoutError:
                 raise TimeoutError(f"nodes {sorted(pending)} not healthy in time; logs in {self.log_dir}") from None
 

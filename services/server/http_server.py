@@ -75,7 +75,9 @@ def _gated_parser(gate: HeaderGate):
     class GatedParser(HTTPRequestParser):
         def parse_header(self, header_plus):
             super().parse_header(header_plus)
-            refused = gate.refusal(self.path, self.headers.get("X_CLUSTER_TOKEN", ""), self.content_length)
+            # waitress's parser is untyped: its content_length is an int set by parse_header.
+            content_length: int = getattr(self, "content_length", 0)
+            refused = gate.refusal(self.path, self.headers.get("X_CLUSTER_TOKEN", ""), content_length)
             if refused is not None:
                 self.error = refusal_class(refused)
                 # No body to wait for: waitress then answers at once (and closes the connection).

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import resource
 import time
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable, Protocol
 
 from flask import Flask, Response, g, request
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
@@ -23,10 +23,16 @@ class PeakRssCollector:
         yield peak
 
 
+class MeteredCache(Protocol):
+    def stats(self) -> Any:
+        """A snapshot with name, hits, misses, evictions, joined and entries."""
+        ...
+
+
 class CacheCollector:
     """Hits, misses, evictions and size of the node's caches."""
 
-    def __init__(self, caches: Callable[[], Iterable[object]]):
+    def __init__(self, caches: Callable[[], Iterable[MeteredCache]]):
         self._caches = caches
 
     def collect(self):

@@ -6,11 +6,13 @@ from typing import Callable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from services.roles.gateway.gateway import Gateway
+
 
 class GatewayCollector:
     """Where the gateway sent requests, whether each worker is in the rotation, and its admission."""
 
-    def __init__(self, gateway: Callable[[], object]):
+    def __init__(self, gateway: Callable[[], Gateway | None]):
         self._gateway = gateway
 
     def collect(self):

@@ -12,6 +12,7 @@ from pipeline.spec import Stage
 from services.roles.base import SPARE_HTTP_THREADS, Role
 from services.roles.index.search import MAX_SEARCH_BODY_BYTES, IndexService, max_search_values, parse_search_body
 from services.server.body import read_json_object
+from services.server.errors import NodeNotReady
 from services.server.token import internal_endpoint
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,12 @@ class IndexRole(Role):
         log.info("index %s loaded in %.2fs: %d vectors, dim %d, nprobe %s, mmap %s", settings.index.faiss_index_path,
                  time.monotonic() - started, index.ntotal, index.dim, index.nprobe, index.is_mmap)
 
+    def loaded_service(self) -> IndexService:
+        """The index service, once load() has built it (the routes answer 503 until the node is ready)."""
+        if self.service is None:
+            raise NodeNotReady(f"node {self.node} is still loading its index")
+        return self.service
+
     def batching_services(self):
         return (self.service.batcher,) if self.service is not None else ()
 
@@ -65,8 +72,9 @@ class IndexRole(Role):
         @internal_endpoint(self.settings.cluster.cluster_token)
         def search():
             self.lifecycle.require_ready("index server")
-            dim = self.service.index.dim
+            service = self.loaded_service()
+            dim = service.index.dim
             body = read_json_object(MAX_SEARCH_BODY_BYTES, max_values=max_search_values(dim))
             vectors, k = parse_search_body(body, dim)
-            ids, distances = self.service.search(vectors, k, timeout_s)
+            ids, distances = service.search(vectors, k, timeout_s)
             return jsonify({"ids": ids, "distances": distances})

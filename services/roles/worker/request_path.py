@@ -33,6 +33,7 @@ from services.server.errors import Overloaded, RequestTimeout, ServiceClosed, St
 from services.server.request_ids import current_request_id
 from services.stages.batching import BatchingService
 from services.stages.continuous import ContinuousGenerationService
+from services.stages.protocol import StageService, StageStats
 
 log = logging.getLogger(__name__)
 
@@ -82,13 +83,19 @@ class _Visit:
         self.stage = stage
         self.span = span
         self.started = time.perf_counter()
-        self.future: Future | None = None
+        self._future: Future | None = None
 
-    def submit(self, service, item) -> "_Visit":
+    def submit(self, service: StageService, item) -> "_Visit":
         """Every stage service unwraps a noted item (stage_spans.noting_batches, or the continuous
         generate stage's stage_spans.admitted), telling the span the batch it ran in."""
-        self.future = service.submit(stage_spans.noted(self.span, item))
+        self._future = service.submit(stage_spans.noted(self.span, item))
         return self
+
+    @property
+    def future(self) -> Future:
+        if self._future is None:
+            raise RuntimeError(f"the {self.stage} stage was waited on before anything was submitted to it")
+        return self._future
 
 
 class _StageClock:
@@ -141,7 +148,7 @@ class Worker:
         self._served = 0
         self._lock = threading.Lock()
         self.embed_cache = LruCache("embedding", config.embed_cache_size)
-        batch_fns = {
+        batch_fns: dict[Stage, Callable[[list], list]] = {
             Stage.EMBED: stages.embedder,
             Stage.SEARCH: self._search_batch,
             Stage.FETCH: stages.store.fetch_batch,
@@ -151,10 +158,10 @@ class Worker:
             Stage.TOXICITY: stages.toxicity.classify,
         }
         # Each batch tells its requests' stage spans (tracing on) its size and when it started.
-        self.services = {stage: self._service(stage, stage_spans.noting_batches(batch_fns[stage]))
+        self.services: dict[Stage, StageService] = {stage: self._service(stage, stage_spans.noting_batches(batch_fns[stage]))
                          for stage in spec.WORKER_STAGES}
 
-    def _service(self, stage: Stage, batch_fn):
+    def _service(self, stage: Stage, batch_fn: Callable[[list], list]) -> StageService:
         if stage == Stage.GENERATE and self.config.continuous is not None:
             c = self.config.continuous
             engine = ContinuousEngine(self.stages.generator, max_seqs=c.max_seqs, max_tokens=c.max_tokens,
@@ -240,7 +247,7 @@ class Worker:
         with self._lock:
             return self._served
 
-    def stats(self) -> dict[Stage, object]:
+    def stats(self) -> dict[Stage, StageStats]:
         return {stage: svc.stats() for stage, svc in self.services.items()}
 
     def close(self, timeout: float | None = None) -> None:

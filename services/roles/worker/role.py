@@ -125,7 +125,7 @@ class WorkerRole(Role):
             self.lifecycle.require_ready()
             body, request_id, query = parse_query(self.settings, self.count_query_tokens)
             g.served_by, g.stage_times = self.node, collect_stage_times()  # for the completion line
-            reply = self.worker.answer(request_id, query, internal_timeout(body, self.settings))
+            reply = self.loaded_worker().answer(request_id, query, internal_timeout(body, self.settings))
             reply["served_by"] = self.node
             return jsonify(reply)
 
