@@ -56,7 +56,7 @@ from pipeline.device import thread_budget
 from pipeline.spec import MODEL_STAGES, Stage
 from profiling.lib.cli import add_out, make_parser, split_list
 from profiling.lib.cluster import ClusterError, Node, check_scraped
-from profiling.lib.load import ClosedGroup, Target, clear_caches, load_queries, run_closed
+from profiling.lib.load import ClosedGroup, LoadTarget, clear_caches, load_queries, run_closed
 from profiling.lib.prometheus import NodeDelta, cache_deltas, node_deltas, scrape_all  # noqa: F401 (cache_deltas: its old home)
 from profiling.lib.provenance import cache_warnings, cluster_record, git_commit, node_settings, settings_warnings
 from profiling.lib.report import RunStats, format_nodes_table, jsonable, mib, run_folder, run_stats, write_json
@@ -198,10 +198,10 @@ def run_variant(variant: Variant, env: Mapping[str, str], args: argparse.Namespa
         nodes = [Node(n, cluster.url(n)) for n in range(3)]
         metrics_urls = [n.metrics_url for n in nodes]
         if args.warmup:
-            warm = Target(url, queries, args.timeout, deadline)
+            warm = LoadTarget(url, queries, args.timeout, deadline)
             run_closed(warm, ClosedGroup("warmup", args.warmup, min(args.warmup, args.concurrency)))
             clear_caches([cluster.url(node) for node in (0, 1)], cluster.settings.cluster.cluster_token)  # measured hits come from the measured load only
-        target = Target(url, queries, args.timeout, deadline)
+        target = LoadTarget(url, queries, args.timeout, deadline)
         before = scrape_all(metrics_urls)
         check_scraped(nodes, before)
         result.provenance = cluster_record(nodes, before, cluster.settings.cluster.cluster_token)

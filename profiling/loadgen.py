@@ -63,9 +63,9 @@ from profiling.lib.cluster import ClusterError, Node, check_scraped, nodes_from_
 from profiling.lib.load import (
     ClosedGroup,
     Group,
+    LoadTarget,
     OpenGroup,
     RequestRecord,
-    Target,
     load_queries,
     parse_schedule,
     run_group,
@@ -241,7 +241,7 @@ def run(args: argparse.Namespace, url: str, nodes: Sequence[Node], queries: Sequ
         deadline: float, first: Sequence[MetricsSnapshot]) -> LoadRun:
     """The plan's groups one after the other; `first`: every node's /metrics before any load."""
     mode, groups = plan_groups(args)
-    target = Target(url, queries, args.timeout, deadline)
+    target = LoadTarget(url, queries, args.timeout, deadline)
     before = first
     results, scrape_error = [], ""
     metrics_urls = [n.metrics_url for n in nodes]

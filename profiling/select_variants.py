@@ -46,6 +46,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from pipeline import spec
 from pipeline.config import Settings
 from pipeline.precision import model_nbytes
 from profiling.lib.cli import comma_list, positive, split_list, stage_list
@@ -62,7 +63,7 @@ from profiling.lib.fidelity import (
 from profiling.lib.provenance import local_record
 from profiling.lib.report import write_csv, write_json
 
-STAGES = ("embed", "rerank", "generate", "sentiment", "toxicity")
+STAGES = tuple(map(str, spec.MODEL_STAGES))
 # A typical batch per stage in service: a few requests' worth under moderate load (rerank:
 # requests of ten documents each; generate: sequences decoding together).
 DEFAULT_BATCH = {"embed": 8, "rerank": 2, "generate": 4, "sentiment": 8, "toxicity": 8}

@@ -45,7 +45,7 @@ import numpy as np
 
 from profiling.lib.cli import add_allow_remote, add_out, check_target, check_targets, make_parser, split_list
 from profiling.lib.cluster import ClusterError, Node, nodes_from_health, nodes_from_urls, scrape_nodes
-from profiling.lib.load import JOIN_GRACE_S, ClosedGroup, OpenGroup, Target, load_queries, run_closed, run_open
+from profiling.lib.load import JOIN_GRACE_S, ClosedGroup, LoadTarget, OpenGroup, load_queries, run_closed, run_open
 from profiling.lib.load import RequestRecord as LoadRecord
 from profiling.lib.prometheus import RSS_METRIC, scrape
 from profiling.lib.provenance import cache_warnings, cluster_record, headline, node_settings, settings_warnings
@@ -75,7 +75,7 @@ class RssSample:
     rss_bytes: float | None  # None: the scrape failed (counted, not fatal)
 
 
-def soak_target(args: argparse.Namespace, url: str) -> tuple[Target, float]:
+def soak_target(args: argparse.Namespace, url: str) -> tuple[LoadTarget, float]:
     """The library's target for this run and the monotonic time sending stops (--minutes).
 
     Its deadline, --drain-s later, cuts request timeouts so nothing outlives the run;
@@ -83,12 +83,12 @@ def soak_target(args: argparse.Namespace, url: str) -> tuple[Target, float]:
     """
     started = time.monotonic()
     stop_sending_at = started + args.minutes * 60.0
-    target = Target(url, load_queries(None), args.timeout, stop_sending_at + args.drain_s, t0=started,
+    target = LoadTarget(url, load_queries(None), args.timeout, stop_sending_at + args.drain_s, t0=started,
                     id_prefix="soak", cut_error=None)
     return target, stop_sending_at
 
 
-def run_load(target: Target, stop_sending_at: float, args: argparse.Namespace) -> list[LoadRecord]:
+def run_load(target: LoadTarget, stop_sending_at: float, args: argparse.Namespace) -> list[LoadRecord]:
     """The library's closed loop (C clients) or open loop (R per second, at most
     --max-outstanding out at once), bounded by --max-requests, --minutes and the drain."""
     if args.rate:
@@ -110,7 +110,7 @@ def scrape_rss(url: str) -> float | None:
     return scrape(f"{url}/metrics", timeout_s=SCRAPE_TIMEOUT_S).get(RSS_METRIC)
 
 
-def sampler(target: Target, urls: list[str], every_s: float, samples: list[RssSample], stop: threading.Event):
+def sampler(target: LoadTarget, urls: list[str], every_s: float, samples: list[RssSample], stop: threading.Event):
     while not stop.is_set() and time.monotonic() < target.deadline:
         t = target.now_s()
         for url in urls:
@@ -139,7 +139,7 @@ def growth(samples: list[RssSample], urls: list[str], duration_s: float) -> dict
 
 # ------------------------------------------------------------------------- report
 
-def summarize(target: Target, sent: int, records: list[RequestRecord], samples: list[RssSample], urls: list[str],
+def summarize(target: LoadTarget, sent: int, records: list[RequestRecord], samples: list[RssSample], urls: list[str],
               args: argparse.Namespace) -> dict:
     duration_s = min(target.now_s(), args.minutes * 60.0)
     outcomes = Counter(r.outcome for r in records)

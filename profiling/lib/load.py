@@ -3,7 +3,7 @@
 Open loop sends at fixed times whatever the service does (as the course client
 does: one thread per request), so queueing shows up as latency; closed loop
 keeps C requests in flight, so it finds the throughput the service can sustain.
-Every loop is bounded in count and in time: a Target carries a hard deadline
+Every loop is bounded in count and in time: a LoadTarget carries a hard deadline
 after which nothing is sent and no request is waited for.
 """
 from __future__ import annotations
@@ -124,7 +124,7 @@ def json_or_none(response: requests.Response, default):
 
 
 @dataclass
-class Target:
+class LoadTarget:
     url: str
     queries: Sequence[str]
     timeout_s: float
@@ -185,7 +185,7 @@ class Target:
 
 # ------------------------------------------------------------------------- loops
 
-def run_open(target: Target, group: OpenGroup, *, send_until: float | None = None,
+def run_open(target: LoadTarget, group: OpenGroup, *, send_until: float | None = None,
              max_outstanding: int | None = None) -> list[RequestRecord]:
     """One thread per request, started on schedule (as the course client does), then all joined.
 
@@ -216,7 +216,7 @@ def run_open(target: Target, group: OpenGroup, *, send_until: float | None = Non
     return records
 
 
-def _send_in_slot(target: Target, record: RequestRecord, slots: threading.BoundedSemaphore | None) -> None:
+def _send_in_slot(target: LoadTarget, record: RequestRecord, slots: threading.BoundedSemaphore | None) -> None:
     try:
         target.send(record)
     finally:
@@ -224,7 +224,7 @@ def _send_in_slot(target: Target, record: RequestRecord, slots: threading.Bounde
             slots.release()
 
 
-def run_closed(target: Target, group: ClosedGroup) -> list[RequestRecord]:
+def run_closed(target: LoadTarget, group: ClosedGroup) -> list[RequestRecord]:
     """concurrency clients (a keep-alive session each) sharing one request counter.
 
     Bounded by count, by the group's duration (no new sends after it) and by the deadline.
@@ -255,7 +255,7 @@ def run_closed(target: Target, group: ClosedGroup) -> list[RequestRecord]:
     return records
 
 
-def run_group(target: Target, group: Group) -> list[RequestRecord]:
+def run_group(target: LoadTarget, group: Group) -> list[RequestRecord]:
     return run_open(target, group) if isinstance(group, OpenGroup) else run_closed(target, group)
 
 

@@ -29,9 +29,11 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from pipeline import spec
 from profiling.lib.fidelity import fidelity
 
-STAGES = ("embed", "rerank", "sentiment", "toxicity")
+# The encoders: every model stage but the LLM.
+STAGES = tuple(str(stage) for stage in spec.MODEL_STAGES if stage != spec.Stage.GENERATE)
 REFERENCE, BASELINE = "torch-float32", "torch-int8"
 CANDIDATES = ("ort-float32", "ort-int8")
 RUNTIMES = (REFERENCE, BASELINE) + CANDIDATES

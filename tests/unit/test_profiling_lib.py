@@ -52,8 +52,8 @@ def test_reply_error_is_the_contract_check():
     assert load.reply_error(None, "r") == load.INVALID_REPLY
 
 
-def _target(node: FakeNode, deadline_s: float = 10.0) -> load.Target:
-    return load.Target(node.url, ["q"], timeout_s=5, deadline=time.monotonic() + deadline_s)
+def _target(node: FakeNode, deadline_s: float = 10.0) -> load.LoadTarget:
+    return load.LoadTarget(node.url, ["q"], timeout_s=5, deadline=time.monotonic() + deadline_s)
 
 
 def test_closed_loop_is_bounded_in_count_and_checks_replies():

@@ -30,7 +30,7 @@ def max_search_values(dim: int) -> int:
 
 
 @dataclass(frozen=True)
-class SearchItem:
+class IndexQuery:
     vector: np.ndarray
     k: int
 
@@ -41,7 +41,7 @@ class IndexService:
         self.batcher = BatchingService("index", stage_spans.noting_batches(self._search_batch), max_size=max_size,
                                        max_wait_ms=max_wait_ms, max_queue=max_queue)
 
-    def _search_batch(self, items: list[SearchItem]) -> list[tuple[list[int], list[float]]]:
+    def _search_batch(self, items: list[IndexQuery]) -> list[tuple[list[int], list[float]]]:
         k = max(item.k for item in items)
         ids, distances = self.index.search(np.stack([item.vector for item in items]), k)
         return [(ids[i, :item.k].tolist(), distances[i, :item.k].tolist()) for i, item in enumerate(items)]
@@ -51,7 +51,7 @@ class IndexService:
         # With tracing on, the call's time in the index stage (a child of the /search server span);
         # its first vector tells it the batch size and queue wait.
         span = stage_spans.start_stage("index", current_request_id.get())
-        items = [SearchItem(v, k) for v in vectors]
+        items = [IndexQuery(v, k) for v in vectors]
         if items:
             items[0] = stage_spans.noted(span, items[0])
         error: BaseException | None = None

@@ -68,7 +68,7 @@ class WorkerConfig:
 
 
 @dataclass(frozen=True)
-class SearchItem:
+class PendingSearch:
     """An embedding on its way to node 2, with the deadline of the request it belongs to."""
     vector: np.ndarray
     deadline: float
@@ -171,7 +171,7 @@ class Worker:
         return BatchingService(stage, batch_fn, max_size=cfg.max_size, max_wait_ms=cfg.max_wait_ms,
                                max_queue=cfg.max_queue)
 
-    def _search_batch(self, items: list[SearchItem]) -> list[list[int]]:
+    def _search_batch(self, items: list[PendingSearch]) -> list[list[int]]:
         # One HTTP call to node 2 for the whole batch. Retries run until the latest
         # deadline in the batch: a request that can still wait (node 2 restarting)
         # should get its answer; one whose deadline passed has stopped waiting anyway.
@@ -229,7 +229,7 @@ class Worker:
             vector = run(Stage.EMBED, query)
             self.embed_cache.put(query, vector)
         search = clock.enter(Stage.SEARCH)  # its span's context goes along: node 2's call joins its trace
-        item = SearchItem(vector, deadline, trace, search.span.context if search.span is not None else None)
+        item = PendingSearch(vector, deadline, trace, search.span.context if search.span is not None else None)
         ids = clock.wait(search.submit(s[Stage.SEARCH], item), deadline)
         documents = run(Stage.FETCH, list(ids))
         ranked = run(Stage.RERANK, RerankRequest(query, tuple(documents)))
