@@ -39,9 +39,12 @@ build_demo_data() {
   demo_env
   # Only the demo's own data is built here; a deployer's FAISS_INDEX_PATH is theirs.
   [[ "$FAISS_INDEX_PATH" == "$DEMO_DIR/faiss_index.bin" ]] || return 0
-  if [[ ! -f "$FAISS_INDEX_PATH" || ! -f "$DOCUMENTS_DIR/documents.db" ]]; then
-    log "building the demo data (support corpus) in $DEMO_DIR"
-    "$PY" -m builders.data build --out "$DEMO_DIR" --kind support --docs "${DEMO_DOCS:-2000}" --force
+  # The shard count `./run.sh local` will serve (LOCAL_INDEX_SHARDS, else INDEX_SHARDS): its files.
+  local shards="${LOCAL_INDEX_SHARDS:-${INDEX_SHARDS:-1}}" first="$FAISS_INDEX_PATH"
+  [[ "$shards" == 1 ]] || first="${FAISS_INDEX_PATH%.bin}.shard-0-of-$shards.bin"
+  if [[ ! -f "$first" || ! -f "$DOCUMENTS_DIR/documents.db" ]]; then
+    log "building the demo data (support corpus, $shards index shard(s)) in $DEMO_DIR"
+    "$PY" -m builders.data build --out "$DEMO_DIR" --kind support --docs "${DEMO_DOCS:-2000}" --shards "$shards" --force
   fi
 }
 
@@ -55,9 +58,12 @@ usage: ./run.sh COMMAND [args]   (configured only by environment variables: env.
                      (-m "not slow": the fast subset)
   demo [--interval-s S]
                      setup, build demo data and stand-ins if missing, start the three nodes, ask the eight queries
-  local [--restart-limit N] [--restart-window-s S] [--startup-timeout-s S]
-                     setup, build demo data if missing, run the three nodes on 127.0.0.1 until Ctrl-C
-                     (logs in logs/local/; a node that dies is restarted; --help lists the options)
+  local [--restart-limit N] [--restart-window-s S] [--startup-timeout-s S] [--workers W] [--index-shards S]
+        [--index-replicas R]
+                     setup, build demo data if missing, run the nodes on 127.0.0.1 until Ctrl-C: three by
+                     default, or W workers and S index shards of R nodes each (also LOCAL_WORKERS,
+                     LOCAL_INDEX_SHARDS, LOCAL_INDEX_REPLICAS; the demo data is built with LOCAL_INDEX_SHARDS
+                     shards); logs in logs/local/; a node that dies is restarted; --help lists the options
   models             is each of the five real models in the Hugging Face cache? prints the command that
                      fetches each missing one; exit 0 when all are present, 1 otherwise
   settings [--non-default]
@@ -65,8 +71,9 @@ usage: ./run.sh COMMAND [args]   (configured only by environment variables: env.
                      exit 2 listing every bad value
   help, --help, -h   this text
 
-  NODE_NUMBER=N ./run.sh   start node N's role (0 gateway+worker, 1 worker, 2 index server) on the port of
-                           its own NODE_N_IP; GET /live, /ready, /health and /settings tell how it is doing
+  NODE_NUMBER=N ./run.sh   start node N's role (0 gateway+worker; INDEX_NODES index servers, 2 by default;
+                           every other node a worker) on the port of its own NODE_N_IP (on BIND_HOST if set);
+                           GET /live, /ready, /health and /settings tell how it is doing
 EOF
 }
 

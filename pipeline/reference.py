@@ -19,18 +19,19 @@ from pipeline.generator import GenerationRequest
 from pipeline.models import ModelSource, resolve_model_source
 from pipeline.reranker import RerankRequest
 from pipeline.stages import Stages
-from pipeline.vector_index import VectorIndex
+from pipeline.vector_index import ShardedVectorIndex, VectorIndex
 
 
 @dataclass
 class ReferencePipeline(Stages):
     """A worker's stages plus the FAISS index itself (a worker asks node 2 instead)."""
-    index: VectorIndex
+    index: VectorIndex | ShardedVectorIndex
 
     @classmethod
     def from_settings(cls, settings: Settings, source: ModelSource | None = None) -> "ReferencePipeline":
         source = source or resolve_model_source(settings)
-        index = VectorIndex.load(settings.require_index_file(), nprobe=settings.index.nprobe, mmap=settings.index.faiss_mmap)
+        index = ShardedVectorIndex.load(settings.require_index_files(), nprobe=settings.index.nprobe,
+                                        mmap=settings.index.faiss_mmap)
         stages = Stages.load(settings, source)  # the service's placement_for, per stage
         return cls(index=index, **{f.name: getattr(stages, f.name) for f in fields(stages)})
 

@@ -172,3 +172,24 @@ def _short_error(exc: Exception) -> str:
     # faiss messages are multi-line ("Error in ... at file:line: message"); keep the message.
     text = str(exc).strip()
     return text.splitlines()[-1] if text else type(exc).__name__
+
+
+class ShardedVectorIndex:
+    """An index split in shards (pipeline.shards), searched in one process: each shard in turn,
+    then the per-shard top k merged by distance. What the reference pipeline searches when
+    INDEX_SHARDS > 1; a worker asks the index nodes instead."""
+
+    def __init__(self, shards: Sequence[VectorIndex]):
+        if not shards:
+            raise ValueError("a sharded index needs at least one shard")
+        self.shards = list(shards)
+
+    @staticmethod
+    def load(paths: Sequence[str | Path], nprobe: int | None = 64, mmap: bool = True) -> VectorIndex | ShardedVectorIndex:
+        """One file: that VectorIndex itself; several: their ShardedVectorIndex, in shard order."""
+        indexes = [VectorIndex.load(path, nprobe=nprobe, mmap=mmap) for path in paths]
+        return indexes[0] if len(indexes) == 1 else ShardedVectorIndex(indexes)
+
+    def search(self, embeddings: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        from pipeline.shards import merge_arrays
+        return merge_arrays([shard.search(embeddings, k) for shard in self.shards], k)

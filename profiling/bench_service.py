@@ -1,6 +1,6 @@
 """The whole service under closed-loop load, in several configurations, side by side.
 
-    python -m profiling.bench_service --compare batching|threads|cache|precision
+    python -m profiling.bench_service --compare batching|threads|cache|precision|workers
         [--concurrency 16] [--count 32] [--warmup 2] [--variants a,b] [--base-port 8500]
         [--max-duration 1800] [--out DIR] [--name NAME]
 
@@ -26,7 +26,10 @@ throughput as a ratio of the first variant's (the baseline):
   that repeats the queries (the SPEC's eight, or `--queries-file`);
 - precision: `exact` (`PRECISION=exact`) against `fast` (`PRECISION=fast`, the
   FAST table's variant per stage; `profiling/select_variants.py` measures the
-  variants one stage at a time), every `*_PRECISION` override cleared.
+  variants one stage at a time), every `*_PRECISION` override cleared;
+- workers: `2-workers` (today's cluster) against `3-workers` and `4-workers`
+  (services.cluster.local.local_topology: one index node after the workers), the
+  machine's cores split between the workers as `./run.sh local` splits them.
 
 The batching, threads and precision comparisons run with both caches off. Every run is
 bounded in count and in time (`--max-duration` per variant) and only sends to
@@ -60,7 +63,7 @@ from profiling.lib.load import ClosedGroup, LoadTarget, clear_caches, load_queri
 from profiling.lib.prometheus import NodeDelta, cache_deltas, node_deltas, scrape_all  # noqa: F401 (cache_deltas: its old home)
 from profiling.lib.provenance import cache_warnings, cluster_record, git_commit, node_settings, settings_warnings
 from profiling.lib.report import RunStats, format_nodes_table, jsonable, mib, run_folder, run_stats, write_json
-from services.cluster.local import LocalCluster, free_ports, pinned_env
+from services.cluster.local import LocalCluster, free_ports, local_topology, pinned_env
 
 TOOL = "bench_service"
 DEMO_DIR = REPO_ROOT / "data" / "demo"
@@ -126,9 +129,17 @@ def precision_variants(cores: int) -> list[Variant]:
     ]
 
 
+def worker_variants(cores: int) -> list[Variant]:
+    """2, 3 and 4 workers (node 0 among them) over one index node, the cores split between them."""
+    return [Variant(f"{workers}-workers", {**CACHES_OFF, **local_topology(workers, 1, 1)},
+                    f"{workers} workers, one index node; {max(1, cores // workers)} torch thread(s) each "
+                    f"({cores} cores split between them)")
+            for workers in (2, 3, 4)]
+
+
 COMPARISONS: dict[str, Callable[[int], list[Variant]]] = {
     "batching": batching_variants, "threads": thread_variants, "cache": cache_variants,
-    "precision": precision_variants}
+    "precision": precision_variants, "workers": worker_variants}
 
 
 @dataclass
@@ -154,13 +165,13 @@ def effective_threads(env: Mapping[str, str]) -> dict[str, str]:
     return {v: env.get(v, "0") for v in THREAD_VARS}
 
 
-def free_port_block() -> int:
-    """A port p with p, p+1 and p+2 free on 127.0.0.1 right now."""
+def free_port_block(nodes: int = 3) -> int:
+    """A port p with p .. p + nodes - 1 free on 127.0.0.1 right now."""
     for _ in range(50):
         base = free_ports(1)[0]
-        if base <= 65533 and all(_port_free(base + n) for n in (1, 2)):
+        if base + nodes - 1 <= 65535 and all(_port_free(base + n) for n in range(1, nodes)):
             return base
-    raise OSError("no block of three free ports on 127.0.0.1")
+    raise OSError(f"no block of {nodes} free ports on 127.0.0.1")
 
 
 def _port_free(port: int) -> bool:
@@ -172,13 +183,17 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def base_env(env: Mapping[str, str], base_port: int, timeout_s: float) -> dict[str, str]:
-    """The caller's environment with the cluster's addresses on loopback, the
+def nodes_of(env: Mapping[str, str]) -> int:
+    return int(env.get("TOTAL_NODES", 3))
+
+
+def base_env(env: Mapping[str, str], base_port: int, timeout_s: float, nodes: int = 3) -> dict[str, str]:
+    """The caller's environment with the cluster's `nodes` addresses on loopback, the
     service's request deadline just under the clients' timeout (queueing at
     saturation is then measured as latency, not cut into 504s), and, unless
     given, the demo data (`./run.sh demo` builds it)."""
     out = {k: v for k, v in env.items() if not k.startswith("NODE_")}
-    out.update({f"NODE_{n}_IP": f"127.0.0.1:{base_port + n}" for n in range(3)})
+    out.update({f"NODE_{n}_IP": f"127.0.0.1:{base_port + n}" for n in range(nodes)})
     out["REQUEST_TIMEOUT_S"] = f"{max(1.0, timeout_s - 10):g}"
     out.setdefault("FAISS_INDEX_PATH", str(DEMO_DIR / "faiss_index.bin"))
     out.setdefault("DOCUMENTS_DIR", str(DEMO_DIR / "documents"))
@@ -195,12 +210,13 @@ def run_variant(variant: Variant, env: Mapping[str, str], args: argparse.Namespa
         result.startup_s = time.monotonic() - started
         deadline = time.monotonic() + args.max_duration
         url = cluster.url(0)
-        nodes = [Node(n, cluster.url(n)) for n in range(3)]
+        nodes = [Node(n, cluster.url(n)) for n in cluster.settings.cluster.nodes]
         metrics_urls = [n.metrics_url for n in nodes]
         if args.warmup:
             warm = LoadTarget(url, queries, args.timeout, deadline)
             run_closed(warm, ClosedGroup("warmup", args.warmup, min(args.warmup, args.concurrency)))
-            clear_caches([cluster.url(node) for node in (0, 1)], cluster.settings.cluster.cluster_token)  # measured hits come from the measured load only
+            clear_caches([cluster.url(node) for node in cluster.settings.cluster.workers],
+                         cluster.settings.cluster.cluster_token)  # measured hits come from the measured load only
         target = LoadTarget(url, queries, args.timeout, deadline)
         before = scrape_all(metrics_urls)
         check_scraped(nodes, before)
@@ -223,7 +239,7 @@ def run_variant(variant: Variant, env: Mapping[str, str], args: argparse.Namespa
 
 def format_report(results: Sequence[VariantResult]) -> str:
     header = (f"{'variant':<17}{'torch/faiss/http':>17}{'ok/sent':>9}{'req/min':>9}{'p50 s':>8}{'p95 s':>8}"
-              f"{'x base':>8}  {'peak RSS MiB n0/n1/n2':<22}caches")
+              f"{'x base':>8}  {'peak RSS MiB n0/n1/..':<22}caches")
     lines = [header, "-" * len(header)]
     baseline = next((r for r in results if r.stats is not None), None)
     for r in results:
@@ -269,7 +285,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=2, help="requests before measuring (then the caches are cleared)")
     p.add_argument("--queries-file", help="one query per line; unset: the SPEC's eight")
     p.add_argument("--base-port", type=int, default=8500,
-                   help="nodes 0-2 listen on this port and the next two (0: any free ones)")
+                   help="node n listens on this port + n (0: any free ones)")
     p.add_argument("--timeout", type=float, default=900.0,
                    help="clients' per-request timeout (s); the service's REQUEST_TIMEOUT_S is set 10 s below it")
     p.add_argument("--max-duration", type=float, default=1800.0, help="per variant: no request is sent after it (s)")
@@ -314,9 +330,12 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     try:
         variants = choose_variants(args.compare, args.variants, cores)
         queries = load_queries(args.queries_file)
-        common = base_env(env, args.base_port or free_port_block(), args.timeout)
-        Settings.from_env(common).require_index_file()
-        envs = [pinned_env({**common, **v.env}, cores) for v in variants]
+        most = max(nodes_of({**env, **v.env}) for v in variants)
+        base_port = args.base_port or free_port_block(most)
+        envs = [pinned_env({**base_env(env, base_port, args.timeout, nodes_of({**env, **v.env})), **v.env}, cores)
+                for v in variants]
+        for variant_env in envs:
+            Settings.from_env(variant_env).require_index_files()
     except (ConfigError, ValueError, OSError) as exc:
         print(f"bench_service: {exc}", file=sys.stderr)
         return 2

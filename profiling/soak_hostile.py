@@ -384,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         env = cluster_env(dict(os.environ))
         cluster = LocalCluster(env, args.out / "logs")
-        cluster.settings.require_index_file()
+        cluster.settings.require_index_files()
         cluster.settings.require_documents()
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)

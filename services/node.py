@@ -109,7 +109,7 @@ def main() -> int:
     try:
         settings = Settings.from_env()
         node = settings.require_node_number()
-        Role = role_class(node)
+        Role = role_class(settings.cluster, node)
         Role.check_settings(settings)
         tracing.require(settings.observability)  # TRACING=otlp|jsonl without OpenTelemetry: one line, exit 2
     except ConfigError as exc:
@@ -123,12 +123,16 @@ def main() -> int:
     lifecycle = Lifecycle(f"node {node}", settings.limits.shutdown_grace_s)
     role = Role(settings, node, lifecycle)
     app = build_app(role, lifecycle)
-    address = settings.node_address(node)  # our own address only: never 0.0.0.0
+    # Our own address (or BIND_HOST, e.g. in a container): never 0.0.0.0 unless asked for.
+    address = settings.cluster.bind_address(node)
     threads = role.http_threads()
     try:
         server = build_http_server(app, address.host, address.port, settings.http_server(threads, role.max_body_bytes))
     except OSError as exc:
-        print(f"config error: NODE_{node}_IP={str(address)!r} cannot be bound: {exc.strerror}", file=sys.stderr)
+        variable = f"BIND_HOST={settings.cluster.bind_host!r} with NODE_{node}_IP" if settings.cluster.bind_host \
+            else f"NODE_{node}_IP"
+        print(f"config error: {variable}={str(settings.node_address(node))!r} cannot be bound as {address}: "
+              f"{exc.strerror}", file=sys.stderr)
         return 2
     lifecycle.install_signal_handlers(role.stop, role.abandon)
     if settings.limits.shutdown_grace_s >= settings.limits.request_timeout_s:

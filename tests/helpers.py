@@ -17,8 +17,11 @@ def data_env(result) -> dict[str, str]:
 
 
 def cluster_env(data, **extra: str) -> dict[str, str]:
-    ports = free_ports(3)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("NODE_", "FAISS_", "DOCUMENTS_"))}
+    """The environment of a cluster on 127.0.0.1 with free ports: three nodes, or as many as the
+    TOTAL_NODES in `extra` (services.cluster.local.local_topology lays out more)."""
+    ports = free_ports(int(extra.get("TOTAL_NODES", 3)))
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("NODE_", "FAISS_", "DOCUMENTS_", "INDEX_", "TOTAL_NODES", "WORKER_NODES"))}
     env.update(TEST_ENV)
     env.update(data_env(data))
     env.update({f"NODE_{i}_IP": f"127.0.0.1:{port}" for i, port in enumerate(ports)})
@@ -29,13 +32,14 @@ def cluster_env(data, **extra: str) -> dict[str, str]:
 
 def start_cluster(data, log_dir: Path, *, commands: Mapping[int, Sequence[str]] | None = None,
                   **extra: str) -> LocalCluster:
-    """Three real node processes on 127.0.0.1 (free ports), healthy; the caller stops them.
+    """Real node processes on 127.0.0.1 (free ports), healthy; the caller stops them. Three nodes, or
+    the topology `extra` sets (TOTAL_NODES, INDEX_NODES, INDEX_SHARDS: local_topology).
 
     `commands`: a node's own command line (tests.support's wrapped nodes), by node number."""
     cluster = LocalCluster(cluster_env(data, **extra), log_dir)
     try:
         if commands:
-            for node in (2, 1, 0):  # as LocalCluster.start: the index first, workers search it at once
+            for node in cluster.start_order:  # the index first, workers search it at once
                 cluster.start_node(node, command=commands.get(node))
             cluster.wait_healthy(timeout_s=240)
         else:

@@ -23,10 +23,63 @@ PROMPT_ALLOWANCE_TOKENS = 512
 KV_SHARE_OF_LARGEST_REQUEST = 4
 
 
+def _nodes(nodes: tuple[int, ...]) -> str:
+    return ",".join(map(str, nodes))
+
+
+def _node_number(s: Settings) -> str | None:
+    c = s.cluster
+    if c.node_number is not None and c.node_number >= c.total_nodes:
+        return (f"NODE_NUMBER='{c.node_number}' is not valid: expected a node below TOTAL_NODES ({c.total_nodes}), "
+                f"from 0 to {c.total_nodes - 1}")
+    return None
+
+
+def _index_nodes(s: Settings) -> str | None:
+    c = s.cluster
+    if 0 in c.index_nodes:
+        return (f"INDEX_NODES={_nodes(c.index_nodes)!r} is not valid: node 0 is the gateway and a worker; "
+                "expected index nodes among 1 and above")
+    beyond = [n for n in c.index_nodes if n >= c.total_nodes]
+    if beyond:
+        return (f"INDEX_NODES={_nodes(c.index_nodes)!r} is not valid: node {beyond[0]} is not below "
+                f"TOTAL_NODES ({c.total_nodes})")
+    return None
+
+
+def _index_shards(s: Settings) -> str | None:
+    c = s.cluster
+    if c.index_shards > len(c.index_nodes):
+        return (f"INDEX_SHARDS='{c.index_shards}' is not valid: expected at most the {len(c.index_nodes)} "
+                f"INDEX_NODES ({_nodes(c.index_nodes)}), one node at least per shard")
+    return None
+
+
 def _worker_nodes(s: Settings) -> str | None:
-    if any(n not in (0, 1) for n in s.cluster.worker_nodes):
-        return (f"WORKER_NODES={','.join(map(str, s.cluster.worker_nodes))!r} is not valid: "
-                "expected worker nodes among 0 and 1")
+    c = s.cluster
+    not_workers = [n for n in c.worker_nodes if n not in c.workers]
+    if not_workers:
+        n = not_workers[0]
+        what = (f"an index node (INDEX_NODES={_nodes(c.index_nodes)})" if n in c.index_nodes
+                else f"not below TOTAL_NODES ({c.total_nodes})")
+        return (f"WORKER_NODES={_nodes(c.worker_nodes)!r} is not valid: node {n} is {what}; expected workers "
+                f"among {_nodes(c.workers)}, or empty for all of them")
+    return None
+
+
+def _node_addresses(s: Settings) -> str | None:
+    c = s.cluster
+    beyond = [n for n in c.more_node_ips if n >= c.total_nodes]
+    if beyond:
+        return (f"NODE_{beyond[0]}_IP is set but TOTAL_NODES is {c.total_nodes}: expected node addresses "
+                f"below {c.total_nodes}, or a larger TOTAL_NODES")
+    seen: dict = {}
+    for n in c.nodes:
+        address = c.node_address(n)
+        if address in seen:
+            return (f"NODE_{n}_IP='{address}' is not valid: node {seen[address]} has the same address; "
+                    "expected one host:port per node")
+        seen[address] = n
     return None
 
 
@@ -84,7 +137,11 @@ def _channel_timeout(s: Settings) -> str | None:
 
 # Each check with the variables it reads.
 CHECKS: tuple[tuple[frozenset[str], Callable[[Settings], str | None]], ...] = (
-    (frozenset({"WORKER_NODES"}), _worker_nodes),
+    (frozenset({"NODE_NUMBER", "TOTAL_NODES"}), _node_number),
+    (frozenset({"INDEX_NODES", "TOTAL_NODES"}), _index_nodes),
+    (frozenset({"INDEX_SHARDS", "INDEX_NODES"}), _index_shards),
+    (frozenset({"WORKER_NODES", "INDEX_NODES", "TOTAL_NODES"}), _worker_nodes),
+    (frozenset({"TOTAL_NODES", "NODE_0_IP", "NODE_1_IP", "NODE_2_IP", "NODE_<n>_IP"}), _node_addresses),
     (frozenset({"SEARCH_MAX_BATCH", "STAGE_MAX_QUEUE"}), _search_batch),
     (frozenset({"REQUEST_TIMEOUT_S"}), _internal_timeout),
     (frozenset({"GATEWAY_MAX_JOINERS_PER_ID", "GATEWAY_MAX_JOINERS"}), _joiners),

@@ -12,6 +12,13 @@ def var(env: str, parse: Callable[[str], Any], default: str, help: str, *, secre
     return field(repr=not secret, metadata={"env": env, "parse": parse, "default": default, "help": help})
 
 
+def numbered(pattern: str, first: int, parse: Callable[[str], Any], help: str) -> Any:
+    """A section field read from a family of numbered variables, `pattern` with {n} for n >= first
+    (NODE_{n}_IP): a dict n -> parsed value of those set. Documented as pattern with <n>."""
+    return field(metadata={"env": pattern.format(n="<n>"), "numbered": pattern,
+                                                 "first": first, "parse": parse, "default": "", "help": help})
+
+
 def max_batch(stage: str, size: int, why: str) -> Any:
     return var(f"{stage.upper()}_MAX_BATCH", p.int_range(1, 4096), str(size),
                f"largest batch the {stage} stage runs ({why}; docs/performance.md)")

@@ -121,8 +121,25 @@ def node_list(raw: str) -> tuple[int, ...]:
     return nodes
 
 
+# The most nodes a cluster may have (node numbers 0 .. MAX_NODES - 1).
+MAX_NODES = 64
+
+
 def optional_node(raw: str) -> int | None:
-    return int_range(0, 2)(raw) if raw.strip() else None
+    return int_range(0, MAX_NODES - 1)(raw) if raw.strip() else None
+
+
+def optional_node_list(raw: str) -> tuple[int, ...]:
+    """A node_list, or () when empty."""
+    return node_list(raw) if raw.strip() else ()
+
+
+def optional_host(raw: str) -> str:
+    """A host name or address to listen on (no port), or "" when empty."""
+    value = raw.strip().strip("[]")
+    if value and (any(c.isspace() or c in "/@" for c in value) or ":" in value and value.count(":") < 2):
+        raise ValueError("a host name or IP address without a port (for example 0.0.0.0), or empty")
+    return value
 
 
 def text(raw: str) -> str:

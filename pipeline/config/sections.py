@@ -19,18 +19,61 @@ from pipeline.spec import Stage
 
 @dataclass(frozen=True)
 class ClusterSettings:
-    """Which node this is, where every node listens, and how nodes call each other."""
-    total_nodes: int = f.var("TOTAL_NODES", p.int_range(3, 3), "3", "number of nodes; the design has exactly 3")
-    node_number: int | None = f.var("NODE_NUMBER", p.optional_node, "", "this node's role: 0 gateway+worker, 1 worker, 2 index server; empty for tools")
-    node_0_ip: Address = f.var("NODE_0_IP", p.address, "127.0.0.1:8000", "host:port of node 0 (gateway and worker)")
-    node_1_ip: Address = f.var("NODE_1_IP", p.address, "127.0.0.1:8001", "host:port of node 1 (worker)")
-    node_2_ip: Address = f.var("NODE_2_IP", p.address, "127.0.0.1:8002", "host:port of node 2 (FAISS index server)")
-    worker_nodes: tuple[int, ...] = f.var("WORKER_NODES", p.node_list, "0,1", "nodes the gateway round-robins requests between")
+    """Which node this is, where every node listens, which role each node has, and how nodes call each other.
+
+    Roles are named by settings, not numbers: node 0 is the gateway and a worker, the INDEX_NODES
+    serve the index (shard INDEX_NODES.index(n) % INDEX_SHARDS each), every other node is a worker.
+    """
+    total_nodes: int = f.var("TOTAL_NODES", p.int_range(3, p.MAX_NODES), "3", "number of nodes (3 or more): node 0 is the gateway and a worker, INDEX_NODES serve the index, every other node is a worker")
+    node_number: int | None = f.var("NODE_NUMBER", p.optional_node, "", "this node's number, below TOTAL_NODES (0: gateway+worker; its role follows from INDEX_NODES); empty for tools")
+    node_0_ip: Address = f.var("NODE_0_IP", p.address, "127.0.0.1:8000", "host:port of node 0 (gateway and worker): where the others reach it")
+    node_1_ip: Address = f.var("NODE_1_IP", p.address, "127.0.0.1:8001", "host:port of node 1 (a worker, with the default INDEX_NODES)")
+    node_2_ip: Address = f.var("NODE_2_IP", p.address, "127.0.0.1:8002", "host:port of node 2 (the index server, with the default INDEX_NODES)")
+    more_node_ips: dict[int, Address] = f.numbered("NODE_{n}_IP", 3, p.address, "host:port of node n, for 3 <= n < TOTAL_NODES (default 127.0.0.1:800n: 8000 + n)")
+    bind_host: str = f.var("BIND_HOST", p.optional_host, "", "address this node listens on (empty: the host of its own NODE_<n>_IP); 0.0.0.0 in a container whose NODE_<n>_IP is the name the others reach it by")
+    index_nodes: tuple[int, ...] = f.var("INDEX_NODES", p.node_list, "2", "nodes that serve the FAISS index (never node 0); every other node is a worker")
+    index_shards: int = f.var("INDEX_SHARDS", p.int_range(1, p.MAX_NODES), "1", "shards the index is split in (python -m builders.data build --shards N); the index node at position p of INDEX_NODES serves shard p % INDEX_SHARDS, so nodes beyond the shard count are replicas")
+    worker_nodes: tuple[int, ...] = f.var("WORKER_NODES", p.optional_node_list, "", "workers the gateway round-robins requests between (empty: every worker node)")
     connect_timeout_s: float = f.var("CONNECT_TIMEOUT_S", p.positive_float, "3", "connect timeout of node-to-node calls")
     cluster_token: str = f.var("CLUSTER_TOKEN", p.token, "", "shared secret every internal endpoint (/search, /internal/answer) requires in X-Cluster-Token; empty = no check", secret=True)
 
+    # ---------------------------------------------------------------- the topology
+
     def node_address(self, node: int) -> Address:
-        return (self.node_0_ip, self.node_1_ip, self.node_2_ip)[node]
+        if node < 3:
+            return (self.node_0_ip, self.node_1_ip, self.node_2_ip)[node]
+        return self.more_node_ips.get(node, Address("127.0.0.1", 8000 + node))
+
+    @property
+    def nodes(self) -> range:
+        return range(self.total_nodes)
+
+    @property
+    def workers(self) -> tuple[int, ...]:
+        """Every node that runs the model stages (node 0 first)."""
+        return tuple(n for n in self.nodes if n not in self.index_nodes)
+
+    @property
+    def rotation(self) -> tuple[int, ...]:
+        """The workers the gateway sends requests to."""
+        return self.worker_nodes or self.workers
+
+    def role_of(self, node: int) -> str:
+        """"gateway" (node 0, a worker too), "index" or "worker"."""
+        return "gateway" if node == 0 else "index" if node in self.index_nodes else "worker"
+
+    def shard_of(self, node: int) -> int:
+        """The index shard an index node serves."""
+        return self.index_nodes.index(node) % self.index_shards
+
+    def replicas(self, shard: int) -> tuple[int, ...]:
+        """The index nodes serving one shard, in INDEX_NODES order."""
+        return tuple(n for n in self.index_nodes if self.shard_of(n) == shard)
+
+    def bind_address(self, node: int) -> Address:
+        """Where `node` listens: BIND_HOST (or its own NODE_<n>_IP's host) at its own port."""
+        own = self.node_address(node)
+        return Address(self.bind_host or own.host, own.port)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -15,9 +16,12 @@ from typing import Any, Iterator, Mapping
 import pipeline.config.sections as s
 from pipeline.config.errors import HIDDEN, ConfigError
 from pipeline.config.parsers import Address, render
+from pipeline.shards import shard_file_problems, shard_path
 from pipeline.spec import MODEL_STAGES, Stage
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# The <n> of a numbered variable (NODE_3_IP): a number without leading zeros.
+NUMBER_PATTERN = r"(0|[1-9][0-9]*)"
 # Waitress closes a connection that has no request in progress after this long quiet
 # (idle keep-alive connections between nodes, stalled uploads): REQUEST_TIMEOUT_S plus this, so
 # no connection is cut while a request could still be waited on.
@@ -93,6 +97,9 @@ class Settings:
             values = {}
             for f in dataclasses.fields(_section_type(section)):
                 meta = f.metadata
+                if "numbered" in meta:
+                    values[f.name] = _numbered(meta, env, problems, unparsed)
+                    continue
                 raw = env.get(meta["env"])
                 raw = meta["default"] if raw is None else raw
                 try:
@@ -114,24 +121,42 @@ class Settings:
 
     @staticmethod
     def variables() -> dict[str, dict]:
-        """Environment variable name -> {section, field, default, help}, in declaration order."""
+        """Environment variable name -> {section, field, default, help}, in declaration order
+        (the numbered families are in numbered_variables)."""
         return {f.metadata["env"]: {"section": section, "field": f.name, "default": f.metadata["default"],
                                     "help": f.metadata["help"]}
-                for section, f in _variable_fields()}
+                for section, f in _variable_fields() if "numbered" not in f.metadata}
+
+    @staticmethod
+    def numbered_variables() -> dict[str, dict]:
+        """Each family of numbered variables, by its documented name (NODE_<n>_IP) -> {section, field,
+        help, names: a regex matching its variables (n >= its first)}."""
+        families = {}
+        for section, f in _variable_fields():
+            meta = f.metadata
+            if "numbered" in meta:
+                families[meta["env"]] = {"section": section, "field": f.name, "help": meta["help"],
+                                         "first": meta["first"],
+                                         "names": re.compile(meta["numbered"].format(n=NUMBER_PATTERN))}
+        return families
 
     def effective(self) -> dict[str, str]:
         """Environment variable name -> effective value as the string that sets it, in declaration
         order; a secret that is set reads "<hidden>" (what GET /settings and the startup line show)."""
         shown = {}
         for section, f in _variable_fields():
-            text = render(getattr(getattr(self, section), f.name))
+            value = getattr(getattr(self, section), f.name)
+            if "numbered" in f.metadata:  # one entry per variable of the family that is set
+                shown.update({f.metadata["numbered"].format(n=n): render(v) for n, v in value.items()})
+                continue
+            text = render(value)
             shown[f.metadata["env"]] = HIDDEN if text and not f.repr else text
         return shown
 
     def non_defaults(self) -> dict[str, str]:
         """effective() restricted to the variables whose value differs from their default."""
         defaults = Settings.from_env({}).effective()
-        return {name: value for name, value in self.effective().items() if value != defaults[name]}
+        return {name: value for name, value in self.effective().items() if value != defaults.get(name)}
 
     def node_address(self, node: int) -> Address:
         return self.cluster.node_address(node)
@@ -195,20 +220,66 @@ class Settings:
 
     def require_node_number(self) -> int:
         if self.cluster.node_number is None:
-            raise ConfigError("NODE_NUMBER='' is not valid: expected an integer from 0 to 2 to start a node")
+            raise ConfigError(f"NODE_NUMBER='' is not valid: expected an integer from 0 to "
+                              f"{self.cluster.total_nodes - 1} (below TOTAL_NODES) to start a node")
         return self.cluster.node_number
 
-    def require_index_file(self) -> Path:
-        path = self.index.faiss_index_path
-        if not path.is_file():
-            raise ConfigError(f"FAISS_INDEX_PATH={str(path)!r} is not valid: expected an existing FAISS index file")
-        return path
+    def index_file(self, node: int) -> Path:
+        """The index file an index node serves: its shard's (pipeline.shards.shard_path)."""
+        c = self.cluster
+        return shard_path(self.index.faiss_index_path, c.shard_of(node), c.index_shards)
+
+    def require_index_file(self, node: int) -> Path:
+        """The index node's own shard file; ConfigError if it is missing, or if files of another shard
+        count lie beside it (serving with the wrong INDEX_SHARDS would lose or repeat documents)."""
+        c = self.cluster
+        path = self.index_file(node)
+        problems = [problem for problem in shard_file_problems(self.index.faiss_index_path, c.index_shards)
+                    if str(path) in problem or "INDEX_SHARDS" in problem]
+        return self._index_files_or_raise([path], problems)[0]
+
+    def require_index_files(self) -> list[Path]:
+        """Every shard's file, in shard order (one file when INDEX_SHARDS=1): for tools and the
+        reference pipeline, which search the whole index in one process."""
+        c = self.cluster
+        paths = [shard_path(self.index.faiss_index_path, k, c.index_shards) for k in range(c.index_shards)]
+        return self._index_files_or_raise(paths, shard_file_problems(self.index.faiss_index_path, c.index_shards))
+
+    def _index_files_or_raise(self, paths: list[Path], problems: list[str]) -> list[Path]:
+        if problems:
+            where = f"FAISS_INDEX_PATH={str(self.index.faiss_index_path)!r}"
+            if self.cluster.index_shards > 1:
+                where += f" with INDEX_SHARDS={self.cluster.index_shards}"
+            raise ConfigError(*(f"{where} is not valid: {problem}" for problem in problems))
+        return paths
 
     def require_documents(self) -> Path:
         if not self.fetch.documents_db.is_file():
             raise ConfigError(f"DOCUMENTS_DIR={str(self.fetch.documents_dir)!r} is not valid: expected a folder "
                               "holding documents.db")
         return self.fetch.documents_db
+
+
+def numbered_names(meta: Mapping[str, Any], env: Mapping[str, str]) -> dict[int, str]:
+    """n -> variable name of each variable of a numbered family (fields.numbered) set in env."""
+    pattern = re.compile(meta["numbered"].format(n=NUMBER_PATTERN))
+    found = {}
+    for name in env:
+        match = pattern.fullmatch(name)
+        if match and int(match[1]) >= meta["first"]:
+            found[int(match[1])] = name
+    return dict(sorted(found.items()))
+
+
+def _numbered(meta: Mapping[str, Any], env: Mapping[str, str], problems: list[str], unparsed: set[str]) -> dict:
+    values = {}
+    for n, name in numbered_names(meta, env).items():
+        try:
+            values[n] = meta["parse"](env[name])
+        except ValueError as exc:
+            problems.append(f"{name}={env[name]!r} is not valid: expected {exc}")
+            unparsed.add(meta["env"])
+    return values
 
 
 def _section_type(section: dataclasses.Field) -> type:

@@ -40,9 +40,12 @@ def misspelt_variables(env: Mapping[str, str] | None = None) -> list[str]:
     ours = list(Settings.variables())
     prefixes, suffixes = _our_affixes()
     warnings = []
+    families = Settings.numbered_variables().values()
     for name in sorted(env):
         if name in ours or not name.isupper():
             continue
+        if any((match := fam["names"].fullmatch(name)) and int(match[1]) >= fam["first"] for fam in families):
+            continue  # one of a numbered family (NODE_3_IP)
         foreign = name.startswith(FOREIGN_PREFIXES)
         close = difflib.get_close_matches(name, ours, n=1, cutoff=FOREIGN_TYPO_RATIO if foreign else TYPO_RATIO)
         if not close and not foreign:  # one of our words: the closest of ours sharing it

@@ -13,6 +13,7 @@ PeerTimedOut, PeerFailed), a connection failure NodeUnreachable; callers catch t
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 import time
@@ -25,14 +26,17 @@ from requests.adapters import HTTPAdapter
 from services.cluster.abortable import AbortableCalls
 from services.server import tracing
 from services.server.errors import (
+    SHARD_UNAVAILABLE_REASON,
     DeadlineExceeded,
     NodeUnreachable,
     PeerError,
     PeerFailed,
     PeerRejected,
     PeerRejectedToken,
+    PeerShardUnavailable,
     PeerTimedOut,
     PeerUnavailable,
+    ShardUnavailable,
 )
 from services.server.request_ids import REQUEST_ID_HEADER, batch_request_ids, current_request_id
 from services.server.token import TOKEN_HEADER
@@ -56,19 +60,25 @@ def pooled_session(pool_size: int, token: str = "") -> requests.Session:
     return session
 
 
-def _error_message(response: requests.Response) -> str:
+def _error_body(response: requests.Response) -> tuple[str, str | None]:
+    """The peer's error message and its machine-readable reason, if any."""
     try:
         body = response.json()
     except ValueError:
-        return response.text[:200]
-    return str(body.get("error", response.text[:200])) if isinstance(body, dict) else response.text[:200]
+        return response.text[:200], None
+    if not isinstance(body, dict):
+        return response.text[:200], None
+    reason = body.get("reason")
+    return str(body.get("error", response.text[:200])), reason if isinstance(reason, str) else None
 
 
 def peer_error(response: requests.Response) -> PeerError | PeerTimedOut:
     """The typed error for another node's error status, with its own message."""
-    status, message = response.status_code, _error_message(response)
+    status, (message, reason) = response.status_code, _error_body(response)
     if status == 401:
         return PeerRejectedToken(message)
+    if status == 503 and reason == SHARD_UNAVAILABLE_REASON:
+        return PeerShardUnavailable(message)
     if status == 503:
         return PeerUnavailable(message)
     if status == 504:
@@ -78,15 +88,29 @@ def peer_error(response: requests.Response) -> PeerError | PeerTimedOut:
 
 # What a search may retry: the index node down, restarting, slow or failing (any 5xx), never a 4xx.
 RETRIED = (NodeUnreachable, PeerUnavailable, PeerTimedOut, PeerFailed)
+# Of those, what says the shard is not there (rather than slow): given up on, a ShardUnavailable.
+DOWN = (NodeUnreachable, PeerUnavailable, PeerFailed)
 
 
 class IndexClient:
-    """Node 2's /search. With a deadline, retries run until it (max_attempts bounds only
-    calls without one); each attempt's read timeout is cut to the time left."""
+    """One index shard's /search, on any of its replicas (one base URL each).
 
-    def __init__(self, base_url: str, *, connect_timeout_s: float, read_timeout_s: float, token: str = "",
-                 pool_size: int = 16, max_attempts: int = 5, backoff_s: float = 0.2, max_backoff_s: float = 2.0):
-        self.base_url = base_url.rstrip("/")
+    Each search starts at the next replica in turn (spreading the load) and moves to the next on a
+    failure worth retrying; after a round of failures it backs off. With a deadline, retries run
+    until it (max_attempts bounds only calls without one); each attempt's read timeout is cut to
+    the time left. Given up on while the shard is down (unreachable, 503, 5xx): ShardUnavailable
+    naming it; while it is only slow: DeadlineExceeded.
+    """
+
+    def __init__(self, base_urls: str | Sequence[str], *, connect_timeout_s: float, read_timeout_s: float,
+                 token: str = "", name: str = "index server", pool_size: int = 16, max_attempts: int = 5,
+                 backoff_s: float = 0.2, max_backoff_s: float = 2.0):
+        urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
+        if not urls:
+            raise ValueError("an index shard needs at least one replica")
+        self.base_urls = [url.rstrip("/") for url in urls]
+        self.name = name
+        self._turn = itertools.count()
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         self.session = pooled_session(pool_size, token)
@@ -100,20 +124,20 @@ class IndexClient:
         left = max(MIN_ATTEMPT_S, deadline - time.monotonic())
         return min(self.connect_timeout_s, left), min(self.read_timeout_s, left)
 
-    def _attempt(self, payload: dict, deadline: float | None, headers: dict,
+    def _attempt(self, base_url: str, payload: dict, deadline: float | None, headers: dict,
                  parents: Sequence = (), attempt: int = 1) -> tuple[list, list]:
         """One POST; an error in RETRIED may be retried, anything else may not."""
-        url = f"{self.base_url}/search"
+        url = f"{base_url}/search"
         with tracing.client_span("POST /search", url, parents, attributes={"rag.attempt": attempt,
                                  "rag.batch_size": len(payload["embeddings"])}) as call:
             try:
                 response = self.session.post(url, json=payload, timeout=self._timeouts(deadline),
                                              headers={**headers, **call.headers})
             except requests.ConnectionError as exc:
-                raise NodeUnreachable(f"index server at {self.base_url} unreachable: "
+                raise NodeUnreachable(f"{self.name} at {base_url} unreachable: "
                                       f"{exc.__class__.__name__}") from None
             except requests.Timeout:
-                raise PeerTimedOut(f"index server at {self.base_url} timed out") from None
+                raise PeerTimedOut(f"{self.name} at {base_url} timed out") from None
             call.answered(response.status_code)
             if response.status_code != 200:
                 raise peer_error(response)
@@ -128,23 +152,40 @@ class IndexClient:
         contexts, so each attempt's span joins the first one's trace and links the others."""
         payload = {"embeddings": np.asarray(vectors, dtype=np.float32).tolist(), "k": k}
         headers = {REQUEST_ID_HEADER: batch_request_ids(list(request_ids))} if request_ids else {}
-        attempt = 0
+        replicas, first = len(self.base_urls), next(self._turn)
+        attempt, rounds = 0, 0
+        error: Exception | None = None
         while True:
             if deadline is not None and deadline - time.monotonic() < MIN_ATTEMPT_S:
-                raise DeadlineExceeded(f"search gave up at the request deadline after {attempt} attempts")
+                raise self._given_up(attempt, error)
+            base_url = self.base_urls[(first + attempt) % replicas]
             attempt += 1
             try:
-                return self._attempt(payload, deadline, headers, trace_parents, attempt)
+                return self._attempt(base_url, payload, deadline, headers, trace_parents, attempt)
             except RETRIED as exc:  # anything else (a 4xx: our request was wrong) goes up at once
-                error: Exception = exc
-            pause = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1)) * random.uniform(0.5, 1.5)
+                error = exc
+            if attempt % replicas:  # another replica has not been tried this round: at once
+                log.warning("search attempt %d failed (%s); trying another replica", attempt, error)
+                continue
+            rounds += 1
+            pause = min(self.max_backoff_s, self.backoff_s * 2 ** (rounds - 1)) * random.uniform(0.5, 1.5)
             if deadline is None and attempt >= self.max_attempts:
                 raise error
             if deadline is not None and time.monotonic() + pause + MIN_ATTEMPT_S > deadline:
-                raise DeadlineExceeded(f"search gave up at the request deadline after {attempt} attempts "
-                                       f"(last: {error})") from error
+                raise self._given_up(attempt, error)
             log.warning("search attempt %d failed (%s); retrying in %.2fs", attempt, error, pause)
             time.sleep(pause)
+
+    def _given_up(self, attempts: int, last: Exception | None) -> Exception:
+        """At the deadline: ShardUnavailable if the shard was down at the last try, else DeadlineExceeded."""
+        if isinstance(last, DOWN):
+            error: Exception = ShardUnavailable(f"{self.name} is unavailable: no replica answered in {attempts} "
+                                                f"attempts before the request's deadline (last: {last})")
+        else:
+            detail = f" (last: {last})" if last is not None else ""
+            error = DeadlineExceeded(f"search gave up at the request deadline after {attempts} attempts{detail}")
+        error.__cause__ = last
+        return error
 
     def close(self) -> None:
         self.session.close()

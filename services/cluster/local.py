@@ -1,8 +1,10 @@
-"""The three nodes as separate processes on 127.0.0.1: `./run.sh local`.
+"""The cluster's nodes as separate processes on 127.0.0.1: `./run.sh local`.
 
-Used by the demo, the tests and the load generator. Each node logs to its own
+Three nodes by default (gateway+worker, worker, index); --workers, --index-shards and
+--index-replicas (or LOCAL_WORKERS, LOCAL_INDEX_SHARDS, LOCAL_INDEX_REPLICAS) lay out more
+(local_topology). Used by the demo, the tests and the load generator. Each node logs to its own
 file under one folder; the children die with the parent (PR_SET_PDEATHSIG),
-and Ctrl-C or SIGTERM stops all three gracefully. While it runs, `main` supervises:
+and Ctrl-C or SIGTERM stops them all gracefully. While it runs, `main` supervises:
 a node that dies is logged and restarted (--restart-limit per --restart-window-s),
 and the others keep serving meanwhile, so failover and rejoin can be watched.
 """
@@ -71,8 +73,14 @@ class LocalCluster:
         self.procs[node] = proc
         return proc
 
+    @property
+    def start_order(self) -> tuple[int, ...]:
+        """The index nodes first (workers search them as soon as they serve), node 0 last."""
+        cluster = self.settings.cluster
+        return (*cluster.index_nodes, *sorted(cluster.workers, reverse=True))
+
     def start(self, timeout_s: float | None = None) -> "LocalCluster":
-        for node in (2, 1, 0):  # the index first: workers search it as soon as they serve
+        for node in self.start_order:
             self.start_node(node)
         self.wait_healthy(timeout_s=timeout_s)
         return self
@@ -80,12 +88,12 @@ class LocalCluster:
     def healthy(self, node: int) -> bool:
         return health(self.url(node), request_timeout_s=2) is not None
 
-    def wait_healthy(self, nodes=(0, 1, 2), timeout_s: float | None = None) -> None:
-        """Every node in `nodes` answers /health 200, within one shared deadline.
+    def wait_healthy(self, nodes: Sequence[int] | None = None, timeout_s: float | None = None) -> None:
+        """Every node in `nodes` (default: all) answers /health 200, within one shared deadline.
 
         RuntimeError (with the log's tail) as soon as a node still waited for has exited.
         """
-        nodes = tuple(nodes)
+        nodes = self.start_order if nodes is None else tuple(nodes)
         deadline = time.monotonic() + (timeout_s or STARTUP_TIMEOUT_S)
         for i, node in enumerate(nodes):
             pending = nodes[i:]
@@ -131,7 +139,9 @@ class LocalCluster:
         return proc.returncode
 
     def stop(self, timeout_s: float | None = None) -> dict[int, int | None]:
-        return {node: self.stop_node(node, timeout_s) for node in (0, 1, 2) if node in self.procs}
+        # Node 0 first (no new requests come in), the index nodes last (the workers still search them).
+        order = reversed(self.start_order)
+        return {node: self.stop_node(node, timeout_s) for node in order if node in self.procs}
 
     def __enter__(self) -> "LocalCluster":
         return self.start()
@@ -195,6 +205,17 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+def local_topology(workers: int, shards: int, replicas: int) -> dict[str, str]:
+    """The cluster settings of `workers` workers (node 0 among them) and `shards` index shards of
+    `replicas` nodes each: workers 0 .. workers-1, then the index nodes; 2, 1, 1 is the default
+    three-node cluster."""
+    if workers < 1 or shards < 1 or replicas < 1:
+        raise ValueError(f"workers, shards and replicas must be >= 1, got {workers}, {shards}, {replicas}")
+    index_nodes = range(workers, workers + shards * replicas)
+    total = max(3, workers + shards * replicas)
+    return {"TOTAL_NODES": str(total), "INDEX_NODES": ",".join(map(str, index_nodes)), "INDEX_SHARDS": str(shards)}
+
+
 def pinned_env(env: Mapping[str, str], cores: int | None = None) -> dict[str, str]:
     """Resolve the model source once here (building stand-ins if needed), so that
     the two workers do not both build them, and pin it for the children.
@@ -205,12 +226,12 @@ def pinned_env(env: Mapping[str, str], cores: int | None = None) -> dict[str, st
     pinned = {**env, "MODEL_SOURCE": source.kind}
     if source.is_standin:
         pinned["STANDIN_HOME"] = str(settings.standin_dir)
-    # Thread budget: the two workers share this machine's cores (on three
-    # machines each node has its own and 0 = all of them is right), and node 2
-    # needs little: split the cores between the workers, one faiss thread.
+    # Thread budget: the workers share this machine's cores (on separate
+    # machines each node has its own and 0 = all of them is right), and an index
+    # node needs little: split the cores between the workers, one faiss thread.
     cores = thread_budget(0, cores)
     if settings.models.torch_threads == 0:
-        pinned["TORCH_THREADS"] = str(max(1, cores // 2))
+        pinned["TORCH_THREADS"] = str(max(1, cores // len(settings.cluster.workers)))
     if settings.index.faiss_threads == 0:
         pinned["FAISS_THREADS"] = "1"
     return pinned
@@ -228,12 +249,27 @@ def main(argv: list[str] | None = None) -> int:
                              "given up on (loudly) and the others keep serving")
     parser.add_argument("--restart-window-s", type=float, default=RESTART_WINDOW_S,
                         help="the window --restart-limit counts restarts in")
+    topology = parser.add_argument_group("topology (none given: the environment's TOTAL_NODES, INDEX_NODES, "
+                                         "INDEX_SHARDS, as on separate machines)")
+    for name, what in (("workers", "workers, node 0 among them"), ("index-shards", "index shards"),
+                       ("index-replicas", "index nodes per shard")):
+        variable = f"LOCAL_{name.upper().replace('-', '_')}"
+        topology.add_argument(f"--{name}", type=int, default=os.environ.get(variable),
+                              help=f"{what} (default: ${variable})")
     args = parser.parse_args(argv)
+    for name in ("workers", "index_shards", "index_replicas"):
+        value = getattr(args, name)
+        if value is not None and int(value) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be 1 or more, got {value}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s local-cluster %(levelname)s: %(message)s")
     try:
-        env = pinned_env(os.environ)
+        env = dict(os.environ)
+        if args.workers or args.index_shards or args.index_replicas:
+            env.update(local_topology(int(args.workers or 2), int(args.index_shards or 1),
+                                      int(args.index_replicas or 1)))
+        env = pinned_env(env)
         cluster = LocalCluster(env, Path(args.log_dir))
-        cluster.settings.require_index_file()
+        cluster.settings.require_index_files()
         cluster.settings.require_documents()
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
@@ -245,10 +281,10 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    log.info("starting nodes 2, 1, 0; logs in %s", cluster.log_dir)
+    log.info("starting nodes %s; logs in %s", ", ".join(map(str, cluster.start_order)), cluster.log_dir)
     try:
         cluster.start(timeout_s=args.startup_timeout_s)
-        log.info("all three nodes healthy; gateway at %s (Ctrl-C stops them)", cluster.url(0))
+        log.info("all %d nodes healthy; gateway at %s (Ctrl-C stops them)", len(cluster.start_order), cluster.url(0))
         print(f"READY {cluster.url(0)}", flush=True)
         supervisor = Supervisor(cluster, args.restart_limit, args.restart_window_s)
         while not stopping.wait(SUPERVISE_POLL_S):  # until Ctrl-C or SIGTERM: a node's death is not the end

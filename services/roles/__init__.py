@@ -1,4 +1,4 @@
-"""One module per node role, picked once from NODE_NUMBER.
+"""One module per node role, picked once from NODE_NUMBER and INDEX_NODES.
 
 Each role says what it loads (`load`, run by the startup thread), which routes it
 serves (`register_routes`), what its /health adds, and its HTTP thread count;
@@ -6,14 +6,15 @@ services.server.routes wraps it in the routes every node shares, services.node s
 """
 from __future__ import annotations
 
+from pipeline.config.sections import ClusterSettings
 from services.roles.base import Role
 from services.roles.gateway.role import GatewayRole
 from services.roles.index.role import IndexRole
 from services.roles.worker.role import WorkerRole
 
-ROLES: dict[int, type[Role]] = {0: GatewayRole, 1: WorkerRole, 2: IndexRole}
+ROLES: dict[str, type[Role]] = {"gateway": GatewayRole, "worker": WorkerRole, "index": IndexRole}
 
 
-def role_class(node: int) -> type[Role]:
-    """Node 0: gateway + worker; node 1: worker; node 2: index server."""
-    return ROLES[node]
+def role_class(cluster: ClusterSettings, node: int) -> type[Role]:
+    """Node 0: gateway + worker; the INDEX_NODES: index server; every other node: worker."""
+    return ROLES[cluster.role_of(node)]

@@ -21,10 +21,12 @@ log = logging.getLogger(__name__)
 
 
 def error_response(status: int, message: str, *, field: str | None = None,
-                   retry_after_s: float | None = None) -> Response:
+                   retry_after_s: float | None = None, reason: str | None = None) -> Response:
     body: dict[str, Any] = {"error": message}
     if field is not None:
         body["field"] = field
+    if reason is not None:
+        body["reason"] = reason
     response = jsonify(body)
     response.status_code = status
     if retry_after_s is not None:
@@ -54,7 +56,7 @@ def install_error_handler(app: Flask) -> None:
             tag = f" request_id={request_id!r}" if request_id is not None else ""
             log.log(answer.log_level, "%s %s%s -> %d: %s", request.method, request.path, tag, answer.status, exc)
         return error_response(answer.status, answer.message, field=answer.field,
-                              retry_after_s=answer.retry_after_s)
+                              retry_after_s=answer.retry_after_s, reason=answer.reason)
 
 
 def make_app(name: str) -> Flask:

@@ -174,6 +174,23 @@ class PeerFailed(PeerError):
     """The other node failed our request (a 5xx other than 503 and 504)."""
 
 
+# The `reason` of a 503 a worker answers when an index shard is down (ShardUnavailable): the
+# gateway tells it from a worker that is itself unavailable (which leaves the rotation).
+SHARD_UNAVAILABLE_REASON = "index_shard_unavailable"
+
+
+class ShardUnavailable(RuntimeError):
+    """Every replica of an index shard stayed unreachable or failing until the request's deadline:
+    no answer from a part of the index, so none at all (503, never a partial top 10)."""
+
+
+class PeerShardUnavailable(PeerError):
+    """Another worker answered 503 because an index shard is down (its reason says so)."""
+
+    def __init__(self, message: str):
+        super().__init__(503, message)
+
+
 # ---------------------------------------------------------------- the table
 
 @dataclass(frozen=True)
@@ -184,6 +201,7 @@ class HttpAnswer:
     field: str | None = None
     retry_after_s: float | None = None
     log_level: int | None = None  # None: not logged here (the caller's own mistake, or logged where raised)
+    reason: str | None = None  # a machine-readable reason in the body, for the node that called
 
 
 # Most specific first: the first entry whose type matches decides.
@@ -200,6 +218,10 @@ _TABLE: list[tuple[type[BaseException], Callable[[Any], HttpAnswer]]] = [
     # for WorkerFailed; the peer's address and words stay in the log.
     (NodeUnreachable, lambda e: HttpAnswer(503, PEER_UNAVAILABLE, retry_after_s=NOT_READY_RETRY_AFTER_S,
                                            log_level=logging.WARNING)),
+    (ShardUnavailable, lambda e: HttpAnswer(503, str(e), retry_after_s=NOT_READY_RETRY_AFTER_S,
+                                            log_level=logging.WARNING, reason=SHARD_UNAVAILABLE_REASON)),
+    (PeerShardUnavailable, lambda e: HttpAnswer(503, e.message, retry_after_s=NOT_READY_RETRY_AFTER_S,
+                                                reason=SHARD_UNAVAILABLE_REASON)),
     (PeerUnavailable, lambda e: HttpAnswer(503, PEER_UNAVAILABLE, retry_after_s=NOT_READY_RETRY_AFTER_S,
                                            log_level=logging.WARNING)),
     # The reference's exact 504 body: clients match on it. (PeerTimedOut and DeadlineExceeded too.)

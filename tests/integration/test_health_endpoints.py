@@ -140,3 +140,18 @@ def test_a_ready_node_answers_live_ready_and_its_settings_with_secrets_hidden(co
     assert "s3cret-token" not in text
     [warning] = [line for line in text.splitlines() if "GENERTE_MAX_BATCH" in line]
     assert " WARNING " in warning and "did you mean GENERATE_MAX_BATCH?" in warning
+
+
+def test_bind_host_is_where_a_node_listens_while_its_node_ip_is_where_others_reach_it(course_data, tmp_path):
+    """As in a container: the node listens on BIND_HOST (here 127.0.0.2), not on its NODE_<n>_IP's host."""
+    env = {**TEST_ENV, **data_env(course_data), "HF_HUB_OFFLINE": "1", "BIND_HOST": "127.0.0.2",
+           "SHUTDOWN_GRACE_S": "1"}
+    log = tmp_path / "node2.log"
+    proc, advertised = start_node(2, env, log)
+    bound = advertised.replace("127.0.0.1", "127.0.0.2")
+    try:
+        poll(proc, lambda: answer(f"{bound}/ready", lambda body: body["ready"]), START_S, "/ready 200 on BIND_HOST", log)
+        assert get(f"{advertised}/live") is None  # nothing listens on the advertised host here
+    finally:
+        stop(proc)
+    assert f"listening on 127.0.0.2:{bound.rsplit(':', 1)[1]}" in log.read_text()

@@ -26,7 +26,7 @@ def test_unbatched_baseline_forces_every_stage_to_one_at_a_time():
     assert fast.generate.mode == defaults.generate.mode == "continuous"
 
 
-@pytest.mark.parametrize("compare", ["batching", "threads", "precision"])
+@pytest.mark.parametrize("compare", ["batching", "threads", "precision", "workers"])
 def test_comparisons_other_than_cache_run_with_caches_off(compare):
     for variant in bench_service.COMPARISONS[compare](2):
         settings = _settings(variant)
@@ -61,6 +61,18 @@ def test_precision_variants_are_exact_against_the_fast_table_whatever_the_caller
             placement = placement_for(settings, stage, bf16_cpu=lambda: True, cuda_available=lambda: False)
             assert placement.precision == expected(stage), (variant.name, stage)
     assert [v.name for v in bench_service.choose_variants("precision", None, 2)] == ["exact", "fast"]
+
+
+def test_worker_variants_lay_out_two_three_and_four_workers_with_the_cores_split_between_them(model_source):
+    variants = bench_service.worker_variants(2)
+    envs = [bench_service.pinned_env({**bench_service.base_env(TEST_ENV, 9000, 60, bench_service.nodes_of(v.env)),
+                                      **v.env}, 2) for v in variants]
+    clusters = [Settings.from_env(env).cluster for env in envs]
+    assert [c.workers for c in clusters] == [(0, 1), (0, 1, 2), (0, 1, 2, 3)]
+    assert [c.index_nodes for c in clusters] == [(2,), (3,), (4,)]
+    assert [str(c.node_address(c.total_nodes - 1)) for c in clusters] == ["127.0.0.1:9002", "127.0.0.1:9003",
+                                                                        "127.0.0.1:9004"]
+    assert [env["TORCH_THREADS"] for env in envs] == ["1", "1", "1"]
 
 
 def test_unknown_variant_names_are_refused():

@@ -30,7 +30,7 @@ def test_defaults_parse_and_are_typed():
     s = Settings.from_env({})
     assert s.cluster.total_nodes == 3 and s.cluster.node_number is None
     assert s.cluster.node_1_ip == Address("127.0.0.1", 8001)
-    assert s.cluster.worker_nodes == (0, 1)
+    assert s.cluster.worker_nodes == () and s.cluster.rotation == (0, 1)  # empty: every worker
     assert s.models.only_cpu is False and s.index.nprobe == 64
     assert s.batching("generate").max_size >= 1
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -46,8 +46,8 @@ def test_values_from_env():
 
 
 @pytest.mark.parametrize("name,value,accepted", [
-    ("NODE_NUMBER", "abc", "an integer from 0 to 2"),
-    ("NODE_NUMBER", "5", "an integer from 0 to 2"),
+    ("NODE_NUMBER", "abc", "an integer from 0 to 63"),
+    ("NODE_NUMBER", "5", "a node below TOTAL_NODES (3), from 0 to 2"),
     ("NODE_1_IP", "10.0.0.5", "host:port"),
     ("NODE_0_IP", "host:99999", "host:port"),
     ("ONLY_CPU", "maybe", "true or false"),
@@ -68,8 +68,10 @@ def test_bad_value_gives_one_line_naming_variable_value_and_accepted(name, value
 
 def test_missing_index_file_and_documents(tmp_path: Path):
     s = Settings.from_env({"FAISS_INDEX_PATH": str(tmp_path / "nope.bin"), "DOCUMENTS_DIR": str(tmp_path)})
-    with pytest.raises(ConfigError, match=r"^FAISS_INDEX_PATH='.*nope.bin' is not valid: expected an existing"):
-        s.require_index_file()
+    with pytest.raises(ConfigError, match=r"^FAISS_INDEX_PATH='.*nope.bin' is not valid: the index file is missing"):
+        s.require_index_file(2)
+    with pytest.raises(ConfigError, match=r"^FAISS_INDEX_PATH='.*nope.bin' is not valid: the index file is missing"):
+        s.require_index_files()
     with pytest.raises(ConfigError, match=r"^DOCUMENTS_DIR=.*documents.db"):
         s.require_documents()
 
@@ -112,10 +114,10 @@ def test_default_http_threads_leave_spare_threads_beyond_the_gateway_limit():
     from services.server.lifecycle import Lifecycle
     s = Settings.from_env({"GATEWAY_MAX_IN_FLIGHT": "10"})
     life = Lifecycle("t", 0.0)
-    assert role_class(0)(s, 0, life).http_threads() == 10 + SPARE_HTTP_THREADS
-    assert role_class(1)(s, 1, life).http_threads() == 10 + SPARE_HTTP_THREADS
-    assert role_class(2)(s, 2, life).http_threads() == SPARE_HTTP_THREADS
-    assert role_class(2)(Settings.from_env({"WAITRESS_THREADS": "5"}), 2, life).http_threads() == 5
+    assert role_class(s.cluster, 0)(s, 0, life).http_threads() == 10 + SPARE_HTTP_THREADS
+    assert role_class(s.cluster, 1)(s, 1, life).http_threads() == 10 + SPARE_HTTP_THREADS
+    assert role_class(s.cluster, 2)(s, 2, life).http_threads() == SPARE_HTTP_THREADS
+    assert role_class(s.cluster, 2)(Settings.from_env({"WAITRESS_THREADS": "5"}), 2, life).http_threads() == 5
 
 
 def test_settings_that_must_agree_are_checked_in_one_line_naming_both():
@@ -158,7 +160,7 @@ def test_every_bad_value_and_every_disagreement_is_reported_at_once_one_line_eac
     assert [p.split("=")[0] for p in problems] == [
         "NODE_NUMBER", "ONLY_CPU", "REQUEST_TIMEOUT_S", "GATEWAY_MAX_JOINERS_PER_ID"]
     assert problems[2].startswith("REQUEST_TIMEOUT_S='4000' is not valid: expected at most 3600")
-    assert problems[0] == "NODE_NUMBER='abc' is not valid: expected an integer from 0 to 2"
+    assert problems[0] == "NODE_NUMBER='abc' is not valid: expected an integer from 0 to 63"
 
 
 def test_a_check_between_values_is_skipped_when_one_of_its_values_did_not_parse():
@@ -238,7 +240,7 @@ def test_python_m_pipeline_config_prints_every_problem_and_exits_2(monkeypatch, 
     ("FOO_DTYPE", None),  # one of our endings: some *_DTYPE is named
     ("HF_HUB_OFLINE", "HF_HUB_OFFLINE"),  # huggingface's prefix, but very close to ours
     ("REQEST_TIMEOUT_S", "REQUEST_TIMEOUT_S"),
-    ("NODE_3_IP", None),
+    ("NODE_01_IP", None),  # not one of NODE_<n>_IP (no leading zeros)
 ])
 def test_a_variable_that_looks_like_ours_gets_a_warning_naming_the_closest(typo, meant):
     from pipeline.config.typos import misspelt_variables
@@ -261,3 +263,66 @@ def test_other_softwares_variables_get_no_warning():
                "DEMO_DIR", "DEMO_DOCS", "LD_LIBRARY_PATH", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "LOGNAME",
                "PIP_FIND_LINKS", "HOSTNAME", *Settings.variables()]
     assert misspelt_variables({name: "x" for name in foreign}) == []
+
+
+# ---------------------------------------------------------------- topology: N workers, index shards and replicas
+
+def test_the_default_topology_is_the_three_node_design():
+    c = Settings.from_env({}).cluster
+    assert (c.workers, c.rotation, c.index_nodes, c.index_shards) == ((0, 1), (0, 1), (2,), 1)
+    assert [c.role_of(n) for n in c.nodes] == ["gateway", "worker", "index"]
+    assert c.bind_address(1) == c.node_address(1)
+
+
+def test_more_workers_shards_and_replicas_from_the_environment():
+    c = Settings.from_env({"TOTAL_NODES": "7", "INDEX_NODES": "4,5,6", "INDEX_SHARDS": "2", "NODE_4_IP": "idx-a:9000",
+                           "BIND_HOST": "0.0.0.0"}).cluster
+    assert c.workers == c.rotation == (0, 1, 2, 3)
+    assert [c.role_of(n) for n in c.nodes] == ["gateway", "worker", "worker", "worker", "index", "index", "index"]
+    assert [c.shard_of(n) for n in c.index_nodes] == [0, 1, 0] and c.replicas(0) == (4, 6) and c.replicas(1) == (5,)
+    assert str(c.node_address(4)) == "idx-a:9000" and str(c.node_address(5)) == "127.0.0.1:8005"
+    assert str(c.bind_address(4)) == "0.0.0.0:9000"
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"INDEX_NODES": "0,2"}, "INDEX_NODES='0,2' is not valid: node 0 is the gateway and a worker"),
+    ({"INDEX_NODES": "3"}, "INDEX_NODES='3' is not valid: node 3 is not below TOTAL_NODES (3)"),
+    ({"INDEX_SHARDS": "2"}, "INDEX_SHARDS='2' is not valid: expected at most the 1 INDEX_NODES (2)"),
+    ({"WORKER_NODES": "0,2"}, "WORKER_NODES='0,2' is not valid: node 2 is an index node (INDEX_NODES=2)"),
+    ({"TOTAL_NODES": "4", "WORKER_NODES": "5"}, "WORKER_NODES='5' is not valid: node 5 is not below TOTAL_NODES (4)"),
+    ({"NODE_3_IP": "127.0.0.1:9003"}, "NODE_3_IP is set but TOTAL_NODES is 3"),
+    ({"NODE_NUMBER": "3"}, "NODE_NUMBER='3' is not valid: expected a node below TOTAL_NODES (3)"),
+    ({"NODE_1_IP": "127.0.0.1:8000"}, "NODE_1_IP='127.0.0.1:8000' is not valid: node 0 has the same address"),
+    ({"TOTAL_NODES": "4", "NODE_3_IP": "nope"}, "NODE_3_IP='nope' is not valid: expected host:port"),
+    ({"BIND_HOST": "10.0.0.1:80"}, "BIND_HOST='10.0.0.1:80' is not valid: expected a host name or IP address without a port"),
+    ({"TOTAL_NODES": "65"}, "TOTAL_NODES='65' is not valid: expected an integer from 3 to 64"),
+])
+def test_a_topology_that_cannot_work_is_refused_naming_the_variable_and_the_rule(env, message):
+    with pytest.raises(ConfigError) as err:
+        Settings.from_env(env)
+    assert message in str(err.value), str(err.value)
+
+
+def test_a_numbered_node_address_is_a_setting_not_a_typo_and_shows_in_the_effective_settings():
+    from pipeline.config.typos import misspelt_variables
+    env = {"TOTAL_NODES": "4", "NODE_3_IP": "10.0.0.9:8000"}
+    assert misspelt_variables(env) == []
+    assert misspelt_variables({"NODE_3_IPP": "x"}) != []  # not one of the family: still a typo
+    shown = Settings.from_env(env).effective()
+    assert shown["NODE_3_IP"] == "10.0.0.9:8000" and "NODE_<n>_IP" not in shown
+
+
+def test_an_index_node_needs_its_own_shard_file_and_no_files_of_another_shard_count(tmp_path: Path):
+    from pipeline.shards import shard_path
+    index = tmp_path / "faiss_index.bin"
+    env = {"TOTAL_NODES": "5", "INDEX_NODES": "3,4", "INDEX_SHARDS": "2", "FAISS_INDEX_PATH": str(index)}
+    s = Settings.from_env(env)
+    shard_path(index, 1, 2).write_bytes(b"x")
+    assert s.require_index_file(4) == shard_path(index, 1, 2)
+    with pytest.raises(ConfigError, match=r"INDEX_SHARDS=2 is not valid: shard 0 of 2 is missing"):
+        s.require_index_file(3)
+    with pytest.raises(ConfigError, match=r"shard 0 of 2 is missing"):
+        s.require_index_files()
+    shard_path(index, 0, 3).write_bytes(b"x")  # left by a 3-shard build: the count disagrees
+    with pytest.raises(ConfigError, match=r"is shard 0 of a 3-shard build, but INDEX_SHARDS=2"):
+        s.require_index_file(4)

@@ -59,7 +59,7 @@ class GatewayRole(WorkerRole):
 
     def _targets(self) -> list[WorkerTarget]:
         targets = []
-        for node in self.settings.cluster.worker_nodes:
+        for node in self.settings.cluster.rotation:
             if node == self.node:  # our own worker: an in-process call, no HTTP hop
                 targets.append(WorkerTarget(node=node, answer=self.loaded_worker().answer, local=True,
                                             probe=lambda: self.lifecycle.readiness.state in LOCAL_SERVING))
@@ -85,8 +85,8 @@ class GatewayRole(WorkerRole):
         """The other nodes as this node reaches them (its NODE_<n>_IP settings): tools given only
         node 0's address (the profiling tools' --url) find every node's /metrics from here."""
         s = self.settings
-        return [{"node": n, "role": "index" if n == 2 else "worker", "url": s.node_address(n).url}
-                for n in range(s.cluster.total_nodes) if n != self.node]
+        return [{"node": n, "role": s.cluster.role_of(n), "url": s.node_address(n).url}
+                for n in s.cluster.nodes if n != self.node]
 
     def health_fields(self) -> dict[str, Any]:
         fields = super().health_fields()

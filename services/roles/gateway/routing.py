@@ -23,10 +23,12 @@ from services.server.errors import (
     Overloaded,
     PeerError,
     PeerRejectedToken,
+    PeerShardUnavailable,
     PeerTimedOut,
     PeerUnavailable,
     RequestTimeout,
     ServiceClosed,
+    ShardUnavailable,
     StageFailed,
     WorkerFailed,
 )
@@ -105,6 +107,8 @@ class Router:
                 self.mark(target, False, str(exc))
                 last_error = exc
                 continue
+            except PeerShardUnavailable as exc:  # the worker is fine, an index shard is not: so would the next be
+                raise ShardUnavailable(exc.message) from None
             except PeerUnavailable as exc:  # not ready, stopping or full: nothing computed, try the next
                 self.mark(target, False, str(exc))
                 last_error = exc

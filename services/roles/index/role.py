@@ -1,4 +1,4 @@
-"""Node 2's role: load the FAISS index, serve /search (ids back, never documents)."""
+"""An index node's role: load its shard of the FAISS index, serve /search (ids back, never documents)."""
 from __future__ import annotations
 
 import logging
@@ -29,7 +29,7 @@ class IndexRole(Role):
 
     @staticmethod
     def check_settings(settings: Settings) -> None:
-        settings.require_index_file()
+        settings.require_index_file(settings.require_node_number())
 
     @property
     def max_body_bytes(self) -> int:
@@ -43,11 +43,12 @@ class IndexRole(Role):
         from pipeline.vector_index import VectorIndex
         settings = self.settings
         started = time.monotonic()
-        index = VectorIndex.load(settings.index.faiss_index_path, nprobe=settings.index.nprobe, mmap=settings.index.faiss_mmap)
+        path = settings.require_index_file(self.node)
+        index = VectorIndex.load(path, nprobe=settings.index.nprobe, mmap=settings.index.faiss_mmap)
         cfg = settings.batching(Stage.INDEX)
         self.service = IndexService(index, max_size=cfg.max_size, max_wait_ms=cfg.max_wait_ms,
                                     max_queue=cfg.max_queue)
-        log.info("index %s loaded in %.2fs: %d vectors, dim %d, nprobe %s, mmap %s", settings.index.faiss_index_path,
+        log.info("index %s loaded in %.2fs: %d vectors, dim %d, nprobe %s, mmap %s", path,
                  time.monotonic() - started, index.ntotal, index.dim, index.nprobe, index.is_mmap)
 
     def loaded_service(self) -> IndexService:
@@ -62,8 +63,9 @@ class IndexRole(Role):
     def health_fields(self) -> dict[str, Any]:
         if not self.lifecycle.ready or self.service is None:
             return {"detail": self.lifecycle.readiness.detail}
-        index = self.service.index
-        return {"ntotal": index.ntotal, "dim": index.dim, "nprobe": index.nprobe, "mmap": index.is_mmap}
+        index, cluster = self.service.index, self.settings.cluster
+        return {"ntotal": index.ntotal, "dim": index.dim, "nprobe": index.nprobe, "mmap": index.is_mmap,
+                "shard": cluster.shard_of(self.node), "shards": cluster.index_shards}
 
     def register_routes(self, app: Flask) -> None:
         timeout_s = self.settings.search.timeout_s

@@ -26,10 +26,17 @@ from pipeline.generator import GenerationRequest
 from pipeline.reranker import RerankRequest
 from pipeline.spec import Stage
 from pipeline.stages import Stages
-from services.cluster.clients import IndexClient
+from services.cluster.sharded_index import ShardedIndexClient
 from services.roles.caches import LruCache
 from services.server import stage_spans
-from services.server.errors import Overloaded, RequestTimeout, ServiceClosed, StageDown, StageFailed
+from services.server.errors import (
+    Overloaded,
+    RequestTimeout,
+    ServiceClosed,
+    ShardUnavailable,
+    StageDown,
+    StageFailed,
+)
 from services.server.request_ids import current_request_id
 from services.stages.batching import BatchingService
 from services.stages.continuous import ContinuousGenerationService
@@ -141,7 +148,7 @@ class _StageClock:
 
 
 class Worker:
-    def __init__(self, config: WorkerConfig, stages: Stages, index: IndexClient):
+    def __init__(self, config: WorkerConfig, stages: Stages, index: ShardedIndexClient):
         self.config = config
         self.stages = stages
         self.index = index
@@ -172,7 +179,7 @@ class Worker:
                                max_queue=cfg.max_queue)
 
     def _search_batch(self, items: list[PendingSearch]) -> list[list[int]]:
-        # One HTTP call to node 2 for the whole batch. Retries run until the latest
+        # One HTTP call to each index shard for the whole batch. Retries run until the latest
         # deadline in the batch: a request that can still wait (node 2 restarting)
         # should get its answer; one whose deadline passed has stopped waiting anyway.
         deadline = max(item.deadline for item in items)
@@ -188,7 +195,7 @@ class Worker:
         except TimeoutError:  # our deadline, or a stage that gave up at it (search retries)
             future.cancel()  # skipped by its stage if it has not started yet
             raise RequestTimeout("request timed out") from None
-        except (Overloaded, ServiceClosed, CancelledError):
+        except (Overloaded, ServiceClosed, CancelledError, ShardUnavailable):
             raise
         except Exception as exc:
             raise StageFailed(stage, exc) from exc

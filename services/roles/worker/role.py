@@ -11,7 +11,7 @@ from pipeline import spec
 from pipeline.config import Settings
 from pipeline.config.checks import MAX_INTERNAL_TIMEOUT_S
 from pipeline.stages import Stages
-from services.cluster.clients import IndexClient
+from services.cluster.sharded_index import ShardedIndexClient
 from services.roles.base import SPARE_HTTP_THREADS, Role
 from services.roles.worker.request_path import ContinuousConfig, Worker, WorkerConfig, collect_stage_times
 from services.server.body import read_json_object, require_string
@@ -85,8 +85,7 @@ class WorkerRole(Role):
         started = time.monotonic()
         stages = Stages.load(settings, source)
         stages.warm_up()
-        index = IndexClient(settings.cluster.node_2_ip.url, connect_timeout_s=settings.cluster.connect_timeout_s,
-                            read_timeout_s=settings.search.timeout_s, token=settings.cluster.cluster_token)
+        index = ShardedIndexClient.from_cluster(settings.cluster, read_timeout_s=settings.search.timeout_s)
         self.worker = Worker(worker_config(settings), stages, index)
         log.info("node %d loaded and warmed its models in %.1fs (%s)", self.node, time.monotonic() - started,
                  self.model_source)

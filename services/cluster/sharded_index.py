@@ -1,0 +1,61 @@
+"""A worker's view of a sharded index: every shard searched at once, the top k merged.
+
+One IndexClient per shard (each fails over between that shard's replicas). A search
+goes to every shard in parallel and waits for all of them: a shard that cannot answer
+by the deadline fails the whole search (ShardUnavailable, or DeadlineExceeded when it
+was only slow), so an answer never silently leaves out part of the index. The merge
+is pipeline.shards.merge_batch: by ascending distance, equal to the unsharded index's
+for an exact index.
+"""
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from pipeline.config.sections import ClusterSettings
+from pipeline.shards import merge_batch
+from services.cluster.clients import IndexClient
+
+
+class ShardedIndexClient:
+    """The search of `shards` (one IndexClient each, in shard order) as one index."""
+
+    def __init__(self, shards: Sequence[IndexClient]):
+        if not shards:
+            raise ValueError("an index needs at least one shard")
+        self.shards = list(shards)
+        # One thread per shard beyond the caller's own: the search stage runs one batch at a time.
+        self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.shards) - 1), thread_name_prefix="shard")
+
+    @classmethod
+    def from_cluster(cls, cluster: ClusterSettings, *, read_timeout_s: float) -> ShardedIndexClient:
+        """One client per shard over its replicas, as the cluster section places them."""
+        count = cluster.index_shards
+        return cls([IndexClient([cluster.node_address(n).url for n in cluster.replicas(shard)],
+                                connect_timeout_s=cluster.connect_timeout_s, read_timeout_s=read_timeout_s,
+                                token=cluster.cluster_token,
+                                name="index server" if count == 1 else f"index shard {shard} of {count}")
+                    for shard in range(count)])
+
+    def search(self, vectors: np.ndarray, k: int, deadline: float | None = None, request_ids: Sequence[str] = (),
+               trace_parents: Sequence = ()) -> tuple[list[list[int]], list[list[float]]]:
+        """Each query's top k over every shard: (ids, distances), as IndexClient.search."""
+        def on(shard: IndexClient) -> tuple[list[list[int]], list[list[float]]]:
+            return shard.search(vectors, k, deadline=deadline, request_ids=request_ids, trace_parents=trace_parents)
+
+        if len(self.shards) == 1:
+            return on(self.shards[0])
+        # The other shards on the pool, in the caller's context (its trace); the first on this thread.
+        futures = [self._pool.submit(contextvars.copy_context().run, on, shard) for shard in self.shards[1:]]
+        answers = [on(self.shards[0])]
+        answers += [future.result() for future in futures]  # each bounded by the deadline; the first error wins
+        merged = merge_batch([list(zip(ids, distances)) for ids, distances in answers], k)
+        return [ids for ids, _ in merged], [distances for _, distances in merged]
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+        for shard in self.shards:
+            shard.close()
