@@ -1,0 +1,444 @@
+"""The roofline of one request: what each model stage must compute and read, and the least time
+this CPU can do it in.
+
+Every count is derived from a model's config (hidden size, layers, heads, KV heads, intermediate
+size, vocabulary, labels) and the request's token lengths:
+
+* MACs (multiply-adds; 2 FLOPs each) of the Linears, which the int8 variants quantize, and of
+  attention's own matmuls (QK^T and PV), which stay float in every variant. Encoders attend over
+  all keys (2 x tokens^2 x heads x head_dim per layer); a decoder's prefill is causal (query i
+  sees i + 1 keys).
+* Elements read: every Linear weight once per forward (and once per decode step: half a GB of
+  weights does not stay in cache from one step to the next), the embedding rows of the tokens,
+  and in decode the KV cache of each sequence.
+
+A floor is max(compute, memory): compute = Linear FLOPs / the peak of the kind the Linears run in
++ attention FLOPs / the peak of the float kind; memory = bytes read / the measured read bandwidth.
+Decode steps are floored one by one and summed. Not counted, so the floor stays a floor:
+activations, layer norms, softmax, biases, int8 scales (together < 1 % of the bytes at batch 1),
+int8's per-row quantization, padding, search and fetch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+# Rows of the table, in request order; prefill and decode are the generate stage's two halves.
+ROWS = ("embed", "rerank", "prefill", "decode", "sentiment", "toxicity")
+STAGE_OF_ROW = {"prefill": "generate", "decode": "generate"}
+# A BERT-family token reads a row of the word, position and token-type tables.
+ENCODER_EMBEDDING_TABLES = 3
+PEAK_KINDS = ("float32", "bfloat16", "int8")
+CPU_FLAGS = ("avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+
+
+# ------------------------------------------------------------------------- counting
+
+@dataclass(frozen=True)
+class Work:
+    """What one pass over a model's weights computes and reads (elements, not bytes)."""
+    linear_macs: int = 0
+    attention_macs: int = 0
+    weights: int = 0  # Linear weight elements, each read once per pass
+    embedding_reads: int = 0  # embedding-table elements gathered for the tokens
+    kv_reads: int = 0  # KV-cache elements read (decode)
+
+    def __add__(self, other: "Work") -> "Work":
+        return Work(*(getattr(self, f.name) + getattr(other, f.name) for f in dataclasses.fields(Work)))
+
+
+def together(works: Sequence[Work]) -> Work:
+    """The works as one pass of one model: computed and gathered for each, weights read once."""
+    total = sum(works, Work())
+    return dataclasses.replace(total, weights=max((w.weights for w in works), default=0))
+
+
+@dataclass(frozen=True)
+class EncoderShape:
+    """A BERT-family encoder: bge-base (labels 0: its pooler only), the reranker, the classifiers."""
+    hidden: int
+    layers: int
+    heads: int
+    intermediate: int
+    vocab: int
+    labels: int
+
+    @classmethod
+    def from_config(cls, config: Any, labels: int | None = None) -> "EncoderShape":
+        return cls(config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
+                   config.intermediate_size, config.vocab_size, config.num_labels if labels is None else labels)
+
+    @property
+    def layer_weights(self) -> int:
+        """Q, K, V and the attention output (hidden^2 each), the MLP's up and down."""
+        return 4 * self.hidden ** 2 + 2 * self.hidden * self.intermediate
+
+    @property
+    def head_weights(self) -> int:
+        """On the first token only: the pooler or the classifier's dense layer, then the labels."""
+        return self.hidden ** 2 + self.hidden * self.labels
+
+    def forward(self, tokens: int) -> Work:
+        """One sequence of `tokens` tokens (special tokens included), unpadded."""
+        return Work(linear_macs=tokens * self.layers * self.layer_weights + self.head_weights,
+                    attention_macs=self.layers * 2 * tokens ** 2 * self.hidden,
+                    weights=self.layers * self.layer_weights + self.head_weights,
+                    embedding_reads=ENCODER_EMBEDDING_TABLES * tokens * self.hidden)
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    """A Qwen2-style decoder: grouped-query attention, a gated MLP, logits over the vocabulary."""
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+
+    @classmethod
+    def from_config(cls, config: Any) -> "DecoderShape":
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return cls(config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
+                   config.num_key_value_heads, head_dim, config.intermediate_size, config.vocab_size)
+
+    @property
+    def layer_weights(self) -> int:
+        """Q and O (hidden x heads x head_dim each), K and V (hidden x kv_heads x head_dim each),
+        the MLP's gate, up and down."""
+        return (2 * self.hidden * self.heads * self.head_dim + 2 * self.hidden * self.kv_heads * self.head_dim
+                + 3 * self.hidden * self.intermediate)
+
+    @property
+    def weights(self) -> int:
+        """Every layer's Linears and the output head (vocab x hidden, tied to the embeddings or not)."""
+        return self.layers * self.layer_weights + self.vocab * self.hidden
+
+    @property
+    def kv_per_token(self) -> int:
+        return self.layers * 2 * self.kv_heads * self.head_dim
+
+    def prefill(self, tokens: int, rows: int = 1) -> Work:
+        """`rows` prompts of `tokens` tokens; logits of the last token only (as generate asks)."""
+        return Work(linear_macs=rows * (tokens * self.layers * self.layer_weights + self.vocab * self.hidden),
+                    attention_macs=rows * self.layers * self.heads * self.head_dim * tokens * (tokens + 1),
+                    weights=self.weights, embedding_reads=rows * tokens * self.hidden)
+
+    def step(self, context: int, rows: int = 1) -> Work:
+        """One decode forward: one new token in each of `rows` sequences, attending to `context`
+        keys (its own included) and reading that many keys and values from the cache."""
+        return Work(linear_macs=rows * (self.layers * self.layer_weights + self.vocab * self.hidden),
+                    attention_macs=rows * self.layers * self.heads * self.head_dim * 2 * context,
+                    weights=self.weights, embedding_reads=rows * self.hidden,
+                    kv_reads=rows * self.kv_per_token * context)
+
+    def decode(self, prompt_tokens: int, new_tokens: int, rows: int = 1) -> list[Work]:
+        """The decode forwards after the prefill: the prefill yields the first new token, so
+        `new_tokens` tokens take new_tokens - 1 forwards, the k-th attending to prompt + k keys."""
+        return [self.step(prompt_tokens + k, rows) for k in range(1, new_tokens)]
+
+
+@dataclass(frozen=True)
+class Models:
+    embed: EncoderShape
+    rerank: EncoderShape
+    generate: DecoderShape
+    sentiment: EncoderShape
+    toxicity: EncoderShape
+
+
+@dataclass(frozen=True)
+class RequestTokens:
+    """Token lengths of one request, as each model's tokenizer counts them."""
+    query: int
+    rerank: tuple[int, ...]  # each (query, document) pair
+    prompt: int
+    new_tokens: int
+    sentiment: int
+    toxicity: int
+
+
+def row_works(models: Models, tokens: RequestTokens, requests: int = 1) -> dict[str, list[Work]]:
+    """Each row's passes over its weights for `requests` requests served together."""
+    def encoder(shape: EncoderShape, lengths: Sequence[int]) -> list[Work]:
+        return [together([shape.forward(n) for n in lengths] * requests)]
+    return {"embed": encoder(models.embed, [tokens.query]),
+            "rerank": encoder(models.rerank, tokens.rerank),
+            "prefill": [models.generate.prefill(tokens.prompt, requests)],
+            "decode": models.generate.decode(tokens.prompt, tokens.new_tokens, requests),
+            "sentiment": encoder(models.sentiment, [tokens.sentiment]),
+            "toxicity": encoder(models.toxicity, [tokens.toxicity])}
+
+
+# ------------------------------------------------------------------------- precisions
+
+@dataclass(frozen=True)
+class PrecisionCost:
+    """Where a precision variant (pipeline/precision.py) computes and how wide what it reads is."""
+    linear_peak: str  # the PEAK_KINDS the Linears run at
+    attention_peak: str
+    weight_bytes: int  # per Linear weight
+    float_bytes: int  # per embedding or KV-cache element
+
+
+PRECISION_COSTS = {
+    "float32": PrecisionCost("float32", "float32", 4, 4),
+    "bfloat16": PrecisionCost("bfloat16", "bfloat16", 2, 2),
+    "int8-dynamic": PrecisionCost("int8", "float32", 1, 4),  # int8 x int8 Linears, the rest float32
+    "int8-weight": PrecisionCost("bfloat16", "bfloat16", 1, 2),  # int8 weights widened to bfloat16
+}
+
+
+def bytes_read(work: Work, precision: str) -> int:
+    cost = PRECISION_COSTS[precision]
+    return work.weights * cost.weight_bytes + (work.embedding_reads + work.kv_reads) * cost.float_bytes
+
+
+# ------------------------------------------------------------------------- the machine
+
+@dataclass(frozen=True)
+class Machine:
+    """This CPU's measured peaks (FLOP/s; int8: integer ops/s) and bandwidth (bytes/s)."""
+    cpu: str
+    flags: tuple[str, ...]  # those of CPU_FLAGS it has
+    capability: str  # torch.backends.cpu.get_cpu_capability()
+    threads: int
+    peaks: dict[str, float]
+    read_bandwidth: float  # a large tensor summed: what reading weights needs
+    copy_bandwidth: float  # read + write of a large copy, for comparison
+
+    def describe(self) -> str:
+        peaks = ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in self.peaks.items())
+        return (f"{self.cpu} [{', '.join(self.flags) or 'none of ' + '/'.join(CPU_FLAGS)}], torch capability "
+                f"{self.capability}, {self.threads} thread(s): {peaks}; read {self.read_bandwidth / 1e9:.1f} GB/s, "
+                f"copy {self.copy_bandwidth / 1e9:.1f} GB/s")
+
+
+def cpu_name(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def median_time(fn: Callable[[], object], rounds: int, warmup: int) -> float:
+    """Median seconds of `rounds` calls after `warmup` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def matmul_peak(kind: str, size: int, rounds: int, warmup: int) -> float:
+    """FLOP/s of a size^3 matmul: float32 or bfloat16 `@`, int8 `torch._int_mm` (int32 sums)."""
+    import torch
+    generator = torch.Generator().manual_seed(0)
+    if kind == "int8":
+        a, b = (torch.randint(-127, 128, (size, size), dtype=torch.int8, generator=generator) for _ in range(2))
+        def run() -> object:
+            return torch._int_mm(a, b)
+    else:
+        a, b = (torch.randn(size, size, generator=generator).to(getattr(torch, kind)) for _ in range(2))
+        def run() -> object:
+            return a @ b
+    with torch.inference_mode():
+        return 2 * size ** 3 / median_time(run, rounds, warmup)
+
+
+def bandwidths(mib: int, rounds: int, warmup: int) -> tuple[float, float]:
+    """(read, copy) bytes/s over a float32 tensor of `mib` MiB: a sum reads it, a copy reads and writes."""
+    import torch
+    x = torch.ones(mib * 2 ** 20 // 4)
+    y = torch.empty_like(x)
+    nbytes = x.numel() * x.element_size()
+    read = nbytes / median_time(x.sum, rounds, warmup)
+    copy = 2 * nbytes / median_time(lambda: y.copy_(x), rounds, warmup)
+    return read, copy
+
+
+def measure_machine(threads: int, matmul_size: int, bandwidth_mib: int, rounds: int, warmup: int,
+                    flags: frozenset[str] | None = None) -> Machine:
+    """Peaks and bandwidth on `threads` torch threads (restored afterwards)."""
+    import torch
+
+    from pipeline.device import cpu_flags
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        peaks = {kind: matmul_peak(kind, matmul_size, rounds, warmup) for kind in PEAK_KINDS}
+        read, copy = bandwidths(bandwidth_mib, rounds, warmup)
+    finally:
+        torch.set_num_threads(before)
+    have = cpu_flags() if flags is None else flags
+    return Machine(cpu_name(), tuple(f for f in CPU_FLAGS if f in have), torch.backends.cpu.get_cpu_capability(),
+                   threads, peaks, read, copy)
+
+
+# ------------------------------------------------------------------------- floors
+
+@dataclass(frozen=True)
+class Floor:
+    flops: float
+    bytes: float
+    compute_s: float
+    memory_s: float
+    floor_s: float  # max(compute, memory) of each pass, summed over passes
+
+    @property
+    def bound(self) -> str:
+        return "compute" if self.compute_s >= self.memory_s else "memory"
+
+    def __add__(self, other: "Floor") -> "Floor":
+        return Floor(*(getattr(self, f.name) + getattr(other, f.name) for f in dataclasses.fields(Floor)))
+
+
+def floor_of(work: Work, precision: str, machine: Machine) -> Floor:
+    cost = PRECISION_COSTS[precision]
+    linear, attention = 2 * work.linear_macs, 2 * work.attention_macs
+    compute = linear / machine.peaks[cost.linear_peak] + attention / machine.peaks[cost.attention_peak]
+    nbytes = bytes_read(work, precision)
+    memory = nbytes / machine.read_bandwidth
+    return Floor(linear + attention, nbytes, compute, memory, max(compute, memory))
+
+
+def floor_of_passes(works: Sequence[Work], precision: str, machine: Machine) -> Floor:
+    return sum((floor_of(w, precision, machine) for w in works), Floor(0, 0, 0, 0, 0))
+
+
+@dataclass(frozen=True)
+class PlanFloor:
+    """The floors of one precision plan (a variant for every stage, or `fast`'s mix)."""
+    name: str
+    precisions: dict[str, str]  # row -> variant
+    idle: dict[str, Floor]  # row -> floor of one request alone
+    concurrency: int
+    concurrent: dict[str, Floor]  # row -> floor of `concurrency` requests served together
+
+    @property
+    def idle_s(self) -> float:
+        return sum(f.floor_s for f in self.idle.values())
+
+    @property
+    def concurrent_s(self) -> float:
+        return sum(f.floor_s for f in self.concurrent.values())
+
+    @property
+    def concurrent_rpm(self) -> float:
+        return 60.0 * self.concurrency / self.concurrent_s
+
+
+def plan_floor(name: str, stage_precisions: Mapping[str, str], models: Models, tokens: RequestTokens,
+               machine: Machine, concurrency: int) -> PlanFloor:
+    """`stage_precisions`: stage (embed, rerank, generate, sentiment, toxicity) -> variant."""
+    precisions = {row: stage_precisions[STAGE_OF_ROW.get(row, row)] for row in ROWS}
+    def floors(requests: int) -> dict[str, Floor]:
+        works = row_works(models, tokens, requests)
+        return {row: floor_of_passes(works[row], precisions[row], machine) for row in ROWS}
+    return PlanFloor(name, precisions, floors(1), concurrency, floors(concurrency))
+
+
+# ------------------------------------------------------------------------- measured vs floor
+
+# What a measured-times file may give: per-row seconds, `generate` (prefill + decode), the whole
+# idle request, and requests per minute at the plan's concurrency.
+MEASURED_KEYS = ROWS + ("generate", "request", "concurrency_rpm")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    what: str
+    measured: float
+    floor: float
+    unit: str
+    times_floor: float  # how many floors the measured figure is (1.0 = at the roofline)
+
+    @property
+    def fraction(self) -> float:
+        """The share of the roofline reached: 1 / times_floor."""
+        return 1.0 / self.times_floor
+
+
+def compare(plan: PlanFloor, measured: Mapping[str, float]) -> list[Comparison]:
+    """Each measured figure beside its floor; a key outside MEASURED_KEYS is a ValueError."""
+    unknown = sorted(set(measured) - set(MEASURED_KEYS))
+    if unknown:
+        raise ValueError(f"unknown measured key(s) {', '.join(unknown)}: expected {', '.join(MEASURED_KEYS)}")
+    floors = {row: plan.idle[row].floor_s for row in ROWS}
+    floors["generate"] = floors["prefill"] + floors["decode"]
+    floors["request"] = plan.idle_s
+    out = []
+    for key in MEASURED_KEYS:
+        if key not in measured:
+            continue
+        value = float(measured[key])
+        if key == "concurrency_rpm":
+            out.append(Comparison(f"{key} (c={plan.concurrency})", value, plan.concurrent_rpm, "req/min",
+                                  plan.concurrent_rpm / value))
+        else:
+            out.append(Comparison(key, value, floors[key], "s", value / floors[key]))
+    return out
+
+
+# ------------------------------------------------------------------------- tables
+
+def plan_record(plan: PlanFloor) -> dict[str, Any]:
+    """A plan as JSON-ready values, each floor with its bound and the totals."""
+    def floors(by_row: Mapping[str, Floor]) -> dict[str, Any]:
+        return {row: {**dataclasses.asdict(f), "bound": f.bound} for row, f in by_row.items()}
+    return {"name": plan.name, "precisions": plan.precisions, "idle": floors(plan.idle), "idle_s": plan.idle_s,
+            "concurrency": plan.concurrency, "concurrent": floors(plan.concurrent),
+            "concurrent_s": plan.concurrent_s, "concurrent_rpm": plan.concurrent_rpm}
+
+
+def format_work(models: Models, tokens: RequestTokens) -> str:
+    works = row_works(models, tokens)
+    lengths = {"embed": str(tokens.query), "rerank": f"{len(tokens.rerank)}x~{_mean(tokens.rerank):.0f}",
+               "prefill": str(tokens.prompt), "decode": f"{tokens.new_tokens - 1} steps",
+               "sentiment": str(tokens.sentiment), "toxicity": str(tokens.toxicity)}
+    header = (f"{'stage':<10}{'tokens':>12}{'GMAC lin':>10}{'GMAC attn':>10}{'M weights':>11}{'passes':>8}"
+              f"{'M KV read':>11}")
+    lines = [header, "-" * len(header)]
+    for row in ROWS:
+        total = sum(works[row], Work())
+        lines.append(f"{row:<10}{lengths[row]:>12}{total.linear_macs / 1e9:>10.2f}{total.attention_macs / 1e9:>10.3f}"
+                     f"{works[row][0].weights / 1e6:>11.1f}{len(works[row]):>8}{total.kv_reads / 1e6:>11.1f}")
+    return "\n".join(lines)
+
+
+def format_floors(plans: Sequence[PlanFloor]) -> str:
+    """Floor ms per row and plan (c: compute-bound, m: memory-bound), then the request totals."""
+    header = f"{'floor':<22}" + "".join(f"{p.name:>15}" for p in plans)
+    lines = [header, "-" * len(header)]
+    for row in ROWS:
+        lines.append(f"{row + ' ms':<22}" + "".join(f"{p.idle[row].floor_s * 1e3:>13.1f} {p.idle[row].bound[0]}"
+                                                    for p in plans))
+    concurrency = plans[0].concurrency if plans else 0
+    lines.append(f"{'idle request s':<22}" + "".join(f"{p.idle_s:>15.3f}" for p in plans))
+    lines.append(f"{f'{concurrency} together s':<22}" + "".join(f"{p.concurrent_s:>15.3f}" for p in plans))
+    lines.append(f"{f'c={concurrency} req/min':<22}" + "".join(f"{p.concurrent_rpm:>15.1f}" for p in plans))
+    return "\n".join(lines)
+
+
+def format_comparisons(plan: PlanFloor, comparisons: Sequence[Comparison]) -> str:
+    header = f"{'measured (' + plan.name + ')':<26}{'measured':>12}{'floor':>12}{'x floor':>9}{'of roofline':>13}"
+    lines = [header, "-" * len(header)]
+    for c in comparisons:
+        lines.append(f"{c.what:<26}{c.measured:>12.3f}{c.floor:>12.3f}{c.times_floor:>9.2f}{c.fraction:>13.0%}"
+                     f"  {c.unit}")
+    return "\n".join(lines)
+
+
+def _mean(values: Sequence[int]) -> float:
+    return statistics.mean(values) if values else 0.0

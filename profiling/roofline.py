@@ -1,0 +1,254 @@
+"""The roofline of one request on this CPU: per stage, the arithmetic and the bytes one request
+needs, against this CPU's measured matmul peaks and memory bandwidth, in every precision.
+
+    MODEL_SOURCE=standin STANDIN_PROFILE=faithful python -m profiling.roofline [--threads 2]
+        [--rounds 5] [--measured FILE.json | --microbench DIR] [--measured-precision fast] [--out DIR]
+
+Shapes come from the configured models' configs (MODEL_SOURCE; the faithful stand-ins carry the
+real configs); no weights are loaded. Token lengths are the real tokenizers' counts for one
+reference query (--query-index): the query (embed); the query with ten support-corpus documents,
+truncated at 512 (rerank, or --rerank-tokens); the generator's chat prompt with the top three of
+them (prefill); an answer of 400-512 characters cut as the classifiers cut it (sentiment, toxicity).
+The counting and the floors are profiling/lib/roofline.py's.
+
+Peaks: a --matmul-size cubed matmul in float32, bfloat16 and int8 (`torch._int_mm`), and a sum
+and a copy of a --bandwidth-mib tensor, each the median of --rounds after --warmup, on --threads
+torch threads. Floors are given for each precision variant on every stage and for PRECISION=fast's
+mix on this CPU: one idle request (the stages in sequence) and --concurrency requests served
+together (weights read once per pass and per decode step for all of them).
+
+--measured FILE.json: seconds by key (embed, rerank, prefill, decode, generate, sentiment,
+toxicity, request; concurrency_rpm in requests/min), either flat or as
+{"precision": NAME, "times": {...}}; --microbench DIR: profiling.microbench's
+microbench_<stage>.csv files, each stage's batch-1 median (its generate is prefill + decode).
+Given both, the file's figures win where they overlap. They are printed as multiples of the
+floor of --measured-precision (or of the file's "precision").
+
+Prints the tables and writes roofline.json into --out or a fresh runs/roofline-<UTC time>/.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from pipeline import spec
+from pipeline.config import PRECISION_VARIANTS, ConfigError, Settings
+from profiling.lib.cli import add_out, comma_list, make_parser, positive
+from profiling.lib.provenance import local_record
+from profiling.lib.report import run_folder, write_json
+from profiling.lib.roofline import (
+    DecoderShape,
+    EncoderShape,
+    Models,
+    PlanFloor,
+    RequestTokens,
+    compare,
+    format_comparisons,
+    format_floors,
+    format_work,
+    measure_machine,
+    plan_floor,
+    plan_record,
+)
+
+FAST = "fast"
+PLANS = PRECISION_VARIANTS + (FAST,)
+MICROBENCH_STAGES = ("embed", "rerank", "generate", "sentiment", "toxicity")
+
+
+# ------------------------------------------------------------------------- inputs
+
+def load_models(source) -> Models:
+    """Each model's shape from its config (config.json only)."""
+    from transformers import AutoConfig
+
+    def config(name: str) -> Any:
+        return AutoConfig.from_pretrained(name, **source.hf_kwargs())
+    return Models(embed=EncoderShape.from_config(config(spec.EMBEDDER_MODEL), labels=0),  # a pooler, no labels
+                  rerank=EncoderShape.from_config(config(spec.RERANKER_MODEL)),
+                  generate=DecoderShape.from_config(config(spec.GENERATOR_MODEL)),
+                  sentiment=EncoderShape.from_config(config(spec.SENTIMENT_MODEL)),
+                  toxicity=EncoderShape.from_config(config(spec.TOXICITY_MODEL)))
+
+
+def request_tokens(source, query_index: int, new_tokens: int,
+                   rerank_tokens: Sequence[int] | None = None) -> tuple[RequestTokens, dict[str, Any]]:
+    """One reference request's token lengths, counted by each model's own tokenizer, and what was counted."""
+    from transformers import AutoTokenizer
+
+    from pipeline.device import Placement
+    from pipeline.reranker import Reranker
+    from profiling.lib.inputs import answer_texts, document_pool, rerank_inputs
+
+    def tokenizer(name: str) -> Any:
+        return AutoTokenizer.from_pretrained(name, **source.hf_kwargs())
+
+    pool = document_pool(None)
+    request = rerank_inputs(pool, 1, query_index)[0]
+    answer = spec.classifier_text(answer_texts(pool, 1, query_index)[0])
+    if rerank_tokens is None:
+        # The reranker's own tokenization (no model is needed to count).
+        reranker = Reranker(tokenizer(spec.RERANKER_MODEL), None, Placement("cpu", "float32"))
+        encoded = reranker.encode_pairs([(request.query, d.content) for d in request.documents])
+        rerank_tokens = [len(ids) for ids in encoded["input_ids"]]
+    generator = tokenizer(spec.GENERATOR_MODEL)
+    # As Generator.prompt renders it: the contract's messages through the chat template.
+    prompt = generator.apply_chat_template(spec.build_messages(request.query, request.documents), tokenize=False,
+                                           add_generation_prompt=True)
+
+    def classifier(name: str) -> int:
+        return len(tokenizer(name)(answer, truncation=True, max_length=spec.TRUNCATE_LENGTH).input_ids)
+
+    tokens = RequestTokens(query=len(tokenizer(spec.EMBEDDER_MODEL)(request.query).input_ids),
+                           rerank=tuple(rerank_tokens), prompt=len(generator(prompt).input_ids),
+                           new_tokens=new_tokens, sentiment=classifier(spec.SENTIMENT_MODEL),
+                           toxicity=classifier(spec.TOXICITY_MODEL))
+    return tokens, {"query": request.query, "answer_chars": len(answer),
+                    "rerank_documents": [d.title for d in request.documents]}
+
+
+def stage_plans() -> dict[str, dict[str, str]]:
+    """Every variant on every stage, and PRECISION=fast's choice for this CPU."""
+    from pipeline.device import cpu_supports_bf16
+    from pipeline.precision import FAST as FAST_TABLE
+    from pipeline.precision import hardware_kind
+    stages = list(map(str, spec.MODEL_STAGES))
+    plans = {variant: {stage: variant for stage in stages} for variant in PRECISION_VARIANTS}
+    plans[FAST] = dict(FAST_TABLE[hardware_kind("cpu", cpu_supports_bf16)])
+    return plans
+
+
+# ------------------------------------------------------------------------- measured figures
+
+class MeasuredError(ValueError):
+    """A measured-times file or folder that cannot be read as one."""
+
+
+def read_measured(path: Path) -> tuple[str | None, dict[str, float]]:
+    """(its precision or None, its figures) from a --measured JSON file."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise MeasuredError(f"--measured {path}: {exc}") from None
+    precision = None
+    if isinstance(data, dict) and "times" in data:
+        precision, data = data.get("precision"), data["times"]
+    if not isinstance(data, dict) or not all(isinstance(v, (int, float)) and v > 0 for v in data.values()):
+        raise MeasuredError(f"--measured {path}: expected a JSON object of positive numbers by key")
+    if precision is not None and precision not in PLANS:
+        raise MeasuredError(f"--measured {path}: precision {precision!r} is not one of {', '.join(PLANS)}")
+    return precision, {str(k): float(v) for k, v in data.items()}
+
+
+def read_microbench(folder: Path) -> dict[str, float]:
+    """Each stage's batch-1 median seconds from microbench_<stage>.csv files in `folder`."""
+    times = {}
+    for stage in MICROBENCH_STAGES:
+        path = Path(folder) / f"microbench_{stage}.csv"
+        if not path.is_file():
+            continue
+        with open(path, newline="") as f:
+            rows = [r for r in csv.DictReader(f) if r.get("batch_size") == "1"]
+        if rows:
+            times[stage] = float(rows[0]["batch_s_median"])
+    if not times:
+        raise MeasuredError(f"--microbench {folder}: no microbench_<stage>.csv with a batch-size-1 row")
+    return times
+
+
+def measured_figures(args: argparse.Namespace) -> tuple[str, dict[str, float]]:
+    precision, times = args.measured_precision, {}
+    if args.microbench is not None:
+        times.update(read_microbench(args.microbench))
+    if args.measured is not None:
+        named, given = read_measured(args.measured)
+        precision = named or precision
+        times.update(given)
+    return precision, times
+
+
+# ------------------------------------------------------------------------- CLI
+
+def busy() -> float:
+    """The 1-minute load average: others' work on these cores lowers every measured peak."""
+    return os.getloadavg()[0]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = make_parser("python -m profiling.roofline", __doc__)
+    p.add_argument("--threads", type=positive(int), default=2, help="torch threads the peaks are measured on")
+    p.add_argument("--matmul-size", type=positive(int), default=2048, help="n of the n x n x n matmuls timed")
+    p.add_argument("--bandwidth-mib", type=positive(int), default=256,
+                   help="MiB of the tensor summed and copied (well above the caches)")
+    p.add_argument("--rounds", type=positive(int), default=5, help="timed rounds of each peak (the median is used)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
+    p.add_argument("--concurrency", type=positive(int), default=8, help="requests served together for throughput")
+    p.add_argument("--new-tokens", type=positive(int), default=spec.MAX_NEW_TOKENS, help="tokens generated")
+    p.add_argument("--query-index", type=int, choices=range(len(spec.REFERENCE_QUERIES)), default=0,
+                   metavar="0-7", help="which reference query (SPEC's client order)")
+    p.add_argument("--rerank-tokens", type=comma_list(int, minimum=1, what="token counts", example="255,240"),
+                   default=None, help="token lengths of the rerank pairs; unset: tokenized from the support corpus")
+    p.add_argument("--measured", type=Path, default=None, help="a JSON file of measured seconds by key (see above)")
+    p.add_argument("--microbench", type=Path, default=None, help="a profiling.microbench output folder")
+    p.add_argument("--measured-precision", choices=PLANS, default=FAST,
+                   help="the precision plan the measured figures ran in (a --measured file's own wins)")
+    add_out(p, "roofline")
+    return p
+
+
+def print_report(source: str, machine_line: str, work: str, plans: Sequence[PlanFloor], comparison: str) -> None:
+    print(f"models: {source}; {machine_line}")
+    print(f"load average {busy():.2f} on {os.cpu_count()} CPUs when measured (a busy machine measures low peaks)")
+    print(work)
+    print()
+    print(format_floors(plans))
+    fast = next(p for p in plans if p.name == FAST)
+    print("  (c: compute-bound, m: memory-bound; fast = " + ", ".join(
+        f"{row} {precision}" for row, precision in fast.precisions.items() if row != "decode")
+        + "; exact = the *_DTYPE settings: the bfloat16 column with DTYPE=auto on a bf16 CPU)")
+    if comparison:
+        print()
+        print(comparison)
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        settings = Settings.from_env(env)
+        precision, measured = measured_figures(args)
+    except (ConfigError, MeasuredError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from pipeline.models import resolve_model_source
+    source = resolve_model_source(settings)
+    models = load_models(source)
+    tokens, counted = request_tokens(source, args.query_index, args.new_tokens, args.rerank_tokens)
+    machine = measure_machine(args.threads, args.matmul_size, args.bandwidth_mib, args.rounds, args.warmup)
+    plans = [plan_floor(name, stages, models, tokens, machine, args.concurrency)
+             for name, stages in stage_plans().items()]
+    by_name = {p.name: p for p in plans}
+    try:
+        comparisons = compare(by_name[precision], measured) if measured else []
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print_report(source.describe(), machine.describe(), format_work(models, tokens), plans,
+                 format_comparisons(by_name[precision], comparisons) if comparisons else "")
+    out = run_folder("roofline", args.out)
+    path = write_json(out / "roofline.json", {
+        "machine": machine, "models": models, "tokens": tokens, "counted": counted,
+        "load_average_1min": busy(), "model_source": source.describe(), "plans": [plan_record(p) for p in plans],
+        "measured": {"precision": precision, "comparisons": [{**vars(c), "fraction": c.fraction}
+                                                             for c in comparisons]},
+        "args": vars(args), "provenance": local_record(settings=settings)}, strict=True)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
