@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import copy
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from pipeline import spec
@@ -25,6 +26,9 @@ class GenerationRequest:
     documents: tuple  # reranked documents, best first; only the top 3 are used
     # New tokens at most; None: the generation config's (the contract's 128).
     max_new_tokens: int | None = None
+    # Called with each new token id as continuous batching produces it, on the engine's thread (a
+    # stream's reader); not part of what is asked, so not of equality. Static batches never call it.
+    on_token: Callable[[int], None] | None = field(default=None, compare=False, repr=False)
 
 
 class Generator:

@@ -14,6 +14,7 @@ class StepResult:
     failed: list[tuple[SequenceState, BaseException]]
     decoded_rows: int  # sequences that took a decode step this iteration
     admitted: list[SequenceState] = field(default_factory=list)  # given a slot this iteration
+    tokens: list[tuple[SequenceState, int]] = field(default_factory=list)  # each token produced, in order
 
 
 @dataclass(frozen=True)
@@ -76,4 +77,4 @@ class ContinuousEngine:
             output = self.runner.execute(plan)
             update = self.scheduler.update_from_output(plan, output)
             self.runner.release([s.seq_id for s in update.finished] + [s.seq_id for s, _ in update.failed])
-        return StepResult(update.finished, update.failed, len(plan.decode), plan.admitted)
+        return StepResult(update.finished, update.failed, len(plan.decode), plan.admitted, update.appended)

@@ -66,6 +66,7 @@ class RunnerOutput:
 class UpdateResult:
     finished: list[SequenceState]
     failed: list[tuple[SequenceState, BaseException]]
+    appended: list[tuple[SequenceState, int]] = field(default_factory=list)  # each new token, in order
 
 
 class Scheduler:
@@ -137,7 +138,7 @@ class Scheduler:
     def update_from_output(self, plan: SchedulerOutput, output: RunnerOutput) -> UpdateResult:
         """The one place sequences change: tokens appended, prompts promoted, leavers dropped."""
         now = self._clock()
-        failed = []
+        failed, appended = [], []
         for seq in plan.decode + [chunk.seq for chunk in plan.prefill]:
             if seq.seq_id in output.failed:
                 failed.append((seq, output.failed[seq.seq_id]))
@@ -145,6 +146,7 @@ class Scheduler:
         for seq in plan.decode:
             if seq.seq_id in output.decoded:
                 self._append(seq, output.decoded[seq.seq_id])
+                appended.append((seq, output.decoded[seq.seq_id]))
         for seq, _start, _end in plan.prefill:
             seq.prefilled = output.prefilled.get(seq.seq_id, seq.prefilled)
             if seq.seq_id in output.first_tokens:
@@ -152,11 +154,12 @@ class Scheduler:
                 self.prefilling.remove(seq)
                 seq.first_token_at = now
                 self._append(seq, output.first_tokens[seq.seq_id])
+                appended.append((seq, output.first_tokens[seq.seq_id]))
                 self.running.append(seq)
         finished = [s for s in self.running if s.finished]
         for seq in finished:
             self.drop(seq)
-        return UpdateResult(finished, failed)
+        return UpdateResult(finished, failed, appended)
 
     def _append(self, seq: SequenceState, token: int) -> None:
         seq.generated.append(token)

@@ -25,6 +25,7 @@ class AbortableCalls:
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=name)
         self._lock = threading.Lock()
         self._waiting: set[Future] = set()
+        self._open: set[Any] = set()  # responses being read (streams): closed by abort
         self._abort_error: Callable[[], BaseException] | None = None
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:
@@ -54,12 +55,36 @@ class AbortableCalls:
         else:
             _settle(waiter, result=result)
 
+    def hold(self, resource: Any) -> None:
+        """A response whose body the caller reads past call(): abort closes it, so a read blocked on it
+        ends (the caller then raises `aborted()`)."""
+        with self._lock:
+            if self._abort_error is None:
+                self._open.add(resource)
+                return
+        resource.close()
+
+    def release(self, resource: Any) -> None:
+        with self._lock:
+            self._open.discard(resource)
+
+    def aborted(self) -> BaseException | None:
+        """abort's error, once it has been called."""
+        with self._lock:
+            return self._abort_error() if self._abort_error is not None else None
+
     def abort(self, make_error: Callable[[], BaseException]) -> int:
         """Fail every call waiting now, and refuse every later one, with a new make_error() each;
-        how many were waiting."""
+        close every held response; how many calls were waiting."""
         with self._lock:
             self._abort_error = make_error
             waiting, self._waiting = list(self._waiting), set()
+            held, self._open = list(self._open), set()
+        for resource in held:
+            try:
+                resource.close()
+            except Exception:  # noqa: BLE001 - closing a socket another thread reads may complain
+                pass
         return sum(_settle(waiter, error=make_error()) for waiter in waiting)
 
     def close(self) -> None:

@@ -17,14 +17,14 @@ import itertools
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import requests
 from requests.adapters import HTTPAdapter
 
 from services.cluster.abortable import AbortableCalls
-from services.server import tracing
+from services.server import sse, tracing
 from services.server.errors import (
     SHARD_UNAVAILABLE_REASON,
     DeadlineExceeded,
@@ -74,7 +74,12 @@ def _error_body(response: requests.Response) -> tuple[str, str | None]:
 
 def peer_error(response: requests.Response) -> PeerError | PeerTimedOut:
     """The typed error for another node's error status, with its own message."""
-    status, (message, reason) = response.status_code, _error_body(response)
+    message, reason = _error_body(response)
+    return status_error(response.status_code, message, reason)
+
+
+def status_error(status: int, message: str, reason: str | None = None) -> PeerError | PeerTimedOut:
+    """The typed error for an error status another node answered (or ended its stream with)."""
     if status == 401:
         return PeerRejectedToken(message)
     if status == 503 and reason == SHARD_UNAVAILABLE_REASON:
@@ -200,25 +205,64 @@ class WorkerClient:
         self.session = pooled_session(pool_size, token)
         self._calls = AbortableCalls(f"to-{self.base_url}", pool_size)
 
-    def answer(self, request_id: str, query: str, timeout_s: float) -> dict:
+    def answer(self, request_id: str, query: str, timeout_s: float, max_new_tokens: int | None = None) -> dict:
         """The worker's reply; whatever abort() says instead once it is called."""
-        return self._calls.call(self._answer, request_id, query, timeout_s)
+        extra = {"max_new_tokens": max_new_tokens} if max_new_tokens is not None else None
+        return self._calls.call(self._answer, request_id, query, timeout_s, extra)
 
     def abort(self, make_error: Callable[[], BaseException]) -> None:
         """Answer every call waiting on this worker, and every later one, with make_error() (the
         node is past its SHUTDOWN_GRACE_S; a reply that comes later is dropped)."""
         self._calls.abort(make_error)
 
-    def _answer(self, request_id: str, query: str, timeout_s: float) -> dict:
+    def stream(self, request_id: str, query: str, timeout_s: float,
+               max_new_tokens: int | None = None) -> Iterator[str | dict]:
+        """The worker's answer stream (services.server.stream_response), relayed as each event
+        arrives: text pieces, then the reply. Errors before the first event are raised here as
+        answer() raises them; a stream that ends in an error event raises its typed error."""
+        body = {"stream": True, **({"max_new_tokens": max_new_tokens} if max_new_tokens is not None else {})}
+        response = self._calls.call(self._post, request_id, query, timeout_s, body, True)
+        self._calls.hold(response)
+        return self._relay(response)
+
+    def _relay(self, response: requests.Response) -> Iterator[str | dict]:
+        try:
+            for event in sse.iter_events(sse.iter_lines(response.iter_content(chunk_size=None))):
+                data = event.json()
+                if event.name == sse.TOKEN:
+                    yield data["text"]
+                elif event.name == sse.REPLY:
+                    yield data
+                    return
+                elif event.name == sse.ERROR:
+                    raise status_error(int(data["status"]), str(data["error"]), data.get("reason"))
+            raise PeerFailed(502, f"the stream of the worker at {self.base_url} ended without its reply")
+        except (requests.RequestException, OSError, ValueError) as exc:
+            aborted = self._calls.aborted()
+            if aborted is not None:
+                raise aborted from None
+            raise NodeUnreachable(f"the stream of the worker at {self.base_url} broke: "
+                                  f"{exc.__class__.__name__}") from None
+        finally:
+            self._calls.release(response)
+            response.close()
+
+    def _answer(self, request_id: str, query: str, timeout_s: float, extra: dict | None) -> dict:
+        return self._post(request_id, query, timeout_s, extra).json()
+
+    def _post(self, request_id: str, query: str, timeout_s: float, extra: dict | None = None,
+              stream: bool = False) -> requests.Response:
+        """The POST, its status checked (an error status raises its typed error); the body unread
+        when `stream`."""
         # The time left goes along, so node 1 gives up (and cancels its queued work) when we do.
-        body = {"request_id": request_id, "query": query, "timeout_s": max(0.001, timeout_s)}
+        body = {"request_id": request_id, "query": query, "timeout_s": max(0.001, timeout_s), **(extra or {})}
         # The caller's X-Request-ID (this thread serves its /query), so node 1 logs the same id.
         trace = current_request_id.get()
         url = f"{self.base_url}/internal/answer"
         with tracing.client_span("POST /internal/answer", url, attributes={tracing.REQUEST_ID: trace}) as call:
             headers = {REQUEST_ID_HEADER: trace, **call.headers} if trace else call.headers
             try:
-                response = self.session.post(url, json=body, headers=headers or None,
+                response = self.session.post(url, json=body, headers=headers or None, stream=stream,
                                              timeout=(self.connect_timeout_s, timeout_s + WORKER_REPLY_GRACE_S))
             except requests.ConnectionError as exc:
                 # Refused, reset or a connect timeout: the node is down. If it had started the
@@ -228,8 +272,11 @@ class WorkerClient:
                 raise PeerTimedOut(f"worker at {self.base_url} did not answer within {timeout_s:.1f}s") from None
             call.answered(response.status_code)
             if response.status_code != 200:
-                raise peer_error(response)
-            return response.json()
+                try:
+                    raise peer_error(response)
+                finally:
+                    response.close()
+            return response
 
     def health(self, timeout_s: float = 2.0) -> dict | None:
         """The worker's /health body when it is ready, else None."""

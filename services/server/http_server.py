@@ -171,7 +171,10 @@ def build_http_server(app: Flask, host: str, port: int, config: HttpServerConfig
     server = create_server(app, host=host, port=port, threads=threads, channel_timeout=config.channel_timeout_s,
                            connection_limit=connection_limit, clear_untrusted_proxy_headers=True,
                            max_request_body_size=max_body_bytes + 1, max_request_header_size=MAX_HEADER_BYTES,
-                           cleanup_interval=max(0.5, read_timeout_s / 4), ident="rag-node")
+                           cleanup_interval=max(0.5, read_timeout_s / 4), ident="rag-node",
+                           # Send what a response has written at once (waitress waits for 18000 bytes
+                           # by default): each event of an answer stream leaves as it is produced.
+                           send_bytes=1)
     channel = _json_error_channel(gate)
     sockets = server.map if hasattr(server, "map") else server._map  # one listener, or several
     for dispatcher in sockets.values():

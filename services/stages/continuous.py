@@ -111,6 +111,7 @@ class GenerationTicket:
     """The caller's handle carried by a sequence through the engine."""
     future: Future
     submitted_at: float
+    on_token: Callable[[int], None] | None = None  # the request's stream reader, if it streams
 
 
 class ContinuousGenerationService:
@@ -210,9 +211,10 @@ class ContinuousGenerationService:
     def _admit(self, batch: list[PendingItem]) -> None:
         running = len(self._holdings) + len(batch)  # the batch each joins: a traced request's batch size
         for pending in batch:
-            ticket = GenerationTicket(pending.future, pending.enqueued_at)
+            request = stage_spans.admitted(pending.item, running)
+            ticket = GenerationTicket(pending.future, pending.enqueued_at, getattr(request, "on_token", None))
             try:
-                self.engine.add(stage_spans.admitted(pending.item, running), payload=ticket)
+                self.engine.add(request, payload=ticket)
             except Exception as exc:  # e.g. a prompt over the token budget: this request alone
                 self._fail(ticket, exc)
                 continue
@@ -231,6 +233,8 @@ class ContinuousGenerationService:
         if result.decoded_rows:
             with self._lock:
                 self._counters = self._counters.with_step(result.decoded_rows)
+        for seq, token in result.tokens:  # before any future resolves: a stream reads its last token first
+            self._stream(seq.payload, token)
         for seq in result.finished:
             self._finish(seq)
         for seq, exc in result.failed:
@@ -257,6 +261,14 @@ class ContinuousGenerationService:
                 self._ttft.append(ttft)
                 self._ttft_admitted.append(first - (seq.admitted_at or ticket.submitted_at))
         end_with_result(ticket.future, self.engine.text(seq), self._owner)
+
+    def _stream(self, ticket: GenerationTicket, token: int) -> None:
+        if ticket.on_token is None or ticket.future.done():  # not streamed, or its caller is gone
+            return
+        try:
+            ticket.on_token(token)
+        except Exception:  # noqa: BLE001 - a reader's bug must not stop the engine for everyone
+            log.exception("%s: a stream's reader failed on a token; the answer still completes", self._owner)
 
     def _fail(self, ticket: GenerationTicket, error: BaseException) -> None:
         self._holdings.release([ticket.future])

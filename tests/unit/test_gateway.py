@@ -39,7 +39,7 @@ class FakeWorker:
         self.calls: list[tuple[str, float]] = []
         self.lock = threading.Lock()
 
-    def answer(self, request_id: str, query: str, timeout_s: float) -> dict:
+    def answer(self, request_id: str, query: str, timeout_s: float, max_new_tokens: int | None = None) -> dict:
         with self.lock:
             self.calls.append((request_id, timeout_s))
             error = self.errors.pop(0) if self.errors else None
@@ -49,8 +49,15 @@ class FakeWorker:
             assert self.gate.wait(10), "test gate never opened"
         return {"request_id": request_id, "generated_response": f"answer to {query}"}
 
+    def stream(self, request_id: str, query: str, timeout_s: float, max_new_tokens: int | None = None):
+        """answer() as a stream: its text word by word, then the reply (errors come before any event)."""
+        reply = self.answer(request_id, query, timeout_s, max_new_tokens)
+        words = reply["generated_response"].split(" ")
+        yield from (word if i == 0 else f" {word}" for i, word in enumerate(words))
+        yield reply
+
     def target(self, *, up: bool = True, local: bool = False, probe=lambda: True) -> WorkerTarget:
-        return WorkerTarget(node=self.node, answer=self.answer, probe=probe, up=up, local=local)
+        return WorkerTarget(node=self.node, answer=self.answer, stream=self.stream, probe=probe, up=up, local=local)
 
 
 def gateway_settings(**kwargs) -> GatewaySettings:
@@ -189,6 +196,7 @@ def test_remote_worker_is_out_of_rotation_until_its_probe_says_ready():
     class Client:
         ready = False
         answer = FakeWorker(1).answer
+        stream = FakeWorker(1).stream
 
         def health(self):
             return {"status": "healthy"} if self.ready else None
@@ -243,11 +251,18 @@ class Outcomes:
     def __init__(self, outcomes):
         self.outcomes = list(outcomes)
 
-    def answer(self, request_id, query, timeout_s):
+    def answer(self, request_id, query, timeout_s, max_new_tokens=None):
         outcome = self.outcomes.pop(0)
         if isinstance(outcome, BaseException):
             raise outcome
         return {**outcome, "request_id": request_id}
+
+    def stream(self, request_id, query, timeout_s, max_new_tokens=None):
+        """The next outcome as a worker streams it: its answer word by word, then the reply with usage."""
+        reply = self.answer(request_id, query, timeout_s, max_new_tokens)
+        words = reply["generated_response"].split(" ")
+        yield from (word if i == 0 else f" {word}" for i, word in enumerate(words))
+        yield {**reply, "usage": {"prompt_tokens": 40, "completion_tokens": len(words)}, "finish_reason": "stop"}
 
 
 def query_app(outcomes, **env):
@@ -260,7 +275,8 @@ def query_app(outcomes, **env):
     lifecycle = Lifecycle("node 0", 0.0, exit=lambda code: None)
     role = GatewayRole(settings, 0, lifecycle)
     app = build_app(role, lifecycle)
-    worker = WorkerTarget(node=0, answer=Outcomes(outcomes).answer, probe=lambda: True, local=True)
+    answers = Outcomes(outcomes)
+    worker = WorkerTarget(node=0, answer=answers.answer, stream=answers.stream, probe=lambda: True, local=True)
     role.gateway = gateway(worker, response_cache=role.response_cache)
     role.count_query_tokens = len  # no LLM tokenizer here: a character per token
     lifecycle.readiness.set(Readiness.READY)

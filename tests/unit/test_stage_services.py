@@ -3,7 +3,9 @@ concurrency, the scheduler's plan/update with no model, and the generate stage's
 statistics and metric families (a model-free engine on the real scheduler)."""
 from __future__ import annotations
 
+import dataclasses
 import threading
+import time
 from concurrent.futures import CancelledError
 
 import pytest
@@ -203,7 +205,7 @@ class FakeEngine(ContinuousEngine):
                            first_tokens={ch.seq.seq_id: 7 for ch in plan.prefill if ch.end == ch.seq.prompt_len},
                            decoded={seq.seq_id: 7 for seq in plan.decode})
         update = self.scheduler.update_from_output(plan, out)
-        return StepResult(update.finished, update.failed, len(plan.decode), plan.admitted)
+        return StepResult(update.finished, update.failed, len(plan.decode), plan.admitted, update.appended)
 
 
 def scrape(services) -> dict:
@@ -417,3 +419,65 @@ def test_a_batching_worker_whose_cleanup_fails_dies_loudly_and_fails_what_it_hol
     with pytest.raises(StageDown):
         svc.submit("c")
     svc.close(timeout=10)
+
+
+# ----------------------------------------------------------------------------- streaming: tokens as they come
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamedRequest:
+    """What FakeEngine.add unpacks (prompt length, cap), with a stream reader."""
+    prompt: int
+    cap: int
+    on_token: object
+
+    def __iter__(self):
+        return iter((self.prompt, self.cap))
+
+
+def test_a_streamed_sequence_hands_each_token_to_its_reader_before_its_future_resolves():
+    engine = FakeEngine()
+    gen = ContinuousGenerationService("generate", engine, max_queue=4)
+    seen, resolved_at = [], []
+    try:
+        future = gen.submit(StreamedRequest(3, 4, lambda token: seen.append((token, future.done()))))
+        future.add_done_callback(lambda f: resolved_at.append(len(seen)))
+        assert future.result(timeout=10) == "7 7 7 7"
+        assert seen == [(7, False)] * 4 and resolved_at == [4]  # every token first, then the answer
+        plain = gen.submit((3, 2))  # not streamed: no reader, same answer path
+        assert plain.result(timeout=10) == "7 7"
+    finally:
+        gen.close(timeout=10)
+
+
+def test_a_reader_that_raises_does_not_stop_the_engine_or_its_answer():
+    engine = FakeEngine()
+    gen = ContinuousGenerationService("generate", engine, max_queue=4)
+
+    def broken(token):
+        raise ValueError("reader bug")
+
+    try:
+        assert gen.submit(StreamedRequest(3, 2, broken)).result(timeout=10) == "7 7"
+        assert gen.submit((2, 1)).result(timeout=10) == "7" and gen.failure is None
+    finally:
+        gen.close(timeout=10)
+
+
+def test_a_token_stream_reads_until_its_future_resolves_and_times_out_at_its_deadline():
+    from concurrent.futures import Future
+
+    from services.server.errors import RequestTimeout
+    from services.stages.token_stream import TokenStream
+    stream, future = TokenStream(), Future()
+    stream.end_with(future)
+    for token in (5, 6, 7):
+        stream.put(token)
+    future.set_result("done")
+    assert list(stream.read(time.monotonic() + 5)) == [5, 6, 7]
+    silent = TokenStream()
+    silent.end_with(Future())
+    started = time.monotonic()
+    with pytest.raises(RequestTimeout):
+        list(silent.read(started + 0.2))
+    assert 0.15 < time.monotonic() - started < 2.0

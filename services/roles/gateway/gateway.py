@@ -10,7 +10,7 @@ request_id rules, so it can never overrule them: an id's answer never changes on
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from pipeline.config.sections import GatewaySettings
 from services.roles.caches import LruCache, ResponseCache
@@ -40,16 +40,24 @@ class Gateway:
         """Replies by request_id (metered; never cleared: a retried request must get the reply it got)."""
         return self.ids.completed
 
-    def answer(self, request_id: str, query: str, timeout_s: float) -> dict:
+    def answer(self, request_id: str, query: str, timeout_s: float, max_new_tokens: int | None = None) -> dict:
         return self.ids.answer(request_id, query, timeout_s,
-                               lambda deadline: self._compute(request_id, query, deadline))
+                               lambda deadline: self._compute(request_id, query, deadline, max_new_tokens))
 
-    def _compute(self, request_id: str, query: str, deadline: float) -> dict:
+    def answer_stream(self, request_id: str, query: str, timeout_s: float,
+                      max_new_tokens: int | None = None) -> Iterator[str | dict]:
+        """answer() as a stream: text pieces as a worker generates them, then the reply. The request_id
+        rules apply as to answer(); the reply cache answers a hit but does not keep streamed replies."""
+        return self.ids.answer_stream(request_id, query, timeout_s, lambda deadline: self.router.forward_stream(
+            request_id, query, deadline, max_new_tokens))
+
+    def _compute(self, request_id: str, query: str, deadline: float, max_new_tokens: int | None) -> dict:
         """The id's own computation: the reply cache when it is on (its hit, or the same question
-        in flight), else a worker."""
+        in flight), else a worker. A capped answer (max_new_tokens) is not the question's answer:
+        it neither comes from nor goes to the reply cache."""
         cache = self.response_cache
-        if cache is None:
-            return self.router.forward(request_id, query, deadline)
+        if cache is None or max_new_tokens is not None:
+            return self.router.forward(request_id, query, deadline, max_new_tokens)
         # looked_up: the request_id rules have just counted this question's miss.
         return cache.answer(request_id, query, lambda: self.router.forward(request_id, query, deadline),
                             max(0.0, deadline - time.monotonic()), looked_up=True)

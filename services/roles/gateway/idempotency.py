@@ -15,11 +15,11 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from services.roles.caches import LruCache, ResponseCache
-from services.roles.single_flight import Flight, SingleFlight
-from services.server.errors import Overloaded, RequestIdConflict, RequestTimeout
+from services.roles.single_flight import Entry, Flight, SingleFlight
+from services.server.errors import Overloaded, RequestIdConflict, RequestTimeout, ServiceClosed
 
 # Retry-After bounds for a full gateway: at least a second (no hammering), at
 # most half a minute (a slow average must not send clients away for minutes).
@@ -56,25 +56,63 @@ class Idempotency:
         started = time.monotonic()
         deadline = started + timeout_s
         digest = query_digest(query)
-        entry = self.flights.enter(
-            request_id, meta=digest, lookup=lambda: self._completed_reply(request_id, digest),
-            admit_joiner=lambda flight, joining: self._admit_joiner(request_id, digest, flight, joining),
-            admit_leader=lambda in_flight: self._admit_leader(request_id, query, digest, in_flight))
-        if entry.value is not None:
-            return entry.value
-        if entry.joins:  # the same id and query are already being computed
-            try:
-                return self.flights.wait(entry.held, deadline - time.monotonic()).result()
-            except TimeoutError:  # our wait, or the computation's own timeout
-                raise RequestTimeout("request timed out") from None
+        entry = self._enter(request_id, query, digest)
+        if not entry.leads:
+            return self._known_or_joined(entry, deadline)
         try:
             reply = compute(deadline)
         except BaseException as exc:  # its joiners share the failure; the id is not cached
             self.flights.fail(entry.held, exc)
             raise
+        self._land(entry, request_id, digest, reply, started)
+        return reply
+
+    def answer_stream(self, request_id: str, query: str, timeout_s: float,
+                      compute: Callable[[float], Iterator[str | dict]]) -> Iterator[str | dict]:
+        """answer() for a stream: the leader's events as `compute(deadline)` yields them (its joiners
+        and later retries get its reply); a known or joined reply as one piece, then the reply."""
+        started = time.monotonic()
+        deadline = started + timeout_s
+        digest = query_digest(query)
+        entry = self._enter(request_id, query, digest)
+        if not entry.leads:
+            known = self._known_or_joined(entry, deadline)
+            if known.get("generated_response"):
+                yield known["generated_response"]
+            yield known
+            return
+        reply: dict | None = None
+        try:
+            for event in compute(deadline):
+                if isinstance(event, dict):
+                    reply = event
+                yield event
+            if reply is None:
+                raise RuntimeError("the answer stream ended without its reply")
+        except BaseException as exc:  # its joiners share the failure (a reader gone: a retryable one)
+            self.flights.fail(entry.held, exc if isinstance(exc, Exception) else
+                              ServiceClosed(f"the caller streaming request_id {request_id!r} left before its answer"))
+            raise
+        self._land(entry, request_id, digest, reply, started)
+
+    def _enter(self, request_id: str, query: str, digest: str) -> Entry:
+        return self.flights.enter(
+            request_id, meta=digest, lookup=lambda: self._completed_reply(request_id, digest),
+            admit_joiner=lambda flight, joining: self._admit_joiner(request_id, digest, flight, joining),
+            admit_leader=lambda in_flight: self._admit_leader(request_id, query, digest, in_flight))
+
+    def _known_or_joined(self, entry: Entry, deadline: float) -> dict:
+        """A reply already known, or the one of the computation joined (the same id and query)."""
+        if entry.value is not None:
+            return entry.value
+        try:
+            return self.flights.wait(entry.held, deadline - time.monotonic()).result()
+        except TimeoutError:  # our wait, or the computation's own timeout
+            raise RequestTimeout("request timed out") from None
+
+    def _land(self, entry: Entry, request_id: str, digest: str, reply: dict, started: float) -> None:
         self._remember(request_id, digest, reply, started)  # before the flight lands: no gap to recompute in
         self.flights.finish(entry.held, reply)
-        return reply
 
     # ------------------------------------------------------------------ the rules, run under the flights' lock
 

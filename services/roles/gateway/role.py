@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from flask import Flask, g, jsonify
+from flask import Flask, g, jsonify, request
 
 from pipeline.config import ConfigError, Settings
 from services.cluster.clients import WorkerClient
@@ -12,11 +12,14 @@ from services.roles.base import SPARE_HTTP_THREADS
 from services.roles.caches import ResponseCache
 from services.roles.gateway.gateway import Gateway
 from services.roles.gateway.metrics import GatewayCollector
+from services.roles.gateway.openai_routes import register_openai_routes
 from services.roles.gateway.routing import WorkerTarget, remote_target
 from services.roles.worker.request_path import collect_stage_times
-from services.roles.worker.role import WorkerRole, parse_query
+from services.roles.worker.role import WorkerRole, parse_query, wants_stream
+from services.server import sse
 from services.server.errors import NodeNotReady
 from services.server.lifecycle import Readiness
+from services.server.stream_response import sse_response, started
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +64,8 @@ class GatewayRole(WorkerRole):
         targets = []
         for node in self.settings.cluster.rotation:
             if node == self.node:  # our own worker: an in-process call, no HTTP hop
-                targets.append(WorkerTarget(node=node, answer=self.loaded_worker().answer, local=True,
+                worker = self.loaded_worker()
+                targets.append(WorkerTarget(node=node, answer=worker.answer, stream=worker.answer_stream, local=True,
                                             probe=lambda: self.lifecycle.readiness.state in LOCAL_SERVING))
             else:
                 client = WorkerClient(self.settings.node_address(node).url,
@@ -110,14 +114,19 @@ class GatewayRole(WorkerRole):
         # Not WorkerRole's /internal/answer: node 0 calls its worker in-process, and that
         # endpoint would let callers past the gateway's admission limit.
         app.post("/query")(self.query)
+        register_openai_routes(app, self)
 
     def query(self):
         self.lifecycle.require_ready()
-        _, request_id, text = parse_query(self.settings, self.count_query_tokens)
+        body, request_id, text = parse_query(self.settings, self.count_query_tokens)
         log.debug("query request_id=%r", request_id)  # repr: an id cannot forge log lines
         g.stage_times = collect_stage_times()  # filled when our own worker computes it
+        timeout_s = self.settings.limits.request_timeout_s
+        if wants_stream(body) or sse.MEDIA_TYPE in request.headers.get("Accept", ""):
+            # Started here: a request refused before its first token gets its status, not a stream.
+            return sse_response(started(self.loaded_gateway().answer_stream(request_id, text, timeout_s)))
         # The request_id rules come first and the reply cache only behind them (Gateway._compute):
         # an id's own answer always wins over a cached answer to the same question.
-        reply = self.loaded_gateway().answer(request_id, text, self.settings.limits.request_timeout_s)
+        reply = self.loaded_gateway().answer(request_id, text, timeout_s)
         g.served_by = reply.get("served_by")
         return jsonify(reply)

@@ -13,8 +13,9 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 from services.cluster.clients import WorkerClient
 from services.server.errors import (
@@ -32,15 +33,19 @@ from services.server.errors import (
     StageFailed,
     WorkerFailed,
 )
+from services.server.stream_response import started
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass
 class WorkerTarget:
     """One worker the gateway can send a request to, and what it did with them."""
     node: int
-    answer: Callable[[str, str, float], dict]  # (request_id, query, timeout_s) -> reply
+    answer: Callable[[str, str, float, int | None], dict]  # (request_id, query, timeout_s, max_new_tokens) -> reply
+    # (request_id, query, timeout_s, max_new_tokens) -> the answer stream: text pieces, then the reply
+    stream: Callable[[str, str, float, int | None], Iterator[str | dict]]
     probe: Callable[[], bool]  # is it ready to serve?
     # Answer every call waiting on it now with make_error() (the node is past its grace period).
     abort: Callable[[Callable[[], BaseException]], None] = lambda make_error: None
@@ -52,8 +57,8 @@ class WorkerTarget:
 
 def remote_target(node: int, client: WorkerClient) -> WorkerTarget:
     # Out of the rotation until the first probe finds it ready: never route to a starting node.
-    return WorkerTarget(node=node, answer=client.answer, probe=lambda: client.health() is not None,
-                        abort=client.abort, up=False)
+    return WorkerTarget(node=node, answer=client.answer, stream=client.stream,
+                        probe=lambda: client.health() is not None, abort=client.abort, up=False)
 
 
 class Router:
@@ -85,8 +90,28 @@ class Router:
             log.log(logging.INFO if up else logging.WARNING, "worker node %d %s%s", target.node,
                     "rejoins the rotation" if up else "leaves the rotation", f": {why}" if why else "")
 
-    def forward(self, request_id: str, query: str, deadline: float) -> dict:
+    def forward(self, request_id: str, query: str, deadline: float, max_new_tokens: int | None = None) -> dict:
         """The reply of the first worker in turn that takes the request, by `deadline` (monotonic)."""
+        reply, target = self._route(deadline, lambda target, remaining: target.answer(request_id, query, remaining,
+                                                                                      max_new_tokens))
+        reply.setdefault("served_by", target.node)
+        return reply
+
+    def forward_stream(self, request_id: str, query: str, deadline: float,
+                       max_new_tokens: int | None = None) -> Iterator[str | dict]:
+        """The answer stream of the first worker in turn that takes the request: a worker that fails
+        before its first event is failed over as forward() does; an error after it ends the stream."""
+        def open_stream(target: WorkerTarget, remaining: float) -> Iterator[str | dict]:
+            return started(target.stream(request_id, query, remaining, max_new_tokens))
+
+        events, target = self._route(deadline, open_stream)
+        for event in events:
+            if isinstance(event, dict):
+                event.setdefault("served_by", target.node)
+            yield event
+
+    def _route(self, deadline: float, attempt: Callable[[WorkerTarget, float], T]) -> tuple[T, WorkerTarget]:
+        """attempt(worker, time left) on the first worker in turn that takes the request."""
         candidates = self.rotation()
         if not candidates:
             # Everyone looks down: try them all once rather than refuse outright.
@@ -99,7 +124,7 @@ class Router:
             if remaining <= 0:
                 raise RequestTimeout("request timed out")
             try:
-                reply = target.answer(request_id, query, remaining)
+                outcome = attempt(target, remaining)
             except (Overloaded, ServiceClosed) as exc:  # our own worker is full or stopping: try the next
                 last_error = exc
                 continue
@@ -129,8 +154,7 @@ class Router:
                 raise RequestTimeout("request timed out") from None
             with self._lock:
                 target.forwarded += 1
-            reply.setdefault("served_by", target.node)
-            return reply
+            return outcome, target
         if self._abandoned is not None:
             raise self._abandoned()
         if isinstance(last_error, Overloaded):

@@ -15,13 +15,14 @@ import time
 from concurrent.futures import CancelledError, Future
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
 from pipeline import spec
 from pipeline.config import BatchConfig
 from pipeline.continuous import ContinuousEngine
+from pipeline.detokenize import IncrementalDetokenizer
 from pipeline.generator import GenerationRequest
 from pipeline.reranker import RerankRequest
 from pipeline.spec import Stage
@@ -41,6 +42,7 @@ from services.server.request_ids import current_request_id
 from services.stages.batching import BatchingService
 from services.stages.continuous import ContinuousGenerationService
 from services.stages.protocol import StageService, StageStats
+from services.stages.token_stream import TokenStream
 
 log = logging.getLogger(__name__)
 
@@ -207,29 +209,82 @@ class Worker:
                 return StageDown(stage, svc.failure)
         return None
 
-    def answer(self, request_id: str, query: str, timeout_s: float | None = None) -> dict:
-        deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.config.request_timeout_s)
-        down = self.failure()
-        if down is not None:  # refused before any stage runs: the gateway tries the other worker at once
-            raise down
-        trace = current_request_id.get() or request_id
-        clock = _StageClock(_stage_times.get(), trace, self._wait)
+    def answer(self, request_id: str, query: str, timeout_s: float | None = None,
+               max_new_tokens: int | None = None) -> dict:
+        clock, trace, deadline = self._begin(request_id, timeout_s)
         try:
-            reply = self._through_stages(clock, request_id, trace, query, deadline)
+            documents = self._retrieve(clock, trace, query, deadline)
+            response = clock.wait(self._enter(clock, Stage.GENERATE, GenerationRequest(query, documents,
+                                                                                       max_new_tokens)), deadline)
+            reply = self._classify(clock, request_id, response, deadline)
         finally:
             clock.close()
-        with self._lock:
-            self._served += 1
+        self._count_served()
         return reply
 
-    def _through_stages(self, clock: _StageClock, request_id: str, trace: str, query: str, deadline: float) -> dict:
-        s = self.services
+    def answer_stream(self, request_id: str, query: str, timeout_s: float | None = None,
+                      max_new_tokens: int | None = None) -> Iterator[str | dict]:
+        """The answer's text in pieces as the LLM produces them (never splitting a character), then
+        the reply as answer() gives it plus its `usage` (prompt and completion tokens) and
+        `finish_reason`. Closing the iterator early cancels the generation (its slot frees at the
+        engine's next iteration)."""
+        clock, trace, deadline = self._begin(request_id, timeout_s)
+        generation: _Visit | None = None
+        try:
+            documents = self._retrieve(clock, trace, query, deadline)
+            tokens = TokenStream()
+            request = GenerationRequest(query, documents, max_new_tokens, on_token=tokens.put)
+            generation = self._enter(clock, Stage.GENERATE, request)
+            tokens.end_with(generation.future)
+            text = IncrementalDetokenizer(self.stages.generator.tokenizer)
+            streamed = ""
+            for token in tokens.read(deadline):
+                piece = text.push(token)
+                if piece:
+                    streamed += piece
+                    yield piece
+            streamed += (rest := text.finish())
+            response = clock.wait(generation, deadline)
+            if response != streamed:  # static batches stream nothing: the whole answer at its end
+                rest += response[len(streamed):] if response.startswith(streamed) else response
+            if rest:
+                yield rest
+            reply = self._classify(clock, request_id, response, deadline)
+            yield {**reply, **self._usage(request, text.token_count)}
+        finally:
+            if generation is not None:
+                generation.future.cancel()  # a no-op once it ended; frees the slot of a reader gone early
+            clock.close()
+        self._count_served()
 
-        def enter(stage: Stage, item) -> _Visit:
-            return clock.enter(stage).submit(s[stage], item)
+    def _usage(self, request: GenerationRequest, completion_tokens: int) -> dict:
+        generator = self.stages.generator
+        prompt_tokens = len(generator.tokenizer(generator.prompt(request.query, request.documents))["input_ids"])
+        cap = request.max_new_tokens or generator.max_new_tokens
+        return {"usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens},
+                "finish_reason": "length" if completion_tokens >= cap else "stop"}
 
+    def _begin(self, request_id: str, timeout_s: float | None) -> tuple[_StageClock, str, float]:
+        """The request's clock, trace id and deadline; StageDown at once if a stage is down (the
+        gateway then tries another worker before any stage runs)."""
+        deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.config.request_timeout_s)
+        down = self.failure()
+        if down is not None:
+            raise down
+        trace = current_request_id.get() or request_id
+        return _StageClock(_stage_times.get(), trace, self._wait), trace, deadline
+
+    def _count_served(self) -> None:
+        with self._lock:
+            self._served += 1
+
+    def _enter(self, clock: _StageClock, stage: Stage, item) -> _Visit:
+        return clock.enter(stage).submit(self.services[stage], item)
+
+    def _retrieve(self, clock: _StageClock, trace: str, query: str, deadline: float) -> tuple:
+        """The query's documents, reranked, best first: embed, search, fetch, rerank."""
         def run(stage: Stage, item):
-            return clock.wait(enter(stage, item), deadline)
+            return clock.wait(self._enter(clock, stage, item), deadline)
 
         vector = self.embed_cache.get(query)
         if vector is None:
@@ -237,12 +292,16 @@ class Worker:
             self.embed_cache.put(query, vector)
         search = clock.enter(Stage.SEARCH)  # its span's context goes along: node 2's call joins its trace
         item = PendingSearch(vector, deadline, trace, search.span.context if search.span is not None else None)
-        ids = clock.wait(search.submit(s[Stage.SEARCH], item), deadline)
+        ids = clock.wait(search.submit(self.services[Stage.SEARCH], item), deadline)
         documents = run(Stage.FETCH, list(ids))
         ranked = run(Stage.RERANK, RerankRequest(query, tuple(documents)))
-        response = run(Stage.GENERATE, GenerationRequest(query, tuple(r.document for r in ranked)))
+        return tuple(r.document for r in ranked)
+
+    def _classify(self, clock: _StageClock, request_id: str, response: str, deadline: float) -> dict:
+        """The reply: the answer with its sentiment and toxicity."""
         # Sentiment and toxicity depend only on the answer: both are queued before either is awaited.
-        sentiment, toxicity = enter(Stage.SENTIMENT, response), enter(Stage.TOXICITY, response)
+        sentiment = self._enter(clock, Stage.SENTIMENT, response)
+        toxicity = self._enter(clock, Stage.TOXICITY, response)
         try:
             return spec.answer_json(request_id, response, clock.wait(sentiment, deadline),
                                     clock.wait(toxicity, deadline))

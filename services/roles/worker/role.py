@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from typing import Any, Callable
 
 from flask import Flask, g, jsonify
@@ -17,6 +18,7 @@ from services.roles.worker.request_path import ContinuousConfig, Worker, WorkerC
 from services.server.body import read_json_object, require_string
 from services.server.errors import ApiError, NodeNotReady
 from services.server.request_ids import bind_request_id
+from services.server.stream_response import sse_response, started
 from services.server.token import internal_endpoint
 
 log = logging.getLogger(__name__)
@@ -44,11 +46,33 @@ def parse_query(settings: Settings, count_tokens: Callable[[str], int]) -> tuple
     request_id = require_string(body, "request_id", settings.limits.max_request_id_chars)
     bind_request_id(request_id)
     query = require_string(body, "query", settings.limits.max_query_chars)
+    check_query_tokens(settings, count_tokens, query)
+    return body, request_id, query
+
+
+def check_query_tokens(settings: Settings, count_tokens: Callable[[str], int], query: str) -> None:
+    """ApiError 400 (field query) for a query over MAX_QUERY_TOKENS of the LLM's tokenizer."""
     tokens = count_tokens(query)
     if tokens > settings.limits.max_query_tokens:
         raise ApiError(400, f"'query' is {tokens} tokens; the limit is {settings.limits.max_query_tokens} tokens "
                             "(MAX_QUERY_TOKENS, counted by the LLM's tokenizer)", field="query")
-    return body, request_id, query
+
+
+def wants_stream(body: dict) -> bool:
+    """The body's `stream` (false when absent): true asks for the answer as Server-Sent Events."""
+    stream = body.get("stream", False)
+    if type(stream) is not bool:
+        raise ApiError(400, "'stream' must be true or false", field="stream")
+    return stream
+
+
+def max_new_tokens(body: dict) -> int | None:
+    """The body's `max_new_tokens` (the gateway's cap on a forwarded answer), None when absent."""
+    value = body.get("max_new_tokens")
+    if value is not None and (type(value) is not int or not 1 <= value <= spec.MAX_NEW_TOKENS):
+        raise ApiError(400, f"'max_new_tokens' must be an integer from 1 to {spec.MAX_NEW_TOKENS}",
+                       field="max_new_tokens")
+    return value
 
 
 def internal_timeout(body: dict, settings: Settings) -> float:
@@ -124,8 +148,18 @@ class WorkerRole(Role):
             self.lifecycle.require_ready()
             body, request_id, query = parse_query(self.settings, self.count_query_tokens)
             g.served_by, g.stage_times = self.node, collect_stage_times()  # for the completion line
-            reply = self.loaded_worker().answer(request_id, query, internal_timeout(body, self.settings))
+            worker, timeout_s, cap = self.loaded_worker(), internal_timeout(body, self.settings), max_new_tokens(body)
+            if wants_stream(body):  # its completion line comes at its first token, with the stages so far
+                return sse_response(started(self._served_by(worker.answer_stream(request_id, query, timeout_s, cap))))
+            reply = worker.answer(request_id, query, timeout_s, cap)
             reply["served_by"] = self.node
             return jsonify(reply)
+
+    def _served_by(self, events: Iterator[str | dict]) -> Iterator[str | dict]:
+        try:
+            for event in events:
+                yield {**event, "served_by": self.node} if isinstance(event, dict) else event
+        finally:
+            events.close()  # type: ignore[attr-defined]
 
 
