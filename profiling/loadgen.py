@@ -81,6 +81,7 @@ from profiling.lib.report import (
     format_nodes_table,
     format_spread_table,
     format_stats_table,
+    format_stream_table,
     run_folder,
     run_stats,
     small_sample_warning,
@@ -178,6 +179,9 @@ def parser() -> argparse.ArgumentParser:
                    help="--sweep: the knee is where p95 grows more than this times throughput's growth")
     p.add_argument("--queries-file", help="one query per line; unset: the SPEC's eight")
     p.add_argument("--timeout", type=positive(float), default=300.0, help="per-request timeout (s), as clients wait")
+    p.add_argument("--stream", action="store_true",
+                   help="ask for each answer as a stream (/query with stream: true) and report the time to first "
+                        "token and the inter-token gap, from the client's side, beside the total latency")
     p.add_argument("--max-duration", type=positive(float), default=DEFAULT_MAX_DURATION_S,
                    help="hard limit for the whole run (s)")
     p.add_argument("--wait-health", type=float, default=300.0, help="how long to wait for /health 200 first (s)")
@@ -241,7 +245,7 @@ def run(args: argparse.Namespace, url: str, nodes: Sequence[Node], queries: Sequ
         deadline: float, first: Sequence[MetricsSnapshot]) -> LoadRun:
     """The plan's groups one after the other; `first`: every node's /metrics before any load."""
     mode, groups = plan_groups(args)
-    target = LoadTarget(url, queries, args.timeout, deadline)
+    target = LoadTarget(url, queries, args.timeout, deadline, stream=args.stream)
     before = first
     results, scrape_error = [], ""
     metrics_urls = [n.metrics_url for n in nodes]
@@ -296,8 +300,10 @@ def write_outputs(load: LoadRun, args: argparse.Namespace, out: Path, extra: dic
 
 def report(load: LoadRun, args: argparse.Namespace) -> str:
     stats = [r.stats for r in load.results] + ([load.overall] if len(load.results) > 1 else [])
-    lines = [format_stats_table(stats), "latency spread (successful requests):", format_spread_table(stats),
-             format_nodes_table(load.nodes)]
+    lines = [format_stats_table(stats), "latency spread (successful requests):", format_spread_table(stats)]
+    if args.stream:
+        lines += ["streamed (client side): time to first token, inter-token gap, total", format_stream_table(stats)]
+    lines.append(format_nodes_table(load.nodes))
     hits = {name: c.get("hits", 0) for name, c in (load.caches or {}).items() if c.get("hits")}
     if hits:
         lines.append("cache hits during the run: " + ", ".join(f"{k} {v:.0f}" for k, v in hits.items())

@@ -21,6 +21,7 @@ from typing import Sequence
 import requests
 
 from pipeline import spec
+from services.server import sse
 from services.server.token import TOKEN_HEADER
 
 COURSE_SCHEDULE = "10x10,20x5,50x1"  # the course client's three runs: count x interval (s)
@@ -91,6 +92,11 @@ class RequestRecord:
     status: int = 0  # HTTP status; 0 when no response came back
     error: str = ""  # "" for a valid 200 reply
     served_by: str = ""
+    # Streamed requests (LoadTarget.stream): from the send to the first text piece, the mean gap
+    # between the pieces that followed, and how many pieces came.
+    ttft_s: float = math.nan
+    itl_s: float = math.nan
+    pieces: int = 0
 
     @property
     def ok(self) -> bool:
@@ -137,6 +143,8 @@ class LoadTarget:
     id_prefix: str = "lg"  # request ids: PREFIX-RUN-GROUP-I
     # What a timeout cut short by the deadline counts as; None: its exception class, like any timeout.
     cut_error: str | None = "max_duration_cut"
+    # Ask for the answer as a stream (/query's "stream": true) and time its pieces as they arrive.
+    stream: bool = False
 
     def past_deadline(self) -> bool:
         if time.monotonic() >= self.deadline:
@@ -164,17 +172,45 @@ class LoadTarget:
         started = time.monotonic()
         record.send_s = started - self.t0
         try:
-            response = post(f"{self.url}/query", json=body, timeout=timeout)
-            record.status = response.status_code
-            record.error = self._classify(response, record.request_id)
-            if response.status_code == 200:
-                record.served_by = str(json_or_none(response, {}).get("served_by", ""))
+            if self.stream:
+                self._read_stream(post(f"{self.url}/query", json={**body, "stream": True}, timeout=timeout,
+                                       stream=True), record, started)
+            else:
+                response = post(f"{self.url}/query", json=body, timeout=timeout)
+                record.status = response.status_code
+                record.error = self._classify(response, record.request_id)
+                if response.status_code == 200:
+                    record.served_by = str(json_or_none(response, {}).get("served_by", ""))
         except requests.Timeout as exc:
             record.error = self.cut_error if cut and self.cut_error else type(exc).__name__
         except requests.RequestException as exc:
             record.error = type(exc).__name__
         record.latency_s = time.monotonic() - started
         return record
+
+    def _read_stream(self, response: requests.Response, record: RequestRecord, started: float) -> None:
+        """Read a /query stream as it comes: time its pieces, check its reply like a plain one."""
+        with response:
+            record.status = response.status_code
+            if response.status_code != 200:
+                record.error = f"http_{response.status_code}"
+                return
+            arrivals, reply, failed = [], None, ""
+            for event in sse.iter_events(sse.iter_lines(response.iter_content(chunk_size=None))):
+                if event.name == sse.TOKEN:
+                    arrivals.append(time.monotonic())
+                elif event.name == sse.REPLY:
+                    reply = event.json()
+                elif event.name == sse.ERROR:
+                    failed = f"stream_{event.json().get('status', 'error')}"
+        record.pieces = len(arrivals)
+        if arrivals:
+            record.ttft_s = arrivals[0] - started
+        if len(arrivals) > 1:
+            record.itl_s = (arrivals[-1] - arrivals[0]) / (len(arrivals) - 1)
+        record.error = failed or ("stream_without_reply" if reply is None else reply_error(reply, record.request_id))
+        if reply is not None:
+            record.served_by = str(reply.get("served_by", ""))
 
     @staticmethod
     def _classify(response: requests.Response, request_id: str) -> str:

@@ -7,7 +7,7 @@ import dataclasses
 import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -69,6 +69,9 @@ class RunStats:
     latency: LatencyStats
     max_send_lag_s: float  # open loop: how late the worst send left (a busy load generator shows here)
     served_by: dict[str, int]
+    # Streamed runs, over successful requests: time to the first text piece and the mean gap after it.
+    ttft: LatencyStats = field(default_factory=lambda: LatencyStats.of([]))
+    itl: LatencyStats = field(default_factory=lambda: LatencyStats.of([]))
 
 
 def _counts(kinds: Iterable[str]) -> dict[str, int]:
@@ -90,6 +93,8 @@ def run_stats(name: str, planned: int, records: Sequence[RequestRecord]) -> RunS
         latency=LatencyStats.of([r.latency_s for r in ok]),
         max_send_lag_s=max((r.send_s - r.scheduled_s for r in sent), default=0.0),
         served_by=_counts(r.served_by or "?" for r in ok),
+        ttft=LatencyStats.of([r.ttft_s for r in ok if not math.isnan(r.ttft_s)]),
+        itl=LatencyStats.of([r.itl_s for r in ok if not math.isnan(r.itl_s)]),
     )
 
 
@@ -161,6 +166,17 @@ def format_stats_table(stats: Sequence[RunStats]) -> str:
         errors = ", ".join(f"{k}={v}" for k, v in s.errors.items()) or "none"
         lines.append(f"{s.name:<14}{s.sent:>6}{s.ok:>6}{s.throughput_rpm:>10.2f}{lat.p50_s:>9.2f}{lat.p95_s:>9.2f}"
                      f"{lat.p99_s:>9.2f}{lat.max_s:>9.2f}{s.max_send_lag_s:>8.2f}  {errors}")
+    return "\n".join(lines)
+
+
+def format_stream_table(stats: Sequence[RunStats]) -> str:
+    """Streamed runs: time to first token and the inter-token gap, beside the total latency."""
+    header = (f"{'run':<14}{'n':>5}{'TTFT p50 s':>12}{'TTFT p95 s':>12}{'ITL p50 ms':>12}{'ITL p95 ms':>12}"
+              f"{'total p50 s':>13}")
+    lines = [header, "-" * len(header)]
+    for s in stats:
+        lines.append(f"{s.name:<14}{s.ttft.count:>5}{s.ttft.p50_s:>12.2f}{s.ttft.p95_s:>12.2f}"
+                     f"{s.itl.p50_s * 1000:>12.1f}{s.itl.p95_s * 1000:>12.1f}{s.latency.p50_s:>13.2f}")
     return "\n".join(lines)
 
 

@@ -284,3 +284,27 @@ def test_loadgen_sweep_records_warnings_settings_and_a_fresh_folder(tmp_path, mo
     assert any("too few successful requests" in w for w in warnings)
     assert summary["provenance"]["nodes"][0]["settings"] == "unknown"
     assert len(summary["provenance"]["tool"]["commit"]) == 40
+
+
+def test_a_streamed_request_is_timed_to_its_first_piece_and_between_pieces():
+    """LoadTarget(stream=True) against an SSE node whose pieces come 50 ms apart after 200 ms."""
+    import time
+
+    from services.server import sse
+    from tests.unit.test_client_stream import StreamingNode, reply_for
+
+    def script(body):
+        time.sleep(0.2)  # the server's own pace, what the client measures
+        for piece in ("Answer:", " return", " it"):
+            yield sse.token_event(piece)
+            time.sleep(0.05)
+        yield sse.reply_event({**reply_for(body), "generated_response": "Answer: return it"})
+
+    with StreamingNode(script) as node:
+        target = load.LoadTarget(node.url, ["q"], timeout_s=10, deadline=time.monotonic() + 30, stream=True)
+        record = target.send(target.record("s", 0, 0.0))
+    assert record.ok and record.pieces == 3 and record.served_by == "1"
+    assert 0.2 <= record.ttft_s < record.latency_s
+    assert 0.04 <= record.itl_s < 0.5
+    stats = report.run_stats("s", 1, [record])
+    assert stats.ttft.count == 1 and stats.ttft.p50_s == record.ttft_s and stats.itl.p50_s == record.itl_s
