@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+
+import requests
 
 from services.cluster.local import LocalCluster, free_ports
 
@@ -48,6 +51,31 @@ def start_cluster(data, log_dir: Path, *, commands: Mapping[int, Sequence[str]] 
         cluster.stop()
         raise
     return cluster
+
+
+def post_query(target: LocalCluster | str, request_id: str, query: str = "Where is my order?",
+               timeout: float = 180) -> requests.Response:
+    """POST /query to node 0: `target` is a running cluster or node 0's base URL."""
+    url = target if isinstance(target, str) else target.url(0)
+    return requests.post(f"{url}/query", json={"request_id": request_id, "query": query}, timeout=timeout)
+
+
+def health(cluster: LocalCluster, node: int) -> dict:
+    """A node's /health body, whatever its status."""
+    return requests.get(f"{cluster.url(node)}/health", timeout=10).json()
+
+
+def uid(prefix: str) -> str:
+    """A request id no earlier request of the run used."""
+    return f"{prefix}-{time.time_ns()}"
+
+
+def wait_until(condition: Callable[[], object], timeout_s: float, what: str, poll_s: float = 0.05) -> None:
+    """Poll `condition` until it holds; fail with `what` past timeout_s (a bound, not a pace)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(poll_s)
 
 
 def leftovers(out_dir: Path) -> list[Path]:

@@ -9,7 +9,7 @@ import pytest
 import requests
 
 from pipeline import spec
-from tests.helpers import start_cluster
+from tests.helpers import health, post_query, start_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -21,14 +21,6 @@ def cluster(support_data, tmp_path_factory):
                             GENERATE_MAX_WAIT_MS="50", RERANK_MAX_WAIT_MS="20")
     yield cluster
     cluster.stop()
-
-
-def post_query(url: str, request_id: str, query: str, timeout: float = 120) -> requests.Response:
-    return requests.post(f"{url}/query", json={"request_id": request_id, "query": query}, timeout=timeout)
-
-
-def health(cluster, node: int) -> dict:
-    return requests.get(f"{cluster.url(node)}/health", timeout=10).json()
 
 
 def check_reply(reply: dict, request_id: str) -> None:

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from pipeline import spec
 from services.server.token import TOKEN_HEADER
-from tests.helpers import start_cluster
+from tests.helpers import health, post_query, start_cluster, uid, wait_until
 from tests.support import slow_index_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -61,19 +61,6 @@ def no_node_exits(request, cluster):
             assert proc.poll() is None, f"node {node} exited with {proc.returncode}:\n{cluster.tail(node)}"
 
 
-def post_query(cluster, request_id: str, query: str = "Where is my order?", timeout: float = 60) -> requests.Response:
-    return requests.post(f"{cluster.url(0)}/query", json={"request_id": request_id, "query": query},
-                         timeout=timeout)
-
-
-def uid(prefix: str) -> str:
-    return f"{prefix}-{time.time_ns()}"
-
-
-def health(cluster, node: int) -> dict:
-    return requests.get(f"{cluster.url(node)}/health", timeout=10).json()
-
-
 def served_total(cluster) -> int:
     return sum(health(cluster, n)["served"] for n in (0, 1))
 
@@ -93,13 +80,6 @@ def restart_node_2(cluster, delay_ms: int = 0) -> None:
     cluster.kill_node(2)
     cluster.start_node(2, command=slow_index_command(delay_ms, cluster.python) if delay_ms else None)
     cluster.wait_healthy(nodes=(2,), timeout_s=60)
-
-
-def wait_until(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
 
 
 # ---------------------------------------------------------------- the cluster token

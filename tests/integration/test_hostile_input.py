@@ -19,7 +19,7 @@ import requests
 
 from pipeline import spec
 from services.server.token import TOKEN_HEADER
-from tests.helpers import start_cluster
+from tests.helpers import post_query, start_cluster, uid
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -40,14 +40,6 @@ def cluster(course_data, tmp_path_factory):
         time.sleep(0.2)
     yield cluster
     cluster.stop()
-
-
-def post_query(cluster, request_id: str, query: str = "Where is my order?") -> requests.Response:
-    return requests.post(f"{cluster.url(0)}/query", json={"request_id": request_id, "query": query}, timeout=60)
-
-
-def uid(prefix: str) -> str:
-    return f"{prefix}-{time.time_ns()}"
 
 
 def workers_up(cluster) -> dict[int, bool]:

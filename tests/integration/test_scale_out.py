@@ -8,11 +8,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import requests
 
 from pipeline import spec
 from services.cluster.local import local_topology
-from tests.helpers import start_cluster
+from tests.helpers import health, post_query, start_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -37,14 +36,6 @@ def cluster(sharded_support, tmp_path_factory):
                             REQUEST_TIMEOUT_S="45", SHUTDOWN_GRACE_S="10")
     yield cluster
     cluster.stop()
-
-
-def post_query(url: str, request_id: str, query: str, timeout: float = 180) -> requests.Response:
-    return requests.post(f"{url}/query", json={"request_id": request_id, "query": query}, timeout=timeout)
-
-
-def health(cluster, node: int) -> dict:
-    return requests.get(f"{cluster.url(node)}/health", timeout=10).json()
 
 
 def test_each_node_has_the_role_and_shard_its_settings_give(cluster):

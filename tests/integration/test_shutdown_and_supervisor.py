@@ -21,7 +21,7 @@ import requests
 
 from pipeline import spec
 from pipeline.config import REPO_ROOT
-from tests.helpers import cluster_env, start_cluster
+from tests.helpers import cluster_env, start_cluster, uid, wait_until
 from tests.support import failing_generate_command, slow_index_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -38,17 +38,6 @@ def cluster(course_data, tmp_path_factory):
                             SHUTDOWN_GRACE_S=str(GRACE_S), REQUEST_TIMEOUT_S=str(REQUEST_TIMEOUT_S))
     yield cluster
     cluster.stop()
-
-
-def uid(prefix: str) -> str:
-    return f"{prefix}-{time.time_ns()}"
-
-
-def wait_until(condition, timeout_s: float, what: str, poll_s: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(poll_s)
 
 
 def get_health(url: str) -> requests.Response:
