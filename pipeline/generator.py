@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 from pipeline import spec
 from pipeline.config import Settings
+from pipeline.detokenize import IncrementalDetokenizer
 from pipeline.device import Placement, placement_for
 from pipeline.kernels.batch_invariance import make_bf16_linears_row_invariant, use_batch_invariant_attention
 from pipeline.models import ModelSource, resolve_model_source
@@ -55,6 +56,9 @@ class Generator:
         # fast tokenizer must not be shared across threads, so they use a copy, one at a time.
         self._counting_tokenizer = copy.deepcopy(tokenizer)
         self._counting_lock = threading.Lock()
+        # Streams decode on their request threads: a copy only ever decoded with (which borrows
+        # it read-only), so it never meets the generation thread's encoding.
+        self._decoding_tokenizer = copy.deepcopy(tokenizer)
 
     @classmethod
     def load(cls, source: ModelSource, placement: Placement, **kwargs) -> "Generator":
@@ -76,6 +80,14 @@ class Generator:
         """How many tokens `text` adds to a prompt (MAX_QUERY_TOKENS is checked with this)."""
         with self._counting_lock:
             return len(self._counting_tokenizer.encode(text, add_special_tokens=False))
+
+    def detokenizer(self) -> IncrementalDetokenizer:
+        """A new incremental detokenizer for one stream (any thread)."""
+        return IncrementalDetokenizer(self._decoding_tokenizer)
+
+    def prompt_tokens(self, query: str, documents: Sequence) -> int:
+        """The LLM prompt's length in tokens (any thread)."""
+        return self.count_tokens(self.prompt(query, documents))
 
     def prompt(self, query: str, documents: Sequence) -> str:
         return self.tokenizer.apply_chat_template(spec.build_messages(query, documents), tokenize=False,

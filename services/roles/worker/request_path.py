@@ -22,7 +22,6 @@ import numpy as np
 from pipeline import spec
 from pipeline.config import BatchConfig
 from pipeline.continuous import ContinuousEngine
-from pipeline.detokenize import IncrementalDetokenizer
 from pipeline.generator import GenerationRequest
 from pipeline.reranker import RerankRequest
 from pipeline.spec import Stage
@@ -236,7 +235,7 @@ class Worker:
             request = GenerationRequest(query, documents, max_new_tokens, on_token=tokens.put)
             generation = self._enter(clock, Stage.GENERATE, request)
             tokens.end_with(generation.future)
-            text = IncrementalDetokenizer(self.stages.generator.tokenizer)
+            text = self.stages.generator.detokenizer()
             streamed = ""
             for token in tokens.read(deadline):
                 piece = text.push(token)
@@ -259,7 +258,7 @@ class Worker:
 
     def _usage(self, request: GenerationRequest, completion_tokens: int) -> dict:
         generator = self.stages.generator
-        prompt_tokens = len(generator.tokenizer(generator.prompt(request.query, request.documents))["input_ids"])
+        prompt_tokens = generator.prompt_tokens(request.query, request.documents)
         cap = request.max_new_tokens or generator.max_new_tokens
         return {"usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens},
                 "finish_reason": "length" if completion_tokens >= cap else "stop"}
