@@ -208,11 +208,11 @@ def free_ports(n: int) -> list[int]:
 def local_topology(workers: int, shards: int, replicas: int) -> dict[str, str]:
     """The cluster settings of `workers` workers (node 0 among them) and `shards` index shards of
     `replicas` nodes each: workers 0 .. workers-1, then the index nodes; 2, 1, 1 is the default
-    three-node cluster."""
+    three-node cluster. A cluster has 3 nodes at least: one that would be short is an extra replica."""
     if workers < 1 or shards < 1 or replicas < 1:
         raise ValueError(f"workers, shards and replicas must be >= 1, got {workers}, {shards}, {replicas}")
-    index_nodes = range(workers, workers + shards * replicas)
     total = max(3, workers + shards * replicas)
+    index_nodes = range(workers, total)
     return {"TOTAL_NODES": str(total), "INDEX_NODES": ",".join(map(str, index_nodes)), "INDEX_SHARDS": str(shards)}
 
 
