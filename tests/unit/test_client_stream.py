@@ -134,7 +134,8 @@ def test_pieces_are_printed_as_they_arrive(chunked):
             client.stream_query(node.url, "r-1", "How do I return it?", 30, out)))
         reader.start()
         printed_early = out.seen.wait(WAIT_S)
-        reply_not_sent_yet = gate.reached.is_set() and not gate.open.is_set()
+        # The server sets `reached` just after writing the first piece: the client can print it first.
+        reply_not_sent_yet = gate.reached.wait(WAIT_S) and not gate.open.is_set()
         gate.open.set()
         reader.join(WAIT_S)
     assert printed_early and reply_not_sent_yet, "the first piece was not printed before the rest was sent"
