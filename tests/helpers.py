@@ -45,6 +45,7 @@ def start_cluster(data, log_dir: Path, *, commands: Mapping[int, Sequence[str]] 
             for node in cluster.start_order:  # the index first, workers search it at once
                 cluster.start_node(node, command=commands.get(node))
             cluster.wait_healthy(timeout_s=240)
+            cluster.wait_rotation(timeout_s=240)
         else:
             cluster.start(timeout_s=240)
     except Exception:

@@ -83,7 +83,23 @@ class LocalCluster:
         for node in self.start_order:
             self.start_node(node)
         self.wait_healthy(timeout_s=timeout_s)
+        self.wait_rotation(timeout_s=timeout_s)
         return self
+
+    def wait_rotation(self, timeout_s: float | None = None) -> None:
+        """Node 0's gateway has every worker it routes to in its rotation: a worker that became ready
+        after node 0 did joins at the gateway's next probe (HEALTH_INTERVAL_S), not at once."""
+        deadline = time.monotonic() + (timeout_s or STARTUP_TIMEOUT_S)
+        while True:
+            body = health(self.url(0), request_timeout_s=2) or {}
+            workers = body.get("workers") or []
+            if workers and all(worker.get("up") for worker in workers):
+                return
+            self._raise_if_exited(self.start_order)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"node 0's gateway did not see every worker ready in time ({workers}); "
+                                   f"logs in {self.log_dir}")
+            time.sleep(0.1)
 
     def healthy(self, node: int) -> bool:
         return health(self.url(node), request_timeout_s=2) is not None
