@@ -134,3 +134,19 @@ def test_an_error_after_a_stream_started_is_its_last_event():
     assert got[-1].json()["status"] == 500
     chat = events(client.post("/v1/chat/completions", json={**CHAT, "stream": True}))
     assert json.loads(chat[-1].data)["error"]["type"] == "server_error"
+
+
+def test_a_stream_past_its_deadline_ends_with_a_504_error_event():
+    from services.server.errors import RequestTimeout
+    role, client = query_app([ANSWER])
+
+    def slow(request_id, query, timeout_s, max_new_tokens=None):
+        yield "Answer:"
+        raise RequestTimeout("request timed out")  # what TokenStream.read raises at the deadline
+
+    role.gateway.router.targets[0].stream = slow
+    got = events(client.post("/query", json={"request_id": "d-1", "query": "Return?", "stream": True}))
+    assert [e.name for e in got] == ["token", "error"]
+    assert got[-1].json() == {"error": "Request timeout", "status": 504}
+    retry = client.post("/query", json={"request_id": "d-1", "query": "Return?"})  # a failure is not kept
+    assert retry.status_code == 200 and retry.get_json()["generated_response"] == ANSWER["generated_response"]
