@@ -9,7 +9,27 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 METRICS = "# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes 104857600\n"
 
 
-class FakeNode:
+class LocalServer:
+    """An HTTP server on 127.0.0.1 (an OS-picked port) served from a daemon thread inside a `with` block."""
+
+    def __init__(self, handler: type[BaseHTTPRequestHandler]):
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(timeout=5)
+
+
+class FakeNode(LocalServer):
     """health_status: what GET /health answers; bad_reply: /query breaks the contract (no sentiment)."""
 
     def __init__(self, health_status: int = 200, bad_reply: bool = False):
@@ -51,17 +71,4 @@ class FakeNode:
                     del reply["sentiment"]
                 self._send(200, json.dumps(reply))
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        daemon=True)
-
-    def __enter__(self) -> "FakeNode":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self._thread.join(timeout=5)
+        super().__init__(Handler)

@@ -7,12 +7,13 @@ from __future__ import annotations
 import io
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 import client
 from services.server import sse
+from tests.fake_node import LocalServer
 
 PIECES = ["Answer", ": within", " 30 days", " 😀 日本"]
 WAIT_S = 10  # a bound for a broken client, not a pace: every wait below ends on an event
@@ -26,7 +27,7 @@ class Gate:
         self.open = threading.Event()
 
 
-class StreamingNode:
+class StreamingNode(LocalServer):
     """GET /health, and POST /query answered by a script of SSE bytes and Gates.
 
     chunked: HTTP/1.1 chunked transfer encoding (as waitress sends a stream); otherwise HTTP/1.0
@@ -79,20 +80,7 @@ class StreamingNode:
                     self.wfile.write(b"0\r\n\r\n")
                 self.close_connection = True
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        daemon=True)
-
-    def __enter__(self) -> StreamingNode:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self._thread.join(timeout=5)
+        super().__init__(Handler)
 
 
 def reply_for(body: dict) -> dict:

@@ -3,10 +3,10 @@ equals the unsharded search, replicas fail over, and a shard that stays down fai
 name (never a partial answer)."""
 from __future__ import annotations
 
+import contextlib
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import faiss
 import numpy as np
@@ -18,13 +18,14 @@ from services.cluster.clients import IndexClient
 from services.cluster.local import free_ports
 from services.cluster.sharded_index import ShardedIndexClient
 from services.server.errors import DeadlineExceeded, ShardUnavailable
+from tests.fake_node import LocalServer
 
 pytestmark = pytest.mark.timeout(60)
 
 DIM, DOCS, K = 16, 300, 10
 
 
-class SearchServer:
+class SearchServer(LocalServer):
     """/search over a flat index of the given ids' vectors; `status` other than 200 answers that;
     `delay_s` answers late."""
 
@@ -57,13 +58,7 @@ class SearchServer:
                 except BrokenPipeError:  # the client gave up at its deadline (the slow-shard test)
                     pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__(Handler)
 
 
 @pytest.fixture
@@ -77,12 +72,9 @@ def servers(corpus):
     """Two shards (ids by shard_of), shard 0 with two replicas."""
     vectors, _ = corpus
     ids = np.arange(DOCS)
-    started = {"shard0": SearchServer(vectors, ids[shard_of(ids, 2) == 0]),
-               "shard0-replica": SearchServer(vectors, ids[shard_of(ids, 2) == 0]),
-               "shard1": SearchServer(vectors, ids[shard_of(ids, 2) == 1])}
-    yield started
-    for server in started.values():
-        server.close()
+    with contextlib.ExitStack() as stack:
+        yield {name: stack.enter_context(SearchServer(vectors, ids[shard_of(ids, 2) == shard]))
+               for name, shard in (("shard0", 0), ("shard0-replica", 0), ("shard1", 1))}
 
 
 def client(shards: list[list[str]], **kwargs) -> ShardedIndexClient:
