@@ -9,7 +9,7 @@ real configs); no weights are loaded. Token lengths are the real tokenizers' cou
 reference query (--query-index): the query (embed); the query with ten support-corpus documents,
 truncated at 512 (rerank, or --rerank-tokens); the generator's chat prompt with the top three of
 them (prefill); an answer of 400-512 characters cut as the classifiers cut it (sentiment, toxicity).
-The counting and the floors are profiling/lib/roofline.py's.
+The counting and the floors are profiling/lib/roofline.py's; the peaks profiling/lib/machine_peaks.py's.
 
 Peaks: a --matmul-size cubed matmul in float32, bfloat16 and int8 (`torch._int_mm`), and a sum
 and a copy of a --bandwidth-mib tensor, each the median of --rounds after --warmup, on --threads
@@ -39,6 +39,7 @@ from typing import Any, Mapping, Sequence
 from pipeline import spec
 from pipeline.config import PRECISION_VARIANTS, ConfigError, Settings
 from profiling.lib.cli import add_out, comma_list, make_parser, positive
+from profiling.lib.machine_peaks import measure_machine
 from profiling.lib.provenance import local_record
 from profiling.lib.report import run_folder, write_json
 from profiling.lib.roofline import (
@@ -51,7 +52,6 @@ from profiling.lib.roofline import (
     format_comparisons,
     format_floors,
     format_work,
-    measure_machine,
     plan_floor,
     plan_record,
 )

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from profiling import roofline as tool
+from profiling.lib.machine_peaks import Machine, matmul_peak, measure_machine
 from profiling.lib.roofline import (
     DecoderShape,
     EncoderShape,
-    Machine,
     Models,
     RequestTokens,
     Work,
@@ -22,8 +22,6 @@ from profiling.lib.roofline import (
     compare,
     floor_of,
     floor_of_passes,
-    matmul_peak,
-    measure_machine,
     plan_floor,
     row_works,
     together,
