@@ -207,8 +207,7 @@ class WorkerClient:
 
     def answer(self, request_id: str, query: str, timeout_s: float, max_new_tokens: int | None = None) -> dict:
         """The worker's reply; whatever abort() says instead once it is called."""
-        extra = {"max_new_tokens": max_new_tokens} if max_new_tokens is not None else None
-        return self._calls.call(self._answer, request_id, query, timeout_s, extra)
+        return self._calls.call(self._answer, request_id, query, timeout_s, max_new_tokens)
 
     def abort(self, make_error: Callable[[], BaseException]) -> None:
         """Answer every call waiting on this worker, and every later one, with make_error() (the
@@ -220,8 +219,7 @@ class WorkerClient:
         """The worker's answer stream (services.server.stream_response), relayed as each event
         arrives: text pieces, then the reply. Errors before the first event are raised here as
         answer() raises them; a stream that ends in an error event raises its typed error."""
-        body = {"stream": True, **({"max_new_tokens": max_new_tokens} if max_new_tokens is not None else {})}
-        response = self._calls.call(self._post, request_id, query, timeout_s, body, True)
+        response = self._calls.call(self._post, request_id, query, timeout_s, max_new_tokens, True)
         self._calls.hold(response)
         return self._relay(response)
 
@@ -247,15 +245,19 @@ class WorkerClient:
             self._calls.release(response)
             response.close()
 
-    def _answer(self, request_id: str, query: str, timeout_s: float, extra: dict | None) -> dict:
-        return self._post(request_id, query, timeout_s, extra).json()
+    def _answer(self, request_id: str, query: str, timeout_s: float, max_new_tokens: int | None) -> dict:
+        return self._post(request_id, query, timeout_s, max_new_tokens).json()
 
-    def _post(self, request_id: str, query: str, timeout_s: float, extra: dict | None = None,
+    def _post(self, request_id: str, query: str, timeout_s: float, max_new_tokens: int | None = None,
               stream: bool = False) -> requests.Response:
-        """The POST, its status checked (an error status raises its typed error); the body unread
-        when `stream`."""
+        """The POST, its status checked (an error status raises its typed error); with `stream`, the
+        worker is asked for its answer stream and the body is left unread."""
         # The time left goes along, so node 1 gives up (and cancels its queued work) when we do.
-        body = {"request_id": request_id, "query": query, "timeout_s": max(0.001, timeout_s), **(extra or {})}
+        body: dict = {"request_id": request_id, "query": query, "timeout_s": max(0.001, timeout_s)}
+        if max_new_tokens is not None:
+            body["max_new_tokens"] = max_new_tokens
+        if stream:
+            body["stream"] = True
         # The caller's X-Request-ID (this thread serves its /query), so node 1 logs the same id.
         trace = current_request_id.get()
         url = f"{self.base_url}/internal/answer"

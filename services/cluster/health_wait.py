@@ -24,8 +24,9 @@ def health(url: str, request_timeout_s: float = 5.0) -> dict | None:
 
 
 def wait_healthy(url: str, timeout_s: float, *, poll_s: float = 1.0, request_timeout_s: float = 5.0,
-                 check: Callable[[], None] | None = None) -> dict:
-    """Poll url/health until it answers 200 and return its body; TimeoutError after timeout_s.
+                 check: Callable[[], None] | None = None, ready: Callable[[dict], bool] | None = None) -> dict:
+    """Poll url/health until it answers 200 (and `ready(body)` holds, when given) and return its
+    body; TimeoutError after timeout_s.
 
     Asks at least once, even with timeout_s <= 0. `check` runs before every poll
     and may raise to give up early (the cluster launcher: a node process exited).
@@ -35,9 +36,10 @@ def wait_healthy(url: str, timeout_s: float, *, poll_s: float = 1.0, request_tim
         if check is not None:
             check()
         body = health(url, request_timeout_s)
-        if body is not None:
+        if body is not None and (ready is None or ready(body)):
             return body
         left = until - time.monotonic()
         if left <= 0:
-            raise TimeoutError(f"{url}/health did not answer 200 within {timeout_s:.0f}s")
+            what = "answer 200" if ready is None or body is None else "say it was ready"
+            raise TimeoutError(f"{url}/health did not {what} within {timeout_s:.0f}s")
         time.sleep(min(poll_s, left))

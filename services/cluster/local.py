@@ -89,17 +89,16 @@ class LocalCluster:
     def wait_rotation(self, timeout_s: float | None = None) -> None:
         """Node 0's gateway has every worker it routes to in its rotation: a worker that became ready
         after node 0 did joins at the gateway's next probe (HEALTH_INTERVAL_S), not at once."""
-        deadline = time.monotonic() + (timeout_s or STARTUP_TIMEOUT_S)
-        while True:
-            body = health(self.url(0), request_timeout_s=2) or {}
+        def all_up(body: dict) -> bool:
             workers = body.get("workers") or []
-            if workers and all(worker.get("up") for worker in workers):
-                return
-            self._raise_if_exited(self.start_order)
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"node 0's gateway did not see every worker ready in time ({workers}); "
-                                   f"logs in {self.log_dir}")
-            time.sleep(0.1)
+            return bool(workers) and all(worker.get("up") for worker in workers)
+
+        try:
+            wait_healthy(self.url(0), timeout_s or STARTUP_TIMEOUT_S, poll_s=0.1, request_timeout_s=2,
+                         check=functools.partial(self._raise_if_exited, self.start_order), ready=all_up)
+        except TimeoutError:
+            raise TimeoutError(f"node 0's gateway did not see every worker ready in time; logs in {self.log_dir}") \
+                from None
 
     def healthy(self, node: int) -> bool:
         return health(self.url(node), request_timeout_s=2) is not None
