@@ -20,6 +20,11 @@ from services.server.request_ids import install_request_id
 log = logging.getLogger(__name__)
 
 
+def retry_after_header(seconds: float) -> str:
+    """A Retry-After value: whole seconds, rounded up, at least 1 (never "come back now")."""
+    return str(max(1, math.ceil(seconds)))
+
+
 def error_response(status: int, message: str, *, field: str | None = None,
                    retry_after_s: float | None = None, reason: str | None = None) -> Response:
     body: dict[str, Any] = {"error": message}
@@ -30,7 +35,7 @@ def error_response(status: int, message: str, *, field: str | None = None,
     response = jsonify(body)
     response.status_code = status
     if retry_after_s is not None:
-        response.headers["Retry-After"] = str(max(1, math.ceil(retry_after_s)))
+        response.headers["Retry-After"] = retry_after_header(retry_after_s)
     return response
 
 

@@ -20,6 +20,7 @@ from pipeline import spec
 from services.roles.gateway import openai_api as oa
 from services.roles.worker.role import check_query_tokens
 from services.server import sse
+from services.server.app import retry_after_header
 from services.server.body import read_json_object
 from services.server.errors import http_answer
 from services.server.request_ids import bind_request_id
@@ -53,7 +54,7 @@ def register_openai_routes(app: Flask, role: GatewayRole) -> None:
                 raise  # a bug: the app's handler answers 500
             response = _error_response(oa.error_from_http(answer.status, answer.message, answer.field))
             if answer.retry_after_s is not None:
-                response.headers["Retry-After"] = str(max(1, round(answer.retry_after_s)))
+                response.headers["Retry-After"] = retry_after_header(answer.retry_after_s)
             return response
 
 
