@@ -36,6 +36,11 @@ class _TextClassifier:
         source = source or resolve_model_source(settings)
         return cls.load(source, placement_for(settings, cls.stage))
 
+    def tokens(self, text: str) -> int:
+        """The text's tokens as the model reads it (cut and truncated); a batch pads to its longest."""
+        return len(self.tokenizer(spec.classifier_text(text), truncation=True,
+                                  max_length=spec.TRUNCATE_LENGTH)["input_ids"])
+
     def logits(self, texts: Sequence[str]):
         import torch
         inputs = self.tokenizer([spec.classifier_text(t) for t in texts], padding=True, truncation=True,

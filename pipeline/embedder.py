@@ -35,6 +35,11 @@ class Embedder:
         source = source or resolve_model_source(settings)
         return cls.load(source, placement_for(settings, cls.stage))
 
+    def tokens(self, text: str) -> int:
+        """The text's tokens as the model reads it (truncated); a batch pads to its longest."""
+        tokenizer = self.model.tokenizer
+        return len(tokenizer(text, truncation=True, max_length=self.model.max_seq_length)["input_ids"])
+
     def embed(self, texts: list[str]) -> np.ndarray:
         """(n, 768) float32, unit norm; no query prefix, as the reference did."""
         if not texts:

@@ -73,6 +73,19 @@ class Reranker:
         """Token ids of each (query, document) pair, truncated as the model reads them, unpadded."""
         return self.tokenizer([list(pair) for pair in pairs], truncation=True, max_length=spec.TRUNCATE_LENGTH)
 
+    def pair_lengths(self, pairs: Sequence[tuple[str, str]]) -> list[int]:
+        return [len(ids) for ids in self.encode_pairs(pairs)["input_ids"]] if pairs else []
+
+    def padded_tokens(self, lengths: Sequence[int]) -> int:
+        """Tokens of the forwards that pairs of these lengths run in, padding included."""
+        return sum(len(group) * max(lengths[i] for i in group)
+                   for group in length_groups(lengths, self.max_pairs_per_forward, self.max_pad_ratio))
+
+    def request_tokens(self, request: RerankRequest) -> int:
+        """What reranking one request costs: its pairs' padded tokens as they would run alone
+        (a batch regroups all its requests' pairs by length, so it costs at most their sum)."""
+        return self.padded_tokens(self.pair_lengths([(request.query, d.content) for d in request.documents]))
+
     def score_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
         import torch
         if not pairs:

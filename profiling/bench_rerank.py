@@ -1,7 +1,10 @@
-"""The reranker's forwards grouped by length against one padded forward, side by side.
+"""The reranker's forwards grouped by length against one padded forward, side by side; or,
+with --batching, the rerank stage's batches closed by count against closed by tokens.
 
     python -m profiling.bench_rerank [--requests 8] [--rounds 2] [--pad-ratios 1.1,1.25]
                                      [--documents DIR] [--out DIR]
+    python -m profiling.bench_rerank --batching [--concurrency 1,4,8] [--budgets 4096,8192]
+                                     [--max-batches 1,8] [--rounds 1] [--documents DIR]
 
 Each request is a SPEC query with 10 documents (what search and fetch hand the
 reranker), drawn from documents.db under --documents or from the support corpus.
@@ -13,10 +16,20 @@ stay within that ratio of its real tokens (pipeline.reranker.length_groups).
 Prints seconds per request (the best round) and each setting's speed-up, checks
 that the scores agree, and writes JSON. Use STANDIN_PROFILE=faithful
 MODEL_SOURCE=standin for faithful figures.
+
+--batching runs the stage as the worker does (a BatchingService over
+Reranker.rerank, each request's cost in tokens computed by its submitter):
+--concurrency requests arrive at once (threads past a barrier), under each
+setting in turn, interleaved per round: `count N` closes a batch at N requests
+(RERANK_MAX_BATCH=N), `tokens T` at T padded tokens (RERANK_MAX_BATCH_TOKENS=T,
+with RERANK_MAX_BATCH=16). Batched settings wait up to --max-wait-ms for
+the others to arrive. Prints throughput and per-request latency (mean, max).
 """
 from __future__ import annotations
 
 import argparse
+import statistics
+import threading
 import time
 from pathlib import Path
 
@@ -30,8 +43,10 @@ from profiling.lib.cli import add_out, comma_list, make_parser
 from profiling.lib.inputs import document_pool, rerank_inputs
 from profiling.lib.provenance import local_record
 from profiling.lib.report import run_folder, write_json
+from services.stages.batching import BatchingService, BatchTokens, TokenPolicy
 
 ONE_FORWARD = float("inf")
+TOKEN_BATCH_ITEMS = 16  # RERANK_MAX_BATCH under a token budget: the budget closes batches first
 
 
 # Kept in the order given: the report lists the settings that way.
@@ -45,6 +60,68 @@ def time_setting(reranker: Reranker, requests, ratio: float) -> tuple[float, lis
     return (time.perf_counter() - started) / len(requests), scores
 
 
+def run_at_once(reranker: Reranker, requests, max_batch: int, budget: int | None, max_wait_ms: float) -> dict:
+    """The requests submitted at once from one thread each to a fresh rerank stage service."""
+    service = BatchingService("rerank", reranker.rerank, max_size=max_batch, max_wait_ms=max_wait_ms,
+                              tokens=TokenPolicy(BatchTokens.SUMMED, budget))
+    latencies = [0.0] * len(requests)
+    start = threading.Barrier(len(requests) + 1)
+
+    def client(i: int) -> None:
+        start.wait()
+        submitted = time.perf_counter()
+        service.submit(requests[i], cost=reranker.request_tokens(requests[i])).result(timeout=600)
+        latencies[i] = time.perf_counter() - submitted
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(requests))]
+    for t in threads:
+        t.start()
+    start.wait()
+    began = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - began
+    stats = service.stats()
+    service.close()
+    return {"wall_s": wall, "latencies_s": latencies, "batches": stats.batches_total,
+            "tokens": stats.tokens_total, "max_batch_tokens": stats.max_batch_tokens_seen}
+
+
+def batching(reranker: Reranker, pool, args) -> dict:
+    import torch
+    requests = rerank_inputs(pool, max(args.concurrency))
+    costs = [reranker.request_tokens(r) for r in requests]
+    settings_order = [(f"count {n}", n, None) for n in args.max_batches]
+    settings_order += [(f"tokens {t}", TOKEN_BATCH_ITEMS, t) for t in args.budgets]
+    reranker.rerank(requests)  # warm-up: every shape a batch of them all can take
+    runs: dict[tuple[int, str], list[dict]] = {}
+    for _ in range(args.rounds):
+        for concurrency in args.concurrency:
+            for name, max_batch, budget in settings_order:
+                run = run_at_once(reranker, requests[:concurrency], max_batch, budget,
+                                  0.0 if max_batch == 1 else args.max_wait_ms)
+                runs.setdefault((concurrency, name), []).append(run)
+    print(f"{len(requests)} requests x {len(requests[0].documents)} pairs, {torch.get_num_threads()} torch threads, "
+          f"request tokens {min(costs)}-{max(costs)} (mean {np.mean(costs):.0f}), "
+          f"{reranker.placement.device}/{reranker.placement.dtype}")
+    print(f"{'at once':>7} {'setting':<12} {'req/s':>7} {'mean s':>7} {'max s':>7} {'batches':>8} "
+          f"{'tokens/s':>9} {'largest batch tokens':>21}")
+    rows = []
+    for (concurrency, name), done in runs.items():
+        best = min(done, key=lambda run: run["wall_s"])  # the least disturbed round on a shared machine
+        row = {"concurrency": concurrency, "setting": name, "requests_per_s": concurrency / best["wall_s"],
+               "mean_latency_s": statistics.fmean(best["latencies_s"]), "max_latency_s": max(best["latencies_s"]),
+               "batches": best["batches"], "tokens_per_s": best["tokens"] / best["wall_s"],
+               "max_batch_tokens": best["max_batch_tokens"], "rounds": done}
+        rows.append(row)
+        print(f"{concurrency:>7} {name:<12} {row['requests_per_s']:>7.3f} {row['mean_latency_s']:>7.2f} "
+              f"{row['max_latency_s']:>7.2f} {row['batches']:>8} {row['tokens_per_s']:>9.0f} "
+              f"{row['max_batch_tokens']:>21}")
+    return {"mode": "batching", "rounds": args.rounds, "max_wait_ms": args.max_wait_ms,
+            "torch_threads": torch.get_num_threads(),
+            "request_tokens": {"min": min(costs), "max": max(costs), "mean": float(np.mean(costs))}, "rows": rows}
+
+
 def parser() -> argparse.ArgumentParser:
     p = make_parser("python -m profiling.bench_rerank", __doc__)
     p.add_argument("--requests", type=int, default=8, help="rerank requests of ten documents")
@@ -53,6 +130,15 @@ def parser() -> argparse.ArgumentParser:
                    help="length-grouping settings compared with one padded forward")
     p.add_argument("--documents", type=Path, default=None,
                    help="folder holding documents.db; unset: the support corpus")
+    p.add_argument("--batching", action="store_true",
+                   help="compare the stage's batches closed by count and by tokens instead")
+    p.add_argument("--concurrency", type=comma_list(int, minimum=1, what="concurrencies", example="1,4,8"),
+                   default=[1, 4, 8], help="--batching: requests arriving at once")
+    p.add_argument("--max-batches", type=comma_list(int, minimum=1, what="batch sizes", example="1,8"),
+                   default=[1, 8], help="--batching: count-closed settings (RERANK_MAX_BATCH)")
+    p.add_argument("--budgets", type=comma_list(int, minimum=1, what="token budgets", example="4096,8192"),
+                   default=[4096, 8192], help="--batching: token-closed settings (RERANK_MAX_BATCH_TOKENS)")
+    p.add_argument("--max-wait-ms", type=float, default=5.0, help="--batching: the batched settings' window")
     add_out(p, "bench_rerank")
     return p
 
@@ -67,6 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings.from_env()
     torch.set_num_threads(thread_budget(settings.models.torch_threads))
     reranker = Reranker.load(resolve_model_source(settings), placement_for(settings, Reranker.stage))
+    if args.batching:
+        report = batching(reranker, document_pool(args.documents), args)
+        report["provenance"] = local_record()
+        print(f"results in {write_json(run_folder('bench_rerank', args.out) / 'bench_rerank.json', report)}")
+        return 0
     requests = rerank_inputs(document_pool(args.documents), args.requests)
     lengths = [[len(ids) for ids in reranker.encode_pairs([(r.query, d.content) for d in r.documents])["input_ids"]]
                for r in requests]

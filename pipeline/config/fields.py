@@ -24,6 +24,12 @@ def max_batch(stage: str, size: int, why: str) -> Any:
                f"largest batch the {stage} stage runs ({why}; docs/performance.md)")
 
 
+def max_batch_tokens(stage: str, tokens: int, why: str) -> Any:
+    return var(f"{stage.upper()}_MAX_BATCH_TOKENS", p.int_range(0, 10_000_000), str(tokens),
+               f"a batch of the {stage} stage also closes before the next item would take its padded tokens "
+               f"over this many; an item over it alone runs alone; 0 = no token budget ({why})")
+
+
 def max_wait(stage: str, wait_ms: int) -> Any:
     return var(f"{stage.upper()}_MAX_WAIT_MS", p.non_negative_float, str(wait_ms),
                f"how long the {stage} stage's oldest item may wait for a fuller batch (ms)")

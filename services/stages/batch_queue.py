@@ -2,7 +2,11 @@
 
 A batch closes as soon as ``max_size`` items are waiting, or ``max_wait_ms``
 after its *oldest* item arrived, whichever comes first; when the queue is
-closing it goes at once (nothing new can join). ``BatchQueue`` owns the items,
+closing it goes at once (nothing new can join). A stage that counts tokens
+(``TokenPolicy``) gives each item's cost on submit, and with a budget a batch
+also closes when the next item in arrival order would take its padded tokens
+over ``max_tokens`` (as TEI does); an item over the budget on its own still
+runs, alone. Items are taken in arrival order: none is skipped to fill a batch. ``BatchQueue`` owns the items,
 the lock and the counters; it never runs a batch (``BatchingService`` does).
 The policy methods (``due_in``, ``take``) read an injectable clock, so they are
 tested with no thread and no sleep.
@@ -18,6 +22,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field, fields, replace
+from enum import Enum
 from typing import Any
 
 from services.server.errors import Overloaded, ServiceClosed, StageDown
@@ -35,6 +40,48 @@ MAX_RETRY_AFTER_S = 60.0
 # Upper bounds (seconds) of the queue-wait histogram: from a batch window's few milliseconds to a
 # request's whole timeout spent queued.
 WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+# Upper bounds of the per-item tokens histogram: from a short query to a rerank request's ten
+# pairs of up to 512 tokens.
+TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+class BatchTokens(Enum):
+    """How a batch's tokens follow from its items' costs."""
+
+    # One forward padded to the longest item: items x the longest (embedder, classifiers).
+    PADDED = "padded"
+    # Each item's cost already counts its own padding (a rerank request's pairs), and the batch's
+    # pairs are regrouped by length together: the sum.
+    SUMMED = "summed"
+
+    def tokens_of(self, shape: BatchShape) -> int:
+        return shape.count * shape.longest if self is BatchTokens.PADDED else shape.total
+
+    def batch_tokens(self, costs: list[int]) -> int:
+        return self.tokens_of(BatchShape(len(costs), max(costs, default=0), sum(costs)))
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """What a batch's tokens depend on: its items, the longest one's cost, all their costs."""
+
+    count: int = 0
+    longest: int = 0
+    total: int = 0
+
+    def plus(self, cost: int) -> BatchShape:
+        return BatchShape(self.count + 1, max(self.longest, cost), self.total + cost)
+
+
+@dataclass(frozen=True)
+class TokenPolicy:
+    """A stage that counts its items' tokens: each item's cost is given on submit, and with
+    ``max_tokens`` a batch closes before the next item would take it over that many tokens."""
+
+    tokens: BatchTokens
+    max_tokens: int | None = None  # None: counted and reported, never closing a batch
 
 
 def with_observations(counts: tuple[int, ...], bounds: tuple[float, ...], values) -> tuple[int, ...]:
@@ -69,6 +116,16 @@ class BatchCounters:
     # Sum of the time the stage's thread spent computing.
     run_seconds_sum: float = 0.0
     max_batch_size_seen: int = 0
+    # Tokens of the items taken off the queue, each counted as it costs alone (TokenPolicy stages).
+    tokens_total: int = 0
+    # The same per item, counted per TOKEN_BUCKETS bound (+ one over the last), for the histogram.
+    token_bucket_counts: tuple[int, ...] = (0,) * (len(TOKEN_BUCKETS) + 1)
+    # Batches closed because the next item would have taken them over max_tokens.
+    token_closed_batches_total: int = 0
+    # Batches of one item whose tokens alone exceed max_tokens (run anyway).
+    over_budget_batches_total: int = 0
+    # The largest batch's tokens (BatchTokens.batch_tokens) so far.
+    max_batch_tokens_seen: int = 0
 
     def plus(self, **deltas: float) -> BatchCounters:
         return replace(self, **{name: getattr(self, name) + delta for name, delta in deltas.items()})
@@ -82,6 +139,14 @@ class BatchCounters:
                        batch_size_counts=sizes, max_batch_size_seen=max(self.max_batch_size_seen, size),
                        wait_bucket_counts=with_observations(self.wait_bucket_counts, WAIT_BUCKETS, waits))
 
+    def with_tokens(self, costs: list[int], batch_tokens: int, *, token_closed: bool,
+                    over_budget: bool) -> BatchCounters:
+        """The tokens of a batch just counted by with_batch: its items' costs and the batch's tokens."""
+        return replace(self.plus(tokens_total=sum(costs), token_closed_batches_total=int(token_closed),
+                                 over_budget_batches_total=int(over_budget)),
+                       token_bucket_counts=with_observations(self.token_bucket_counts, TOKEN_BUCKETS, costs),
+                       max_batch_tokens_seen=max(self.max_batch_tokens_seen, batch_tokens))
+
 
 @dataclass(frozen=True)
 class BatchingStats(BatchCounters):
@@ -93,6 +158,9 @@ class BatchingStats(BatchCounters):
     max_queue: int = 0
     # Items accepted and still waiting to be taken off the queue.
     queue_depth: int = 0
+    # Whether the stage counts tokens (TokenPolicy), and its budget (0: none).
+    counts_tokens: bool = False
+    max_tokens: int = 0
 
     def summary(self) -> dict:
         return {"batches": self.batches_total, "items": self.items_total,
@@ -106,6 +174,7 @@ class PendingItem:
     item: Any
     future: Future
     enqueued_at: float  # the queue's clock at submit
+    cost: int = 0  # its tokens (TokenPolicy stages), computed once by the submitter
 
 
 def validate_positive_int(name: str, value: Any) -> int:
@@ -136,11 +205,15 @@ class BatchQueue:
     """
 
     def __init__(self, name: str, *, max_size: int, max_wait_ms: float, max_queue: int,
-                 clock: Callable[[], float] = time.monotonic):
+                 tokens: TokenPolicy | None = None, clock: Callable[[], float] = time.monotonic):
         self.name = name
         self.max_size = validate_positive_int("max_size", max_size)
         self.max_wait_ms = validate_max_wait_ms(max_wait_ms)
         self.max_queue = validate_positive_int("max_queue", max_queue)
+        if tokens is not None and tokens.max_tokens is not None:
+            validate_positive_int("max_tokens", tokens.max_tokens)
+        self.tokens = tokens
+        self._budget = tokens.max_tokens if tokens is not None else None
         self._max_wait_s = self.max_wait_ms / 1000.0
         self._clock = clock
         self._cond = threading.Condition(threading.Lock())
@@ -154,21 +227,23 @@ class BatchQueue:
 
     # ------------------------------------------------------------ submitting
 
-    def put(self, items: list, *, busy: int = 0,
+    def put(self, items: list, *, costs: list[int] | None = None, busy: int = 0,
             retry_after_s: Callable[[int], float] | None = None) -> list[Future]:
         """Queue items atomically (all or none); a Future for each.
 
+        ``costs`` are the items' tokens, required when the queue counts tokens;
         ``busy`` counts work the owner already holds outside the queue against
         ``max_queue``; ``retry_after_s(depth)`` overrides the Overloaded hint.
         """
+        costs = self._checked_costs(items, costs)
         now = self._clock()
         records = []
-        for item in items:
+        for item, cost in zip(items, costs):
             future: Future = Future()
             # Registered while the future is PENDING and not yet visible to the
             # worker, so the callback never fires right here.
             future.add_done_callback(self._forget_if_cancelled)
-            records.append(PendingItem(item, future, now))
+            records.append(PendingItem(item, future, now, cost))
         with self._cond:
             if self._failure is not None:
                 raise StageDown(self.name, self._failure)
@@ -184,9 +259,21 @@ class BatchQueue:
             # Only wake the worker when it has something new to decide: the
             # queue became non-empty (start the window) or a full batch is now
             # there (stop waiting); other submits would recompute the same deadline.
-            if depth == 0 or depth < self.max_size <= depth + len(records):
+            if depth == 0 or depth < self.max_size <= depth + len(records) or self._over_budget_locked():
                 self._cond.notify()
         return [record.future for record in records]
+
+    def _checked_costs(self, items: list, costs: list[int] | None) -> list[int]:
+        if costs is None:
+            if self.tokens is not None:
+                raise ValueError(f"stage service {self.name!r} counts tokens: each item needs its cost")
+            return [0] * len(items)
+        if len(costs) != len(items):
+            raise ValueError(f"{len(items)} items but {len(costs)} costs")
+        for cost in costs:
+            if isinstance(cost, bool) or not isinstance(cost, int) or cost < 0:
+                raise ValueError(f"an item's cost must be an int >= 0 (its tokens), got {cost!r}")
+        return list(costs)
 
     def _retry_after_locked(self, depth: int) -> float:
         # Time to drain the current queue at the observed average batch time.
@@ -224,10 +311,31 @@ class BatchQueue:
         if not self._pending:
             return None
         # Go now if a full batch waits (never sleep on one) or when closing.
-        if len(self._pending) >= self.max_size or self._closing:
+        if len(self._pending) >= self.max_size or self._closing or self._over_budget_locked():
             return 0.0
         oldest = next(iter(self._pending.values()))
         return max(0.0, oldest.enqueued_at + self._max_wait_s - self._clock())
+
+    def _fits(self, shape: BatchShape, cost: int) -> bool:
+        """Whether one more item of `cost` keeps a batch of `shape` within the budget; an empty
+        batch takes any item, so one over the budget runs alone (never starved)."""
+        if self._budget is None or self.tokens is None or shape.count == 0:
+            return True
+        return self.tokens.tokens.tokens_of(shape.plus(cost)) <= self._budget
+
+    def _over_budget_locked(self) -> bool:
+        """Whether the waiting items hold a batch closed by the budget: one of fewer than
+        max_size items that the next item in arrival order would take over it."""
+        if self._budget is None:
+            return False
+        shape = BatchShape()
+        for pending in self._pending.values():
+            if shape.count == self.max_size:
+                return False
+            if not self._fits(shape, pending.cost):
+                return True
+            shape = shape.plus(pending.cost)
+        return False
 
     def take(self, limit: int | None = None, *, start_running: bool = True) -> list[PendingItem]:
         """Take up to ``limit`` (default max_size) live items now, counted as one batch.
@@ -241,17 +349,29 @@ class BatchQueue:
     def _take_locked(self, limit: int, start_running: bool = True) -> list[PendingItem]:
         batch: list[PendingItem] = []
         owner = f"stage service {self.name!r}"
+        shape = BatchShape()
+        token_closed = False
         while self._pending and len(batch) < limit:
+            # Arrival order: the first item that does not fit closes the batch and stays first.
+            if not self._fits(shape, next(iter(self._pending.values())).cost):
+                token_closed = True
+                break
             _, pending = self._pending.popitem(last=False)
             # PENDING -> RUNNING; a caller who cancelled first is skipped here.
             outcome = claim(pending.future, owner) if start_running else peek(pending.future, owner)
             if outcome is Claim.RUN:
                 batch.append(pending)
+                shape = shape.plus(pending.cost)
             elif outcome is Claim.CANCELLED:
                 self._counters = self._counters.plus(cancelled_items_total=1)
         if batch:
             now = self._clock()
             self._counters = self._counters.with_batch([now - p.enqueued_at for p in batch])
+            if self.tokens is not None:
+                batch_tokens = self.tokens.tokens.tokens_of(shape)
+                over = self._budget is not None and batch_tokens > self._budget
+                self._counters = self._counters.with_tokens([p.cost for p in batch], batch_tokens,
+                                                            token_closed=token_closed, over_budget=over)
         return batch
 
     def next_batch(self) -> list[PendingItem] | None:
@@ -338,4 +458,5 @@ class BatchQueue:
             counters["batch_size_counts"] = dict(self._counters.batch_size_counts)
             return BatchingStats(**counters, name=self.name, max_size=self.max_size,
                                  max_wait_ms=self.max_wait_ms, max_queue=self.max_queue,
-                                 queue_depth=len(self._pending))
+                                 queue_depth=len(self._pending), counts_tokens=self.tokens is not None,
+                                 max_tokens=self._budget or 0)

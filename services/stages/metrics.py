@@ -10,7 +10,7 @@ from typing import Callable, Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from services.stages.batch_queue import WAIT_BUCKETS, BatchingStats
+from services.stages.batch_queue import TOKEN_BUCKETS, WAIT_BUCKETS, BatchingStats
 from services.stages.continuous import TPOT_BUCKETS, TTFT_BUCKETS, GenerationStats
 from services.stages.protocol import StageService
 
@@ -37,8 +37,8 @@ def _histogram(name: str, doc: str, snapshots, counts_of) -> HistogramMetricFami
     return family
 
 
-def _seconds_histogram(name: str, doc: str, snapshots, bounds, counts_of, sum_of) -> HistogramMetricFamily:
-    """A per-stage histogram from each snapshot's counts per bound (plus one over the last) and sum."""
+def _bounded_histogram(name: str, doc: str, snapshots, bounds, counts_of, sum_of) -> HistogramMetricFamily:
+    """A per-stage histogram (seconds, tokens) from each snapshot's counts per bound (plus one over the last) and sum."""
     family = HistogramMetricFamily(name, doc, labels=["stage"])
     for st in snapshots:
         counts = counts_of(st)
@@ -71,6 +71,18 @@ _BATCH_FAMILIES = [
      "refuses new ones with 503", "max_queue"),
 ]
 
+# The same for the stages that count tokens (BatchingStats.counts_tokens): the encoders.
+_TOKEN_FAMILIES = [
+    (CounterMetricFamily, "rag_stage_tokens", "Tokens of the items a stage ran, each counted as it costs alone "
+     "(a rerank request: its pairs' padded tokens)", "tokens_total"),
+    (CounterMetricFamily, "rag_batch_token_closed", "Batches closed because the next item would have taken "
+     "them over <STAGE>_MAX_BATCH_TOKENS", "token_closed_batches_total"),
+    (CounterMetricFamily, "rag_batch_over_budget", "Batches of one item over <STAGE>_MAX_BATCH_TOKENS alone "
+     "(run anyway)", "over_budget_batches_total"),
+    (GaugeMetricFamily, "rag_batch_token_budget", "A batch's padded tokens a stage closes it at "
+     "(<STAGE>_MAX_BATCH_TOKENS; 0: no budget)", "max_tokens"),
+]
+
 # The same for GenerationStats attributes: what decoding did.
 _GENERATION_FAMILIES = [
     (CounterMetricFamily, "rag_generate_decode_steps", "Decode steps run", "decode_steps_total"),
@@ -94,11 +106,17 @@ class BatchingCollector:
         snapshots = [_batching(service.stats()) for service in self._services()]
         yield _histogram("rag_batch_size", "Items per batch taken off a stage's queue", snapshots,
                          lambda st: st.batch_size_counts)
-        yield _seconds_histogram("rag_batch_queue_wait_seconds", "Each item's wait from submit to leaving the "
+        yield _bounded_histogram("rag_batch_queue_wait_seconds", "Each item's wait from submit to leaving the "
                                  "stage's queue", snapshots, WAIT_BUCKETS, lambda st: st.wait_bucket_counts,
                                  lambda st: st.wait_seconds_sum)
         for kind, name, doc, attribute in _BATCH_FAMILIES:
             yield _per_stage(kind, name, doc, snapshots, attribute)
+        costed = [st for st in snapshots if st.counts_tokens]
+        yield _bounded_histogram("rag_stage_item_tokens", "Each item's tokens as it costs alone (a rerank "
+                                 "request: its pairs' padded tokens)", costed, TOKEN_BUCKETS,
+                                 lambda st: st.token_bucket_counts, lambda st: float(st.tokens_total))
+        for kind, name, doc, attribute in _TOKEN_FAMILIES:
+            yield _per_stage(kind, name, doc, costed, attribute)
 
 
 class GenerationCollector:
@@ -119,9 +137,9 @@ class GenerationCollector:
             kv.add_metric([st.name, "in_use"], st.kv_tokens_in_use)
             kv.add_metric([st.name, "reserved"], st.kv_tokens_reserved)
         yield kv
-        yield _seconds_histogram("rag_generate_ttft_seconds", "Time to first token from submit", snapshots,
+        yield _bounded_histogram("rag_generate_ttft_seconds", "Time to first token from submit", snapshots,
                                  TTFT_BUCKETS, lambda st: st.ttft_bucket_counts, lambda st: st.ttft_seconds_sum)
-        yield _seconds_histogram("rag_generate_tpot_seconds", "Time per output token after the first, per finished "
+        yield _bounded_histogram("rag_generate_tpot_seconds", "Time per output token after the first, per finished "
                                  "sequence of two tokens or more", snapshots, TPOT_BUCKETS,
                                  lambda st: st.tpot_bucket_counts, lambda st: st.tpot_seconds_sum)
 

@@ -45,6 +45,17 @@ def test_values_from_env():
     assert s.stage_dtype("rerank") == "float32" and s.stage_dtype("embed") == "auto"
 
 
+def test_token_budgets_reach_the_encoder_stages_batch_configs_only():
+    s = Settings.from_env({"RERANK_MAX_BATCH_TOKENS": "6000", "SENTIMENT_MAX_BATCH_TOKENS": "2048"})
+    assert s.rerank.max_batch_tokens == 6000
+    assert s.batching("rerank").max_tokens == 6000 and s.batching("sentiment").max_tokens == 2048
+    assert s.batching("embed").max_tokens == 0 and s.batching("toxicity").max_tokens == 0  # 0: no budget
+    # Stages that are not encoders have no such variable: their batches close by count alone.
+    assert "GENERATE_MAX_BATCH_TOKENS" not in Settings.variables() and s.batching("fetch").max_tokens == 0
+    assert {n for n in Settings.variables() if n.endswith("_MAX_BATCH_TOKENS")} == {
+        "EMBED_MAX_BATCH_TOKENS", "RERANK_MAX_BATCH_TOKENS", "SENTIMENT_MAX_BATCH_TOKENS", "TOXICITY_MAX_BATCH_TOKENS"}
+
+
 @pytest.mark.parametrize("name,value,accepted", [
     ("NODE_NUMBER", "abc", "an integer from 0 to 63"),
     ("NODE_NUMBER", "5", "a node below TOTAL_NODES (3), from 0 to 2"),
@@ -56,6 +67,9 @@ def test_values_from_env():
     ("REQUEST_TIMEOUT_S", "-1", "a number > 0"),
     ("WORKER_NODES", "0,0", "distinct node numbers"),
     ("DTYPE", "int8", "one of auto"),
+    ("RERANK_MAX_BATCH_TOKENS", "-1", "an integer from 0"),
+    ("EMBED_MAX_BATCH_TOKENS", "4k", "an integer from 0"),
+    ("TOXICITY_MAX_BATCH_TOKENS", "1.5", "an integer from 0"),
 ])
 def test_bad_value_gives_one_line_naming_variable_value_and_accepted(name, value, accepted):
     with pytest.raises(ConfigError) as err:

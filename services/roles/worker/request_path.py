@@ -38,7 +38,7 @@ from services.server.errors import (
     StageFailed,
 )
 from services.server.request_ids import current_request_id
-from services.stages.batching import BatchingService
+from services.stages.batching import BatchingService, BatchTokens, TokenPolicy
 from services.stages.continuous import ContinuousGenerationService
 from services.stages.protocol import StageService, StageStats
 from services.stages.token_stream import TokenStream
@@ -55,6 +55,12 @@ def collect_stage_times() -> dict[str, float]:
     times: dict[str, float] = {}
     _stage_times.set(times)
     return times
+
+
+# How each encoder stage's batch adds up its items' tokens: one padded forward of texts, or a
+# rerank batch's pairs regrouped by length (each request's cost already counts its padding).
+BATCH_TOKENS = {Stage.EMBED: BatchTokens.PADDED, Stage.RERANK: BatchTokens.SUMMED,
+                Stage.SENTIMENT: BatchTokens.PADDED, Stage.TOXICITY: BatchTokens.PADDED}
 
 
 @dataclass(frozen=True)
@@ -91,12 +97,19 @@ class _Visit:
         self.stage = stage
         self.span = span
         self.started = time.perf_counter()
+        self.tokens: int | None = None  # its cost in an encoder stage
         self._future: Future | None = None
 
     def submit(self, service: StageService, item) -> "_Visit":
         """Every stage service unwraps a noted item (stage_spans.noting_batches, or the continuous
         generate stage's stage_spans.admitted), telling the span the batch it ran in."""
         self._future = service.submit(stage_spans.noted(self.span, item))
+        return self
+
+    def submit_costed(self, service: BatchingService, item, tokens: int) -> "_Visit":
+        """submit, to an encoder stage, with the item's cost in tokens."""
+        self.tokens = tokens
+        self._future = service.submit(stage_spans.noted(self.span, item), cost=tokens)
         return self
 
     @property
@@ -137,7 +150,7 @@ class _StageClock:
         if self.times is not None:
             self.times[str(visit.stage)] = round(elapsed_s * 1000, 1)
         if visit.span is not None:
-            visit.span.end(elapsed_s, error)
+            visit.span.end(elapsed_s, error, **{"rag.tokens": visit.tokens})
 
     def close(self) -> None:
         """End the spans of stages the request left unawaited (refused at submit, or toxicity
@@ -165,9 +178,28 @@ class Worker:
             Stage.SENTIMENT: stages.sentiment.classify,
             Stage.TOXICITY: stages.toxicity.classify,
         }
-        # Each batch tells its requests' stage spans (tracing on) its size and when it started.
-        self.services: dict[Stage, StageService] = {stage: self._service(stage, stage_spans.noting_batches(batch_fns[stage]))
-                         for stage in spec.WORKER_STAGES}
+        # The encoder stages' items' costs in tokens, computed once on submit with the stage's tokenizer.
+        self._costs: dict[Stage, Callable[[Any], int]] = {
+            Stage.EMBED: stages.embedder.tokens, Stage.RERANK: stages.reranker.request_tokens,
+            Stage.SENTIMENT: stages.sentiment.tokens, Stage.TOXICITY: stages.toxicity.tokens}
+        self._encoders: dict[Stage, BatchingService] = {}
+        self.services: dict[Stage, StageService] = {}
+        for stage in spec.WORKER_STAGES:
+            # Each batch tells its requests' stage spans (tracing on) its size and when it started.
+            batch_fn = stage_spans.noting_batches(batch_fns[stage])
+            if stage in self._costs:
+                self._encoders[stage] = self._encoder(stage, batch_fn)
+                self.services[stage] = self._encoders[stage]
+            else:
+                self.services[stage] = self._service(stage, batch_fn)
+
+    def _encoder(self, stage: Stage, batch_fn: Callable[[list], list]) -> BatchingService:
+        """An encoder stage: it counts its items' tokens and, with <STAGE>_MAX_BATCH_TOKENS, closes
+        batches by them too."""
+        cfg = self.config.batching[stage]
+        return BatchingService(stage, batch_fn, max_size=cfg.max_size, max_wait_ms=cfg.max_wait_ms,
+                               max_queue=cfg.max_queue,
+                               tokens=TokenPolicy(BATCH_TOKENS[stage], cfg.max_tokens or None))
 
     def _service(self, stage: Stage, batch_fn: Callable[[list], list]) -> StageService:
         if stage == Stage.GENERATE and self.config.continuous is not None:
@@ -278,7 +310,15 @@ class Worker:
             self._served += 1
 
     def _enter(self, clock: _StageClock, stage: Stage, item) -> _Visit:
-        return clock.enter(stage).submit(self.services[stage], item)
+        visit = clock.enter(stage)
+        encoder = self._encoders.get(stage)
+        if encoder is None:
+            return visit.submit(self.services[stage], item)
+        try:
+            tokens = self._costs[stage](item)
+        except Exception as exc:  # the stage's tokenizer failed on it: the stage's failure
+            raise StageFailed(stage, exc) from exc
+        return visit.submit_costed(encoder, item, tokens)
 
     def _retrieve(self, clock: _StageClock, trace: str, query: str, deadline: float) -> tuple:
         """The query's documents, reranked, best first: embed, search, fetch, rerank."""
