@@ -33,6 +33,7 @@ fidelity on random-weight stand-ins is a worst case (said in the output).
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import math
 import os
@@ -45,6 +46,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
+
+import numpy as np
 
 from pipeline import spec
 from pipeline.config import Settings
@@ -95,8 +98,24 @@ def _workload(stage: str, model, n: int, max_new: int) -> tuple[list, Callable[[
         prompts = [model.prompt(q, cycled(pool, spec.CONTEXT_DOCS, i * spec.CONTEXT_DOCS))
                    for i, q in enumerate(queries)]
         run = lambda items: model.generate_ids(items, max_new_tokens=max_new)  # noqa: E731
-        return prompts, run, run
+        return prompts, run, lambda items: [{"ids": ids, **_read_prompt(model, prompt)}
+                                            for prompt, ids in zip(items, run(items))]
     return answer_texts(pool, n), model.classify, model.classify
+
+
+def _read_prompt(generator, prompt: str, chunk: int = 128) -> dict:
+    """The LLM reading one prompt alone: the argmax after every position (teacher-forced) and the
+    logits after the last one (float32 bytes, base64). The head runs in chunks of positions: the
+    whole prompt's logits would be prompt length x vocabulary floats."""
+    import torch
+    ids = generator.tokenizer(prompt, return_tensors="pt")["input_ids"].to(generator.placement.device)
+    with torch.inference_mode():
+        hidden = generator.model.model(input_ids=ids).last_hidden_state
+        head = generator.model.lm_head
+        top1 = [t for start in range(0, hidden.shape[1], chunk)
+                for t in head(hidden[:, start:start + chunk]).argmax(dim=-1)[0].tolist()]
+        last = head(hidden[:, -1:]).float()[0, 0].cpu().numpy()
+    return {"prompt_top1": top1, "last_logits": base64.b64encode(last.tobytes()).decode()}
 
 
 def _times_ms(run: Callable[[list], object], items: list, repeat: int) -> list[float]:
@@ -171,10 +190,19 @@ def measure_all(args: argparse.Namespace, env: Mapping[str, str], progress=print
             for (stage, variant), results in runs.items()]
 
 
+def _decoded(stage: str, outputs: list) -> list:
+    """Outputs as the fidelity figures take them: the LLM's last logits back to an array."""
+    if stage != "generate":
+        return outputs
+    return [{**o, "last_logits": np.frombuffer(base64.b64decode(o["last_logits"]), dtype=np.float32)}
+            for o in outputs]
+
+
 def _summarize(stage: str, variant: str, results: list[dict], reference: list[dict] | None,
                args: argparse.Namespace) -> Measurement:
     first = results[0]  # outputs are deterministic: round 1's stand for all
-    figures = fidelity(stage, reference[0]["outputs"], first["outputs"]) if reference else {}
+    figures = fidelity(stage, _decoded(stage, reference[0]["outputs"]), _decoded(stage, first["outputs"])) \
+        if reference else {}
     m = Measurement(stage, variant, statistics.median(t for r in results for t in r["one_ms"]),
                     statistics.median(t for r in results for t in r["batch_ms"]), args.batch[stage],
                     max(r["peak_rss_mib"] for r in results), first["model_mib"], figures)

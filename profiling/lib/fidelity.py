@@ -81,6 +81,34 @@ def agreement(reference: Sequence, candidate: Sequence) -> float:
     return sum(a == b for a, b in zip(reference, candidate)) / len(reference)
 
 
+def logit_drift(reference: np.ndarray, candidate: np.ndarray) -> float:
+    """||candidate - reference|| / ||reference|| of one position's logits (float64 arithmetic)."""
+    ref, cand = np.asarray(reference, dtype=np.float64), np.asarray(candidate, dtype=np.float64)
+    return float(np.linalg.norm(cand - ref) / max(float(np.linalg.norm(ref)), 1e-30))
+
+
+def generation_fidelity(reference: Sequence[Mapping], candidate: Sequence[Mapping]) -> dict[str, float]:
+    """The LLM's figures from per-prompt outputs {"ids": greedy new ids, "prompt_top1": the argmax
+    after every prompt position, "last_logits": the logits after the whole prompt}.
+
+    Greedy answers diverge for good at the first flipped near-tie, so exact match alone says
+    little; the prompt's positions are read teacher-forced (every variant sees the same text),
+    so their top-1 agreement counts flips one position at a time, and the drift is the relative
+    error of the logits the first new token is chosen from."""
+    ids_ref, ids_cand = [r["ids"] for r in reference], [c["ids"] for c in candidate]
+    firsts = [first_difference(r, c) for r, c in zip(ids_ref, ids_cand)]
+    differing = [f for f in firsts if f is not None]
+    same = sum(int(np.sum(np.asarray(r["prompt_top1"]) == np.asarray(c["prompt_top1"])))
+               for r, c in zip(reference, candidate))
+    positions = sum(len(r["prompt_top1"]) for r in reference)
+    drifts = [logit_drift(r["last_logits"], c["last_logits"]) for r, c in zip(reference, candidate)]
+    return {"exact_match": agreement([tuple(r) for r in ids_ref], [tuple(c) for c in ids_cand]),
+            "first_diff_min": float(min(differing)) if differing else math.nan,
+            "first_diff_median": float(np.median(differing)) if differing else math.nan,
+            "teacher_top1": same / positions if positions else 1.0,
+            "logit_drift_max": max(drifts) if drifts else 0.0}
+
+
 def fidelity(stage: str, reference, candidate) -> dict[str, float]:
     """The stage's fidelity figures of one variant's outputs against float32's on the same queries."""
     if stage == "embed":
@@ -92,11 +120,7 @@ def fidelity(stage: str, reference, candidate) -> dict[str, float]:
                 "spearman": float(np.mean([spearman(r, c) for r, c in pairs])),
                 "kendall": float(np.mean([kendall(r, c) for r, c in pairs]))}
     if stage == "generate":
-        firsts = [first_difference(r, c) for r, c in zip(reference, candidate)]
-        differing = [f for f in firsts if f is not None]
-        return {"exact_match": agreement([tuple(r) for r in reference], [tuple(c) for c in candidate]),
-                "first_diff_min": float(min(differing)) if differing else math.nan,
-                "first_diff_median": float(np.median(differing)) if differing else math.nan}
+        return generation_fidelity(reference, candidate)
     return {"label_agreement": agreement(list(reference), list(candidate))}
 
 

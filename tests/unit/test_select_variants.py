@@ -42,10 +42,15 @@ def test_first_differing_token_and_exact_matches():
     assert fid.first_difference([1, 2, 3], [1, 2, 3]) is None
     assert fid.first_difference([1, 2, 3], [1, 9, 3]) == 1
     assert fid.first_difference([1, 2, 3], [1, 2]) == 2  # the shorter answer stopped early
-    figures = fid.fidelity("generate", [[1, 2, 3], [4, 5], [6, 7, 8]], [[1, 2, 3], [4, 6], [9, 7, 8]])
-    assert figures == {"exact_match": pytest.approx(1 / 3), "first_diff_min": 0.0, "first_diff_median": 0.5}
-    same = fid.fidelity("generate", [[1]], [[1]])
+    def read(ids, top1=(5, 6), logits=(1.0, 0.0)):
+        return {"ids": ids, "prompt_top1": list(top1), "last_logits": np.array(logits)}
+    figures = fid.fidelity("generate", [read([1, 2, 3]), read([4, 5]), read([6, 7, 8])],
+                           [read([1, 2, 3]), read([4, 6], top1=(5, 7)), read([9, 7, 8], logits=(1.0, 0.5))])
+    assert figures == {"exact_match": pytest.approx(1 / 3), "first_diff_min": 0.0, "first_diff_median": 0.5,
+                       "teacher_top1": pytest.approx(5 / 6), "logit_drift_max": pytest.approx(0.5)}
+    same = fid.fidelity("generate", [read([1])], [read([1])])
     assert same["exact_match"] == 1.0 and math.isnan(same["first_diff_min"])
+    assert same["teacher_top1"] == 1.0 and same["logit_drift_max"] == 0.0
 
 
 def test_embedding_cosine_and_label_agreement():
