@@ -24,10 +24,11 @@ def max_batch(stage: str, size: int, why: str) -> Any:
                f"largest batch the {stage} stage runs ({why}; docs/performance.md)")
 
 
-def max_batch_tokens(stage: str, tokens: int, why: str) -> Any:
+def max_batch_tokens(stage: str, tokens: int, counted: str, why: str) -> Any:
     return var(f"{stage.upper()}_MAX_BATCH_TOKENS", p.int_range(0, 10_000_000), str(tokens),
-               f"a batch of the {stage} stage also closes before the next item would take its padded tokens "
-               f"over this many; an item over it alone runs alone; 0 = no token budget ({why})")
+               f"padded tokens a batch of the {stage} stage may hold besides {stage.upper()}_MAX_BATCH ({counted}): "
+               f"no item joins a batch it would take over them, one over them alone runs alone; 0 = no budget "
+               f"({why}; docs/performance.md)")
 
 
 def max_wait(stage: str, wait_ms: int) -> Any:

@@ -109,7 +109,7 @@ class ModelStage(BatchWindow, Protocol):
 class EmbedSettings:
     max_batch: int = f.max_batch(Stage.EMBED, 16, "measured: 84 ms per query alone, 29 ms at 16")
     max_wait_ms: float = f.max_wait(Stage.EMBED, 5)
-    max_batch_tokens: int = f.max_batch_tokens(Stage.EMBED, 0, "items x the longest query's tokens")
+    max_batch_tokens: int = f.max_batch_tokens(Stage.EMBED, 0, "items x the longest query's tokens", "off: only the reranker was measured")
     dtype: str = f.dtype(Stage.EMBED, "embedder")
     precision: str = f.precision(Stage.EMBED, "embedder")
     cache_size: int = f.var("EMBED_CACHE_SIZE", p.int_range(0, 10_000_000), "1024", "query embeddings each worker keeps (LRU; 0 = off): the same question skips the embedder")
@@ -138,7 +138,7 @@ class FetchSettings:
 class RerankSettings:
     max_batch: int = f.max_batch(Stage.RERANK, 1, "measured: about 2.9 s per request at 1, 2 and 4; batching only delays the first")
     max_wait_ms: float = f.max_wait(Stage.RERANK, 0)
-    max_batch_tokens: int = f.max_batch_tokens(Stage.RERANK, 0, "the sum of the requests' padded pair tokens, about 1500 each")
+    max_batch_tokens: int = f.max_batch_tokens(Stage.RERANK, 0, "the sum of its requests' padded pair tokens, about 1500 each", "measured: a request costs the same in batches of 1 to 8, so a budget only makes requests wait")
     dtype: str = f.dtype(Stage.RERANK, "reranker")
     precision: str = f.precision(Stage.RERANK, "reranker")
 
@@ -158,7 +158,7 @@ class GenerateSettings:
 class SentimentSettings:
     max_batch: int = f.max_batch(Stage.SENTIMENT, 16, "measured: 308 ms per text alone, 200 ms at 16")
     max_wait_ms: float = f.max_wait(Stage.SENTIMENT, 5)
-    max_batch_tokens: int = f.max_batch_tokens(Stage.SENTIMENT, 0, "items x the longest answer's tokens")
+    max_batch_tokens: int = f.max_batch_tokens(Stage.SENTIMENT, 0, "items x the longest answer's tokens", "off: only the reranker was measured")
     dtype: str = f.dtype(Stage.SENTIMENT, "sentiment classifier")
     precision: str = f.precision(Stage.SENTIMENT, "sentiment classifier")
 
@@ -167,7 +167,7 @@ class SentimentSettings:
 class ToxicitySettings:
     max_batch: int = f.max_batch(Stage.TOXICITY, 16, "measured: 325 ms per text alone, 189 ms at 16")
     max_wait_ms: float = f.max_wait(Stage.TOXICITY, 5)
-    max_batch_tokens: int = f.max_batch_tokens(Stage.TOXICITY, 0, "items x the longest answer's tokens")
+    max_batch_tokens: int = f.max_batch_tokens(Stage.TOXICITY, 0, "items x the longest answer's tokens", "off: only the reranker was measured")
     dtype: str = f.dtype(Stage.TOXICITY, "toxicity classifier")
     precision: str = f.precision(Stage.TOXICITY, "toxicity classifier")
 

@@ -52,8 +52,8 @@ class BatchTokens(Enum):
 
     # One forward padded to the longest item: items x the longest (embedder, classifiers).
     PADDED = "padded"
-    # Each item's cost already counts its own padding (a rerank request's pairs), and the batch's
-    # pairs are regrouped by length together: the sum.
+    # Each item's cost already counts its own padding (a rerank request's pairs): the sum. The
+    # batch's pairs are regrouped by length together, so it runs within max_pad_ratio of that.
     SUMMED = "summed"
 
     def tokens_of(self, shape: BatchShape) -> int:

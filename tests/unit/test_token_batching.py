@@ -213,7 +213,24 @@ class LengthTokenizer:
     """A tokenizer whose pair (query, document) is as many tokens as the document's words + 2."""
 
     def __call__(self, pairs, truncation, max_length):
-        return {"input_ids": [[0] * min(max_length, len(doc.split()) + 2) for _, doc in pairs]}
+        # Each token id is the document's word count, so a forward's rows tell which pair they are.
+        return {"input_ids": [[len(doc.split())] * min(max_length, len(doc.split()) + 2) for _, doc in pairs]}
+
+    def pad(self, encoded, return_tensors):
+        import torch
+        longest = max(map(len, encoded["input_ids"]))
+        return {"input_ids": torch.tensor([ids + [0] * (longest - len(ids)) for ids in encoded["input_ids"]])}
+
+
+class ForwardRecorder:
+    """A model scoring a pair by its document's word count, recording each forward's (rows, width)."""
+
+    def __init__(self):
+        self.forwards: list[tuple[int, int]] = []
+
+    def __call__(self, input_ids):
+        self.forwards.append(tuple(input_ids.shape))
+        return SimpleNamespace(logits=input_ids[:, :1].float())
 
 
 def test_a_rerank_requests_cost_is_its_pairs_padded_tokens_as_they_run():
@@ -226,6 +243,23 @@ def test_a_rerank_requests_cost_is_its_pairs_padded_tokens_as_they_run():
     assert reranker.request_tokens(RerankRequest("q", ())) == 0
     reranker.max_pad_ratio = float("inf")  # one padded forward
     assert reranker.request_tokens(request) == 4 * 202
+
+
+def test_a_rerank_batch_sorts_all_its_requests_pairs_by_length_together():
+    model = ForwardRecorder()
+    reranker = Reranker(LengthTokenizer(), model, SimpleNamespace(device="cpu"), max_pairs_per_forward=32,
+                        max_pad_ratio=1.1)
+    first = RerankRequest("q", tuple(SimpleNamespace(content="w " * n) for n in (98, 198)))  # type: ignore[arg-type]
+    second = RerankRequest("q", tuple(SimpleNamespace(content="w " * n) for n in (200, 100)))  # type: ignore[arg-type]
+    ranked = reranker.rerank([first, second])
+    # Two forwards, each holding one pair of each request: the short ones, then the long ones.
+    assert model.forwards == [(2, 102), (2, 202)]
+    assert [[s.score for s in r] for r in ranked] == [[198.0, 98.0], [200.0, 100.0]]  # each its own, best first
+    # Apart, each request runs two forwards of one pair (100 + 200, 102 + 202 tokens): the batch's
+    # summed cost is within max_pad_ratio of the tokens it runs, in half the forwards.
+    ran = sum(rows * width for rows, width in model.forwards)
+    summed = reranker.request_tokens(first) + reranker.request_tokens(second)
+    assert (ran, summed) == (2 * 102 + 2 * 202, 300 + 304) and summed <= ran <= 1.1 * summed
 
 
 # ----------------------------------------------------------------------------- metrics
