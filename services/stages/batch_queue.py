@@ -8,8 +8,8 @@ also closes when the next item in arrival order would take its padded tokens
 over ``max_tokens`` (as TEI does); an item over the budget on its own still
 runs, alone. Items are taken in arrival order: none is skipped to fill a
 batch. ``BatchQueue`` owns the items, the lock and the counters; it never runs
-a batch (``BatchingService`` does). The policy methods (``due_in``, ``take``) read an injectable clock, so they are
-tested with no thread and no sleep.
+a batch (``BatchingService`` does). The policy methods (``due_in``, ``take``)
+read an injectable clock, so they are tested with no thread and no sleep.
 """
 from __future__ import annotations
 
