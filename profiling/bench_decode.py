@@ -1,7 +1,7 @@
 """Where a continuous-batching decode step's time goes, at 1 and more running sequences.
 
     python -m profiling.bench_decode [--sequences 1,16] [--repeat 8] [--profile]
-                                     [--baseline GIT_REF] [--out runs/bench_decode]
+                                     [--baseline GIT_REF] [--kernels-baseline] [--out runs/bench_decode]
 
 Fills the continuous engine with N running sequences (the SPEC prompt over
 support documents, ~250 tokens each), then times engine steps that are pure
@@ -12,8 +12,11 @@ positions, mask, cache and seen-token bookkeeping) and the engine's own Python
 self CPU time over a few steps. `--baseline REF` loads pipeline/continuous/
 runner.py as it was at git REF and measures it interleaved with the current
 runner, step for step, on the same prompts (and checks both chose the same
-tokens). The model and dtype come from the environment (MODEL_SOURCE,
-STANDIN_PROFILE, DTYPE / GENERATE_DTYPE, TORCH_THREADS).
+tokens). `--kernels-baseline` also measures, interleaved the same way on the
+same model, int8-dynamic's per-row glue as torch ops instead of fused
+(pipeline/kernels/fused_int8.py; the same bits). The model and precision come
+from the environment (MODEL_SOURCE, STANDIN_PROFILE, DTYPE / GENERATE_DTYPE or
+GENERATE_PRECISION, TORCH_THREADS).
 """
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ from profiling.lib.report import run_folder, write_json
 
 PHASES = ("forward", "choose", "decode_other", "engine_other")
 CURRENT = "current"
+KERNELS_BEFORE = "unfused-int8"  # int8-dynamic's per-row glue as torch ops
 
 
 # ------------------------------------------------------------------------- timing one step by phase
@@ -120,19 +124,33 @@ def filled_engine(generator: Generator, n: int, runner_class=None) -> Continuous
     return engine
 
 
+def use_kernels(model, before: bool) -> None:
+    """Switch `model`'s int8-dynamic Linears between fused glue and torch ops (KERNELS_BEFORE)."""
+    from pipeline.kernels.int8 import Int8DynamicLinear
+    for module in model.modules():
+        if isinstance(module, Int8DynamicLinear):
+            module.fused = not before
+
+
 @dataclass
 class Variant:
     name: str
     engine: ContinuousEngine
     phases: dict[str, float]
+    kernels_before: bool = False
     steps: list[dict[str, float]] = field(default_factory=list)
 
 
-def build_variants(generator: Generator, n: int, runner_classes: dict) -> list[Variant]:
+def build_variants(generator: Generator, n: int, runner_classes: dict, kernels_baseline: bool = False) -> list[Variant]:
     variants = []
+    kernel_choices = (True, False) if kernels_baseline else (False,)
     for name, runner_class in runner_classes.items():
-        engine = filled_engine(generator, n, runner_class)
-        variants.append(Variant(name, engine, instrument(engine)))
+        for before in kernel_choices:
+            use_kernels(generator.model, before)
+            engine = filled_engine(generator, n, runner_class)
+            label = f"{name} {KERNELS_BEFORE}" if before else name
+            variants.append(Variant(label, engine, instrument(engine), before))
+    use_kernels(generator.model, False)
     return variants
 
 
@@ -140,9 +158,14 @@ def build_variants(generator: Generator, n: int, runner_classes: dict) -> list[V
 
 def measure(variants: list[Variant], repeat: int) -> None:
     """repeat steps per variant, interleaved (the order flips each round: both see the same cache growth)."""
+    switching = len({v.kernels_before for v in variants}) > 1
     for round_ in range(repeat):
         for variant in (variants if round_ % 2 == 0 else variants[::-1]):
+            if switching:
+                use_kernels(variant.engine.generator.model, variant.kernels_before)
             variant.steps.append(timed_step(variant.engine, variant.phases))
+    if switching:
+        use_kernels(variants[0].engine.generator.model, False)
 
 
 def summary(variant: Variant, n: int) -> dict:
@@ -158,9 +181,11 @@ def summary(variant: Variant, n: int) -> dict:
 def profile_steps(variant: Variant, steps: int, top: int) -> dict:
     """torch.profiler (CPU) over a few steps: the top operators by self CPU time."""
     from torch.profiler import ProfilerActivity, profile
+    use_kernels(variant.engine.generator.model, variant.kernels_before)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             timed_step(variant.engine, variant.phases)
+    use_kernels(variant.engine.generator.model, False)
     events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     total = sum(e.self_cpu_time_total for e in events) or 1
     rows = [{"op": e.key, "calls": e.count, "self_ms_per_step": round(e.self_cpu_time_total / 1000 / steps, 2),
@@ -171,10 +196,10 @@ def profile_steps(variant: Variant, steps: int, top: int) -> dict:
 # ------------------------------------------------------------------------- report
 
 def format_rows(rows: list[dict]) -> str:
-    header = f"{'runner':<18}{'seqs':>5}{'step ms':>10}{'min ms':>9}" + "".join(f"{p:>14}" for p in PHASES)
+    header = f"{'runner':<27}{'seqs':>5}{'step ms':>10}{'min ms':>9}" + "".join(f"{p:>14}" for p in PHASES)
     lines = [header, "-" * len(header)]
     for row in rows:
-        lines.append(f"{row['runner'][:17]:<18}{row['sequences']:>5}{row['step_ms']:>10.1f}{row['step_ms_min']:>9.1f}"
+        lines.append(f"{row['runner'][:26]:<27}{row['sequences']:>5}{row['step_ms']:>10.1f}{row['step_ms_min']:>9.1f}"
                      + "".join(f"{row['phases_ms'][p]:>14.1f}" for p in PHASES))
     return "\n".join(lines)
 
@@ -209,6 +234,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--profile-steps", type=positive(int), default=3, help="decode steps --profile records")
     p.add_argument("--top", type=positive(int), default=15, help="operators listed by --profile")
     p.add_argument("--baseline", metavar="GIT_REF", help="also measure runner.py as at this git ref; unset: only the current one")
+    p.add_argument("--kernels-baseline", action="store_true",
+                   help="also measure int8-dynamic's per-row glue as torch ops (unfused), interleaved")
     add_out(p, "bench_decode")
     return p
 
@@ -223,7 +250,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def run_size(generator: Generator, n: int, args: argparse.Namespace, runner_classes: dict) -> tuple[list, list]:
-    variants = build_variants(generator, n, runner_classes)
+    variants = build_variants(generator, n, runner_classes, args.kernels_baseline)
     measure(variants, args.repeat)
     rows = [summary(v, n) for v in variants]
     if len({str(r["tokens"]) for r in rows}) != 1:
@@ -250,16 +277,17 @@ def main(argv: list[str] | None = None) -> int:
         size_rows, profiles[str(n)] = run_size(generator, n, args, runner_classes)
         same[str(n)] = len({str(r["tokens"]) for r in size_rows}) == 1
         rows += size_rows
-    print(f"\n[{placement.dtype}, {torch.get_num_threads()} threads, {source.describe()}] median per step:")
+    print(f"\n[{placement.precision}, {torch.get_num_threads()} threads, {source.describe()}] median per step:")
     print(format_rows(rows))
     report = {"settings": {"sequences": args.sequences, "repeat": args.repeat, "dtype": placement.dtype,
                            "torch_threads": torch.get_num_threads(), "model_source": source.describe(),
-                           "baseline": args.baseline},
+                           "baseline": args.baseline, "kernels_baseline": args.kernels_baseline,
+                           "precision": placement.precision},
               "ratio_most_vs_fewest": ratios(rows), "same_tokens_across_runners": same,
               "rows": rows, "profiles": profiles}
     print("step ratio:", report["ratio_most_vs_fewest"])
     report["provenance"] = local_record()
-    path = write_json(run_folder("bench_decode", args.out) / f"bench_decode_{placement.dtype}.json", report)
+    path = write_json(run_folder("bench_decode", args.out) / f"bench_decode_{placement.precision}.json", report)
     print(f"results in {path}")
     return 0
 

@@ -7,7 +7,9 @@ one anchor row (-128 ... 127) that pins fbgemm's activation scale to exactly 1, 
 `_int_mm`'s bits (pipeline.kernels.fbgemm.AnchoredFbgemm). `torch.ao`'s `quantize_dynamic` (fbgemm
 with one scale for the whole tensor: not batch-invariant) is the speed it is measured against. Each shape is timed at each row count, the four
 interleaved, medians printed; `--check` also asserts the anchored sums equal `_int_mm`'s and that
-each row's output is the same alone and in the batch.
+each row's output is the same alone and in the batch. Where pipeline/kernels/fused_int8.py's
+extension is built (`python -m pipeline.kernels.fused_int8`), a fifth column runs the anchored
+path with its per-row glue fused (what int8-dynamic then runs), and `--check` asserts its bits too.
 
     python -m profiling.bench_int8_linear --rows 1,16,256 --repeat 20
 """
@@ -20,11 +22,14 @@ import warnings
 
 import torch
 
+from pipeline.kernels.fused_int8 import fused_ops
 from pipeline.kernels.int8 import Int8DynamicLinear
 from profiling.lib.cli import comma_list, make_parser, positive
 
 # The Qwen2.5-0.5B Linears that dominate a decode step: q/o, k/v, MLP up/gate, MLP down, the output head.
 SHAPES = ((896, 896), (896, 128), (896, 4864), (4864, 896), (896, 151936))
+# int8-dynamic's anchored fbgemm path with its per-row glue as torch ops, and fused (pipeline/kernels/fused_int8.py).
+ANCHORED, FUSED = "fbgemm per row (torch ops)", "fbgemm per row (fused)"
 
 
 def variants(in_features: int, out_features: int) -> dict[str, torch.nn.Module]:
@@ -34,16 +39,21 @@ def variants(in_features: int, out_features: int) -> dict[str, torch.nn.Module]:
         warnings.simplefilter("ignore")  # torch.ao's quantized modules are deprecated, still shipped
         per_tensor = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(linear), {torch.nn.Linear},
                                                             dtype=torch.qint8)
-    return {"float32": linear, "_int_mm per row": Int8DynamicLinear(linear, use_fbgemm=False),
-            "fbgemm per tensor": per_tensor, "int8-dynamic (fbgemm per row)": Int8DynamicLinear(linear)}
+    models = {"float32": linear, "_int_mm per row": Int8DynamicLinear(linear, use_fbgemm=False),
+              "fbgemm per tensor": per_tensor, ANCHORED: Int8DynamicLinear(linear, fused=False)}
+    if fused_ops() is not None:
+        models[FUSED] = Int8DynamicLinear(linear)
+    return models
 
 
 def check(models: dict[str, torch.nn.Module], rows: int) -> None:
-    """The anchored fbgemm path gives _int_mm's bits, and each row's output is the same alone."""
-    int_mm, anchored = models["_int_mm per row"], models["int8-dynamic (fbgemm per row)"]
+    """The anchored fbgemm path (and its fused glue) gives _int_mm's bits, and each row's output is the same alone."""
+    int_mm, anchored = models["_int_mm per row"], models[ANCHORED]
     assert anchored._fbgemm is not None, "fbgemm is not exact on this CPU: int8-dynamic uses _int_mm here"
     x = torch.randn(rows, int_mm.in_features) * torch.logspace(-2, 2, rows)[:, None]
     assert torch.equal(anchored(x), int_mm(x)), "anchored fbgemm and _int_mm differ"
+    if FUSED in models:
+        assert torch.equal(models[FUSED](x), anchored(x)), "fused glue and torch ops differ"
     together = anchored(x)
     alone = torch.cat([anchored(x[i:i + 1]) for i in range(rows)])
     assert torch.equal(alone, together), "anchored output depends on the batch"
@@ -89,12 +99,12 @@ def main(argv: list[str] | None = None) -> int:
             models = variants(in_features, out_features)
             if names is None:
                 names = list(models)
-                print(f"{'shape':>12} {'rows':>5} " + " ".join(f"{n:>24}" for n in names))
+                print(f"{'shape':>12} {'rows':>5} " + " ".join(f"{n:>27}" for n in names))
             if args.check:
                 check(models, max(args.rows))
             for rows in args.rows:
                 ms = time_interleaved(models, torch.randn(rows, in_features), args.repeat)
-                print(f"{in_features:>5}x{out_features:<6} {rows:>5} " + " ".join(f"{ms[n]:>24.2f}" for n in names))
+                print(f"{in_features:>5}x{out_features:<6} {rows:>5} " + " ".join(f"{ms[n]:>27.2f}" for n in names))
     return 0
 
 

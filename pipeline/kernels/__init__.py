@@ -3,6 +3,8 @@
 * :mod:`pipeline.kernels.int8`: int8 Linears (per-channel weights; per-row activations or bfloat16 ones)
   and the in-place conversion of a model's Linears to them.
 * :mod:`pipeline.kernels.fbgemm`: fbgemm's dynamic linear made to return `torch._int_mm`'s exact sums.
+* :mod:`pipeline.kernels.fused_int8`: int8-dynamic's per-row quantize and rescale as two C++ passes
+  (same bits), used where the extension has been built.
 * :mod:`pipeline.kernels.batch_invariance`: bfloat16 Linears and SDPA attention whose result for a row
   does not depend on its batch-mates.
 * :mod:`pipeline.kernels.versions`: the torch and transformers versions these were verified against,

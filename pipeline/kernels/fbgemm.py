@@ -29,9 +29,13 @@ class AnchoredFbgemm:
 
     def sums(self, codes):
         """codes: (rows, in) float integers -> (rows, out) float32 int32-sums x channel scale."""
+        return self.anchored_sums(torch.cat([self.anchor, codes]))[1:]
+
+    def anchored_sums(self, anchored):
+        """:meth:`sums` of codes that already follow the anchor row: (1 + rows, in) -> (1 + rows, out),
+        the anchor's own row first."""
         # reduce_range=True would quantize to 7 bits: the anchor's scale would no longer be 1.
-        anchored = torch.cat([self.anchor, codes])
-        return torch.ops.quantized.linear_dynamic(anchored, self.packed, reduce_range=False)[1:]
+        return torch.ops.quantized.linear_dynamic(anchored, self.packed, reduce_range=False)
 
     def unpacked(self):
         """The (out, in) int8 weight, unpacked from fbgemm's copy."""

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from pipeline.kernels.fbgemm import AnchoredFbgemm, fbgemm_is_exact
+from pipeline.kernels.fused_int8 import fused_ops
 
 # Rows quantized at a time at load: bounds the temporary float copies (lm_head is 151936 x 896).
 _QUANTIZE_ROWS = 8192
@@ -83,10 +84,15 @@ class Int8DynamicLinear(_QuantizedLinear):
     zero-padded up to 17 (padding rows are rows of their own, so they change nothing else), and a
     layer whose sizes are not multiples of 8 stays a float Linear (:func:`convert_linears`). The
     weight is passed as the transposed view of its (out, in) rows: as fast as a row-major copy or
-    faster here, and no second copy."""
+    faster here, and no second copy.
 
-    def __init__(self, linear: torch.nn.Linear, *, use_fbgemm: bool = True):
+    With fbgemm, the per-row quantization and the rescale + bias run as the two C++ passes of
+    :mod:`pipeline.kernels.fused_int8` where that extension is built (same bits; ``fused=False``
+    keeps the torch ops)."""
+
+    def __init__(self, linear: torch.nn.Linear, *, use_fbgemm: bool = True, fused: bool = True):
         super().__init__(linear)
+        self.fused = fused
         self._min_rows = 17 if self.qweight.is_cuda else 0
         self._fbgemm: AnchoredFbgemm | None = None
         if use_fbgemm and not self.qweight.is_cuda and self.in_features >= 2 and fbgemm_is_exact():
@@ -109,6 +115,12 @@ class Int8DynamicLinear(_QuantizedLinear):
         n = rows.shape[0]
         if n == 0:
             return self._finish(rows.new_zeros((0, self.out_features)), x.shape).to(x.dtype)
+        fbgemm = self._fbgemm
+        ops = fused_ops() if self.fused and fbgemm is not None else None
+        if ops is not None and fbgemm is not None:
+            codes, row_scale = ops.anchored_row_codes(rows, fbgemm.anchor)
+            out = ops.rescale_rows(fbgemm.anchored_sums(codes), row_scale, self.bias)
+            return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
         if self._fbgemm is not None:
             codes, row_scale = row_codes(rows)
             sums = self._fbgemm.sums(codes)

@@ -9,12 +9,12 @@ def test_anchored_fbgemm_sums_equal_int_mm_and_rows_do_not_depend_on_their_batch
     models = bench.variants(64, 48)
     bench.check(models, rows=9)  # raises on any differing bit
     x = torch.randn(5, 64)
-    assert torch.equal(models["int8-dynamic (fbgemm per row)"](x), models["_int_mm per row"](x))
+    assert torch.equal(models[bench.ANCHORED](x), models["_int_mm per row"](x))
 
 
 def test_check_catches_a_path_whose_sums_differ():
     models = bench.variants(64, 48)
-    models["int8-dynamic (fbgemm per row)"]._fbgemm.anchor[0, 0] = -64.0  # scale no longer 1: codes requantized
+    models[bench.ANCHORED]._fbgemm.anchor[0, 0] = -64.0  # scale no longer 1: codes requantized
     with pytest.raises(AssertionError, match="differ"):
         bench.check(models, rows=9)
 

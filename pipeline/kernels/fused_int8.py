@@ -1,0 +1,158 @@
+"""int8-dynamic's per-row glue in two C++ passes: quantize (with fbgemm's anchor row) and rescale + bias.
+
+:class:`~pipeline.kernels.int8.Int8DynamicLinear` on fbgemm runs, per call, about a dozen small
+torch ops around the int8 product (abs, amax, clamp, divide, round, clamp, cat; multiply, add),
+each a dispatch and a pass over memory. These two functions do the same arithmetic in one pass
+each, and give the same bits for finite inputs (tests/unit/test_fused_int8.py; a NaN or infinite
+activation gives NaN there and clamped codes here): the scale is max|x| clamped to
+1e-12, divided by 127 in float32; codes are x / scale rounded half to even (true division, no
+reciprocal); the output is sums x row scale, then + bias, two roundings (compiled with
+-ffp-contract=off: no fused multiply-add).
+
+The extension is compiled once per source version into torch's extension cache
+(``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``) by
+``python -m pipeline.kernels.fused_int8`` (about 40 s with g++ on 2 cores). :func:`fused_ops`
+only loads what is already built: a model load never waits for a compiler, and where nothing is
+built (or no x86-64-v3 CPU) the torch ops run, with the same results.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+_SOURCE = r'''
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <algorithm>
+#include <cmath>
+
+// (n, k) float32 rows -> (n + 1, k) float codes after `anchor` (k floats), and (n, 1) row scales.
+std::vector<torch::Tensor> anchored_row_codes(const torch::Tensor& x, const torch::Tensor& anchor) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && anchor.scalar_type() == at::kFloat,
+              "anchored_row_codes: 2-D float32 rows and anchor");
+  const auto xc = x.contiguous();
+  const int64_t n = xc.size(0), k = xc.size(1);
+  TORCH_CHECK(anchor.numel() == k, "anchored_row_codes: the anchor needs one value per column");
+  auto codes = torch::empty({n + 1, k}, xc.options());
+  auto scales = torch::empty({n, 1}, xc.options());
+  codes[0].copy_(anchor.reshape({k}));
+  const float* src = xc.data_ptr<float>();
+  float* dst = codes.data_ptr<float>() + k;
+  float* sc = scales.data_ptr<float>();
+  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* row = src + r * k;
+      float lane[16] = {0.f};  // max is exact in any order: lanes let the compiler vectorize
+      int64_t i = 0;
+      for (; i + 16 <= k; i += 16)
+        for (int l = 0; l < 16; ++l) { const float a = std::fabs(row[i + l]); lane[l] = a > lane[l] ? a : lane[l]; }
+      float amax = 0.f;
+      for (; i < k; ++i) { const float a = std::fabs(row[i]); amax = a > amax ? a : amax; }
+      for (int l = 0; l < 16; ++l) amax = lane[l] > amax ? lane[l] : amax;
+      const float s = std::max(amax, 1e-12f) / 127.0f;
+      sc[r] = s;
+      float* out = dst + r * k;
+      for (int64_t j = 0; j < k; ++j) out[j] = std::min(127.0f, std::max(-127.0f, std::nearbyint(row[j] / s)));
+    }
+  });
+  return {codes, scales};
+}
+
+// (n + 1, m) sums, the anchor's first -> (n, m) sums[1:] * scale[row], then + bias[col].
+torch::Tensor rescale_rows(const torch::Tensor& sums, const torch::Tensor& scales,
+                           const c10::optional<torch::Tensor>& bias) {
+  TORCH_CHECK(sums.dim() == 2 && sums.scalar_type() == at::kFloat, "rescale_rows: 2-D float32 sums");
+  const auto sc = sums.contiguous();
+  const auto scl = scales.contiguous();
+  const int64_t n = sc.size(0) - 1, m = sc.size(1);
+  TORCH_CHECK(scl.numel() == n, "rescale_rows: one scale per row");
+  auto out = torch::empty({n, m}, sc.options());
+  const float* src = sc.data_ptr<float>() + m;
+  const float* s = scl.data_ptr<float>();
+  c10::optional<torch::Tensor> bc;
+  if (bias.has_value()) {
+    bc = bias->contiguous();
+    TORCH_CHECK(bc->scalar_type() == at::kFloat && bc->numel() == m, "rescale_rows: float32 bias of m values");
+  }
+  const float* b = bc.has_value() ? bc->data_ptr<float>() : nullptr;
+  float* dst = out.data_ptr<float>();
+  const int64_t chunk = 4096;  // columns per task: rows are few (decode), columns up to the vocabulary
+  const int64_t chunks = (m + chunk - 1) / chunk;
+  at::parallel_for(0, n * chunks, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t r = t / chunks, c0 = (t % chunks) * chunk, c1 = std::min(m, c0 + chunk);
+      const float rs = s[r];
+      const float* in = src + r * m;
+      float* o = dst + r * m;
+      if (b) { for (int64_t j = c0; j < c1; ++j) { const float v = in[j] * rs; o[j] = v + b[j]; } }
+      else { for (int64_t j = c0; j < c1; ++j) o[j] = in[j] * rs; }
+    }
+  });
+  return out;
+}
+'''
+_FUNCTIONS = ["anchored_row_codes", "rescale_rows"]
+# x86-64-v3 (AVX2, SSE4.1 rounding) lets g++ vectorize both loops; no FMA contraction: the
+# multiply and the add round separately, as torch's separate ops do.
+_CFLAGS = ["-O3", "-mavx2", "-ffp-contract=off", "-fno-fast-math"]
+_CPU_FLAGS = frozenset({"avx2", "sse4_1"})
+_VERSION = hashlib.sha256((_SOURCE + " ".join(_CFLAGS)).encode()).hexdigest()[:12]
+NAME = f"rag_int8_fused_{_VERSION}"
+
+
+def build_directory() -> Path:
+    """Where this source version is (or would be) built: torch's extension cache, one folder per version."""
+    import torch
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(Path.home(), ".cache", "torch_extensions")
+    return Path(root) / f"py{sys.version_info.major}{sys.version_info.minor}_cpu_torch{torch.__version__}" / NAME
+
+
+def _library(directory: Path) -> Path | None:
+    found = [p for p in directory.glob(f"{NAME}*.so") if p.is_file()] if directory.is_dir() else []
+    return found[0] if found else None
+
+
+def build() -> None:
+    """Compile the extension into :func:`build_directory` (nothing to do where it is built);
+    raises where there is no compiler. :func:`fused_ops` loads it from then on."""
+    from torch.utils.cpp_extension import load_inline
+    directory = build_directory()
+    directory.mkdir(parents=True, exist_ok=True)
+    load_inline(NAME, cpp_sources=_SOURCE, functions=_FUNCTIONS, extra_cflags=_CFLAGS,
+                build_directory=str(directory), verbose=False)
+    fused_ops.cache_clear()
+
+
+def _cpu_supported() -> bool:
+    from pipeline.device import cpu_flags
+    return _CPU_FLAGS <= cpu_flags()
+
+
+@functools.cache
+def fused_ops() -> ModuleType | None:
+    """The built extension (anchored_row_codes, rescale_rows), or None where it is not built for
+    this source version and torch, or this CPU lacks AVX2. Never compiles."""
+    library = _library(build_directory())
+    if library is None or not _cpu_supported():
+        return None
+    import torch  # noqa: F401  (the extension links against torch's libraries, loaded by this import)
+    loader = importlib.machinery.ExtensionFileLoader(NAME, str(library))
+    spec = importlib.util.spec_from_file_location(NAME, str(library), loader=loader)
+    if spec is None:
+        return None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+if __name__ == "__main__":
+    import time
+    started = time.perf_counter()
+    build()
+    print(f"built {NAME} in {build_directory()} ({time.perf_counter() - started:.1f} s)")
