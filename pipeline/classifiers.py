@@ -11,6 +11,7 @@ from pipeline.config import Settings
 from pipeline.device import Placement, placement_for
 from pipeline.models import ModelSource, resolve_model_source
 from pipeline.precision import apply_precision
+from pipeline.token_counting import TokenCounter
 
 
 class _TextClassifier:
@@ -22,6 +23,7 @@ class _TextClassifier:
         self.model = model
         self.placement = placement
         self.labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
+        self._counter = TokenCounter(tokenizer, spec.TRUNCATE_LENGTH)  # tokens, on request threads
 
     @classmethod
     def load(cls, source: ModelSource, placement: Placement):
@@ -37,9 +39,9 @@ class _TextClassifier:
         return cls.load(source, placement_for(settings, cls.stage))
 
     def tokens(self, text: str) -> int:
-        """The text's tokens as the model reads it (cut and truncated); a batch pads to its longest."""
-        return len(self.tokenizer(spec.classifier_text(text), truncation=True,
-                                  max_length=spec.TRUNCATE_LENGTH)["input_ids"])
+        """The text's tokens as the model reads it (cut and truncated); a batch pads to its longest
+        (any thread)."""
+        return self._counter.lengths([spec.classifier_text(text)])[0]
 
     def logits(self, texts: Sequence[str]):
         import torch

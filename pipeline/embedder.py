@@ -8,6 +8,7 @@ from pipeline.config import Settings
 from pipeline.device import Placement, placement_for
 from pipeline.models import ModelSource, resolve_model_source
 from pipeline.precision import apply_precision
+from pipeline.token_counting import TokenCounter
 
 
 class Embedder:
@@ -16,6 +17,7 @@ class Embedder:
     def __init__(self, model, placement: Placement):
         self.model = model
         self.placement = placement
+        self._counter = TokenCounter(model.tokenizer, model.max_seq_length)  # tokens, on request threads
 
     @classmethod
     def load(cls, source: ModelSource, placement: Placement) -> "Embedder":
@@ -36,9 +38,8 @@ class Embedder:
         return cls.load(source, placement_for(settings, cls.stage))
 
     def tokens(self, text: str) -> int:
-        """The text's tokens as the model reads it (truncated); a batch pads to its longest."""
-        tokenizer = self.model.tokenizer
-        return len(tokenizer(text, truncation=True, max_length=self.model.max_seq_length)["input_ids"])
+        """The text's tokens as the model reads it (truncated); a batch pads to its longest (any thread)."""
+        return self._counter.lengths([text])[0]
 
     def embed(self, texts: list[str]) -> np.ndarray:
         """(n, 768) float32, unit norm; no query prefix, as the reference did."""

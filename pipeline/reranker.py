@@ -10,6 +10,7 @@ from pipeline.device import Placement, placement_for
 from pipeline.docstore import Document
 from pipeline.models import ModelSource, resolve_model_source
 from pipeline.precision import apply_precision
+from pipeline.token_counting import TokenCounter
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class Reranker:
         # Pairs share a forward only while padding stays small (see length_groups).
         self.max_pairs_per_forward = max_pairs_per_forward
         self.max_pad_ratio = max_pad_ratio
+        self._counter = TokenCounter(tokenizer, spec.TRUNCATE_LENGTH)  # request_tokens, on request threads
 
     @classmethod
     def load(cls, source: ModelSource, placement: Placement) -> "Reranker":
@@ -73,9 +75,6 @@ class Reranker:
         """Token ids of each (query, document) pair, truncated as the model reads them, unpadded."""
         return self.tokenizer([list(pair) for pair in pairs], truncation=True, max_length=spec.TRUNCATE_LENGTH)
 
-    def pair_lengths(self, pairs: Sequence[tuple[str, str]]) -> list[int]:
-        return [len(ids) for ids in self.encode_pairs(pairs)["input_ids"]] if pairs else []
-
     def padded_tokens(self, lengths: Sequence[int]) -> int:
         """Tokens of the forwards that pairs of these lengths run in, padding included."""
         return sum(len(group) * max(lengths[i] for i in group)
@@ -84,7 +83,7 @@ class Reranker:
     def request_tokens(self, request: RerankRequest) -> int:
         """What reranking one request costs: its pairs' padded tokens as they would run alone
         (a batch regroups all its requests' pairs by length, so it costs at most their sum)."""
-        return self.padded_tokens(self.pair_lengths([(request.query, d.content) for d in request.documents]))
+        return self.padded_tokens(self._counter.lengths([[request.query, d.content] for d in request.documents]))
 
     def score_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
         import torch

@@ -262,6 +262,43 @@ def test_a_rerank_batch_sorts_all_its_requests_pairs_by_length_together():
     assert (ran, summed) == (2 * 102 + 2 * 202, 300 + 304) and summed <= ran <= 1.1 * summed
 
 
+@pytest.mark.timeout(120)
+def test_request_threads_count_tokens_while_the_stage_thread_encodes_without_sharing_a_tokenizer(model_source):
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(spec.RERANKER_MODEL, **model_source.hf_kwargs())
+    reranker = Reranker(tokenizer, model=None, placement=None)
+    docs = tuple(SimpleNamespace(content="word " * n) for n in range(5, 300, 30))
+    request = RerankRequest("how do I reset my password", docs)  # type: ignore[arg-type]
+    expected = reranker.request_tokens(request)
+    stop, errors, counts = threading.Event(), [], []
+
+    def stage_thread():  # what score_pairs does, with padding changing between calls
+        while not stop.is_set():
+            try:
+                encoded = reranker.encode_pairs([("q", d.content) for d in docs])
+                tokenizer.pad(encoded, return_tensors="pt")
+                tokenizer(["a", "b c d"], padding=True, truncation=True, max_length=8)
+            except Exception as exc:  # noqa: BLE001 - any failure is the finding
+                errors.append(exc)
+
+    def request_thread():
+        try:
+            counts.extend(reranker.request_tokens(request) for _ in range(150))
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    encoder = threading.Thread(target=stage_thread)
+    encoder.start()
+    requests = [threading.Thread(target=request_thread) for _ in range(6)]
+    for t in requests:
+        t.start()
+    for t in requests:
+        t.join(60)
+    stop.set()
+    encoder.join(60)
+    assert errors == [] and counts == [expected] * 900 and expected > 0
+
+
 # ----------------------------------------------------------------------------- metrics
 
 
