@@ -4,6 +4,7 @@ Both read the response cut to 512 characters, as the reference did.
 """
 from __future__ import annotations
 
+import threading
 from typing import Sequence
 
 from pipeline import spec
@@ -23,7 +24,9 @@ class _TextClassifier:
         self.model = model
         self.placement = placement
         self.labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
-        self._counter = TokenCounter(tokenizer, spec.TRUNCATE_LENGTH)  # tokens, on request threads
+        # tokens runs on request threads while logits encodes: one tokenizer call at a time.
+        self._tokenizer_lock = threading.Lock()
+        self._counter = TokenCounter(tokenizer, spec.TRUNCATE_LENGTH, self._tokenizer_lock)
 
     @classmethod
     def load(cls, source: ModelSource, placement: Placement):
@@ -45,8 +48,9 @@ class _TextClassifier:
 
     def logits(self, texts: Sequence[str]):
         import torch
-        inputs = self.tokenizer([spec.classifier_text(t) for t in texts], padding=True, truncation=True,
-                                max_length=spec.TRUNCATE_LENGTH, return_tensors="pt")
+        with self._tokenizer_lock:
+            inputs = self.tokenizer([spec.classifier_text(t) for t in texts], padding=True, truncation=True,
+                                    max_length=spec.TRUNCATE_LENGTH, return_tensors="pt")
         inputs = {k: v.to(self.placement.device) for k, v in inputs.items()}
         with torch.inference_mode():
             return self.model(**inputs).logits.float().cpu()

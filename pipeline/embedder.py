@@ -1,6 +1,9 @@
 """Stage 1: the query embedding (bge-base through sentence-transformers)."""
 from __future__ import annotations
 
+import copy
+import threading
+
 import numpy as np
 
 from pipeline import spec
@@ -17,7 +20,9 @@ class Embedder:
     def __init__(self, model, placement: Placement):
         self.model = model
         self.placement = placement
-        self._counter = TokenCounter(model.tokenizer, model.max_seq_length)  # tokens, on request threads
+        # tokens runs on request threads while encode tokenizes inside sentence-transformers: a copy
+        # of the tokenizer of their own (about 10 MiB).
+        self._counter = TokenCounter(copy.deepcopy(model.tokenizer), model.max_seq_length, threading.Lock())
 
     @classmethod
     def load(cls, source: ModelSource, placement: Placement) -> "Embedder":

@@ -1,6 +1,7 @@
 """Stage 4: cross-encoder reranking of (query, document) pairs (bge-reranker-base)."""
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -56,7 +57,10 @@ class Reranker:
         # Pairs share a forward only while padding stays small (see length_groups).
         self.max_pairs_per_forward = max_pairs_per_forward
         self.max_pad_ratio = max_pad_ratio
-        self._counter = TokenCounter(tokenizer, spec.TRUNCATE_LENGTH)  # request_tokens, on request threads
+        # request_tokens runs on request threads while score_pairs encodes: one tokenizer call at a
+        # time (a copy of this tokenizer would take about 100 MiB).
+        self._tokenizer_lock = threading.Lock()
+        self._counter = TokenCounter(tokenizer, spec.TRUNCATE_LENGTH, self._tokenizer_lock)
 
     @classmethod
     def load(cls, source: ModelSource, placement: Placement) -> "Reranker":
@@ -73,7 +77,8 @@ class Reranker:
 
     def encode_pairs(self, pairs: Sequence[tuple[str, str]]):
         """Token ids of each (query, document) pair, truncated as the model reads them, unpadded."""
-        return self.tokenizer([list(pair) for pair in pairs], truncation=True, max_length=spec.TRUNCATE_LENGTH)
+        with self._tokenizer_lock:
+            return self.tokenizer([list(pair) for pair in pairs], truncation=True, max_length=spec.TRUNCATE_LENGTH)
 
     def padded_tokens(self, lengths: Sequence[int]) -> int:
         """Tokens of the forwards that pairs of these lengths run in, padding included."""
@@ -94,8 +99,9 @@ class Reranker:
         scores = [0.0] * len(pairs)
         with torch.inference_mode():
             for group in length_groups(lengths, self.max_pairs_per_forward, self.max_pad_ratio):
-                inputs = self.tokenizer.pad({key: [encoded[key][i] for i in group] for key in encoded.keys()},
-                                            return_tensors="pt")
+                with self._tokenizer_lock:
+                    inputs = self.tokenizer.pad({key: [encoded[key][i] for i in group] for key in encoded.keys()},
+                                                return_tensors="pt")
                 inputs = {k: v.to(self.placement.device) for k, v in inputs.items()}
                 logits = self.model(**inputs).logits.view(-1).float().cpu().tolist()
                 for i, score in zip(group, logits):

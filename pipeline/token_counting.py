@@ -1,7 +1,6 @@
-"""Counting a stage's tokens on request threads, apart from the stage's own thread."""
+"""Counting a stage's tokens on request threads while the stage's own thread encodes."""
 from __future__ import annotations
 
-import copy
 import threading
 from typing import Sequence
 
@@ -9,16 +8,16 @@ from typing import Sequence
 class TokenCounter:
     """Token counts of texts (or text pairs) as a model reads them, truncated, from any thread.
 
-    It keeps its own copy of the stage's tokenizer, used one call at a time: a fast (Rust)
-    tokenizer called from two threads at once, with its truncation or padding changing between
-    calls, fails with "Already borrowed" (huggingface/transformers#47085), and the stage's
-    thread encodes with the original meanwhile.
+    Every call holds `lock`, which whoever else calls `tokenizer` must hold too (or the tokenizer
+    is a copy only this counter uses): a fast (Rust) tokenizer called from two threads at once,
+    its truncation or padding changing between calls, miscounts or fails with "Already borrowed"
+    (huggingface/transformers#47085).
     """
 
-    def __init__(self, tokenizer, max_length: int):
-        self._tokenizer = copy.deepcopy(tokenizer)
+    def __init__(self, tokenizer, max_length: int, lock: threading.Lock):
+        self._tokenizer = tokenizer
         self._max_length = max_length
-        self._lock = threading.Lock()
+        self._lock = lock
 
     def lengths(self, texts: Sequence) -> list[int]:
         if not texts:

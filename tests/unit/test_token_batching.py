@@ -262,28 +262,47 @@ def test_a_rerank_batch_sorts_all_its_requests_pairs_by_length_together():
     assert (ran, summed) == (2 * 102 + 2 * 202, 300 + 304) and summed <= ran <= 1.1 * summed
 
 
+class FakeEncoder:
+    """A sequence classifier of one label scoring 0, for a stage's own encoding without a model."""
+
+    config = SimpleNamespace(id2label={0: "label"}, num_labels=1)
+
+    def __call__(self, input_ids, **inputs):
+        import torch
+        return SimpleNamespace(logits=torch.zeros(input_ids.shape[0], 1))
+
+
 @pytest.mark.timeout(120)
-def test_request_threads_count_tokens_while_the_stage_thread_encodes_without_sharing_a_tokenizer(model_source):
+@pytest.mark.parametrize("stage", [spec.Stage.RERANK, spec.Stage.SENTIMENT])
+def test_request_threads_count_tokens_while_the_stage_thread_encodes(model_source, stage):
     from transformers import AutoTokenizer
-    tokenizer = AutoTokenizer.from_pretrained(spec.RERANKER_MODEL, **model_source.hf_kwargs())
-    reranker = Reranker(tokenizer, model=None, placement=None)
+
+    from pipeline.classifiers import SentimentClassifier
     docs = tuple(SimpleNamespace(content="word " * n) for n in range(5, 300, 30))
     request = RerankRequest("how do I reset my password", docs)  # type: ignore[arg-type]
-    expected = reranker.request_tokens(request)
+    cpu = SimpleNamespace(device="cpu")
+    if stage == spec.Stage.RERANK:
+        tokenizer = AutoTokenizer.from_pretrained(spec.RERANKER_MODEL, **model_source.hf_kwargs())
+        reranker = Reranker(tokenizer, FakeEncoder(), cpu)  # type: ignore[arg-type]
+        count, encode = (lambda: reranker.request_tokens(request)), (lambda: reranker.rerank([request] * 3))
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(spec.SENTIMENT_MODEL, **model_source.hf_kwargs())
+        classifier = SentimentClassifier(tokenizer, FakeEncoder(), cpu)  # type: ignore[arg-type]
+        # Texts of different lengths, padded together by the stage: its padding changes per call.
+        count, encode = (lambda: classifier.tokens("word " * 90)), (lambda: classifier.logits(["a", "b c " * 40]))
+    expected = count()
     stop, errors, counts = threading.Event(), [], []
 
-    def stage_thread():  # what score_pairs does, with padding changing between calls
+    def stage_thread():
         while not stop.is_set():
             try:
-                encoded = reranker.encode_pairs([("q", d.content) for d in docs])
-                tokenizer.pad(encoded, return_tensors="pt")
-                tokenizer(["a", "b c d"], padding=True, truncation=True, max_length=8)
+                encode()
             except Exception as exc:  # noqa: BLE001 - any failure is the finding
                 errors.append(exc)
 
     def request_thread():
         try:
-            counts.extend(reranker.request_tokens(request) for _ in range(150))
+            counts.extend(count() for _ in range(150))
         except Exception as exc:  # noqa: BLE001
             errors.append(exc)
 
