@@ -99,3 +99,21 @@ def test_bench_decode_refuses_more_steps_than_an_answer_has():
     with pytest.raises(SystemExit):
         bench_decode.parse_args(["--repeat", "127"])
     assert bench_decode.parse_args(["--sequences", "16,1,16"]).sequences == [1, 16]
+
+
+@pytest.mark.timeout(600)
+def test_bench_rerank_batching_compares_count_and_token_closed_batches(tmp_path, model_source, monkeypatch):
+    from profiling import bench_rerank
+    for name, value in TEST_ENV.items():
+        monkeypatch.setenv(name, value)
+    assert bench_rerank.main(["--batching", "--concurrency", "1,3", "--max-batches", "1", "--budgets", "1",
+                              "--rounds", "1", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "bench_rerank.json").read_text())
+    rows = {(row["concurrency"], row["setting"]): row for row in report["rows"]}
+    assert set(rows) == {(1, "count 1"), (1, "tokens 1"), (3, "count 1"), (3, "tokens 1")}
+    # A budget of one token holds no two requests: each runs alone, as with one request a batch.
+    assert rows[(3, "count 1")]["batches"] == rows[(3, "tokens 1")]["batches"] == 3
+    low, high = report["request_tokens"]["min"], report["request_tokens"]["max"]
+    assert 0 < low <= rows[(3, "tokens 1")]["max_batch_tokens"] <= high
+    assert all(row["requests_per_s"] > 0 and row["max_latency_s"] >= row["mean_latency_s"] > 0
+               for row in rows.values())
