@@ -16,6 +16,7 @@ from pipeline import spec
 from pipeline.config import Settings
 from pipeline.detokenize import IncrementalDetokenizer
 from pipeline.device import Placement, placement_for
+from pipeline.docstore import Document
 from pipeline.kernels.batch_invariance import make_bf16_linears_row_invariant, use_batch_invariant_attention
 from pipeline.models import ModelSource, resolve_model_source
 from pipeline.precision import apply_precision
@@ -92,6 +93,21 @@ class Generator:
     def prompt(self, query: str, documents: Sequence) -> str:
         return self.tokenizer.apply_chat_template(spec.build_messages(query, documents), tokenize=False,
                                                   add_generation_prompt=True)
+
+    def prompt_head_ids(self) -> list[int]:
+        """The token ids a prompt with documents starts with, whatever its query and documents: the
+        system prompt and the template up to where the documents begin (any thread).
+
+        Cut as ids, not text: the head's ids alone, as far as they agree with a whole prompt's, so a
+        last token that BPE would merge with the documents' first characters is left out."""
+        documents: Sequence = (Document(0, "Title", "content", "placeholder"),)
+        prompt = self.prompt("question?", documents)
+        head = prompt[:prompt.index(spec.build_context(documents))]
+        with self._counting_lock:
+            head_ids = self._counting_tokenizer(head)["input_ids"]
+            prompt_ids = self._counting_tokenizer(prompt)["input_ids"]
+        agree = next((i for i, (a, b) in enumerate(zip(head_ids, prompt_ids)) if a != b), len(head_ids))
+        return list(head_ids[:agree])
 
     def generate_ids(self, prompts: Sequence[str], max_new_tokens: int | None = None) -> list[list[int]]:
         """The new token ids of each prompt, up to and including its first eos."""

@@ -1,4 +1,10 @@
-"""One Generator's model under continuous batching: `step()` = schedule -> execute -> update."""
+"""One Generator's model under continuous batching: `step()` = schedule -> execute -> update.
+
+With the prefix cache on, the KV of the prompt's fixed head (Generator.prompt_head_ids) is
+computed once per engine and copied into every sequence whose prompt ids start with it;
+every such prompt's prefill is cut at the head's end, hit or miss, so a hit gives the same
+logits, bit for bit, as a prefill that computes the head itself.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -19,22 +25,27 @@ class StepResult:
 
 @dataclass(frozen=True)
 class EngineStats:
-    """What the engine holds now."""
+    """What the engine holds now, and its prefix cache's totals since it started (0 with the cache off)."""
     running_sequences: int = 0  # holding a slot (prefilling or decoding)
     waiting_sequences: int = 0  # added, waiting for a slot (sequence or KV budget)
     kv_tokens_in_use: int = 0  # cache slots of the running batch, padding included
     kv_tokens_reserved: int = 0  # prompt + max new tokens of every sequence holding a slot
+    prefix_cache_hits_total: int = 0  # prefills that started from the cached head
+    prefix_cache_misses_total: int = 0  # prefills that ran from token 0 (cache cold, or no head match)
+    prefix_cache_tokens_saved_total: int = 0  # prompt tokens the hits did not run
 
 
 class ContinuousEngine:
-    def __init__(self, generator, *, max_seqs: int = 8, max_tokens: int = 8192, prefill_chunk: int = 512):
+    def __init__(self, generator, *, max_seqs: int = 8, max_tokens: int = 8192, prefill_chunk: int = 512,
+                 prefix_cache: bool = False):
         self.generator = generator
         config = generator.generation_config
         eos = config.eos_token_id
         self.eos_ids = frozenset(eos if isinstance(eos, (list, tuple)) else [eos])
         self.max_new_tokens = config.max_new_tokens
         self.scheduler = Scheduler(max_seqs=max_seqs, max_tokens=max_tokens, prefill_chunk=prefill_chunk,
-                                   eos_ids=self.eos_ids)
+                                   eos_ids=self.eos_ids,
+                                   prefix_ids=generator.prompt_head_ids() if prefix_cache else ())
         self.runner = ModelRunner(generator.model, repetition_penalty=config.repetition_penalty or 1.0,
                                   device=generator.placement.device)
 
@@ -63,7 +74,8 @@ class ContinuousEngine:
     def stats(self) -> EngineStats:
         scheduler = self.scheduler
         return EngineStats(len(scheduler.active), len(scheduler.waiting), self.runner.cache_tokens(),
-                           scheduler.tokens_reserved())
+                           scheduler.tokens_reserved(), scheduler.prefix_hits, scheduler.prefix_misses,
+                           scheduler.prefix_tokens_saved)
 
     def cancel(self, seq: SequenceState) -> None:
         self.scheduler.drop(seq)

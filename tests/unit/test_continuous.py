@@ -121,8 +121,9 @@ def reference_texts(generator):
     return [generator.generate([r])[0] for r in REQUESTS]
 
 
-def test_engine_matches_reference_with_staggered_joins(generator, reference_texts):
-    engine = ContinuousEngine(generator, max_seqs=3, max_tokens=4096, prefill_chunk=32)
+@pytest.mark.parametrize("prefix_cache", [False, True])
+def test_engine_matches_reference_with_staggered_joins(generator, reference_texts, prefix_cache):
+    engine = ContinuousEngine(generator, max_seqs=3, max_tokens=4096, prefill_chunk=32, prefix_cache=prefix_cache)
     seqs, pending, step, peak_cache = {}, list(enumerate(REQUESTS)), 0, 0
     budget = max(len(generator.tokenizer(generator.prompt(r.query, r.documents))["input_ids"]) for r in REQUESTS)
     while pending or engine.has_work():
@@ -139,6 +140,13 @@ def test_engine_matches_reference_with_staggered_joins(generator, reference_text
     # memory: never more cache slots than max_seqs rows of the longest sequence
     assert 0 < peak_cache <= 3 * (budget + spec.MAX_NEW_TOKENS)
     assert engine.runner.cache is None and engine.runner.cache_tokens() == 0
+    # every prompt starts with the head (no documents too); the first computes it, the later ones reuse it
+    stats, head = engine.stats(), len(generator.prompt_head_ids())
+    if prefix_cache:
+        assert (stats.prefix_cache_hits_total, stats.prefix_cache_misses_total) == (len(REQUESTS) - 1, 1)
+        assert stats.prefix_cache_tokens_saved_total == (len(REQUESTS) - 1) * head
+    else:
+        assert (stats.prefix_cache_hits_total, stats.prefix_cache_misses_total) == (0, 0)
 
 
 def test_service_resolves_futures_as_reference_and_survives_cancel_and_failure(generator, reference_texts):
