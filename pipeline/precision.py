@@ -6,7 +6,8 @@
   int8 weights with one scale per output channel; each row of the flattened input (one token) is
   quantized with its own scale at run time, multiplied int8 x int8 into int32 (fbgemm or
   ``torch._int_mm``, the same bits), and scaled back by row scale x channel scale, plus the
-  float32 bias. Integer accumulation is exact and every step is per row, so a row's output
+  float32 bias (the quantize and the rescale as two C++ passes where
+  :mod:`pipeline.kernels.fused_int8` is built; the same bits). Integer accumulation is exact and every step is per row, so a row's output
   cannot depend on its batch-mates. Everything but the Linears (embeddings, layer norms,
   attention's own matmuls, softmax) stays float32.
 * ``int8-weight``: weight-only; the model is loaded in bfloat16 and every ``nn.Linear`` becomes
@@ -44,6 +45,10 @@ CPU_BF16, CPU_PLAIN, CUDA = "cpu-bf16", "cpu", "cuda"
 #             equal to float32 (near-tied logits), so the rule picks float32 there; int8-dynamic is
 #             kept for speed (the whole-service runs in docs/performance.md); every variant is
 #             batch-invariant (tests/unit/test_precision.py). Rerun with the real model before trusting it.
+# generate per decode step on a 2-core Intel Xeon with AMX (amx_bf16, amx_int8), faithful stand-ins,
+# 1 thread, at 1 / 8 / 16 sequences (docs/performance.md, "Decode step: fused int8 and loop-free
+# attention"): int8-dynamic 65 / 120 / 160 ms, bfloat16 142 / 161 / 178, int8-weight 94 / 220 / 376;
+# so AMX CPUs keep this row (no row of their own) until bfloat16 beats int8-dynamic there.
 # The plain-CPU and CUDA rows are not measured: int8-dynamic where bf16 is emulated, bfloat16 on a GPU.
 FAST: dict[str, dict[str, str]] = {
     CPU_BF16: {"embed": "int8-dynamic", "rerank": "bfloat16", "generate": "int8-dynamic",
