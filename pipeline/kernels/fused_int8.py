@@ -137,7 +137,7 @@ def _cpu_supported() -> bool:
 @functools.cache
 def fused_ops() -> ModuleType | None:
     """The built extension (anchored_row_codes, rescale_rows), or None where it is not built for
-    this source version and torch, or this CPU lacks AVX2. Never compiles."""
+    this source version and torch, does not load, or this CPU lacks AVX2. Never compiles."""
     library = _library(build_directory())
     if library is None or not _cpu_supported():
         return None
@@ -146,8 +146,11 @@ def fused_ops() -> ModuleType | None:
     spec = importlib.util.spec_from_file_location(NAME, str(library), loader=loader)
     if spec is None:
         return None
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
+    try:
+        module = importlib.util.module_from_spec(spec)  # dlopen happens here
+        loader.exec_module(module)
+    except (ImportError, OSError):  # a half-written or foreign library: the torch ops give the same bits
+        return None
     return module
 
 

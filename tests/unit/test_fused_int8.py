@@ -23,6 +23,14 @@ def test_nothing_built_means_no_fused_ops_and_no_compiler_run(tmp_path, monkeypa
     assert layer(torch.randn(3, 64)).shape == (3, 24)  # the torch ops run instead
 
 
+def test_a_library_that_does_not_load_means_no_fused_ops(tmp_path, monkeypatch, clean_cache):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    folder = fused_int8.build_directory()
+    folder.mkdir(parents=True)
+    (folder / f"{fused_int8.NAME}.so").write_bytes(b"not a shared library")  # an interrupted copy, say
+    assert fused_int8.fused_ops() is None
+
+
 def test_the_build_folder_names_the_source_version_and_torch(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     folder = fused_int8.build_directory()
