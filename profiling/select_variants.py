@@ -228,7 +228,8 @@ def format_table(rows: Sequence[Measurement], chosen: Mapping[str, str]) -> str:
 
 
 def machine_lines(settings: Settings) -> list[str]:
-    from pipeline.device import cpu_supports_bf16, select_device, thread_budget
+    from pipeline.cpu_features import cpu_supports_bf16
+    from pipeline.device import select_device, thread_budget
     from pipeline.precision import hardware_kind
     device = select_device(settings.models.only_cpu)
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()

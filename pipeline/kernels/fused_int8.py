@@ -130,7 +130,7 @@ def build() -> None:
 
 
 def _cpu_supported() -> bool:
-    from pipeline.device import cpu_flags
+    from pipeline.cpu_features import cpu_flags
     return _CPU_FLAGS <= cpu_flags()
 
 

@@ -85,7 +85,7 @@ def measure_machine(threads: int, matmul_size: int, bandwidth_mib: int, rounds: 
     """Peaks and bandwidth on `threads` torch threads (restored afterwards)."""
     import torch
 
-    from pipeline.device import cpu_flags
+    from pipeline.cpu_features import cpu_flags
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

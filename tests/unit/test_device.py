@@ -2,7 +2,8 @@
 import pytest
 
 from pipeline.config import ConfigError, Settings
-from pipeline.device import cpu_supports_bf16, placement_for, select_device, select_dtype, thread_budget
+from pipeline.cpu_features import cpu_supports_bf16
+from pipeline.device import placement_for, select_device, select_dtype, thread_budget
 
 
 def test_cuda_used_when_present_unless_only_cpu():
