@@ -43,7 +43,8 @@ from profiling.lib.cli import add_out, comma_list, make_parser
 from profiling.lib.inputs import document_pool, rerank_inputs
 from profiling.lib.provenance import local_record
 from profiling.lib.report import run_folder, write_json
-from services.stages.batching import BatchingService, BatchTokens, TokenPolicy
+from services.stages.batching import BatchingService
+from services.stages.token_policy import BatchTokens, TokenPolicy
 
 ONE_FORWARD = float("inf")
 TOKEN_BATCH_ITEMS = 16  # RERANK_MAX_BATCH under a token budget: the budget closes batches first

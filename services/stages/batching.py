@@ -27,9 +27,11 @@ from concurrent.futures import Future
 from typing import Any
 
 from services.server.errors import BatchSizeMismatch, Overloaded, ServiceClosed
-from services.stages.batch_queue import BatchingStats, BatchQueue, BatchTokens, PendingItem, TokenPolicy
+from services.stages.batch_queue import BatchQueue, PendingItem
+from services.stages.batch_stats import BatchingStats
 from services.stages.futures import set_exception, set_result
 from services.stages.holdings import Holdings
+from services.stages.token_policy import BatchTokens, TokenPolicy
 
 logger = logging.getLogger(__name__)
 

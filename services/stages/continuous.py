@@ -26,7 +26,8 @@ from dataclasses import dataclass, field, fields, replace
 from pipeline.continuous import ContinuousEngine, EngineStats, SequenceState, StepResult
 from services.server import stage_spans
 from services.server.errors import ServiceClosed
-from services.stages.batch_queue import BatchingStats, BatchQueue, PendingItem, with_observations
+from services.stages.batch_queue import BatchQueue, PendingItem
+from services.stages.batch_stats import BatchingStats, with_observations
 from services.stages.futures import Claim, claim, end_with_exception, end_with_result
 from services.stages.holdings import Holdings
 

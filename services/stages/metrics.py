@@ -10,7 +10,7 @@ from typing import Callable, Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from services.stages.batch_queue import TOKEN_BUCKETS, WAIT_BUCKETS, BatchingStats
+from services.stages.batch_stats import TOKEN_BUCKETS, WAIT_BUCKETS, BatchingStats
 from services.stages.continuous import TPOT_BUCKETS, TTFT_BUCKETS, GenerationStats
 from services.stages.protocol import StageService
 
@@ -91,6 +91,12 @@ _GENERATION_FAMILIES = [
     (CounterMetricFamily, "rag_generate_finished_sequences", "Sequences that finished", "finished_sequences_total"),
     (CounterMetricFamily, "rag_generate_cancelled_sequences", "Sequences cancelled after leaving the queue",
      "cancelled_sequences_total"),
+    (CounterMetricFamily, "rag_generate_prefix_cache_hits", "Prefills that started from the cached prompt head "
+     "(GENERATE_PREFIX_CACHE)", "prefix_cache_hits_total"),
+    (CounterMetricFamily, "rag_generate_prefix_cache_misses", "Prefills that ran from token 0 with the prefix cache "
+     "on (cold, or a prompt not starting with the head)", "prefix_cache_misses_total"),
+    (CounterMetricFamily, "rag_generate_prefix_cache_tokens_saved", "Prompt tokens the prefix cache's hits did not "
+     "run", "prefix_cache_tokens_saved_total"),
     (GaugeMetricFamily, "rag_generate_running_sequences", "Sequences holding a slot", "running_sequences"),
     (GaugeMetricFamily, "rag_generate_waiting_sequences", "Sequences waiting for a slot", "waiting_sequences"),
 ]

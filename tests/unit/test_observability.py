@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from services.node import JsonFormatter
 from services.roles.gateway.gateway import Gateway
 from services.roles.gateway.metrics import GatewayCollector
-from services.roles.worker.request_path import collect_stage_times
+from services.roles.worker.stage_clock import collect_stage_times
 from services.server.app import make_app
 from services.server.errors import Overloaded, RequestIdConflict
 from services.server.metrics import InfoCollector
@@ -25,7 +25,7 @@ from services.server.request_ids import (
     header_form,
 )
 from services.server.routes import install_completion_log
-from services.stages.batch_queue import WAIT_BUCKETS, BatchCounters, with_observations
+from services.stages.batch_stats import WAIT_BUCKETS, BatchCounters, with_observations
 from services.stages.batching import BatchingService
 from services.stages.continuous import ContinuousGenerationService
 from tests.unit.test_gateway import FakeWorker, gateway_settings

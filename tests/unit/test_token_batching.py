@@ -13,8 +13,10 @@ from pipeline import spec
 from pipeline.config import BatchConfig
 from pipeline.reranker import Reranker, RerankRequest, length_groups
 from services.roles.worker.request_path import Worker, WorkerConfig
-from services.stages.batch_queue import TOKEN_BUCKETS, BatchQueue, BatchTokens, TokenPolicy
+from services.stages.batch_queue import BatchQueue
+from services.stages.batch_stats import TOKEN_BUCKETS
 from services.stages.batching import BatchingService
+from services.stages.token_policy import BatchTokens, TokenPolicy
 from tests.helpers import ManualClock
 from tests.unit.test_stage_services import scrape
 

@@ -14,8 +14,8 @@ from services.roles.gateway.gateway import Gateway
 from services.roles.gateway.metrics import GatewayCollector
 from services.roles.gateway.openai_routes import register_openai_routes
 from services.roles.gateway.routing import WorkerTarget, remote_target
-from services.roles.worker.request_path import collect_stage_times
 from services.roles.worker.role import WorkerRole, parse_query, wants_stream
+from services.roles.worker.stage_clock import collect_stage_times
 from services.server import sse
 from services.server.errors import NodeNotReady
 from services.server.lifecycle import Readiness

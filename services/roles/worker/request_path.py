@@ -4,7 +4,7 @@ embed -> search (node 2, batched HTTP) -> fetch -> rerank -> generate ->
 sentiment and toxicity at the same time. Each stage runs on its own thread,
 so different requests are in different stages at once (a pipeline), while
 the caller's thread just waits on futures with the request's deadline.
-A request's time in each stage is measured once (_StageClock): the completion
+A request's time in each stage is measured once (StageClock): the completion
 line's stages_ms and, with tracing on, the stage's span.
 """
 from __future__ import annotations
@@ -13,7 +13,6 @@ import logging
 import threading
 import time
 from concurrent.futures import CancelledError, Future
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
@@ -28,6 +27,7 @@ from pipeline.spec import Stage
 from pipeline.stages import Stages
 from services.cluster.sharded_index import ShardedIndexClient
 from services.roles.caches import LruCache
+from services.roles.worker.stage_clock import StageClock, StageVisit
 from services.server import stage_spans
 from services.server.errors import (
     Overloaded,
@@ -38,24 +38,13 @@ from services.server.errors import (
     StageFailed,
 )
 from services.server.request_ids import current_request_id
-from services.stages.batching import BatchingService, BatchTokens, TokenPolicy
+from services.stages.batching import BatchingService
 from services.stages.continuous import ContinuousGenerationService
 from services.stages.protocol import StageService, StageStats
+from services.stages.token_policy import BatchTokens, TokenPolicy
 from services.stages.token_stream import TokenStream
 
 log = logging.getLogger(__name__)
-
-# Where Worker.answer records how long the request waited on each stage, for the node's completion
-# log line: kept out of the reply, whose fields are the contract. Per thread (one request each).
-_stage_times: ContextVar[dict[str, float] | None] = ContextVar("stage_times", default=None)
-
-
-def collect_stage_times() -> dict[str, float]:
-    """A dict this thread's next Worker.answer fills with {stage: ms waited}, even if it fails."""
-    times: dict[str, float] = {}
-    _stage_times.set(times)
-    return times
-
 
 # How each encoder stage's batch adds up its items' tokens: one padded forward of texts, or a
 # rerank batch's pairs regrouped by length (each request's cost already counts its padding).
@@ -65,11 +54,12 @@ BATCH_TOKENS = {Stage.EMBED: BatchTokens.PADDED, Stage.RERANK: BatchTokens.SUMME
 
 @dataclass(frozen=True)
 class ContinuousConfig:
-    """The continuous-batching engine's bounds (GENERATE_MAX_BATCH, _MAX_TOKENS, _PREFILL_CHUNK)."""
+    """The continuous-batching engine's bounds (GENERATE_MAX_BATCH, _MAX_TOKENS, _PREFILL_CHUNK) and prefix cache."""
     max_seqs: int
     max_tokens: int
     prefill_chunk: int
     max_queue: int
+    prefix_cache: bool = False  # GENERATE_PREFIX_CACHE
 
 
 @dataclass(frozen=True)
@@ -88,77 +78,6 @@ class PendingSearch:
     deadline: float
     request_id: str = ""  # sent to node 2 with its batch, to follow the request there
     trace_context: Any = None  # the request's search span (tracing on): node 2's call joins its trace
-
-
-class _Visit:
-    """One request in one stage: from submitting to it until its result (or error) is back."""
-
-    def __init__(self, stage: Stage, span: stage_spans.StageSpan | None):
-        self.stage = stage
-        self.span = span
-        self.started = time.perf_counter()
-        self.tokens: int | None = None  # its cost in an encoder stage
-        self._future: Future | None = None
-
-    def submit(self, service: StageService, item) -> "_Visit":
-        """Every stage service unwraps a noted item (stage_spans.noting_batches, or the continuous
-        generate stage's stage_spans.admitted), telling the span the batch it ran in."""
-        self._future = service.submit(stage_spans.noted(self.span, item))
-        return self
-
-    def submit_costed(self, service: BatchingService, item, tokens: int) -> "_Visit":
-        """submit, to an encoder stage, with the item's cost in tokens."""
-        self.tokens = tokens
-        self._future = service.submit(stage_spans.noted(self.span, item), cost=tokens)
-        return self
-
-    @property
-    def future(self) -> Future:
-        if self._future is None:
-            raise RuntimeError(f"the {self.stage} stage was waited on before anything was submitted to it")
-        return self._future
-
-
-class _StageClock:
-    """Times one request's stages once: that duration is its stages_ms entry on the completion
-    line and, with tracing on, its stage span (started in the request's context, so a child of
-    its server span, however many requests share the stage's batches)."""
-
-    def __init__(self, times: dict[str, float] | None, request_id: str, wait: Callable[[str, Future, float], Any]):
-        self.times = times
-        self.request_id = request_id
-        self._wait = wait  # Worker._wait: the stage's result by the deadline, errors mapped
-        self._open: list[_Visit] = []
-
-    def enter(self, stage: Stage) -> _Visit:
-        visit = _Visit(stage, stage_spans.start_stage(stage, self.request_id))
-        self._open.append(visit)
-        return visit
-
-    def wait(self, visit: _Visit, deadline: float):
-        error: BaseException | None = None
-        try:
-            return self._wait(visit.stage, visit.future, deadline)
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            self._leave(visit, time.perf_counter() - visit.started, error)
-
-    def _leave(self, visit: _Visit, elapsed_s: float, error: BaseException | None) -> None:
-        self._open.remove(visit)
-        if self.times is not None:
-            self.times[str(visit.stage)] = round(elapsed_s * 1000, 1)
-        if visit.span is not None:
-            visit.span.end(elapsed_s, error, **{"rag.tokens": visit.tokens})
-
-    def close(self) -> None:
-        """End the spans of stages the request left unawaited (refused at submit, or toxicity
-        after sentiment failed): not in stages_ms, which holds the stages it waited on."""
-        for visit in list(self._open):
-            self._open.remove(visit)
-            if visit.span is not None:
-                visit.span.end(time.perf_counter() - visit.started, RuntimeError("not awaited"))
 
 
 class Worker:
@@ -205,7 +124,7 @@ class Worker:
         if stage == Stage.GENERATE and self.config.continuous is not None:
             c = self.config.continuous
             engine = ContinuousEngine(self.stages.generator, max_seqs=c.max_seqs, max_tokens=c.max_tokens,
-                                      prefill_chunk=c.prefill_chunk)
+                                      prefill_chunk=c.prefill_chunk, prefix_cache=c.prefix_cache)
             return ContinuousGenerationService(stage, engine, max_queue=c.max_queue)
         cfg = self.config.batching[stage]
         return BatchingService(stage, batch_fn, max_size=cfg.max_size, max_wait_ms=cfg.max_wait_ms,
@@ -260,7 +179,7 @@ class Worker:
         `finish_reason`. Closing the iterator early cancels the generation (its slot frees at the
         engine's next iteration)."""
         clock, trace, deadline = self._begin(request_id, timeout_s)
-        generation: _Visit | None = None
+        generation: StageVisit | None = None
         try:
             documents = self._retrieve(clock, trace, query, deadline)
             tokens = TokenStream()
@@ -295,7 +214,7 @@ class Worker:
         return {"usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens},
                 "finish_reason": "length" if completion_tokens >= cap else "stop"}
 
-    def _begin(self, request_id: str, timeout_s: float | None) -> tuple[_StageClock, str, float]:
+    def _begin(self, request_id: str, timeout_s: float | None) -> tuple[StageClock, str, float]:
         """The request's clock, trace id and deadline; StageDown at once if a stage is down (the
         gateway then tries another worker before any stage runs)."""
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.config.request_timeout_s)
@@ -303,13 +222,13 @@ class Worker:
         if down is not None:
             raise down
         trace = current_request_id.get() or request_id
-        return _StageClock(_stage_times.get(), trace, self._wait), trace, deadline
+        return StageClock.for_this_thread(trace, self._wait), trace, deadline
 
     def _count_served(self) -> None:
         with self._lock:
             self._served += 1
 
-    def _enter(self, clock: _StageClock, stage: Stage, item) -> _Visit:
+    def _enter(self, clock: StageClock, stage: Stage, item) -> StageVisit:
         visit = clock.enter(stage)
         encoder = self._encoders.get(stage)
         if encoder is None:
@@ -320,7 +239,7 @@ class Worker:
             raise StageFailed(stage, exc) from exc
         return visit.submit_costed(encoder, item, tokens)
 
-    def _retrieve(self, clock: _StageClock, trace: str, query: str, deadline: float) -> tuple:
+    def _retrieve(self, clock: StageClock, trace: str, query: str, deadline: float) -> tuple:
         """The query's documents, reranked, best first: embed, search, fetch, rerank."""
         def run(stage: Stage, item):
             return clock.wait(self._enter(clock, stage, item), deadline)
@@ -336,7 +255,7 @@ class Worker:
         ranked = run(Stage.RERANK, RerankRequest(query, tuple(documents)))
         return tuple(r.document for r in ranked)
 
-    def _classify(self, clock: _StageClock, request_id: str, response: str, deadline: float) -> dict:
+    def _classify(self, clock: StageClock, request_id: str, response: str, deadline: float) -> dict:
         """The reply: the answer with its sentiment and toxicity."""
         # Sentiment and toxicity depend only on the answer: both are queued before either is awaited.
         sentiment = self._enter(clock, Stage.SENTIMENT, response)

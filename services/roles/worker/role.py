@@ -14,7 +14,8 @@ from pipeline.config.checks import MAX_INTERNAL_TIMEOUT_S
 from pipeline.stages import Stages
 from services.cluster.sharded_index import ShardedIndexClient
 from services.roles.base import SPARE_HTTP_THREADS, Role
-from services.roles.worker.request_path import ContinuousConfig, Worker, WorkerConfig, collect_stage_times
+from services.roles.worker.request_path import ContinuousConfig, Worker, WorkerConfig
+from services.roles.worker.stage_clock import collect_stage_times
 from services.server.body import read_json_object, require_string
 from services.server.errors import ApiError, NodeNotReady
 from services.server.request_ids import bind_request_id
@@ -29,7 +30,8 @@ def worker_config(settings: Settings) -> WorkerConfig:
     if settings.generate.mode == "continuous":
         continuous = ContinuousConfig(max_seqs=settings.generate.max_batch, max_tokens=settings.generate.max_tokens,
                                       prefill_chunk=settings.generate.prefill_chunk,
-                                      max_queue=settings.limits.stage_max_queue)
+                                      max_queue=settings.limits.stage_max_queue,
+                                      prefix_cache=settings.generate.prefix_cache)
     return WorkerConfig(batching={stage: settings.batching(stage) for stage in spec.WORKER_STAGES},
                         request_timeout_s=settings.limits.request_timeout_s,
                         embed_cache_size=settings.embed.cache_size, continuous=continuous)

@@ -1,0 +1,97 @@
+"""What a stage's batches did: immutable counters the queue swaps under its lock, and the snapshot of them."""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field, replace
+
+# Upper bounds (seconds) of the queue-wait histogram: from a batch window's few milliseconds to a
+# request's whole timeout spent queued.
+WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+# Upper bounds of the per-item tokens histogram: from a short query to a rerank request's ten
+# pairs of up to 512 tokens.
+TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+def with_observations(counts: tuple[int, ...], bounds: tuple[float, ...], values) -> tuple[int, ...]:
+    """Histogram counts (one per bound, plus one over the last) with `values` added."""
+    updated = list(counts)
+    for value in values:
+        updated[bisect.bisect_left(bounds, value)] += 1
+    return tuple(updated)
+
+
+@dataclass(frozen=True)
+class BatchCounters:
+    """What a stage's batches did. Immutable: the queue swaps in a new value
+    under its lock, so a snapshot can never share state with the live one."""
+
+    # Batches taken off the queue. Individual retries after a failed batch are
+    # part of that batch, so sum(size * count) over batch_size_counts == items_total.
+    batches_total: int = 0
+    # Items taken off the queue to run (cancelled items are never counted).
+    items_total: int = 0
+    # Items whose future got an exception (the stage's error, or ServiceClosed).
+    failed_items_total: int = 0
+    # Items cancelled by their caller before they were taken off the queue.
+    cancelled_items_total: int = 0
+    # Batches whose items were retried one by one after the batch raised.
+    retried_batches_total: int = 0
+    batch_size_counts: dict[int, int] = field(default_factory=dict)
+    # Sum over items of the time from submit to being taken off the queue.
+    wait_seconds_sum: float = 0.0
+    # The same waits counted per WAIT_BUCKETS bound (+ one over the last), for the histogram.
+    wait_bucket_counts: tuple[int, ...] = (0,) * (len(WAIT_BUCKETS) + 1)
+    # Sum of the time the stage's thread spent computing.
+    run_seconds_sum: float = 0.0
+    max_batch_size_seen: int = 0
+    # Tokens of the items taken off the queue, each counted as it costs alone (TokenPolicy stages).
+    tokens_total: int = 0
+    # The same per item, counted per TOKEN_BUCKETS bound (+ one over the last), for the histogram.
+    token_bucket_counts: tuple[int, ...] = (0,) * (len(TOKEN_BUCKETS) + 1)
+    # Batches closed because the next item would have taken them over max_tokens.
+    token_closed_batches_total: int = 0
+    # Batches of one item whose tokens alone exceed max_tokens (run anyway).
+    over_budget_batches_total: int = 0
+    # The largest batch's tokens (BatchTokens.batch_tokens) so far.
+    max_batch_tokens_seen: int = 0
+
+    def plus(self, **deltas: float) -> BatchCounters:
+        return replace(self, **{name: getattr(self, name) + delta for name, delta in deltas.items()})
+
+    def with_batch(self, waits: list[float]) -> BatchCounters:
+        """One batch of len(waits) items taken off the queue, each having waited so long."""
+        size = len(waits)
+        sizes = dict(self.batch_size_counts)
+        sizes[size] = sizes.get(size, 0) + 1
+        return replace(self.plus(batches_total=1, items_total=size, wait_seconds_sum=sum(waits)),
+                       batch_size_counts=sizes, max_batch_size_seen=max(self.max_batch_size_seen, size),
+                       wait_bucket_counts=with_observations(self.wait_bucket_counts, WAIT_BUCKETS, waits))
+
+    def with_tokens(self, costs: list[int], batch_tokens: int, *, token_closed: bool,
+                    over_budget: bool) -> BatchCounters:
+        """The tokens of a batch just counted by with_batch: its items' costs and the batch's tokens."""
+        return replace(self.plus(tokens_total=sum(costs), token_closed_batches_total=int(token_closed),
+                                 over_budget_batches_total=int(over_budget)),
+                       token_bucket_counts=with_observations(self.token_bucket_counts, TOKEN_BUCKETS, costs),
+                       max_batch_tokens_seen=max(self.max_batch_tokens_seen, batch_tokens))
+
+
+@dataclass(frozen=True)
+class BatchingStats(BatchCounters):
+    """A consistent snapshot of a queue's counters (taken under its lock)."""
+
+    name: str = ""
+    max_size: int = 0
+    max_wait_ms: float = 0.0
+    max_queue: int = 0
+    # Items accepted and still waiting to be taken off the queue.
+    queue_depth: int = 0
+    # Whether the stage counts tokens (TokenPolicy), and its budget (0: none).
+    counts_tokens: bool = False
+    max_tokens: int = 0
+
+    def summary(self) -> dict:
+        return {"batches": self.batches_total, "items": self.items_total,
+                "max_batch": self.max_batch_size_seen, "queue_depth": self.queue_depth}
