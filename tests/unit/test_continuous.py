@@ -234,3 +234,18 @@ def test_engine_matches_reference_when_the_cache_room_runs_out_often(generator, 
         assert not engine.step().failed
     assert [engine.text(s) for s in seqs] == reference_texts[:3]
     assert engine.runner.seen is None and engine.runner.cache is None
+
+
+def test_the_prefix_cache_counters_reach_the_metrics(generator, reference_texts):
+    from tests.unit.test_stage_services import scrape
+    engine = ContinuousEngine(generator, max_seqs=2, max_tokens=4096, prefill_chunk=64, prefix_cache=True)
+    service = ContinuousGenerationService("generate", engine, max_queue=8)
+    try:
+        assert [service.submit(r).result(timeout=300) for r in REQUESTS[:3]] == reference_texts[:3]
+        m = scrape([service])
+    finally:
+        service.close(timeout=60)
+    g = (("stage", "generate"),)
+    assert m[("rag_generate_prefix_cache_misses_total", g)] == 1  # the first computed the head
+    assert m[("rag_generate_prefix_cache_hits_total", g)] == 2
+    assert m[("rag_generate_prefix_cache_tokens_saved_total", g)] == 2 * len(generator.prompt_head_ids())
