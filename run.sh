@@ -11,6 +11,11 @@ DEMO_DIR="${DEMO_DIR:-$ROOT/data/demo}"
 log() { echo "[run.sh] $*" >&2; }
 
 setup() {
+  install_venv
+  build_kernels
+}
+
+install_venv() {
   local stamp="$VENV/.installed" want
   want="$(cat setup.cfg pyproject.toml | sha256sum | cut -d' ' -f1)"
   if [[ -x "$PY" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
@@ -22,6 +27,14 @@ setup() {
   "$PY" -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
   "$PY" -m pip install --quiet --disable-pip-version-check -e ".[test]"
   echo "$want" > "$stamp"
+}
+
+build_kernels() {
+  # int8-dynamic's fused per-row glue (pipeline/kernels/fused_int8.py), compiled once per source
+  # version into torch's extension cache (about 40 s; a second call finds it built in about a
+  # second). Without a C++ compiler the torch ops run instead, with the same results, slower.
+  "$PY" -m pipeline.kernels.fused_int8 >/dev/null 2>&1 \
+    || log "the fused int8 kernels could not be built (is g++ installed?): int8-dynamic runs the unfused torch ops (same results)"
 }
 
 setup_test_tools() {
