@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Iterable
 
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "amx_tile"})
+AMX_CPU_FLAGS = frozenset({"amx_bf16", "amx_tile"})  # both: AMX's bf16 matrix tiles
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
@@ -19,3 +20,7 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
 
 def cpu_supports_bf16(flags: Iterable[str] | None = None) -> bool:
     return bool(BF16_CPU_FLAGS & set(cpu_flags() if flags is None else flags))
+
+
+def cpu_has_amx(flags: Iterable[str] | None = None) -> bool:
+    return AMX_CPU_FLAGS <= set(cpu_flags() if flags is None else flags)

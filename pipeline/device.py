@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from pipeline.config import ConfigError, Settings
-from pipeline.cpu_features import cpu_supports_bf16
+from pipeline.cpu_features import cpu_has_amx, cpu_supports_bf16
 
 
 def _cuda_available() -> bool:
@@ -59,7 +59,7 @@ def placement_for(settings: Settings, stage: str, **detectors) -> Placement:
     dtype_detectors = {k: v for k, v in detectors.items() if k in ("bf16_cpu", "bf16_cuda")}
     variant = precision.resolve_variant(
         settings.stage_precision(stage), stage, device, settings.stage_precision_variable(stage),
-        bf16_cpu=detectors.get("bf16_cpu", cpu_supports_bf16),
+        bf16_cpu=detectors.get("bf16_cpu", cpu_supports_bf16), amx_cpu=detectors.get("amx_cpu", cpu_has_amx),
         **{k: v for k, v in detectors.items() if k in ("cuda_int8", "cuda_bf16")})
     if variant is None:  # exact: the dtype settings decide, as before precision variants existed
         dtype = select_dtype(device, settings.stage_dtype(stage), variable=settings.stage_dtype_variable(stage),

@@ -29,7 +29,7 @@ from pipeline.config import PRECISION_VARIANTS, ConfigError
 from pipeline.kernels.int8 import Int8DynamicLinear, Int8WeightLinear, convert_linears, untie_output_embeddings
 from pipeline.kernels.versions import check_kernel_versions
 
-CPU_BF16, CPU_PLAIN, CUDA = "cpu-bf16", "cpu", "cuda"
+CPU_AMX, CPU_BF16, CPU_PLAIN, CUDA = "cpu-amx", "cpu-bf16", "cpu", "cuda"
 
 # Chosen by measurement (speed, memory, fidelity per stage and variant; it writes the choice as an
 # env file). Re-measure with
@@ -45,12 +45,18 @@ CPU_BF16, CPU_PLAIN, CUDA = "cpu-bf16", "cpu", "cuda"
 #             equal to float32 (near-tied logits), so the rule picks float32 there; int8-dynamic is
 #             kept for speed (the whole-service runs in docs/performance.md); every variant is
 #             batch-invariant (tests/unit/test_precision.py). Rerun with the real model before trusting it.
-# generate per decode step on a 2-core Intel Xeon with AMX (amx_bf16, amx_int8), faithful stand-ins,
-# 1 thread, at 1 / 8 / 16 sequences (docs/performance.md, "Decode step: fused int8 and loop-free
-# attention"): int8-dynamic 65 / 120 / 160 ms, bfloat16 142 / 161 / 178, int8-weight 94 / 220 / 376;
-# so AMX CPUs keep this row (no row of their own) until bfloat16 beats int8-dynamic there.
+# The cpu-amx row: a 2-core Intel Xeon with AMX (amx_bf16, amx_int8), faithful stand-ins, 1 thread
+# (docs/performance.md, "Precision on the AMX Xeon"). Encoders by select_variants --rounds 2 --repeat 3
+# (batch of 8 vs float32): embed bfloat16 3.03x (int8-dynamic 2.27x; alone int8 25 ms vs bf16 38),
+# sentiment bfloat16 3.50x (int8-dynamic 1.72x), toxicity bfloat16 3.80x (int8-dynamic 1.62x), all
+# labels equal and cosine >= 0.9988; rerank bfloat16 3.74x vs int8-dynamic 1.26x (one round, busy).
+# generate per decode step at 1 / 8 / 16 sequences (bench_decode, "Decode step: fused int8 and
+# loop-free attention"): int8-dynamic 65 / 120 / 160 ms, bfloat16 142 / 161 / 178, int8-weight
+# 94 / 220 / 376: the bytes of weights read per step decide here, and AMX's bf16 tiles do not.
 # The plain-CPU and CUDA rows are not measured: int8-dynamic where bf16 is emulated, bfloat16 on a GPU.
 FAST: dict[str, dict[str, str]] = {
+    CPU_AMX: {"embed": "bfloat16", "rerank": "bfloat16", "generate": "int8-dynamic",
+              "sentiment": "bfloat16", "toxicity": "bfloat16"},
     CPU_BF16: {"embed": "int8-dynamic", "rerank": "bfloat16", "generate": "int8-dynamic",
                "sentiment": "int8-dynamic", "toxicity": "bfloat16"},
     CPU_PLAIN: {"embed": "int8-dynamic", "rerank": "int8-dynamic", "generate": "int8-dynamic",
@@ -62,9 +68,11 @@ FAST: dict[str, dict[str, str]] = {
 LOAD_DTYPE = {"float32": "float32", "bfloat16": "bfloat16", "int8-dynamic": "float32", "int8-weight": "bfloat16"}
 
 
-def hardware_kind(device: str, bf16_cpu: Callable[[], bool]) -> str:
+def hardware_kind(device: str, bf16_cpu: Callable[[], bool], amx_cpu: Callable[[], bool]) -> str:
     if device == "cuda":
         return CUDA
+    if amx_cpu():
+        return CPU_AMX
     return CPU_BF16 if bf16_cpu() else CPU_PLAIN
 
 
@@ -87,7 +95,7 @@ def supported_variants(device: str, *, cuda_int8: Callable[[], bool] = _cuda_int
 
 
 def resolve_variant(requested: str, stage: str, device: str, variable: str, *,
-                    bf16_cpu: Callable[[], bool], **cuda_detectors) -> str | None:
+                    bf16_cpu: Callable[[], bool], amx_cpu: Callable[[], bool], **cuda_detectors) -> str | None:
     """The variant a stage runs, or None for 'exact' (the caller keeps its dtype settings).
 
     `fast` takes the table's entry, or exact where this device cannot run it; a variant
@@ -96,7 +104,7 @@ def resolve_variant(requested: str, stage: str, device: str, variable: str, *,
         return None
     supported = supported_variants(device, **cuda_detectors)
     if requested == "fast":
-        variant = FAST[hardware_kind(device, bf16_cpu)][stage]
+        variant = FAST[hardware_kind(device, bf16_cpu, amx_cpu)][stage]
         return variant if variant in supported else None
     if requested not in supported:
         where = "the CPU" if device != "cuda" else "this CUDA device"

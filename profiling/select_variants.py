@@ -228,7 +228,7 @@ def format_table(rows: Sequence[Measurement], chosen: Mapping[str, str]) -> str:
 
 
 def machine_lines(settings: Settings) -> list[str]:
-    from pipeline.cpu_features import cpu_supports_bf16
+    from pipeline.cpu_features import cpu_has_amx, cpu_supports_bf16
     from pipeline.device import select_device, thread_budget
     from pipeline.precision import hardware_kind
     device = select_device(settings.models.only_cpu)
@@ -238,7 +238,7 @@ def machine_lines(settings: Settings) -> list[str]:
     source = f"{settings.models.model_source}" + (f" ({settings.models.standin_profile})" if settings.models.model_source == "standin"
                                            else "")
     return [f"machine: {platform.node()}, {cpu}, {os.cpu_count()} cores, device {device}, "
-            f"hardware kind {hardware_kind(device, cpu_supports_bf16)}",
+            f"hardware kind {hardware_kind(device, cpu_supports_bf16, cpu_has_amx)}",
             f"torch threads: {thread_budget(settings.models.torch_threads)}; load average at the end: {load}",
             f"model source: {source}"]
 

@@ -58,7 +58,8 @@ def test_precision_variants_are_exact_against_the_fast_table_whatever_the_caller
     for variant, expected in ((exact, lambda stage: "float32"), (fast, lambda stage: FAST["cpu-bf16"][stage])):
         settings = Settings.from_env({**caller, **variant.env})
         for stage in ("embed", "rerank", "generate", "sentiment", "toxicity"):
-            placement = placement_for(settings, stage, bf16_cpu=lambda: True, cuda_available=lambda: False)
+            placement = placement_for(settings, stage, bf16_cpu=lambda: True, amx_cpu=lambda: False,
+                                      cuda_available=lambda: False)
             assert placement.precision == expected(stage), (variant.name, stage)
     assert [v.name for v in bench_service.choose_variants("precision", None, 2)] == ["exact", "fast"]
 

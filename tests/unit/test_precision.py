@@ -35,17 +35,19 @@ CPU = {"cuda_available": lambda: False}
 
 # ----------------------------------------------------------------------------- settings
 
-def _placement(env: dict, stage: str, bf16: bool = True, **detectors) -> Placement:
-    return placement_for(Settings.from_env(env), stage, bf16_cpu=lambda: bf16, **{**CPU, **detectors})
+def _placement(env: dict, stage: str, bf16: bool = True, amx: bool = False, **detectors) -> Placement:
+    return placement_for(Settings.from_env(env), stage, bf16_cpu=lambda: bf16, amx_cpu=lambda: amx,
+                         **{**CPU, **detectors})
 
 
 def test_exact_is_todays_dtype_and_fast_follows_the_hardware_table():
     assert _placement({"DTYPE": "auto"}, "generate") == Placement("cpu", "bfloat16", "bfloat16")
     assert _placement({"DTYPE": "auto"}, "generate", bf16=False) == Placement("cpu", "float32", "float32")
-    for bf16, kind in ((True, "cpu-bf16"), (False, "cpu")):
+    for bf16, amx, kind in ((True, True, "cpu-amx"), (True, False, "cpu-bf16"), (False, False, "cpu")):
         for stage, variant in FAST[kind].items():
-            p = _placement({"PRECISION": "fast", "DTYPE": "float32"}, stage, bf16=bf16)
+            p = _placement({"PRECISION": "fast", "DTYPE": "float32"}, stage, bf16=bf16, amx=amx)
             assert (p.precision, p.dtype) == (variant, LOAD_DTYPE[variant])
+    assert FAST["cpu-amx"]["sentiment"] != FAST["cpu-bf16"]["sentiment"]  # the rows differ: AMX is told apart
     cuda = placement_for(Settings.from_env({"PRECISION": "fast"}), "embed", cuda_available=lambda: True,
                          bf16_cpu=lambda: True, cuda_bf16=lambda: True, cuda_int8=lambda: True)
     assert (cuda.device, cuda.precision) == ("cuda", FAST["cuda"]["embed"])
