@@ -1,4 +1,4 @@
-"""One int8 Linear, four ways, side by side: int8-dynamic's kernels against fbgemm's.
+"""One int8 Linear, several ways, side by side: int8-dynamic's kernels against fbgemm's.
 
 `int8-dynamic` (pipeline/kernels/int8.py) quantizes each row with its own scale so a row's result
 cannot depend on its batch-mates. It multiplies either with `torch._int_mm` (CUDA, and CPUs
@@ -9,7 +9,9 @@ with one scale for the whole tensor: not batch-invariant) is the speed it is mea
 interleaved, medians printed; `--check` also asserts the anchored sums equal `_int_mm`'s and that
 each row's output is the same alone and in the batch. Where pipeline/kernels/fused_int8.py's
 extension is built (`python -m pipeline.kernels.fused_int8`), a fifth column runs the anchored
-path with its per-row glue fused (what int8-dynamic then runs), and `--check` asserts its bits too.
+path with its per-row glue fused, and `--check` asserts its bits too. On a CPU with AMX int8 two
+more columns run oneDNN's packed int8 product (pipeline.kernels.onednn_int8; what int8-dynamic runs
+there), with the glue as torch ops and fused.
 
     python -m profiling.bench_int8_linear --rows 1,16,256 --repeat 20
 """
@@ -24,12 +26,14 @@ import torch
 
 from pipeline.kernels.fused_int8 import fused_ops
 from pipeline.kernels.int8 import Int8DynamicLinear
+from pipeline.kernels.onednn_int8 import onednn_int8_is_used
 from profiling.lib.cli import comma_list, make_parser, positive
 
 # The Qwen2.5-0.5B Linears that dominate a decode step: q/o, k/v, MLP up/gate, MLP down, the output head.
 SHAPES = ((896, 896), (896, 128), (896, 4864), (4864, 896), (896, 151936))
 # int8-dynamic's anchored fbgemm path with its per-row glue as torch ops, and fused (pipeline/kernels/fused_int8.py).
 ANCHORED, FUSED = "fbgemm per row (torch ops)", "fbgemm per row (fused)"
+ONEDNN, ONEDNN_FUSED = "onednn per row (torch ops)", "onednn per row (fused)"
 
 
 def variants(in_features: int, out_features: int) -> dict[str, torch.nn.Module]:
@@ -39,10 +43,14 @@ def variants(in_features: int, out_features: int) -> dict[str, torch.nn.Module]:
         warnings.simplefilter("ignore")  # torch.ao's quantized modules are deprecated, still shipped
         per_tensor = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(linear), {torch.nn.Linear},
                                                             dtype=torch.qint8)
-    models = {"float32": linear, "_int_mm per row": Int8DynamicLinear(linear, use_fbgemm=False),
-              "fbgemm per tensor": per_tensor, ANCHORED: Int8DynamicLinear(linear, fused=False)}
+    models = {"float32": linear, "_int_mm per row": Int8DynamicLinear(linear, kernel="int_mm"),
+              "fbgemm per tensor": per_tensor, ANCHORED: Int8DynamicLinear(linear, kernel="fbgemm", fused=False)}
     if fused_ops() is not None:
-        models[FUSED] = Int8DynamicLinear(linear)
+        models[FUSED] = Int8DynamicLinear(linear, kernel="fbgemm")
+    if onednn_int8_is_used():
+        models[ONEDNN] = Int8DynamicLinear(linear, kernel="onednn", fused=False)
+        if fused_ops() is not None:
+            models[ONEDNN_FUSED] = Int8DynamicLinear(linear, kernel="onednn")
     return models
 
 
@@ -52,8 +60,9 @@ def check(models: dict[str, torch.nn.Module], rows: int) -> None:
     assert anchored._fbgemm is not None, "fbgemm is not exact on this CPU: int8-dynamic uses _int_mm here"
     x = torch.randn(rows, int_mm.in_features) * torch.logspace(-2, 2, rows)[:, None]
     assert torch.equal(anchored(x), int_mm(x)), "anchored fbgemm and _int_mm differ"
-    if FUSED in models:
-        assert torch.equal(models[FUSED](x), anchored(x)), "fused glue and torch ops differ"
+    for name in (FUSED, ONEDNN, ONEDNN_FUSED):
+        if name in models:
+            assert torch.equal(models[name](x), anchored(x)), f"{name} and the anchored fbgemm path differ"
     together = anchored(x)
     alone = torch.cat([anchored(x[i:i + 1]) for i in range(rows)])
     assert torch.equal(alone, together), "anchored output depends on the batch"

@@ -1,9 +1,9 @@
-"""int8-dynamic's per-row glue in two C++ passes: quantize (with fbgemm's anchor row) and rescale + bias.
+"""int8-dynamic's per-row glue in two C++ passes: quantize and rescale + bias.
 
-:class:`~pipeline.kernels.int8.Int8DynamicLinear` on fbgemm runs, per call, about a dozen small
-torch ops around the int8 product (abs, amax, clamp, divide, round, clamp, cat; multiply, add),
-each a dispatch and a pass over memory. These two functions do the same arithmetic in one pass
-each, and give the same bits for finite inputs (tests/unit/test_fused_int8.py; a NaN or infinite
+:class:`~pipeline.kernels.int8.Int8DynamicLinear` runs, per call, about a dozen small torch ops
+around the int8 product (abs, amax, clamp, divide, round, clamp, cat or cast; multiply, add), each
+a dispatch and a pass over memory. These functions do the same arithmetic in one pass each (the
+codes as floats after fbgemm's anchor row, or as int8 for oneDNN), and give the same bits for finite inputs (tests/unit/test_fused_int8.py; a NaN or infinite
 activation gives NaN there and clamped codes here): the scale is max|x| clamped to
 1e-12, divided by 127 in float32; codes are x / scale rounded half to even (true division, no
 reciprocal); the output is sums x row scale, then + bias, two roundings (compiled with
@@ -32,48 +32,62 @@ _SOURCE = r'''
 #include <algorithm>
 #include <cmath>
 
-// (n, k) float32 rows -> (n + 1, k) float codes after `anchor` (k floats), and (n, 1) row scales.
-std::vector<torch::Tensor> anchored_row_codes(const torch::Tensor& x, const torch::Tensor& anchor) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && anchor.scalar_type() == at::kFloat,
-              "anchored_row_codes: 2-D float32 rows and anchor");
+// One row's scale (max |x| clamped to 1e-12, / 127) and its codes x / scale rounded half to even.
+template <typename T>
+static float quantize_row(const float* row, int64_t k, T* out) {
+  float lane[16] = {0.f};  // max is exact in any order: lanes let the compiler vectorize
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16)
+    for (int l = 0; l < 16; ++l) { const float a = std::fabs(row[i + l]); lane[l] = a > lane[l] ? a : lane[l]; }
+  float amax = 0.f;
+  for (; i < k; ++i) { const float a = std::fabs(row[i]); amax = a > amax ? a : amax; }
+  for (int l = 0; l < 16; ++l) amax = lane[l] > amax ? lane[l] : amax;
+  const float s = std::max(amax, 1e-12f) / 127.0f;
+  for (int64_t j = 0; j < k; ++j) out[j] = static_cast<T>(std::min(127.0f, std::max(-127.0f, std::nearbyint(row[j] / s))));
+  return s;
+}
+
+// (n, k) float32 rows -> (first + n, k) codes of type T (after `first` rows the caller fills), (n, 1) scales.
+template <typename T>
+static std::vector<torch::Tensor> codes_after(const torch::Tensor& x, int64_t first, at::ScalarType type) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "row codes: 2-D float32 rows");
   const auto xc = x.contiguous();
   const int64_t n = xc.size(0), k = xc.size(1);
-  TORCH_CHECK(anchor.numel() == k, "anchored_row_codes: the anchor needs one value per column");
-  auto codes = torch::empty({n + 1, k}, xc.options());
+  auto codes = torch::empty({first + n, k}, xc.options().dtype(type));
   auto scales = torch::empty({n, 1}, xc.options());
-  codes[0].copy_(anchor.reshape({k}));
   const float* src = xc.data_ptr<float>();
-  float* dst = codes.data_ptr<float>() + k;
+  T* dst = codes.data_ptr<T>() + first * k;
   float* sc = scales.data_ptr<float>();
   at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const float* row = src + r * k;
-      float lane[16] = {0.f};  // max is exact in any order: lanes let the compiler vectorize
-      int64_t i = 0;
-      for (; i + 16 <= k; i += 16)
-        for (int l = 0; l < 16; ++l) { const float a = std::fabs(row[i + l]); lane[l] = a > lane[l] ? a : lane[l]; }
-      float amax = 0.f;
-      for (; i < k; ++i) { const float a = std::fabs(row[i]); amax = a > amax ? a : amax; }
-      for (int l = 0; l < 16; ++l) amax = lane[l] > amax ? lane[l] : amax;
-      const float s = std::max(amax, 1e-12f) / 127.0f;
-      sc[r] = s;
-      float* out = dst + r * k;
-      for (int64_t j = 0; j < k; ++j) out[j] = std::min(127.0f, std::max(-127.0f, std::nearbyint(row[j] / s)));
-    }
+    for (int64_t r = begin; r < end; ++r) sc[r] = quantize_row<T>(src + r * k, k, dst + r * k);
   });
   return {codes, scales};
 }
 
-// (n + 1, m) sums, the anchor's first -> (n, m) sums[1:] * scale[row], then + bias[col].
-torch::Tensor rescale_rows(const torch::Tensor& sums, const torch::Tensor& scales,
+// (n, k) float32 rows -> (n + 1, k) float codes after `anchor` (k floats), and (n, 1) row scales.
+std::vector<torch::Tensor> anchored_row_codes(const torch::Tensor& x, const torch::Tensor& anchor) {
+  TORCH_CHECK(anchor.scalar_type() == at::kFloat && anchor.numel() == x.size(-1),
+              "anchored_row_codes: the anchor needs one float32 value per column");
+  auto out = codes_after<float>(x, 1, at::kFloat);
+  out[0][0].copy_(anchor.reshape({x.size(-1)}));
+  return out;
+}
+
+// (n, k) float32 rows -> (n, k) int8 codes and (n, 1) row scales.
+std::vector<torch::Tensor> int8_row_codes(const torch::Tensor& x) {
+  return codes_after<int8_t>(x, 0, at::kChar);
+}
+
+// (first + n, m) sums -> (n, m) sums[first:] * scale[row], then + bias[col].
+torch::Tensor rescale_rows(const torch::Tensor& sums, int64_t first, const torch::Tensor& scales,
                            const c10::optional<torch::Tensor>& bias) {
   TORCH_CHECK(sums.dim() == 2 && sums.scalar_type() == at::kFloat, "rescale_rows: 2-D float32 sums");
   const auto sc = sums.contiguous();
   const auto scl = scales.contiguous();
-  const int64_t n = sc.size(0) - 1, m = sc.size(1);
-  TORCH_CHECK(scl.numel() == n, "rescale_rows: one scale per row");
+  const int64_t n = sc.size(0) - first, m = sc.size(1);
+  TORCH_CHECK(first >= 0 && n >= 0 && scl.numel() == n, "rescale_rows: one scale per row after the first");
   auto out = torch::empty({n, m}, sc.options());
-  const float* src = sc.data_ptr<float>() + m;
+  const float* src = sc.data_ptr<float>() + first * m;
   const float* s = scl.data_ptr<float>();
   c10::optional<torch::Tensor> bc;
   if (bias.has_value()) {
@@ -97,7 +111,7 @@ torch::Tensor rescale_rows(const torch::Tensor& sums, const torch::Tensor& scale
   return out;
 }
 '''
-_FUNCTIONS = ["anchored_row_codes", "rescale_rows"]
+_FUNCTIONS = ["anchored_row_codes", "int8_row_codes", "rescale_rows"]
 # x86-64-v3 (AVX2, SSE4.1 rounding) lets g++ vectorize both loops; no FMA contraction: the
 # multiply and the add round separately, as torch's separate ops do.
 _CFLAGS = ["-O3", "-mavx2", "-ffp-contract=off", "-fno-fast-math"]

@@ -1,7 +1,7 @@
 """int8 Linears: per-output-channel int8 weights, and the in-place conversion of a model's nn.Linears.
 
 * :class:`Int8DynamicLinear`: int8 activations quantized per row at run time, int32 accumulation
-  (fbgemm where it is exact, else `torch._int_mm`), float32 in and out. A row's output does not
+  (oneDNN on AMX CPUs, fbgemm on others, where exact; else `torch._int_mm`), float32 in and out. A row's output does not
   depend on its batch-mates.
 * :class:`Int8WeightLinear`: bfloat16 activations, `torch._weight_int8pack_mm`.
 
@@ -15,6 +15,7 @@ import torch
 
 from pipeline.kernels.fbgemm import AnchoredFbgemm, fbgemm_is_exact
 from pipeline.kernels.fused_int8 import fused_ops
+from pipeline.kernels.onednn_int8 import PackedOnednn, onednn_int8_is_used
 
 # Rows quantized at a time at load: bounds the temporary float copies (lm_head is 151936 x 896).
 _QUANTIZE_ROWS = 8192
@@ -76,35 +77,54 @@ class _QuantizedLinear(torch.nn.Module):
 class Int8DynamicLinear(_QuantizedLinear):
     """int8 weights (per output channel) x int8 activations (per row), int32 accumulation.
 
-    On the CPU the weight is packed for fbgemm and multiplied by :class:`AnchoredFbgemm`
-    where :func:`fbgemm_is_exact` (the packed copy replaces the plain one: no extra memory);
-    otherwise, or with ``use_fbgemm=False``, `torch._int_mm`, which on the CPU takes any shape
-    (torch 2.13: M=1, K=7, N=5). Both give the same bits. On CUDA `_int_mm` needs more than 16
-    rows and in/out sizes of at least 16 and multiples of 8 (not verified on a GPU): rows are
-    zero-padded up to 17 (padding rows are rows of their own, so they change nothing else), and a
-    layer whose sizes are not multiples of 8 stays a float Linear (:func:`convert_linears`). The
-    weight is passed as the transposed view of its (out, in) rows: as fast as a row-major copy or
-    faster here, and no second copy.
+    Three kernels give the same bits (``kernel``; ``"auto"`` takes the first this machine can use):
 
-    With fbgemm, the per-row quantization and the rescale + bias run as the two C++ passes of
-    :mod:`pipeline.kernels.fused_int8` where that extension is built (same bits; ``fused=False``
-    keeps the torch ops)."""
+    * ``"onednn"``: on a CPU with AMX int8, oneDNN with the weight packed once
+      (:class:`~pipeline.kernels.onednn_int8.PackedOnednn`), where it sums exactly;
+    * ``"fbgemm"``: on other CPUs, :class:`AnchoredFbgemm`, where :func:`fbgemm_is_exact`;
+    * ``"int_mm"``: `torch._int_mm`, which on the CPU takes any shape (torch 2.13: M=1, K=7, N=5).
+      On CUDA it needs more than 16 rows and in/out sizes of at least 16 and multiples of 8 (not
+      verified on a GPU): rows are zero-padded up to 17 (padding rows are rows of their own, so
+      they change nothing else), and a layer whose sizes are not multiples of 8 stays a float
+      Linear (:func:`convert_linears`). The weight is passed as the transposed view of its
+      (out, in) rows: as fast as a row-major copy or faster here, and no second copy.
 
-    def __init__(self, linear: torch.nn.Linear, *, use_fbgemm: bool = True, fused: bool = True):
+    A packed copy replaces the plain weight (no extra memory). The per-row quantization and the
+    rescale + bias run as the C++ passes of :mod:`pipeline.kernels.fused_int8` where that
+    extension is built (same bits; ``fused=False`` keeps the torch ops)."""
+
+    KERNELS = ("auto", "onednn", "fbgemm", "int_mm")
+
+    def __init__(self, linear: torch.nn.Linear, *, kernel: str = "auto", fused: bool = True):
         super().__init__(linear)
+        if kernel not in self.KERNELS:
+            raise ValueError(f"kernel must be one of {', '.join(self.KERNELS)}, got {kernel!r}")
         self.fused = fused
         self._min_rows = 17 if self.qweight.is_cuda else 0
         self._fbgemm: AnchoredFbgemm | None = None
-        if use_fbgemm and not self.qweight.is_cuda and self.in_features >= 2 and fbgemm_is_exact():
+        self._onednn: PackedOnednn | None = None
+        on_cpu = not self.qweight.is_cuda
+        if kernel in ("auto", "onednn") and on_cpu and onednn_int8_is_used():
+            self._onednn = PackedOnednn(self.qweight, self.weight_scale)
+        elif kernel in ("auto", "fbgemm") and on_cpu and self.in_features >= 2 and fbgemm_is_exact():
             self._fbgemm = AnchoredFbgemm(self.qweight, self.weight_scale)
-            self.qweight = None  # fbgemm's packed copy is the weight now
+        if self._onednn is not None or self._fbgemm is not None:
+            self.qweight = None  # the packed copy is the weight now
+
+    @property
+    def kernel(self) -> str:
+        """The kernel this Linear multiplies with: onednn, fbgemm or int_mm."""
+        return "onednn" if self._onednn is not None else "fbgemm" if self._fbgemm is not None else "int_mm"
 
     def int8_weight(self):
+        """The (out, in) int8 weight; oneDNN's packed copy cannot be unpacked (RuntimeError)."""
+        if self._onednn is not None:
+            raise RuntimeError("the weight is packed for oneDNN, which gives no unpacked copy back")
         return self.qweight if self._fbgemm is None else self._fbgemm.unpacked()
 
     def packed_nbytes(self) -> int:
-        """Bytes of the fbgemm-packed int8 weight, which buffers() does not see (0 without one)."""
-        return 0 if self._fbgemm is None else self.in_features * self.out_features
+        """Bytes of a packed int8 weight, which buffers() does not see (0 without one)."""
+        return 0 if self.qweight is not None else self.in_features * self.out_features
 
     @staticmethod
     def cuda_compatible(linear: torch.nn.Linear) -> bool:
@@ -115,20 +135,26 @@ class Int8DynamicLinear(_QuantizedLinear):
         n = rows.shape[0]
         if n == 0:
             return self._finish(rows.new_zeros((0, self.out_features)), x.shape).to(x.dtype)
-        fbgemm = self._fbgemm
-        ops = fused_ops() if self.fused and fbgemm is not None else None
-        if ops is not None and fbgemm is not None:
-            codes, row_scale = ops.anchored_row_codes(rows, fbgemm.anchor)
-            out = ops.rescale_rows(fbgemm.anchored_sums(codes), row_scale, self.bias)
-            return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
-        if self._fbgemm is not None:
+        ops = fused_ops() if self.fused and self.qweight is None else None
+        if self._onednn is not None:
+            if ops is not None:
+                codes, row_scale = ops.int8_row_codes(rows)
+                out = ops.rescale_rows(self._onednn.sums(codes), 0, row_scale, self.bias)
+                return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+            xq, row_scale = quantize_rows(rows)
+            sums = self._onednn.sums(xq)
+        elif self._fbgemm is not None:
+            if ops is not None:
+                codes, row_scale = ops.anchored_row_codes(rows, self._fbgemm.anchor)
+                out = ops.rescale_rows(self._fbgemm.anchored_sums(codes), 1, row_scale, self.bias)
+                return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
             codes, row_scale = row_codes(rows)
             sums = self._fbgemm.sums(codes)
         else:
             xq, row_scale = quantize_rows(rows)
             if n < self._min_rows:
                 xq = torch.nn.functional.pad(xq, (0, 0, 0, self._min_rows - n))
-            # Channel scale first, as fbgemm applies it: both paths round alike.
+            # Channel scale first, as fbgemm and oneDNN apply it: every path rounds alike.
             sums = torch._int_mm(xq, self.qweight.t())[:n].float() * self.weight_scale
         return self._finish(sums * row_scale, x.shape).to(x.dtype)
 

@@ -10,7 +10,7 @@ from pipeline.precision import model_nbytes
 def _pair(in_features=96, out_features=40, bias=True):
     torch.manual_seed(3)
     linear = torch.nn.Linear(in_features, out_features, bias=bias)
-    return Int8DynamicLinear(linear), Int8DynamicLinear(linear, use_fbgemm=False)
+    return Int8DynamicLinear(linear, kernel="fbgemm"), Int8DynamicLinear(linear, kernel="int_mm")
 
 
 def _rows(n, in_features=96):
