@@ -32,3 +32,11 @@ def test_a_layout_needs_one_of_each_and_the_launcher_refuses_less(capsys):
 
 def test_settings_of_a_layout_parse_with_no_other_variable():
     assert Settings.from_env(local_topology(4, 3, 1)).cluster.replicas(2) == (6,)
+
+
+def test_the_demo_says_what_precision_fast_gives_unless_it_is_on():
+    from pipeline.config import Settings
+    from services.cluster.demo import precision_hint
+    hint = precision_hint(Settings.from_env({}))
+    assert hint is not None and hint.startswith("PRECISION=fast") and "int8" in hint
+    assert precision_hint(Settings.from_env({"PRECISION": "fast"})) is None
