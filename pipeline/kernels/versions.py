@@ -23,7 +23,7 @@ from packaging.version import InvalidVersion, Version
 
 from pipeline.config import ConfigError
 
-# torch: 2.13.0 only (tests/unit/test_precision.py, test_int8_fbgemm.py, test_continuous.py and
+# torch: 2.13.0 only (tests/unit/test_precision.py, test_int8_kernels.py, test_continuous.py and
 # test_stages.py pass); the next minor may move or drop any of the private ops.
 TORCH_VERIFIED = ">=2.13,<2.14"
 # transformers: 5.0.0, 5.12.1 and 5.24.0, the newest release when checked (test_precision.py,

@@ -1,0 +1,88 @@
+"""int8-dynamic's packed kernels (oneDNN on AMX CPUs, fbgemm on others) give torch._int_mm's bits,
+so either may replace it, and each is dropped for another where a check at load finds it inexact."""
+import pytest
+import torch
+
+from pipeline.kernels.fbgemm import AnchoredFbgemm, fbgemm_is_exact
+from pipeline.kernels.int8 import Int8DynamicLinear
+from pipeline.kernels.onednn_int8 import PackedOnednn, onednn_int8_is_used
+from pipeline.precision import model_nbytes
+
+# Each packed kernel, the check that says this CPU may use it, and its class (whose sums a test falsifies).
+KERNELS = {"fbgemm": (fbgemm_is_exact, AnchoredFbgemm), "onednn": (onednn_int8_is_used, PackedOnednn)}
+
+
+@pytest.fixture(params=list(KERNELS))
+def kernel(request):
+    if not KERNELS[request.param][0]():
+        pytest.skip(f"{request.param} is not used on this CPU (fbgemm: no VNNI; oneDNN: no AMX int8)")
+    return request.param
+
+
+def _pair(kernel, in_features=96, out_features=40, bias=True):
+    torch.manual_seed(3)
+    linear = torch.nn.Linear(in_features, out_features, bias=bias)
+    return Int8DynamicLinear(linear, kernel=kernel), Int8DynamicLinear(linear, kernel="int_mm")
+
+
+def _rows(n, in_features=96):
+    # rows of very different magnitudes: a per-tensor scale would let the loud ones crush the quiet ones
+    return torch.randn(n, in_features) * torch.logspace(-3, 3, n)[:, None]
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_the_packed_path_equals_int_mm_bit_for_bit_at_every_row_count(kernel, fused):
+    packed, plain = _pair(kernel)
+    packed.fused = fused
+    assert (packed.kernel, plain.kernel) == (kernel, "int_mm")
+    with torch.inference_mode():
+        for n in (1, 2, 3, 16, 17, 64, 300):
+            x = _rows(n)
+            assert torch.equal(packed(x), plain(x)), n
+        x3 = _rows(12).reshape(3, 4, 96)  # (batch, tokens, features) as the models call it
+        assert torch.equal(packed(x3), plain(x3)) and packed(x3).shape == (3, 4, 40)
+
+
+def test_a_rows_result_does_not_depend_on_its_batch_mates(kernel):
+    packed, _ = _pair(kernel, bias=False)
+    x = _rows(9)
+    with torch.inference_mode():
+        together = packed(x)
+        alone = torch.cat([packed(x[i:i + 1]) for i in range(9)])
+        louder = packed(torch.cat([x, 1e6 * torch.ones(1, 96)]))[:9]  # an outlier joins the batch
+    assert torch.equal(alone, together) and torch.equal(louder, together)
+
+
+def test_the_packed_copy_replaces_the_plain_weight(kernel):
+    packed, plain = _pair(kernel)
+    assert packed.qweight is None and "qweight" not in dict(packed.named_buffers())
+    assert model_nbytes(packed) == model_nbytes(plain)  # packed int8 counted once, as the plain int8 was
+    if kernel == "fbgemm":
+        assert torch.equal(packed.int8_weight(), plain.int8_weight())
+    else:
+        with pytest.raises(RuntimeError, match="oneDNN"):
+            packed.int8_weight()
+
+
+def test_auto_prefers_onednn_then_fbgemm_then_int_mm():
+    expected = "onednn" if onednn_int8_is_used() else "fbgemm" if fbgemm_is_exact() else "int_mm"
+    assert Int8DynamicLinear(torch.nn.Linear(32, 8)).kernel == expected
+
+
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_an_inexact_kernel_is_detected_and_another_used(monkeypatch, request, name):
+    check, packed_class = KERNELS[name]
+    real_sums = packed_class.sums
+    monkeypatch.setattr(packed_class, "sums", lambda self, codes: real_sums(self, codes) + 1.0)
+    check.cache_clear()  # forget the cached verdict, here and after this test
+    request.addfinalizer(check.cache_clear)
+    assert check() is False
+    layer, plain = _pair(name)
+    assert layer.kernel != name
+    x = _rows(4)
+    assert torch.equal(layer(x), plain(x))
+
+
+def test_an_unknown_kernel_is_refused():
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        Int8DynamicLinear(torch.nn.Linear(8, 4), kernel="mkl")
