@@ -83,7 +83,6 @@ class BatchQueue:
         if tokens is not None and tokens.max_tokens is not None:
             validate_positive_int("max_tokens", tokens.max_tokens)
         self.tokens = tokens
-        self._budget = tokens.max_tokens if tokens is not None else None
         self._max_wait_s = self.max_wait_ms / 1000.0
         self._clock = clock
         self._cond = threading.Condition(threading.Lock())
@@ -187,16 +186,12 @@ class BatchQueue:
         return max(0.0, oldest.enqueued_at + self._max_wait_s - self._clock())
 
     def _fits(self, shape: BatchShape, cost: int) -> bool:
-        """Whether one more item of `cost` keeps a batch of `shape` within the budget; an empty
-        batch takes any item, so one over the budget runs alone (never starved)."""
-        if self._budget is None or self.tokens is None or shape.count == 0:
-            return True
-        return self.tokens.tokens.tokens_of(shape.plus(cost)) <= self._budget
+        return self.tokens is None or self.tokens.fits(shape, cost)
 
     def _over_budget_locked(self) -> bool:
         """Whether the waiting items hold a batch closed by the budget: one of fewer than
         max_size items that the next item in arrival order would take over it."""
-        if self._budget is None:
+        if self.tokens is None or self.tokens.max_tokens is None:
             return False
         shape = BatchShape()
         for pending in self._pending.values():
@@ -238,10 +233,9 @@ class BatchQueue:
             now = self._clock()
             self._counters = self._counters.with_batch([now - p.enqueued_at for p in batch])
             if self.tokens is not None:
-                batch_tokens = self.tokens.tokens.tokens_of(shape)
-                over = self._budget is not None and batch_tokens > self._budget
-                self._counters = self._counters.with_tokens([p.cost for p in batch], batch_tokens,
-                                                            token_closed=token_closed, over_budget=over)
+                self._counters = self._counters.with_tokens([p.cost for p in batch], self.tokens.tokens_of(shape),
+                                                            token_closed=token_closed,
+                                                            over_budget=self.tokens.over(shape))
         return batch
 
     def next_batch(self) -> list[PendingItem] | None:
@@ -329,4 +323,4 @@ class BatchQueue:
             return BatchingStats(**counters, name=self.name, max_size=self.max_size,
                                  max_wait_ms=self.max_wait_ms, max_queue=self.max_queue,
                                  queue_depth=len(self._pending), counts_tokens=self.tokens is not None,
-                                 max_tokens=self._budget or 0)
+                                 max_tokens=(self.tokens and self.tokens.max_tokens) or 0)

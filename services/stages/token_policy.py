@@ -39,5 +39,17 @@ class TokenPolicy:
     """A stage that counts its items' tokens: each item's cost is given on submit, and with
     ``max_tokens`` a batch closes before the next item would take it over that many tokens."""
 
-    tokens: BatchTokens
+    counting: BatchTokens
     max_tokens: int | None = None  # None: counted and reported, never closing a batch
+
+    def tokens_of(self, shape: BatchShape) -> int:
+        return self.counting.tokens_of(shape)
+
+    def fits(self, shape: BatchShape, cost: int) -> bool:
+        """Whether one more item of `cost` keeps a batch of `shape` within the budget; an empty
+        batch takes any item, so one over the budget runs alone (never starved)."""
+        return self.max_tokens is None or shape.count == 0 or self.tokens_of(shape.plus(cost)) <= self.max_tokens
+
+    def over(self, shape: BatchShape) -> bool:
+        """Whether a batch of `shape` is over the budget (only ever one item alone)."""
+        return self.max_tokens is not None and self.tokens_of(shape) > self.max_tokens
