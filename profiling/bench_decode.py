@@ -31,13 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline import spec
-from pipeline.config import Settings
 from pipeline.continuous import ContinuousEngine
-from pipeline.device import placement_for, thread_budget
 from pipeline.generator import GenerationRequest, Generator
-from pipeline.models import resolve_model_source
 from profiling.lib.cli import add_out, comma_list, make_parser, positive
 from profiling.lib.inputs import cycled, document_pool, spec_queries
+from profiling.lib.models import worker_generator
 from profiling.lib.provenance import local_record
 from profiling.lib.report import run_folder, write_json
 
@@ -264,11 +262,7 @@ def run_size(generator: Generator, n: int, args: argparse.Namespace, runner_clas
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
-    settings = Settings.from_env()
-    torch.set_num_threads(thread_budget(settings.models.torch_threads))
-    source = resolve_model_source(settings)
-    placement = placement_for(settings, "generate")
-    generator = Generator.load(source, placement)
+    generator, source, placement = worker_generator()
     runner_classes = {CURRENT: None}
     if args.baseline:
         runner_classes = {f"baseline@{args.baseline}": load_runner_class(args.baseline), CURRENT: None}

@@ -16,12 +16,11 @@ import time
 from builders.corpus import support_documents
 from pipeline import spec
 from pipeline.classifiers import SentimentClassifier, ToxicityClassifier
-from pipeline.config import Settings
-from pipeline.device import Placement, select_device, thread_budget
+from pipeline.device import Placement, select_device
 from pipeline.generator import GenerationRequest, Generator
-from pipeline.models import resolve_model_source
 from pipeline.reranker import Reranker, RerankRequest
 from profiling.lib.cli import add_out, make_parser
+from profiling.lib.models import worker_settings
 from profiling.lib.provenance import local_record
 from profiling.lib.report import run_folder, write_json
 
@@ -42,10 +41,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    import torch
-    settings = Settings.from_env()
-    torch.set_num_threads(thread_budget(settings.models.torch_threads))
-    source = resolve_model_source(settings)
+    settings, source = worker_settings()
     device = select_device(settings.models.only_cpu)
     queries = list(spec.REFERENCE_QUERIES[: args.queries])
     docs = list(support_documents(200, seed=0))

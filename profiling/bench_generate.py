@@ -31,12 +31,11 @@ from dataclasses import dataclass, field
 
 from builders.corpus import support_documents
 from pipeline import spec
-from pipeline.config import Settings
 from pipeline.continuous import ContinuousEngine
-from pipeline.device import Placement, placement_for, thread_budget
+from pipeline.device import Placement, placement_for
 from pipeline.generator import GenerationRequest, Generator
-from pipeline.models import resolve_model_source
 from profiling.lib.cli import add_out, make_parser
+from profiling.lib.models import worker_settings
 from profiling.lib.provenance import local_record
 from profiling.lib.report import percentiles, run_folder, write_json
 from services.stages.batching import BatchingService
@@ -271,10 +270,7 @@ def print_report(report: dict, results: dict[str, RunResult]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    import torch
-    settings = Settings.from_env()
-    torch.set_num_threads(thread_budget(settings.models.torch_threads))
-    source = resolve_model_source(settings)
+    settings, source = worker_settings()
     requests = make_requests(args.requests, args.answer_lengths)
     steps, results = run_modes(args, source, placement_for(settings, "generate"), requests)
     report = build_report(args, source, requests, steps, results)

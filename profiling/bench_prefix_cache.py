@@ -21,13 +21,11 @@ import argparse
 import statistics
 import time
 
-from pipeline.config import Settings
 from pipeline.continuous import ContinuousEngine
-from pipeline.device import placement_for, thread_budget
 from pipeline.generator import GenerationRequest, Generator
-from pipeline.models import resolve_model_source
 from profiling.lib.cli import add_out, make_parser, positive
 from profiling.lib.inputs import DOCS_PER_RERANK, cycled, document_pool, spec_queries
+from profiling.lib.models import worker_generator
 from profiling.lib.provenance import local_record
 from profiling.lib.report import run_folder, write_json
 
@@ -98,11 +96,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     import torch
-    settings = Settings.from_env()
-    torch.set_num_threads(thread_budget(settings.models.torch_threads))
-    source = resolve_model_source(settings)
-    placement = placement_for(settings, "generate")
-    generator = Generator.load(source, placement)
+    generator, source, placement = worker_generator()
     engines = {name: ContinuousEngine(generator, max_seqs=1, max_tokens=4096, prefill_chunk=args.prefill_chunk,
                                       prefix_cache=name == "on") for name in ENGINES}
     prompts = requests(args.prompts)

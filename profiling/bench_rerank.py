@@ -35,12 +35,11 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.config import Settings
-from pipeline.device import placement_for, thread_budget
-from pipeline.models import resolve_model_source
+from pipeline.device import placement_for
 from pipeline.reranker import Reranker, length_groups
 from profiling.lib.cli import add_out, comma_list, make_parser
 from profiling.lib.inputs import document_pool, rerank_inputs
+from profiling.lib.models import worker_settings
 from profiling.lib.provenance import local_record
 from profiling.lib.report import run_folder, write_json
 from services.stages.batching import BatchingService
@@ -151,9 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--requests and --rounds must be at least 1")
 
     import torch
-    settings = Settings.from_env()
-    torch.set_num_threads(thread_budget(settings.models.torch_threads))
-    reranker = Reranker.load(resolve_model_source(settings), placement_for(settings, Reranker.stage))
+    settings, source = worker_settings()
+    reranker = Reranker.load(source, placement_for(settings, Reranker.stage))
     if args.batching:
         report = batching(reranker, document_pool(args.documents), args)
         report["provenance"] = local_record()
