@@ -6,6 +6,8 @@ import warnings
 
 import torch
 
+from pipeline.kernels.exact_check import full_range_case
+
 
 class AnchoredFbgemm:
     """int8 x int8 -> int32 sums through fbgemm, bit-identical to `torch._int_mm`'s.
@@ -47,12 +49,7 @@ def fbgemm_is_exact() -> bool:
     """Whether this CPU's fbgemm sums int8 exactly (checked once, on the worst case: without
     VNNI its 16-bit pair sums saturate at full-range codes), so the anchored path may be used."""
     try:
-        qweight = torch.full((24, 64), 127, dtype=torch.int8)
-        qweight[1::2] = -127
-        scale = torch.full((24,), 0.0123)  # not a power of two: the rounding must agree too
-        codes = torch.full((5, 64), 127.0)
-        codes[1::2] = -127.0
-        expected = torch._int_mm(codes.to(torch.int8), qweight.t()).float() * scale
-        return torch.equal(AnchoredFbgemm(qweight, scale).sums(codes), expected)
+        qweight, scale, codes, expected = full_range_case()
+        return torch.equal(AnchoredFbgemm(qweight, scale).sums(codes.float()), expected)
     except (RuntimeError, AttributeError):  # a torch without fbgemm or the quantized ops
         return False

@@ -14,6 +14,7 @@ import functools
 import torch
 
 from pipeline.cpu_features import cpu_flags
+from pipeline.kernels.exact_check import full_range_case
 
 # oneDNN (torch 2.13, AMX Xeon) takes a path about 100x slower for products of at most 256 outputs
 # (rows x out features: one row of the LLM's 128-wide k/v projections took 3.2 ms, three rows
@@ -53,12 +54,7 @@ def onednn_int8_is_used() -> bool:
     if not {"amx_int8", "amx_tile"} <= cpu_flags() or not torch.backends.mkldnn.is_available():
         return False
     try:
-        qweight = torch.full((24, 64), 127, dtype=torch.int8)
-        qweight[1::2] = -127
-        scale = torch.full((24,), 0.0123)  # not a power of two: the rounding must agree too
-        codes = torch.full((5, 64), 127, dtype=torch.int8)
-        codes[1::2] = -127
-        expected = torch._int_mm(codes, qweight.t()).float() * scale
+        qweight, scale, codes, expected = full_range_case()
         return torch.equal(PackedOnednn(qweight, scale).sums(codes), expected)
     except (RuntimeError, AttributeError):  # a torch built without oneDNN's quantized ops
         return False
