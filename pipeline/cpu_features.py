@@ -6,6 +6,7 @@ from typing import Iterable
 
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "amx_tile"})
 AMX_CPU_FLAGS = frozenset({"amx_bf16", "amx_tile"})  # both: AMX's bf16 matrix tiles
+AMX_INT8_CPU_FLAGS = frozenset({"amx_int8", "amx_tile"})  # both: AMX's int8 matrix tiles
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
@@ -24,3 +25,7 @@ def cpu_supports_bf16(flags: Iterable[str] | None = None) -> bool:
 
 def cpu_has_amx(flags: Iterable[str] | None = None) -> bool:
     return AMX_CPU_FLAGS <= set(cpu_flags() if flags is None else flags)
+
+
+def cpu_has_amx_int8(flags: Iterable[str] | None = None) -> bool:
+    return AMX_INT8_CPU_FLAGS <= set(cpu_flags() if flags is None else flags)

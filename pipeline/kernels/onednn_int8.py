@@ -13,7 +13,7 @@ import functools
 
 import torch
 
-from pipeline.cpu_features import cpu_flags
+from pipeline.cpu_features import cpu_has_amx_int8
 from pipeline.kernels.exact_check import full_range_case
 
 # oneDNN (torch 2.13, AMX Xeon) takes a path about 100x slower for products of at most 256 outputs
@@ -51,7 +51,7 @@ def onednn_int8_is_used() -> bool:
     """Whether this CPU multiplies int8 through oneDNN: it has AMX int8 tiles (measured faster than
     fbgemm there; elsewhere fbgemm stays) and oneDNN sums exactly, checked once on full-range codes
     (the worst case for any 16-bit intermediate) against `torch._int_mm`."""
-    if not {"amx_int8", "amx_tile"} <= cpu_flags() or not torch.backends.mkldnn.is_available():
+    if not cpu_has_amx_int8() or not torch.backends.mkldnn.is_available():
         return False
     try:
         qweight, scale, codes, expected = full_range_case()
