@@ -14,13 +14,13 @@ from pipeline.config.typos import misspelt_variables
 
 def describe(settings: Settings, env: Mapping[str, str]) -> list[str]:
     """One line per variable: NAME=effective value, and whether that is the default."""
-    defaults = Settings.from_env({}).effective()
     lines = []
     for name, value in settings.effective().items():
-        if value == defaults[name]:
+        default = Settings.default_of(name)
+        if value == default:
             origin = "default" if name not in env else "set, equal to the default"
         else:
-            origin = f"set (default: {defaults[name] or 'empty'})"
+            origin = f"set (default: {default or 'empty'})"
         lines.append(f"{name}={value}".ljust(48) + f"  # {origin}")
     return lines
 

@@ -12,11 +12,12 @@ def var(env: str, parse: Callable[[str], Any], default: str, help: str, *, secre
     return field(repr=not secret, metadata={"env": env, "parse": parse, "default": default, "help": help})
 
 
-def numbered(pattern: str, first: int, parse: Callable[[str], Any], help: str) -> Any:
+def numbered(pattern: str, first: int, parse: Callable[[str], Any], default: Callable[[int], str], help: str) -> Any:
     """A section field read from a family of numbered variables, `pattern` with {n} for n >= first
-    (NODE_{n}_IP): a dict n -> parsed value of those set. Documented as pattern with <n>."""
-    return field(metadata={"env": pattern.format(n="<n>"), "numbered": pattern,
-                                                 "first": first, "parse": parse, "default": "", "help": help})
+    (NODE_{n}_IP): a dict n -> parsed value of those set; `default(n)` is what an unset one means.
+    Documented as pattern with <n>."""
+    return field(metadata={"env": pattern.format(n="<n>"), "numbered": pattern, "first": first, "parse": parse,
+                           "default_for": default, "help": help})
 
 
 def max_batch(stage: str, size: int, why: str) -> Any:

@@ -17,6 +17,11 @@ from pipeline.config.parsers import Address
 from pipeline.spec import Stage
 
 
+def default_node_ip(node: int) -> str:
+    """Where a node listens unless its NODE_<n>_IP says otherwise: 127.0.0.1, port 8000 + n."""
+    return f"127.0.0.1:{8000 + node}"
+
+
 @dataclass(frozen=True)
 class ClusterSettings:
     """Which node this is, where every node listens, which role each node has, and how nodes call each other.
@@ -29,7 +34,7 @@ class ClusterSettings:
     node_0_ip: Address = f.var("NODE_0_IP", p.address, "127.0.0.1:8000", "host:port of node 0 (gateway and worker): where the others reach it")
     node_1_ip: Address = f.var("NODE_1_IP", p.address, "127.0.0.1:8001", "host:port of node 1 (a worker, with the default INDEX_NODES)")
     node_2_ip: Address = f.var("NODE_2_IP", p.address, "127.0.0.1:8002", "host:port of node 2 (the index server, with the default INDEX_NODES)")
-    more_node_ips: dict[int, Address] = f.numbered("NODE_{n}_IP", 3, p.address, "host:port of node n, for 3 <= n < TOTAL_NODES (default 127.0.0.1:800n: 8000 + n)")
+    more_node_ips: dict[int, Address] = f.numbered("NODE_{n}_IP", 3, p.address, default_node_ip, "host:port of node n, for 3 <= n < TOTAL_NODES (default 127.0.0.1:800n: 8000 + n)")
     bind_host: str = f.var("BIND_HOST", p.optional_host, "", "address this node listens on (empty: the host of its own NODE_<n>_IP); 0.0.0.0 in a container whose NODE_<n>_IP is the name the others reach it by")
     index_nodes: tuple[int, ...] = f.var("INDEX_NODES", p.node_list, "2", "nodes that serve the FAISS index (never node 0); every other node is a worker")
     index_shards: int = f.var("INDEX_SHARDS", p.int_range(1, p.MAX_NODES), "1", "shards the index is split in (python -m builders.data build --shards N); the index node at position p of INDEX_NODES serves shard p % INDEX_SHARDS, so nodes beyond the shard count are replicas")
@@ -42,7 +47,7 @@ class ClusterSettings:
     def node_address(self, node: int) -> Address:
         if node < 3:
             return (self.node_0_ip, self.node_1_ip, self.node_2_ip)[node]
-        return self.more_node_ips.get(node, Address("127.0.0.1", 8000 + node))
+        return self.more_node_ips.get(node) or p.address(default_node_ip(node))
 
     @property
     def nodes(self) -> range:

@@ -145,6 +145,19 @@ class Settings:
                                          "names": re.compile(meta["numbered"].format(n=NUMBER_PATTERN))}
         return families
 
+    @staticmethod
+    def default_of(name: str) -> str:
+        """The default of one variable as effective() shows it, a numbered one's (NODE_3_IP) included;
+        KeyError if it is not a setting."""
+        for _, f in _variable_fields():
+            meta = f.metadata
+            if "numbered" not in meta and meta["env"] == name:
+                return render(meta["parse"](meta["default"]))
+            match = "numbered" in meta and re.fullmatch(meta["numbered"].format(n=NUMBER_PATTERN), name)
+            if match and int(match[1]) >= meta["first"]:
+                return render(meta["parse"](meta["default_for"](int(match[1]))))
+        raise KeyError(name)
+
     def effective(self) -> dict[str, str]:
         """Environment variable name -> effective value as the string that sets it, in declaration
         order; a secret that is set reads "<hidden>" (what GET /settings and the startup line show)."""
@@ -160,8 +173,7 @@ class Settings:
 
     def non_defaults(self) -> dict[str, str]:
         """effective() restricted to the variables whose value differs from their default."""
-        defaults = Settings.from_env({}).effective()
-        return {name: value for name, value in self.effective().items() if value != defaults.get(name)}
+        return {name: value for name, value in self.effective().items() if value != Settings.default_of(name)}
 
     def node_address(self, node: int) -> Address:
         return self.cluster.node_address(node)

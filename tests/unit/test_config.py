@@ -343,3 +343,30 @@ def test_an_index_node_needs_its_own_shard_file_and_no_files_of_another_shard_co
     shard_path(index, 0, 3).write_bytes(b"x")  # left by a 3-shard build: the count disagrees
     with pytest.raises(ConfigError, match=r"is shard 0 of a 3-shard build, but INDEX_SHARDS=2"):
         s.require_index_file(4)
+
+
+def test_the_settings_command_describes_a_five_node_topology_with_shards_and_replicas(monkeypatch, capsys):
+    from pipeline.config.__main__ import main
+    for name in Settings.variables():
+        monkeypatch.delenv(name, raising=False)
+    env = {"TOTAL_NODES": "5", "INDEX_NODES": "2,3,4", "INDEX_SHARDS": "2", "NODE_3_IP": "10.0.0.3:8000",
+           "NODE_4_IP": "127.0.0.1:8004"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    c = Settings.from_env(env).cluster
+    assert c.replicas(0) == (2, 4) and c.replicas(1) == (3,)  # two shards, shard 0 on two replicas
+    assert main([]) == 0
+    lines = {line.split("=", 1)[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert lines["NODE_3_IP"].endswith("# set (default: 127.0.0.1:8003)")
+    assert lines["NODE_4_IP"].endswith("# set, equal to the default")
+    assert lines["TOTAL_NODES"].endswith("# set (default: 3)")
+    assert main(["--non-default"]) == 0
+    changed = [line.split("=", 1)[0] for line in capsys.readouterr().out.splitlines()]
+    assert changed == ["TOTAL_NODES", "NODE_3_IP", "INDEX_NODES", "INDEX_SHARDS"]
+
+
+def test_a_numbered_variable_has_a_default_per_number():
+    assert Settings.default_of("NODE_3_IP") == "127.0.0.1:8003" and Settings.default_of("NODE_1_IP") == "127.0.0.1:8001"
+    assert Settings.default_of("TOTAL_NODES") == "3"
+    with pytest.raises(KeyError):
+        Settings.default_of("NODE_2_IPS")
