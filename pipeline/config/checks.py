@@ -5,12 +5,10 @@ did not parse is reported once, as itself, not again as a disagreement).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
+import pipeline.config.sections as sections
 from pipeline import spec
-
-if TYPE_CHECKING:
-    from pipeline.config.settings import Settings
 
 # The longest /internal/answer `timeout_s` a worker accepts (a sanity bound on what another
 # node sends). The gateway forwards up to REQUEST_TIMEOUT_S, so that must not exceed it.
@@ -23,11 +21,30 @@ PROMPT_ALLOWANCE_TOKENS = 512
 KV_SHARE_OF_LARGEST_REQUEST = 4
 
 
+class Checked(Protocol):
+    """What the checks read of pipeline.config.settings.Settings, which builds the sections and then runs
+    them; named here so that the checks need only the sections, not the module that runs them."""
+    @property
+    def cluster(self) -> sections.ClusterSettings: ...
+    @property
+    def search(self) -> sections.SearchSettings: ...
+    @property
+    def generate(self) -> sections.GenerateSettings: ...
+    @property
+    def limits(self) -> sections.LimitsSettings: ...
+    @property
+    def gateway(self) -> sections.GatewaySettings: ...
+    @property
+    def http(self) -> sections.HttpSettings: ...
+    @property
+    def channel_timeout_s(self) -> float: ...
+
+
 def _nodes(nodes: tuple[int, ...]) -> str:
     return ",".join(map(str, nodes))
 
 
-def _node_number(s: Settings) -> str | None:
+def _node_number(s: Checked) -> str | None:
     c = s.cluster
     if c.node_number is not None and c.node_number >= c.total_nodes:
         return (f"NODE_NUMBER='{c.node_number}' is not valid: expected a node below TOTAL_NODES ({c.total_nodes}), "
@@ -35,7 +52,7 @@ def _node_number(s: Settings) -> str | None:
     return None
 
 
-def _index_nodes(s: Settings) -> str | None:
+def _index_nodes(s: Checked) -> str | None:
     c = s.cluster
     if 0 in c.index_nodes:
         return (f"INDEX_NODES={_nodes(c.index_nodes)!r} is not valid: node 0 is the gateway and a worker; "
@@ -47,7 +64,7 @@ def _index_nodes(s: Settings) -> str | None:
     return None
 
 
-def _index_shards(s: Settings) -> str | None:
+def _index_shards(s: Checked) -> str | None:
     c = s.cluster
     if c.index_shards > len(c.index_nodes):
         return (f"INDEX_SHARDS='{c.index_shards}' is not valid: expected at most the {len(c.index_nodes)} "
@@ -55,7 +72,7 @@ def _index_shards(s: Settings) -> str | None:
     return None
 
 
-def _worker_nodes(s: Settings) -> str | None:
+def _worker_nodes(s: Checked) -> str | None:
     c = s.cluster
     not_workers = [n for n in c.worker_nodes if n not in c.workers]
     if not_workers:
@@ -67,7 +84,7 @@ def _worker_nodes(s: Settings) -> str | None:
     return None
 
 
-def _node_addresses(s: Settings) -> str | None:
+def _node_addresses(s: Checked) -> str | None:
     c = s.cluster
     beyond = [n for n in c.more_node_ips if n >= c.total_nodes]
     if beyond:
@@ -83,7 +100,7 @@ def _node_addresses(s: Settings) -> str | None:
     return None
 
 
-def _search_batch(s: Settings) -> str | None:
+def _search_batch(s: Checked) -> str | None:
     # Node 2 queues a whole search batch at once: a batch larger than its queue could never be accepted.
     if s.search.max_batch > s.limits.stage_max_queue:
         return (f"SEARCH_MAX_BATCH='{s.search.max_batch}' is not valid: expected at most "
@@ -91,7 +108,7 @@ def _search_batch(s: Settings) -> str | None:
     return None
 
 
-def _internal_timeout(s: Settings) -> str | None:
+def _internal_timeout(s: Checked) -> str | None:
     # Node 1 refuses a forwarded timeout_s above its cap: every forward would fail.
     if s.limits.request_timeout_s > MAX_INTERNAL_TIMEOUT_S:
         return (f"REQUEST_TIMEOUT_S='{s.limits.request_timeout_s:g}' is not valid: expected at most "
@@ -100,21 +117,21 @@ def _internal_timeout(s: Settings) -> str | None:
     return None
 
 
-def _joiners(s: Settings) -> str | None:
+def _joiners(s: Checked) -> str | None:
     if s.gateway.max_joiners_per_id > s.gateway.max_joiners:
         return (f"GATEWAY_MAX_JOINERS_PER_ID='{s.gateway.max_joiners_per_id}' is not valid: "
                 f"expected at most GATEWAY_MAX_JOINERS ({s.gateway.max_joiners})")
     return None
 
 
-def _read_timeout(s: Settings) -> str | None:
+def _read_timeout(s: Checked) -> str | None:
     if s.http.read_timeout_s >= s.limits.request_timeout_s:
         return (f"HTTP_READ_TIMEOUT_S='{s.http.read_timeout_s:g}' is not valid: expected less than "
                 f"REQUEST_TIMEOUT_S ({s.limits.request_timeout_s:g}), or 0 for the derived value")
     return None
 
 
-def _query_tokens(s: Settings) -> str | None:
+def _query_tokens(s: Checked) -> str | None:
     largest = s.limits.max_query_tokens + PROMPT_ALLOWANCE_TOKENS + spec.MAX_NEW_TOKENS
     budget = s.generate.max_tokens
     if s.generate.mode == "continuous" and largest * KV_SHARE_OF_LARGEST_REQUEST > budget:
@@ -127,7 +144,7 @@ def _query_tokens(s: Settings) -> str | None:
     return None
 
 
-def _channel_timeout(s: Settings) -> str | None:
+def _channel_timeout(s: Checked) -> str | None:
     # Waitress must keep a connection at least as long as a request may be waited on.
     if not s.channel_timeout_s > s.limits.request_timeout_s:
         return (f"REQUEST_TIMEOUT_S='{s.limits.request_timeout_s:g}' is not valid: expected a value "
@@ -136,7 +153,7 @@ def _channel_timeout(s: Settings) -> str | None:
 
 
 # Each check with the variables it reads.
-CHECKS: tuple[tuple[frozenset[str], Callable[[Settings], str | None]], ...] = (
+CHECKS: tuple[tuple[frozenset[str], Callable[[Checked], str | None]], ...] = (
     (frozenset({"NODE_NUMBER", "TOTAL_NODES"}), _node_number),
     (frozenset({"INDEX_NODES", "TOTAL_NODES"}), _index_nodes),
     (frozenset({"INDEX_SHARDS", "INDEX_NODES"}), _index_shards),
@@ -151,7 +168,7 @@ CHECKS: tuple[tuple[frozenset[str], Callable[[Settings], str | None]], ...] = (
 )
 
 
-def disagreements(settings: Settings, unparsed: set[str]) -> list[str]:
+def disagreements(settings: Checked, unparsed: set[str]) -> list[str]:
     """The problems of every check whose variables all parsed."""
     problems = []
     for variables, check in CHECKS:

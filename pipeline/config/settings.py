@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import pipeline.config.sections as s
+from pipeline.config.checks import disagreements
 from pipeline.config.errors import HIDDEN, ConfigError
 from pipeline.config.parsers import Address, render
 from pipeline.shards import shard_file_problems, shard_path
@@ -93,7 +94,6 @@ class Settings:
         Every problem is reported at once, so an operator fixes them in one round: first each
         value that does not parse, then each consistency check whose variables all parsed.
         """
-        from pipeline.config.checks import disagreements
         env = os.environ if env is None else env
         problems: list[str] = []
         unparsed: set[str] = set()

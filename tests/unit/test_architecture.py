@@ -1,9 +1,9 @@
-"""The house's shape, checked: no import circle anywhere in the project, and each floor of
-services/ imports only the floors below it (docs/architecture.md draws them).
+"""The house's shape, checked: no import circle anywhere in the project, each floor of services/
+imports only the floors below it (docs/architecture.md draws them), and no module is over 350 lines.
 
-Every import statement that runs counts, a lazy one inside a function too: a circle that only
-closes at run time is still a circle for whoever reads the code. Imports under
-`if TYPE_CHECKING:` never run and name types only; they do not count."""
+Every import statement counts: a lazy one inside a function, and one under `if TYPE_CHECKING:` that
+names types only. A circle that closes only at run time, or only for the type checker, is still a
+circle for whoever reads the code."""
 from __future__ import annotations
 
 import ast
@@ -12,12 +12,30 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("pipeline", "services", "profiling", "builders")
+PACKAGES = ("pipeline", "services", "profiling", "builders", "tools")
+# Modules at the top of the repository, outside every package.
+TOP_MODULES = ("client.py",)
 # services/ floors, lowest first: a module may import its own floor's modules and lower floors only.
 # stages and cluster share a floor and must not import each other.
 FLOORS = {"services.server": 0, "services.stages": 1, "services.cluster": 1, "services.roles": 2, "services.node": 3}
 # Below every services/ floor; must import nothing from services/ or profiling/.
 BASE = ("pipeline", "builders")
+MAX_MODULE_LINES = 350
+# Modules over MAX_MODULE_LINES that are being split (issue 29): this set may only shrink. Once it is
+# empty, test_no_module_is_over_350_lines passes and its xfail marker goes.
+KNOWN_LONG_MODULES = {
+    "builders/corpus.py", "builders/data.py", "builders/standins.py", "profiling/bench_service.py",
+    "profiling/lib/roofline.py", "profiling/lib/runtimes.py", "profiling/loadgen.py", "profiling/microbench.py",
+    "profiling/select_variants.py", "profiling/soak_hostile.py",
+}
+# Import circles being cut (issue 29): may only shrink, like KNOWN_LONG_MODULES.
+KNOWN_CIRCLES = [["services.roles.gateway.openai_routes", "services.roles.gateway.role"]]
+
+
+def project_files() -> list[Path]:
+    """Every .py file of the project outside tests/: the packages' and the top modules."""
+    files = [p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))]
+    return files + [ROOT / name for name in TOP_MODULES if (ROOT / name).is_file()]
 
 
 def module_name(path: Path) -> str:
@@ -26,18 +44,15 @@ def module_name(path: Path) -> str:
 
 
 def project_modules() -> dict[str, Path]:
-    return {module_name(p): p for package in PACKAGES for p in (ROOT / package).rglob("*.py")}
+    return {module_name(p): p for p in project_files()}
 
 
-def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
-    """The project modules a file imports (resolved to the deepest module that exists)."""
+def imports_of(module: str, modules: dict[str, Path]) -> set[str]:
+    """The project modules a module imports, type-only ones included (resolved to the deepest module that exists)."""
     found: set[str] = set()
+    path = modules[module]
     tree = ast.parse(path.read_text(), str(path))
-    type_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and _is_type_checking(block.test)
-                 for n in ast.walk(block)}
     for node in ast.walk(tree):
-        if id(node) in type_only:
-            continue
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
@@ -48,18 +63,13 @@ def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
                 name = name.rpartition(".")[0]
             if name:
                 found.add(name)
-    found.discard(module_name(path))
+    found.discard(module)
     return found
-
-
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
-        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
 def import_graph() -> dict[str, set[str]]:
     modules = project_modules()
-    graph = {name: imports_of(path, modules) for name, path in modules.items()}
+    graph = {name: imports_of(name, modules) for name in modules}
     # A package's __init__ is imported before any of its modules: importing pkg.mod imports pkg.
     for name in list(graph):
         for target in list(graph[name]):
@@ -114,11 +124,29 @@ def floor(module: str) -> int | None:
 
 
 def test_no_import_circle_in_the_project():
-    assert cycles(import_graph()) == []
+    found = cycles(import_graph())
+    assert [c for c in found if c not in KNOWN_CIRCLES] == []
+    assert [c for c in KNOWN_CIRCLES if c not in found] == [], "a known circle is gone: remove it from KNOWN_CIRCLES"
+    if found:
+        pytest.xfail(f"known circles being cut (issue 29): {found}")
+    assert KNOWN_CIRCLES == [], "a known circle is gone: remove it from KNOWN_CIRCLES"
 
 
 def test_the_circle_finder_finds_a_circle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_a_type_only_import_closes_a_circle(tmp_path):
+    (tmp_path / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import b\n")
+    (tmp_path / "b.py").write_text("def f():\n    import a\n")
+    modules = {"a": tmp_path / "a.py", "b": tmp_path / "b.py"}
+    assert imports_of("a", modules) == {"b"} and imports_of("b", modules) == {"a"}
+
+
+def test_the_project_includes_every_package_and_the_top_modules():
+    modules = project_modules()
+    assert {"client", "pipeline.config.checks", "services.node", "builders", "profiling"} <= set(modules)
+    assert not any(name.startswith("tests") for name in modules)
 
 
 def test_services_floors_import_only_downward():
@@ -148,7 +176,19 @@ def test_pipeline_and_builders_never_import_services_or_profiling(base):
     assert wrong == []
 
 
-def test_no_module_in_pipeline_or_services_is_over_350_lines():
-    long = {str(p.relative_to(ROOT)): n for package in ("pipeline", "services") for p in (ROOT / package).rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > 350}
-    assert long == {}
+def long_modules() -> dict[str, int]:
+    """Each project module (tests excluded) over MAX_MODULE_LINES, with its line count."""
+    return {str(p.relative_to(ROOT)): n for p in project_files()
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+
+
+def test_no_module_is_over_350_lines():
+    long = long_modules()
+    assert sorted(set(long) - KNOWN_LONG_MODULES) == [], long
+    if long:
+        pytest.xfail(f"known long modules being split (issue 29): {long}")
+    assert KNOWN_LONG_MODULES == set(), "every known long module is split: empty KNOWN_LONG_MODULES"
+
+
+def test_a_known_long_module_that_was_split_leaves_the_list():
+    assert sorted(KNOWN_LONG_MODULES - set(long_modules())) == []
