@@ -3,8 +3,8 @@
 `Settings` (settings.py) holds one section per component (sections.py); each field is bound to
 one environment variable with its parser, default and help (fields.py, parsers.py); the
 consistency checks (checks.py), the misspelt-variable warnings (typos.py) and the `settings`
-command (__main__.py) each have a module of their own. env.example lists every variable, and a
-test keeps it in step with Settings.variables().
+command (__main__.py) each have a module of their own. env.example and deploy/k8s/configmap.yaml
+are generated from Settings.table() (`python -m tools.render_settings --write`; a test checks them).
 """
 from pipeline.config.errors import CONFIG_ERROR_PREFIX, HIDDEN, ConfigError
 from pipeline.config.parsers import DTYPES, PRECISION_MODES, PRECISION_VARIANTS, Address

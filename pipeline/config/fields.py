@@ -9,7 +9,8 @@ import pipeline.config.parsers as p
 
 def var(env: str, parse: Callable[[str], Any], default: str, help: str, *, secret: bool = False) -> Any:
     """A section field read from one environment variable; a secret one is left out of repr()."""
-    return field(repr=not secret, metadata={"env": env, "parse": parse, "default": default, "help": help})
+    return field(repr=not secret, metadata={"env": env, "parse": parse, "default": default, "help": help,
+                                            "secret": secret})
 
 
 def numbered(pattern: str, first: int, parse: Callable[[str], Any], default: Callable[[int], str], help: str) -> Any:

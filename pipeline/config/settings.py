@@ -63,27 +63,27 @@ StageSection = (s.EmbedSettings | s.SearchSettings | s.FetchSettings | s.RerankS
                 | s.SentimentSettings | s.ToxicitySettings | s.IndexSettings)
 
 
-def _section(section_type: type) -> Any:
-    """A field of Settings holding one section."""
-    return dataclasses.field(metadata={"section": section_type})
+def _section(section_type: type, title: str) -> Any:
+    """A field of Settings holding one section; its title heads the section in env.example and the configmap."""
+    return dataclasses.field(metadata={"section": section_type, "title": title})
 
 
 @dataclass(frozen=True)
 class Settings:
-    cluster: s.ClusterSettings = _section(s.ClusterSettings)
-    models: s.ModelSettings = _section(s.ModelSettings)
-    embed: s.EmbedSettings = _section(s.EmbedSettings)
-    search: s.SearchSettings = _section(s.SearchSettings)
-    fetch: s.FetchSettings = _section(s.FetchSettings)
-    rerank: s.RerankSettings = _section(s.RerankSettings)
-    generate: s.GenerateSettings = _section(s.GenerateSettings)
-    sentiment: s.SentimentSettings = _section(s.SentimentSettings)
-    toxicity: s.ToxicitySettings = _section(s.ToxicitySettings)
-    index: s.IndexSettings = _section(s.IndexSettings)
-    limits: s.LimitsSettings = _section(s.LimitsSettings)
-    gateway: s.GatewaySettings = _section(s.GatewaySettings)
-    http: s.HttpSettings = _section(s.HttpSettings)
-    observability: s.ObservabilitySettings = _section(s.ObservabilitySettings)
+    cluster: s.ClusterSettings = _section(s.ClusterSettings, "the cluster (SPEC): which node this is, where every node listens, node-to-node calls")
+    models: s.ModelSettings = _section(s.ModelSettings, "models: where the weights come from, device, dtype, precision, threads")
+    embed: s.EmbedSettings = _section(s.EmbedSettings, "stage 1, embed")
+    search: s.SearchSettings = _section(s.SearchSettings, "stage 2, search (the worker's side: one HTTP call to node 2 per batch)")
+    fetch: s.FetchSettings = _section(s.FetchSettings, "stage 3, fetch (SQLite)")
+    rerank: s.RerankSettings = _section(s.RerankSettings, "stage 4, rerank")
+    generate: s.GenerateSettings = _section(s.GenerateSettings, "stage 5, generate (the LLM)")
+    sentiment: s.SentimentSettings = _section(s.SentimentSettings, "stage 6, sentiment")
+    toxicity: s.ToxicitySettings = _section(s.ToxicitySettings, "stage 7, toxicity")
+    index: s.IndexSettings = _section(s.IndexSettings, "node 2: the FAISS index")
+    limits: s.LimitsSettings = _section(s.LimitsSettings, "limits: what one request may cost and how long it may take")
+    gateway: s.GatewaySettings = _section(s.GatewaySettings, "node 0's gateway: admission, request_id rules, reply caches, worker health probes")
+    http: s.HttpSettings = _section(s.HttpSettings, "HTTP servers")
+    observability: s.ObservabilitySettings = _section(s.ObservabilitySettings, "logs and traces")
 
     # ----------------------------------------------------------------- building
 
@@ -144,6 +144,14 @@ class Settings:
                                          "first": meta["first"],
                                          "names": re.compile(meta["numbered"].format(n=NUMBER_PATTERN))}
         return families
+
+    @staticmethod
+    def table() -> Iterator[tuple[str, Mapping[str, Any]]]:
+        """(section title, field metadata) for every variable, in declaration order: the one list
+        env.example and the Kubernetes configmap are generated from (tools/render_settings.py)."""
+        titles = {section.name: section.metadata["title"] for section in dataclasses.fields(Settings)}
+        for section, f in _variable_fields():
+            yield titles[section], f.metadata
 
     @staticmethod
     def default_of(name: str) -> str:
