@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple
@@ -83,7 +82,7 @@ def _sections() -> list[tuple[str, list[Mapping[str, Any]]]]:
 
 def _family_members(meta: Mapping[str, Any], names: list[str]) -> list[str]:
     """The names of a numbered family (NODE_<n>_IP) among `names`, by number."""
-    pattern = re.compile(meta["numbered"].format(n="(0|[1-9][0-9]*)"))
+    pattern = Settings.numbered_variables()[meta["env"]]["names"]
     found = [(int(m[1]), name) for name in names if (m := pattern.fullmatch(name)) and int(m[1]) >= meta["first"]]
     return [name for _, name in sorted(found)]
 
