@@ -110,13 +110,13 @@ case "$cmd" in
     setup
     build_demo_data
     shift
-    exec "$PY" -m services.cluster.demo "$@"
+    exec "$PY" -m tools.demo "$@"
     ;;
   local)
     setup
     build_demo_data
     shift
-    exec "$PY" -m services.cluster.local "$@"
+    exec "$PY" -m tools.local "$@"
     ;;
   models)
     setup

@@ -37,7 +37,7 @@ from profiling.lib.provenance import cluster_record, local_record
 from profiling.lib.report import run_folder, write_json
 from services.cluster.clients import IndexClient
 from services.cluster.health_wait import wait_healthy
-from services.cluster.local import free_ports
+from tools.local import free_ports
 
 
 def rss_mib() -> float:

@@ -5,7 +5,7 @@
         [--max-duration 1800] [--out DIR] [--name NAME]
 
 For each configuration ("variant") of the chosen comparison this starts a fresh
-local three-node cluster (`services.cluster.local`, separate processes on
+local three-node cluster (`tools.local`, separate processes on
 127.0.0.1, the environment's data and models: `STANDIN_PROFILE=faithful
 MODEL_SOURCE=standin` for faithful figures), sends `--warmup` requests, clears
 the caches, then keeps `--concurrency` clients busy for `--count` requests, and
@@ -28,7 +28,7 @@ throughput as a ratio of the first variant's (the baseline):
   FAST table's variant per stage; `profiling/select_variants.py` measures the
   variants one stage at a time), every `*_PRECISION` override cleared;
 - workers: `2-workers` (today's cluster) against `3-workers` and `4-workers`
-  (services.cluster.local.local_topology: one index node after the workers), the
+  (tools.local.local_topology: one index node after the workers), the
   machine's cores split between the workers as `./run.sh local` splits them.
 
 The batching, threads and precision comparisons run with both caches off. Every run is
@@ -63,7 +63,7 @@ from profiling.lib.load import ClosedGroup, LoadTarget, clear_caches, load_queri
 from profiling.lib.prometheus import NodeDelta, cache_deltas, node_deltas, scrape_all  # noqa: F401 (cache_deltas: its old home)
 from profiling.lib.provenance import cache_warnings, cluster_record, git_commit, node_settings, settings_warnings
 from profiling.lib.report import RunStats, format_nodes_table, jsonable, mib, run_folder, run_stats, write_json
-from services.cluster.local import LocalCluster, free_ports, local_topology, pinned_env
+from tools.local import LocalCluster, free_ports, local_topology, pinned_env
 
 TOOL = "bench_service"
 DEMO_DIR = REPO_ROOT / "data" / "demo"

@@ -29,7 +29,7 @@ from profiling.lib.cli import add_out, make_parser
 from profiling.lib.provenance import local_record
 from profiling.lib.report import run_folder, write_json
 from services.cluster.clients import IndexClient
-from services.cluster.local import free_ports
+from tools.local import free_ports
 from services.cluster.sharded_index import ShardedIndexClient
 
 

@@ -44,7 +44,7 @@ from profiling.lib.hostile import EMOJI, MALFORMED_FIELD, Outcome, Prober, check
 from profiling.lib.prometheus import RSS_METRIC, scrape
 from profiling.lib.provenance import local_record
 from profiling.lib.report import percentiles, run_folder, write_csv, write_json
-from services.cluster.local import RESTART_LIMIT, RESTART_WINDOW_S, LocalCluster, Supervisor, free_ports, pinned_env
+from tools.local import RESTART_LIMIT, RESTART_WINDOW_S, LocalCluster, Supervisor, free_ports, pinned_env
 
 log = logging.getLogger("soak_hostile")
 DEMO_DIR = REPO_ROOT / "data" / "demo"

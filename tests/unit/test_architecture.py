@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("pipeline", "services", "profiling", "builders")
+PACKAGES = ("pipeline", "services", "profiling", "builders", "tools")
 # services/ floors, lowest first: a module may import its own floor's modules and lower floors only.
 # stages and cluster share a floor and must not import each other.
 FLOORS = {"services.server": 0, "services.stages": 1, "services.cluster": 1, "services.roles": 2, "services.node": 3}

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.config import Settings
-from services.cluster.local import LocalCluster, local_topology, main
+from tools.local import LocalCluster, local_topology, main
 
 
 @pytest.mark.parametrize("workers,shards,replicas,index_nodes,total", [
@@ -36,7 +36,7 @@ def test_settings_of_a_layout_parse_with_no_other_variable():
 
 def test_the_demo_says_what_precision_fast_gives_unless_it_is_on():
     from pipeline.config import Settings
-    from services.cluster.demo import precision_hint
+    from tools.demo import precision_hint
     hint = precision_hint(Settings.from_env({}))
     assert hint is not None and hint.startswith("PRECISION=fast") and "int8" in hint
     assert precision_hint(Settings.from_env({"PRECISION": "fast"})) is None

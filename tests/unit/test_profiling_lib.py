@@ -120,7 +120,7 @@ def test_loadgen_cli_against_a_fake_node(tmp_path):
 @pytest.mark.parametrize("tool", ["soak", "latency_breakdown", "loadgen"])
 def test_every_scraping_tool_stops_naming_a_node_it_cannot_scrape(tool, tmp_path, capsys):
     from profiling import latency_breakdown
-    from services.cluster.local import free_ports
+    from tools.local import free_ports
     dead = f"http://127.0.0.1:{free_ports(1)[0]}"  # nothing listens there
     with FakeNode() as node:
         if tool == "soak":
