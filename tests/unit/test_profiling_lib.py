@@ -38,9 +38,8 @@ def test_comma_list_floats_keep_their_order():
 def test_every_cli_parses_its_lists_alike():
     args = loadgen.parser().parse_args(["--url", "http://127.0.0.1:1", "--sweep", "4,1,2,2", "--count-per-level", "1"])
     assert args.sweep == [1, 2, 4]
-    from profiling import bench_rerank, microbench
+    from profiling import microbench
     assert microbench.parser().parse_args(["--stage", "embed", "--batch-sizes", "32,1,8"]).batch_sizes == [1, 8, 32]
-    assert bench_rerank.parse_ratios("1.5,1.1") == [1.5, 1.1]
     with pytest.raises(SystemExit):
         loadgen.parser().parse_args(["--url", "http://127.0.0.1:1", "--sweep", "0,1", "--count-per-level", "1"])
 
