@@ -36,6 +36,7 @@ BANNER = (
     "############################################################################"
 )
 
+
 def default_standin_home(profile: str) -> pathlib.Path:
     """``<repo root>/.cache/standins/<profile>`` (git-ignored via ``.cache/``).
 

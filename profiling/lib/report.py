@@ -238,6 +238,7 @@ def run_folder(tool: str, out: Path | str | None = None, *, now: float | None = 
             continue
     raise FileExistsError(f"{runs_dir}/{tool}-{stamp}: 999 folders already")
 
+
 def jsonable(value: Any, strict: bool = True) -> Any:
     """Dataclasses, dicts, sequences and paths as plain JSON values.
 
