@@ -27,7 +27,9 @@ def _torch_threads():
 
 @pytest.fixture(scope="session")
 def tiny_settings() -> Settings:
-    return Settings.from_env(TEST_ENV)
+    # STANDIN_HOME as the nodes the tests start will read it (they inherit the runner's environment).
+    home = {"STANDIN_HOME": os.environ["STANDIN_HOME"]} if os.environ.get("STANDIN_HOME") else {}
+    return Settings.from_env({**TEST_ENV, **home})
 
 
 @pytest.fixture(scope="session", autouse=True)
