@@ -159,3 +159,8 @@ def test_standins_count_as_built_only_when_complete_and_of_this_version(model_so
     assert standins_built(copy, "tiny")
     shutil.rmtree(next((copy / "hub").iterdir()))
     assert not standins_built(copy, "tiny")
+
+
+def test_provision_names_the_standin_builder_as_the_alternative(tmp_path, capsys):
+    assert provision.main(["--cache-dir", str(tmp_path / "empty")]) == 1
+    assert "python -m builders.standins --profile tiny" in capsys.readouterr().out
