@@ -73,12 +73,13 @@ usage: ./run.sh COMMAND [args]   (configured only by environment variables: env.
                      setup, build demo data and stand-ins if missing, start the three nodes, ask the eight queries
   local [--restart-limit N] [--restart-window-s S] [--startup-timeout-s S] [--workers W] [--index-shards S]
         [--index-replicas R]
-                     setup, build demo data if missing, run the nodes on 127.0.0.1 until Ctrl-C: three by
+                     setup, build demo data and stand-ins if missing, run the nodes on 127.0.0.1 until Ctrl-C: three by
                      default, or W workers and S index shards of R nodes each (also LOCAL_WORKERS,
                      LOCAL_INDEX_SHARDS, LOCAL_INDEX_REPLICAS; the demo data is built with LOCAL_INDEX_SHARDS
                      shards); logs in logs/local/; a node that dies is restarted; --help lists the options
   models             is each of the five real models in the Hugging Face cache? prints the command that
-                     fetches each missing one; exit 0 when all are present, 1 otherwise
+                     fetches each missing one; exit 0 when all are present, 1 otherwise (a node never
+                     builds models: stand-ins are built by .venv/bin/python -m builders.standins --profile tiny)
   settings [--non-default]
                      print every setting's effective value and whether it is the default (secrets hidden);
                      exit 2 listing every bad value
@@ -110,13 +111,13 @@ case "$cmd" in
     setup
     build_demo_data
     shift
-    exec "$PY" -m services.cluster.demo "$@"
+    exec "$PY" -m tools.demo "$@"
     ;;
   local)
     setup
     build_demo_data
     shift
-    exec "$PY" -m services.cluster.local "$@"
+    exec "$PY" -m tools.local "$@"
     ;;
   models)
     setup

@@ -24,47 +24,39 @@ plus one batch. Shards share one trained quantizer (trained as the unsharded
 build would be), so a merged search over them equals the unsharded one, for
 IVF as for flat (:mod:`pipeline.shards`).
 
-Crash safety. Every file is written under a temporary name next to its final
-place (``documents/.documents.db.partial``, ``.faiss_index.bin.partial``, one per
-shard), fsynced, then renamed: database first, index files last, so they exist
-only after a complete build. Any failure removes the partial files; a failure
-between the renames removes every final file, so a new database never sits
-beside a stale index. Existing outputs (and index files of another shard count,
-which the build then removes) are only replaced with ``force``; until the final
-renames, the previous build stays intact.
+Crash safety: :mod:`builders.build_files` writes every file under a temporary name and renames
+it into place only after a complete build.
 """
-
 from __future__ import annotations
 
 import argparse
 import logging
-import os
-import sqlite3
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
-from itertools import islice
 from pathlib import Path
 
 import faiss
 import numpy as np
-from tqdm import tqdm
 
+from builders.build_files import (
+    BuildError,
+    check_outputs,
+    chunks,
+    db_writer,
+    index_files,
+    output_paths,
+    staged_outputs,
+)
 from builders.corpus import course_document, support_documents
 from builders.ivf_writer import write_ivfflat
-from pipeline.shards import shard_files_beside, shard_path
-from pipeline.spec import DOCUMENTS_COLUMNS, DOCUMENTS_DB, DOCUMENTS_SCHEMA, DOCUMENTS_TABLE, EMBED_DIM
+from pipeline.spec import EMBED_DIM
 
 log = logging.getLogger(__name__)
 
 EmbedFn = Callable[[list[str]], np.ndarray]
-
-DOCS_SUBDIR = "documents"
-INDEX_FILENAME = "faiss_index.bin"
-PARTIAL_SUFFIX = ".partial"
 
 COURSE_DOCS = 4_500_000
 SUPPORT_DOCS = 5_000
@@ -73,18 +65,6 @@ POINTS_PER_LIST = 39  # faiss warns below 39 training points per centroid
 DEFAULT_NPROBE = 64
 COURSE_BATCH = 65_536
 SUPPORT_BATCH = 256
-
-INSERT = (f"INSERT INTO {DOCUMENTS_TABLE} ({', '.join(DOCUMENTS_COLUMNS)}) "
-          f"VALUES ({', '.join('?' * len(DOCUMENTS_COLUMNS))})")
-
-
-class BuildError(Exception):
-    """A build that cannot start; the CLI reports it in one line with exit code 2."""
-
-
-class OutputExistsError(BuildError, FileExistsError):
-    pass
-
 
 class InvalidBuildArgument(BuildError, ValueError):
     pass
@@ -126,39 +106,6 @@ class _IvfParams:
     train_size: int
 
 
-# --------------------------------------------------------------------------
-# Public API
-
-
-def output_paths(out_dir: str | Path) -> tuple[Path, Path]:
-    """``(db_path, index_path)`` of a build in ``out_dir``."""
-    out_dir = Path(out_dir)
-    return out_dir / DOCS_SUBDIR / DOCUMENTS_DB, out_dir / INDEX_FILENAME
-
-
-def index_files(index_path: str | Path, shards: int) -> list[Path]:
-    """The index files of a build into ``index_path`` with ``shards`` shards."""
-    return [shard_path(index_path, shard, shards) for shard in range(shards)]
-
-
-def stale_index_files(index_path: str | Path, shards: int) -> list[Path]:
-    """Index files of another shard count beside ``index_path``: a ``shards``-shard build removes them."""
-    others = [path for _, count, path in shard_files_beside(index_path) if count != shards]
-    if shards > 1 and Path(index_path).exists():
-        others.append(Path(index_path))
-    return sorted(others)
-
-
-def check_outputs(out_dir: str | Path, force: bool, shards: int = 1) -> None:
-    """Raise :class:`OutputExistsError` if a build would overwrite or remove files without ``force``."""
-    db_path, index_path = output_paths(out_dir)
-    existing = [p for p in (db_path, *index_files(index_path, shards)) if p.exists()]
-    existing += stale_index_files(index_path, shards)
-    if existing and not force:
-        names = ", ".join(str(p) for p in existing)
-        raise OutputExistsError(f"refusing to overwrite existing {names} (use --force)")
-
-
 def default_nlist(n_vectors: int) -> int:
     return max(1, min(MAX_NLIST, n_vectors // POINTS_PER_LIST))
 
@@ -193,10 +140,10 @@ def build_course(
     """Course rows and an IVFFlat of seeded random vectors (or ``shards`` of them), streamed in batches."""
     params = _ivf_params(n_docs, nlist, nprobe, train_size, batch_size, shards)
     started = time.perf_counter()
-    with _staged_outputs(out_dir, force, shards) as (db_tmp, index_tmps):
+    with staged_outputs(out_dir, force, shards) as (db_tmp, index_tmps):
         rows = (course_document(i).as_row() for i in range(n_docs))
-        with _db_writer(db_tmp) as insert:
-            for chunk in _chunks(rows, batch_size, n_docs, "documents", progress):
+        with db_writer(db_tmp) as insert:
+            for chunk in chunks(rows, batch_size, n_docs, "documents", progress):
                 insert(chunk)
         # The stream is i.i.d., so its first vectors are a fair training sample.
         sample = next(course_vector_batches(params.train_size, dim, seed, params.train_size))
@@ -230,7 +177,7 @@ def build_support(
     """
     params = _ivf_params(n_docs, nlist, nprobe, train_size, batch_size, shards)
     started = time.perf_counter()
-    with _staged_outputs(out_dir, force, shards) as (db_tmp, index_tmps):
+    with staged_outputs(out_dir, force, shards) as (db_tmp, index_tmps):
         vectors = _write_and_embed(db_tmp, support_documents(n_docs, seed), n_docs, embed_fn, batch_size, progress)
         index = _train_index(vectors[_sample_rows(n_docs, params.train_size, seed)], params)
         write_ivfflat(index_tmps, index, partial(_row_batches, vectors, batch_size), n_docs, progress)
@@ -238,7 +185,7 @@ def build_support(
 
 
 # --------------------------------------------------------------------------
-# Parameters and results
+# Parameters, training, results
 
 
 def _ivf_params(
@@ -286,114 +233,12 @@ def _sample_rows(n: int, size: int, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(n, size, replace=False))
 
 
-# --------------------------------------------------------------------------
-# Staging: temporary names, cleanup, final renames
-
-
-def _partial(path: Path) -> Path:
-    return path.with_name(f".{path.name}{PARTIAL_SUFFIX}")
-
-
-@contextmanager
-def _staged_outputs(out_dir: str | Path, force: bool, shards: int = 1) -> Iterator[tuple[Path, list[Path]]]:
-    """Yield temporary paths for (db, [index files]); rename them into place on success, then
-    remove the index files of another shard count."""
-    check_outputs(out_dir, force, shards)
-    db_path, index_path = output_paths(out_dir)
-    finals = [db_path, *index_files(index_path, shards)]
-    created_dir = not db_path.parent.exists()
-    db_path.parent.mkdir(parents=True, exist_ok=True)
-    temps = [_partial(path) for path in finals]
-    _remove(temps)  # leftovers of a build that was killed
-    try:
-        yield temps[0], temps[1:]
-        _commit(temps, finals)
-    except BaseException:
-        _remove(temps)
-        if created_dir:
-            _rmdir_if_empty(db_path.parent)
-        raise
-    # Only now: a failed build keeps the previous one whole. Served beside the new files, they
-    # would be a startup error (pipeline.shards.shard_file_problems).
-    _remove(stale_index_files(index_path, shards))
-
-
-def _commit(temps: list[Path], finals: list[Path]) -> None:
-    try:
-        for temp, final in zip(temps, finals):  # database first, index files last
-            os.replace(temp, final)
-    except BaseException:
-        _remove(finals)  # never leave a new database beside a stale index
-        raise
-    for folder in {path.parent for path in finals}:
-        _fsync_dir(folder)
-
-
-def _remove(paths: Iterable[Path]) -> None:
-    for path in paths:
-        for extra in ("", "-journal", "-wal", "-shm"):  # SQLite side files, if any
-            Path(f"{path}{extra}").unlink(missing_ok=True)
-
-
-def _rmdir_if_empty(path: Path) -> None:
-    try:
-        path.rmdir()
-    except OSError:
-        pass
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    # Makes the renames durable; not every platform can fsync a directory.
-    try:
-        _fsync_file(path)
-    except OSError:
-        pass
-
-
-# --------------------------------------------------------------------------
-# Documents
-
-
-@contextmanager
-def _db_writer(path: Path) -> Iterator[Callable[[list[tuple]], None]]:
-    """Yield ``insert(rows)``; all inserts share one transaction, committed on exit."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        # No journal or syncs: a failed build deletes this file anyway.
-        conn.execute("PRAGMA journal_mode=OFF")
-        conn.execute("PRAGMA synchronous=OFF")
-        conn.execute(DOCUMENTS_SCHEMA)
-        conn.execute("BEGIN")
-        yield lambda rows: conn.executemany(INSERT, rows)
-        conn.execute("COMMIT")
-    finally:
-        conn.close()
-    _fsync_file(path)
-
-
-def _chunks(items: Iterable, size: int, total: int, desc: str, progress: bool) -> Iterator[list]:
-    """Lists of up to ``size`` items, with a progress bar counting items."""
-    it = iter(items)
-    with tqdm(total=total, desc=desc, unit="doc", unit_scale=True, disable=not progress) as bar:
-        while chunk := list(islice(it, size)):
-            yield chunk
-            bar.update(len(chunk))
-
-
 def _write_and_embed(db_path: Path, docs, n_docs: int, embed_fn: EmbedFn, batch_size: int, progress: bool) -> np.ndarray:
     """Insert the documents and return their embeddings as an (n_docs, d) float32 array."""
     vectors: np.ndarray | None = None
     done = 0
-    with _db_writer(db_path) as insert:
-        for chunk in _chunks(docs, batch_size, n_docs, "documents+embeddings", progress):
+    with db_writer(db_path) as insert:
+        for chunk in chunks(docs, batch_size, n_docs, "documents+embeddings", progress):
             insert([doc.as_row() for doc in chunk])
             emb = _checked_embeddings(embed_fn([doc.content for doc in chunk]), len(chunk))
             if vectors is None:
@@ -414,10 +259,6 @@ def _checked_embeddings(emb, rows: int) -> np.ndarray:
     if not np.isfinite(emb).all():
         raise ValueError("embed_fn returned NaN or infinite values")
     return emb
-
-
-# --------------------------------------------------------------------------
-# Streaming IVFFlat writer
 
 
 def _train_index(sample: np.ndarray, params: _IvfParams) -> faiss.IndexIVFFlat:
@@ -460,10 +301,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def _configured_embed_fn() -> EmbedFn:
     # Imported lazily: the model stack is only needed for support builds.
+    from builders.standins import source_building_standins
     from pipeline.config import Settings
     from pipeline.embedder import Embedder
-
-    return Embedder.from_settings(Settings.from_env()).embed
+    settings = Settings.from_env()
+    return Embedder.from_settings(settings, source_building_standins(settings)).embed
 
 
 def _run_build(args: argparse.Namespace) -> BuildResult:

@@ -2,9 +2,12 @@
 
 The stand-ins live in a hub cache of their own under the real names, so the
 loading code in each stage is the same for both; only `cache_dir` differs.
+A serving node only finds models, never makes them: with none to be had it stops
+at once, naming the command that fetches the real ones or builds the stand-ins.
 """
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 import sys
@@ -46,8 +49,14 @@ class ModelSource:
 
 
 class ModelsMissing(ConfigError):
-    """MODEL_SOURCE=hub, some models are not in the cache and cannot be fetched from here: the
-    operator must fetch them (a restart cannot help, so it is a ConfigError: exit 2, no restart)."""
+    """The models the source needs are neither here nor to be fetched from here: the operator
+    must fetch or build them (a restart cannot help, so it is a ConfigError: exit 2, no restart)."""
+
+
+# The stand-in builder (builders.standins) writes this marker into a stand-in home last, so its
+# presence means every model was written; it raises the version whenever the files it writes change.
+STANDIN_MARKER = "standins.json"
+STANDIN_VERSION = 4
 
 
 # A model counts as present when its config and at least one weights file are in one snapshot.
@@ -135,27 +144,66 @@ def hub_source(settings: Settings, *, missing: Callable[[], list[str]] = missing
     return ModelSource("hub", None, True)
 
 
-def standin_source(settings: Settings, build: bool = True) -> ModelSource:
-    from builders import standins  # lazily: only a stand-in source needs the builder
-    home = settings.standin_dir
-    if build and not standins.is_built(home, settings.models.standin_profile):
-        log.warning("building %s stand-in models in %s (first use)", settings.models.standin_profile, home)
-        standins.build_standins(settings.models.standin_profile, home)
-    return ModelSource("standin", home / "hub", True, settings.models.standin_profile)
+def hub_repo_folder(repo_id: str) -> str:
+    """A repo's folder in a hub cache (huggingface_hub's layout)."""
+    return "models--" + repo_id.replace("/", "--")
+
+
+def standin_marker(home: Path) -> dict | None:
+    try:
+        return json.loads((home / STANDIN_MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def standins_built(home: Path, profile: str, seed: int | None = None) -> bool:
+    """A complete build of the current version of `profile` (and `seed`, if given) is in `home`."""
+    marker = standin_marker(home)
+    if not marker or marker.get("profile") != profile or marker.get("version") != STANDIN_VERSION:
+        return False
+    if seed is not None and marker.get("seed") != seed:
+        return False
+    models = marker.get("models", {})
+    snapshots = [home / "hub" / hub_repo_folder(m["repo"]) / "snapshots" / m["revision"] for m in models.values()]
+    return {m["repo"] for m in models.values()} == set(ALL_MODELS) and \
+        all((snapshot / "config.json").is_file() for snapshot in snapshots)
+
+
+def build_standins_command(settings: Settings) -> str:
+    """The command that builds the stand-ins `settings` reads (the builder's own default home unnamed)."""
+    profile, home = settings.models.standin_profile, settings.standin_dir
+    into = "" if settings.models.standin_home is None else f" --hf-home {home}"
+    return f"python -m builders.standins --profile {profile}{into}"
+
+
+def standin_source(settings: Settings) -> ModelSource:
+    """The stand-ins built beforehand; ModelsMissing naming the build command when there are none."""
+    home, profile = settings.standin_dir, settings.models.standin_profile
+    if not standins_built(home, profile):
+        raise ModelsMissing(f"MODEL_SOURCE=standin: no {profile} stand-in models in {home}; a serving node does "
+                            f"not build them: build them with: {build_standins_command(settings)}")
+    return ModelSource("standin", home / "hub", True, profile)
 
 
 def resolve_model_source(settings: Settings, *, missing: Callable[[], list[str]] = missing_models,
                          reachable: Callable[[], bool] = hub_reachable) -> ModelSource:
-    if settings.models.model_source == "standin":
+    choice = settings.models.model_source
+    if choice == "standin":
         source = standin_source(settings)
-    elif settings.models.model_source == "hub":
+    elif choice == "hub":
         source = hub_source(settings, missing=missing, reachable=reachable)
     elif not missing():
         source = ModelSource("hub", None, True)
     elif not settings.models.hf_hub_offline and reachable():  # offline: not even a look
         source = ModelSource("hub", None, False)
-    else:
+    elif standins_built(settings.standin_dir, settings.models.standin_profile):
         source = standin_source(settings)
+    else:
+        why = "HF_HUB_OFFLINE is set" if settings.models.hf_hub_offline else f"the hub ({hub_endpoint()}) cannot be reached"
+        raise ModelsMissing(f"MODEL_SOURCE=auto: no models to serve: the real ones are not in the Hugging Face cache "
+                            f"{hub_cache_dir()} and {why}, and no {settings.models.standin_profile} stand-ins are "
+                            f"built in {settings.standin_dir}; `./run.sh models` names the commands that fetch the "
+                            f"real ones, or build stand-ins with: {build_standins_command(settings)}")
     announce(source)
     return source
 

@@ -1,7 +1,8 @@
 """Are the five real models in the Hugging Face cache? `python -m pipeline.provision` (`./run.sh models`).
 
 Prints each model as present or missing, and for the missing ones the command that fetches
-it; exit 0 when all five are there (MODEL_SOURCE=hub can start offline), 1 otherwise.
+it (and the command that builds stand-ins instead); exit 0 when all five are there (MODEL_SOURCE=hub
+can start offline), 1 otherwise.
 Run it with the same HF_HOME / HF_HUB_CACHE the nodes will have: that is the cache checked.
 """
 from __future__ import annotations
@@ -26,6 +27,8 @@ def report(cache_dir: Path | None = None) -> tuple[list[str], list[str]]:
         lines.append(f"{len(missing)} of {len(ALL_MODELS)} models missing; fetch them with (this machine must reach "
                      "the hub; or fetch elsewhere and copy the cache folder):")
         lines.extend(f"  {fetch_command(name, cache_dir)}" for name in missing)
+        lines.append("or serve random-weight stand-ins instead: python -m builders.standins --profile tiny, "
+                     "then MODEL_SOURCE=standin")
     else:
         lines.append(f"all {len(ALL_MODELS)} models present: MODEL_SOURCE=hub needs no download")
     return lines, missing

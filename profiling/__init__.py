@@ -1,3 +1,4 @@
-"""How we measure: thin command-line tools (loadgen, soak, microbench, latency_breakdown,
-bench_*) over a small library, `profiling.lib` (load generation, /metrics parsing, reports,
-plots, argument helpers). Nothing here is imported by the service itself."""
+"""How we measure: the command-line tools a user runs (microbench: each stage by batch size;
+bench_decode: the LLM's decode step; loadgen: load against a cluster; latency_breakdown; roofline;
+soak; select_variants: each stage's precision) over a small library, `profiling.lib`. Nothing here
+is imported by the service itself."""

@@ -41,7 +41,6 @@ into --out, or a fresh runs/loadgen-<UTC time>/ folder.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from dataclasses import dataclass
@@ -70,11 +69,13 @@ from profiling.lib.load import (
     parse_schedule,
     run_group,
 )
+from profiling.lib.plots import write_plots
 from profiling.lib.prometheus import MetricsSnapshot, NodeDelta, cache_deltas, node_deltas, scrape_all
 from profiling.lib.provenance import cache_warnings, cluster_record, headline, node_settings, settings_warnings
 from profiling.lib.report import (
     DEFAULT_KNEE_RATIO,
     MIN_SWEEP_SAMPLE,
+    GroupResult,
     RunStats,
     Saturation,
     find_saturation,
@@ -121,35 +122,12 @@ def default_name(args: argparse.Namespace, mode: str) -> str:
 
 # ------------------------------------------------------------------------- outputs
 
-@dataclass
-class GroupResult:
-    group: Group
-    records: list[RequestRecord]
-    stats: RunStats
-    nodes: list[NodeDelta]
-
-
 def write_records(path: Path, records: Sequence[RequestRecord]) -> Path:
     return write_csv(path, records, RequestRecord.columns(), float_digits=6)
 
 
 def write_summary(path: Path, summary: dict) -> Path:
     return write_json(path, summary, strict=True)  # strict JSON: NaN (no latency yet) as null
-
-
-def write_plots(out: Path, name: str, results: Sequence[GroupResult], saturation: Saturation | None) -> list[Path]:
-    from profiling.lib.plots import latency_plot, sweep_plot
-    sent = [r for res in results for r in res.records if not math.isnan(r.send_s)]
-    send = [r.send_s for r in sent]
-    lat = [0.0 if math.isnan(r.latency_s) else r.latency_s for r in sent]  # no reply: drawn at 0 as an error
-    ok = [r.ok and not math.isnan(r.latency_s) for r in sent]
-    groups = [r.group for r in sent]
-    paths = [latency_plot(out / f"loadgen_{name}_latency.png", f"{name}: latency of each request", send, lat, ok, groups)]
-    if saturation is not None:
-        levels = [r.group.concurrency for r in results]
-        paths.append(sweep_plot(out / f"loadgen_{name}_sweep.png", levels, [r.stats.throughput_rpm for r in results],
-                                [r.stats.latency.p95_s for r in results], saturation.level if saturation.reached else None))
-    return paths
 
 
 # ------------------------------------------------------------------------- CLI

@@ -49,12 +49,9 @@ from profiling.lib.roofline import (
     PlanFloor,
     RequestTokens,
     compare,
-    format_comparisons,
-    format_floors,
-    format_work,
     plan_floor,
-    plan_record,
 )
+from profiling.lib.roofline_tables import format_comparisons, format_floors, format_work, plan_record
 
 FAST = "fast"
 PLANS = PRECISION_VARIANTS + (FAST,)
@@ -224,8 +221,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     except (ConfigError, MeasuredError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from pipeline.models import resolve_model_source
-    source = resolve_model_source(settings)
+    from builders.standins import source_building_standins
+    source = source_building_standins(settings)
     models = load_models(source)
     tokens, counted = request_tokens(source, args.query_index, args.new_tokens, args.rerank_tokens)
     machine = measure_machine(args.threads, args.matmul_size, args.bandwidth_mib, args.rounds, args.warmup)

@@ -1,5 +1,6 @@
-"""Shared fixtures for unit/ and integration/: tiny stand-ins (built once into .cache), small course and
-support data. Helpers that tests import live in tests/helpers.py."""
+"""Shared fixtures for unit/ and integration/: tiny stand-ins (built once into .cache, before any test:
+the nodes tests start read them and never build them), small course and support data. Helpers that
+tests import live in tests/helpers.py."""
 from __future__ import annotations
 
 import os
@@ -26,13 +27,16 @@ def _torch_threads():
 
 @pytest.fixture(scope="session")
 def tiny_settings() -> Settings:
-    return Settings.from_env(TEST_ENV)
+    # STANDIN_HOME as the nodes the tests start will read it (they inherit the runner's environment).
+    home = {"STANDIN_HOME": os.environ["STANDIN_HOME"]} if os.environ.get("STANDIN_HOME") else {}
+    return Settings.from_env({**TEST_ENV, **home})
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", autouse=True)
 def model_source(tiny_settings):
-    from pipeline.models import standin_source
-    return standin_source(tiny_settings)
+    """The tiny stand-ins, built first if missing (a second run finds them built at once)."""
+    from builders.standins import source_building_standins
+    return source_building_standins(tiny_settings)
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import requests
 
-from services.cluster.local import LocalCluster, free_ports
+from tools.local import LocalCluster, free_ports
 
 # What every test runs with: tiny stand-ins, float32 on the CPU (the oracle's precision).
 TEST_ENV = {"MODEL_SOURCE": "standin", "STANDIN_PROFILE": "tiny", "DTYPE": "float32", "ONLY_CPU": "true"}
@@ -21,7 +21,7 @@ def data_env(result) -> dict[str, str]:
 
 def cluster_env(data, **extra: str) -> dict[str, str]:
     """The environment of a cluster on 127.0.0.1 with free ports: three nodes, or as many as the
-    TOTAL_NODES in `extra` (services.cluster.local.local_topology lays out more)."""
+    TOTAL_NODES in `extra` (tools.local.local_topology lays out more)."""
     ports = free_ports(int(extra.get("TOTAL_NODES", 3)))
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("NODE_", "FAISS_", "DOCUMENTS_", "INDEX_", "TOTAL_NODES", "WORKER_NODES"))}

@@ -13,7 +13,7 @@ class AnchoredFbgemm:
     """int8 x int8 -> int32 sums through fbgemm, bit-identical to `torch._int_mm`'s.
 
     fbgemm's dynamic linear is about 1.4-1.9x faster than `_int_mm` at decode's 1-16 rows
-    (profiling/bench_int8_linear.py) but picks one activation scale for the whole input, which
+    (docs/performance.md) but picks one activation scale for the whole input, which
     would let a batch-mate change a row's result. Our rows arrive already quantized per row
     (integers in -127..127); one extra anchor row holding -128 and 127 pins fbgemm's range to
     exactly [-128, 127], so its scale is exactly 1 and its zero point 128: it adds nothing and

@@ -3,7 +3,7 @@
 On a CPU with AMX (amx_int8) oneDNN multiplies int8 on the matrix tiles with the weight packed
 once, and its time hardly grows from 1 to 16 rows (decode) where fbgemm's does: per Linear of
 the LLM 0.35 against 0.47 ms at 16 rows, 2.3 against 5.1 ms at a 256-token prompt, the
-vocabulary head 15 against 25 ms at 16 rows (profiling/bench_int8_linear.py). It is given our
+vocabulary head 15 against 25 ms at 16 rows (docs/performance.md). It is given our
 per-row int8 codes with an activation scale of exactly 1 and zero point 0, so it rounds nothing
 but its int32 -> float32 conversion and the channel scale, as `_int_mm` then a multiply does.
 """

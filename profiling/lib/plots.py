@@ -1,6 +1,7 @@
 """Small PNG plots for the profiling tools (matplotlib's Agg backend: no display needed)."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Sequence
 
@@ -8,6 +9,8 @@ import matplotlib
 
 matplotlib.use("Agg")  # before pyplot: the tools run headless, on servers and in tests
 import matplotlib.pyplot as plt  # noqa: E402
+
+from profiling.lib.report import GroupResult, Saturation  # noqa: E402
 
 # Small files on purpose: they are glanced at and attached to notes, not printed.
 FIGSIZE = (9, 3.4)
@@ -79,3 +82,18 @@ def _save(fig, path: Path) -> Path:
     fig.savefig(path, dpi=DPI)
     plt.close(fig)  # figures are kept by pyplot until closed; sweeps make several
     return path
+
+
+def write_plots(out: Path, name: str, results: Sequence[GroupResult], saturation: Saturation | None) -> list[Path]:
+    """A load run's plots: latency over time, and for a sweep throughput against p95."""
+    sent = [r for res in results for r in res.records if not math.isnan(r.send_s)]
+    send = [r.send_s for r in sent]
+    lat = [0.0 if math.isnan(r.latency_s) else r.latency_s for r in sent]  # no reply: drawn at 0 as an error
+    ok = [r.ok and not math.isnan(r.latency_s) for r in sent]
+    groups = [r.group for r in sent]
+    paths = [latency_plot(out / f"loadgen_{name}_latency.png", f"{name}: latency of each request", send, lat, ok, groups)]
+    if saturation is not None:
+        levels = [r.group.concurrency for r in results]
+        paths.append(sweep_plot(out / f"loadgen_{name}_sweep.png", levels, [r.stats.throughput_rpm for r in results],
+                                [r.stats.latency.p95_s for r in results], saturation.level if saturation.reached else None))
+    return paths

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from profiling.lib.load import RequestRecord
+from profiling.lib.load import Group, RequestRecord
 from profiling.lib.prometheus import NodeDelta
 
 DEFAULT_KNEE_RATIO = 1.0
@@ -238,6 +238,7 @@ def run_folder(tool: str, out: Path | str | None = None, *, now: float | None = 
             continue
     raise FileExistsError(f"{runs_dir}/{tool}-{stamp}: 999 folders already")
 
+
 def jsonable(value: Any, strict: bool = True) -> Any:
     """Dataclasses, dicts, sequences and paths as plain JSON values.
 
@@ -278,3 +279,12 @@ def write_csv(path: Path, rows: Sequence[Any], columns: Sequence[str], float_dig
                 values = {k: (round(v, float_digits) if isinstance(v, float) else v) for k, v in values.items()}
             writer.writerow(values)
     return path
+
+
+@dataclass
+class GroupResult:
+    """One phase or level of a load run: its requests, their figures, and what each node did."""
+    group: Group
+    records: list[RequestRecord]
+    stats: RunStats
+    nodes: list[NodeDelta]

@@ -7,7 +7,7 @@ import pytest
 
 from pipeline import spec
 from pipeline.config import REPO_ROOT
-from services.cluster.local import free_ports
+from tools.local import free_ports
 
 pytestmark = pytest.mark.slow
 

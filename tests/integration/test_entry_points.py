@@ -25,8 +25,8 @@ def test_entry_point_prints_one_line_not_a_traceback(tmp_path: Path):
 def test_node_whose_request_timeout_exceeds_node_1s_internal_cap_exits_2_naming_both(course_data):
     # Node 1 refuses an /internal/answer timeout_s above its cap: such a node would start and then
     # fail every forward. It must refuse to start instead, with one line naming both limits.
-    from services.cluster.local import free_ports
     from tests.helpers import TEST_ENV, data_env
+    from tools.local import free_ports
     env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", **TEST_ENV, **data_env(course_data),
            "NODE_NUMBER": "1", "NODE_1_IP": f"127.0.0.1:{free_ports(1)[0]}", "REQUEST_TIMEOUT_S": "4000"}
     proc = subprocess.Popen([sys.executable, "-m", "services.node"], env=env, stdout=subprocess.PIPE,
@@ -42,6 +42,20 @@ def test_node_whose_request_timeout_exceeds_node_1s_internal_cap_exits_2_naming_
     last = stderr.strip().splitlines()[-1]
     assert last.startswith("config error: REQUEST_TIMEOUT_S='4000' is not valid"), last
     assert "MAX_INTERNAL_TIMEOUT_S" in last and "Traceback" not in stderr
+
+
+def test_a_worker_with_no_models_exits_2_naming_the_build_command_and_builds_nothing(course_data, tmp_path):
+    from tests.helpers import TEST_ENV, data_env
+    from tools.local import free_ports
+    home = tmp_path / "no-standins"
+    env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", **TEST_ENV, **data_env(course_data), "NODE_NUMBER": "1",
+           "NODE_1_IP": f"127.0.0.1:{free_ports(1)[0]}", "STANDIN_HOME": str(home)}
+    proc = subprocess.run([sys.executable, "-m", "services.node"], env=env, capture_output=True, text=True,
+                          cwd=REPO_ROOT, timeout=240)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    command = f"build them with: python -m builders.standins --profile tiny --hf-home {home}"
+    assert [line for line in proc.stderr.splitlines() if command in line], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and not home.exists()
 
 
 def test_node_with_several_bad_settings_prints_every_problem_one_line_each_and_exits_2():

@@ -13,9 +13,9 @@ import requests
 
 from pipeline.config import REPO_ROOT, Settings
 from pipeline.models import ALL_MODELS, fetch_command
-from services.cluster.local import free_ports
 from services.server.lifecycle import CONFIG_ERROR_EXIT, FAILED_LINGER_S
 from tests.helpers import TEST_ENV, data_env
+from tools.local import free_ports
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -33,9 +33,9 @@ import requests
 import yaml
 
 from pipeline.config import REPO_ROOT
-from services.cluster.local import _die_with_parent, free_ports
 from tests.helpers import start_cluster
 from tests.support import slow_index_command
+from tools.local import _die_with_parent, free_ports
 
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")

@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from pipeline import spec
-from services.cluster.local import local_topology
 from tests.helpers import health, post_query, start_cluster
+from tools.local import local_topology
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -3,7 +3,7 @@ requests still in flight past SHUTDOWN_GRACE_S, and the local launcher restartin
 
 Every request in these tests must get one HTTP answer (never a closed connection), and every
 wait is bounded. The module's cluster has a short grace so its deadline comes in seconds;
-node 0 is stopped last. The supervisor test runs `python -m services.cluster.local` itself.
+node 0 is stopped last. The supervisor test runs `python -m tools.local` itself.
 """
 from __future__ import annotations
 
@@ -184,7 +184,7 @@ def test_local_launcher_restarts_a_killed_node_while_the_others_keep_serving(cou
     env = cluster_env(course_data, LOCAL_RESTART_LIMIT="3", LOCAL_RESTART_WINDOW_S="300")
     urls = [f"http://{env[f'NODE_{i}_IP']}" for i in range(3)]
     out = open(tmp_path / "launcher.out", "wb")
-    launcher = subprocess.Popen([sys.executable, "-m", "services.cluster.local", "--log-dir", str(tmp_path / "logs")],
+    launcher = subprocess.Popen([sys.executable, "-m", "tools.local", "--log-dir", str(tmp_path / "logs")],
                                 env=env, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT)
     try:
         wait_until(lambda: b"READY" in (tmp_path / "launcher.out").read_bytes(), 240, "launcher not ready", 0.2)

@@ -18,6 +18,7 @@ import time
 import pytest
 
 from builders import standins
+from builders.standins import build as standins_build
 
 pytestmark = pytest.mark.slow
 
@@ -301,14 +302,14 @@ def test_same_seed_gives_identical_files(tiny_home, session_builds):
 
 
 def test_interrupted_build_never_looks_complete(tmp_path, monkeypatch):
-    real = standins._build_repo
+    real = standins_build.build_repo
 
     def failing(hub, key, *args, **kwargs):
         if key == "reranker":
             raise KeyboardInterrupt("simulated interruption")
         return real(hub, key, *args, **kwargs)
 
-    monkeypatch.setattr(standins, "_build_repo", failing)
+    monkeypatch.setattr(standins_build, "build_repo", failing)
     home = tmp_path / "broken"
     with pytest.raises(KeyboardInterrupt):
         standins.build_standins("tiny", home, progress=False)

@@ -12,8 +12,8 @@ import pytest
 import requests
 
 from pipeline import spec
-from services.cluster.local import LocalCluster
 from tests.helpers import cluster_env
+from tools.local import LocalCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -21,14 +21,7 @@ FLOORS = {"services.server": 0, "services.stages": 1, "services.cluster": 1, "se
 # Below every services/ floor; must import nothing from services/, profiling/ or tools/.
 BASE = ("pipeline", "builders")
 MAX_MODULE_LINES = 350
-# Modules over MAX_MODULE_LINES that are being split (issue 29): this set may only shrink. Once it is
-# empty, test_no_module_is_over_350_lines passes and its xfail marker goes.
-KNOWN_LONG_MODULES = {
-    "builders/corpus.py", "builders/data.py", "builders/standins.py", "profiling/bench_service.py",
-    "profiling/lib/roofline.py", "profiling/lib/runtimes.py", "profiling/loadgen.py", "profiling/microbench.py",
-    "profiling/select_variants.py", "profiling/soak_hostile.py",
-}
-# Import circles being cut (issue 29): may only shrink, like KNOWN_LONG_MODULES.
+# Import circles being cut (issue 29): this list may only shrink.
 KNOWN_CIRCLES = [["services.roles.gateway.openai_routes", "services.roles.gateway.role"]]
 
 
@@ -176,6 +169,15 @@ def test_pipeline_and_builders_never_import_services_profiling_or_tools(base):
     assert wrong == []
 
 
+def test_serving_code_never_imports_tools_builders_profiling_or_the_client():
+    """A serving node runs, and is read, without the tools floor, the builders, the measuring tools
+    or the course client (a node with no models fails and names the builder; it never builds)."""
+    wrong = [f"{module} -> {target}" for module, targets in import_graph().items()
+             if module.split(".")[0] in ("pipeline", "services") for target in targets
+             if target.split(".")[0] in ("tools", "builders", "profiling", "client")]
+    assert wrong == []
+
+
 def long_modules() -> dict[str, int]:
     """Each project module (tests excluded) over MAX_MODULE_LINES, with its line count."""
     return {str(p.relative_to(ROOT)): n for p in project_files()
@@ -183,12 +185,4 @@ def long_modules() -> dict[str, int]:
 
 
 def test_no_module_is_over_350_lines():
-    long = long_modules()
-    assert sorted(set(long) - KNOWN_LONG_MODULES) == [], long
-    if long:
-        pytest.xfail(f"known long modules being split (issue 29): {long}")
-    assert KNOWN_LONG_MODULES == set(), "every known long module is split: empty KNOWN_LONG_MODULES"
-
-
-def test_a_known_long_module_that_was_split_leaves_the_list():
-    assert sorted(KNOWN_LONG_MODULES - set(long_modules())) == []
+    assert long_modules() == {}

@@ -11,8 +11,7 @@ import profiling
 from profiling.lib import cli
 
 # The tools this test must cover; any other module in profiling/ with a parser() is checked too.
-TOOLS = ("bench_decode", "bench_dtype", "bench_generate", "bench_rerank", "bench_search", "bench_service",
-         "latency_breakdown", "loadgen", "microbench", "select_variants", "soak")
+TOOLS = ("bench_decode", "latency_breakdown", "loadgen", "microbench", "roofline", "select_variants", "soak")
 
 
 def tools_with_parsers() -> list[str]:

@@ -13,9 +13,10 @@ import faiss
 import numpy as np
 import pytest
 
-from builders import data
+from builders import build_files, data
+from builders.build_files import OutputExistsError
 from builders.corpus import CATEGORIES, course_document, support_documents
-from builders.data import InvalidBuildArgument, OutputExistsError, build_course, build_support
+from builders.data import InvalidBuildArgument, build_course, build_support
 from pipeline.shards import merge_arrays, shard_file_problems
 from pipeline.vector_index import VectorIndex
 from tests.helpers import leftovers
@@ -195,7 +196,7 @@ def test_failure_between_renames_removes_both(tmp_path, monkeypatch):
             raise OSError("disk gone")
         real_replace(src, dst)
 
-    monkeypatch.setattr(data.os, "replace", replace)
+    monkeypatch.setattr(build_files.os, "replace", replace)
     with pytest.raises(OSError, match="disk gone"):
         build_course(tmp_path, 300, progress=False)
     assert leftovers(tmp_path) == []
@@ -327,7 +328,7 @@ def test_failure_between_shard_renames_removes_every_file(tmp_path, monkeypatch)
             raise OSError("disk gone")
         real_replace(src, dst)
 
-    monkeypatch.setattr(data.os, "replace", replace)
+    monkeypatch.setattr(build_files.os, "replace", replace)
     with pytest.raises(OSError, match="disk gone"):
         build_course(tmp_path, 300, progress=False, shards=2)
     assert leftovers(tmp_path) == []

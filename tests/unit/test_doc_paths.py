@@ -11,23 +11,44 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "deplo
 TOP = ("pipeline", "services", "profiling", "builders", "tools", "tests", "deploy", "docs", ".ci")
 # A path: one of the project's top folders, then folder/file names; a file name ends in an extension.
 PATH = re.compile(r"(?<![\w./-])((?:%s)/[\w./@*<>-]*[\w/])" % "|".join(re.escape(t) for t in TOP))
+# A command: `python -m profiling.loadgen` names profiling/loadgen.py (or a package's __main__).
+COMMAND = re.compile(r"-m ((?:pipeline|services|profiling|builders|tools)(?:\.\w+)+)")
+# A line that says what it names was removed or moved keeps it as a record, and so does every
+# other mention of a name such a line gives (docs/performance.md's ledger and its commands).
+REMOVED = re.compile(r"\b(?:removed|moved)\b")
 # Written by a run, not kept in git (data/, logs/, runs/ are ignored; .cache too).
 GENERATED = ("data/", "logs/", "runs/", ".cache/")
 
 
+def recorded_as_gone(text: str) -> set[str]:
+    """The names a line saying 'removed' or 'moved' gives: `profiling/bench_x.py` and bench_x."""
+    names = set()
+    for line in text.splitlines():
+        if REMOVED.search(line):
+            for match in [*PATH.finditer(line), *COMMAND.finditer(line)]:
+                names.add(Path(match.group(1).replace(".", "/").removesuffix("/py")).stem)
+            names.update(word.rpartition(".")[2] for word in re.findall(r"`([\w.]+)", line))
+    return names
+
+
 def mentioned_paths(text: str) -> set[str]:
     found = set()
-    for match in PATH.finditer(text):
-        path = match.group(1).rstrip("./")
-        if "*" in path or "<" in path or any(path.startswith(g) for g in GENERATED):
+    gone = recorded_as_gone(text)
+    for line in text.splitlines():
+        if REMOVED.search(line):
             continue
-        found.add(path)
-    return found
+        for match in PATH.finditer(line):
+            path = match.group(1).rstrip("./")
+            if "*" in path or "<" in path or any(path.startswith(g) for g in GENERATED):
+                continue
+            found.add(path)
+        found.update(match.group(1).replace(".", "/") for match in COMMAND.finditer(line))
+    return {p for p in found if Path(p).stem not in gone}
 
 
 def exists(path: str) -> bool:
     """The file or folder, or a module with an attribute after it (pipeline/cpu_features.cpu_has_amx)."""
-    if (ROOT / path).exists():
+    if (ROOT / path).exists() or (ROOT / f"{path}.py").exists():
         return True
     module, dot, _attribute = path.rpartition(".")
     while dot:
@@ -46,5 +67,10 @@ def test_every_path_a_doc_names_exists(doc):
 def test_the_rule_finds_paths_and_skips_patterns():
     text = "see `services/server/errors.py`, pipeline/config/ and tests/unit/test_*.py; data/demo is built"
     assert mentioned_paths(text) == {"services/server/errors.py", "pipeline/config"}
+    assert mentioned_paths("run `python -m profiling.loadgen --help`") == {"profiling/loadgen"}
+    assert mentioned_paths("`profiling/bench_x.py` (tool removed; it ran at commit abc)") == set()
+    assert mentioned_paths("`bench_x` (removed)\n```\npython -m profiling.bench_x --rounds 2\n```") == set()
+    assert mentioned_paths("`bench_y` (removed)\npython -m profiling.bench_x") == {"profiling/bench_x"}
     assert exists("pipeline/spec.answer_json") and exists("deploy/systemd/rag-node@.service")
+    assert exists("profiling/loadgen") and exists("builders/standins")
     assert not exists("services/errors.py") and not exists("pipeline/nowhere.name")

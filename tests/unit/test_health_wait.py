@@ -7,8 +7,8 @@ import time
 import pytest
 
 from services.cluster.health_wait import health, wait_healthy
-from services.cluster.local import free_ports
 from tests.fake_node import FakeNode
+from tools.local import free_ports
 
 pytestmark = pytest.mark.timeout(60)
 

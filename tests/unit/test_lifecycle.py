@@ -259,8 +259,8 @@ class FakeCluster:
 
 
 def test_supervisor_restarts_a_dead_node_within_its_rate_then_gives_up_and_keeps_the_others():
-    from services.cluster.local import Supervisor
     from tests.helpers import ManualClock
+    from tools.local import Supervisor
     cluster, clock = FakeCluster(), ManualClock()
     supervisor = Supervisor(cluster, limit=2, window_s=60, clock=clock)
     supervisor.check()
@@ -281,7 +281,7 @@ def test_supervisor_restarts_a_dead_node_within_its_rate_then_gives_up_and_keeps
 
 
 def test_supervisor_does_not_restart_a_node_with_a_config_error():
-    from services.cluster.local import Supervisor
+    from tools.local import Supervisor
     cluster = FakeCluster()
     cluster.procs[2].returncode = 2
     supervisor = Supervisor(cluster, limit=5, window_s=60)

@@ -169,7 +169,7 @@ def test_gateway_health_lists_its_peers():
 
 def test_a_node_that_cannot_be_scraped_is_named():
     from profiling.lib.cluster import ClusterError, Node, scrape_nodes
-    from services.cluster.local import free_ports
+    from tools.local import free_ports
     port = free_ports(1)[0]  # free now: nothing answers there
     with pytest.raises(ClusterError) as caught:
         scrape_nodes([Node(2, f"http://127.0.0.1:{port}", "index")], timeout_s=2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.config import Settings
-from services.cluster.local import LocalCluster, local_topology, main
+from tools.local import LocalCluster, local_topology, main
 
 
 @pytest.mark.parametrize("workers,shards,replicas,index_nodes,total", [
@@ -36,7 +36,39 @@ def test_settings_of_a_layout_parse_with_no_other_variable():
 
 def test_the_demo_says_what_precision_fast_gives_unless_it_is_on():
     from pipeline.config import Settings
-    from services.cluster.demo import precision_hint
+    from tools.demo import precision_hint
     hint = precision_hint(Settings.from_env({}))
     assert hint is not None and hint.startswith("PRECISION=fast") and "int8" in hint
     assert precision_hint(Settings.from_env({"PRECISION": "fast"})) is None
+
+
+def test_the_launcher_builds_missing_standins_before_any_node_starts(model_source, tmp_path, monkeypatch):
+    # A node never builds models; the tool that starts the nodes does, once, then pins the source.
+    import shutil
+
+    from builders.standins import build as standins_build
+    from tools.local import pinned_env
+    built = []
+
+    def build(profile, home, **kwargs):  # the real build, already made once: copied
+        built.append((profile, home))
+        shutil.copytree(model_source.cache_dir.parent, home)
+        return home
+
+    monkeypatch.setattr(standins_build, "build_standins", build)
+    home = tmp_path / "standins"
+    env = pinned_env({"MODEL_SOURCE": "standin", "STANDIN_PROFILE": "tiny", "STANDIN_HOME": str(home)}, cores=2)
+    assert built == [("tiny", home)]
+    assert env["MODEL_SOURCE"] == "standin" and env["STANDIN_HOME"] == str(home)
+    assert pinned_env(env, cores=2)["STANDIN_HOME"] == str(home) and len(built) == 1  # built: found, not rebuilt
+
+
+def test_the_launcher_builds_nothing_for_real_models_it_cannot_find(monkeypatch):
+    from builders.standins import build as standins_build
+    from pipeline.models import ModelsMissing, missing_models
+    from tools.local import pinned_env
+    if not missing_models():
+        pytest.skip("the real models are in this machine's Hugging Face cache")
+    monkeypatch.setattr(standins_build, "build_standins", lambda *a, **k: pytest.fail("built stand-ins for hub"))
+    with pytest.raises(ModelsMissing):
+        pinned_env({"MODEL_SOURCE": "hub", "HF_HUB_OFFLINE": "1"}, cores=2)

@@ -238,17 +238,3 @@ def test_with_the_cache_on_an_answer_depends_neither_on_batch_mates_nor_on_the_c
         step += 1
     assert [s.generated for s in seqs] == alone
     assert e.stats().prefix_cache_hits_total == len(STAGGERED) - 1
-
-
-# ----------------------------------------------------------------------------- the benchmark
-
-def test_bench_prefix_cache_times_both_engines_on_the_same_prompts(tmp_path, model_source):
-    import json
-
-    from profiling import bench_prefix_cache
-    assert bench_prefix_cache.main(["--prompts", "2", "--rounds", "2", "--out", str(tmp_path)]) == 0
-    report = json.loads((tmp_path / "bench_prefix_cache_float32.json").read_text())
-    assert report["timed_prefills_per_engine"] == 4 and set(report["prefill_ms_median"]) == {"off", "on"}
-    assert 0 < report["head_tokens"] < report["prompt_tokens"]["min"]
-    # the warm-up stored the head; every timed prefill on "on" reused it
-    assert report["prefix_cache"] == {"hits": 4, "misses": 1, "tokens_saved": 4 * report["head_tokens"]}

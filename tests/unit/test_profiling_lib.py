@@ -38,9 +38,8 @@ def test_comma_list_floats_keep_their_order():
 def test_every_cli_parses_its_lists_alike():
     args = loadgen.parser().parse_args(["--url", "http://127.0.0.1:1", "--sweep", "4,1,2,2", "--count-per-level", "1"])
     assert args.sweep == [1, 2, 4]
-    from profiling import bench_rerank, microbench
+    from profiling import microbench
     assert microbench.parser().parse_args(["--stage", "embed", "--batch-sizes", "32,1,8"]).batch_sizes == [1, 8, 32]
-    assert bench_rerank.parse_ratios("1.5,1.1") == [1.5, 1.1]
     with pytest.raises(SystemExit):
         loadgen.parser().parse_args(["--url", "http://127.0.0.1:1", "--sweep", "0,1", "--count-per-level", "1"])
 
@@ -120,7 +119,7 @@ def test_loadgen_cli_against_a_fake_node(tmp_path):
 @pytest.mark.parametrize("tool", ["soak", "latency_breakdown", "loadgen"])
 def test_every_scraping_tool_stops_naming_a_node_it_cannot_scrape(tool, tmp_path, capsys):
     from profiling import latency_breakdown
-    from services.cluster.local import free_ports
+    from tools.local import free_ports
     dead = f"http://127.0.0.1:{free_ports(1)[0]}"  # nothing listens there
     with FakeNode() as node:
         if tool == "soak":

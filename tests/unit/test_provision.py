@@ -1,7 +1,9 @@
-"""Provisioning: which real models the hub cache lacks, the command that fetches each, and a hub
-source that fails at once (one line) instead of retrying for a minute when they cannot be fetched."""
+"""Provisioning: which real models the hub cache lacks, the command that fetches each, and a source
+that fails at once (one line) instead of retrying for a minute when they cannot be fetched, or of
+building stand-ins inside a serving node."""
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -11,18 +13,20 @@ from pipeline import provision
 from pipeline.config import ConfigError, Settings
 from pipeline.models import (
     ALL_MODELS,
+    STANDIN_MARKER,
+    STANDIN_VERSION,
     ModelsMissing,
     fetch_command,
     missing_models,
     resolve_model_source,
-    standin_source,
+    standins_built,
 )
 
 
 @pytest.fixture(scope="module")
-def full_cache(tiny_settings) -> Path:
+def full_cache(model_source) -> Path:
     """A hub cache holding all five (the tiny stand-ins live in one under the real names)."""
-    return standin_source(tiny_settings).cache_dir
+    return model_source.cache_dir
 
 
 def partial_cache(full_cache: Path, tmp_path: Path, keep: set[str], weights: bool = True) -> Path:
@@ -106,3 +110,57 @@ def test_hub_source_with_every_model_cached_reads_only_the_cache_when_the_hub_is
     assert source.kind == "hub" and source.local_files_only
     online = resolve_model_source(hub_settings(), missing=lambda: [ALL_MODELS[0]], reachable=lambda: True)
     assert online.kind == "hub" and not online.local_files_only  # it downloads what is missing
+
+
+def test_a_standin_source_without_built_standins_fails_at_once_naming_the_build_command(tmp_path):
+    home = tmp_path / "standins"
+    settings = Settings.from_env({"MODEL_SOURCE": "standin", "STANDIN_PROFILE": "tiny", "STANDIN_HOME": str(home)})
+    with pytest.raises(ModelsMissing) as err:
+        resolve_model_source(settings)
+    message = str(err.value)
+    assert isinstance(err.value, ConfigError) and "\n" not in message
+    assert f"python -m builders.standins --profile tiny --hf-home {home}" in message
+    assert not home.exists()  # a serving node never builds models
+
+
+def test_auto_with_no_real_models_and_no_standins_fails_naming_both_commands(tmp_path):
+    home = tmp_path / "standins"
+    settings = Settings.from_env({"MODEL_SOURCE": "auto", "HF_HUB_OFFLINE": "1", "STANDIN_HOME": str(home)})
+
+    def reachable():
+        raise AssertionError("an offline node must not contact the hub")
+
+    with pytest.raises(ModelsMissing) as err:
+        resolve_model_source(settings, missing=lambda: list(ALL_MODELS), reachable=reachable)
+    message = str(err.value)
+    assert "./run.sh models" in message and "HF_HUB_OFFLINE is set" in message
+    assert f"python -m builders.standins --profile {settings.models.standin_profile} --hf-home {home}" in message
+    assert not home.exists()
+
+
+def test_auto_with_no_real_models_reads_the_standins_built_beforehand(model_source):
+    home = model_source.cache_dir.parent
+    settings = Settings.from_env({"MODEL_SOURCE": "auto", "HF_HUB_OFFLINE": "1", "STANDIN_PROFILE": "tiny",
+                                  "STANDIN_HOME": str(home)})
+    source = resolve_model_source(settings, missing=lambda: list(ALL_MODELS), reachable=lambda: False)
+    assert source == model_source
+
+
+def test_standins_count_as_built_only_when_complete_and_of_this_version(model_source, tmp_path):
+    home = model_source.cache_dir.parent
+    assert standins_built(home, "tiny") and not standins_built(home, "faithful")
+    assert standins_built(home, "tiny", seed=0) and not standins_built(home, "tiny", seed=1)
+    copy = tmp_path / "copy"
+    shutil.copytree(home, copy, symlinks=True)
+    marker = json.loads((copy / STANDIN_MARKER).read_text())
+    (copy / STANDIN_MARKER).write_text(json.dumps({**marker, "version": STANDIN_VERSION - 1}))
+    assert not standins_built(copy, "tiny")  # stale: the builder rebuilds it
+    (copy / STANDIN_MARKER).write_text(json.dumps(marker))
+    assert standins_built(copy, "tiny")
+    shutil.rmtree(next((copy / "hub").iterdir()))
+    assert not standins_built(copy, "tiny")
+
+
+def test_provision_names_the_standin_builder_as_the_alternative(tmp_path, capsys):
+    assert provision.main(["--cache-dir", str(tmp_path / "empty")]) == 1
+    assert "python -m builders.standins --profile tiny" in capsys.readouterr().out

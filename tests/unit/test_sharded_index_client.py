@@ -15,10 +15,10 @@ import pytest
 from pipeline.config import Settings
 from pipeline.shards import shard_of
 from services.cluster.clients import IndexClient
-from services.cluster.local import free_ports
 from services.cluster.sharded_index import ShardedIndexClient
 from services.server.errors import DeadlineExceeded, ShardUnavailable
 from tests.fake_node import LocalServer
+from tools.local import free_ports
 
 pytestmark = pytest.mark.timeout(60)
 

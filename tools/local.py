@@ -2,7 +2,8 @@
 
 Three nodes by default (gateway+worker, worker, index); --workers, --index-shards and
 --index-replicas (or LOCAL_WORKERS, LOCAL_INDEX_SHARDS, LOCAL_INDEX_REPLICAS) lay out more
-(local_topology). Used by the demo, the tests and the load generator. Each node logs to its own
+(local_topology). Used by the demo, the tests and the load generator; it builds the stand-ins
+the nodes would read when they are missing (a serving node never builds models). Each node logs to its own
 file under one folder; the children die with the parent (PR_SET_PDEATHSIG),
 and Ctrl-C or SIGTERM stops them all gracefully. While it runs, `main` supervises:
 a node that dies is logged and restarted (--restart-limit per --restart-window-s),
@@ -232,12 +233,12 @@ def local_topology(workers: int, shards: int, replicas: int) -> dict[str, str]:
 
 
 def pinned_env(env: Mapping[str, str], cores: int | None = None) -> dict[str, str]:
-    """Resolve the model source once here (building stand-ins if needed), so that
-    the two workers do not both build them, and pin it for the children.
+    """Resolve the model source once here, building the stand-ins first if that is what the nodes
+    would read and they are missing (a node never builds them), and pin it for the children.
     `cores`: the machine's cores (default: what this process may use)."""
-    from pipeline.models import resolve_model_source
+    from builders.standins import source_building_standins
     settings = Settings.from_env(env)
-    source = resolve_model_source(settings)
+    source = source_building_standins(settings)
     pinned = {**env, "MODEL_SOURCE": source.kind}
     if source.is_standin:
         pinned["STANDIN_HOME"] = str(settings.standin_dir)

@@ -6,8 +6,9 @@ import logging
 import os
 import sys
 
+import client  # the top-level client.py, exactly as a user runs it
 from pipeline.config import REPO_ROOT, ConfigError, Settings
-from services.cluster.local import LocalCluster, pinned_env
+from tools.local import LocalCluster, pinned_env
 
 # What PRECISION=fast gives and changes, measured (docs/performance.md section 7: AMX Xeon, faithful stand-ins).
 FAST_HINT = ("PRECISION=fast (opt-in): 1.6x the throughput at 8 concurrent requests and about half the idle "
@@ -31,9 +32,6 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"config error: {exc}", file=sys.stderr)
         return 2
-    sys.path.insert(0, str(REPO_ROOT))
-    import client  # the top-level client.py, exactly as a user runs it
-
     logging.info("starting the three nodes (logs in %s)", cluster.log_dir)
     if hint:
         logging.info(hint)

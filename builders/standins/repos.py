@@ -1,0 +1,167 @@
+"""One stand-in repo in a hub cache: its config per profile, its tokenizer files, seeded random
+weights, and the hub layout (models--org--name/snapshots/<revision>, refs/main)."""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import pathlib
+from typing import Any, Iterator
+
+from builders.standins.bert import (
+    TOXIC_BIAS_PRIOR,
+    TOXIC_LABELS,
+    bert_config,
+    bert_tokenizer_files,
+    labels,
+    sentence_transformers_files,
+    sentiment_config,
+)
+from builders.standins.profiles import MODEL_NAMES, PROFILE_DIMS
+from builders.standins.qwen import QWEN_GENERATION_CONFIG, qwen_config, qwen_tokenizer_files
+from builders.standins.tokenizing import dumps
+from builders.standins.xlmr import reranker_config, xlmr_tokenizer_files
+from pipeline.models import STANDIN_VERSION, hub_repo_folder
+
+
+def model_configs(profile: str) -> dict[str, dict[str, Any]]:
+    dims = PROFILE_DIMS[profile]
+    return {
+        "embedder": bert_config(30522, dims["embedder"], **labels(["LABEL_0"])),
+        "reranker": reranker_config(dims["encoder"]),
+        "generator": qwen_config(dims["generator"], faithful=profile == "faithful"),
+        "sentiment": sentiment_config(dims["encoder"]),
+        "toxicity": bert_config(
+            30522,
+            dims["encoder"],
+            architectures=["BertForSequenceClassification"],
+            problem_type="multi_label_classification",
+            **labels(TOXIC_LABELS),
+        ),
+    }
+
+
+def tokenizer_files(key: str) -> dict[str, str]:
+    # Tokenizers are the same in every profile (token counts must not depend on it).
+    if key in ("embedder", "toxicity"):
+        return bert_tokenizer_files(30522, 994, False)
+    if key == "sentiment":
+        return bert_tokenizer_files(105879, 99, True)
+    if key == "reranker":
+        return xlmr_tokenizer_files()
+    return qwen_tokenizer_files()
+
+
+def _readme(key: str, profile: str, seed: int) -> str:
+    return (
+        f"# STAND-IN for {MODEL_NAMES[key]} ({profile} profile, seed {seed})\n\n"
+        "Written by `builders.standins`. Same architecture, config format and tokenizer class as the\n"
+        "real model, but the weights are **seeded random** and the tokenizer was trained on synthetic\n"
+        "English. Outputs are meaningless; only shapes, token counts and timings are realistic.\n"
+    )
+
+
+def _revision(profile: str, repo_id: str, seed: int) -> str:
+    # Deterministic 40-hex "commit"; changes with anything that changes the files.
+    return hashlib.sha1(f"standin:v{STANDIN_VERSION}:{profile}:{seed}:{repo_id}".encode()).hexdigest()
+
+
+def _model_seed(seed: int, key: str) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}:{key}".encode()).digest()[:4], "little")
+
+
+def write_text(path: pathlib.Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    # save_pretrained draws its own progress bar per model; ours is enough.
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _variance_preserving_(model: Any) -> None:
+    """Redraw every Linear weight with std 1/sqrt(fan_in).
+
+    HF's 0.02 init is a *training* starting point: with untrained weights each
+    layer's contribution shrinks, so every input gives (almost) the same output
+    (tiny classifiers returned identical logits for all texts). A variance-
+    preserving scale keeps activations O(1), so outputs vary with the input the
+    way a trained model's do. Embeddings not tied to a Linear keep the 0.02 init
+    (a LayerNorm/RMSNorm follows them anyway).
+    """
+    import torch
+
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight.normal_(0.0, module.in_features**-0.5)
+
+
+def _build_weights(key: str, snapshot: pathlib.Path, seed: int) -> int:
+    """Random-init the architecture named in ``snapshot/config.json`` and save it there."""
+    import gc
+
+    import torch
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(snapshot)
+    model_cls = getattr(transformers, config.architectures[0])
+    target_dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(target_dtype, str):
+        target_dtype = getattr(torch, target_dtype)
+    if not isinstance(target_dtype, torch.dtype):
+        target_dtype = torch.float32
+    torch.manual_seed(_model_seed(seed, key))
+    # Initialise in fp32 (the usual init path) and only then cast to the checkpoint dtype.
+    config.dtype = torch.float32
+    model = model_cls(config)
+    _variance_preserving_(model)
+    if key == "toxicity":
+        with torch.no_grad():
+            model.classifier.bias.copy_(torch.tensor(TOXIC_BIAS_PRIOR))
+    model = model.to(target_dtype).eval()
+    n_params = sum(p.numel() for p in model.parameters())
+    with _quiet_transformers():
+        model.save_pretrained(snapshot, safe_serialization=True)
+    del model
+    gc.collect()
+    return n_params
+
+
+def build_repo(hub: pathlib.Path, key: str, profile: str, seed: int, config: dict[str, Any]) -> dict[str, Any]:
+    repo_id = MODEL_NAMES[key]
+    revision = _revision(profile, repo_id, seed)
+    repo = hub / hub_repo_folder(repo_id)
+    snapshot = repo / "snapshots" / revision
+    snapshot.mkdir(parents=True, exist_ok=True)
+    write_text(snapshot / "config.json", dumps(config))
+    n_params = _build_weights(key, snapshot, seed)
+    # save_pretrained rewrote these in the installed transformers' format; restore
+    # the real repos' files so loading sees what it would see after a download.
+    write_text(snapshot / "config.json", dumps(config))
+    if key == "generator":
+        write_text(snapshot / "generation_config.json", dumps(QWEN_GENERATION_CONFIG))
+    else:
+        (snapshot / "generation_config.json").unlink(missing_ok=True)
+    for name, text in tokenizer_files(key).items():
+        write_text(snapshot / name, text)
+    if key == "embedder":
+        for name, text in sentence_transformers_files().items():
+            write_text(snapshot / name, text)
+    write_text(snapshot / "README.md", _readme(key, profile, seed))
+    # No trailing newline: huggingface_hub reads the ref verbatim.
+    write_text(repo / "refs" / "main", revision)
+    # save_pretrained leaves the weights 0600; a cache may be read by another user.
+    for path in repo.rglob("*"):
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
+    return {"repo": repo_id, "revision": revision, "parameters": n_params}

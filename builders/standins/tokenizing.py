@@ -1,0 +1,85 @@
+"""What every stand-in tokenizer shares: the byte-level alphabet, the extra characters every vocabulary
+knows, the files a tokenizer repo ships, and the one reproducible trainer (plain BPE)."""
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any, Iterable
+
+
+@functools.lru_cache(maxsize=None)
+def _bytes_to_unicode() -> dict[int, str]:
+    # GPT-2 / Qwen byte-level alphabet: printable stand-ins for all 256 bytes.
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def byte_level(text: str) -> str:
+    if text.isascii() and text.lstrip(" ").isalpha():  # fast path for fillers: only the space maps
+        return text.replace(" ", "Ġ")
+    table = _bytes_to_unicode()
+    return "".join(table[b] for b in text.encode("utf-8"))
+
+
+# Characters every tokenizer knows even if the corpus lacks them (real vocabs
+# cover them; without this, e.g. "€" or "é" would become [UNK]).
+EXTRA_ALPHABET = sorted(
+    set(chr(c) for c in range(0x21, 0x7F))
+    | set(chr(c) for c in range(0xA1, 0x180) if chr(c).isprintable())
+    | set("€£¥–—‘’“”•…™©®°±×÷")
+)
+
+
+def added_token(content: str, special: bool = True, lstrip: bool = False) -> dict[str, Any]:
+    return {
+        "content": content,
+        "lstrip": lstrip,
+        "normalized": not special,
+        "rstrip": False,
+        "single_word": False,
+        "special": special,
+    }
+
+
+def tokenizer_file_set(tok: Any, config: dict[str, Any], special_map: dict[str, str] | None = None,
+                        **extra: str) -> dict[str, str]:
+    """The files a tokenizer repo ships: tokenizer.json, its config, the optional
+    special-tokens map and any model-specific vocabulary files, in that order."""
+    files = {"tokenizer.json": tok.to_str(pretty=False), "tokenizer_config.json": dumps(config)}
+    if special_map is not None:
+        files["special_tokens_map.json"] = dumps(special_map)
+    return {**files, **extra}
+
+
+def train_bpe_model(tok: Any, corpus: Iterable[str], alphabet: list[str]) -> dict[str, Any]:
+    """Train a plain BPE on ``tok`` (normalizer/pre-tokenizer already set); its model JSON.
+
+    Plain BPE is the one `tokenizers` trainer that is reproducible across
+    processes (its alphabet ids are sorted and merge ties break on ids). The
+    WordPiece and Unigram trainers are not: their hash-map order changes the
+    learned vocab from run to run, so those vocabularies are derived from this.
+    """
+    from tokenizers import trainers
+
+    trainer = trainers.BpeTrainer(
+        vocab_size=60000, min_frequency=2, show_progress=False, initial_alphabet=alphabet, special_tokens=[]
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    return json.loads(tok.to_str())["model"]
+
+
+def train_bpe(tok: Any, corpus: Iterable[str], alphabet: list[str]) -> list[str]:
+    """The tokens of :func:`train_bpe_model`, in id order."""
+    vocab = train_bpe_model(tok, corpus, alphabet)["vocab"]
+    return [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, indent=2, ensure_ascii=False) + "\n"
