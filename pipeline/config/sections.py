@@ -62,13 +62,13 @@ class ClusterSettings:
         """"gateway" (node 0, a worker too), "index" or "worker"."""
         return "gateway" if node == 0 else "index" if node in self.index_nodes else "worker"
 
-    def shard_of(self, node: int) -> int:
+    def served_shard(self, node: int) -> int:
         """The index shard an index node serves."""
         return self.index_nodes.index(node) % self.index_shards
 
     def replicas(self, shard: int) -> tuple[int, ...]:
         """The index nodes serving one shard, in INDEX_NODES order."""
-        return tuple(n for n in self.index_nodes if self.shard_of(n) == shard)
+        return tuple(n for n in self.index_nodes if self.served_shard(n) == shard)
 
     def bind_address(self, node: int) -> Address:
         """Where `node` listens: BIND_HOST (or its own NODE_<n>_IP's host) at its own port."""

@@ -227,7 +227,7 @@ class Settings:
     def index_file(self, node: int) -> Path:
         """The index file an index node serves: its shard's (pipeline.shards.shard_path)."""
         c = self.cluster
-        return shard_path(self.index.faiss_index_path, c.shard_of(node), c.index_shards)
+        return shard_path(self.index.faiss_index_path, c.served_shard(node), c.index_shards)
 
     def require_index_file(self, node: int) -> Path:
         """The index node's own shard file; ConfigError if it is missing, or if files of another shard

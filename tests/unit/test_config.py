@@ -292,7 +292,7 @@ def test_more_workers_shards_and_replicas_from_the_environment():
                            "BIND_HOST": "0.0.0.0"}).cluster
     assert c.workers == c.rotation == (0, 1, 2, 3)
     assert [c.role_of(n) for n in c.nodes] == ["gateway", "worker", "worker", "worker", "index", "index", "index"]
-    assert [c.shard_of(n) for n in c.index_nodes] == [0, 1, 0] and c.replicas(0) == (4, 6) and c.replicas(1) == (5,)
+    assert [c.served_shard(n) for n in c.index_nodes] == [0, 1, 0] and c.replicas(0) == (4, 6) and c.replicas(1) == (5,)
     assert str(c.node_address(4)) == "idx-a:9000" and str(c.node_address(5)) == "127.0.0.1:8005"
     assert str(c.bind_address(4)) == "0.0.0.0:9000"
 

@@ -65,7 +65,7 @@ class IndexRole(Role):
             return {"detail": self.lifecycle.readiness.detail}
         index, cluster = self.service.index, self.settings.cluster
         return {"ntotal": index.ntotal, "dim": index.dim, "nprobe": index.nprobe, "mmap": index.is_mmap,
-                "shard": cluster.shard_of(self.node), "shards": cluster.index_shards}
+                "shard": cluster.served_shard(self.node), "shards": cluster.index_shards}
 
     def register_routes(self, app: Flask) -> None:
         timeout_s = self.settings.search.timeout_s
