@@ -37,7 +37,7 @@ MIN_CONNECTION_LIMIT = 1024
 @dataclass(frozen=True)
 class BatchConfig:
     """What a stage's batching service is built with: its window and its queue bound."""
-    max_size: int
+    max_batch: int  # <STAGE>_MAX_BATCH
     max_wait_ms: float
     max_queue: int
 

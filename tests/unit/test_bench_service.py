@@ -19,7 +19,7 @@ def _settings(variant: bench_service.Variant) -> Settings:
 def test_unbatched_baseline_forces_every_stage_to_one_at_a_time():
     unbatched, batched = bench_service.batching_variants(cores=2)
     slow, fast = _settings(unbatched), _settings(batched)
-    assert all(slow.batching(stage).max_size == 1 for stage in Stage)
+    assert all(slow.batching(stage).max_batch == 1 for stage in Stage)
     assert slow.generate.mode == "static"
     defaults = Settings.from_env(TEST_ENV)
     assert all(fast.batching(stage) == defaults.batching(stage) for stage in Stage)

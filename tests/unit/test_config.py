@@ -32,7 +32,7 @@ def test_defaults_parse_and_are_typed():
     assert s.cluster.node_1_ip == Address("127.0.0.1", 8001)
     assert s.cluster.worker_nodes == () and s.cluster.rotation == (0, 1)  # empty: every worker
     assert s.models.only_cpu is False and s.index.nprobe == 64
-    assert s.batching("generate").max_size >= 1
+    assert s.batching("generate").max_batch >= 1
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.index.nprobe = 1  # type: ignore[misc]  # immutable
 

@@ -58,13 +58,6 @@ def test_the_oracle_and_the_engine_read_the_same_prompt_and_answer_alike(generat
     assert engine.text(seq) == generator.generate([request])[0]
 
 
-def test_a_plain_prompt_tokenizes_as_the_whole_rendered_text_does(generator, tokenizer):
-    """For text without special tokens, the pieces encode to exactly what the rendered prompt did."""
-    for request in (PLAIN, GenerationRequest("How do I return a defective product?", (PLAIN_DOCUMENT,) * 3)):
-        text = generator.prompt(request.query, request.documents)
-        assert generator.prompt_ids(request.query, request.documents) == tokenizer(text)["input_ids"]
-
-
 def test_the_query_is_counted_as_the_prompt_holds_it(generator):
     """MAX_QUERY_TOKENS counts the query as text: its special-token strings as their characters."""
     with_query = len(generator.prompt_ids(INJECTED_QUERY, (PLAIN_DOCUMENT,)))

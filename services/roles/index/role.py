@@ -46,7 +46,7 @@ class IndexRole(Role):
         path = settings.require_index_file(self.node)
         index = VectorIndex.load(path, nprobe=settings.index.nprobe, mmap=settings.index.faiss_mmap)
         cfg = settings.batching(Stage.INDEX)
-        self.service = IndexService(index, max_size=cfg.max_size, max_wait_ms=cfg.max_wait_ms,
+        self.service = IndexService(index, max_size=cfg.max_batch, max_wait_ms=cfg.max_wait_ms,
                                     max_queue=cfg.max_queue)
         log.info("index %s loaded in %.2fs: %d vectors, dim %d, nprobe %s, mmap %s", path,
                  time.monotonic() - started, index.ntotal, index.dim, index.nprobe, index.is_mmap)

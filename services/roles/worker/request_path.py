@@ -102,7 +102,7 @@ class Worker:
                                       kv_cache_tokens=c.kv_cache_tokens, prefill_chunk=c.prefill_chunk)
             return ContinuousGenerationService(stage, engine, max_queue=c.max_queue)
         cfg = self.config.batching[stage]
-        return BatchingService(stage, batch_fn, max_size=cfg.max_size, max_wait_ms=cfg.max_wait_ms,
+        return BatchingService(stage, batch_fn, max_size=cfg.max_batch, max_wait_ms=cfg.max_wait_ms,
                                max_queue=cfg.max_queue)
 
     def _search_batch(self, items: list[PendingSearch]) -> list[list[int]]:
