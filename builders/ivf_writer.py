@@ -5,7 +5,7 @@ whole 13.8 GB index in RAM. Instead each file is written in two passes over a ve
 that can be replayed: pass 1 assigns every vector to its inverted list (one int64 per vector),
 pass 2 regenerates the vectors and writes each one, with its id, straight to its final offset.
 
-With N output files, vector ``i`` (id ``i``) goes to file ``pipeline.shards.shard_of(i, N)``;
+With N output files, vector ``i`` (id ``i``) goes to file ``pipeline.shards.document_shard(i, N)``;
 every file keeps the one trained quantizer (same nlist, nprobe, centroids), so each is
 byte-identical to ``faiss.write_index`` of the trained index after ``add_with_ids`` of its own
 vectors (one file: after ``add`` of all of them). Peak memory is the assignment table plus

@@ -4,7 +4,6 @@ Both read the response cut to 512 characters, as the reference did.
 """
 from __future__ import annotations
 
-import threading
 from typing import Sequence
 
 from pipeline import spec
@@ -12,7 +11,6 @@ from pipeline.config import Settings
 from pipeline.device import Placement, placement_for
 from pipeline.models import ModelSource, resolve_model_source
 from pipeline.precision import apply_precision
-from pipeline.token_counting import TokenCounter
 
 
 class _TextClassifier:
@@ -24,9 +22,6 @@ class _TextClassifier:
         self.model = model
         self.placement = placement
         self.labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
-        # tokens runs on request threads while logits encodes: one tokenizer call at a time.
-        self._tokenizer_lock = threading.Lock()
-        self._counter = TokenCounter(tokenizer, spec.TRUNCATE_LENGTH, self._tokenizer_lock)
 
     @classmethod
     def load(cls, source: ModelSource, placement: Placement):
@@ -41,16 +36,10 @@ class _TextClassifier:
         source = source or resolve_model_source(settings)
         return cls.load(source, placement_for(settings, cls.stage))
 
-    def tokens(self, text: str) -> int:
-        """The text's tokens as the model reads it (cut and truncated); a batch pads to its longest
-        (any thread)."""
-        return self._counter.lengths([spec.classifier_text(text)])[0]
-
     def logits(self, texts: Sequence[str]):
         import torch
-        with self._tokenizer_lock:
-            inputs = self.tokenizer([spec.classifier_text(t) for t in texts], padding=True, truncation=True,
-                                    max_length=spec.TRUNCATE_LENGTH, return_tensors="pt")
+        inputs = self.tokenizer([spec.classifier_text(t) for t in texts], padding=True, truncation=True,
+                                max_length=spec.TRUNCATE_LENGTH, return_tensors="pt")
         inputs = {k: v.to(self.placement.device) for k, v in inputs.items()}
         with torch.inference_mode():
             return self.model(**inputs).logits.float().cpu()

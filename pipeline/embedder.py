@@ -1,9 +1,6 @@
 """Stage 1: the query embedding (bge-base through sentence-transformers)."""
 from __future__ import annotations
 
-import copy
-import threading
-
 import numpy as np
 
 from pipeline import spec
@@ -11,7 +8,6 @@ from pipeline.config import Settings
 from pipeline.device import Placement, placement_for
 from pipeline.models import ModelSource, resolve_model_source
 from pipeline.precision import apply_precision
-from pipeline.token_counting import TokenCounter
 
 
 class Embedder:
@@ -20,9 +16,6 @@ class Embedder:
     def __init__(self, model, placement: Placement):
         self.model = model
         self.placement = placement
-        # tokens runs on request threads while encode tokenizes inside sentence-transformers: a copy
-        # of the tokenizer of their own (about 10 MiB).
-        self._counter = TokenCounter(copy.deepcopy(model.tokenizer), model.max_seq_length, threading.Lock())
 
     @classmethod
     def load(cls, source: ModelSource, placement: Placement) -> "Embedder":
@@ -41,10 +34,6 @@ class Embedder:
     def from_settings(cls, settings: Settings, source: ModelSource | None = None) -> "Embedder":
         source = source or resolve_model_source(settings)
         return cls.load(source, placement_for(settings, cls.stage))
-
-    def tokens(self, text: str) -> int:
-        """The text's tokens as the model reads it (truncated); a batch pads to its longest (any thread)."""
-        return self._counter.lengths([text])[0]
 
     def embed(self, texts: list[str]) -> np.ndarray:
         """(n, 768) float32, unit norm; no query prefix, as the reference did."""

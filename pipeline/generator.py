@@ -7,7 +7,6 @@ Linears run a lone row as a batch would (pipeline/kernels/batch_invariance.py).
 from __future__ import annotations
 
 import copy
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -16,10 +15,10 @@ from pipeline import spec
 from pipeline.config import Settings
 from pipeline.detokenize import IncrementalDetokenizer
 from pipeline.device import Placement, placement_for
-from pipeline.docstore import Document
 from pipeline.kernels.batch_invariance import make_bf16_linears_row_invariant, use_batch_invariant_attention
 from pipeline.models import ModelSource, resolve_model_source
 from pipeline.precision import apply_precision
+from pipeline.prompt_tokens import PromptTokenizer
 
 
 @dataclass(frozen=True)
@@ -37,7 +36,8 @@ class Generator:
     stage = spec.Stage.GENERATE
 
     def __init__(self, tokenizer, model, placement: Placement, max_new_tokens: int = spec.MAX_NEW_TOKENS):
-        self.tokenizer = tokenizer
+        # The one owner of the LLM's tokenization, for every thread (pipeline/prompt_tokens.py).
+        self.tokens = PromptTokenizer(tokenizer)
         self.model = model
         self.placement = placement
         self.max_new_tokens = max_new_tokens
@@ -53,13 +53,6 @@ class Generator:
         if config.pad_token_id is None:
             config.pad_token_id = tokenizer.pad_token_id
         self.generation_config = config
-        # Request threads count query tokens while the generation thread tokenizes prompts: a
-        # fast tokenizer must not be shared across threads, so they use a copy, one at a time.
-        self._counting_tokenizer = copy.deepcopy(tokenizer)
-        self._counting_lock = threading.Lock()
-        # Streams decode on their request threads: a copy only ever decoded with (which borrows
-        # it read-only), so it never meets the generation thread's encoding.
-        self._decoding_tokenizer = copy.deepcopy(tokenizer)
 
     @classmethod
     def load(cls, source: ModelSource, placement: Placement, **kwargs) -> "Generator":
@@ -78,43 +71,34 @@ class Generator:
         return cls.load(source, placement_for(settings, cls.stage))
 
     def count_tokens(self, text: str) -> int:
-        """How many tokens `text` adds to a prompt (MAX_QUERY_TOKENS is checked with this)."""
-        with self._counting_lock:
-            return len(self._counting_tokenizer.encode(text, add_special_tokens=False))
+        """How many tokens `text` adds to a prompt, as text (MAX_QUERY_TOKENS is checked with this)."""
+        return self.tokens.count(text)
 
     def detokenizer(self) -> IncrementalDetokenizer:
         """A new incremental detokenizer for one stream (any thread)."""
-        return IncrementalDetokenizer(self._decoding_tokenizer)
+        return IncrementalDetokenizer(self.tokens)
+
+    def prompt_ids(self, query: str, documents: Sequence) -> list[int]:
+        """The LLM prompt's token ids; the query's and the documents' text stays text (any thread)."""
+        return self.tokens.prompt_ids(query, documents)
 
     def prompt_tokens(self, query: str, documents: Sequence) -> int:
         """The LLM prompt's length in tokens (any thread)."""
-        return self.count_tokens(self.prompt(query, documents))
+        return len(self.prompt_ids(query, documents))
 
     def prompt(self, query: str, documents: Sequence) -> str:
-        return self.tokenizer.apply_chat_template(spec.build_messages(query, documents), tokenize=False,
-                                                  add_generation_prompt=True)
+        """The prompt as text, for reading (the model gets prompt_ids)."""
+        return self.tokens.render(spec.build_messages(query, documents))
 
-    def prompt_head_ids(self) -> list[int]:
-        """The token ids a prompt with documents starts with, whatever its query and documents: the
-        system prompt and the template up to where the documents begin (any thread).
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokens.decode(token_ids, skip_special_tokens=True)
 
-        Cut as ids, not text: the head's ids alone, as far as they agree with a whole prompt's, so a
-        last token that BPE would merge with the documents' first characters is left out."""
-        documents: Sequence = (Document(0, "Title", "content", "placeholder"),)
-        prompt = self.prompt("question?", documents)
-        head = prompt[:prompt.index(spec.build_context(documents))]
-        with self._counting_lock:
-            head_ids = self._counting_tokenizer(head)["input_ids"]
-            prompt_ids = self._counting_tokenizer(prompt)["input_ids"]
-        agree = next((i for i, (a, b) in enumerate(zip(head_ids, prompt_ids)) if a != b), len(head_ids))
-        return list(head_ids[:agree])
-
-    def generate_ids(self, prompts: Sequence[str], max_new_tokens: int | None = None) -> list[list[int]]:
-        """The new token ids of each prompt, up to and including its first eos."""
+    def generate_ids(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | None = None) -> list[list[int]]:
+        """The new token ids of each prompt (its ids), up to and including its first eos."""
         import torch
         if not prompts:
             return []
-        inputs = self.tokenizer(list(prompts), return_tensors="pt", padding=True).to(self.placement.device)
+        inputs = {k: v.to(self.placement.device) for k, v in self.tokens.left_padded(prompts).items()}
         extra = {} if max_new_tokens is None else {"max_new_tokens": max_new_tokens}
         with torch.inference_mode():
             output = self.model.generate(**inputs, generation_config=self.generation_config, **extra)
@@ -126,10 +110,6 @@ class Generator:
             rows.append(row[:end])  # after eos a batch row holds only padding
         return rows
 
-    def generate_prompts(self, prompts: Sequence[str], max_new_tokens: int | None = None) -> list[str]:
-        return [self.tokenizer.decode(ids, skip_special_tokens=True)
-                for ids in self.generate_ids(prompts, max_new_tokens)]
-
     def generate(self, requests: Sequence[GenerationRequest]) -> list[str]:
         if not requests:
             return []
@@ -137,7 +117,7 @@ class Generator:
         # One generate call runs until its longest answer ends, as with eos. Greedy
         # decoding makes a row's first n tokens the same whatever the call's cap,
         # so each answer is cut at its own cap afterwards.
-        rows = self.generate_ids([self.prompt(r.query, r.documents) for r in requests], max_new_tokens=max(caps))
-        return [self.tokenizer.decode(row[:cap], skip_special_tokens=True) for row, cap in zip(rows, caps)]
+        rows = self.generate_ids([self.prompt_ids(r.query, r.documents) for r in requests], max_new_tokens=max(caps))
+        return [self.decode(row[:cap]) for row, cap in zip(rows, caps)]
 
     __call__ = generate

@@ -1,7 +1,6 @@
 """Stage 4: cross-encoder reranking of (query, document) pairs (bge-reranker-base)."""
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -11,7 +10,6 @@ from pipeline.device import Placement, placement_for
 from pipeline.docstore import Document
 from pipeline.models import ModelSource, resolve_model_source
 from pipeline.precision import apply_precision
-from pipeline.token_counting import TokenCounter
 
 
 @dataclass(frozen=True)
@@ -57,10 +55,6 @@ class Reranker:
         # Pairs share a forward only while padding stays small (see length_groups).
         self.max_pairs_per_forward = max_pairs_per_forward
         self.max_pad_ratio = max_pad_ratio
-        # request_tokens runs on request threads while score_pairs encodes: one tokenizer call at a
-        # time (a copy of this tokenizer would take about 100 MiB).
-        self._tokenizer_lock = threading.Lock()
-        self._counter = TokenCounter(tokenizer, spec.TRUNCATE_LENGTH, self._tokenizer_lock)
 
     @classmethod
     def load(cls, source: ModelSource, placement: Placement) -> "Reranker":
@@ -77,18 +71,7 @@ class Reranker:
 
     def encode_pairs(self, pairs: Sequence[tuple[str, str]]):
         """Token ids of each (query, document) pair, truncated as the model reads them, unpadded."""
-        with self._tokenizer_lock:
-            return self.tokenizer([list(pair) for pair in pairs], truncation=True, max_length=spec.TRUNCATE_LENGTH)
-
-    def padded_tokens(self, lengths: Sequence[int]) -> int:
-        """Tokens of the forwards that pairs of these lengths run in, padding included."""
-        return sum(len(group) * max(lengths[i] for i in group)
-                   for group in length_groups(lengths, self.max_pairs_per_forward, self.max_pad_ratio))
-
-    def request_tokens(self, request: RerankRequest) -> int:
-        """What reranking one request costs: its pairs' padded tokens as they would run alone
-        (a batch regroups all its requests' pairs by length, so it costs at most their sum)."""
-        return self.padded_tokens(self._counter.lengths([[request.query, d.content] for d in request.documents]))
+        return self.tokenizer([list(pair) for pair in pairs], truncation=True, max_length=spec.TRUNCATE_LENGTH)
 
     def score_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
         import torch
@@ -99,9 +82,8 @@ class Reranker:
         scores = [0.0] * len(pairs)
         with torch.inference_mode():
             for group in length_groups(lengths, self.max_pairs_per_forward, self.max_pad_ratio):
-                with self._tokenizer_lock:
-                    inputs = self.tokenizer.pad({key: [encoded[key][i] for i in group] for key in encoded.keys()},
-                                                return_tensors="pt")
+                inputs = self.tokenizer.pad({key: [encoded[key][i] for i in group] for key in encoded.keys()},
+                                            return_tensors="pt")
                 inputs = {k: v.to(self.placement.device) for k, v in inputs.items()}
                 logits = self.model(**inputs).logits.view(-1).float().cpu().tolist()
                 for i, score in zip(group, logits):

@@ -1,7 +1,7 @@
 """A sharded index: which shard holds a document, where each shard's file lies, and merging.
 
 The index can be split into N shards over disjoint document ids: document ``i`` lives in
-shard ``i % N`` (:func:`shard_of`), and shard ``k`` of N is the file :func:`shard_path` names
+shard ``i % N`` (:func:`document_shard`), and shard ``k`` of N is the file :func:`shard_path` names
 beside the unsharded ``FAISS_INDEX_PATH`` (``faiss_index.bin`` -> ``faiss_index.shard-0-of-2.bin``).
 A query is searched on every shard and the per-shard top k are merged by ascending L2
 distance (:func:`merge_top_k`).
@@ -49,7 +49,7 @@ def shard_path(index_path: str | Path, shard: int, shards: int) -> Path:
     return path.with_name(f"{path.stem}.shard-{shard}-of-{shards}{path.suffix}")
 
 
-def shard_of(doc_id, shards: int):
+def document_shard(doc_id, shards: int):
     """The shard holding ``doc_id`` (an int or an integer array): ``doc_id % shards``."""
     _check_count(shards)
     return doc_id % shards

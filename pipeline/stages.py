@@ -65,7 +65,7 @@ class Stages:
         """One pass through every model so the first real request pays no lazy init."""
         self.embedder.embed([WARMUP_QUERY])
         self.reranker.score_pairs([(WARMUP_QUERY, WARMUP_DOCUMENT)])
-        self.generator.generate_prompts([self.generator.prompt(WARMUP_QUERY, [])], max_new_tokens=2)
+        self.generator.generate_ids([self.generator.prompt_ids(WARMUP_QUERY, [])], max_new_tokens=2)
         self.sentiment.classify([WARMUP_REPLY])
         self.toxicity.classify([WARMUP_REPLY])
 

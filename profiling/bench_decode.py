@@ -110,7 +110,7 @@ def load_runner_class(ref: str):
 
 def filled_engine(generator: Generator, n: int, runner_class=None) -> ContinuousEngine:
     """An engine with n running sequences, all prompts prefilled, ready for pure decode steps."""
-    engine = ContinuousEngine(generator, max_seqs=n, max_tokens=n * 2048, prefill_chunk=4096)
+    engine = ContinuousEngine(generator, max_batch=n, kv_cache_tokens=n * 2048, prefill_chunk=4096)
     if runner_class is not None:
         engine.runner = runner_class(generator.model, repetition_penalty=engine.runner.repetition_penalty,
                                      device=engine.runner.device)

@@ -26,13 +26,6 @@ def max_batch(stage: str, size: int, why: str) -> Any:
                f"largest batch the {stage} stage runs ({why}; docs/performance.md)")
 
 
-def max_batch_tokens(stage: str, tokens: int, counted: str, why: str) -> Any:
-    return var(f"{stage.upper()}_MAX_BATCH_TOKENS", p.int_range(0, 10_000_000), str(tokens),
-               f"padded tokens a batch of the {stage} stage may hold besides {stage.upper()}_MAX_BATCH ({counted}): "
-               f"no item joins a batch it would take over them, one over them alone runs alone; 0 = no budget "
-               f"({why}; docs/performance.md)")
-
-
 def max_wait(stage: str, wait_ms: int) -> Any:
     return var(f"{stage.upper()}_MAX_WAIT_MS", p.non_negative_float, str(wait_ms),
                f"how long the {stage} stage's oldest item may wait for a fuller batch (ms)")

@@ -67,13 +67,13 @@ class ClusterSettings:
         """"gateway" (node 0, a worker too), "index" or "worker"."""
         return "gateway" if node == 0 else "index" if node in self.index_nodes else "worker"
 
-    def shard_of(self, node: int) -> int:
+    def served_shard(self, node: int) -> int:
         """The index shard an index node serves."""
         return self.index_nodes.index(node) % self.index_shards
 
     def replicas(self, shard: int) -> tuple[int, ...]:
         """The index nodes serving one shard, in INDEX_NODES order."""
-        return tuple(n for n in self.index_nodes if self.shard_of(n) == shard)
+        return tuple(n for n in self.index_nodes if self.served_shard(n) == shard)
 
     def bind_address(self, node: int) -> Address:
         """Where `node` listens: BIND_HOST (or its own NODE_<n>_IP's host) at its own port."""
@@ -114,7 +114,6 @@ class ModelStage(BatchWindow, Protocol):
 class EmbedSettings:
     max_batch: int = f.max_batch(Stage.EMBED, 16, "measured: 84 ms per query alone, 29 ms at 16")
     max_wait_ms: float = f.max_wait(Stage.EMBED, 5)
-    max_batch_tokens: int = f.max_batch_tokens(Stage.EMBED, 0, "items x the longest query's tokens", "off: only the reranker was measured")
     dtype: str = f.dtype(Stage.EMBED, "embedder")
     precision: str = f.precision(Stage.EMBED, "embedder")
     cache_size: int = f.var("EMBED_CACHE_SIZE", p.int_range(0, 10_000_000), "1024", "query embeddings each worker keeps (LRU; 0 = off): the same question skips the embedder")
@@ -143,7 +142,6 @@ class FetchSettings:
 class RerankSettings:
     max_batch: int = f.max_batch(Stage.RERANK, 1, "measured: about 2.9 s per request at 1, 2 and 4; batching only delays the first")
     max_wait_ms: float = f.max_wait(Stage.RERANK, 0)
-    max_batch_tokens: int = f.max_batch_tokens(Stage.RERANK, 0, "the sum of its requests' padded pair tokens, about 1500 each", "measured: a request costs the same in batches of 1 to 8, so a budget only makes requests wait")
     dtype: str = f.dtype(Stage.RERANK, "reranker")
     precision: str = f.precision(Stage.RERANK, "reranker")
 
@@ -155,16 +153,14 @@ class GenerateSettings:
     dtype: str = f.dtype(Stage.GENERATE, "LLM")
     precision: str = f.precision(Stage.GENERATE, "LLM")
     mode: str = f.var("GENERATE_MODE", p.choice("continuous", "static"), "continuous", "continuous: sequences join and leave the running batch every decode step; static: whole batches through generate()")
-    max_tokens: int = f.var("GENERATE_MAX_TOKENS", p.int_range(256, 10_000_000), "16384", "continuous mode: KV-cache tokens (prompt + 128 new) the running sequences may reserve; bounds its memory (Qwen2-0.5B: 24 KiB a token in float32, so about 400 MB)")
+    kv_cache_tokens: int = f.var("GENERATE_KV_CACHE_TOKENS", p.int_range(256, 10_000_000), "16384", "continuous mode: KV-cache tokens (prompt + 128 new) the running sequences may reserve; bounds its memory (Qwen2-0.5B: 24 KiB a token in float32, so about 400 MB)")
     prefill_chunk: int = f.var("GENERATE_PREFILL_CHUNK", p.int_range(1, 100_000), "512", "continuous mode: prompt tokens prefilled per iteration, so decoding sequences wait at most that long")
-    prefix_cache: bool = f.var("GENERATE_PREFIX_CACHE", p.boolean, "false", "continuous mode: keep the KV of the prompt's fixed head (system prompt and template, 28 tokens) and start every prefill after it; measured 5-11% less prefill time on ~260-token prompts; a prompt is then computed head-then-rest, which in bfloat16 and int8-weight can round differently from the one-pass reference (docs/performance.md)")
 
 
 @dataclass(frozen=True)
 class SentimentSettings:
     max_batch: int = f.max_batch(Stage.SENTIMENT, 16, "measured: 308 ms per text alone, 200 ms at 16")
     max_wait_ms: float = f.max_wait(Stage.SENTIMENT, 5)
-    max_batch_tokens: int = f.max_batch_tokens(Stage.SENTIMENT, 0, "items x the longest answer's tokens", "off: only the reranker was measured")
     dtype: str = f.dtype(Stage.SENTIMENT, "sentiment classifier")
     precision: str = f.precision(Stage.SENTIMENT, "sentiment classifier")
 
@@ -173,7 +169,6 @@ class SentimentSettings:
 class ToxicitySettings:
     max_batch: int = f.max_batch(Stage.TOXICITY, 16, "measured: 325 ms per text alone, 189 ms at 16")
     max_wait_ms: float = f.max_wait(Stage.TOXICITY, 5)
-    max_batch_tokens: int = f.max_batch_tokens(Stage.TOXICITY, 0, "items x the longest answer's tokens", "off: only the reranker was measured")
     dtype: str = f.dtype(Stage.TOXICITY, "toxicity classifier")
     precision: str = f.precision(Stage.TOXICITY, "toxicity classifier")
 

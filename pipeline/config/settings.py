@@ -37,12 +37,10 @@ MIN_CONNECTION_LIMIT = 1024
 
 @dataclass(frozen=True)
 class BatchConfig:
-    """What a stage's batching service is built with: its window, its queue bound and, for an
-    encoder stage, its token budget (0: none)."""
-    max_size: int
+    """What a stage's batching service is built with: its window and its queue bound."""
+    max_batch: int  # <STAGE>_MAX_BATCH
     max_wait_ms: float
     max_queue: int
-    max_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -55,9 +53,6 @@ class HttpServerConfig:
     max_body_bytes: int
     cluster_token: str
 
-
-# The encoder stages: their sections have a token budget (<STAGE>_MAX_BATCH_TOKENS).
-TOKEN_BUDGET_SECTIONS = (s.EmbedSettings, s.RerankSettings, s.SentimentSettings, s.ToxicitySettings)
 
 StageSection = (s.EmbedSettings | s.SearchSettings | s.FetchSettings | s.RerankSettings | s.GenerateSettings
                 | s.SentimentSettings | s.ToxicitySettings | s.IndexSettings)
@@ -201,8 +196,7 @@ class Settings:
 
     def batching(self, stage: str) -> BatchConfig:
         section = self.stage(stage)
-        tokens = section.max_batch_tokens if isinstance(section, TOKEN_BUDGET_SECTIONS) else 0
-        return BatchConfig(section.max_batch, section.max_wait_ms, self.limits.stage_max_queue, tokens)
+        return BatchConfig(section.max_batch, section.max_wait_ms, self.limits.stage_max_queue)
 
     def stage_dtype(self, stage: str) -> str:
         return self.model_stage(stage).dtype or self.models.dtype
@@ -253,7 +247,7 @@ class Settings:
     def index_file(self, node: int) -> Path:
         """The index file an index node serves: its shard's (pipeline.shards.shard_path)."""
         c = self.cluster
-        return shard_path(self.index.faiss_index_path, c.shard_of(node), c.index_shards)
+        return shard_path(self.index.faiss_index_path, c.served_shard(node), c.index_shards)
 
     def require_index_file(self, node: int) -> Path:
         """The index node's own shard file; ConfigError if it is missing, or if files of another shard

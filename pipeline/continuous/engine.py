@@ -1,10 +1,4 @@
-"""One Generator's model under continuous batching: `step()` = schedule -> execute -> update.
-
-With the prefix cache on, the KV of the prompt's fixed head (Generator.prompt_head_ids) is
-computed once per engine and copied into every sequence whose prompt ids start with it;
-every such prompt's prefill is cut at the head's end, hit or miss, so a hit gives the same
-logits, bit for bit, as a prefill that computes the head itself.
-"""
+"""One Generator's model under continuous batching: `step()` = schedule -> execute -> update."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -25,44 +19,40 @@ class StepResult:
 
 @dataclass(frozen=True)
 class EngineStats:
-    """What the engine holds now, and its prefix cache's totals since it started (0 with the cache off)."""
+    """What the engine holds now."""
     running_sequences: int = 0  # holding a slot (prefilling or decoding)
     waiting_sequences: int = 0  # added, waiting for a slot (sequence or KV budget)
     kv_tokens_in_use: int = 0  # cache slots of the running batch, padding included
     kv_tokens_reserved: int = 0  # prompt + max new tokens of every sequence holding a slot
-    prefix_cache_hits_total: int = 0  # prefills that started from the cached head
-    prefix_cache_misses_total: int = 0  # prefills that ran from token 0 (cache cold, or no head match)
-    prefix_cache_tokens_saved_total: int = 0  # prompt tokens the hits did not run
 
 
 class ContinuousEngine:
-    def __init__(self, generator, *, max_seqs: int = 8, max_tokens: int = 8192, prefill_chunk: int = 512,
-                 prefix_cache: bool = False):
+    def __init__(self, generator, *, max_batch: int = 8, kv_cache_tokens: int = 8192, prefill_chunk: int = 512):
         self.generator = generator
         config = generator.generation_config
         eos = config.eos_token_id
         self.eos_ids = frozenset(eos if isinstance(eos, (list, tuple)) else [eos])
         self.max_new_tokens = config.max_new_tokens
-        self.scheduler = Scheduler(max_seqs=max_seqs, max_tokens=max_tokens, prefill_chunk=prefill_chunk,
-                                   eos_ids=self.eos_ids,
-                                   prefix_ids=generator.prompt_head_ids() if prefix_cache else ())
+        self.scheduler = Scheduler(max_batch=max_batch, kv_cache_tokens=kv_cache_tokens, prefill_chunk=prefill_chunk,
+                                   eos_ids=self.eos_ids)
         self.runner = ModelRunner(generator.model, repetition_penalty=config.repetition_penalty or 1.0,
                                   device=generator.placement.device)
 
-    def add_prompt(self, prompt: str, payload: Any = None, max_new_tokens: int | None = None) -> SequenceState:
-        ids = self.generator.tokenizer(prompt)["input_ids"]
+    def add_prompt(self, prompt_ids: list[int], payload: Any = None,
+                   max_new_tokens: int | None = None) -> SequenceState:
+        """Queue a prompt given as token ids; max_new_tokens (None: the generation config's) caps the answer."""
         cap = self.max_new_tokens if max_new_tokens is None else max_new_tokens
-        seq = self.scheduler.new_sequence(ids, cap, payload)
+        seq = self.scheduler.new_sequence(prompt_ids, cap, payload)
         self.scheduler.add(seq)
         return seq
 
     def add(self, request, payload: Any = None) -> SequenceState:
         """Queue a GenerationRequest; its max_new_tokens (None: the generation config's) caps the answer."""
-        return self.add_prompt(self.generator.prompt(request.query, request.documents), payload,
+        return self.add_prompt(self.generator.prompt_ids(request.query, request.documents), payload,
                                request.max_new_tokens)
 
     def text(self, seq: SequenceState) -> str:
-        return self.generator.tokenizer.decode(seq.generated, skip_special_tokens=True)
+        return self.generator.decode(seq.generated)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -74,8 +64,7 @@ class ContinuousEngine:
     def stats(self) -> EngineStats:
         scheduler = self.scheduler
         return EngineStats(len(scheduler.active), len(scheduler.waiting), self.runner.cache_tokens(),
-                           scheduler.tokens_reserved(), scheduler.prefix_hits, scheduler.prefix_misses,
-                           scheduler.prefix_tokens_saved)
+                           scheduler.tokens_reserved())
 
     def cancel(self, seq: SequenceState) -> None:
         self.scheduler.drop(seq)

@@ -12,10 +12,6 @@ DynamicLayer's torch.cat copying the whole cache in every layer), and the
 tokens each row has seen are one (rows, width) tensor aligned with the cache,
 so the repetition penalty is one batched gather/scatter rather than a tensor
 built from Python lists for every row at every step.
-
-The prefix KV (the fixed head every prompt starts with) is kept from the first
-prefill the plan names for it and copied into the own cache of every sequence
-the plan starts from it; it is never written afterwards.
 """
 from __future__ import annotations
 
@@ -92,7 +88,6 @@ class ModelRunner:
         # column repeats the row's first token, which the penalty already counts.
         self.seen: Any = None
         self._prefill_caches: dict[int, Any] = {}  # seq id -> its own cache until it joins
-        self.prefix: list[tuple[Any, Any]] | None = None  # the prefix's (keys, values) per layer, once stored
 
     def execute(self, plan: SchedulerOutput) -> RunnerOutput:
         """Decode the running batch, then run the prompt chunks.
@@ -105,8 +100,7 @@ class ModelRunner:
         if plan.decode:
             self._decode_step(plan.decode, out)
         for chunk in plan.prefill:
-            self._prefill_step(chunk, out, from_prefix=chunk.seq in plan.prefix_hits,
-                               store_prefix=chunk.seq is plan.prefix_store)
+            self._prefill_step(chunk, out)
         return out
 
     def _decode_step(self, seqs: list[SequenceState], out: RunnerOutput) -> None:
@@ -121,16 +115,10 @@ class ModelRunner:
             return
         out.decoded.update(zip((s.seq_id for s in seqs), tokens))
 
-    def _prefill_step(self, chunk: PrefillChunk, out: RunnerOutput, *, from_prefix: bool = False,
-                      store_prefix: bool = False) -> None:
+    def _prefill_step(self, chunk: PrefillChunk, out: RunnerOutput) -> None:
         seq_id = chunk.seq.seq_id
         try:
-            if from_prefix:
-                self.start_from_prefix(chunk.seq)
             token = self.prefill_chunk(*chunk)
-            if store_prefix:
-                self.store_prefix(chunk.seq)
-                out.prefix_stored = True
         except Exception as exc:  # this prompt alone fails; the batch goes on
             self.release([seq_id])
             out.failed[seq_id] = exc
@@ -165,28 +153,6 @@ class ModelRunner:
         if end < seq.prompt_len:
             return None
         return self._choose(out.logits[:, -1, :], torch.tensor([seq.prompt_ids], device=self.device))[0]
-
-    def store_prefix(self, seq: SequenceState) -> None:
-        """Keep the cache of `seq`, which holds exactly its prefix, as the prefix KV."""
-        cache = self._prefill_caches[seq.seq_id]
-        if cache.get_seq_length() != seq.prefix_len:
-            raise RuntimeError(f"sequence {seq.seq_id} holds {cache.get_seq_length()} tokens, "
-                               f"not its {seq.prefix_len}-token prefix")
-        # The tensors themselves, no copy: a prefill cache grows by torch.cat (new tensors) and the
-        # batch cache copies into its own buffers (RoomyLayer), so nothing writes these again.
-        self.prefix = [(layer.keys, layer.values) for layer in cache.layers]
-
-    def start_from_prefix(self, seq: SequenceState) -> None:
-        """Give `seq` its own cache holding a copy of the prefix KV (its prefill goes on from there)."""
-        from transformers import DynamicCache
-        if self.prefix is None:
-            raise RuntimeError("the plan starts a sequence from a prefix KV this runner does not hold")
-        if seq.seq_id in self._prefill_caches:
-            raise RuntimeError(f"sequence {seq.seq_id} already has a cache")
-        cache = DynamicCache()
-        for n, (keys, values) in enumerate(self.prefix):
-            cache.update(keys, values, n)  # torch.cat onto an empty layer: the layer holds a copy
-        self._prefill_caches[seq.seq_id] = cache
 
     def join(self, seq: SequenceState) -> None:
         """Merge a fully prefilled sequence's cache into the running batch (left padding)."""

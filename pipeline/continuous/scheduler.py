@@ -4,20 +4,13 @@ Each iteration a sequence is in one of three places: waiting for a slot,
 prefilling its prompt (in chunks, so running sequences never wait for more than
 one chunk's worth of prompt), or running (one decode step per iteration). A
 sequence leaves the moment it finishes.
-
-Prefix cache: given the token ids every prompt starts with (the system prompt and
-template before the documents), a prompt that starts with exactly those ids is
-always cut at the end of that head. The first such prefill to reach the cut has
-the runner keep the head's KV; from then on a sequence's prefill starts at the
-cut from a copy of it. A hit and a miss therefore run the same chunks past the
-head, and the head's KV is the same numbers either way.
 """
 from __future__ import annotations
 
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -31,8 +24,6 @@ class SequenceState:
     payload: Any = None  # the caller's handle; the scheduler never looks inside
     generated: list[int] = field(default_factory=list)
     prefilled: int = 0  # prompt tokens already in this sequence's cache
-    # Leading prompt tokens that are the scheduler's prefix (its ids exactly); 0: the prompt does not start with it.
-    prefix_len: int = 0
     arrived_at: float = field(default_factory=time.monotonic)
     admitted_at: float | None = None  # when the scheduler gave it a slot
     first_token_at: float | None = None
@@ -60,10 +51,6 @@ class SchedulerOutput:
     prefill: list[PrefillChunk]
     decode: list[SequenceState]  # running sequences, each takes one decode step
     admitted: list[SequenceState] = field(default_factory=list)  # given a slot by this plan
-    # Sequences whose cache starts as a copy of the runner's prefix KV; their chunk starts at prefix_len.
-    prefix_hits: list[SequenceState] = field(default_factory=list)
-    # The sequence whose cache, after its chunk (ending at prefix_len), the runner keeps as the prefix KV.
-    prefix_store: SequenceState | None = None
 
 
 @dataclass
@@ -73,7 +60,6 @@ class RunnerOutput:
     first_tokens: dict[int, int] = field(default_factory=dict)  # for prompts completed this iteration
     decoded: dict[int, int] = field(default_factory=dict)  # the next token of each decoded sequence
     failed: dict[int, BaseException] = field(default_factory=dict)
-    prefix_stored: bool = False  # the runner now holds the prefix KV (the plan's prefix_store ran)
 
 
 @dataclass
@@ -86,25 +72,17 @@ class UpdateResult:
 class Scheduler:
     """Bounded by sequences and cache tokens; admits in arrival order (no overtaking: fairness)."""
 
-    def __init__(self, *, max_seqs: int, max_tokens: int, prefill_chunk: int,
-                 eos_ids: frozenset[int] = frozenset(), clock: Callable[[], float] = time.monotonic,
-                 prefix_ids: Sequence[int] = ()):
-        """prefix_ids: the token ids every prompt is expected to start with, whose KV is computed once
-        and reused (empty: no prefix cache, and prompts are cut only at multiples of prefill_chunk)."""
-        if max_seqs < 1 or max_tokens < 1 or prefill_chunk < 1:
-            raise ValueError("max_seqs, max_tokens and prefill_chunk must be >= 1")
-        self.max_seqs = max_seqs
-        self.max_tokens = max_tokens
+    def __init__(self, *, max_batch: int, kv_cache_tokens: int, prefill_chunk: int,
+                 eos_ids: frozenset[int] = frozenset(), clock: Callable[[], float] = time.monotonic):
+        """max_batch: sequences holding a slot at once; kv_cache_tokens: the KV-cache tokens (prompt +
+        max new tokens of each) they may reserve together."""
+        if max_batch < 1 or kv_cache_tokens < 1 or prefill_chunk < 1:
+            raise ValueError("max_batch, kv_cache_tokens and prefill_chunk must be >= 1")
+        self.max_batch = max_batch
+        self.kv_cache_tokens = kv_cache_tokens
         self.prefill_chunk = prefill_chunk
         self.eos_ids = frozenset(eos_ids)
         self._clock = clock
-        self.prefix_ids = list(prefix_ids)
-        self.prefix_cached = False  # the runner holds the prefix's KV
-        # Prefix cache totals: prefills that started from the prefix KV, prefills that started at
-        # token 0 (the cache cold, or the prompt not starting with the prefix), prompt tokens not run.
-        self.prefix_hits = 0
-        self.prefix_misses = 0
-        self.prefix_tokens_saved = 0
         self.waiting: deque[SequenceState] = deque()
         self.prefilling: list[SequenceState] = []
         self.running: list[SequenceState] = []
@@ -115,19 +93,10 @@ class Scheduler:
             raise ValueError("empty prompt")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if len(prompt_ids) + max_new_tokens > self.max_tokens:
+        if len(prompt_ids) + max_new_tokens > self.kv_cache_tokens:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens + {max_new_tokens} new tokens exceeds the "
-                             f"{self.max_tokens}-token budget")
-        return SequenceState(next(self._ids), list(prompt_ids), max_new_tokens, payload,
-                             prefix_len=self.prefix_len_of(prompt_ids), arrived_at=self._clock())
-
-    def prefix_len_of(self, prompt_ids: Sequence[int]) -> int:
-        """len(prefix_ids) where the prompt starts with exactly those ids and goes on past them, else 0.
-
-        Compared as ids: the same text can tokenize differently where BPE merges across the
-        head's end. At least one token must follow: the last prompt token's logits give the first token."""
-        n = len(self.prefix_ids)
-        return n if 0 < n < len(prompt_ids) and list(prompt_ids[:n]) == self.prefix_ids else 0
+                             f"{self.kv_cache_tokens}-token KV-cache budget")
+        return SequenceState(next(self._ids), list(prompt_ids), max_new_tokens, payload, arrived_at=self._clock())
 
     def add(self, seq: SequenceState) -> None:
         self.waiting.append(seq)
@@ -148,37 +117,29 @@ class Scheduler:
 
     def plan(self) -> SchedulerOutput:
         admitted = []
-        while self.waiting and len(self.active) < self.max_seqs and \
-                self.tokens_reserved() + self.waiting[0].budget_tokens <= self.max_tokens:
+        while self.waiting and len(self.active) < self.max_batch and \
+                self.tokens_reserved() + self.waiting[0].budget_tokens <= self.kv_cache_tokens:
             seq = self.waiting.popleft()
             seq.admitted_at = self._clock()
             self.prefilling.append(seq)
             admitted.append(seq)
-        chunks, hits, store, budget = [], [], None, self.prefill_chunk
+        chunks, budget = [], self.prefill_chunk
         for seq in self.prefilling:
-            hit = seq.prefilled == 0 and seq.prefix_len > 0 and self.prefix_cached
-            start = seq.prefix_len if hit else seq.prefilled
+            start = seq.prefilled
             end = self.chunk_end(seq, start)
             if end - start > budget:
                 break  # its next whole chunk waits for the next iteration (the first always fits)
             chunks.append(PrefillChunk(seq, start, end))
-            if hit:
-                hits.append(seq)
-            elif end == seq.prefix_len and not self.prefix_cached and store is None:
-                store = seq
             budget -= end - start
-        return SchedulerOutput(prefill=chunks, decode=list(self.running), admitted=admitted, prefix_hits=hits,
-                               prefix_store=store)
+        return SchedulerOutput(prefill=chunks, decode=list(self.running), admitted=admitted)
 
     def chunk_end(self, seq: SequenceState, start: int) -> int:
         """Where the chunk of `seq` that starts at `start` ends: the next cut of its prompt.
 
-        The cuts are the multiples of prefill_chunk and the end of its prefix, counted from its own
-        start, whoever shares the iteration: where a chunk starts and ends changes its rounding (visibly
-        in bfloat16), so a cut placed by another prompt's leftover budget would make the answer
-        depend on company, and a cut only on a hit would make it depend on the cache."""
-        end = min(seq.prompt_len, (start // self.prefill_chunk + 1) * self.prefill_chunk)
-        return min(end, seq.prefix_len) if start < seq.prefix_len else end
+        The cuts are the multiples of prefill_chunk, counted from its own start, whoever shares the
+        iteration: where a chunk starts and ends changes its rounding (visibly in bfloat16), so a cut
+        placed by another prompt's leftover budget would make the answer depend on company."""
+        return min(seq.prompt_len, (start // self.prefill_chunk + 1) * self.prefill_chunk)
 
     schedule = plan
 
@@ -190,16 +151,6 @@ class Scheduler:
             if seq.seq_id in output.failed:
                 failed.append((seq, output.failed[seq.seq_id]))
                 self.drop(seq)
-        self.prefix_cached = self.prefix_cached or output.prefix_stored
-        if self.prefix_ids:
-            for seq, start, _end in plan.prefill:
-                if seq.seq_id in output.failed:
-                    continue
-                if seq in plan.prefix_hits:
-                    self.prefix_hits += 1
-                    self.prefix_tokens_saved += seq.prefix_len
-                elif start == 0:
-                    self.prefix_misses += 1
         for seq in plan.decode:
             if seq.seq_id in output.decoded:
                 self._append(seq, output.decoded[seq.seq_id])

@@ -162,12 +162,12 @@ def build_generate(ctx: BenchContext) -> StageBench:
         # count makes runs comparable across models and dtypes (the worst case).
         generator.generation_config.min_new_tokens = max_new
     pool = ctx.pool
-    prompts = [generator.prompt(q, cycled(pool, spec.CONTEXT_DOCS, i * spec.CONTEXT_DOCS))
+    prompts = [generator.prompt_ids(q, cycled(pool, spec.CONTEXT_DOCS, i * spec.CONTEXT_DOCS))
                for i, q in enumerate(spec.REFERENCE_QUERIES)]
-    prompt_tokens = statistics.mean(len(generator.tokenizer(p).input_ids) for p in prompts)
+    prompt_tokens = statistics.mean(len(p) for p in prompts)
     details = {"max_new_tokens": max_new, "prompt_tokens": round(prompt_tokens), "out_tokens": "?"}
     count_new_tokens(generator, details)
-    return StageBench("generate", lambda batch: generator.generate_prompts(batch, max_new_tokens=max_new),
+    return StageBench("generate", lambda batch: generator.generate_ids(batch, max_new_tokens=max_new),
                       lambda n, r: cycled(prompts, n, r), placement.device, placement.dtype,
                       torch_threads(ctx.settings), ctx.source.describe(), details)
 
@@ -175,8 +175,7 @@ def build_generate(ctx: BenchContext) -> StageBench:
 def count_new_tokens(generator, details: dict) -> None:
     """Record the mean number of tokens each sequence really generated in details["out_tokens"].
 
-    generate_prompts returns only text, and re-tokenising decoded text does not
-    give the count back, so this wraps this instance's model.generate to read the
+    generate_ids trims each answer at its end of sequence, so this wraps this instance's model.generate to read the
     output ids: new tokens other than padding (finished sequences are padded).
     """
     model, inner = generator.model, generator.model.generate

@@ -29,7 +29,7 @@ def _workload(stage: str, model, n: int, max_new: int) -> tuple[list, Callable[[
         # Random-weight stand-ins may emit EOS at any step: every variant generates the full
         # count, so timings compare like with like and the token comparison is the worst case.
         model.generation_config.min_new_tokens = max_new
-        prompts = [model.prompt(q, cycled(pool, spec.CONTEXT_DOCS, i * spec.CONTEXT_DOCS))
+        prompts = [model.prompt_ids(q, cycled(pool, spec.CONTEXT_DOCS, i * spec.CONTEXT_DOCS))
                    for i, q in enumerate(queries)]
         run = lambda items: model.generate_ids(items, max_new_tokens=max_new)  # noqa: E731
         return prompts, run, lambda items: [{"ids": ids, **_read_prompt(model, prompt)}
@@ -37,12 +37,12 @@ def _workload(stage: str, model, n: int, max_new: int) -> tuple[list, Callable[[
     return answer_texts(pool, n), model.classify, model.classify
 
 
-def _read_prompt(generator, prompt: str, chunk: int = 128) -> dict:
+def _read_prompt(generator, prompt: list[int], chunk: int = 128) -> dict:
     """The LLM reading one prompt alone: the argmax after every position (teacher-forced) and the
     logits after the last one (float32 bytes, base64). The head runs in chunks of positions: the
     whole prompt's logits would be prompt length x vocabulary floats."""
     import torch
-    ids = generator.tokenizer(prompt, return_tensors="pt")["input_ids"].to(generator.placement.device)
+    ids = torch.tensor([prompt], device=generator.placement.device)
     with torch.inference_mode():
         hidden = generator.model.model(input_ids=ids).last_hidden_state
         head = generator.model.lm_head

@@ -2,12 +2,8 @@
 
 A batch closes as soon as ``max_size`` items are waiting, or ``max_wait_ms``
 after its *oldest* item arrived, whichever comes first; when the queue is
-closing it goes at once (nothing new can join). A stage that counts tokens
-(``TokenPolicy``) gives each item's cost on submit, and with a budget a batch
-also closes when the next item in arrival order would take its padded tokens
-over ``max_tokens`` (as TEI does); an item over the budget on its own still
-runs, alone. Items are taken in arrival order: none is skipped to fill a
-batch. ``BatchQueue`` owns the items, the lock and the counters; it never runs
+closing it goes at once (nothing new can join). Items are taken in arrival
+order: none is skipped to fill a batch. ``BatchQueue`` owns the items, the lock and the counters; it never runs
 a batch (``BatchingService`` does). The policy methods (``due_in``, ``take``)
 read an injectable clock, so they are tested with no thread and no sleep.
 """
@@ -26,7 +22,6 @@ from typing import Any
 from services.server.errors import Overloaded, ServiceClosed, StageDown
 from services.stages.batch_stats import BatchCounters, BatchingStats
 from services.stages.futures import Claim, claim, end_with_exception, peek
-from services.stages.token_policy import BatchShape, TokenPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +39,6 @@ class PendingItem:
     item: Any
     future: Future
     enqueued_at: float  # the queue's clock at submit
-    cost: int = 0  # its tokens (TokenPolicy stages), computed once by the submitter
 
 
 def validate_positive_int(name: str, value: Any) -> int:
@@ -75,14 +69,11 @@ class BatchQueue:
     """
 
     def __init__(self, name: str, *, max_size: int, max_wait_ms: float, max_queue: int,
-                 tokens: TokenPolicy | None = None, clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic):
         self.name = name
         self.max_size = validate_positive_int("max_size", max_size)
         self.max_wait_ms = validate_max_wait_ms(max_wait_ms)
         self.max_queue = validate_positive_int("max_queue", max_queue)
-        if tokens is not None and tokens.max_tokens is not None:
-            validate_positive_int("max_tokens", tokens.max_tokens)
-        self.tokens = tokens
         self._max_wait_s = self.max_wait_ms / 1000.0
         self._clock = clock
         self._cond = threading.Condition(threading.Lock())
@@ -96,23 +87,21 @@ class BatchQueue:
 
     # ------------------------------------------------------------ submitting
 
-    def put(self, items: list, *, costs: list[int] | None = None, busy: int = 0,
+    def put(self, items: list, *, busy: int = 0,
             retry_after_s: Callable[[int], float] | None = None) -> list[Future]:
         """Queue items atomically (all or none); a Future for each.
 
-        ``costs`` are the items' tokens, required when the queue counts tokens;
         ``busy`` counts work the owner already holds outside the queue against
         ``max_queue``; ``retry_after_s(depth)`` overrides the Overloaded hint.
         """
-        costs = self._checked_costs(items, costs)
         now = self._clock()
         records = []
-        for item, cost in zip(items, costs):
+        for item in items:
             future: Future = Future()
             # Registered while the future is PENDING and not yet visible to the
             # worker, so the callback never fires right here.
             future.add_done_callback(self._forget_if_cancelled)
-            records.append(PendingItem(item, future, now, cost))
+            records.append(PendingItem(item, future, now))
         with self._cond:
             if self._failure is not None:
                 raise StageDown(self.name, self._failure)
@@ -128,21 +117,9 @@ class BatchQueue:
             # Only wake the worker when it has something new to decide: the
             # queue became non-empty (start the window) or a full batch is now
             # there (stop waiting); other submits would recompute the same deadline.
-            if depth == 0 or depth < self.max_size <= depth + len(records) or self._over_budget_locked():
+            if depth == 0 or depth < self.max_size <= depth + len(records):
                 self._cond.notify()
         return [record.future for record in records]
-
-    def _checked_costs(self, items: list, costs: list[int] | None) -> list[int]:
-        if costs is None:
-            if self.tokens is not None:
-                raise ValueError(f"stage service {self.name!r} counts tokens: each item needs its cost")
-            return [0] * len(items)
-        if len(costs) != len(items):
-            raise ValueError(f"{len(items)} items but {len(costs)} costs")
-        for cost in costs:
-            if isinstance(cost, bool) or not isinstance(cost, int) or cost < 0:
-                raise ValueError(f"an item's cost must be an int >= 0 (its tokens), got {cost!r}")
-        return list(costs)
 
     def _retry_after_locked(self, depth: int) -> float:
         # Time to drain the current queue at the observed average batch time.
@@ -180,27 +157,10 @@ class BatchQueue:
         if not self._pending:
             return None
         # Go now if a full batch waits (never sleep on one) or when closing.
-        if len(self._pending) >= self.max_size or self._closing or self._over_budget_locked():
+        if len(self._pending) >= self.max_size or self._closing:
             return 0.0
         oldest = next(iter(self._pending.values()))
         return max(0.0, oldest.enqueued_at + self._max_wait_s - self._clock())
-
-    def _fits(self, shape: BatchShape, cost: int) -> bool:
-        return self.tokens is None or self.tokens.fits(shape, cost)
-
-    def _over_budget_locked(self) -> bool:
-        """Whether the waiting items hold a batch closed by the budget: one of fewer than
-        max_size items that the next item in arrival order would take over it."""
-        if self.tokens is None or self.tokens.max_tokens is None:
-            return False
-        shape = BatchShape()
-        for pending in self._pending.values():
-            if shape.count == self.max_size:
-                return False
-            if not self._fits(shape, pending.cost):
-                return True
-            shape = shape.plus(pending.cost)
-        return False
 
     def take(self, limit: int | None = None, *, start_running: bool = True) -> list[PendingItem]:
         """Take up to ``limit`` (default max_size) live items now, counted as one batch.
@@ -214,28 +174,17 @@ class BatchQueue:
     def _take_locked(self, limit: int, start_running: bool = True) -> list[PendingItem]:
         batch: list[PendingItem] = []
         owner = f"stage service {self.name!r}"
-        shape = BatchShape()
-        token_closed = False
         while self._pending and len(batch) < limit:
-            # Arrival order: the first item that does not fit closes the batch and stays first.
-            if not self._fits(shape, next(iter(self._pending.values())).cost):
-                token_closed = True
-                break
             _, pending = self._pending.popitem(last=False)
             # PENDING -> RUNNING; a caller who cancelled first is skipped here.
             outcome = claim(pending.future, owner) if start_running else peek(pending.future, owner)
             if outcome is Claim.RUN:
                 batch.append(pending)
-                shape = shape.plus(pending.cost)
             elif outcome is Claim.CANCELLED:
                 self._counters = self._counters.plus(cancelled_items_total=1)
         if batch:
             now = self._clock()
             self._counters = self._counters.with_batch([now - p.enqueued_at for p in batch])
-            if self.tokens is not None:
-                self._counters = self._counters.with_tokens([p.cost for p in batch], self.tokens.tokens_of(shape),
-                                                            token_closed=token_closed,
-                                                            over_budget=self.tokens.over(shape))
         return batch
 
     def next_batch(self) -> list[PendingItem] | None:
@@ -293,13 +242,13 @@ class BatchQueue:
         """The one way items still queued end when their service stops: ServiceClosed, or StageDown
         once marked down (cancelled stay so)."""
         with self._cond:
-            abandoned = list(self._pending.values())
+            queued = list(self._pending.values())
             self._pending.clear()
-        if abandoned:
-            logger.warning("stage service %r: %s; failing %d queued items", self.name, reason, len(abandoned))
+        if queued:
+            logger.warning("stage service %r: %s; failing %d queued items", self.name, reason, len(queued))
         owner = f"stage service {self.name!r}"
         outcomes = []
-        for pending in abandoned:
+        for pending in queued:
             error = self._closed_error(reason)
             error.__cause__ = cause
             outcomes.append(end_with_exception(pending.future, error, owner))
@@ -322,5 +271,4 @@ class BatchQueue:
             counters["batch_size_counts"] = dict(self._counters.batch_size_counts)
             return BatchingStats(**counters, name=self.name, max_size=self.max_size,
                                  max_wait_ms=self.max_wait_ms, max_queue=self.max_queue,
-                                 queue_depth=len(self._pending), counts_tokens=self.tokens is not None,
-                                 max_tokens=(self.tokens and self.tokens.max_tokens) or 0)
+                                 queue_depth=len(self._pending))

@@ -9,11 +9,6 @@ from dataclasses import dataclass, field, replace
 WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
-# Upper bounds of the per-item tokens histogram: from a short query to a rerank request's ten
-# pairs of up to 512 tokens.
-TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
-
-
 def with_observations(counts: tuple[int, ...], bounds: tuple[float, ...], values) -> tuple[int, ...]:
     """Histogram counts (one per bound, plus one over the last) with `values` added."""
     updated = list(counts)
@@ -46,16 +41,6 @@ class BatchCounters:
     # Sum of the time the stage's thread spent computing.
     run_seconds_sum: float = 0.0
     max_batch_size_seen: int = 0
-    # Tokens of the items taken off the queue, each counted as it costs alone (TokenPolicy stages).
-    tokens_total: int = 0
-    # The same per item, counted per TOKEN_BUCKETS bound (+ one over the last), for the histogram.
-    token_bucket_counts: tuple[int, ...] = (0,) * (len(TOKEN_BUCKETS) + 1)
-    # Batches closed because the next item would have taken them over max_tokens.
-    token_closed_batches_total: int = 0
-    # Batches of one item whose tokens alone exceed max_tokens (run anyway).
-    over_budget_batches_total: int = 0
-    # The largest batch's tokens (BatchTokens.batch_tokens) so far.
-    max_batch_tokens_seen: int = 0
 
     def plus(self, **deltas: float) -> BatchCounters:
         return replace(self, **{name: getattr(self, name) + delta for name, delta in deltas.items()})
@@ -69,13 +54,6 @@ class BatchCounters:
                        batch_size_counts=sizes, max_batch_size_seen=max(self.max_batch_size_seen, size),
                        wait_bucket_counts=with_observations(self.wait_bucket_counts, WAIT_BUCKETS, waits))
 
-    def with_tokens(self, costs: list[int], batch_tokens: int, *, token_closed: bool,
-                    over_budget: bool) -> BatchCounters:
-        """The tokens of a batch just counted by with_batch: its items' costs and the batch's tokens."""
-        return replace(self.plus(tokens_total=sum(costs), token_closed_batches_total=int(token_closed),
-                                 over_budget_batches_total=int(over_budget)),
-                       token_bucket_counts=with_observations(self.token_bucket_counts, TOKEN_BUCKETS, costs),
-                       max_batch_tokens_seen=max(self.max_batch_tokens_seen, batch_tokens))
 
 
 @dataclass(frozen=True)
@@ -88,9 +66,6 @@ class BatchingStats(BatchCounters):
     max_queue: int = 0
     # Items accepted and still waiting to be taken off the queue.
     queue_depth: int = 0
-    # Whether the stage counts tokens (TokenPolicy), and its budget (0: none).
-    counts_tokens: bool = False
-    max_tokens: int = 0
 
     def summary(self) -> dict:
         return {"batches": self.batches_total, "items": self.items_total,

@@ -7,8 +7,7 @@ sees batches instead of single items. Each caller gets a
 
 Batching is opportunistic: a batch closes as soon as ``max_size`` items are
 waiting, or ``max_wait_ms`` after its *oldest* item arrived, whichever comes
-first; a stage that counts tokens (``TokenPolicy``, each item's cost given on
-submit) may also close a batch by its padded tokens. Under load batches fill
+first. Under load batches fill
 up and go at once; with no load a lone request waits at most ``max_wait_ms``.
 
 The design follows Ray Serve's ``serve.batch`` (``python/ray/serve/batching.py``):
@@ -31,18 +30,15 @@ from services.stages.batch_queue import BatchQueue, PendingItem
 from services.stages.batch_stats import BatchingStats
 from services.stages.futures import set_exception, set_result
 from services.stages.holdings import Holdings
-from services.stages.token_policy import BatchTokens, TokenPolicy
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "BatchSizeMismatch",
-    "BatchTokens",
     "BatchingService",
     "BatchingStats",
     "Overloaded",
     "ServiceClosed",
-    "TokenPolicy",
 ]
 
 
@@ -72,7 +68,6 @@ class BatchingService:
         max_wait_ms: float,
         max_queue: int = 1024,
         retry_individually: bool = True,
-        tokens: TokenPolicy | None = None,
     ):
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty str, got {name!r}")
@@ -81,8 +76,7 @@ class BatchingService:
         self._name = name
         self._owner = f"batching service {name!r}"
         self._batch_fn = batch_fn
-        self._queue = BatchQueue(name, max_size=max_size, max_wait_ms=max_wait_ms, max_queue=max_queue,
-                                 tokens=tokens)
+        self._queue = BatchQueue(name, max_size=max_size, max_wait_ms=max_wait_ms, max_queue=max_queue)
         self._retry_individually = bool(retry_individually)
         # The batch inside batch_fn now: abort() and a dying thread fail it.
         self._holdings = Holdings(self._queue, self._owner)
@@ -104,20 +98,15 @@ class BatchingService:
     def max_wait_ms(self) -> float:
         return self._queue.max_wait_ms
 
-    @property
-    def tokens(self) -> TokenPolicy | None:
-        return self._queue.tokens
-
-    def submit(self, item: Any, cost: int | None = None) -> Future:
+    def submit(self, item: Any) -> Future:
         """Queue one item; return a Future for its result at once.
 
-        ``cost`` is the item's tokens, required when the service counts tokens.
         Raises ``Overloaded`` if ``max_queue`` items are already waiting and
         ``ServiceClosed`` after ``close()``.
         """
-        return self._queue.put([item], costs=None if cost is None else [cost])[0]
+        return self._queue.put([item])[0]
 
-    def submit_many(self, items: Iterable[Any], costs: Iterable[int] | None = None) -> list[Future]:
+    def submit_many(self, items: Iterable[Any]) -> list[Future]:
         """Queue several items atomically: either all are accepted or none.
 
         A request that needs several sub-items processed must not end up with
@@ -136,7 +125,7 @@ class BatchingService:
             )
         if not items:
             return []
-        return self._queue.put(items, costs=None if costs is None else list(costs))
+        return self._queue.put(items)
 
     def close(self, timeout: float | None = None) -> None:
         """Stop accepting items, finish the queued ones, and stop the worker.
@@ -184,7 +173,7 @@ class BatchingService:
     def __repr__(self) -> str:
         q = self._queue
         return (f"BatchingService(name={self._name!r}, max_size={q.max_size}, "
-                f"max_wait_ms={q.max_wait_ms}, max_queue={q.max_queue}, tokens={q.tokens})")
+                f"max_wait_ms={q.max_wait_ms}, max_queue={q.max_queue})")
 
     # ---------------------------------------------------------------- worker
 

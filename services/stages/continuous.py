@@ -87,7 +87,7 @@ class GenerationStats(GenerationCounters, EngineStats):
     """A consistent snapshot of the generate stage: its batches, its decoding and what its engine holds."""
 
     name: str = ""
-    max_seqs: int = 0
+    max_batch: int = 0  # GENERATE_MAX_BATCH: sequences holding a slot at once
     max_queue: int = 0
     batching: BatchingStats = field(default_factory=BatchingStats)
 
@@ -119,7 +119,7 @@ class ContinuousGenerationService:
     def __init__(self, name: str, engine: ContinuousEngine, *, max_queue: int):
         self.name = name
         self.engine = engine
-        self.max_size = engine.scheduler.max_seqs
+        self.max_batch = engine.scheduler.max_batch
         self.max_wait_ms = 0.0
         self.max_queue = max_queue
         self._owner = f"generation service {name!r}"
@@ -168,7 +168,7 @@ class ContinuousGenerationService:
         with self._lock:
             counters = {f.name: getattr(self._counters, f.name) for f in fields(GenerationCounters)}
             counters["step_sequences_counts"] = dict(self._counters.step_sequences_counts)
-            return GenerationStats(**counters, **vars(self._gauges), name=self.name, max_seqs=self.max_size,
+            return GenerationStats(**counters, **vars(self._gauges), name=self.name, max_batch=self.max_batch,
                                    max_queue=self.max_queue, batching=batching)
 
     def ttft_seconds(self, since_admission: bool = False) -> list[float]:
@@ -216,7 +216,7 @@ class ContinuousGenerationService:
             ticket = GenerationTicket(pending.future, pending.enqueued_at, getattr(request, "on_token", None))
             try:
                 self.engine.add(request, payload=ticket)
-            except Exception as exc:  # e.g. a prompt over the token budget: this request alone
+            except Exception as exc:  # e.g. a prompt over the KV-cache budget: this request alone
                 self._fail(ticket, exc)
                 continue
             self._holdings.hold([ticket.future])

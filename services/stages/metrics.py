@@ -10,7 +10,7 @@ from typing import Callable, Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from services.stages.batch_stats import TOKEN_BUCKETS, WAIT_BUCKETS, BatchingStats
+from services.stages.batch_stats import WAIT_BUCKETS, BatchingStats
 from services.stages.continuous import TPOT_BUCKETS, TTFT_BUCKETS, GenerationStats
 from services.stages.protocol import StageService
 
@@ -38,7 +38,7 @@ def _histogram(name: str, doc: str, snapshots, counts_of) -> HistogramMetricFami
 
 
 def _bounded_histogram(name: str, doc: str, snapshots, bounds, counts_of, sum_of) -> HistogramMetricFamily:
-    """A per-stage histogram (seconds, tokens) from each snapshot's counts per bound (plus one over the last) and sum."""
+    """A per-stage histogram (seconds) from each snapshot's counts per bound (plus one over the last) and sum."""
     family = HistogramMetricFamily(name, doc, labels=["stage"])
     for st in snapshots:
         counts = counts_of(st)
@@ -71,18 +71,6 @@ _BATCH_FAMILIES = [
      "refuses new ones with 503", "max_queue"),
 ]
 
-# The same for the stages that count tokens (BatchingStats.counts_tokens): the encoders.
-_TOKEN_FAMILIES = [
-    (CounterMetricFamily, "rag_stage_tokens", "Tokens of the items a stage ran, each counted as it costs alone "
-     "(a rerank request: its pairs' padded tokens)", "tokens_total"),
-    (CounterMetricFamily, "rag_batch_token_closed", "Batches closed because the next item would have taken "
-     "them over <STAGE>_MAX_BATCH_TOKENS", "token_closed_batches_total"),
-    (CounterMetricFamily, "rag_batch_over_budget", "Batches of one item over <STAGE>_MAX_BATCH_TOKENS alone "
-     "(run anyway)", "over_budget_batches_total"),
-    (GaugeMetricFamily, "rag_batch_token_budget", "A batch's padded tokens a stage closes it at "
-     "(<STAGE>_MAX_BATCH_TOKENS; 0: no budget)", "max_tokens"),
-]
-
 # The same for GenerationStats attributes: what decoding did.
 _GENERATION_FAMILIES = [
     (CounterMetricFamily, "rag_generate_decode_steps", "Decode steps run", "decode_steps_total"),
@@ -91,12 +79,6 @@ _GENERATION_FAMILIES = [
     (CounterMetricFamily, "rag_generate_finished_sequences", "Sequences that finished", "finished_sequences_total"),
     (CounterMetricFamily, "rag_generate_cancelled_sequences", "Sequences cancelled after leaving the queue",
      "cancelled_sequences_total"),
-    (CounterMetricFamily, "rag_generate_prefix_cache_hits", "Prefills that started from the cached prompt head "
-     "(GENERATE_PREFIX_CACHE)", "prefix_cache_hits_total"),
-    (CounterMetricFamily, "rag_generate_prefix_cache_misses", "Prefills that ran from token 0 with the prefix cache "
-     "on (cold, or a prompt not starting with the head)", "prefix_cache_misses_total"),
-    (CounterMetricFamily, "rag_generate_prefix_cache_tokens_saved", "Prompt tokens the prefix cache's hits did not "
-     "run", "prefix_cache_tokens_saved_total"),
     (GaugeMetricFamily, "rag_generate_running_sequences", "Sequences holding a slot", "running_sequences"),
     (GaugeMetricFamily, "rag_generate_waiting_sequences", "Sequences waiting for a slot", "waiting_sequences"),
 ]
@@ -117,12 +99,6 @@ class BatchingCollector:
                                  lambda st: st.wait_seconds_sum)
         for kind, name, doc, attribute in _BATCH_FAMILIES:
             yield _per_stage(kind, name, doc, snapshots, attribute)
-        costed = [st for st in snapshots if st.counts_tokens]
-        yield _bounded_histogram("rag_stage_item_tokens", "Each item's tokens as it costs alone (a rerank "
-                                 "request: its pairs' padded tokens)", costed, TOKEN_BUCKETS,
-                                 lambda st: st.token_bucket_counts, lambda st: float(st.tokens_total))
-        for kind, name, doc, attribute in _TOKEN_FAMILIES:
-            yield _per_stage(kind, name, doc, costed, attribute)
 
 
 class GenerationCollector:

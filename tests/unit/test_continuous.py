@@ -17,18 +17,18 @@ EOS = frozenset({0})
 
 # ----------------------------------------------------------------------------- scheduler, no model
 
-def make(max_seqs=2, max_tokens=100, chunk=8) -> Scheduler:
-    return Scheduler(max_seqs=max_seqs, max_tokens=max_tokens, prefill_chunk=chunk, eos_ids=EOS)
+def make(max_batch=2, kv_cache_tokens=100, chunk=8) -> Scheduler:
+    return Scheduler(max_batch=max_batch, kv_cache_tokens=kv_cache_tokens, prefill_chunk=chunk, eos_ids=EOS)
 
 
 def test_admission_respects_sequence_and_token_budgets_in_arrival_order():
-    s = make(max_seqs=2, max_tokens=60)
+    s = make(max_batch=2, kv_cache_tokens=60)
     a, b, c = (s.new_sequence([1] * 10, 10) for _ in range(3))  # 20 tokens each
     for seq in (a, b, c):
         s.add(seq)
     s.plan()
     assert s.prefilling == [a, b] and list(s.waiting) == [c]
-    s2 = make(max_seqs=8, max_tokens=45)
+    s2 = make(max_batch=8, kv_cache_tokens=45)
     x, y = s2.new_sequence([1] * 10, 10), s2.new_sequence([1] * 10, 10)
     z = s2.new_sequence([1] * 4, 1)
     for seq in (x, y, z):
@@ -39,7 +39,7 @@ def test_admission_respects_sequence_and_token_budgets_in_arrival_order():
 
 
 def test_no_overtaking_when_the_head_does_not_fit():
-    s = make(max_seqs=8, max_tokens=30)
+    s = make(max_batch=8, kv_cache_tokens=30)
     big, small = s.new_sequence([1] * 20, 5), s.new_sequence([1] * 2, 2)
     first = s.new_sequence([1] * 4, 4)
     s.add(first), s.add(big), s.add(small)
@@ -48,7 +48,7 @@ def test_no_overtaking_when_the_head_does_not_fit():
 
 
 def test_prefill_is_chunked_within_the_per_iteration_budget():
-    s = make(max_seqs=4, max_tokens=1000, chunk=8)
+    s = make(max_batch=4, kv_cache_tokens=1000, chunk=8)
     long, short = s.new_sequence(list(range(1, 21)), 5), s.new_sequence([1, 2, 3], 5)
     s.add(long), s.add(short)
     plan = s.plan()
@@ -65,7 +65,7 @@ def test_a_prompts_chunk_boundaries_do_not_depend_on_the_prompts_prefilling_besi
     # Rounding in a prefill depends on where its chunks start and end (visibly in bfloat16): a prompt
     # cut wherever another prompt left the iteration's budget would answer differently in company.
     def chunks_of(target_len: int, others: list[int]) -> list[tuple[int, int]]:
-        s = make(max_seqs=8, max_tokens=1000, chunk=8)
+        s = make(max_batch=8, kv_cache_tokens=1000, chunk=8)
         seqs = [s.new_sequence(list(range(1, n + 1)), 5) for n in others]
         target = s.new_sequence(list(range(1, target_len + 1)), 5)
         for seq in [*seqs, target]:
@@ -86,7 +86,7 @@ def test_a_prompts_chunk_boundaries_do_not_depend_on_the_prompts_prefilling_besi
 
 
 def test_finish_on_eos_or_token_limit_and_budget_is_released():
-    s = make(max_seqs=1, max_tokens=100)
+    s = make(max_batch=1, kv_cache_tokens=100)
     a, b = s.new_sequence([5, 6], 3), s.new_sequence([7], 3)
     s.add(a), s.add(b)
     s.update_from_output(s.plan(), RunnerOutput(prefilled={a.seq_id: 2}, first_tokens={a.seq_id: 9}))
@@ -104,7 +104,7 @@ def test_finish_on_eos_or_token_limit_and_budget_is_released():
 
 def test_prompt_over_budget_is_refused():
     with pytest.raises(ValueError, match="budget"):
-        make(max_tokens=10).new_sequence([1] * 8, 5)
+        make(kv_cache_tokens=10).new_sequence([1] * 8, 5)
     with pytest.raises(ValueError):
         make().new_sequence([], 5)
 
@@ -121,11 +121,10 @@ def reference_texts(generator):
     return [generator.generate([r])[0] for r in REQUESTS]
 
 
-@pytest.mark.parametrize("prefix_cache", [False, True])
-def test_engine_matches_reference_with_staggered_joins(generator, reference_texts, prefix_cache):
-    engine = ContinuousEngine(generator, max_seqs=3, max_tokens=4096, prefill_chunk=32, prefix_cache=prefix_cache)
+def test_engine_matches_reference_with_staggered_joins(generator, reference_texts):
+    engine = ContinuousEngine(generator, max_batch=3, kv_cache_tokens=4096, prefill_chunk=32)
     seqs, pending, step, peak_cache = {}, list(enumerate(REQUESTS)), 0, 0
-    budget = max(len(generator.tokenizer(generator.prompt(r.query, r.documents))["input_ids"]) for r in REQUESTS)
+    budget = max(generator.prompt_tokens(r.query, r.documents) for r in REQUESTS)
     while pending or engine.has_work():
         if pending and step % 9 == 0:  # join at different decode steps
             i, request = pending.pop(0)
@@ -137,25 +136,18 @@ def test_engine_matches_reference_with_staggered_joins(generator, reference_text
         assert len(engine.runner.rows) <= 3
         step += 1
     assert [engine.text(seqs[i]) for i in range(len(REQUESTS))] == reference_texts
-    # memory: never more cache slots than max_seqs rows of the longest sequence
+    # memory: never more cache slots than max_batch rows of the longest sequence
     assert 0 < peak_cache <= 3 * (budget + spec.MAX_NEW_TOKENS)
     assert engine.runner.cache is None and engine.runner.cache_tokens() == 0
-    # every prompt starts with the head (no documents too); the first computes it, the later ones reuse it
-    stats, head = engine.stats(), len(generator.prompt_head_ids())
-    if prefix_cache:
-        assert (stats.prefix_cache_hits_total, stats.prefix_cache_misses_total) == (len(REQUESTS) - 1, 1)
-        assert stats.prefix_cache_tokens_saved_total == (len(REQUESTS) - 1) * head
-    else:
-        assert (stats.prefix_cache_hits_total, stats.prefix_cache_misses_total) == (0, 0)
 
 
 def test_service_resolves_futures_as_reference_and_survives_cancel_and_failure(generator, reference_texts):
-    engine = ContinuousEngine(generator, max_seqs=4, max_tokens=2048, prefill_chunk=64)
+    engine = ContinuousEngine(generator, max_batch=4, kv_cache_tokens=2048, prefill_chunk=64)
     service = ContinuousGenerationService("generate", engine, max_queue=8)
     try:
         futures = [service.submit(r) for r in REQUESTS[:3]]
         victim = service.submit(REQUESTS[3])
-        too_long = service.submit(GenerationRequest("x " * 3000, DOCS))  # over the token budget
+        too_long = service.submit(GenerationRequest("x " * 3000, DOCS))  # over the KV-cache budget
         with pytest.raises(ValueError, match="budget"):
             too_long.result(timeout=120)
         # cancel mid-decode: wait until the victim has produced tokens, then cancel it
@@ -181,7 +173,7 @@ def test_service_resolves_futures_as_reference_and_survives_cancel_and_failure(g
 
 
 def test_service_overload_and_close(generator):
-    engine = ContinuousEngine(generator, max_seqs=1, max_tokens=2048, prefill_chunk=512)
+    engine = ContinuousEngine(generator, max_batch=1, kv_cache_tokens=2048, prefill_chunk=512)
     service = ContinuousGenerationService("generate", engine, max_queue=2)
     first, second = service.submit(REQUESTS[0]), service.submit(REQUESTS[1])
     with pytest.raises(Overloaded):
@@ -227,7 +219,7 @@ def test_roomy_layer_holds_what_torch_cat_would_and_grows_when_full():
 
 
 def test_engine_matches_reference_when_the_cache_room_runs_out_often(generator, reference_texts):
-    engine = ContinuousEngine(generator, max_seqs=2, max_tokens=4096, prefill_chunk=64)
+    engine = ContinuousEngine(generator, max_batch=2, kv_cache_tokens=4096, prefill_chunk=64)
     engine.runner.cache_room = 3  # regrow the batch cache every few steps
     seqs = [engine.add(r) for r in REQUESTS[:3]]
     while engine.has_work():
@@ -235,17 +227,3 @@ def test_engine_matches_reference_when_the_cache_room_runs_out_often(generator, 
     assert [engine.text(s) for s in seqs] == reference_texts[:3]
     assert engine.runner.seen is None and engine.runner.cache is None
 
-
-def test_the_prefix_cache_counters_reach_the_metrics(generator, reference_texts):
-    from tests.unit.test_stage_services import scrape
-    engine = ContinuousEngine(generator, max_seqs=2, max_tokens=4096, prefill_chunk=64, prefix_cache=True)
-    service = ContinuousGenerationService("generate", engine, max_queue=8)
-    try:
-        assert [service.submit(r).result(timeout=300) for r in REQUESTS[:3]] == reference_texts[:3]
-        m = scrape([service])
-    finally:
-        service.close(timeout=60)
-    g = (("stage", "generate"),)
-    assert m[("rag_generate_prefix_cache_misses_total", g)] == 1  # the first computed the head
-    assert m[("rag_generate_prefix_cache_hits_total", g)] == 2
-    assert m[("rag_generate_prefix_cache_tokens_saved_total", g)] == 2 * len(generator.prompt_head_ids())

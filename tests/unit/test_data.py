@@ -253,7 +253,7 @@ def test_shards_hold_disjoint_ids_covering_all_with_the_unsharded_parameters(sha
         assert isinstance(index, faiss.IndexIVFFlat) and index.metric_type == faiss.METRIC_L2
         assert (ivf.nlist, ivf.nprobe, index.d) == (three.nlist, three.nprobe, 768)
         assert index.ntotal == len(ids) == len(range(shard, N_SHARDED, 3))
-        assert set(ids.tolist()) == set(range(shard, N_SHARDED, 3))  # shard_of(id) == shard
+        assert set(ids.tolist()) == set(range(shard, N_SHARDED, 3))  # document_shard(id) == shard
         # The unsharded build's centroids, in every shard.
         assert np.array_equal(ivf.quantizer.reconstruct_n(0, ivf.nlist),
                               faiss.extract_index_ivf(whole).quantizer.reconstruct_n(0, ivf.nlist))

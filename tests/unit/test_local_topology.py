@@ -18,7 +18,7 @@ def test_the_layout_is_workers_first_then_the_index_nodes(workers, shards, repli
     cluster = LocalCluster(env, tmp_path).settings.cluster
     assert cluster.total_nodes == total and cluster.index_nodes == index_nodes
     assert cluster.workers == tuple(range(workers))
-    assert {cluster.shard_of(n) for n in cluster.index_nodes} == set(range(shards))
+    assert {cluster.served_shard(n) for n in cluster.index_nodes} == set(range(shards))
     assert LocalCluster(env, tmp_path).start_order[-1] == 0  # node 0 starts last, the index first
 
 

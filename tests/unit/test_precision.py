@@ -217,14 +217,14 @@ GEN_REQUESTS = [GenerationRequest(q, _docs(i % 3)) for i, q in enumerate(QUERIES
 def test_generated_ids_alone_equal_ids_among_same_length_batch_mates(stages):
     generator = stages["generate"]
     for request in GEN_REQUESTS:
-        prompt = generator.prompt(request.query, request.documents)
+        prompt = generator.prompt_ids(request.query, request.documents)
         alone = generator.generate_ids([prompt], max_new_tokens=24)[0]
         assert generator.generate_ids([prompt] * 3, max_new_tokens=24) == [alone] * 3
 
 
-def _continuous_texts(generator, requests, join_every: int = 9, max_seqs: int = 3) -> list[str]:
+def _continuous_texts(generator, requests, join_every: int = 9, max_batch: int = 3) -> list[str]:
     """The engine's answers with each request joining `join_every` decode steps after the previous one."""
-    engine = ContinuousEngine(generator, max_seqs=max_seqs, max_tokens=8192, prefill_chunk=32)
+    engine = ContinuousEngine(generator, max_batch=max_batch, kv_cache_tokens=8192, prefill_chunk=32)
     seqs, pending, step = {}, list(enumerate(requests)), 0
     while pending or engine.has_work():
         if pending and step % join_every == 0:
@@ -250,23 +250,23 @@ CROWDED = [GenerationRequest(q, _docs(1 + i % 3, long=i % 2 == 0)) for i, q in e
 def test_generated_text_alone_equals_text_when_prompts_prefill_side_by_side(stages):
     generator = stages["generate"]
     alone = [generator.generate([r])[0] for r in CROWDED]
-    assert _continuous_texts(generator, CROWDED, join_every=1, max_seqs=6) == alone
+    assert _continuous_texts(generator, CROWDED, join_every=1, max_batch=6) == alone
 
 
 def test_next_token_logits_alone_are_bit_identical_in_a_left_padded_batch(stages):
     """The root of the invariance: not just the same argmax, the same logits to the last bit."""
     generator = stages["generate"]
-    prompts = [generator.prompt(r.query, r.documents) for r in GEN_REQUESTS]
-    tok, model = generator.tokenizer, generator.model
+    prompts = [generator.prompt_ids(r.query, r.documents) for r in GEN_REQUESTS]
+    model = generator.model
 
-    def last_logits(texts):
-        inputs = tok(texts, return_tensors="pt", padding=True)
+    def last_logits(rows):
+        inputs = generator.tokens.left_padded(rows)
         positions = (inputs["attention_mask"].cumsum(-1) - 1).clamp(min=0)  # as generate() counts them
         with torch.inference_mode():
             return model(**inputs, position_ids=positions, logits_to_keep=1).logits[:, -1]
 
     batch = last_logits(prompts)
-    assert len({len(tok(p)["input_ids"]) for p in prompts}) > 1  # the batch is padded
+    assert len({len(p) for p in prompts}) > 1  # the batch is padded
     for row, prompt in enumerate(prompts):
         assert torch.equal(last_logits([prompt])[0], batch[row]), row
 

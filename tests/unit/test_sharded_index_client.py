@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from pipeline.config import Settings
-from pipeline.shards import shard_of
+from pipeline.shards import document_shard
 from services.cluster.clients import IndexClient
 from services.cluster.sharded_index import ShardedIndexClient
 from services.server.errors import DeadlineExceeded, ShardUnavailable
@@ -69,11 +69,11 @@ def corpus():
 
 @pytest.fixture
 def servers(corpus):
-    """Two shards (ids by shard_of), shard 0 with two replicas."""
+    """Two shards (ids by document_shard), shard 0 with two replicas."""
     vectors, _ = corpus
     ids = np.arange(DOCS)
     with contextlib.ExitStack() as stack:
-        yield {name: stack.enter_context(SearchServer(vectors, ids[shard_of(ids, 2) == shard]))
+        yield {name: stack.enter_context(SearchServer(vectors, ids[document_shard(ids, 2) == shard]))
                for name, shard in (("shard0", 0), ("shard0-replica", 0), ("shard1", 1))}
 
 

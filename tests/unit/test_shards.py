@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 
 from pipeline.shards import (
     PADDING_DISTANCE,
+    document_shard,
     merge_arrays,
     merge_batch,
     merge_top_k,
     shard_file_problems,
-    shard_of,
     shard_path,
 )
 
@@ -27,11 +27,11 @@ def flat_index(vectors: np.ndarray, ids: np.ndarray) -> faiss.Index:
 
 
 def sharded_search(make_index, vectors: np.ndarray, queries: np.ndarray, shards: int, k: int):
-    """Build one index per shard (by shard_of over ids 0..n-1), search each, merge."""
+    """Build one index per shard (by document_shard over ids 0..n-1), search each, merge."""
     all_ids = np.arange(len(vectors))
     answers = []
     for shard in range(shards):
-        ids = all_ids[shard_of(all_ids, shards) == shard]
+        ids = all_ids[document_shard(all_ids, shards) == shard]
         distances, found = make_index(vectors[ids], ids).search(queries, k)
         answers.append((found, distances))
     return merge_arrays(answers, k)
@@ -53,14 +53,14 @@ def test_shard_path_rejects_bad_numbers(shard, shards):
         shard_path("faiss_index.bin", shard, shards)
 
 
-def test_shard_of_is_a_disjoint_cover():
+def test_document_shard_is_a_disjoint_cover():
     ids = np.arange(1000)
-    owners = shard_of(ids, 3)
+    owners = document_shard(ids, 3)
     assert owners.tolist() == [i % 3 for i in range(1000)]
     assert sorted(np.concatenate([ids[owners == s] for s in range(3)]).tolist()) == ids.tolist()
-    assert shard_of(7, 1) == 0
+    assert document_shard(7, 1) == 0
     with pytest.raises(ValueError):
-        shard_of(7, 0)
+        document_shard(7, 0)
 
 
 # ---------------------------------------------------------------- merge

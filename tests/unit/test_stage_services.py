@@ -148,7 +148,7 @@ def test_concurrent_submit_and_close_resolve_every_future_exactly_once():
 
 def test_plan_lists_decode_and_admissions_and_update_drops_failures():
     clock = ManualClock(100.0)
-    s = Scheduler(max_seqs=2, max_tokens=100, prefill_chunk=16, eos_ids=frozenset({0}), clock=clock)
+    s = Scheduler(max_batch=2, kv_cache_tokens=100, prefill_chunk=16, eos_ids=frozenset({0}), clock=clock)
     a, b, c = (s.new_sequence([1, 2, 3], 4) for _ in range(3))
     for seq in (a, b, c):
         s.add(seq)
@@ -178,8 +178,8 @@ class FakeRunner:
 class FakeEngine(ContinuousEngine):
     """The real scheduler with a model-free runner: every decode step yields token 7."""
 
-    def __init__(self, max_seqs=2):  # no generator: the engine's model parts are replaced below
-        self.scheduler = Scheduler(max_seqs=max_seqs, max_tokens=1000, prefill_chunk=64, eos_ids=frozenset({0}))
+    def __init__(self, max_batch=2):  # no generator: the engine's model parts are replaced below
+        self.scheduler = Scheduler(max_batch=max_batch, kv_cache_tokens=1000, prefill_chunk=64, eos_ids=frozenset({0}))
         self.runner = FakeRunner()
         self.gate = threading.Event()
         self.gate.set()

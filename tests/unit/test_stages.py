@@ -80,9 +80,8 @@ def test_rerank_scores_do_not_depend_on_how_pairs_are_grouped(reranker):
 def test_generate_batch_equals_single_left_padded(generator):
     requests = [GenerationRequest(QUERIES[0], _docs(3)), GenerationRequest(QUERIES[1], _docs(1, long=True)),
                 GenerationRequest(QUERIES[2], ()), GenerationRequest("Hi", _docs(3, long=True))]
-    prompts = [generator.prompt(r.query, r.documents) for r in requests]
-    lengths = {len(generator.tokenizer(p)["input_ids"]) for p in prompts}
-    assert len(lengths) == len(prompts), "the batch must mix prompt lengths to exercise left padding"
+    lengths = {generator.prompt_tokens(r.query, r.documents) for r in requests}
+    assert len(lengths) == len(requests), "the batch must mix prompt lengths to exercise left padding"
     batch = generator.generate(requests)
     single = [generator.generate([r])[0] for r in requests]
     assert batch == single
@@ -90,8 +89,7 @@ def test_generate_batch_equals_single_left_padded(generator):
 
 
 def test_generate_stops_at_128_new_tokens(generator):
-    prompt = generator.prompt(QUERIES[0], _docs(3))
-    inputs = generator.tokenizer([prompt], return_tensors="pt")
+    inputs = generator.tokens.left_padded([generator.prompt_ids(QUERIES[0], _docs(3))])
     out = generator.model.generate(**inputs, generation_config=generator.generation_config)
     assert out.shape[1] - inputs["input_ids"].shape[1] <= spec.MAX_NEW_TOKENS
     assert generator.generation_config.do_sample is False

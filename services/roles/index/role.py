@@ -46,7 +46,7 @@ class IndexRole(Role):
         path = settings.require_index_file(self.node)
         index = VectorIndex.load(path, nprobe=settings.index.nprobe, mmap=settings.index.faiss_mmap)
         cfg = settings.batching(Stage.INDEX)
-        self.service = IndexService(index, max_size=cfg.max_size, max_wait_ms=cfg.max_wait_ms,
+        self.service = IndexService(index, max_size=cfg.max_batch, max_wait_ms=cfg.max_wait_ms,
                                     max_queue=cfg.max_queue)
         log.info("index %s loaded in %.2fs: %d vectors, dim %d, nprobe %s, mmap %s", path,
                  time.monotonic() - started, index.ntotal, index.dim, index.nprobe, index.is_mmap)
@@ -65,7 +65,7 @@ class IndexRole(Role):
             return {"detail": self.lifecycle.readiness.detail}
         index, cluster = self.service.index, self.settings.cluster
         return {"ntotal": index.ntotal, "dim": index.dim, "nprobe": index.nprobe, "mmap": index.is_mmap,
-                "shard": cluster.shard_of(self.node), "shards": cluster.index_shards}
+                "shard": cluster.served_shard(self.node), "shards": cluster.index_shards}
 
     def register_routes(self, app: Flask) -> None:
         timeout_s = self.settings.search.timeout_s

@@ -41,25 +41,18 @@ from services.server.request_ids import current_request_id
 from services.stages.batching import BatchingService
 from services.stages.continuous import ContinuousGenerationService
 from services.stages.protocol import StageService, StageStats
-from services.stages.token_policy import BatchTokens, TokenPolicy
 from services.stages.token_stream import TokenStream
 
 log = logging.getLogger(__name__)
 
-# How each encoder stage's batch adds up its items' tokens: one padded forward of texts, or a
-# rerank batch's pairs regrouped by length (each request's cost already counts its padding).
-BATCH_TOKENS = {Stage.EMBED: BatchTokens.PADDED, Stage.RERANK: BatchTokens.SUMMED,
-                Stage.SENTIMENT: BatchTokens.PADDED, Stage.TOXICITY: BatchTokens.PADDED}
-
 
 @dataclass(frozen=True)
 class ContinuousConfig:
-    """The continuous-batching engine's bounds (GENERATE_MAX_BATCH, _MAX_TOKENS, _PREFILL_CHUNK) and prefix cache."""
-    max_seqs: int
-    max_tokens: int
+    """The continuous-batching engine's bounds (GENERATE_MAX_BATCH, _KV_CACHE_TOKENS, _PREFILL_CHUNK)."""
+    max_batch: int
+    kv_cache_tokens: int
     prefill_chunk: int
     max_queue: int
-    prefix_cache: bool = False  # GENERATE_PREFIX_CACHE
 
 
 @dataclass(frozen=True)
@@ -97,37 +90,19 @@ class Worker:
             Stage.SENTIMENT: stages.sentiment.classify,
             Stage.TOXICITY: stages.toxicity.classify,
         }
-        # The encoder stages' items' costs in tokens, computed once on submit with the stage's tokenizer.
-        self._costs: dict[Stage, Callable[[Any], int]] = {
-            Stage.EMBED: stages.embedder.tokens, Stage.RERANK: stages.reranker.request_tokens,
-            Stage.SENTIMENT: stages.sentiment.tokens, Stage.TOXICITY: stages.toxicity.tokens}
-        self._encoders: dict[Stage, BatchingService] = {}
         self.services: dict[Stage, StageService] = {}
         for stage in spec.WORKER_STAGES:
             # Each batch tells its requests' stage spans (tracing on) its size and when it started.
-            batch_fn = stage_spans.noting_batches(batch_fns[stage])
-            if stage in self._costs:
-                self._encoders[stage] = self._encoder(stage, batch_fn)
-                self.services[stage] = self._encoders[stage]
-            else:
-                self.services[stage] = self._service(stage, batch_fn)
-
-    def _encoder(self, stage: Stage, batch_fn: Callable[[list], list]) -> BatchingService:
-        """An encoder stage: it counts its items' tokens and, with <STAGE>_MAX_BATCH_TOKENS, closes
-        batches by them too."""
-        cfg = self.config.batching[stage]
-        return BatchingService(stage, batch_fn, max_size=cfg.max_size, max_wait_ms=cfg.max_wait_ms,
-                               max_queue=cfg.max_queue,
-                               tokens=TokenPolicy(BATCH_TOKENS[stage], cfg.max_tokens or None))
+            self.services[stage] = self._service(stage, stage_spans.noting_batches(batch_fns[stage]))
 
     def _service(self, stage: Stage, batch_fn: Callable[[list], list]) -> StageService:
         if stage == Stage.GENERATE and self.config.continuous is not None:
             c = self.config.continuous
-            engine = ContinuousEngine(self.stages.generator, max_seqs=c.max_seqs, max_tokens=c.max_tokens,
-                                      prefill_chunk=c.prefill_chunk, prefix_cache=c.prefix_cache)
+            engine = ContinuousEngine(self.stages.generator, max_batch=c.max_batch,
+                                      kv_cache_tokens=c.kv_cache_tokens, prefill_chunk=c.prefill_chunk)
             return ContinuousGenerationService(stage, engine, max_queue=c.max_queue)
         cfg = self.config.batching[stage]
-        return BatchingService(stage, batch_fn, max_size=cfg.max_size, max_wait_ms=cfg.max_wait_ms,
+        return BatchingService(stage, batch_fn, max_size=cfg.max_batch, max_wait_ms=cfg.max_wait_ms,
                                max_queue=cfg.max_queue)
 
     def _search_batch(self, items: list[PendingSearch]) -> list[list[int]]:
@@ -229,15 +204,7 @@ class Worker:
             self._served += 1
 
     def _enter(self, clock: StageClock, stage: Stage, item) -> StageVisit:
-        visit = clock.enter(stage)
-        encoder = self._encoders.get(stage)
-        if encoder is None:
-            return visit.submit(self.services[stage], item)
-        try:
-            tokens = self._costs[stage](item)
-        except Exception as exc:  # the stage's tokenizer failed on it: the stage's failure
-            raise StageFailed(stage, exc) from exc
-        return visit.submit_costed(encoder, item, tokens)
+        return clock.enter(stage).submit(self.services[stage], item)
 
     def _retrieve(self, clock: StageClock, trace: str, query: str, deadline: float) -> tuple:
         """The query's documents, reranked, best first: embed, search, fetch, rerank."""

@@ -28,10 +28,10 @@ log = logging.getLogger(__name__)
 def worker_config(settings: Settings) -> WorkerConfig:
     continuous = None
     if settings.generate.mode == "continuous":
-        continuous = ContinuousConfig(max_seqs=settings.generate.max_batch, max_tokens=settings.generate.max_tokens,
+        continuous = ContinuousConfig(max_batch=settings.generate.max_batch,
+                                      kv_cache_tokens=settings.generate.kv_cache_tokens,
                                       prefill_chunk=settings.generate.prefill_chunk,
-                                      max_queue=settings.limits.stage_max_queue,
-                                      prefix_cache=settings.generate.prefix_cache)
+                                      max_queue=settings.limits.stage_max_queue)
     return WorkerConfig(batching={stage: settings.batching(stage) for stage in spec.WORKER_STAGES},
                         request_timeout_s=settings.limits.request_timeout_s,
                         embed_cache_size=settings.embed.cache_size, continuous=continuous)

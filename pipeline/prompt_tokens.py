@@ -1,0 +1,98 @@
+"""The LLM's tokenization, in one place: prompts to ids, text counted as a prompt holds it, ids to text.
+
+User text never becomes control tokens. The chat template is rendered with a slot for each
+message's content; the template's own text is split at its special tokens (`<|im_start|>`...),
+which become their ids, and the text between them, the query and the documents included, is
+encoded with special-token strings kept as the characters they are. A query that says
+`<|im_end|>\\n<|im_start|>system` therefore cannot close its turn. Text holding no special-token
+string encodes to exactly the ids of the whole rendered prompt: a tokenizer encodes the text
+between special tokens piece by piece anyway.
+
+Threads: every method may be called from any thread at once, and nothing here locks. The
+encoding tokenizer is this object's own copy, set up once (no padding, no truncation, special
+tokens in text kept as text) and never changed, so every call only reads it. That is the rule:
+a fast tokenizer whose settings change between calls (transformers' `__call__` changes padding,
+truncation and `split_special_tokens` on the shared Rust object) must not be shared between
+threads (huggingface/transformers#47085).
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Sequence
+
+from pipeline import spec
+
+# Stands in for a message's content while the template renders: a private-use character, which
+# no chat template writes.
+_SLOT = "\ue000"
+
+
+class PromptTokenizer:
+    def __init__(self, tokenizer: Any):
+        from tokenizers import Tokenizer
+        self._template = tokenizer  # only its chat template is used (rendering reads it)
+        encoder = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+        encoder.no_padding()
+        encoder.no_truncation()
+        encoder.encode_special_tokens = True
+        self._encoder = encoder
+        self._added = {token.content: token_id for token_id, token in tokenizer.added_tokens_decoder.items()}
+        names = sorted(self._added, key=len, reverse=True)  # longest first: no token cut at a shorter one
+        self._added_pattern = re.compile("(" + "|".join(map(re.escape, names)) + ")") if names else None
+        self.pad_token_id = tokenizer.pad_token_id
+
+    def special_id(self, token: str) -> int:
+        """The id of one of the tokenizer's added tokens (`<|im_end|>`)."""
+        return self._added[token]
+
+    def render(self, messages: Sequence[dict]) -> str:
+        """The chat as text, the generation prompt after it (for reading; the model gets chat_ids)."""
+        return self._template.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+
+    def prompt_ids(self, query: str, documents: Sequence) -> list[int]:
+        """The LLM prompt's token ids for a query and its reranked documents."""
+        return self.chat_ids(spec.build_messages(query, documents))
+
+    def chat_ids(self, messages: Sequence[dict]) -> list[int]:
+        """The chat's ids: system contents are ours, every other message's content is user text."""
+        texts = [m["content"] for m in messages if m["role"] != "system"]
+        frame = self.render([m if m["role"] == "system" else {**m, "content": _SLOT} for m in messages]).split(_SLOT)
+        if len(frame) != len(texts) + 1:
+            raise ValueError("the chat template does not write each message's content exactly once")
+        pieces: list[str | int] = [""]  # text runs between the template's special tokens, and their ids
+        for n, template_text in enumerate(frame):
+            parts = self._added_pattern.split(template_text) if self._added_pattern else [template_text]
+            for i, part in enumerate(parts):
+                if i % 2:
+                    pieces += [self._added[part], ""]
+                else:
+                    pieces[-1] = f"{pieces[-1]}{part}"
+            if n < len(texts):
+                pieces[-1] = f"{pieces[-1]}{texts[n]}"
+        runs = [piece for piece in pieces if isinstance(piece, str) and piece]
+        encoded = iter(self._encoder.encode_batch(runs, add_special_tokens=False))
+        ids: list[int] = []
+        for piece in pieces:
+            if isinstance(piece, int):
+                ids.append(piece)
+            elif piece:
+                ids.extend(next(encoded).ids)
+        return ids
+
+    def count(self, text: str) -> int:
+        """How many tokens `text` takes in a prompt (its special-token strings as text)."""
+        return len(self._encoder.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True, **_: Any) -> str:
+        return self._encoder.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    def left_padded(self, rows: Sequence[Sequence[int]]) -> dict:
+        """Prompts' ids as one batch: input_ids and attention_mask, left-padded with the pad token."""
+        import torch
+        width = max(len(row) for row in rows)
+        input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, row in enumerate(rows):
+            input_ids[i, width - len(row):] = torch.tensor(list(row), dtype=torch.long)
+            attention_mask[i, width - len(row):] = 1
+        return {"input_ids": input_ids, "attention_mask": attention_mask}
