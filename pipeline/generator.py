@@ -1,8 +1,8 @@
 """Stage 5: the grounded answer from Qwen2.5-0.5B-Instruct, greedy, batched.
 
 Batches are left-padded with attention masks. A request's answer must not depend on its
-batch-mates in any precision: attention runs each padded row over its own keys, and bfloat16
-Linears run a lone row as a batch would (pipeline/kernels/batch_invariance.py).
+batch-mates in any precision: attention runs each padded row over its own keys, and float
+Linears run a lone row as a batch would (pipeline/kernels/batch_invariance.py, by apply_precision).
 """
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from pipeline import spec
 from pipeline.config import Settings
 from pipeline.detokenize import IncrementalDetokenizer
 from pipeline.device import Placement, placement_for
-from pipeline.kernels.batch_invariance import make_bf16_linears_row_invariant, use_batch_invariant_attention
 from pipeline.models import ModelSource, resolve_model_source
 from pipeline.precision import apply_precision
 from pipeline.prompt_tokens import PromptTokenizer
@@ -61,8 +60,6 @@ class Generator:
         model: Any = AutoModelForCausalLM.from_pretrained(spec.GENERATOR_MODEL, dtype=placement.torch_dtype,
                                                           **source.hf_kwargs())
         model = apply_precision(model.to(placement.device).eval(), placement.precision)
-        use_batch_invariant_attention(model)
-        make_bf16_linears_row_invariant(model)
         return cls(tokenizer, model, placement, **kwargs)
 
     @classmethod

@@ -18,6 +18,12 @@
 ``PRECISION=exact`` keeps the ``*_DTYPE`` settings; ``fast`` picks the variant in :data:`FAST`
 for this hardware. Conversion happens once at load, layer by layer, and drops each float weight
 as soon as its int8 copy exists.
+
+Every variant of every stage is batch-invariant on the CPU: a request's outputs are the same bits
+alone and in any batch (tests/unit/test_precision.py). The int8 Linears are so by construction;
+the float Linears left and every model's attention are made so by
+:func:`~pipeline.kernels.batch_invariance.make_batch_invariant`. On CUDA the attention is, and
+the float Linears run cuBLAS as they are (not verified there).
 """
 from __future__ import annotations
 
@@ -26,6 +32,7 @@ from collections.abc import Callable
 import torch
 
 from pipeline.config import PRECISION_VARIANTS, ConfigError
+from pipeline.kernels.batch_invariance import make_batch_invariant
 from pipeline.kernels.int8 import Int8DynamicLinear, Int8WeightLinear, convert_linears, untie_output_embeddings
 from pipeline.kernels.versions import check_kernel_versions
 
@@ -118,15 +125,18 @@ QUANTIZED = {"int8-dynamic": Int8DynamicLinear, "int8-weight": Int8WeightLinear}
 
 
 def apply_precision(model, precision: str):
-    """The model in `precision`: float variants are the dtype it was loaded in; int8 ones
-    convert its Linears (the model must have been loaded in LOAD_DTYPE[precision]).
-    Raises ConfigError for an int8 variant where torch or transformers is outside the
-    versions the kernels were verified against (pipeline.kernels.versions)."""
+    """The model in `precision`, batch-invariant: float variants are the dtype it was loaded in;
+    int8 ones convert its Linears (the model must have been loaded in LOAD_DTYPE[precision]).
+    Then its attention and its remaining float Linears are made batch-invariant
+    (:func:`~pipeline.kernels.batch_invariance.make_batch_invariant`), whatever the variant.
+    Raises ConfigError where torch or transformers is outside the versions the kernels were
+    verified against (pipeline.kernels.versions)."""
+    check_kernel_versions()
     if precision in QUANTIZED:
-        check_kernel_versions()
         untie_output_embeddings(model)
         with torch.no_grad():
             convert_linears(model, QUANTIZED[precision])
+    make_batch_invariant(model)
     return model
 
 

@@ -5,8 +5,8 @@
 * :mod:`pipeline.kernels.fbgemm`: fbgemm's dynamic linear made to return `torch._int_mm`'s exact sums.
 * :mod:`pipeline.kernels.fused_int8`: int8-dynamic's per-row quantize and rescale as two C++ passes
   (same bits), used where the extension has been built.
-* :mod:`pipeline.kernels.batch_invariance`: bfloat16 Linears and SDPA attention whose result for a row
-  does not depend on its batch-mates.
+* :mod:`pipeline.kernels.batch_invariance`: float Linears and SDPA attention (decoders' and encoders')
+  whose result for a row does not depend on its batch-mates.
 * :mod:`pipeline.kernels.versions`: the torch and transformers versions these were verified against,
   and the check that refuses others.
 

@@ -5,8 +5,9 @@ minor release:
 
 * torch: `torch._int_mm`, `torch._weight_int8pack_mm`, `torch._make_per_channel_quantized_tensor`,
   `torch.ops.quantized.linear_prepack` / `linear_dynamic` / `linear_unpack` (pipeline.kernels.int8,
-  pipeline.kernels.fbgemm), and the row-count-dependent summation of oneDNN's bf16 matmul and of
-  SDPA's CPU kernel that pipeline.kernels.batch_invariance works around.
+  pipeline.kernels.fbgemm), `torch.ops.mkldnn._linear_pointwise` and the row-count-dependent
+  summation of the float GEMMs and of SDPA's CPU kernel that pipeline.kernels.batch_invariance
+  works around.
 * transformers: `AttentionInterface`, `integrations.sdpa_attention.sdpa_attention_forward`,
   `masking_utils.ALL_MASK_ATTENTION_FUNCTIONS` and `sdpa_mask` (and which masks they pass)
   (pipeline.kernels.batch_invariance), `cache_utils.DynamicLayer` (pipeline.continuous.runner).

@@ -48,15 +48,15 @@ def test_both_packages_outside_are_two_lines_and_a_missing_or_odd_version_is_ref
         check_kernel_versions(installed_version=_versions(torch="not-a-version"))
 
 
-def test_int8_variants_check_the_versions_before_converting(monkeypatch):
+@pytest.mark.parametrize("variant", ["float32", "bfloat16", "int8-dynamic", "int8-weight"])
+def test_every_variant_checks_the_versions_before_converting(monkeypatch, variant):
     from pipeline import precision
 
     def refuse():
         raise ConfigError("refused")
 
     monkeypatch.setattr(precision, "check_kernel_versions", refuse)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 4))
-    assert precision.apply_precision(model, "float32") is model  # no kernel used: nothing checked
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4))  # every variant swaps Linears (row-invariant or int8)
     with pytest.raises(ConfigError, match="refused"):
-        precision.apply_precision(model, "int8-dynamic")
+        precision.apply_precision(model, variant)
     assert type(model[0]) is torch.nn.Linear  # refused before any Linear was replaced

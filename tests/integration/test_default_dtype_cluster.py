@@ -1,0 +1,54 @@
+"""The cluster as users run it: DTYPE=auto and PRECISION=exact, which on a CPU with bf16 (avx512_bf16
+or AMX) is bfloat16 in every stage. Under concurrency, each reply equals the reference pipeline's
+at the same dtype: text, sentiment and toxicity do not depend on which requests shared a batch."""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+import torch
+
+from pipeline import spec
+from pipeline.config import Settings
+from pipeline.cpu_features import cpu_supports_bf16
+from pipeline.reference import ReferencePipeline
+from tests.helpers import TEST_ENV, data_env, start_cluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600),
+              pytest.mark.skipif(not cpu_supports_bf16(), reason="DTYPE=auto is float32 on a CPU without "
+                                 "avx512_bf16 or AMX, which the other cluster tests cover")]
+
+# The defaults, spelled out: the tests' environment pins DTYPE=float32 (tests/helpers.py).
+DEFAULT = {"DTYPE": "auto", "PRECISION": "exact"}
+
+
+@pytest.fixture(scope="module")
+def default_cluster(support_data, tmp_path_factory):
+    cluster = start_cluster(support_data, tmp_path_factory.mktemp("default-dtype-logs"),
+                            GENERATE_MAX_WAIT_MS="50", RERANK_MAX_WAIT_MS="20", EMBED_MAX_WAIT_MS="20",
+                            SENTIMENT_MAX_WAIT_MS="20", TOXICITY_MAX_WAIT_MS="20", **DEFAULT)
+    yield cluster
+    cluster.stop()
+
+
+def test_default_dtype_cluster_answers_under_concurrency_as_the_reference_at_that_dtype(default_cluster,
+                                                                                         support_data):
+    devices = requests.get(f"{default_cluster.url(1)}/health", timeout=10).json()["device"]
+    assert devices == {stage: "cpu/bfloat16" for stage in spec.MODEL_STAGES}
+    reference = ReferencePipeline.from_settings(Settings.from_env({**TEST_ENV, **data_env(support_data), **DEFAULT}))
+    assert {reference.embedder.placement.dtype, reference.generator.placement.dtype} == {"bfloat16"}
+    queries = list(spec.REFERENCE_QUERIES[:6])
+    url = default_cluster.url(0)
+    with ThreadPoolExecutor(len(queries)) as pool:  # concurrent and distinct, so batches mix requests
+        replies = list(pool.map(lambda iq: requests.post(f"{url}/query", timeout=300, json={
+            "request_id": f"auto-{iq[0]}", "query": iq[1]}), enumerate(queries)))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the nodes run (TORCH_THREADS=1): the same kernels' partitioning
+    try:
+        expected_answers = [reference.answer(query, f"auto-{i}") for i, query in enumerate(queries)]
+    finally:
+        torch.set_num_threads(threads)
+    for query, response, expected in zip(queries, replies, expected_answers):
+        assert response.status_code == 200, response.text
+        assert {k: response.json()[k] for k in expected} == expected, f"query {query!r} differs from the reference"
