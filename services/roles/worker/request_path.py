@@ -14,7 +14,7 @@ import threading
 import time
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -29,6 +29,7 @@ from services.cluster.sharded_index import ShardedIndexClient
 from services.roles.caches import LruCache
 from services.roles.worker.stage_clock import StageClock, StageVisit
 from services.server import stage_spans
+from services.server.answer_request import AnswerRequest
 from services.server.errors import (
     Overloaded,
     RequestTimeout,
@@ -38,28 +39,21 @@ from services.server.errors import (
     StageFailed,
 )
 from services.server.request_ids import current_request_id
+from services.server.stream_response import AnswerStream
 from services.stages.batching import BatchingService
 from services.stages.continuous import ContinuousGenerationService
 from services.stages.protocol import StageService, StageStats
-from services.stages.token_policy import BatchTokens, TokenPolicy
 from services.stages.token_stream import TokenStream
 
 log = logging.getLogger(__name__)
 
-# How each encoder stage's batch adds up its items' tokens: one padded forward of texts, or a
-# rerank batch's pairs regrouped by length (each request's cost already counts its padding).
-BATCH_TOKENS = {Stage.EMBED: BatchTokens.PADDED, Stage.RERANK: BatchTokens.SUMMED,
-                Stage.SENTIMENT: BatchTokens.PADDED, Stage.TOXICITY: BatchTokens.PADDED}
-
-
 @dataclass(frozen=True)
 class ContinuousConfig:
-    """The continuous-batching engine's bounds (GENERATE_MAX_BATCH, _MAX_TOKENS, _PREFILL_CHUNK) and prefix cache."""
+    """The continuous-batching engine's bounds (GENERATE_MAX_BATCH, _MAX_TOKENS, _PREFILL_CHUNK)."""
     max_seqs: int
     max_tokens: int
     prefill_chunk: int
     max_queue: int
-    prefix_cache: bool = False  # GENERATE_PREFIX_CACHE
 
 
 @dataclass(frozen=True)
@@ -97,34 +91,15 @@ class Worker:
             Stage.SENTIMENT: stages.sentiment.classify,
             Stage.TOXICITY: stages.toxicity.classify,
         }
-        # The encoder stages' items' costs in tokens, computed once on submit with the stage's tokenizer.
-        self._costs: dict[Stage, Callable[[Any], int]] = {
-            Stage.EMBED: stages.embedder.tokens, Stage.RERANK: stages.reranker.request_tokens,
-            Stage.SENTIMENT: stages.sentiment.tokens, Stage.TOXICITY: stages.toxicity.tokens}
-        self._encoders: dict[Stage, BatchingService] = {}
-        self.services: dict[Stage, StageService] = {}
-        for stage in spec.WORKER_STAGES:
+        self.services: dict[Stage, StageService] = {
             # Each batch tells its requests' stage spans (tracing on) its size and when it started.
-            batch_fn = stage_spans.noting_batches(batch_fns[stage])
-            if stage in self._costs:
-                self._encoders[stage] = self._encoder(stage, batch_fn)
-                self.services[stage] = self._encoders[stage]
-            else:
-                self.services[stage] = self._service(stage, batch_fn)
-
-    def _encoder(self, stage: Stage, batch_fn: Callable[[list], list]) -> BatchingService:
-        """An encoder stage: it counts its items' tokens and, with <STAGE>_MAX_BATCH_TOKENS, closes
-        batches by them too."""
-        cfg = self.config.batching[stage]
-        return BatchingService(stage, batch_fn, max_size=cfg.max_size, max_wait_ms=cfg.max_wait_ms,
-                               max_queue=cfg.max_queue,
-                               tokens=TokenPolicy(BATCH_TOKENS[stage], cfg.max_tokens or None))
+            stage: self._service(stage, stage_spans.noting_batches(batch_fns[stage])) for stage in spec.WORKER_STAGES}
 
     def _service(self, stage: Stage, batch_fn: Callable[[list], list]) -> StageService:
         if stage == Stage.GENERATE and self.config.continuous is not None:
             c = self.config.continuous
             engine = ContinuousEngine(self.stages.generator, max_seqs=c.max_seqs, max_tokens=c.max_tokens,
-                                      prefill_chunk=c.prefill_chunk, prefix_cache=c.prefix_cache)
+                                      prefill_chunk=c.prefill_chunk)
             return ContinuousGenerationService(stage, engine, max_queue=c.max_queue)
         cfg = self.config.batching[stage]
         return BatchingService(stage, batch_fn, max_size=cfg.max_size, max_wait_ms=cfg.max_wait_ms,
@@ -159,32 +134,17 @@ class Worker:
                 return StageDown(stage, svc.failure)
         return None
 
-    def answer(self, request_id: str, query: str, timeout_s: float | None = None,
-               max_new_tokens: int | None = None) -> dict:
-        clock, trace, deadline = self._begin(request_id, timeout_s)
-        try:
-            documents = self._retrieve(clock, trace, query, deadline)
-            response = clock.wait(self._enter(clock, Stage.GENERATE, GenerationRequest(query, documents,
-                                                                                       max_new_tokens)), deadline)
-            reply = self._classify(clock, request_id, response, deadline)
-        finally:
-            clock.close()
-        self._count_served()
-        return reply
-
-    def answer_stream(self, request_id: str, query: str, timeout_s: float | None = None,
-                      max_new_tokens: int | None = None) -> Iterator[str | dict]:
+    def answer(self, request: AnswerRequest, timeout_s: float | None = None) -> AnswerStream:
         """The answer's text in pieces as the LLM produces them (never splitting a character), then
-        the reply as answer() gives it plus its `usage` (prompt and completion tokens) and
-        `finish_reason`. Closing the iterator early cancels the generation (its slot frees at the
-        engine's next iteration)."""
-        clock, trace, deadline = self._begin(request_id, timeout_s)
+        the reply with its `usage` (prompt and completion tokens) and `finish_reason`. Closing the
+        stream early cancels the generation (its slot frees at the engine's next iteration)."""
+        clock, trace, deadline = self._begin(request.request_id, timeout_s)
         generation: StageVisit | None = None
         try:
-            documents = self._retrieve(clock, trace, query, deadline)
+            documents = self._retrieve(clock, trace, request.query, deadline)
             tokens = TokenStream()
-            request = GenerationRequest(query, documents, max_new_tokens, on_token=tokens.put)
-            generation = self._enter(clock, Stage.GENERATE, request)
+            generating = GenerationRequest(request.query, documents, request.max_new_tokens, on_token=tokens.put)
+            generation = self._enter(clock, Stage.GENERATE, generating)
             tokens.end_with(generation.future)
             text = self.stages.generator.detokenizer()
             streamed = ""
@@ -199,13 +159,17 @@ class Worker:
                 rest += response[len(streamed):] if response.startswith(streamed) else response
             if rest:
                 yield rest
-            reply = self._classify(clock, request_id, response, deadline)
-            yield {**reply, **self._usage(request, text.token_count)}
+            reply = self._classify(clock, request.request_id, response, deadline)
+            yield {**reply, **self._usage(generating, text.token_count)}
         finally:
             if generation is not None:
                 generation.future.cancel()  # a no-op once it ended; frees the slot of a reader gone early
             clock.close()
         self._count_served()
+
+    def count_query_tokens(self, query: str) -> int:
+        """The query's length in the LLM tokenizer's tokens (MAX_QUERY_TOKENS bounds it)."""
+        return self.stages.generator.count_tokens(query)
 
     def _usage(self, request: GenerationRequest, completion_tokens: int) -> dict:
         generator = self.stages.generator
@@ -229,15 +193,7 @@ class Worker:
             self._served += 1
 
     def _enter(self, clock: StageClock, stage: Stage, item) -> StageVisit:
-        visit = clock.enter(stage)
-        encoder = self._encoders.get(stage)
-        if encoder is None:
-            return visit.submit(self.services[stage], item)
-        try:
-            tokens = self._costs[stage](item)
-        except Exception as exc:  # the stage's tokenizer failed on it: the stage's failure
-            raise StageFailed(stage, exc) from exc
-        return visit.submit_costed(encoder, item, tokens)
+        return clock.enter(stage).submit(self.services[stage], item)
 
     def _retrieve(self, clock: StageClock, trace: str, query: str, deadline: float) -> tuple:
         """The query's documents, reranked, best first: embed, search, fetch, rerank."""

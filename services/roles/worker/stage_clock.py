@@ -9,7 +9,6 @@ from typing import Any, Callable
 
 from pipeline.spec import Stage
 from services.server import stage_spans
-from services.stages.batching import BatchingService
 from services.stages.protocol import StageService
 
 # Where Worker.answer records how long the request waited on each stage, for the node's completion
@@ -31,19 +30,12 @@ class StageVisit:
         self.stage = stage
         self.span = span
         self.started = time.perf_counter()
-        self.tokens: int | None = None  # its cost in an encoder stage
         self._future: Future | None = None
 
     def submit(self, service: StageService, item) -> "StageVisit":
         """Every stage service unwraps a noted item (stage_spans.noting_batches, or the continuous
         generate stage's stage_spans.admitted), telling the span the batch it ran in."""
         self._future = service.submit(stage_spans.noted(self.span, item))
-        return self
-
-    def submit_costed(self, service: BatchingService, item, tokens: int) -> "StageVisit":
-        """submit, to an encoder stage, with the item's cost in tokens."""
-        self.tokens = tokens
-        self._future = service.submit(stage_spans.noted(self.span, item), cost=tokens)
         return self
 
     @property
@@ -89,7 +81,7 @@ class StageClock:
         if self.times is not None:
             self.times[str(visit.stage)] = round(elapsed_s * 1000, 1)
         if visit.span is not None:
-            visit.span.end(elapsed_s, error, **{"rag.tokens": visit.tokens})
+            visit.span.end(elapsed_s, error)
 
     def close(self) -> None:
         """End the spans of stages the request left unawaited (refused at submit, or toxicity
