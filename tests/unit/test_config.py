@@ -120,6 +120,9 @@ def test_worker_config_takes_only_what_the_worker_reads():
     assert set(cfg.batching) == set(WORKER_STAGES) and cfg.embed_cache_size == 7
     assert cfg.continuous is not None and cfg.continuous.max_seqs == 4
     assert worker_config(Settings.from_env({"GENERATE_MODE": "static"})).continuous is None
+    assert not cfg.continuous.prefix_cache
+    cached = worker_config(Settings.from_env({"GENERATE_PREFIX_CACHE": "true"})).continuous
+    assert cached is not None and cached.prefix_cache
 
 
 def test_default_http_threads_leave_spare_threads_beyond_the_gateway_limit():

@@ -47,13 +47,15 @@ from services.stages.token_stream import TokenStream
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class ContinuousConfig:
-    """The continuous-batching engine's bounds (GENERATE_MAX_BATCH, _MAX_TOKENS, _PREFILL_CHUNK)."""
+    """The continuous-batching engine's bounds (GENERATE_MAX_BATCH, _MAX_TOKENS, _PREFILL_CHUNK) and prefix cache."""
     max_seqs: int
     max_tokens: int
     prefill_chunk: int
     max_queue: int
+    prefix_cache: bool = False  # GENERATE_PREFIX_CACHE
 
 
 @dataclass(frozen=True)
@@ -91,15 +93,16 @@ class Worker:
             Stage.SENTIMENT: stages.sentiment.classify,
             Stage.TOXICITY: stages.toxicity.classify,
         }
-        self.services: dict[Stage, StageService] = {
+        self.services: dict[Stage, StageService] = {}
+        for stage in spec.WORKER_STAGES:
             # Each batch tells its requests' stage spans (tracing on) its size and when it started.
-            stage: self._service(stage, stage_spans.noting_batches(batch_fns[stage])) for stage in spec.WORKER_STAGES}
+            self.services[stage] = self._service(stage, stage_spans.noting_batches(batch_fns[stage]))
 
     def _service(self, stage: Stage, batch_fn: Callable[[list], list]) -> StageService:
         if stage == Stage.GENERATE and self.config.continuous is not None:
             c = self.config.continuous
             engine = ContinuousEngine(self.stages.generator, max_seqs=c.max_seqs, max_tokens=c.max_tokens,
-                                      prefill_chunk=c.prefill_chunk)
+                                      prefill_chunk=c.prefill_chunk, prefix_cache=c.prefix_cache)
             return ContinuousGenerationService(stage, engine, max_queue=c.max_queue)
         cfg = self.config.batching[stage]
         return BatchingService(stage, batch_fn, max_size=cfg.max_size, max_wait_ms=cfg.max_wait_ms,

@@ -30,7 +30,8 @@ def worker_config(settings: Settings) -> WorkerConfig:
     if settings.generate.mode == "continuous":
         continuous = ContinuousConfig(max_seqs=settings.generate.max_batch, max_tokens=settings.generate.max_tokens,
                                       prefill_chunk=settings.generate.prefill_chunk,
-                                      max_queue=settings.limits.stage_max_queue)
+                                      max_queue=settings.limits.stage_max_queue,
+                                      prefix_cache=settings.generate.prefix_cache)
     return WorkerConfig(batching={stage: settings.batching(stage) for stage in spec.WORKER_STAGES},
                         request_timeout_s=settings.limits.request_timeout_s,
                         embed_cache_size=settings.embed.cache_size, continuous=continuous)
