@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 
-from flask import Response, stream_with_context
+from flask import Response
+from flask.globals import request_ctx
 
 from services.server import sse
 from services.server.errors import http_answer
@@ -116,10 +117,14 @@ def sse_response(events: AnswerStream, encode: Callable[[AnswerStream], Iterator
     """The stream as SSE (the /query format: token events, then the reply, or an error event), or
     as `encode` writes it (the OpenAI chunks). Start it with `started` to raise early errors.
 
-    The request stays open while the stream is written: its tracing span, its completion line
-    (services.server.routes) and the stages it waits on end with the stream, not at its first event."""
-    body = (encode or query_events)(events)
-    return Response(stream_with_context(body), headers=sse.HEADERS)
+    The request stays open while the stream is written, not only until its first event: the
+    stream reads `g`, and the request's teardown (its completion line, its tracing span: services.
+    server.routes, services.server.tracing) comes when the response is closed, after its last event."""
+    response = Response((encode or query_events)(events), headers=sse.HEADERS)
+    context = request_ctx._get_current_object()  # type: ignore[attr-defined]
+    context.push()  # a second push: the view's own pop leaves it open, this one's pop tears it down
+    response.call_on_close(context.pop)
+    return response
 
 
 def query_events(events: AnswerStream) -> Iterator[bytes]:

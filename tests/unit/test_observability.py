@@ -75,6 +75,31 @@ def test_header_id_wins_is_returned_and_is_what_goes_to_other_nodes(caplog):
     assert "stages_ms=embed:1.5" in record.getMessage()
 
 
+def test_a_streamed_answers_completion_line_comes_when_its_stream_ends_with_every_stage(caplog):
+    from services.server.stream_response import sse_response
+    app = make_app("t")
+    install_completion_log(app, ("/stream",))
+
+    @app.post("/stream")
+    def stream():
+        g.stage_times = times = {"embed": 1.0}
+
+        def events():  # the later stages end while the stream is written
+            yield "piece"
+            times["generate"] = 2.0
+            yield {"request_id": "s"}
+        return sse_response(events())
+
+    with caplog.at_level(logging.INFO, logger="services.requests"):
+        response = app.test_client().post("/stream", buffered=False)
+        assert not caplog.records  # not at its first event
+        body = response.get_data()
+        response.close()
+    assert b"event: reply" in body
+    (record,) = caplog.records
+    assert record.fields["status"] == 200 and record.fields["stages_ms"] == {"embed": 1.0, "generate": 2.0}
+
+
 def test_without_a_header_the_body_id_is_used_in_header_form():
     reply = query_app().test_client().post("/query", json={})
     assert reply.headers["X-Request-ID"] == "body-id%0Aforged" == header_form("body-id\nforged")
