@@ -182,6 +182,23 @@ def test_worker_errors_map_to_one_answer(error, expected):
         assert first_target.up  # it answered: the error is this request's alone, the worker stays in rotation
 
 
+def test_a_worker_failing_mid_answer_is_failed_over_unless_the_caller_read_pieces_of_it():
+    def breaks(request, timeout_s):
+        yield "partial"
+        raise NodeUnreachable("the stream broke")
+
+    first, second = WorkerTarget(node=1, answer=breaks, probe=lambda: True), FakeWorker(0)
+    gw = gateway(first, second.target(local=True))
+    gw.router._turn = iter(range(0, 1000, 2))  # always start with the first target
+    reply = ask(gw, "m-1", "q", 10)  # a plain reply: nobody read the partial answer
+    assert reply["served_by"] == 0 and reply["generated_response"] == "answer to q" and not first.up
+    first.up = True
+    streamed: list = []
+    with pytest.raises(NodeUnreachable):  # a streamed one: "partial" was read, and cannot be taken back
+        streamed.extend(gw.answer(AnswerRequest("m-2", "q", stream=True), 10))
+    assert streamed == ["partial"] and len(second.calls) == 1
+
+
 def test_no_worker_available_when_all_fail_to_take_it():
     a = FakeWorker(0, errors=[NodeUnreachable("down")])
     b = FakeWorker(1, errors=[PeerUnavailable("stopping")])

@@ -136,13 +136,13 @@ class GatewayRole(Role):
     def query(self):
         """POST /query: one answer through the gateway, streamed (`"stream": true`, or an Accept
         of text/event-stream) or as one JSON reply (the stream collected)."""
-        answer = self.front.request(self.front.body(), QUERY_FIELDS)
+        asked = self.front.request(self.front.body(), QUERY_FIELDS)
         if sse.MEDIA_TYPE in request.headers.get("Accept", ""):
-            answer = dataclasses.replace(answer, stream=True)
-        log.debug("query request_id=%r", answer.request_id)  # repr: an id cannot forge log lines
+            asked = dataclasses.replace(asked, stream=True)
+        log.debug("query request_id=%r", asked.request_id)  # repr: an id cannot forge log lines
         g.stage_times = collect_stage_times()  # filled when our own worker computes it
-        events = self.front.answer(answer)
-        if answer.stream:  # started here: a request refused before its first token gets its status
+        events = self.front.answer(asked)
+        if asked.stream:  # started here: a request refused before its first token gets its status
             return sse_response(started(events))
         reply = collect(events)
         g.served_by = reply.get("served_by")
