@@ -246,8 +246,9 @@ class WorkerClient:
     def _post(self, request: AnswerRequest, timeout_s: float) -> requests.Response:
         """The POST, its status checked (an error status raises its typed error), its body (the
         answer stream) left unread."""
-        # The time left goes along, so node 1 gives up (and cancels its queued work) when we do.
-        body = {**request.wire(), "timeout_s": max(0.001, timeout_s)}
+        # Always the stream, whatever the caller wants (it collects a plain reply). The time left goes
+        # along, so node 1 gives up (and cancels its queued work) when we do.
+        body = {**request.wire(), "stream": True, "timeout_s": max(0.001, timeout_s)}
         # The caller's X-Request-ID (this thread serves its /query), so node 1 logs the same id.
         trace = current_request_id.get()
         url = f"{self.base_url}/internal/answer"

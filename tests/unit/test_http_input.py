@@ -184,7 +184,7 @@ def test_worker_client_sends_token_and_the_time_left(node):
     assert collect(client.answer(AnswerRequest("r1", "q"), 12.5)) == {"request_id": "r1"}
     headers, body = Recorder.seen[0]
     assert headers[TOKEN_HEADER] == TOKEN
-    assert body == {"request_id": "r1", "query": "q", "timeout_s": 12.5}
+    assert body == {"request_id": "r1", "query": "q", "stream": True, "timeout_s": 12.5}  # always the stream
 
 
 @pytest.mark.parametrize("status,error", [(503, PeerUnavailable), (401, PeerRejectedToken), (504, PeerTimedOut),

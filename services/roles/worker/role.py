@@ -5,7 +5,7 @@ import logging
 import time
 from typing import Any
 
-from flask import Flask, g
+from flask import Flask, g, jsonify
 
 from pipeline import spec
 from pipeline.config import Settings
@@ -19,7 +19,7 @@ from services.roles.worker.stage_clock import collect_stage_times
 from services.server.answer_request import Bounds, read_request
 from services.server.body import read_json_object
 from services.server.errors import ApiError
-from services.server.stream_response import AnswerStream, close, sse_response, started
+from services.server.stream_response import AnswerStream, close, collect, sse_response, started
 from services.server.token import internal_endpoint
 
 log = logging.getLogger(__name__)
@@ -106,14 +106,15 @@ class WorkerRole(Role):
         @app.post("/internal/answer")
         @internal_endpoint(self.settings.cluster.cluster_token)
         def internal_answer():
-            """A forward from the gateway, always answered as a stream (the gateway collects it
-            when its caller wants one reply)."""
+            """A forward from the gateway (which always asks for the stream), or a direct caller's
+            request: streamed with `"stream": true`, else one JSON reply (the stream collected)."""
             self.lifecycle.require_ready()
             body = read_json_object(self.settings.limits.max_body_bytes)
             request = read_request(body, self.bounds)
             timeout_s = internal_timeout(body, self.settings)
             g.served_by, g.stage_times = self.node, collect_stage_times()  # for the completion line
-            return sse_response(started(self._served_by(self.worker.require().answer(request, timeout_s))))
+            events = self._served_by(self.worker.require().answer(request, timeout_s))
+            return sse_response(started(events)) if request.stream else jsonify(collect(events))
 
     def _served_by(self, events: AnswerStream) -> AnswerStream:
         try:
