@@ -1,7 +1,8 @@
 """The gateway's routing: round robin over the workers in the rotation, with failover.
 
 A forward that fails because the worker cannot be reached, is not ready or is full
-is served by the next worker; a worker that could not be reached, refused our
+is served by the next worker, at any point of its answer stream until the caller has read
+a piece of it (a plain reply is collected, so never; a streamed one, from its first piece); a worker that could not be reached, refused our
 cluster token or answered 503 leaves the rotation until a health probe sees it
 ready again (services.roles.gateway.probing). A request a worker failed (a 500) is
 that request's error alone: the worker stays in the rotation. The node client
