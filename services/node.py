@@ -134,7 +134,7 @@ def main() -> int:
         print(f"config error: {variable}={str(settings.node_address(node))!r} cannot be bound as {address}: "
               f"{exc.strerror}", file=sys.stderr)
         return 2
-    lifecycle.install_signal_handlers(role.stop, role.abandon)
+    lifecycle.install_signal_handlers(role.stop, role.abort)
     if settings.limits.shutdown_grace_s >= settings.limits.request_timeout_s:
         log.warning("SHUTDOWN_GRACE_S (%g s) is not under REQUEST_TIMEOUT_S (%g s): a stopping worker holds "
                     "its requests until they time out instead of handing them back (503) while the gateway "

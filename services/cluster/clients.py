@@ -17,7 +17,7 @@ import itertools
 import logging
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import requests
@@ -25,6 +25,7 @@ from requests.adapters import HTTPAdapter
 
 from services.cluster.abortable import AbortableCalls
 from services.server import sse, tracing
+from services.server.answer_request import AnswerRequest
 from services.server.errors import (
     SHARD_UNAVAILABLE_REASON,
     DeadlineExceeded,
@@ -39,6 +40,7 @@ from services.server.errors import (
     ShardUnavailable,
 )
 from services.server.request_ids import REQUEST_ID_HEADER, batch_request_ids, current_request_id
+from services.server.stream_response import AnswerStream
 from services.server.token import TOKEN_HEADER
 
 log = logging.getLogger(__name__)
@@ -197,7 +199,7 @@ class IndexClient:
 
 
 class WorkerClient:
-    """The gateway's handle on a remote worker's internal answer endpoint."""
+    """The gateway's handle on a remote worker's internal answer endpoint: one call, `answer`, a stream."""
 
     def __init__(self, base_url: str, *, connect_timeout_s: float, token: str = "", pool_size: int = 64):
         self.base_url = base_url.rstrip("/")
@@ -205,25 +207,21 @@ class WorkerClient:
         self.session = pooled_session(pool_size, token)
         self._calls = AbortableCalls(f"to-{self.base_url}", pool_size)
 
-    def answer(self, request_id: str, query: str, timeout_s: float, max_new_tokens: int | None = None) -> dict:
-        """The worker's reply; whatever abort() says instead once it is called."""
-        return self._calls.call(self._answer, request_id, query, timeout_s, max_new_tokens)
+    def answer(self, request: AnswerRequest, timeout_s: float) -> AnswerStream:
+        """The worker's answer stream (services.server.stream_response), relayed as each event
+        arrives: text pieces, then the reply. An error status is raised here, before the stream
+        is returned; a stream that ends in an error event raises its typed error. Once abort() is
+        called, every call waiting on the worker raises what it says instead."""
+        response = self._calls.call(self._post, request, timeout_s)
+        self._calls.hold(response)
+        return self._relay(response)
 
     def abort(self, make_error: Callable[[], BaseException]) -> None:
         """Answer every call waiting on this worker, and every later one, with make_error() (the
         node is past its SHUTDOWN_GRACE_S; a reply that comes later is dropped)."""
         self._calls.abort(make_error)
 
-    def stream(self, request_id: str, query: str, timeout_s: float,
-               max_new_tokens: int | None = None) -> Iterator[str | dict]:
-        """The worker's answer stream (services.server.stream_response), relayed as each event
-        arrives: text pieces, then the reply. Errors before the first event are raised here as
-        answer() raises them; a stream that ends in an error event raises its typed error."""
-        response = self._calls.call(self._post, request_id, query, timeout_s, max_new_tokens, True)
-        self._calls.hold(response)
-        return self._relay(response)
-
-    def _relay(self, response: requests.Response) -> Iterator[str | dict]:
+    def _relay(self, response: requests.Response) -> AnswerStream:
         try:
             for event in sse.iter_events(sse.iter_lines(response.iter_content(chunk_size=None))):
                 data = event.json()
@@ -245,26 +243,19 @@ class WorkerClient:
             self._calls.release(response)
             response.close()
 
-    def _answer(self, request_id: str, query: str, timeout_s: float, max_new_tokens: int | None) -> dict:
-        return self._post(request_id, query, timeout_s, max_new_tokens).json()
-
-    def _post(self, request_id: str, query: str, timeout_s: float, max_new_tokens: int | None = None,
-              stream: bool = False) -> requests.Response:
-        """The POST, its status checked (an error status raises its typed error); with `stream`, the
-        worker is asked for its answer stream and the body is left unread."""
-        # The time left goes along, so node 1 gives up (and cancels its queued work) when we do.
-        body: dict = {"request_id": request_id, "query": query, "timeout_s": max(0.001, timeout_s)}
-        if max_new_tokens is not None:
-            body["max_new_tokens"] = max_new_tokens
-        if stream:
-            body["stream"] = True
+    def _post(self, request: AnswerRequest, timeout_s: float) -> requests.Response:
+        """The POST, its status checked (an error status raises its typed error), its body (the
+        answer stream) left unread."""
+        # Always the stream, whatever the caller wants (it collects a plain reply). The time left goes
+        # along, so node 1 gives up (and cancels its queued work) when we do.
+        body = {**request.wire(), "stream": True, "timeout_s": max(0.001, timeout_s)}
         # The caller's X-Request-ID (this thread serves its /query), so node 1 logs the same id.
         trace = current_request_id.get()
         url = f"{self.base_url}/internal/answer"
         with tracing.client_span("POST /internal/answer", url, attributes={tracing.REQUEST_ID: trace}) as call:
             headers = {REQUEST_ID_HEADER: trace, **call.headers} if trace else call.headers
             try:
-                response = self.session.post(url, json=body, headers=headers or None, stream=stream,
+                response = self.session.post(url, json=body, headers=headers or None, stream=True,
                                              timeout=(self.connect_timeout_s, timeout_s + WORKER_REPLY_GRACE_S))
             except requests.ConnectionError as exc:
                 # Refused, reset or a connect timeout: the node is down. If it had started the

@@ -19,7 +19,6 @@ class Role:
     name = ""  # the /health "role"
     uses_torch = True  # False: the node never imports torch (memory and start time)
     request_endpoints: tuple[str, ...] = ()  # each request on these gets one completion log line
-    model_source = "none"  # for the node info metric
 
     def __init__(self, settings: Settings, node: int, lifecycle: Lifecycle):
         self.settings = settings
@@ -29,6 +28,11 @@ class Role:
     @staticmethod
     def check_settings(settings: Settings) -> None:
         """Raise ConfigError before anything starts if this role's files are missing."""
+
+    @property
+    def model_source(self) -> str:
+        """Where its models came from, for /health and the node info metric."""
+        return "none"
 
     @property
     def max_body_bytes(self) -> int:
@@ -68,7 +72,7 @@ class Role:
     def stop(self) -> None:
         """Called once when the node starts draining."""
 
-    def abandon(self, reason: str) -> None:
+    def abort(self, reason: str) -> None:
         """Called once at the end of SHUTDOWN_GRACE_S with requests still in flight: every stage
         fails what it holds now, so the threads waiting on it answer (503) instead of waiting on."""
         for svc in self.batching_services():

@@ -17,6 +17,7 @@ from typing import Any
 
 from services.roles.single_flight import Entry, SingleFlight
 from services.server.errors import RequestTimeout
+from services.server.stream_response import AnswerStream, relay, replay
 
 
 @dataclass(frozen=True)
@@ -132,25 +133,24 @@ class ResponseCache:
     def put(self, query: str, reply: dict) -> None:
         self.cache.put(normalise_query(query), _unaddressed(reply))
 
-    def answer(self, request_id: str, query: str, compute: Callable[[], dict], timeout_s: float, *,
-               looked_up: bool = False) -> dict:
-        """The cached reply, the reply of the same question in flight, or `compute()`'s (then cached).
+    def answer(self, request_id: str, query: str, compute: Callable[[], AnswerStream], timeout_s: float, *,
+               looked_up: bool = False) -> AnswerStream:
+        """The cached reply or the reply of the same question in flight, replayed (its text as one
+        piece, then the reply); else `compute()`'s events as they come, its reply then cached.
         RequestTimeout when the computation joined has not ended within timeout_s."""
         entry = self.enter(request_id, query, looked_up=looked_up)
         if entry.value is not None:
-            return entry.value
+            yield from replay(entry.value)
+            return
         if entry.joins:
             reply = self.joined_reply(entry, request_id, timeout_s)
             if reply is not None:
-                return reply
+                yield from replay(reply)
+                return
             # That computation failed; a failure is not shared: answer this one ourselves.
-        try:
-            reply = compute()
-        except BaseException as exc:  # whatever it was, the waiting repeats must not wait on us
-            self.abandon(entry, exc)
-            raise
-        self.finish(entry, reply)
-        return reply
+        # Whatever ends it, the waiting repeats must not wait on us.
+        yield from relay(compute, landed=lambda reply: self.finish(entry, reply),
+                         failed=lambda exc: self.fail(entry, exc))
 
     def enter(self, request_id: str, query: str, *, looked_up: bool = False) -> Entry:
         """Its reply (`value`), the computation in flight to join, or the lead of a new one
@@ -170,7 +170,7 @@ class ResponseCache:
         self.cache.put(entry.held.key, shared)  # before the flight lands: a new asker finds one or the other
         self._flights.finish(entry.held, shared)
 
-    def abandon(self, entry: Entry, error: BaseException) -> None:
+    def fail(self, entry: Entry, error: BaseException) -> None:
         """The leader failed: its joiners are told (and compute their own). Nothing for a non-leader."""
         if entry.leads:
             self._flights.fail(entry.held, error)

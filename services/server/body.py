@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from typing import Any
 
 from flask import request
 
@@ -64,7 +66,7 @@ def _read_at_most(stream, limit: int) -> bytes:
     return b"".join(parts)
 
 
-def require_string(body: dict, field: str, max_length: int) -> str:
+def require_string(body: Mapping[str, Any], field: str, max_length: int) -> str:
     """body[field] as a non-empty string of at most max_length characters; unknown fields are ignored."""
     value = body.get(field)
     if value is None:

@@ -201,7 +201,7 @@ class Lifecycle:
 
     def _answer_the_rest(self, left: int, on_deadline: Callable[[str], None]) -> None:
         """Past the grace: what every request still in flight waits on fails now (on_deadline: the
-        role's abandon), so each is answered 503 saying the node is stopping."""
+        role's abort), so each is answered 503 saying the node is stopping."""
         reason = f"{self.name} is stopping: SHUTDOWN_GRACE_S ({self.grace_s:g} s) ended before this request did"
         log.warning("%s: %d requests still in flight after SHUTDOWN_GRACE_S; answering them 503", self.name, left)
         try:

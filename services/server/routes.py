@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Any, Iterable, Protocol
 
-from flask import Flask, Response, g, jsonify, request
+from flask import Flask, g, jsonify, request
 
 from pipeline.config import REPO_ROOT, Settings
 from services.server.app import make_app
@@ -36,8 +36,10 @@ class NodeRole(Protocol):
     name: str
     node: int
     settings: Settings
-    model_source: str
     request_endpoints: tuple[str, ...]
+
+    @property
+    def model_source(self) -> str: ...
 
     def health_fields(self) -> dict[str, Any]: ...
     def failure(self) -> str | None: ...
@@ -79,31 +81,36 @@ def node_info(role: NodeRole) -> dict[str, str]:
             "precision": s.models.precision, "dtype": s.models.dtype, "version": VERSION}
 
 
-def completion_fields(response: Response, started: float) -> dict[str, Any]:
+def completion_fields(status: int, started: float) -> dict[str, Any]:
     """What a request's completion line says; `served_by` and `stages_ms` are set by the role's view."""
     return {"id": g.get("trace_id"), "request_id": g.get("request_id"), "endpoint": request.path,
-            "status": response.status_code, "latency_ms": round((time.perf_counter() - started) * 1000, 1),
+            "status": status, "latency_ms": round((time.perf_counter() - started) * 1000, 1),
             "served_by": g.get("served_by"), "stages_ms": dict(g.get("stage_times") or {})}
 
 
 def install_completion_log(app: Flask, endpoints: tuple[str, ...]) -> None:
-    """One INFO line per request on `endpoints`, answered or refused: ids as repr (a newline in an id
+    """One INFO line per request on `endpoints`, answered or refused, when it ends (a stream: when
+    its last event is written, with every stage it waited on): ids as repr (a newline in an id
     cannot forge a line); with LOG_FORMAT=json the fields travel as JSON fields too."""
     @app.before_request
     def _start():
         g.completion_started = time.perf_counter()
 
     @app.after_request
-    def _log(response):
+    def _note_status(response):
+        g.completion_status = response.status_code
+        return response
+
+    @app.teardown_request
+    def _log(exc):
         rule = request.url_rule.rule if request.url_rule is not None else None
         started = g.get("completion_started")
         if rule in endpoints and started is not None:
-            f = completion_fields(response, started)
+            f = completion_fields(g.get("completion_status", 500), started)
             stages = ",".join(f"{stage}:{ms:g}" for stage, ms in f["stages_ms"].items()) or "-"
             request_log.info("request done id=%r request_id=%r %s status=%d latency_ms=%.1f served_by=%s "
                              "stages_ms=%s", f["id"], f["request_id"], f["endpoint"], f["status"], f["latency_ms"],
                              f["served_by"], stages, extra={"fields": f})
-        return response
 
 
 def build_app(role: NodeRole, lifecycle: Lifecycle) -> Flask:

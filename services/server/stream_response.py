@@ -1,11 +1,13 @@
-"""An answer stream as an HTTP response: Server-Sent Events, written as the events come.
+"""Answer streams: what every layer of the request path returns, and the route's edge that sends one.
 
-An answer stream is an iterator of text pieces (str) closed by the reply (a dict). The first
-event is taken before the response starts, so a request refused or failed before its first
-token gets an ordinary HTTP error (a status the caller can act on: a gateway fails over on a
-503); an error after that ends the stream with an `error` event carrying the status it would
-have had. A reader that disconnects closes the stream (waitress closes the response's
-iterator), which cancels what the stream was waiting on.
+An answer stream is an iterator of text pieces (str) closed by the reply (a dict): the reply's
+`generated_response` is the pieces joined. Errors are raised as the errors table's types.
+A blocking reply is the stream collected (`collect`); a streamed one is Server-Sent Events
+(`sse_response`). The first event is taken before a streamed response starts (`started`), so a
+request refused or failed before its first token gets an ordinary HTTP error (a status the caller
+can act on: a gateway fails over on a 503); an error after that ends the stream with an `error`
+event carrying the status it would have had. A reader that disconnects closes the stream
+(waitress closes the response's iterator), which cancels what the stream was waiting on.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import logging
 from collections.abc import Callable, Iterator
 
 from flask import Response
+from flask.globals import request_ctx
 
 from services.server import sse
 from services.server.errors import http_answer
@@ -22,6 +25,61 @@ log = logging.getLogger(__name__)
 AnswerStream = Iterator["str | dict"]
 # What an error the errors table does not know is told as: a bug, logged with its traceback.
 INTERNAL_ERROR = (500, "internal error")
+
+
+def close(events: AnswerStream) -> None:
+    """End a stream read no further: a generator's `finally` runs now (what it waits on is
+    cancelled, what it holds released); a plain iterator holds nothing."""
+    end = getattr(events, "close", None)
+    if end is not None:
+        end()
+
+
+def collect(events: AnswerStream) -> dict:
+    """The blocking reply: the stream read to its end, and its reply (which holds the text)."""
+    reply: dict | None = None
+    try:
+        for event in events:
+            if isinstance(event, dict):
+                reply = event
+    finally:
+        close(events)
+    if reply is None:
+        raise RuntimeError("the answer stream ended without its reply")
+    return reply
+
+
+def replay(reply: dict) -> AnswerStream:
+    """A reply already known (a retried request_id, a joined computation, a reply-cache hit) as a
+    stream: its whole text as one piece, then the reply."""
+    if reply.get("generated_response"):
+        yield reply["generated_response"]
+    yield reply
+
+
+def relay(open_stream: Callable[[], AnswerStream], *, landed: Callable[[dict], None],
+          failed: Callable[[BaseException], None]) -> AnswerStream:
+    """The events of `open_stream()` passed on; once they end with a reply, `landed(reply)`. Any
+    failure on the way, opening it or a reader gone (GeneratorExit) included, goes to `failed`
+    before it goes up."""
+    reply: dict | None = None
+    events: AnswerStream | None = None
+    try:
+        events = open_stream()
+        for event in events:
+            if isinstance(event, dict):
+                reply = event
+            yield event
+        if reply is None:
+            raise RuntimeError("the answer stream ended without its reply")
+    except BaseException as exc:
+        failed(exc)
+        raise
+    finally:
+        if events is not None:
+            close(events)
+    if reply is not None:
+        landed(reply)
 
 
 def error_status(exc: BaseException) -> tuple[int, str]:
@@ -42,7 +100,7 @@ def started(events: AnswerStream) -> AnswerStream:
     except StopIteration:
         return iter(())
     except BaseException:
-        events.close()  # type: ignore[attr-defined]  # a generator: release what it holds
+        close(events)  # release what it holds
         raise
 
     def rest() -> AnswerStream:
@@ -50,16 +108,23 @@ def started(events: AnswerStream) -> AnswerStream:
             yield first
             yield from events
         finally:
-            events.close()  # type: ignore[attr-defined]
+            close(events)
 
     return rest()
 
 
 def sse_response(events: AnswerStream, encode: Callable[[AnswerStream], Iterator[bytes]] | None = None) -> Response:
     """The stream as SSE (the /query format: token events, then the reply, or an error event), or
-    as `encode` writes it (the OpenAI chunks). Start it with `started` to raise early errors."""
-    body = (encode or query_events)(events)
-    return Response(body, headers=sse.HEADERS)
+    as `encode` writes it (the OpenAI chunks). Start it with `started` to raise early errors.
+
+    The request stays open while the stream is written, not only until its first event: the
+    stream reads `g`, and the request's teardown (its completion line, its tracing span: services.
+    server.routes, services.server.tracing) comes when the response is closed, after its last event."""
+    response = Response((encode or query_events)(events), headers=sse.HEADERS)
+    context = request_ctx._get_current_object()  # type: ignore[attr-defined]
+    context.push()  # a second push: the view's own pop leaves it open, this one's pop tears it down
+    response.call_on_close(context.pop)
+    return response
 
 
 def query_events(events: AnswerStream) -> Iterator[bytes]:
@@ -71,4 +136,4 @@ def query_events(events: AnswerStream) -> Iterator[bytes]:
         status, message = error_status(exc)
         yield sse.error_event(message, status)
     finally:
-        events.close()  # type: ignore[attr-defined]
+        close(events)

@@ -21,8 +21,6 @@ FLOORS = {"services.server": 0, "services.stages": 1, "services.cluster": 1, "se
 # Below every services/ floor; must import nothing from services/, profiling/ or tools/.
 BASE = ("pipeline", "builders")
 MAX_MODULE_LINES = 350
-# Import circles being cut (issue 29): this list may only shrink.
-KNOWN_CIRCLES = [["services.roles.gateway.openai_routes", "services.roles.gateway.role"]]
 
 
 def project_files() -> list[Path]:
@@ -117,12 +115,7 @@ def floor(module: str) -> int | None:
 
 
 def test_no_import_circle_in_the_project():
-    found = cycles(import_graph())
-    assert [c for c in found if c not in KNOWN_CIRCLES] == []
-    assert [c for c in KNOWN_CIRCLES if c not in found] == [], "a known circle is gone: remove it from KNOWN_CIRCLES"
-    if found:
-        pytest.xfail(f"known circles being cut (issue 29): {found}")
-    assert KNOWN_CIRCLES == [], "a known circle is gone: remove it from KNOWN_CIRCLES"
+    assert cycles(import_graph()) == []
 
 
 def test_the_circle_finder_finds_a_circle():

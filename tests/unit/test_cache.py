@@ -5,6 +5,7 @@ import pytest
 
 from services.roles.caches import LruCache, ResponseCache, normalise_query
 from services.roles.single_flight import Entry
+from services.server.stream_response import collect
 from tests.helpers import ManualClock
 
 
@@ -109,7 +110,7 @@ def test_a_failed_computation_is_not_shared_nor_cached():
     cache = ResponseCache(4, ttl_s=0)
     lead = cache.enter("r1", "q")
     follow = cache.enter("r2", "q")
-    cache.abandon(lead, RuntimeError("worker failed"))
+    cache.fail(lead, RuntimeError("worker failed"))
     assert cache.joined_reply(follow, "r2", timeout_s=5) is None  # it computes its own
     again = cache.enter("r3", "q")
     assert again.leads and again.flight.key == "q" and cache.stats().entries == 0
@@ -128,14 +129,17 @@ def test_with_the_cache_off_nothing_is_shared():
 def test_answer_computes_a_question_once_and_never_caches_a_failure():
     # (Joiners of a failed leader computing their own answer: tests/unit/test_single_flight.py.)
     cache = ResponseCache(4, ttl_s=0)
-    assert cache.answer("r1", "Q", lambda: {**REPLY, "request_id": "r1"}, 5) == {**REPLY, "request_id": "r1"}
-    assert cache.answer("r2", "q", lambda: pytest.fail("a hit computes nothing"), 5)["request_id"] == "r2"
+    assert collect(cache.answer("r1", "Q", lambda: iter([{**REPLY, "request_id": "r1"}]), 5)) == \
+        {**REPLY, "request_id": "r1"}
+    hit = list(cache.answer("r2", "q", lambda: pytest.fail("a hit computes nothing"), 5))
+    assert hit == [REPLY["generated_response"], {**REPLY, "request_id": "r2", "cached": True}]  # a hit replayed
 
     def failing():
+        yield "partial"
         raise RuntimeError("worker failed")
 
     with pytest.raises(RuntimeError, match="worker failed"):
-        cache.answer("r3", "other", failing, 5)
+        collect(cache.answer("r3", "other", failing, 5))
     assert cache.in_flight() == 0 and cache.stats().entries == 1
 
 

@@ -12,6 +12,7 @@ from pipeline.config import Settings
 from pipeline.config.sections import GatewaySettings
 from services.roles.gateway.gateway import Gateway
 from services.roles.gateway.routing import WorkerTarget, remote_target
+from services.server.answer_request import AnswerRequest
 from services.server.errors import (
     NodeUnreachable,
     NoWorkerAvailable,
@@ -25,6 +26,7 @@ from services.server.errors import (
     StageFailed,
     WorkerFailed,
 )
+from services.server.stream_response import collect
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -39,25 +41,30 @@ class FakeWorker:
         self.calls: list[tuple[str, float]] = []
         self.lock = threading.Lock()
 
-    def answer(self, request_id: str, query: str, timeout_s: float, max_new_tokens: int | None = None) -> dict:
+    def reply(self, request: AnswerRequest, timeout_s: float) -> dict:
         with self.lock:
-            self.calls.append((request_id, timeout_s))
+            self.calls.append((request.request_id, timeout_s))
             error = self.errors.pop(0) if self.errors else None
         if error is not None:
             raise error
         if self.gate is not None:
             assert self.gate.wait(10), "test gate never opened"
-        return {"request_id": request_id, "generated_response": f"answer to {query}"}
+        return {"request_id": request.request_id, "generated_response": f"answer to {request.query}"}
 
-    def stream(self, request_id: str, query: str, timeout_s: float, max_new_tokens: int | None = None):
-        """answer() as a stream: its text word by word, then the reply (errors come before any event)."""
-        reply = self.answer(request_id, query, timeout_s, max_new_tokens)
+    def answer(self, request: AnswerRequest, timeout_s: float):
+        """Its text word by word, then the reply (errors come before any event)."""
+        reply = self.reply(request, timeout_s)
         words = reply["generated_response"].split(" ")
         yield from (word if i == 0 else f" {word}" for i, word in enumerate(words))
         yield reply
 
     def target(self, *, up: bool = True, local: bool = False, probe=lambda: True) -> WorkerTarget:
-        return WorkerTarget(node=self.node, answer=self.answer, stream=self.stream, probe=probe, up=up, local=local)
+        return WorkerTarget(node=self.node, answer=self.answer, probe=probe, up=up, local=local)
+
+
+def ask(gw: Gateway, request_id: str, query: str, timeout_s: float, **fields) -> dict:
+    """The gateway's answer collected, as node 0's /query collects it for a plain reply."""
+    return collect(gw.answer(AnswerRequest(request_id, query, **fields), timeout_s))
 
 
 def gateway_settings(**kwargs) -> GatewaySettings:
@@ -76,7 +83,7 @@ def gateway(*targets: WorkerTarget, response_cache=None, **kwargs) -> Gateway:
 def test_round_robin_alternates_between_ready_workers():
     a, b = FakeWorker(0), FakeWorker(1)
     gw = gateway(a.target(local=True), b.target())
-    served = [gw.answer(f"rr-{i}", "q", 10)["served_by"] for i in range(6)]
+    served = [ask(gw, f"rr-{i}", "q", 10)["served_by"] for i in range(6)]
     assert served in ([0, 1] * 3, [1, 0] * 3)
 
 
@@ -85,13 +92,13 @@ def test_same_id_from_20_threads_is_computed_once_and_then_cached():
     worker = FakeWorker(0, gate=gate)
     gw = gateway(worker.target(local=True), max_in_flight=1, max_joiners_per_id=19, max_joiners=19)
     with ThreadPoolExecutor(20) as pool:
-        futures = [pool.submit(gw.answer, "same", "q", 10) for _ in range(20)]
+        futures = [pool.submit(ask, gw, "same", "q", 10) for _ in range(20)]
         time.sleep(0.3)  # all 20 have arrived: one computes, 19 join (joins use no capacity)
         gate.set()
         replies = [f.result(timeout=10) for f in futures]
     assert len(worker.calls) == 1
     assert all(r == replies[0] for r in replies)
-    assert gw.answer("same", "q", 10) == replies[0] and len(worker.calls) == 1  # from the cache
+    assert ask(gw, "same", "q", 10) == replies[0] and len(worker.calls) == 1  # from the cache
     stats = gw.stats()
     assert stats["joined"] == 19 and stats["cache_hits"] == 1 and stats["in_flight"] == 0
 
@@ -101,16 +108,16 @@ def test_beyond_max_in_flight_is_refused_at_once_with_retry_after():
     worker = FakeWorker(0, gate=gate)
     gw = gateway(worker.target(local=True), max_in_flight=2)
     with ThreadPoolExecutor(2) as pool:
-        running = [pool.submit(gw.answer, f"busy-{i}", "q", 10) for i in range(2)]
+        running = [pool.submit(ask, gw, f"busy-{i}", "q", 10) for i in range(2)]
         time.sleep(0.2)
         started = time.monotonic()
         with pytest.raises(Overloaded) as err:
-            gw.answer("one-too-many", "q", 10)
+            ask(gw, "one-too-many", "q", 10)
         assert time.monotonic() - started < 0.1
         assert err.value.retry_after_s >= 1
         gate.set()
         assert all(f.result(timeout=10)["request_id"].startswith("busy") for f in running)
-    assert gw.answer("one-too-many", "q", 10)["request_id"] == "one-too-many"  # capacity is back
+    assert ask(gw, "one-too-many", "q", 10)["request_id"] == "one-too-many"  # capacity is back
     assert gw.stats()["rejected"] == 1
 
 
@@ -118,8 +125,8 @@ def test_failures_are_not_cached():
     worker = FakeWorker(0, errors=[StageFailed("generate", RuntimeError("boom"))])
     gw = gateway(worker.target(local=True))
     with pytest.raises(WorkerFailed):
-        gw.answer("flaky", "q", 10)
-    assert gw.answer("flaky", "q", 10)["request_id"] == "flaky"
+        ask(gw, "flaky", "q", 10)
+    assert ask(gw, "flaky", "q", 10)["request_id"] == "flaky"
     assert len(worker.calls) == 2
 
 
@@ -127,14 +134,14 @@ def test_cache_is_bounded_in_size_and_time():
     worker = FakeWorker(0)
     gw = gateway(worker.target(local=True), completed_cache_size=3, completed_ttl_s=0.3)
     for i in range(5):
-        gw.answer(f"c-{i}", "q", 10)
+        ask(gw, f"c-{i}", "q", 10)
     assert gw.stats()["cached"] == 3
-    gw.answer("c-4", "q", 10)
+    ask(gw, "c-4", "q", 10)
     assert len(worker.calls) == 5  # c-4 came from the cache
-    gw.answer("c-0", "q", 10)
+    ask(gw, "c-0", "q", 10)
     assert len(worker.calls) == 6  # c-0 had been evicted
     time.sleep(0.35)
-    gw.answer("c-4", "q", 10)
+    ask(gw, "c-4", "q", 10)
     assert len(worker.calls) == 7  # expired
     assert gw.stats()["cached"] == 1  # the expired ones were dropped
 
@@ -144,7 +151,7 @@ def test_unreachable_worker_leaves_rotation_and_another_serves():
     remote_target_ = remote.target(probe=lambda: False)
     gw = gateway(local.target(local=True), remote_target_)
     remote_target_.up = True  # as if it had been healthy until now
-    served = {gw.answer(f"u-{i}", "q", 10)["served_by"] for i in range(4)}
+    served = {ask(gw, f"u-{i}", "q", 10)["served_by"] for i in range(4)}
     assert served == {0}
     assert not remote_target_.up and len(remote.calls) == 1
 
@@ -165,14 +172,31 @@ def test_worker_errors_map_to_one_answer(error, expected):
     gw = gateway(first_target, second.target(local=True))
     gw.router._turn = iter(range(0, 1000, 2))  # always start with the first target
     if expected is None:
-        assert gw.answer("e", "q", 10)["served_by"] == 0
+        assert ask(gw, "e", "q", 10)["served_by"] == 0
     else:
         with pytest.raises(expected):
-            gw.answer("e", "q", 10)
+            ask(gw, "e", "q", 10)
     if isinstance(error, (PeerRejectedToken, PeerUnavailable)):
         assert not first_target.up  # refused us or not ready: out of the rotation until the probe sees it ready
     if isinstance(error, (PeerFailed, PeerRejected)) and not isinstance(error, PeerRejectedToken):
         assert first_target.up  # it answered: the error is this request's alone, the worker stays in rotation
+
+
+def test_a_worker_failing_mid_answer_is_failed_over_unless_the_caller_read_pieces_of_it():
+    def breaks(request, timeout_s):
+        yield "partial"
+        raise NodeUnreachable("the stream broke")
+
+    first, second = WorkerTarget(node=1, answer=breaks, probe=lambda: True), FakeWorker(0)
+    gw = gateway(first, second.target(local=True))
+    gw.router._turn = iter(range(0, 1000, 2))  # always start with the first target
+    reply = ask(gw, "m-1", "q", 10)  # a plain reply: nobody read the partial answer
+    assert reply["served_by"] == 0 and reply["generated_response"] == "answer to q" and not first.up
+    first.up = True
+    streamed: list = []
+    with pytest.raises(NodeUnreachable):  # a streamed one: "partial" was read, and cannot be taken back
+        streamed.extend(gw.answer(AnswerRequest("m-2", "q", stream=True), 10))
+    assert streamed == ["partial"] and len(second.calls) == 1
 
 
 def test_no_worker_available_when_all_fail_to_take_it():
@@ -180,23 +204,22 @@ def test_no_worker_available_when_all_fail_to_take_it():
     b = FakeWorker(1, errors=[PeerUnavailable("stopping")])
     gw = gateway(a.target(), b.target())
     with pytest.raises(NoWorkerAvailable):
-        gw.answer("n", "q", 10)
+        ask(gw, "n", "q", 10)
 
 
 def test_remaining_deadline_is_passed_on_and_enforced():
     worker = FakeWorker(0)
     gw = gateway(worker.target(local=True))
-    gw.answer("d", "q", 7.5)
+    ask(gw, "d", "q", 7.5)
     assert 7.0 < worker.calls[0][1] <= 7.5
     with pytest.raises(RequestTimeout):
-        gw.answer("late", "q", 0.0)
+        ask(gw, "late", "q", 0.0)
 
 
 def test_remote_worker_is_out_of_rotation_until_its_probe_says_ready():
     class Client:
         ready = False
         answer = FakeWorker(1).answer
-        stream = FakeWorker(1).stream
 
         def health(self):
             return {"status": "healthy"} if self.ready else None
@@ -206,10 +229,10 @@ def test_remote_worker_is_out_of_rotation_until_its_probe_says_ready():
 
     client, local = Client(), FakeWorker(0)
     gw = gateway(local.target(local=True), remote_target(1, client), health_interval_s=0.05)
-    assert {gw.answer(f"p-{i}", "q", 10)["served_by"] for i in range(4)} == {0}
+    assert {ask(gw, f"p-{i}", "q", 10)["served_by"] for i in range(4)} == {0}
     client.ready = True
     time.sleep(0.3)
-    assert {gw.answer(f"q-{i}", "q", 10)["served_by"] for i in range(4)} == {0, 1}
+    assert {ask(gw, f"q-{i}", "q", 10)["served_by"] for i in range(4)} == {0, 1}
     gw.close()
 
 
@@ -251,15 +274,12 @@ class Outcomes:
     def __init__(self, outcomes):
         self.outcomes = list(outcomes)
 
-    def answer(self, request_id, query, timeout_s, max_new_tokens=None):
+    def answer(self, request, timeout_s):
+        """The next outcome as a worker streams it: its answer word by word, then the reply with usage."""
         outcome = self.outcomes.pop(0)
         if isinstance(outcome, BaseException):
             raise outcome
-        return {**outcome, "request_id": request_id}
-
-    def stream(self, request_id, query, timeout_s, max_new_tokens=None):
-        """The next outcome as a worker streams it: its answer word by word, then the reply with usage."""
-        reply = self.answer(request_id, query, timeout_s, max_new_tokens)
+        reply = {**outcome, "request_id": request.request_id}
         words = reply["generated_response"].split(" ")
         yield from (word if i == 0 else f" {word}" for i, word in enumerate(words))
         yield {**reply, "usage": {"prompt_tokens": 40, "completion_tokens": len(words)}, "finish_reason": "stop"}
@@ -276,8 +296,8 @@ def query_app(outcomes, **env):
     role = GatewayRole(settings, 0, lifecycle)
     app = build_app(role, lifecycle)
     answers = Outcomes(outcomes)
-    worker = WorkerTarget(node=0, answer=answers.answer, stream=answers.stream, probe=lambda: True, local=True)
-    role.gateway = gateway(worker, response_cache=role.response_cache)
+    worker = WorkerTarget(node=0, answer=answers.answer, probe=lambda: True, local=True)
+    role.gateway.set(gateway(worker, response_cache=role.response_cache))
     role.count_query_tokens = len  # no LLM tokenizer here: a character per token
     lifecycle.readiness.set(Readiness.READY)
     return role, app.test_client()
@@ -303,12 +323,12 @@ def test_node_0_serves_no_internal_answer():
     (Overloaded("the gateway is at capacity", retry_after_s=3), 503,
      {"error": "overloaded: the gateway is at capacity"}, "3"),
 ])
-def test_query_failure_is_answered_once_and_abandons_the_response_cache_claim(error, status, body, retry_after):
+def test_query_failure_is_answered_once_and_fails_the_response_cache_claim(error, status, body, retry_after):
     reply = {"generated_response": "ok", "sentiment": "neutral", "is_toxic": "false"}
     role, client = query_app([error, reply])
     first = client.post("/query", json={"request_id": "a", "query": "Where is my order?"})
     assert (first.status_code, first.get_json(), first.headers.get("Retry-After")) == (status, body, retry_after)
-    assert role.response_cache.in_flight() == 0  # abandoned: a repeat does not wait on a failure
+    assert role.response_cache.in_flight() == 0  # failed: a repeat does not wait on a failure
     second = client.post("/query", json={"request_id": "b", "query": "where is my  order?"})
     assert second.status_code == 200 and second.get_json()["request_id"] == "b"
 
@@ -332,7 +352,7 @@ def test_a_request_id_keeps_its_own_answer_over_the_reply_cache():
     assert other.get_json()["generated_response"] == "second"
     again = client.post("/query", json={"request_id": "a", "query": "Where is my order?"})
     assert again.get_json() == first.get_json()  # not the reply cache's "second", nor marked cached
-    assert role.gateway.stats()["cache_hits"] == 1
+    assert role.gateway.require().stats()["cache_hits"] == 1
 
 
 def test_a_request_id_with_another_query_gets_409_naming_the_query():
@@ -344,12 +364,12 @@ def test_a_request_id_with_another_query_gets_409_naming_the_query():
         assert r.status_code == 409 and r.get_json()["field"] == "query", r.get_json()
         assert "request_id" in r.get_json()["error"]
     assert client.post("/query", json={"request_id": "a", "query": "Refund?"}).status_code == 200
-    assert role.gateway.stats()["conflicts"] == 3
+    assert role.gateway.require().stats()["conflicts"] == 3
 
 
 def test_the_completed_cache_keeps_a_hash_of_the_query_not_its_text():
     gw = gateway(FakeWorker(0).target(local=True))
-    gw.answer("h", "my card number is 4111", 10)
+    ask(gw, "h", "my card number is 4111", 10)
     digest, reply = gw.completed.get("h")
     assert len(digest) == 64 and "4111" not in digest and reply["request_id"] == "h"
 
@@ -360,10 +380,10 @@ def test_a_joiner_with_another_query_gets_409_and_the_computation_is_untouched()
     worker = FakeWorker(0, gate=gate)
     gw = gateway(worker.target(local=True))
     with ThreadPoolExecutor(1) as pool:
-        owner = pool.submit(gw.answer, "f", "q", 10)
+        owner = pool.submit(ask, gw, "f", "q", 10)
         wait_for(lambda: gw.stats()["in_flight"] == 1)
         with pytest.raises(RequestIdConflict):
-            gw.answer("f", "another q", 10)
+            ask(gw, "f", "another q", 10)
         gate.set()
         assert owner.result(timeout=10)["generated_response"] == "answer to q"
     assert len(worker.calls) == 1 and gw.stats()["joined"] == 0
@@ -381,18 +401,18 @@ def test_joiners_are_capped_per_id_and_in_all_with_an_immediate_503():
     worker = FakeWorker(0, gate=gate)
     gw = gateway(worker.target(local=True), max_joiners_per_id=2, max_joiners=3)
     with ThreadPoolExecutor(5) as pool:
-        owners = [pool.submit(gw.answer, rid, "q", 10) for rid in ("x", "y")]
+        owners = [pool.submit(ask, gw, rid, "q", 10) for rid in ("x", "y")]
         wait_for(lambda: gw.stats()["in_flight"] == 2)
-        joiners = [pool.submit(gw.answer, "x", "q", 10) for _ in range(2)]
+        joiners = [pool.submit(ask, gw, "x", "q", 10) for _ in range(2)]
         wait_for(lambda: gw.stats()["joining"] == 2)
         for rid, cap in (("x", "2 per request_id"), ("y", None)):
             if cap is None:  # y's one joiner fills the total of 3
-                joiners.append(pool.submit(gw.answer, "y", "q", 10))
+                joiners.append(pool.submit(ask, gw, "y", "q", 10))
                 wait_for(lambda: gw.stats()["joining"] == 3)
                 rid, cap = "y", "3 in all"
             started = time.monotonic()
             with pytest.raises(Overloaded, match=cap) as err:
-                gw.answer(rid, "q", 10)
+                ask(gw, rid, "q", 10)
             assert time.monotonic() - started < 0.1 and err.value.retry_after_s >= 1
         gate.set()
         assert all(f.result(timeout=10)["generated_response"] == "answer to q" for f in owners + joiners)
@@ -407,14 +427,14 @@ def test_a_reply_cache_hit_becomes_the_new_ids_answer_and_takes_no_capacity():
     gate.set()
     worker = FakeWorker(0, gate=gate)
     gw = gateway(worker.target(local=True), max_in_flight=1, response_cache=ResponseCache(8, 0))
-    gw.answer("a", "popular", 10)
+    ask(gw, "a", "popular", 10)
     gate.clear()
     with ThreadPoolExecutor(1) as pool:
-        busy = pool.submit(gw.answer, "b", "slow one", 10)
+        busy = pool.submit(ask, gw, "b", "slow one", 10)
         wait_for(lambda: gw.stats()["in_flight"] == 1)  # the gateway is full
-        reply = gw.answer("c", "Popular", 10)
+        reply = ask(gw, "c", "Popular", 10)
         assert reply["request_id"] == "c" and reply["cached"] is True
-        assert gw.answer("c", "Popular", 10) == reply  # now c's own answer, from the id cache
+        assert ask(gw, "c", "Popular", 10) == reply  # now c's own answer, from the id cache
         gate.set()
         busy.result(timeout=10)
     assert len(worker.calls) == 2 and gw.stats()["rejected"] == 0
@@ -427,12 +447,12 @@ def test_each_new_question_is_one_reply_cache_lookup():
     cache = ResponseCache(8, 0)
     gw = gateway(FakeWorker(0).target(local=True), response_cache=cache)
     for i, question in enumerate(["one", "two", "One", "three", "two"]):
-        gw.answer(f"r{i}", question, 10)
+        ask(gw, f"r{i}", question, 10)
     stats = cache.stats()
     assert (stats.hits, stats.misses) == (2, 3)
 
 
-def test_abandon_answers_a_request_waiting_on_a_remote_worker_and_stops_failover():
+def test_abort_answers_a_request_waiting_on_a_remote_worker_and_stops_failover():
     """Past the node's grace: the remote call is answered at once with the node's error, and a
     request its own worker fails next (its stages aborted) is not sent to another worker."""
     from services.cluster.abortable import AbortableCalls
@@ -441,19 +461,22 @@ def test_abandon_answers_a_request_waiting_on_a_remote_worker_and_stops_failover
     gate, calls = threading.Event(), AbortableCalls("t", 4)
     remote = FakeWorker(1, gate=gate)
     local = FakeWorker(0, errors=[ServiceClosed("stage service 'embed' stopped")])
-    target = dataclasses.replace(remote.target(), answer=lambda *a: calls.call(remote.answer, *a),
-                                 abort=calls.abort)
+
+    def remote_answer(request, timeout_s):  # its reply waited on as a WorkerClient waits: abortable
+        yield calls.call(remote.reply, request, timeout_s)
+
+    target = dataclasses.replace(remote.target(), answer=remote_answer, abort=calls.abort)
     gw = gateway(target, local.target(local=True))
     with ThreadPoolExecutor(1) as pool:
-        waiting = pool.submit(gw.answer, "ab-1", "q", 30)
+        waiting = pool.submit(ask, gw, "ab-1", "q", 30)
         deadline = time.monotonic() + 10
         while not remote.calls and time.monotonic() < deadline:
             time.sleep(0.01)
-        gw.abandon(lambda: NodeNotReady("node 0 is stopping; retry"))
+        gw.abort(lambda: NodeNotReady("node 0 is stopping; retry"))
         with pytest.raises(NodeNotReady, match="stopping"):
             waiting.result(timeout=5)
     with pytest.raises(NodeNotReady):  # its own worker stopped: no failover to node 1
-        gw.answer("ab-2", "q", 30)
+        ask(gw, "ab-2", "q", 30)
     assert [c[0] for c in local.calls] in ([], ["ab-2"]) and [c[0] for c in remote.calls] == ["ab-1"]
     gate.set()
     gw.close()

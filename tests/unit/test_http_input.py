@@ -14,6 +14,8 @@ from flask import jsonify
 from pipeline.config import Settings
 from services.cluster.clients import IndexClient, WorkerClient
 from services.roles.index.search import max_search_values, parse_search_body
+from services.server import sse
+from services.server.answer_request import AnswerRequest
 from services.server.app import make_app
 from services.server.body import read_json_object, require_string
 from services.server.errors import (
@@ -27,6 +29,7 @@ from services.server.errors import (
     ShardUnavailable,
 )
 from services.server.http_server import HeaderGate, header_gate
+from services.server.stream_response import collect
 from services.server.token import TOKEN_HEADER, internal_endpoint, warn_if_exposed
 
 pytestmark = pytest.mark.timeout(60)
@@ -154,9 +157,10 @@ class Recorder(BaseHTTPRequestHandler):
         status = type(self).plan.pop(0) if type(self).plan else 200
         reply = ({"ids": [[1, 2]], "distances": [[0.0, 0.1]]} if self.path == "/search"
                  else {"request_id": body.get("request_id")}) if status == 200 else {"error": "nope"}
-        data = json.dumps(reply).encode()
+        streamed = status == 200 and self.path == "/internal/answer"  # a worker's answer: always a stream
+        data = sse.reply_event(reply) if streamed else json.dumps(reply).encode()
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", sse.MEDIA_TYPE if streamed else "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -177,10 +181,10 @@ def node():
 
 def test_worker_client_sends_token_and_the_time_left(node):
     client = WorkerClient(node, connect_timeout_s=1, token=TOKEN)
-    assert client.answer("r1", "q", 12.5) == {"request_id": "r1"}
+    assert collect(client.answer(AnswerRequest("r1", "q"), 12.5)) == {"request_id": "r1"}
     headers, body = Recorder.seen[0]
     assert headers[TOKEN_HEADER] == TOKEN
-    assert body == {"request_id": "r1", "query": "q", "timeout_s": 12.5}
+    assert body == {"request_id": "r1", "query": "q", "stream": True, "timeout_s": 12.5}  # always the stream
 
 
 @pytest.mark.parametrize("status,error", [(503, PeerUnavailable), (401, PeerRejectedToken), (504, PeerTimedOut),
@@ -188,12 +192,12 @@ def test_worker_client_sends_token_and_the_time_left(node):
 def test_worker_client_says_what_happened_by_the_errors_type(node, status, error):
     Recorder.plan = [status]
     with pytest.raises(error) as err:
-        WorkerClient(node, connect_timeout_s=1).answer("r1", "q", 5)
+        WorkerClient(node, connect_timeout_s=1).answer(AnswerRequest("r1", "q"), 5)
     assert type(err.value) is error and err.value.message == "nope"  # the peer's own words
     if error is not PeerTimedOut:
         assert str(err.value) == f"HTTP {status}: nope"  # the status, for the log
     with pytest.raises(NodeUnreachable):
-        WorkerClient("http://127.0.0.1:9", connect_timeout_s=0.2).answer("r1", "q", 5)
+        WorkerClient("http://127.0.0.1:9", connect_timeout_s=0.2).answer(AnswerRequest("r1", "q"), 5)
 
 
 def test_index_client_retries_5xx_past_max_attempts_while_the_deadline_allows(node):

@@ -28,7 +28,7 @@ from services.server.routes import install_completion_log
 from services.stages.batch_stats import WAIT_BUCKETS, BatchCounters, with_observations
 from services.stages.batching import BatchingService
 from services.stages.continuous import ContinuousGenerationService
-from tests.unit.test_gateway import FakeWorker, gateway_settings
+from tests.unit.test_gateway import FakeWorker, ask, gateway_settings
 from tests.unit.test_stage_services import FakeEngine, scrape
 
 pytestmark = pytest.mark.timeout(60)
@@ -73,6 +73,31 @@ def test_header_id_wins_is_returned_and_is_what_goes_to_other_nodes(caplog):
     # repr: the body id's newline cannot start a forged line
     assert "\n" not in record.getMessage() and "request_id='body-id\\nforged'" in record.getMessage()
     assert "stages_ms=embed:1.5" in record.getMessage()
+
+
+def test_a_streamed_answers_completion_line_comes_when_its_stream_ends_with_every_stage(caplog):
+    from services.server.stream_response import sse_response
+    app = make_app("t")
+    install_completion_log(app, ("/stream",))
+
+    @app.post("/stream")
+    def stream():
+        g.stage_times = times = {"embed": 1.0}
+
+        def events():  # the later stages end while the stream is written
+            yield "piece"
+            times["generate"] = 2.0
+            yield {"request_id": "s"}
+        return sse_response(events())
+
+    with caplog.at_level(logging.INFO, logger="services.requests"):
+        response = app.test_client().post("/stream", buffered=False)
+        assert not caplog.records  # not at its first event
+        body = response.get_data()
+        response.close()
+    assert b"event: reply" in body
+    (record,) = caplog.records
+    assert record.fields["status"] == 200 and record.fields["stages_ms"] == {"embed": 1.0, "generate": 2.0}
 
 
 def test_without_a_header_the_body_id_is_used_in_header_form():
@@ -156,14 +181,14 @@ def test_gateway_families_separate_local_work_from_forwards_and_count_admission(
                  gateway_settings(health_interval_s=3600, max_in_flight=2, max_joiners_per_id=1, max_joiners=1))
     collector = GatewayCollector(lambda: gw)
     try:
-        threads = [threading.Thread(target=gw.answer, args=(f"r{i}", "q", 10)) for i in range(2)]
-        threads.append(threading.Thread(target=gw.answer, args=("r0", "q", 10)))  # joins r0
+        threads = [threading.Thread(target=ask, args=(gw, f"r{i}", "q", 10)) for i in range(2)]
+        threads.append(threading.Thread(target=ask, args=(gw, "r0", "q", 10)))  # joins r0
         for t in threads:
             t.start()
         with pytest.raises(Overloaded):  # both slots busy
-            gw.answer("r9", "q", 10)
+            ask(gw, "r9", "q", 10)
         with pytest.raises(Overloaded):  # r0 has its one joiner already
-            gw.answer("r0", "q", 10)
+            ask(gw, "r0", "q", 10)
         busy = samples(collector)
         assert busy[("rag_gateway_in_flight", ())] == 2 and busy[("rag_gateway_max_in_flight", ())] == 2
         assert busy[("rag_gateway_rejected_total", (("reason", "capacity"),))] == 1
@@ -172,7 +197,7 @@ def test_gateway_families_separate_local_work_from_forwards_and_count_admission(
         for t in threads:
             t.join(10)
         with pytest.raises(RequestIdConflict):  # same id, another query: 409
-            gw.answer("r1", "another", 10)
+            ask(gw, "r1", "another", 10)
         m = samples(collector)
         assert m[("rag_gateway_in_flight", ())] == 0 and m[("rag_gateway_joined_total", ())] == 1
         assert m[("rag_gateway_conflicts_total", ())] == 1

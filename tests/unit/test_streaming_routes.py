@@ -35,8 +35,17 @@ def test_query_with_stream_true_sends_pieces_then_the_reply_and_without_it_the_p
     assert pieces == reply["generated_response"] == ANSWER["generated_response"]
     assert (reply["request_id"], reply["sentiment"], reply["is_toxic"], reply["served_by"]) == ("s-1", "neutral",
                                                                                                   "false", 0)
-    plain = client.post("/query", json={"request_id": "p-1", "query": "Return?"})
+    plain = client.post("/query", json={"request_id": "p-1", "query": "Return it?"})  # not the cached question
     assert plain.get_json() == {**ANSWER, "request_id": "p-1", "served_by": 0}
+
+
+def test_a_streamed_reply_fills_the_reply_cache_and_a_hit_streams_as_one_piece_then_the_reply():
+    role, client = query_app([ANSWER])  # one outcome: a second computation would fail the test
+    first = events(client.post("/query", json={"request_id": "h-1", "query": "Return?", "stream": True}))
+    hit = events(client.post("/query", json={"request_id": "h-2", "query": "return?", "stream": True}))
+    assert [e.name for e in hit] == ["token", "reply"] and hit[0].json()["text"] == ANSWER["generated_response"]
+    assert hit[-1].json()["cached"] is True and hit[-1].json()["request_id"] == "h-2"
+    assert hit[-1].json()["generated_response"] == first[-1].json()["generated_response"]
 
 
 def test_an_accept_header_asks_for_a_stream_too_and_a_bad_stream_flag_is_a_400():
@@ -122,13 +131,13 @@ def test_the_services_own_errors_reach_an_openai_client_in_its_shape_with_the_st
 
 def test_an_error_after_a_stream_started_is_its_last_event():
     role, client = query_app([ANSWER])
-    gateway = role.gateway
+    gateway = role.gateway.require()
 
-    def failing(request_id, query, timeout_s, max_new_tokens=None):
+    def failing(request, timeout_s):
         yield "Answer:"
         raise StageFailed("sentiment", RuntimeError("boom"))
 
-    gateway.router.targets[0].stream = failing
+    gateway.router.targets[0].answer = failing
     got = events(client.post("/query", json={"request_id": "f-1", "query": "Return?", "stream": True}))
     assert [e.name for e in got] == ["token", "error"]
     assert got[-1].json()["status"] == 500
@@ -140,11 +149,15 @@ def test_a_stream_past_its_deadline_ends_with_a_504_error_event():
     from services.server.errors import RequestTimeout
     role, client = query_app([ANSWER])
 
-    def slow(request_id, query, timeout_s, max_new_tokens=None):
+    target = role.gateway.require().router.targets[0]
+    worker = target.answer
+
+    def slow(request, timeout_s):  # once: the retry below gets the worker's answer
+        target.answer = worker
         yield "Answer:"
         raise RequestTimeout("request timed out")  # what TokenStream.read raises at the deadline
 
-    role.gateway.router.targets[0].stream = slow
+    target.answer = slow
     got = events(client.post("/query", json={"request_id": "d-1", "query": "Return?", "stream": True}))
     assert [e.name for e in got] == ["token", "error"]
     assert got[-1].json() == {"error": "Request timeout", "status": 504}

@@ -10,17 +10,19 @@ request_id rules, so it can never overrule them: an id's answer never changes on
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from pipeline.config.sections import GatewaySettings
 from services.roles.caches import LruCache, ResponseCache
 from services.roles.gateway.idempotency import Idempotency
 from services.roles.gateway.probing import HealthProber
 from services.roles.gateway.routing import Router, WorkerTarget
+from services.server.answer_request import AnswerRequest
+from services.server.stream_response import AnswerStream
 
 
 class Gateway:
-    """`answer(request_id, query, timeout_s)` for node 0's /query; `status()` and `stats()` for /health."""
+    """`answer(request, timeout_s)` for node 0's routes; `status()` and `stats()` for /health."""
 
     def __init__(self, targets: list[WorkerTarget], settings: GatewaySettings, *,
                  response_cache: ResponseCache | None = None):
@@ -40,26 +42,21 @@ class Gateway:
         """Replies by request_id (metered; never cleared: a retried request must get the reply it got)."""
         return self.ids.completed
 
-    def answer(self, request_id: str, query: str, timeout_s: float, max_new_tokens: int | None = None) -> dict:
-        return self.ids.answer(request_id, query, timeout_s,
-                               lambda deadline: self._compute(request_id, query, deadline, max_new_tokens))
+    def answer(self, request: AnswerRequest, timeout_s: float) -> AnswerStream:
+        """The request's answer stream: text pieces as a worker generates them, then the reply
+        (services.server.stream_response). The request_id rules come first, the reply cache
+        only behind them (_compute): an id's own answer always wins over a cached one."""
+        return self.ids.answer(request, timeout_s, lambda deadline: self._compute(request, deadline))
 
-    def answer_stream(self, request_id: str, query: str, timeout_s: float,
-                      max_new_tokens: int | None = None) -> Iterator[str | dict]:
-        """answer() as a stream: text pieces as a worker generates them, then the reply. The request_id
-        rules apply as to answer(); the reply cache answers a hit but does not keep streamed replies."""
-        return self.ids.answer_stream(request_id, query, timeout_s, lambda deadline: self.router.forward_stream(
-            request_id, query, deadline, max_new_tokens))
-
-    def _compute(self, request_id: str, query: str, deadline: float, max_new_tokens: int | None) -> dict:
+    def _compute(self, request: AnswerRequest, deadline: float) -> AnswerStream:
         """The id's own computation: the reply cache when it is on (its hit, or the same question
         in flight), else a worker. A capped answer (max_new_tokens) is not the question's answer:
         it neither comes from nor goes to the reply cache."""
         cache = self.response_cache
-        if cache is None or max_new_tokens is not None:
-            return self.router.forward(request_id, query, deadline, max_new_tokens)
+        if cache is None or request.max_new_tokens is not None:
+            return self.router.forward(request, deadline)
         # looked_up: the request_id rules have just counted this question's miss.
-        return cache.answer(request_id, query, lambda: self.router.forward(request_id, query, deadline),
+        return cache.answer(request.request_id, request.query, lambda: self.router.forward(request, deadline),
                             max(0.0, deadline - time.monotonic()), looked_up=True)
 
     def status(self) -> list[dict]:
@@ -68,10 +65,10 @@ class Gateway:
     def stats(self) -> dict:
         return self.ids.stats()
 
-    def abandon(self, make_error: Callable[[], BaseException]) -> None:
+    def abort(self, make_error: Callable[[], BaseException]) -> None:
         """Past the node's grace period: every request waiting on a worker (its joiners with it)
         is answered make_error() now, and none is routed again."""
-        self.router.abandon(make_error)
+        self.router.abort(make_error)
 
     def close(self) -> None:
         self.prober.close()

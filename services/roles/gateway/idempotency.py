@@ -15,11 +15,13 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from services.roles.caches import LruCache, ResponseCache
 from services.roles.single_flight import Entry, Flight, SingleFlight
+from services.server.answer_request import AnswerRequest
 from services.server.errors import Overloaded, RequestIdConflict, RequestTimeout, ServiceClosed
+from services.server.stream_response import AnswerStream, relay, replay
 
 # Retry-After bounds for a full gateway: at least a second (no hammering), at
 # most half a minute (a slow average must not send clients away for minutes).
@@ -51,49 +53,26 @@ class Idempotency:
         self._latency_ema_s = 0.0  # of successful computations, for the Retry-After hint
         self._rejected = self._rejected_joiners = self._conflicts = 0
 
-    def answer(self, request_id: str, query: str, timeout_s: float, compute: Callable[[float], dict]) -> dict:
-        """The id's reply: cached, joined, or `compute(deadline)`'s (monotonic deadline)."""
+    def answer(self, request: AnswerRequest, timeout_s: float,
+               compute: Callable[[float], AnswerStream]) -> AnswerStream:
+        """The id's answer stream: a completed or joined reply replayed (its text as one piece, then
+        the reply), else `compute(deadline)`'s events as they come (monotonic deadline). Its reply is
+        then the id's, for its joiners and later retries; its failure is its joiners' too (a reader
+        gone: a retryable one) and is not kept."""
         started = time.monotonic()
         deadline = started + timeout_s
-        digest = query_digest(query)
-        entry = self._enter(request_id, query, digest)
+        request_id, digest = request.request_id, query_digest(request.query)
+        entry = self._enter(request_id, request.query, digest)
         if not entry.leads:
-            return self._known_or_joined(entry, deadline)
-        try:
-            reply = compute(deadline)
-        except BaseException as exc:  # its joiners share the failure; the id is not cached
-            self.flights.fail(entry.held, exc)
-            raise
-        self._land(entry, request_id, digest, reply, started)
-        return reply
-
-    def answer_stream(self, request_id: str, query: str, timeout_s: float,
-                      compute: Callable[[float], Iterator[str | dict]]) -> Iterator[str | dict]:
-        """answer() for a stream: the leader's events as `compute(deadline)` yields them (its joiners
-        and later retries get its reply); a known or joined reply as one piece, then the reply."""
-        started = time.monotonic()
-        deadline = started + timeout_s
-        digest = query_digest(query)
-        entry = self._enter(request_id, query, digest)
-        if not entry.leads:
-            known = self._known_or_joined(entry, deadline)
-            if known.get("generated_response"):
-                yield known["generated_response"]
-            yield known
+            yield from replay(self._known_or_joined(entry, deadline))
             return
-        reply: dict | None = None
-        try:
-            for event in compute(deadline):
-                if isinstance(event, dict):
-                    reply = event
-                yield event
-            if reply is None:
-                raise RuntimeError("the answer stream ended without its reply")
-        except BaseException as exc:  # its joiners share the failure (a reader gone: a retryable one)
+
+        def failed(exc: BaseException) -> None:
             self.flights.fail(entry.held, exc if isinstance(exc, Exception) else
                               ServiceClosed(f"the caller streaming request_id {request_id!r} left before its answer"))
-            raise
-        self._land(entry, request_id, digest, reply, started)
+
+        yield from relay(lambda: compute(deadline), failed=failed,
+                         landed=lambda reply: self._land(entry, request_id, digest, reply, started))
 
     def _enter(self, request_id: str, query: str, digest: str) -> Entry:
         return self.flights.enter(

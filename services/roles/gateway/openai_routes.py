@@ -12,29 +12,24 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from flask import Flask, Response, jsonify
 
 from pipeline import spec
 from services.roles.gateway import openai_api as oa
-from services.roles.worker.role import check_query_tokens
+from services.roles.gateway.front import Front
 from services.server import sse
+from services.server.answer_request import AnswerRequest
 from services.server.app import retry_after_header
-from services.server.body import read_json_object
 from services.server.errors import http_answer
-from services.server.request_ids import bind_request_id
-from services.server.stream_response import AnswerStream, error_status, sse_response, started
-
-if TYPE_CHECKING:
-    from services.roles.gateway.role import GatewayRole
+from services.server.stream_response import AnswerStream, close, collect, error_status, sse_response, started
 
 MODEL_ID = spec.GENERATOR_MODEL
 # The model's `created` in /v1/models: when this process started serving it.
 STARTED_AT = int(time.time())
 
 
-def register_openai_routes(app: Flask, role: GatewayRole) -> None:
+def register_openai_routes(app: Flask, front: Front) -> None:
     @app.get("/v1/models")
     def models():
         return jsonify(oa.models_list(MODEL_ID, STARTED_AT))
@@ -42,10 +37,11 @@ def register_openai_routes(app: Flask, role: GatewayRole) -> None:
     @app.post("/v1/chat/completions")
     def chat_completions():
         try:
-            chat, request_id, events = _start(role)
+            chat, request, events = _start(front)
             if chat.stream:
-                return sse_response(events, encode=lambda events: _chunks(events, request_id, chat.include_usage))
-            return jsonify(_completion(events, request_id))
+                return sse_response(started(events),
+                                    encode=lambda events: _chunks(events, request.request_id, chat.include_usage))
+            return jsonify(_completion(collect(events), request.request_id))
         except oa.OpenAIError as exc:
             return _error_response(exc)
         except Exception as exc:  # the service's own errors, in OpenAI's shape with their status
@@ -58,38 +54,21 @@ def register_openai_routes(app: Flask, role: GatewayRole) -> None:
             return response
 
 
-def _start(role: GatewayRole) -> tuple[oa.ChatRequest, str, AnswerStream]:
-    """The request read and checked, and its answer stream started (errors before its first event raise)."""
-    role.lifecycle.require_ready()
-    settings = role.settings
-    body = read_json_object(settings.limits.max_body_bytes)
-    chat = oa.parse_chat_request(body, max_tokens_limit=spec.MAX_NEW_TOKENS, model_id=MODEL_ID)
-    if len(chat.query) > settings.limits.max_query_chars:
-        raise oa.OpenAIError(400, f"the last user message is over {settings.limits.max_query_chars} characters",
-                             "messages")
-    check_query_tokens(settings, role.count_query_tokens, chat.query)
-    request_id = chat.request_id or oa.completion_id()
-    if len(request_id) > settings.limits.max_request_id_chars:
-        raise oa.OpenAIError(400, f"'request_id' is over {settings.limits.max_request_id_chars} characters",
-                             "request_id")
-    bind_request_id(request_id)
-    cap = chat.max_tokens if chat.max_tokens < spec.MAX_NEW_TOKENS else None  # None: exactly /query's answer
-    stream = role.loaded_gateway().answer_stream(request_id, chat.query, settings.limits.request_timeout_s, cap)
-    return chat, request_id, started(stream)
+def _start(front: Front) -> tuple[oa.ChatRequest, AnswerRequest, AnswerStream]:
+    """The body read as OpenAI's, made the service's one request (its rules: the query's length and
+    tokens, the request_id's), and its answer stream."""
+    chat = oa.parse_chat_request(front.body(), max_tokens_limit=spec.MAX_NEW_TOKENS, model_id=MODEL_ID)
+    request = front.request({"request_id": chat.request_id or oa.completion_id(), "query": chat.query,
+                             # None: exactly /query's answer
+                             "max_new_tokens": chat.max_tokens if chat.max_tokens < spec.MAX_NEW_TOKENS else None,
+                             "stream": chat.stream})
+    return chat, request, front.answer(request)
 
 
-def _completion(events: AnswerStream, request_id: str) -> dict:
-    text, reply = "", None
-    for event in events:
-        if isinstance(event, str):
-            text += event
-        else:
-            reply = event
-    if reply is None:
-        raise RuntimeError("the answer stream ended without its reply")
+def _completion(reply: dict, request_id: str) -> dict:
     prompt_tokens, completion_tokens = _usage(reply)
-    return oa.completion(_completion_id(request_id), int(time.time()), MODEL_ID, text, prompt_tokens,
-                         completion_tokens, reply, finish_reason=reply.get("finish_reason", "stop"))
+    return oa.completion(_completion_id(request_id), int(time.time()), MODEL_ID, reply["generated_response"],
+                         prompt_tokens, completion_tokens, reply, finish_reason=reply.get("finish_reason", "stop"))
 
 
 def _chunks(events: AnswerStream, request_id: str, include_usage: bool) -> Iterator[bytes]:
@@ -110,7 +89,7 @@ def _chunks(events: AnswerStream, request_id: str, include_usage: bool) -> Itera
         status, message = error_status(exc)
         yield sse.event(oa.error_from_http(status, message).body())
     finally:
-        events.close()  # type: ignore[attr-defined]
+        close(events)
 
 
 def _usage(reply: dict) -> tuple[int, int]:

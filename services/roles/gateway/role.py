@@ -1,6 +1,7 @@
-"""Node 0's role: a worker plus the gateway in front of it, serving the clients' /query."""
+"""Node 0's role: the gateway, serving the clients' /query and /v1 routes, with a worker of its own."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -8,35 +9,52 @@ from flask import Flask, g, jsonify, request
 
 from pipeline.config import ConfigError, Settings
 from services.cluster.clients import WorkerClient
-from services.roles.base import SPARE_HTTP_THREADS
+from services.roles.base import SPARE_HTTP_THREADS, Role
 from services.roles.caches import ResponseCache
+from services.roles.gateway.front import Front
 from services.roles.gateway.gateway import Gateway
 from services.roles.gateway.metrics import GatewayCollector
 from services.roles.gateway.openai_routes import register_openai_routes
 from services.roles.gateway.routing import WorkerTarget, remote_target
-from services.roles.worker.role import WorkerRole, parse_query, wants_stream
+from services.roles.loaded import Loaded
+from services.roles.worker.role import WorkerRole
 from services.roles.worker.stage_clock import collect_stage_times
 from services.server import sse
+from services.server.answer_request import Bounds
 from services.server.errors import NodeNotReady
 from services.server.lifecycle import Readiness
-from services.server.stream_response import sse_response, started
+from services.server.stream_response import collect, sse_response, started
 
 log = logging.getLogger(__name__)
 
 # Our own worker exists once loaded and serves until the node stops (a stopping node
 # refuses new requests before they reach the gateway): the local target's probe.
 LOCAL_SERVING = (Readiness.STARTING, Readiness.READY, Readiness.STOPPING)
+# What /query's body may ask for (a cap on the answer is the /v1 API's; the contract fixes /query's).
+QUERY_FIELDS = ("request_id", "query", "stream")
+# Reply fields only a stream's reply event carries: /query's plain reply is the contract's.
+STREAM_ONLY = ("usage", "finish_reason")
 
 
-class GatewayRole(WorkerRole):
+class GatewayRole(Role):
     name = "gateway+worker"
     # Its completion lines are the clients' requests (its own worker's work shows in their stages_ms).
     request_endpoints = ("/query",)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.gateway: Gateway | None = None
-        self.response_cache = ResponseCache(self.settings.gateway.response_cache_size, self.settings.gateway.response_cache_ttl_s)
+        # Its own worker: loaded, warmed and called in-process, its /internal/answer not served (that
+        # endpoint would let callers past the gateway's admission limit).
+        self.worker_role = WorkerRole(self.settings, self.node, self.lifecycle)
+        self.gateway: Loaded[Gateway] = Loaded(f"node {self.node} is still loading its models")
+        self.response_cache = ResponseCache(self.settings.gateway.response_cache_size,
+                                            self.settings.gateway.response_cache_ttl_s)
+        bounds = Bounds(self.settings.limits, lambda query: self.count_query_tokens(query))
+        self.front = Front(self.lifecycle, self.settings.limits, bounds, self.gateway)
+
+    @property
+    def model_source(self) -> str:
+        return self.worker_role.model_source
 
     @staticmethod
     def check_settings(settings: Settings) -> None:
@@ -49,23 +67,21 @@ class GatewayRole(WorkerRole):
                               f"GATEWAY_MAX_IN_FLIGHT (WAITRESS_THREADS=0), or /health and the 503s would starve")
         WorkerRole.check_settings(settings)
 
-    def load(self) -> None:
-        super().load()
-        s = self.settings
-        self.gateway = Gateway(self._targets(), s.gateway, response_cache=self.response_cache)
+    def default_http_threads(self) -> int:
+        return self.worker_role.default_http_threads()
 
-    def loaded_gateway(self) -> Gateway:
-        """The gateway, once load() has built it (the routes answer 503 until the node is ready)."""
-        if self.gateway is None:
-            raise NodeNotReady(f"node {self.node} is still loading its models")
-        return self.gateway
+    def load(self) -> None:
+        self.worker_role.load()
+        self.gateway.set(Gateway(self._targets(), self.settings.gateway, response_cache=self.response_cache))
+
+    def count_query_tokens(self, query: str) -> int:
+        return self.worker_role.worker.require().count_query_tokens(query)
 
     def _targets(self) -> list[WorkerTarget]:
         targets = []
         for node in self.settings.cluster.rotation:
             if node == self.node:  # our own worker: an in-process call, no HTTP hop
-                worker = self.loaded_worker()
-                targets.append(WorkerTarget(node=node, answer=worker.answer, stream=worker.answer_stream, local=True,
+                targets.append(WorkerTarget(node=node, answer=self.worker_role.worker.require().answer, local=True,
                                             probe=lambda: self.lifecycle.readiness.state in LOCAL_SERVING))
             else:
                 client = WorkerClient(self.settings.node_address(node).url,
@@ -75,15 +91,18 @@ class GatewayRole(WorkerRole):
         return targets
 
     def collectors(self):
-        return (*super().collectors(), GatewayCollector(lambda: self.gateway))
+        return (*super().collectors(), GatewayCollector(lambda: self.gateway.value))
 
     def caches(self):
-        return (*super().caches(), self.response_cache)
+        return (*self.worker_role.caches(), self.response_cache)
 
     def metered_caches(self):
         # Replies kept by request_id are not cleared: a retried request must get the reply it got.
-        completed = (self.gateway.completed,) if self.gateway is not None else ()
-        return (*self.caches(), *completed)
+        gateway = self.gateway.value
+        return (*self.caches(), *((gateway.completed,) if gateway is not None else ()))
+
+    def batching_services(self):
+        return self.worker_role.batching_services()
 
     def peers(self) -> list[dict[str, Any]]:
         """The other nodes as this node reaches them (its NODE_<n>_IP settings): tools given only
@@ -93,40 +112,38 @@ class GatewayRole(WorkerRole):
                 for n in s.cluster.nodes if n != self.node]
 
     def health_fields(self) -> dict[str, Any]:
-        fields = super().health_fields()
-        fields["peers"] = self.peers()
-        if self.gateway is not None:
-            fields["workers"] = self.gateway.status()
-            fields["gateway"] = self.gateway.stats()
+        fields = {**self.worker_role.health_fields(), "peers": self.peers()}
+        gateway = self.gateway.value
+        if gateway is not None:
+            fields["workers"] = gateway.status()
+            fields["gateway"] = gateway.stats()
         return fields
 
     def stop(self) -> None:
-        if self.gateway is not None:
-            self.gateway.close()
+        if self.gateway.value is not None:
+            self.gateway.value.close()
 
-    def abandon(self, reason: str) -> None:
+    def abort(self, reason: str) -> None:
         # The gateway first: a request its own worker fails next must not fail over to another.
-        if self.gateway is not None:
-            self.gateway.abandon(lambda: NodeNotReady(f"{reason}; retry"))
-        super().abandon(reason)
+        if self.gateway.value is not None:
+            self.gateway.value.abort(lambda: NodeNotReady(f"{reason}; retry"))
+        self.worker_role.abort(reason)
 
     def register_routes(self, app: Flask) -> None:
-        # Not WorkerRole's /internal/answer: node 0 calls its worker in-process, and that
-        # endpoint would let callers past the gateway's admission limit.
         app.post("/query")(self.query)
-        register_openai_routes(app, self)
+        register_openai_routes(app, self.front)
 
     def query(self):
-        self.lifecycle.require_ready()
-        body, request_id, text = parse_query(self.settings, self.count_query_tokens)
-        log.debug("query request_id=%r", request_id)  # repr: an id cannot forge log lines
+        """POST /query: one answer through the gateway, streamed (`"stream": true`, or an Accept
+        of text/event-stream) or as one JSON reply (the stream collected)."""
+        asked = self.front.request(self.front.body(), QUERY_FIELDS)
+        if sse.MEDIA_TYPE in request.headers.get("Accept", ""):
+            asked = dataclasses.replace(asked, stream=True)
+        log.debug("query request_id=%r", asked.request_id)  # repr: an id cannot forge log lines
         g.stage_times = collect_stage_times()  # filled when our own worker computes it
-        timeout_s = self.settings.limits.request_timeout_s
-        if wants_stream(body) or sse.MEDIA_TYPE in request.headers.get("Accept", ""):
-            # Started here: a request refused before its first token gets its status, not a stream.
-            return sse_response(started(self.loaded_gateway().answer_stream(request_id, text, timeout_s)))
-        # The request_id rules come first and the reply cache only behind them (Gateway._compute):
-        # an id's own answer always wins over a cached answer to the same question.
-        reply = self.loaded_gateway().answer(request_id, text, timeout_s)
+        events = self.front.answer(asked)
+        if asked.stream:  # started here: a request refused before its first token gets its status
+            return sse_response(started(events))
+        reply = collect(events)
         g.served_by = reply.get("served_by")
-        return jsonify(reply)
+        return jsonify({k: v for k, v in reply.items() if k not in STREAM_ONLY})

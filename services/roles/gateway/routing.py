@@ -1,7 +1,8 @@
 """The gateway's routing: round robin over the workers in the rotation, with failover.
 
 A forward that fails because the worker cannot be reached, is not ready or is full
-is served by the next worker; a worker that could not be reached, refused our
+is served by the next worker, at any point of its answer stream until the caller has read
+a piece of it (a plain reply is collected, so never; a streamed one, from its first piece); a worker that could not be reached, refused our
 cluster token or answered 503 leaves the rotation until a health probe sees it
 ready again (services.roles.gateway.probing). A request a worker failed (a 500) is
 that request's error alone: the worker stays in the rotation. The node client
@@ -13,11 +14,11 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
 from services.cluster.clients import WorkerClient
+from services.server.answer_request import AnswerRequest
 from services.server.errors import (
     NodeUnreachable,
     NoWorkerAvailable,
@@ -33,32 +34,29 @@ from services.server.errors import (
     StageFailed,
     WorkerFailed,
 )
-from services.server.stream_response import started
+from services.server.stream_response import AnswerStream, close
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 @dataclass
 class WorkerTarget:
     """One worker the gateway can send a request to, and what it did with them."""
     node: int
-    answer: Callable[[str, str, float, int | None], dict]  # (request_id, query, timeout_s, max_new_tokens) -> reply
-    # (request_id, query, timeout_s, max_new_tokens) -> the answer stream: text pieces, then the reply
-    stream: Callable[[str, str, float, int | None], Iterator[str | dict]]
+    answer: Callable[[AnswerRequest, float], AnswerStream]  # (request, timeout_s) -> its answer stream
     probe: Callable[[], bool]  # is it ready to serve?
     # Answer every call waiting on it now with make_error() (the node is past its grace period).
     abort: Callable[[Callable[[], BaseException]], None] = lambda make_error: None
     local: bool = False
     up: bool = True  # in the rotation
-    forwarded: int = 0
+    forwarded: int = 0  # requests it answered
     failures: int = 0  # times it left the rotation
 
 
 def remote_target(node: int, client: WorkerClient) -> WorkerTarget:
     # Out of the rotation until the first probe finds it ready: never route to a starting node.
-    return WorkerTarget(node=node, answer=client.answer, stream=client.stream,
-                        probe=lambda: client.health() is not None, abort=client.abort, up=False)
+    return WorkerTarget(node=node, answer=client.answer, probe=lambda: client.health() is not None,
+                        abort=client.abort, up=False)
 
 
 class Router:
@@ -70,7 +68,7 @@ class Router:
         self.targets = targets
         self._turn = itertools.count()
         self._lock = threading.Lock()  # the targets' fields and the turn
-        self._abandoned: Callable[[], BaseException] | None = None
+        self._aborted: Callable[[], BaseException] | None = None
 
     def rotation(self) -> list[WorkerTarget]:
         """The workers in round-robin order from the next turn, ready ones only."""
@@ -90,80 +88,80 @@ class Router:
             log.log(logging.INFO if up else logging.WARNING, "worker node %d %s%s", target.node,
                     "rejoins the rotation" if up else "leaves the rotation", f": {why}" if why else "")
 
-    def forward(self, request_id: str, query: str, deadline: float, max_new_tokens: int | None = None) -> dict:
-        """The reply of the first worker in turn that takes the request, by `deadline` (monotonic)."""
-        reply, target = self._route(deadline, lambda target, remaining: target.answer(request_id, query, remaining,
-                                                                                      max_new_tokens))
-        reply.setdefault("served_by", target.node)
-        return reply
-
-    def forward_stream(self, request_id: str, query: str, deadline: float,
-                       max_new_tokens: int | None = None) -> Iterator[str | dict]:
-        """The answer stream of the first worker in turn that takes the request: a worker that fails
-        before its first event is failed over as forward() does; an error after it ends the stream."""
-        def open_stream(target: WorkerTarget, remaining: float) -> Iterator[str | dict]:
-            return started(target.stream(request_id, query, remaining, max_new_tokens))
-
-        events, target = self._route(deadline, open_stream)
-        for event in events:
-            if isinstance(event, dict):
-                event.setdefault("served_by", target.node)
-            yield event
-
-    def _route(self, deadline: float, attempt: Callable[[WorkerTarget, float], T]) -> tuple[T, WorkerTarget]:
-        """attempt(worker, time left) on the first worker in turn that takes the request."""
-        candidates = self.rotation()
-        if not candidates:
-            # Everyone looks down: try them all once rather than refuse outright.
-            candidates = list(self.targets)
+    def forward(self, request: AnswerRequest, deadline: float) -> AnswerStream:
+        """The answer stream of the first worker in turn that takes the request, by `deadline`
+        (monotonic). A worker that cannot take it (down, not ready, full, stopping) is failed over
+        to the next; so is one that fails on the way, unless the caller has already read pieces
+        of its answer (a streamed request: those cannot be taken back)."""
+        candidates = self.rotation() or list(self.targets)  # everyone looks down: try them all once
         last_error: Exception | None = None
         for target in candidates:
-            if self._abandoned is not None:  # the node is exiting: no failover to another worker
-                raise self._abandoned()
+            if self._aborted is not None:  # the node is exiting: no failover to another worker
+                raise self._aborted()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise RequestTimeout("request timed out")
+            shown = False  # pieces of this worker's answer the caller has read
             try:
-                outcome = attempt(target, remaining)
-            except (Overloaded, ServiceClosed) as exc:  # our own worker is full or stopping: try the next
-                last_error = exc
-                continue
-            except NodeUnreachable as exc:  # down: whatever it had started died with it
-                self.mark(target, False, str(exc))
-                last_error = exc
-                continue
-            except PeerShardUnavailable as exc:  # the worker is fine, an index shard is not: so would the next be
-                raise ShardUnavailable(exc.message) from None
-            except PeerUnavailable as exc:  # not ready, stopping or full: nothing computed, try the next
-                self.mark(target, False, str(exc))
-                last_error = exc
-                continue
-            except PeerRejectedToken as exc:  # CLUSTER_TOKEN differs between nodes: say so loudly, use the others
-                log.error("worker node %d refused our cluster token: set the same CLUSTER_TOKEN on every node",
-                          target.node)
-                self.mark(target, False, "refused our cluster token")
-                last_error = exc
-                continue
-            except PeerTimedOut as exc:  # its 504, or no answer by the deadline: the work may be in flight
-                raise RequestTimeout(exc.message) from None
-            except (PeerError, StageFailed) as exc:
-                # Any other error (a 500 included) belongs to this request alone: the worker answered,
-                # so it stays in the rotation (only unreachability, 401 and 503 take it out).
-                raise WorkerFailed(target.node, str(exc)) from None
-            except TimeoutError:  # our own worker's RequestTimeout, or any other timeout
-                raise RequestTimeout("request timed out") from None
-            with self._lock:
-                target.forwarded += 1
-            return outcome, target
-        if self._abandoned is not None:
-            raise self._abandoned()
+                events = target.answer(request, remaining)
+                try:
+                    for event in events:
+                        if isinstance(event, dict):
+                            self._answered(target, event)
+                        shown = request.stream
+                        yield event
+                finally:
+                    close(events)
+                return
+            except Exception as exc:  # noqa: BLE001 - _next_or_raise raises what is not ours to retry
+                last_error = self._next_or_raise(target, exc, retry=not shown)
+        if self._aborted is not None:
+            raise self._aborted()
         if isinstance(last_error, Overloaded):
             raise last_error
         raise NoWorkerAvailable(f"no worker could serve the request ({last_error})")
 
-    def abandon(self, make_error: Callable[[], BaseException]) -> None:
+    def _answered(self, target: WorkerTarget, reply: dict) -> None:
+        reply.setdefault("served_by", target.node)
+        with self._lock:
+            target.forwarded += 1
+
+    def _next_or_raise(self, target: WorkerTarget, exc: Exception, *, retry: bool) -> Exception:
+        """What a worker's error means for the request: the error to remember while the next worker
+        is tried (the worker took none of it, or `retry`: nobody has read any of its answer), or
+        the request's own error, raised."""
+        why: str | None = str(exc)  # why the worker leaves the rotation; None: it stays
+        if isinstance(exc, (Overloaded, ServiceClosed)):  # our own worker is full or stopping
+            why = None
+        elif isinstance(exc, NodeUnreachable):  # down: whatever it had started died with it
+            pass
+        elif isinstance(exc, PeerShardUnavailable):  # the worker is fine, an index shard is not: so would the next be
+            raise ShardUnavailable(exc.message) from None
+        elif isinstance(exc, PeerUnavailable):  # not ready, stopping or full: nothing computed
+            pass
+        elif isinstance(exc, PeerRejectedToken):  # CLUSTER_TOKEN differs between nodes: say so loudly, use the others
+            log.error("worker node %d refused our cluster token: set the same CLUSTER_TOKEN on every node",
+                      target.node)
+            why = "refused our cluster token"
+        elif isinstance(exc, PeerTimedOut):  # its 504, or no answer by the deadline: the work may be in flight
+            raise RequestTimeout(exc.message) from None
+        elif isinstance(exc, (PeerError, StageFailed)):
+            # Any other error (a 500 included) belongs to this request alone: the worker answered,
+            # so it stays in the rotation (only unreachability, 401 and 503 take it out).
+            raise WorkerFailed(target.node, str(exc)) from None
+        elif isinstance(exc, TimeoutError):  # our own worker's RequestTimeout, or any other timeout
+            raise RequestTimeout("request timed out") from None
+        else:
+            raise exc
+        if why is not None:
+            self.mark(target, False, why)
+        if not retry:
+            raise exc
+        return exc
+
+    def abort(self, make_error: Callable[[], BaseException]) -> None:
         """Answer every forward in progress and every later one with make_error(), at once."""
-        self._abandoned = make_error
+        self._aborted = make_error
         for target in self.targets:
             target.abort(make_error)
 

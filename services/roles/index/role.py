@@ -11,8 +11,8 @@ from pipeline.config import Settings
 from pipeline.spec import Stage
 from services.roles.base import SPARE_HTTP_THREADS, Role
 from services.roles.index.search import MAX_SEARCH_BODY_BYTES, IndexService, max_search_values, parse_search_body
+from services.roles.loaded import Loaded
 from services.server.body import read_json_object
-from services.server.errors import NodeNotReady
 from services.server.token import internal_endpoint
 
 log = logging.getLogger(__name__)
@@ -25,7 +25,7 @@ class IndexRole(Role):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.service: IndexService | None = None
+        self.service: Loaded[IndexService] = Loaded(f"node {self.node} is still loading its index")
 
     @staticmethod
     def check_settings(settings: Settings) -> None:
@@ -46,24 +46,20 @@ class IndexRole(Role):
         path = settings.require_index_file(self.node)
         index = VectorIndex.load(path, nprobe=settings.index.nprobe, mmap=settings.index.faiss_mmap)
         cfg = settings.batching(Stage.INDEX)
-        self.service = IndexService(index, max_size=cfg.max_batch, max_wait_ms=cfg.max_wait_ms,
-                                    max_queue=cfg.max_queue)
+        self.service.set(IndexService(index, max_size=cfg.max_batch, max_wait_ms=cfg.max_wait_ms,
+                                    max_queue=cfg.max_queue))
         log.info("index %s loaded in %.2fs: %d vectors, dim %d, nprobe %s, mmap %s", path,
                  time.monotonic() - started, index.ntotal, index.dim, index.nprobe, index.is_mmap)
 
-    def loaded_service(self) -> IndexService:
-        """The index service, once load() has built it (the routes answer 503 until the node is ready)."""
-        if self.service is None:
-            raise NodeNotReady(f"node {self.node} is still loading its index")
-        return self.service
-
     def batching_services(self):
-        return (self.service.batcher,) if self.service is not None else ()
+        service = self.service.value
+        return (service.batcher,) if service is not None else ()
 
     def health_fields(self) -> dict[str, Any]:
-        if not self.lifecycle.ready or self.service is None:
+        service = self.service.value
+        if not self.lifecycle.ready or service is None:
             return {"detail": self.lifecycle.readiness.detail}
-        index, cluster = self.service.index, self.settings.cluster
+        index, cluster = service.index, self.settings.cluster
         return {"ntotal": index.ntotal, "dim": index.dim, "nprobe": index.nprobe, "mmap": index.is_mmap,
                 "shard": cluster.served_shard(self.node), "shards": cluster.index_shards}
 
@@ -74,7 +70,7 @@ class IndexRole(Role):
         @internal_endpoint(self.settings.cluster.cluster_token)
         def search():
             self.lifecycle.require_ready("index server")
-            service = self.loaded_service()
+            service = self.service.require()
             dim = service.index.dim
             body = read_json_object(MAX_SEARCH_BODY_BYTES, max_values=max_search_values(dim))
             vectors, k = parse_search_body(body, dim)

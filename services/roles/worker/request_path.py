@@ -14,7 +14,7 @@ import threading
 import time
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -29,6 +29,7 @@ from services.cluster.sharded_index import ShardedIndexClient
 from services.roles.caches import LruCache
 from services.roles.worker.stage_clock import StageClock, StageVisit
 from services.server import stage_spans
+from services.server.answer_request import AnswerRequest
 from services.server.errors import (
     Overloaded,
     RequestTimeout,
@@ -38,6 +39,7 @@ from services.server.errors import (
     StageFailed,
 )
 from services.server.request_ids import current_request_id
+from services.server.stream_response import AnswerStream
 from services.stages.batching import BatchingService
 from services.stages.continuous import ContinuousGenerationService
 from services.stages.protocol import StageService, StageStats
@@ -134,32 +136,17 @@ class Worker:
                 return StageDown(stage, svc.failure)
         return None
 
-    def answer(self, request_id: str, query: str, timeout_s: float | None = None,
-               max_new_tokens: int | None = None) -> dict:
-        clock, trace, deadline = self._begin(request_id, timeout_s)
-        try:
-            documents = self._retrieve(clock, trace, query, deadline)
-            response = clock.wait(self._enter(clock, Stage.GENERATE, GenerationRequest(query, documents,
-                                                                                       max_new_tokens)), deadline)
-            reply = self._classify(clock, request_id, response, deadline)
-        finally:
-            clock.close()
-        self._count_served()
-        return reply
-
-    def answer_stream(self, request_id: str, query: str, timeout_s: float | None = None,
-                      max_new_tokens: int | None = None) -> Iterator[str | dict]:
+    def answer(self, request: AnswerRequest, timeout_s: float | None = None) -> AnswerStream:
         """The answer's text in pieces as the LLM produces them (never splitting a character), then
-        the reply as answer() gives it plus its `usage` (prompt and completion tokens) and
-        `finish_reason`. Closing the iterator early cancels the generation (its slot frees at the
-        engine's next iteration)."""
-        clock, trace, deadline = self._begin(request_id, timeout_s)
+        the reply with its `usage` (prompt and completion tokens) and `finish_reason`. Closing the
+        stream early cancels the generation (its slot frees at the engine's next iteration)."""
+        clock, trace, deadline = self._begin(request.request_id, timeout_s)
         generation: StageVisit | None = None
         try:
-            documents = self._retrieve(clock, trace, query, deadline)
+            documents = self._retrieve(clock, trace, request.query, deadline)
             tokens = TokenStream()
-            request = GenerationRequest(query, documents, max_new_tokens, on_token=tokens.put)
-            generation = self._enter(clock, Stage.GENERATE, request)
+            generating = GenerationRequest(request.query, documents, request.max_new_tokens, on_token=tokens.put)
+            generation = self._enter(clock, Stage.GENERATE, generating)
             tokens.end_with(generation.future)
             text = self.stages.generator.detokenizer()
             streamed = ""
@@ -174,13 +161,17 @@ class Worker:
                 rest += response[len(streamed):] if response.startswith(streamed) else response
             if rest:
                 yield rest
-            reply = self._classify(clock, request_id, response, deadline)
-            yield {**reply, **self._usage(request, text.token_count)}
+            reply = self._classify(clock, request.request_id, response, deadline)
+            yield {**reply, **self._usage(generating, text.token_count)}
         finally:
             if generation is not None:
                 generation.future.cancel()  # a no-op once it ended; frees the slot of a reader gone early
             clock.close()
         self._count_served()
+
+    def count_query_tokens(self, query: str) -> int:
+        """The query's length in the LLM tokenizer's tokens (MAX_QUERY_TOKENS bounds it)."""
+        return self.stages.generator.count_tokens(query)
 
     def _usage(self, request: GenerationRequest, completion_tokens: int) -> dict:
         generator = self.stages.generator

@@ -1,10 +1,9 @@
-"""Node 1's role (and half of node 0's): load and warm the models, serve /internal/answer."""
+"""Node 1's role (and what node 0's role holds): load and warm the models, serve /internal/answer."""
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
-from typing import Any, Callable
+from typing import Any
 
 from flask import Flask, g, jsonify
 
@@ -14,12 +13,13 @@ from pipeline.config.checks import MAX_INTERNAL_TIMEOUT_S
 from pipeline.stages import Stages
 from services.cluster.sharded_index import ShardedIndexClient
 from services.roles.base import SPARE_HTTP_THREADS, Role
+from services.roles.loaded import Loaded
 from services.roles.worker.request_path import ContinuousConfig, Worker, WorkerConfig
 from services.roles.worker.stage_clock import collect_stage_times
-from services.server.body import read_json_object, require_string
-from services.server.errors import ApiError, NodeNotReady
-from services.server.request_ids import bind_request_id
-from services.server.stream_response import sse_response, started
+from services.server.answer_request import Bounds, read_request
+from services.server.body import read_json_object
+from services.server.errors import ApiError
+from services.server.stream_response import AnswerStream, close, collect, sse_response, started
 from services.server.token import internal_endpoint
 
 log = logging.getLogger(__name__)
@@ -37,46 +37,6 @@ def worker_config(settings: Settings) -> WorkerConfig:
                         embed_cache_size=settings.embed.cache_size, continuous=continuous)
 
 
-def parse_query(settings: Settings, count_tokens: Callable[[str], int]) -> tuple[dict, str, str]:
-    """The body of /query or /internal/answer, checked the same way on both.
-
-    The query is bounded in characters (cheap, first) and then in the LLM tokenizer's tokens:
-    the tokens bound the prompt, its KV reservation and its prefill, which characters do not
-    (an emoji is four tokens).
-    """
-    body = read_json_object(settings.limits.max_body_bytes)
-    request_id = require_string(body, "request_id", settings.limits.max_request_id_chars)
-    bind_request_id(request_id)
-    query = require_string(body, "query", settings.limits.max_query_chars)
-    check_query_tokens(settings, count_tokens, query)
-    return body, request_id, query
-
-
-def check_query_tokens(settings: Settings, count_tokens: Callable[[str], int], query: str) -> None:
-    """ApiError 400 (field query) for a query over MAX_QUERY_TOKENS of the LLM's tokenizer."""
-    tokens = count_tokens(query)
-    if tokens > settings.limits.max_query_tokens:
-        raise ApiError(400, f"'query' is {tokens} tokens; the limit is {settings.limits.max_query_tokens} tokens "
-                            "(MAX_QUERY_TOKENS, counted by the LLM's tokenizer)", field="query")
-
-
-def wants_stream(body: dict) -> bool:
-    """The body's `stream` (false when absent): true asks for the answer as Server-Sent Events."""
-    stream = body.get("stream", False)
-    if type(stream) is not bool:
-        raise ApiError(400, "'stream' must be true or false", field="stream")
-    return stream
-
-
-def max_new_tokens(body: dict) -> int | None:
-    """The body's `max_new_tokens` (the gateway's cap on a forwarded answer), None when absent."""
-    value = body.get("max_new_tokens")
-    if value is not None and (type(value) is not int or not 1 <= value <= spec.MAX_NEW_TOKENS):
-        raise ApiError(400, f"'max_new_tokens' must be an integer from 1 to {spec.MAX_NEW_TOKENS}",
-                       field="max_new_tokens")
-    return value
-
-
 def internal_timeout(body: dict, settings: Settings) -> float:
     """The caller's time left (the gateway's deadline), never more than our own limit."""
     timeout_s = body.get("timeout_s", settings.limits.request_timeout_s)
@@ -88,11 +48,19 @@ def internal_timeout(body: dict, settings: Settings) -> float:
 
 class WorkerRole(Role):
     name = "worker"
+    # Each forward from the gateway gets its completion line here too: served_by and this node's stages_ms.
+    request_endpoints = ("/internal/answer",)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.worker: Worker | None = None
-        self.model_source = "loading"
+        self.worker: Loaded[Worker] = Loaded(f"node {self.node} is still loading its models")
+        self._model_source = "loading"
+        # What a request body is checked against (the query's tokens: by the loaded LLM's tokenizer).
+        self.bounds = Bounds(self.settings.limits, lambda query: self.worker.require().count_query_tokens(query))
+
+    @property
+    def model_source(self) -> str:
+        return self._model_source
 
     @staticmethod
     def check_settings(settings: Settings) -> None:
@@ -107,61 +75,50 @@ class WorkerRole(Role):
         from pipeline.models import resolve_model_source
         settings = self.settings
         source = resolve_model_source(settings)
-        self.model_source = source.describe()
+        self._model_source = source.describe()
         started = time.monotonic()
         stages = Stages.load(settings, source)
         stages.warm_up()
         index = ShardedIndexClient.from_cluster(settings.cluster, read_timeout_s=settings.search.timeout_s)
-        self.worker = Worker(worker_config(settings), stages, index)
+        self.worker.set(Worker(worker_config(settings), stages, index))
         log.info("node %d loaded and warmed its models in %.1fs (%s)", self.node, time.monotonic() - started,
-                 self.model_source)
+                 self._model_source)
 
     def caches(self):
-        return (self.worker.embed_cache,) if self.worker is not None else ()
+        worker = self.worker.value
+        return (worker.embed_cache,) if worker is not None else ()
 
     def batching_services(self):
-        return self.worker.services.values() if self.worker is not None else ()
+        worker = self.worker.value
+        return worker.services.values() if worker is not None else ()
 
     def health_fields(self) -> dict[str, Any]:
-        fields: dict[str, Any] = {"model_source": self.model_source}
-        if self.worker is not None:
-            fields["device"] = self.worker.stages.devices()
-            fields["served"] = self.worker.served
-            fields["stages"] = {str(stage): st.summary() for stage, st in self.worker.stats().items()}
+        fields: dict[str, Any] = {"model_source": self._model_source}
+        worker = self.worker.value
+        if worker is not None:
+            fields["device"] = worker.stages.devices()
+            fields["served"] = worker.served
+            fields["stages"] = {str(stage): st.summary() for stage, st in worker.stats().items()}
         return fields
-
-    def loaded_worker(self) -> Worker:
-        """The worker, once load() has built it (the routes answer 503 until the node is ready)."""
-        if self.worker is None:
-            raise NodeNotReady(f"node {self.node} is still loading its models")
-        return self.worker
-
-    def count_query_tokens(self, query: str) -> int:
-        return self.loaded_worker().stages.generator.count_tokens(query)
-
-    # Each forward from the gateway gets its completion line here too: served_by and this node's stages_ms.
-    request_endpoints = ("/internal/answer",)
 
     def register_routes(self, app: Flask) -> None:
 
         @app.post("/internal/answer")
         @internal_endpoint(self.settings.cluster.cluster_token)
         def internal_answer():
+            """A forward from the gateway (which always asks for the stream), or a direct caller's
+            request: streamed with `"stream": true`, else one JSON reply (the stream collected)."""
             self.lifecycle.require_ready()
-            body, request_id, query = parse_query(self.settings, self.count_query_tokens)
+            body = read_json_object(self.settings.limits.max_body_bytes)
+            request = read_request(body, self.bounds)
+            timeout_s = internal_timeout(body, self.settings)
             g.served_by, g.stage_times = self.node, collect_stage_times()  # for the completion line
-            worker, timeout_s, cap = self.loaded_worker(), internal_timeout(body, self.settings), max_new_tokens(body)
-            if wants_stream(body):  # its completion line comes at its first token, with the stages so far
-                return sse_response(started(self._served_by(worker.answer_stream(request_id, query, timeout_s, cap))))
-            reply = worker.answer(request_id, query, timeout_s, cap)
-            reply["served_by"] = self.node
-            return jsonify(reply)
+            events = self._served_by(self.worker.require().answer(request, timeout_s))
+            return sse_response(started(events)) if request.stream else jsonify(collect(events))
 
-    def _served_by(self, events: Iterator[str | dict]) -> Iterator[str | dict]:
+    def _served_by(self, events: AnswerStream) -> AnswerStream:
         try:
             for event in events:
                 yield {**event, "served_by": self.node} if isinstance(event, dict) else event
         finally:
-            events.close()  # type: ignore[attr-defined]
-
-
+            close(events)
