@@ -79,14 +79,24 @@ def local_wheel_folder() -> Path | None:
     return None
 
 
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format, *args) -> None:  # noqa: A002  (the base class's name)
+        pass
+
+
 class WheelServer:
     """A folder of wheels over HTTP on 127.0.0.1 (a page pip's --find-links reads), for a build
-    that runs on the host's network."""
+    that runs on the host's network. Its URL is a build argument, part of the layer cache key, so
+    it keeps one port where that port is free: a later build then reuses the torch layer."""
+
+    PORT = 38765
 
     def __init__(self, folder: Path):
-        handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
-        handler.log_message = lambda *args: None  # type: ignore[method-assign]
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        handler = functools.partial(QuietHandler, directory=str(folder))
+        try:
+            self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.PORT), handler)
+        except OSError:
+            self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
