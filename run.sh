@@ -38,9 +38,11 @@ build_kernels() {
 }
 
 setup_test_tools() {
-  # Tools some tests drive as real processes (Debian's prometheus + promtool); the script
-  # installs them where it can (root with apt) and otherwise says which tests will skip.
+  # Tools some tests drive as real processes (Debian's prometheus + promtool; a Docker daemon and
+  # debootstrap for the container test); the scripts install them where they can (root with apt)
+  # and otherwise say which tests will skip.
   [[ -x deploy/install-test-tools.sh ]] && deploy/install-test-tools.sh || true
+  [[ -x deploy/install-container-tools.sh ]] && deploy/install-container-tools.sh || true
 }
 
 demo_env() {

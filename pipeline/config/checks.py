@@ -5,6 +5,7 @@ did not parse is reported once, as itself, not again as a disagreement).
 """
 from __future__ import annotations
 
+import ipaddress
 from typing import Callable, Protocol
 
 import pipeline.config.sections as sections
@@ -100,6 +101,26 @@ def _node_addresses(s: Checked) -> str | None:
     return None
 
 
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: only "localhost" is known to stay on this machine
+        return host == "localhost"
+
+
+def _cluster_token(s: Checked) -> str | None:
+    # Beyond loopback, anyone who reaches the port could call the internal endpoints
+    # (/search, /internal/answer, /cache/clear): a node that listens there needs the shared secret.
+    c = s.cluster
+    if c.node_number is None or c.cluster_token:
+        return None
+    host = c.bind_address(c.node_number).host
+    if _is_loopback(host):
+        return None
+    return (f"CLUSTER_TOKEN='' is not valid: node {c.node_number} listens on {host}, beyond loopback; expected "
+            "the same secret on every node (e.g. `openssl rand -hex 32`), which the internal endpoints require")
+
+
 def _search_batch(s: Checked) -> str | None:
     # Node 2 queues a whole search batch at once: a batch larger than its queue could never be accepted.
     if s.search.max_batch > s.limits.stage_max_queue:
@@ -159,6 +180,7 @@ CHECKS: tuple[tuple[frozenset[str], Callable[[Checked], str | None]], ...] = (
     (frozenset({"INDEX_SHARDS", "INDEX_NODES"}), _index_shards),
     (frozenset({"WORKER_NODES", "INDEX_NODES", "TOTAL_NODES"}), _worker_nodes),
     (frozenset({"TOTAL_NODES", "NODE_0_IP", "NODE_1_IP", "NODE_2_IP", "NODE_<n>_IP"}), _node_addresses),
+    (frozenset({"CLUSTER_TOKEN", "NODE_NUMBER", "BIND_HOST", "NODE_<n>_IP"}), _cluster_token),
     (frozenset({"SEARCH_MAX_BATCH", "STAGE_MAX_QUEUE"}), _search_batch),
     (frozenset({"REQUEST_TIMEOUT_S"}), _internal_timeout),
     (frozenset({"GATEWAY_MAX_JOINERS_PER_ID", "GATEWAY_MAX_JOINERS"}), _joiners),

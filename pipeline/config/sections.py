@@ -40,7 +40,7 @@ class ClusterSettings:
     index_shards: int = f.var("INDEX_SHARDS", p.int_range(1, p.MAX_NODES), "1", "shards the index is split in (python -m builders.data build --shards N); the index node at position p of INDEX_NODES serves shard p % INDEX_SHARDS, so nodes beyond the shard count are replicas")
     worker_nodes: tuple[int, ...] = f.var("WORKER_NODES", p.optional_node_list, "", "workers the gateway round-robins requests between (empty: every worker node)")
     connect_timeout_s: float = f.var("CONNECT_TIMEOUT_S", p.positive_float, "3", "connect timeout of node-to-node calls")
-    cluster_token: str = f.var("CLUSTER_TOKEN", p.token, "", "shared secret every internal endpoint (/search, /internal/answer) requires in X-Cluster-Token; empty = no check", secret=True)
+    cluster_token: str = f.var("CLUSTER_TOKEN", p.token, "", "shared secret every internal endpoint (/search, /internal/answer, /cache/clear) requires in X-Cluster-Token; required (the node refuses to start without it) wherever a node listens beyond loopback; empty on 127.0.0.1 only", secret=True)
 
     # ---------------------------------------------------------------- the topology
 

@@ -16,7 +16,7 @@ from flask import Flask
 from pipeline.config import ConfigError, HttpServerConfig
 from services.server.body import body_too_large
 from services.server.errors import ApiError, HttpAnswer, http_answer
-from services.server.token import INTERNAL_PREFIX, token_matches, token_refused, warn_if_exposed
+from services.server.token import INTERNAL_PREFIX, token_matches, token_refused
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,6 @@ def build_http_server(app: Flask, host: str, port: int, config: HttpServerConfig
     read_timeout_s, connection_limit, threads = config.read_timeout_s, config.connection_limit, config.threads
     max_body_bytes = config.max_body_bytes
     _ensure_fd_room(connection_limit)
-    warn_if_exposed(host, config.cluster_token)
     gate = header_gate(app, config.cluster_token, max_body_bytes)
     # Waitress refuses a declared size over the limit before reading (as does HeaderGate, with our
     # message); this cap is what stops a chunked body, which declares none.

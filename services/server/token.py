@@ -3,15 +3,11 @@ from __future__ import annotations
 
 import functools
 import hmac
-import ipaddress
-import logging
 from typing import Callable
 
 from flask import request
 
 from services.server.errors import ApiError
-
-log = logging.getLogger(__name__)
 
 TOKEN_HEADER = "X-Cluster-Token"
 # Paths under this prefix are internal on every node, served or not: without the token a caller
@@ -51,19 +47,4 @@ def internal_endpoint(token: str) -> Callable:
         checked.__dict__["cluster_internal"] = True  # header_gate finds the internal routes by it
         return checked
     return wrap
-
-
-def warn_if_exposed(host: str, token: str) -> bool:
-    """Log loudly when a node listens beyond loopback with no cluster token; True if it did."""
-    if token:
-        return False
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name: only "localhost" is known to stay on this machine
-        loopback = host == "localhost"
-    if not loopback:
-        log.warning("SECURITY: listening on %s with no CLUSTER_TOKEN: anyone who can reach this address can "
-                    "call the internal endpoints (/search, /internal/answer, /cache/clear); set CLUSTER_TOKEN "
-                    "on every node or keep the nodes behind a firewall", host)
-    return not loopback
 

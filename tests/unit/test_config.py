@@ -38,7 +38,7 @@ def test_defaults_parse_and_are_typed():
 
 
 def test_values_from_env():
-    s = Settings.from_env({"NODE_NUMBER": "1", "NODE_1_IP": "10.1.2.3:9000", "ONLY_CPU": "TRUE",
+    s = Settings.from_env({"NODE_NUMBER": "1", "NODE_1_IP": "10.1.2.3:9000", "CLUSTER_TOKEN": "t", "ONLY_CPU": "TRUE",
                            "GENERATE_MAX_BATCH": "4", "RERANK_DTYPE": "float32", "WORKER_NODES": "1"})
     assert s.cluster.node_number == 1 and s.cluster.node_1_ip.url == "http://10.1.2.3:9000"
     assert s.models.only_cpu is True and s.generate.max_batch == 4 and s.cluster.worker_nodes == (1,)
@@ -314,6 +314,24 @@ def test_a_topology_that_cannot_work_is_refused_naming_the_variable_and_the_rule
     with pytest.raises(ConfigError) as err:
         Settings.from_env(env)
     assert message in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("env", [
+    {"NODE_NUMBER": "1", "BIND_HOST": "0.0.0.0"},
+    {"NODE_NUMBER": "2", "NODE_2_IP": "rag-index-0.rag-index:8000"},
+    {"NODE_NUMBER": "0", "NODE_0_IP": "10.0.0.5:8000"},
+])
+def test_a_node_listening_beyond_loopback_without_a_cluster_token_refuses_to_start(env):
+    with pytest.raises(ConfigError, match=r"CLUSTER_TOKEN='' is not valid: node \d listens on .* beyond loopback"):
+        Settings.from_env(env)
+    assert Settings.from_env({**env, "CLUSTER_TOKEN": "s3cret"}).cluster.cluster_token == "s3cret"
+
+
+@pytest.mark.parametrize("env", [{}, {"NODE_NUMBER": "1"}, {"NODE_NUMBER": "1", "BIND_HOST": "127.0.0.2"},
+                                 {"NODE_NUMBER": "0", "NODE_0_IP": "localhost:8000"},
+                                 {"BIND_HOST": "0.0.0.0"}])  # no node to start: `./run.sh settings`
+def test_a_loopback_node_or_no_node_needs_no_cluster_token(env):
+    assert Settings.from_env(env).cluster.cluster_token == ""
 
 
 def test_a_numbered_node_address_is_a_setting_not_a_typo_and_shows_in_the_effective_settings():

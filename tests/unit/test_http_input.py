@@ -30,7 +30,7 @@ from services.server.errors import (
 )
 from services.server.http_server import HeaderGate, header_gate
 from services.server.stream_response import collect
-from services.server.token import TOKEN_HEADER, internal_endpoint, warn_if_exposed
+from services.server.token import TOKEN_HEADER, internal_endpoint
 
 pytestmark = pytest.mark.timeout(60)
 TOKEN = "s3cret-Token"
@@ -247,17 +247,6 @@ def test_reliability_settings_defaults_and_consistency():
 
 
 # ---------------------------------------------------------------- checks before the body is read
-
-@pytest.mark.parametrize("host,warned", [("127.0.0.1", False), ("127.5.5.5", False), ("::1", False),
-                                         ("localhost", False), ("10.0.0.7", True), ("0.0.0.0", True),
-                                         ("node1.internal", True)])
-def test_a_node_beyond_loopback_without_a_token_warns_loudly(host, warned, caplog):
-    # Binding a non-loopback address is not possible in the tests (127.0.0.1 only): the check itself.
-    with caplog.at_level("WARNING", logger="services.server.token"):
-        assert warn_if_exposed(host, "") is warned
-        assert warn_if_exposed(host, TOKEN) is False
-    assert ("SECURITY" in caplog.text) is warned
-
 
 def test_the_header_gate_refuses_without_the_token_then_by_declared_size():
     gate = HeaderGate(TOKEN, frozenset({"/search"}), 100)

