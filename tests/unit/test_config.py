@@ -39,10 +39,10 @@ def test_defaults_parse_and_are_typed():
 
 def test_values_from_env():
     s = Settings.from_env({"NODE_NUMBER": "1", "NODE_1_IP": "10.1.2.3:9000", "ONLY_CPU": "TRUE",
-                           "GENERATE_MAX_BATCH": "4", "RERANK_DTYPE": "float32", "WORKER_NODES": "1"})
+                           "GENERATE_MAX_BATCH": "4", "RERANK_PRECISION": "float32", "WORKER_NODES": "1"})
     assert s.cluster.node_number == 1 and s.cluster.node_1_ip.url == "http://10.1.2.3:9000"
     assert s.models.only_cpu is True and s.generate.max_batch == 4 and s.cluster.worker_nodes == (1,)
-    assert s.stage_dtype("rerank") == "float32" and s.stage_dtype("embed") == "auto"
+    assert s.stage_precision("rerank") == "float32" and s.stage_precision("embed") == "auto"
 
 
 def test_batches_close_by_count_and_window_alone():
@@ -66,7 +66,7 @@ def test_batches_close_by_count_and_window_alone():
     ("GENERATE_MAX_BATCH", "0", "an integer from 1"),
     ("REQUEST_TIMEOUT_S", "-1", "a number > 0"),
     ("WORKER_NODES", "0,0", "distinct node numbers"),
-    ("DTYPE", "int8", "one of auto"),
+    ("PRECISION", "int8", "one of auto"),
 ])
 def test_bad_value_gives_one_line_naming_variable_value_and_accepted(name, value, accepted):
     with pytest.raises(ConfigError) as err:
@@ -250,7 +250,7 @@ def test_python_m_pipeline_config_prints_every_problem_and_exits_2(monkeypatch, 
     ("EMBED_MAX_BACH", "EMBED_MAX_BATCH"),
     ("RERANK_BATCH", "RERANK_MAX_BATCH"),  # one of our stage words
     ("SENTIMENT_MAXWAIT", "SENTIMENT_MAX_WAIT_MS"),
-    ("FOO_DTYPE", None),  # one of our endings: some *_DTYPE is named
+    ("FOO_PRECISION", None),  # one of our endings: some *_PRECISION is named
     ("HF_HUB_OFLINE", "HF_HUB_OFFLINE"),  # huggingface's prefix, but very close to ours
     ("REQEST_TIMEOUT_S", "REQUEST_TIMEOUT_S"),
     ("NODE_01_IP", None),  # not one of NODE_<n>_IP (no leading zeros)
