@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
-from pipeline.config import ConfigError, Settings
+from pipeline.config import Settings
 from pipeline.cpu_features import cpu_has_amx, cpu_supports_bf16
 from pipeline.precision_policy import HARDWARE_WORDS, LOAD_DTYPE, hardware_kind, resolve_variant
 

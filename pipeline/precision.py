@@ -27,7 +27,6 @@ the float Linears run cuBLAS as they are (not verified there).
 """
 from __future__ import annotations
 
-
 import torch
 
 from pipeline.kernels.batch_invariance import make_batch_invariant

@@ -7,7 +7,13 @@ command (__main__.py) each have a module of their own. env.example and deploy/k8
 are generated from Settings.table() (`python -m tools.render_settings --write`; a test checks them).
 """
 from pipeline.config.errors import CONFIG_ERROR_PREFIX, HIDDEN, ConfigError
-from pipeline.config.parsers import CUDA_ONLY_VARIANTS, PRECISION_CHOICES, PRECISION_POLICIES, PRECISION_VARIANTS, Address
+from pipeline.config.parsers import (
+           CUDA_ONLY_VARIANTS,
+           PRECISION_CHOICES,
+           PRECISION_POLICIES,
+           PRECISION_VARIANTS,
+           Address,
+)
 from pipeline.config.settings import REPO_ROOT, BatchConfig, HttpServerConfig, Settings
 
 __all__ = ["CONFIG_ERROR_PREFIX", "CUDA_ONLY_VARIANTS", "HIDDEN", "PRECISION_CHOICES", "PRECISION_POLICIES",
