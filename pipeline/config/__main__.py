@@ -54,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:  # a variant this device cannot run: a node would refuse to start too
         print(f"{CONFIG_ERROR_PREFIX}{exc}", file=sys.stderr)
         return 2
-    print("\n".join(lines + ["# what each model stage computes in here:"] + resolved))
+    if not args.non_default:
+        lines += ["# what each model stage computes in here:", *resolved]
+    print("\n".join(lines))
     return 0
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import REPO_ROOT, Address, ConfigError, Settings
+from pipeline.spec import MODEL_STAGES
 
 
 def env_example_names() -> list[str]:
@@ -218,8 +219,11 @@ def test_python_m_pipeline_config_prints_each_variable_and_whether_it_is_the_def
     monkeypatch.setenv("CLUSTER_TOKEN", "s3cret")
     assert config.main([]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert len(out) == len(Settings.variables())
+    assert len([line for line in out if not line.startswith("#")]) == len(Settings.variables())
     lines = {line.split("=")[0]: line for line in out}
+    # Then what each model stage computes in, resolved as a node resolves it (no model loaded).
+    assert out[-6:-5] == ["# what each model stage computes in here:"]
+    assert [line.split(":")[0] for line in out[-5:]] == [f"# {stage}" for stage in MODEL_STAGES]
     assert re.fullmatch(r"EMBED_MAX_BATCH=8 +# set \(default: 16\)", lines["EMBED_MAX_BATCH"])
     assert re.fullmatch(r"NPROBE=64 +# set, equal to the default", lines["NPROBE"])
     assert re.fullmatch(r"TOTAL_NODES=3 +# default", lines["TOTAL_NODES"])
@@ -352,7 +356,7 @@ def test_the_settings_command_describes_a_five_node_topology_with_shards_and_rep
     c = Settings.from_env(env).cluster
     assert c.replicas(0) == (2, 4) and c.replicas(1) == (3,)  # two shards, shard 0 on two replicas
     assert main([]) == 0
-    lines = {line.split("=", 1)[0]: line for line in capsys.readouterr().out.splitlines()}
+    lines = {line.split("=", 1)[0]: line for line in capsys.readouterr().out.splitlines() if not line.startswith("#")}
     assert lines["NODE_3_IP"].endswith("# set (default: 127.0.0.1:8003)")
     assert lines["NODE_4_IP"].endswith("# set, equal to the default")
     assert lines["TOTAL_NODES"].endswith("# set (default: 3)")
