@@ -1,4 +1,5 @@
-"""Where models run and in which dtype, decided once from settings and hardware.
+"""Where models run and in which precision, decided once from settings and hardware
+(the choice itself: pipeline/precision_policy.py).
 
 bfloat16 pays off on CPUs with avx512_bf16 or AMX (about twice float32 here);
 float16 on a CPU is several times slower than float32, so it is refused.
@@ -9,8 +10,9 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
-from pipeline.config import ConfigError, Settings
+from pipeline.config import Settings
 from pipeline.cpu_features import cpu_has_amx, cpu_supports_bf16
+from pipeline.precision_policy import HARDWARE_WORDS, LOAD_DTYPE, hardware_kind, resolve_variant
 
 
 def _cuda_available() -> bool:
@@ -22,29 +24,11 @@ def select_device(only_cpu: bool, cuda_available: Callable[[], bool] = _cuda_ava
     return "cpu" if only_cpu or not cuda_available() else "cuda"
 
 
-def select_dtype(device: str, requested: str, *, variable: str = "DTYPE",
-                 bf16_cpu: Callable[[], bool] = cpu_supports_bf16,
-                 bf16_cuda: Callable[[], bool] | None = None) -> str:
-    """Resolve 'auto' and refuse float16 on the CPU (slow there, see MEASUREMENTS)."""
-    if device == "cpu":
-        if requested == "float16":
-            raise ConfigError(f"{variable}='float16' is not valid on the CPU: expected auto, float32 or bfloat16")
-        if requested == "auto":
-            return "bfloat16" if bf16_cpu() else "float32"
-        return requested
-    if requested == "auto":
-        if bf16_cuda is None:
-            import torch
-            bf16_cuda = torch.cuda.is_bf16_supported
-        return "bfloat16" if bf16_cuda() else "float16"
-    return requested
-
-
 @dataclass(frozen=True)
 class Placement:
     device: str
     dtype: str  # what the model is loaded in
-    precision: str = "float32"  # its variant (pipeline/precision.py); the dtype itself for exact
+    precision: str = "float32"  # its variant (pipeline/precision.py): what it computes in
 
     @property
     def torch_dtype(self):
@@ -54,18 +38,27 @@ class Placement:
 
 def placement_for(settings: Settings, stage: str, **detectors) -> Placement:
     """Device, dtype and precision variant of one model stage, resolved once (faked detectors in tests)."""
-    from pipeline import precision  # imports torch: only where a model is about to be placed
     device = select_device(settings.models.only_cpu, **{k: v for k, v in detectors.items() if k == "cuda_available"})
-    dtype_detectors = {k: v for k, v in detectors.items() if k in ("bf16_cpu", "bf16_cuda")}
-    variant = precision.resolve_variant(
+    variant = resolve_variant(
         settings.stage_precision(stage), stage, device, settings.stage_precision_variable(stage),
         bf16_cpu=detectors.get("bf16_cpu", cpu_supports_bf16), amx_cpu=detectors.get("amx_cpu", cpu_has_amx),
         **{k: v for k, v in detectors.items() if k in ("cuda_int8", "cuda_bf16")})
-    if variant is None:  # exact: the dtype settings decide, as before precision variants existed
-        dtype = select_dtype(device, settings.stage_dtype(stage), variable=settings.stage_dtype_variable(stage),
-                             **dtype_detectors)
-        return Placement(device, dtype, dtype)
-    return Placement(device, precision.LOAD_DTYPE[variant], variant)
+    return Placement(device, LOAD_DTYPE[variant], variant)
+
+
+def hardware_words(device: str, **detectors) -> str:
+    """This machine's kind as the precision table knows it, in words ("a CPU with AMX")."""
+    return HARDWARE_WORDS[hardware_kind(device, detectors.get("bf16_cpu", cpu_supports_bf16),
+                                        detectors.get("amx_cpu", cpu_has_amx))]
+
+
+def describe_placement(settings: Settings, stage: str, **detectors) -> str:
+    """What a stage computes in and why, in one line, without loading a model:
+    "embed: bfloat16 (PRECISION=auto on a CPU with avx512_bf16 and no AMX)"."""
+    placement = placement_for(settings, stage, **detectors)
+    variable = settings.stage_precision_variable(stage)
+    where = hardware_words(placement.device, **detectors)
+    return f"{stage}: {placement.precision} ({variable}={settings.stage_precision(stage)} on {where})"
 
 
 def thread_budget(requested: int, cores: int | None = None) -> int:

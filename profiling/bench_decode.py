@@ -15,7 +15,7 @@ runner, step for step, on the same prompts (and checks both chose the same
 tokens). `--kernels-baseline` also measures, interleaved the same way on the
 same model, int8-dynamic's per-row glue as torch ops instead of fused
 (pipeline/kernels/fused_int8.py; the same bits). The model and precision come
-from the environment (MODEL_SOURCE, STANDIN_PROFILE, DTYPE / GENERATE_DTYPE or
+from the environment (MODEL_SOURCE, STANDIN_PROFILE, PRECISION or
 GENERATE_PRECISION, TORCH_THREADS).
 """
 from __future__ import annotations

@@ -6,8 +6,8 @@
 
 No HTTP, queues or threads of the service: this is what a stage costs once its
 BatchingService has formed a batch, i.e. the numbers to choose *_MAX_BATCH by.
-Stages load the way the workers load them (MODEL_SOURCE, STANDIN_PROFILE, DTYPE
-and the per-stage *_DTYPE, ONLY_CPU, TORCH_THREADS / FAISS_THREADS), so
+Stages load the way the workers load them (MODEL_SOURCE, STANDIN_PROFILE, PRECISION
+and the per-stage *_PRECISION, ONLY_CPU, TORCH_THREADS / FAISS_THREADS), so
 `STANDIN_PROFILE=faithful MODEL_SOURCE=standin` gives the real models' timings offline.
 
 Inputs are realistic for each stage (see the `*_inputs` functions). Every batch

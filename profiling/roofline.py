@@ -112,8 +112,8 @@ def request_tokens(source, query_index: int, new_tokens: int,
 def stage_plans() -> dict[str, dict[str, str]]:
     """Every variant on every stage, and PRECISION=fast's choice for this CPU."""
     from pipeline.cpu_features import cpu_has_amx, cpu_supports_bf16
-    from pipeline.precision import FAST as FAST_TABLE
-    from pipeline.precision import hardware_kind
+    from pipeline.precision_policy import FAST as FAST_TABLE
+    from pipeline.precision_policy import hardware_kind
     stages = list(map(str, spec.MODEL_STAGES))
     plans = {variant: {stage: variant for stage in stages} for variant in PRECISION_VARIANTS}
     plans[FAST] = dict(FAST_TABLE[hardware_kind("cpu", cpu_supports_bf16, cpu_has_amx)])
@@ -207,7 +207,7 @@ def print_report(source: str, machine_line: str, work: str, plans: Sequence[Plan
     fast = next(p for p in plans if p.name == FAST)
     print("  (c: compute-bound, m: memory-bound; fast = " + ", ".join(
         f"{row} {precision}" for row, precision in fast.precisions.items() if row != "decode")
-        + "; exact = the *_DTYPE settings: the bfloat16 column with DTYPE=auto on a bf16 CPU)")
+        + "; PRECISION=auto = the bfloat16 column on a bf16 CPU, the float32 column on others)")
     if comparison:
         print()
         print(comparison)

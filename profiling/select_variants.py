@@ -6,7 +6,7 @@
         [--<stage>-<metric> MINIMUM ...]
 
 For every stage and candidate variant (default: those this device supports,
-`pipeline.precision.supported_variants`) a fresh subprocess loads only that model in
+`pipeline.precision_policy.supported_variants`) a fresh subprocess loads only that model in
 that variant (`Placement(device, LOAD_DTYPE[variant], variant)`, as the service does)
 and measures:
 
@@ -146,7 +146,7 @@ def format_table(rows: Sequence[Measurement], chosen: Mapping[str, str]) -> str:
 def machine_lines(settings: Settings) -> list[str]:
     from pipeline.cpu_features import cpu_has_amx, cpu_supports_bf16
     from pipeline.device import select_device, thread_budget
-    from pipeline.precision import hardware_kind
+    from pipeline.precision_policy import hardware_kind
     device = select_device(settings.models.only_cpu)
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else "?"
@@ -232,7 +232,7 @@ def parser() -> argparse.ArgumentParser:
 
 def resolve_args(p: argparse.ArgumentParser, args: argparse.Namespace, settings: Settings) -> argparse.Namespace:
     from pipeline.device import select_device
-    from pipeline.precision import supported_variants
+    from pipeline.precision_policy import supported_variants
     supported = supported_variants(select_device(settings.models.only_cpu))
     variants = getattr(args, "variants", None) or list(supported)
     unsupported = [v for v in variants if v not in supported]

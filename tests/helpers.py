@@ -11,7 +11,7 @@ import requests
 from tools.local import LocalCluster, free_ports
 
 # What every test runs with: tiny stand-ins, float32 on the CPU (the oracle's precision).
-TEST_ENV = {"MODEL_SOURCE": "standin", "STANDIN_PROFILE": "tiny", "DTYPE": "float32", "ONLY_CPU": "true"}
+TEST_ENV = {"MODEL_SOURCE": "standin", "STANDIN_PROFILE": "tiny", "PRECISION": "float32", "ONLY_CPU": "true"}
 
 
 def data_env(result) -> dict[str, str]:

@@ -2,13 +2,19 @@
 
 `Settings` (settings.py) holds one section per component (sections.py); each field is bound to
 one environment variable with its parser, default and help (fields.py, parsers.py); the
-consistency checks (checks.py), the misspelt-variable warnings (typos.py) and the `settings`
-command (__main__.py) each have a module of their own. env.example and deploy/k8s/configmap.yaml
+consistency checks (checks.py), the misspelt-variable warnings (typos.py), the variables no longer
+read (removed.py) and the `settings` command (__main__.py) each have a module of their own. env.example and deploy/k8s/configmap.yaml
 are generated from Settings.table() (`python -m tools.render_settings --write`; a test checks them).
 """
 from pipeline.config.errors import CONFIG_ERROR_PREFIX, HIDDEN, ConfigError
-from pipeline.config.parsers import DTYPES, PRECISION_MODES, PRECISION_VARIANTS, Address
+from pipeline.config.parsers import (
+           CUDA_ONLY_VARIANTS,
+           PRECISION_CHOICES,
+           PRECISION_POLICIES,
+           PRECISION_VARIANTS,
+           Address,
+)
 from pipeline.config.settings import REPO_ROOT, BatchConfig, HttpServerConfig, Settings
 
-__all__ = ["CONFIG_ERROR_PREFIX", "DTYPES", "HIDDEN", "PRECISION_MODES", "PRECISION_VARIANTS", "REPO_ROOT", "Address",
-           "BatchConfig", "ConfigError", "HttpServerConfig", "Settings"]
+__all__ = ["CONFIG_ERROR_PREFIX", "CUDA_ONLY_VARIANTS", "HIDDEN", "PRECISION_CHOICES", "PRECISION_POLICIES",
+           "PRECISION_VARIANTS", "REPO_ROOT", "Address", "BatchConfig", "ConfigError", "HttpServerConfig", "Settings"]

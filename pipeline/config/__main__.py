@@ -1,5 +1,6 @@
 """`python -m pipeline.config` (`./run.sh settings`): every setting's effective value and whether
-it is the default; a warning per misspelt variable; exit 2 listing every bad value."""
+it is the default, then what each model stage computes in on this machine (resolved as a node
+resolves it, without loading a model); a warning per misspelt variable; exit 2 listing every bad value."""
 from __future__ import annotations
 
 import argparse
@@ -10,6 +11,7 @@ from typing import Mapping
 from pipeline.config.errors import CONFIG_ERROR_PREFIX, ConfigError
 from pipeline.config.settings import Settings
 from pipeline.config.typos import misspelt_variables
+from pipeline.spec import MODEL_STAGES
 
 
 def describe(settings: Settings, env: Mapping[str, str]) -> list[str]:
@@ -23,6 +25,12 @@ def describe(settings: Settings, env: Mapping[str, str]) -> list[str]:
             origin = f"set (default: {default or 'empty'})"
         lines.append(f"{name}={value}".ljust(48) + f"  # {origin}")
     return lines
+
+
+def precision_lines(settings: Settings) -> list[str]:
+    """"embed: bfloat16 (PRECISION=auto on a CPU with avx512_bf16 and no AMX)", one per model stage."""
+    from pipeline.device import describe_placement  # pipeline.device reads pipeline.config: not at import
+    return [describe_placement(settings, stage) for stage in MODEL_STAGES]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,6 +49,13 @@ def main(argv: list[str] | None = None) -> int:
     lines = describe(settings, os.environ)
     if args.non_default:
         lines = [line for line in lines if "# set (default" in line] or ["# every setting is at its default"]
+    try:
+        resolved = [f"# {line}" for line in precision_lines(settings)]
+    except ConfigError as exc:  # a variant this device cannot run: a node would refuse to start too
+        print(f"{CONFIG_ERROR_PREFIX}{exc}", file=sys.stderr)
+        return 2
+    if not args.non_default:
+        lines += ["# what each model stage computes in here:", *resolved]
     print("\n".join(lines))
     return 0
 

@@ -31,10 +31,6 @@ def max_wait(stage: str, wait_ms: int) -> Any:
                f"how long the {stage} stage's oldest item may wait for a fuller batch (ms)")
 
 
-def dtype(stage: str, model: str) -> Any:
-    return var(f"{stage.upper()}_DTYPE", p.optional_dtype, "", f"dtype override for the {model} (empty: DTYPE)")
-
-
 def precision(stage: str, model: str) -> Any:
     return var(f"{stage.upper()}_PRECISION", p.optional_precision, "",
-               f"precision of the {model} (empty: PRECISION): exact, fast, float32, bfloat16, int8-dynamic or int8-weight")
+               f"what the {model} computes in (empty: PRECISION's choice): {', '.join(p.PRECISION_CHOICES)}")

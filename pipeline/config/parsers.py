@@ -6,11 +6,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-# How a model stage computes (pipeline/precision.py): exact = its *_DTYPE, fast = the table
-# of each stage's fastest variant on this hardware, or one variant by name.
-PRECISION_MODES = ("exact", "fast")
-PRECISION_VARIANTS = ("float32", "bfloat16", "int8-dynamic", "int8-weight")
+# What a model stage computes in (pipeline/precision_policy.py): a variant by name, or a policy
+# that picks one per stage from the hardware: auto = bfloat16 where the CPU or GPU has it, else
+# float32 (float16 on a GPU without bf16); fast = the per-hardware table FAST.
+PRECISION_POLICIES = ("auto", "fast")
+PRECISION_VARIANTS = ("float32", "bfloat16", "int8-dynamic", "int8-weight")  # run on the CPU and CUDA
+CUDA_ONLY_VARIANTS = ("float16",)  # several times slower than float32 on a CPU: refused there
+PRECISION_CHOICES = PRECISION_POLICIES + PRECISION_VARIANTS[:2] + CUDA_ONLY_VARIANTS + PRECISION_VARIANTS[2:]
+# A value no longer accepted -> what to set instead (the old name would otherwise be refused
+# without saying what replaced it).
+REMOVED_PRECISION_VALUES = {"exact": "auto (what exact computed: bfloat16 on a CPU with avx512_bf16 or AMX, "
+                                     "else float32) or float32"}
 
 
 @dataclass(frozen=True)
@@ -83,12 +89,15 @@ def choice(*options: str) -> Callable[[str], str]:
     return parse
 
 
-def optional_dtype(raw: str) -> str:
-    return "" if not raw.strip() else choice(*DTYPES)(raw)
+def precision(raw: str) -> str:
+    replacement = REMOVED_PRECISION_VALUES.get(raw.strip().lower())
+    if replacement:
+        raise ValueError(f"one of {', '.join(PRECISION_CHOICES)}; {raw.strip()!r} was removed: use {replacement}")
+    return choice(*PRECISION_CHOICES)(raw)
 
 
 def optional_precision(raw: str) -> str:
-    return "" if not raw.strip() else choice(*PRECISION_MODES, *PRECISION_VARIANTS)(raw)
+    return "" if not raw.strip() else precision(raw)
 
 
 def address(raw: str) -> Address:

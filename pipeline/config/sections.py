@@ -83,14 +83,13 @@ class ClusterSettings:
 
 @dataclass(frozen=True)
 class ModelSettings:
-    """Where the model weights come from, and the device, dtype and precision they run in."""
+    """Where the model weights come from, and the device and precision they run in."""
     only_cpu: bool = f.var("ONLY_CPU", p.boolean, "false", "true forces the CPU even where a GPU exists")
     hf_hub_offline: bool = f.var("HF_HUB_OFFLINE", p.boolean, "false", "true: never contact the Hugging Face hub (huggingface_hub reads it too); MODEL_SOURCE=auto then uses cached real models or stand-ins")
     model_source: str = f.var("MODEL_SOURCE", p.choice("auto", "hub", "standin"), "auto", "hub: real models (`./run.sh models` checks the cache; a node without them and without the hub exits at once naming the fetch commands); standin: offline random-weight stand-ins; auto: real if cached or downloadable")
     standin_profile: str = f.var("STANDIN_PROFILE", p.choice("tiny", "faithful"), "tiny", "stand-in size: tiny for tests and demo, faithful (real shapes) for benchmarks")
     standin_home: Path | None = f.var("STANDIN_HOME", p.optional_path, "", "where stand-ins are built (default .cache/standins/<profile>)")
-    dtype: str = f.var("DTYPE", p.choice(*p.DTYPES), "auto", "model dtype: auto = bfloat16 on CPUs with avx512_bf16/AMX, else float32; never float16 on CPU")
-    precision: str = f.var("PRECISION", p.choice(*p.PRECISION_MODES), "exact", "exact: each model as loaded in its *_DTYPE (today's behaviour); fast: each stage's fastest measured variant on this hardware (pipeline/precision.py FAST; int8 or bfloat16, answers may differ slightly)")
+    precision: str = f.var("PRECISION", p.precision, "auto", "what every model stage computes in (per stage: <STAGE>_PRECISION). auto: bfloat16 on a CPU with avx512_bf16 or AMX and on a GPU with bf16, else float32 (float16 on a GPU without bf16); float32; bfloat16; float16 (GPU only); int8-dynamic; int8-weight; fast: a variant per stage from the table pipeline/precision_policy.py FAST (int8 or bfloat16, answers may differ slightly), measured for CPUs with avx512_bf16 (AMD EPYC) and with AMX (Intel Xeon); its rows for other CPUs and for CUDA are not measured. `./run.sh settings` prints what each stage resolves to")
     torch_threads: int = f.var("TORCH_THREADS", p.int_range(0, 1024), "0", "torch intra-op threads; 0 = the core count")
 
 
@@ -103,9 +102,7 @@ class BatchWindow(Protocol):
 
 
 class ModelStage(BatchWindow, Protocol):
-    """A model stage's section: its batch window and its dtype and precision overrides."""
-    @property
-    def dtype(self) -> str: ...
+    """A model stage's section: its batch window and its precision override."""
     @property
     def precision(self) -> str: ...
 
@@ -114,7 +111,6 @@ class ModelStage(BatchWindow, Protocol):
 class EmbedSettings:
     max_batch: int = f.max_batch(Stage.EMBED, 16, "measured: 84 ms per query alone, 29 ms at 16")
     max_wait_ms: float = f.max_wait(Stage.EMBED, 5)
-    dtype: str = f.dtype(Stage.EMBED, "embedder")
     precision: str = f.precision(Stage.EMBED, "embedder")
     cache_size: int = f.var("EMBED_CACHE_SIZE", p.int_range(0, 10_000_000), "1024", "query embeddings each worker keeps (LRU; 0 = off): the same question skips the embedder")
 
@@ -142,7 +138,6 @@ class FetchSettings:
 class RerankSettings:
     max_batch: int = f.max_batch(Stage.RERANK, 1, "measured: about 2.9 s per request at 1, 2 and 4; batching only delays the first")
     max_wait_ms: float = f.max_wait(Stage.RERANK, 0)
-    dtype: str = f.dtype(Stage.RERANK, "reranker")
     precision: str = f.precision(Stage.RERANK, "reranker")
 
 
@@ -150,7 +145,6 @@ class RerankSettings:
 class GenerateSettings:
     max_batch: int = f.max_batch(Stage.GENERATE, 16, "continuous mode: sequences decoding together; one decode step measured 476 ms at 8, 554 ms at 16 (2.99x the one-at-a-time reference's tokens/s)")
     max_wait_ms: float = f.max_wait(Stage.GENERATE, 20)
-    dtype: str = f.dtype(Stage.GENERATE, "LLM")
     precision: str = f.precision(Stage.GENERATE, "LLM")
     mode: str = f.var("GENERATE_MODE", p.choice("continuous", "static"), "continuous", "continuous: sequences join and leave the running batch every decode step; static: whole batches through generate()")
     kv_cache_tokens: int = f.var("GENERATE_KV_CACHE_TOKENS", p.int_range(256, 10_000_000), "16384", "continuous mode: KV-cache tokens (prompt + 128 new) the running sequences may reserve; bounds its memory (Qwen2-0.5B: 24 KiB a token in float32, so about 400 MB)")
@@ -161,7 +155,6 @@ class GenerateSettings:
 class SentimentSettings:
     max_batch: int = f.max_batch(Stage.SENTIMENT, 16, "measured: 308 ms per text alone, 200 ms at 16")
     max_wait_ms: float = f.max_wait(Stage.SENTIMENT, 5)
-    dtype: str = f.dtype(Stage.SENTIMENT, "sentiment classifier")
     precision: str = f.precision(Stage.SENTIMENT, "sentiment classifier")
 
 
@@ -169,7 +162,6 @@ class SentimentSettings:
 class ToxicitySettings:
     max_batch: int = f.max_batch(Stage.TOXICITY, 16, "measured: 325 ms per text alone, 189 ms at 16")
     max_wait_ms: float = f.max_wait(Stage.TOXICITY, 5)
-    dtype: str = f.dtype(Stage.TOXICITY, "toxicity classifier")
     precision: str = f.precision(Stage.TOXICITY, "toxicity classifier")
 
 

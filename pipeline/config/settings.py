@@ -17,6 +17,7 @@ import pipeline.config.sections as s
 from pipeline.config.checks import disagreements
 from pipeline.config.errors import HIDDEN, ConfigError
 from pipeline.config.parsers import Address, render
+from pipeline.config.removed import removed_variables
 from pipeline.shards import shard_file_problems, shard_path
 from pipeline.spec import MODEL_STAGES, Stage
 
@@ -66,7 +67,7 @@ def _section(section_type: type, title: str) -> Any:
 @dataclass(frozen=True)
 class Settings:
     cluster: s.ClusterSettings = _section(s.ClusterSettings, "the cluster (SPEC): which node this is, where every node listens, node-to-node calls")
-    models: s.ModelSettings = _section(s.ModelSettings, "models: where the weights come from, device, dtype, precision, threads")
+    models: s.ModelSettings = _section(s.ModelSettings, "models: where the weights come from, device, precision, threads")
     embed: s.EmbedSettings = _section(s.EmbedSettings, "stage 1, embed")
     search: s.SearchSettings = _section(s.SearchSettings, "stage 2, search (the worker's side: one HTTP call to node 2 per batch)")
     fetch: s.FetchSettings = _section(s.FetchSettings, "stage 3, fetch (SQLite)")
@@ -90,7 +91,7 @@ class Settings:
         value that does not parse, then each consistency check whose variables all parsed.
         """
         env = os.environ if env is None else env
-        problems: list[str] = []
+        problems: list[str] = removed_variables(env)
         unparsed: set[str] = set()
         sections = {}
         for section in dataclasses.fields(cls):
@@ -197,12 +198,6 @@ class Settings:
     def batching(self, stage: str) -> BatchConfig:
         section = self.stage(stage)
         return BatchConfig(section.max_batch, section.max_wait_ms, self.limits.stage_max_queue)
-
-    def stage_dtype(self, stage: str) -> str:
-        return self.model_stage(stage).dtype or self.models.dtype
-
-    def stage_dtype_variable(self, stage: str) -> str:
-        return f"{stage.upper()}_DTYPE" if self.model_stage(stage).dtype else "DTYPE"
 
     def stage_precision(self, stage: str) -> str:
         return self.model_stage(stage).precision or self.models.precision

@@ -6,6 +6,7 @@ import difflib
 import os
 from typing import Mapping
 
+from pipeline.config.removed import REMOVED_VARIABLES
 from pipeline.config.settings import Settings
 from pipeline.spec import Stage
 
@@ -22,14 +23,14 @@ TYPO_RATIO, FOREIGN_TYPO_RATIO = 0.8, 0.9
 
 def _our_affixes() -> tuple[set[str], set[str]]:
     """The first word of each of our names ending in a stage or knob word (EMBED_, GATEWAY_...) and
-    the endings several of ours share (_MAX_BATCH, _DTYPE, _TIMEOUT_S...)."""
+    the endings several of ours share (_MAX_BATCH, _PRECISION, _TIMEOUT_S...)."""
     names = list(Settings.variables())
     prefixes = {name.split("_")[0] + "_" for name in names if "_" in name}
     # Words that are ours alone (NODE_ is not: Node.js has NODE_OPTIONS; a typo of NODE_1_IP is close anyway).
     prefixes &= {f"{stage.upper()}_" for stage in Stage} | {"GATEWAY_", "STANDIN_", "FAISS_", "LOCAL_",
                                                               "TRACING_", "RESPONSE_", "IDEMPOTENCY_",
                                                               "CLUSTER_", "SHUTDOWN_", "WAITRESS_"}
-    endings = ("_MAX_BATCH", "_MAX_WAIT_MS", "_DTYPE", "_PRECISION", "_CACHE_SIZE")
+    endings = ("_MAX_BATCH", "_MAX_WAIT_MS", "_PRECISION", "_CACHE_SIZE")
     suffixes = {end for end in endings if sum(name.endswith(end) for name in names) >= 2}
     return prefixes, suffixes
 
@@ -42,7 +43,7 @@ def misspelt_variables(env: Mapping[str, str] | None = None) -> list[str]:
     warnings = []
     families = Settings.numbered_variables().values()
     for name in sorted(env):
-        if name in ours or not name.isupper():
+        if name in ours or name in REMOVED_VARIABLES or not name.isupper():  # removed: Settings refuses it
             continue
         if any((match := fam["names"].fullmatch(name)) and int(match[1]) >= fam["first"] for fam in families):
             continue  # one of a numbered family (NODE_3_IP)

@@ -4,7 +4,7 @@ A figure means nothing without what produced it: caches, precision, batch limits
 the model source and the code all change it. Each node answers `GET /settings` with
 `{"settings": {ENV_NAME: value, ...}}` (secrets "<hidden>"); a node that predates it (404)
 or cannot answer is recorded as unknown, with a printed warning, so the tools still work.
-`rag_node_info` in /metrics (role, model source, precision, dtype, version) is recorded too.
+`rag_node_info` in /metrics (role, model source, precision, version) is recorded too.
 In-process tools record this process's own settings instead.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ SETTINGS_TIMEOUT_S = 10.0
 # The caches that can answer a repeated query without computing it, and the nodes they live on.
 WORKER_CACHE, GATEWAY_CACHE = "EMBED_CACHE_SIZE", "RESPONSE_CACHE_SIZE"
 # Printed in one line per node (every setting is in the result file).
-HEADLINE = ("MODEL_SOURCE", "STANDIN_PROFILE", "PRECISION", "DTYPE", "GENERATE_MODE", "GENERATE_MAX_BATCH",
+HEADLINE = ("MODEL_SOURCE", "STANDIN_PROFILE", "PRECISION", "GENERATE_MODE", "GENERATE_MAX_BATCH",
             "TORCH_THREADS", "FAISS_THREADS", WORKER_CACHE, GATEWAY_CACHE)
 
 
@@ -67,7 +67,7 @@ def fetch_settings(node: Node, token: str = "", timeout_s: float = SETTINGS_TIME
 
 
 def node_info(snapshot: MetricsSnapshot) -> dict[str, str]:
-    """rag_node_info's labels (role, model_source, precision, dtype, version); {} when not exported."""
+    """rag_node_info's labels (role, model_source, precision, version); {} when not exported."""
     for (name, labels), _ in snapshot.samples.items():
         if name == "rag_node_info":
             return dict(labels)

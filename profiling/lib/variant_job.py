@@ -74,7 +74,7 @@ def measure_one(job: Mapping) -> dict:
     from pipeline.device import Placement, select_device, thread_budget
     from pipeline.embedder import Embedder
     from pipeline.generator import Generator
-    from pipeline.precision import LOAD_DTYPE
+    from pipeline.precision_policy import LOAD_DTYPE
     from pipeline.reranker import Reranker
     from profiling.lib.inputs import cycled
     from profiling.lib.memory import MemoryProbe

@@ -78,7 +78,7 @@ def node_info(role: NodeRole) -> dict[str, str]:
     """The labels of rag_node_info: which node, role, models and precision, and the code's version."""
     s = role.settings
     return {"node": str(role.node), "role": role.name, "model_source": role.model_source,
-            "precision": s.models.precision, "dtype": s.models.dtype, "version": VERSION}
+            "precision": s.models.precision, "version": VERSION}
 
 
 def completion_fields(status: int, started: float) -> dict[str, Any]:

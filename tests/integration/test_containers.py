@@ -116,7 +116,7 @@ def reference_answers(cluster, tmp_path_factory):
     docker("cp", f"{data}:/standins", str(out / "standins"))
     settings = Settings.from_env({
         "MODEL_SOURCE": "standin", "STANDIN_PROFILE": "tiny", "STANDIN_HOME": str(out / "standins" / "home"),
-        "DTYPE": "float32", "ONLY_CPU": "true", "TOTAL_NODES": "5", "INDEX_NODES": "2,3", "INDEX_SHARDS": "2",
+        "PRECISION": "float32", "ONLY_CPU": "true", "TOTAL_NODES": "5", "INDEX_NODES": "2,3", "INDEX_SHARDS": "2",
         "FAISS_INDEX_PATH": str(out / "data" / "faiss_index.bin"), "DOCUMENTS_DIR": str(out / "data" / "documents")})
     reference = ReferencePipeline.from_settings(settings)
     return {query: reference.answer(query, "") for query in spec.REFERENCE_QUERIES}

@@ -1,5 +1,5 @@
-"""The cluster as users run it: DTYPE=auto and PRECISION=exact, which on a CPU with bf16 (avx512_bf16
-or AMX) is bfloat16 in every stage. Under concurrency, each reply equals the reference pipeline's
+"""The cluster as users run it: PRECISION=auto, which on a CPU with bf16 (avx512_bf16 or AMX) is
+bfloat16 in every stage. Under concurrency, each reply equals the reference pipeline's
 at the same dtype: text, sentiment and toxicity do not depend on which requests shared a batch."""
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from pipeline.reference import ReferencePipeline
 from tests.helpers import TEST_ENV, data_env, start_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600),
-              pytest.mark.skipif(not cpu_supports_bf16(), reason="DTYPE=auto is float32 on a CPU without "
+              pytest.mark.skipif(not cpu_supports_bf16(), reason="PRECISION=auto is float32 on a CPU without "
                                  "avx512_bf16 or AMX, which the other cluster tests cover")]
 
-# The defaults, spelled out: the tests' environment pins DTYPE=float32 (tests/helpers.py).
-DEFAULT = {"DTYPE": "auto", "PRECISION": "exact"}
+# The default, spelled out: the tests' environment pins PRECISION=float32 (tests/helpers.py).
+DEFAULT = {"PRECISION": "auto"}
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import REPO_ROOT, Settings
+from pipeline.cpu_features import cpu_supports_bf16
 from pipeline.models import ALL_MODELS
+from pipeline.spec import MODEL_STAGES
 
 pytestmark = pytest.mark.slow
 
@@ -118,16 +120,22 @@ def test_run_sh_settings_prints_the_effective_values_with_secrets_hidden_and_war
     env = {"HF_HUB_OFFLINE": "1", "EMBED_MAX_BATCH": "8", "CLUSTER_TOKEN": "s3cret", "GENERTE_MAX_BATCH": "4"}
     proc = run_sh("settings", env=env)
     assert proc.returncode == 0, proc.stderr
-    lines = {line.split("=")[0]: line for line in proc.stdout.splitlines()}
+    lines = {line.split("=")[0]: line for line in proc.stdout.splitlines() if not line.startswith("#")}
     assert set(lines) == set(Settings.variables())
     assert re.fullmatch(r"EMBED_MAX_BATCH=8 +# set \(default: 16\)", lines["EMBED_MAX_BATCH"])
     assert re.fullmatch(r"CLUSTER_TOKEN=<hidden> +# set \(default: empty\)", lines["CLUSTER_TOKEN"])
     assert re.fullmatch(r"NPROBE=64 +# default", lines["NPROBE"]) and "s3cret" not in proc.stdout
     assert proc.stderr.splitlines() == ["warning: GENERTE_MAX_BATCH is not a setting this service reads (ignored); "
                                         "did you mean GENERATE_MAX_BATCH? (env.example lists them all)"]
+    # What each stage computes in, resolved: PRECISION=auto is bfloat16 on a CPU with avx512_bf16 or AMX.
+    auto = "bfloat16" if cpu_supports_bf16() else "float32"
+    resolved = [line for line in proc.stdout.splitlines() if line.startswith("# ") and "PRECISION=" in line]
+    assert len(resolved) == len(MODEL_STAGES)
+    for stage, line in zip(MODEL_STAGES, resolved):
+        assert re.fullmatch(rf"# {stage}: {auto} \(PRECISION=auto on a CPU with .+\)", line), line
     only = run_sh("settings", "--non-default", env=env)
     assert only.returncode == 0
-    assert [line.split("=")[0] for line in only.stdout.splitlines()] == [
+    assert [line.split("=")[0] for line in only.stdout.splitlines() if not line.startswith("#")] == [
         "CLUSTER_TOKEN", "HF_HUB_OFFLINE", "EMBED_MAX_BATCH"]
 
 
@@ -139,3 +147,15 @@ def test_run_sh_settings_lists_every_bad_value_at_once_and_exits_2():
         "config error: NPROBE='0' is not valid: expected an integer from 1 to 65536",
         "config error: SEARCH_MAX_BATCH='300' is not valid: expected at most STAGE_MAX_QUEUE (256), "
         "or node 2 could never queue a batch"]
+
+
+def test_run_sh_settings_refuses_the_removed_dtype_variables_naming_what_replaced_them():
+    proc = run_sh("settings", env={"DTYPE": "float32", "GENERATE_DTYPE": "bfloat16", "PRECISION": "exact"})
+    assert proc.returncode == 2 and proc.stdout == ""
+    problems = proc.stderr.splitlines()
+    assert len(problems) == 3
+    assert problems[0].startswith("config error: DTYPE='float32' is not read any more: set PRECISION instead")
+    assert problems[1].startswith("config error: GENERATE_DTYPE='bfloat16' is not read any more: "
+                                  "set GENERATE_PRECISION instead")
+    assert problems[2].startswith("config error: PRECISION='exact' is not valid: expected one of auto, ")
+    assert "'exact' was removed: use auto" in problems[2]

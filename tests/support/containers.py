@@ -123,7 +123,7 @@ class Compose:
     def __init__(self, name: str, workdir: Path, port: int):
         self.name, self.port = name, port
         override = {"services": {f"node{n}": {"environment": {
-            "DTYPE": "float32", "ONLY_CPU": "true", "TORCH_THREADS": "1", "FAISS_THREADS": "1",
+            "PRECISION": "float32", "ONLY_CPU": "true", "TORCH_THREADS": "1", "FAISS_THREADS": "1",
             "HEALTH_INTERVAL_S": "0.5"}} for n in range(5)}}
         self.override = workdir / "compose.test.yaml"
         self.override.write_text(yaml.safe_dump(override))

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import REPO_ROOT, Address, ConfigError, Settings
+from pipeline.spec import MODEL_STAGES
 
 
 def env_example_names() -> list[str]:
@@ -39,10 +40,10 @@ def test_defaults_parse_and_are_typed():
 
 def test_values_from_env():
     s = Settings.from_env({"NODE_NUMBER": "1", "NODE_1_IP": "10.1.2.3:9000", "CLUSTER_TOKEN": "t", "ONLY_CPU": "TRUE",
-                           "GENERATE_MAX_BATCH": "4", "RERANK_DTYPE": "float32", "WORKER_NODES": "1"})
+                           "GENERATE_MAX_BATCH": "4", "RERANK_PRECISION": "float32", "WORKER_NODES": "1"})
     assert s.cluster.node_number == 1 and s.cluster.node_1_ip.url == "http://10.1.2.3:9000"
     assert s.models.only_cpu is True and s.generate.max_batch == 4 and s.cluster.worker_nodes == (1,)
-    assert s.stage_dtype("rerank") == "float32" and s.stage_dtype("embed") == "auto"
+    assert s.stage_precision("rerank") == "float32" and s.stage_precision("embed") == "auto"
 
 
 def test_batches_close_by_count_and_window_alone():
@@ -66,7 +67,7 @@ def test_batches_close_by_count_and_window_alone():
     ("GENERATE_MAX_BATCH", "0", "an integer from 1"),
     ("REQUEST_TIMEOUT_S", "-1", "a number > 0"),
     ("WORKER_NODES", "0,0", "distinct node numbers"),
-    ("DTYPE", "int8", "one of auto"),
+    ("PRECISION", "int8", "one of auto"),
 ])
 def test_bad_value_gives_one_line_naming_variable_value_and_accepted(name, value, accepted):
     with pytest.raises(ConfigError) as err:
@@ -218,8 +219,11 @@ def test_python_m_pipeline_config_prints_each_variable_and_whether_it_is_the_def
     monkeypatch.setenv("CLUSTER_TOKEN", "s3cret")
     assert config.main([]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert len(out) == len(Settings.variables())
+    assert len([line for line in out if not line.startswith("#")]) == len(Settings.variables())
     lines = {line.split("=")[0]: line for line in out}
+    # Then what each model stage computes in, resolved as a node resolves it (no model loaded).
+    assert out[-6:-5] == ["# what each model stage computes in here:"]
+    assert [line.split(":")[0] for line in out[-5:]] == [f"# {stage}" for stage in MODEL_STAGES]
     assert re.fullmatch(r"EMBED_MAX_BATCH=8 +# set \(default: 16\)", lines["EMBED_MAX_BATCH"])
     assert re.fullmatch(r"NPROBE=64 +# set, equal to the default", lines["NPROBE"])
     assert re.fullmatch(r"TOTAL_NODES=3 +# default", lines["TOTAL_NODES"])
@@ -250,7 +254,7 @@ def test_python_m_pipeline_config_prints_every_problem_and_exits_2(monkeypatch, 
     ("EMBED_MAX_BACH", "EMBED_MAX_BATCH"),
     ("RERANK_BATCH", "RERANK_MAX_BATCH"),  # one of our stage words
     ("SENTIMENT_MAXWAIT", "SENTIMENT_MAX_WAIT_MS"),
-    ("FOO_DTYPE", None),  # one of our endings: some *_DTYPE is named
+    ("FOO_PRECISION", None),  # one of our endings: some *_PRECISION is named
     ("HF_HUB_OFLINE", "HF_HUB_OFFLINE"),  # huggingface's prefix, but very close to ours
     ("REQEST_TIMEOUT_S", "REQUEST_TIMEOUT_S"),
     ("NODE_01_IP", None),  # not one of NODE_<n>_IP (no leading zeros)
@@ -370,7 +374,7 @@ def test_the_settings_command_describes_a_five_node_topology_with_shards_and_rep
     c = Settings.from_env(env).cluster
     assert c.replicas(0) == (2, 4) and c.replicas(1) == (3,)  # two shards, shard 0 on two replicas
     assert main([]) == 0
-    lines = {line.split("=", 1)[0]: line for line in capsys.readouterr().out.splitlines()}
+    lines = {line.split("=", 1)[0]: line for line in capsys.readouterr().out.splitlines() if not line.startswith("#")}
     assert lines["NODE_3_IP"].endswith("# set (default: 127.0.0.1:8003)")
     assert lines["NODE_4_IP"].endswith("# set, equal to the default")
     assert lines["TOTAL_NODES"].endswith("# set (default: 3)")

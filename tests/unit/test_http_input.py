@@ -132,8 +132,26 @@ def test_no_token_configured_means_no_check():
 def test_search_body_rules(body, field):
     from services.server.errors import ApiError
     with pytest.raises(ApiError) as err:
-        parse_search_body(body, dim=4)
+        parse_search_body(body, dim=4, max_queue=256)
     assert err.value.status == 400 and err.value.field == field
+
+
+def test_search_takes_one_limit_on_vectors_the_smaller_of_the_body_rule_and_the_queue_naming_its_source():
+    from services.roles.index.search import MAX_SEARCH_VECTORS
+    from services.server.errors import ApiError
+    queue = Settings.from_env({}).batching("index").max_queue  # what node 2's batching queue holds (256)
+    assert queue < MAX_SEARCH_VECTORS
+    vectors, _ = parse_search_body({"embeddings": [[0.5] * 4] * queue, "k": 2}, dim=4, max_queue=queue)
+    assert vectors.shape == (queue, 4)
+    with pytest.raises(ApiError) as err:
+        parse_search_body({"embeddings": [[0.5] * 4] * 300, "k": 2}, dim=4, max_queue=queue)
+    assert err.value.status == 400 and err.value.field == "embeddings"
+    assert err.value.message == (f"'embeddings' holds 300 vectors; at most {queue} are accepted "
+                                 f"(STAGE_MAX_QUEUE: the index's batching queue holds {queue})")
+    with pytest.raises(ApiError) as err:  # a queue above the body rule: the body rule is the limit
+        parse_search_body({"embeddings": [[0.5] * 4] * (MAX_SEARCH_VECTORS + 1)}, dim=4, max_queue=4096)
+    assert err.value.message == (f"'embeddings' holds {MAX_SEARCH_VECTORS + 1} vectors; at most "
+                                 f"{MAX_SEARCH_VECTORS} are accepted (MAX_SEARCH_VECTORS, the /search body's rule)")
 
 
 def test_settings_keep_the_token_out_of_repr_and_errors():

@@ -169,9 +169,9 @@ def test_queue_wait_and_tpot_histograms_move_as_requests_pass():
 
 def test_node_info_is_one_with_its_labels():
     m = samples(InfoCollector(lambda: {"node": "1", "role": "worker", "model_source": "standin:tiny",
-                                       "precision": "exact", "dtype": "float32", "version": "0.1.0"}))
-    assert m[("rag_node_info", (("dtype", "float32"), ("model_source", "standin:tiny"), ("node", "1"),
-                                ("precision", "exact"), ("role", "worker"), ("version", "0.1.0")))] == 1
+                                       "precision": "auto", "version": "0.1.0"}))
+    assert m[("rag_node_info", (("model_source", "standin:tiny"), ("node", "1"),
+                                ("precision", "auto"), ("role", "worker"), ("version", "0.1.0")))] == 1
 
 
 def test_gateway_families_separate_local_work_from_forwards_and_count_admission():

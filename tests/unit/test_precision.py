@@ -17,7 +17,7 @@ from pipeline.docstore import Document
 from pipeline.generator import GenerationRequest
 from pipeline.kernels.batch_invariance import BATCH_INVARIANT_ATTENTION, RowInvariantLinear
 from pipeline.kernels.int8 import Int8DynamicLinear, Int8WeightLinear, quantize_rows
-from pipeline.precision import FAST, LOAD_DTYPE
+from pipeline.precision_policy import FAST, LOAD_DTYPE
 from pipeline.reranker import RerankRequest
 
 # Every variant the policy may pick on a CPU; alone and batched must agree to the last bit in each.
@@ -35,12 +35,12 @@ def _placement(env: dict, stage: str, bf16: bool = True, amx: bool = False, **de
                          **{**CPU, **detectors})
 
 
-def test_exact_is_todays_dtype_and_fast_follows_the_hardware_table():
-    assert _placement({"DTYPE": "auto"}, "generate") == Placement("cpu", "bfloat16", "bfloat16")
-    assert _placement({"DTYPE": "auto"}, "generate", bf16=False) == Placement("cpu", "float32", "float32")
+def test_auto_is_bfloat16_where_the_cpu_has_it_and_fast_follows_the_hardware_table():
+    assert _placement({}, "generate") == Placement("cpu", "bfloat16", "bfloat16")  # auto, the default
+    assert _placement({"PRECISION": "auto"}, "generate", bf16=False) == Placement("cpu", "float32", "float32")
     for bf16, amx, kind in ((True, True, "cpu-amx"), (True, False, "cpu-bf16"), (False, False, "cpu")):
         for stage, variant in FAST[kind].items():
-            p = _placement({"PRECISION": "fast", "DTYPE": "float32"}, stage, bf16=bf16, amx=amx)
+            p = _placement({"PRECISION": "fast"}, stage, bf16=bf16, amx=amx)
             assert (p.precision, p.dtype) == (variant, LOAD_DTYPE[variant])
     assert FAST["cpu-amx"]["sentiment"] != FAST["cpu-bf16"]["sentiment"]  # the rows differ: AMX is told apart
     cuda = placement_for(Settings.from_env({"PRECISION": "fast"}), "embed", cuda_available=lambda: True,
@@ -48,8 +48,8 @@ def test_exact_is_todays_dtype_and_fast_follows_the_hardware_table():
     assert (cuda.device, cuda.precision) == ("cuda", FAST["cuda"]["embed"])
 
 
-def test_per_stage_precision_overrides_precision_and_dtype():
-    env = {"PRECISION": "fast", "DTYPE": "float32", "RERANK_PRECISION": "exact", "EMBED_PRECISION": "int8-weight",
+def test_per_stage_precision_overrides_precision():
+    env = {"PRECISION": "fast", "RERANK_PRECISION": "float32", "EMBED_PRECISION": "int8-weight",
            "SENTIMENT_PRECISION": "BFloat16"}
     assert _placement(env, "rerank") == Placement("cpu", "float32", "float32")
     assert _placement(env, "embed") == Placement("cpu", "bfloat16", "int8-weight")
@@ -61,11 +61,25 @@ def test_per_stage_precision_overrides_precision_and_dtype():
 
 
 def test_bad_precision_values_are_one_line_errors_naming_the_variable():
-    with pytest.raises(ConfigError, match=r"^PRECISION='int8' is not valid: expected one of exact, fast$"):
+    with pytest.raises(ConfigError, match=r"^PRECISION='int8' is not valid: expected one of auto, fast, float32, "
+                                          r"bfloat16, float16, int8-dynamic, int8-weight$"):
         Settings.from_env({"PRECISION": "int8"})
-    with pytest.raises(ConfigError, match=r"^GENERATE_PRECISION='float16' is not valid: expected one of exact, "
+    with pytest.raises(ConfigError, match=r"^GENERATE_PRECISION='float16' is not valid on the CPU: expected auto, "
                                           r"fast, float32, bfloat16, int8-dynamic, int8-weight$"):
-        Settings.from_env({"GENERATE_PRECISION": "float16"})
+        _placement({"GENERATE_PRECISION": "float16"}, "generate")
+
+
+@pytest.mark.parametrize("env,named,instead", [
+    ({"DTYPE": "float32"}, "DTYPE='float32'", "set PRECISION instead"),
+    ({"RERANK_DTYPE": "bfloat16"}, "RERANK_DTYPE='bfloat16'", "set RERANK_PRECISION instead"),
+    ({"PRECISION": "exact"}, "PRECISION='exact'", "'exact' was removed: use auto"),
+    ({"EMBED_PRECISION": "exact"}, "EMBED_PRECISION='exact'", "'exact' was removed: use auto"),
+])
+def test_the_removed_dtype_settings_and_exact_refuse_to_start_naming_what_replaced_them(env, named, instead):
+    with pytest.raises(ConfigError) as error:
+        Settings.from_env(env)
+    assert len(error.value.problems) == 1
+    assert error.value.problems[0].startswith(named) and instead in error.value.problems[0]
 
 
 def test_a_variant_the_device_cannot_run_is_refused_at_startup():
@@ -73,12 +87,12 @@ def test_a_variant_the_device_cannot_run_is_refused_at_startup():
            "cuda_int8": lambda: False}
     s = Settings.from_env({"GENERATE_PRECISION": "int8-dynamic"})
     with pytest.raises(ConfigError, match=r"^GENERATE_PRECISION='int8-dynamic' is not valid on this CUDA device: "
-                                          r"expected exact, fast or float32$"):
+                                          r"expected auto, fast, float32, float16$"):
         placement_for(s, "generate", bf16_cpu=lambda: True, **gpu)
     with pytest.raises(ConfigError, match="PRECISION='bfloat16' is not valid on this CUDA device"):
-        placement_for(Settings.from_env({"PRECISION": "exact", "EMBED_PRECISION": "bfloat16"}), "embed",
+        placement_for(Settings.from_env({"EMBED_PRECISION": "bfloat16"}), "embed",
                       bf16_cpu=lambda: True, **gpu)
-    # fast on that GPU falls back to exact (DTYPE=auto: float16 there), not to an error
+    # fast on that GPU falls back to auto's choice (float16 there), not to an error
     assert placement_for(Settings.from_env({"PRECISION": "fast"}), "embed", bf16_cpu=lambda: True,
                          **gpu) == Placement("cuda", "float16", "float16")
 

@@ -73,6 +73,6 @@ class IndexRole(Role):
             service = self.service.require()
             dim = service.index.dim
             body = read_json_object(MAX_SEARCH_BODY_BYTES, max_values=max_search_values(dim))
-            vectors, k = parse_search_body(body, dim)
+            vectors, k = parse_search_body(body, dim, service.max_queue)
             ids, distances = service.search(vectors, k, timeout_s)
             return jsonify({"ids": ids, "distances": distances})

@@ -38,6 +38,7 @@ class IndexQuery:
 class IndexService:
     def __init__(self, index: VectorIndex, *, max_size: int, max_wait_ms: float, max_queue: int):
         self.index = index
+        self.max_queue = max_queue
         self.batcher = BatchingService("index", stage_spans.noting_batches(self._search_batch), max_size=max_size,
                                        max_wait_ms=max_wait_ms, max_queue=max_queue)
 
@@ -66,11 +67,7 @@ class IndexService:
         return [r[0] for r in results], [r[1] for r in results]
 
     def _submit(self, items: list) -> list:
-        try:
-            return self.batcher.submit_many(items)
-        except ValueError as exc:  # more vectors than the queue can ever hold (Overloaded is a 503)
-            raise ApiError(400, f"'embeddings' holds too many vectors for this server: {exc}",
-                           field="embeddings") from None
+        return self.batcher.submit_many(items)  # parse_search_body kept the count within the queue
 
     @staticmethod
     def _gather(futures, deadline: float) -> list:
@@ -95,16 +92,27 @@ def _finite(x: int | float) -> bool:
         return False
 
 
-def parse_search_body(body: dict, dim: int) -> tuple[np.ndarray, int]:
-    """Validate {"embeddings": [[dim floats], ...], "k": int}; ApiError(400) naming the problem."""
+def search_vector_limit(max_queue: int) -> tuple[int, str]:
+    """The most vectors one /search takes, and where that limit comes from: the body's rule, or
+    the index's batching queue (STAGE_MAX_QUEUE) where that is smaller, since a call's vectors
+    must all fit in the queue at once."""
+    if max_queue < MAX_SEARCH_VECTORS:
+        return max_queue, f"STAGE_MAX_QUEUE: the index's batching queue holds {max_queue}"
+    return MAX_SEARCH_VECTORS, "MAX_SEARCH_VECTORS, the /search body's rule"
+
+
+def parse_search_body(body: dict, dim: int, max_queue: int) -> tuple[np.ndarray, int]:
+    """Validate {"embeddings": [[dim floats], ...], "k": int}; ApiError(400) naming the problem.
+    `max_queue`: the index's batching queue (search_vector_limit)."""
     k = body.get("k", spec.TOP_K)  # the contract's k when a caller leaves it out
     if type(k) is not int or not 1 <= k <= MAX_K:
         raise ApiError(400, f"'k' must be an integer from 1 to {MAX_K}", field="k")
     rows = body.get("embeddings")
     if not isinstance(rows, list) or not rows:
         raise ApiError(400, "'embeddings' must be a non-empty list of vectors", field="embeddings")
-    if len(rows) > MAX_SEARCH_VECTORS:
-        raise ApiError(400, f"'embeddings' holds {len(rows)} vectors; the limit is {MAX_SEARCH_VECTORS}",
+    limit, source = search_vector_limit(max_queue)
+    if len(rows) > limit:
+        raise ApiError(400, f"'embeddings' holds {len(rows)} vectors; at most {limit} are accepted ({source})",
                        field="embeddings")
     for i, row in enumerate(rows):
         if not isinstance(row, list) or len(row) != dim:

@@ -10,6 +10,7 @@ from flask import Flask, g, jsonify
 from pipeline import spec
 from pipeline.config import Settings
 from pipeline.config.checks import MAX_INTERNAL_TIMEOUT_S
+from pipeline.device import describe_placement
 from pipeline.stages import Stages
 from services.cluster.sharded_index import ShardedIndexClient
 from services.roles.base import SPARE_HTTP_THREADS, Role
@@ -77,6 +78,8 @@ class WorkerRole(Role):
         source = resolve_model_source(settings)
         self._model_source = source.describe()
         started = time.monotonic()
+        for stage in spec.MODEL_STAGES:  # what each stage computes in, and why, before the slow load
+            log.info("node %d computes %s", self.node, describe_placement(settings, stage))
         stages = Stages.load(settings, source)
         stages.warm_up()
         index = ShardedIndexClient.from_cluster(settings.cluster, read_timeout_s=settings.search.timeout_s)

@@ -1,0 +1,115 @@
+"""Which precision variant each model stage runs, decided from the settings and the hardware
+without torch or a model (so `./run.sh settings` can print it); the variants themselves are
+pipeline/precision.py.
+
+``PRECISION`` (per stage ``<STAGE>_PRECISION``) names what a stage computes in: a variant
+(``float32``, ``bfloat16``, ``float16``, ``int8-dynamic``, ``int8-weight``) or a policy:
+``auto`` = bfloat16 on a CPU with avx512_bf16 or AMX and on a GPU with bf16, float32 on other
+CPUs, float16 on a GPU without bf16; ``fast`` = the per-hardware table :data:`FAST`.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pipeline.config import CUDA_ONLY_VARIANTS, PRECISION_POLICIES, PRECISION_VARIANTS, ConfigError
+
+CPU_AMX, CPU_BF16, CPU_PLAIN, CUDA = "cpu-amx", "cpu-bf16", "cpu", "cuda"
+
+# Chosen by measurement (speed, memory, fidelity per stage and variant; it writes the choice as an
+# env file). Re-measure with
+#   MODEL_SOURCE=standin STANDIN_PROFILE=faithful ONLY_CPU=true TORCH_THREADS=2 \
+#     python -m profiling.select_variants --rounds 2
+# The cpu-bf16 row: faithful stand-ins, 2-core AMD EPYC with avx512_bf16, quiet machine, 2 rounds
+# (docs/performance.md, "Precision variants"); batch time vs float32, fidelity vs float32:
+#   embed     int8-dynamic 2.53x (bfloat16 2.21x), cosine min 0.9989
+#   rerank    bfloat16 1.77x; int8-dynamic 1.93x but top-3 agreement 0.875 < 0.9 on random weights
+#   sentiment int8-dynamic 1.76x (bfloat16 1.56x), labels 8/8
+#   toxicity  bfloat16 1.95x vs int8-dynamic 1.85x (within noise), labels 8/8
+#   generate  STILL PROVISIONAL: on random-weight stand-ins no cheaper variant keeps greedy answers
+#             equal to float32 (near-tied logits), so the rule picks float32 there; int8-dynamic is
+#             kept for speed (the whole-service runs in docs/performance.md); every variant is
+#             batch-invariant (tests/unit/test_precision.py). Rerun with the real model before trusting it.
+# The cpu-amx row: a 2-core Intel Xeon with AMX (amx_bf16, amx_int8), faithful stand-ins, 1 thread
+# (docs/performance.md, "Precision on the AMX Xeon"). Encoders by select_variants --rounds 2 --repeat 3
+# (batch of 8 vs float32): embed bfloat16 3.03x (int8-dynamic 2.27x; alone int8 25 ms vs bf16 38),
+# sentiment bfloat16 3.50x (int8-dynamic 1.72x), toxicity bfloat16 3.80x (int8-dynamic 1.62x), all
+# labels equal and cosine >= 0.9988; rerank bfloat16 3.74x vs int8-dynamic 1.26x (one round, busy).
+# generate per decode step at 1 / 8 / 16 sequences (bench_decode, "Decode step: fused int8 and
+# loop-free attention"): int8-dynamic 65 / 120 / 160 ms, bfloat16 142 / 161 / 178, int8-weight
+# 94 / 220 / 376: the bytes of weights read per step decide here, and AMX's bf16 tiles do not.
+# The plain-CPU row (no avx512_bf16, no AMX) and the CUDA row were never measured: guesses, int8-dynamic
+# where bf16 is emulated and bfloat16 on a GPU. PRECISION's help says so.
+FAST: dict[str, dict[str, str]] = {
+    CPU_AMX: {"embed": "bfloat16", "rerank": "bfloat16", "generate": "int8-dynamic",
+              "sentiment": "bfloat16", "toxicity": "bfloat16"},
+    CPU_BF16: {"embed": "int8-dynamic", "rerank": "bfloat16", "generate": "int8-dynamic",
+               "sentiment": "int8-dynamic", "toxicity": "bfloat16"},
+    CPU_PLAIN: {"embed": "int8-dynamic", "rerank": "int8-dynamic", "generate": "int8-dynamic",
+                "sentiment": "int8-dynamic", "toxicity": "int8-dynamic"},
+    CUDA: {"embed": "bfloat16", "rerank": "bfloat16", "generate": "bfloat16",
+           "sentiment": "bfloat16", "toxicity": "bfloat16"},
+}
+# The dtype a variant's model is loaded in before its Linears are converted.
+LOAD_DTYPE = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "int8-dynamic": "float32",
+              "int8-weight": "bfloat16"}
+# How each hardware kind reads in a sentence.
+HARDWARE_WORDS = {CPU_AMX: "a CPU with AMX", CPU_BF16: "a CPU with avx512_bf16 and no AMX",
+                  CPU_PLAIN: "a CPU without avx512_bf16 or AMX", CUDA: "a CUDA GPU"}
+
+
+def hardware_kind(device: str, bf16_cpu: Callable[[], bool], amx_cpu: Callable[[], bool]) -> str:
+    if device == "cuda":
+        return CUDA
+    if amx_cpu():
+        return CPU_AMX
+    return CPU_BF16 if bf16_cpu() else CPU_PLAIN
+
+
+def _cuda_int8() -> bool:
+    import torch
+    return torch.cuda.get_device_capability() >= (7, 5)  # int8 tensor cores, which _int_mm needs
+
+
+def _cuda_bf16() -> bool:
+    import torch
+    return torch.cuda.is_bf16_supported()
+
+
+def supported_variants(device: str, *, cuda_int8: Callable[[], bool] = _cuda_int8,
+                       cuda_bf16: Callable[[], bool] = _cuda_bf16) -> tuple[str, ...]:
+    """What this device can run; every variant but float16 runs on a CPU (bf16 ones slowly without
+    avx512_bf16; float16 is several times slower than float32 there, so it is refused)."""
+    if device != "cuda":
+        return PRECISION_VARIANTS
+    bf16 = cuda_bf16()
+    allowed = {"float32": True, "bfloat16": bf16, "float16": True, "int8-dynamic": cuda_int8(), "int8-weight": bf16}
+    return tuple(v for v in PRECISION_VARIANTS[:2] + CUDA_ONLY_VARIANTS + PRECISION_VARIANTS[2:] if allowed[v])
+
+
+def auto_variant(device: str, *, bf16_cpu: Callable[[], bool], cuda_bf16: Callable[[], bool] = _cuda_bf16) -> str:
+    """PRECISION=auto: bfloat16 where the hardware computes it natively, else float32 on a CPU
+    and float16 on a GPU."""
+    if device == "cuda":
+        return "bfloat16" if cuda_bf16() else "float16"
+    return "bfloat16" if bf16_cpu() else "float32"
+
+
+def resolve_variant(requested: str, stage: str, device: str, variable: str, *,
+                    bf16_cpu: Callable[[], bool], amx_cpu: Callable[[], bool], **cuda_detectors) -> str:
+    """The variant a stage runs for PRECISION `requested` (read from `variable`).
+
+    `auto` and `fast` pick per hardware (`fast` falls back to auto's choice where this device
+    cannot run the table's entry); a variant asked for by name that the device cannot run is a
+    ConfigError naming `variable`."""
+    supported = supported_variants(device, **cuda_detectors)
+    auto = {k: v for k, v in cuda_detectors.items() if k == "cuda_bf16"}
+    if requested == "auto":
+        return auto_variant(device, bf16_cpu=bf16_cpu, **auto)
+    if requested == "fast":
+        variant = FAST[hardware_kind(device, bf16_cpu, amx_cpu)][stage]
+        return variant if variant in supported else auto_variant(device, bf16_cpu=bf16_cpu, **auto)
+    if requested not in supported:
+        where = "the CPU" if device != "cuda" else "this CUDA device"
+        raise ConfigError(f"{variable}={requested!r} is not valid on {where}: expected "
+                          f"{', '.join(PRECISION_POLICIES + supported)}")
+    return requested
