@@ -49,10 +49,11 @@ class Check:
 
     def run(self, name: str, argv: list[str], env: dict | None = None) -> None:
         """`python -m argv...`, its output in OUT/name.log; raises where it fails or outlives the budget."""
+        timeout = self.left()
         with open(self.out / f"{name}.log", "w") as log:
             print(f"[gpu_check] {name}: python -m {' '.join(argv)}", flush=True)
             done = subprocess.run([sys.executable, "-m", *argv], cwd=ROOT, env=env or self.env, stdout=log,
-                                  stderr=subprocess.STDOUT, timeout=self.left())
+                                  stderr=subprocess.STDOUT, timeout=timeout)
         if done.returncode:
             raise RuntimeError(f"{name} exited {done.returncode}: see {self.out / (name + '.log')}")
 
