@@ -3,8 +3,8 @@
     python -m profiling.bench_chunked_attention [--rows 1,8,16,32] [--widths 330,1000] [--repeat 20] [--threads 2]
 
 Prints the fastest time (the machine is shared: the minimum is the least noisy) of one layer's decode attention and of 24 layers (Qwen2.5-0.5B's depth) per
-step, for the generator's per-row SDPA loop (pipeline/kernels/batch_invariance.py) and for
-:func:`pipeline.kernels.chunked_attention.chunked_attention`, interleaved, plus the largest
+step, for the generator's per-row SDPA loop (pipeline/kernels/batch_invariance.py) and for the two
+forms of pipeline/kernels/chunked_attention.py (flash chunks, the CPU's; matmul chunks), interleaved, plus the largest
 difference of the two from float64 attention. Shapes are Qwen2.5-0.5B's: 14 query heads over 2
 key/value heads of 64; rows are padded by up to 80 keys, as a running batch is.
 """
@@ -16,7 +16,7 @@ import time
 import torch
 
 from pipeline.kernels.batch_invariance import _batch_invariant_sdpa
-from pipeline.kernels.chunked_attention import chunked_attention, chunked_sdpa
+from pipeline.kernels.chunked_attention import flash_chunked_attention, matmul_chunked_attention
 
 HEADS, KV_HEADS, DIM, LAYERS, SCALING = 14, 2, 64, 24, 0.125
 
@@ -54,8 +54,8 @@ def measure(rows: int, width: int, dtype: torch.dtype, repeat: int) -> dict[str,
     layer, row_mask = _Layer(), (mask if rows > 1 else None)
     calls = {"per-row SDPA": lambda: _batch_invariant_sdpa(layer, query, key, value, row_mask, scaling=SCALING,
                                                            dropout=0.0)[0].transpose(1, 2),
-             "chunked": lambda: chunked_attention(query, key, value, mask, scaling=SCALING),
-             "chunked sdpa": lambda: chunked_sdpa(query, key, value, mask, scaling=SCALING)}
+             "flash chunks": lambda: flash_chunked_attention(query, key, value, mask, scaling=SCALING),
+             "matmul chunks": lambda: matmul_chunked_attention(query, key, value, mask, scaling=SCALING)}
     errors = {name: error(call(), query, key, value, mask) for name, call in calls.items()}
     samples: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(repeat):
@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} thread(s); fastest of the interleaved calls per layer (us) and x{LAYERS} layers (ms); "
           f"max |error| against float64")
-    print(f"{'dtype':>9} {'keys':>5} {'rows':>5} | {'per-row us':>10} {'x24 ms':>7} {'error':>8} | "
-          f"{'chunked us':>10} {'x24 ms':>7} {'error':>8}")
+    print(f"{'dtype':>9} {'keys':>5} {'rows':>5} | " + " | ".join(f"{name:>10} us {'x24 ms':>7} {'error':>8}" for name in
+                                                              ("per-row", "flash", "matmul")))
     with torch.inference_mode():
         for dtype in (torch.float32, torch.bfloat16):
             for width in (int(w) for w in args.widths.split(",")):
