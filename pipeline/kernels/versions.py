@@ -5,9 +5,10 @@ minor release:
 
 * torch: `torch._int_mm`, `torch._weight_int8pack_mm`, `torch._make_per_channel_quantized_tensor`,
   `torch.ops.quantized.linear_prepack` / `linear_dynamic` / `linear_unpack` (pipeline.kernels.int8,
-  pipeline.kernels.fbgemm), `torch.ops.mkldnn._linear_pointwise` and the row-count-dependent
-  summation of the float GEMMs and of SDPA's CPU kernel that pipeline.kernels.batch_invariance
-  works around.
+  pipeline.kernels.fbgemm), `torch.ops.mkldnn._linear_pointwise`,
+  `torch.ops.aten._scaled_dot_product_flash_attention_for_cpu` and its log-sum-exp
+  (pipeline.kernels.chunked_attention), and the row-count-dependent summation of the float GEMMs
+  and of SDPA's CPU kernel that pipeline.kernels.batch_invariance works around.
 * transformers: `AttentionInterface`, `integrations.sdpa_attention.sdpa_attention_forward`,
   `masking_utils.ALL_MASK_ATTENTION_FUNCTIONS` and `sdpa_mask` (and which masks they pass)
   (pipeline.kernels.batch_invariance), `cache_utils.DynamicLayer` (pipeline.continuous.runner).
@@ -24,9 +25,10 @@ from packaging.version import InvalidVersion, Version
 
 from pipeline.config import ConfigError
 
-# torch: 2.13.0 only (tests/unit/test_precision.py, test_int8_kernels.py, test_continuous.py and
-# test_stages.py pass); the next minor may move or drop any of the private ops.
-TORCH_VERIFIED = ">=2.13,<2.14"
+# torch: 2.11.0, 2.12.0 and 2.13.0, the releases GPU images ship (tests/unit/test_int8_kernels.py,
+# test_fused_int8.py, test_kernel_versions.py, test_precision.py, test_continuous.py, test_stages.py and
+# test_chunked_attention.py pass with each, on the CPU); the next minor may move or drop any of the private ops.
+TORCH_VERIFIED = ">=2.11,<2.14"
 # transformers: 5.0.0, 5.12.1 and 5.24.0, the newest release when checked (test_precision.py,
 # test_continuous.py and test_stages.py pass). Not <6: 5.x removes things in minor releases (the
 # `past_key_values` argument pipeline.continuous.runner passes is to go in 5.40), and the attention
