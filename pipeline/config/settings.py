@@ -82,6 +82,7 @@ class Settings:
     limits: s.LimitsSettings = _section(s.LimitsSettings)
     gateway: s.GatewaySettings = _section(s.GatewaySettings)
     http: s.HttpSettings = _section(s.HttpSettings)
+    api: s.ApiSettings = _section(s.ApiSettings)
     observability: s.ObservabilitySettings = _section(s.ObservabilitySettings)
 
     # ----------------------------------------------------------------- building

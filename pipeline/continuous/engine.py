@@ -12,6 +12,7 @@ from typing import Any
 
 from pipeline.continuous.runner import ModelRunner
 from pipeline.continuous.scheduler import Scheduler, SequenceState
+from pipeline.stop_strings import first_stop, truncate
 
 
 @dataclass
@@ -45,24 +46,37 @@ class ContinuousEngine:
         self.max_new_tokens = config.max_new_tokens
         self.scheduler = Scheduler(max_seqs=max_seqs, max_tokens=max_tokens, prefill_chunk=prefill_chunk,
                                    eos_ids=self.eos_ids,
-                                   prefix_ids=generator.prompt_head_ids() if prefix_cache else ())
+                                   prefix_ids=generator.prompt_head_ids() if prefix_cache else (),
+                                   stopped=self._reached_stop)
         self.runner = ModelRunner(generator.model, repetition_penalty=config.repetition_penalty or 1.0,
                                   device=generator.placement.device)
 
-    def add_prompt(self, prompt: str, payload: Any = None, max_new_tokens: int | None = None) -> SequenceState:
+    def add_prompt(self, prompt: str, payload: Any = None, max_new_tokens: int | None = None,
+                   sampling: Any = None) -> SequenceState:
+        """sampling: a pipeline.sampling_params.Sampling (None: greedy, no stop strings)."""
         ids = self.generator.tokenizer(prompt)["input_ids"]
         cap = self.max_new_tokens if max_new_tokens is None else max_new_tokens
         seq = self.scheduler.new_sequence(ids, cap, payload)
+        seq.sampling = sampling
         self.scheduler.add(seq)
         return seq
 
     def add(self, request, payload: Any = None) -> SequenceState:
         """Queue a GenerationRequest; its max_new_tokens (None: the generation config's) caps the answer."""
         return self.add_prompt(self.generator.prompt(request.query, request.documents), payload,
-                               request.max_new_tokens)
+                               request.max_new_tokens, getattr(request, "sampling", None))
 
     def text(self, seq: SequenceState) -> str:
-        return self.generator.tokenizer.decode(seq.generated, skip_special_tokens=True)
+        """The answer: its tokens' text, up to (not including) the first of its stop strings."""
+        text = self.generator.tokenizer.decode(seq.generated, skip_special_tokens=True)
+        return truncate(text, seq.sampling.stop) if seq.sampling is not None else text
+
+    def _reached_stop(self, seq: SequenceState) -> bool:
+        # The whole text each token (at most a few hundred tokens): a stop string may span tokens.
+        if seq.sampling is None or not seq.sampling.stop:
+            return False
+        text = self.generator.tokenizer.decode(seq.generated, skip_special_tokens=True)
+        return first_stop(text, seq.sampling.stop) is not None
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()

@@ -29,6 +29,7 @@ class SequenceState:
     prompt_ids: list[int]
     max_new_tokens: int
     payload: Any = None  # the caller's handle; the scheduler never looks inside
+    sampling: Any = None  # its pipeline.sampling_params.Sampling (None: greedy); the runner reads it
     generated: list[int] = field(default_factory=list)
     prefilled: int = 0  # prompt tokens already in this sequence's cache
     # Leading prompt tokens that are the scheduler's prefix (its ids exactly); 0: the prompt does not start with it.
@@ -88,9 +89,10 @@ class Scheduler:
 
     def __init__(self, *, max_seqs: int, max_tokens: int, prefill_chunk: int,
                  eos_ids: frozenset[int] = frozenset(), clock: Callable[[], float] = time.monotonic,
-                 prefix_ids: Sequence[int] = ()):
+                 prefix_ids: Sequence[int] = (), stopped: Callable[[SequenceState], bool] | None = None):
         """prefix_ids: the token ids every prompt is expected to start with, whose KV is computed once
-        and reused (empty: no prefix cache, and prompts are cut only at multiples of prefill_chunk)."""
+        and reused (empty: no prefix cache, and prompts are cut only at multiples of prefill_chunk).
+        stopped: whether a sequence's text has reached one of its stop strings (it then finishes)."""
         if max_seqs < 1 or max_tokens < 1 or prefill_chunk < 1:
             raise ValueError("max_seqs, max_tokens and prefill_chunk must be >= 1")
         self.max_seqs = max_seqs
@@ -98,6 +100,7 @@ class Scheduler:
         self.prefill_chunk = prefill_chunk
         self.eos_ids = frozenset(eos_ids)
         self._clock = clock
+        self._stopped = stopped
         self.prefix_ids = list(prefix_ids)
         self.prefix_cached = False  # the runner holds the prefix's KV
         # Prefix cache totals: prefills that started from the prefix KV, prefills that started at
@@ -220,7 +223,8 @@ class Scheduler:
 
     def _append(self, seq: SequenceState, token: int) -> None:
         seq.generated.append(token)
-        if token in self.eos_ids or len(seq.generated) >= seq.max_new_tokens:
+        if token in self.eos_ids or len(seq.generated) >= seq.max_new_tokens or \
+                (self._stopped is not None and self._stopped(seq)):
             seq.finished = True
 
     def drop(self, seq: SequenceState) -> None:

@@ -23,6 +23,7 @@ import numpy as np
 import requests
 from requests.adapters import HTTPAdapter
 
+from pipeline.sampling_params import Sampling
 from services.cluster.abortable import AbortableCalls
 from services.server import sse, tracing
 from services.server.errors import (
@@ -215,11 +216,11 @@ class WorkerClient:
         self._calls.abort(make_error)
 
     def stream(self, request_id: str, query: str, timeout_s: float,
-               max_new_tokens: int | None = None) -> Iterator[str | dict]:
+               max_new_tokens: int | None = None, sampling: Sampling | None = None) -> Iterator[str | dict]:
         """The worker's answer stream (services.server.stream_response), relayed as each event
         arrives: text pieces, then the reply. Errors before the first event are raised here as
         answer() raises them; a stream that ends in an error event raises its typed error."""
-        response = self._calls.call(self._post, request_id, query, timeout_s, max_new_tokens, True)
+        response = self._calls.call(self._post, request_id, query, timeout_s, max_new_tokens, True, sampling)
         self._calls.hold(response)
         return self._relay(response)
 
@@ -249,7 +250,7 @@ class WorkerClient:
         return self._post(request_id, query, timeout_s, max_new_tokens).json()
 
     def _post(self, request_id: str, query: str, timeout_s: float, max_new_tokens: int | None = None,
-              stream: bool = False) -> requests.Response:
+              stream: bool = False, sampling: Sampling | None = None) -> requests.Response:
         """The POST, its status checked (an error status raises its typed error); with `stream`, the
         worker is asked for its answer stream and the body is left unread."""
         # The time left goes along, so node 1 gives up (and cancels its queued work) when we do.
@@ -258,6 +259,8 @@ class WorkerClient:
             body["max_new_tokens"] = max_new_tokens
         if stream:
             body["stream"] = True
+        if sampling is not None:
+            body["sampling"] = sampling.to_json()
         # The caller's X-Request-ID (this thread serves its /query), so node 1 logs the same id.
         trace = current_request_id.get()
         url = f"{self.base_url}/internal/answer"

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from pipeline.config.sections import GatewaySettings
+from pipeline.sampling_params import Sampling
 from services.roles.caches import LruCache, ResponseCache
 from services.roles.gateway.idempotency import Idempotency
 from services.roles.gateway.probing import HealthProber
@@ -45,11 +46,11 @@ class Gateway:
                                lambda deadline: self._compute(request_id, query, deadline, max_new_tokens))
 
     def answer_stream(self, request_id: str, query: str, timeout_s: float,
-                      max_new_tokens: int | None = None) -> Iterator[str | dict]:
+                      max_new_tokens: int | None = None, sampling: Sampling | None = None) -> Iterator[str | dict]:
         """answer() as a stream: text pieces as a worker generates them, then the reply. The request_id
         rules apply as to answer(); the reply cache answers a hit but does not keep streamed replies."""
         return self.ids.answer_stream(request_id, query, timeout_s, lambda deadline: self.router.forward_stream(
-            request_id, query, deadline, max_new_tokens))
+            request_id, query, deadline, max_new_tokens, sampling))
 
     def _compute(self, request_id: str, query: str, deadline: float, max_new_tokens: int | None) -> dict:
         """The id's own computation: the reply cache when it is on (its hit, or the same question

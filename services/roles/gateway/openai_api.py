@@ -3,8 +3,7 @@
 `POST /v1/chat/completions`: `parse_chat_request` turns a body into a `ChatRequest` (the last
 user message is the query; the contract's prompt is fixed, so earlier messages do not reach the
 model) or raises an `OpenAIError`. Parameters that would change the answer and that this service
-cannot honour (n > 1, sampling, penalties, tools, stop sequences, logprobs, structured output)
-are refused with a 400 naming them rather than ignored; fields it does not know are ignored, as
+cannot honour (n > 1, tools, logprobs, structured output) are refused with a 400 naming them rather than ignored; fields it does not know are ignored, as
 OpenAI's own servers do for clients that send extras. `completion` builds the reply; `chunk` and
 its helpers the `stream: true` objects, sent as SSE `data:` events and closed by `data: [DONE]`.
 Both carry the sentiment and toxicity in an extra top-level `rag` field that OpenAI clients ignore.
@@ -87,7 +86,8 @@ class ChatRequest:
     include_usage: bool  # stream_options.include_usage: a usage chunk before [DONE]
 
 
-def parse_chat_request(body: object, *, max_tokens_limit: int, model_id: str) -> ChatRequest:
+def parse_chat_request(body: object, *, max_tokens_limit: int, model_id: str,
+                       default_max_tokens: int | None = None) -> ChatRequest:
     """A chat completions body as a ChatRequest, or the OpenAIError (400, 404) that says what is wrong."""
     if not isinstance(body, dict):
         raise _invalid(f"the body must be a JSON object, got {type(body).__name__}", None)
@@ -109,7 +109,8 @@ def parse_chat_request(body: object, *, max_tokens_limit: int, model_id: str) ->
     request_id = body.get("request_id")
     if request_id is not None and (not isinstance(request_id, str) or not request_id.strip()):
         raise _invalid("'request_id' must be a non-empty string", "request_id")
-    return ChatRequest(query=_query(body.get("messages")), max_tokens=_max_tokens(body, max_tokens_limit),
+    default = max_tokens_limit if default_max_tokens is None else default_max_tokens
+    return ChatRequest(query=_query(body.get("messages")), max_tokens=_max_tokens(body, max_tokens_limit, default),
                        stream=stream, request_id=request_id,
                        include_usage=_optional_bool(options or {}, "include_usage", "stream_options.include_usage"))
 
@@ -121,21 +122,10 @@ def _optional_bool(source: dict, key: str, param: str | None = None) -> bool:
     return bool(value)
 
 
-def _number(body: dict, key: str) -> float | None:
-    value = body.get(key)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-        raise _invalid(f"'{key}' must be a number, got {type(value).__name__}", key)
-    return value
-
-
 def _refuse_unsupported(body: dict) -> None:
-    greedy = "this service decodes greedily (deterministic answers)"
+    # Sampling, stop strings and penalties: services/roles/gateway/openai_sampling.py.
     if body.get("n") not in (None, 1):
         raise _unsupported_value("n", body["n"], "this service returns one choice; send n = 1 or leave it out")
-    for key, neutral in (("temperature", 0), ("top_p", 1), ("presence_penalty", 0), ("frequency_penalty", 0)):
-        value = _number(body, key)
-        if value is not None and value != neutral:
-            raise _unsupported_value(key, value, f"{greedy}; send {neutral} or leave it out")
     for key in ("tools", "functions", "logit_bias", "audio", "prediction"):
         if body.get(key):  # an empty list or object asks for nothing
             raise _unsupported(key, "this service answers with text from its fixed RAG prompt only")
@@ -148,22 +138,21 @@ def _refuse_unsupported(body: dict) -> None:
     fmt = body.get("response_format")
     if fmt is not None and fmt != {"type": "text"}:
         raise _unsupported("response_format", "only {'type': 'text'} is")
-    if body.get("stop"):
-        raise _unsupported("stop", "the answer ends at the model's end of turn or at max_tokens")
     modalities = body.get("modalities")
     if modalities is not None and modalities != ["text"]:
         raise _unsupported_value("modalities", modalities, "only ['text'] is")
 
 
-def _max_tokens(body: dict, limit: int) -> int:
-    values = [_token_cap(body, key, limit) for key in ("max_completion_tokens", "max_tokens")]
+def _max_tokens(body: dict, limit: int, default: int) -> int:
+    """The request's cap on new tokens, clamped to the service's `limit`; `default` when it sends none."""
+    values = [_token_cap(body, key) for key in ("max_completion_tokens", "max_tokens")]
     given = [v for v in values if v is not None]
     if len(set(given)) > 1:
         raise _invalid("'max_tokens' and 'max_completion_tokens' differ; send one of them", "max_tokens")
-    return given[0] if given else limit
+    return min(given[0] if given else default, limit)
 
 
-def _token_cap(body: dict, key: str, limit: int) -> int | None:
+def _token_cap(body: dict, key: str) -> int | None:
     value = body.get(key)
     if value is None:
         return None
@@ -171,8 +160,6 @@ def _token_cap(body: dict, key: str, limit: int) -> int | None:
         raise _invalid(f"'{key}' must be an integer, got {type(value).__name__}", key)
     if value < 1:
         raise _invalid(f"'{key}' is {value}; it must be at least 1", key, "invalid_value")
-    if value > limit:
-        raise _invalid(f"'{key}' is {value}; the limit is {limit}", key, "invalid_value")
     return value
 
 

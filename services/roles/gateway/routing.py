@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
+from pipeline.sampling_params import Sampling
 from services.cluster.clients import WorkerClient
 from services.server.errors import (
     NodeUnreachable,
@@ -44,8 +45,8 @@ class WorkerTarget:
     """One worker the gateway can send a request to, and what it did with them."""
     node: int
     answer: Callable[[str, str, float, int | None], dict]  # (request_id, query, timeout_s, max_new_tokens) -> reply
-    # (request_id, query, timeout_s, max_new_tokens) -> the answer stream: text pieces, then the reply
-    stream: Callable[[str, str, float, int | None], Iterator[str | dict]]
+    # (request_id, query, timeout_s, max_new_tokens, sampling) -> the answer stream: text pieces, then the reply
+    stream: Callable[[str, str, float, int | None, Sampling | None], Iterator[str | dict]]
     probe: Callable[[], bool]  # is it ready to serve?
     # Answer every call waiting on it now with make_error() (the node is past its grace period).
     abort: Callable[[Callable[[], BaseException]], None] = lambda make_error: None
@@ -98,11 +99,11 @@ class Router:
         return reply
 
     def forward_stream(self, request_id: str, query: str, deadline: float,
-                       max_new_tokens: int | None = None) -> Iterator[str | dict]:
+                       max_new_tokens: int | None = None, sampling: Sampling | None = None) -> Iterator[str | dict]:
         """The answer stream of the first worker in turn that takes the request: a worker that fails
         before its first event is failed over as forward() does; an error after it ends the stream."""
         def open_stream(target: WorkerTarget, remaining: float) -> Iterator[str | dict]:
-            return started(target.stream(request_id, query, remaining, max_new_tokens))
+            return started(target.stream(request_id, query, remaining, max_new_tokens, sampling))
 
         events, target = self._route(deadline, open_stream)
         for event in events:

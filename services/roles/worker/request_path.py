@@ -23,8 +23,10 @@ from pipeline.config import BatchConfig
 from pipeline.continuous import ContinuousEngine
 from pipeline.generator import GenerationRequest
 from pipeline.reranker import RerankRequest
+from pipeline.sampling_params import Sampling
 from pipeline.spec import Stage
 from pipeline.stages import Stages
+from pipeline.stop_strings import StopStringFilter
 from services.cluster.sharded_index import ShardedIndexClient
 from services.roles.caches import LruCache
 from services.roles.worker.stage_clock import StageClock, StageVisit
@@ -173,27 +175,29 @@ class Worker:
         return reply
 
     def answer_stream(self, request_id: str, query: str, timeout_s: float | None = None,
-                      max_new_tokens: int | None = None) -> Iterator[str | dict]:
+                      max_new_tokens: int | None = None, sampling: Sampling | None = None) -> Iterator[str | dict]:
         """The answer's text in pieces as the LLM produces them (never splitting a character), then
         the reply as answer() gives it plus its `usage` (prompt and completion tokens) and
         `finish_reason`. Closing the iterator early cancels the generation (its slot frees at the
-        engine's next iteration)."""
+        engine's next iteration). `sampling` (None: greedy) may end the answer at a stop string: the
+        stream holds back text that could be the start of one."""
         clock, trace, deadline = self._begin(request_id, timeout_s)
         generation: StageVisit | None = None
         try:
             documents = self._retrieve(clock, trace, query, deadline)
             tokens = TokenStream()
-            request = GenerationRequest(query, documents, max_new_tokens, on_token=tokens.put)
+            request = GenerationRequest(query, documents, max_new_tokens, sampling, on_token=tokens.put)
+            stops = StopStringFilter(sampling.stop if sampling is not None else ())
             generation = self._enter(clock, Stage.GENERATE, request)
             tokens.end_with(generation.future)
             text = self.stages.generator.detokenizer()
             streamed = ""
             for token in tokens.read(deadline):
-                piece = text.push(token)
+                piece = stops.push(text.push(token))
                 if piece:
                     streamed += piece
                     yield piece
-            streamed += (rest := text.finish())
+            streamed += (rest := stops.push(text.finish()) + stops.finish())
             response = clock.wait(generation, deadline)
             if response != streamed:  # static batches stream nothing: the whole answer at its end
                 rest += response[len(streamed):] if response.startswith(streamed) else response

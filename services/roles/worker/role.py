@@ -11,6 +11,7 @@ from flask import Flask, g, jsonify
 from pipeline import spec
 from pipeline.config import Settings
 from pipeline.config.checks import MAX_INTERNAL_TIMEOUT_S
+from pipeline.sampling_params import Sampling, SamplingError
 from pipeline.stages import Stages
 from services.cluster.sharded_index import ShardedIndexClient
 from services.roles.base import SPARE_HTTP_THREADS, Role
@@ -68,13 +69,22 @@ def wants_stream(body: dict) -> bool:
     return stream
 
 
-def max_new_tokens(body: dict) -> int | None:
+def max_new_tokens(body: dict, limit: int = spec.MAX_NEW_TOKENS) -> int | None:
     """The body's `max_new_tokens` (the gateway's cap on a forwarded answer), None when absent."""
     value = body.get("max_new_tokens")
-    if value is not None and (type(value) is not int or not 1 <= value <= spec.MAX_NEW_TOKENS):
-        raise ApiError(400, f"'max_new_tokens' must be an integer from 1 to {spec.MAX_NEW_TOKENS}",
-                       field="max_new_tokens")
+    if value is not None and (type(value) is not int or not 1 <= value <= limit):
+        raise ApiError(400, f"'max_new_tokens' must be an integer from 1 to {limit}", field="max_new_tokens")
     return value
+
+
+def sampling(body: dict) -> Sampling | None:
+    """The body's `sampling` (the gateway's /v1 temperature, top_p, top_k, seed and stop), None when absent."""
+    if body.get("sampling") is None:
+        return None
+    try:
+        return Sampling.from_json(body["sampling"])
+    except SamplingError as exc:
+        raise ApiError(400, str(exc), field=exc.field) from None
 
 
 def internal_timeout(body: dict, settings: Settings) -> float:
@@ -150,9 +160,11 @@ class WorkerRole(Role):
             self.lifecycle.require_ready()
             body, request_id, query = parse_query(self.settings, self.count_query_tokens)
             g.served_by, g.stage_times = self.node, collect_stage_times()  # for the completion line
-            worker, timeout_s, cap = self.loaded_worker(), internal_timeout(body, self.settings), max_new_tokens(body)
+            worker, timeout_s = self.loaded_worker(), internal_timeout(body, self.settings)
+            cap = max_new_tokens(body, self.settings.api.max_tokens_cap)
             if wants_stream(body):  # its completion line comes at its first token, with the stages so far
-                return sse_response(started(self._served_by(worker.answer_stream(request_id, query, timeout_s, cap))))
+                events = worker.answer_stream(request_id, query, timeout_s, cap, sampling(body))
+                return sse_response(started(self._served_by(events)))
             reply = worker.answer(request_id, query, timeout_s, cap)
             reply["served_by"] = self.node
             return jsonify(reply)
