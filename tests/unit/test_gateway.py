@@ -49,7 +49,7 @@ class FakeWorker:
             assert self.gate.wait(10), "test gate never opened"
         return {"request_id": request_id, "generated_response": f"answer to {query}"}
 
-    def stream(self, request_id: str, query: str, timeout_s: float, max_new_tokens: int | None = None):
+    def stream(self, request_id: str, query: str, timeout_s: float, max_new_tokens: int | None = None, sampling=None):
         """answer() as a stream: its text word by word, then the reply (errors come before any event)."""
         reply = self.answer(request_id, query, timeout_s, max_new_tokens)
         words = reply["generated_response"].split(" ")
@@ -257,7 +257,7 @@ class Outcomes:
             raise outcome
         return {**outcome, "request_id": request_id}
 
-    def stream(self, request_id, query, timeout_s, max_new_tokens=None):
+    def stream(self, request_id, query, timeout_s, max_new_tokens=None, sampling=None):
         """The next outcome as a worker streams it: its answer word by word, then the reply with usage."""
         reply = self.answer(request_id, query, timeout_s, max_new_tokens)
         words = reply["generated_response"].split(" ")

@@ -21,6 +21,7 @@ from flask import Flask, Response, jsonify
 from pipeline import spec
 from pipeline.sampling_params import GREEDY, Sampling
 from services.roles.gateway import openai_api as oa
+from services.roles.gateway.openai_embeddings import model_object, served_models
 from services.roles.gateway.openai_sampling import parse_sampling
 from services.roles.worker.role import check_query_tokens
 from services.server import sse
@@ -41,7 +42,7 @@ STARTED_AT = int(time.time())
 def register_openai_routes(app: Flask, role: GatewayRole) -> None:
     @app.get("/v1/models")
     def models():
-        return jsonify(oa.models_list(MODEL_ID, STARTED_AT))
+        return jsonify({"object": "list", "data": [model_object(model_id, STARTED_AT) for model_id in served_models(MODEL_ID)]})
 
     @app.post("/v1/chat/completions")
     def chat_completions():

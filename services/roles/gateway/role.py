@@ -12,7 +12,10 @@ from services.roles.base import SPARE_HTTP_THREADS
 from services.roles.caches import ResponseCache
 from services.roles.gateway.gateway import Gateway
 from services.roles.gateway.metrics import GatewayCollector
+from services.roles.gateway.openai_routes import MODEL_ID as OPENAI_MODEL_ID
+from services.roles.gateway.openai_routes import STARTED_AT as OPENAI_STARTED_AT
 from services.roles.gateway.openai_routes import register_openai_routes
+from services.roles.gateway.public_api import register_public_api
 from services.roles.gateway.routing import WorkerTarget, remote_target
 from services.roles.worker.role import WorkerRole, parse_query, wants_stream
 from services.roles.worker.stage_clock import collect_stage_times
@@ -115,6 +118,7 @@ class GatewayRole(WorkerRole):
         # endpoint would let callers past the gateway's admission limit.
         app.post("/query")(self.query)
         register_openai_routes(app, self)
+        register_public_api(app, self, generator_model=OPENAI_MODEL_ID, created=OPENAI_STARTED_AT)
 
     def query(self):
         self.lifecycle.require_ready()
