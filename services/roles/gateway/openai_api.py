@@ -18,25 +18,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from services.server.openai_errors import error_kind, param_for
+
 DONE = "[DONE]"  # the data of the last event of a stream
 RAG_FIELDS = ("sentiment", "is_toxic", "request_id")  # what the extra `rag` field holds
 FinishReason = Literal["stop", "length"]
 
-# Status -> (OpenAI error type, code) for the statuses the service answers.
-_ERROR_KINDS: dict[int, tuple[str, str | None]] = {
-    400: ("invalid_request_error", None),
-    401: ("invalid_request_error", "invalid_api_key"),
-    404: ("invalid_request_error", "not_found"),
-    409: ("invalid_request_error", "conflict"),
-    413: ("invalid_request_error", "request_too_large"),
-    415: ("invalid_request_error", "unsupported_media_type"),
-    429: ("rate_limit_error", "rate_limit_exceeded"),
-    500: ("server_error", None),
-    503: ("server_error", "service_unavailable"),
-    504: ("server_error", "timeout"),
-}
-# The service's field names as OpenAI's request calls them.
-_PARAMS = {"query": "messages", "body": None}
 
 
 class OpenAIError(Exception):
@@ -45,8 +32,7 @@ class OpenAIError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, type: str | None = None,
                  code: str | None = None):
         super().__init__(message)
-        kind, default_code = _ERROR_KINDS.get(status, ("invalid_request_error" if status < 500 else "server_error",
-                                                        None))
+        kind, default_code = error_kind(status)
         self.status = status
         self.message = message
         self.param = param
@@ -59,7 +45,7 @@ class OpenAIError(Exception):
 
 def error_from_http(status: int, message: str, field: str | None = None) -> OpenAIError:
     """The service's own error (services.server.errors' status, message and field) for an OpenAI client."""
-    return OpenAIError(status, message, _PARAMS.get(field, field) if field else None)
+    return OpenAIError(status, message, param_for(field))
 
 
 def _invalid(message: str, param: str | None, code: str | None = None) -> OpenAIError:

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 from flask import Flask, jsonify
 
 from services.roles.gateway.openai_embeddings import register_openai_embeddings
-from services.roles.gateway.openai_errors import install_openai_errors
 from services.server.auth import ApiKeys, install_api_keys
 from services.server.cors import install_cors
+from services.server.openai_errors import install_openai_errors
 
 if TYPE_CHECKING:
     from services.roles.gateway.role import GatewayRole
