@@ -18,6 +18,8 @@ from pipeline.device import Placement, placement_for
 from pipeline.models import ModelSource, resolve_model_source
 from pipeline.precision import apply_precision
 from pipeline.prompt_tokens import PromptTokenizer
+from pipeline.sampling_params import Sampling
+from pipeline.stop_strings import truncate
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,9 @@ class GenerationRequest:
     documents: tuple  # reranked documents, best first; only the top 3 are used
     # New tokens at most; None: the generation config's (the contract's 128).
     max_new_tokens: int | None = None
+    # Temperature, top_p, top_k, seed and stop strings (pipeline.sampling_params.Sampling); None: greedy.
+    # Honoured by the continuous engine; static batches are greedy and cut stop strings from the text.
+    sampling: Sampling | None = None
     # Called with each new token id as continuous batching produces it, on the engine's thread (a
     # stream's reader); not part of what is asked, so not of equality. Static batches never call it.
     on_token: Callable[[int], None] | None = field(default=None, compare=False, repr=False)
@@ -115,6 +120,7 @@ class Generator:
         # decoding makes a row's first n tokens the same whatever the call's cap,
         # so each answer is cut at its own cap afterwards.
         rows = self.generate_ids([self.prompt_ids(r.query, r.documents) for r in requests], max_new_tokens=max(caps))
-        return [self.decode(row[:cap]) for row, cap in zip(rows, caps)]
+        return [truncate(self.decode(row[:cap]), r.sampling.stop if r.sampling else ())
+                for row, cap, r in zip(rows, caps, requests)]
 
     __call__ = generate

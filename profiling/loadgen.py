@@ -1,4 +1,5 @@
-"""Load generator: drives node 0's POST /query over HTTP and reports what the service did.
+"""Load generator: drives node 0's POST /query (or, with --api openai, /v1/chat/completions,
+sampled with --temperature T --seed-base N) over HTTP and reports what the service did.
 
     python -m profiling.loadgen --url http://127.0.0.1:8000 [--metrics-urls URL,URL,URL | none]
         (--schedule course | --schedule 10x10,20x5 [--time-scale F]   open loop, the course client's way
@@ -69,6 +70,7 @@ from profiling.lib.load import (
     parse_schedule,
     run_group,
 )
+from profiling.lib.openai_load import add_request_args, chat_load
 from profiling.lib.plots import write_plots
 from profiling.lib.prometheus import MetricsSnapshot, NodeDelta, cache_deltas, node_deltas, scrape_all
 from profiling.lib.provenance import cache_warnings, cluster_record, headline, node_settings, settings_warnings
@@ -157,9 +159,7 @@ def parser() -> argparse.ArgumentParser:
                    help="--sweep: the knee is where p95 grows more than this times throughput's growth")
     p.add_argument("--queries-file", help="one query per line; unset: the SPEC's eight")
     p.add_argument("--timeout", type=positive(float), default=300.0, help="per-request timeout (s), as clients wait")
-    p.add_argument("--stream", action="store_true",
-                   help="ask for each answer as a stream (/query with stream: true) and report the time to first "
-                        "token and the inter-token gap, from the client's side, beside the total latency")
+    add_request_args(p)  # --stream, --api and the /v1 sampling fields
     p.add_argument("--max-duration", type=positive(float), default=DEFAULT_MAX_DURATION_S,
                    help="hard limit for the whole run (s)")
     p.add_argument("--wait-health", type=float, default=300.0, help="how long to wait for /health 200 first (s)")
@@ -223,7 +223,7 @@ def run(args: argparse.Namespace, url: str, nodes: Sequence[Node], queries: Sequ
         deadline: float, first: Sequence[MetricsSnapshot]) -> LoadRun:
     """The plan's groups one after the other; `first`: every node's /metrics before any load."""
     mode, groups = plan_groups(args)
-    target = LoadTarget(url, queries, args.timeout, deadline, stream=args.stream)
+    target = LoadTarget(url, queries, args.timeout, deadline, stream=args.stream, chat=chat_load(args))
     before = first
     results, scrape_error = [], ""
     metrics_urls = [n.metrics_url for n in nodes]

@@ -38,6 +38,8 @@ class Checked(Protocol):
     @property
     def http(self) -> sections.HttpSettings: ...
     @property
+    def api(self) -> sections.ApiSettings: ...
+    @property
     def channel_timeout_s(self) -> float: ...
 
 
@@ -153,14 +155,15 @@ def _read_timeout(s: Checked) -> str | None:
 
 
 def _query_tokens(s: Checked) -> str | None:
-    largest = s.limits.max_query_tokens + PROMPT_ALLOWANCE_TOKENS + spec.MAX_NEW_TOKENS
+    new_tokens = max(spec.MAX_NEW_TOKENS, s.api.max_tokens_cap)  # /v1 answers may be longer than /query's
+    largest = s.limits.max_query_tokens + PROMPT_ALLOWANCE_TOKENS + new_tokens
     budget = s.generate.kv_cache_tokens
     if s.generate.mode == "continuous" and largest * KV_SHARE_OF_LARGEST_REQUEST > budget:
-        most = budget // KV_SHARE_OF_LARGEST_REQUEST - PROMPT_ALLOWANCE_TOKENS - spec.MAX_NEW_TOKENS
+        most = budget // KV_SHARE_OF_LARGEST_REQUEST - PROMPT_ALLOWANCE_TOKENS - new_tokens
         return (f"MAX_QUERY_TOKENS='{s.limits.max_query_tokens}' is not valid: expected at most {most}"
                 f" with GENERATE_KV_CACHE_TOKENS={budget}, so that the largest request "
                 f"(its query, a {PROMPT_ALLOWANCE_TOKENS}-token prompt allowance and "
-                f"{spec.MAX_NEW_TOKENS} new tokens) reserves at most 1/{KV_SHARE_OF_LARGEST_REQUEST} "
+                f"{new_tokens} new tokens, OPENAI_MAX_TOKENS_CAP) reserves at most 1/{KV_SHARE_OF_LARGEST_REQUEST} "
                 "of the KV budget")
     return None
 
@@ -185,7 +188,7 @@ CHECKS: tuple[tuple[frozenset[str], Callable[[Checked], str | None]], ...] = (
     (frozenset({"REQUEST_TIMEOUT_S"}), _internal_timeout),
     (frozenset({"GATEWAY_MAX_JOINERS_PER_ID", "GATEWAY_MAX_JOINERS"}), _joiners),
     (frozenset({"HTTP_READ_TIMEOUT_S", "REQUEST_TIMEOUT_S"}), _read_timeout),
-    (frozenset({"MAX_QUERY_TOKENS", "GENERATE_KV_CACHE_TOKENS", "GENERATE_MODE"}), _query_tokens),
+    (frozenset({"MAX_QUERY_TOKENS", "GENERATE_KV_CACHE_TOKENS", "GENERATE_MODE", "OPENAI_MAX_TOKENS_CAP"}), _query_tokens),
     (frozenset({"REQUEST_TIMEOUT_S"}), _channel_timeout),
 )
 

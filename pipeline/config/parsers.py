@@ -155,6 +155,27 @@ def text(raw: str) -> str:
     return raw
 
 
+def float_range(lo: float, hi: float) -> Callable[[str], float]:
+    def parse(raw: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ValueError(f"a number from {lo:g} to {hi:g}") from None
+        if not lo <= value <= hi:
+            raise ValueError(f"a number from {lo:g} to {hi:g}")
+        return value
+    return parse
+
+
+def origin_list(raw: str) -> tuple[str, ...]:
+    """Comma-separated web origins (scheme://host[:port]) or *; empty: none."""
+    origins = tuple(part.strip().rstrip("/") for part in raw.split(",") if part.strip())
+    for origin in origins:
+        if origin != "*" and (not origin.startswith(("http://", "https://")) or "/" in origin.split("://", 1)[1]):
+            raise ValueError("comma-separated origins such as https://app.example.com, or *")
+    return origins
+
+
 def token(raw: str) -> str:
     # It travels in an HTTP header: visible ASCII only, so no encoding can change it on the way.
     value = raw.strip()

@@ -202,6 +202,15 @@ class GatewaySettings:
 
 
 @dataclass(frozen=True)
+class ApiSettings:
+    """The public API's clients: node 0's /v1 (OpenAI-compatible) defaults and caps, API keys and CORS."""
+    default_temperature: float = f.var("OPENAI_DEFAULT_TEMPERATURE", p.float_range(0.0, 2.0), "0", "the temperature a /v1 chat request that names none gets; 0 = greedy, so a client's repeated question gets the same answer as /query's, which the contract fixes as greedy (vLLM instead follows the model's generation config)")
+    max_tokens_cap: int = f.var("OPENAI_MAX_TOKENS_CAP", p.int_range(1, 8192), "512", "most new tokens a /v1 answer may have; a larger max_tokens is clamped to it (finish_reason 'length'), no max_tokens gets the contract's 128. With the query and prompt allowance it must fit a quarter of GENERATE_KV_CACHE_TOKENS")
+    api_keys_file: Path | None = f.var("API_KEYS_FILE", p.optional_path, "", "a file of API keys, one a line (a key, or sha256:<hex of its SHA-256>; # comments); set: /query and /v1/* need 'Authorization: Bearer <key>' (else 401); health, ready and metrics stay open; empty = no keys")
+    cors_allowed_origins: tuple[str, ...] = f.var("CORS_ALLOWED_ORIGINS", p.origin_list, "", "browser origins (scheme://host[:port], comma-separated, or *) allowed to call /query and /v1/* across origins; empty = CORS off")
+
+
+@dataclass(frozen=True)
 class HttpSettings:
     """Each node's HTTP server: threads, connections, and how long a request may take to arrive."""
     waitress_threads: int = f.var("WAITRESS_THREADS", p.int_range(0, 1024), "0", "HTTP threads per node; 0 = GATEWAY_MAX_IN_FLIGHT + 32 spare on workers, 32 on the index server")

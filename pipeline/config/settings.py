@@ -79,6 +79,7 @@ class Settings:
     limits: s.LimitsSettings = _section(s.LimitsSettings, "limits: what one request may cost and how long it may take")
     gateway: s.GatewaySettings = _section(s.GatewaySettings, "node 0's gateway: admission, request_id rules, reply caches, worker health probes")
     http: s.HttpSettings = _section(s.HttpSettings, "HTTP servers")
+    api: s.ApiSettings = _section(s.ApiSettings, "the public API: /v1 defaults and caps, API keys, CORS")
     observability: s.ObservabilitySettings = _section(s.ObservabilitySettings, "logs and traces")
 
     # ----------------------------------------------------------------- building

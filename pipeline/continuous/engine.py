@@ -6,6 +6,7 @@ from typing import Any
 
 from pipeline.continuous.runner import ModelRunner
 from pipeline.continuous.scheduler import Scheduler, SequenceState
+from pipeline.stop_strings import first_stop, truncate
 
 
 @dataclass
@@ -34,25 +35,35 @@ class ContinuousEngine:
         self.eos_ids = frozenset(eos if isinstance(eos, (list, tuple)) else [eos])
         self.max_new_tokens = config.max_new_tokens
         self.scheduler = Scheduler(max_batch=max_batch, kv_cache_tokens=kv_cache_tokens, prefill_chunk=prefill_chunk,
-                                   eos_ids=self.eos_ids)
+                                   eos_ids=self.eos_ids, stopped=self._reached_stop)
         self.runner = ModelRunner(generator.model, repetition_penalty=config.repetition_penalty or 1.0,
                                   device=generator.placement.device)
 
     def add_prompt(self, prompt_ids: list[int], payload: Any = None,
-                   max_new_tokens: int | None = None) -> SequenceState:
-        """Queue a prompt given as token ids; max_new_tokens (None: the generation config's) caps the answer."""
+                   max_new_tokens: int | None = None, sampling: Any = None) -> SequenceState:
+        """Queue a prompt given as token ids; max_new_tokens (None: the generation config's) caps the answer;
+        sampling: a pipeline.sampling_params.Sampling (None: greedy, no stop strings)."""
         cap = self.max_new_tokens if max_new_tokens is None else max_new_tokens
         seq = self.scheduler.new_sequence(prompt_ids, cap, payload)
+        seq.sampling = sampling
         self.scheduler.add(seq)
         return seq
 
     def add(self, request, payload: Any = None) -> SequenceState:
         """Queue a GenerationRequest; its max_new_tokens (None: the generation config's) caps the answer."""
         return self.add_prompt(self.generator.prompt_ids(request.query, request.documents), payload,
-                               request.max_new_tokens)
+                               request.max_new_tokens, request.sampling)
 
     def text(self, seq: SequenceState) -> str:
-        return self.generator.decode(seq.generated)
+        """The answer: its tokens' text, up to (not including) the first of its stop strings."""
+        text = self.generator.decode(seq.generated)
+        return truncate(text, seq.sampling.stop) if seq.sampling is not None else text
+
+    def _reached_stop(self, seq: SequenceState) -> bool:
+        # The whole text each token (at most a few hundred tokens): a stop string may span tokens.
+        if seq.sampling is None or not seq.sampling.stop:
+            return False
+        return first_stop(self.generator.decode(seq.generated), seq.sampling.stop) is not None
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()

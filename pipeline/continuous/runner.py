@@ -3,8 +3,9 @@
 The running batch keeps one left-padded KV cache; a sequence whose prompt is in
 joins it at its first decode step (its own cache padded to the batch's width,
 or the batch's to its), and columns that have become padding in every row are
-trimmed when sequences leave. Token choice is greedy with the model's
-repetition penalty, exactly as transformers' RepetitionPenaltyLogitsProcessor.
+trimmed when sequences leave. Token choice follows the model's repetition
+penalty, exactly as transformers' RepetitionPenaltyLogitsProcessor, then is
+greedy or sampled per row (pipeline/continuous/sampling.py).
 
 A decode step does only the arithmetic that grows with the batch: the batch's
 cache layers keep spare columns (a step writes one column in place instead of
@@ -18,6 +19,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Sequence
 
+from pipeline.continuous.sampling import TokenChooser
 from pipeline.continuous.scheduler import PrefillChunk, RunnerOutput, SchedulerOutput, SequenceState
 
 CACHE_ROOM = 128  # spare columns per rebuild of the batch cache: the contract's new tokens
@@ -79,6 +81,7 @@ class ModelRunner:
         self.device = device
         self.repetition_penalty = float(repetition_penalty)
         self.cache_room = cache_room
+        self.chooser = TokenChooser(device)
         self.rows: list[int] = []  # seq ids of the running batch, in cache row order
         # Typed Any: torch and transformers are imported on first use, not at module import.
         # None while no sequence runs.
@@ -127,16 +130,16 @@ class ModelRunner:
         if token is not None:
             out.first_tokens[seq_id] = token
 
-    def _choose(self, logits, seen) -> list[int]:
-        """Greedy after the repetition penalty over `seen` (rows, k) token ids, repeats allowed:
-        RepetitionPenaltyLogitsProcessor's gather/where/scatter, for all rows at once."""
+    def _choose(self, logits, seen, seqs: Sequence[SequenceState] = ()) -> list[int]:
+        """Each row's token (greedy or its own sampling) after the repetition penalty over `seen` (rows, k)
+        token ids, repeats allowed: RepetitionPenaltyLogitsProcessor's gather/where/scatter, for all rows at once."""
         torch = self.torch
         logits = logits.float()
         if self.repetition_penalty != 1.0:
             score = logits.gather(1, seen)
             score = torch.where(score < 0, score * self.repetition_penalty, score / self.repetition_penalty)
             logits.scatter_(1, seen, score)
-        return logits.argmax(dim=-1).tolist()
+        return self.chooser.choose(logits, seqs)
 
     def prefill_chunk(self, seq: SequenceState, start: int, end: int) -> int | None:
         """Run prompt tokens [start, end) of one sequence; the first new token when the prompt is done."""
@@ -152,7 +155,7 @@ class ModelRunner:
         self._prefill_caches[seq.seq_id] = out.past_key_values
         if end < seq.prompt_len:
             return None
-        return self._choose(out.logits[:, -1, :], torch.tensor([seq.prompt_ids], device=self.device))[0]
+        return self._choose(out.logits[:, -1, :], torch.tensor([seq.prompt_ids], device=self.device), [seq])[0]
 
     def join(self, seq: SequenceState) -> None:
         """Merge a fully prefilled sequence's cache into the running batch (left padding)."""
@@ -207,11 +210,12 @@ class ModelRunner:
             out = self.model(input_ids=ids, attention_mask=self.mask, position_ids=positions,
                              past_key_values=self.cache, use_cache=True)
         self.cache = out.past_key_values
-        return self._choose(out.logits[:, -1, :], self.seen)
+        return self._choose(out.logits[:, -1, :], self.seen, seqs)
 
     def release(self, seq_ids: Sequence[int]) -> None:
         """Free the tensors of sequences that left; trim columns that are padding in every row."""
         gone = set(seq_ids)
+        self.chooser.release(list(gone))
         for seq_id in gone:
             self._prefill_caches.pop(seq_id, None)
         keep = [i for i, seq_id in enumerate(self.rows) if seq_id not in gone]

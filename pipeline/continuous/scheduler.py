@@ -22,6 +22,7 @@ class SequenceState:
     prompt_ids: list[int]
     max_new_tokens: int
     payload: Any = None  # the caller's handle; the scheduler never looks inside
+    sampling: Any = None  # its pipeline.sampling_params.Sampling (None: greedy); the runner reads it
     generated: list[int] = field(default_factory=list)
     prefilled: int = 0  # prompt tokens already in this sequence's cache
     arrived_at: float = field(default_factory=time.monotonic)
@@ -73,9 +74,11 @@ class Scheduler:
     """Bounded by sequences and cache tokens; admits in arrival order (no overtaking: fairness)."""
 
     def __init__(self, *, max_batch: int, kv_cache_tokens: int, prefill_chunk: int,
-                 eos_ids: frozenset[int] = frozenset(), clock: Callable[[], float] = time.monotonic):
+                 eos_ids: frozenset[int] = frozenset(), clock: Callable[[], float] = time.monotonic,
+                 stopped: Callable[[SequenceState], bool] | None = None):
         """max_batch: sequences holding a slot at once; kv_cache_tokens: the KV-cache tokens (prompt +
-        max new tokens of each) they may reserve together."""
+        max new tokens of each) they may reserve together; stopped: whether a sequence's text has
+        reached one of its stop strings (it then finishes)."""
         if max_batch < 1 or kv_cache_tokens < 1 or prefill_chunk < 1:
             raise ValueError("max_batch, kv_cache_tokens and prefill_chunk must be >= 1")
         self.max_batch = max_batch
@@ -83,6 +86,7 @@ class Scheduler:
         self.prefill_chunk = prefill_chunk
         self.eos_ids = frozenset(eos_ids)
         self._clock = clock
+        self._stopped = stopped
         self.waiting: deque[SequenceState] = deque()
         self.prefilling: list[SequenceState] = []
         self.running: list[SequenceState] = []
@@ -171,7 +175,8 @@ class Scheduler:
 
     def _append(self, seq: SequenceState, token: int) -> None:
         seq.generated.append(token)
-        if token in self.eos_ids or len(seq.generated) >= seq.max_new_tokens:
+        if token in self.eos_ids or len(seq.generated) >= seq.max_new_tokens or \
+                (self._stopped is not None and self._stopped(seq)):
             seq.finished = True
 
     def drop(self, seq: SequenceState) -> None:

@@ -21,6 +21,7 @@ from typing import Sequence
 import requests
 
 from pipeline import spec
+from profiling.lib.openai_load import ChatLoad, send_chat
 from services.server import sse
 from services.server.token import TOKEN_HEADER
 
@@ -145,6 +146,8 @@ class LoadTarget:
     cut_error: str | None = "max_duration_cut"
     # Ask for the answer as a stream (/query's "stream": true) and time its pieces as they arrive.
     stream: bool = False
+    # Send POST /v1/chat/completions with these fields instead of /query (profiling/lib/openai_load.py).
+    chat: ChatLoad | None = None
 
     def past_deadline(self) -> bool:
         if time.monotonic() >= self.deadline:
@@ -172,7 +175,11 @@ class LoadTarget:
         started = time.monotonic()
         record.send_s = started - self.t0
         try:
-            if self.stream:
+            if self.chat is not None:
+                chat_body = self.chat.body(record.request_id, body["query"], record.query_index, self.stream)
+                for key, value in send_chat(post, self.url, chat_body, timeout).items():
+                    setattr(record, key, value)
+            elif self.stream:
                 self._read_stream(post(f"{self.url}/query", json={**body, "stream": True}, timeout=timeout,
                                        stream=True), record, started)
             else:

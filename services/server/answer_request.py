@@ -6,6 +6,12 @@ by the same rules; a field refused is an ApiError 400 naming the field and the r
 
 To add a field: give AnswerRequest the field with its default and RULES its rule. It is then
 read from the bodies of the routes that accept it and sent on to the worker (`wire`).
+
+Decoding (temperature, top_p, top_k, seed, stop) is /v1's: /query does not accept those fields, so
+its answer is the contract's greedy one. A sampled request (temperature > 0) without a seed gets
+one drawn by the worker that computes it, returned in its reply: the request_id rules bind what
+the client asked, and only a greedy, uncapped answer without stop strings is the question's
+answer that the reply cache may hold (`is_the_questions_answer`).
 """
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ from typing import Any
 
 from pipeline import spec
 from pipeline.config.sections import LimitsSettings
+from pipeline.sampling_params import MAX_SEED, MAX_STOP_CHARS, MAX_STOP_STRINGS, Sampling
 from services.server.body import require_string
 from services.server.errors import ApiError
 from services.server.request_ids import bind_request_id
@@ -26,8 +33,30 @@ class AnswerRequest:
     """One request for an answer, whichever route it came by."""
     request_id: str  # the idempotency key: an id is answered once, with one answer
     query: str
-    max_new_tokens: int | None = None  # a cap under the contract's MAX_NEW_TOKENS; None: the contract's answer
+    max_new_tokens: int | None = None  # a cap on new tokens (at most Bounds.max_new_tokens); None: the contract's 128
     stream: bool = False  # the caller reads the text pieces as they come (else the reply is collected)
+    temperature: float = 0.0  # 0: greedy (top_p, top_k and seed then change nothing)
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: all tokens
+    seed: int | None = None  # a sampled request's random stream; None: drawn by the worker
+    stop: tuple[str, ...] = ()  # the answer ends before the first of these, which is not returned
+
+    @property
+    def sampled(self) -> bool:
+        return self.temperature > 0
+
+    @property
+    def is_the_questions_answer(self) -> bool:
+        """Greedy, uncapped, without stop strings: /query's answer to its query, which the reply cache holds."""
+        return self.max_new_tokens is None and not self.sampled and not self.stop
+
+    def sampling(self, drawn_seed: int) -> Sampling | None:
+        """How the LLM decodes it (None: greedy, no stop strings); `drawn_seed` serves a sampled request
+        that names no seed."""
+        if not self.sampled and not self.stop:
+            return None
+        seed = self.seed if self.seed is not None or not self.sampled else drawn_seed
+        return Sampling(self.temperature, self.top_p, self.top_k, seed, self.stop)
 
     def wire(self) -> dict[str, Any]:
         """The body fields a worker is sent: those not at their default."""
@@ -36,9 +65,13 @@ class AnswerRequest:
 
 @dataclass(frozen=True)
 class Bounds:
-    """What the rules check against: the LIMITS settings, and the LLM tokenizer's count of a text."""
+    """What the rules check against: the LIMITS settings, the LLM tokenizer's count of a text, the
+    most new tokens an answer may have (OPENAI_MAX_TOKENS_CAP) and whether the LLM can sample
+    (GENERATE_MODE=continuous; static batches decode greedily)."""
     limits: LimitsSettings
     count_tokens: Callable[[str], int]
+    max_new_tokens: int = spec.MAX_NEW_TOKENS
+    can_sample: bool = True
 
 
 def _request_id(body: Mapping[str, Any], bounds: Bounds) -> str:
@@ -52,18 +85,23 @@ def _query(body: Mapping[str, Any], bounds: Bounds) -> str:
     """Bounded in characters (cheap, first), then in the LLM tokenizer's tokens: the tokens bound the
     prompt, its KV reservation and its prefill, which characters do not (an emoji is four tokens)."""
     query = require_string(body, "query", bounds.limits.max_query_chars)
-    tokens, limit = bounds.count_tokens(query), bounds.limits.max_query_tokens
-    if tokens > limit:
-        raise ApiError(400, f"'query' is {tokens} tokens; the limit is {limit} tokens "
-                            "(MAX_QUERY_TOKENS, counted by the LLM's tokenizer)", field="query")
+    check_query_tokens(query, bounds)
     return query
 
 
+def check_query_tokens(text: str, bounds: Bounds, field: str = "query") -> int:
+    """The text's tokens, or an ApiError 400 where they are over MAX_QUERY_TOKENS."""
+    tokens, limit = bounds.count_tokens(text), bounds.limits.max_query_tokens
+    if tokens > limit:
+        raise ApiError(400, f"'{field}' is {tokens} tokens; the limit is {limit} tokens "
+                            "(MAX_QUERY_TOKENS, counted by the LLM's tokenizer)", field=field)
+    return tokens
+
+
 def _max_new_tokens(body: Mapping[str, Any], bounds: Bounds) -> int | None:
-    value = body.get("max_new_tokens")
-    if value is not None and (type(value) is not int or not 1 <= value <= spec.MAX_NEW_TOKENS):
-        raise ApiError(400, f"'max_new_tokens' must be an integer from 1 to {spec.MAX_NEW_TOKENS}",
-                       field="max_new_tokens")
+    value, limit = body.get("max_new_tokens"), bounds.max_new_tokens
+    if value is not None and (type(value) is not int or not 1 <= value <= limit):
+        raise ApiError(400, f"'max_new_tokens' must be an integer from 1 to {limit}", field="max_new_tokens")
     return value
 
 
@@ -74,9 +112,59 @@ def _stream(body: Mapping[str, Any], bounds: Bounds) -> bool:
     return value
 
 
+def _number(body: Mapping[str, Any], field: str, default: float, low: float, high: float, rule: str) -> float:
+    value = body.get(field)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise ApiError(400, f"'{field}' must be a number {rule}", field=field)
+    return float(value)
+
+
+def _temperature(body: Mapping[str, Any], bounds: Bounds) -> float:
+    value = _number(body, "temperature", 0.0, 0.0, 2.0, "from 0 to 2")
+    if value > 0 and not bounds.can_sample:
+        raise ApiError(400, "'temperature' over 0 needs GENERATE_MODE=continuous: static batches decode greedily",
+                       field="temperature")
+    return value
+
+
+def _top_p(body: Mapping[str, Any], bounds: Bounds) -> float:
+    value = _number(body, "top_p", 1.0, 0.0, 1.0, "over 0 and at most 1")
+    if value == 0:
+        raise ApiError(400, "'top_p' must be a number over 0 and at most 1", field="top_p")
+    return value
+
+
+def _top_k(body: Mapping[str, Any], bounds: Bounds) -> int:
+    value = body.get("top_k")
+    if value is not None and (type(value) is not int or value < -1):
+        raise ApiError(400, "'top_k' must be an integer: -1 or 0 (all tokens), or at least 1", field="top_k")
+    return value or 0
+
+
+def _seed(body: Mapping[str, Any], bounds: Bounds) -> int | None:
+    value = body.get("seed")
+    if value is not None and (type(value) is not int or not -MAX_SEED - 1 <= value <= MAX_SEED):
+        raise ApiError(400, "'seed' must be an integer that fits in 64 bits (signed)", field="seed")
+    return value
+
+
+def _stop(body: Mapping[str, Any], bounds: Bounds) -> tuple[str, ...]:
+    """OpenAI's `stop`: null, one string or a list of up to MAX_STOP_STRINGS non-empty strings."""
+    value = body.get("stop")
+    items = [] if value is None else [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in items) \
+            or len(items) > MAX_STOP_STRINGS:
+        raise ApiError(400, f"'stop' must be a string or a list of at most {MAX_STOP_STRINGS} strings, each of "
+                            f"1 to {MAX_STOP_CHARS} characters", field="stop")
+    return tuple(items)
+
+
 # Each field's rule, in the order they are checked (request_id first: it names the request).
 RULES: dict[str, Callable[[Mapping[str, Any], Bounds], Any]] = {
-    "request_id": _request_id, "query": _query, "max_new_tokens": _max_new_tokens, "stream": _stream}
+    "request_id": _request_id, "query": _query, "max_new_tokens": _max_new_tokens, "stream": _stream,
+    "temperature": _temperature, "top_p": _top_p, "top_k": _top_k, "seed": _seed, "stop": _stop}
 ALL_FIELDS: tuple[str, ...] = tuple(RULES)
 
 

@@ -59,7 +59,7 @@ def test_streamed_pieces_join_to_the_plain_reply_and_the_references_on_both_work
 
 def test_the_openai_package_gets_the_rag_answer_plain_and_streamed(cluster, reference):
     client = openai.OpenAI(base_url=f"{cluster.url(0)}/v1", api_key="not-checked", max_retries=0, timeout=180)
-    assert [m.id for m in client.models.list()] == [spec.GENERATOR_MODEL]
+    assert [m.id for m in client.models.list()] == [spec.GENERATOR_MODEL, spec.EMBEDDER_MODEL]  # chat, embeddings
     query = spec.REFERENCE_QUERIES[1]
     expected = reference.answer(query)["generated_response"]
     completion = client.chat.completions.create(model=spec.GENERATOR_MODEL,

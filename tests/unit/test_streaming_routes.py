@@ -76,7 +76,8 @@ def test_a_retried_request_id_streams_the_answer_it_got_and_is_not_recomputed():
 def test_models_lists_the_served_model_in_openais_shape():
     role, client = query_app([])
     body = client.get("/v1/models").get_json()
-    assert body["object"] == "list" and [Model.model_validate(m).id for m in body["data"]] == [spec.GENERATOR_MODEL]
+    assert body["object"] == "list"
+    assert [Model.model_validate(m).id for m in body["data"]] == [spec.GENERATOR_MODEL, spec.EMBEDDER_MODEL]
 
 
 def test_a_chat_completion_is_one_rag_answer_with_usage_and_the_rag_fields():
@@ -106,9 +107,10 @@ def test_a_streamed_chat_completion_is_chunks_then_done_and_joins_to_the_answer(
 
 @pytest.mark.parametrize("change,status,param", [
     ({"n": 2}, 400, "n"),
-    ({"temperature": 0.7}, 400, "temperature"),
+    ({"temperature": 2.5}, 400, "temperature"),
+    ({"presence_penalty": 0.5}, 400, "presence_penalty"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
-    ({"max_tokens": 500}, 400, "max_tokens"),
+    ({"max_tokens": 0}, 400, "max_tokens"),
     ({"model": "gpt-4o"}, 404, "model"),
     ({"messages": []}, 400, "messages"),
 ])

@@ -50,10 +50,10 @@ class Gateway:
 
     def _compute(self, request: AnswerRequest, deadline: float) -> AnswerStream:
         """The id's own computation: the reply cache when it is on (its hit, or the same question
-        in flight), else a worker. A capped answer (max_new_tokens) is not the question's answer:
-        it neither comes from nor goes to the reply cache."""
+        in flight), else a worker. A capped, sampled or stop-string answer is not the question's
+        answer: it neither comes from nor goes to the reply cache."""
         cache = self.response_cache
-        if cache is None or request.max_new_tokens is not None:
+        if cache is None or not request.is_the_questions_answer:
             return self.router.forward(request, deadline)
         # looked_up: the request_id rules have just counted this question's miss.
         return cache.answer(request.request_id, request.query, lambda: self.router.forward(request, deadline),

@@ -2,10 +2,13 @@
 
 The same id in flight joins the computation (and gets its outcome, a failure included);
 a recently completed one is answered from a bounded cache (failures are not cached: a
-retry recomputes). A request_id is bound to the exact query text it first came with (a
-sha256 of it is kept, not the text): the same id with another query is refused with 409,
-so nobody who guesses an id can read or plant its answer. A reply-cache hit for a new id
-becomes that id's answer, so an id's answer never changes once given.
+retry recomputes). A request_id is bound to the exact request it first came with: its query
+text and what shapes its answer (cap, decoding, stop strings; a sha256 of them is kept, not
+the text). The same id with another query or other fields is refused with 409, so nobody who
+guesses an id can read or plant its answer. A sampled request whose worker drew its seed is
+answered again with that answer (and seed) under its id. A reply-cache hit for a new id
+becomes that id's answer, so an id's answer never changes once given; only the question's
+own answer (greedy, uncapped, no stop strings) is looked up there.
 Only distinct computations count against `max_in_flight`; joiners, each holding an HTTP
 thread while it waits, are capped per id and in all. Beyond any limit the gateway refuses
 at once (Overloaded -> 503 + Retry-After) instead of queueing.
@@ -13,6 +16,7 @@ at once (Overloaded -> 503 + Retry-After) instead of queueing.
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -28,10 +32,12 @@ from services.server.stream_response import AnswerStream, relay, replay
 MIN_RETRY_AFTER_S, MAX_RETRY_AFTER_S = 1.0, 30.0
 
 
-def query_digest(query: str) -> str:
-    """What a request_id is bound to: the exact text as received (no normalisation, since the
-    models see it exactly), hashed so the cache keeps no query text."""
-    return hashlib.sha256(query.encode("utf-8")).hexdigest()
+def request_digest(request: AnswerRequest) -> str:
+    """What a request_id is bound to: the exact query text as received (no normalisation, since the
+    models see it exactly) and the fields that shape its answer, hashed so the cache keeps no text.
+    How it is delivered (stream or not) is not part of it."""
+    asked = {k: v for k, v in request.wire().items() if k not in ("request_id", "stream")}
+    return hashlib.sha256(json.dumps(asked, sort_keys=True).encode("utf-8")).hexdigest()
 
 
 class Idempotency:
@@ -61,8 +67,8 @@ class Idempotency:
         gone: a retryable one) and is not kept."""
         started = time.monotonic()
         deadline = started + timeout_s
-        request_id, digest = request.request_id, query_digest(request.query)
-        entry = self._enter(request_id, request.query, digest)
+        request_id, digest = request.request_id, request_digest(request)
+        entry = self._enter(request_id, request.query if request.is_the_questions_answer else None, digest)
         if not entry.leads:
             yield from replay(self._known_or_joined(entry, deadline))
             return
@@ -74,7 +80,8 @@ class Idempotency:
         yield from relay(lambda: compute(deadline), failed=failed,
                          landed=lambda reply: self._land(entry, request_id, digest, reply, started))
 
-    def _enter(self, request_id: str, query: str, digest: str) -> Entry:
+    def _enter(self, request_id: str, query: str | None, digest: str) -> Entry:
+        """query: the question whose reply-cache entry may answer it (None: not the question's answer)."""
         return self.flights.enter(
             request_id, meta=digest, lookup=lambda: self._completed_reply(request_id, digest),
             admit_joiner=lambda flight, joining: self._admit_joiner(request_id, digest, flight, joining),
@@ -125,9 +132,10 @@ class Idempotency:
         raise Overloaded(f"too many callers waiting on a request_id in flight ({limit})",
                          retry_after_s=self._retry_after_s(time.monotonic() - flight.started))
 
-    def _admit_leader(self, request_id: str, query: str, digest: str, in_flight: int) -> dict | None:
+    def _admit_leader(self, request_id: str, query: str | None, digest: str, in_flight: int) -> dict | None:
         """A reply-cache hit (now the id's answer: it takes no capacity), else a free slot or a refusal."""
-        hit = self.response_cache.get(request_id, query) if self.response_cache is not None else None
+        cache = self.response_cache
+        hit = cache.get(request_id, query) if cache is not None and query is not None else None
         if hit is not None:
             self.completed.put(request_id, (digest, hit))
             return hit

@@ -3,8 +3,7 @@
 `POST /v1/chat/completions`: `parse_chat_request` turns a body into a `ChatRequest` (the last
 user message is the query; the contract's prompt is fixed, so earlier messages do not reach the
 model) or raises an `OpenAIError`. Parameters that would change the answer and that this service
-cannot honour (n > 1, sampling, penalties, tools, stop sequences, logprobs, structured output)
-are refused with a 400 naming them rather than ignored; fields it does not know are ignored, as
+cannot honour (n > 1, tools, logprobs, structured output) are refused with a 400 naming them rather than ignored; fields it does not know are ignored, as
 OpenAI's own servers do for clients that send extras. `completion` builds the reply; `chunk` and
 its helpers the `stream: true` objects, sent as SSE `data:` events and closed by `data: [DONE]`.
 Both carry the sentiment and toxicity in an extra top-level `rag` field that OpenAI clients ignore.
@@ -19,25 +18,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from services.server.openai_errors import error_kind, param_for
+
 DONE = "[DONE]"  # the data of the last event of a stream
 RAG_FIELDS = ("sentiment", "is_toxic", "request_id")  # what the extra `rag` field holds
 FinishReason = Literal["stop", "length"]
 
-# Status -> (OpenAI error type, code) for the statuses the service answers.
-_ERROR_KINDS: dict[int, tuple[str, str | None]] = {
-    400: ("invalid_request_error", None),
-    401: ("invalid_request_error", "invalid_api_key"),
-    404: ("invalid_request_error", "not_found"),
-    409: ("invalid_request_error", "conflict"),
-    413: ("invalid_request_error", "request_too_large"),
-    415: ("invalid_request_error", "unsupported_media_type"),
-    429: ("rate_limit_error", "rate_limit_exceeded"),
-    500: ("server_error", None),
-    503: ("server_error", "service_unavailable"),
-    504: ("server_error", "timeout"),
-}
-# The service's field names as OpenAI's request calls them.
-_PARAMS = {"query": "messages", "body": None}
 
 
 class OpenAIError(Exception):
@@ -46,8 +32,7 @@ class OpenAIError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, type: str | None = None,
                  code: str | None = None):
         super().__init__(message)
-        kind, default_code = _ERROR_KINDS.get(status, ("invalid_request_error" if status < 500 else "server_error",
-                                                        None))
+        kind, default_code = error_kind(status)
         self.status = status
         self.message = message
         self.param = param
@@ -60,7 +45,7 @@ class OpenAIError(Exception):
 
 def error_from_http(status: int, message: str, field: str | None = None) -> OpenAIError:
     """The service's own error (services.server.errors' status, message and field) for an OpenAI client."""
-    return OpenAIError(status, message, _PARAMS.get(field, field) if field else None)
+    return OpenAIError(status, message, param_for(field))
 
 
 def _invalid(message: str, param: str | None, code: str | None = None) -> OpenAIError:
@@ -87,7 +72,8 @@ class ChatRequest:
     include_usage: bool  # stream_options.include_usage: a usage chunk before [DONE]
 
 
-def parse_chat_request(body: object, *, max_tokens_limit: int, model_id: str) -> ChatRequest:
+def parse_chat_request(body: object, *, max_tokens_limit: int, model_id: str,
+                       default_max_tokens: int | None = None) -> ChatRequest:
     """A chat completions body as a ChatRequest, or the OpenAIError (400, 404) that says what is wrong."""
     if not isinstance(body, dict):
         raise _invalid(f"the body must be a JSON object, got {type(body).__name__}", None)
@@ -109,7 +95,8 @@ def parse_chat_request(body: object, *, max_tokens_limit: int, model_id: str) ->
     request_id = body.get("request_id")
     if request_id is not None and (not isinstance(request_id, str) or not request_id.strip()):
         raise _invalid("'request_id' must be a non-empty string", "request_id")
-    return ChatRequest(query=_query(body.get("messages")), max_tokens=_max_tokens(body, max_tokens_limit),
+    default = max_tokens_limit if default_max_tokens is None else default_max_tokens
+    return ChatRequest(query=_query(body.get("messages")), max_tokens=_max_tokens(body, max_tokens_limit, default),
                        stream=stream, request_id=request_id,
                        include_usage=_optional_bool(options or {}, "include_usage", "stream_options.include_usage"))
 
@@ -121,21 +108,16 @@ def _optional_bool(source: dict, key: str, param: str | None = None) -> bool:
     return bool(value)
 
 
-def _number(body: dict, key: str) -> float | None:
-    value = body.get(key)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-        raise _invalid(f"'{key}' must be a number, got {type(value).__name__}", key)
-    return value
-
-
 def _refuse_unsupported(body: dict) -> None:
-    greedy = "this service decodes greedily (deterministic answers)"
+    # Sampling and stop strings are the service's own request fields (services/server/answer_request.py).
     if body.get("n") not in (None, 1):
         raise _unsupported_value("n", body["n"], "this service returns one choice; send n = 1 or leave it out")
-    for key, neutral in (("temperature", 0), ("top_p", 1), ("presence_penalty", 0), ("frequency_penalty", 0)):
-        value = _number(body, key)
-        if value is not None and value != neutral:
-            raise _unsupported_value(key, value, f"{greedy}; send {neutral} or leave it out")
+    for key in ("presence_penalty", "frequency_penalty"):
+        # The model's own repetition penalty applies to every answer; an additive one on top of it
+        # would be a second knob for the same thing.
+        if body.get(key) not in (None, 0):
+            raise _unsupported_value(key, body[key], "the model's own repetition penalty applies to every "
+                                                     "answer; send 0 or leave it out")
     for key in ("tools", "functions", "logit_bias", "audio", "prediction"):
         if body.get(key):  # an empty list or object asks for nothing
             raise _unsupported(key, "this service answers with text from its fixed RAG prompt only")
@@ -148,22 +130,21 @@ def _refuse_unsupported(body: dict) -> None:
     fmt = body.get("response_format")
     if fmt is not None and fmt != {"type": "text"}:
         raise _unsupported("response_format", "only {'type': 'text'} is")
-    if body.get("stop"):
-        raise _unsupported("stop", "the answer ends at the model's end of turn or at max_tokens")
     modalities = body.get("modalities")
     if modalities is not None and modalities != ["text"]:
         raise _unsupported_value("modalities", modalities, "only ['text'] is")
 
 
-def _max_tokens(body: dict, limit: int) -> int:
-    values = [_token_cap(body, key, limit) for key in ("max_completion_tokens", "max_tokens")]
+def _max_tokens(body: dict, limit: int, default: int) -> int:
+    """The request's cap on new tokens, clamped to the service's `limit`; `default` when it sends none."""
+    values = [_token_cap(body, key) for key in ("max_completion_tokens", "max_tokens")]
     given = [v for v in values if v is not None]
     if len(set(given)) > 1:
         raise _invalid("'max_tokens' and 'max_completion_tokens' differ; send one of them", "max_tokens")
-    return given[0] if given else limit
+    return min(given[0] if given else default, limit)
 
 
-def _token_cap(body: dict, key: str, limit: int) -> int | None:
+def _token_cap(body: dict, key: str) -> int | None:
     value = body.get(key)
     if value is None:
         return None
@@ -171,8 +152,6 @@ def _token_cap(body: dict, key: str, limit: int) -> int | None:
         raise _invalid(f"'{key}' must be an integer, got {type(value).__name__}", key)
     if value < 1:
         raise _invalid(f"'{key}' is {value}; it must be at least 1", key, "invalid_value")
-    if value > limit:
-        raise _invalid(f"'{key}' is {value}; the limit is {limit}", key, "invalid_value")
     return value
 
 

@@ -3,7 +3,10 @@
 A chat completion is one RAG request through the gateway, as /query is: the last user message
 is the query (services/roles/gateway/openai_api.py reads the body), and the request_id rules
 (the body's `request_id`, else a new id per request), admission, the query's token limit and the
-deadline apply alike. `max_tokens` caps the answer at most at the service's 128 new tokens.
+deadline apply alike. `max_tokens` is clamped to OPENAI_MAX_TOKENS_CAP (absent: the contract's 128).
+temperature (absent: OPENAI_DEFAULT_TEMPERATURE), top_p, top_k, seed and stop become the
+request's own fields; a sampled answer's seed (the client's, or the one its worker drew) comes
+back in the response's `seed` extension field.
 `stream: true` relays the answer's pieces as chat.completion.chunk events as the LLM produces
 them, closed by `data: [DONE]`. Every error is in OpenAI's shape with the status the service
 gives it; once a stream has started, an error is its last data event.
@@ -18,6 +21,7 @@ from flask import Flask, Response, jsonify
 from pipeline import spec
 from services.roles.gateway import openai_api as oa
 from services.roles.gateway.front import Front
+from services.roles.gateway.openai_embeddings import model_object, served_models
 from services.server import sse
 from services.server.answer_request import AnswerRequest
 from services.server.app import retry_after_header
@@ -29,15 +33,19 @@ MODEL_ID = spec.GENERATOR_MODEL
 STARTED_AT = int(time.time())
 
 
-def register_openai_routes(app: Flask, front: Front) -> None:
+# The /v1 body's decoding fields, read by the service's own rules (services/server/answer_request.py).
+SAMPLING_FIELDS = ("top_p", "top_k", "seed", "stop")
+
+
+def register_openai_routes(app: Flask, front: Front, default_temperature: float, max_tokens_cap: int) -> None:
     @app.get("/v1/models")
     def models():
-        return jsonify(oa.models_list(MODEL_ID, STARTED_AT))
+        return jsonify({"object": "list", "data": [model_object(m, STARTED_AT) for m in served_models(MODEL_ID)]})
 
     @app.post("/v1/chat/completions")
     def chat_completions():
         try:
-            chat, request, events = _start(front)
+            chat, request, events = _start(front, default_temperature, max_tokens_cap)
             if chat.stream:
                 return sse_response(started(events),
                                     encode=lambda events: _chunks(events, request.request_id, chat.include_usage))
@@ -54,21 +62,33 @@ def register_openai_routes(app: Flask, front: Front) -> None:
             return response
 
 
-def _start(front: Front) -> tuple[oa.ChatRequest, AnswerRequest, AnswerStream]:
+def _start(front: Front, default_temperature: float,
+           max_tokens_cap: int) -> tuple[oa.ChatRequest, AnswerRequest, AnswerStream]:
     """The body read as OpenAI's, made the service's one request (its rules: the query's length and
-    tokens, the request_id's), and its answer stream."""
-    chat = oa.parse_chat_request(front.body(), max_tokens_limit=spec.MAX_NEW_TOKENS, model_id=MODEL_ID)
+    tokens, the request_id's, the decoding fields'), and its answer stream."""
+    body = front.body()
+    chat = oa.parse_chat_request(body, max_tokens_limit=max_tokens_cap, model_id=MODEL_ID,
+                                 default_max_tokens=spec.MAX_NEW_TOKENS)
+    temperature = body.get("temperature")
     request = front.request({"request_id": chat.request_id or oa.completion_id(), "query": chat.query,
                              # None: exactly /query's answer
-                             "max_new_tokens": chat.max_tokens if chat.max_tokens < spec.MAX_NEW_TOKENS else None,
-                             "stream": chat.stream})
+                             "max_new_tokens": chat.max_tokens if chat.max_tokens != spec.MAX_NEW_TOKENS else None,
+                             "stream": chat.stream,
+                             "temperature": default_temperature if temperature is None else temperature,
+                             **{key: body.get(key) for key in SAMPLING_FIELDS}})
     return chat, request, front.answer(request)
 
 
 def _completion(reply: dict, request_id: str) -> dict:
     prompt_tokens, completion_tokens = _usage(reply)
-    return oa.completion(_completion_id(request_id), int(time.time()), MODEL_ID, reply["generated_response"],
-                         prompt_tokens, completion_tokens, reply, finish_reason=reply.get("finish_reason", "stop"))
+    return {**oa.completion(_completion_id(request_id), int(time.time()), MODEL_ID, reply["generated_response"],
+                            prompt_tokens, completion_tokens, reply, finish_reason=reply.get("finish_reason", "stop")),
+            **_seed(reply)}
+
+
+def _seed(reply: dict) -> dict:
+    """The `seed` extension field of a sampled answer: the seed that gives it again."""
+    return {"seed": reply["seed"]} if "seed" in reply else {}
 
 
 def _chunks(events: AnswerStream, request_id: str, include_usage: bool) -> Iterator[bytes]:
@@ -80,8 +100,8 @@ def _chunks(events: AnswerStream, request_id: str, include_usage: bool) -> Itera
             if isinstance(event, str):
                 yield sse.event(oa.content_chunk(cid, created, MODEL_ID, event, include_usage=include_usage))
                 continue
-            yield sse.event(oa.final_chunk(cid, created, MODEL_ID, event.get("finish_reason", "stop"), event,
-                                           include_usage=include_usage))
+            yield sse.event({**oa.final_chunk(cid, created, MODEL_ID, event.get("finish_reason", "stop"), event,
+                                              include_usage=include_usage), **_seed(event)})
             if include_usage:
                 yield sse.event(oa.usage_chunk(cid, created, MODEL_ID, *_usage(event)))
         yield sse.event(oa.DONE)

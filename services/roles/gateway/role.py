@@ -14,13 +14,15 @@ from services.roles.caches import ResponseCache
 from services.roles.gateway.front import Front
 from services.roles.gateway.gateway import Gateway
 from services.roles.gateway.metrics import GatewayCollector
+from services.roles.gateway.openai_routes import MODEL_ID as OPENAI_MODEL_ID
+from services.roles.gateway.openai_routes import STARTED_AT as OPENAI_STARTED_AT
 from services.roles.gateway.openai_routes import register_openai_routes
+from services.roles.gateway.public_api import register_public_api
 from services.roles.gateway.routing import WorkerTarget, remote_target
 from services.roles.loaded import Loaded
-from services.roles.worker.role import WorkerRole
+from services.roles.worker.role import WorkerRole, worker_bounds
 from services.roles.worker.stage_clock import collect_stage_times
 from services.server import sse
-from services.server.answer_request import Bounds
 from services.server.errors import NodeNotReady
 from services.server.lifecycle import Readiness
 from services.server.stream_response import collect, sse_response, started
@@ -49,7 +51,7 @@ class GatewayRole(Role):
         self.gateway: Loaded[Gateway] = Loaded(f"node {self.node} is still loading its models")
         self.response_cache = ResponseCache(self.settings.gateway.response_cache_size,
                                             self.settings.gateway.response_cache_ttl_s)
-        bounds = Bounds(self.settings.limits, lambda query: self.count_query_tokens(query))
+        bounds = worker_bounds(self.settings, lambda query: self.count_query_tokens(query))
         self.front = Front(self.lifecycle, self.settings.limits, bounds, self.gateway)
 
     @property
@@ -131,7 +133,10 @@ class GatewayRole(Role):
 
     def register_routes(self, app: Flask) -> None:
         app.post("/query")(self.query)
-        register_openai_routes(app, self.front)
+        api = self.settings.api
+        register_openai_routes(app, self.front, api.default_temperature, api.max_tokens_cap)
+        register_public_api(app, api, self.front, self.worker_role.worker, generator_model=OPENAI_MODEL_ID,
+                            created=OPENAI_STARTED_AT)
 
     def query(self):
         """POST /query: one answer through the gateway, streamed (`"stream": true`, or an Accept

@@ -10,6 +10,7 @@ line's stages_ms and, with tracing on, the stage's span.
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from concurrent.futures import CancelledError, Future
@@ -23,8 +24,10 @@ from pipeline.config import BatchConfig
 from pipeline.continuous import ContinuousEngine
 from pipeline.generator import GenerationRequest
 from pipeline.reranker import RerankRequest
+from pipeline.sampling_params import MAX_SEED
 from pipeline.spec import Stage
 from pipeline.stages import Stages
+from pipeline.stop_strings import StopStringFilter
 from services.cluster.sharded_index import ShardedIndexClient
 from services.roles.caches import LruCache
 from services.roles.worker.stage_clock import StageClock, StageVisit
@@ -138,31 +141,36 @@ class Worker:
 
     def answer(self, request: AnswerRequest, timeout_s: float | None = None) -> AnswerStream:
         """The answer's text in pieces as the LLM produces them (never splitting a character), then
-        the reply with its `usage` (prompt and completion tokens) and `finish_reason`. Closing the
-        stream early cancels the generation (its slot frees at the engine's next iteration)."""
+        the reply with its `usage` (prompt and completion tokens), `finish_reason` and, when sampled,
+        its `seed` (drawn here when the request names none). Closing the stream early cancels the
+        generation (its slot frees at the engine's next iteration). A stop string ends the answer: the
+        stream holds back text that could be the start of one."""
         clock, trace, deadline = self._begin(request.request_id, timeout_s)
         generation: StageVisit | None = None
         try:
             documents = self._retrieve(clock, trace, request.query, deadline)
             tokens = TokenStream()
-            generating = GenerationRequest(request.query, documents, request.max_new_tokens, on_token=tokens.put)
+            sampling = request.sampling(drawn_seed=secrets.randbelow(MAX_SEED + 1))
+            generating = GenerationRequest(request.query, documents, request.max_new_tokens, sampling,
+                                           on_token=tokens.put)
             generation = self._enter(clock, Stage.GENERATE, generating)
             tokens.end_with(generation.future)
-            text = self.stages.generator.detokenizer()
+            text, stops = self.stages.generator.detokenizer(), StopStringFilter(request.stop)
             streamed = ""
             for token in tokens.read(deadline):
-                piece = text.push(token)
+                piece = stops.push(text.push(token))
                 if piece:
                     streamed += piece
                     yield piece
-            streamed += (rest := text.finish())
+            streamed += (rest := stops.push(text.finish()) + stops.finish())
             response = clock.wait(generation, deadline)
             if response != streamed:  # static batches stream nothing: the whole answer at its end
                 rest += response[len(streamed):] if response.startswith(streamed) else response
             if rest:
                 yield rest
             reply = self._classify(clock, request.request_id, response, deadline)
-            yield {**reply, **self._usage(generating, text.token_count)}
+            seed = {"seed": sampling.seed} if sampling is not None and not sampling.greedy else {}
+            yield {**reply, **self._usage(generating, text.token_count), **seed}
         finally:
             if generation is not None:
                 generation.future.cancel()  # a no-op once it ended; frees the slot of a reader gone early

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from flask import Flask, g, jsonify
@@ -38,6 +39,12 @@ def worker_config(settings: Settings) -> WorkerConfig:
                         embed_cache_size=settings.embed.cache_size, continuous=continuous)
 
 
+def worker_bounds(settings: Settings, count_tokens: Callable[[str], int]) -> Bounds:
+    """What a request body is checked against on this node (services.server.answer_request)."""
+    return Bounds(settings.limits, count_tokens, max_new_tokens=settings.api.max_tokens_cap,
+                  can_sample=settings.generate.mode == "continuous")
+
+
 def internal_timeout(body: dict, settings: Settings) -> float:
     """The caller's time left (the gateway's deadline), never more than our own limit."""
     timeout_s = body.get("timeout_s", settings.limits.request_timeout_s)
@@ -57,7 +64,7 @@ class WorkerRole(Role):
         self.worker: Loaded[Worker] = Loaded(f"node {self.node} is still loading its models")
         self._model_source = "loading"
         # What a request body is checked against (the query's tokens: by the loaded LLM's tokenizer).
-        self.bounds = Bounds(self.settings.limits, lambda query: self.worker.require().count_query_tokens(query))
+        self.bounds = worker_bounds(self.settings, lambda query: self.worker.require().count_query_tokens(query))
 
     @property
     def model_source(self) -> str:

@@ -1,0 +1,59 @@
+"""The runner's token choice per row: greedy, or sampled from the row's own random stream.
+
+A greedy row takes the argmax, as before. A sampled row (its sequence's `sampling`, a
+pipeline.sampling_params.Sampling with temperature > 0) scales its logits by 1/temperature,
+keeps its top_k and then its top_p nucleus, and draws one token with torch.multinomial from
+a torch.Generator seeded with the request's seed when its first token is chosen and owned
+by that sequence alone. Every operation reads one row: a sampled token depends only on that
+row's logits (which the engine keeps independent of the batch) and its own stream's draws so
+far, so the same request with the same seed gets the same tokens alone or in any batch.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from pipeline.sampling_params import Sampling
+
+
+class TokenChooser:
+    def __init__(self, device: str = "cpu"):
+        import torch
+        self.torch = torch
+        self.device = device
+        self._streams: dict[int, Any] = {}  # seq id -> its torch.Generator, from its first sampled token
+
+    def choose(self, logits, seqs: Sequence[Any]) -> list[int]:
+        """One token per row of float logits (rows, vocab), row i belonging to seqs[i]."""
+        tokens = logits.argmax(dim=-1).tolist()
+        for row, seq in enumerate(seqs):
+            sampling: Sampling | None = getattr(seq, "sampling", None)
+            if sampling is not None and not sampling.greedy:
+                tokens[row] = self._sample(logits[row], sampling, self._stream(seq.seq_id, sampling))
+        return tokens
+
+    def release(self, seq_ids: Sequence[int]) -> None:
+        for seq_id in seq_ids:
+            self._streams.pop(seq_id, None)
+
+    def _stream(self, seq_id: int, sampling: Sampling):
+        stream = self._streams.get(seq_id)
+        if stream is None:
+            stream = self.torch.Generator(device=self.device)
+            stream.manual_seed(sampling.seed or 0)
+            self._streams[seq_id] = stream
+        return stream
+
+    def _sample(self, row, sampling: Sampling, stream) -> int:
+        torch = self.torch
+        scores = row.float() / sampling.temperature
+        if 0 < sampling.top_k < scores.shape[-1]:
+            kth = torch.topk(scores, sampling.top_k).values[-1]
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        if sampling.top_p < 1.0:
+            ordered, order = torch.sort(scores, descending=True)
+            probs = ordered.softmax(dim=-1)
+            # A token is dropped when the tokens before it already reach top_p; the first always stays.
+            drop = (probs.cumsum(dim=-1) - probs) >= sampling.top_p
+            scores = scores.scatter(0, order, ordered.masked_fill(drop, float("-inf")))
+        probs = scores.softmax(dim=-1)
+        return int(torch.multinomial(probs, 1, generator=stream)[0])

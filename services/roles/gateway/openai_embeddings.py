@@ -1,0 +1,123 @@
+"""POST /v1/embeddings with the query embedder, and GET /v1/models/{id}.
+
+Each input string is one item of node 0's embed stage (its BatchingService, batched with the
+/query requests' embeddings), submitted together so that all or none are queued. The limits
+are /query's: a stage queue that is full gets 503 + Retry-After, each input is held to
+MAX_QUERY_CHARS and MAX_QUERY_TOKENS (the LLM's tokenizer, as /query counts; `usage` reports
+that count), and the request to REQUEST_TIMEOUT_S (504; its queued items are cancelled). Vectors are the ones /query
+searches with: unit-norm, 768 floats, as `float` lists or `base64` of little-endian float32.
+Only text is accepted: token-id arrays (what langchain's OpenAIEmbeddings sends by default, in
+OpenAI's tokenizer) get a 400 that says to send text (`check_embedding_ctx_length=False`).
+"""
+from __future__ import annotations
+
+import base64
+import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+import numpy as np
+from flask import Flask, Response, jsonify
+
+from pipeline import spec
+from services.roles.gateway.front import Front
+from services.roles.gateway.openai_api import OpenAIError
+from services.roles.loaded import Loaded
+from services.roles.worker.request_path import Worker
+from services.server.answer_request import check_query_tokens
+from services.server.errors import ApiError, RequestTimeout
+
+EMBEDDING_MODEL = spec.EMBEDDER_MODEL
+
+
+def served_models(generator_model: str) -> dict[str, dict[str, str]]:
+    """The models /v1 serves by id: the chat model and the embedding model."""
+    return {generator_model: {"kind": "chat"}, EMBEDDING_MODEL: {"kind": "embedding"}}
+
+
+def model_object(model_id: str, created: int) -> dict[str, Any]:
+    return {"id": model_id, "object": "model", "created": created, "owned_by": "rag-service"}
+
+
+def register_openai_embeddings(app: Flask, front: Front, worker: Loaded[Worker], *, generator_model: str,
+                               created: int) -> None:
+    @app.get("/v1/models/<path:model_id>")
+    def model(model_id: str):
+        if model_id not in served_models(generator_model):
+            raise OpenAIError(404, f"The model `{model_id}` does not exist", "model", code="model_not_found")
+        return jsonify(model_object(model_id, created))
+
+    @app.post("/v1/embeddings")
+    def embeddings():
+        limits = front.limits
+        texts, encoding = parse_embeddings_request(front.body(), limits.stage_max_queue)
+        counts = []
+        for i, text in enumerate(texts):
+            if len(text) > limits.max_query_chars:
+                raise OpenAIError(400, f"input[{i}] is over {limits.max_query_chars} characters", "input")
+            try:
+                counts.append(check_query_tokens(text, front.bounds, "input"))
+            except ApiError as exc:
+                raise OpenAIError(400, f"input[{i}]: {exc.message}", "input") from None
+        futures = worker.require().services[spec.Stage.EMBED].submit_many(texts)  # type: ignore[attr-defined]
+        vectors = _wait(futures, limits.request_timeout_s)
+        return jsonify(embeddings_response(vectors, encoding, sum(counts)))
+
+    @app.errorhandler(OpenAIError)
+    def _openai_error(error: OpenAIError) -> Response:
+        response = jsonify(error.body())
+        response.status_code = error.status
+        return response
+
+
+def parse_embeddings_request(body: dict, max_inputs: int) -> tuple[list[str], str]:
+    """The input texts and the encoding ('float' or 'base64'), or the OpenAIError (400, 404) naming the field."""
+    model = body.get("model")
+    if not isinstance(model, str):
+        raise OpenAIError(400, "you must provide a model parameter (a string)", "model")
+    if model != EMBEDDING_MODEL:
+        raise OpenAIError(404, f"The model `{model}` does not exist; this service embeds with `{EMBEDDING_MODEL}`",
+                          "model", code="model_not_found")
+    encoding = body.get("encoding_format") or "float"
+    if encoding not in ("float", "base64"):
+        raise OpenAIError(400, "'encoding_format' must be 'float' or 'base64'", "encoding_format")
+    if body.get("dimensions") not in (None, spec.EMBED_DIM):
+        raise OpenAIError(400, f"'dimensions' is not supported: the vectors have {spec.EMBED_DIM}", "dimensions",
+                          code="unsupported_value")
+    raw = body.get("input")
+    texts = [raw] if isinstance(raw, str) else raw
+    if not isinstance(texts, list) or not texts:
+        raise OpenAIError(400, "'input' must be a string or a non-empty array of strings", "input")
+    if not all(isinstance(t, str) for t in texts):
+        raise OpenAIError(400, "'input' must be text: token-id arrays are not supported (this service's embedder "
+                               "has its own tokenizer); with langchain's OpenAIEmbeddings, pass "
+                               "check_embedding_ctx_length=False", "input", code="unsupported_value")
+    if any(not t.strip() for t in texts):
+        raise OpenAIError(400, "'input' strings must not be empty", "input")
+    if len(texts) > max_inputs:
+        raise OpenAIError(400, f"'input' has {len(texts)} strings; the limit is {max_inputs} (STAGE_MAX_QUEUE)",
+                          "input")
+    return texts, encoding
+
+
+def embeddings_response(vectors: list[np.ndarray], encoding: str, prompt_tokens: int) -> dict[str, Any]:
+    data = []
+    for i, vector in enumerate(vectors):
+        values = np.asarray(vector, dtype="<f4")
+        embedding: Any = base64.b64encode(values.tobytes()).decode("ascii") if encoding == "base64" \
+            else values.tolist()
+        data.append({"object": "embedding", "index": i, "embedding": embedding})
+    return {"object": "list", "data": data, "model": EMBEDDING_MODEL,
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}}
+
+
+def _wait(futures: list[Future], timeout_s: float) -> list[np.ndarray]:
+    deadline = time.monotonic() + timeout_s
+    try:
+        return [future.result(timeout=max(0.0, deadline - time.monotonic())) for future in futures]
+    except FutureTimeout:
+        raise RequestTimeout("request timed out") from None
+    finally:
+        for future in futures:
+            future.cancel()  # a no-op once done; unstarted items leave the queue

@@ -1,0 +1,76 @@
+"""API keys for the public endpoints: `Authorization: Bearer <key>` checked against a file of keys.
+
+The file (API_KEYS_FILE) holds one key a line, or `sha256:<64 hex digits>`, the SHA-256 of a
+key, so the file need not hold the keys themselves; blank lines and `#` comments are skipped.
+Keys are kept only as their SHA-256 digests, and a presented key's digest is compared with
+every one of them in constant time (hmac.compare_digest, no early exit), so the time taken
+says nothing about how much of a key matched. No key, presented or configured, is ever logged.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Callable
+from pathlib import Path
+
+from flask import Flask, request
+
+from services.server.errors import ApiError
+
+SHA256_PREFIX = "sha256:"
+
+
+class ApiKeys:
+    def __init__(self, digests: list[bytes]):
+        if not digests:
+            raise ValueError("no API keys")
+        self._digests = tuple(digests)
+
+    @classmethod
+    def from_file(cls, path: Path) -> ApiKeys:
+        """The keys of the file; ValueError (naming the line, never its text) where one is malformed."""
+        digests = []
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            entry = line.strip()
+            if not entry or entry.startswith("#"):
+                continue
+            if entry.startswith(SHA256_PREFIX):
+                try:
+                    digest = bytes.fromhex(entry[len(SHA256_PREFIX):])
+                except ValueError:
+                    digest = b""
+                if len(digest) != 32:
+                    raise ValueError(f"{path}:{number}: a sha256: entry needs 64 hex digits")
+                digests.append(digest)
+            else:
+                digests.append(hashlib.sha256(entry.encode("utf-8")).digest())
+        if not digests:
+            raise ValueError(f"{path} holds no API keys")
+        return cls(digests)
+
+    def allows(self, key: str) -> bool:
+        digest = hashlib.sha256(key.encode("utf-8", "replace")).digest()
+        matched = False
+        for known in self._digests:  # every one, always: the time does not depend on which matched
+            matched |= hmac.compare_digest(digest, known)
+        return matched
+
+
+def bearer_key() -> str | None:
+    """The key of the request's `Authorization: Bearer <key>` header, or None."""
+    scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+    return key.strip() if scheme.lower() == "bearer" and key.strip() else None
+
+
+def install_api_keys(app: Flask, keys: ApiKeys, protected: Callable[[str], bool]) -> None:
+    """401 for a request to a protected path without a valid key; a CORS preflight (OPTIONS) carries
+    no credentials and is let through to be answered."""
+    @app.before_request
+    def _require_api_key():
+        if request.method == "OPTIONS" or not protected(request.path):
+            return None
+        key = bearer_key()
+        if key is None or not keys.allows(key):
+            raise ApiError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
+                           field="authorization")
+        return None

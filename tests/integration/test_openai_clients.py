@@ -1,0 +1,173 @@
+"""The clients front-ends use, at their usual arguments, against a real three-node cluster on
+127.0.0.1 with API keys and CORS on: the `openai` package (chat plain and streamed with
+temperature, seed, stop and max_tokens; embeddings; each error status as its SDK exception),
+`langchain-openai` (ChatOpenAI invoke and stream, OpenAIEmbeddings) and `litellm`."""
+from __future__ import annotations
+
+import base64
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import openai
+import pytest
+import requests
+
+from pipeline import spec
+from tests.helpers import start_cluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+KEY = "test-key-0123456789"
+ORIGIN = "http://127.0.0.1:5173"
+CHAT_MODEL, EMBED_MODEL = spec.GENERATOR_MODEL, spec.EMBEDDER_MODEL
+QUESTION = spec.REFERENCE_QUERIES[0]
+USER = [{"role": "user", "content": QUESTION}]
+
+
+@pytest.fixture(scope="module")
+def cluster(support_data, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("openai-clients")
+    keys = logs / "api-keys"
+    keys.write_text(f"{KEY}\n")
+    cluster = start_cluster(support_data, logs, API_KEYS_FILE=str(keys), CORS_ALLOWED_ORIGINS=ORIGIN,
+                            MAX_BODY_BYTES="4096")
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def client(cluster) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{cluster.url(0)}/v1", api_key=KEY, max_retries=0, timeout=300)
+
+
+def chat(client: openai.OpenAI, **kwargs):
+    return client.chat.completions.create(model=CHAT_MODEL, messages=USER, **kwargs)
+
+
+def streamed(client: openai.OpenAI, **kwargs) -> tuple[str, str | None]:
+    pieces, reason = [], None
+    for chunk in chat(client, stream=True, **kwargs):
+        if chunk.choices:
+            pieces.append(chunk.choices[0].delta.content or "")
+            reason = chunk.choices[0].finish_reason or reason
+    return "".join(pieces), reason
+
+
+# ---------------------------------------------------------------- openai
+
+def test_the_same_seed_gives_the_same_sampled_answer_plain_streamed_and_among_8(client):
+    sampled = {"temperature": 0.9, "top_p": 0.95, "seed": 1234, "max_tokens": 48}
+    alone = chat(client, **sampled)
+    text = alone.choices[0].message.content
+    assert text and alone.model_extra["seed"] == 1234
+    assert streamed(client, **sampled)[0] == text
+    greedy = chat(client, max_tokens=48).choices[0].message.content
+    assert greedy != text  # it did sample
+    others = [{**sampled, "seed": seed} for seed in range(7)]
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda kw: chat(client, **kw).choices[0].message.content, [sampled, *others]))
+    assert answers[0] == text
+    drawn = chat(client, temperature=0.7, max_tokens=16)
+    again = chat(client, temperature=0.7, max_tokens=16, seed=drawn.model_extra["seed"])
+    assert again.choices[0].message.content == drawn.choices[0].message.content
+
+
+def test_stop_strings_end_the_answer_and_are_not_returned(client):
+    full = chat(client, max_tokens=64).choices[0].message.content
+    assert len(full) > 12, full
+    stop = full[len(full) // 2: len(full) // 2 + 4]
+    plain = chat(client, max_tokens=64, stop=[stop, "never-there"])
+    assert plain.choices[0].message.content == full[:full.index(stop)]
+    assert plain.choices[0].finish_reason == "stop"
+    assert streamed(client, max_tokens=64, stop=stop) == (full[:full.index(stop)], "stop")
+
+
+def test_max_tokens_up_to_the_cap_and_finish_reason_length(client):
+    short = chat(client, max_tokens=5)
+    assert short.choices[0].finish_reason == "length" and short.usage.completion_tokens == 5
+    assert streamed(client, max_tokens=5)[1] == "length"
+    long = chat(client, max_tokens=4096)  # over OPENAI_MAX_TOKENS_CAP: clamped, not refused
+    assert long.usage.completion_tokens <= 512
+    assert long.choices[0].finish_reason == ("length" if long.usage.completion_tokens == 512 else "stop")
+
+
+def test_embeddings_float_and_base64(client):
+    floats = client.embeddings.create(model=EMBED_MODEL, input=[QUESTION, "refund policy"])
+    assert [len(d.embedding) for d in floats.data] == [spec.EMBED_DIM] * 2 and floats.usage.prompt_tokens > 0
+    vector = np.array(floats.data[0].embedding, dtype=np.float32)
+    assert abs(float(np.linalg.norm(vector)) - 1.0) < 1e-3
+    raw = client.embeddings.with_raw_response.create(model=EMBED_MODEL, input=QUESTION, encoding_format="base64")
+    packed = np.frombuffer(base64.b64decode(raw.http_response.json()["data"][0]["embedding"]), dtype="<f4")
+    assert np.array_equal(packed, vector)
+
+
+def test_each_error_status_is_its_sdk_exception(cluster, client):
+    with pytest.raises(openai.BadRequestError) as bad:
+        chat(client, presence_penalty=0.5)
+    assert bad.value.param == "presence_penalty"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{cluster.url(0)}/v1", api_key="wrong", max_retries=0).models.list()
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4o")
+    assert client.models.retrieve(CHAT_MODEL).id == CHAT_MODEL
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(model="text-embedding-3-small", input="q")
+    chat(client, max_tokens=4, extra_body={"request_id": "reused-id"})
+    with pytest.raises(openai.ConflictError) as conflict:
+        client.chat.completions.create(model=CHAT_MODEL, messages=[{"role": "user", "content": "another"}],
+                                       max_tokens=4, extra_body={"request_id": "reused-id"})
+    assert conflict.value.response.headers["x-should-retry"] == "false"
+    with pytest.raises(openai.APIStatusError) as too_large:
+        chat(client, extra_body={"padding": "x" * 5000})
+    assert too_large.value.status_code == 413 and too_large.value.body["code"] == "request_too_large"
+    with pytest.raises(openai.APIStatusError) as not_allowed:
+        client.get("/chat/completions", cast_to=object)
+    assert not_allowed.value.status_code == 405
+
+
+def test_keys_guard_the_public_paths_and_cors_answers_a_browser(cluster):
+    url = cluster.url(0)
+    assert requests.post(f"{url}/query", json={"request_id": "k", "query": QUESTION}, timeout=60).status_code == 401
+    assert requests.get(f"{url}/health", timeout=10).status_code == 200
+    preflight = requests.options(f"{url}/v1/chat/completions", timeout=10, headers={
+        "Origin": ORIGIN, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization,content-type"})
+    assert preflight.status_code == 204 and preflight.headers["Access-Control-Allow-Origin"] == ORIGIN
+    models = requests.get(f"{url}/v1/models", headers={"Origin": ORIGIN, "Authorization": f"Bearer {KEY}"}, timeout=10)
+    assert models.headers["Access-Control-Allow-Origin"] == ORIGIN
+
+
+# ---------------------------------------------------------------- langchain-openai
+
+def test_langchain_chat_openai_invoke_and_stream(cluster):
+    from langchain_openai import ChatOpenAI
+    llm = ChatOpenAI(model=CHAT_MODEL, base_url=f"{cluster.url(0)}/v1", api_key=KEY, temperature=0.7,
+                     max_tokens=512, seed=42, max_retries=0, timeout=300)
+    message = llm.invoke(QUESTION)
+    assert message.content and message.response_metadata["finish_reason"] in ("stop", "length")
+    assert "".join(chunk.content for chunk in llm.stream(QUESTION)) == message.content  # same seed
+
+
+def test_langchain_openai_embeddings(cluster):
+    from langchain_openai import OpenAIEmbeddings
+    # check_embedding_ctx_length=False: send text, not OpenAI's token ids (README "OpenAI-compatible API")
+    embeddings = OpenAIEmbeddings(model=EMBED_MODEL, base_url=f"{cluster.url(0)}/v1", api_key=KEY,
+                                  check_embedding_ctx_length=False, max_retries=0)
+    query = embeddings.embed_query(QUESTION)
+    documents = embeddings.embed_documents([QUESTION, "shipping times"])
+    assert len(query) == spec.EMBED_DIM and np.allclose(query, documents[0], atol=1e-5)
+
+
+# ---------------------------------------------------------------- litellm
+
+def test_litellm_completion_stream_and_embedding(cluster):
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no download of its price list
+    import litellm
+    base = {"api_base": f"{cluster.url(0)}/v1", "api_key": KEY}
+    args = {"model": f"openai/{CHAT_MODEL}", "messages": USER, "temperature": 0.8, "seed": 9, "max_tokens": 32, **base}
+    text = litellm.completion(**args).choices[0].message.content
+    assert text
+    assert "".join(c.choices[0].delta.content or "" for c in litellm.completion(stream=True, **args)) == text
+    vectors = litellm.embedding(model=f"openai/{EMBED_MODEL}", input=[QUESTION], **base)
+    assert len(vectors.data[0]["embedding"]) == spec.EMBED_DIM

@@ -1,0 +1,117 @@
+"""Sampling in the continuous engine: a request's tokens depend only on its logits and its seed.
+
+As greedy batch invariance is tested (tests/unit/test_precision.py): the same sampled request
+alone, then among 8 requests of different lengths, seeds and temperatures joining at different
+steps, in every precision, gives the same tokens. Stop strings end the answer and are not in it.
+"""
+from __future__ import annotations
+
+import pytest
+
+from pipeline.continuous import ContinuousEngine
+from pipeline.device import Placement
+from pipeline.docstore import Document
+from pipeline.generator import GenerationRequest, Generator
+from pipeline.precision import LOAD_DTYPE
+from pipeline.sampling_params import Sampling, SamplingError
+from pipeline.stop_strings import StopStringFilter, truncate
+
+DOCS = tuple(Document(i, f"Doc {i}", "Refunds take 5 days." * (i + 1), "billing") for i in range(2))
+QUERIES = ("How do I get a refund?", "Where is my order?", "Can I change my plan?")
+NEW = 8  # new tokens per answer: enough to show a sampled answer differs from greedy
+
+
+def sampled(seed: int, temperature: float = 0.9, **kw) -> Sampling:
+    return Sampling(temperature=temperature, seed=seed, **kw)
+
+
+# ----------------------------------------------------------------------------- parameters and stop strings
+
+def test_a_sampled_request_needs_its_seed_and_each_field_its_rule():
+    assert Sampling(0.7, 0.9, 40, 123, ("END",)).seed == 123
+    for kwargs, field in (({"temperature": 0.5}, "seed"), ({"temperature": 3, "seed": 1}, "temperature"),
+                          ({"top_p": 0}, "top_p"), ({"top_k": -2}, "top_k"), ({"stop": ("a",) * 5}, "stop"),
+                          ({"stop": ("",)}, "stop")):
+        with pytest.raises(SamplingError) as caught:
+            Sampling(**kwargs)
+        assert caught.value.field == field
+
+
+@pytest.mark.parametrize("pieces", [["Hello wor", "ld. EN", "D and more"], ["H", "ello", " E", "N", "D"],
+                                    ["Hello E", "ND"], ["Hello EN", "d then END"]])
+def test_stop_filter_never_shows_a_stop_string_and_joins_to_the_truncated_text(pieces):
+    stops = ["END", "\n\n"]
+    text = "".join(pieces)
+    f = StopStringFilter(stops)
+    shown = []
+    for piece in pieces:
+        shown.append(f.push(piece))
+        assert "END" not in "".join(shown)
+    assert "".join(shown) + f.finish() == truncate(text, stops)
+
+
+def test_stop_filter_releases_a_held_tail_that_never_became_a_stop_string():
+    f = StopStringFilter(["ENDING"])
+    assert f.push("the END") == "the "
+    assert f.push("!") == "END!"
+    assert f.push(" ok EN") == " ok "
+    assert f.finish() == "EN" and not f.stopped
+
+
+# ----------------------------------------------------------------------------- engine, every precision
+# Kept cheap: one engine per precision for all its cases, short prompts, NEW tokens per answer.
+
+@pytest.fixture(scope="module", params=("float32", "bfloat16", "int8-dynamic", "int8-weight"))
+def variant_engine(request, model_source):
+    generator = Generator.load(model_source, Placement("cpu", LOAD_DTYPE[request.param], request.param))
+    return ContinuousEngine(generator, max_batch=8, kv_cache_tokens=8192, prefill_chunk=64)
+
+
+@pytest.fixture(scope="module")
+def engine(generator):
+    return ContinuousEngine(generator, max_batch=8, kv_cache_tokens=8192, prefill_chunk=64)
+
+
+def run(engine: ContinuousEngine, requests: list[GenerationRequest], join_every: int = 1) -> list[list[int]]:
+    """Each request's tokens, the requests joining `join_every` steps apart."""
+    seqs, pending, step = {}, list(enumerate(requests)), 0
+    while pending or engine.has_work():
+        if pending and step % join_every == 0:
+            i, request = pending.pop(0)
+            seqs[i] = engine.add(request)
+        assert not engine.step().failed
+        step += 1
+    assert not engine.runner.chooser._streams  # every stream left with its sequence
+    return [seqs[i].generated for i in range(len(requests))]
+
+
+def ask(i: int, sampling: Sampling | None, new: int = NEW) -> GenerationRequest:
+    return GenerationRequest(QUERIES[i % len(QUERIES)], DOCS[: i % 3], new, sampling=sampling)
+
+
+def test_a_seeded_request_gets_the_same_tokens_alone_and_among_8_and_greedy_is_unchanged(variant_engine):
+    target, greedy = ask(1, sampled(seed=7)), ask(0, None)
+    mates = [ask(i, None if i % 3 == 0 else sampled(seed=100 + i, temperature=0.3 + i / 10, top_p=0.9, top_k=50),
+                 NEW - i % 3) for i in range(2, 8)]
+    [alone], [greedy_alone] = run(variant_engine, [target]), run(variant_engine, [greedy])
+    together = run(variant_engine, [greedy, *mates[:3], target, *mates[3:]])
+    assert len(together) == 8 and together[4] == alone and together[0] == greedy_alone
+
+
+def test_the_seed_is_the_stream_and_greedy_ignores_it(engine):
+    seven, eight, greedy, greedy_seeded = run(engine, [ask(1, sampled(seed=7)), ask(1, sampled(seed=8)),
+                                                       ask(1, None), ask(1, Sampling(seed=5))])
+    assert seven != eight and seven != greedy
+    assert greedy_seeded == greedy
+
+
+def test_a_stop_string_ends_the_answer_and_is_not_in_it(engine):
+    [seq_tokens] = run(engine, [ask(0, None, 16)])
+    full = engine.generator.decode(seq_tokens)
+    stop = full[len(full) // 2: len(full) // 2 + 3]  # three characters from the middle of the greedy answer
+    assert stop.strip(), full
+    stopped = engine.add(ask(0, Sampling(stop=(stop, "never-there")), 16))
+    while engine.has_work():
+        engine.step()
+    assert engine.text(stopped) == full[:full.index(stop)]
+    assert len(stopped.generated) < len(seq_tokens)
