@@ -25,7 +25,6 @@ import yaml
 
 from pipeline import spec
 from pipeline.config import REPO_ROOT, Settings
-from services.cluster.local import free_ports
 from tests.support.containers import (
     BASE_IMAGE,
     DOCKER,
@@ -39,6 +38,7 @@ from tests.support.containers import (
     local_wheel_folder,
     why_not,
 )
+from tools.local import free_ports
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 

@@ -12,7 +12,7 @@ from pipeline.continuous import ContinuousEngine
 from pipeline.device import Placement
 from pipeline.docstore import Document
 from pipeline.generator import GenerationRequest, Generator
-from pipeline.precision import LOAD_DTYPE
+from pipeline.precision_policy import LOAD_DTYPE
 from pipeline.sampling_params import Sampling, SamplingError
 from pipeline.stop_strings import StopStringFilter, truncate
 
