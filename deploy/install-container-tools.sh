@@ -14,26 +14,13 @@ daemon_up() { timeout 10 /usr/bin/docker info >/dev/null 2>&1; }
 [[ "$(id -u)" == 0 ]] || skip "no running Docker daemon and not root (install docker.io and debootstrap, start dockerd)"
 command -v apt-get >/dev/null 2>&1 || skip "no running Docker daemon and no apt-get"
 
-export DEBIAN_FRONTEND=noninteractive
-log="$(mktemp -t install-container-tools.XXXXXX)"
-policy=/usr/sbin/policy-rc.d
-made_policy=""
-cleanup() {
-  [[ -n "$made_policy" ]] && rm -f "$policy"
-  rm -f "$log"
-}
-trap cleanup EXIT
+# shellcheck source=deploy/apt-install.sh
+. "$(dirname "$0")/apt-install.sh"
 started=$SECONDS
 if [[ ! -x /usr/sbin/dockerd || ! -x /usr/bin/docker ]] || ! command -v debootstrap >/dev/null 2>&1; then
-  # The packages' postinst would start services through invoke-rc.d; this script starts dockerd itself.
-  if [[ ! -e "$policy" ]]; then
-    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && made_policy=1
-  fi
-  install() { apt-get install -y -qq --no-install-recommends docker.io debootstrap >>"$log" 2>&1; }
-  if ! install; then
-    apt-get update -qq >>"$log" 2>&1 && install
-  fi
-  [[ -x /usr/sbin/dockerd ]] || skip "could not install docker.io ($(grep -m1 -E '^(E|W):' "$log" || echo 'apt-get failed'))"
+  # apt_install starts no service: this script starts dockerd itself, below.
+  apt_install docker.io debootstrap
+  [[ -x /usr/sbin/dockerd ]] || skip "could not install docker.io ($APT_ERROR)"
 fi
 
 # dockerd as a background process (no init system is assumed): overlay2 first, vfs where the
