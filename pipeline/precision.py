@@ -43,8 +43,8 @@ def apply_precision(model, precision: str):
     Then its attention and its remaining float Linears are made batch-invariant
     (:func:`~pipeline.kernels.batch_invariance.make_batch_invariant`), whatever the variant.
     Raises ConfigError where torch or transformers is outside the versions the kernels were
-    verified against (pipeline.kernels.versions)."""
-    check_kernel_versions()
+    verified against on the model's device (pipeline.kernels.versions)."""
+    check_kernel_versions(next(model.parameters()).device.type)
     if precision in QUANTIZED:
         untie_output_embeddings(model)
         with torch.no_grad():

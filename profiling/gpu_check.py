@@ -37,7 +37,8 @@ class Check:
         self.out = Path(args.out).resolve()
         self.out.mkdir(parents=True, exist_ok=True)
         profile = "tiny" if args.tiny else "faithful"
-        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "MODEL_SOURCE": "standin",
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)  # the caller's kept
+        self.env = {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "MODEL_SOURCE": "standin",
                     "STANDIN_PROFILE": profile, "FAISS_INDEX_PATH": str(self.out / "data" / "faiss_index.bin"),
                     "DOCUMENTS_DIR": str(self.out / "data" / "documents")}
 

@@ -26,11 +26,11 @@ CACHE_ROOM = 128  # spare columns per rebuild of the batch cache: the contract's
 
 
 @functools.cache
-def roomy_layer_class():
+def roomy_layer_class(device: str):
     """RoomyLayer, defined on first use: importing transformers at module import would cost seconds.
     Raises ConfigError where transformers is outside the versions DynamicLayer's internals were verified in."""
     from pipeline.kernels.versions import check_kernel_versions
-    check_kernel_versions()
+    check_kernel_versions(device)
     from transformers.cache_utils import DynamicLayer
 
     class RoomyLayer(DynamicLayer):
@@ -176,7 +176,7 @@ class ModelRunner:
 
     def _relayer(self, fn) -> None:
         """Replace cache layer n by a RoomyLayer of fn(n, keys, values) -> (keys, values)."""
-        layer_class, layers = roomy_layer_class(), self.cache.layers
+        layer_class, layers = roomy_layer_class(self.device), self.cache.layers
         for n, layer in enumerate(layers):
             layers[n] = layer_class(*fn(n, layer.keys, layer.values), self.cache_room)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from pipeline.kernels.chunked_attention import chunked_attention_forward
 from pipeline.kernels.versions import check_kernel_versions
 
 # The name under which the attention is registered with transformers.
@@ -23,18 +24,25 @@ BATCH_INVARIANT_ATTENTION = "batch_invariant_sdpa"
 ROW_INVARIANT_DTYPES = (torch.float32, torch.bfloat16)
 
 
+# Rows per cuBLAS call on CUDA: every product has this one shape, so one kernel sums every row.
+CUDA_TILE_ROWS = 64
+
+
 class RowInvariantLinear(torch.nn.Linear):
-    """A float32 or bfloat16 CPU Linear whose result for a row does not depend on how many rows
-    come with it: oneDNN's matmul for every row count, a lone row run as two (oneDNN takes
-    another kernel for one row). On CUDA it is a plain Linear (not verified row-invariant there)."""
+    """A float32 or bfloat16 Linear whose result for a row does not depend on how many rows come
+    with it. CPU: oneDNN's matmul for every row count, a lone row run as two (oneDNN takes another
+    kernel for one row). CUDA: cuBLAS picks its kernel (and its split of the sum) by the row count,
+    so the rows go in tiles of CUDA_TILE_ROWS, the last one zero-padded."""
 
     def forward(self, x):
-        if self.weight.is_cuda:
-            return super().forward(x)
         rows = x.reshape(-1, self.in_features)
         n = rows.shape[0]
         if n == 0:
             return super().forward(x)
+        if self.weight.is_cuda:
+            tiles = torch.nn.functional.pad(rows, (0, 0, 0, -n % CUDA_TILE_ROWS)).split(CUDA_TILE_ROWS)
+            out = torch.cat([torch.nn.functional.linear(tile, self.weight, self.bias) for tile in tiles])
+            return out[:n].reshape(*x.shape[:-1], self.out_features)
         rows = rows.expand(2, -1) if n == 1 else rows
         out = torch.ops.mkldnn._linear_pointwise(rows.contiguous(), self.weight, self.bias, "none", [None], "")
         return out[:n].reshape(*x.shape[:-1], self.out_features)
@@ -69,8 +77,15 @@ def _batch_invariant_sdpa(module, query, key, value, attention_mask, **kwargs):
     what it would be given alone: transformers passes no mask for an unpadded encoder row, nor
     for a decoder row whose queries are 1 or all of its keys (SDPA then runs is_causal). A batch
     without padding is one call (SDPA computes each row and head on its own). Queries outside a
-    row's run are padding: they keep zeros, and nothing reads them."""
+    row's run are padding: they keep zeros, and nothing reads them.
+
+    A decoder's decode step (one query per row) is one call for the whole batch instead:
+    pipeline.kernels.chunked_attention over fixed chunks counted back from the newest key, which
+    every row of a left-padded batch has in the last column, as a row alone does."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    if query.shape[2] == 1 and getattr(module, "is_causal", False) and (
+            attention_mask is None or attention_mask.dtype == torch.bool):
+        return chunked_attention_forward(module, query, key, value, attention_mask, **kwargs)
     runs = None if attention_mask is None or attention_mask.dtype != torch.bool else _row_key_runs(attention_mask)
     q_len, kv_len = query.shape[2], key.shape[2]
     if runs is None or all(run == (0, kv_len) for run in runs):
@@ -95,7 +110,7 @@ def use_batch_invariant_attention(model) -> None:
     """Make `model` (a transformers model) attend with :func:`_batch_invariant_sdpa`.
 
     Raises ConfigError where torch or transformers is outside the versions this was verified against."""
-    check_kernel_versions()
+    check_kernel_versions(model.device.type)
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
     AttentionInterface.register(BATCH_INVARIANT_ATTENTION, _batch_invariant_sdpa)

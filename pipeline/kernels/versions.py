@@ -25,18 +25,19 @@ from packaging.version import InvalidVersion, Version
 
 from pipeline.config import ConfigError
 
-# torch: 2.12.0 and 2.13.0 (tests/unit/test_int8_kernels.py, test_fused_int8.py, test_kernel_versions.py,
-# test_precision.py, test_continuous.py, test_stages.py and test_chunked_attention.py pass with each, on the
-# CPU). Not 2.11.0: its oneDNN float32 product gives a row other bits from 17 rows up, so float32 Linears
-# are not row-invariant there (test_precision.py's float32 cases fail). The next minor may move or drop
-# any of the private ops.
-TORCH_VERIFIED = ">=2.12,<2.14"
+# torch, per device the kernels run on. CPU: 2.12.0 and 2.13.0 (tests/unit/test_int8_kernels.py,
+# test_fused_int8.py, test_kernel_versions.py, test_precision.py, test_continuous.py, test_stages.py and
+# test_chunked_attention.py pass with each). Not 2.11.0 there: its oneDNN float32 product gives a row other
+# bits from 17 rows up, so float32 Linears are not row-invariant (test_precision.py's float32 cases fail).
+# CUDA: 2.11.0, the GPU image's torch (test_precision.py's CUDA cases, on an H100); 2.12 and 2.13 on CUDA
+# run the same public ops (cuBLAS through F.linear, matrix products), checked on the CPU only.
+# The next minor may move or drop any of the private ops.
+TORCH_VERIFIED = {"cpu": ">=2.12,<2.14", "cuda": ">=2.11,<2.14"}
 # transformers: 5.0.0, 5.12.1 and 5.24.0, the newest release when checked (test_precision.py,
 # test_continuous.py and test_stages.py pass). Not <6: 5.x removes things in minor releases (the
 # `past_key_values` argument pipeline.continuous.runner passes is to go in 5.40), and the attention
 # and cache hooks above are internals.
 TRANSFORMERS_VERIFIED = ">=5.0,<5.25"
-VERIFIED = {"torch": TORCH_VERIFIED, "transformers": TRANSFORMERS_VERIFIED}
 
 
 def _problem(package: str, verified: str, installed_version: Callable[[str], str]) -> str | None:
@@ -55,10 +56,13 @@ def _problem(package: str, verified: str, installed_version: Callable[[str], str
             f"private APIs and were verified only with {package}{verified}: install {package}{verified}")
 
 
-def check_kernel_versions(*, installed_version: Callable[[str], str] = metadata.version) -> None:
-    """Raise ConfigError, one line per package, where torch or transformers is outside VERIFIED.
+def check_kernel_versions(device: str = "cpu", *, installed_version: Callable[[str], str] = metadata.version) -> None:
+    """Raise ConfigError, one line per package, where torch or transformers is outside the versions
+    verified for kernels on `device` ("cpu" or "cuda").
 
     `installed_version(name)` gives a distribution's version string (importlib.metadata.version)."""
-    problems = [p for package, verified in VERIFIED.items() if (p := _problem(package, verified, installed_version))]
+    verified = {"torch": TORCH_VERIFIED["cuda" if device.startswith("cuda") else "cpu"],
+                "transformers": TRANSFORMERS_VERIFIED}
+    problems = [p for package, spec in verified.items() if (p := _problem(package, spec, installed_version))]
     if problems:
         raise ConfigError(*problems)

@@ -13,6 +13,11 @@ from pipeline.kernels.chunked_attention import (
 HEADS, KV_HEADS, DIM, SCALING = 14, 2, 64, 0.125
 LENGTHS = [1, 37, CHUNK, CHUNK + 1, 300, 3 * CHUNK + 9]  # inside, at and across chunk boundaries
 KERNELS = [flash_chunked_attention, matmul_chunked_attention]
+ON_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here: runs where torch sees one")
+# (kernel, device): the flash kernel is the CPU's; the matrix-product kernel runs on CUDA too.
+PLACED = [pytest.param((flash_chunked_attention, "cpu"), id="flash-cpu"),
+          pytest.param((matmul_chunked_attention, "cpu"), id="matmul-cpu"),
+          pytest.param((matmul_chunked_attention, "cuda"), id="matmul-cuda", marks=ON_CUDA)]
 
 
 def padded_batch(lengths, queries, dtype, padded_on, seed=0):
@@ -46,14 +51,16 @@ def own_keys(t, row, length, padded_on):
     return t[row:row + 1, :, width - length:] if padded_on == "left" else t[row:row + 1, :, :length]
 
 
-@pytest.mark.parametrize("attend", KERNELS)
+@pytest.mark.parametrize("placed", PLACED)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("padded_on", ["left", "right"])
 @pytest.mark.parametrize("queries,causal", [(1, False), (5, True), (5, False)])
-def test_a_row_alone_equals_the_row_in_a_padded_batch_bit_for_bit(attend, dtype, padded_on, queries, causal):
+def test_a_row_alone_equals_the_row_in_a_padded_batch_bit_for_bit(placed, dtype, padded_on, queries, causal):
+    attend, device = placed
     query, key, value, key_mask = padded_batch(LENGTHS, queries, dtype, padded_on)
-    batch = attend(query, key, value, batch_mask(key_mask, LENGTHS, queries, padded_on, causal), scaling=SCALING,
-                   padded_on=padded_on)
+    mask = batch_mask(key_mask, LENGTHS, queries, padded_on, causal)
+    query, key, value, mask = (t.to(device) for t in (query, key, value, mask))
+    batch = attend(query, key, value, mask, scaling=SCALING, padded_on=padded_on)
     assert not batch.isnan().any()
     for row, length in enumerate(LENGTHS):
         alone = attend(query[row:row + 1], own_keys(key, row, length, padded_on), own_keys(value, row, length, padded_on),
@@ -63,7 +70,7 @@ def test_a_row_alone_equals_the_row_in_a_padded_batch_bit_for_bit(attend, dtype,
     pair = attend(query[:2], key[:, :, -CHUNK - 1:][:2] if padded_on == "left" else key[:2, :, :CHUNK + 1],
                   value[:, :, -CHUNK - 1:][:2] if padded_on == "left" else value[:2, :, :CHUNK + 1],
                   batch_mask(key_mask[:2, -CHUNK - 1:] if padded_on == "left" else key_mask[:2, :CHUNK + 1],
-                             LENGTHS[:2], queries, padded_on, causal), scaling=SCALING, padded_on=padded_on)
+                             LENGTHS[:2], queries, padded_on, causal).to(device), scaling=SCALING, padded_on=padded_on)
     assert torch.equal(pair, batch[:2])
 
 

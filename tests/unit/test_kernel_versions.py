@@ -33,9 +33,23 @@ def test_any_release_of_a_verified_minor_passes(torch_version):
 def test_a_torch_outside_the_range_is_refused_naming_package_version_and_range(torch_version):
     with pytest.raises(ConfigError) as error:
         check_kernel_versions(installed_version=_versions(torch=torch_version))
+    cpu = TORCH_VERIFIED["cpu"]
     assert error.value.problems == [
         f"torch {torch_version} is installed, but the int8 and batch-invariant kernels (pipeline/kernels) use its "
-        f"private APIs and were verified only with torch{TORCH_VERIFIED}: install torch{TORCH_VERIFIED}"]
+        f"private APIs and were verified only with torch{cpu}: install torch{cpu}"]
+
+
+@pytest.mark.parametrize("torch_version, cpu, cuda", [("2.11.0+cu130", False, True), ("2.13.0", True, True),
+                                                      ("2.10.0", False, False), ("2.14.0", False, False)])
+def test_the_range_is_the_device_s(torch_version, cpu, cuda):
+    """CUDA's kernels were verified on the GPU image's 2.11, where the CPU's oneDNN product is not row-invariant."""
+    for device, accepted in (("cpu", cpu), ("cuda", cuda), ("cuda:0", cuda)):
+        try:
+            check_kernel_versions(device, installed_version=_versions(torch=torch_version))
+        except ConfigError:
+            assert not accepted, (device, torch_version)
+        else:
+            assert accepted, (device, torch_version)
 
 
 def test_both_packages_outside_are_two_lines_and_a_missing_or_odd_version_is_refused():
@@ -53,7 +67,7 @@ def test_both_packages_outside_are_two_lines_and_a_missing_or_odd_version_is_ref
 def test_every_variant_checks_the_versions_before_converting(monkeypatch, variant):
     from pipeline import precision
 
-    def refuse():
+    def refuse(device):
         raise ConfigError("refused")
 
     monkeypatch.setattr(precision, "check_kernel_versions", refuse)

@@ -26,6 +26,10 @@ QUERIES = list(spec.REFERENCE_QUERIES)
 TEXTS = ["ok", "Answer: you can return it within 30 days for a refund.",
          "Answer: " + "the package is delayed because of the weather and the carrier. " * 20]
 CPU = {"cuda_available": lambda: False}
+ON_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here: runs where torch sees one")
+# (device, variant) per stages fixture: every CPU variant, and CUDA's default (bfloat16) where a GPU is.
+PLACEMENTS = [pytest.param(("cpu", v), id=v) for v in VARIANTS] + [
+    pytest.param(("cuda", "bfloat16"), id="cuda-bfloat16", marks=ON_CUDA)]
 
 
 # ----------------------------------------------------------------------------- settings
@@ -142,14 +146,15 @@ def test_per_row_scales_keep_an_outlier_batch_mate_from_changing_other_rows():
 
 # ----------------------------------------------------------------------------- whole models, per variant
 
-@pytest.fixture(scope="module", params=VARIANTS)
+@pytest.fixture(scope="module", params=PLACEMENTS)
 def stages(request, model_source):
     from pipeline.classifiers import SentimentClassifier, ToxicityClassifier
     from pipeline.embedder import Embedder
     from pipeline.generator import Generator
     from pipeline.reranker import Reranker
-    placement = Placement("cpu", LOAD_DTYPE[request.param], request.param)
-    return {"variant": request.param, "embed": Embedder.load(model_source, placement),
+    device, variant = request.param
+    placement = Placement(device, LOAD_DTYPE[variant], variant)
+    return {"variant": variant, "embed": Embedder.load(model_source, placement),
             "rerank": Reranker.load(model_source, placement), "generate": Generator.load(model_source, placement),
             "sentiment": SentimentClassifier.load(model_source, placement),
             "toxicity": ToxicityClassifier.load(model_source, placement)}
@@ -273,7 +278,7 @@ def test_next_token_logits_alone_are_bit_identical_in_a_left_padded_batch(stages
     model = generator.model
 
     def last_logits(rows):
-        inputs = generator.tokens.left_padded(rows)
+        inputs = {name: t.to(model.device) for name, t in generator.tokens.left_padded(rows).items()}
         positions = (inputs["attention_mask"].cumsum(-1) - 1).clamp(min=0)  # as generate() counts them
         with torch.inference_mode():
             return model(**inputs, position_ids=positions, logits_to_keep=1).logits[:, -1]
@@ -284,19 +289,20 @@ def test_next_token_logits_alone_are_bit_identical_in_a_left_padded_batch(stages
         assert torch.equal(last_logits([prompt])[0], batch[row]), row
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=ON_CUDA)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("k, n", [(4864, 512), (768, 3072), (64, 32), (32, 1)])
-def test_float_linear_gives_a_row_the_same_bits_at_any_row_count(dtype, k, n):
+def test_float_linear_gives_a_row_the_same_bits_at_any_row_count(dtype, k, n, device):
     """(4864, 512): wide as Qwen2.5-0.5B's down_proj (oneDNN sums a lone bf16 row another way);
     (768, 3072): bert-base's up-projection (MKL's float32 GEMM sums rows by row count);
     (64, 32): small enough that bf16 F.linear leaves it to a native kernel; (32, 1): a score head."""
     from pipeline.kernels.batch_invariance import make_linears_row_invariant
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(k, n).to(dtype), torch.nn.Linear(4, 4).half())
+    model = torch.nn.Sequential(torch.nn.Linear(k, n).to(dtype), torch.nn.Linear(4, 4).half()).to(device)
     assert make_linears_row_invariant(model) == 1  # the float16 Linear is left alone
     layer = model[0]
     assert type(layer) is RowInvariantLinear and type(model[1]) is torch.nn.Linear
-    x = torch.randn(600, k).to(dtype)
+    x = torch.randn(600, k).to(dtype).to(device)
     with torch.no_grad():
         alone = torch.cat([layer(x[i:i + 1]) for i in range(40)])
         for rows in (2, 3, 5, 17, 64, 600):
