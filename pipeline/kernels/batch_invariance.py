@@ -21,7 +21,8 @@ from pipeline.kernels.versions import check_kernel_versions
 
 # The name under which the attention is registered with transformers.
 BATCH_INVARIANT_ATTENTION = "batch_invariant_sdpa"
-ROW_INVARIANT_DTYPES = (torch.float32, torch.bfloat16)
+# The Linears made row-invariant per device: the dtypes each offers (pipeline/precision_policy.py).
+ROW_INVARIANT_DTYPES = {"cpu": (torch.float32, torch.bfloat16), "cuda": (torch.bfloat16, torch.float16)}
 
 
 # Rows per cuBLAS call on CUDA: every product has this one shape, so one kernel sums every row.
@@ -29,7 +30,7 @@ CUDA_TILE_ROWS = 64
 
 
 class RowInvariantLinear(torch.nn.Linear):
-    """A float32 or bfloat16 Linear whose result for a row does not depend on how many rows come
+    """A float Linear whose result for a row does not depend on how many rows come
     with it. CPU: oneDNN's matmul for every row count, a lone row run as two (oneDNN takes another
     kernel for one row). CUDA: cuBLAS picks its kernel (and its split of the sum) by the row count,
     so the rows go in tiles of CUDA_TILE_ROWS, the last one zero-padded."""
@@ -49,8 +50,10 @@ class RowInvariantLinear(torch.nn.Linear):
 
 
 def make_linears_row_invariant(model) -> int:
-    """Swap the class of every float32 and bfloat16 nn.Linear (no weight is copied); returns how many."""
-    linears = [m for m in model.modules() if type(m) is torch.nn.Linear and m.weight.dtype in ROW_INVARIANT_DTYPES]
+    """Swap the class of every nn.Linear in a dtype of ROW_INVARIANT_DTYPES[its device] (no weight is
+    copied); returns how many."""
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear
+               and m.weight.dtype in ROW_INVARIANT_DTYPES.get(m.weight.device.type, ())]
     for linear in linears:
         linear.__class__ = RowInvariantLinear
     return len(linears)

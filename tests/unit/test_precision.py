@@ -27,9 +27,10 @@ TEXTS = ["ok", "Answer: you can return it within 30 days for a refund.",
          "Answer: " + "the package is delayed because of the weather and the carrier. " * 20]
 CPU = {"cuda_available": lambda: False}
 ON_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here: runs where torch sees one")
-# (device, variant) per stages fixture: every CPU variant, and CUDA's default (bfloat16) where a GPU is.
+# (device, variant) per stages fixture: every CPU variant, and every CUDA variant where a GPU is.
+CUDA_VARIANTS = ("bfloat16", "float16")
 PLACEMENTS = [pytest.param(("cpu", v), id=v) for v in VARIANTS] + [
-    pytest.param(("cuda", "bfloat16"), id="cuda-bfloat16", marks=ON_CUDA)]
+    pytest.param(("cuda", v), id=f"cuda-{v}", marks=ON_CUDA) for v in CUDA_VARIANTS]
 
 
 # ----------------------------------------------------------------------------- settings
@@ -289,8 +290,8 @@ def test_next_token_logits_alone_are_bit_identical_in_a_left_padded_batch(stages
         assert torch.equal(last_logits([prompt])[0], batch[row]), row
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=ON_CUDA)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("device, dtype", [("cpu", torch.float32), ("cpu", torch.bfloat16)] + [
+    pytest.param("cuda", getattr(torch, v), marks=ON_CUDA) for v in CUDA_VARIANTS])
 @pytest.mark.parametrize("k, n", [(4864, 512), (768, 3072), (64, 32), (32, 1)])
 def test_float_linear_gives_a_row_the_same_bits_at_any_row_count(dtype, k, n, device):
     """(4864, 512): wide as Qwen2.5-0.5B's down_proj (oneDNN sums a lone bf16 row another way);
@@ -298,8 +299,9 @@ def test_float_linear_gives_a_row_the_same_bits_at_any_row_count(dtype, k, n, de
     (64, 32): small enough that bf16 F.linear leaves it to a native kernel; (32, 1): a score head."""
     from pipeline.kernels.batch_invariance import make_linears_row_invariant
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(k, n).to(dtype), torch.nn.Linear(4, 4).half()).to(device)
-    assert make_linears_row_invariant(model) == 1  # the float16 Linear is left alone
+    not_offered = torch.float16 if device == "cpu" else torch.float32
+    model = torch.nn.Sequential(torch.nn.Linear(k, n).to(dtype), torch.nn.Linear(4, 4).to(not_offered)).to(device)
+    assert make_linears_row_invariant(model) == 1  # the Linear in a dtype the device is not offered in is left alone
     layer = model[0]
     assert type(layer) is RowInvariantLinear and type(model[1]) is torch.nn.Linear
     x = torch.randn(600, k).to(dtype).to(device)
