@@ -37,8 +37,9 @@ CPU_AMX, CPU_BF16, CPU_PLAIN, CUDA = "cpu-amx", "cpu-bf16", "cpu", "cuda"
 # generate per decode step at 1 / 8 / 16 sequences (bench_decode, "Decode step: fused int8 and
 # loop-free attention"): int8-dynamic 65 / 120 / 160 ms, bfloat16 142 / 161 / 178, int8-weight
 # 94 / 220 / 376: the bytes of weights read per step decide here, and AMX's bf16 tiles do not.
-# The plain-CPU row (no avx512_bf16, no AMX) and the CUDA row were never measured: guesses, int8-dynamic
-# where bf16 is emulated and bfloat16 on a GPU. PRECISION's help says so.
+# The plain-CPU row (no avx512_bf16, no AMX) was never measured: a guess, int8-dynamic where bf16 is
+# emulated. PRECISION's help says so. The CUDA row is bfloat16, the fastest variant CUDA is offered
+# (supported_variants).
 FAST: dict[str, dict[str, str]] = {
     CPU_AMX: {"embed": "bfloat16", "rerank": "bfloat16", "generate": "int8-dynamic",
               "sentiment": "bfloat16", "toxicity": "bfloat16"},
@@ -65,25 +66,22 @@ def hardware_kind(device: str, bf16_cpu: Callable[[], bool], amx_cpu: Callable[[
     return CPU_BF16 if bf16_cpu() else CPU_PLAIN
 
 
-def _cuda_int8() -> bool:
-    import torch
-    return torch.cuda.get_device_capability() >= (7, 5)  # int8 tensor cores, which _int_mm needs
-
-
 def _cuda_bf16() -> bool:
     import torch
     return torch.cuda.is_bf16_supported()
 
 
-def supported_variants(device: str, *, cuda_int8: Callable[[], bool] = _cuda_int8,
-                       cuda_bf16: Callable[[], bool] = _cuda_bf16) -> tuple[str, ...]:
-    """What this device can run; every variant but float16 runs on a CPU (bf16 ones slowly without
-    avx512_bf16; float16 is several times slower than float32 there, so it is refused)."""
+def supported_variants(device: str, *, cuda_bf16: Callable[[], bool] = _cuda_bf16) -> tuple[str, ...]:
+    """What this device is offered. A CPU: every variant but float16 (bf16 ones slowly without
+    avx512_bf16; float16 is several times slower than float32 there). CUDA: bfloat16 (where the
+    GPU has it) and float16, the two whose every stage gives a row the same bits alone and batched
+    there (tests/unit/test_precision.py's CUDA cases, H100). Not float32: its embeddings and
+    chunked attention change with batch-mates on CUDA. Not int8: its decode step was slower than
+    bfloat16's on an H100 (52 / 52 / 46 ms against 30 / 32 / 34 at 1 / 8 / 32 sequences,
+    docs/performance.md)."""
     if device != "cuda":
         return PRECISION_VARIANTS
-    bf16 = cuda_bf16()
-    allowed = {"float32": True, "bfloat16": bf16, "float16": True, "int8-dynamic": cuda_int8(), "int8-weight": bf16}
-    return tuple(v for v in PRECISION_VARIANTS[:2] + CUDA_ONLY_VARIANTS + PRECISION_VARIANTS[2:] if allowed[v])
+    return ("bfloat16", *CUDA_ONLY_VARIANTS) if cuda_bf16() else CUDA_ONLY_VARIANTS
 
 
 def auto_variant(device: str, *, bf16_cpu: Callable[[], bool], cuda_bf16: Callable[[], bool] = _cuda_bf16) -> str:

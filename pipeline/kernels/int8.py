@@ -83,11 +83,10 @@ class Int8DynamicLinear(_QuantizedLinear):
       (:class:`~pipeline.kernels.onednn_int8.PackedOnednn`), where it sums exactly;
     * ``"fbgemm"``: on other CPUs, :class:`AnchoredFbgemm`, where :func:`fbgemm_is_exact`;
     * ``"int_mm"``: `torch._int_mm`, which on the CPU takes any shape (torch 2.13: M=1, K=7, N=5).
-      On CUDA it needs more than 16 rows and in/out sizes of at least 16 and multiples of 8 (not
-      verified on a GPU): rows are zero-padded up to 17 (padding rows are rows of their own, so
-      they change nothing else), and a layer whose sizes are not multiples of 8 stays a float
-      Linear (:func:`convert_linears`). The weight is passed as the transposed view of its
-      (out, in) rows: as fast as a row-major copy or faster here, and no second copy.
+      The weight is passed as the transposed view of its (out, in) rows: as fast as a row-major
+      copy or faster here, and no second copy.
+
+    CPU only: CUDA is not offered int8 (pipeline/precision_policy.py).
 
     A packed copy replaces the plain weight (no extra memory). The per-row quantization and the
     rescale + bias run as the C++ passes of :mod:`pipeline.kernels.fused_int8` where that
@@ -100,13 +99,11 @@ class Int8DynamicLinear(_QuantizedLinear):
         if kernel not in self.KERNELS:
             raise ValueError(f"kernel must be one of {', '.join(self.KERNELS)}, got {kernel!r}")
         self.fused = fused
-        self._min_rows = 17 if self.qweight.is_cuda else 0
         self._fbgemm: AnchoredFbgemm | None = None
         self._onednn: PackedOnednn | None = None
-        on_cpu = not self.qweight.is_cuda
-        if kernel in ("auto", "onednn") and on_cpu and onednn_int8_is_used():
+        if kernel in ("auto", "onednn") and onednn_int8_is_used():
             self._onednn = PackedOnednn(self.qweight, self.weight_scale)
-        elif kernel in ("auto", "fbgemm") and on_cpu and self.in_features >= 2 and fbgemm_is_exact():
+        elif kernel in ("auto", "fbgemm") and self.in_features >= 2 and fbgemm_is_exact():
             self._fbgemm = AnchoredFbgemm(self.qweight, self.weight_scale)
         if self._onednn is not None or self._fbgemm is not None:
             self.qweight = None  # the packed copy is the weight now
@@ -125,10 +122,6 @@ class Int8DynamicLinear(_QuantizedLinear):
     def packed_nbytes(self) -> int:
         """Bytes of a packed int8 weight, which buffers() does not see (0 without one)."""
         return 0 if self.qweight is not None else self.in_features * self.out_features
-
-    @staticmethod
-    def cuda_compatible(linear: torch.nn.Linear) -> bool:
-        return all(size >= 16 and size % 8 == 0 for size in (linear.in_features, linear.out_features))
 
     def forward(self, x):
         rows = x.reshape(-1, self.in_features).float()
@@ -152,10 +145,8 @@ class Int8DynamicLinear(_QuantizedLinear):
             sums = self._fbgemm.sums(codes)
         else:
             xq, row_scale = quantize_rows(rows)
-            if n < self._min_rows:
-                xq = torch.nn.functional.pad(xq, (0, 0, 0, self._min_rows - n))
             # Channel scale first, as fbgemm and oneDNN apply it: every path rounds alike.
-            sums = torch._int_mm(xq, self.qweight.t())[:n].float() * self.weight_scale
+            sums = torch._int_mm(xq, self.qweight.t()).float() * self.weight_scale
         return self._finish(sums * row_scale, x.shape).to(x.dtype)
 
 
@@ -187,8 +178,6 @@ def convert_linears(model, make: type[_QuantizedLinear]) -> int:
     linears = [(name, module) for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
     converted = 0
     for name, linear in linears:
-        if linear.weight.is_cuda and make is Int8DynamicLinear and not make.cuda_compatible(linear):
-            continue  # _int_mm's CUDA shape rule: this layer stays a float Linear
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, make(linear))  # the float Linear is dropped here

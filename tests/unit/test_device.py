@@ -31,7 +31,7 @@ def test_never_float16_on_cpu():
 
 
 def test_cuda_precisions():
-    gpu = {"cuda_available": lambda: True, "bf16_cpu": lambda: True, "cuda_int8": lambda: True}
+    gpu = {"cuda_available": lambda: True, "bf16_cpu": lambda: True}
     auto = Settings.from_env({"PRECISION": "auto"})
     assert placement_for(auto, "embed", cuda_bf16=lambda: True, **gpu).precision == "bfloat16"
     assert placement_for(auto, "embed", cuda_bf16=lambda: False, **gpu).precision == "float16"

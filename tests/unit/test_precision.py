@@ -49,7 +49,7 @@ def test_auto_is_bfloat16_where_the_cpu_has_it_and_fast_follows_the_hardware_tab
             assert (p.precision, p.dtype) == (variant, LOAD_DTYPE[variant])
     assert FAST["cpu-amx"]["sentiment"] != FAST["cpu-bf16"]["sentiment"]  # the rows differ: AMX is told apart
     cuda = placement_for(Settings.from_env({"PRECISION": "fast"}), "embed", cuda_available=lambda: True,
-                         bf16_cpu=lambda: True, cuda_bf16=lambda: True, cuda_int8=lambda: True)
+                         bf16_cpu=lambda: True, cuda_bf16=lambda: True)
     assert (cuda.device, cuda.precision) == ("cuda", FAST["cuda"]["embed"])
 
 
@@ -88,12 +88,17 @@ def test_the_removed_dtype_settings_and_exact_refuse_to_start_naming_what_replac
 
 
 def test_a_variant_the_device_cannot_run_is_refused_at_startup():
-    gpu = {"cuda_available": lambda: True, "bf16_cuda": lambda: False, "cuda_bf16": lambda: False,
-           "cuda_int8": lambda: False}
+    gpu = {"cuda_available": lambda: True, "cuda_bf16": lambda: False}
     s = Settings.from_env({"GENERATE_PRECISION": "int8-dynamic"})
     with pytest.raises(ConfigError, match=r"^GENERATE_PRECISION='int8-dynamic' is not valid on this CUDA device: "
-                                          r"expected auto, fast, float32, float16$"):
+                                          r"expected auto, fast, float16$"):
         placement_for(s, "generate", bf16_cpu=lambda: True, **gpu)
+    # CUDA is offered neither float32 (not batch-invariant there) nor int8 (slower than bfloat16 there)
+    for variant in ("float32", "int8-dynamic", "int8-weight"):
+        with pytest.raises(ConfigError, match=rf"^PRECISION='{variant}' is not valid on this CUDA device: "
+                                              r"expected auto, fast, bfloat16, float16$"):
+            placement_for(Settings.from_env({"PRECISION": variant}), "rerank", bf16_cpu=lambda: True,
+                          cuda_available=lambda: True, cuda_bf16=lambda: True)
     with pytest.raises(ConfigError, match="PRECISION='bfloat16' is not valid on this CUDA device"):
         placement_for(Settings.from_env({"EMBED_PRECISION": "bfloat16"}), "embed",
                       bf16_cpu=lambda: True, **gpu)
