@@ -31,9 +31,6 @@ BERT_TOKENIZER_CONFIG = {
 }
 
 
-BERT_SPECIAL_MAP = {"cls_token": "[CLS]", "mask_token": "[MASK]", "pad_token": "[PAD]", "sep_token": "[SEP]", "unk_token": "[UNK]"}
-
-
 def _bert_pipeline(tok: Any) -> Any:
     from tokenizers import decoders, normalizers, pre_tokenizers
 
@@ -85,7 +82,7 @@ def bert_tokenizer_files(vocab_size: int, n_unused: int, multilingual: bool) -> 
         special_tokens=[("[CLS]", 101), ("[SEP]", 102)],
     )
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in BERT_SPECIALS])
-    return tokenizer_file_set(tok, BERT_TOKENIZER_CONFIG, BERT_SPECIAL_MAP, **{"vocab.txt": "\n".join(tokens) + "\n"})
+    return tokenizer_file_set(tok, BERT_TOKENIZER_CONFIG, {"vocab.txt": "\n".join(tokens) + "\n"})
 
 
 def bert_config(vocab_size: int, dims: dict[str, int], **extra: Any) -> dict[str, Any]:

@@ -48,14 +48,14 @@ def added_token(content: str, special: bool = True, lstrip: bool = False) -> dic
     }
 
 
-def tokenizer_file_set(tok: Any, config: dict[str, Any], special_map: dict[str, str] | None = None,
-                        **extra: str) -> dict[str, str]:
-    """The files a tokenizer repo ships: tokenizer.json, its config, the optional
-    special-tokens map and any model-specific vocabulary files, in that order."""
+def tokenizer_file_set(tok: Any, config: dict[str, Any], vocab_files: dict[str, str] | None = None,
+                       special_map: bool = True) -> dict[str, str]:
+    """The files a tokenizer repo ships: tokenizer.json, its config, the special-tokens map (the
+    config's ``*_token`` entries) unless ``special_map`` is off, then the model's vocabulary files."""
     files = {"tokenizer.json": tok.to_str(pretty=False), "tokenizer_config.json": dumps(config)}
-    if special_map is not None:
-        files["special_tokens_map.json"] = dumps(special_map)
-    return {**files, **extra}
+    if special_map:
+        files["special_tokens_map.json"] = dumps({k: v for k, v in config.items() if k.endswith("_token")})
+    return {**files, **(vocab_files or {})}
 
 
 def train_bpe_model(tok: Any, corpus: Iterable[str], alphabet: list[str]) -> dict[str, Any]:
