@@ -12,8 +12,8 @@ import time
 import uuid
 from typing import Any, Iterator
 
-from builders.standins.profiles import MODEL_NAMES, check_profile
-from builders.standins.repos import build_repo, model_configs, write_text
+from builders.standins.profiles import MODEL_NAMES, check_profile, model_configs
+from builders.standins.repos import build_repo, write_text
 from builders.standins.tokenizing import dumps
 from pipeline.config import Settings
 from pipeline.models import (

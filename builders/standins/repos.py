@@ -1,5 +1,5 @@
-"""One stand-in repo in a hub cache: its config per profile, its tokenizer files, seeded random
-weights, and the hub layout (models--org--name/snapshots/<revision>, refs/main)."""
+"""One stand-in repo in a hub cache: its config.json, its tokenizer files, seeded random weights,
+and the hub layout (models--org--name/snapshots/<revision>, refs/main)."""
 from __future__ import annotations
 
 import contextlib
@@ -8,37 +8,12 @@ import os
 import pathlib
 from typing import Any, Iterator
 
-from builders.standins.bert import (
-    TOXIC_BIAS_PRIOR,
-    TOXIC_LABELS,
-    bert_config,
-    bert_tokenizer_files,
-    labels,
-    sentence_transformers_files,
-    sentiment_config,
-)
-from builders.standins.profiles import MODEL_NAMES, PROFILE_DIMS
-from builders.standins.qwen import QWEN_GENERATION_CONFIG, qwen_config, qwen_tokenizer_files
+from builders.standins.bert import TOXIC_BIAS_PRIOR, bert_tokenizer_files, sentence_transformers_files
+from builders.standins.profiles import MODEL_NAMES
+from builders.standins.qwen import QWEN_GENERATION_CONFIG, qwen_tokenizer_files
 from builders.standins.tokenizing import dumps
-from builders.standins.xlmr import reranker_config, xlmr_tokenizer_files
+from builders.standins.xlmr import xlmr_tokenizer_files
 from pipeline.models import STANDIN_VERSION, hub_repo_folder
-
-
-def model_configs(profile: str) -> dict[str, dict[str, Any]]:
-    dims = PROFILE_DIMS[profile]
-    return {
-        "embedder": bert_config(30522, dims["embedder"], **labels(["LABEL_0"])),
-        "reranker": reranker_config(dims["encoder"]),
-        "generator": qwen_config(dims["generator"], faithful=profile == "faithful"),
-        "sentiment": sentiment_config(dims["encoder"]),
-        "toxicity": bert_config(
-            30522,
-            dims["encoder"],
-            architectures=["BertForSequenceClassification"],
-            problem_type="multi_label_classification",
-            **labels(TOXIC_LABELS),
-        ),
-    }
 
 
 def repo_files(key: str) -> dict[str, str]:

@@ -12,12 +12,8 @@ from builders.standins.tokenizing import EXTRA_ALPHABET, added_token, tokenizer_
 from builders.standins.vocabulary import fillers, pseudo_words, training_text
 
 XLMR_VOCAB = 250002
-
-
 XLMR_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"]  # ids 0-3; <mask> is the last id
 XLMR_IDS = {**{t: i for i, t in enumerate(XLMR_SPECIALS)}, "<mask>": XLMR_VOCAB - 1}
-
-
 XLMR_TOKENIZER_CONFIG = {
     "added_tokens_decoder": {str(i): added_token(t, lstrip=t == "<mask>") for t, i in XLMR_IDS.items()},
     "bos_token": "<s>",
