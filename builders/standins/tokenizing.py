@@ -7,25 +7,18 @@ import json
 from typing import Any, Iterable
 
 
-@functools.lru_cache(maxsize=None)
-def _bytes_to_unicode() -> dict[int, str]:
-    # GPT-2 / Qwen byte-level alphabet: printable stand-ins for all 256 bytes.
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
-
-
 def byte_level(text: str) -> str:
+    """``text`` in the GPT-2 / Qwen byte-level alphabet (printable stand-ins for all 256 bytes)."""
     if text.isascii() and text.lstrip(" ").isalpha():  # fast path for fillers: only the space maps
         return text.replace(" ", "Ġ")
-    table = _bytes_to_unicode()
-    return "".join(table[b] for b in text.encode("utf-8"))
+    return "".join(piece for piece, _ in _byte_level_splitter().pre_tokenize_str(text))
+
+
+@functools.lru_cache(maxsize=None)
+def _byte_level_splitter() -> Any:
+    from tokenizers import pre_tokenizers
+
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
 
 
 # Characters every tokenizer knows even if the corpus lacks them (real vocabs
