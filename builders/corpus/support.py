@@ -4,7 +4,8 @@ seed, every document distinct, and ``support_documents(n)`` a prefix of ``suppor
 for n < m.
 
 The text lives in ``articles/``: ``details.json`` (the products, and the details drawn once per
-article so that its sentences agree) and one file per category (its topics and closing lines).
+article so that its sentences agree) and one file per category (its topics and closing lines); a
+topic's ``products`` is ``"electronics"`` or ``"all"`` (electronics and household).
 """
 from __future__ import annotations
 
@@ -52,8 +53,11 @@ def _topics() -> dict[str, list[Topic]]:
     topics = {}
     for category in CATEGORIES:
         text = _read(category)
-        topics[category] = [Topic(**{**topic, "products": products[topic["products"]]}, category=category,
-                                  closers=text["closers"]) for topic in text["topics"]]
+        topics[category] = [
+            Topic(key=t["key"], category=category, products=products[t["products"]], titles=t["titles"],
+                  openers=t["openers"], slots=t["slots"], closers=text["closers"])
+            for t in text["topics"]
+        ]
     return topics
 
 
