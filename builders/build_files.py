@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from itertools import islice
 from pathlib import Path
 
@@ -88,7 +88,8 @@ def staged_outputs(out_dir: str | Path, force: bool, shards: int = 1) -> Iterato
     except BaseException:
         _remove(temps)
         if created_dir:
-            _rmdir_if_empty(db_path.parent)
+            with suppress(OSError):  # kept if something else was put in it
+                db_path.parent.rmdir()
         raise
     # Only now: a failed build keeps the previous one whole. Served beside the new files, they
     # would be a startup error (pipeline.shards.shard_file_problems).
@@ -103,7 +104,8 @@ def _commit(temps: list[Path], finals: list[Path]) -> None:
         _remove(finals)  # never leave a new database beside a stale index
         raise
     for folder in {path.parent for path in finals}:
-        _fsync_dir(folder)
+        with suppress(OSError):  # makes the renames durable; not every platform can fsync a directory
+            _fsync(folder)
 
 
 def _remove(paths: Iterable[Path]) -> None:
@@ -112,27 +114,12 @@ def _remove(paths: Iterable[Path]) -> None:
             Path(f"{path}{extra}").unlink(missing_ok=True)
 
 
-def _rmdir_if_empty(path: Path) -> None:
-    try:
-        path.rmdir()
-    except OSError:
-        pass
-
-
-def _fsync_file(path: Path) -> None:
+def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    # Makes the renames durable; not every platform can fsync a directory.
-    try:
-        _fsync_file(path)
-    except OSError:
-        pass
 
 
 @contextmanager
@@ -149,7 +136,7 @@ def db_writer(path: Path) -> Iterator[Callable[[list[tuple]], None]]:
         conn.execute("COMMIT")
     finally:
         conn.close()
-    _fsync_file(path)
+    _fsync(path)
 
 
 def chunks(items: Iterable, size: int, total: int, desc: str, progress: bool) -> Iterator[list]:

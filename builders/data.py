@@ -3,29 +3,20 @@
     python -m builders.data build --out DIR --kind {course,support} [--docs N]
         [--nlist N] [--nprobe 64] [--seed 0] [--shards 1] [--force] [--batch-size B]
 
-writes ``DIR/documents/documents.db`` and ``DIR/faiss_index.bin``; with ``--shards N`` (N > 1),
-N index files instead, ``pipeline.shards.shard_path(DIR/faiss_index.bin, k, N)``
-(``faiss_index.shard-0-of-2.bin``, ...), shard k holding the vectors of the doc_ids with
-``doc_id % N == k`` under their own ids, and no unsharded file.
+writes ``DIR/documents/documents.db`` and an ``IndexIVFFlat`` (L2, 768-d) whose ids are the doc_ids:
+``DIR/faiss_index.bin``, or with ``--shards N`` the N files ``pipeline.shards.shard_path`` names, shard
+k holding the doc_ids with ``doc_id % N == k``. Shards share the quantizer the unsharded build would
+train, so a merged search over them equals the unsharded one (:mod:`pipeline.shards`).
 
-* ``course``: the course rows (``Document {i}``) and an ``IndexIVFFlat`` (L2,
-  768-d) of seeded uniform-random vectors whose ids are the doc_ids.
-* ``support``: the realistic articles of :mod:`builders.corpus`, embedded with
-  the configured embedder (``content`` only), in an ``IndexIVFFlat`` too.
+* ``course``: the course rows (``Document {i}``) over seeded uniform-random vectors.
+* ``support``: the articles of :mod:`builders.corpus`, their ``content`` embedded with the configured
+  embedder.
 
-nlist defaults to ``clamp(N // 39, 1, 4096)`` because faiss wants ~39 training
-points per list; the stored nprobe is ``min(nprobe, nlist)``.
-
-Memory. The index files are written by the streaming two-pass writer of
-:mod:`builders.ivf_writer`, never holding the vectors in memory; each file is
-byte-identical to ``faiss.write_index`` of the same vectors added to an
-in-memory index (the tests check this), and peak memory is the training sample
-plus one batch. Shards share one trained quantizer (trained as the unsharded
-build would be), so a merged search over them equals the unsharded one, for
-IVF as for flat (:mod:`pipeline.shards`).
-
-Crash safety: :mod:`builders.build_files` writes every file under a temporary name and renames
-it into place only after a complete build.
+nlist defaults to ``clamp(N // 39, 1, 4096)`` (faiss wants ~39 training points per list); the stored
+nprobe is ``min(nprobe, nlist)``. The index files are streamed by :mod:`builders.ivf_writer` (peak
+memory: the training sample plus one batch), byte-identical to ``faiss.write_index`` of the same
+vectors in memory, and :mod:`builders.build_files` renames every file into place only after a
+complete build.
 """
 from __future__ import annotations
 
@@ -65,6 +56,7 @@ POINTS_PER_LIST = 39  # faiss warns below 39 training points per centroid
 DEFAULT_NPROBE = 64
 COURSE_BATCH = 65_536
 SUPPORT_BATCH = 256
+
 
 class InvalidBuildArgument(BuildError, ValueError):
     pass
@@ -184,10 +176,6 @@ def build_support(
     return _result("support", out_dir, n_docs, vectors.shape[1], params, seed, started, shards)
 
 
-# --------------------------------------------------------------------------
-# Parameters, training, results
-
-
 def _ivf_params(
     n_docs: int, nlist: int | None, nprobe: int, train_size: int | None, batch_size: int, shards: int = 1
 ) -> _IvfParams:
@@ -270,10 +258,6 @@ def _train_index(sample: np.ndarray, params: _IvfParams) -> faiss.IndexIVFFlat:
     index.nprobe = params.nprobe  # stored in the file
     log.info("trained in %.1f s", time.perf_counter() - started)
     return index
-
-
-# --------------------------------------------------------------------------
-# CLI
 
 
 def _parser() -> argparse.ArgumentParser:

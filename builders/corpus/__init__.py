@@ -1,6 +1,6 @@
 """Document generators: the course corpus (``course``) and a realistic customer-support corpus
 (``support``: help-centre articles about returns, refunds, shipping, billing, warranty, accounts and
-troubleshooting, one module of topics per category over a shared ``vocabulary``)."""
+troubleshooting, their text in ``articles/``, one JSON file of topics per category)."""
 from builders.corpus.course import CATEGORIES, course_document
 from builders.corpus.support import support_documents
 

@@ -1,30 +1,18 @@
 """Offline stand-ins for the five Hugging Face models the service uses, one module per model family.
 
-The real checkpoints cannot be downloaded here, so this package writes look-alikes
-into a Hugging Face hub cache: same repo names, same architectures, same config
-fields, same tokenizer classes and special-token ids, but *seeded random
-weights*. With ``HF_HOME=<home>`` and ``HF_HUB_OFFLINE=1`` the unchanged
-production loading code (``SentenceTransformer(name)``,
-``AutoModel*.from_pretrained(name)``, ``pipeline(..., model=name)``) picks them
-up from the cache exactly as it would pick up the real downloads.
+The real checkpoints cannot be downloaded here, so this package writes look-alikes into a Hugging
+Face hub cache: the same repo names, architectures, config fields, tokenizer classes and
+special-token ids, but *seeded random weights*, so outputs are noise and only shapes, dtypes,
+token counts and timings are realistic. With ``HF_HOME=<home>`` and ``HF_HUB_OFFLINE=1`` the
+unchanged production loading code picks them up as it would the real downloads.
 
-Two profiles:
+Profiles: ``faithful`` (the real shapes and vocab sizes, for profiling and capacity planning) and
+``tiny`` (toy dimensions, built in seconds, for tests and CI; the embedder still emits 768-d
+vectors, so FAISS indexes work with either profile).
 
-* ``faithful``: real shapes and vocab sizes, so compute, memory and disk cost
-  match the real models (useful for profiling and capacity planning).
-* ``tiny``: the same classes/tokenizers/labels with toy dimensions, built in
-  seconds, for tests and CI. The embedder still emits 768-d vectors so FAISS
-  indexes are interchangeable between profiles.
-
-Outputs are meaningless (random weights): retrieval order, reranker scores,
-sentiment and generated text are noise. Only shapes, dtypes, token counts and
-timings are realistic.
-
-The families: ``bert`` (embedder, toxicity, sentiment), ``xlmr`` (reranker), ``qwen``
-(generator), over ``vocabulary`` (the synthetic training text) and ``tokenizing``
-(what the tokenizers share); ``repos`` writes one model's repo, ``build`` all five.
-
-CLI: ``python -m builders.standins --profile {tiny,faithful} [--hf-home DIR] [--seed N] [--force]``
+The families: ``bert`` (embedder, toxicity, sentiment), ``xlmr`` (reranker), ``qwen`` (generator),
+over ``vocabulary`` (the synthetic training text) and ``tokenizing`` (what the tokenizers share);
+``repos`` writes one model's repo, ``build`` all five, ``cli`` is ``python -m builders.standins``.
 """
 from builders.standins.build import (
     build_standins,

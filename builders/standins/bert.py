@@ -11,10 +11,8 @@ from builders.standins.vocabulary import fillers, training_text
 from pipeline import spec
 
 BERT_SPECIALS = {"[PAD]": 0, "[UNK]": 100, "[CLS]": 101, "[SEP]": 102, "[MASK]": 103}
-
-
 BERT_TOKENIZER_CONFIG = {
-    "added_tokens_decoder": {str(i): added_token(t) for t, i in sorted(BERT_SPECIALS.items(), key=lambda kv: kv[1])},
+    "added_tokens_decoder": {str(i): added_token(t) for t, i in BERT_SPECIALS.items()},
     "clean_up_tokenization_spaces": True,
     "cls_token": "[CLS]",
     "do_basic_tokenize": True,
@@ -29,9 +27,6 @@ BERT_TOKENIZER_CONFIG = {
     "tokenizer_class": "BertTokenizer",
     "unk_token": "[UNK]",
 }
-
-
-BERT_SPECIAL_MAP = {"cls_token": "[CLS]", "mask_token": "[MASK]", "pad_token": "[PAD]", "sep_token": "[SEP]", "unk_token": "[UNK]"}
 
 
 def _bert_pipeline(tok: Any) -> Any:
@@ -85,7 +80,7 @@ def bert_tokenizer_files(vocab_size: int, n_unused: int, multilingual: bool) -> 
         special_tokens=[("[CLS]", 101), ("[SEP]", 102)],
     )
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in BERT_SPECIALS])
-    return tokenizer_file_set(tok, BERT_TOKENIZER_CONFIG, BERT_SPECIAL_MAP, **{"vocab.txt": "\n".join(tokens) + "\n"})
+    return tokenizer_file_set(tok, BERT_TOKENIZER_CONFIG, {"vocab.txt": "\n".join(tokens) + "\n"})
 
 
 def bert_config(vocab_size: int, dims: dict[str, int], **extra: Any) -> dict[str, Any]:
@@ -122,16 +117,25 @@ def labels(names: list[str]) -> dict[str, Any]:
     }
 
 
-STAR_LABELS = list(spec.STAR_LABELS)  # id order = star order, as in the real config
-
-
 TOXIC_LABELS = ["toxic", "severe_toxic", "obscene", "threat", "insult", "identity_hate"]
-
-
 # Output-bias priors for the random toxicity head: roughly the real model's
 # base rates on benign text, so a stand-in does not flag half of all messages
 # as toxic (the weights themselves stay random).
 TOXIC_BIAS_PRIOR = [-3.0, -6.0, -4.5, -6.5, -4.5, -6.0]
+
+
+def embedder_config(dims: dict[str, int]) -> dict[str, Any]:
+    return bert_config(30522, dims, **labels(["LABEL_0"]))
+
+
+def toxicity_config(dims: dict[str, int]) -> dict[str, Any]:
+    return bert_config(
+        30522,
+        dims,
+        architectures=["BertForSequenceClassification"],
+        problem_type="multi_label_classification",
+        **labels(TOXIC_LABELS),
+    )
 
 
 def sentiment_config(dims: dict[str, int]) -> dict[str, Any]:
@@ -149,7 +153,7 @@ def sentiment_config(dims: dict[str, int]) -> dict[str, Any]:
         pooler_num_fc_layers=3,
         pooler_size_per_head=128,
         pooler_type="first_token_transform",
-        **labels(STAR_LABELS),
+        **labels(list(spec.STAR_LABELS)),  # id order = star order, as in the real config
     )
 
 

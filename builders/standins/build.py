@@ -3,6 +3,7 @@ and committed so that an interrupted build never looks complete (the marker is w
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import pathlib
@@ -11,8 +12,8 @@ import time
 import uuid
 from typing import Any, Iterator
 
-from builders.standins.profiles import MODEL_NAMES, check_profile
-from builders.standins.repos import build_repo, model_configs, write_text
+from builders.standins.profiles import MODEL_NAMES, check_profile, model_configs
+from builders.standins.repos import build_repo, write_text
 from builders.standins.tokenizing import dumps
 from pipeline.config import Settings
 from pipeline.models import (
@@ -74,18 +75,9 @@ def is_built(hf_home: str | os.PathLike, profile: str, seed: int | None = None) 
 @contextlib.contextmanager
 def _build_lock(hf_home: pathlib.Path) -> Iterator[None]:
     """Serialise concurrent builds of the same home (e.g. several workers starting at once)."""
-    lock_path = hf_home.parent / f".{hf_home.name}.lock"
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: no locking, builds still never look complete early
+    with open(hf_home.parent / f".{hf_home.name}.lock", "a+") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)  # released when the file closes
         yield
-        return
-    with open(lock_path, "a+") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
 def _commit(tmp: pathlib.Path, hf_home: pathlib.Path) -> None:

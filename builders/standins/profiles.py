@@ -1,7 +1,12 @@
-"""The stand-in profiles and the five models they stand in for (the contract's repo names)."""
+"""The stand-in profiles and the five models they stand in for: the contract's repo names, and each
+model's config.json per profile."""
 from __future__ import annotations
 
-from builders.standins.qwen import QWEN_FAITHFUL
+from typing import Any
+
+from builders.standins.bert import embedder_config, sentiment_config, toxicity_config
+from builders.standins.qwen import QWEN_FAITHFUL, qwen_config
+from builders.standins.xlmr import reranker_config
 from pipeline import spec
 
 PROFILES = ("tiny", "faithful")
@@ -15,25 +20,31 @@ MODEL_NAMES = {
 }
 
 BASE = {"hidden": 768, "layers": 12, "heads": 12, "intermediate": 3072}  # bert-base
-
-
-# Toy sizes; the embedder keeps hidden=EMBED_DIM so its vectors keep the contract's
-# dimension (FAISS indexes built with either profile work with the other).
-TINY = {
-    "embedder": {"hidden": spec.EMBED_DIM, "layers": 2, "heads": 12, "intermediate": 256},
-    "encoder": {"hidden": 32, "layers": 2, "heads": 2, "intermediate": 64},
-    "generator": {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 128},
-}
-
-
-# Dimensions per profile: "faithful" is the real models' shapes. The embedder's
-# hidden size is the contract's embedding dimension in both.
+# Dimensions per profile: "faithful" is the real models' shapes, "tiny" toy sizes. The embedder's
+# hidden size is the contract's embedding dimension in both (FAISS indexes built with either
+# profile work with the other).
 PROFILE_DIMS = {
     "faithful": {"embedder": {**BASE, "hidden": spec.EMBED_DIM}, "encoder": BASE, "generator": QWEN_FAITHFUL},
-    "tiny": TINY,
+    "tiny": {
+        "embedder": {"hidden": spec.EMBED_DIM, "layers": 2, "heads": 12, "intermediate": 256},
+        "encoder": {"hidden": 32, "layers": 2, "heads": 2, "intermediate": 64},
+        "generator": {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 128},
+    },
 }
 
 
 def check_profile(profile: str) -> None:
     if profile not in PROFILES:
         raise ValueError(f"unknown stand-in profile {profile!r}; expected one of {PROFILES}")
+
+
+def model_configs(profile: str) -> dict[str, dict[str, Any]]:
+    """The config.json of each of the five models in ``profile``."""
+    dims = PROFILE_DIMS[profile]
+    return {
+        "embedder": embedder_config(dims["embedder"]),
+        "reranker": reranker_config(dims["encoder"]),
+        "generator": qwen_config(dims["generator"], faithful=profile == "faithful"),
+        "sentiment": sentiment_config(dims["encoder"]),
+        "toxicity": toxicity_config(dims["encoder"]),
+    }

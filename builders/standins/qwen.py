@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+from importlib import resources
 from typing import Any
 
 from builders.standins.tokenizing import added_token, byte_level, tokenizer_file_set, train_bpe_model
@@ -13,96 +14,19 @@ QWEN_PRETOKENIZE_REGEX = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 QWEN_REGULAR_VOCAB = 151643  # ids 0..151642 are BPE tokens; specials start at 151643
-QWEN_ADDED_TOKENS = (
-    # (id, content, special) exactly as in Qwen2.5's tokenizer_config.json
-    (151643, "<|endoftext|>", True),
-    (151644, "<|im_start|>", True),
-    (151645, "<|im_end|>", True),
-    (151646, "<|object_ref_start|>", True),
-    (151647, "<|object_ref_end|>", True),
-    (151648, "<|box_start|>", True),
-    (151649, "<|box_end|>", True),
-    (151650, "<|quad_start|>", True),
-    (151651, "<|quad_end|>", True),
-    (151652, "<|vision_start|>", True),
-    (151653, "<|vision_end|>", True),
-    (151654, "<|vision_pad|>", True),
-    (151655, "<|image_pad|>", True),
-    (151656, "<|video_pad|>", True),
-    (151657, "<tool_call>", False),
-    (151658, "</tool_call>", False),
-    (151659, "<|fim_prefix|>", False),
-    (151660, "<|fim_middle|>", False),
-    (151661, "<|fim_suffix|>", False),
-    (151662, "<|fim_pad|>", False),
-    (151663, "<|repo_name|>", False),
-    (151664, "<|file_sep|>", False),
+# Qwen2.5's added tokens, ids 151643 on in this order, exactly as in its tokenizer_config.json;
+# the first 14 are special.
+_ADDED = (
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
+    "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
+    "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>",
+    "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>",
 )
+QWEN_ADDED_TOKENS = tuple((QWEN_REGULAR_VOCAB + i, content, i < 14) for i, content in enumerate(_ADDED))
 
 # The Qwen2.5-Instruct chat template (ChatML + Hermes-style tools), including the
 # default system prompt injected when the conversation has none.
-QWEN_CHAT_TEMPLATE = (
-    "{%- if tools %}\n"
-    "    {{- '<|im_start|>system\\n' }}\n"
-    "    {%- if messages[0]['role'] == 'system' %}\n"
-    "        {{- messages[0]['content'] }}\n"
-    "    {%- else %}\n"
-    "        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}\n"
-    "    {%- endif %}\n"
-    "    {{- \"\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>\" }}\n"
-    "    {%- for tool in tools %}\n"
-    "        {{- \"\\n\" }}\n"
-    "        {{- tool | tojson }}\n"
-    "    {%- endfor %}\n"
-    "    {{- \"\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
-    "within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, \\\"arguments\\\": "
-    "<args-json-object>}\\n</tool_call><|im_end|>\\n\" }}\n"
-    "{%- else %}\n"
-    "    {%- if messages[0]['role'] == 'system' %}\n"
-    "        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n"
-    "    {%- else %}\n"
-    "        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}\n"
-    "    {%- endif %}\n"
-    "{%- endif %}\n"
-    "{%- for message in messages %}\n"
-    "    {%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) or "
-    "(message.role == \"assistant\" and not message.tool_calls) %}\n"
-    "        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n"
-    "    {%- elif message.role == \"assistant\" %}\n"
-    "        {{- '<|im_start|>' + message.role }}\n"
-    "        {%- if message.content %}\n"
-    "            {{- '\\n' + message.content }}\n"
-    "        {%- endif %}\n"
-    "        {%- for tool_call in message.tool_calls %}\n"
-    "            {%- if tool_call.function is defined %}\n"
-    "                {%- set tool_call = tool_call.function %}\n"
-    "            {%- endif %}\n"
-    "            {{- '\\n<tool_call>\\n{\"name\": \"' }}\n"
-    "            {{- tool_call.name }}\n"
-    "            {{- '\", \"arguments\": ' }}\n"
-    "            {{- tool_call.arguments | tojson }}\n"
-    "            {{- '}\\n</tool_call>' }}\n"
-    "        {%- endfor %}\n"
-    "        {{- '<|im_end|>\\n' }}\n"
-    "    {%- elif message.role == \"tool\" %}\n"
-    "        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != \"tool\") %}\n"
-    "            {{- '<|im_start|>user' }}\n"
-    "        {%- endif %}\n"
-    "        {{- '\\n<tool_response>\\n' }}\n"
-    "        {{- message.content }}\n"
-    "        {{- '\\n</tool_response>' }}\n"
-    "        {%- if loop.last or (messages[loop.index0 + 1].role != \"tool\") %}\n"
-    "            {{- '<|im_end|>\\n' }}\n"
-    "        {%- endif %}\n"
-    "    {%- endif %}\n"
-    "{%- endfor %}\n"
-    "{%- if add_generation_prompt %}\n"
-    "    {{- '<|im_start|>assistant\\n' }}\n"
-    "{%- endif %}\n"
-)
-
-
+QWEN_CHAT_TEMPLATE = (resources.files(__package__) / "qwen_chat_template.jinja").read_text(encoding="utf-8")
 
 
 QWEN_TOKENIZER_CONFIG = {
@@ -149,7 +73,7 @@ def _qwen_filler(i: int, word: str) -> str:
     return byte_level(word)
 
 
-def _qwen_vocab() -> tuple[dict[str, int], list]:
+def _qwen_vocab() -> tuple[dict[str, int], list[list[str]]]:
     """The trained BPE vocab padded to exactly 151643 regular entries, and its merges."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -171,7 +95,7 @@ def qwen_tokenizer_files() -> dict[str, str]:
     vocab, merges = _qwen_vocab()
     bpe = models.BPE(
         vocab=vocab,
-        merges=[tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in merges],
+        merges=[tuple(pair) for pair in merges],  # tokenizers >= 0.20 writes merges as pairs
         dropout=None,
         unk_token=None,
         continuing_subword_prefix="",
@@ -183,14 +107,11 @@ def qwen_tokenizer_files() -> dict[str, str]:
     tok.add_tokens([AddedToken(c, special=s, normalized=not s) for _, c, s in QWEN_ADDED_TOKENS])
     for tid, content, _ in QWEN_ADDED_TOKENS:
         assert tok.token_to_id(content) == tid, (content, tok.token_to_id(content), tid)
-    return tokenizer_file_set(
-        tok,
-        QWEN_TOKENIZER_CONFIG,
-        **{
-            "vocab.json": json.dumps(vocab, ensure_ascii=False, separators=(",", ":")),
-            "merges.txt": "#version: 0.2\n" + "\n".join(" ".join(m) if isinstance(m, list) else m for m in merges) + "\n",
-        },
-    )
+    vocab_files = {
+        "vocab.json": json.dumps(vocab, ensure_ascii=False, separators=(",", ":")),
+        "merges.txt": "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges),
+    }
+    return tokenizer_file_set(tok, QWEN_TOKENIZER_CONFIG, vocab_files, special_map=False)
 
 
 QWEN_FAITHFUL = {"hidden": 896, "layers": 24, "heads": 14, "kv_heads": 2, "intermediate": 4864}

@@ -1,5 +1,5 @@
-"""One stand-in repo in a hub cache: its config per profile, its tokenizer files, seeded random
-weights, and the hub layout (models--org--name/snapshots/<revision>, refs/main)."""
+"""One stand-in repo in a hub cache: its config.json, its tokenizer files, seeded random weights,
+and the hub layout (models--org--name/snapshots/<revision>, refs/main)."""
 from __future__ import annotations
 
 import contextlib
@@ -8,48 +8,26 @@ import os
 import pathlib
 from typing import Any, Iterator
 
-from builders.standins.bert import (
-    TOXIC_BIAS_PRIOR,
-    TOXIC_LABELS,
-    bert_config,
-    bert_tokenizer_files,
-    labels,
-    sentence_transformers_files,
-    sentiment_config,
-)
-from builders.standins.profiles import MODEL_NAMES, PROFILE_DIMS
-from builders.standins.qwen import QWEN_GENERATION_CONFIG, qwen_config, qwen_tokenizer_files
+from builders.standins.bert import TOXIC_BIAS_PRIOR, bert_tokenizer_files, sentence_transformers_files
+from builders.standins.profiles import MODEL_NAMES
+from builders.standins.qwen import QWEN_GENERATION_CONFIG, qwen_tokenizer_files
 from builders.standins.tokenizing import dumps
-from builders.standins.xlmr import reranker_config, xlmr_tokenizer_files
+from builders.standins.xlmr import xlmr_tokenizer_files
 from pipeline.models import STANDIN_VERSION, hub_repo_folder
 
 
-def model_configs(profile: str) -> dict[str, dict[str, Any]]:
-    dims = PROFILE_DIMS[profile]
-    return {
-        "embedder": bert_config(30522, dims["embedder"], **labels(["LABEL_0"])),
-        "reranker": reranker_config(dims["encoder"]),
-        "generator": qwen_config(dims["generator"], faithful=profile == "faithful"),
-        "sentiment": sentiment_config(dims["encoder"]),
-        "toxicity": bert_config(
-            30522,
-            dims["encoder"],
-            architectures=["BertForSequenceClassification"],
-            problem_type="multi_label_classification",
-            **labels(TOXIC_LABELS),
-        ),
-    }
-
-
-def tokenizer_files(key: str) -> dict[str, str]:
-    # Tokenizers are the same in every profile (token counts must not depend on it).
+def repo_files(key: str) -> dict[str, str]:
+    """A repo's files besides config.json and the weights: its tokenizer's (the same in every profile,
+    so that token counts do not depend on it) and the generator's and embedder's own."""
     if key in ("embedder", "toxicity"):
-        return bert_tokenizer_files(30522, 994, False)
-    if key == "sentiment":
-        return bert_tokenizer_files(105879, 99, True)
-    if key == "reranker":
-        return xlmr_tokenizer_files()
-    return qwen_tokenizer_files()
+        files = bert_tokenizer_files(30522, 994, False)
+    elif key == "sentiment":
+        files = bert_tokenizer_files(105879, 99, True)
+    elif key == "reranker":
+        files = xlmr_tokenizer_files()
+    else:
+        files = {**qwen_tokenizer_files(), "generation_config.json": dumps(QWEN_GENERATION_CONFIG)}
+    return {**files, **sentence_transformers_files()} if key == "embedder" else files
 
 
 def _readme(key: str, profile: str, seed: int) -> str:
@@ -107,8 +85,8 @@ def _variance_preserving_(model: Any) -> None:
                 module.weight.normal_(0.0, module.in_features**-0.5)
 
 
-def _build_weights(key: str, snapshot: pathlib.Path, seed: int) -> int:
-    """Random-init the architecture named in ``snapshot/config.json`` and save it there."""
+def _build_weights(key: str, snapshot: pathlib.Path, seed: int, dtype: str) -> int:
+    """Random-init the architecture named in ``snapshot/config.json`` and save it there in ``dtype``."""
     import gc
 
     import torch
@@ -116,11 +94,6 @@ def _build_weights(key: str, snapshot: pathlib.Path, seed: int) -> int:
 
     config = transformers.AutoConfig.from_pretrained(snapshot)
     model_cls = getattr(transformers, config.architectures[0])
-    target_dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
-    if isinstance(target_dtype, str):
-        target_dtype = getattr(torch, target_dtype)
-    if not isinstance(target_dtype, torch.dtype):
-        target_dtype = torch.float32
     torch.manual_seed(_model_seed(seed, key))
     # Initialise in fp32 (the usual init path) and only then cast to the checkpoint dtype.
     config.dtype = torch.float32
@@ -129,7 +102,7 @@ def _build_weights(key: str, snapshot: pathlib.Path, seed: int) -> int:
     if key == "toxicity":
         with torch.no_grad():
             model.classifier.bias.copy_(torch.tensor(TOXIC_BIAS_PRIOR))
-    model = model.to(target_dtype).eval()
+    model = model.to(getattr(torch, dtype)).eval()
     n_params = sum(p.numel() for p in model.parameters())
     with _quiet_transformers():
         model.save_pretrained(snapshot, safe_serialization=True)
@@ -145,20 +118,13 @@ def build_repo(hub: pathlib.Path, key: str, profile: str, seed: int, config: dic
     snapshot = repo / "snapshots" / revision
     snapshot.mkdir(parents=True, exist_ok=True)
     write_text(snapshot / "config.json", dumps(config))
-    n_params = _build_weights(key, snapshot, seed)
+    n_params = _build_weights(key, snapshot, seed, config["torch_dtype"])
     # save_pretrained rewrote these in the installed transformers' format; restore
     # the real repos' files so loading sees what it would see after a download.
-    write_text(snapshot / "config.json", dumps(config))
-    if key == "generator":
-        write_text(snapshot / "generation_config.json", dumps(QWEN_GENERATION_CONFIG))
-    else:
-        (snapshot / "generation_config.json").unlink(missing_ok=True)
-    for name, text in tokenizer_files(key).items():
+    (snapshot / "generation_config.json").unlink(missing_ok=True)
+    files = {"config.json": dumps(config), **repo_files(key), "README.md": _readme(key, profile, seed)}
+    for name, text in files.items():
         write_text(snapshot / name, text)
-    if key == "embedder":
-        for name, text in sentence_transformers_files().items():
-            write_text(snapshot / name, text)
-    write_text(snapshot / "README.md", _readme(key, profile, seed))
     # No trailing newline: huggingface_hub reads the ref verbatim.
     write_text(repo / "refs" / "main", revision)
     # save_pretrained leaves the weights 0600; a cache may be read by another user.

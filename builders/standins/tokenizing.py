@@ -7,25 +7,18 @@ import json
 from typing import Any, Iterable
 
 
-@functools.lru_cache(maxsize=None)
-def _bytes_to_unicode() -> dict[int, str]:
-    # GPT-2 / Qwen byte-level alphabet: printable stand-ins for all 256 bytes.
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
-
-
 def byte_level(text: str) -> str:
+    """``text`` in the GPT-2 / Qwen byte-level alphabet (printable stand-ins for all 256 bytes)."""
     if text.isascii() and text.lstrip(" ").isalpha():  # fast path for fillers: only the space maps
         return text.replace(" ", "Ġ")
-    table = _bytes_to_unicode()
-    return "".join(table[b] for b in text.encode("utf-8"))
+    return "".join(piece for piece, _ in _byte_level_splitter().pre_tokenize_str(text))
+
+
+@functools.lru_cache(maxsize=None)
+def _byte_level_splitter() -> Any:
+    from tokenizers import pre_tokenizers
+
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
 
 
 # Characters every tokenizer knows even if the corpus lacks them (real vocabs
@@ -48,14 +41,14 @@ def added_token(content: str, special: bool = True, lstrip: bool = False) -> dic
     }
 
 
-def tokenizer_file_set(tok: Any, config: dict[str, Any], special_map: dict[str, str] | None = None,
-                        **extra: str) -> dict[str, str]:
-    """The files a tokenizer repo ships: tokenizer.json, its config, the optional
-    special-tokens map and any model-specific vocabulary files, in that order."""
+def tokenizer_file_set(tok: Any, config: dict[str, Any], vocab_files: dict[str, str] | None = None,
+                       special_map: bool = True) -> dict[str, str]:
+    """The files a tokenizer repo ships: tokenizer.json, its config, the special-tokens map (the
+    config's ``*_token`` entries) unless ``special_map`` is off, then the model's vocabulary files."""
     files = {"tokenizer.json": tok.to_str(pretty=False), "tokenizer_config.json": dumps(config)}
-    if special_map is not None:
-        files["special_tokens_map.json"] = dumps(special_map)
-    return {**files, **extra}
+    if special_map:
+        files["special_tokens_map.json"] = dumps({k: v for k, v in config.items() if k.endswith("_token")})
+    return {**files, **(vocab_files or {})}
 
 
 def train_bpe_model(tok: Any, corpus: Iterable[str], alphabet: list[str]) -> dict[str, Any]:

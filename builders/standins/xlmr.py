@@ -12,14 +12,8 @@ from builders.standins.tokenizing import EXTRA_ALPHABET, added_token, tokenizer_
 from builders.standins.vocabulary import fillers, pseudo_words, training_text
 
 XLMR_VOCAB = 250002
-
-
-XLMR_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"]
-
-
-XLMR_IDS = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3, "<mask>": XLMR_VOCAB - 1}
-
-
+XLMR_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"]  # ids 0-3; <mask> is the last id
+XLMR_IDS = {**{t: i for i, t in enumerate(XLMR_SPECIALS)}, "<mask>": XLMR_VOCAB - 1}
 XLMR_TOKENIZER_CONFIG = {
     "added_tokens_decoder": {str(i): added_token(t, lstrip=t == "<mask>") for t, i in XLMR_IDS.items()},
     "bos_token": "<s>",
@@ -33,12 +27,6 @@ XLMR_TOKENIZER_CONFIG = {
     "sp_model_kwargs": {},
     "tokenizer_class": "XLMRobertaTokenizer",
     "unk_token": "<unk>",
-}
-
-
-XLMR_SPECIAL_MAP = {
-    "bos_token": "<s>", "cls_token": "<s>", "eos_token": "</s>", "mask_token": "<mask>",
-    "pad_token": "<pad>", "sep_token": "</s>", "unk_token": "<unk>",
 }
 
 
@@ -95,7 +83,7 @@ def xlmr_tokenizer_files() -> dict[str, str]:
         [AddedToken(t, special=True, normalized=False) for t in XLMR_SPECIALS]
         + [AddedToken("<mask>", special=True, normalized=False, lstrip=True)]
     )
-    return tokenizer_file_set(tok, XLMR_TOKENIZER_CONFIG, XLMR_SPECIAL_MAP)
+    return tokenizer_file_set(tok, XLMR_TOKENIZER_CONFIG)
 
 
 def reranker_config(dims: dict[str, int]) -> dict[str, Any]:
