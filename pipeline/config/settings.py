@@ -55,10 +55,6 @@ class HttpServerConfig:
     cluster_token: str
 
 
-StageSection = (s.EmbedSettings | s.SearchSettings | s.FetchSettings | s.RerankSettings | s.GenerateSettings
-                | s.SentimentSettings | s.ToxicitySettings | s.IndexSettings)
-
-
 def _section(section_type: type, title: str) -> Any:
     """A field of Settings holding one section; its title heads the section in env.example and the configmap."""
     return dataclasses.field(metadata={"section": section_type, "title": title})
@@ -72,7 +68,7 @@ class Settings:
     search: s.SearchSettings = _section(s.SearchSettings, "stage 2, search (the worker's side: one HTTP call to node 2 per batch)")
     fetch: s.FetchSettings = _section(s.FetchSettings, "stage 3, fetch (SQLite)")
     rerank: s.RerankSettings = _section(s.RerankSettings, "stage 4, rerank")
-    generate: s.GenerateSettings = _section(s.GenerateSettings, "stage 5, generate (the LLM)")
+    generate: s.GenerateSettings = _section(s.GenerateSettings, "stage 5, generate (the LLM; continuous batching, no batch window)")
     sentiment: s.SentimentSettings = _section(s.SentimentSettings, "stage 6, sentiment")
     toxicity: s.ToxicitySettings = _section(s.ToxicitySettings, "stage 7, toxicity")
     index: s.IndexSettings = _section(s.IndexSettings, "node 2: the FAISS index")
@@ -183,13 +179,6 @@ class Settings:
     def node_address(self, node: int) -> Address:
         return self.cluster.node_address(node)
 
-    def stage(self, stage: str) -> StageSection:
-        """The section of one stage (a Stage, or its name)."""
-        if stage not in tuple(Stage):
-            raise KeyError(stage)
-        section: StageSection = getattr(self, str(stage))
-        return section
-
     def model_stage(self, stage: str) -> s.ModelStage:
         if stage not in MODEL_STAGES:
             raise KeyError(stage)
@@ -197,7 +186,10 @@ class Settings:
         return section
 
     def batching(self, stage: str) -> BatchConfig:
-        section = self.stage(stage)
+        """A batched stage's window and queue bound (a Stage, or its name; generate has no window)."""
+        if stage not in tuple(Stage) or stage == Stage.GENERATE:
+            raise KeyError(stage)
+        section: s.BatchWindow = getattr(self, str(stage))
         return BatchConfig(section.max_batch, section.max_wait_ms, self.limits.stage_max_queue)
 
     def stage_precision(self, stage: str) -> str:

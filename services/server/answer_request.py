@@ -65,13 +65,11 @@ class AnswerRequest:
 
 @dataclass(frozen=True)
 class Bounds:
-    """What the rules check against: the LIMITS settings, the LLM tokenizer's count of a text, the
-    most new tokens an answer may have (OPENAI_MAX_TOKENS_CAP) and whether the LLM can sample
-    (GENERATE_MODE=continuous; static batches decode greedily)."""
+    """What the rules check against: the LIMITS settings, the LLM tokenizer's count of a text and the
+    most new tokens an answer may have (OPENAI_MAX_TOKENS_CAP)."""
     limits: LimitsSettings
     count_tokens: Callable[[str], int]
     max_new_tokens: int = spec.MAX_NEW_TOKENS
-    can_sample: bool = True
 
 
 def _request_id(body: Mapping[str, Any], bounds: Bounds) -> str:
@@ -122,11 +120,7 @@ def _number(body: Mapping[str, Any], field: str, default: float, low: float, hig
 
 
 def _temperature(body: Mapping[str, Any], bounds: Bounds) -> float:
-    value = _number(body, "temperature", 0.0, 0.0, 2.0, "from 0 to 2")
-    if value > 0 and not bounds.can_sample:
-        raise ApiError(400, "'temperature' over 0 needs GENERATE_MODE=continuous: static batches decode greedily",
-                       field="temperature")
-    return value
+    return _number(body, "temperature", 0.0, 0.0, 2.0, "from 0 to 2")
 
 
 def _top_p(body: Mapping[str, Any], bounds: Bounds) -> float:

@@ -124,7 +124,7 @@ def reference_texts(generator):
 def test_engine_matches_reference_with_staggered_joins(generator, reference_texts):
     engine = ContinuousEngine(generator, max_batch=3, kv_cache_tokens=4096, prefill_chunk=32)
     seqs, pending, step, peak_cache = {}, list(enumerate(REQUESTS)), 0, 0
-    budget = max(generator.prompt_tokens(r.query, r.documents) for r in REQUESTS)
+    budget = max(len(generator.prompt_ids(r.query, r.documents)) for r in REQUESTS)
     while pending or engine.has_work():
         if pending and step % 9 == 0:  # join at different decode steps
             i, request = pending.pop(0)
