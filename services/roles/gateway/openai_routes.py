@@ -1,15 +1,9 @@
 """Node 0's OpenAI-compatible routes: POST /v1/chat/completions and GET /v1/models.
 
-A chat completion is one RAG request through the gateway, as /query is: the last user message
-is the query (services/roles/gateway/openai_api.py reads the body), and the request_id rules
-(the body's `request_id`, else a new id per request), admission, the query's token limit and the
-deadline apply alike. `max_tokens` is clamped to OPENAI_MAX_TOKENS_CAP (absent: the contract's 128).
-temperature (absent: OPENAI_DEFAULT_TEMPERATURE), top_p, top_k, seed and stop become the
-request's own fields; a sampled answer's seed (the client's, or the one its worker drew) comes
-back in the response's `seed` extension field.
-`stream: true` relays the answer's pieces as chat.completion.chunk events as the LLM produces
-them, closed by `data: [DONE]`. Every error is in OpenAI's shape with the status the service
-gives it; once a stream has started, an error is its last data event.
+A chat completion is one RAG request through the gateway, as /query is, under the same rules.
+`max_tokens` is clamped to OPENAI_MAX_TOKENS_CAP (absent: the contract's 128); the decoding fields
+become the request's own, and a sampled answer's seed comes back in a `seed` extension field.
+Every error is in OpenAI's shape; once a stream has started, an error is its last data event.
 """
 from __future__ import annotations
 
@@ -31,8 +25,6 @@ from services.server.stream_response import AnswerStream, close, collect, error_
 MODEL_ID = spec.GENERATOR_MODEL
 # The model's `created` in /v1/models: when this process started serving it.
 STARTED_AT = int(time.time())
-
-
 # The /v1 body's decoding fields, read by the service's own rules (services/server/answer_request.py).
 SAMPLING_FIELDS = ("top_p", "top_k", "seed", "stop")
 
@@ -64,8 +56,7 @@ def register_openai_routes(app: Flask, front: Front, default_temperature: float,
 
 def _start(front: Front, default_temperature: float,
            max_tokens_cap: int) -> tuple[oa.ChatRequest, AnswerRequest, AnswerStream]:
-    """The body read as OpenAI's, made the service's one request (its rules: the query's length and
-    tokens, the request_id's, the decoding fields'), and its answer stream."""
+    """The body read as OpenAI's, made the service's one request, and its answer stream."""
     body = front.body()
     chat = oa.parse_chat_request(body, max_tokens_limit=max_tokens_cap, model_id=MODEL_ID,
                                  default_max_tokens=spec.MAX_NEW_TOKENS)
