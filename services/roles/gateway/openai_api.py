@@ -249,11 +249,6 @@ def usage_chunk(id: str, created: int, model: str, prompt_tokens: int, completio
             "usage": usage(prompt_tokens, completion_tokens)}
 
 
-def models_list(model_id: str, created: int, owned_by: str = "rag-service") -> dict[str, Any]:
-    """GET /v1/models: the one model this service serves."""
-    return {"object": "list", "data": [{"id": model_id, "object": "model", "created": created, "owned_by": owned_by}]}
-
-
 def _check_finish_reason(reason: str) -> None:
     if reason not in ("stop", "length"):
         raise ValueError(f"finish_reason is 'stop' or 'length', got {reason!r}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-from flask import Flask, Response, jsonify
+from flask import Flask, jsonify
 
 from pipeline import spec
 from services.roles.gateway import openai_api as oa
@@ -18,8 +18,6 @@ from services.roles.gateway.front import Front
 from services.roles.gateway.openai_embeddings import model_object, served_models
 from services.server import sse
 from services.server.answer_request import AnswerRequest
-from services.server.app import retry_after_header
-from services.server.errors import http_answer
 from services.server.stream_response import AnswerStream, close, collect, error_status, sse_response, started
 
 MODEL_ID = spec.GENERATOR_MODEL
@@ -36,22 +34,12 @@ def register_openai_routes(app: Flask, front: Front, default_temperature: float,
 
     @app.post("/v1/chat/completions")
     def chat_completions():
-        try:
-            chat, request, events = _start(front, default_temperature, max_tokens_cap)
-            if chat.stream:
-                return sse_response(started(events),
-                                    encode=lambda events: _chunks(events, request.request_id, chat.include_usage))
-            return jsonify(_completion(collect(events), request.request_id))
-        except oa.OpenAIError as exc:
-            return _error_response(exc)
-        except Exception as exc:  # the service's own errors, in OpenAI's shape with their status
-            answer = http_answer(exc)
-            if answer is None:
-                raise  # a bug: the app's handler answers 500
-            response = _error_response(oa.error_from_http(answer.status, answer.message, answer.field))
-            if answer.retry_after_s is not None:
-                response.headers["Retry-After"] = retry_after_header(answer.retry_after_s)
-            return response
+        # Its errors are the app's, in OpenAI's shape (services.roles.gateway.public_api).
+        chat, request, events = _start(front, default_temperature, max_tokens_cap)
+        if chat.stream:
+            return sse_response(started(events),
+                                encode=lambda events: _chunks(events, request.request_id, chat.include_usage))
+        return jsonify(_completion(collect(events), request.request_id))
 
 
 def _start(front: Front, default_temperature: float,
@@ -110,9 +98,3 @@ def _usage(reply: dict) -> tuple[int, int]:
 
 def _completion_id(request_id: str) -> str:
     return request_id if request_id.startswith("chatcmpl-") else f"chatcmpl-{request_id}"
-
-
-def _error_response(error: oa.OpenAIError) -> Response:
-    response = jsonify(error.body())
-    response.status_code = error.status
-    return response
