@@ -23,8 +23,7 @@ KV_SHARE_OF_LARGEST_REQUEST = 4
 
 
 class Checked(Protocol):
-    """What the checks read of pipeline.config.settings.Settings, which builds the sections and then runs
-    them; named here so that the checks need only the sections, not the module that runs them."""
+    """What the checks read of Settings (named here, so that checks.py needs only the sections)."""
     @property
     def cluster(self) -> sections.ClusterSettings: ...
     @property

@@ -24,9 +24,8 @@ from pipeline.spec import MODEL_STAGES, Stage
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # The <n> of a numbered variable (NODE_3_IP): a number without leading zeros.
 NUMBER_PATTERN = r"(0|[1-9][0-9]*)"
-# Waitress closes a connection that has no request in progress after this long quiet
-# (idle keep-alive connections between nodes, stalled uploads): REQUEST_TIMEOUT_S plus this, so
-# no connection is cut while a request could still be waited on.
+# Waitress closes a connection quiet for REQUEST_TIMEOUT_S plus this, so none is cut while a
+# request could still be waited on.
 CHANNEL_TIMEOUT_MARGIN_S = 60.0
 # Derived HTTP read timeout (HTTP_READ_TIMEOUT_S=0): REQUEST_TIMEOUT_S / 30, within these bounds:
 # long enough for a 32 MiB /search upload on a LAN, short enough that a slowloris socket
@@ -82,11 +81,8 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
-        """Parse every variable; ConfigError with one line per bad value, then per disagreement.
-
-        Every problem is reported at once, so an operator fixes them in one round: first each
-        value that does not parse, then each consistency check whose variables all parsed.
-        """
+        """Parse every variable; ConfigError with one line per bad value, then per disagreement (all
+        at once, so an operator fixes them in one round)."""
         env = os.environ if env is None else env
         problems: list[str] = removed_variables(env)
         unparsed: set[str] = set()
@@ -148,8 +144,7 @@ class Settings:
 
     @staticmethod
     def default_of(name: str) -> str:
-        """The default of one variable as effective() shows it, a numbered one's (NODE_3_IP) included;
-        KeyError if it is not a setting."""
+        """The default of one variable (NODE_3_IP too) as effective() shows it; KeyError if none."""
         for _, f in _variable_fields():
             meta = f.metadata
             if "numbered" not in meta and meta["env"] == name:

@@ -1,15 +1,9 @@
-"""A worker node's request path: every model stage behind its own BatchingService.
-
-embed -> search (node 2, batched HTTP) -> fetch -> rerank -> generate ->
-sentiment and toxicity at the same time. Each stage runs on its own thread,
-so different requests are in different stages at once (a pipeline), while
-the caller's thread just waits on futures with the request's deadline.
-A request's time in each stage is measured once (StageClock): the completion
-line's stages_ms and, with tracing on, the stage's span.
+"""A worker node's request path: embed -> search (node 2) -> fetch -> rerank -> generate ->
+sentiment and toxicity at once, every stage on its own thread behind its own stage service (a
+pipeline), while the caller's thread waits on futures with the request's deadline.
 """
 from __future__ import annotations
 
-import logging
 import secrets
 import threading
 import time
@@ -47,8 +41,6 @@ from services.stages.batching import BatchingService
 from services.stages.continuous import ContinuousGenerationService
 from services.stages.protocol import StageService, StageStats
 from services.stages.token_stream import TokenStream
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -109,9 +101,7 @@ class Worker:
                                                    max_queue=cfg.max_queue)
 
     def _search_batch(self, items: list[PendingSearch]) -> list[list[int]]:
-        # One HTTP call to each index shard for the whole batch. Retries run until the latest
-        # deadline in the batch: a request that can still wait (node 2 restarting)
-        # should get its answer; one whose deadline passed has stopped waiting anyway.
+        # One HTTP call to each index shard for the whole batch, retried until its latest deadline.
         deadline = max(item.deadline for item in items)
         ids, _ = self.index.search(np.stack([item.vector for item in items]), spec.TOP_K, deadline=deadline,
                                    request_ids=[item.request_id for item in items if item.request_id],
@@ -138,11 +128,9 @@ class Worker:
         return None
 
     def answer(self, request: AnswerRequest, timeout_s: float | None = None) -> AnswerStream:
-        """The answer's text in pieces as the LLM produces them (never splitting a character), then
-        the reply with its `usage` (prompt and completion tokens), `finish_reason` and, when sampled,
-        its `seed` (drawn here when the request names none). Closing the stream early cancels the
-        generation (its slot frees at the engine's next iteration). A stop string ends the answer: the
-        stream holds back text that could be the start of one."""
+        """The answer's text in pieces as the LLM produces them (never half a character, nor the start
+        of a stop string), then the reply with its `usage`, `finish_reason` and, when sampled, its
+        `seed`. Closing the stream early cancels the generation."""
         clock, trace, deadline = self._begin(request.request_id, timeout_s)
         generation: StageVisit | None = None
         try:
@@ -180,8 +168,7 @@ class Worker:
         return self.stages.generator.count_tokens(query)
 
     def _begin(self, request_id: str, timeout_s: float | None) -> tuple[StageClock, str, float]:
-        """The request's clock, trace id and deadline; StageDown at once if a stage is down (the
-        gateway then tries another worker before any stage runs)."""
+        """The request's clock, trace id and deadline; StageDown at once if a stage is down."""
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.config.request_timeout_s)
         down = self.failure()
         if down is not None:
