@@ -1,9 +1,6 @@
-"""The settings in sections: one frozen dataclass per component, each field bound to one
-environment variable (fields.var). A component is given its own section and nothing else.
-
-Sections: the cluster, the models and their precision, one per stage (its batch window and
-what only that stage reads), the limits on what a request may cost, the gateway, HTTP, and
-observability. Settings (pipeline.config.settings) puts them together.
+"""The settings in sections: one frozen dataclass per component (the cluster, the models, each stage,
+the limits, the gateway, HTTP, observability), each field bound to one environment variable
+(fields.var). A component is given its own section and nothing else.
 """
 from __future__ import annotations
 

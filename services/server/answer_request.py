@@ -1,17 +1,10 @@
 """The one request object every route makes and every layer passes down, and the one parser of it.
 
-/query, /v1/chat/completions (its body translated first by services/roles/gateway/openai_api.py)
-and a worker's /internal/answer each turn their body into an AnswerRequest with `read_request`,
-by the same rules; a field refused is an ApiError 400 naming the field and the rule it broke.
-
-To add a field: give AnswerRequest the field with its default and RULES its rule. It is then
-read from the bodies of the routes that accept it and sent on to the worker (`wire`).
-
-Decoding (temperature, top_p, top_k, seed, stop) is /v1's: /query does not accept those fields, so
-its answer is the contract's greedy one. A sampled request (temperature > 0) without a seed gets
-one drawn by the worker that computes it, returned in its reply: the request_id rules bind what
-the client asked, and only a greedy, uncapped answer without stop strings is the question's
-answer that the reply cache may hold (`is_the_questions_answer`).
+/query, /v1/chat/completions (translated first by services/roles/gateway/openai_api.py) and a
+worker's /internal/answer each read their body with `read_request`, by the same rules; a field
+refused is an ApiError 400 naming the field and the rule it broke. To add a field: give
+AnswerRequest the field with its default and RULES its rule; `wire` sends it on to the worker.
+The decoding fields are /v1's only: /query's answer is the contract's greedy one.
 """
 from __future__ import annotations
 
