@@ -29,11 +29,14 @@ class GenerationRequest:
     # New tokens at most; None: the generation config's (the contract's 128).
     max_new_tokens: int | None = None
     # Temperature, top_p, top_k, seed and stop strings (pipeline.sampling_params.Sampling); None: greedy.
-    # Honoured by the continuous engine; static batches are greedy and cut stop strings from the text.
+    # Honoured by the continuous engine; generate() (the reference's) is greedy and cuts stop strings.
     sampling: Sampling | None = None
     # Called with each new token id as continuous batching produces it, on the engine's thread (a
-    # stream's reader); not part of what is asked, so not of equality. Static batches never call it.
+    # stream's reader); not part of what is asked, so not of equality. generate() never calls it.
     on_token: Callable[[int], None] | None = field(default=None, compare=False, repr=False)
+    # The prompt's ids (prompt_ids(query, documents)) where the caller encoded it already, so that a
+    # request is encoded once (a worker's reply counts them); None: encoded where it is used.
+    prompt_ids: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
 
 
 class Generator:
@@ -84,9 +87,11 @@ class Generator:
         """The LLM prompt's token ids; the query's and the documents' text stays text (any thread)."""
         return self.tokens.prompt_ids(query, documents)
 
-    def prompt_tokens(self, query: str, documents: Sequence) -> int:
-        """The LLM prompt's length in tokens (any thread)."""
-        return len(self.prompt_ids(query, documents))
+    def request_ids(self, request: GenerationRequest) -> list[int]:
+        """A request's prompt ids: those it carries, else encoded now (any thread)."""
+        if request.prompt_ids is not None:
+            return list(request.prompt_ids)
+        return self.prompt_ids(request.query, request.documents)
 
     def prompt(self, query: str, documents: Sequence) -> str:
         """The prompt as text, for reading (the model gets prompt_ids)."""
@@ -119,7 +124,7 @@ class Generator:
         # One generate call runs until its longest answer ends, as with eos. Greedy
         # decoding makes a row's first n tokens the same whatever the call's cap,
         # so each answer is cut at its own cap afterwards.
-        rows = self.generate_ids([self.prompt_ids(r.query, r.documents) for r in requests], max_new_tokens=max(caps))
+        rows = self.generate_ids([self.request_ids(r) for r in requests], max_new_tokens=max(caps))
         return [truncate(self.decode(row[:cap]), r.sampling.stop if r.sampling else ())
                 for row, cap, r in zip(rows, caps, requests)]
 

@@ -1,8 +1,5 @@
-"""Start one node's role from the environment: `NODE_NUMBER=N python -m services.node`.
-
-Node 0: gateway + worker; node 1: worker; node 2: index server (services.roles).
-The HTTP server starts first and answers /health 503 "starting" while models or
-the index load in the background, so deployers can watch a node come up.
+"""Start one node's role from the environment: `NODE_NUMBER=N python -m services.node`. The HTTP
+server starts first and answers /health 503 "starting" while the role loads in the background.
 """
 from __future__ import annotations
 
@@ -24,14 +21,11 @@ from services.server.lifecycle import Lifecycle
 from services.server.routes import build_app
 
 log = logging.getLogger("services.node")
-
-
 TEXT_FORMAT = "%(asctime)s node{node} %(levelname)s %(name)s: %(message)s"
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line for log collectors: time, node, level, logger, message, and the
-    fields a line carries (`extra={"fields": {...}}`, e.g. a request's id, status and stage times)."""
+    """One JSON object per line: time, node, level, logger, message and the line's `extra` fields."""
 
     def __init__(self, node: int):
         super().__init__()
@@ -66,11 +60,9 @@ def _quiet_libraries(uses_torch: bool) -> None:
         # transformers prints through its own stderr handler; ours formats (and levels) it instead
         transformers.logging.disable_default_handler()
         transformers.logging.enable_propagation()
-        # huggingface_hub too has a stderr handler of its own and propagates: each warning twice
         from huggingface_hub.utils import logging as hub_logging
         hub_logging.get_logger().handlers.clear()
-        # "generation flags are not valid" / "generation_config together with arguments": about the
-        # generation arguments we pass on purpose, twice per load; other transformers warnings stay
+        # Warnings about the generation arguments we pass on purpose, twice per load.
         logging.getLogger("transformers.generation").setLevel(logging.ERROR)
 
 
@@ -97,8 +89,7 @@ def _configure_threads(settings: Settings, uses_torch: bool) -> None:
 
 
 def log_settings(settings: Settings) -> None:
-    """One line with what differs from the defaults (secrets hidden), and a warning per variable
-    that looks like a misspelling of ours (it would otherwise be ignored in silence)."""
+    """One line with what differs from the defaults (secrets hidden), and a warning per misspelt variable."""
     changed = settings.non_defaults()
     log.info("settings not at their default: %s", " ".join(f"{k}={v}" for k, v in changed.items()) or "none")
     for warning in misspelt_variables():

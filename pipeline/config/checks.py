@@ -14,7 +14,7 @@ from pipeline import spec
 # The longest /internal/answer `timeout_s` a worker accepts (a sanity bound on what another
 # node sends). The gateway forwards up to REQUEST_TIMEOUT_S, so that must not exceed it.
 MAX_INTERNAL_TIMEOUT_S = 3600.0
-# MAX_QUERY_TOKENS must leave room in the continuous KV budget (GENERATE_KV_CACHE_TOKENS) for the
+# MAX_QUERY_TOKENS must leave room in the KV budget (GENERATE_KV_CACHE_TOKENS) for the
 # prompt around the query (system prompt, three 200-character context lines: a generous
 # allowance) and the 128 new tokens, so that the largest request reserves at most a quarter
 # of the budget and never makes every other request wait behind its prefill.
@@ -23,8 +23,7 @@ KV_SHARE_OF_LARGEST_REQUEST = 4
 
 
 class Checked(Protocol):
-    """What the checks read of pipeline.config.settings.Settings, which builds the sections and then runs
-    them; named here so that the checks need only the sections, not the module that runs them."""
+    """What the checks read of Settings (named here, so that checks.py needs only the sections)."""
     @property
     def cluster(self) -> sections.ClusterSettings: ...
     @property
@@ -158,7 +157,7 @@ def _query_tokens(s: Checked) -> str | None:
     new_tokens = max(spec.MAX_NEW_TOKENS, s.api.max_tokens_cap)  # /v1 answers may be longer than /query's
     largest = s.limits.max_query_tokens + PROMPT_ALLOWANCE_TOKENS + new_tokens
     budget = s.generate.kv_cache_tokens
-    if s.generate.mode == "continuous" and largest * KV_SHARE_OF_LARGEST_REQUEST > budget:
+    if largest * KV_SHARE_OF_LARGEST_REQUEST > budget:
         most = budget // KV_SHARE_OF_LARGEST_REQUEST - PROMPT_ALLOWANCE_TOKENS - new_tokens
         return (f"MAX_QUERY_TOKENS='{s.limits.max_query_tokens}' is not valid: expected at most {most}"
                 f" with GENERATE_KV_CACHE_TOKENS={budget}, so that the largest request "
@@ -188,7 +187,7 @@ CHECKS: tuple[tuple[frozenset[str], Callable[[Checked], str | None]], ...] = (
     (frozenset({"REQUEST_TIMEOUT_S"}), _internal_timeout),
     (frozenset({"GATEWAY_MAX_JOINERS_PER_ID", "GATEWAY_MAX_JOINERS"}), _joiners),
     (frozenset({"HTTP_READ_TIMEOUT_S", "REQUEST_TIMEOUT_S"}), _read_timeout),
-    (frozenset({"MAX_QUERY_TOKENS", "GENERATE_KV_CACHE_TOKENS", "GENERATE_MODE", "OPENAI_MAX_TOKENS_CAP"}), _query_tokens),
+    (frozenset({"MAX_QUERY_TOKENS", "GENERATE_KV_CACHE_TOKENS", "OPENAI_MAX_TOKENS_CAP"}), _query_tokens),
     (frozenset({"REQUEST_TIMEOUT_S"}), _channel_timeout),
 )
 

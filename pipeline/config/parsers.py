@@ -2,6 +2,7 @@
 ValueError whose text says what is accepted (the settings put it in the operator's message)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -47,24 +48,26 @@ def int_range(lo: int | None = None, hi: int | None = None) -> Callable[[str], i
     return parse
 
 
-def positive_float(raw: str) -> float:
+def _number(raw: str, what: str, accepted: Callable[[float], bool]) -> float:
     try:
         value = float(raw)
     except ValueError:
-        raise ValueError("a number > 0") from None
-    if not value > 0 or value == float("inf"):
-        raise ValueError("a number > 0")
+        raise ValueError(what) from None
+    if not accepted(value):  # nan fails every comparison
+        raise ValueError(what)
     return value
+
+
+def positive_float(raw: str) -> float:
+    return _number(raw, "a number > 0", lambda value: 0 < value < math.inf)
 
 
 def non_negative_float(raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError("a number >= 0") from None
-    if not value >= 0 or value == float("inf"):
-        raise ValueError("a number >= 0")
-    return value
+    return _number(raw, "a number >= 0", lambda value: 0 <= value < math.inf)
+
+
+def float_range(lo: float, hi: float) -> Callable[[str], float]:
+    return lambda raw: _number(raw, f"a number from {lo:g} to {hi:g}", lambda value: lo <= value <= hi)
 
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -153,18 +156,6 @@ def optional_host(raw: str) -> str:
 
 def text(raw: str) -> str:
     return raw
-
-
-def float_range(lo: float, hi: float) -> Callable[[str], float]:
-    def parse(raw: str) -> float:
-        try:
-            value = float(raw)
-        except ValueError:
-            raise ValueError(f"a number from {lo:g} to {hi:g}") from None
-        if not lo <= value <= hi:
-            raise ValueError(f"a number from {lo:g} to {hi:g}")
-        return value
-    return parse
 
 
 def origin_list(raw: str) -> tuple[str, ...]:

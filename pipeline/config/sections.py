@@ -1,9 +1,6 @@
-"""The settings in sections: one frozen dataclass per component, each field bound to one
-environment variable (fields.var). A component is given its own section and nothing else.
-
-Sections: the cluster, the models and their precision, one per stage (its batch window and
-what only that stage reads), the limits on what a request may cost, the gateway, HTTP, and
-observability. Settings (pipeline.config.settings) puts them together.
+"""The settings in sections: one frozen dataclass per component (the cluster, the models, each stage,
+the limits, the gateway, HTTP, observability), each field bound to one environment variable
+(fields.var). A component is given its own section and nothing else.
 """
 from __future__ import annotations
 
@@ -94,15 +91,15 @@ class ModelSettings:
 
 
 class BatchWindow(Protocol):
-    """What every stage section has: its batch window."""
+    """What every stage section but generate's (continuous batching, no window) has: its batch window."""
     @property
     def max_batch(self) -> int: ...
     @property
     def max_wait_ms(self) -> float: ...
 
 
-class ModelStage(BatchWindow, Protocol):
-    """A model stage's section: its batch window and its precision override."""
+class ModelStage(Protocol):
+    """A model stage's section: its precision override."""
     @property
     def precision(self) -> str: ...
 
@@ -143,12 +140,11 @@ class RerankSettings:
 
 @dataclass(frozen=True)
 class GenerateSettings:
-    max_batch: int = f.max_batch(Stage.GENERATE, 16, "continuous mode: sequences decoding together; one decode step measured 476 ms at 8, 554 ms at 16 (2.99x the one-at-a-time reference's tokens/s)")
-    max_wait_ms: float = f.max_wait(Stage.GENERATE, 20)
+    """Continuous batching: sequences join and leave the running batch at every decode step (no batch window)."""
+    max_batch: int = f.max_batch(Stage.GENERATE, 16, "sequences decoding together; one decode step measured 476 ms at 8, 554 ms at 16 (2.99x the one-at-a-time reference's tokens/s)")
     precision: str = f.precision(Stage.GENERATE, "LLM")
-    mode: str = f.var("GENERATE_MODE", p.choice("continuous", "static"), "continuous", "continuous: sequences join and leave the running batch every decode step; static: whole batches through generate()")
-    kv_cache_tokens: int = f.var("GENERATE_KV_CACHE_TOKENS", p.int_range(256, 10_000_000), "16384", "continuous mode: KV-cache tokens (prompt + 128 new) the running sequences may reserve; bounds its memory (Qwen2-0.5B: 24 KiB a token in float32, so about 400 MB)")
-    prefill_chunk: int = f.var("GENERATE_PREFILL_CHUNK", p.int_range(1, 100_000), "512", "continuous mode: prompt tokens prefilled per iteration, so decoding sequences wait at most that long")
+    kv_cache_tokens: int = f.var("GENERATE_KV_CACHE_TOKENS", p.int_range(256, 10_000_000), "16384", "KV-cache tokens (prompt + 128 new) the running sequences may reserve; bounds its memory (Qwen2-0.5B: 24 KiB a token in float32, so about 400 MB)")
+    prefill_chunk: int = f.var("GENERATE_PREFILL_CHUNK", p.int_range(1, 100_000), "512", "prompt tokens prefilled per iteration, so decoding sequences wait at most that long")
 
 
 @dataclass(frozen=True)

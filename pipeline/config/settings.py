@@ -24,9 +24,8 @@ from pipeline.spec import MODEL_STAGES, Stage
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # The <n> of a numbered variable (NODE_3_IP): a number without leading zeros.
 NUMBER_PATTERN = r"(0|[1-9][0-9]*)"
-# Waitress closes a connection that has no request in progress after this long quiet
-# (idle keep-alive connections between nodes, stalled uploads): REQUEST_TIMEOUT_S plus this, so
-# no connection is cut while a request could still be waited on.
+# Waitress closes a connection quiet for REQUEST_TIMEOUT_S plus this, so none is cut while a
+# request could still be waited on.
 CHANNEL_TIMEOUT_MARGIN_S = 60.0
 # Derived HTTP read timeout (HTTP_READ_TIMEOUT_S=0): REQUEST_TIMEOUT_S / 30, within these bounds:
 # long enough for a 32 MiB /search upload on a LAN, short enough that a slowloris socket
@@ -55,10 +54,6 @@ class HttpServerConfig:
     cluster_token: str
 
 
-StageSection = (s.EmbedSettings | s.SearchSettings | s.FetchSettings | s.RerankSettings | s.GenerateSettings
-                | s.SentimentSettings | s.ToxicitySettings | s.IndexSettings)
-
-
 def _section(section_type: type, title: str) -> Any:
     """A field of Settings holding one section; its title heads the section in env.example and the configmap."""
     return dataclasses.field(metadata={"section": section_type, "title": title})
@@ -72,7 +67,7 @@ class Settings:
     search: s.SearchSettings = _section(s.SearchSettings, "stage 2, search (the worker's side: one HTTP call to node 2 per batch)")
     fetch: s.FetchSettings = _section(s.FetchSettings, "stage 3, fetch (SQLite)")
     rerank: s.RerankSettings = _section(s.RerankSettings, "stage 4, rerank")
-    generate: s.GenerateSettings = _section(s.GenerateSettings, "stage 5, generate (the LLM)")
+    generate: s.GenerateSettings = _section(s.GenerateSettings, "stage 5, generate (the LLM; continuous batching, no batch window)")
     sentiment: s.SentimentSettings = _section(s.SentimentSettings, "stage 6, sentiment")
     toxicity: s.ToxicitySettings = _section(s.ToxicitySettings, "stage 7, toxicity")
     index: s.IndexSettings = _section(s.IndexSettings, "node 2: the FAISS index")
@@ -86,11 +81,8 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
-        """Parse every variable; ConfigError with one line per bad value, then per disagreement.
-
-        Every problem is reported at once, so an operator fixes them in one round: first each
-        value that does not parse, then each consistency check whose variables all parsed.
-        """
+        """Parse every variable; ConfigError with one line per bad value, then per disagreement (all
+        at once, so an operator fixes them in one round)."""
         env = os.environ if env is None else env
         problems: list[str] = removed_variables(env)
         unparsed: set[str] = set()
@@ -152,8 +144,7 @@ class Settings:
 
     @staticmethod
     def default_of(name: str) -> str:
-        """The default of one variable as effective() shows it, a numbered one's (NODE_3_IP) included;
-        KeyError if it is not a setting."""
+        """The default of one variable (NODE_3_IP too) as effective() shows it; KeyError if none."""
         for _, f in _variable_fields():
             meta = f.metadata
             if "numbered" not in meta and meta["env"] == name:
@@ -183,13 +174,6 @@ class Settings:
     def node_address(self, node: int) -> Address:
         return self.cluster.node_address(node)
 
-    def stage(self, stage: str) -> StageSection:
-        """The section of one stage (a Stage, or its name)."""
-        if stage not in tuple(Stage):
-            raise KeyError(stage)
-        section: StageSection = getattr(self, str(stage))
-        return section
-
     def model_stage(self, stage: str) -> s.ModelStage:
         if stage not in MODEL_STAGES:
             raise KeyError(stage)
@@ -197,7 +181,10 @@ class Settings:
         return section
 
     def batching(self, stage: str) -> BatchConfig:
-        section = self.stage(stage)
+        """A batched stage's window and queue bound (a Stage, or its name; generate has no window)."""
+        if stage not in tuple(Stage) or stage == Stage.GENERATE:
+            raise KeyError(stage)
+        section: s.BatchWindow = getattr(self, str(stage))
         return BatchConfig(section.max_batch, section.max_wait_ms, self.limits.stage_max_queue)
 
     def stage_precision(self, stage: str) -> str:

@@ -51,8 +51,7 @@ class ContinuousEngine:
 
     def add(self, request, payload: Any = None) -> SequenceState:
         """Queue a GenerationRequest; its max_new_tokens (None: the generation config's) caps the answer."""
-        return self.add_prompt(self.generator.prompt_ids(request.query, request.documents), payload,
-                               request.max_new_tokens, request.sampling)
+        return self.add_prompt(self.generator.request_ids(request), payload, request.max_new_tokens, request.sampling)
 
     def text(self, seq: SequenceState) -> str:
         """The answer: its tokens' text, up to (not including) the first of its stop strings."""

@@ -1,11 +1,7 @@
-"""Calls to another node whose callers can all be answered at once.
-
-A call whose request is on the wire cannot be interrupted, yet at the end of a
-node's SHUTDOWN_GRACE_S every caller still waiting must get an answer (the node
-exits right after). Each call runs on this object's own threads while its caller
-waits on a Future: ``abort`` fails those futures, and the call's late outcome,
-when it comes, is dropped. It is what a stage service's ``abort`` is for the
-futures of its queue, for the node's outgoing calls.
+"""Calls to another node whose callers can all be answered at once: at the end of SHUTDOWN_GRACE_S
+every waiting caller must get an answer, though a call on the wire cannot be interrupted. Each call
+runs on a pool thread while its caller waits on a Future, which ``abort`` fails (a late outcome is
+dropped).
 """
 from __future__ import annotations
 
@@ -29,11 +25,8 @@ class AbortableCalls:
         self._abort_error: Callable[[], BaseException] | None = None
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """fn(*args) on a pool thread: its result or its error, or abort's error if that comes first.
-
-        fn must bound its own time (a request's timeouts): the caller waits as long as fn runs. It
-        runs in a copy of the caller's context (its request id and trace span go along).
-        """
+        """fn(*args) on a pool thread, in a copy of the caller's context: its result or error, or
+        abort's error if that comes first. fn must bound its own time."""
         waiter: Future = Future()
         with self._lock:
             if self._abort_error is not None:
@@ -56,8 +49,7 @@ class AbortableCalls:
             _settle(waiter, result=result)
 
     def hold(self, resource: Any) -> None:
-        """A response whose body the caller reads past call(): abort closes it, so a read blocked on it
-        ends (the caller then raises `aborted()`)."""
+        """A response the caller reads past call(): abort closes it, ending a read blocked on it."""
         with self._lock:
             if self._abort_error is None:
                 self._open.add(resource)

@@ -1,15 +1,7 @@
-"""Node-to-node calls over HTTP with pooled `requests` sessions and timeouts.
-
-JSON only between nodes. Every call has a connect and a read timeout. Search
-calls are idempotent, so they are retried with capped exponential backoff and
-jitter on connection errors and 5xx until the caller's deadline (node 2 may be
-restarting: a request that can still wait should get its answer). With
-CLUSTER_TOKEN set every call carries it in the X-Cluster-Token header. With tracing on,
-each HTTP call is a CLIENT span whose traceparent goes along (services.server.tracing).
-
-This is the one module that reads another node's status codes: each error status becomes a
-typed error (services.server.errors: PeerUnavailable, PeerRejectedToken, PeerRejected,
-PeerTimedOut, PeerFailed), a connection failure NodeUnreachable; callers catch types only.
+"""Node-to-node calls: JSON over pooled `requests` sessions, each with a connect and a read timeout,
+the cluster token and (tracing on) a CLIENT span. Idempotent searches are retried with capped,
+jittered backoff until the caller's deadline. The one module that reads another node's status
+codes: each becomes a typed error (services.server.errors); callers catch types only.
 """
 from __future__ import annotations
 
@@ -47,8 +39,7 @@ log = logging.getLogger(__name__)
 
 # A read this close to the deadline cannot bring an answer back in time.
 MIN_ATTEMPT_S = 0.05
-# Node 1 answers 504 at the deadline we send it; wait a little longer than that
-# for its answer, so the gateway sees its 504 rather than cutting the call itself.
+# Node 1 answers 504 at the deadline we send it: wait a little longer, to see that 504.
 WORKER_REPLY_GRACE_S = 2.0
 
 
@@ -100,14 +91,10 @@ DOWN = (NodeUnreachable, PeerUnavailable, PeerFailed)
 
 
 class IndexClient:
-    """One index shard's /search, on any of its replicas (one base URL each).
-
-    Each search starts at the next replica in turn (spreading the load) and moves to the next on a
-    failure worth retrying; after a round of failures it backs off. With a deadline, retries run
-    until it (max_attempts bounds only calls without one); each attempt's read timeout is cut to
-    the time left. Given up on while the shard is down (unreachable, 503, 5xx): ShardUnavailable
-    naming it; while it is only slow: DeadlineExceeded.
-    """
+    """One index shard's /search on its replicas: each search starts at the next one in turn and
+    moves on at a failure worth retrying, backing off after a round. With a deadline, retries run
+    until it (max_attempts bounds calls without one). Given up on: ShardUnavailable while the shard
+    is down (unreachable, 503, 5xx), DeadlineExceeded while it is only slow."""
 
     def __init__(self, base_urls: str | Sequence[str], *, connect_timeout_s: float, read_timeout_s: float,
                  token: str = "", name: str = "index server", pool_size: int = 16, max_attempts: int = 5,
@@ -154,9 +141,8 @@ class IndexClient:
     def search(self, vectors: np.ndarray | Sequence[Sequence[float]], k: int,
                deadline: float | None = None, request_ids: Sequence[str] = (),
                trace_parents: Sequence = ()) -> tuple[list[list[int]], list[list[float]]]:
-        """`request_ids`: the requests of the batch, sent in one X-Request-ID header (comma-joined,
-        bounded) so node 2's log line for the batch names them. `trace_parents`: their span
-        contexts, so each attempt's span joins the first one's trace and links the others."""
+        """`request_ids` go in one X-Request-ID header, so node 2's log line names them;
+        `trace_parents`: their span contexts (each attempt joins the first's trace, links the others)."""
         payload = {"embeddings": np.asarray(vectors, dtype=np.float32).tolist(), "k": k}
         headers = {REQUEST_ID_HEADER: batch_request_ids(list(request_ids))} if request_ids else {}
         replicas, first = len(self.base_urls), next(self._turn)
@@ -208,17 +194,14 @@ class WorkerClient:
         self._calls = AbortableCalls(f"to-{self.base_url}", pool_size)
 
     def answer(self, request: AnswerRequest, timeout_s: float) -> AnswerStream:
-        """The worker's answer stream (services.server.stream_response), relayed as each event
-        arrives: text pieces, then the reply. An error status is raised here, before the stream
-        is returned; a stream that ends in an error event raises its typed error. Once abort() is
-        called, every call waiting on the worker raises what it says instead."""
+        """The worker's answer stream relayed as each event arrives: text pieces, then the reply. An
+        error status raises here; an error event raises its typed error where it comes."""
         response = self._calls.call(self._post, request, timeout_s)
         self._calls.hold(response)
         return self._relay(response)
 
     def abort(self, make_error: Callable[[], BaseException]) -> None:
-        """Answer every call waiting on this worker, and every later one, with make_error() (the
-        node is past its SHUTDOWN_GRACE_S; a reply that comes later is dropped)."""
+        """Answer every call waiting on this worker, and every later one, with make_error()."""
         self._calls.abort(make_error)
 
     def _relay(self, response: requests.Response) -> AnswerStream:
@@ -244,10 +227,9 @@ class WorkerClient:
             response.close()
 
     def _post(self, request: AnswerRequest, timeout_s: float) -> requests.Response:
-        """The POST, its status checked (an error status raises its typed error), its body (the
-        answer stream) left unread."""
-        # Always the stream, whatever the caller wants (it collects a plain reply). The time left goes
-        # along, so node 1 gives up (and cancels its queued work) when we do.
+        """The POST, its status checked, its body (the answer stream) left unread."""
+        # Always the stream (a blocking caller collects it); the time left goes along, so node 1
+        # gives up when we do.
         body = {**request.wire(), "stream": True, "timeout_s": max(0.001, timeout_s)}
         # The caller's X-Request-ID (this thread serves its /query), so node 1 logs the same id.
         trace = current_request_id.get()
@@ -257,9 +239,7 @@ class WorkerClient:
             try:
                 response = self.session.post(url, json=body, headers=headers or None, stream=True,
                                              timeout=(self.connect_timeout_s, timeout_s + WORKER_REPLY_GRACE_S))
-            except requests.ConnectionError as exc:
-                # Refused, reset or a connect timeout: the node is down. If it had started the
-                # work, the work died with it, so another worker may compute the request.
+            except requests.ConnectionError as exc:  # down: any work started died with it
                 raise NodeUnreachable(f"worker at {self.base_url} unreachable: {exc.__class__.__name__}") from None
             except requests.Timeout:  # a read timeout: the work may be in flight there
                 raise PeerTimedOut(f"worker at {self.base_url} did not answer within {timeout_s:.1f}s") from None

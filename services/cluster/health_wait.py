@@ -25,12 +25,8 @@ def health(url: str, request_timeout_s: float = 5.0) -> dict | None:
 
 def wait_healthy(url: str, timeout_s: float, *, poll_s: float = 1.0, request_timeout_s: float = 5.0,
                  check: Callable[[], None] | None = None, ready: Callable[[dict], bool] | None = None) -> dict:
-    """Poll url/health until it answers 200 (and `ready(body)` holds, when given) and return its
-    body; TimeoutError after timeout_s.
-
-    Asks at least once, even with timeout_s <= 0. `check` runs before every poll
-    and may raise to give up early (the cluster launcher: a node process exited).
-    """
+    """Poll url/health (at least once) until it answers 200 and `ready(body)` holds, and return its
+    body; TimeoutError after timeout_s. `check` runs before every poll and may raise to give up."""
     until = time.monotonic() + timeout_s
     while True:
         if check is not None:

@@ -1,11 +1,6 @@
-"""A worker's view of a sharded index: every shard searched at once, the top k merged.
-
-One IndexClient per shard (each fails over between that shard's replicas). A search
-goes to every shard in parallel and waits for all of them: a shard that cannot answer
-by the deadline fails the whole search (ShardUnavailable, or DeadlineExceeded when it
-was only slow), so an answer never silently leaves out part of the index. The merge
-is pipeline.shards.merge_batch: by ascending distance, equal to the unsharded index's
-for an exact index.
+"""A worker's view of a sharded index: every shard searched at once (one IndexClient each, failing
+over between its replicas), the top k merged by distance (pipeline.shards.merge_batch). A shard that
+cannot answer fails the whole search: an answer never silently leaves out part of the index.
 """
 from __future__ import annotations
 

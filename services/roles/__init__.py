@@ -1,9 +1,4 @@
-"""One module per node role, picked once from NODE_NUMBER and INDEX_NODES.
-
-Each role says what it loads (`load`, run by the startup thread), which routes it
-serves (`register_routes`), what its /health adds, and its HTTP thread count;
-services.server.routes wraps it in the routes every node shares, services.node serves it.
-"""
+"""One module per node role (services.roles.base.Role), picked once from NODE_NUMBER and INDEX_NODES."""
 from __future__ import annotations
 
 from pipeline.config.sections import ClusterSettings

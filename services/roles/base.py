@@ -9,9 +9,8 @@ from pipeline.config import Settings
 from services.server.lifecycle import Lifecycle
 from services.stages.metrics import BatchingCollector, GenerationCollector
 
-# HTTP threads beyond the requests a node computes at once, so /health, /metrics, joined
-# requests, cache hits and quick 503s are answered while every computing thread waits
-# on its futures (and on node 0, on node 1 for a forwarded request).
+# HTTP threads beyond the requests a node computes at once, for /health, /metrics, joiners,
+# cache hits and quick 503s while every computing thread waits.
 SPARE_HTTP_THREADS = 32
 
 
@@ -73,8 +72,7 @@ class Role:
         """Called once when the node starts draining."""
 
     def abort(self, reason: str) -> None:
-        """Called once at the end of SHUTDOWN_GRACE_S with requests still in flight: every stage
-        fails what it holds now, so the threads waiting on it answer (503) instead of waiting on."""
+        """At the end of SHUTDOWN_GRACE_S with requests in flight: every stage fails what it holds now."""
         for svc in self.batching_services():
             svc.abort(reason)
 

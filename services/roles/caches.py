@@ -1,9 +1,5 @@
-"""Bounded LRU caches with hit / miss / eviction counters, for /metrics.
-
-Two uses: the workers' query-embedding cache (an embedding depends only on the
-query text and the embedder), and the gateway's optional response cache, keyed
-by the normalised query. The response cache is off by default: answers can be
-cached only while the models and the documents stay fixed.
+"""Bounded LRU caches with hit / miss / eviction counters: the workers' query embeddings and the
+gateway's optional reply cache (off by default: valid only while models and documents are fixed).
 """
 from __future__ import annotations
 
@@ -112,14 +108,8 @@ def normalise_query(query: str) -> str:
 
 
 class ResponseCache:
-    """Replies by normalised query; a hit is re-addressed to the new request_id.
-
-    The same question asked again while its first asking is still being computed
-    joins that computation (single flight) instead of computing it twice: under
-    load the repeats of a popular question arrive before its answer does. A
-    failure is never shared: whoever joined a computation that failed computes
-    its own answer.
-    """
+    """Replies by normalised query, a hit re-addressed to the new request_id. A question asked again
+    while it is computed joins that computation (single flight); a failure is never shared."""
 
     def __init__(self, max_entries: int, ttl_s: float, clock: Callable[[], float] = time.monotonic):
         self.cache = LruCache("response", max_entries, ttl_s, clock)
@@ -135,9 +125,8 @@ class ResponseCache:
 
     def answer(self, request_id: str, query: str, compute: Callable[[], AnswerStream], timeout_s: float, *,
                looked_up: bool = False) -> AnswerStream:
-        """The cached reply or the reply of the same question in flight, replayed (its text as one
-        piece, then the reply); else `compute()`'s events as they come, its reply then cached.
-        RequestTimeout when the computation joined has not ended within timeout_s."""
+        """The cached or joined reply, replayed; else `compute()`'s events as they come, its reply then
+        cached. RequestTimeout when the computation joined has not ended within timeout_s."""
         entry = self.enter(request_id, query, looked_up=looked_up)
         if entry.value is not None:
             yield from replay(entry.value)
@@ -147,15 +136,13 @@ class ResponseCache:
             if reply is not None:
                 yield from replay(reply)
                 return
-            # That computation failed; a failure is not shared: answer this one ourselves.
-        # Whatever ends it, the waiting repeats must not wait on us.
+            # That computation failed: answer this one ourselves.
         yield from relay(compute, landed=lambda reply: self.finish(entry, reply),
                          failed=lambda exc: self.fail(entry, exc))
 
     def enter(self, request_id: str, query: str, *, looked_up: bool = False) -> Entry:
-        """Its reply (`value`), the computation in flight to join, or the lead of a new one
-        (`looked_up`: the caller has just counted a miss for this question, so this second look
-        does not count one). With the cache off: an empty Entry, compute alone."""
+        """Its reply (`value`), the computation to join, or the lead of a new one (`looked_up`: a miss
+        was just counted). With the cache off: an empty Entry, compute alone."""
         if not self.cache.enabled:
             return Entry()
         # Lookup and leadership in one step: two askers cannot both lead.

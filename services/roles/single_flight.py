@@ -1,13 +1,6 @@
-"""Single flight: at most one computation per key at a time.
-
-The first caller for a key leads: it computes, then ends the flight with a value (`finish`)
-or an exception (`fail`). A caller that comes while the key is in flight joins: it waits
-(`wait`, with a timeout) for the leader's outcome instead of computing the same thing again.
-
-What a joiner does with a failed leader is its own rule: the gateway's joiners of a
-request_id get the same failure, the reply cache's joiners compute their own answer.
-The caller's own rules run under the map's lock, so they are atomic with the lookup
-(`SingleFlight.enter`): a value already known, who may join, who may lead.
+"""Single flight: at most one computation per key at a time. The first caller leads and ends the
+flight (`finish` or `fail`); later ones join and `wait` for its outcome. The callers' own rules
+(a value already known, who may join, who may lead) run under the map's lock, atomic with the lookup.
 """
 from __future__ import annotations
 
@@ -21,11 +14,8 @@ from typing import Any
 
 @dataclass(eq=False)
 class Flight:
-    """One key being computed: its leader ends `future`, its joiners wait on it.
-
-    `meta` is what the leader said about it (e.g. a digest its joiners must match);
-    `joiners` counts the callers waiting on it now.
-    """
+    """One key being computed: its leader ends `future`, its `joiners` wait on it; `meta` is what
+    the leader said about it (a digest its joiners must match)."""
     key: Hashable
     meta: Any = None
     started: float = field(default_factory=time.monotonic)
@@ -72,15 +62,9 @@ class SingleFlight:
               lookup: Callable[[], Any] | None = None,
               admit_joiner: Callable[[Flight, int], None] | None = None,
               admit_leader: Callable[[int], Any] | None = None) -> Entry:
-        """Under one lock, in this order:
-
-        `lookup()`: a value already known (not None) answers the caller;
-        the key in flight: `admit_joiner(flight, callers joining in all)` may refuse by raising,
-        else the caller joins it (and must `wait` on it);
-        else `admit_leader(keys in flight)` may refuse by raising, or return a value that
-        answers the caller instead; else the caller leads a new flight (and must `finish` or `fail` it).
-        The callbacks run under the lock: they must be quick and must not call back in here.
-        """
+        """Under one lock: a known value from `lookup()` answers; else the key in flight is joined
+        (`admit_joiner(flight, joining)` may raise); else `admit_leader(in_flight)` may raise or
+        answer with a value; else the caller leads. The callbacks must be quick and not call back."""
         with self._lock:
             if lookup is not None and (value := lookup()) is not None:
                 return Entry(value=value)
@@ -113,8 +97,7 @@ class SingleFlight:
                 del self._flights[flight.key]
 
     def wait(self, flight: Flight, timeout_s: float) -> Future:
-        """The joined flight's ended future (its `.result()` is the value or raises the leader's
-        error); TimeoutError if it has not ended within timeout_s. Either way the joiner is gone."""
+        """The joined flight's ended future; TimeoutError if it has not ended within timeout_s."""
         try:
             flight.future.exception(timeout=max(0.0, timeout_s))  # waits; the outcome is the caller's to read
             return flight.future

@@ -1,17 +1,10 @@
 """The one request object every route makes and every layer passes down, and the one parser of it.
 
-/query, /v1/chat/completions (its body translated first by services/roles/gateway/openai_api.py)
-and a worker's /internal/answer each turn their body into an AnswerRequest with `read_request`,
-by the same rules; a field refused is an ApiError 400 naming the field and the rule it broke.
-
-To add a field: give AnswerRequest the field with its default and RULES its rule. It is then
-read from the bodies of the routes that accept it and sent on to the worker (`wire`).
-
-Decoding (temperature, top_p, top_k, seed, stop) is /v1's: /query does not accept those fields, so
-its answer is the contract's greedy one. A sampled request (temperature > 0) without a seed gets
-one drawn by the worker that computes it, returned in its reply: the request_id rules bind what
-the client asked, and only a greedy, uncapped answer without stop strings is the question's
-answer that the reply cache may hold (`is_the_questions_answer`).
+/query, /v1/chat/completions (translated first by services/roles/gateway/openai_api.py) and a
+worker's /internal/answer each read their body with `read_request`, by the same rules; a field
+refused is an ApiError 400 naming the field and the rule it broke. To add a field: give
+AnswerRequest the field with its default and RULES its rule; `wire` sends it on to the worker.
+The decoding fields are /v1's only: /query's answer is the contract's greedy one.
 """
 from __future__ import annotations
 
@@ -65,13 +58,11 @@ class AnswerRequest:
 
 @dataclass(frozen=True)
 class Bounds:
-    """What the rules check against: the LIMITS settings, the LLM tokenizer's count of a text, the
-    most new tokens an answer may have (OPENAI_MAX_TOKENS_CAP) and whether the LLM can sample
-    (GENERATE_MODE=continuous; static batches decode greedily)."""
+    """What the rules check against: the LIMITS settings, the LLM tokenizer's count of a text and the
+    most new tokens an answer may have (OPENAI_MAX_TOKENS_CAP)."""
     limits: LimitsSettings
     count_tokens: Callable[[str], int]
     max_new_tokens: int = spec.MAX_NEW_TOKENS
-    can_sample: bool = True
 
 
 def _request_id(body: Mapping[str, Any], bounds: Bounds) -> str:
@@ -122,11 +113,7 @@ def _number(body: Mapping[str, Any], field: str, default: float, low: float, hig
 
 
 def _temperature(body: Mapping[str, Any], bounds: Bounds) -> float:
-    value = _number(body, "temperature", 0.0, 0.0, 2.0, "from 0 to 2")
-    if value > 0 and not bounds.can_sample:
-        raise ApiError(400, "'temperature' over 0 needs GENERATE_MODE=continuous: static batches decode greedily",
-                       field="temperature")
-    return value
+    return _number(body, "temperature", 0.0, 0.0, 2.0, "from 0 to 2")
 
 
 def _top_p(body: Mapping[str, Any], bounds: Bounds) -> float:

@@ -1,7 +1,5 @@
-"""A Flask app whose every error is JSON: the one place a raised error becomes an HTTP answer.
-
-Handlers raise; the error handler installed here turns what they raise into an answer through
-`services.server.errors.http_answer`. No handler leaks an HTML page or a traceback.
+"""A Flask app whose every error is JSON: handlers raise, and the one error handler installed here
+answers through `services.server.errors.http_answer` (never an HTML page or a traceback).
 """
 from __future__ import annotations
 
@@ -37,7 +35,6 @@ def error_response(status: int, message: str, *, field: str | None = None,
     if retry_after_s is not None:
         response.headers["Retry-After"] = retry_after_header(retry_after_s)
     return response
-
 
 
 def _answer_for(exc: Exception) -> HttpAnswer:

@@ -1,10 +1,6 @@
-"""API keys for the public endpoints: `Authorization: Bearer <key>` checked against a file of keys.
-
-The file (API_KEYS_FILE) holds one key a line, or `sha256:<64 hex digits>`, the SHA-256 of a
-key, so the file need not hold the keys themselves; blank lines and `#` comments are skipped.
-Keys are kept only as their SHA-256 digests, and a presented key's digest is compared with
-every one of them in constant time (hmac.compare_digest, no early exit), so the time taken
-says nothing about how much of a key matched. No key, presented or configured, is ever logged.
+"""API keys for the public endpoints: `Authorization: Bearer <key>` checked against API_KEYS_FILE
+(a key a line, or `sha256:<64 hex digits>`; `#` comments). Keys are kept only as SHA-256 digests,
+compared with every one in constant time; no key is ever logged.
 """
 from __future__ import annotations
 

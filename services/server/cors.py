@@ -1,10 +1,5 @@
-"""CORS for browser front-ends: off unless CORS_ALLOWED_ORIGINS names origins (or *).
-
-For a request to a public path from an allowed Origin, the answer carries
-Access-Control-Allow-Origin (the origin itself, with Vary: Origin, or * when every origin is
-allowed) and exposes the headers clients read (X-Request-ID, Retry-After, x-should-retry). A
-preflight (OPTIONS with Access-Control-Request-Method) is answered here, 204, before any API-key
-check: a browser sends no credentials with it. A preflight from another origin gets 403.
+"""CORS for browser front-ends: off unless CORS_ALLOWED_ORIGINS names origins (or *). A preflight
+is answered here (204, or 403 for another origin) before any API-key check: it carries no credentials.
 """
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """Every error a node can meet on a request's way, and the one table that turns it into HTTP.
 
-Domain code raises these (the batching service, the worker, the gateway, the node clients);
-no handler catches one to pick a status. `http_answer(exc)` is the single place an error
-becomes a status, a public message, a field and a `Retry-After`; the Flask apps install it
-once (services.server.app). A type that is not in the table is a bug: 500, logged with its
-traceback, and its text is not shown to the caller.
+Domain code raises these; `http_answer(exc)` is the single place an error becomes a status, a
+public message, a field and a `Retry-After`. A type not in the table is a bug: 500, logged with
+its traceback, its text not shown to the caller.
 """
 from __future__ import annotations
 
@@ -36,11 +34,8 @@ class ApiError(Exception):
 
 
 class RequestIdConflict(ApiError):
-    """A request_id already used with another query (in flight or completed): 409, field "query".
-
-    The id is an idempotency key bound to its exact query; answering it with the first query's
-    reply (or computing the second) would let anyone who guesses an id read or plant its answer.
-    """
+    """A request_id already used with another query: 409. The id is bound to its exact query, or
+    anyone who guesses an id could read or plant its answer."""
 
     def __init__(self, request_id: str):
         super().__init__(409, "'query' differs from the query this request_id was first sent with: "
@@ -51,10 +46,7 @@ class RequestIdConflict(ApiError):
 # ---------------------------------------------------------------- capacity and lifecycle
 
 class Overloaded(RuntimeError):
-    """A queue or the gateway is full; the work was not accepted (503 + Retry-After).
-
-    `retry_after_s` is a hint for when capacity is likely to be available again.
-    """
+    """A queue or the gateway is full; the work was not accepted (503 + Retry-After: `retry_after_s`)."""
 
     def __init__(self, message: str, retry_after_s: float = 1.0):
         super().__init__(message)
@@ -71,10 +63,7 @@ class ServiceClosed(RuntimeError):
 
 class StageDown(ServiceClosed):
     """A stage's thread died: the stage takes no work and failed what it held (503; /health unhealthy).
-
-    A ServiceClosed, so the gateway tries the other worker as it does for a stopping one.
-    str() is the detail for the log; `public` is what the caller is told.
-    """
+    A ServiceClosed, so the gateway tries another worker; `public` is what the caller is told."""
 
     def __init__(self, stage: str, reason: str):
         super().__init__(f"the {stage} stage stopped: {reason}")
@@ -101,11 +90,8 @@ class BatchSizeMismatch(RuntimeError):
 
 
 class StageFailed(RuntimeError):
-    """One stage failed this request (and only this one: batches retry their items one by one).
-
-    Wrapping keeps the cause's type from being mistaken for something else upstream:
-    node 2 being unreachable must not read as *this* worker being unreachable.
-    """
+    """One stage failed this request. Wrapped, so that node 2 unreachable never reads upstream as
+    *this* worker unreachable."""
 
     def __init__(self, stage: str, cause: BaseException):
         super().__init__(f"{stage} stage failed: {type(cause).__name__}: {cause}")
@@ -113,10 +99,7 @@ class StageFailed(RuntimeError):
 
 
 class WorkerFailed(RuntimeError):
-    """The worker computing the request failed it (500); other requests are unaffected.
-
-    str() is the detail for the log; `public` is what the client is told (no internals).
-    """
+    """The worker computing the request failed it (500); `public` is what the client is told."""
 
     def __init__(self, node: int, detail: str):
         super().__init__(f"worker node {node} failed the request: {detail}")
@@ -142,10 +125,7 @@ class PeerTimedOut(TimeoutError):
 
 
 class PeerError(RuntimeError):
-    """The other node answered with an error status (services.cluster.clients picks the subtype from it).
-
-    `message` is the peer's own words; str() adds the status, for the log.
-    """
+    """The other node answered with an error status; `message` is its own words, str() adds the status."""
 
     def __init__(self, status: int, message: str):
         super().__init__(f"HTTP {status}: {message}")

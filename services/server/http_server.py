@@ -50,7 +50,6 @@ def header_gate(app: Flask, token: str, max_body_bytes: int) -> HeaderGate:
     return HeaderGate(token, internal, max_body_bytes)
 
 
-
 def _refusal_class():
     from waitress.utilities import Error
 
@@ -88,13 +87,8 @@ def _gated_parser(gate: HeaderGate):
 
 
 def _json_error_channel(gate: HeaderGate):
-    """A waitress channel whose own refusals are JSON like every other error.
-
-    Waitress answers some requests before the app sees them (a body over
-    max_request_body_size, malformed HTTP, HeaderGate's refusals) with a text/plain
-    page; callers parse our errors as JSON, so those get the same {"error": ...} shape.
-    It also notes since when a request is being read (`reading_since`), for the read timeout.
-    """
+    """A waitress channel whose own refusals (malformed HTTP, a body too large, HeaderGate's) are
+    JSON like every other error, and which notes since when a request is being read (`reading_since`)."""
     from waitress.channel import HTTPChannel
     from waitress.task import ErrorTask
 
@@ -133,12 +127,9 @@ def _json_error_channel(gate: HeaderGate):
 
 
 def _close_slow_readers(server, read_timeout_s: float, now: float) -> None:
-    """Waitress's idle cleanup, plus: close a connection still reading a request after read_timeout_s.
-
-    Waitress itself closes only connections with no bytes for channel_timeout, so a client that
-    trickles a header byte now and then (slowloris) would keep its connection for ever. A request
-    being computed is never touched (channel.requests holds it).
-    """
+    """Waitress's idle cleanup, plus: close a connection still reading a request after read_timeout_s
+    (waitress alone keeps a slowloris connection that trickles a byte now and then). A request being
+    computed is never touched."""
     type(server).maintenance(server, now)
     cutoff = now - read_timeout_s
     for channel in list(server.active_channels.values()):
@@ -159,11 +150,7 @@ def _ensure_fd_room(connection_limit: int) -> None:
 
 
 def build_http_server(app: Flask, host: str, port: int, config: HttpServerConfig):
-    """A waitress server, returned unstarted so the caller can close it on SIGTERM.
-
-    `config` gives the threads, the read timeout, the connection limit, the cluster token and
-    the channel timeout (how long a kept-alive connection may sit idle between requests).
-    """
+    """A waitress server, returned unstarted so the caller can close it on SIGTERM."""
     from waitress.server import BaseWSGIServer, create_server
     read_timeout_s, connection_limit, threads = config.read_timeout_s, config.connection_limit, config.threads
     max_body_bytes = config.max_body_bytes

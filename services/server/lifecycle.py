@@ -1,10 +1,6 @@
-"""A node's life: starting -> ready -> stopping (or failed), and the requests in flight.
-
-One object per process, shared by the HTTP handlers (is the node ready? count this
-request), the startup thread (load, then ready; or failed: /health says why for
-FAILED_LINGER_S, then exit 1, or 2 for a ConfigError) and the signal handler
-(SIGTERM/SIGINT: refuse new work with 503, let requests in flight finish within
-SHUTDOWN_GRACE_S, answer those still running then with 503 "stopping", exit 0).
+"""A node's life: starting -> ready -> stopping (or failed), and the requests in flight. On
+SIGTERM/SIGINT: refuse new work (503), let requests in flight finish within SHUTDOWN_GRACE_S,
+answer those still running then with 503 "stopping", exit 0.
 """
 from __future__ import annotations
 
@@ -23,14 +19,12 @@ from services.server.errors import NodeNotReady
 
 log = logging.getLogger(__name__)
 
-# After the last request in flight returns, waitress may still be writing its
-# reply to the socket from its own loop: wait this long before the process exits.
+# After the last request in flight returns, waitress may still be writing its reply.
 EXIT_LINGER_S = 0.5
-# After SHUTDOWN_GRACE_S, the requests still in flight are answered 503 at once: this bounds how
-# long their replies may take to be handed to waitress before the process exits anyway.
+# How long the 503s of the requests still in flight after SHUTDOWN_GRACE_S may take to go out.
 ANSWER_WINDOW_S = 5.0
-# A node whose load failed keeps answering /health "failed" (with the reason) and /ready 503 this
-# long before it exits, so an operator or a probe polling it sees why rather than a refused connection.
+# A node whose load failed answers /health "failed" (with the reason) this long before it exits,
+# so a probe sees why rather than a refused connection.
 FAILED_LINGER_S = 5.0
 # Exit codes of a failed load: 2 when the operator must change something first (a ConfigError, e.g.
 # models missing: a restart cannot help, and ./run.sh local gives up on it), else 1.
@@ -101,11 +95,8 @@ class InFlight:
             return self._count
 
     def track(self, app: Flask) -> None:
-        """Count every request of `app` until its reply has been handed to waitress.
-
-        A WSGI wrapper rather than Flask hooks: teardown_request runs before the
-        reply body is handed over, so a drain that trusted it could cut replies.
-        """
+        """Count every request of `app` until its reply has been handed to waitress (a WSGI wrapper:
+        teardown_request runs before the body is handed over, so a drain trusting it could cut replies)."""
         inner = app.wsgi_app
 
         def counted(environ, start_response):
@@ -176,12 +167,8 @@ class Lifecycle:
 
     def stop(self, on_stop: Callable[[], None] = lambda: None,
              on_deadline: Callable[[str], None] = lambda reason: None) -> threading.Thread | None:
-        """Refuse new work from now on, then drain and exit 0 on a thread of its own.
-
-        None when already stopping. `on_stop` runs first (the gateway stops probing);
-        `on_deadline(reason)` runs if requests are still in flight when grace_s ends (the
-        stages fail what they hold, so the threads waiting on them return).
-        """
+        """Refuse new work, then drain and exit 0 on a thread of its own; None when already stopping.
+        `on_stop` runs first; `on_deadline(reason)` if requests are still in flight when grace_s ends."""
         if not self.readiness.stop():
             return None
         on_stop()
@@ -200,8 +187,7 @@ class Lifecycle:
         self._exit(0)
 
     def _answer_the_rest(self, left: int, on_deadline: Callable[[str], None]) -> None:
-        """Past the grace: what every request still in flight waits on fails now (on_deadline: the
-        role's abort), so each is answered 503 saying the node is stopping."""
+        """Past the grace: what the requests still in flight wait on fails now, so each gets its 503."""
         reason = f"{self.name} is stopping: SHUTDOWN_GRACE_S ({self.grace_s:g} s) ended before this request did"
         log.warning("%s: %d requests still in flight after SHUTDOWN_GRACE_S; answering them 503", self.name, left)
         try:

@@ -1,6 +1,5 @@
-"""Prometheus metrics for every node: its registry and /metrics, HTTP requests, the process,
-its caches and what the node runs. A role registers its own collectors beside these
-(its stages: services.stages.metrics; the gateway: services.roles.gateway.metrics)."""
+"""Prometheus metrics every node has: the registry and /metrics, HTTP requests, the process, its
+caches and what it runs; a role registers its own collectors beside these."""
 from __future__ import annotations
 
 import resource

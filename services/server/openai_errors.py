@@ -1,12 +1,5 @@
-"""OpenAI's error shape for every error under /v1/, and the `x-should-retry` header the SDKs read.
-
-One table of status -> (OpenAI error type, code). The app's one error handler
-(services/server/app.py) and waitress's own refusals (services/server/http_server.py: a body
-over the limit, malformed HTTP) answer {"error": "<message>", "field": ...}; under /v1/ both
-give OpenAI's {"error": {message, type, param, code}} instead, with the same status and
-Retry-After (`install_openai_errors`, `error_body`). `x-should-retry` is false on every 4xx but
-429 (a 409 for a reused request_id included: the same body cannot succeed later), true on 429
-and the 5xx.
+"""OpenAI's error shape for every error under /v1/ ({"error": {message, type, param, code}}, same
+status and Retry-After), and the `x-should-retry` header the SDKs read: true on 429 and the 5xx only.
 """
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""One request followed across nodes: its id (X-Request-ID) on every reply and every node-to-node call.
-
-Accepted on /query (or taken from the body's request_id), returned on every reply, sent along
-to node 1 (/internal/answer) and node 2 (/search: the ids of the batch, comma-joined).
+"""One request followed across nodes: its id (X-Request-ID, else the body's request_id) on every
+reply and every node-to-node call (/search: the batch's ids, comma-joined).
 """
 from __future__ import annotations
 
@@ -15,8 +13,7 @@ from services.server.errors import ApiError
 REQUEST_ID_HEADER = "X-Request-ID"
 # A /search batch names all its requests; longer headers are cut (see batch_request_ids).
 MAX_REQUEST_ID_HEADER_CHARS = 1024
-# The request id of the request this thread serves (waitress runs one request per thread at a
-# time; set on every request), for the node-to-node clients that send it along.
+# The id of the request this thread serves, for the node-to-node clients that send it along.
 current_request_id: ContextVar[str | None] = ContextVar("current_request_id", default=None)
 
 
@@ -51,8 +48,7 @@ def _sent_request_id() -> str | None:
 
 
 def bind_request_id(body_request_id: str) -> str:
-    """The request's id once its body is read: the X-Request-ID header's when one came, else the
-    body's request_id (the contract's id). Returned on the reply and sent along to other nodes."""
+    """The request's id once its body is read: the X-Request-ID header's, else the body's request_id."""
     g.request_id = body_request_id  # for the error handler's log line
     if g.get("trace_id") is None:
         g.trace_id = header_form(body_request_id)

@@ -1,9 +1,5 @@
-"""A node's Flask app: the routes every role shares around the role's own.
-
-Shared: GET /health (503 until ready, with the state and why), GET /live (200 while the
-process answers at all), GET /ready (200 only when it can serve), GET /settings (the
-effective settings, secrets hidden), POST /cache/clear, /metrics, the in-flight count
-the drain waits on, and the one error handler (services.server.app.make_app).
+"""A node's Flask app: the routes every role shares (/health, /live, /ready, /settings,
+/cache/clear, /metrics), the completion log and the in-flight count, around the role's own routes.
 """
 from __future__ import annotations
 
@@ -22,11 +18,8 @@ from services.server.metrics import CacheCollector, InfoCollector, NodeMetrics
 from services.server.token import internal_endpoint
 
 log = logging.getLogger(__name__)
-# One line per request per node (the role's request endpoints), in its own logger so it can be
-# filtered or routed on its own.
+# One line per request per node, in a logger of its own so it can be routed on its own.
 request_log = logging.getLogger("services.requests")
-
-
 # /health's status when the node runs but a stage thread died (503: the gateway's probe drops it).
 UNHEALTHY = "unhealthy"
 
@@ -89,9 +82,8 @@ def completion_fields(status: int, started: float) -> dict[str, Any]:
 
 
 def install_completion_log(app: Flask, endpoints: tuple[str, ...]) -> None:
-    """One INFO line per request on `endpoints`, answered or refused, when it ends (a stream: when
-    its last event is written, with every stage it waited on): ids as repr (a newline in an id
-    cannot forge a line); with LOG_FORMAT=json the fields travel as JSON fields too."""
+    """One INFO line per request on `endpoints` when it ends (a stream: after its last event); ids
+    as repr, so a newline in an id cannot forge a line."""
     @app.before_request
     def _start():
         g.completion_started = time.perf_counter()
@@ -129,8 +121,7 @@ def build_app(role: NodeRole, lifecycle: Lifecycle) -> Flask:
         body = health_body(role, lifecycle)
         return jsonify(body), (200 if body["status"] == "healthy" else 503)
 
-    # Liveness for a supervisor (restart only a process that stopped answering): 200 whatever the
-    # state, even starting, failed or stopping, which /ready and /health tell apart.
+    # Liveness for a supervisor: 200 in every state, which /ready and /health tell apart.
     @app.get("/live")
     def live():
         return jsonify({"status": "live", "node": role.node})
@@ -144,8 +135,6 @@ def build_app(role: NodeRole, lifecycle: Lifecycle) -> Flask:
             answer["detail"] = body["detail"]
         return jsonify(answer), (200 if answer["ready"] else 503)
 
-    # What this node runs with, for benchmark result files and operators: every variable's
-    # effective value as a string, secrets "<hidden>" (Settings.effective).
     settings_body = {"settings": role.settings.effective()}
 
     @app.get("/settings")

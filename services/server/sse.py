@@ -1,16 +1,5 @@
-"""Server-Sent Events: writing events, the response headers, and a parser for clients and tests.
-
-Writing: `event(data, name)` is one event: an `event:` line when named, one `data:` line per line
-of the data (a dict as compact ASCII JSON, which never spans lines), then a blank line. `comment(text)`
-is a line that every reader ignores: a keep-alive that stops proxies timing an idle stream out.
-
-Parsing: `iter_events(lines)` follows the HTML Living Standard's event-stream rules: a blank line
-dispatches the event; `data:` lines accumulate, joined by newlines; `event:` names it (default
-"message"); `id:` sets the last event id; lines starting with ":" are comments; one space after
-the colon is dropped; a line without a colon is a field with an empty value; unknown fields and
-`retry:` are ignored; a leading byte-order mark is dropped; an event with no data is not
-dispatched; an event not closed by a blank line when the stream ends is discarded (a stream cut
-off mid-event yields nothing half-read).
+"""Server-Sent Events: writing events, the response headers, and a parser (`iter_events`, by the
+HTML Living Standard's event-stream rules) for clients and tests.
 
 The /query stream (`"stream": true`, or `Accept: text/event-stream`):
 
@@ -25,10 +14,9 @@ The /query stream (`"stream": true`, or `Accept: text/event-stream`):
     data: {"error": "<message>", "status": <the HTTP status it would have had>}
                                         instead of the reply on a failure; the last event
 
-The pieces of the token events, joined, equal the reply's generated_response. Comment lines
+The token events' pieces, joined, equal the reply's generated_response; comment lines
 (keep-alives) may come between events. The OpenAI-compatible stream is unnamed events instead,
-`data: <chat.completion.chunk JSON>` each, closed by `data: [DONE]`
-(services/roles/gateway/openai_api.py).
+closed by `data: [DONE]` (services/roles/gateway/openai_api.py).
 """
 from __future__ import annotations
 
@@ -67,12 +55,9 @@ class SseEvent:
 
 
 def event(data: dict[str, Any] | str, name: str | None = None) -> bytes:
-    """One event, UTF-8: `event: name` when named, a `data:` line per line of data, a blank line.
-
-    A reader joins the data lines with LF: a string's CR and CRLF breaks arrive as LF (JSON
-    escapes its own, so a dict arrives exactly)."""
-    # ASCII JSON: U+2028 and NEL stay escaped, so a reader that splits lines on more than CR and
-    # LF (str.splitlines does) still reads one line.
+    """One event, UTF-8: `event: name` when named, a `data:` line per line of data, a blank line
+    (a string's CR and CRLF breaks arrive as LF; a dict, as ASCII JSON, arrives exactly)."""
+    # ASCII JSON: U+2028 and NEL stay escaped, for readers that split lines on them too.
     text = json.dumps(data, separators=(",", ":")) if isinstance(data, dict) else data
     lines = []
     if name is not None:
@@ -104,8 +89,8 @@ def error_event(message: str, status: int) -> bytes:
 
 
 def iter_events(lines: Iterable[bytes | str]) -> Iterator[SseEvent]:
-    """The events of a stream given line by line (each with or without its line break), as a
-    spec-following reader dispatches them. Bytes are decoded as UTF-8 (invalid bytes replaced)."""
+    """The events of a stream given line by line (with or without breaks), as a spec-following
+    reader dispatches them; an event the stream's end cuts off is discarded."""
     data: list[str] = []
     name = ""
     last_id: str | None = None
@@ -136,9 +121,8 @@ def iter_events(lines: Iterable[bytes | str]) -> Iterator[SseEvent]:
 
 
 def iter_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
-    """The lines (without their breaks) of a byte stream read in chunks of any size, for
-    `iter_events`: CR, LF and CRLF each end a line, a CRLF split across two chunks included.
-    Whatever follows the last line break is not a line yet, and is dropped at the end."""
+    """The lines (without breaks) of a byte stream in chunks of any size: CR, LF and CRLF each end
+    a line, a CRLF split across chunks included; what follows the last break is dropped."""
     rest = b""
     after_cr = False  # the previous chunk ended with CR: a LF opening this one belongs to it
     for chunk in chunks:

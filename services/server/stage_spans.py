@@ -1,8 +1,5 @@
-"""A request's span in each stage it goes through, and what its batch tells the span.
-
-Started on the request's thread when the request enters a stage (its context is the request's
-server span), ended by the caller with the same duration that the completion line's stages_ms
-gets (services.roles.worker); batch size and queue wait come from the stage thread
+"""A request's span in each stage, started on the request's thread and ended with the duration
+the completion line's stages_ms gets; its batch's size and queue wait come from the stage thread
 (`noting_batches`, `noted`). With tracing off every helper returns at once.
 """
 from __future__ import annotations
@@ -22,9 +19,8 @@ class _Noted:
 
 
 def noting_batches(batch_fn: Callable[[list], list]) -> Callable[[list], list]:
-    """batch_fn for items that `noted` may have wrapped: a wrapped item's span learns its batch's
-    size and start (on the stage thread, before the item's future resolves); batch_fn gets the
-    items as they were. Installed whether tracing is on or not: a pass over the batch's items."""
+    """batch_fn for items `noted` may have wrapped: a wrapped item's span learns its batch's size
+    and start; batch_fn gets the items as they were."""
     def noted_batch(items: list) -> list:
         started, size = time.monotonic(), len(items)
         return batch_fn([_unwrap(item, started, size) for item in items])
@@ -39,8 +35,8 @@ def _unwrap(item, started: float, size: int):
 
 
 def admitted(item, running: int):
-    """The item as submitted, for a stage with no batch_fn (continuous generate): a `noted` item's
-    span learns when it joined the running batch and how many sequences that batch held."""
+    """The item as submitted, for continuous generate: a `noted` item's span learns when it joined
+    the running batch and its size."""
     return _unwrap(item, time.monotonic(), running)
 
 
@@ -50,8 +46,7 @@ def noted(span: "StageSpan | None", item):
 
 
 class StageSpan:
-    """A request's span in one stage: started on the request's thread when it enters the stage,
-    ended by the caller with the duration it measured (the one timing the completion line uses)."""
+    """A request's span in one stage, ended by the caller with the duration it measured."""
 
     def __init__(self, span, started_ns: int):
         self.span = span

@@ -1,13 +1,10 @@
 """Answer streams: what every layer of the request path returns, and the route's edge that sends one.
 
-An answer stream is an iterator of text pieces (str) closed by the reply (a dict): the reply's
-`generated_response` is the pieces joined. Errors are raised as the errors table's types.
-A blocking reply is the stream collected (`collect`); a streamed one is Server-Sent Events
-(`sse_response`). The first event is taken before a streamed response starts (`started`), so a
-request refused or failed before its first token gets an ordinary HTTP error (a status the caller
-can act on: a gateway fails over on a 503); an error after that ends the stream with an `error`
-event carrying the status it would have had. A reader that disconnects closes the stream
-(waitress closes the response's iterator), which cancels what the stream was waiting on.
+An answer stream is text pieces (str) closed by the reply (a dict), whose `generated_response`
+is the pieces joined. A blocking reply is the stream collected (`collect`); a streamed one is
+Server-Sent Events (`sse_response`), its first event taken first (`started`), so that an early
+failure is an ordinary HTTP error and a later one an `error` event. A reader that disconnects
+closes the stream, which cancels what it was waiting on.
 """
 from __future__ import annotations
 
@@ -28,8 +25,7 @@ INTERNAL_ERROR = (500, "internal error")
 
 
 def close(events: AnswerStream) -> None:
-    """End a stream read no further: a generator's `finally` runs now (what it waits on is
-    cancelled, what it holds released); a plain iterator holds nothing."""
+    """End a stream read no further: a generator's `finally` runs now; a plain iterator holds nothing."""
     end = getattr(events, "close", None)
     if end is not None:
         end()
@@ -50,8 +46,7 @@ def collect(events: AnswerStream) -> dict:
 
 
 def replay(reply: dict) -> AnswerStream:
-    """A reply already known (a retried request_id, a joined computation, a reply-cache hit) as a
-    stream: its whole text as one piece, then the reply."""
+    """A reply already known as a stream: its whole text as one piece, then the reply."""
     if reply.get("generated_response"):
         yield reply["generated_response"]
     yield reply
@@ -59,9 +54,8 @@ def replay(reply: dict) -> AnswerStream:
 
 def relay(open_stream: Callable[[], AnswerStream], *, landed: Callable[[dict], None],
           failed: Callable[[BaseException], None]) -> AnswerStream:
-    """The events of `open_stream()` passed on; once they end with a reply, `landed(reply)`. Any
-    failure on the way, opening it or a reader gone (GeneratorExit) included, goes to `failed`
-    before it goes up."""
+    """The events of `open_stream()` passed on, then `landed(reply)`; any failure on the way (a
+    reader gone included) goes to `failed` before it goes up."""
     reply: dict | None = None
     events: AnswerStream | None = None
     try:
@@ -114,12 +108,9 @@ def started(events: AnswerStream) -> AnswerStream:
 
 
 def sse_response(events: AnswerStream, encode: Callable[[AnswerStream], Iterator[bytes]] | None = None) -> Response:
-    """The stream as SSE (the /query format: token events, then the reply, or an error event), or
-    as `encode` writes it (the OpenAI chunks). Start it with `started` to raise early errors.
-
-    The request stays open while the stream is written, not only until its first event: the
-    stream reads `g`, and the request's teardown (its completion line, its tracing span: services.
-    server.routes, services.server.tracing) comes when the response is closed, after its last event."""
+    """The stream as SSE (the /query format), or as `encode` writes it (the OpenAI chunks). The
+    request context stays open until the response closes: the stream reads `g`, and the teardown
+    (completion line, tracing span) must come after its last event."""
     response = Response((encode or query_events)(events), headers=sse.HEADERS)
     context = request_ctx._get_current_object()  # type: ignore[attr-defined]
     context.push()  # a second push: the view's own pop leaves it open, this one's pop tears it down

@@ -34,11 +34,8 @@ def token_refused() -> ApiError:
 
 
 def internal_endpoint(token: str) -> Callable:
-    """Decorator for node-to-node endpoints: the token is checked before anything else.
-
-    serve() also checks it as soon as the request's headers are in (HeaderGate), before
-    waitress reads the body; this check stays for servers other than ours (tests' clients).
-    """
+    """Decorator for node-to-node endpoints: the token is checked before anything else (HeaderGate
+    checks it earlier still, before waitress reads the body; this stays for other servers)."""
     def wrap(view: Callable) -> Callable:
         @functools.wraps(view)
         def checked(*args, **kwargs):

@@ -1,24 +1,14 @@
 """Opt-in OpenTelemetry tracing: TRACING=off (default) | jsonl | otlp.
 
-One trace per request across the nodes, carried by the W3C `traceparent` header:
-node 0's SERVER span (POST /query) -> its CLIENT span to node 1 -> node 1's SERVER span
-(POST /internal/answer) -> one span per stage -> the search stage's CLIENT span to node 2
--> node 2's SERVER span (POST /search) -> its `index` stage span.
+One trace per request across the nodes, carried by the W3C `traceparent` header: node 0's SERVER
+span (POST /query) -> its CLIENT span to node 1 -> node 1's SERVER span -> one span per stage
+(services/server/stage_spans.py) -> the search stage's CLIENT span to node 2 -> node 2's SERVER
+span -> its `index` stage span. SERVER spans are Flask hooks on every app (`install_server_spans`);
+CLIENT spans wrap each node-to-node call (`client_span`), whose headers carry the traceparent.
+A batched search call to node 2 is the child of its first request's search span, linked to the others'.
 
-Where spans start and end:
-- SERVER: Flask hooks on every app (`install_server_spans`, from services.server.app.make_app), opened
-  from the incoming traceparent before any other hook, current while the view runs, ended at
-  teardown with the route, status and request id.
-- CLIENT: `client_span` around each node-to-node HTTP call (services.cluster.clients), which sends
-  the span's traceparent in the call's headers.
-- Stages: `start_stage` on the request's own thread when the request enters a stage (its
-  context is the request's server span), ended by the caller with the same duration that the
-  completion line's stages_ms gets (services.roles.worker.request_path); batch size and queue wait come from the
-  stage thread (`noting_batches`, `noted`). A batched search call to node 2 is the child of its
-  first request's search span, linked to the others'.
-
-Off: no SDK provider, no exporter, opentelemetry never imported; every helper returns at once.
-Settings come only from the Settings object (OTEL_* variables play no part).
+Off: opentelemetry is never imported and every helper returns at once. Settings come only from
+the Settings object (OTEL_* variables play no part).
 """
 from __future__ import annotations
 
@@ -82,8 +72,7 @@ def require(settings: ObservabilitySettings) -> None:
 
 
 def start(settings: ObservabilitySettings, node: int | None, role: str) -> bool:
-    """Install this process's tracer from Settings (TRACING, TRACING_ENDPOINT, TRACING_FILE);
-    False (and nothing installed) when TRACING=off. Once per process; a second call is a no-op."""
+    """Install this process's tracer (once; a second call is a no-op); False when TRACING=off."""
     global _state
     if settings.tracing == "off":
         return False
@@ -132,7 +121,6 @@ def _processor(settings: ObservabilitySettings, node: int | None):
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
     if settings.tracing == "jsonl":
         # Written (and flushed) as each span ends: a reader of the file never waits on a timer.
-        # JsonlSpanExporter has SpanExporter's methods without subclassing it (no SDK import at import time).
         exporter: Any = JsonlSpanExporter(jsonl_path(settings, node), node)
         return SimpleSpanProcessor(exporter)
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -189,10 +177,7 @@ class JsonlSpanExporter:
 
 def install_server_spans(app: Flask) -> None:
     """A SERVER span per request (but /health and /metrics), continuing the caller's traceparent.
-
-    Install before the other hooks: a before_request that raises (a bad X-Request-ID) stops the
-    ones after it, and the 400 it becomes should be traced too.
-    """
+    Installed before the other hooks, so that the 400 of one that raises (a bad X-Request-ID) is traced."""
     @app.before_request
     def _open_server_span():
         state = _state
@@ -259,11 +244,9 @@ _OFF_CALL = ClientCall()
 @contextmanager
 def client_span(name: str, url: str, parents: Sequence[Any] = (), *,
                 attributes: Mapping[str, Any] = MappingProxyType({})) -> Iterator[ClientCall]:
-    """A CLIENT span around one HTTP call to another node; send `call.headers` with it.
-
-    `parents`: the span contexts of the requests a batched call serves (services.roles.worker.request_path's search):
-    the first is the parent, the others are linked. None of them: the current context's span.
-    """
+    """A CLIENT span around one HTTP call to another node; send `call.headers` with it. `parents`: the
+    span contexts of the requests a batched call serves (the first is the parent, the others are
+    linked); none: the current context's span."""
     state = _state
     if state is None:
         yield _OFF_CALL
@@ -279,8 +262,6 @@ def client_span(name: str, url: str, parents: Sequence[Any] = (), *,
     state.propagator.inject(headers, context=trace.set_span_in_context(span))
     with trace.use_span(span, end_on_exit=True):  # an exception is recorded and marks the span ERROR
         yield ClientCall(span, headers)
-
-
 
 
 def active() -> _On | None:

@@ -1,11 +1,6 @@
-"""The pending items of a stage and the policy that decides when a batch closes.
-
-A batch closes as soon as ``max_size`` items are waiting, or ``max_wait_ms``
-after its *oldest* item arrived, whichever comes first; when the queue is
-closing it goes at once (nothing new can join). Items are taken in arrival
-order: none is skipped to fill a batch. ``BatchQueue`` owns the items, the lock and the counters; it never runs
-a batch (``BatchingService`` does). The policy methods (``due_in``, ``take``)
-read an injectable clock, so they are tested with no thread and no sleep.
+"""A stage's pending items and when a batch closes: at ``max_size`` items, ``max_wait_ms`` after
+its oldest item arrived, or at once when closing. Items are taken in arrival order. The policy
+(``due_in``, ``take``) reads an injectable clock, so it is tested with no thread and no sleep.
 """
 from __future__ import annotations
 
@@ -25,17 +20,14 @@ from services.stages.futures import Claim, claim, end_with_exception, peek
 
 logger = logging.getLogger(__name__)
 
-# Bounds of the Retry-After hint carried by Overloaded. The lower bound keeps
-# clients from hammering a full queue; the upper one keeps a pathological
-# average (one very slow batch) from telling clients to go away for minutes.
+# Bounds of Overloaded's Retry-After hint: no hammering of a full queue, and no minutes-long
+# hint from one very slow batch.
 MIN_RETRY_AFTER_S = 0.05
 MAX_RETRY_AFTER_S = 60.0
 
 
 @dataclass
 class PendingItem:
-    """One submitted item waiting in the queue."""
-
     item: Any
     future: Future
     enqueued_at: float  # the queue's clock at submit
@@ -60,13 +52,8 @@ def validate_max_wait_ms(value: Any) -> float:
 
 
 class BatchQueue:
-    """Thread-safe pending items, the batch-closing policy and the batch counters.
-
-    One lock guards the items, the closing flag and every counter, so
-    ``snapshot()`` is consistent. It is never held while user code runs (batch
-    functions, future callbacks): a done-callback that calls ``put()`` would
-    otherwise deadlock on this non-reentrant lock.
-    """
+    """One lock guards the items, the closing flag and the counters (so snapshots are consistent);
+    it is never held while user code runs: a done-callback calling ``put()`` would deadlock."""
 
     def __init__(self, name: str, *, max_size: int, max_wait_ms: float, max_queue: int,
                  clock: Callable[[], float] = time.monotonic):
@@ -77,9 +64,7 @@ class BatchQueue:
         self._max_wait_s = self.max_wait_ms / 1000.0
         self._clock = clock
         self._cond = threading.Condition(threading.Lock())
-        # Keyed by the item's future so a cancelled item can be removed in O(1)
-        # while arrival order is kept: the first entry is always the oldest
-        # live item, which sets the batch deadline.
+        # By future: a cancelled item leaves in O(1); the first entry, the oldest, sets the deadline.
         self._pending: OrderedDict[Future, PendingItem] = OrderedDict()
         self._closing = False
         self._failure: str | None = None  # why the owner's thread died (mark_down)
@@ -89,17 +74,13 @@ class BatchQueue:
 
     def put(self, items: list, *, busy: int = 0,
             retry_after_s: Callable[[int], float] | None = None) -> list[Future]:
-        """Queue items atomically (all or none); a Future for each.
-
-        ``busy`` counts work the owner already holds outside the queue against
-        ``max_queue``; ``retry_after_s(depth)`` overrides the Overloaded hint.
-        """
+        """A Future for each item, all queued or none. ``busy``: work the owner holds outside the
+        queue, counted against ``max_queue``; ``retry_after_s(depth)`` overrides Overloaded's hint."""
         now = self._clock()
         records = []
         for item in items:
             future: Future = Future()
-            # Registered while the future is PENDING and not yet visible to the
-            # worker, so the callback never fires right here.
+            # Registered while PENDING and unseen by the worker: it cannot fire here.
             future.add_done_callback(self._forget_if_cancelled)
             records.append(PendingItem(item, future, now))
         with self._cond:
@@ -114,35 +95,26 @@ class BatchQueue:
                                  f"capacity max_queue={self.max_queue}", retry_after_s=hint)
             for record in records:
                 self._pending[record.future] = record
-            # Only wake the worker when it has something new to decide: the
-            # queue became non-empty (start the window) or a full batch is now
-            # there (stop waiting); other submits would recompute the same deadline.
+            # Wake the worker only when its deadline changes: a window starts or a batch is full.
             if depth == 0 or depth < self.max_size <= depth + len(records):
                 self._cond.notify()
         return [record.future for record in records]
 
     def _retry_after_locked(self, depth: int) -> float:
-        # Time to drain the current queue at the observed average batch time.
-        # Before the first batch there is no average; a window is a fair guess.
+        # The queue's drain time at the average batch time (before any batch: one window).
         counters = self._counters
         per_batch = counters.run_seconds_sum / counters.batches_total if counters.batches_total else self._max_wait_s
         estimate = math.ceil(depth / self.max_size) * per_batch
         return min(max(estimate, MIN_RETRY_AFTER_S), MAX_RETRY_AFTER_S)
 
     def _forget_if_cancelled(self, future: Future) -> None:
-        """Done-callback of every item's future: drop a cancelled item at once.
-
-        Otherwise it would hold a queue slot (and could trigger Overloaded) and
-        set the batch deadline until the worker reached it.
-        """
+        """Drop a cancelled item at once, so it holds no queue slot and sets no deadline."""
         if not future.cancelled():
             return
         with self._cond:
             if self._pending.pop(future, None) is None:
-                # Already taken off the queue: the taker sees the cancellation.
-                return
-            # CANCELLED -> CANCELLED_AND_NOTIFIED, or concurrent.futures.wait()
-            # would not count it as done. User callbacks ran in cancel(), not here.
+                return  # already taken: the taker sees the cancellation
+            # CANCELLED -> CANCELLED_AND_NOTIFIED, or concurrent.futures.wait() would not count it done.
             future.set_running_or_notify_cancel()
             self._counters = self._counters.plus(cancelled_items_total=1)
 
@@ -156,18 +128,14 @@ class BatchQueue:
     def _due_in_locked(self) -> float | None:
         if not self._pending:
             return None
-        # Go now if a full batch waits (never sleep on one) or when closing.
         if len(self._pending) >= self.max_size or self._closing:
             return 0.0
         oldest = next(iter(self._pending.values()))
         return max(0.0, oldest.enqueued_at + self._max_wait_s - self._clock())
 
     def take(self, limit: int | None = None, *, start_running: bool = True) -> list[PendingItem]:
-        """Take up to ``limit`` (default max_size) live items now, counted as one batch.
-
-        ``start_running=False`` leaves their futures PENDING, for a stage whose
-        callers may cancel work in progress (continuous generation).
-        """
+        """Up to ``limit`` (max_size) live items now, as one batch. ``start_running=False`` leaves their
+        futures PENDING, for callers that may cancel work in progress (continuous generation)."""
         with self._cond:
             return self._take_locked(self.max_size if limit is None else limit, start_running)
 
@@ -257,7 +225,6 @@ class BatchQueue:
     # ------------------------------------------------------------ counters
 
     def record(self, **deltas: float) -> None:
-        """Add to counters (run_seconds_sum, failed_items_total, ...) under the lock."""
         with self._cond:
             self._counters = self._counters.plus(**deltas)
 
@@ -267,7 +234,6 @@ class BatchQueue:
     def snapshot(self) -> BatchingStats:
         with self._cond:
             counters = {f.name: getattr(self._counters, f.name) for f in fields(BatchCounters)}
-            # A copy: a caller editing its snapshot must not reach the next one.
             counters["batch_size_counts"] = dict(self._counters.batch_size_counts)
             return BatchingStats(**counters, name=self.name, max_size=self.max_size,
                                  max_wait_ms=self.max_wait_ms, max_queue=self.max_queue,

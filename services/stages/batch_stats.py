@@ -19,11 +19,9 @@ def with_observations(counts: tuple[int, ...], bounds: tuple[float, ...], values
 
 @dataclass(frozen=True)
 class BatchCounters:
-    """What a stage's batches did. Immutable: the queue swaps in a new value
-    under its lock, so a snapshot can never share state with the live one."""
-
-    # Batches taken off the queue. Individual retries after a failed batch are
-    # part of that batch, so sum(size * count) over batch_size_counts == items_total.
+    """Immutable: the queue swaps in a new value under its lock, so a snapshot shares no state."""
+    # Batches taken off the queue (one-by-one retries are part of their batch), so
+    # sum(size * count) over batch_size_counts == items_total.
     batches_total: int = 0
     # Items taken off the queue to run (cancelled items are never counted).
     items_total: int = 0
@@ -55,11 +53,9 @@ class BatchCounters:
                        wait_bucket_counts=with_observations(self.wait_bucket_counts, WAIT_BUCKETS, waits))
 
 
-
 @dataclass(frozen=True)
 class BatchingStats(BatchCounters):
     """A consistent snapshot of a queue's counters (taken under its lock)."""
-
     name: str = ""
     max_size: int = 0
     max_wait_ms: float = 0.0

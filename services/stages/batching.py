@@ -1,21 +1,10 @@
-"""Opportunistic request batching on a dedicated worker thread.
+"""Opportunistic batching on a dedicated thread: many ``submit(item)`` calls become calls of
+``batch_fn(items)``, each caller holding a Future for its own result.
 
-A ``BatchingService`` turns many independent ``submit(item)`` calls into calls
-of ``batch_fn(list_of_items)`` so that a model (embedder, reranker, generator)
-sees batches instead of single items. Each caller gets a
-``concurrent.futures.Future`` that resolves to its own result.
-
-Batching is opportunistic: a batch closes as soon as ``max_size`` items are
-waiting, or ``max_wait_ms`` after its *oldest* item arrived, whichever comes
-first. Under load batches fill
-up and go at once; with no load a lone request waits at most ``max_wait_ms``.
-
-The design follows Ray Serve's ``serve.batch`` (``python/ray/serve/batching.py``):
-``services.stages.batch_queue.BatchQueue`` decides when a batch is ready, this module
-runs it on one daemon thread per service (synchronous, no polling), and each
-way a future ends has one helper in ``services.stages.futures``.
+As Ray Serve's ``serve.batch``: ``BatchQueue`` decides when a batch closes (``max_size`` items,
+or ``max_wait_ms`` after its oldest item), this module runs it on one daemon thread per service,
+and each way a future ends has one helper in ``services.stages.futures``.
 """
-
 from __future__ import annotations
 
 import logging
@@ -25,21 +14,13 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
-from services.server.errors import BatchSizeMismatch, Overloaded, ServiceClosed
+from services.server.errors import BatchSizeMismatch
 from services.stages.batch_queue import BatchQueue, PendingItem
 from services.stages.batch_stats import BatchingStats
 from services.stages.futures import set_exception, set_result
 from services.stages.holdings import Holdings
 
 logger = logging.getLogger(__name__)
-
-__all__ = [
-    "BatchSizeMismatch",
-    "BatchingService",
-    "BatchingStats",
-    "Overloaded",
-    "ServiceClosed",
-]
 
 
 def _traceback(error: BaseException) -> BaseException | None:
@@ -52,23 +33,10 @@ def _brief(error: BaseException) -> str:
 
 
 class BatchingService:
-    """Groups submitted items into batches for ``batch_fn`` on one worker thread.
+    """``batch_fn(items) -> results``, one per item in order, runs on the service's thread only."""
 
-    ``batch_fn(items: list) -> list`` must return one result per item, in the
-    same order. It is only ever called from the service's worker thread, so it
-    needs no locking of its own.
-    """
-
-    def __init__(
-        self,
-        name: str,
-        batch_fn: Callable[[list], list],
-        *,
-        max_size: int,
-        max_wait_ms: float,
-        max_queue: int = 1024,
-        retry_individually: bool = True,
-    ):
+    def __init__(self, name: str, batch_fn: Callable[[list], list], *, max_size: int, max_wait_ms: float,
+                 max_queue: int = 1024, retry_individually: bool = True):
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty str, got {name!r}")
         if not callable(batch_fn):
@@ -99,44 +67,24 @@ class BatchingService:
         return self._queue.max_wait_ms
 
     def submit(self, item: Any) -> Future:
-        """Queue one item; return a Future for its result at once.
-
-        Raises ``Overloaded`` if ``max_queue`` items are already waiting and
-        ``ServiceClosed`` after ``close()``.
-        """
+        """A Future for the item's result; Overloaded when the queue is full, ServiceClosed once closed."""
         return self._queue.put([item])[0]
 
     def submit_many(self, items: Iterable[Any]) -> list[Future]:
-        """Queue several items atomically: either all are accepted or none.
-
-        A request that needs several sub-items processed must not end up with
-        half of them queued and half rejected. The items are queued
-        contiguously, so they tend to land in the same batch.
-
-        Raises ``Overloaded`` if they do not all fit now, and ``ValueError``
-        if they could never fit (more items than ``max_queue``): retrying that
-        would be pointless.
-        """
+        """Queue a request's items all or none, side by side (so they tend to share a batch).
+        Overloaded if they do not all fit now; ValueError if they never could (over max_queue)."""
         items = list(items)
         if len(items) > self._queue.max_queue:
-            raise ValueError(
-                f"{self._owner}: cannot submit {len(items)} items "
-                f"at once, max_queue is {self._queue.max_queue}"
-            )
+            raise ValueError(f"{self._owner}: cannot submit {len(items)} items at once, "
+                             f"max_queue is {self._queue.max_queue}")
         if not items:
             return []
         return self._queue.put(items)
 
     def close(self, timeout: float | None = None) -> None:
-        """Stop accepting items, finish the queued ones, and stop the worker.
-
-        Waits up to ``timeout`` seconds (forever if None) for the queue to
-        drain. Items still queued after that fail with ``ServiceClosed``; a
-        batch already inside ``batch_fn`` cannot be interrupted and resolves
-        when ``batch_fn`` returns, after which the worker exits. Idempotent:
-        a second call waits again for the worker (e.g. ``close()`` without a
-        timeout to join it).
-        """
+        """Refuse new items and finish the queued ones, waiting up to ``timeout`` (None: forever);
+        what is still queued then fails with ServiceClosed. A batch in ``batch_fn`` runs to its end.
+        Idempotent: a second call waits for the worker again."""
         if not self._queue.closing:
             logger.debug("%s closing", self._owner)
         self._queue.close()
@@ -149,11 +97,8 @@ class BatchingService:
             self._queue.fail_queued(f"close timed out after {timeout}s")
 
     def abort(self, reason: str) -> None:
-        """Refuse new items and fail every held one now, the batch inside batch_fn included.
-
-        batch_fn cannot be interrupted: its results, when they come, find their futures
-        already failed and are dropped. Returns at once (the thread is not joined).
-        """
+        """Refuse new items and fail every held one now, the batch inside batch_fn included (its
+        results, when they come, are dropped). Returns at once."""
         self._holdings.abort(reason)
 
     @property
@@ -161,7 +106,6 @@ class BatchingService:
         return self._queue.failure
 
     def stats(self) -> BatchingStats:
-        """Return a consistent snapshot of the counters."""
         return self._queue.snapshot()
 
     def __enter__(self) -> BatchingService:
@@ -198,8 +142,7 @@ class BatchingService:
             except (KeyboardInterrupt, SystemExit):
                 raise
             except BaseException:
-                # Only a bug in this module gets here (batch_fn errors are
-                # handled in _run_batch). Keep serving; fail what is unresolved.
+                # A bug here (batch_fn's errors are _run_batch's): fail what is unresolved, serve on.
                 # Should this cleanup fail too, _worker_loop declares the stage dead.
                 logger.exception("%s: internal error in worker", self._owner)
                 self._holdings.fail_held(lambda: RuntimeError(f"{self._owner}: internal error"))
@@ -214,8 +157,7 @@ class BatchingService:
                 for pending, result in zip(batch, outcome):
                     set_result(pending.future, result, self._owner)
             elif isinstance(outcome, BatchSizeMismatch) or len(batch) == 1 or not self._retry_individually:
-                # A wrong result count is a bug in batch_fn, not a bad item:
-                # retrying items one by one would hide it, so fail them all.
+                # A wrong result count is batch_fn's bug, not a bad item's: retrying would hide it.
                 logger.error("%s: batch_fn failed on a batch of %d items%s", self._owner, len(batch),
                              _brief(outcome), exc_info=_traceback(outcome))
                 for pending in batch:
@@ -250,27 +192,19 @@ class BatchingService:
             results = self._batch_fn(items)
         except (KeyboardInterrupt, SystemExit):
             raise
-        except BaseException as exc:  # noqa: BLE001 - any error belongs to the items
-            # Includes BaseExceptions such as GeneratorExit or
-            # asyncio.CancelledError escaping batch_fn: they are the items'
-            # failure, not a reason to stop the worker.
+        except BaseException as exc:  # noqa: BLE001 - any error (GeneratorExit too) belongs to the items
             return exc
         expected = len(items)
         # Strings and mappings have a length but are not one-result-per-item.
         if isinstance(results, (str, bytes, bytearray, Mapping)) or not (
-            hasattr(results, "__len__") and hasattr(results, "__iter__")
-        ):
-            return BatchSizeMismatch(
-                f"{self._owner}: batch_fn must return a sequence of "
-                f"{expected} results, expected {expected} got a {type(results).__name__}"
-            )
+                hasattr(results, "__len__") and hasattr(results, "__iter__")):
+            return BatchSizeMismatch(f"{self._owner}: batch_fn must return a sequence of {expected} results, "
+                                     f"expected {expected} got a {type(results).__name__}")
         try:
             results = list(results)
         except Exception as exc:  # noqa: BLE001 - a broken sequence type
             return exc
         if len(results) != expected:
-            return BatchSizeMismatch(
-                f"{self._owner}: batch_fn returned the wrong number "
-                f"of results, expected {expected} got {len(results)}"
-            )
+            return BatchSizeMismatch(f"{self._owner}: batch_fn returned the wrong number of results, "
+                                     f"expected {expected} got {len(results)}")
         return results

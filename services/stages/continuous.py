@@ -1,24 +1,15 @@
-"""The generate stage with continuous batching, behind the stage-service protocol.
-
-`submit(request) -> Future` as for every stage, but behind it decoding is
-scheduled per iteration by `pipeline.continuous.ContinuousEngine`: a request
-joins the running batch at the next iteration, and its future resolves the
-moment its sequence finishes. A future cancelled while its sequence decodes
-leaves the batch at the next iteration (futures stay PENDING until the answer
-is set, so `cancel()` works mid-decode).
-
-Its "batches" mean what they mean for every stage: the requests taken off its
-queue together (once per iteration), waiting from submit until then, running
-for the time its thread spends in the engine. What is particular to generation
-(decode steps, tokens, sequences, KV cache, time to first token) is in
-`GenerationStats`.
+"""The generate stage: `submit(request) -> Future` as every stage, decoded by
+`pipeline.continuous.ContinuousEngine` one iteration at a time. A request joins the running batch
+at the next iteration and its future resolves when its sequence finishes; futures stay PENDING
+until then, so one cancelled mid-decode leaves at the next iteration. Its batches are the
+requests taken off its queue together (once per iteration); what is particular to generation
+is in `GenerationStats`.
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field, fields, replace
@@ -38,17 +29,13 @@ log = logging.getLogger(__name__)
 GENERATION_RETRY_AFTER_S = 5.0
 # Upper bounds of the time-to-first-token histogram (seconds).
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
-# Upper bounds of the time-per-output-token histogram (seconds): after the first token, the time
-# per further token, which the running batch's size and the KV cache's length drive.
+# Upper bounds of the time-per-output-token histogram (seconds), after the first token.
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
-# Recent TTFT samples kept for benchmarks' percentiles.
-_TTFT_SAMPLES = 1024
 
 
 @dataclass(frozen=True)
 class GenerationCounters:
     """What decoding did. Immutable: swapped under the service's lock, so snapshots never share state."""
-
     decode_steps_total: int = 0
     # Decode steps by how many sequences decoded together.
     step_sequences_counts: dict[int, int] = field(default_factory=dict)
@@ -85,19 +72,10 @@ class GenerationCounters:
 @dataclass(frozen=True)
 class GenerationStats(GenerationCounters, EngineStats):
     """A consistent snapshot of the generate stage: its batches, its decoding and what its engine holds."""
-
     name: str = ""
     max_batch: int = 0  # GENERATE_MAX_BATCH: sequences holding a slot at once
     max_queue: int = 0
     batching: BatchingStats = field(default_factory=BatchingStats)
-
-    @property
-    def ttft_count(self) -> int:
-        return sum(self.ttft_bucket_counts)
-
-    @property
-    def tpot_count(self) -> int:
-        return sum(self.tpot_bucket_counts)
 
     def summary(self) -> dict:
         return {"batches": self.batching.batches_total, "items": self.batching.items_total,
@@ -128,8 +106,6 @@ class ContinuousGenerationService:
         self._lock = threading.Lock()
         self._counters = GenerationCounters()
         self._gauges = EngineStats()
-        self._ttft: deque[float] = deque(maxlen=_TTFT_SAMPLES)
-        self._ttft_admitted: deque[float] = deque(maxlen=_TTFT_SAMPLES)
         # The futures of the sequences in the engine (whose own record holds the sequences).
         self._holdings = Holdings(self._queue, self._owner)
         self._abort = False
@@ -152,10 +128,7 @@ class ContinuousGenerationService:
 
     def abort(self, reason: str) -> None:
         """Refuse new requests and fail every held one now, decoding ones included; returns at once.
-
-        The loop thread owns the engine: it stops after its current iteration (its later
-        results find their futures failed and are dropped).
-        """
+        The loop thread, which owns the engine, stops after its current iteration."""
         self._abort = True
         self._holdings.abort(reason)
 
@@ -171,11 +144,6 @@ class ContinuousGenerationService:
             return GenerationStats(**counters, **vars(self._gauges), name=self.name, max_batch=self.max_batch,
                                    max_queue=self.max_queue, batching=batching)
 
-    def ttft_seconds(self, since_admission: bool = False) -> list[float]:
-        """Recent times to first token from submit (queueing for a slot included) or from admission."""
-        with self._lock:
-            return list(self._ttft_admitted if since_admission else self._ttft)
-
     # ------------------------------------------------------------------ the loop
 
     def _loop(self) -> None:
@@ -184,8 +152,7 @@ class ContinuousGenerationService:
             self._queue.fail_queued("the service stopped")
             self._end_active(lambda: ServiceClosed(f"{self._owner} shut down before this request finished"))
         except BaseException as exc:  # noqa: BLE001 - nothing may end this thread silently
-            # The engine is not touched again (its cleanup may be what failed): the futures are
-            # failed directly, which is all a caller waits on.
+            # The engine is not touched again (its cleanup may be what failed): only the futures.
             self._holdings.die(exc)
 
     def _serve(self) -> None:
@@ -258,9 +225,6 @@ class ContinuousGenerationService:
             tpot = (time.monotonic() - first) / (tokens - 1) if tokens > 1 else None
         with self._lock:
             self._counters = self._counters.with_finished(tokens, ttft, tpot)
-            if first is not None and ttft is not None:
-                self._ttft.append(ttft)
-                self._ttft_admitted.append(first - (seq.admitted_at or ticket.submitted_at))
         end_with_result(ticket.future, self.engine.text(seq), self._owner)
 
     def _stream(self, ticket: GenerationTicket, token: int) -> None:
@@ -277,11 +241,8 @@ class ContinuousGenerationService:
             self._queue.record(failed_items_total=1)
 
     def _end_active(self, make_error: Callable[[], BaseException]) -> None:
-        """Fail every sequence in the engine, then release them from it.
-
-        The futures go first, so their callers are answered even when the engine's cleanup
-        raises (the caller of this method then treats the stage as dead).
-        """
+        """Fail every sequence in the engine, then release them from it: the futures first, so their
+        callers are answered even when the engine's cleanup raises (the stage is then dead)."""
         self._holdings.fail_held(make_error)
         for seq in self.engine.sequences():
             self.engine.cancel(seq)

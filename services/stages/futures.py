@@ -1,9 +1,6 @@
-"""How a stage's future ends: one helper per way (claimed to run, result, exception, cancelled, failed while held).
-
-Both stage services hand callers plain ``concurrent.futures.Future`` objects and
-must never let a future's misuse kill their worker thread: a caller may cancel
-it at any time, and ``Future.set_result`` is public, so someone else may have
-resolved it already. These helpers absorb both cases in one place.
+"""How a stage's future ends, one helper per way. A caller may cancel a future at any time and
+anyone may resolve it (``set_result`` is public): these helpers absorb both, so no misuse can
+kill a stage's thread.
 """
 from __future__ import annotations
 

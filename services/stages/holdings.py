@@ -1,18 +1,8 @@
-"""What a stage service holds, and the one way a stage stops with work in hand.
-
-A stage's callers wait on futures in two places: still in its ``BatchQueue``, or
-taken off it and not yet answered (a batch inside ``batch_fn``; a sequence in the
-continuous engine). ``Holdings`` tracks the second place and gives both stage
-services the same three ways to end what they hold early:
-
-- ``fail_held``: answer every held item with an error (a failed iteration);
-- ``abort``: the node's grace period is over: refuse new items, fail everything now;
-- ``die``: the stage's thread is ending on an error: refuse new items with
-  ``StageDown`` from now on and fail everything now (the node reports unhealthy).
-
-Failing a future never waits on the stage's thread, which may be inside a model
-call that cannot be interrupted: its late result finds the future resolved and is
-dropped (``services.stages.futures``).
+"""The futures a stage service has taken off its queue and not yet answered (a batch inside
+``batch_fn``, the continuous engine's sequences), and the three ways both services end them early:
+``fail_held`` (a failed iteration), ``abort`` (the node's grace is over) and ``die`` (the stage's
+thread ends on an error: StageDown from now on). None waits on the stage's thread, which may be
+in a model call: its late result finds the future resolved and is dropped.
 """
 from __future__ import annotations
 
@@ -29,11 +19,7 @@ logger = logging.getLogger(__name__)
 
 
 class Holdings:
-    """The futures a stage service has taken off its queue and not yet answered.
-
-    Thread-safe: the stage's thread holds and releases; ``abort`` comes from the
-    node's drain thread.
-    """
+    """Thread-safe: the stage's thread holds and releases; ``abort`` comes from the node's drain thread."""
 
     def __init__(self, queue: BatchQueue, owner: str):
         self._queue = queue

@@ -1,9 +1,4 @@
-"""Prometheus families of the stage services, built from their snapshots at scrape time.
-
-The stage services keep plain counters (no prometheus import in the heart of the design);
-these collectors turn their snapshots into metric families when /metrics is scraped, so a
-scrape costs nothing between scrapes.
-"""
+"""Prometheus families of the stage services, built from their plain snapshots when /metrics is scraped."""
 from __future__ import annotations
 
 from typing import Callable, Iterable

@@ -1,9 +1,5 @@
-"""The face every stage service shows the worker: submit, close, abort, failure, stats.
-
-``BatchingService`` (a batch function behind a queue) and
-``ContinuousGenerationService`` (the LLM's continuous batching) both follow it,
-so the worker, the node's /health and the metrics treat every stage alike.
-"""
+"""The face every stage service (BatchingService, ContinuousGenerationService) shows the worker,
+/health and the metrics: submit, close, abort, failure, stats."""
 from __future__ import annotations
 
 from concurrent.futures import Future
@@ -12,7 +8,6 @@ from typing import Any, Protocol, runtime_checkable
 
 class StageStats(Protocol):
     """A consistent snapshot of one stage service's counters."""
-
     @property
     def name(self) -> str: ...
 
@@ -35,14 +30,12 @@ class StageService(Protocol):
         ...
 
     def abort(self, reason: str) -> None:
-        """Stop now, without waiting: refuse new items and fail every item it holds, queued or
-        running, with ServiceClosed (a node past its SHUTDOWN_GRACE_S). Returns at once."""
+        """Refuse new items and fail every held one, queued or running, with ServiceClosed; at once."""
         ...
 
     @property
     def failure(self) -> str | None:
-        """None while its thread serves; why it died once it has (submit then raises StageDown,
-        what it held has failed, and the node's /health says unhealthy)."""
+        """Why its thread died (submit then raises StageDown); None while it serves."""
         ...
 
     def stats(self) -> StageStats: ...

@@ -17,8 +17,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 @pytest.fixture(scope="module")
 def cluster(support_data, tmp_path_factory):
     # Waits long enough that a burst shares batches; float32 so answers match the oracle.
-    cluster = start_cluster(support_data, tmp_path_factory.mktemp("cluster-logs"),
-                            GENERATE_MAX_WAIT_MS="50", RERANK_MAX_WAIT_MS="20")
+    cluster = start_cluster(support_data, tmp_path_factory.mktemp("cluster-logs"), RERANK_MAX_WAIT_MS="20")
     yield cluster
     cluster.stop()
 

@@ -26,7 +26,7 @@ DEFAULT = {"PRECISION": "auto"}
 @pytest.fixture(scope="module")
 def default_cluster(support_data, tmp_path_factory):
     cluster = start_cluster(support_data, tmp_path_factory.mktemp("default-dtype-logs"),
-                            GENERATE_MAX_WAIT_MS="50", RERANK_MAX_WAIT_MS="20", EMBED_MAX_WAIT_MS="20",
+                            RERANK_MAX_WAIT_MS="20", EMBED_MAX_WAIT_MS="20",
                             SENTIMENT_MAX_WAIT_MS="20", TOXICITY_MAX_WAIT_MS="20", **DEFAULT)
     yield cluster
     cluster.stop()

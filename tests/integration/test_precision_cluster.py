@@ -23,7 +23,7 @@ INT8 = {f"{stage}_PRECISION": "int8-dynamic" for stage in ("EMBED", "RERANK", "G
 @pytest.fixture(scope="module")
 def int8_cluster(support_data, tmp_path_factory):
     cluster = start_cluster(support_data, tmp_path_factory.mktemp("precision-logs"),
-                            GENERATE_MAX_WAIT_MS="50", RERANK_MAX_WAIT_MS="20", **INT8)
+                            RERANK_MAX_WAIT_MS="20", **INT8)
     yield cluster
     cluster.stop()
 

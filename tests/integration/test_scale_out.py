@@ -32,7 +32,7 @@ def sharded_support(tmp_path_factory, embedder):
 def cluster(sharded_support, tmp_path_factory):
     # A shard that stays down is given up on at the request's deadline: a short one keeps that test short.
     cluster = start_cluster(sharded_support, tmp_path_factory.mktemp("scale-out-logs"), **TOPOLOGY,
-                            GENERATE_MAX_WAIT_MS="50", RERANK_MAX_WAIT_MS="20", SEARCH_MAX_WAIT_MS="20",
+                            RERANK_MAX_WAIT_MS="20", SEARCH_MAX_WAIT_MS="20",
                             REQUEST_TIMEOUT_S="45", SHUTDOWN_GRACE_S="10")
     yield cluster
     cluster.stop()

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 @pytest.fixture(scope="module")
 def cluster(support_data, tmp_path_factory):
-    cluster = start_cluster(support_data, tmp_path_factory.mktemp("stream-logs"), GENERATE_MAX_WAIT_MS="20")
+    cluster = start_cluster(support_data, tmp_path_factory.mktemp("stream-logs"))
     yield cluster
     cluster.stop()
 

@@ -1,7 +1,7 @@
 """A real worker whose continuous generate engine breaks: every iteration raises, and so does
 releasing a sequence (the stage's cleanup), so the stage's thread dies as a broken engine would
 kill it. `python -m tests.support.failing_generate_node` with a worker's environment
-(GENERATE_MODE=continuous, the default); its first request fails with the iteration's error, the
+(continuous batching, the only mode); its first request fails with the iteration's error, the
 rest with StageDown, and its /health says unhealthy."""
 from __future__ import annotations
 

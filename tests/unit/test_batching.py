@@ -21,13 +21,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.stages.batching import (
-    BatchingService,
-    BatchingStats,
-    BatchSizeMismatch,
-    Overloaded,
-    ServiceClosed,
-)
+from services.server.errors import BatchSizeMismatch, Overloaded, ServiceClosed
+from services.stages.batch_stats import BatchingStats
+from services.stages.batching import BatchingService
 
 RESULT_TIMEOUT = 10.0  # seconds; only reached when something is broken
 

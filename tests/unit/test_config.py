@@ -33,7 +33,9 @@ def test_defaults_parse_and_are_typed():
     assert s.cluster.node_1_ip == Address("127.0.0.1", 8001)
     assert s.cluster.worker_nodes == () and s.cluster.rotation == (0, 1)  # empty: every worker
     assert s.models.only_cpu is False and s.index.nprobe == 64
-    assert s.batching("generate").max_batch >= 1
+    assert s.batching("embed").max_batch >= 1 and s.generate.max_batch >= 1
+    with pytest.raises(KeyError):
+        s.batching("generate")  # continuous batching: no batch window
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.index.nprobe = 1  # type: ignore[misc]  # immutable
 
@@ -115,11 +117,9 @@ def test_worker_config_takes_only_what_the_worker_reads():
     from services.roles.worker.role import worker_config
     s = Settings.from_env({"GENERATE_MAX_BATCH": "4", "EMBED_CACHE_SIZE": "7"})
     cfg = worker_config(s)
-    assert set(cfg.batching) == set(WORKER_STAGES) and cfg.embed_cache_size == 7
-    assert cfg.continuous is not None and cfg.continuous.max_batch == 4
-    assert worker_config(Settings.from_env({"GENERATE_MODE": "static"})).continuous is None
-    kv = worker_config(Settings.from_env({"GENERATE_KV_CACHE_TOKENS": "20000"})).continuous
-    assert kv is not None and kv.kv_cache_tokens == 20000
+    assert set(cfg.batching) == set(WORKER_STAGES) - {"generate"} and cfg.embed_cache_size == 7
+    assert cfg.continuous.max_batch == 4
+    assert worker_config(Settings.from_env({"GENERATE_KV_CACHE_TOKENS": "20000"})).continuous.kv_cache_tokens == 20000
 
 
 def test_default_http_threads_leave_spare_threads_beyond_the_gateway_limit():

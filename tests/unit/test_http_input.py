@@ -321,4 +321,4 @@ def test_http_and_query_token_limits_are_checked_at_startup():
         Settings.from_env({"MAX_QUERY_TOKENS": "4096"})  # (4096 + 512 + OPENAI_MAX_TOKENS_CAP 512) * 4 > 16384
     with pytest.raises(ConfigError, match=r"^MAX_QUERY_TOKENS='3072' is not valid: expected at most 1024"):
         Settings.from_env({"MAX_QUERY_TOKENS": "3072", "OPENAI_MAX_TOKENS_CAP": "2560"})
-    Settings.from_env({"MAX_QUERY_TOKENS": "4096", "GENERATE_MODE": "static"})  # no KV budget to share
+    Settings.from_env({"MAX_QUERY_TOKENS": "4096", "GENERATE_KV_CACHE_TOKENS": "20480"})  # (4096 + 512 + 512) * 4

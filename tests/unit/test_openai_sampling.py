@@ -62,10 +62,12 @@ def test_a_field_out_of_its_rule_is_a_400_naming_it(fields, field):
     assert info.value.status == 400 and info.value.field == field
 
 
-def test_static_batches_refuse_sampling():
-    static = Bounds(LIMITS, len, can_sample=False)
+def test_a_workers_bounds_accept_sampling_and_cap_new_tokens_at_the_openai_cap():
+    from services.roles.worker.role import worker_bounds
+    bounds = worker_bounds(Settings.from_env({"OPENAI_MAX_TOKENS_CAP": "64"}), len)
+    assert read(bounds, temperature=0.5, seed=1, stop="x").sampling(drawn_seed=2) == Sampling(0.5, 1.0, 0, 1, ("x",))
+    assert read(bounds, max_new_tokens=64).max_new_tokens == 64
     with pytest.raises(ApiError) as info:
-        read(static, temperature=0.5)
-    assert info.value.field == "temperature"
-    assert read(static, stop="x").stop == ("x",)  # stop strings are cut from a static answer too
+        read(bounds, max_new_tokens=65)
+    assert info.value.field == "max_new_tokens"
     assert set(ALL_FIELDS) >= {"temperature", "top_p", "top_k", "seed", "stop"}

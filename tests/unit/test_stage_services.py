@@ -236,7 +236,7 @@ def test_generation_stats_and_metric_families():
         st = gen.stats()
         assert isinstance(st, GenerationStats)
         assert st.finished_sequences_total == 3 and st.tokens_generated_total == 9
-        assert st.ttft_count == 3 and st.ttft_seconds_sum >= 0
+        assert sum(st.ttft_bucket_counts) == 3 and st.ttft_seconds_sum >= 0
         assert st.batching.items_total == 3 and st.batching.failed_items_total == 0
         assert sum(size * n for size, n in st.batching.batch_size_counts.items()) == 3
         assert st.max_step_sequences == 2 and st.running_sequences == 0 and st.waiting_sequences == 0

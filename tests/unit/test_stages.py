@@ -80,7 +80,7 @@ def test_rerank_scores_do_not_depend_on_how_pairs_are_grouped(reranker):
 def test_generate_batch_equals_single_left_padded(generator):
     requests = [GenerationRequest(QUERIES[0], _docs(3)), GenerationRequest(QUERIES[1], _docs(1, long=True)),
                 GenerationRequest(QUERIES[2], ()), GenerationRequest("Hi", _docs(3, long=True))]
-    lengths = {generator.prompt_tokens(r.query, r.documents) for r in requests}
+    lengths = {len(generator.prompt_ids(r.query, r.documents)) for r in requests}
     assert len(lengths) == len(requests), "the batch must mix prompt lengths to exercise left padding"
     batch = generator.generate(requests)
     single = [generator.generate([r])[0] for r in requests]

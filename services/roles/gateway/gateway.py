@@ -1,11 +1,6 @@
-"""Node 0's gateway: the request_id rules, then the reply cache, then a worker.
-
-Its own worker is called in-process (no HTTP hop to itself); node 1 over HTTP.
-Three parts: the request_id rules and admission (idempotency.Idempotency), round robin
-with failover (routing.Router) and health probing (probing.HealthProber). Every request
-gets exactly one answer, and each request_id is computed once. The optional reply cache
-(by normalised query) is consulted only by the id's own computation, behind the
-request_id rules, so it can never overrule them: an id's answer never changes once given.
+"""Node 0's gateway: the request_id rules and admission (idempotency), then the optional reply
+cache (behind the rules, so it never overrules them), then a worker (routing, with failover;
+probing), its own in-process and the others over HTTP.
 """
 from __future__ import annotations
 
@@ -34,24 +29,17 @@ class Gateway:
         self.prober = HealthProber(self.router, settings.health_interval_s)
 
     @property
-    def targets(self) -> list[WorkerTarget]:
-        return self.router.targets
-
-    @property
     def completed(self) -> LruCache:
         """Replies by request_id (metered; never cleared: a retried request must get the reply it got)."""
         return self.ids.completed
 
     def answer(self, request: AnswerRequest, timeout_s: float) -> AnswerStream:
-        """The request's answer stream: text pieces as a worker generates them, then the reply
-        (services.server.stream_response). The request_id rules come first, the reply cache
-        only behind them (_compute): an id's own answer always wins over a cached one."""
+        """The request's answer stream: the request_id rules first, then _compute."""
         return self.ids.answer(request, timeout_s, lambda deadline: self._compute(request, deadline))
 
     def _compute(self, request: AnswerRequest, deadline: float) -> AnswerStream:
-        """The id's own computation: the reply cache when it is on (its hit, or the same question
-        in flight), else a worker. A capped, sampled or stop-string answer is not the question's
-        answer: it neither comes from nor goes to the reply cache."""
+        """The reply cache (only for the question's own answer: greedy, uncapped, no stop strings),
+        else a worker."""
         cache = self.response_cache
         if cache is None or not request.is_the_questions_answer:
             return self.router.forward(request, deadline)
@@ -66,8 +54,7 @@ class Gateway:
         return self.ids.stats()
 
     def abort(self, make_error: Callable[[], BaseException]) -> None:
-        """Past the node's grace period: every request waiting on a worker (its joiners with it)
-        is answered make_error() now, and none is routed again."""
+        """Answer every request waiting on a worker with make_error() now; route none again."""
         self.router.abort(make_error)
 
     def close(self) -> None:

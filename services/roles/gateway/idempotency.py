@@ -1,17 +1,11 @@
 """The gateway's request_id rules: each id computed once, bound to its query, within capacity.
 
-The same id in flight joins the computation (and gets its outcome, a failure included);
-a recently completed one is answered from a bounded cache (failures are not cached: a
-retry recomputes). A request_id is bound to the exact request it first came with: its query
-text and what shapes its answer (cap, decoding, stop strings; a sha256 of them is kept, not
-the text). The same id with another query or other fields is refused with 409, so nobody who
-guesses an id can read or plant its answer. A sampled request whose worker drew its seed is
-answered again with that answer (and seed) under its id. A reply-cache hit for a new id
-becomes that id's answer, so an id's answer never changes once given; only the question's
-own answer (greedy, uncapped, no stop strings) is looked up there.
-Only distinct computations count against `max_in_flight`; joiners, each holding an HTTP
-thread while it waits, are capped per id and in all. Beyond any limit the gateway refuses
-at once (Overloaded -> 503 + Retry-After) instead of queueing.
+The same id in flight joins the computation (its outcome, a failure included); a recently
+completed one is answered from a bounded cache (failures are not cached). An id is bound to the
+exact request it first came with (a sha256 of its query and the fields that shape its answer):
+the same id with another is a 409. A reply-cache hit for a new id becomes that id's answer, so an
+id's answer never changes once given. Distinct computations count against `max_in_flight`;
+joiners are capped per id and in all; beyond any limit the gateway refuses at once (503).
 """
 from __future__ import annotations
 
@@ -27,15 +21,13 @@ from services.server.answer_request import AnswerRequest
 from services.server.errors import Overloaded, RequestIdConflict, RequestTimeout, ServiceClosed
 from services.server.stream_response import AnswerStream, relay, replay
 
-# Retry-After bounds for a full gateway: at least a second (no hammering), at
-# most half a minute (a slow average must not send clients away for minutes).
+# Retry-After bounds for a full gateway: no hammering, and no minutes-long hint from a slow average.
 MIN_RETRY_AFTER_S, MAX_RETRY_AFTER_S = 1.0, 30.0
 
 
 def request_digest(request: AnswerRequest) -> str:
-    """What a request_id is bound to: the exact query text as received (no normalisation, since the
-    models see it exactly) and the fields that shape its answer, hashed so the cache keeps no text.
-    How it is delivered (stream or not) is not part of it."""
+    """What a request_id is bound to: the exact query and the fields that shape its answer (not
+    `stream`), hashed so the cache keeps no text."""
     asked = {k: v for k, v in request.wire().items() if k not in ("request_id", "stream")}
     return hashlib.sha256(json.dumps(asked, sort_keys=True).encode("utf-8")).hexdigest()
 
@@ -61,10 +53,8 @@ class Idempotency:
 
     def answer(self, request: AnswerRequest, timeout_s: float,
                compute: Callable[[float], AnswerStream]) -> AnswerStream:
-        """The id's answer stream: a completed or joined reply replayed (its text as one piece, then
-        the reply), else `compute(deadline)`'s events as they come (monotonic deadline). Its reply is
-        then the id's, for its joiners and later retries; its failure is its joiners' too (a reader
-        gone: a retryable one) and is not kept."""
+        """The id's answer stream: a completed or joined reply replayed, else `compute(deadline)`'s
+        events as they come; its reply is then the id's, its failure its joiners' too (not kept)."""
         started = time.monotonic()
         deadline = started + timeout_s
         request_id, digest = request.request_id, request_digest(request)

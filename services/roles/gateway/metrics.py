@@ -53,5 +53,3 @@ class GatewayCollector:
         rejected.add_metric(["capacity"], st["rejected"] - st["rejected_joiners"])
         rejected.add_metric(["joiners"], st["rejected_joiners"])
         yield rejected
-
-

@@ -1,15 +1,10 @@
 """The OpenAI-compatible API's translation: request bodies in, response objects out; no HTTP.
 
-`POST /v1/chat/completions`: `parse_chat_request` turns a body into a `ChatRequest` (the last
-user message is the query; the contract's prompt is fixed, so earlier messages do not reach the
-model) or raises an `OpenAIError`. Parameters that would change the answer and that this service
-cannot honour (n > 1, tools, logprobs, structured output) are refused with a 400 naming them rather than ignored; fields it does not know are ignored, as
-OpenAI's own servers do for clients that send extras. `completion` builds the reply; `chunk` and
-its helpers the `stream: true` objects, sent as SSE `data:` events and closed by `data: [DONE]`.
-Both carry the sentiment and toxicity in an extra top-level `rag` field that OpenAI clients ignore.
-
-`GET /v1/models`: `models_list`. Errors: `OpenAIError.body()` is OpenAI's error shape;
-`error_from_http` maps the service's own statuses onto it.
+`parse_chat_request` turns a chat completions body into a `ChatRequest` (the last user message is
+the query: the contract's prompt is fixed) or raises an `OpenAIError`. Parameters that would change
+the answer and cannot be honoured (n > 1, tools, logprobs, structured output) are a 400 naming
+them; unknown fields are ignored, as OpenAI's servers do. Replies and stream chunks carry the
+sentiment and toxicity in an extra top-level `rag` field that OpenAI clients ignore.
 """
 from __future__ import annotations
 
@@ -23,7 +18,6 @@ from services.server.openai_errors import error_kind, param_for
 DONE = "[DONE]"  # the data of the last event of a stream
 RAG_FIELDS = ("sentiment", "is_toxic", "request_id")  # what the extra `rag` field holds
 FinishReason = Literal["stop", "length"]
-
 
 
 class OpenAIError(Exception):
@@ -219,8 +213,7 @@ def completion(id: str, created: int, model: str, text: str, prompt_tokens: int,
 
 def chunk(id: str, created: int, model: str, delta: Mapping[str, Any], finish_reason: FinishReason | None = None,
           *, include_usage: bool = False, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """A `chat.completion.chunk` with one choice. With include_usage it carries `usage: null`, as
-    OpenAI's chunks do when the stream ends with a usage chunk; with extra, the `rag` field."""
+    """A `chat.completion.chunk` with one choice; `usage: null` with include_usage (as OpenAI's)."""
     if finish_reason is not None:
         _check_finish_reason(finish_reason)
     obj: dict[str, Any] = {
@@ -254,11 +247,6 @@ def usage_chunk(id: str, created: int, model: str, prompt_tokens: int, completio
     """The chunk sent before [DONE] when stream_options.include_usage: no choices, the usage."""
     return {"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [],
             "usage": usage(prompt_tokens, completion_tokens)}
-
-
-def models_list(model_id: str, created: int, owned_by: str = "rag-service") -> dict[str, Any]:
-    """GET /v1/models: the one model this service serves."""
-    return {"object": "list", "data": [{"id": model_id, "object": "model", "created": created, "owned_by": owned_by}]}
 
 
 def _check_finish_reason(reason: str) -> None:

@@ -1,13 +1,9 @@
 """POST /v1/embeddings with the query embedder, and GET /v1/models/{id}.
 
-Each input string is one item of node 0's embed stage (its BatchingService, batched with the
-/query requests' embeddings), submitted together so that all or none are queued. The limits
-are /query's: a stage queue that is full gets 503 + Retry-After, each input is held to
-MAX_QUERY_CHARS and MAX_QUERY_TOKENS (the LLM's tokenizer, as /query counts; `usage` reports
-that count), and the request to REQUEST_TIMEOUT_S (504; its queued items are cancelled). Vectors are the ones /query
-searches with: unit-norm, 768 floats, as `float` lists or `base64` of little-endian float32.
-Only text is accepted: token-id arrays (what langchain's OpenAIEmbeddings sends by default, in
-OpenAI's tokenizer) get a 400 that says to send text (`check_embedding_ctx_length=False`).
+The inputs are items of node 0's embed stage (batched with /query's), queued all or none, under
+/query's limits: MAX_QUERY_CHARS and MAX_QUERY_TOKENS each (`usage` reports that count), the
+stage queue, REQUEST_TIMEOUT_S. Vectors are /query's (unit-norm, 768 floats), as `float` lists or
+`base64` of little-endian float32. Only text is accepted, not token-id arrays.
 """
 from __future__ import annotations
 
@@ -18,7 +14,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import numpy as np
-from flask import Flask, Response, jsonify
+from flask import Flask, jsonify
 
 from pipeline import spec
 from services.roles.gateway.front import Front
@@ -63,12 +59,6 @@ def register_openai_embeddings(app: Flask, front: Front, worker: Loaded[Worker],
         futures = worker.require().services[spec.Stage.EMBED].submit_many(texts)  # type: ignore[attr-defined]
         vectors = _wait(futures, limits.request_timeout_s)
         return jsonify(embeddings_response(vectors, encoding, sum(counts)))
-
-    @app.errorhandler(OpenAIError)
-    def _openai_error(error: OpenAIError) -> Response:
-        response = jsonify(error.body())
-        response.status_code = error.status
-        return response
 
 
 def parse_embeddings_request(body: dict, max_inputs: int) -> tuple[list[str], str]:

@@ -1,22 +1,16 @@
 """Node 0's OpenAI-compatible routes: POST /v1/chat/completions and GET /v1/models.
 
-A chat completion is one RAG request through the gateway, as /query is: the last user message
-is the query (services/roles/gateway/openai_api.py reads the body), and the request_id rules
-(the body's `request_id`, else a new id per request), admission, the query's token limit and the
-deadline apply alike. `max_tokens` is clamped to OPENAI_MAX_TOKENS_CAP (absent: the contract's 128).
-temperature (absent: OPENAI_DEFAULT_TEMPERATURE), top_p, top_k, seed and stop become the
-request's own fields; a sampled answer's seed (the client's, or the one its worker drew) comes
-back in the response's `seed` extension field.
-`stream: true` relays the answer's pieces as chat.completion.chunk events as the LLM produces
-them, closed by `data: [DONE]`. Every error is in OpenAI's shape with the status the service
-gives it; once a stream has started, an error is its last data event.
+A chat completion is one RAG request through the gateway, as /query is, under the same rules.
+`max_tokens` is clamped to OPENAI_MAX_TOKENS_CAP (absent: the contract's 128); the decoding fields
+become the request's own, and a sampled answer's seed comes back in a `seed` extension field.
+Every error is in OpenAI's shape; once a stream has started, an error is its last data event.
 """
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
 
-from flask import Flask, Response, jsonify
+from flask import Flask, jsonify
 
 from pipeline import spec
 from services.roles.gateway import openai_api as oa
@@ -24,15 +18,11 @@ from services.roles.gateway.front import Front
 from services.roles.gateway.openai_embeddings import model_object, served_models
 from services.server import sse
 from services.server.answer_request import AnswerRequest
-from services.server.app import retry_after_header
-from services.server.errors import http_answer
 from services.server.stream_response import AnswerStream, close, collect, error_status, sse_response, started
 
 MODEL_ID = spec.GENERATOR_MODEL
 # The model's `created` in /v1/models: when this process started serving it.
 STARTED_AT = int(time.time())
-
-
 # The /v1 body's decoding fields, read by the service's own rules (services/server/answer_request.py).
 SAMPLING_FIELDS = ("top_p", "top_k", "seed", "stop")
 
@@ -44,28 +34,17 @@ def register_openai_routes(app: Flask, front: Front, default_temperature: float,
 
     @app.post("/v1/chat/completions")
     def chat_completions():
-        try:
-            chat, request, events = _start(front, default_temperature, max_tokens_cap)
-            if chat.stream:
-                return sse_response(started(events),
-                                    encode=lambda events: _chunks(events, request.request_id, chat.include_usage))
-            return jsonify(_completion(collect(events), request.request_id))
-        except oa.OpenAIError as exc:
-            return _error_response(exc)
-        except Exception as exc:  # the service's own errors, in OpenAI's shape with their status
-            answer = http_answer(exc)
-            if answer is None:
-                raise  # a bug: the app's handler answers 500
-            response = _error_response(oa.error_from_http(answer.status, answer.message, answer.field))
-            if answer.retry_after_s is not None:
-                response.headers["Retry-After"] = retry_after_header(answer.retry_after_s)
-            return response
+        # Its errors are the app's, in OpenAI's shape (services.roles.gateway.public_api).
+        chat, request, events = _start(front, default_temperature, max_tokens_cap)
+        if chat.stream:
+            return sse_response(started(events),
+                                encode=lambda events: _chunks(events, request.request_id, chat.include_usage))
+        return jsonify(_completion(collect(events), request.request_id))
 
 
 def _start(front: Front, default_temperature: float,
            max_tokens_cap: int) -> tuple[oa.ChatRequest, AnswerRequest, AnswerStream]:
-    """The body read as OpenAI's, made the service's one request (its rules: the query's length and
-    tokens, the request_id's, the decoding fields'), and its answer stream."""
+    """The body read as OpenAI's, made the service's one request, and its answer stream."""
     body = front.body()
     chat = oa.parse_chat_request(body, max_tokens_limit=max_tokens_cap, model_id=MODEL_ID,
                                  default_max_tokens=spec.MAX_NEW_TOKENS)
@@ -119,9 +98,3 @@ def _usage(reply: dict) -> tuple[int, int]:
 
 def _completion_id(request_id: str) -> str:
     return request_id if request_id.startswith("chatcmpl-") else f"chatcmpl-{request_id}"
-
-
-def _error_response(error: oa.OpenAIError) -> Response:
-    response = jsonify(error.body())
-    response.status_code = error.status
-    return response

@@ -11,10 +11,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from flask import Flask, jsonify
+from flask import Flask, Response, jsonify
 
 from pipeline.config.sections import ApiSettings
 from services.roles.gateway.front import Front
+from services.roles.gateway.openai_api import OpenAIError
 from services.roles.gateway.openai_embeddings import register_openai_embeddings
 from services.roles.loaded import Loaded
 from services.roles.worker.request_path import Worker
@@ -39,7 +40,14 @@ def register_public_api(app: Flask, api: ApiSettings, front: Front, worker: Load
     install_cors(app, api.cors_allowed_origins, is_public)  # first: a preflight is answered before any key check
     if api.api_keys_file is not None:
         install_api_keys(app, ApiKeys.from_file(api.api_keys_file), is_public)
-    install_openai_errors(app)
+    install_openai_errors(app)  # every other error under /v1/ takes OpenAI's shape there
+
+    @app.errorhandler(OpenAIError)
+    def openai_error(error: OpenAIError) -> Response:  # a /v1 body refused, in OpenAI's shape already
+        response = jsonify(error.body())
+        response.status_code = error.status
+        return response
+
     register_openai_embeddings(app, front, worker, generator_model=generator_model, created=created)
 
     @app.get("/openapi.json")

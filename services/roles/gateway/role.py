@@ -45,8 +45,7 @@ class GatewayRole(Role):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        # Its own worker: loaded, warmed and called in-process, its /internal/answer not served (that
-        # endpoint would let callers past the gateway's admission limit).
+        # Its own worker, called in-process; its /internal/answer is not served (past admission).
         self.worker_role = WorkerRole(self.settings, self.node, self.lifecycle)
         self.gateway: Loaded[Gateway] = Loaded(f"node {self.node} is still loading its models")
         self.response_cache = ResponseCache(self.settings.gateway.response_cache_size,
@@ -61,8 +60,7 @@ class GatewayRole(Role):
     @staticmethod
     def check_settings(settings: Settings) -> None:
         # Each joiner holds an HTTP thread: with the derived thread count, joiners must leave some
-        # of the spare threads to /health and the quick 503s. (An explicit WAITRESS_THREADS is the
-        # operator's own sum to make; README says so.)
+        # of the spare threads to /health and the quick 503s.
         if not settings.http.waitress_threads and settings.gateway.max_joiners >= SPARE_HTTP_THREADS:
             raise ConfigError(f"GATEWAY_MAX_JOINERS='{settings.gateway.max_joiners}' is not valid: expected fewer "
                               f"than the {SPARE_HTTP_THREADS} spare HTTP threads node 0 has beyond "
@@ -107,8 +105,7 @@ class GatewayRole(Role):
         return self.worker_role.batching_services()
 
     def peers(self) -> list[dict[str, Any]]:
-        """The other nodes as this node reaches them (its NODE_<n>_IP settings): tools given only
-        node 0's address (the profiling tools' --url) find every node's /metrics from here."""
+        """The other nodes as this node reaches them: tools given node 0's address find the rest here."""
         s = self.settings
         return [{"node": n, "role": s.cluster.role_of(n), "url": s.node_address(n).url}
                 for n in s.cluster.nodes if n != self.node]
@@ -139,8 +136,7 @@ class GatewayRole(Role):
                             created=OPENAI_STARTED_AT)
 
     def query(self):
-        """POST /query: one answer through the gateway, streamed (`"stream": true`, or an Accept
-        of text/event-stream) or as one JSON reply (the stream collected)."""
+        """POST /query: streamed (`"stream": true`, or Accept: text/event-stream), else collected."""
         asked = self.front.request(self.front.body(), QUERY_FIELDS)
         if sse.MEDIA_TYPE in request.headers.get("Accept", ""):
             asked = dataclasses.replace(asked, stream=True)

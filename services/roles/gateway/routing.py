@@ -1,12 +1,9 @@
 """The gateway's routing: round robin over the workers in the rotation, with failover.
 
-A forward that fails because the worker cannot be reached, is not ready or is full
-is served by the next worker, at any point of its answer stream until the caller has read
-a piece of it (a plain reply is collected, so never; a streamed one, from its first piece); a worker that could not be reached, refused our
-cluster token or answered 503 leaves the rotation until a health probe sees it
-ready again (services.roles.gateway.probing). A request a worker failed (a 500) is
-that request's error alone: the worker stays in the rotation. The node client
-(services.cluster.clients) says what happened by the error's type.
+A forward the worker could not take (unreachable, not ready, full) goes to the next worker until
+the caller has read a piece of its answer; a worker unreachable, refusing our cluster token or
+answering 503 leaves the rotation until a health probe sees it ready. A request a worker failed
+(a 500) is that request's error alone: the worker stays.
 """
 from __future__ import annotations
 
@@ -89,10 +86,8 @@ class Router:
                     "rejoins the rotation" if up else "leaves the rotation", f": {why}" if why else "")
 
     def forward(self, request: AnswerRequest, deadline: float) -> AnswerStream:
-        """The answer stream of the first worker in turn that takes the request, by `deadline`
-        (monotonic). A worker that cannot take it (down, not ready, full, stopping) is failed over
-        to the next; so is one that fails on the way, unless the caller has already read pieces
-        of its answer (a streamed request: those cannot be taken back)."""
+        """The answer stream of the first worker in turn that takes the request by `deadline`
+        (monotonic), failing over unless the caller has read pieces of the answer already."""
         candidates = self.rotation() or list(self.targets)  # everyone looks down: try them all once
         last_error: Exception | None = None
         for target in candidates:
@@ -127,9 +122,8 @@ class Router:
             target.forwarded += 1
 
     def _next_or_raise(self, target: WorkerTarget, exc: Exception, *, retry: bool) -> Exception:
-        """What a worker's error means for the request: the error to remember while the next worker
-        is tried (the worker took none of it, or `retry`: nobody has read any of its answer), or
-        the request's own error, raised."""
+        """The error to remember while the next worker is tried (`retry`: nobody read any of the
+        answer), or the request's own error, raised."""
         why: str | None = str(exc)  # why the worker leaves the rotation; None: it stays
         if isinstance(exc, (Overloaded, ServiceClosed)):  # our own worker is full or stopping
             why = None
@@ -145,9 +139,7 @@ class Router:
             why = "refused our cluster token"
         elif isinstance(exc, PeerTimedOut):  # its 504, or no answer by the deadline: the work may be in flight
             raise RequestTimeout(exc.message) from None
-        elif isinstance(exc, (PeerError, StageFailed)):
-            # Any other error (a 500 included) belongs to this request alone: the worker answered,
-            # so it stays in the rotation (only unreachability, 401 and 503 take it out).
+        elif isinstance(exc, (PeerError, StageFailed)):  # this request's alone: the worker stays
             raise WorkerFailed(target.node, str(exc)) from None
         elif isinstance(exc, TimeoutError):  # our own worker's RequestTimeout, or any other timeout
             raise RequestTimeout("request timed out") from None

@@ -1,8 +1,5 @@
-"""Node 2's search service: the FAISS index behind a batcher, and the /search body's rules.
-
-Ids (and distances) go back, never documents. Concurrent callers are merged into
-one faiss search by a BatchingService of single vectors: faiss's per-query cost
-falls with batch size. The routes are in services.roles.index.role.
+"""Node 2's search service: the FAISS index behind a BatchingService of single vectors (faiss's
+per-query cost falls with batch size), and the /search body's rules. Ids go back, never documents.
 """
 from __future__ import annotations
 
@@ -49,8 +46,7 @@ class IndexService:
 
     def search(self, vectors: np.ndarray, k: int, timeout_s: float) -> tuple[list, list]:
         started = time.monotonic()
-        # With tracing on, the call's time in the index stage (a child of the /search server span);
-        # its first vector tells it the batch size and queue wait.
+        # Tracing on: the call's span in the index stage; its first vector reports the batch.
         span = stage_spans.start_stage("index", current_request_id.get())
         items = [IndexQuery(v, k) for v in vectors]
         if items:
@@ -93,9 +89,8 @@ def _finite(x: int | float) -> bool:
 
 
 def search_vector_limit(max_queue: int) -> tuple[int, str]:
-    """The most vectors one /search takes, and where that limit comes from: the body's rule, or
-    the index's batching queue (STAGE_MAX_QUEUE) where that is smaller, since a call's vectors
-    must all fit in the queue at once."""
+    """The most vectors one /search takes, and why: the body's rule, or the index's batching queue
+    where that is smaller (a call's vectors are queued all at once)."""
     if max_queue < MAX_SEARCH_VECTORS:
         return max_queue, f"STAGE_MAX_QUEUE: the index's batching queue holds {max_queue}"
     return MAX_SEARCH_VECTORS, "MAX_SEARCH_VECTORS, the /search body's rule"

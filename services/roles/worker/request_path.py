@@ -1,15 +1,9 @@
-"""A worker node's request path: every model stage behind its own BatchingService.
-
-embed -> search (node 2, batched HTTP) -> fetch -> rerank -> generate ->
-sentiment and toxicity at the same time. Each stage runs on its own thread,
-so different requests are in different stages at once (a pipeline), while
-the caller's thread just waits on futures with the request's deadline.
-A request's time in each stage is measured once (StageClock): the completion
-line's stages_ms and, with tracing on, the stage's span.
+"""A worker node's request path: embed -> search (node 2) -> fetch -> rerank -> generate ->
+sentiment and toxicity at once, every stage on its own thread behind its own stage service (a
+pipeline), while the caller's thread waits on futures with the request's deadline.
 """
 from __future__ import annotations
 
-import logging
 import secrets
 import threading
 import time
@@ -48,8 +42,6 @@ from services.stages.continuous import ContinuousGenerationService
 from services.stages.protocol import StageService, StageStats
 from services.stages.token_stream import TokenStream
 
-log = logging.getLogger(__name__)
-
 
 @dataclass(frozen=True)
 class ContinuousConfig:
@@ -63,10 +55,10 @@ class ContinuousConfig:
 @dataclass(frozen=True)
 class WorkerConfig:
     """What a worker reads of the settings, and nothing else."""
-    batching: Mapping[Stage, BatchConfig]  # one per stage in spec.WORKER_STAGES
+    batching: Mapping[Stage, BatchConfig]  # one per stage in spec.WORKER_STAGES but generate
     request_timeout_s: float
     embed_cache_size: int
-    continuous: ContinuousConfig | None  # None: static batches through generate()
+    continuous: ContinuousConfig  # the generate stage's
 
 
 @dataclass(frozen=True)
@@ -91,29 +83,25 @@ class Worker:
             Stage.SEARCH: self._search_batch,
             Stage.FETCH: stages.store.fetch_batch,
             Stage.RERANK: stages.reranker.rerank,
-            Stage.GENERATE: stages.generator.generate,
             Stage.SENTIMENT: stages.sentiment.classify,
             Stage.TOXICITY: stages.toxicity.classify,
         }
+        c = config.continuous
+        engine = ContinuousEngine(stages.generator, max_batch=c.max_batch, kv_cache_tokens=c.kv_cache_tokens,
+                                  prefill_chunk=c.prefill_chunk)
         self.services: dict[Stage, StageService] = {}
         for stage in spec.WORKER_STAGES:
+            if stage == Stage.GENERATE:
+                self.services[stage] = ContinuousGenerationService(stage, engine, max_queue=c.max_queue)
+                continue
+            cfg = config.batching[stage]
             # Each batch tells its requests' stage spans (tracing on) its size and when it started.
-            self.services[stage] = self._service(stage, stage_spans.noting_batches(batch_fns[stage]))
-
-    def _service(self, stage: Stage, batch_fn: Callable[[list], list]) -> StageService:
-        if stage == Stage.GENERATE and self.config.continuous is not None:
-            c = self.config.continuous
-            engine = ContinuousEngine(self.stages.generator, max_batch=c.max_batch,
-                                      kv_cache_tokens=c.kv_cache_tokens, prefill_chunk=c.prefill_chunk)
-            return ContinuousGenerationService(stage, engine, max_queue=c.max_queue)
-        cfg = self.config.batching[stage]
-        return BatchingService(stage, batch_fn, max_size=cfg.max_batch, max_wait_ms=cfg.max_wait_ms,
-                               max_queue=cfg.max_queue)
+            self.services[stage] = BatchingService(stage, stage_spans.noting_batches(batch_fns[stage]),
+                                                   max_size=cfg.max_batch, max_wait_ms=cfg.max_wait_ms,
+                                                   max_queue=cfg.max_queue)
 
     def _search_batch(self, items: list[PendingSearch]) -> list[list[int]]:
-        # One HTTP call to each index shard for the whole batch. Retries run until the latest
-        # deadline in the batch: a request that can still wait (node 2 restarting)
-        # should get its answer; one whose deadline passed has stopped waiting anyway.
+        # One HTTP call to each index shard for the whole batch, retried until its latest deadline.
         deadline = max(item.deadline for item in items)
         ids, _ = self.index.search(np.stack([item.vector for item in items]), spec.TOP_K, deadline=deadline,
                                    request_ids=[item.request_id for item in items if item.request_id],
@@ -140,37 +128,35 @@ class Worker:
         return None
 
     def answer(self, request: AnswerRequest, timeout_s: float | None = None) -> AnswerStream:
-        """The answer's text in pieces as the LLM produces them (never splitting a character), then
-        the reply with its `usage` (prompt and completion tokens), `finish_reason` and, when sampled,
-        its `seed` (drawn here when the request names none). Closing the stream early cancels the
-        generation (its slot frees at the engine's next iteration). A stop string ends the answer: the
-        stream holds back text that could be the start of one."""
+        """The answer's text in pieces as the LLM produces them (never half a character, nor the start
+        of a stop string), then the reply with its `usage`, `finish_reason` and, when sampled, its
+        `seed`. Closing the stream early cancels the generation."""
         clock, trace, deadline = self._begin(request.request_id, timeout_s)
         generation: StageVisit | None = None
         try:
             documents = self._retrieve(clock, trace, request.query, deadline)
             tokens = TokenStream()
             sampling = request.sampling(drawn_seed=secrets.randbelow(MAX_SEED + 1))
+            generator = self.stages.generator
+            prompt = tuple(generator.prompt_ids(request.query, documents))  # encoded once: the engine's and usage's
             generating = GenerationRequest(request.query, documents, request.max_new_tokens, sampling,
-                                           on_token=tokens.put)
+                                           on_token=tokens.put, prompt_ids=prompt)
             generation = self._enter(clock, Stage.GENERATE, generating)
             tokens.end_with(generation.future)
-            text, stops = self.stages.generator.detokenizer(), StopStringFilter(request.stop)
-            streamed = ""
+            text, stops = generator.detokenizer(), StopStringFilter(request.stop)
             for token in tokens.read(deadline):
                 piece = stops.push(text.push(token))
                 if piece:
-                    streamed += piece
                     yield piece
-            streamed += (rest := stops.push(text.finish()) + stops.finish())
+            rest = stops.push(text.finish()) + stops.finish()
             response = clock.wait(generation, deadline)
-            if response != streamed:  # static batches stream nothing: the whole answer at its end
-                rest += response[len(streamed):] if response.startswith(streamed) else response
             if rest:
                 yield rest
             reply = self._classify(clock, request.request_id, response, deadline)
+            cap = request.max_new_tokens or generator.max_new_tokens
             seed = {"seed": sampling.seed} if sampling is not None and not sampling.greedy else {}
-            yield {**reply, **self._usage(generating, text.token_count), **seed}
+            yield {**reply, "usage": {"prompt_tokens": len(prompt), "completion_tokens": text.token_count},
+                   "finish_reason": "length" if text.token_count >= cap else "stop", **seed}
         finally:
             if generation is not None:
                 generation.future.cancel()  # a no-op once it ended; frees the slot of a reader gone early
@@ -181,16 +167,8 @@ class Worker:
         """The query's length in the LLM tokenizer's tokens (MAX_QUERY_TOKENS bounds it)."""
         return self.stages.generator.count_tokens(query)
 
-    def _usage(self, request: GenerationRequest, completion_tokens: int) -> dict:
-        generator = self.stages.generator
-        prompt_tokens = generator.prompt_tokens(request.query, request.documents)
-        cap = request.max_new_tokens or generator.max_new_tokens
-        return {"usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens},
-                "finish_reason": "length" if completion_tokens >= cap else "stop"}
-
     def _begin(self, request_id: str, timeout_s: float | None) -> tuple[StageClock, str, float]:
-        """The request's clock, trace id and deadline; StageDown at once if a stage is down (the
-        gateway then tries another worker before any stage runs)."""
+        """The request's clock, trace id and deadline; StageDown at once if a stage is down."""
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.config.request_timeout_s)
         down = self.failure()
         if down is not None:

@@ -28,21 +28,18 @@ log = logging.getLogger(__name__)
 
 
 def worker_config(settings: Settings) -> WorkerConfig:
-    continuous = None
-    if settings.generate.mode == "continuous":
-        continuous = ContinuousConfig(max_batch=settings.generate.max_batch,
-                                      kv_cache_tokens=settings.generate.kv_cache_tokens,
-                                      prefill_chunk=settings.generate.prefill_chunk,
-                                      max_queue=settings.limits.stage_max_queue)
-    return WorkerConfig(batching={stage: settings.batching(stage) for stage in spec.WORKER_STAGES},
+    generate = settings.generate
+    continuous = ContinuousConfig(max_batch=generate.max_batch, kv_cache_tokens=generate.kv_cache_tokens,
+                                  prefill_chunk=generate.prefill_chunk, max_queue=settings.limits.stage_max_queue)
+    return WorkerConfig(batching={stage: settings.batching(stage) for stage in spec.WORKER_STAGES
+                                  if stage != spec.Stage.GENERATE},
                         request_timeout_s=settings.limits.request_timeout_s,
                         embed_cache_size=settings.embed.cache_size, continuous=continuous)
 
 
 def worker_bounds(settings: Settings, count_tokens: Callable[[str], int]) -> Bounds:
     """What a request body is checked against on this node (services.server.answer_request)."""
-    return Bounds(settings.limits, count_tokens, max_new_tokens=settings.api.max_tokens_cap,
-                  can_sample=settings.generate.mode == "continuous")
+    return Bounds(settings.limits, count_tokens, max_new_tokens=settings.api.max_tokens_cap)
 
 
 def internal_timeout(body: dict, settings: Settings) -> float:

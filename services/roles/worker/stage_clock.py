@@ -33,8 +33,7 @@ class StageVisit:
         self._future: Future | None = None
 
     def submit(self, service: StageService, item) -> "StageVisit":
-        """Every stage service unwraps a noted item (stage_spans.noting_batches, or the continuous
-        generate stage's stage_spans.admitted), telling the span the batch it ran in."""
+        """Every stage service unwraps a noted item, telling the span the batch it ran in."""
         self._future = service.submit(stage_spans.noted(self.span, item))
         return self
 
@@ -46,9 +45,8 @@ class StageVisit:
 
 
 class StageClock:
-    """Times one request's stages once: that duration is its stages_ms entry on the completion
-    line and, with tracing on, its stage span (started in the request's context, so a child of
-    its server span, however many requests share the stage's batches)."""
+    """Times one request's stages once: its stages_ms entry on the completion line and, with tracing
+    on, its stage span (a child of the request's server span)."""
 
     def __init__(self, times: dict[str, float] | None, request_id: str, wait: Callable[[str, Future, float], Any]):
         self.times = times
@@ -84,8 +82,7 @@ class StageClock:
             visit.span.end(elapsed_s, error)
 
     def close(self) -> None:
-        """End the spans of stages the request left unawaited (refused at submit, or toxicity
-        after sentiment failed): not in stages_ms, which holds the stages it waited on."""
+        """End the spans of stages the request left unawaited (not in stages_ms)."""
         for visit in list(self._open):
             self._open.remove(visit)
             if visit.span is not None:
