@@ -1,7 +1,5 @@
 """One idle request at a time through the cluster, its latency broken down by stage.
 
-    python -m profiling.latency_breakdown --url http://127.0.0.1:8000 [--requests 3] [--out DIR]
-
 For each request (sent only after the previous one is answered, so every stage
 runs a batch of one) it reads each node's /metrics before and after and
 reports every stage's run time on the worker that served it, their sum, the
@@ -26,13 +24,11 @@ from typing import Sequence
 import requests
 
 from pipeline import spec
-from profiling.lib.cli import TargetRefused, add_allow_remote, add_out, check_target, make_parser, split_list
-from profiling.lib.cluster import ClusterError, Node, nodes_from_health, scrape_nodes
-from profiling.lib.load import clear_caches
-from profiling.lib.prometheus import MetricsSnapshot, counter_delta
+from profiling.lib.cli import TargetRefused, add_allow_remote, add_out, check_target, make_parser
+from profiling.lib.prometheus import ClusterError, MetricsSnapshot, Node, counter_delta, find_nodes, scrape_nodes
 from profiling.lib.provenance import cluster_record, headline, settings_warnings
 from profiling.lib.report import run_folder, write_json
-from services.cluster.health_wait import wait_healthy
+from services.server.token import TOKEN_HEADER
 
 TOOL = "latency_breakdown"
 
@@ -42,13 +38,21 @@ def run_seconds(before: MetricsSnapshot, after: MetricsSnapshot, stage: str) -> 
     return counter_delta(before, after, "rag_batch_run_seconds_total", stage=str(stage)) or 0.0
 
 
-def breakdown(url: str, nodes: Sequence[Node], query: str, timeout_s: float, token: str = "",
-              warnings: list[str] | None = None) -> dict:
-    # A cached embedding would hide the embed stage: start each request cold.
-    refused = clear_caches([n.url for n in nodes], token, strict=False, timeout_s=10)
-    if refused and warnings is not None:
-        warnings.extend(f"caches not cleared on {why}: a cache may have answered part of a request"
-                        for why in refused if not any(why in w for w in warnings))
+def clear_caches(nodes: Sequence[Node], token: str, warnings: list[str]) -> None:
+    """POST /cache/clear on each node (an internal endpoint: the cluster token when set), so a request
+    starts cold: a cached embedding would hide the embed stage. A node that refuses is warned about once."""
+    for node in nodes:
+        try:
+            requests.post(f"{node.url}/cache/clear", headers={TOKEN_HEADER: token} if token else {},
+                          timeout=10).raise_for_status()
+        except requests.RequestException as exc:
+            why = f"{node.url}: {type(exc).__name__}"
+            if not any(why in w for w in warnings):
+                warnings.append(f"caches not cleared on {why}: a cache may have answered part of a request")
+
+
+def breakdown(url: str, nodes: Sequence[Node], query: str, timeout_s: float, token: str, warnings: list[str]) -> dict:
+    clear_caches(nodes, token, warnings)
     by_node = {n.node: i for i, n in enumerate(nodes)}
     before = scrape_nodes(nodes)
     started = time.perf_counter()
@@ -86,19 +90,11 @@ def parser():
     return p
 
 
-def find_nodes(args, url: str) -> list[Node]:
-    if args.metrics:
-        pairs = (part.split("=", 1) for part in split_list(args.metrics))
-        return sorted((Node(int(k), check_target(v, args.allow_remote).removesuffix("/metrics")) for k, v in pairs),
-                      key=lambda n: n.node)
-    return nodes_from_health(url, wait_healthy(url, args.wait_health), args.allow_remote)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         url = check_target(args.url, args.allow_remote)
-        nodes = find_nodes(args, url)
+        nodes = find_nodes(url, args.metrics, args.allow_remote, args.wait_health)
         provenance = cluster_record(nodes, scrape_nodes(nodes), args.token)
     except (TargetRefused, ValueError) as exc:
         print(f"latency_breakdown: {exc}", file=sys.stderr)

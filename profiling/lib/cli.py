@@ -4,26 +4,27 @@ from __future__ import annotations
 import argparse
 import ipaddress
 from pathlib import Path
-from typing import Callable, Mapping, Sequence, TypeVar
+from typing import Callable, Sequence, TypeVar
 from urllib.parse import urlsplit
 
 T = TypeVar("T")
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """--help shows every option's default (or that it is required), and the tool's docstring as written.
+    """--help shows the tool's docstring as written and every option's default (default_text).
 
-    Like argparse.ArgumentDefaultsHelpFormatter, but a flag's default reads "off", a list's
-    "1,2,4", an unset one "unset", and a required one "(required)". An option needs a help
-    text for any of it to show (tests/unit/test_cli_help.py checks every tool's options).
+    An option needs a help text for its default to show (tests/unit/test_cli_help.py checks every tool).
     """
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        return with_default(action)
+        help = (action.help or "").strip()
+        extra = "" if "%(default)" in help else default_text(action)
+        return f"{help} {extra}".strip() if extra else help
 
 
 def default_text(action: argparse.Action) -> str:
-    """How --help shows an option's default: '(required)', '(default: ...)', or '' (no default to show)."""
+    """'(required)', '(default: ...)' with "off"/"on" for a flag, "1,2,4" for a list and "unset" for None,
+    or '' (no default to show)."""
     if action.required:
         return "(required)"
     if action.default is argparse.SUPPRESS or not action.option_strings or isinstance(action, argparse._HelpAction):
@@ -38,14 +39,6 @@ def default_text(action: argparse.Action) -> str:
     else:
         shown = str(value)
     return f"(default: {shown.replace('%', '%%')})"
-
-
-def with_default(action: argparse.Action) -> str:
-    help = (action.help or "").strip()
-    if "%(default)" in help:
-        return help
-    extra = default_text(action)
-    return f"{help} {extra}".strip() if extra else help
 
 
 def make_parser(prog: str, description: str | None = None, **kwargs) -> argparse.ArgumentParser:
@@ -132,10 +125,6 @@ def check_target(url: str, allow_remote: bool) -> str:
     return url.rstrip("/")
 
 
-def check_targets(urls: Sequence[str], allow_remote: bool) -> list[str]:
-    return [check_target(url, allow_remote) for url in urls]
-
-
 def is_loopback(host: str) -> bool:
     if host.lower() == "localhost":
         return True
@@ -144,9 +133,3 @@ def is_loopback(host: str) -> bool:
     except ValueError:
         return False
 
-
-def node_urls(env: Mapping[str, str] | None = None, path: str = "") -> list[str]:
-    """Every node's base URL from NODE_<n>_IP (ConfigError when unset or malformed), plus `path`."""
-    from pipeline.config import Settings
-    settings = Settings.from_env(env)
-    return [f"{settings.node_address(n).url}{path}" for n in range(settings.cluster.total_nodes)]

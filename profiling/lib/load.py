@@ -23,7 +23,6 @@ import requests
 from pipeline import spec
 from profiling.lib.openai_load import ChatLoad, send_chat
 from services.server import sse
-from services.server.token import TOKEN_HEADER
 
 COURSE_SCHEDULE = "10x10,20x5,50x1"  # the course client's three runs: count x interval (s)
 MIN_REQUEST_TIMEOUT_S = 1.0
@@ -312,18 +311,3 @@ def _join_all(threads: Sequence[threading.Thread], deadline: float) -> None:
     for thread in threads:
         thread.join(timeout=max(0.0, deadline + JOIN_GRACE_S - time.monotonic()))
 
-
-def clear_caches(node_urls: Sequence[str], token: str, *, strict: bool = True, timeout_s: float = 30) -> list[str]:
-    """POST /cache/clear on each node (an internal endpoint: the cluster token when set), so a
-    measurement starts cold. strict: a node that cannot clear is an error; else it is skipped
-    and returned as 'URL: why' (the caller can warn that its caches may answer)."""
-    headers = {TOKEN_HEADER: token} if token else {}
-    failed = []
-    for url in node_urls:
-        try:
-            requests.post(f"{url}/cache/clear", headers=headers, timeout=timeout_s).raise_for_status()
-        except requests.RequestException as exc:
-            if strict:
-                raise
-            failed.append(f"{url}: {type(exc).__name__}")
-    return failed

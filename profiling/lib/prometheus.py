@@ -1,13 +1,22 @@
-"""Each node's /metrics: scraping, snapshots, and what changed between two snapshots."""
+"""Each node's /metrics: which nodes a tool measures, scraping, and what changed between two snapshots.
+
+The nodes come from the one URL a tool was given: node 0's /health lists its peers (`"peers":
+[{"node", "role", "url"}]`), so node 1's and node 2's /metrics are found from the target itself,
+never from this machine's NODE_<n>_IP settings (which may describe another cluster). A node whose
+/metrics cannot be read is an error that names the node and address: a figure silently missing a
+node reads like a node that did nothing.
+"""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import requests
 
 from pipeline.spec import Stage
+from profiling.lib.cli import TargetRefused, check_target, split_list
+from services.cluster.health_wait import wait_healthy
 
 SCRAPE_TIMEOUT_S = 10.0
 RSS_METRIC = "process_resident_memory_bytes"
@@ -54,8 +63,66 @@ def scrape(url: str, timeout_s: float = SCRAPE_TIMEOUT_S) -> MetricsSnapshot:
         return MetricsSnapshot(url, {}, f"unparsable: {exc}")
 
 
-def scrape_all(urls: Sequence[str]) -> list[MetricsSnapshot]:
-    return [scrape(url) for url in urls]
+class ClusterError(RuntimeError):
+    """The cluster's nodes cannot be found or one of them cannot be scraped."""
+
+
+@dataclass(frozen=True)
+class Node:
+    node: int
+    url: str  # base URL, no trailing slash
+    role: str = ""
+
+    @property
+    def metrics_url(self) -> str:
+        return f"{self.url}/metrics"
+
+    def __str__(self) -> str:
+        return f"node {self.node} ({self.metrics_url})"
+
+
+def nodes_from_health(url: str, health: Mapping[str, Any], allow_remote: bool = False) -> list[Node]:
+    """Node 0 at `url` plus the peers its /health lists, in node order; ClusterError when it lists none."""
+    peers = health.get("peers")
+    if not isinstance(peers, list) or not all(isinstance(p, dict) and "node" in p and "url" in p for p in peers):
+        raise ClusterError(f"node 0 ({url}/health) does not list its peers (no 'peers' field: an older node, or "
+                           "not node 0?), so its nodes' /metrics cannot be found; give --metrics-urls")
+    nodes = [Node(int(health.get("node", 0)), url.rstrip("/"), str(health.get("role", "")))]
+    for peer in peers:
+        try:
+            nodes.append(Node(int(peer["node"]), check_target(str(peer["url"]), allow_remote), str(peer.get("role", ""))))
+        except TargetRefused as exc:
+            raise ClusterError(f"node {peer['node']}, as node 0's /health gives it: {exc}") from None
+    return sorted(nodes, key=lambda n: n.node)
+
+
+def find_nodes(url: str, listed: str | None, allow_remote: bool, wait_s: float,
+               health: Mapping[str, Any] | None = None) -> list[Node]:
+    """The nodes to scrape. `listed`: 'URL,...' (node n is the n-th) or 'N=URL,...', a trailing /metrics
+    dropped; 'none': no node; empty: node 0 at `url` and the peers its /health (`health`, else waited
+    for up to wait_s) lists."""
+    items = split_list(listed or "")
+    if not items:
+        return nodes_from_health(url, wait_healthy(url, wait_s) if health is None else health, allow_remote)
+    if [item.lower() for item in items] == ["none"]:
+        return []
+    pairs = [item.split("=", 1) if "=" in item else (n, item) for n, item in enumerate(items)]
+    return sorted((Node(int(n), check_target(u, allow_remote).removesuffix("/metrics")) for n, u in pairs),
+                  key=lambda n: n.node)
+
+
+def unscraped(nodes: Sequence[Node], snapshots: Sequence[MetricsSnapshot]) -> str:
+    """'' when every node was scraped, else 'cannot scrape node N (URL): why; ...'."""
+    failed = [f"{n}: {s.error}" for n, s in zip(nodes, snapshots) if s.error]
+    return "cannot scrape " + "; ".join(failed) if failed else ""
+
+
+def scrape_nodes(nodes: Sequence[Node], timeout_s: float = SCRAPE_TIMEOUT_S) -> list[MetricsSnapshot]:
+    """Every node's /metrics; ClusterError naming each node that could not be scraped."""
+    snapshots = [scrape(n.metrics_url, timeout_s) for n in nodes]
+    if failed := unscraped(nodes, snapshots):
+        raise ClusterError(failed)
+    return snapshots
 
 
 @dataclass(frozen=True)
