@@ -36,7 +36,6 @@ from typing import Sequence
 
 from profiling.lib import load, prometheus, report
 from profiling.lib.cli import TargetRefused, add_allow_remote, add_out, check_target, comma_list, make_parser, positive
-from profiling.lib.openai_load import add_request_args, chat_load
 from profiling.lib.plots import write_plots
 from profiling.lib.prometheus import ClusterError, Node, NodeDelta
 from profiling.lib.provenance import cluster_record, headline, settings_warnings
@@ -94,7 +93,16 @@ def parser() -> argparse.ArgumentParser:
                    help="--sweep: the knee is where p95 grows more than this times throughput's growth")
     p.add_argument("--queries-file", help="one query per line; unset: the SPEC's eight")
     p.add_argument("--timeout", type=positive(float), default=300.0, help="per-request timeout (s), as clients wait")
-    add_request_args(p)  # --stream, --api and the /v1 sampling fields
+    p.add_argument("--stream", action="store_true",
+                   help="ask for each answer as a stream and report the time to first token and the "
+                        "inter-token gap, from the client's side, beside the total latency")
+    p.add_argument("--api", choices=("query", "openai"), default="query",
+                   help="query: POST /query (greedy, the contract's); openai: POST /v1/chat/completions")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="--api openai: each request's temperature (unset: the server's default)")
+    p.add_argument("--seed-base", type=int, default=None,
+                   help="--api openai: request i of a group gets seed N + i (unset: the server draws one)")
+    p.add_argument("--max-tokens", type=int, default=None, help="--api openai: each request's max_tokens")
     p.add_argument("--max-duration", type=positive(float), default=1800.0, help="hard limit for the whole run (s)")
     p.add_argument("--wait-health", type=float, default=300.0, help="how long to wait for /health 200 first (s)")
     add_allow_remote(p)
@@ -102,6 +110,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default=None, help="output name; unset: from the mode (course, sweep, closed-c4...)")
     p.add_argument("--no-plots", action="store_true", help="write no PNG plots")
     return p
+
+
+def chat_load(args: argparse.Namespace) -> load.ChatLoad | None:
+    """The /v1 requests' fields, or None for /query."""
+    return load.ChatLoad(args.temperature, args.seed_base, args.max_tokens) if args.api == "openai" else None
 
 
 def validate(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
