@@ -1,16 +1,12 @@
 """Microbenchmarks: each pipeline stage's batch function timed in-process, by batch size.
 
-    python -m profiling.microbench --stage {embed,search,fetch,rerank,generate,sentiment,toxicity,all}
-        --batch-sizes 1,2,4,8,16,32 [--repeat 5] [--warmup 1] [--out DIR]
-        [--index PATH] [--documents DIR] [--max-new-tokens 128] [--search-vectors embedded|random]
-
 No HTTP, queues or threads of the service: this is what a stage costs once its
 BatchingService has formed a batch, i.e. the numbers to choose *_MAX_BATCH by.
 Stages load the way the workers load them (MODEL_SOURCE, STANDIN_PROFILE, PRECISION
 and the per-stage *_PRECISION, ONLY_CPU, TORCH_THREADS / FAISS_THREADS), so
 `STANDIN_PROFILE=faithful MODEL_SOURCE=standin` gives the real models' timings offline.
 
-Inputs are realistic for each stage (see the `*_inputs` functions). Every batch
+Inputs are realistic for each stage (profiling/lib/inputs.py). Every batch
 size gets its own warm-up: a new input shape costs one-off work (oneDNN
 primitives, allocator growth, cold index pages) that is not the steady state.
 
@@ -39,10 +35,11 @@ from pipeline.config import ConfigError, Settings
 from pipeline.docstore import DocumentStoreError
 from pipeline.vector_index import VectorIndexError
 from profiling.lib.cli import add_out, comma_list, make_parser, positive
-from profiling.lib.memory import MemoryProbe
+from profiling.lib.models import MemoryProbe
+from profiling.lib.plots import microbench_plot
 from profiling.lib.provenance import local_record
 from profiling.lib.report import run_folder, write_csv, write_json
-from profiling.lib.stage_bench import BUILDERS, BenchContext, StageBench, torch_threads
+from profiling.lib.stage_bench import BUILDERS, BenchContext, StageBench
 
 log = logging.getLogger("profiling.microbench")
 
@@ -94,38 +91,22 @@ def summarize(stage: "StageBench", batch_size: int, times: Sequence[float], repe
 
 # ------------------------------------------------------------------------- running
 
-def time_batch(bench: StageBench, inputs: list) -> float:
-    started = time.perf_counter()
-    bench.run(inputs)
-    return time.perf_counter() - started
-
-
 def bench_stage(bench: StageBench, batch_sizes: Sequence[int], repeat: int, warmup: int,
                 memory: MemoryProbe, progress: bool = True) -> list[BenchRow]:
     rows = []
     with tqdm(total=len(batch_sizes) * (repeat + warmup), desc=bench.name, unit="batch",
               disable=not progress, file=sys.stderr) as bar:
         for batch_size in batch_sizes:
-            for w in range(warmup):
-                # Negative rounds: warm-up inputs differ from the timed ones.
-                time_batch(bench, bench.make_inputs(batch_size, -1 - w))
-                bar.update()
             times = []
-            for r in range(repeat):
-                times.append(time_batch(bench, bench.make_inputs(batch_size, r)))
+            for r in range(-warmup, repeat):  # negative rounds untimed: warm-up inputs differ from the timed ones
+                inputs = bench.make_inputs(batch_size, r)
+                started = time.perf_counter()
+                bench.run(inputs)
+                if r >= 0:
+                    times.append(time.perf_counter() - started)
                 bar.update()
             rows.append(summarize(bench, batch_size, times, repeat, warmup, memory))
     return rows
-
-
-def write_plot(path: Path, rows: Sequence[BenchRow]) -> Path:
-    from profiling.lib.plots import microbench_plot
-    first = rows[0]
-    subtitle = (f"{first.model_source} {first.device}/{first.dtype} threads={first.threads} "
-                f"repeat={first.repeat} {first.detail}")
-    return microbench_plot(path, first.stage, [r.batch_size for r in rows],
-                           [r.item_s_median * 1e3 for r in rows], [r.item_s_min * 1e3 for r in rows],
-                           [r.item_s_max * 1e3 for r in rows], [r.items_per_s for r in rows], subtitle)
 
 
 def format_table(rows: Sequence[BenchRow]) -> str:
@@ -139,25 +120,17 @@ def format_table(rows: Sequence[BenchRow]) -> str:
     return "\n".join(lines)
 
 
-@dataclass(frozen=True)
-class StageResult:
-    stage: str
-    rows: list[BenchRow]
-    csv_path: Path
-    png_path: Path
-
-
-def run_stage(ctx: BenchContext, stage: str, memory: MemoryProbe, progress: bool) -> StageResult:
+def run_stage(ctx: BenchContext, stage: str, memory: MemoryProbe, progress: bool) -> list[BenchRow]:
+    """One stage timed, its CSV and plot written into --out."""
     memory.reset()  # this stage's peak: its model, inputs and activations only
     bench = BUILDERS[stage](ctx)
     args = ctx.args
     rows = bench_stage(bench, args.batch_sizes, args.repeat, args.warmup, memory, progress)
-    out = Path(args.out)
-    result = StageResult(stage, rows, write_csv(out / f"microbench_{stage}.csv", rows, BenchRow.columns()),
-                         write_plot(out / f"microbench_{stage}.png", rows))
+    write_csv(args.out / f"microbench_{stage}.csv", rows, BenchRow.columns())
+    microbench_plot(args.out / f"microbench_{stage}.png", rows)
     del bench  # free the model before the next stage loads its own
     gc.collect()
-    return result
+    return rows
 
 
 # ------------------------------------------------------------------------- CLI
@@ -194,22 +167,24 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         print(f"config error: {exc}", file=sys.stderr)
         return 2
     import torch
-    torch.set_num_threads(torch_threads(settings))  # the same budget a worker gives its models
+
+    from pipeline.device import thread_budget
+    torch.set_num_threads(thread_budget(settings.models.torch_threads))  # the budget a worker gives its models
     args.out = run_folder("microbench", args.out)
     write_json(args.out / "microbench_settings.json", {"args": vars(args), "provenance": local_record(env)})
     ctx = BenchContext(settings, args)
     memory = MemoryProbe()
     stages = STAGES if args.stage == "all" else (args.stage,)
-    results = []
+    results = {}
     for stage in stages:
         try:
-            results.append(run_stage(ctx, stage, memory, progress=not args.no_progress))
+            results[stage] = run_stage(ctx, stage, memory, progress=not args.no_progress)
         except (ConfigError, OSError, DocumentStoreError, VectorIndexError) as exc:
             print(f"{stage}: cannot run: {exc}", file=sys.stderr)
             return 2
-    print(format_table([row for r in results for row in r.rows]))
-    for r in results:
-        print(f"{r.stage}: {r.rows[0].detail}\n  wrote {r.csv_path} and {r.png_path}")
+    print(format_table([row for rows in results.values() for row in rows]))
+    for stage, rows in results.items():
+        print(f"{stage}: {rows[0].detail}\n  wrote {args.out}/microbench_{stage}.csv and microbench_{stage}.png")
     print(f"results in {args.out}")
     return 0
 

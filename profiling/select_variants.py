@@ -1,34 +1,25 @@
 """Pick each model stage's precision variant on this machine and write it as an env file.
 
-    python -m profiling.select_variants [--stages embed,rerank,generate,sentiment,toxicity]
-        [--variants float32,bfloat16,int8-dynamic,int8-weight] [--batch embed=8,...]
-        [--repeat 3] [--rounds 1] [--queries 16] [--max-new-tokens 16] [--out runs/select_variants]
-        [--<stage>-<metric> MINIMUM ...]
-
 For every stage and candidate variant (default: those this device supports,
-`pipeline.precision_policy.supported_variants`) a fresh subprocess loads only that model in
-that variant (`Placement(device, LOAD_DTYPE[variant], variant)`, as the service does)
-and measures:
+`pipeline.precision_policy.supported_variants`) a fresh subprocess loads only that model in that
+variant (`Placement(device, LOAD_DTYPE[variant], variant)`, as the service does) and measures:
 
-- speed: the median of `--repeat` timings of one item and of a typical batch
-  (`--batch`), after a warm-up; with `--rounds R` the whole set of subprocesses runs R
-  times, the variants' order rotated each round, and the medians are over all rounds
-  (interleaving: a busy neighbour slows every variant alike);
-- memory: the subprocess's peak RSS (VmHWM: imports, the load and conversion, and the
-  runs; nothing of any other variant), and the model's parameter + buffer bytes;
-- fidelity against float32 on `--queries N` queries (the SPEC's eight, then support
-  article titles), run in batches of the typical size: embedding cosine (min, mean);
-  rerank top-3 agreement, Spearman and Kendall rank correlation per query (mean);
-  label agreement of the classifiers; the LLM's exact-match rate of greedy token ids
-  and the first differing token (min, median).
+- speed: the median of `--repeat` timings of one item and of a typical batch (`--batch`), after a
+  warm-up; with `--rounds R` every subprocess runs R times, the variants' order rotated each
+  round, and the medians are over all rounds (a busy neighbour slows every variant alike);
+- memory: the subprocess's peak RSS (VmHWM: imports, the load and conversion, and the runs;
+  nothing of any other variant), and the model's parameter + buffer bytes;
+- fidelity against float32 on `--queries N` queries (the SPEC's eight, then support article
+  titles), in batches of the typical size: embedding cosine (min, mean); rerank top-3 agreement,
+  Spearman and Kendall rank correlation per query (mean); label agreement of the classifiers; the
+  LLM's exact-match rate of greedy token ids and the first differing token (min, median).
 
-The rule (printed, and in the env file): per stage, the fastest variant at the
-typical batch among those whose every fidelity metric reaches its stage's minimum
-(`--<stage>-<metric>`); float32 when none does. Output under `--out/<timestamp>/`:
-`precision.env` (`EMBED_PRECISION=...` lines a deployer sources, the figures in
-its comments), `select_variants.json` and `select_variants.csv`. The settings come
-from the environment (`MODEL_SOURCE`, `STANDIN_PROFILE`, `ONLY_CPU`, `TORCH_THREADS`);
-fidelity on random-weight stand-ins is a worst case (said in the output).
+The rule (printed, and in the env file): per stage, the fastest variant at the typical batch among
+those whose every fidelity metric reaches its stage's minimum (`--<stage>-<metric>`); float32 when
+none does. Output under `--out/<timestamp>/`: `precision.env` (`EMBED_PRECISION=...` lines a
+deployer sources, the figures in its comments), `select_variants.json` and `select_variants.csv`.
+The settings come from the environment (`MODEL_SOURCE`, `STANDIN_PROFILE`, `ONLY_CPU`,
+`TORCH_THREADS`); fidelity on random-weight stand-ins is a worst case (said in the output).
 """
 from __future__ import annotations
 
@@ -45,26 +36,20 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from pipeline import spec
 from pipeline.config import Settings
+from profiling.lib import inputs
 from profiling.lib.cli import comma_list, positive, split_list, stage_list
-from profiling.lib.fidelity import (
-    DEFAULT_THRESHOLDS,
-    REFERENCE,
-    Measurement,
-    check,
-    choose,
-    env_file,
-    fidelity,
-    rule_text,
-)
+from profiling.lib.fidelity import DEFAULT_THRESHOLDS, REFERENCE, Measurement, check, choose, env_file, rule_text
+from profiling.lib.fidelity import fidelity as fidelity_of
+from profiling.lib.machine_peaks import cpu_name
+from profiling.lib.models import MemoryProbe, worker_settings
 from profiling.lib.provenance import local_record
 from profiling.lib.report import write_csv, write_json
-from profiling.lib.variant_job import measure_one
 
 STAGES = tuple(map(str, spec.MODEL_STAGES))
 # A typical batch per stage in service: a few requests' worth under moderate load (rerank:
@@ -75,7 +60,71 @@ STANDIN_WARNING = ("model source is stand-ins (random weights): fidelity here is
                    "weights usually agree more")
 
 
-# ------------------------------------------------------------------------- one variant (subprocess)
+# ------------------------------------------------------------------------- one variant, in a fresh process
+
+def _workload(stage: str, model, n: int, max_new: int) -> tuple[list, Callable[[list], object], Callable[[list], list]]:
+    """(inputs, the stage's batch call to time, outputs to compare per item) for n queries."""
+    queries = inputs.query_set(n)
+    if stage == "embed":
+        return queries, model.embed, lambda items: model.embed(items).tolist()
+    pool = inputs.document_pool(None)
+    if stage == "rerank":
+        from pipeline.reranker import RerankRequest
+        # ten documents each as in service, asked with the varied query set instead of the eight
+        requests = [RerankRequest(q, r.documents) for q, r in zip(queries, inputs.rerank_inputs(pool, n))]
+        return requests, model.rerank, lambda items: [
+            model.score_pairs([(r.query, d.content) for d in r.documents]) for r in items]
+    if stage == "generate":
+        prompts = inputs.generation_prompts(model, queries, pool, full_length=max_new)
+        run = lambda items: model.generate_ids(items, max_new_tokens=max_new)  # noqa: E731
+        return prompts, run, lambda items: [{"ids": ids, **_read_prompt(model, prompt)}
+                                            for prompt, ids in zip(items, run(items))]
+    return inputs.answer_texts(pool, n), model.classify, model.classify
+
+
+def _read_prompt(generator, prompt: list[int], chunk: int = 128) -> dict:
+    """The LLM reading one prompt alone: the argmax after every position (teacher-forced) and the
+    logits after the last one (float32 bytes, base64). The head runs in chunks of positions: the
+    whole prompt's logits would be prompt length x vocabulary floats."""
+    import torch
+    ids = torch.tensor([prompt], device=generator.placement.device)
+    with torch.inference_mode():
+        hidden = generator.model.model(input_ids=ids).last_hidden_state
+        head = generator.model.lm_head
+        top1 = [t for start in range(0, hidden.shape[1], chunk)
+                for t in head(hidden[:, start:start + chunk]).argmax(dim=-1)[0].tolist()]
+        last = head(hidden[:, -1:]).float()[0, 0].cpu().numpy()
+    return {"prompt_top1": top1, "last_logits": base64.b64encode(last.tobytes()).decode()}
+
+
+def _times_ms(run: Callable[[list], object], items: list, repeat: int) -> list[float]:
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        run(items)
+        times.append((time.perf_counter() - started) * 1e3)
+    return times
+
+
+def measure_one(job: Mapping) -> dict:
+    """Load one stage in one variant in this (fresh) process and measure it: what a --worker prints."""
+    from pipeline.device import Placement, select_device
+    from pipeline.precision import model_nbytes
+    from pipeline.precision_policy import LOAD_DTYPE
+    from profiling.lib.models import model_class
+    settings, source = worker_settings()
+    stage, variant, batch = job["stage"], job["variant"], job["batch"]
+    probe = MemoryProbe()
+    placement = Placement(select_device(settings.models.only_cpu), LOAD_DTYPE[variant], variant)
+    model = model_class(stage).load(source, placement)
+    items, run, outputs_of = _workload(stage, model, job["queries"], job["max_new_tokens"])
+    outputs = [o for start in range(0, len(items), batch) for o in outputs_of(items[start:start + batch])]
+    run(items[:1])  # the fidelity pass warmed the batch shapes; this the one-item shape
+    return {"one_ms": _times_ms(run, items[:1], job["repeat"]),
+            "batch_ms": _times_ms(run, inputs.cycled(items, batch), job["repeat"]),
+            "peak_rss_mib": probe.peak_mib() if probe.resettable else math.nan,
+            "model_mib": model_nbytes(model.model) / 2**20, "outputs": outputs}
+
 
 def run_job(job: dict, env: Mapping[str, str]) -> dict:
     """measure_one in a fresh interpreter, so no variant's memory or caches reach another's."""
@@ -117,7 +166,7 @@ def _decoded(stage: str, outputs: list) -> list:
 def _summarize(stage: str, variant: str, results: list[dict], reference: list[dict] | None,
                args: argparse.Namespace) -> Measurement:
     first = results[0]  # outputs are deterministic: round 1's stand for all
-    figures = fidelity(stage, _decoded(stage, reference[0]["outputs"]), _decoded(stage, first["outputs"])) \
+    figures = fidelity_of(stage, _decoded(stage, reference[0]["outputs"]), _decoded(stage, first["outputs"])) \
         if reference else {}
     m = Measurement(stage, variant, statistics.median(t for r in results for t in r["one_ms"]),
                     statistics.median(t for r in results for t in r["batch_ms"]), args.batch[stage],
@@ -148,12 +197,11 @@ def machine_lines(settings: Settings) -> list[str]:
     from pipeline.device import select_device, thread_budget
     from pipeline.precision_policy import hardware_kind
     device = select_device(settings.models.only_cpu)
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else "?"
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    source = f"{settings.models.model_source}" + (f" ({settings.models.standin_profile})" if settings.models.model_source == "standin"
-                                           else "")
-    return [f"machine: {platform.node()}, {cpu}, {os.cpu_count()} cores, device {device}, "
+    source = settings.models.model_source
+    if source == "standin":
+        source += f" ({settings.models.standin_profile})"
+    return [f"machine: {platform.node()}, {cpu_name()}, {os.cpu_count()} cores, device {device}, "
             f"hardware kind {hardware_kind(device, cpu_supports_bf16, cpu_has_amx)}",
             f"torch threads: {thread_budget(settings.models.torch_threads)}; load average at the end: {load}",
             f"model source: {source}"]
@@ -185,14 +233,9 @@ def write_outputs(out: Path, settings: Settings, args: argparse.Namespace, rows:
     write_json(out / "select_variants.json", {"header": header, "rule": rule_text(args.thresholds),
                                               "chosen": chosen, "rows": rows, "args": vars(args),
                                               "provenance": local_record(settings=settings)})
-    flat = [_CsvRow(**{k: v for k, v in asdict(m).items() if k not in ("fidelity", "failed")},
-                    fidelity=json.dumps(m.fidelity), failed="; ".join(m.failed)) for m in rows]
+    flat = [{**asdict(m), "fidelity": json.dumps(m.fidelity), "failed": "; ".join(m.failed)} for m in rows]
     write_csv(out / "select_variants.csv", flat, list(Measurement.__dataclass_fields__), float_digits=4)
     return out / "precision.env"
-
-
-class _CsvRow(Measurement):
-    """A Measurement whose fidelity and failures are strings (one CSV cell each)."""
 
 
 # ------------------------------------------------------------------------- command line

@@ -17,24 +17,24 @@ FIGSIZE = (9, 3.4)
 DPI = 80
 
 
-def microbench_plot(path: Path, stage: str, batch_sizes: Sequence[int], item_ms_median: Sequence[float],
-                    item_ms_min: Sequence[float], item_ms_max: Sequence[float],
-                    items_per_s: Sequence[float], subtitle: str = "") -> Path:
-    """Per-item time (median with min-max bars) and throughput against batch size."""
+def microbench_plot(path: Path, rows: Sequence) -> Path:
+    """One stage's microbench rows: per-item time (median with min-max bars) and throughput against batch size."""
+    first, sizes = rows[0], [r.batch_size for r in rows]
     fig, (left, right) = plt.subplots(1, 2, figsize=FIGSIZE)
-    lower = [m - lo for m, lo in zip(item_ms_median, item_ms_min)]
-    upper = [hi - m for m, hi in zip(item_ms_median, item_ms_max)]
-    left.errorbar(batch_sizes, item_ms_median, yerr=[lower, upper], marker="o", capsize=3)
-    left.set(xlabel="batch size", ylabel="ms per item", title=f"{stage}: time per item")
-    right.plot(batch_sizes, items_per_s, marker="o", color="tab:green")
-    right.set(xlabel="batch size", ylabel="items / s", title=f"{stage}: throughput")
+    median = [r.item_s_median * 1e3 for r in rows]
+    spread = [[m - r.item_s_min * 1e3 for m, r in zip(median, rows)],
+              [r.item_s_max * 1e3 - m for m, r in zip(median, rows)]]
+    left.errorbar(sizes, median, yerr=spread, marker="o", capsize=3)
+    left.set(xlabel="batch size", ylabel="ms per item", title=f"{first.stage}: time per item")
+    right.plot(sizes, [r.items_per_s for r in rows], marker="o", color="tab:green")
+    right.set(xlabel="batch size", ylabel="items / s", title=f"{first.stage}: throughput")
     for ax in (left, right):
         ax.set_xscale("log", base=2)
-        ax.set_xticks(list(batch_sizes), [str(b) for b in batch_sizes])
+        ax.set_xticks(sizes, [str(b) for b in sizes])
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
-    if subtitle:
-        fig.suptitle(subtitle, fontsize=8)
+    fig.suptitle(f"{first.model_source} {first.device}/{first.dtype} threads={first.threads} repeat={first.repeat} "
+                 f"{first.detail}", fontsize=8)
     return _save(fig, path)
 
 

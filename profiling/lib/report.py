@@ -267,14 +267,14 @@ def write_json(path: Path, data: Any, strict: bool = False) -> Path:
 
 
 def write_csv(path: Path, rows: Sequence[Any], columns: Sequence[str], float_digits: int | None = None) -> Path:
-    """One row per dataclass in rows, the given columns; floats rounded when float_digits is set."""
+    """One row per dataclass (or dict) in rows, the given columns; floats rounded when float_digits is set."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(columns))
         writer.writeheader()
         for row in rows:
-            values = dataclasses.asdict(row)
+            values = row if isinstance(row, dict) else dataclasses.asdict(row)
             if float_digits is not None:
                 values = {k: (round(v, float_digits) if isinstance(v, float) else v) for k, v in values.items()}
             writer.writerow(values)

@@ -6,7 +6,7 @@ import argparse
 import gc
 import statistics
 from dataclasses import dataclass, field
-from pathlib import Path
+from functools import cached_property
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -14,19 +14,9 @@ import numpy as np
 from pipeline import spec
 from pipeline.config import Settings
 from pipeline.device import placement_for, thread_budget
-from profiling.lib.inputs import (
-    ANSWER_CHARS,
-    DOCS_PER_RERANK,
-    SEED,
-    answer_texts,
-    cycled,
-    document_pool,
-    max_doc_id,
-    random_id_lists,
-    random_unit_vectors,
-    rerank_inputs,
-    spec_queries,
-)
+from pipeline.models import ModelSource
+from profiling.lib import inputs
+from profiling.lib.models import model_class
 
 
 @dataclass
@@ -34,7 +24,7 @@ class StageBench:
     """A stage's batch function, how to make a batch of inputs, and what it runs on."""
     name: str
     run: Callable[[list], Any]
-    make_inputs: Callable[[int, int], list]  # (batch_size, round) -> inputs
+    make_inputs: Callable[[int, int], Any]  # (batch_size, round) -> inputs
     device: str
     dtype: str
     threads: int
@@ -45,75 +35,58 @@ class StageBench:
         return " ".join(f"{k}={v}" for k, v in self.details.items())
 
 
-@dataclass
 class BenchContext:
-    """What every stage builder needs; the model source is resolved once, on first use."""
-    settings: Settings
-    args: argparse.Namespace
-    _source: Any = field(default=None, init=False, repr=False)
-    _pool: list | None = field(default=None, init=False, repr=False)
-    _articles: list | None = field(default=None, init=False, repr=False)
+    """What every stage builder needs, each part made once, on first use."""
 
-    @property
-    def source(self):
-        if self._source is None:
-            from builders.standins import source_building_standins
-            self._source = source_building_standins(self.settings)
-        return self._source
+    def __init__(self, settings: Settings, args: argparse.Namespace):
+        self.settings, self.args = settings, args
 
-    @property
+    @cached_property
+    def source(self) -> ModelSource:
+        from builders.standins import source_building_standins  # a tool may build the stand-ins
+        return source_building_standins(self.settings)
+
+    @cached_property
     def pool(self) -> list:
-        if self._pool is None:
-            self._pool = document_pool(self.args.documents)
-        return self._pool
+        return inputs.document_pool(self.args.documents)
 
-    @property
+    @cached_property
     def articles(self) -> list:
         """Support articles, whatever --documents says: the classifiers read answers,
         and the course rows (~95 characters) are far shorter than an answer."""
-        if self._articles is None:
-            self._articles = document_pool(None)
-        return self._articles
+        return inputs.document_pool(None)
 
-    def documents_dir(self) -> Path:
-        return self.args.documents or self.settings.fetch.documents_dir
-
-    def index_path(self) -> Path:
-        return self.args.index or self.settings.index.faiss_index_path
-
-    def model_bench(self, stage: str, model_cls, run_name: str, make_inputs, **details) -> StageBench:
+    def model_bench(self, stage: str, run: Callable[[Any], Callable[[list], Any]],
+                    make_inputs: Callable[[Any], Callable[[int, int], Any]], details: dict) -> StageBench:
+        """The stage's model placed as a worker places it; `run` and `make_inputs` are given the model."""
         placement = placement_for(self.settings, stage)
-        model = model_cls.load(self.source, placement)
-        return StageBench(stage, getattr(model, run_name), make_inputs, placement.device, placement.dtype,
-                          torch_threads(self.settings), self.source.describe(), dict(details))
-
-
-def torch_threads(settings: Settings) -> int:
-    return thread_budget(settings.models.torch_threads)
+        model = model_class(stage).load(self.source, placement)
+        return StageBench(stage, run(model), make_inputs(model), placement.device, placement.dtype,
+                          thread_budget(self.settings.models.torch_threads), self.source.describe(), details)
 
 
 def build_embed(ctx: BenchContext) -> StageBench:
-    from pipeline.embedder import Embedder
-    return ctx.model_bench("embed", Embedder, "embed", lambda n, r: spec_queries(n, r), inputs="spec-queries")
+    return ctx.model_bench("embed", lambda m: m.embed, lambda m: inputs.spec_queries,
+                           {"inputs": "spec-queries"})
 
 
 def build_search(ctx: BenchContext) -> StageBench:
     import faiss
 
     from pipeline.vector_index import VectorIndex
-    index = VectorIndex.load(ctx.index_path(), nprobe=ctx.settings.index.nprobe, mmap=ctx.settings.index.faiss_mmap)
+    index = VectorIndex.load(ctx.args.index or ctx.settings.index.faiss_index_path, nprobe=ctx.settings.index.nprobe,
+                             mmap=ctx.settings.index.faiss_mmap)
     threads = thread_budget(ctx.settings.index.faiss_threads)
     faiss.omp_set_num_threads(threads)
     vectors = search_vectors(ctx, index.dim)
 
     def make_inputs(n: int, r: int) -> np.ndarray:
-        return np.ascontiguousarray(cycled(vectors, n, r * n)) if vectors is not None \
-            else random_unit_vectors(n, index.dim, SEED + 1000 * n + r)
+        return np.ascontiguousarray(inputs.cycled(vectors, n, r * n)) if vectors is not None \
+            else inputs.random_unit_vectors(n, index.dim, inputs.SEED + 1000 * n + r)
 
     return StageBench("search", lambda x: index.search(x, spec.TOP_K), make_inputs, "cpu", "float32", threads,
                       "none", {"k": spec.TOP_K, "nprobe": index.nprobe, "nlist": index.nlist,
-                               "ntotal": index.ntotal, "mmap": index.is_mmap,
-                               "vectors": ctx.args.search_vectors})
+                               "ntotal": index.ntotal, "mmap": index.is_mmap, "vectors": ctx.args.search_vectors})
 
 
 def search_vectors(ctx: BenchContext, dim: int) -> np.ndarray | None:
@@ -124,8 +97,7 @@ def search_vectors(ctx: BenchContext, dim: int) -> np.ndarray | None:
     """
     if ctx.args.search_vectors != "embedded":
         return None
-    from pipeline.embedder import Embedder
-    embedder = Embedder.load(ctx.source, placement_for(ctx.settings, "embed"))
+    embedder = model_class("embed").load(ctx.source, placement_for(ctx.settings, "embed"))
     vectors = embedder.embed(list(spec.REFERENCE_QUERIES))
     del embedder
     gc.collect()
@@ -136,40 +108,38 @@ def search_vectors(ctx: BenchContext, dim: int) -> np.ndarray | None:
 
 def build_fetch(ctx: BenchContext) -> StageBench:
     from pipeline.docstore import DocumentStore
-    store = DocumentStore(ctx.documents_dir())
-    top = max_doc_id(store.path)
-    # Fresh ids every round: the same ids again would only measure SQLite's page cache.
-    return StageBench("fetch", store.fetch_batch, lambda n, r: random_id_lists(n, top, SEED + 1000 * n + r),
-                      "cpu", "-", 1, "none", {"ids_per_item": spec.TOP_K, "max_doc_id": top})
+    store = DocumentStore(ctx.args.documents or ctx.settings.fetch.documents_dir)
+    top = inputs.max_doc_id(store.path)
+
+    def make_inputs(n: int, r: int) -> list[list[int]]:
+        # Fresh ids every round: the same ids again would only measure SQLite's page cache.
+        return inputs.random_id_lists(n, top, inputs.SEED + 1000 * n + r)
+
+    return StageBench("fetch", store.fetch_batch, make_inputs, "cpu", "-", 1, "none",
+                      {"ids_per_item": spec.TOP_K, "max_doc_id": top})
 
 
 def build_rerank(ctx: BenchContext) -> StageBench:
-    from pipeline.reranker import Reranker
     pool = ctx.pool
-    chars = statistics.mean(len(d.content) for d in pool)
-    return ctx.model_bench("rerank", Reranker, "rerank", lambda n, r: rerank_inputs(pool, n, r),
-                           docs_per_item=DOCS_PER_RERANK, mean_doc_chars=round(chars),
-                           docs="db" if ctx.args.documents else "corpus")
+    return ctx.model_bench("rerank", lambda m: m.rerank, lambda m: lambda n, r: inputs.rerank_inputs(pool, n, r),
+                           {"docs_per_item": inputs.DOCS_PER_RERANK,
+                            "mean_doc_chars": round(statistics.mean(len(d.content) for d in pool)),
+                            "docs": "db" if ctx.args.documents else "corpus"})
 
 
 def build_generate(ctx: BenchContext) -> StageBench:
-    from pipeline.generator import Generator
     max_new = ctx.args.max_new_tokens
-    placement = placement_for(ctx.settings, "generate")
-    generator = Generator.load(ctx.source, placement)
-    if not ctx.args.allow_early_stop:
-        # Random-weight stand-ins may emit EOS at any step; forcing the full
-        # count makes runs comparable across models and dtypes (the worst case).
-        generator.generation_config.min_new_tokens = max_new
-    pool = ctx.pool
-    prompts = [generator.prompt_ids(q, cycled(pool, spec.CONTEXT_DOCS, i * spec.CONTEXT_DOCS))
-               for i, q in enumerate(spec.REFERENCE_QUERIES)]
-    prompt_tokens = statistics.mean(len(p) for p in prompts)
-    details = {"max_new_tokens": max_new, "prompt_tokens": round(prompt_tokens), "out_tokens": "?"}
-    count_new_tokens(generator, details)
-    return StageBench("generate", lambda batch: generator.generate_ids(batch, max_new_tokens=max_new),
-                      lambda n, r: cycled(prompts, n, r), placement.device, placement.dtype,
-                      torch_threads(ctx.settings), ctx.source.describe(), details)
+    details: dict[str, Any] = {"max_new_tokens": max_new}
+
+    def make_inputs(generator) -> Callable[[int, int], list]:
+        prompts = inputs.generation_prompts(generator, spec.REFERENCE_QUERIES, ctx.pool,
+                                            None if ctx.args.allow_early_stop else max_new)
+        details.update(prompt_tokens=round(statistics.mean(len(p) for p in prompts)), out_tokens="?")
+        count_new_tokens(generator, details)
+        return lambda n, r: inputs.cycled(prompts, n, r)
+
+    return ctx.model_bench("generate", lambda m: lambda batch: m.generate_ids(batch, max_new_tokens=max_new),
+                           make_inputs, details)
 
 
 def count_new_tokens(generator, details: dict) -> None:
@@ -193,16 +163,13 @@ def count_new_tokens(generator, details: dict) -> None:
 
 def build_classifier(stage: str) -> Callable[[BenchContext], StageBench]:
     def build(ctx: BenchContext) -> StageBench:
-        from pipeline.classifiers import SentimentClassifier, ToxicityClassifier
-        cls = SentimentClassifier if stage == "sentiment" else ToxicityClassifier
         articles = ctx.articles
-        return ctx.model_bench(stage, cls, "classify", lambda n, r: answer_texts(articles, n, r),
-                               text_chars=f"{ANSWER_CHARS[0]}-{ANSWER_CHARS[1]}")
+        return ctx.model_bench(stage, lambda m: m.classify, lambda m: lambda n, r: inputs.answer_texts(articles, n, r),
+                               {"text_chars": f"{inputs.ANSWER_CHARS[0]}-{inputs.ANSWER_CHARS[1]}"})
     return build
 
 
 BUILDERS: Mapping[str, Callable[[BenchContext], StageBench]] = {
     "embed": build_embed, "search": build_search, "fetch": build_fetch, "rerank": build_rerank,
-    "generate": build_generate, "sentiment": build_classifier("sentiment"),
-    "toxicity": build_classifier("toxicity"),
+    "generate": build_generate, "sentiment": build_classifier("sentiment"), "toxicity": build_classifier("toxicity"),
 }
