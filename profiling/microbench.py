@@ -38,7 +38,7 @@ from profiling.lib.cli import add_out, comma_list, make_parser, positive
 from profiling.lib.models import MemoryProbe
 from profiling.lib.plots import microbench_plot
 from profiling.lib.provenance import local_record
-from profiling.lib.report import run_folder, write_csv, write_json
+from profiling.lib.report import run_folder, text_table, write_csv, write_json
 from profiling.lib.stage_bench import BUILDERS, BenchContext, StageBench
 
 log = logging.getLogger("profiling.microbench")
@@ -110,14 +110,12 @@ def bench_stage(bench: StageBench, batch_sizes: Sequence[int], repeat: int, warm
 
 
 def format_table(rows: Sequence[BenchRow]) -> str:
-    header = (f"{'stage':<10}{'batch':>6}{'batch med s':>13}{'min s':>10}{'max s':>10}{'item med ms':>13}"
-              f"{'items/s':>10}{'peak MiB':>10}  dtype     threads  source")
-    lines = [header, "-" * len(header)]
-    for r in rows:
-        lines.append(f"{r.stage:<10}{r.batch_size:>6}{r.batch_s_median:>13.4f}{r.batch_s_min:>10.4f}"
-                     f"{r.batch_s_max:>10.4f}{r.item_s_median * 1e3:>13.2f}{r.items_per_s:>10.1f}"
-                     f"{r.peak_rss_mib:>10.0f}  {r.dtype:<9} {r.threads:>7}  {r.model_source}")
-    return "\n".join(lines)
+    columns = [("stage", "<10"), ("batch", ">6"), ("batch med s", ">13.4f"), ("min s", ">10.4f"), ("max s", ">10.4f"),
+               ("item med ms", ">13.2f"), ("items/s", ">10.1f"), ("peak MiB", ">10.0f"), ("  dtype", "<11"),
+               ("threads", ">8"), ("  source", "")]
+    return text_table(columns, [(r.stage, r.batch_size, r.batch_s_median, r.batch_s_min, r.batch_s_max,
+                                 r.item_s_median * 1e3, r.items_per_s, r.peak_rss_mib, "  " + r.dtype, r.threads,
+                                 "  " + r.model_source) for r in rows])
 
 
 def run_stage(ctx: BenchContext, stage: str, memory: MemoryProbe, progress: bool) -> list[BenchRow]:

@@ -42,7 +42,7 @@ from profiling.lib import roofline as roof
 from profiling.lib.cli import add_out, comma_list, make_parser, positive
 from profiling.lib.machine_peaks import measure_machine
 from profiling.lib.provenance import local_record
-from profiling.lib.report import run_folder, write_json
+from profiling.lib.report import run_folder, text_table, write_json
 
 FAST = "fast"
 PLANS = PRECISION_VARIANTS + (FAST,)
@@ -173,17 +173,15 @@ def plan_record(plan: roof.PlanFloor) -> dict[str, Any]:
 
 def format_work(models: roof.Models, tokens: roof.RequestTokens) -> str:
     works = roof.row_works(models, tokens)
-    rerank = f"{len(tokens.rerank)}x~{statistics.mean(tokens.rerank or [0]):.0f}"
-    lengths = {"embed": str(tokens.query), "rerank": rerank, "prefill": str(tokens.prompt), "decode": f"{tokens.new_tokens - 1} steps",
-               "sentiment": str(tokens.sentiment), "toxicity": str(tokens.toxicity)}
-    header = (f"{'stage':<10}{'tokens':>12}{'GMAC lin':>10}{'GMAC attn':>10}{'M weights':>11}{'passes':>8}"
-              f"{'M KV read':>11}")
-    lines = [header, "-" * len(header)]
-    for row in roof.ROWS:
-        total = sum(works[row], roof.Work())
-        lines.append(f"{row:<10}{lengths[row]:>12}{total.linear_macs / 1e9:>10.2f}{total.attention_macs / 1e9:>10.3f}"
-                     f"{works[row][0].weights / 1e6:>11.1f}{len(works[row]):>8}{total.kv_reads / 1e6:>11.1f}")
-    return "\n".join(lines)
+    totals = {row: sum(works[row], roof.Work()) for row in roof.ROWS}
+    lengths = {"embed": tokens.query, "rerank": f"{len(tokens.rerank)}x~{statistics.mean(tokens.rerank or [0]):.0f}",
+               "prefill": tokens.prompt, "decode": f"{tokens.new_tokens - 1} steps", "sentiment": tokens.sentiment,
+               "toxicity": tokens.toxicity}
+    columns = [("stage", "<10"), ("tokens", ">12"), ("GMAC lin", ">10.2f"), ("GMAC attn", ">10.3f"),
+               ("M weights", ">11.1f"), ("passes", ">8"), ("M KV read", ">11.1f")]
+    return text_table(columns, [(row, lengths[row], totals[row].linear_macs / 1e9, totals[row].attention_macs / 1e9,
+                                 works[row][0].weights / 1e6, len(works[row]), totals[row].kv_reads / 1e6)
+                                for row in roof.ROWS])
 
 
 def format_floors(plans: Sequence[roof.PlanFloor]) -> str:
@@ -201,12 +199,10 @@ def format_floors(plans: Sequence[roof.PlanFloor]) -> str:
 
 
 def format_comparisons(plan: roof.PlanFloor, comparisons: Sequence[roof.Comparison]) -> str:
-    header = f"{'measured (' + plan.name + ')':<26}{'measured':>12}{'floor':>12}{'x floor':>9}{'of roofline':>13}"
-    lines = [header, "-" * len(header)]
-    for c in comparisons:
-        lines.append(f"{c.what:<26}{c.measured:>12.3f}{c.floor:>12.3f}{c.times_floor:>9.2f}{c.fraction:>13.0%}"
-                     f"  {c.unit}")
-    return "\n".join(lines)
+    columns = [(f"measured ({plan.name})", "<26"), ("measured", ">12.3f"), ("floor", ">12.3f"), ("x floor", ">9.2f"),
+               ("of roofline", ">13.0%"), ("", "")]
+    return text_table(columns, [(c.what, c.measured, c.floor, c.times_floor, c.fraction, f"  {c.unit}")
+                                for c in comparisons])
 
 
 # ------------------------------------------------------------------------- CLI

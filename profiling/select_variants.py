@@ -49,7 +49,7 @@ from profiling.lib.fidelity import fidelity as fidelity_of
 from profiling.lib.machine_peaks import cpu_name
 from profiling.lib.models import MemoryProbe, worker_settings
 from profiling.lib.provenance import local_record
-from profiling.lib.report import write_csv, write_json
+from profiling.lib.report import text_table, write_csv, write_json
 
 STAGES = tuple(map(str, spec.MODEL_STAGES))
 # A typical batch per stage in service: a few requests' worth under moderate load (rerank:
@@ -177,19 +177,19 @@ def _summarize(stage: str, variant: str, results: list[dict], reference: list[di
 # ------------------------------------------------------------------------- report
 
 def format_table(rows: Sequence[Measurement], chosen: Mapping[str, str]) -> str:
-    header = (f"{'stage':<10}{'variant':<14}{'one ms':>9}{'batch ms':>10}{'  B':>4}{'x f32':>7}{'peak MiB':>10}"
-              f"{'model MiB':>10}  {'pass':<6}fidelity vs float32")
-    lines = [header, "-" * len(header)]
+    columns = [("stage", "<10"), ("variant", "<14"), ("one ms", ">9.1f"), ("batch ms", ">10.1f"), ("  B", ">4"),
+               ("x f32", ">7"), ("peak MiB", ">10.0f"), ("model MiB", ">10.0f"), ("  pass", "<8"),
+               ("fidelity vs float32", "")]
+    lines = []
     for m in rows:
         ref = next((r for r in rows if r.stage == m.stage and r.variant == REFERENCE), None)
         ratio = ref.batch_ms / m.batch_ms if ref and m.batch_ms else math.nan
-        figures = ", ".join(f"{k} {v:.4g}" for k, v in m.fidelity.items()) or "-"
         mark = ("yes" if m.passed else "no") + (" *" if chosen.get(m.stage) == m.variant else "")
-        lines.append(f"{m.stage:<10}{m.variant:<14}{m.one_ms:>9.1f}{m.batch_ms:>10.1f}{m.batch:>4}{ratio:>6.2f}x"
-                     f"{m.peak_rss_mib:>10.0f}{m.model_mib:>10.0f}  {mark:<6}{figures}"
-                     + (f"  [{'; '.join(m.failed)}]" if m.failed else ""))
-    lines.append("x f32: float32's batch time / the variant's (above 1 = faster); * = chosen")
-    return "\n".join(lines)
+        figures = (", ".join(f"{k} {v:.4g}" for k, v in m.fidelity.items()) or "-") + \
+            (f"  [{'; '.join(m.failed)}]" if m.failed else "")
+        lines.append((m.stage, m.variant, m.one_ms, m.batch_ms, m.batch, f"{ratio:.2f}x", m.peak_rss_mib, m.model_mib,
+                      f"  {mark}", figures))
+    return text_table(columns, lines) + "\nx f32: float32's batch time / the variant's (above 1 = faster); * = chosen"
 
 
 def machine_lines(settings: Settings) -> list[str]:
