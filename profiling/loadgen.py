@@ -1,29 +1,22 @@
-"""Load generator: drives node 0's POST /query (or, with --api openai, /v1/chat/completions,
-sampled with --temperature T --seed-base N) over HTTP and reports what the service did.
+"""Load generator: drives node 0's POST /query (or /v1/chat/completions with --api openai) and
+reports what the service did.
 
-Open loop (--schedule, --rate) sends at fixed times whatever the service does (as the course
-client does: one thread per request), so queueing shows up as latency; closed loop
-(--concurrency, --sweep) keeps C requests in flight, so it finds the throughput the service can
-sustain. `--schedule course` runs the course client's three runs one after the other: 10
-requests 10 s apart, 20 at 5 s, 50 at 1 s; each run waits for its replies before the next starts.
+Open loop (--schedule, --rate) sends on time whatever the service does, one thread per request as
+the course client does, so queueing shows up as latency; `--schedule course` is the course
+client's three runs (10x10, 20x5, 50x1), each waiting for its replies before the next starts.
+Closed loop (--concurrency, --sweep) keeps C requests in flight, so it finds the throughput the
+service can sustain. Every run is bounded in count and by --max-duration (timeouts of requests in
+flight are cut to end by it); load goes only to loopback addresses unless --allow-remote.
 
-Every run is bounded in count and in time: `--max-duration` is a hard deadline for the whole
-invocation (no request is sent after it, and the timeouts of requests in flight are cut so they
-end by it). Load goes only to the URLs given, and by default only to loopback addresses.
-
-Every node is found from --url: node 0's /health lists its peers, and each node's /metrics is
-scraped there (before the load, after each phase or level); a node that cannot be scraped stops
-the tool with a message naming it and a non-zero exit.
-
-Reports throughput (successful requests per minute), latency percentiles of successful requests
-and their spread, errors by kind (`http_<status>`, the exception class, or `invalid_reply`), and
-from each node's /metrics each stage's mean batch size, batch run time and queue wait, plus peak
-RSS and cache hits. A sweep level with fewer than 20 successful requests makes the knee verdict
-tentative. The summary records the tool's git commit, every node's settings (GET /settings;
-'unknown' where a node has none) and rag_node_info, and a warning when a cache could answer
-repeated queries. Writes loadgen_<name>.csv (one row per request), loadgen_<name>.json (the
-summary) and PNG plots (latency over time; for --sweep, throughput against p95) into --out, or a
-fresh runs/loadgen-<UTC time>/ folder.
+Each node's /metrics (found from node 0's /health unless --metrics-urls) is scraped before the load
+and after each phase or level; a node that cannot be scraped stops the tool, naming it. Reports
+throughput, latency percentiles of successful requests and their spread, errors by kind
+(`http_<status>`, the exception class, `invalid_reply`), each stage's batch sizes, run times and
+queue waits, peak RSS and cache hits; a sweep level with fewer than 20 successful requests makes
+the knee verdict tentative. The summary records the tool's git commit and every node's settings
+and rag_node_info, and warns when a cache could answer repeated queries. Writes
+loadgen_<name>.csv (one row per request), loadgen_<name>.json (the summary) and PNG plots into
+--out, or a fresh runs/loadgen-<UTC time>/ folder.
 """
 from __future__ import annotations
 

@@ -46,8 +46,6 @@ log = logging.getLogger("profiling.microbench")
 STAGES = tuple(map(str, spec.WORKER_STAGES))  # plain names: argparse shows choices with repr()
 
 
-# ------------------------------------------------------------------------- results
-
 @dataclass(frozen=True)
 class BenchRow:
     """One stage at one batch size; times in seconds, memory in MiB."""
@@ -89,8 +87,6 @@ def summarize(stage: "StageBench", batch_size: int, times: Sequence[float], repe
     )
 
 
-# ------------------------------------------------------------------------- running
-
 def bench_stage(bench: StageBench, batch_sizes: Sequence[int], repeat: int, warmup: int,
                 memory: MemoryProbe, progress: bool = True) -> list[BenchRow]:
     rows = []
@@ -130,8 +126,6 @@ def run_stage(ctx: BenchContext, stage: str, memory: MemoryProbe, progress: bool
     gc.collect()
     return rows
 
-
-# ------------------------------------------------------------------------- CLI
 
 parse_batch_sizes = comma_list(int, minimum=1, sort_unique=True, what="batch sizes", example="1,2,4,8")
 

@@ -1,28 +1,22 @@
 """The roofline of one request on this CPU: per stage, the arithmetic and the bytes one request
 needs, against this CPU's measured matmul peaks and memory bandwidth, in every precision.
 
-Run with MODEL_SOURCE=standin STANDIN_PROFILE=faithful for the real models' shapes offline.
-
-Shapes come from the configured models' configs (MODEL_SOURCE; the faithful stand-ins carry the
-real configs); no weights are loaded. Token lengths are the real tokenizers' counts for one
-reference query (--query-index): the query (embed); the query with ten support-corpus documents,
-truncated at 512 (rerank, or --rerank-tokens); the generator's chat prompt with the top three of
-them (prefill); an answer of 400-512 characters cut as the classifiers cut it (sentiment, toxicity).
-
-Peaks: a --matmul-size cubed matmul in float32, bfloat16 and int8 (`torch._int_mm`), and a sum
-and a copy of a --bandwidth-mib tensor, each the median of --rounds after --warmup, on --threads
-torch threads. Floors are given for each precision variant on every stage and for PRECISION=fast's
-mix on this CPU: one idle request (the stages in sequence) and --concurrency requests served
-together (weights read once per pass and per decode step for all of them).
+Shapes come from the configured models' configs (no weights are loaded; MODEL_SOURCE=standin
+STANDIN_PROFILE=faithful carries the real configs offline). Token lengths are the real tokenizers'
+counts for one reference query: the query (embed); the query with ten support-corpus documents,
+truncated at 512 (rerank); the chat prompt with the top three (prefill); an answer of 400-512
+characters cut as the classifiers cut it (sentiment, toxicity). Peaks: float32, bfloat16 and int8
+(`torch._int_mm`) matmuls and a sum and a copy of a large tensor, each the median of --rounds.
+Floors are given for each variant on every stage and for PRECISION=fast's mix on this CPU: one idle
+request (the stages in sequence) and --concurrency requests served together (weights read once per
+pass and per decode step for all of them).
 
 --measured FILE.json: seconds by key (embed, rerank, prefill, decode, generate, sentiment,
-toxicity, request; concurrency_rpm in requests/min), either flat or as
-{"precision": NAME, "times": {...}}; --microbench DIR: profiling.microbench's
-microbench_<stage>.csv files, each stage's batch-1 median (its generate is prefill + decode).
-Given both, the file's figures win where they overlap. They are printed as multiples of the
-floor of --measured-precision (or of the file's "precision").
-
-Prints the tables and writes roofline.json into --out or a fresh runs/roofline-<UTC time>/.
+toxicity, request; concurrency_rpm in requests/min), flat or as {"precision": NAME, "times":
+{...}}; --microbench DIR: each stage's batch-1 median from microbench_<stage>.csv (the file's
+figures win where both give one). They are printed as multiples of the floor of
+--measured-precision (or of the file's "precision"). Writes roofline.json into --out or a fresh
+runs/roofline-<UTC time>/.
 """
 from __future__ import annotations
 
@@ -48,8 +42,6 @@ FAST = "fast"
 PLANS = PRECISION_VARIANTS + (FAST,)
 MICROBENCH_STAGES = ("embed", "rerank", "generate", "sentiment", "toxicity")
 
-
-# ------------------------------------------------------------------------- inputs
 
 def load_models(source) -> roof.Models:
     """Each model's shape from its config (config.json only)."""
@@ -111,8 +103,6 @@ def stage_plans() -> dict[str, dict[str, str]]:
     return plans
 
 
-# ------------------------------------------------------------------------- measured figures
-
 class MeasuredError(ValueError):
     """A measured-times file or folder that cannot be read as one."""
 
@@ -160,8 +150,6 @@ def measured_figures(args: argparse.Namespace) -> tuple[str, dict[str, float]]:
     return precision, times
 
 
-# ------------------------------------------------------------------------- tables
-
 def plan_record(plan: roof.PlanFloor) -> dict[str, Any]:
     """A plan as JSON-ready values, each floor with its bound and the totals."""
     def floors(by_row: Mapping[str, roof.Floor]) -> dict[str, Any]:
@@ -205,13 +193,6 @@ def format_comparisons(plan: roof.PlanFloor, comparisons: Sequence[roof.Comparis
                                 for c in comparisons])
 
 
-# ------------------------------------------------------------------------- CLI
-
-def busy() -> float:
-    """The 1-minute load average: others' work on these cores lowers every measured peak."""
-    return os.getloadavg()[0]
-
-
 def parser() -> argparse.ArgumentParser:
     p = make_parser("python -m profiling.roofline", __doc__)
     p.add_argument("--threads", type=positive(int), default=2, help="torch threads the peaks are measured on")
@@ -237,7 +218,7 @@ def parser() -> argparse.ArgumentParser:
 def print_report(source: str, machine_line: str, work: str, plans: Sequence[roof.PlanFloor],
                  comparison: str) -> None:
     print(f"models: {source}; {machine_line}")
-    print(f"load average {busy():.2f} on {os.cpu_count()} CPUs when measured (a busy machine measures low peaks)")
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs when measured (a busy machine measures low peaks)")
     print(work)
     print()
     print(format_floors(plans))
@@ -276,7 +257,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     out = run_folder("roofline", args.out)
     path = write_json(out / "roofline.json", {
         "machine": machine, "models": models, "tokens": tokens, "counted": counted,
-        "load_average_1min": busy(), "model_source": source.describe(), "plans": [plan_record(p) for p in plans],
+        "load_average_1min": os.getloadavg()[0], "model_source": source.describe(), "plans": [plan_record(p) for p in plans],
         "measured": {"precision": precision, "comparisons": [{**vars(c), "fraction": c.fraction}
                                                              for c in comparisons]},
         "args": vars(args), "provenance": local_record(settings=settings)}, strict=True)

@@ -1,25 +1,22 @@
 """Pick each model stage's precision variant on this machine and write it as an env file.
 
-For every stage and candidate variant (default: those this device supports,
-`pipeline.precision_policy.supported_variants`) a fresh subprocess loads only that model in that
-variant (`Placement(device, LOAD_DTYPE[variant], variant)`, as the service does) and measures:
+For every stage and candidate variant (default: those this device supports) a fresh subprocess
+loads only that model in that variant, as the service does, and measures:
 
 - speed: the median of `--repeat` timings of one item and of a typical batch (`--batch`), after a
   warm-up; with `--rounds R` every subprocess runs R times, the variants' order rotated each
-  round, and the medians are over all rounds (a busy neighbour slows every variant alike);
-- memory: the subprocess's peak RSS (VmHWM: imports, the load and conversion, and the runs;
-  nothing of any other variant), and the model's parameter + buffer bytes;
+  round (a busy neighbour slows every variant alike);
+- memory: the subprocess's peak RSS (VmHWM: nothing of any other variant) and the model's bytes;
 - fidelity against float32 on `--queries N` queries (the SPEC's eight, then support article
-  titles), in batches of the typical size: embedding cosine (min, mean); rerank top-3 agreement,
-  Spearman and Kendall rank correlation per query (mean); label agreement of the classifiers; the
-  LLM's exact-match rate of greedy token ids and the first differing token (min, median).
+  titles): embedding cosine; rerank top-3 agreement, Spearman and Kendall rank correlation;
+  the classifiers' label agreement; the LLM's exact match of greedy token ids, first differing
+  token, teacher-forced top-1 agreement and logit drift.
 
-The rule (printed, and in the env file): per stage, the fastest variant at the typical batch among
-those whose every fidelity metric reaches its stage's minimum (`--<stage>-<metric>`); float32 when
-none does. Output under `--out/<timestamp>/`: `precision.env` (`EMBED_PRECISION=...` lines a
-deployer sources, the figures in its comments), `select_variants.json` and `select_variants.csv`.
-The settings come from the environment (`MODEL_SOURCE`, `STANDIN_PROFILE`, `ONLY_CPU`,
-`TORCH_THREADS`); fidelity on random-weight stand-ins is a worst case (said in the output).
+The rule: per stage, the fastest variant at the typical batch among those whose every fidelity
+metric reaches its stage's minimum (`--<stage>-<metric>`); float32 when none does. Writes
+`precision.env` (`EMBED_PRECISION=...` lines a deployer sources, the figures in its comments),
+`select_variants.json` and `select_variants.csv` under `--out/<timestamp>/`. Fidelity on
+random-weight stand-ins is a worst case (said in the output).
 """
 from __future__ import annotations
 
@@ -59,8 +56,6 @@ DEFAULT_OUT = Path("runs/select_variants")
 STANDIN_WARNING = ("model source is stand-ins (random weights): fidelity here is a worst case; real "
                    "weights usually agree more")
 
-
-# ------------------------------------------------------------------------- one variant, in a fresh process
 
 def _workload(stage: str, model, n: int, max_new: int) -> tuple[list, Callable[[list], object], Callable[[list], list]]:
     """(inputs, the stage's batch call to time, outputs to compare per item) for n queries."""
@@ -138,8 +133,6 @@ def run_job(job: dict, env: Mapping[str, str]) -> dict:
         return json.loads(out.read_text())
 
 
-# ------------------------------------------------------------------------- all of them
-
 def measure_all(args: argparse.Namespace, env: Mapping[str, str], progress=print) -> list[Measurement]:
     """Every (stage, variant) for args.rounds rounds, variants rotated each round; medians over rounds."""
     runs: dict[tuple[str, str], list[dict]] = {}
@@ -174,8 +167,6 @@ def _summarize(stage: str, variant: str, results: list[dict], reference: list[di
     return check(m, args.thresholds)
 
 
-# ------------------------------------------------------------------------- report
-
 def format_table(rows: Sequence[Measurement], chosen: Mapping[str, str]) -> str:
     columns = [("stage", "<10"), ("variant", "<14"), ("one ms", ">9.1f"), ("batch ms", ">10.1f"), ("  B", ">4"),
                ("x f32", ">7"), ("peak MiB", ">10.0f"), ("model MiB", ">10.0f"), ("  pass", "<8"),
@@ -192,37 +183,24 @@ def format_table(rows: Sequence[Measurement], chosen: Mapping[str, str]) -> str:
     return text_table(columns, lines) + "\nx f32: float32's batch time / the variant's (above 1 = faster); * = chosen"
 
 
-def machine_lines(settings: Settings) -> list[str]:
+def header_lines(settings: Settings, args: argparse.Namespace, rows: Sequence[Measurement],
+                 chosen: Mapping[str, str]) -> list[str]:
+    """The env file's comments: when, on what machine and models, by which rule, and the table."""
     from pipeline.cpu_features import cpu_has_amx, cpu_supports_bf16
     from pipeline.device import select_device, thread_budget
     from pipeline.precision_policy import hardware_kind
-    device = select_device(settings.models.only_cpu)
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    source = settings.models.model_source
-    if source == "standin":
-        source += f" ({settings.models.standin_profile})"
-    return [f"machine: {platform.node()}, {cpu_name()}, {os.cpu_count()} cores, device {device}, "
+    device, models = select_device(settings.models.only_cpu), settings.models
+    standin = models.model_source == "standin"
+    return [f"Precision per model stage, chosen by profiling/select_variants.py on {time.strftime('%Y-%m-%d %H:%M:%S')}",
+            f"machine: {platform.node()}, {cpu_name()}, {os.cpu_count()} cores, device {device}, "
             f"hardware kind {hardware_kind(device, cpu_supports_bf16, cpu_has_amx)}",
-            f"torch threads: {thread_budget(settings.models.torch_threads)}; load average at the end: {load}",
-            f"model source: {source}"]
-
-
-def header_lines(settings: Settings, args: argparse.Namespace, rows: Sequence[Measurement],
-                 chosen: Mapping[str, str]) -> list[str]:
-    lines = [f"Precision per model stage, chosen by profiling/select_variants.py on "
-             f"{time.strftime('%Y-%m-%d %H:%M:%S')}", *machine_lines(settings)]
-    if settings.models.model_source == "standin":
-        lines.append(STANDIN_WARNING)
-    lines += [f"rule: {rule_text(args.thresholds)}",
-              f"queries {args.queries}, repeat {args.repeat}, rounds {args.rounds}"
-              + (f", generate max new tokens {args.max_new_tokens}" if "generate" in args.stages else "")
-              + "; median ms one item / typical batch (B), peak RSS MiB:"]
-    for m in rows:
-        lines.append(f"  {m.stage} {m.variant}: {m.one_ms:.1f} / {m.batch_ms:.1f} (B={m.batch}), {m.peak_rss_mib:.0f}"
-                     f" MiB, " + (", ".join(f"{k} {v:.4g}" for k, v in m.fidelity.items()) or "reference")
-                     + ("" if m.passed else f" FAILS {'; '.join(m.failed)}")
-                     + (" <- chosen" if chosen.get(m.stage) == m.variant else ""))
-    return lines
+            f"torch threads: {thread_budget(models.torch_threads)}; load average at the end: "
+            + ", ".join(f"{x:.2f}" for x in os.getloadavg()),
+            f"model source: {models.model_source}" + (f" ({models.standin_profile})" if standin else ""),
+            *([STANDIN_WARNING] if standin else []), f"rule: {rule_text(args.thresholds)}",
+            f"queries {args.queries}, repeat {args.repeat}, rounds {args.rounds}"
+            + (f", generate max new tokens {args.max_new_tokens}" if "generate" in args.stages else "")
+            + "; median ms one item / typical batch (B), peak RSS MiB:", *format_table(rows, chosen).splitlines()]
 
 
 def write_outputs(out: Path, settings: Settings, args: argparse.Namespace, rows: Sequence[Measurement],
@@ -237,8 +215,6 @@ def write_outputs(out: Path, settings: Settings, args: argparse.Namespace, rows:
     write_csv(out / "select_variants.csv", flat, list(Measurement.__dataclass_fields__), float_digits=4)
     return out / "precision.env"
 
-
-# ------------------------------------------------------------------------- command line
 
 def parse_batches(raw: str) -> dict[str, int]:
     """'embed=8,generate=2' -> those stages' batch sizes over the defaults."""

@@ -8,15 +8,11 @@ mean RSS of the first minute (the baseline: models loaded, batches warmed, alloc
 with the mean of the last minute (runs shorter than 3 minutes use thirds instead) and flags growth
 over 5 %. It also counts errors by kind (`http_<status>`, the exception class, or `invalid_reply`).
 
-Bounded in count and time: no request is sent after --minutes; requests in flight then get at
-most --drain-s more (their timeouts are cut); --max-requests caps the total; every thread is
-joined with a timeout. Load goes only to loopback addresses unless --allow-remote is given.
-
-The nodes are found from --url (node 0's /health lists its peers) unless --metrics-urls names
-them; each must answer /metrics before the load starts, and a node whose /metrics failed during
-the run makes the exit status 1 (its memory figure is incomplete). The summary records the tool's
-git commit, each node's settings and rag_node_info, and warns when a cache could answer the
-repeated queries. Writes soak_<name>.json (the summary), soak_<name>_rss.csv (one row per node
+Bounded in count and time: no request is sent after --minutes, requests in flight then get at most
+--drain-s more, every thread is joined with a timeout. Each node (found from node 0's /health unless
+--metrics-urls) must answer /metrics before the load starts; one whose /metrics failed during the
+run makes the exit status 1 (its memory figure is incomplete). The summary records the tool's git
+commit and each node's settings, and warns when a cache could answer the repeated queries. Writes soak_<name>.json (the summary), soak_<name>_rss.csv (one row per node
 per sample) and soak_<name>_requests.csv (one row per request) into --out, or a fresh
 runs/soak-<UTC time>/ folder.
 """
@@ -29,7 +25,6 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -127,13 +122,6 @@ def summarize(target: load.LoadTarget, sent: int, records: list[RequestRecord], 
     }
 
 
-def write_outputs(out: Path, name: str, summary: dict, samples: list[RssSample],
-                  records: list[RequestRecord]) -> list[Path]:
-    return [write_json(out / f"soak_{name}.json", summary),
-            write_csv(out / f"soak_{name}_rss.csv", samples, list(RssSample.__dataclass_fields__)),
-            write_csv(out / f"soak_{name}_requests.csv", records, list(RequestRecord.__dataclass_fields__))]
-
-
 def parser() -> argparse.ArgumentParser:
     p = make_parser("python -m profiling.soak", __doc__)
     p.add_argument("--url", required=True, help="the gateway (node 0), e.g. http://127.0.0.1:8000")
@@ -158,13 +146,8 @@ def parser() -> argparse.ArgumentParser:
 
 def scrape_failures(samples: list[RssSample], nodes: list[Node]) -> list[str]:
     """One line per node whose /metrics failed at some sample: its memory figure is incomplete."""
-    lines = []
-    for node in nodes:
-        mine = [s for s in samples if s.node_url == node.url]
-        failed = sum(1 for s in mine if s.rss_bytes is None)
-        if failed:
-            lines.append(f"{node} could not be scraped at {failed} of {len(mine)} samples")
-    return lines
+    taken, failed = Counter(s.node_url for s in samples), Counter(s.node_url for s in samples if s.rss_bytes is None)
+    return [f"{n} could not be scraped at {failed[n.url]} of {taken[n.url]} samples" for n in nodes if failed[n.url]]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -204,11 +187,14 @@ def main(argv: list[str] | None = None) -> int:
     end = round(min(target.now_s(), args.minutes * 60.0), 2)  # one last sample, as the load ends
     samples.extend(RssSample(end, u, scrape_rss(u)) for u in urls)
     records = answered(list(sent))  # a copy: a thread past its join timeout may still finish a record
-    failures = scrape_failures(list(samples), nodes)
-    summary = summarize(target, len(sent), records, list(samples), urls, args)
+    samples = list(samples)  # a copy: the watcher may outlive its join timeout
+    failures = scrape_failures(samples, nodes)
+    summary = summarize(target, len(sent), records, samples, urls, args)
     summary.update({"nodes": [{"node": n.node, "url": n.url, "role": n.role} for n in nodes],
                     "provenance": provenance, "warnings": warnings + failures})
-    paths = write_outputs(out, args.name, summary, list(samples), records)
+    paths = [write_json(out / f"soak_{args.name}.json", summary),
+             write_csv(out / f"soak_{args.name}_rss.csv", samples, list(RssSample.__dataclass_fields__)),
+             write_csv(out / f"soak_{args.name}_requests.csv", records, list(RequestRecord.__dataclass_fields__))]
     print(json.dumps({k: v for k, v in summary.items() if k != "provenance"}, indent=2))  # the file has all
     print(headline(provenance))
     for line in failures:

@@ -92,8 +92,6 @@ def positive(kind: Callable[[str], T]) -> Callable[[str], T]:
     return parse
 
 
-# ------------------------------------------------------------------------- where load may go
-
 class TargetRefused(ValueError):
     """A URL this tool will not send to (not http, or not loopback without --allow-remote)."""
 

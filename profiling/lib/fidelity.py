@@ -18,8 +18,6 @@ STAGE_VARIABLES = {"embed": "EMBED_PRECISION", "rerank": "RERANK_PRECISION", "ge
                    "sentiment": "SENTIMENT_PRECISION", "toxicity": "TOXICITY_PRECISION"}
 
 
-# ------------------------------------------------------------------------- metrics
-
 def row_cosines(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
     ref, cand = np.asarray(reference, dtype=np.float64), np.asarray(candidate, dtype=np.float64)
     norms = np.linalg.norm(ref, axis=1) * np.linalg.norm(cand, axis=1)
@@ -123,8 +121,6 @@ def fidelity(stage: str, reference, candidate) -> dict[str, float]:
         return generation_fidelity(reference, candidate)
     return {"label_agreement": agreement(list(reference), list(candidate))}
 
-
-# ------------------------------------------------------------------------- the rule
 
 # (stage, metric, default minimum): a variant passes when every metric of its stage is >= its minimum.
 DEFAULT_THRESHOLDS: dict[str, dict[str, float]] = {

@@ -42,11 +42,8 @@ def parse_metrics(text: str) -> dict[SampleKey, float]:
     """Prometheus text into {(sample name, sorted labels): value}; sample names keep their
     suffixes (_total, _count, _sum, _bucket), so counters and histograms read the same way."""
     from prometheus_client.parser import text_string_to_metric_families
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            samples[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
-    return samples
+    return {(s.name, tuple(sorted(s.labels.items()))): float(s.value)
+            for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 def scrape(url: str, timeout_s: float = SCRAPE_TIMEOUT_S) -> MetricsSnapshot:
@@ -183,11 +180,9 @@ def http_deltas(before: MetricsSnapshot, after: MetricsSnapshot) -> dict[str, fl
     """{"endpoint status": requests during the run}, for the pairs that changed."""
     http = {}
     for (name, labels), value in after.samples.items():
-        if name == "rag_http_requests_total":
-            d = dict(labels)
-            count = value - (before.samples.get((name, labels)) or 0.0)
-            if count:
-                http[f"{d.get('endpoint', '?')} {d.get('status', '?')}"] = count
+        count = value - (before.samples.get((name, labels)) or 0.0)
+        if name == "rag_http_requests_total" and count:
+            http[f"{dict(labels).get('endpoint', '?')} {dict(labels).get('status', '?')}"] = count
     return dict(sorted(http.items()))
 
 
@@ -213,10 +208,7 @@ def cache_deltas(before: Sequence[MetricsSnapshot], after: Sequence[MetricsSnaps
     for b, a in zip(before, after):
         for cache in CACHE_NAMES:
             for kind in ("hits", "misses", "joined", "evictions"):
-                now = a.get(f"rag_cache_{kind}_total", cache=cache)
-                if now is None:
-                    continue
-                was = b.get(f"rag_cache_{kind}_total", cache=cache) or 0.0
-                totals.setdefault(cache, {}).setdefault(kind, 0.0)
-                totals[cache][kind] += now - was
+                delta = counter_delta(b, a, f"rag_cache_{kind}_total", cache=cache)
+                if delta is not None:
+                    totals.setdefault(cache, {})[kind] = totals.get(cache, {}).get(kind, 0.0) + delta
     return totals

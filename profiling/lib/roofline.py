@@ -33,8 +33,6 @@ STAGE_OF_ROW = {"prefill": "generate", "decode": "generate"}
 ENCODER_EMBEDDING_TABLES = 3
 
 
-# ------------------------------------------------------------------------- counting
-
 @dataclass(frozen=True)
 class Work:
     """What one pass over a model's weights computes and reads (elements, not bytes)."""
@@ -172,8 +170,6 @@ def row_works(models: Models, tokens: RequestTokens, requests: int = 1) -> dict[
             "toxicity": encoder(models.toxicity, [tokens.toxicity])}
 
 
-# ------------------------------------------------------------------------- precisions
-
 @dataclass(frozen=True)
 class PrecisionCost:
     """Where a precision variant (pipeline/precision.py) computes and how wide what it reads is."""
@@ -195,8 +191,6 @@ def bytes_read(work: Work, precision: str) -> int:
     cost = PRECISION_COSTS[precision]
     return work.weights * cost.weight_bytes + (work.embedding_reads + work.kv_reads) * cost.float_bytes
 
-
-# ------------------------------------------------------------------------- floors
 
 @dataclass(frozen=True)
 class Floor:
@@ -258,8 +252,6 @@ def plan_floor(name: str, stage_precisions: Mapping[str, str], models: Models, t
         return {row: floor_of_passes(works[row], precisions[row], machine) for row in ROWS}
     return PlanFloor(name, precisions, floors(1), concurrency, floors(concurrency))
 
-
-# ------------------------------------------------------------------------- measured vs floor
 
 # What a measured-times file may give: per-row seconds, `generate` (prefill + decode), the whole
 # idle request, and requests per minute at the plan's concurrency.
