@@ -6,13 +6,10 @@ reports every stage's run time on the worker that served it, their sum, the
 end-to-end latency, and the ratio of the two: the overhead of batching,
 queues and HTTP at low load (the performance target is <= 1.15).
 
-The nodes are found from --url (node 0's /health lists its peers) unless
---metrics names them; a node whose /metrics cannot be read stops the tool
-with a message naming it (exit 1). The caches are cleared before each
-request; a node that refuses (e.g. without --token) is warned about. Writes
-latency_breakdown.json (the rows, the tool's git commit, every node's
-settings and rag_node_info, warnings) into --out, or a fresh
-runs/latency_breakdown-<UTC time>/ folder.
+A node whose /metrics (found from node 0's /health unless --metrics) cannot be read stops the
+tool, naming it (exit 1). The caches are cleared before each request; a node that refuses (e.g.
+without --token) is warned about. Writes latency_breakdown.json (the rows, the tool's git commit,
+every node's settings, warnings) into --out, or a fresh runs/latency_breakdown-<UTC time>/ folder.
 """
 from __future__ import annotations
 
@@ -24,7 +21,7 @@ from typing import Sequence
 import requests
 
 from pipeline import spec
-from profiling.lib.cli import TargetRefused, add_allow_remote, add_out, check_target, make_parser
+from profiling.lib.cli import add_allow_remote, add_out, check_target, make_parser
 from profiling.lib.prometheus import ClusterError, MetricsSnapshot, Node, counter_delta, find_nodes, scrape_nodes
 from profiling.lib.provenance import cluster_record, headline, settings_warnings
 from profiling.lib.report import run_folder, write_json
@@ -96,12 +93,9 @@ def main(argv: list[str] | None = None) -> int:
         url = check_target(args.url, args.allow_remote)
         nodes = find_nodes(url, args.metrics, args.allow_remote, args.wait_health)
         provenance = cluster_record(nodes, scrape_nodes(nodes), args.token)
-    except (TargetRefused, ValueError) as exc:
+    except (ValueError, ClusterError, TimeoutError) as exc:  # TargetRefused is a ValueError
         print(f"latency_breakdown: {exc}", file=sys.stderr)
-        return 2
-    except (ClusterError, TimeoutError) as exc:
-        print(f"latency_breakdown: {exc}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(exc, ValueError) else 1
     warnings = settings_warnings(provenance)
     out = run_folder(TOOL, args.out)
     try:

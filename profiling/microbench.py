@@ -39,9 +39,7 @@ from profiling.lib.models import MemoryProbe
 from profiling.lib.plots import microbench_plot
 from profiling.lib.provenance import local_record
 from profiling.lib.report import run_folder, text_table, write_csv, write_json
-from profiling.lib.stage_bench import BUILDERS, BenchContext, StageBench
-
-log = logging.getLogger("profiling.microbench")
+from profiling.lib.stage_bench import BUILDERS, BenchContext
 
 STAGES = tuple(map(str, spec.WORKER_STAGES))  # plain names: argparse shows choices with repr()
 
@@ -73,38 +71,6 @@ class BenchRow:
         return [f.name for f in dataclasses.fields(cls)]
 
 
-def summarize(stage: "StageBench", batch_size: int, times: Sequence[float], repeat: int, warmup: int,
-              memory: "MemoryProbe") -> BenchRow:
-    median, lo, hi = statistics.median(times), min(times), max(times)
-    return BenchRow(
-        stage=stage.name, batch_size=batch_size, repeat=repeat, warmup=warmup,
-        batch_s_median=median, batch_s_min=lo, batch_s_max=hi,
-        item_s_median=median / batch_size, item_s_min=lo / batch_size, item_s_max=hi / batch_size,
-        items_per_s=batch_size / median if median > 0 else float("inf"),
-        peak_rss_mib=memory.peak_mib(), rss_mib=memory.current_mib(),
-        dtype=stage.dtype, device=stage.device, threads=stage.threads, model_source=stage.model_source,
-        detail=stage.describe(),
-    )
-
-
-def bench_stage(bench: StageBench, batch_sizes: Sequence[int], repeat: int, warmup: int,
-                memory: MemoryProbe, progress: bool = True) -> list[BenchRow]:
-    rows = []
-    with tqdm(total=len(batch_sizes) * (repeat + warmup), desc=bench.name, unit="batch",
-              disable=not progress, file=sys.stderr) as bar:
-        for batch_size in batch_sizes:
-            times = []
-            for r in range(-warmup, repeat):  # negative rounds untimed: warm-up inputs differ from the timed ones
-                inputs = bench.make_inputs(batch_size, r)
-                started = time.perf_counter()
-                bench.run(inputs)
-                if r >= 0:
-                    times.append(time.perf_counter() - started)
-                bar.update()
-            rows.append(summarize(bench, batch_size, times, repeat, warmup, memory))
-    return rows
-
-
 def format_table(rows: Sequence[BenchRow]) -> str:
     columns = [("stage", "<10"), ("batch", ">6"), ("batch med s", ">13.4f"), ("min s", ">10.4f"), ("max s", ">10.4f"),
                ("item med ms", ">13.2f"), ("items/s", ">10.1f"), ("peak MiB", ">10.0f"), ("  dtype", "<11"),
@@ -115,11 +81,24 @@ def format_table(rows: Sequence[BenchRow]) -> str:
 
 
 def run_stage(ctx: BenchContext, stage: str, memory: MemoryProbe, progress: bool) -> list[BenchRow]:
-    """One stage timed, its CSV and plot written into --out."""
+    """One stage timed at each batch size, each with its own warm-up; its CSV and plot written into --out."""
     memory.reset()  # this stage's peak: its model, inputs and activations only
-    bench = BUILDERS[stage](ctx)
-    args = ctx.args
-    rows = bench_stage(bench, args.batch_sizes, args.repeat, args.warmup, memory, progress)
+    bench, args, rows = BUILDERS[stage](ctx), ctx.args, []
+    with tqdm(total=len(args.batch_sizes) * (args.repeat + args.warmup), desc=stage, unit="batch",
+              disable=not progress, file=sys.stderr) as bar:
+        for n in args.batch_sizes:
+            times = []
+            for r in range(-args.warmup, args.repeat):  # negative rounds untimed: warm-up inputs differ from timed
+                inputs = bench.make_inputs(n, r)
+                started = time.perf_counter()
+                bench.run(inputs)
+                if r >= 0:
+                    times.append(time.perf_counter() - started)
+                bar.update()
+            median, lo, hi = statistics.median(times), min(times), max(times)
+            rows.append(BenchRow(stage, n, args.repeat, args.warmup, median, lo, hi, median / n, lo / n, hi / n,
+                                 n / median if median > 0 else float("inf"), memory.peak_mib(), memory.current_mib(),
+                                 bench.dtype, bench.device, bench.threads, bench.model_source, bench.describe()))
     write_csv(args.out / f"microbench_{stage}.csv", rows, BenchRow.columns())
     microbench_plot(args.out / f"microbench_{stage}.png", rows)
     del bench  # free the model before the next stage loads its own

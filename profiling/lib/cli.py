@@ -117,17 +117,12 @@ def check_target(url: str, allow_remote: bool) -> str:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise TargetRefused(f"{url!r}: expected an http URL such as http://127.0.0.1:8000")
-    if not allow_remote and not is_loopback(parts.hostname):
+    try:
+        loopback = parts.hostname.lower() == "localhost" or ipaddress.ip_address(parts.hostname).is_loopback
+    except ValueError:  # a host name: not resolved, it could resolve anywhere
+        loopback = False
+    if not allow_remote and not loopback:
         raise TargetRefused(f"{url!r}: refusing to send load to {parts.hostname}: only loopback "
                             "(127.0.0.0/8, ::1, localhost) unless --allow-remote is given")
     return url.rstrip("/")
-
-
-def is_loopback(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
