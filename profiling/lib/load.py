@@ -5,7 +5,6 @@ and no request is waited for."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import re
 import threading
@@ -175,17 +174,14 @@ def _read_chat_reply(response: requests.Response, record: RequestRecord, started
 def _read_chat_stream(response: requests.Response, record: RequestRecord, started: float) -> None:
     """A stream of chat.completion.chunk events up to `data: [DONE]`, its text pieces timed."""
     arrivals, error, done = [], "", False
-    for line in response.iter_lines(decode_unicode=True):
-        if not line or not line.startswith("data:"):
-            continue
-        data = line[len("data:"):].strip()
-        if data == "[DONE]":
+    for event in sse.iter_events(sse.iter_lines(response.iter_content(chunk_size=None))):
+        if event.data == "[DONE]":
             done = True
             break
-        event = json.loads(data)
-        if "error" in event:
-            error = f"stream_{event['error'].get('code') or 'error'}"
-        elif any(choice.get("delta", {}).get("content") for choice in event.get("choices", [])):
+        chunk = event.json()
+        if "error" in chunk:
+            error = f"stream_{chunk['error'].get('code') or 'error'}"
+        elif any(choice.get("delta", {}).get("content") for choice in chunk.get("choices", [])):
             arrivals.append(time.monotonic())
     _time_pieces(record, arrivals, started)
     record.error = error or ("" if done else "stream_without_done")
