@@ -153,7 +153,7 @@ def find_saturation(levels: Sequence[int], stats: Sequence[RunStats], ratio: flo
 def text_table(columns: Sequence[tuple[str, str]], rows: Iterable[Sequence[Any]]) -> str:
     """A header, a rule and a line per row. A column is (title, format spec such as '<14' or '>9.2f'):
     its title is aligned and padded as its values are."""
-    header = "".join(format(title, re.match(r"[<>]?\d*", spec)[0]) for title, spec in columns)  # type: ignore[index]
+    header = "".join(format(title, re.match(r"[<>]?\d*", spec)[0]) for title, spec in columns)
     lines = ["".join(format(value, spec) for value, (_, spec) in zip(row, columns)) for row in rows]
     return "\n".join([header, "-" * len(header), *lines])
 
