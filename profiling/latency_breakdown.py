@@ -9,8 +9,7 @@ queues and HTTP at low load (the performance target is <= 1.15).
 A node whose /metrics (found from node 0's /health unless --metrics) cannot be read stops the
 tool, naming it (exit 1). The caches are cleared before each request; a node that refuses (e.g.
 without --token) is warned about. Writes latency_breakdown.json (the rows, the tool's git commit,
-every node's settings, warnings) into --out, or a fresh runs/latency_breakdown-<UTC time>/ folder.
-"""
+every node's settings, warnings) into --out, or a fresh runs/latency_breakdown-<UTC time>/ folder."""
 from __future__ import annotations
 
 import sys

@@ -16,8 +16,7 @@ queue waits, peak RSS and cache hits; a sweep level with fewer than 20 successfu
 the knee verdict tentative. The summary records the tool's git commit and every node's settings
 and rag_node_info, and warns when a cache could answer repeated queries. Writes
 loadgen_<name>.csv (one row per request), loadgen_<name>.json (the summary) and PNG plots into
---out, or a fresh runs/loadgen-<UTC time>/ folder.
-"""
+--out, or a fresh runs/loadgen-<UTC time>/ folder."""
 from __future__ import annotations
 
 import argparse

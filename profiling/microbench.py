@@ -13,8 +13,7 @@ primitives, allocator growth, cold index pages) that is not the steady state.
 Writes microbench_<stage>.csv (one row per batch size), microbench_<stage>.png
 and microbench_settings.json (the git commit and the settings this process ran
 with) into --out, or a fresh runs/microbench-<UTC time>/ folder, and prints a
-summary table.
-"""
+summary table."""
 from __future__ import annotations
 
 import argparse

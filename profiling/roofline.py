@@ -16,8 +16,7 @@ toxicity, request; concurrency_rpm in requests/min), flat or as {"precision": NA
 {...}}; --microbench DIR: each stage's batch-1 median from microbench_<stage>.csv (the file's
 figures win where both give one). They are printed as multiples of the floor of
 --measured-precision (or of the file's "precision"). Writes roofline.json into --out or a fresh
-runs/roofline-<UTC time>/.
-"""
+runs/roofline-<UTC time>/."""
 from __future__ import annotations
 
 import argparse
@@ -218,7 +217,8 @@ def parser() -> argparse.ArgumentParser:
 def print_report(source: str, machine_line: str, work: str, plans: Sequence[roof.PlanFloor],
                  comparison: str) -> None:
     print(f"models: {source}; {machine_line}")
-    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs when measured (a busy machine measures low peaks)")
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs when measured "
+          "(a busy machine measures low peaks)")
     print(work)
     print()
     print(format_floors(plans))
@@ -257,7 +257,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     out = run_folder("roofline", args.out)
     path = write_json(out / "roofline.json", {
         "machine": machine, "models": models, "tokens": tokens, "counted": counted,
-        "load_average_1min": os.getloadavg()[0], "model_source": source.describe(), "plans": [plan_record(p) for p in plans],
+        "load_average_1min": os.getloadavg()[0], "model_source": source.describe(),
+        "plans": [plan_record(p) for p in plans],
         "measured": {"precision": precision, "comparisons": [{**vars(c), "fraction": c.fraction}
                                                              for c in comparisons]},
         "args": vars(args), "provenance": local_record(settings=settings)}, strict=True)

@@ -16,8 +16,7 @@ The rule: per stage, the fastest variant at the typical batch among those whose 
 metric reaches its stage's minimum (`--<stage>-<metric>`); float32 when none does. Writes
 `precision.env` (`EMBED_PRECISION=...` lines a deployer sources, the figures in its comments),
 `select_variants.json` and `select_variants.csv` under `--out/<timestamp>/`. Fidelity on
-random-weight stand-ins is a worst case (said in the output).
-"""
+random-weight stand-ins is a worst case (said in the output)."""
 from __future__ import annotations
 
 import argparse
@@ -191,7 +190,7 @@ def header_lines(settings: Settings, args: argparse.Namespace, rows: Sequence[Me
     from pipeline.precision_policy import hardware_kind
     device, models = select_device(settings.models.only_cpu), settings.models
     standin = models.model_source == "standin"
-    return [f"Precision per model stage, chosen by profiling/select_variants.py on {time.strftime('%Y-%m-%d %H:%M:%S')}",
+    return [f"Precision per model stage, chosen by profiling/select_variants.py on {time.strftime('%F %T')}",
             f"machine: {platform.node()}, {cpu_name()}, {os.cpu_count()} cores, device {device}, "
             f"hardware kind {hardware_kind(device, cpu_supports_bf16, cpu_has_amx)}",
             f"torch threads: {thread_budget(models.torch_threads)}; load average at the end: "

@@ -12,10 +12,9 @@ Bounded in count and time: no request is sent after --minutes, requests in fligh
 --drain-s more, every thread is joined with a timeout. Each node (found from node 0's /health unless
 --metrics-urls) must answer /metrics before the load starts; one whose /metrics failed during the
 run makes the exit status 1 (its memory figure is incomplete). The summary records the tool's git
-commit and each node's settings, and warns when a cache could answer the repeated queries. Writes soak_<name>.json (the summary), soak_<name>_rss.csv (one row per node
-per sample) and soak_<name>_requests.csv (one row per request) into --out, or a fresh
-runs/soak-<UTC time>/ folder.
-"""
+commit and each node's settings, and warns when a cache could answer the repeated queries. Writes
+soak_<name>.json (the summary), soak_<name>_rss.csv (one row per node per sample) and
+soak_<name>_requests.csv (one row per request) into --out, or a fresh runs/soak-<UTC time>/ folder."""
 from __future__ import annotations
 
 import argparse
@@ -101,7 +100,8 @@ def growth(samples: list[RssSample], urls: list[str], duration_s: float) -> dict
     return result
 
 
-def summarize(target: load.LoadTarget, sent: int, records: list[RequestRecord], samples: list[RssSample], urls: list[str],
+def summarize(target: load.LoadTarget, sent: int, records: list[RequestRecord], samples: list[RssSample],
+              urls: list[str],
               args: argparse.Namespace) -> dict:
     duration_s = min(target.now_s(), args.minutes * 60.0)
     outcomes = Counter(r.outcome for r in records)

@@ -13,8 +13,7 @@ T = TypeVar("T")
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """--help shows the tool's docstring as written and every option's default (default_text).
 
-    An option needs a help text for its default to show (tests/unit/test_cli_help.py checks every tool).
-    """
+    An option needs a help text for its default to show (tests/unit/test_cli_help.py checks every tool)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         help = (action.help or "").strip()
@@ -56,8 +55,7 @@ def comma_list(kind: Callable[[str], T], *, minimum: T | None = None, sort_uniqu
     """An argparse `type` for a non-empty comma-separated list of `kind`, each >= minimum.
 
     sort_unique: the list sorted with repeats dropped (levels and batch sizes, where order
-    and repeats mean nothing); otherwise it keeps the order given.
-    """
+    and repeats mean nothing); otherwise it keeps the order given."""
     def parse(raw: str) -> list[T]:
         try:
             values = [kind(part) for part in split_list(raw)]
@@ -112,8 +110,7 @@ def check_target(url: str, allow_remote: bool) -> str:
     """The URL without a trailing slash, if it is http(s) and (unless allowed) loopback.
 
     Only literal loopback addresses and 'localhost' pass: a host name could
-    resolve anywhere, so it is not resolved to decide.
-    """
+    resolve anywhere, so it is not resolved to decide."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise TargetRefused(f"{url!r}: expected an http URL such as http://127.0.0.1:8000")

@@ -2,8 +2,7 @@
 
 The reference client's queries, top-k id lists as search returns them, documents
 from a documents.db or the support corpus, rerank requests of ten documents,
-and answer-length texts for the classifiers. Seeded: runs are repeatable.
-"""
+and answer-length texts for the classifiers. Seeded: runs are repeatable."""
 from __future__ import annotations
 
 import logging
@@ -81,8 +80,7 @@ def generation_prompts(generator, queries: Sequence[str], pool: Sequence, full_l
     """The generator's prompt ids for each query with three documents of the pool as its context.
 
     full_length: every answer decodes that many tokens. Random-weight stand-ins may emit EOS at any
-    step; forcing the full count makes runs comparable across models and variants (the worst case).
-    """
+    step; forcing the full count makes runs comparable across models and variants (the worst case)."""
     if full_length is not None:
         generator.generation_config.min_new_tokens = full_length
     return [generator.prompt_ids(q, cycled(pool, spec.CONTEXT_DOCS, i * spec.CONTEXT_DOCS))
@@ -93,8 +91,7 @@ def answer_texts(pool: Sequence, n: int, offset: int = 0) -> list[str]:
     """Answers of 400-512 characters, the length the classifiers see at most.
 
     Built from support articles ("Answer: ..." as the LLM is told to reply) and
-    cut at a word boundary to a seeded length, so batches are padded as in service.
-    """
+    cut at a word boundary to a seeded length, so batches are padded as in service."""
     rng = random.Random(SEED + offset)
     texts = []
     for i in range(n):

@@ -49,8 +49,7 @@ _PHASE = re.compile(r"^\s*(\d+)\s*x\s*(\d+(?:\.\d*)?|\.\d+)\s*$")
 def parse_schedule(raw: str, time_scale: float = 1.0) -> list[OpenGroup]:
     """'course' or 'COUNTxINTERVAL,...' (e.g. 10x10,20x5) into open-loop phases.
 
-    time_scale multiplies every interval (0.01 turns the course's 10 s into 0.1 s for tests).
-    """
+    time_scale multiplies every interval (0.01 turns the course's 10 s into 0.1 s for tests)."""
     text = COURSE_SCHEDULE if raw.strip().lower() == "course" else raw
     phases = []
     for part in text.split(","):  # not split_list: an empty part is an error here, not a blank to drop
@@ -268,8 +267,7 @@ def run_open(target: LoadTarget, group: OpenGroup, *, send_until: float | None =
     Requests whose time falls after the deadline (or after send_until, a monotonic
     time the caller chose) are not sent: they are left out of the records. With
     max_outstanding, a send waits for a free slot (at most until the send bound):
-    a service that stopped answering does not pile up threads.
-    """
+    a service that stopped answering does not pile up threads."""
     start = time.monotonic()
     stop_at = target.deadline if send_until is None else min(send_until, target.deadline)
     slots = threading.BoundedSemaphore(max_outstanding) if max_outstanding else None
@@ -303,8 +301,7 @@ def _send_in_slot(target: LoadTarget, record: RequestRecord, slots: threading.Bo
 def run_closed(target: LoadTarget, group: ClosedGroup) -> list[RequestRecord]:
     """concurrency clients (a keep-alive session each) sharing one request counter.
 
-    Bounded by count, by the group's duration (no new sends after it) and by the deadline.
-    """
+    Bounded by count, by the group's duration (no new sends after it) and by the deadline."""
     start = time.monotonic()
     stop_at = min(target.deadline, start + group.duration_s) if group.duration_s else target.deadline
     records: list[RequestRecord] = []

@@ -48,8 +48,7 @@ class MemoryProbe:
     ru_maxrss only ever grows, so with `--stage all` every stage would report the
     largest model loaded before it. Linux can reset the peak (VmHWM) by writing 5
     to /proc/self/clear_refs; where that is refused we fall back to ru_maxrss and
-    say so once.
-    """
+    say so once."""
 
     def __init__(self):
         self.resettable = self.reset()

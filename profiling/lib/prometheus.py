@@ -4,8 +4,7 @@ The nodes come from the one URL a tool was given: node 0's /health lists its pee
 [{"node", "role", "url"}]`), so node 1's and node 2's /metrics are found from the target itself,
 never from this machine's NODE_<n>_IP settings (which may describe another cluster). A node whose
 /metrics cannot be read is an error that names the node and address: a figure silently missing a
-node reads like a node that did nothing.
-"""
+node reads like a node that did nothing."""
 from __future__ import annotations
 
 import math
@@ -87,9 +86,10 @@ def nodes_from_health(url: str, health: Mapping[str, Any], allow_remote: bool = 
     nodes = [Node(int(health.get("node", 0)), url.rstrip("/"), str(health.get("role", "")))]
     for peer in peers:
         try:
-            nodes.append(Node(int(peer["node"]), check_target(str(peer["url"]), allow_remote), str(peer.get("role", ""))))
+            url_of_peer = check_target(str(peer["url"]), allow_remote)
         except TargetRefused as exc:
             raise ClusterError(f"node {peer['node']}, as node 0's /health gives it: {exc}") from None
+        nodes.append(Node(int(peer["node"]), url_of_peer, str(peer.get("role", ""))))
     return sorted(nodes, key=lambda n: n.node)
 
 

@@ -5,8 +5,7 @@ the model source and the code all change it. Each node answers `GET /settings` w
 `{"settings": {ENV_NAME: value, ...}}` (secrets "<hidden>"); a node that predates it (404)
 or cannot answer is recorded as unknown, with a printed warning, so the tools still work.
 `rag_node_info` in /metrics (role, model source, precision, version) is recorded too.
-In-process tools record this process's own settings instead.
-"""
+In-process tools record this process's own settings instead."""
 from __future__ import annotations
 
 import subprocess
@@ -72,8 +71,7 @@ def cache_warnings(nodes: Sequence[Node], settings: Sequence[dict | None], queri
     """One line per cache that could answer a repeated query instead of computing it.
 
     The embedding cache lives on the workers, the reply cache on node 0; unknown settings
-    (no /settings) warn too, since a cache may be on.
-    """
+    (no /settings) warn too, since a cache may be on."""
     if not queries_repeat(queries, requests_planned):
         return []
     what = (f"the query set repeats ({len(set(queries))} distinct queries, {requests_planned} requests planned): "

@@ -135,8 +135,7 @@ def find_saturation(levels: Sequence[int], stats: Sequence[RunStats], ratio: flo
     latency grow in proportion to the clients once throughput is flat, so with
     doubling levels (1,2,4,8) a fully saturated step has p95 x2 for throughput
     x1, which a factor of 2 never flags. Below saturation throughput grows about
-    as fast as the clients and p95 little; past it, p95 outgrows throughput.
-    """
+    as fast as the clients and p95 little; past it, p95 outgrows throughput."""
     rpm = [s.throughput_rpm for s in stats]
     small = tuple(level for level, s in zip(levels, stats) if s.ok < min_sample)
     best = max(range(len(rpm)), key=rpm.__getitem__, default=None)
@@ -147,7 +146,8 @@ def find_saturation(levels: Sequence[int], stats: Sequence[RunStats], ratio: flo
         if rpm[b] <= 0 or (rpm[a] > 0 and p95_b / p95_a > ratio * rpm[b] / rpm[a]):
             return Saturation(saturation_rule(ratio), True, levels[a], rpm[a], levels[b], best_rpm, best_level,
                               min_sample, small)
-    return Saturation(saturation_rule(ratio), False, best_level, best_rpm, None, best_rpm, best_level, min_sample, small)
+    return Saturation(saturation_rule(ratio), False, best_level, best_rpm, None, best_rpm, best_level, min_sample,
+                      small)
 
 
 def text_table(columns: Sequence[tuple[str, str]], rows: Iterable[Sequence[Any]]) -> str:
@@ -194,7 +194,8 @@ def format_nodes_table(nodes: Sequence[NodeDelta]) -> str:
         lines.append(f"{node.url}: peak RSS {mib(node.peak_rss_bytes)}, RSS {mib(node.rss_bytes)}")
         active = [s for s in node.stages if s.batches]
         if active:
-            lines.append(f"  {'stage':<11}{'batches':>8}{'items':>7}{'mean batch':>12}{'run s/batch':>13}{'wait s/item':>13}")
+            lines.append(f"  {'stage':<11}{'batches':>8}{'items':>7}{'mean batch':>12}{'run s/batch':>13}"
+                         f"{'wait s/item':>13}")
         for s in active:
             lines.append(f"  {s.stage:<11}{s.batches:>8.0f}{s.items:>7.0f}{s.mean_batch_size:>12.2f}"
                          f"{s.mean_batch_run_s:>13.4f}{s.mean_item_wait_s:>13.4f}")
@@ -226,8 +227,7 @@ def jsonable(value: Any, strict: bool = True) -> Any:
     """Dataclasses, dicts, sequences and paths as plain JSON values.
 
     strict: NaN and infinities become null (strict JSON has none); otherwise they
-    stay floats, which Python's json writes as NaN / Infinity.
-    """
+    stay floats, which Python's json writes as NaN / Infinity."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: jsonable(getattr(value, f.name), strict) for f in dataclasses.fields(value)}
     if isinstance(value, dict):

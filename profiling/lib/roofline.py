@@ -16,8 +16,7 @@ A floor is max(compute, memory): compute = Linear FLOPs / the peak of the kind t
 + attention FLOPs / the peak of the float kind; memory = bytes read / the measured read bandwidth.
 Decode steps are floored one by one and summed. Not counted, so the floor stays a floor:
 activations, layer norms, softmax, biases, int8 scales (together < 1 % of the bytes at batch 1),
-int8's per-row quantization, padding, search and fetch.
-"""
+int8's per-row quantization, padding, search and fetch."""
 from __future__ import annotations
 
 import dataclasses

@@ -93,8 +93,7 @@ def search_vectors(ctx: BenchContext, dim: int) -> np.ndarray | None:
     """The SPEC queries embedded by the configured embedder (None: random unit vectors).
 
     Embedded queries probe the lists real traffic probes (it matters on the
-    support index); on the course index, filled with random vectors, either is fine.
-    """
+    support index); on the course index, filled with random vectors, either is fine."""
     if ctx.args.search_vectors != "embedded":
         return None
     embedder = model_class("embed").load(ctx.source, placement_for(ctx.settings, "embed"))
@@ -146,8 +145,7 @@ def count_new_tokens(generator, details: dict) -> None:
     """Record the mean number of tokens each sequence really generated in details["out_tokens"].
 
     generate_ids trims each answer at its end of sequence, so this wraps this instance's model.generate to read the
-    output ids: new tokens other than padding (finished sequences are padded).
-    """
+    output ids: new tokens other than padding (finished sequences are padded)."""
     model, inner = generator.model, generator.model.generate
     pad = generator.generation_config.pad_token_id
 
