@@ -34,11 +34,10 @@ from pipeline.config import ConfigError, Settings
 from pipeline.docstore import DocumentStoreError
 from pipeline.vector_index import VectorIndexError
 from profiling.lib.cli import add_out, comma_list, make_parser, positive
-from profiling.lib.models import MemoryProbe
+from profiling.lib.models import BUILDERS, BenchContext, MemoryProbe
 from profiling.lib.plots import microbench_plot
 from profiling.lib.provenance import local_record
 from profiling.lib.report import run_folder, text_table, write_csv, write_json
-from profiling.lib.stage_bench import BUILDERS, BenchContext
 
 STAGES = tuple(map(str, spec.WORKER_STAGES))  # plain names: argparse shows choices with repr()
 
