@@ -20,7 +20,7 @@ from typing import Sequence
 import requests
 
 from pipeline import spec
-from profiling.lib.cli import add_allow_remote, add_out, check_target, make_parser
+from profiling.lib.cli import add_cluster_args, check_target, make_parser
 from profiling.lib.prometheus import ClusterError, MetricsSnapshot, Node, counter_delta, find_nodes, scrape_nodes
 from profiling.lib.provenance import cluster_record, headline, settings_warnings
 from profiling.lib.report import run_folder, write_json
@@ -73,16 +73,10 @@ def breakdown(url: str, nodes: Sequence[Node], query: str, timeout_s: float, tok
 
 def parser():
     p = make_parser("python -m profiling.latency_breakdown", __doc__)
-    p.add_argument("--url", required=True, help="node 0's base URL, e.g. http://127.0.0.1:8000")
-    p.add_argument("--metrics", default="",
-                   help="node=url,... (base URLs) to scrape instead; empty: node 0 at --url and the peers its "
-                        "/health lists")
+    add_cluster_args(p, TOOL, wait_health_s=60.0, metrics="--metrics")
     p.add_argument("--requests", type=int, default=3, help="requests, one at a time")
     p.add_argument("--timeout", type=float, default=600, help="per-request timeout (s)")
-    p.add_argument("--wait-health", type=float, default=60.0, help="how long to wait for node 0's /health 200 (s)")
-    add_allow_remote(p)
     p.add_argument("--token", default="", help="the cluster token, to clear the caches before each request")
-    add_out(p, TOOL)
     return p
 
 

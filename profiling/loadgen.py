@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Sequence
 
 from profiling.lib import load, prometheus, report
-from profiling.lib.cli import TargetRefused, add_allow_remote, add_out, check_target, comma_list, make_parser, positive
+from profiling.lib.cli import TargetRefused, add_cluster_args, check_target, comma_list, make_parser, positive
 from profiling.lib.plots import write_plots
 from profiling.lib.prometheus import ClusterError, Node, NodeDelta
 from profiling.lib.provenance import cluster_record, headline, settings_warnings
@@ -66,10 +66,7 @@ parse_levels = comma_list(int, minimum=1, sort_unique=True, what="concurrency le
 
 def parser() -> argparse.ArgumentParser:
     p = make_parser("python -m profiling.loadgen", __doc__)
-    p.add_argument("--url", required=True, help="node 0's base URL, e.g. http://127.0.0.1:8000")
-    p.add_argument("--metrics-urls", default=None,
-                   help="comma-separated /metrics URLs, node 0 first, or 'none' to skip; unset: node 0 at --url "
-                        "and the peers its /health lists")
+    add_cluster_args(p, TOOL, wait_health_s=300.0)
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--schedule", help="'course' (10x10,20x5,50x1) or COUNTxINTERVAL,... (open loop)")
     mode.add_argument("--rate", type=positive(float), help="open loop: requests per second (with --count)")
@@ -96,9 +93,6 @@ def parser() -> argparse.ArgumentParser:
                    help="--api openai: request i of a group gets seed N + i (unset: the server draws one)")
     p.add_argument("--max-tokens", type=int, default=None, help="--api openai: each request's max_tokens")
     p.add_argument("--max-duration", type=positive(float), default=1800.0, help="hard limit for the whole run (s)")
-    p.add_argument("--wait-health", type=float, default=300.0, help="how long to wait for /health 200 first (s)")
-    add_allow_remote(p)
-    add_out(p, TOOL)
     p.add_argument("--name", default=None, help="output name; unset: from the mode (course, sweep, closed-c4...)")
     p.add_argument("--no-plots", action="store_true", help="write no PNG plots")
     return p
@@ -205,8 +199,6 @@ def format_run(run: LoadRun, args: argparse.Namespace) -> str:
                      + " (those requests were not computed in full)")
     sat = run.saturation
     if sat is not None:
-        if not sat.judgeable:
-            lines.append(f"warning: {report.small_sample_warning(sat)}")
         verdict = (f"saturation at c={sat.level}: {sat.throughput_rpm:.2f} req/min (knee at c={sat.knee_level})"
                    if sat.reached else
                    f"no knee up to c={run.results[-1].group.concurrency}: saturation not reached; "
@@ -215,9 +207,7 @@ def format_run(run: LoadRun, args: argparse.Namespace) -> str:
     if run.deadline_hit:
         lines.append(f"--max-duration {args.max_duration:g}s reached: "
                      f"{run.overall.planned - run.overall.sent} planned requests were not sent")
-    if run.scrape_error:
-        lines.append(f"loadgen: {run.scrape_error} after the load: its figures are missing")
-    return "\n".join(lines)
+    return "\n".join(lines + [f"warning: {line}" for line in run.warnings()])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from profiling.lib import load
-from profiling.lib.cli import add_allow_remote, add_out, check_target, make_parser, positive
+from profiling.lib.cli import add_cluster_args, check_target, make_parser, positive
 from profiling.lib.prometheus import RSS_METRIC, ClusterError, Node, find_nodes, scrape, scrape_nodes
 from profiling.lib.provenance import cluster_record, headline, settings_warnings
 from profiling.lib.report import percentiles, run_folder, write_csv, write_json
@@ -124,10 +124,7 @@ def summarize(target: load.LoadTarget, sent: int, records: list[RequestRecord], 
 
 def parser() -> argparse.ArgumentParser:
     p = make_parser("python -m profiling.soak", __doc__)
-    p.add_argument("--url", required=True, help="the gateway (node 0), e.g. http://127.0.0.1:8000")
-    p.add_argument("--metrics-urls", default="",
-                   help="comma-separated node URLs to scrape, node 0 first; empty: node 0 at --url and the peers "
-                        "its /health lists")
+    add_cluster_args(p, TOOL, wait_health_s=300.0)
     p.add_argument("--minutes", type=positive(float), default=10.0, help="how long to send load")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--concurrency", type=positive(int), default=4, help="closed loop: this many clients")
@@ -137,10 +134,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sample-s", type=positive(float), default=5.0, help="seconds between RSS samples")
     p.add_argument("--timeout", type=positive(float), default=300.0, help="per-request timeout (s)")
     p.add_argument("--drain-s", type=float, default=30.0, help="after --minutes, how long requests out may take")
-    p.add_argument("--wait-health", type=float, default=300.0, help="how long to wait for node 0's /health 200 (s)")
-    add_out(p, TOOL)
     p.add_argument("--name", default=time.strftime("%Y%m%d-%H%M%S"), help="output name (the start time)")
-    add_allow_remote(p)
     return p
 
 

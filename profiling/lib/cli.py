@@ -101,9 +101,19 @@ def add_out(parser: argparse.ArgumentParser, tool: str) -> None:
                              "another")
 
 
-def add_allow_remote(parser: argparse.ArgumentParser) -> None:
+def add_cluster_args(parser: argparse.ArgumentParser, tool: str, wait_health_s: float,
+                     metrics: str = "--metrics-urls") -> None:
+    """What every tool that measures a cluster takes: node 0's --url, the nodes to scrape (prometheus.find_nodes),
+    --wait-health, --allow-remote and --out."""
+    parser.add_argument("--url", required=True, help="node 0's base URL, e.g. http://127.0.0.1:8000")
+    parser.add_argument(metrics, default=None,
+                        help="comma-separated node URLs to scrape, node 0 first (or N=URL,...; a trailing /metrics is "
+                             "dropped), or 'none'; unset: node 0 at --url and the peers its /health lists")
+    parser.add_argument("--wait-health", type=float, default=wait_health_s,
+                        help="how long to wait for node 0's /health 200 first (s)")
     parser.add_argument("--allow-remote", action="store_true",
                         help="allow non-loopback targets (by default only 127.0.0.0/8, ::1 and localhost)")
+    add_out(parser, tool)
 
 
 def check_target(url: str, allow_remote: bool) -> str:
