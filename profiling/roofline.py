@@ -182,6 +182,10 @@ def format_floors(plans: Sequence[roof.PlanFloor]) -> str:
     lines.append(f"{'idle request s':<22}" + "".join(f"{p.idle_s:>15.3f}" for p in plans))
     lines.append(f"{f'{concurrency} together s':<22}" + "".join(f"{p.concurrent_s:>15.3f}" for p in plans))
     lines.append(f"{f'c={concurrency} req/min':<22}" + "".join(f"{p.concurrent_rpm:>15.1f}" for p in plans))
+    fast = next(p for p in plans if p.name == FAST)
+    lines.append("  (c: compute-bound, m: memory-bound; fast = " + ", ".join(
+        f"{row} {precision}" for row, precision in fast.precisions.items() if row != "decode")
+        + "; PRECISION=auto = the bfloat16 column on a bf16 CPU, the float32 column on others)")
     return "\n".join(lines)
 
 
@@ -214,23 +218,6 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def print_report(source: str, machine_line: str, work: str, plans: Sequence[roof.PlanFloor],
-                 comparison: str) -> None:
-    print(f"models: {source}; {machine_line}")
-    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs when measured "
-          "(a busy machine measures low peaks)")
-    print(work)
-    print()
-    print(format_floors(plans))
-    fast = next(p for p in plans if p.name == FAST)
-    print("  (c: compute-bound, m: memory-bound; fast = " + ", ".join(
-        f"{row} {precision}" for row, precision in fast.precisions.items() if row != "decode")
-        + "; PRECISION=auto = the bfloat16 column on a bf16 CPU, the float32 column on others)")
-    if comparison:
-        print()
-        print(comparison)
-
-
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
@@ -252,8 +239,12 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print_report(source.describe(), machine.describe(), format_work(models, tokens), plans,
-                 format_comparisons(by_name[precision], comparisons) if comparisons else "")
+    print(f"models: {source.describe()}; {machine.describe()}")
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs when measured "
+          "(a busy machine measures low peaks)")
+    print(format_work(models, tokens), format_floors(plans), sep="\n\n")
+    if comparisons:
+        print("\n" + format_comparisons(by_name[precision], comparisons))
     out = run_folder("roofline", args.out)
     path = write_json(out / "roofline.json", {
         "machine": machine, "models": models, "tokens": tokens, "counted": counted,

@@ -152,12 +152,6 @@ def counter_delta(before: MetricsSnapshot, after: MetricsSnapshot, *names: str, 
     return None
 
 
-def stage_order(stage: str) -> tuple[int, str]:
-    """Sort key: pipeline order reads better than alphabetical; unknown stages go last."""
-    order = list(Stage)
-    return (order.index(stage) if stage in order else len(order), stage)
-
-
 def _ratio(num: float | None, den: float | None) -> float:
     return num / den if num is not None and den else math.nan
 
@@ -190,7 +184,9 @@ def node_delta(before: MetricsSnapshot, after: MetricsSnapshot) -> NodeDelta:
     if after.error:
         return NodeDelta(after.url, after.error, None, None, [], {})
     names = after.label_values("rag_batch_size_count", "stage") or after.label_values("rag_batches_total", "stage")
-    stages = [stage_delta(before, after, stage) for stage in sorted(names, key=stage_order)]
+    order = list(Stage)  # pipeline order reads better than alphabetical; unknown stages go last
+    stages = [stage_delta(before, after, stage)
+              for stage in sorted(names, key=lambda s: (order.index(s) if s in order else len(order), s))]
     return NodeDelta(after.url, "", after.get(PEAK_RSS_METRIC), after.get(RSS_METRIC), stages,
                      http_deltas(before, after))
 
