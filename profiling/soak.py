@@ -39,14 +39,6 @@ BASELINE_S = 60.0
 SCRAPE_TIMEOUT_S = 5.0
 
 @dataclass
-class RequestRecord:
-    """One row of soak_<name>_requests.csv."""
-    sent_s: float  # since the start of the run
-    latency_s: float
-    outcome: str  # "ok", "http_<status>", an exception class, or "invalid_reply"
-
-
-@dataclass
 class RssSample:
     t_s: float
     node_url: str
@@ -63,9 +55,11 @@ def run_load(target: load.LoadTarget, stop_sending_at: float, args: argparse.Nam
     return load.run_closed(target, load.ClosedGroup("soak", args.max_requests, args.concurrency, duration))
 
 
-def answered(records: list[load.RequestRecord]) -> list[RequestRecord]:
-    """The requests that got an answer (one still out at the hard end was sent, not answered)."""
-    return [RequestRecord(r.send_s, r.latency_s, r.error or "ok") for r in records if r.finished]
+def answered(records: list[load.RequestRecord]) -> list[dict]:
+    """soak_<name>_requests.csv's rows: the requests that got an answer (one still out at the hard end
+    was sent, not answered), each with its outcome: "ok", "http_<status>", an exception class, or
+    "invalid_reply"."""
+    return [{"sent_s": r.send_s, "latency_s": r.latency_s, "outcome": r.error or "ok"} for r in records if r.finished]
 
 
 def scrape_rss(url: str) -> float | None:
@@ -100,12 +94,11 @@ def growth(samples: list[RssSample], urls: list[str], duration_s: float) -> dict
     return result
 
 
-def summarize(target: load.LoadTarget, sent: int, records: list[RequestRecord], samples: list[RssSample],
-              urls: list[str],
+def summarize(target: load.LoadTarget, sent: int, records: list[dict], samples: list[RssSample], urls: list[str],
               args: argparse.Namespace) -> dict:
     duration_s = min(target.now_s(), args.minutes * 60.0)
-    outcomes = Counter(r.outcome for r in records)
-    ok_latencies = [r.latency_s for r in records if r.outcome == "ok"]
+    outcomes = Counter(r["outcome"] for r in records)
+    ok_latencies = [r["latency_s"] for r in records if r["outcome"] == "ok"]
     errors = {k: v for k, v in outcomes.items() if k != "ok"}
     memory = growth(samples, urls, duration_s)
     return {
@@ -188,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                     "provenance": provenance, "warnings": warnings + failures})
     paths = [write_json(out / f"soak_{args.name}.json", summary),
              write_csv(out / f"soak_{args.name}_rss.csv", samples, list(RssSample.__dataclass_fields__)),
-             write_csv(out / f"soak_{args.name}_requests.csv", records, list(RequestRecord.__dataclass_fields__))]
+             write_csv(out / f"soak_{args.name}_requests.csv", records, ["sent_s", "latency_s", "outcome"])]
     print(json.dumps({k: v for k, v in summary.items() if k != "provenance"}, indent=2))  # the file has all
     print(headline(provenance))
     for line in failures:
