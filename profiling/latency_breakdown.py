@@ -1,15 +1,14 @@
 """One idle request at a time through the cluster, its latency broken down by stage.
 
-For each request (sent only after the previous one is answered, so every stage
-runs a batch of one) it reads each node's /metrics before and after and
-reports every stage's run time on the worker that served it, their sum, the
-end-to-end latency, and the ratio of the two: the overhead of batching,
-queues and HTTP at low load (the performance target is <= 1.15).
+For each request (sent only after the previous one is answered, so every stage runs a batch of one) it reads each
+node's /metrics before and after and reports every stage's run time on the worker that served it, their sum, the
+end-to-end latency, and the ratio of the two: the overhead of batching, queues and HTTP at low load (the performance
+target is <= 1.15).
 
-A node whose /metrics (found from node 0's /health unless --metrics) cannot be read stops the
-tool, naming it (exit 1). The caches are cleared before each request; a node that refuses (e.g.
-without --token) is warned about. Writes latency_breakdown.json (the rows, the tool's git commit,
-every node's settings, warnings) into --out, or a fresh runs/latency_breakdown-<UTC time>/ folder."""
+A node whose /metrics (found from node 0's /health unless --metrics) cannot be read stops the tool, naming it (exit
+1). The caches are cleared before each request; a node that refuses (e.g. without --token) is warned about. Writes
+latency_breakdown.json (the rows, the tool's git commit, every node's settings, warnings) into --out, or a fresh
+runs/latency_breakdown-<UTC time>/ folder."""
 from __future__ import annotations
 
 import sys

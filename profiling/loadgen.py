@@ -1,22 +1,19 @@
-"""Load generator: drives node 0's POST /query (or /v1/chat/completions with --api openai) and
-reports what the service did.
+"""Load generator: drives node 0's POST /query (or /v1/chat/completions with --api openai) and reports what the
+service did.
 
-Open loop (--schedule, --rate) sends on time whatever the service does, one thread per request as
-the course client does, so queueing shows up as latency; `--schedule course` is the course
-client's three runs (10x10, 20x5, 50x1), each waiting for its replies before the next starts.
-Closed loop (--concurrency, --sweep) keeps C requests in flight, so it finds the throughput the
-service can sustain. Every run is bounded in count and by --max-duration (timeouts of requests in
-flight are cut to end by it); load goes only to loopback addresses unless --allow-remote.
+Open loop (--schedule, --rate) sends on time whatever the service does, one thread per request as the course client
+does, so queueing shows up as latency; `--schedule course` is the course client's three runs (10x10, 20x5, 50x1),
+each waiting for its replies before the next starts. Closed loop (--concurrency, --sweep) keeps C requests in
+flight, so it finds the throughput the service can sustain. Every run is bounded in count and by --max-duration
+(timeouts of requests in flight are cut to end by it); load goes only to loopback addresses unless --allow-remote.
 
-Each node's /metrics (found from node 0's /health unless --metrics-urls) is scraped before the load
-and after each phase or level; a node that cannot be scraped stops the tool, naming it. Reports
-throughput, latency percentiles of successful requests and their spread, errors by kind
-(`http_<status>`, the exception class, `invalid_reply`), each stage's batch sizes, run times and
-queue waits, peak RSS and cache hits; a sweep level with fewer than 20 successful requests makes
-the knee verdict tentative. The summary records the tool's git commit and every node's settings
-and rag_node_info, and warns when a cache could answer repeated queries. Writes
-loadgen_<name>.csv (one row per request), loadgen_<name>.json (the summary) and PNG plots into
---out, or a fresh runs/loadgen-<UTC time>/ folder."""
+Each node's /metrics (found from node 0's /health unless --metrics-urls) is scraped before the load and after each
+phase or level; a node that cannot be scraped stops the tool, naming it. Reports throughput, latency percentiles of
+successful requests and their spread, errors by kind (`http_<status>`, the exception class, `invalid_reply`), each
+stage's batch sizes, run times and queue waits, peak RSS and cache hits; a sweep level with fewer than 20 successful
+requests makes the knee verdict tentative. The summary records the tool's git commit and every node's settings and
+rag_node_info, and warns when a cache could answer repeated queries. Writes loadgen_<name>.csv (one row per
+request), loadgen_<name>.json (the summary) and PNG plots into --out, or a fresh runs/loadgen-<UTC time>/ folder."""
 from __future__ import annotations
 
 import argparse

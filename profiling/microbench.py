@@ -1,19 +1,16 @@
 """Microbenchmarks: each pipeline stage's batch function timed in-process, by batch size.
 
-No HTTP, queues or threads of the service: this is what a stage costs once its
-BatchingService has formed a batch, i.e. the numbers to choose *_MAX_BATCH by.
-Stages load the way the workers load them (MODEL_SOURCE, STANDIN_PROFILE, PRECISION
-and the per-stage *_PRECISION, ONLY_CPU, TORCH_THREADS / FAISS_THREADS), so
-`STANDIN_PROFILE=faithful MODEL_SOURCE=standin` gives the real models' timings offline.
+No HTTP, queues or threads of the service: this is what a stage costs once its BatchingService has formed a batch,
+i.e. the numbers to choose *_MAX_BATCH by. Stages load the way the workers load them (MODEL_SOURCE, STANDIN_PROFILE,
+PRECISION and the per-stage *_PRECISION, ONLY_CPU, TORCH_THREADS / FAISS_THREADS), so `STANDIN_PROFILE=faithful
+MODEL_SOURCE=standin` gives the real models' timings offline.
 
-Inputs are realistic for each stage (profiling/lib/inputs.py). Every batch
-size gets its own warm-up: a new input shape costs one-off work (oneDNN
-primitives, allocator growth, cold index pages) that is not the steady state.
+Inputs are realistic for each stage (profiling/lib/inputs.py). Every batch size gets its own warm-up: a new input
+shape costs one-off work (oneDNN primitives, allocator growth, cold index pages) that is not the steady state.
 
-Writes microbench_<stage>.csv (one row per batch size), microbench_<stage>.png
-and microbench_settings.json (the git commit and the settings this process ran
-with) into --out, or a fresh runs/microbench-<UTC time>/ folder, and prints a
-summary table."""
+Writes microbench_<stage>.csv (one row per batch size), microbench_<stage>.png and microbench_settings.json (the git
+commit and the settings this process ran with) into --out, or a fresh runs/microbench-<UTC time>/ folder, and prints
+a summary table."""
 from __future__ import annotations
 
 import argparse

@@ -1,22 +1,20 @@
-"""The roofline of one request on this CPU: per stage, the arithmetic and the bytes one request
-needs, against this CPU's measured matmul peaks and memory bandwidth, in every precision.
+"""The roofline of one request on this CPU: per stage, the arithmetic and the bytes one request needs, against this
+CPU's measured matmul peaks and memory bandwidth, in every precision.
 
 Shapes come from the configured models' configs (no weights are loaded; MODEL_SOURCE=standin
-STANDIN_PROFILE=faithful carries the real configs offline). Token lengths are the real tokenizers'
-counts for one reference query: the query (embed); the query with ten support-corpus documents,
-truncated at 512 (rerank); the chat prompt with the top three (prefill); an answer of 400-512
-characters cut as the classifiers cut it (sentiment, toxicity). Peaks: float32, bfloat16 and int8
-(`torch._int_mm`) matmuls and a sum and a copy of a large tensor, each the median of --rounds.
-Floors are given for each variant on every stage and for PRECISION=fast's mix on this CPU: one idle
-request (the stages in sequence) and --concurrency requests served together (weights read once per
-pass and per decode step for all of them).
+STANDIN_PROFILE=faithful carries the real configs offline). Token lengths are the real tokenizers' counts for one
+reference query: the query (embed); the query with ten support-corpus documents, truncated at 512 (rerank); the chat
+prompt with the top three (prefill); an answer of 400-512 characters cut as the classifiers cut it (sentiment,
+toxicity). Peaks: float32, bfloat16 and int8 (`torch._int_mm`) matmuls and a sum and a copy of a large tensor, each
+the median of --rounds. Floors are given for each variant on every stage and for PRECISION=fast's mix on this CPU:
+one idle request (the stages in sequence) and --concurrency requests served together (weights read once per pass and
+per decode step for all of them).
 
---measured FILE.json: seconds by key (embed, rerank, prefill, decode, generate, sentiment,
-toxicity, request; concurrency_rpm in requests/min), flat or as {"precision": NAME, "times":
-{...}}; --microbench DIR: each stage's batch-1 median from microbench_<stage>.csv (the file's
-figures win where both give one). They are printed as multiples of the floor of
---measured-precision (or of the file's "precision"). Writes roofline.json into --out or a fresh
-runs/roofline-<UTC time>/."""
+--measured FILE.json: seconds by key (embed, rerank, prefill, decode, generate, sentiment, toxicity, request;
+concurrency_rpm in requests/min), flat or as {"precision": NAME, "times": {...}}; --microbench DIR: each stage's
+batch-1 median from microbench_<stage>.csv (the file's figures win where both give one). They are printed as
+multiples of the floor of --measured-precision (or of the file's "precision"). Writes roofline.json into --out or a
+fresh runs/roofline-<UTC time>/."""
 from __future__ import annotations
 
 import argparse

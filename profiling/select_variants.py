@@ -1,7 +1,7 @@
 """Pick each model stage's precision variant on this machine and write it as an env file.
 
-For every stage and candidate variant (default: those this device supports) a fresh subprocess
-loads only that model in that variant, as the service does, and measures:
+For every stage and candidate variant (default: those this device supports) a fresh subprocess loads only that model
+in that variant, as the service does, and measures:
 
 - speed: the median of `--repeat` timings of one item and of a typical batch (`--batch`), after a
   warm-up; with `--rounds R` every subprocess runs R times, the variants' order rotated each
@@ -12,11 +12,10 @@ loads only that model in that variant, as the service does, and measures:
   the classifiers' label agreement; the LLM's exact match of greedy token ids, first differing
   token, teacher-forced top-1 agreement and logit drift.
 
-The rule: per stage, the fastest variant at the typical batch among those whose every fidelity
-metric reaches its stage's minimum (`--<stage>-<metric>`); float32 when none does. Writes
-`precision.env` (`EMBED_PRECISION=...` lines a deployer sources, the figures in its comments),
-`select_variants.json` and `select_variants.csv` under `--out/<timestamp>/`. Fidelity on
-random-weight stand-ins is a worst case (said in the output)."""
+The rule: per stage, the fastest variant at the typical batch among those whose every fidelity metric reaches its
+stage's minimum (`--<stage>-<metric>`); float32 when none does. Writes `precision.env` (`EMBED_PRECISION=...` lines
+a deployer sources, the figures in its comments), `select_variants.json` and `select_variants.csv` under
+`--out/<timestamp>/`. Fidelity on random-weight stand-ins is a worst case (said in the output)."""
 from __future__ import annotations
 
 import argparse

@@ -1,20 +1,18 @@
 """Soak benchmark: steady load for N minutes while watching every node's memory.
 
-A leak shows as resident memory that keeps climbing under a load that does not change. So the
-load is steady (closed loop: C clients, each sending its next request when its reply arrives; or
-open loop: R requests per second whatever the replies do), and every few seconds each node's
-`/metrics` is scraped for `process_resident_memory_bytes`. The report compares, per node, the
-mean RSS of the first minute (the baseline: models loaded, batches warmed, allocator pools grown)
-with the mean of the last minute (runs shorter than 3 minutes use thirds instead) and flags growth
-over 5 %. It also counts errors by kind (`http_<status>`, the exception class, or `invalid_reply`).
+A leak shows as resident memory that keeps climbing under a load that does not change. So the load is steady (closed
+loop: C clients, each sending its next request when its reply arrives; or open loop: R requests per second whatever
+the replies do), and every few seconds each node's `/metrics` is scraped for `process_resident_memory_bytes`. The
+report compares, per node, the mean RSS of the first minute (the baseline: models loaded, batches warmed, allocator
+pools grown) with the mean of the last minute (runs shorter than 3 minutes use thirds instead) and flags growth over
+5 %. It also counts errors by kind (`http_<status>`, the exception class, or `invalid_reply`).
 
-Bounded in count and time: no request is sent after --minutes, requests in flight then get at most
---drain-s more, every thread is joined with a timeout. Each node (found from node 0's /health unless
---metrics-urls) must answer /metrics before the load starts; one whose /metrics failed during the
-run makes the exit status 1 (its memory figure is incomplete). The summary records the tool's git
-commit and each node's settings, and warns when a cache could answer the repeated queries. Writes
-soak_<name>.json (the summary), soak_<name>_rss.csv (one row per node per sample) and
-soak_<name>_requests.csv (one row per request) into --out, or a fresh runs/soak-<UTC time>/ folder."""
+Bounded in count and time: no request is sent after --minutes, requests in flight then get at most --drain-s more,
+every thread is joined with a timeout. Each node (found from node 0's /health unless --metrics-urls) must answer
+/metrics before the load starts; one whose /metrics failed during the run makes the exit status 1 (its memory figure
+is incomplete). The summary records the tool's git commit and each node's settings, and warns when a cache could
+answer the repeated queries. Writes soak_<name>.json (the summary), soak_<name>_rss.csv (one row per node per
+sample) and soak_<name>_requests.csv (one row per request) into --out, or a fresh runs/soak-<UTC time>/ folder."""
 from __future__ import annotations
 
 import argparse
@@ -56,9 +54,8 @@ def run_load(target: load.LoadTarget, stop_sending_at: float, args: argparse.Nam
 
 
 def answered(records: list[load.RequestRecord]) -> list[dict]:
-    """soak_<name>_requests.csv's rows: the requests that got an answer (one still out at the hard end
-    was sent, not answered), each with its outcome: "ok", "http_<status>", an exception class, or
-    "invalid_reply"."""
+    """soak_<name>_requests.csv's rows: the requests that got an answer (one still out at the hard end was sent, not
+    answered), each with its outcome: "ok", "http_<status>", an exception class, or "invalid_reply"."""
     return [{"sent_s": r.send_s, "latency_s": r.latency_s, "outcome": r.error or "ok"} for r in records if r.finished]
 
 

@@ -1,7 +1,6 @@
-"""Load generation against node 0's POST /query or /v1/chat/completions: open-loop schedules (one
-thread per request, sent on time whatever the service does) and closed loops (C clients). Every loop
-is bounded in count and in time: a LoadTarget carries a hard deadline after which nothing is sent
-and no request is waited for."""
+"""Load generation against node 0's POST /query or /v1/chat/completions: open-loop schedules (one thread per
+request, sent on time whatever the service does) and closed loops (C clients). Every loop is bounded in count and in
+time: a LoadTarget carries a hard deadline after which nothing is sent and no request is waited for."""
 from __future__ import annotations
 
 import dataclasses

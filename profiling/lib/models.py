@@ -1,8 +1,7 @@
-"""A measuring tool's models as a worker would run them: settings from the environment, torch on
-the worker's thread budget (TORCH_THREADS), the configured model source (stand-ins built if that is
-what it names and they are missing: a tool may build them, a serving node may not); the memory they
-take; and each worker stage's batch function with realistic inputs per batch size (what
-profiling.microbench times)."""
+"""A measuring tool's models as a worker would run them: settings from the environment, torch on the worker's thread
+budget (TORCH_THREADS), the configured model source (stand-ins built if that is what it names and they are missing:
+a tool may build them, a serving node may not); the memory they take; and each worker stage's batch function with
+realistic inputs per batch size (what profiling.microbench times)."""
 from __future__ import annotations
 
 import argparse

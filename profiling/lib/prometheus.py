@@ -1,10 +1,9 @@
 """Each node's /metrics: which nodes a tool measures, scraping, and what changed between two snapshots.
 
-The nodes come from the one URL a tool was given: node 0's /health lists its peers (`"peers":
-[{"node", "role", "url"}]`), so node 1's and node 2's /metrics are found from the target itself,
-never from this machine's NODE_<n>_IP settings (which may describe another cluster). A node whose
-/metrics cannot be read is an error that names the node and address: a figure silently missing a
-node reads like a node that did nothing."""
+The nodes come from the one URL a tool was given: node 0's /health lists its peers (`"peers": [{"node", "role",
+"url"}]`), so node 1's and node 2's /metrics are found from the target itself, never from this machine's NODE_<n>_IP
+settings (which may describe another cluster). A node whose /metrics cannot be read is an error that names the node
+and address: a figure silently missing a node reads like a node that did nothing."""
 from __future__ import annotations
 
 import math

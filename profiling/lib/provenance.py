@@ -1,11 +1,10 @@
 """What a result was measured with: the code, every node's settings, and caches that could answer.
 
-A figure means nothing without what produced it: caches, precision, batch limits, threads,
-the model source and the code all change it. Each node answers `GET /settings` with
-`{"settings": {ENV_NAME: value, ...}}` (secrets "<hidden>"); a node that predates it (404)
-or cannot answer is recorded as unknown, with a printed warning, so the tools still work.
-`rag_node_info` in /metrics (role, model source, precision, version) is recorded too.
-In-process tools record this process's own settings instead."""
+A figure means nothing without what produced it: caches, precision, batch limits, threads, the model source and the
+code all change it. Each node answers `GET /settings` with `{"settings": {ENV_NAME: value, ...}}` (secrets
+"<hidden>"); a node that predates it (404) or cannot answer is recorded as unknown, with a printed warning, so the
+tools still work. `rag_node_info` in /metrics (role, model source, precision, version) is recorded too. In-process
+tools record this process's own settings instead."""
 from __future__ import annotations
 
 import subprocess

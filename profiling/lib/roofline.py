@@ -1,8 +1,7 @@
-"""The roofline of one request: what each model stage must compute and read, and the least time
-this CPU can do it in.
+"""The roofline of one request: what each model stage must compute and read, and the least time this CPU needs.
 
-Every count is derived from a model's config (hidden size, layers, heads, KV heads, intermediate
-size, vocabulary, labels) and the request's token lengths:
+Every count is derived from a model's config (hidden size, layers, heads, KV heads, intermediate size, vocabulary,
+labels) and the request's token lengths:
 
 * MACs (multiply-adds; 2 FLOPs each) of the Linears, which the int8 variants quantize, and of
   attention's own matmuls (QK^T and PV), which stay float in every variant. Encoders attend over
@@ -12,11 +11,10 @@ size, vocabulary, labels) and the request's token lengths:
   weights does not stay in cache from one step to the next), the embedding rows of the tokens,
   and in decode the KV cache of each sequence.
 
-A floor is max(compute, memory): compute = Linear FLOPs / the peak of the kind the Linears run in
-+ attention FLOPs / the peak of the float kind; memory = bytes read / the measured read bandwidth.
-Decode steps are floored one by one and summed. Not counted, so the floor stays a floor:
-activations, layer norms, softmax, biases, int8 scales (together < 1 % of the bytes at batch 1),
-int8's per-row quantization, padding, search and fetch."""
+A floor is max(compute, memory): compute = Linear FLOPs / the peak of the kind the Linears run in + attention FLOPs
+/ the peak of the float kind; memory = bytes read / the measured read bandwidth. Decode steps are floored one by one
+and summed. Not counted, so the floor stays a floor: activations, layer norms, softmax, biases, int8 scales
+(together < 1 % of the bytes at batch 1), int8's per-row quantization, padding, search and fetch."""
 from __future__ import annotations
 
 import dataclasses
