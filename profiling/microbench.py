@@ -1,24 +1,16 @@
 """Microbenchmarks: each pipeline stage's batch function timed in-process, by batch size.
 
-    python -m profiling.microbench --stage {embed,search,fetch,rerank,generate,sentiment,toxicity,all}
-        --batch-sizes 1,2,4,8,16,32 [--repeat 5] [--warmup 1] [--out DIR]
-        [--index PATH] [--documents DIR] [--max-new-tokens 128] [--search-vectors embedded|random]
+No HTTP, queues or threads of the service: this is what a stage costs once its BatchingService has formed a batch,
+i.e. the numbers to choose *_MAX_BATCH by. Stages load the way the workers load them (MODEL_SOURCE, STANDIN_PROFILE,
+PRECISION and the per-stage *_PRECISION, ONLY_CPU, TORCH_THREADS / FAISS_THREADS), so `STANDIN_PROFILE=faithful
+MODEL_SOURCE=standin` gives the real models' timings offline.
 
-No HTTP, queues or threads of the service: this is what a stage costs once its
-BatchingService has formed a batch, i.e. the numbers to choose *_MAX_BATCH by.
-Stages load the way the workers load them (MODEL_SOURCE, STANDIN_PROFILE, PRECISION
-and the per-stage *_PRECISION, ONLY_CPU, TORCH_THREADS / FAISS_THREADS), so
-`STANDIN_PROFILE=faithful MODEL_SOURCE=standin` gives the real models' timings offline.
+Inputs are realistic for each stage (profiling/lib/inputs.py). Every batch size gets its own warm-up: a new input
+shape costs one-off work (oneDNN primitives, allocator growth, cold index pages) that is not the steady state.
 
-Inputs are realistic for each stage (see the `*_inputs` functions). Every batch
-size gets its own warm-up: a new input shape costs one-off work (oneDNN
-primitives, allocator growth, cold index pages) that is not the steady state.
-
-Writes microbench_<stage>.csv (one row per batch size), microbench_<stage>.png
-and microbench_settings.json (the git commit and the settings this process ran
-with) into --out, or a fresh runs/microbench-<UTC time>/ folder, and prints a
-summary table.
-"""
+Writes microbench_<stage>.csv (one row per batch size), microbench_<stage>.png and microbench_settings.json (the git
+commit and the settings this process ran with) into --out, or a fresh runs/microbench-<UTC time>/ folder, and prints
+a summary table."""
 from __future__ import annotations
 
 import argparse
@@ -39,17 +31,13 @@ from pipeline.config import ConfigError, Settings
 from pipeline.docstore import DocumentStoreError
 from pipeline.vector_index import VectorIndexError
 from profiling.lib.cli import add_out, comma_list, make_parser, positive
-from profiling.lib.memory import MemoryProbe
+from profiling.lib.models import BUILDERS, BenchContext, MemoryProbe
+from profiling.lib.plots import microbench_plot
 from profiling.lib.provenance import local_record
-from profiling.lib.report import run_folder, write_csv, write_json
-from profiling.lib.stage_bench import BUILDERS, BenchContext, StageBench, torch_threads
-
-log = logging.getLogger("profiling.microbench")
+from profiling.lib.report import run_folder, text_table, write_csv, write_json
 
 STAGES = tuple(map(str, spec.WORKER_STAGES))  # plain names: argparse shows choices with repr()
 
-
-# ------------------------------------------------------------------------- results
 
 @dataclass(frozen=True)
 class BenchRow:
@@ -78,89 +66,40 @@ class BenchRow:
         return [f.name for f in dataclasses.fields(cls)]
 
 
-def summarize(stage: "StageBench", batch_size: int, times: Sequence[float], repeat: int, warmup: int,
-              memory: "MemoryProbe") -> BenchRow:
-    median, lo, hi = statistics.median(times), min(times), max(times)
-    return BenchRow(
-        stage=stage.name, batch_size=batch_size, repeat=repeat, warmup=warmup,
-        batch_s_median=median, batch_s_min=lo, batch_s_max=hi,
-        item_s_median=median / batch_size, item_s_min=lo / batch_size, item_s_max=hi / batch_size,
-        items_per_s=batch_size / median if median > 0 else float("inf"),
-        peak_rss_mib=memory.peak_mib(), rss_mib=memory.current_mib(),
-        dtype=stage.dtype, device=stage.device, threads=stage.threads, model_source=stage.model_source,
-        detail=stage.describe(),
-    )
-
-
-# ------------------------------------------------------------------------- running
-
-def time_batch(bench: StageBench, inputs: list) -> float:
-    started = time.perf_counter()
-    bench.run(inputs)
-    return time.perf_counter() - started
-
-
-def bench_stage(bench: StageBench, batch_sizes: Sequence[int], repeat: int, warmup: int,
-                memory: MemoryProbe, progress: bool = True) -> list[BenchRow]:
-    rows = []
-    with tqdm(total=len(batch_sizes) * (repeat + warmup), desc=bench.name, unit="batch",
-              disable=not progress, file=sys.stderr) as bar:
-        for batch_size in batch_sizes:
-            for w in range(warmup):
-                # Negative rounds: warm-up inputs differ from the timed ones.
-                time_batch(bench, bench.make_inputs(batch_size, -1 - w))
-                bar.update()
-            times = []
-            for r in range(repeat):
-                times.append(time_batch(bench, bench.make_inputs(batch_size, r)))
-                bar.update()
-            rows.append(summarize(bench, batch_size, times, repeat, warmup, memory))
-    return rows
-
-
-def write_plot(path: Path, rows: Sequence[BenchRow]) -> Path:
-    from profiling.lib.plots import microbench_plot
-    first = rows[0]
-    subtitle = (f"{first.model_source} {first.device}/{first.dtype} threads={first.threads} "
-                f"repeat={first.repeat} {first.detail}")
-    return microbench_plot(path, first.stage, [r.batch_size for r in rows],
-                           [r.item_s_median * 1e3 for r in rows], [r.item_s_min * 1e3 for r in rows],
-                           [r.item_s_max * 1e3 for r in rows], [r.items_per_s for r in rows], subtitle)
-
-
 def format_table(rows: Sequence[BenchRow]) -> str:
-    header = (f"{'stage':<10}{'batch':>6}{'batch med s':>13}{'min s':>10}{'max s':>10}{'item med ms':>13}"
-              f"{'items/s':>10}{'peak MiB':>10}  dtype     threads  source")
-    lines = [header, "-" * len(header)]
-    for r in rows:
-        lines.append(f"{r.stage:<10}{r.batch_size:>6}{r.batch_s_median:>13.4f}{r.batch_s_min:>10.4f}"
-                     f"{r.batch_s_max:>10.4f}{r.item_s_median * 1e3:>13.2f}{r.items_per_s:>10.1f}"
-                     f"{r.peak_rss_mib:>10.0f}  {r.dtype:<9} {r.threads:>7}  {r.model_source}")
-    return "\n".join(lines)
+    columns = [("stage", "<10"), ("batch", ">6"), ("batch med s", ">13.4f"), ("min s", ">10.4f"), ("max s", ">10.4f"),
+               ("item med ms", ">13.2f"), ("items/s", ">10.1f"), ("peak MiB", ">10.0f"), ("  dtype", "<11"),
+               ("threads", ">8"), ("  source", "")]
+    return text_table(columns, [(r.stage, r.batch_size, r.batch_s_median, r.batch_s_min, r.batch_s_max,
+                                 r.item_s_median * 1e3, r.items_per_s, r.peak_rss_mib, "  " + r.dtype, r.threads,
+                                 "  " + r.model_source) for r in rows])
 
 
-@dataclass(frozen=True)
-class StageResult:
-    stage: str
-    rows: list[BenchRow]
-    csv_path: Path
-    png_path: Path
-
-
-def run_stage(ctx: BenchContext, stage: str, memory: MemoryProbe, progress: bool) -> StageResult:
+def run_stage(ctx: BenchContext, stage: str, memory: MemoryProbe, progress: bool) -> list[BenchRow]:
+    """One stage timed at each batch size, each with its own warm-up; its CSV and plot written into --out."""
     memory.reset()  # this stage's peak: its model, inputs and activations only
-    bench = BUILDERS[stage](ctx)
-    args = ctx.args
-    rows = bench_stage(bench, args.batch_sizes, args.repeat, args.warmup, memory, progress)
-    out = Path(args.out)
-    result = StageResult(stage, rows, write_csv(out / f"microbench_{stage}.csv", rows, BenchRow.columns()),
-                         write_plot(out / f"microbench_{stage}.png", rows))
+    bench, args, rows = BUILDERS[stage](ctx), ctx.args, []
+    with tqdm(total=len(args.batch_sizes) * (args.repeat + args.warmup), desc=stage, unit="batch",
+              disable=not progress, file=sys.stderr) as bar:
+        for n in args.batch_sizes:
+            times = []
+            for r in range(-args.warmup, args.repeat):  # negative rounds untimed: warm-up inputs differ from timed
+                inputs = bench.make_inputs(n, r)
+                started = time.perf_counter()
+                bench.run(inputs)
+                if r >= 0:
+                    times.append(time.perf_counter() - started)
+                bar.update()
+            median, lo, hi = statistics.median(times), min(times), max(times)
+            rows.append(BenchRow(stage, n, args.repeat, args.warmup, median, lo, hi, median / n, lo / n, hi / n,
+                                 n / median if median > 0 else float("inf"), memory.peak_mib(), memory.current_mib(),
+                                 bench.dtype, bench.device, bench.threads, bench.model_source, bench.describe()))
+    write_csv(args.out / f"microbench_{stage}.csv", rows, BenchRow.columns())
+    microbench_plot(args.out / f"microbench_{stage}.png", rows)
     del bench  # free the model before the next stage loads its own
     gc.collect()
-    return result
+    return rows
 
-
-# ------------------------------------------------------------------------- CLI
 
 parse_batch_sizes = comma_list(int, minimum=1, sort_unique=True, what="batch sizes", example="1,2,4,8")
 
@@ -194,22 +133,24 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         print(f"config error: {exc}", file=sys.stderr)
         return 2
     import torch
-    torch.set_num_threads(torch_threads(settings))  # the same budget a worker gives its models
+
+    from pipeline.device import thread_budget
+    torch.set_num_threads(thread_budget(settings.models.torch_threads))  # the budget a worker gives its models
     args.out = run_folder("microbench", args.out)
     write_json(args.out / "microbench_settings.json", {"args": vars(args), "provenance": local_record(env)})
     ctx = BenchContext(settings, args)
     memory = MemoryProbe()
     stages = STAGES if args.stage == "all" else (args.stage,)
-    results = []
+    results = {}
     for stage in stages:
         try:
-            results.append(run_stage(ctx, stage, memory, progress=not args.no_progress))
+            results[stage] = run_stage(ctx, stage, memory, progress=not args.no_progress)
         except (ConfigError, OSError, DocumentStoreError, VectorIndexError) as exc:
             print(f"{stage}: cannot run: {exc}", file=sys.stderr)
             return 2
-    print(format_table([row for r in results for row in r.rows]))
-    for r in results:
-        print(f"{r.stage}: {r.rows[0].detail}\n  wrote {r.csv_path} and {r.png_path}")
+    print(format_table([row for rows in results.values() for row in rows]))
+    for stage, rows in results.items():
+        print(f"{stage}: {rows[0].detail}\n  wrote {args.out}/microbench_{stage}.csv and microbench_{stage}.png")
     print(f"results in {args.out}")
     return 0
 

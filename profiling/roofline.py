@@ -1,80 +1,60 @@
-"""The roofline of one request on this CPU: per stage, the arithmetic and the bytes one request
-needs, against this CPU's measured matmul peaks and memory bandwidth, in every precision.
+"""The roofline of one request on this CPU: per stage, the arithmetic and the bytes one request needs, against this
+CPU's measured matmul peaks and memory bandwidth, in every precision.
 
-    MODEL_SOURCE=standin STANDIN_PROFILE=faithful python -m profiling.roofline [--threads 2]
-        [--rounds 5] [--measured FILE.json | --microbench DIR] [--measured-precision fast] [--out DIR]
+Shapes come from the configured models' configs (no weights are loaded; MODEL_SOURCE=standin
+STANDIN_PROFILE=faithful carries the real configs offline). Token lengths are the real tokenizers' counts for one
+reference query: the query (embed); the query with ten support-corpus documents, truncated at 512 (rerank); the chat
+prompt with the top three (prefill); an answer of 400-512 characters cut as the classifiers cut it (sentiment,
+toxicity). Peaks: float32, bfloat16 and int8 (`torch._int_mm`) matmuls and a sum and a copy of a large tensor, each
+the median of --rounds. Floors are given for each variant on every stage and for PRECISION=fast's mix on this CPU:
+one idle request (the stages in sequence) and --concurrency requests served together (weights read once per pass and
+per decode step for all of them).
 
-Shapes come from the configured models' configs (MODEL_SOURCE; the faithful stand-ins carry the
-real configs); no weights are loaded. Token lengths are the real tokenizers' counts for one
-reference query (--query-index): the query (embed); the query with ten support-corpus documents,
-truncated at 512 (rerank, or --rerank-tokens); the generator's chat prompt with the top three of
-them (prefill); an answer of 400-512 characters cut as the classifiers cut it (sentiment, toxicity).
-The counting and the floors are profiling/lib/roofline.py's; the peaks profiling/lib/machine_peaks.py's.
-
-Peaks: a --matmul-size cubed matmul in float32, bfloat16 and int8 (`torch._int_mm`), and a sum
-and a copy of a --bandwidth-mib tensor, each the median of --rounds after --warmup, on --threads
-torch threads. Floors are given for each precision variant on every stage and for PRECISION=fast's
-mix on this CPU: one idle request (the stages in sequence) and --concurrency requests served
-together (weights read once per pass and per decode step for all of them).
-
---measured FILE.json: seconds by key (embed, rerank, prefill, decode, generate, sentiment,
-toxicity, request; concurrency_rpm in requests/min), either flat or as
-{"precision": NAME, "times": {...}}; --microbench DIR: profiling.microbench's
-microbench_<stage>.csv files, each stage's batch-1 median (its generate is prefill + decode).
-Given both, the file's figures win where they overlap. They are printed as multiples of the
-floor of --measured-precision (or of the file's "precision").
-
-Prints the tables and writes roofline.json into --out or a fresh runs/roofline-<UTC time>/.
-"""
+--measured FILE.json: seconds by key (embed, rerank, prefill, decode, generate, sentiment, toxicity, request;
+concurrency_rpm in requests/min), flat or as {"precision": NAME, "times": {...}}; --microbench DIR: each stage's
+batch-1 median from microbench_<stage>.csv (the file's figures win where both give one). They are printed as
+multiples of the floor of --measured-precision (or of the file's "precision"). Writes roofline.json into --out or a
+fresh runs/roofline-<UTC time>/."""
 from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import os
+import statistics
 import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from pipeline import spec
 from pipeline.config import PRECISION_VARIANTS, ConfigError, Settings
+from profiling.lib import roofline as roof
 from profiling.lib.cli import add_out, comma_list, make_parser, positive
 from profiling.lib.machine_peaks import measure_machine
 from profiling.lib.provenance import local_record
-from profiling.lib.report import run_folder, write_json
-from profiling.lib.roofline import (
-    DecoderShape,
-    EncoderShape,
-    Models,
-    PlanFloor,
-    RequestTokens,
-    compare,
-    plan_floor,
-)
-from profiling.lib.roofline_tables import format_comparisons, format_floors, format_work, plan_record
+from profiling.lib.report import run_folder, text_table, write_json
 
 FAST = "fast"
 PLANS = PRECISION_VARIANTS + (FAST,)
 MICROBENCH_STAGES = ("embed", "rerank", "generate", "sentiment", "toxicity")
 
 
-# ------------------------------------------------------------------------- inputs
-
-def load_models(source) -> Models:
+def load_models(source) -> roof.Models:
     """Each model's shape from its config (config.json only)."""
     from transformers import AutoConfig
 
-    def config(name: str) -> Any:
-        return AutoConfig.from_pretrained(name, **source.hf_kwargs())
-    return Models(embed=EncoderShape.from_config(config(spec.EMBEDDER_MODEL), labels=0),  # a pooler, no labels
-                  rerank=EncoderShape.from_config(config(spec.RERANKER_MODEL)),
-                  generate=DecoderShape.from_config(config(spec.GENERATOR_MODEL)),
-                  sentiment=EncoderShape.from_config(config(spec.SENTIMENT_MODEL)),
-                  toxicity=EncoderShape.from_config(config(spec.TOXICITY_MODEL)))
+    def encoder(name: str, labels: int | None = None) -> roof.EncoderShape:
+        return roof.EncoderShape.from_config(AutoConfig.from_pretrained(name, **source.hf_kwargs()), labels)
+    return roof.Models(embed=encoder(spec.EMBEDDER_MODEL, labels=0),  # a pooler, no labels
+                       rerank=encoder(spec.RERANKER_MODEL),
+                       generate=roof.DecoderShape.from_config(
+                           AutoConfig.from_pretrained(spec.GENERATOR_MODEL, **source.hf_kwargs())),
+                       sentiment=encoder(spec.SENTIMENT_MODEL), toxicity=encoder(spec.TOXICITY_MODEL))
 
 
 def request_tokens(source, query_index: int, new_tokens: int,
-                   rerank_tokens: Sequence[int] | None = None) -> tuple[RequestTokens, dict[str, Any]]:
+                   rerank_tokens: Sequence[int] | None = None) -> tuple[roof.RequestTokens, dict[str, Any]]:
     """One reference request's token lengths, counted by each model's own tokenizer, and what was counted."""
     from transformers import AutoTokenizer
 
@@ -101,10 +81,10 @@ def request_tokens(source, query_index: int, new_tokens: int,
     def classifier(name: str) -> int:
         return len(tokenizer(name)(answer, truncation=True, max_length=spec.TRUNCATE_LENGTH).input_ids)
 
-    tokens = RequestTokens(query=len(tokenizer(spec.EMBEDDER_MODEL)(request.query).input_ids),
-                           rerank=tuple(rerank_tokens), prompt=len(generator(prompt).input_ids),
-                           new_tokens=new_tokens, sentiment=classifier(spec.SENTIMENT_MODEL),
-                           toxicity=classifier(spec.TOXICITY_MODEL))
+    tokens = roof.RequestTokens(query=len(tokenizer(spec.EMBEDDER_MODEL)(request.query).input_ids),
+                                rerank=tuple(rerank_tokens), prompt=len(generator(prompt).input_ids),
+                                new_tokens=new_tokens, sentiment=classifier(spec.SENTIMENT_MODEL),
+                                toxicity=classifier(spec.TOXICITY_MODEL))
     return tokens, {"query": request.query, "answer_chars": len(answer),
                     "rerank_documents": [d.title for d in request.documents]}
 
@@ -119,8 +99,6 @@ def stage_plans() -> dict[str, dict[str, str]]:
     plans[FAST] = dict(FAST_TABLE[hardware_kind("cpu", cpu_supports_bf16, cpu_has_amx)])
     return plans
 
-
-# ------------------------------------------------------------------------- measured figures
 
 class MeasuredError(ValueError):
     """A measured-times file or folder that cannot be read as one."""
@@ -169,11 +147,51 @@ def measured_figures(args: argparse.Namespace) -> tuple[str, dict[str, float]]:
     return precision, times
 
 
-# ------------------------------------------------------------------------- CLI
+def plan_record(plan: roof.PlanFloor) -> dict[str, Any]:
+    """A plan as JSON-ready values, each floor with its bound and the totals."""
+    def floors(by_row: Mapping[str, roof.Floor]) -> dict[str, Any]:
+        return {row: {**dataclasses.asdict(f), "bound": f.bound} for row, f in by_row.items()}
+    return {"name": plan.name, "precisions": plan.precisions, "idle": floors(plan.idle), "idle_s": plan.idle_s,
+            "concurrency": plan.concurrency, "concurrent": floors(plan.concurrent),
+            "concurrent_s": plan.concurrent_s, "concurrent_rpm": plan.concurrent_rpm}
 
-def busy() -> float:
-    """The 1-minute load average: others' work on these cores lowers every measured peak."""
-    return os.getloadavg()[0]
+
+def format_work(models: roof.Models, tokens: roof.RequestTokens) -> str:
+    works = roof.row_works(models, tokens)
+    totals = {row: sum(works[row], roof.Work()) for row in roof.ROWS}
+    lengths = {"embed": tokens.query, "rerank": f"{len(tokens.rerank)}x~{statistics.mean(tokens.rerank or [0]):.0f}",
+               "prefill": tokens.prompt, "decode": f"{tokens.new_tokens - 1} steps", "sentiment": tokens.sentiment,
+               "toxicity": tokens.toxicity}
+    columns = [("stage", "<10"), ("tokens", ">12"), ("GMAC lin", ">10.2f"), ("GMAC attn", ">10.3f"),
+               ("M weights", ">11.1f"), ("passes", ">8"), ("M KV read", ">11.1f")]
+    return text_table(columns, [(row, lengths[row], totals[row].linear_macs / 1e9, totals[row].attention_macs / 1e9,
+                                 works[row][0].weights / 1e6, len(works[row]), totals[row].kv_reads / 1e6)
+                                for row in roof.ROWS])
+
+
+def format_floors(plans: Sequence[roof.PlanFloor]) -> str:
+    """Floor ms per row and plan (c: compute-bound, m: memory-bound), then the request totals."""
+    header = f"{'floor':<22}" + "".join(f"{p.name:>15}" for p in plans)
+    lines = [header, "-" * len(header)]
+    for row in roof.ROWS:
+        lines.append(f"{row + ' ms':<22}" + "".join(f"{p.idle[row].floor_s * 1e3:>13.1f} {p.idle[row].bound[0]}"
+                                                    for p in plans))
+    concurrency = plans[0].concurrency if plans else 0
+    lines.append(f"{'idle request s':<22}" + "".join(f"{p.idle_s:>15.3f}" for p in plans))
+    lines.append(f"{f'{concurrency} together s':<22}" + "".join(f"{p.concurrent_s:>15.3f}" for p in plans))
+    lines.append(f"{f'c={concurrency} req/min':<22}" + "".join(f"{p.concurrent_rpm:>15.1f}" for p in plans))
+    fast = next(p for p in plans if p.name == FAST)
+    lines.append("  (c: compute-bound, m: memory-bound; fast = " + ", ".join(
+        f"{row} {precision}" for row, precision in fast.precisions.items() if row != "decode")
+        + "; PRECISION=auto = the bfloat16 column on a bf16 CPU, the float32 column on others)")
+    return "\n".join(lines)
+
+
+def format_comparisons(plan: roof.PlanFloor, comparisons: Sequence[roof.Comparison]) -> str:
+    columns = [(f"measured ({plan.name})", "<26"), ("measured", ">12.3f"), ("floor", ">12.3f"), ("x floor", ">9.2f"),
+               ("of roofline", ">13.0%"), ("", "")]
+    return text_table(columns, [(c.what, c.measured, c.floor, c.times_floor, c.fraction, f"  {c.unit}")
+                                for c in comparisons])
 
 
 def parser() -> argparse.ArgumentParser:
@@ -198,21 +216,6 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def print_report(source: str, machine_line: str, work: str, plans: Sequence[PlanFloor], comparison: str) -> None:
-    print(f"models: {source}; {machine_line}")
-    print(f"load average {busy():.2f} on {os.cpu_count()} CPUs when measured (a busy machine measures low peaks)")
-    print(work)
-    print()
-    print(format_floors(plans))
-    fast = next(p for p in plans if p.name == FAST)
-    print("  (c: compute-bound, m: memory-bound; fast = " + ", ".join(
-        f"{row} {precision}" for row, precision in fast.precisions.items() if row != "decode")
-        + "; PRECISION=auto = the bfloat16 column on a bf16 CPU, the float32 column on others)")
-    if comparison:
-        print()
-        print(comparison)
-
-
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
@@ -226,20 +229,25 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     models = load_models(source)
     tokens, counted = request_tokens(source, args.query_index, args.new_tokens, args.rerank_tokens)
     machine = measure_machine(args.threads, args.matmul_size, args.bandwidth_mib, args.rounds, args.warmup)
-    plans = [plan_floor(name, stages, models, tokens, machine, args.concurrency)
+    plans = [roof.plan_floor(name, stages, models, tokens, machine, args.concurrency)
              for name, stages in stage_plans().items()]
     by_name = {p.name: p for p in plans}
     try:
-        comparisons = compare(by_name[precision], measured) if measured else []
+        comparisons = roof.compare(by_name[precision], measured) if measured else []
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print_report(source.describe(), machine.describe(), format_work(models, tokens), plans,
-                 format_comparisons(by_name[precision], comparisons) if comparisons else "")
+    print(f"models: {source.describe()}; {machine.describe()}")
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs when measured "
+          "(a busy machine measures low peaks)")
+    print(format_work(models, tokens), format_floors(plans), sep="\n\n")
+    if comparisons:
+        print("\n" + format_comparisons(by_name[precision], comparisons))
     out = run_folder("roofline", args.out)
     path = write_json(out / "roofline.json", {
         "machine": machine, "models": models, "tokens": tokens, "counted": counted,
-        "load_average_1min": busy(), "model_source": source.describe(), "plans": [plan_record(p) for p in plans],
+        "load_average_1min": os.getloadavg()[0], "model_source": source.describe(),
+        "plans": [plan_record(p) for p in plans],
         "measured": {"precision": precision, "comparisons": [{**vars(c), "fraction": c.fraction}
                                                              for c in comparisons]},
         "args": vars(args), "provenance": local_record(settings=settings)}, strict=True)

@@ -1,35 +1,21 @@
 """Pick each model stage's precision variant on this machine and write it as an env file.
 
-    python -m profiling.select_variants [--stages embed,rerank,generate,sentiment,toxicity]
-        [--variants float32,bfloat16,int8-dynamic,int8-weight] [--batch embed=8,...]
-        [--repeat 3] [--rounds 1] [--queries 16] [--max-new-tokens 16] [--out runs/select_variants]
-        [--<stage>-<metric> MINIMUM ...]
+For every stage and candidate variant (default: those this device supports) a fresh subprocess loads only that model
+in that variant, as the service does, and measures:
 
-For every stage and candidate variant (default: those this device supports,
-`pipeline.precision_policy.supported_variants`) a fresh subprocess loads only that model in
-that variant (`Placement(device, LOAD_DTYPE[variant], variant)`, as the service does)
-and measures:
+- speed: the median of `--repeat` timings of one item and of a typical batch (`--batch`), after a
+  warm-up; with `--rounds R` every subprocess runs R times, the variants' order rotated each
+  round (a busy neighbour slows every variant alike);
+- memory: the subprocess's peak RSS (VmHWM: nothing of any other variant) and the model's bytes;
+- fidelity against float32 on `--queries N` queries (the SPEC's eight, then support article
+  titles): embedding cosine; rerank top-3 agreement, Spearman and Kendall rank correlation;
+  the classifiers' label agreement; the LLM's exact match of greedy token ids, first differing
+  token, teacher-forced top-1 agreement and logit drift.
 
-- speed: the median of `--repeat` timings of one item and of a typical batch
-  (`--batch`), after a warm-up; with `--rounds R` the whole set of subprocesses runs R
-  times, the variants' order rotated each round, and the medians are over all rounds
-  (interleaving: a busy neighbour slows every variant alike);
-- memory: the subprocess's peak RSS (VmHWM: imports, the load and conversion, and the
-  runs; nothing of any other variant), and the model's parameter + buffer bytes;
-- fidelity against float32 on `--queries N` queries (the SPEC's eight, then support
-  article titles), run in batches of the typical size: embedding cosine (min, mean);
-  rerank top-3 agreement, Spearman and Kendall rank correlation per query (mean);
-  label agreement of the classifiers; the LLM's exact-match rate of greedy token ids
-  and the first differing token (min, median).
-
-The rule (printed, and in the env file): per stage, the fastest variant at the
-typical batch among those whose every fidelity metric reaches its stage's minimum
-(`--<stage>-<metric>`); float32 when none does. Output under `--out/<timestamp>/`:
-`precision.env` (`EMBED_PRECISION=...` lines a deployer sources, the figures in
-its comments), `select_variants.json` and `select_variants.csv`. The settings come
-from the environment (`MODEL_SOURCE`, `STANDIN_PROFILE`, `ONLY_CPU`, `TORCH_THREADS`);
-fidelity on random-weight stand-ins is a worst case (said in the output).
-"""
+The rule: per stage, the fastest variant at the typical batch among those whose every fidelity metric reaches its
+stage's minimum (`--<stage>-<metric>`); float32 when none does. Writes `precision.env` (`EMBED_PRECISION=...` lines
+a deployer sources, the figures in its comments), `select_variants.json` and `select_variants.csv` under
+`--out/<timestamp>/`. Fidelity on random-weight stand-ins is a worst case (said in the output)."""
 from __future__ import annotations
 
 import argparse
@@ -45,26 +31,20 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from pipeline import spec
 from pipeline.config import Settings
+from profiling.lib import inputs
 from profiling.lib.cli import comma_list, positive, split_list, stage_list
-from profiling.lib.fidelity import (
-    DEFAULT_THRESHOLDS,
-    REFERENCE,
-    Measurement,
-    check,
-    choose,
-    env_file,
-    fidelity,
-    rule_text,
-)
+from profiling.lib.fidelity import DEFAULT_THRESHOLDS, REFERENCE, Measurement, check, choose, env_file, rule_text
+from profiling.lib.fidelity import fidelity as fidelity_of
+from profiling.lib.machine_peaks import cpu_name
+from profiling.lib.models import MemoryProbe, worker_settings
 from profiling.lib.provenance import local_record
-from profiling.lib.report import write_csv, write_json
-from profiling.lib.variant_job import measure_one
+from profiling.lib.report import text_table, write_csv, write_json
 
 STAGES = tuple(map(str, spec.MODEL_STAGES))
 # A typical batch per stage in service: a few requests' worth under moderate load (rerank:
@@ -75,7 +55,69 @@ STANDIN_WARNING = ("model source is stand-ins (random weights): fidelity here is
                    "weights usually agree more")
 
 
-# ------------------------------------------------------------------------- one variant (subprocess)
+def _workload(stage: str, model, n: int, max_new: int) -> tuple[list, Callable[[list], object], Callable[[list], list]]:
+    """(inputs, the stage's batch call to time, outputs to compare per item) for n queries."""
+    queries = inputs.query_set(n)
+    if stage == "embed":
+        return queries, model.embed, lambda items: model.embed(items).tolist()
+    pool = inputs.document_pool(None)
+    if stage == "rerank":
+        from pipeline.reranker import RerankRequest
+        # ten documents each as in service, asked with the varied query set instead of the eight
+        requests = [RerankRequest(q, r.documents) for q, r in zip(queries, inputs.rerank_inputs(pool, n))]
+        return requests, model.rerank, lambda items: [
+            model.score_pairs([(r.query, d.content) for d in r.documents]) for r in items]
+    if stage == "generate":
+        prompts = inputs.generation_prompts(model, queries, pool, full_length=max_new)
+        run = lambda items: model.generate_ids(items, max_new_tokens=max_new)  # noqa: E731
+        return prompts, run, lambda items: [{"ids": ids, **_read_prompt(model, prompt)}
+                                            for prompt, ids in zip(items, run(items))]
+    return inputs.answer_texts(pool, n), model.classify, model.classify
+
+
+def _read_prompt(generator, prompt: list[int], chunk: int = 128) -> dict:
+    """The LLM reading one prompt alone: the argmax after every position (teacher-forced) and the
+    logits after the last one (float32 bytes, base64). The head runs in chunks of positions: the
+    whole prompt's logits would be prompt length x vocabulary floats."""
+    import torch
+    ids = torch.tensor([prompt], device=generator.placement.device)
+    with torch.inference_mode():
+        hidden = generator.model.model(input_ids=ids).last_hidden_state
+        head = generator.model.lm_head
+        top1 = [t for start in range(0, hidden.shape[1], chunk)
+                for t in head(hidden[:, start:start + chunk]).argmax(dim=-1)[0].tolist()]
+        last = head(hidden[:, -1:]).float()[0, 0].cpu().numpy()
+    return {"prompt_top1": top1, "last_logits": base64.b64encode(last.tobytes()).decode()}
+
+
+def _times_ms(run: Callable[[list], object], items: list, repeat: int) -> list[float]:
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        run(items)
+        times.append((time.perf_counter() - started) * 1e3)
+    return times
+
+
+def measure_one(job: Mapping) -> dict:
+    """Load one stage in one variant in this (fresh) process and measure it: what a --worker prints."""
+    from pipeline.device import Placement, select_device
+    from pipeline.precision import model_nbytes
+    from pipeline.precision_policy import LOAD_DTYPE
+    from profiling.lib.models import model_class
+    settings, source = worker_settings()
+    stage, variant, batch = job["stage"], job["variant"], job["batch"]
+    probe = MemoryProbe()
+    placement = Placement(select_device(settings.models.only_cpu), LOAD_DTYPE[variant], variant)
+    model = model_class(stage).load(source, placement)
+    items, run, outputs_of = _workload(stage, model, job["queries"], job["max_new_tokens"])
+    outputs = [o for start in range(0, len(items), batch) for o in outputs_of(items[start:start + batch])]
+    run(items[:1])  # the fidelity pass warmed the batch shapes; this the one-item shape
+    return {"one_ms": _times_ms(run, items[:1], job["repeat"]),
+            "batch_ms": _times_ms(run, inputs.cycled(items, batch), job["repeat"]),
+            "peak_rss_mib": probe.peak_mib() if probe.resettable else math.nan,
+            "model_mib": model_nbytes(model.model) / 2**20, "outputs": outputs}
+
 
 def run_job(job: dict, env: Mapping[str, str]) -> dict:
     """measure_one in a fresh interpreter, so no variant's memory or caches reach another's."""
@@ -88,8 +130,6 @@ def run_job(job: dict, env: Mapping[str, str]) -> dict:
                                f"{done.stderr.strip()[-2000:]}")
         return json.loads(out.read_text())
 
-
-# ------------------------------------------------------------------------- all of them
 
 def measure_all(args: argparse.Namespace, env: Mapping[str, str], progress=print) -> list[Measurement]:
     """Every (stage, variant) for args.rounds rounds, variants rotated each round; medians over rounds."""
@@ -117,7 +157,7 @@ def _decoded(stage: str, outputs: list) -> list:
 def _summarize(stage: str, variant: str, results: list[dict], reference: list[dict] | None,
                args: argparse.Namespace) -> Measurement:
     first = results[0]  # outputs are deterministic: round 1's stand for all
-    figures = fidelity(stage, _decoded(stage, reference[0]["outputs"]), _decoded(stage, first["outputs"])) \
+    figures = fidelity_of(stage, _decoded(stage, reference[0]["outputs"]), _decoded(stage, first["outputs"])) \
         if reference else {}
     m = Measurement(stage, variant, statistics.median(t for r in results for t in r["one_ms"]),
                     statistics.median(t for r in results for t in r["batch_ms"]), args.batch[stage],
@@ -125,56 +165,40 @@ def _summarize(stage: str, variant: str, results: list[dict], reference: list[di
     return check(m, args.thresholds)
 
 
-# ------------------------------------------------------------------------- report
-
 def format_table(rows: Sequence[Measurement], chosen: Mapping[str, str]) -> str:
-    header = (f"{'stage':<10}{'variant':<14}{'one ms':>9}{'batch ms':>10}{'  B':>4}{'x f32':>7}{'peak MiB':>10}"
-              f"{'model MiB':>10}  {'pass':<6}fidelity vs float32")
-    lines = [header, "-" * len(header)]
+    columns = [("stage", "<10"), ("variant", "<14"), ("one ms", ">9.1f"), ("batch ms", ">10.1f"), ("  B", ">4"),
+               ("x f32", ">7"), ("peak MiB", ">10.0f"), ("model MiB", ">10.0f"), ("  pass", "<8"),
+               ("fidelity vs float32", "")]
+    lines = []
     for m in rows:
         ref = next((r for r in rows if r.stage == m.stage and r.variant == REFERENCE), None)
         ratio = ref.batch_ms / m.batch_ms if ref and m.batch_ms else math.nan
-        figures = ", ".join(f"{k} {v:.4g}" for k, v in m.fidelity.items()) or "-"
         mark = ("yes" if m.passed else "no") + (" *" if chosen.get(m.stage) == m.variant else "")
-        lines.append(f"{m.stage:<10}{m.variant:<14}{m.one_ms:>9.1f}{m.batch_ms:>10.1f}{m.batch:>4}{ratio:>6.2f}x"
-                     f"{m.peak_rss_mib:>10.0f}{m.model_mib:>10.0f}  {mark:<6}{figures}"
-                     + (f"  [{'; '.join(m.failed)}]" if m.failed else ""))
-    lines.append("x f32: float32's batch time / the variant's (above 1 = faster); * = chosen")
-    return "\n".join(lines)
-
-
-def machine_lines(settings: Settings) -> list[str]:
-    from pipeline.cpu_features import cpu_has_amx, cpu_supports_bf16
-    from pipeline.device import select_device, thread_budget
-    from pipeline.precision_policy import hardware_kind
-    device = select_device(settings.models.only_cpu)
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else "?"
-    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-    source = f"{settings.models.model_source}" + (f" ({settings.models.standin_profile})" if settings.models.model_source == "standin"
-                                           else "")
-    return [f"machine: {platform.node()}, {cpu}, {os.cpu_count()} cores, device {device}, "
-            f"hardware kind {hardware_kind(device, cpu_supports_bf16, cpu_has_amx)}",
-            f"torch threads: {thread_budget(settings.models.torch_threads)}; load average at the end: {load}",
-            f"model source: {source}"]
+        figures = (", ".join(f"{k} {v:.4g}" for k, v in m.fidelity.items()) or "-") + \
+            (f"  [{'; '.join(m.failed)}]" if m.failed else "")
+        lines.append((m.stage, m.variant, m.one_ms, m.batch_ms, m.batch, f"{ratio:.2f}x", m.peak_rss_mib, m.model_mib,
+                      f"  {mark}", figures))
+    return text_table(columns, lines) + "\nx f32: float32's batch time / the variant's (above 1 = faster); * = chosen"
 
 
 def header_lines(settings: Settings, args: argparse.Namespace, rows: Sequence[Measurement],
                  chosen: Mapping[str, str]) -> list[str]:
-    lines = [f"Precision per model stage, chosen by profiling/select_variants.py on "
-             f"{time.strftime('%Y-%m-%d %H:%M:%S')}", *machine_lines(settings)]
-    if settings.models.model_source == "standin":
-        lines.append(STANDIN_WARNING)
-    lines += [f"rule: {rule_text(args.thresholds)}",
-              f"queries {args.queries}, repeat {args.repeat}, rounds {args.rounds}"
-              + (f", generate max new tokens {args.max_new_tokens}" if "generate" in args.stages else "")
-              + "; median ms one item / typical batch (B), peak RSS MiB:"]
-    for m in rows:
-        lines.append(f"  {m.stage} {m.variant}: {m.one_ms:.1f} / {m.batch_ms:.1f} (B={m.batch}), {m.peak_rss_mib:.0f}"
-                     f" MiB, " + (", ".join(f"{k} {v:.4g}" for k, v in m.fidelity.items()) or "reference")
-                     + ("" if m.passed else f" FAILS {'; '.join(m.failed)}")
-                     + (" <- chosen" if chosen.get(m.stage) == m.variant else ""))
-    return lines
+    """The env file's comments: when, on what machine and models, by which rule, and the table."""
+    from pipeline.cpu_features import cpu_has_amx, cpu_supports_bf16
+    from pipeline.device import select_device, thread_budget
+    from pipeline.precision_policy import hardware_kind
+    device, models = select_device(settings.models.only_cpu), settings.models
+    standin = models.model_source == "standin"
+    return [f"Precision per model stage, chosen by profiling/select_variants.py on {time.strftime('%F %T')}",
+            f"machine: {platform.node()}, {cpu_name()}, {os.cpu_count()} cores, device {device}, "
+            f"hardware kind {hardware_kind(device, cpu_supports_bf16, cpu_has_amx)}",
+            f"torch threads: {thread_budget(models.torch_threads)}; load average at the end: "
+            + ", ".join(f"{x:.2f}" for x in os.getloadavg()),
+            f"model source: {models.model_source}" + (f" ({models.standin_profile})" if standin else ""),
+            *([STANDIN_WARNING] if standin else []), f"rule: {rule_text(args.thresholds)}",
+            f"queries {args.queries}, repeat {args.repeat}, rounds {args.rounds}"
+            + (f", generate max new tokens {args.max_new_tokens}" if "generate" in args.stages else "")
+            + "; median ms one item / typical batch (B), peak RSS MiB:", *format_table(rows, chosen).splitlines()]
 
 
 def write_outputs(out: Path, settings: Settings, args: argparse.Namespace, rows: Sequence[Measurement],
@@ -185,17 +209,10 @@ def write_outputs(out: Path, settings: Settings, args: argparse.Namespace, rows:
     write_json(out / "select_variants.json", {"header": header, "rule": rule_text(args.thresholds),
                                               "chosen": chosen, "rows": rows, "args": vars(args),
                                               "provenance": local_record(settings=settings)})
-    flat = [_CsvRow(**{k: v for k, v in asdict(m).items() if k not in ("fidelity", "failed")},
-                    fidelity=json.dumps(m.fidelity), failed="; ".join(m.failed)) for m in rows]
+    flat = [{**asdict(m), "fidelity": json.dumps(m.fidelity), "failed": "; ".join(m.failed)} for m in rows]
     write_csv(out / "select_variants.csv", flat, list(Measurement.__dataclass_fields__), float_digits=4)
     return out / "precision.env"
 
-
-class _CsvRow(Measurement):
-    """A Measurement whose fidelity and failures are strings (one CSV cell each)."""
-
-
-# ------------------------------------------------------------------------- command line
 
 def parse_batches(raw: str) -> dict[str, int]:
     """'embed=8,generate=2' -> those stages' batch sizes over the defaults."""

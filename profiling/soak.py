@@ -1,35 +1,18 @@
 """Soak benchmark: steady load for N minutes while watching every node's memory.
 
-    python -m profiling.soak --url http://127.0.0.1:8000 [--metrics-urls URL,URL,URL]
-        [--minutes 10] (--concurrency 4 | --rate R) [--sample-s 5] [--max-requests N]
-        [--timeout 300] [--drain-s 30] [--out DIR] [--name NAME] [--allow-remote]
+A leak shows as resident memory that keeps climbing under a load that does not change. So the load is steady (closed
+loop: C clients, each sending its next request when its reply arrives; or open loop: R requests per second whatever
+the replies do), and every few seconds each node's `/metrics` is scraped for `process_resident_memory_bytes`. The
+report compares, per node, the mean RSS of the first minute (the baseline: models loaded, batches warmed, allocator
+pools grown) with the mean of the last minute (runs shorter than 3 minutes use thirds instead) and flags growth over
+5 %. It also counts errors by kind (`http_<status>`, the exception class, or `invalid_reply`).
 
-A leak shows as resident memory that keeps climbing under a load that does not
-change. So the load is steady (closed loop: C clients, each sending its next
-request when its reply arrives; or open loop: R requests per second whatever
-the replies do), and every few seconds each node's `/metrics` is scraped for
-`process_resident_memory_bytes`. The report compares, per node, the mean RSS of
-the first minute (the baseline: models loaded, batches warmed, allocator pools
-grown) with the mean of the last minute (runs shorter than 3 minutes use thirds
-instead) and flags growth over 5 %. It also counts errors by kind
-(`http_<status>`, the exception class, or `invalid_reply`).
-
-Bounded in count and time: no request is sent after --minutes; requests in
-flight then get at most --drain-s more (their timeouts are cut); --max-requests
-caps the total; every thread is joined with a timeout. Load goes only to
-loopback addresses unless --allow-remote is given.
-
-The nodes are found from --url (node 0's /health lists its peers) unless
---metrics-urls names them; each must answer /metrics before the load starts,
-and a node whose /metrics failed during the run makes the exit status 1 (its
-memory figure is incomplete). The summary records the tool's git commit, each
-node's settings (GET /settings, 'unknown' where missing) and rag_node_info, and
-warns when a cache could answer the repeated queries.
-
-Writes soak_<name>.json (the summary), soak_<name>_rss.csv (one row per node per
-sample) and soak_<name>_requests.csv (one row per request) into --out, or a
-fresh runs/soak-<UTC time>/ folder.
-"""
+Bounded in count and time: no request is sent after --minutes, requests in flight then get at most --drain-s more,
+every thread is joined with a timeout. Each node (found from node 0's /health unless --metrics-urls) must answer
+/metrics before the load starts; one whose /metrics failed during the run makes the exit status 1 (its memory figure
+is incomplete). The summary records the tool's git commit and each node's settings, and warns when a cache could
+answer the repeated queries. Writes soak_<name>.json (the summary), soak_<name>_rss.csv (one row per node per
+sample) and soak_<name>_requests.csv (one row per request) into --out, or a fresh runs/soak-<UTC time>/ folder."""
 from __future__ import annotations
 
 import argparse
@@ -39,34 +22,19 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from profiling.lib.cli import add_allow_remote, add_out, check_target, check_targets, make_parser, split_list
-from profiling.lib.cluster import ClusterError, Node, nodes_from_health, nodes_from_urls, scrape_nodes
-from profiling.lib.load import JOIN_GRACE_S, ClosedGroup, LoadTarget, OpenGroup, load_queries, run_closed, run_open
-from profiling.lib.load import RequestRecord as LoadRecord
-from profiling.lib.prometheus import RSS_METRIC, scrape
-from profiling.lib.provenance import cache_warnings, cluster_record, headline, node_settings, settings_warnings
+from profiling.lib import load
+from profiling.lib.cli import add_cluster_args, check_target, make_parser, positive
+from profiling.lib.prometheus import RSS_METRIC, ClusterError, Node, find_nodes, scrape, scrape_nodes
+from profiling.lib.provenance import cluster_record, headline, settings_warnings
 from profiling.lib.report import percentiles, run_folder, write_csv, write_json
-from services.cluster.health_wait import wait_healthy
 
 TOOL = "soak"
 GROWTH_GOAL_PCT = 5.0
 BASELINE_S = 60.0
 SCRAPE_TIMEOUT_S = 5.0
-
-
-# ------------------------------------------------------------------------- records
-
-@dataclass
-class RequestRecord:
-    """One row of soak_<name>_requests.csv."""
-    sent_s: float  # since the start of the run
-    latency_s: float
-    outcome: str  # "ok", "http_<status>", an exception class, or "invalid_reply"
-
 
 @dataclass
 class RssSample:
@@ -75,42 +43,28 @@ class RssSample:
     rss_bytes: float | None  # None: the scrape failed (counted, not fatal)
 
 
-def soak_target(args: argparse.Namespace, url: str) -> tuple[LoadTarget, float]:
-    """The library's target for this run and the monotonic time sending stops (--minutes).
-
-    Its deadline, --drain-s later, cuts request timeouts so nothing outlives the run;
-    a timeout so cut keeps its exception's name (cut_error=None), as any timeout does.
-    """
-    started = time.monotonic()
-    stop_sending_at = started + args.minutes * 60.0
-    target = LoadTarget(url, load_queries(None), args.timeout, stop_sending_at + args.drain_s, t0=started,
-                    id_prefix="soak", cut_error=None)
-    return target, stop_sending_at
-
-
-def run_load(target: LoadTarget, stop_sending_at: float, args: argparse.Namespace) -> list[LoadRecord]:
+def run_load(target: load.LoadTarget, stop_sending_at: float, args: argparse.Namespace) -> list[load.RequestRecord]:
     """The library's closed loop (C clients) or open loop (R per second, at most
     --max-outstanding out at once), bounded by --max-requests, --minutes and the drain."""
     if args.rate:
-        return run_open(target, OpenGroup("soak", args.max_requests, 1.0 / args.rate),
-                        send_until=stop_sending_at, max_outstanding=args.max_outstanding)
+        return load.run_open(target, load.OpenGroup("soak", args.max_requests, 1.0 / args.rate),
+                             send_until=stop_sending_at, max_outstanding=args.max_outstanding)
     duration = stop_sending_at - time.monotonic()
-    return run_closed(target, ClosedGroup("soak", args.max_requests, args.concurrency, duration_s=duration))
+    return load.run_closed(target, load.ClosedGroup("soak", args.max_requests, args.concurrency, duration))
 
 
-def answered(records: list[LoadRecord]) -> list[RequestRecord]:
-    """The requests that got an answer (one still out at the hard end was sent, not answered)."""
-    return [RequestRecord(r.send_s, r.latency_s, r.error or "ok") for r in records if r.finished]
+def answered(records: list[load.RequestRecord]) -> list[dict]:
+    """soak_<name>_requests.csv's rows: the requests that got an answer (one still out at the hard end was sent, not
+    answered), each with its outcome: "ok", "http_<status>", an exception class, or "invalid_reply"."""
+    return [{"sent_s": r.send_s, "latency_s": r.latency_s, "outcome": r.error or "ok"} for r in records if r.finished]
 
-
-# ------------------------------------------------------------------------- memory
 
 def scrape_rss(url: str) -> float | None:
     """The node's resident memory from its /metrics (None: the scrape failed)."""
     return scrape(f"{url}/metrics", timeout_s=SCRAPE_TIMEOUT_S).get(RSS_METRIC)
 
 
-def sampler(target: LoadTarget, urls: list[str], every_s: float, samples: list[RssSample], stop: threading.Event):
+def sampler(target: load.LoadTarget, urls: list[str], every_s: float, samples: list[RssSample], stop: threading.Event):
     while not stop.is_set() and time.monotonic() < target.deadline:
         t = target.now_s()
         for url in urls:
@@ -137,13 +91,11 @@ def growth(samples: list[RssSample], urls: list[str], duration_s: float) -> dict
     return result
 
 
-# ------------------------------------------------------------------------- report
-
-def summarize(target: LoadTarget, sent: int, records: list[RequestRecord], samples: list[RssSample], urls: list[str],
+def summarize(target: load.LoadTarget, sent: int, records: list[dict], samples: list[RssSample], urls: list[str],
               args: argparse.Namespace) -> dict:
     duration_s = min(target.now_s(), args.minutes * 60.0)
-    outcomes = Counter(r.outcome for r in records)
-    ok_latencies = [r.latency_s for r in records if r.outcome == "ok"]
+    outcomes = Counter(r["outcome"] for r in records)
+    ok_latencies = [r["latency_s"] for r in records if r["outcome"] == "ok"]
     errors = {k: v for k, v in outcomes.items() if k != "ok"}
     memory = growth(samples, urls, duration_s)
     return {
@@ -160,106 +112,73 @@ def summarize(target: LoadTarget, sent: int, records: list[RequestRecord], sampl
     }
 
 
-def write_outputs(out: Path, name: str, summary: dict, samples: list[RssSample],
-                  records: list[RequestRecord]) -> list[Path]:
-    return [write_json(out / f"soak_{name}.json", summary),
-            write_csv(out / f"soak_{name}_rss.csv", samples, list(RssSample.__dataclass_fields__)),
-            write_csv(out / f"soak_{name}_requests.csv", records, list(RequestRecord.__dataclass_fields__))]
-
-
-# ------------------------------------------------------------------------- main
-
 def parser() -> argparse.ArgumentParser:
     p = make_parser("python -m profiling.soak", __doc__)
-    p.add_argument("--url", required=True, help="the gateway (node 0), e.g. http://127.0.0.1:8000")
-    p.add_argument("--metrics-urls", default="",
-                   help="comma-separated node URLs to scrape, node 0 first; empty: node 0 at --url and the peers "
-                        "its /health lists")
-    p.add_argument("--minutes", type=float, default=10.0, help="how long to send load")
+    add_cluster_args(p, TOOL, wait_health_s=300.0)
+    p.add_argument("--minutes", type=positive(float), default=10.0, help="how long to send load")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--concurrency", type=int, default=None, help="closed loop: this many clients (4 when neither "
-                                                                   "--concurrency nor --rate is given)")
-    mode.add_argument("--rate", type=float, default=None, help="open loop: requests per second")
-    p.add_argument("--max-outstanding", type=int, default=256, help="open loop: most requests out at once")
-    p.add_argument("--max-requests", type=int, default=1_000_000, help="hard cap on requests sent")
-    p.add_argument("--sample-s", type=float, default=5.0, help="seconds between RSS samples")
-    p.add_argument("--timeout", type=float, default=300.0, help="per-request timeout (s)")
+    mode.add_argument("--concurrency", type=positive(int), default=4, help="closed loop: this many clients")
+    mode.add_argument("--rate", type=positive(float), default=None, help="open loop: requests per second")
+    p.add_argument("--max-outstanding", type=positive(int), default=256, help="open loop: most requests out at once")
+    p.add_argument("--max-requests", type=positive(int), default=1_000_000, help="hard cap on requests sent")
+    p.add_argument("--sample-s", type=positive(float), default=5.0, help="seconds between RSS samples")
+    p.add_argument("--timeout", type=positive(float), default=300.0, help="per-request timeout (s)")
     p.add_argument("--drain-s", type=float, default=30.0, help="after --minutes, how long requests out may take")
-    p.add_argument("--wait-health", type=float, default=300.0, help="how long to wait for node 0's /health 200 (s)")
-    add_out(p, TOOL)
     p.add_argument("--name", default=time.strftime("%Y%m%d-%H%M%S"), help="output name (the start time)")
-    add_allow_remote(p)
     return p
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = parser()
-    args = p.parse_args(argv)
-    if args.rate is None and args.concurrency is None:
-        args.concurrency = 4
-    checks = [(args.minutes > 0, "--minutes must be > 0"), (args.sample_s > 0, "--sample-s must be > 0"),
-              (args.rate is None or args.rate > 0, "--rate must be > 0"),
-              (args.concurrency is None or args.concurrency >= 1, "--concurrency must be >= 1"),
-              (args.max_requests >= 1 and args.max_outstanding >= 1, "--max-requests/--max-outstanding must be >= 1"),
-              (args.timeout > 0 and args.drain_s >= 0, "--timeout must be > 0 and --drain-s >= 0")]
-    for ok, message in checks:
-        if not ok:
-            p.error(message)
-    return args
-
-
-def find_nodes(args: argparse.Namespace, url: str) -> list[Node]:
-    """The nodes to watch: --metrics-urls, else node 0 at --url and the peers its /health lists."""
-    if split_list(args.metrics_urls):
-        return nodes_from_urls(check_targets(split_list(args.metrics_urls), args.allow_remote))
-    return nodes_from_health(url, wait_healthy(url, args.wait_health), args.allow_remote)
 
 
 def scrape_failures(samples: list[RssSample], nodes: list[Node]) -> list[str]:
     """One line per node whose /metrics failed at some sample: its memory figure is incomplete."""
-    lines = []
-    for node in nodes:
-        mine = [s for s in samples if s.node_url == node.url]
-        failed = sum(1 for s in mine if s.rss_bytes is None)
-        if failed:
-            lines.append(f"{node} could not be scraped at {failed} of {len(mine)} samples")
-    return lines
+    taken, failed = Counter(s.node_url for s in samples), Counter(s.node_url for s in samples if s.rss_bytes is None)
+    return [f"{n} could not be scraped at {failed[n.url]} of {taken[n.url]} samples" for n in nodes if failed[n.url]]
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    if args.drain_s < 0:
+        p.error("--drain-s must be >= 0")
     try:
         url = check_target(args.url, args.allow_remote)
-        nodes = find_nodes(args, url)
+        nodes = find_nodes(url, args.metrics_urls, args.allow_remote, args.wait_health)
         first = scrape_nodes(nodes)  # every node visible before any load, or no soak at all
     except (ValueError, ClusterError, TimeoutError) as exc:  # TargetRefused is a ValueError
         print(f"soak: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ValueError) else 1
     urls = [n.url for n in nodes]
     provenance = cluster_record(nodes, first)
-    warnings = settings_warnings(provenance) + cache_warnings(nodes, node_settings(provenance), load_queries(None),
-                                                              args.max_requests)
+    queries = load.load_queries(None)
+    warnings = settings_warnings(provenance, nodes, queries, args.max_requests)
     for line in warnings:
         print(f"warning: {line}", file=sys.stderr)
     out = run_folder(TOOL, args.out)
-    target, stop_sending_at = soak_target(args, url)
+    started = time.monotonic()
+    stop_sending_at = started + args.minutes * 60.0
+    # The deadline, --drain-s later, cuts request timeouts so nothing outlives the run; a timeout
+    # so cut keeps its exception's name (cut_error=None), as any timeout does.
+    target = load.LoadTarget(url, queries, args.timeout, stop_sending_at + args.drain_s, t0=started,
+                             id_prefix="soak", cut_error=None)
     samples: list[RssSample] = []
     stop = threading.Event()
     watcher = threading.Thread(target=sampler, args=(target, urls, args.sample_s, samples, stop), daemon=True)
     print(f"soak: {args.minutes:g} min against {url}, RSS of {len(urls)} nodes every {args.sample_s:g}s; "
           f"results go to {out}", flush=True)
     watcher.start()
-    load = run_load(target, stop_sending_at, args)  # returns by the deadline plus the join grace
+    sent = run_load(target, stop_sending_at, args)  # returns by the deadline plus the join grace
     stop.set()
-    watcher.join(timeout=SCRAPE_TIMEOUT_S * len(urls) + JOIN_GRACE_S)
+    watcher.join(timeout=SCRAPE_TIMEOUT_S * len(urls) + load.JOIN_GRACE_S)
     end = round(min(target.now_s(), args.minutes * 60.0), 2)  # one last sample, as the load ends
     samples.extend(RssSample(end, u, scrape_rss(u)) for u in urls)
-    records = answered(list(load))  # a copy: a thread past its join timeout may still finish a record
-    failures = scrape_failures(list(samples), nodes)
-    summary = summarize(target, len(load), records, list(samples), urls, args)
+    records = answered(list(sent))  # a copy: a thread past its join timeout may still finish a record
+    samples = list(samples)  # a copy: the watcher may outlive its join timeout
+    failures = scrape_failures(samples, nodes)
+    summary = summarize(target, len(sent), records, samples, urls, args)
     summary.update({"nodes": [{"node": n.node, "url": n.url, "role": n.role} for n in nodes],
                     "provenance": provenance, "warnings": warnings + failures})
-    paths = write_outputs(out, args.name, summary, list(samples), records)
+    paths = [write_json(out / f"soak_{args.name}.json", summary),
+             write_csv(out / f"soak_{args.name}_rss.csv", samples, list(RssSample.__dataclass_fields__)),
+             write_csv(out / f"soak_{args.name}_requests.csv", records, ["sent_s", "latency_s", "outcome"])]
     print(json.dumps({k: v for k, v in summary.items() if k != "provenance"}, indent=2))  # the file has all
     print(headline(provenance))
     for line in failures:

@@ -4,26 +4,26 @@ from __future__ import annotations
 import argparse
 import ipaddress
 from pathlib import Path
-from typing import Callable, Mapping, Sequence, TypeVar
+from typing import Callable, Sequence, TypeVar
 from urllib.parse import urlsplit
 
 T = TypeVar("T")
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """--help shows every option's default (or that it is required), and the tool's docstring as written.
+    """--help shows the tool's docstring as written and every option's default (default_text).
 
-    Like argparse.ArgumentDefaultsHelpFormatter, but a flag's default reads "off", a list's
-    "1,2,4", an unset one "unset", and a required one "(required)". An option needs a help
-    text for any of it to show (tests/unit/test_cli_help.py checks every tool's options).
-    """
+    An option needs a help text for its default to show (tests/unit/test_cli_help.py checks every tool)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        return with_default(action)
+        help = (action.help or "").strip()
+        extra = "" if "%(default)" in help else default_text(action)
+        return f"{help} {extra}".strip() if extra else help
 
 
 def default_text(action: argparse.Action) -> str:
-    """How --help shows an option's default: '(required)', '(default: ...)', or '' (no default to show)."""
+    """'(required)', '(default: ...)' with "off"/"on" for a flag, "1,2,4" for a list and "unset" for None,
+    or '' (no default to show)."""
     if action.required:
         return "(required)"
     if action.default is argparse.SUPPRESS or not action.option_strings or isinstance(action, argparse._HelpAction):
@@ -38,14 +38,6 @@ def default_text(action: argparse.Action) -> str:
     else:
         shown = str(value)
     return f"(default: {shown.replace('%', '%%')})"
-
-
-def with_default(action: argparse.Action) -> str:
-    help = (action.help or "").strip()
-    if "%(default)" in help:
-        return help
-    extra = default_text(action)
-    return f"{help} {extra}".strip() if extra else help
 
 
 def make_parser(prog: str, description: str | None = None, **kwargs) -> argparse.ArgumentParser:
@@ -63,8 +55,7 @@ def comma_list(kind: Callable[[str], T], *, minimum: T | None = None, sort_uniqu
     """An argparse `type` for a non-empty comma-separated list of `kind`, each >= minimum.
 
     sort_unique: the list sorted with repeats dropped (levels and batch sizes, where order
-    and repeats mean nothing); otherwise it keeps the order given.
-    """
+    and repeats mean nothing); otherwise it keeps the order given."""
     def parse(raw: str) -> list[T]:
         try:
             values = [kind(part) for part in split_list(raw)]
@@ -99,8 +90,6 @@ def positive(kind: Callable[[str], T]) -> Callable[[str], T]:
     return parse
 
 
-# ------------------------------------------------------------------------- where load may go
-
 class TargetRefused(ValueError):
     """A URL this tool will not send to (not http, or not loopback without --allow-remote)."""
 
@@ -112,41 +101,35 @@ def add_out(parser: argparse.ArgumentParser, tool: str) -> None:
                              "another")
 
 
-def add_allow_remote(parser: argparse.ArgumentParser) -> None:
+def add_cluster_args(parser: argparse.ArgumentParser, tool: str, wait_health_s: float,
+                     metrics: str = "--metrics-urls") -> None:
+    """What every tool that measures a cluster takes: node 0's --url, the nodes to scrape (prometheus.find_nodes),
+    --wait-health, --allow-remote and --out."""
+    parser.add_argument("--url", required=True, help="node 0's base URL, e.g. http://127.0.0.1:8000")
+    parser.add_argument(metrics, default=None,
+                        help="comma-separated node URLs to scrape, node 0 first (or N=URL,...; a trailing /metrics is "
+                             "dropped), or 'none'; unset: node 0 at --url and the peers its /health lists")
+    parser.add_argument("--wait-health", type=float, default=wait_health_s,
+                        help="how long to wait for node 0's /health 200 first (s)")
     parser.add_argument("--allow-remote", action="store_true",
                         help="allow non-loopback targets (by default only 127.0.0.0/8, ::1 and localhost)")
+    add_out(parser, tool)
 
 
 def check_target(url: str, allow_remote: bool) -> str:
     """The URL without a trailing slash, if it is http(s) and (unless allowed) loopback.
 
     Only literal loopback addresses and 'localhost' pass: a host name could
-    resolve anywhere, so it is not resolved to decide.
-    """
+    resolve anywhere, so it is not resolved to decide."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise TargetRefused(f"{url!r}: expected an http URL such as http://127.0.0.1:8000")
-    if not allow_remote and not is_loopback(parts.hostname):
+    try:
+        loopback = parts.hostname.lower() == "localhost" or ipaddress.ip_address(parts.hostname).is_loopback
+    except ValueError:  # a host name: not resolved, it could resolve anywhere
+        loopback = False
+    if not allow_remote and not loopback:
         raise TargetRefused(f"{url!r}: refusing to send load to {parts.hostname}: only loopback "
                             "(127.0.0.0/8, ::1, localhost) unless --allow-remote is given")
     return url.rstrip("/")
 
-
-def check_targets(urls: Sequence[str], allow_remote: bool) -> list[str]:
-    return [check_target(url, allow_remote) for url in urls]
-
-
-def is_loopback(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def node_urls(env: Mapping[str, str] | None = None, path: str = "") -> list[str]:
-    """Every node's base URL from NODE_<n>_IP (ConfigError when unset or malformed), plus `path`."""
-    from pipeline.config import Settings
-    settings = Settings.from_env(env)
-    return [f"{settings.node_address(n).url}{path}" for n in range(settings.cluster.total_nodes)]

@@ -1,10 +1,5 @@
-"""How far a precision variant's answers are from float32's, and which variant to pick.
-
-Pure functions over plain outputs (no models): cosine of embeddings, top-k agreement
-and rank correlation of rerank scores, label agreement of the classifiers, exact
-matches and the first differing token of the LLM; then the selection rule and the
-env file a deployer sources.
-"""
+"""How far a precision variant's answers are from float32's (pure functions over plain outputs, no
+models), and which variant to pick: the selection rule and the env file a deployer sources."""
 from __future__ import annotations
 
 import math
@@ -14,11 +9,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 REFERENCE = "float32"  # what every variant is compared with, and the fallback
-STAGE_VARIABLES = {"embed": "EMBED_PRECISION", "rerank": "RERANK_PRECISION", "generate": "GENERATE_PRECISION",
-                   "sentiment": "SENTIMENT_PRECISION", "toxicity": "TOXICITY_PRECISION"}
 
-
-# ------------------------------------------------------------------------- metrics
 
 def row_cosines(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
     ref, cand = np.asarray(reference, dtype=np.float64), np.asarray(candidate, dtype=np.float64)
@@ -35,9 +26,7 @@ def top_k_agreement(reference: Sequence[float], candidate: Sequence[float], k: i
     """Share of float32's top k that the variant also puts in its top k (order inside ignored:
     the LLM sees the top 3 as its context either way)."""
     k = min(k, len(reference))
-    if k == 0:
-        return 1.0
-    return len(set(order(reference)[:k]) & set(order(candidate)[:k])) / k
+    return len(set(order(reference)[:k]) & set(order(candidate)[:k])) / k if k else 1.0
 
 
 def _ranks(scores: Sequence[float]) -> np.ndarray:
@@ -76,9 +65,7 @@ def first_difference(reference: Sequence[int], candidate: Sequence[int]) -> int 
 
 def agreement(reference: Sequence, candidate: Sequence) -> float:
     """Share of items with equal outputs (labels, or whole token sequences)."""
-    if not reference:
-        return 1.0
-    return sum(a == b for a, b in zip(reference, candidate)) / len(reference)
+    return sum(a == b for a, b in zip(reference, candidate)) / len(reference) if reference else 1.0
 
 
 def logit_drift(reference: np.ndarray, candidate: np.ndarray) -> float:
@@ -124,16 +111,10 @@ def fidelity(stage: str, reference, candidate) -> dict[str, float]:
     return {"label_agreement": agreement(list(reference), list(candidate))}
 
 
-# ------------------------------------------------------------------------- the rule
-
 # (stage, metric, default minimum): a variant passes when every metric of its stage is >= its minimum.
 DEFAULT_THRESHOLDS: dict[str, dict[str, float]] = {
-    "embed": {"cosine_min": 0.99},
-    "rerank": {"top3_agreement": 0.9, "spearman": 0.8},
-    "generate": {"exact_match": 0.75},
-    "sentiment": {"label_agreement": 0.95},
-    "toxicity": {"label_agreement": 0.95},
-}
+    "embed": {"cosine_min": 0.99}, "rerank": {"top3_agreement": 0.9, "spearman": 0.8},
+    "generate": {"exact_match": 0.75}, "sentiment": {"label_agreement": 0.95}, "toxicity": {"label_agreement": 0.95}}
 
 
 @dataclass
@@ -180,5 +161,5 @@ def choose(measurements: Sequence[Measurement]) -> dict[str, str]:
 def env_file(chosen: Mapping[str, str], header: Sequence[str]) -> str:
     """`# header` lines, then one `<STAGE>_PRECISION=<variant>` line per stage measured."""
     lines = [f"# {line}" if line else "#" for line in header]
-    lines += [f"{STAGE_VARIABLES[stage]}={variant}" for stage, variant in chosen.items()]
+    lines += [f"{stage.upper()}_PRECISION={variant}" for stage, variant in chosen.items()]
     return "\n".join(lines) + "\n"

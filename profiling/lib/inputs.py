@@ -2,8 +2,7 @@
 
 The reference client's queries, top-k id lists as search returns them, documents
 from a documents.db or the support corpus, rerank requests of ten documents,
-and answer-length texts for the classifiers. Seeded: runs are repeatable.
-"""
+and answer-length texts for the classifiers. Seeded: runs are repeatable."""
 from __future__ import annotations
 
 import logging
@@ -77,12 +76,22 @@ def rerank_inputs(pool: Sequence, n: int, offset: int = 0) -> list:
             for i, query in enumerate(spec_queries(n, offset))]
 
 
+def generation_prompts(generator, queries: Sequence[str], pool: Sequence, full_length: int | None) -> list:
+    """The generator's prompt ids for each query with three documents of the pool as its context.
+
+    full_length: every answer decodes that many tokens. Random-weight stand-ins may emit EOS at any
+    step; forcing the full count makes runs comparable across models and variants (the worst case)."""
+    if full_length is not None:
+        generator.generation_config.min_new_tokens = full_length
+    return [generator.prompt_ids(q, cycled(pool, spec.CONTEXT_DOCS, i * spec.CONTEXT_DOCS))
+            for i, q in enumerate(queries)]
+
+
 def answer_texts(pool: Sequence, n: int, offset: int = 0) -> list[str]:
     """Answers of 400-512 characters, the length the classifiers see at most.
 
     Built from support articles ("Answer: ..." as the LLM is told to reply) and
-    cut at a word boundary to a seeded length, so batches are padded as in service.
-    """
+    cut at a word boundary to a seeded length, so batches are padded as in service."""
     rng = random.Random(SEED + offset)
     texts = []
     for i in range(n):

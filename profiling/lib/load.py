@@ -1,11 +1,6 @@
-"""Load generation against node 0's POST /query: open-loop schedules, closed loops, sweeps.
-
-Open loop sends at fixed times whatever the service does (as the course client
-does: one thread per request), so queueing shows up as latency; closed loop
-keeps C requests in flight, so it finds the throughput the service can sustain.
-Every loop is bounded in count and in time: a LoadTarget carries a hard deadline
-after which nothing is sent and no request is waited for.
-"""
+"""Load generation against node 0's POST /query or /v1/chat/completions: open-loop schedules (one thread per
+request, sent on time whatever the service does) and closed loops (C clients). Every loop is bounded in count and in
+time: a LoadTarget carries a hard deadline after which nothing is sent and no request is waited for."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,22 +11,18 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import requests
 
 from pipeline import spec
-from profiling.lib.openai_load import ChatLoad, send_chat
 from services.server import sse
-from services.server.token import TOKEN_HEADER
 
 COURSE_SCHEDULE = "10x10,20x5,50x1"  # the course client's three runs: count x interval (s)
 MIN_REQUEST_TIMEOUT_S = 1.0
 JOIN_GRACE_S = 5.0  # past the deadline, how long to wait for threads whose timeout was cut
 INVALID_REPLY = "invalid_reply"
 
-
-# ------------------------------------------------------------------------- plan
 
 @dataclass(frozen=True)
 class OpenGroup:
@@ -57,8 +48,7 @@ _PHASE = re.compile(r"^\s*(\d+)\s*x\s*(\d+(?:\.\d*)?|\.\d+)\s*$")
 def parse_schedule(raw: str, time_scale: float = 1.0) -> list[OpenGroup]:
     """'course' or 'COUNTxINTERVAL,...' (e.g. 10x10,20x5) into open-loop phases.
 
-    time_scale multiplies every interval (0.01 turns the course's 10 s into 0.1 s for tests).
-    """
+    time_scale multiplies every interval (0.01 turns the course's 10 s into 0.1 s for tests)."""
     text = COURSE_SCHEDULE if raw.strip().lower() == "course" else raw
     phases = []
     for part in text.split(","):  # not split_list: an empty part is an error here, not a blank to drop
@@ -79,8 +69,6 @@ def load_queries(path: str | None) -> list[str]:
         raise ValueError(f"{path} holds no queries")
     return queries
 
-
-# ------------------------------------------------------------------------- one request
 
 @dataclass
 class RequestRecord:
@@ -121,13 +109,89 @@ def reply_error(body: object, request_id: str) -> str:
     return INVALID_REPLY if spec.validate_reply(body, request_id) else ""
 
 
-def json_or_none(response: requests.Response, default):
-    """The response's JSON object, or `default` when it is not JSON or not an object."""
+def chat_reply_error(reply: Any, request_id: str) -> str:
+    """'' for a chat.completion that answers this request, else why not."""
+    if not isinstance(reply, dict) or not reply.get("choices"):
+        return "bad_reply"
+    if (reply.get("rag") or {}).get("request_id") != request_id:
+        return "wrong_request_id"
+    return "" if isinstance(reply["choices"][0].get("message", {}).get("content"), str) else "bad_reply"
+
+
+def json_or_none(response: requests.Response) -> dict | None:
+    """The response's JSON object, or None when it is not JSON or not an object."""
     try:
         body = response.json()
     except ValueError:
-        return default
-    return body if isinstance(body, dict) else default
+        return None
+    return body if isinstance(body, dict) else None
+
+
+@dataclass(frozen=True)
+class ChatLoad:
+    """What each /v1/chat/completions request asks beyond its query: None leaves the field out (the
+    server's default)."""
+    temperature: float | None = None
+    seed_base: int | None = None  # request i of a group gets seed seed_base + i (reproducible sampled load)
+    max_tokens: int | None = None
+
+    def body(self, request_id: str, query: str, index: int, stream: bool) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": spec.GENERATOR_MODEL, "request_id": request_id,
+                                "messages": [{"role": "user", "content": query}]}
+        fields = {"temperature": self.temperature, "max_tokens": self.max_tokens, "stream": stream or None,
+                  "seed": None if self.seed_base is None else self.seed_base + index}
+        return {**body, **{k: v for k, v in fields.items() if v is not None}}
+
+
+def _read_reply(response: requests.Response, record: RequestRecord, started: float) -> None:
+    body = json_or_none(response)
+    record.error = reply_error(body, record.request_id)
+    record.served_by = str((body or {}).get("served_by", ""))
+
+
+def _read_stream(response: requests.Response, record: RequestRecord, started: float) -> None:
+    """A /query stream as it comes: its pieces timed, its reply checked like a plain one."""
+    arrivals, reply, failed = [], None, ""
+    for event in sse.iter_events(sse.iter_lines(response.iter_content(chunk_size=None))):
+        if event.name == sse.TOKEN:
+            arrivals.append(time.monotonic())
+        elif event.name == sse.REPLY:
+            reply = event.json()
+        elif event.name == sse.ERROR:
+            failed = f"stream_{event.json().get('status', 'error')}"
+    _time_pieces(record, arrivals, started)
+    record.error = failed or ("stream_without_reply" if reply is None else reply_error(reply, record.request_id))
+    if reply is not None:
+        record.served_by = str(reply.get("served_by", ""))
+
+
+def _read_chat_reply(response: requests.Response, record: RequestRecord, started: float) -> None:
+    record.error = chat_reply_error(json_or_none(response), record.request_id)
+
+
+def _read_chat_stream(response: requests.Response, record: RequestRecord, started: float) -> None:
+    """A stream of chat.completion.chunk events up to `data: [DONE]`, its text pieces timed."""
+    arrivals, error, done = [], "", False
+    for event in sse.iter_events(sse.iter_lines(response.iter_content(chunk_size=None))):
+        if event.data == "[DONE]":
+            done = True
+            break
+        chunk = event.json()
+        if "error" in chunk:
+            error = f"stream_{chunk['error'].get('code') or 'error'}"
+        elif any(choice.get("delta", {}).get("content") for choice in chunk.get("choices", [])):
+            arrivals.append(time.monotonic())
+    _time_pieces(record, arrivals, started)
+    record.error = error or ("" if done else "stream_without_done")
+
+
+def _time_pieces(record: RequestRecord, arrivals: Sequence[float], started: float) -> None:
+    """How many text pieces came, the time to the first, and the mean gap between them."""
+    record.pieces = len(arrivals)
+    if arrivals:
+        record.ttft_s = arrivals[0] - started
+    if len(arrivals) > 1:
+        record.itl_s = (arrivals[-1] - arrivals[0]) / (len(arrivals) - 1)
 
 
 @dataclass
@@ -144,9 +208,9 @@ class LoadTarget:
     id_prefix: str = "lg"  # request ids: PREFIX-RUN-GROUP-I
     # What a timeout cut short by the deadline counts as; None: its exception class, like any timeout.
     cut_error: str | None = "max_duration_cut"
-    # Ask for the answer as a stream (/query's "stream": true) and time its pieces as they arrive.
+    # Ask for the answer as a stream ("stream": true) and time its pieces as they arrive.
     stream: bool = False
-    # Send POST /v1/chat/completions with these fields instead of /query (profiling/lib/openai_load.py).
+    # Send POST /v1/chat/completions with these fields instead of POST /query.
     chat: ChatLoad | None = None
 
     def past_deadline(self) -> bool:
@@ -168,26 +232,25 @@ class LoadTarget:
         return RequestRecord(f"{self.id_prefix}-{self.run_id}-{group}-{i}", group, i, scheduled_s)
 
     def send(self, record: RequestRecord, session: requests.Session | None = None) -> RequestRecord:
-        """POST /query for one record; fills its send time, latency, status and error kind."""
+        """POST one request for the record; fills its send time, latency, status and error kind."""
         timeout, cut = self.request_timeout()
-        body = {"request_id": record.request_id, "query": self.queries[record.query_index % len(self.queries)]}
+        query = self.queries[record.query_index % len(self.queries)]
+        if self.chat is not None:
+            path, read = "/v1/chat/completions", _read_chat_stream if self.stream else _read_chat_reply
+            body = self.chat.body(record.request_id, query, record.query_index, self.stream)
+        else:
+            path, read = "/query", _read_stream if self.stream else _read_reply
+            body = {"request_id": record.request_id, "query": query, **({"stream": True} if self.stream else {})}
         post = session.post if session is not None else requests.post
         started = time.monotonic()
         record.send_s = started - self.t0
         try:
-            if self.chat is not None:
-                chat_body = self.chat.body(record.request_id, body["query"], record.query_index, self.stream)
-                for key, value in send_chat(post, self.url, chat_body, timeout).items():
-                    setattr(record, key, value)
-            elif self.stream:
-                self._read_stream(post(f"{self.url}/query", json={**body, "stream": True}, timeout=timeout,
-                                       stream=True), record, started)
-            else:
-                response = post(f"{self.url}/query", json=body, timeout=timeout)
+            with post(f"{self.url}{path}", json=body, timeout=timeout, stream=self.stream) as response:
                 record.status = response.status_code
-                record.error = self._classify(response, record.request_id)
-                if response.status_code == 200:
-                    record.served_by = str(json_or_none(response, {}).get("served_by", ""))
+                if response.status_code != 200:
+                    record.error = f"http_{response.status_code}"
+                else:
+                    read(response, record, started)
         except requests.Timeout as exc:
             record.error = self.cut_error if cut and self.cut_error else type(exc).__name__
         except requests.RequestException as exc:
@@ -195,38 +258,6 @@ class LoadTarget:
         record.latency_s = time.monotonic() - started
         return record
 
-    def _read_stream(self, response: requests.Response, record: RequestRecord, started: float) -> None:
-        """Read a /query stream as it comes: time its pieces, check its reply like a plain one."""
-        with response:
-            record.status = response.status_code
-            if response.status_code != 200:
-                record.error = f"http_{response.status_code}"
-                return
-            arrivals, reply, failed = [], None, ""
-            for event in sse.iter_events(sse.iter_lines(response.iter_content(chunk_size=None))):
-                if event.name == sse.TOKEN:
-                    arrivals.append(time.monotonic())
-                elif event.name == sse.REPLY:
-                    reply = event.json()
-                elif event.name == sse.ERROR:
-                    failed = f"stream_{event.json().get('status', 'error')}"
-        record.pieces = len(arrivals)
-        if arrivals:
-            record.ttft_s = arrivals[0] - started
-        if len(arrivals) > 1:
-            record.itl_s = (arrivals[-1] - arrivals[0]) / (len(arrivals) - 1)
-        record.error = failed or ("stream_without_reply" if reply is None else reply_error(reply, record.request_id))
-        if reply is not None:
-            record.served_by = str(reply.get("served_by", ""))
-
-    @staticmethod
-    def _classify(response: requests.Response, request_id: str) -> str:
-        if response.status_code != 200:
-            return f"http_{response.status_code}"
-        return reply_error(json_or_none(response, None), request_id)
-
-
-# ------------------------------------------------------------------------- loops
 
 def run_open(target: LoadTarget, group: OpenGroup, *, send_until: float | None = None,
              max_outstanding: int | None = None) -> list[RequestRecord]:
@@ -235,8 +266,7 @@ def run_open(target: LoadTarget, group: OpenGroup, *, send_until: float | None =
     Requests whose time falls after the deadline (or after send_until, a monotonic
     time the caller chose) are not sent: they are left out of the records. With
     max_outstanding, a send waits for a free slot (at most until the send bound):
-    a service that stopped answering does not pile up threads.
-    """
+    a service that stopped answering does not pile up threads."""
     start = time.monotonic()
     stop_at = target.deadline if send_until is None else min(send_until, target.deadline)
     slots = threading.BoundedSemaphore(max_outstanding) if max_outstanding else None
@@ -247,7 +277,7 @@ def run_open(target: LoadTarget, group: OpenGroup, *, send_until: float | None =
             target.deadline_hit = True
         if planned >= stop_at:
             break
-        _sleep_until(planned)
+        time.sleep(max(0.0, planned - time.monotonic()))
         if slots is not None and not slots.acquire(timeout=max(0.0, stop_at - time.monotonic())):
             break
         record = target.record(group.name, i, planned - target.t0)
@@ -270,8 +300,7 @@ def _send_in_slot(target: LoadTarget, record: RequestRecord, slots: threading.Bo
 def run_closed(target: LoadTarget, group: ClosedGroup) -> list[RequestRecord]:
     """concurrency clients (a keep-alive session each) sharing one request counter.
 
-    Bounded by count, by the group's duration (no new sends after it) and by the deadline.
-    """
+    Bounded by count, by the group's duration (no new sends after it) and by the deadline."""
     start = time.monotonic()
     stop_at = min(target.deadline, start + group.duration_s) if group.duration_s else target.deadline
     records: list[RequestRecord] = []
@@ -302,28 +331,7 @@ def run_group(target: LoadTarget, group: Group) -> list[RequestRecord]:
     return run_open(target, group) if isinstance(group, OpenGroup) else run_closed(target, group)
 
 
-def _sleep_until(when: float) -> None:
-    delay = when - time.monotonic()
-    if delay > 0:
-        time.sleep(delay)
-
-
 def _join_all(threads: Sequence[threading.Thread], deadline: float) -> None:
     for thread in threads:
         thread.join(timeout=max(0.0, deadline + JOIN_GRACE_S - time.monotonic()))
 
-
-def clear_caches(node_urls: Sequence[str], token: str, *, strict: bool = True, timeout_s: float = 30) -> list[str]:
-    """POST /cache/clear on each node (an internal endpoint: the cluster token when set), so a
-    measurement starts cold. strict: a node that cannot clear is an error; else it is skipped
-    and returned as 'URL: why' (the caller can warn that its caches may answer)."""
-    headers = {TOKEN_HEADER: token} if token else {}
-    failed = []
-    for url in node_urls:
-        try:
-            requests.post(f"{url}/cache/clear", headers=headers, timeout=timeout_s).raise_for_status()
-        except requests.RequestException as exc:
-            if strict:
-                raise
-            failed.append(f"{url}: {type(exc).__name__}")
-    return failed

@@ -17,61 +17,24 @@ FIGSIZE = (9, 3.4)
 DPI = 80
 
 
-def microbench_plot(path: Path, stage: str, batch_sizes: Sequence[int], item_ms_median: Sequence[float],
-                    item_ms_min: Sequence[float], item_ms_max: Sequence[float],
-                    items_per_s: Sequence[float], subtitle: str = "") -> Path:
-    """Per-item time (median with min-max bars) and throughput against batch size."""
+def microbench_plot(path: Path, rows: Sequence) -> Path:
+    """One stage's microbench rows: per-item time (median with min-max bars) and throughput against batch size."""
+    first, sizes = rows[0], [r.batch_size for r in rows]
     fig, (left, right) = plt.subplots(1, 2, figsize=FIGSIZE)
-    lower = [m - lo for m, lo in zip(item_ms_median, item_ms_min)]
-    upper = [hi - m for m, hi in zip(item_ms_median, item_ms_max)]
-    left.errorbar(batch_sizes, item_ms_median, yerr=[lower, upper], marker="o", capsize=3)
-    left.set(xlabel="batch size", ylabel="ms per item", title=f"{stage}: time per item")
-    right.plot(batch_sizes, items_per_s, marker="o", color="tab:green")
-    right.set(xlabel="batch size", ylabel="items / s", title=f"{stage}: throughput")
+    median = [r.item_s_median * 1e3 for r in rows]
+    spread = [[m - r.item_s_min * 1e3 for m, r in zip(median, rows)],
+              [r.item_s_max * 1e3 - m for m, r in zip(median, rows)]]
+    left.errorbar(sizes, median, yerr=spread, marker="o", capsize=3)
+    left.set(xlabel="batch size", ylabel="ms per item", title=f"{first.stage}: time per item")
+    right.plot(sizes, [r.items_per_s for r in rows], marker="o", color="tab:green")
+    right.set(xlabel="batch size", ylabel="items / s", title=f"{first.stage}: throughput")
     for ax in (left, right):
         ax.set_xscale("log", base=2)
-        ax.set_xticks(list(batch_sizes), [str(b) for b in batch_sizes])
+        ax.set_xticks(sizes, [str(b) for b in sizes])
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
-    if subtitle:
-        fig.suptitle(subtitle, fontsize=8)
-    return _save(fig, path)
-
-
-def latency_plot(path: Path, title: str, send_s: Sequence[float], latency_s: Sequence[float],
-                 ok: Sequence[bool], groups: Sequence[str]) -> Path:
-    """Latency of every request against its send time, one colour per phase or level; errors as x."""
-    fig, ax = plt.subplots(figsize=FIGSIZE)
-    for group in dict.fromkeys(groups):
-        xs = [s for s, g, good in zip(send_s, groups, ok) if g == group and good]
-        ys = [v for v, g, good in zip(latency_s, groups, ok) if g == group and good]
-        ax.scatter(xs, ys, s=12, label=group or "requests")
-    bad = [(s, v) for s, v, good in zip(send_s, latency_s, ok) if not good]
-    if bad:
-        ax.scatter([b[0] for b in bad], [b[1] for b in bad], marker="x", color="red", s=24, label="errors")
-    ax.set(xlabel="send time (s from start)", ylabel="latency (s)", title=title)
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left")
-    return _save(fig, path)
-
-
-def sweep_plot(path: Path, levels: Sequence[int], throughput_rpm: Sequence[float], p95_s: Sequence[float],
-               knee_level: int | None) -> Path:
-    """Throughput against p95 latency across concurrency levels; the saturation level is marked."""
-    fig, ax = plt.subplots(figsize=FIGSIZE)
-    ax.plot(throughput_rpm, p95_s, marker="o")
-    for level, x, y in zip(levels, throughput_rpm, p95_s):
-        ax.annotate(f"c={level}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
-        if level == knee_level:
-            ax.scatter([x], [y], s=120, facecolors="none", edgecolors="red", label=f"saturation (c={level})")
-    ax.set(xlabel="throughput (requests / min)", ylabel="p95 latency (s)",
-           title="concurrency sweep: throughput vs p95 latency")
-    ax.set_xlim(left=0)
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    if knee_level is not None:
-        ax.legend(fontsize=7)
+    fig.suptitle(f"{first.model_source} {first.device}/{first.dtype} threads={first.threads} repeat={first.repeat} "
+                 f"{first.detail}", fontsize=8)
     return _save(fig, path)
 
 
@@ -85,15 +48,37 @@ def _save(fig, path: Path) -> Path:
 
 
 def write_plots(out: Path, name: str, results: Sequence[GroupResult], saturation: Saturation | None) -> list[Path]:
-    """A load run's plots: latency over time, and for a sweep throughput against p95."""
+    """A load run's plots: the latency of every request against its send time, one colour per phase or
+    level, errors as x (no reply: drawn at 0); for a sweep, throughput against p95 with the saturation marked."""
+    fig, ax = plt.subplots(figsize=FIGSIZE)
     sent = [r for res in results for r in res.records if not math.isnan(r.send_s)]
-    send = [r.send_s for r in sent]
-    lat = [0.0 if math.isnan(r.latency_s) else r.latency_s for r in sent]  # no reply: drawn at 0 as an error
-    ok = [r.ok and not math.isnan(r.latency_s) for r in sent]
-    groups = [r.group for r in sent]
-    paths = [latency_plot(out / f"loadgen_{name}_latency.png", f"{name}: latency of each request", send, lat, ok, groups)]
-    if saturation is not None:
-        levels = [r.group.concurrency for r in results]
-        paths.append(sweep_plot(out / f"loadgen_{name}_sweep.png", levels, [r.stats.throughput_rpm for r in results],
-                                [r.stats.latency.p95_s for r in results], saturation.level if saturation.reached else None))
-    return paths
+    for group in dict.fromkeys(r.group for r in sent):
+        good = [r for r in sent if r.group == group and r.ok and r.finished]
+        ax.scatter([r.send_s for r in good], [r.latency_s for r in good], s=12, label=group or "requests")
+    bad = [r for r in sent if not (r.ok and r.finished)]
+    if bad:
+        ax.scatter([r.send_s for r in bad], [0.0 if math.isnan(r.latency_s) else r.latency_s for r in bad], marker="x",
+                   color="red", s=24, label="errors")
+    ax.set(xlabel="send time (s from start)", ylabel="latency (s)", title=f"{name}: latency of each request")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left")
+    paths = [_save(fig, out / f"loadgen_{name}_latency.png")]
+    if saturation is None:
+        return paths
+    fig, ax = plt.subplots(figsize=FIGSIZE)
+    rpm, p95 = [r.stats.throughput_rpm for r in results], [r.stats.latency.p95_s for r in results]
+    ax.plot(rpm, p95, marker="o")
+    for result, x, y in zip(results, rpm, p95):
+        level = result.group.concurrency  # a sweep's groups are closed
+        ax.annotate(f"c={level}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        if saturation.reached and level == saturation.level:
+            ax.scatter([x], [y], s=120, facecolors="none", edgecolors="red", label=f"saturation (c={level})")
+    ax.set(xlabel="throughput (requests / min)", ylabel="p95 latency (s)",
+           title="concurrency sweep: throughput vs p95 latency")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    if saturation.reached:
+        ax.legend(fontsize=7)
+    return paths + [_save(fig, out / f"loadgen_{name}_sweep.png")]

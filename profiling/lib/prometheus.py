@@ -1,13 +1,20 @@
-"""Each node's /metrics: scraping, snapshots, and what changed between two snapshots."""
+"""Each node's /metrics: which nodes a tool measures, scraping, and what changed between two snapshots.
+
+The nodes come from the one URL a tool was given: node 0's /health lists its peers (`"peers": [{"node", "role",
+"url"}]`), so node 1's and node 2's /metrics are found from the target itself, never from this machine's NODE_<n>_IP
+settings (which may describe another cluster). A node whose /metrics cannot be read is an error that names the node
+and address: a figure silently missing a node reads like a node that did nothing."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import requests
 
 from pipeline.spec import Stage
+from profiling.lib.cli import TargetRefused, check_target, split_list
+from services.cluster.health_wait import wait_healthy
 
 SCRAPE_TIMEOUT_S = 10.0
 RSS_METRIC = "process_resident_memory_bytes"
@@ -33,11 +40,8 @@ def parse_metrics(text: str) -> dict[SampleKey, float]:
     """Prometheus text into {(sample name, sorted labels): value}; sample names keep their
     suffixes (_total, _count, _sum, _bucket), so counters and histograms read the same way."""
     from prometheus_client.parser import text_string_to_metric_families
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            samples[(s.name, tuple(sorted(s.labels.items())))] = float(s.value)
-    return samples
+    return {(s.name, tuple(sorted(s.labels.items()))): float(s.value)
+            for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 def scrape(url: str, timeout_s: float = SCRAPE_TIMEOUT_S) -> MetricsSnapshot:
@@ -54,8 +58,67 @@ def scrape(url: str, timeout_s: float = SCRAPE_TIMEOUT_S) -> MetricsSnapshot:
         return MetricsSnapshot(url, {}, f"unparsable: {exc}")
 
 
-def scrape_all(urls: Sequence[str]) -> list[MetricsSnapshot]:
-    return [scrape(url) for url in urls]
+class ClusterError(RuntimeError):
+    """The cluster's nodes cannot be found or one of them cannot be scraped."""
+
+
+@dataclass(frozen=True)
+class Node:
+    node: int
+    url: str  # base URL, no trailing slash
+    role: str = ""
+
+    @property
+    def metrics_url(self) -> str:
+        return f"{self.url}/metrics"
+
+    def __str__(self) -> str:
+        return f"node {self.node} ({self.metrics_url})"
+
+
+def nodes_from_health(url: str, health: Mapping[str, Any], allow_remote: bool = False) -> list[Node]:
+    """Node 0 at `url` plus the peers its /health lists, in node order; ClusterError when it lists none."""
+    peers = health.get("peers")
+    if not isinstance(peers, list) or not all(isinstance(p, dict) and "node" in p and "url" in p for p in peers):
+        raise ClusterError(f"node 0 ({url}/health) does not list its peers (no 'peers' field: an older node, or "
+                           "not node 0?), so its nodes' /metrics cannot be found; give --metrics-urls")
+    nodes = [Node(int(health.get("node", 0)), url.rstrip("/"), str(health.get("role", "")))]
+    for peer in peers:
+        try:
+            url_of_peer = check_target(str(peer["url"]), allow_remote)
+        except TargetRefused as exc:
+            raise ClusterError(f"node {peer['node']}, as node 0's /health gives it: {exc}") from None
+        nodes.append(Node(int(peer["node"]), url_of_peer, str(peer.get("role", ""))))
+    return sorted(nodes, key=lambda n: n.node)
+
+
+def find_nodes(url: str, listed: str | None, allow_remote: bool, wait_s: float,
+               health: Mapping[str, Any] | None = None) -> list[Node]:
+    """The nodes to scrape. `listed`: 'URL,...' (node n is the n-th) or 'N=URL,...', a trailing /metrics
+    dropped; 'none': no node; empty: node 0 at `url` and the peers its /health (`health`, else waited
+    for up to wait_s) lists."""
+    items = split_list(listed or "")
+    if not items:
+        return nodes_from_health(url, wait_healthy(url, wait_s) if health is None else health, allow_remote)
+    if [item.lower() for item in items] == ["none"]:
+        return []
+    pairs = [item.split("=", 1) if "=" in item else (n, item) for n, item in enumerate(items)]
+    return sorted((Node(int(n), check_target(u, allow_remote).removesuffix("/metrics")) for n, u in pairs),
+                  key=lambda n: n.node)
+
+
+def unscraped(nodes: Sequence[Node], snapshots: Sequence[MetricsSnapshot]) -> str:
+    """'' when every node was scraped, else 'cannot scrape node N (URL): why; ...'."""
+    failed = [f"{n}: {s.error}" for n, s in zip(nodes, snapshots) if s.error]
+    return "cannot scrape " + "; ".join(failed) if failed else ""
+
+
+def scrape_nodes(nodes: Sequence[Node], timeout_s: float = SCRAPE_TIMEOUT_S) -> list[MetricsSnapshot]:
+    """Every node's /metrics; ClusterError naming each node that could not be scraped."""
+    snapshots = [scrape(n.metrics_url, timeout_s) for n in nodes]
+    if failed := unscraped(nodes, snapshots):
+        raise ClusterError(failed)
+    return snapshots
 
 
 @dataclass(frozen=True)
@@ -88,12 +151,6 @@ def counter_delta(before: MetricsSnapshot, after: MetricsSnapshot, *names: str, 
     return None
 
 
-def stage_order(stage: str) -> tuple[int, str]:
-    """Sort key: pipeline order reads better than alphabetical; unknown stages go last."""
-    order = list(Stage)
-    return (order.index(stage) if stage in order else len(order), stage)
-
-
 def _ratio(num: float | None, den: float | None) -> float:
     return num / den if num is not None and den else math.nan
 
@@ -116,11 +173,9 @@ def http_deltas(before: MetricsSnapshot, after: MetricsSnapshot) -> dict[str, fl
     """{"endpoint status": requests during the run}, for the pairs that changed."""
     http = {}
     for (name, labels), value in after.samples.items():
-        if name == "rag_http_requests_total":
-            d = dict(labels)
-            count = value - (before.samples.get((name, labels)) or 0.0)
-            if count:
-                http[f"{d.get('endpoint', '?')} {d.get('status', '?')}"] = count
+        count = value - (before.samples.get((name, labels)) or 0.0)
+        if name == "rag_http_requests_total" and count:
+            http[f"{dict(labels).get('endpoint', '?')} {dict(labels).get('status', '?')}"] = count
     return dict(sorted(http.items()))
 
 
@@ -128,7 +183,9 @@ def node_delta(before: MetricsSnapshot, after: MetricsSnapshot) -> NodeDelta:
     if after.error:
         return NodeDelta(after.url, after.error, None, None, [], {})
     names = after.label_values("rag_batch_size_count", "stage") or after.label_values("rag_batches_total", "stage")
-    stages = [stage_delta(before, after, stage) for stage in sorted(names, key=stage_order)]
+    order = list(Stage)  # pipeline order reads better than alphabetical; unknown stages go last
+    stages = [stage_delta(before, after, stage)
+              for stage in sorted(names, key=lambda s: (order.index(s) if s in order else len(order), s))]
     return NodeDelta(after.url, "", after.get(PEAK_RSS_METRIC), after.get(RSS_METRIC), stages,
                      http_deltas(before, after))
 
@@ -146,10 +203,7 @@ def cache_deltas(before: Sequence[MetricsSnapshot], after: Sequence[MetricsSnaps
     for b, a in zip(before, after):
         for cache in CACHE_NAMES:
             for kind in ("hits", "misses", "joined", "evictions"):
-                now = a.get(f"rag_cache_{kind}_total", cache=cache)
-                if now is None:
-                    continue
-                was = b.get(f"rag_cache_{kind}_total", cache=cache) or 0.0
-                totals.setdefault(cache, {}).setdefault(kind, 0.0)
-                totals[cache][kind] += now - was
+                delta = counter_delta(b, a, f"rag_cache_{kind}_total", cache=cache)
+                if delta is not None:
+                    totals.setdefault(cache, {})[kind] = totals.get(cache, {}).get(kind, 0.0) + delta
     return totals

@@ -1,12 +1,10 @@
 """What a result was measured with: the code, every node's settings, and caches that could answer.
 
-A figure means nothing without what produced it: caches, precision, batch limits, threads,
-the model source and the code all change it. Each node answers `GET /settings` with
-`{"settings": {ENV_NAME: value, ...}}` (secrets "<hidden>"); a node that predates it (404)
-or cannot answer is recorded as unknown, with a printed warning, so the tools still work.
-`rag_node_info` in /metrics (role, model source, precision, version) is recorded too.
-In-process tools record this process's own settings instead.
-"""
+A figure means nothing without what produced it: caches, precision, batch limits, threads, the model source and the
+code all change it. Each node answers `GET /settings` with `{"settings": {ENV_NAME: value, ...}}` (secrets
+"<hidden>"); a node that predates it (404) or cannot answer is recorded as unknown, with a printed warning, so the
+tools still work. `rag_node_info` in /metrics (role, model source, precision, version) is recorded too. In-process
+tools record this process's own settings instead."""
 from __future__ import annotations
 
 import subprocess
@@ -15,8 +13,7 @@ from typing import Any, Mapping, Sequence
 import requests
 
 from pipeline.config import REPO_ROOT, Settings
-from profiling.lib.cluster import Node
-from profiling.lib.prometheus import MetricsSnapshot
+from profiling.lib.prometheus import MetricsSnapshot, Node
 from services.server.token import TOKEN_HEADER
 
 UNKNOWN = "unknown"
@@ -42,11 +39,6 @@ def git_commit(cwd=REPO_ROOT) -> dict[str, Any]:
     return {"commit": commit or UNKNOWN, "dirty": None if status is None else bool(status)}
 
 
-def settings_strings(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """This process's settings as a node's GET /settings gives them (Settings.effective: secrets hidden)."""
-    return Settings.from_env(env).effective()
-
-
 def fetch_settings(node: Node, token: str = "", timeout_s: float = SETTINGS_TIMEOUT_S) -> tuple[dict | None, str]:
     """(the node's settings, '') or (None, why they are unknown)."""
     try:
@@ -58,31 +50,19 @@ def fetch_settings(node: Node, token: str = "", timeout_s: float = SETTINGS_TIME
         why = " (a node older than GET /settings)" if response.status_code == 404 else ""
         return None, f"{node.url}/settings answered {response.status_code}{why}"
     try:
-        settings = response.json()["settings"]
-    except (ValueError, KeyError, TypeError):
+        return {str(k): str(v) for k, v in response.json()["settings"].items()}, ""
+    except (ValueError, KeyError, TypeError, AttributeError):  # not JSON, or not {"settings": {...}}
         return None, f"{node.url}/settings is not {{\"settings\": {{...}}}}"
-    if not isinstance(settings, dict):
-        return None, f"{node.url}/settings is not {{\"settings\": {{...}}}}"
-    return {str(k): str(v) for k, v in settings.items()}, ""
 
 
 def node_info(snapshot: MetricsSnapshot) -> dict[str, str]:
     """rag_node_info's labels (role, model_source, precision, version); {} when not exported."""
-    for (name, labels), _ in snapshot.samples.items():
-        if name == "rag_node_info":
-            return dict(labels)
-    return {}
+    return next((dict(labels) for name, labels in snapshot.samples if name == "rag_node_info"), {})
 
 
 def queries_repeat(queries: Sequence[str], requests_planned: int) -> bool:
     """Whether some query is sent twice: the loops cycle through the query list."""
-    if requests_planned > len(queries):
-        return True
-    return len(set(queries[:requests_planned])) < requests_planned
-
-
-def _is_index(node: Node) -> bool:
-    return node.role == "index" or (not node.role and node.node == 2)
+    return requests_planned > len(queries) or len(set(queries[:requests_planned])) < requests_planned
 
 
 def cache_warnings(nodes: Sequence[Node], settings: Sequence[dict | None], queries: Sequence[str],
@@ -90,16 +70,15 @@ def cache_warnings(nodes: Sequence[Node], settings: Sequence[dict | None], queri
     """One line per cache that could answer a repeated query instead of computing it.
 
     The embedding cache lives on the workers, the reply cache on node 0; unknown settings
-    (no /settings) warn too, since a cache may be on.
-    """
+    (no /settings) warn too, since a cache may be on."""
     if not queries_repeat(queries, requests_planned):
         return []
     what = (f"the query set repeats ({len(set(queries))} distinct queries, {requests_planned} requests planned): "
             "repeats may be answered from the cache, not computed")
     warnings = []
     for node, values in zip(nodes, settings):
-        if _is_index(node):
-            continue
+        if node.role == "index" or (not node.role and node.node == 2):
+            continue  # the index node has no cache
         names = [WORKER_CACHE] + ([GATEWAY_CACHE] if node.node == 0 else [])
         if values is None:
             warnings.append(f"node {node.node}: cache settings unknown ({' / '.join(names)}); if one is > 0, {what}")
@@ -121,21 +100,19 @@ def cluster_record(nodes: Sequence[Node], snapshots: Sequence[MetricsSnapshot], 
     return record
 
 
-def settings_warnings(record: Mapping[str, Any]) -> list[str]:
-    """One line per node whose settings could not be read."""
-    return [f"node {n['node']}'s settings are unknown ({n['settings_note']}): recorded as {UNKNOWN!r}"
-            for n in record.get("nodes", []) if not isinstance(n["settings"], dict)]
-
-
-def node_settings(record: Mapping[str, Any]) -> list[dict | None]:
-    """Each node's settings from a cluster_record, None where unknown."""
-    return [n["settings"] if isinstance(n["settings"], dict) else None for n in record["nodes"]]
+def settings_warnings(record: Mapping[str, Any], nodes: Sequence[Node] = (), queries: Sequence[str] = (),
+                      requests_planned: int = 0) -> list[str]:
+    """One line per node whose settings could not be read, then the cache_warnings for these queries."""
+    known = [n["settings"] if isinstance(n["settings"], dict) else None for n in record.get("nodes", [])]
+    unknown = [f"node {n['node']}'s settings are unknown ({n['settings_note']}): recorded as {UNKNOWN!r}"
+               for n, values in zip(record.get("nodes", []), known) if values is None]
+    return unknown + cache_warnings(nodes, known, queries, requests_planned)
 
 
 def local_record(env: Mapping[str, str] | None = None, settings: Settings | None = None) -> dict[str, Any]:
-    """For in-process tools: the commit and this process's settings (`settings` when the tool
-    already built them, else from `env`)."""
-    values = settings.effective() if settings is not None else settings_strings(env)
+    """For in-process tools: the commit and this process's settings as GET /settings gives them
+    (`settings` when the tool already built them, else from `env`; secrets hidden)."""
+    values = (settings or Settings.from_env(env)).effective()
     return {"tool": git_commit(), "settings": values, "settings_source": "this process's environment"}
 
 

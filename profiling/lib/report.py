@@ -2,11 +2,14 @@
 saturation point, text tables, and CSV/JSON writers (parent folders made as needed)."""
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import json
 import math
+import re
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -23,8 +26,6 @@ DEFAULT_KNEE_RATIO = 1.0
 MIN_SWEEP_SAMPLE = 20
 
 
-# ------------------------------------------------------------------------- statistics
-
 def percentiles(values: Sequence[float], qs: Sequence[float] = (50, 95, 99)) -> list[float]:
     """numpy's (linear) percentiles of values; NaN for each when there are none."""
     if not len(values):
@@ -35,8 +36,7 @@ def percentiles(values: Sequence[float], qs: Sequence[float] = (50, 95, 99)) -> 
 @dataclass(frozen=True)
 class LatencyStats:
     """Over successful requests only: an error's latency says how it failed, not how fast we served.
-
-    The spread (min, p5, stdev) is at the end so older positional uses keep working."""
+    The spread (min, p5, stdev) is last, with defaults, so the positional fields before it stay as they were."""
     count: int
     mean_s: float
     p50_s: float
@@ -75,10 +75,7 @@ class RunStats:
 
 
 def _counts(kinds: Iterable[str]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for kind in kinds:
-        counts[kind] = counts.get(kind, 0) + 1
-    return dict(sorted(counts.items()))
+    return dict(sorted(Counter(kinds).items()))
 
 
 def run_stats(name: str, planned: int, records: Sequence[RequestRecord]) -> RunStats:
@@ -97,8 +94,6 @@ def run_stats(name: str, planned: int, records: Sequence[RequestRecord]) -> RunS
         itl=LatencyStats.of([r.itl_s for r in ok if not math.isnan(r.itl_s)]),
     )
 
-
-# ------------------------------------------------------------------------- saturation (sweep)
 
 @dataclass(frozen=True)
 class Saturation:
@@ -140,8 +135,7 @@ def find_saturation(levels: Sequence[int], stats: Sequence[RunStats], ratio: flo
     latency grow in proportion to the clients once throughput is flat, so with
     doubling levels (1,2,4,8) a fully saturated step has p95 x2 for throughput
     x1, which a factor of 2 never flags. Below saturation throughput grows about
-    as fast as the clients and p95 little; past it, p95 outgrows throughput.
-    """
+    as fast as the clients and p95 little; past it, p95 outgrows throughput."""
     rpm = [s.throughput_rpm for s in stats]
     small = tuple(level for level, s in zip(levels, stats) if s.ok < min_sample)
     best = max(range(len(rpm)), key=rpm.__getitem__, default=None)
@@ -152,69 +146,61 @@ def find_saturation(levels: Sequence[int], stats: Sequence[RunStats], ratio: flo
         if rpm[b] <= 0 or (rpm[a] > 0 and p95_b / p95_a > ratio * rpm[b] / rpm[a]):
             return Saturation(saturation_rule(ratio), True, levels[a], rpm[a], levels[b], best_rpm, best_level,
                               min_sample, small)
-    return Saturation(saturation_rule(ratio), False, best_level, best_rpm, None, best_rpm, best_level, min_sample, small)
+    return Saturation(saturation_rule(ratio), False, best_level, best_rpm, None, best_rpm, best_level, min_sample,
+                      small)
 
 
-# ------------------------------------------------------------------------- tables
+def text_table(columns: Sequence[tuple[str, str]], rows: Iterable[Sequence[Any]]) -> str:
+    """A header, a rule and a line per row. A column is (title, format spec such as '<14' or '>9.2f'):
+    its title is aligned and padded as its values are."""
+    header = "".join(format(title, re.match(r"[<>]?\d*", spec)[0]) for title, spec in columns)
+    lines = ["".join(format(value, spec) for value, (_, spec) in zip(row, columns)) for row in rows]
+    return "\n".join([header, "-" * len(header), *lines])
+
 
 def format_stats_table(stats: Sequence[RunStats]) -> str:
-    header = (f"{'run':<14}{'sent':>6}{'ok':>6}{'req/min':>10}{'p50 s':>9}{'p95 s':>9}{'p99 s':>9}{'max s':>9}"
-              f"{'lag s':>8}  errors")
-    lines = [header, "-" * len(header)]
-    for s in stats:
-        lat = s.latency
-        errors = ", ".join(f"{k}={v}" for k, v in s.errors.items()) or "none"
-        lines.append(f"{s.name:<14}{s.sent:>6}{s.ok:>6}{s.throughput_rpm:>10.2f}{lat.p50_s:>9.2f}{lat.p95_s:>9.2f}"
-                     f"{lat.p99_s:>9.2f}{lat.max_s:>9.2f}{s.max_send_lag_s:>8.2f}  {errors}")
-    return "\n".join(lines)
+    columns = [("run", "<14"), ("sent", ">6"), ("ok", ">6"), ("req/min", ">10.2f")] + \
+        [(title, ">9.2f") for title in ("p50 s", "p95 s", "p99 s", "max s")] + [("lag s", ">8.2f"), ("  errors", "")]
+    return text_table(columns, [(s.name, s.sent, s.ok, s.throughput_rpm, s.latency.p50_s, s.latency.p95_s,
+                                 s.latency.p99_s, s.latency.max_s, s.max_send_lag_s,
+                                 "  " + (", ".join(f"{k}={v}" for k, v in s.errors.items()) or "none"))
+                                for s in stats])
 
 
 def format_stream_table(stats: Sequence[RunStats]) -> str:
     """Streamed runs: time to first token and the inter-token gap, beside the total latency."""
-    header = (f"{'run':<14}{'n':>5}{'TTFT p50 s':>12}{'TTFT p95 s':>12}{'ITL p50 ms':>12}{'ITL p95 ms':>12}"
-              f"{'total p50 s':>13}")
-    lines = [header, "-" * len(header)]
-    for s in stats:
-        lines.append(f"{s.name:<14}{s.ttft.count:>5}{s.ttft.p50_s:>12.2f}{s.ttft.p95_s:>12.2f}"
-                     f"{s.itl.p50_s * 1000:>12.1f}{s.itl.p95_s * 1000:>12.1f}{s.latency.p50_s:>13.2f}")
-    return "\n".join(lines)
+    columns = [("run", "<14"), ("n", ">5"), ("TTFT p50 s", ">12.2f"), ("TTFT p95 s", ">12.2f"),
+               ("ITL p50 ms", ">12.1f"), ("ITL p95 ms", ">12.1f"), ("total p50 s", ">13.2f")]
+    return text_table(columns, [(s.name, s.ttft.count, s.ttft.p50_s, s.ttft.p95_s, s.itl.p50_s * 1000,
+                                 s.itl.p95_s * 1000, s.latency.p50_s) for s in stats])
 
 
 def format_spread_table(stats: Sequence[RunStats]) -> str:
     """Each run's latency spread: how far one figure of the table above may be trusted."""
-    header = f"{'run':<14}{'n ok':>6}{'min s':>9}{'p5 s':>9}{'p50 s':>9}{'p95 s':>9}{'max s':>9}{'stdev s':>9}"
-    lines = [header, "-" * len(header)]
-    for s in stats:
-        lat = s.latency
-        lines.append(f"{s.name:<14}{lat.count:>6}{lat.min_s:>9.2f}{lat.p5_s:>9.2f}{lat.p50_s:>9.2f}{lat.p95_s:>9.2f}"
-                     f"{lat.max_s:>9.2f}{lat.stdev_s:>9.2f}")
-    return "\n".join(lines)
-
-
-def mib(value: float | None) -> str:
-    """Bytes as whole MiB, '?' when unknown."""
-    return f"{value / 2**20:.0f}" if value else "?"
+    columns = [("run", "<14"), ("n ok", ">6")] + [(title, ">9.2f") for title in ("min s", "p5 s", "p50 s", "p95 s",
+                                                                                 "max s", "stdev s")]
+    return text_table(columns, [(s.name, s.latency.count, s.latency.min_s, s.latency.p5_s, s.latency.p50_s,
+                                 s.latency.p95_s, s.latency.max_s, s.latency.stdev_s) for s in stats])
 
 
 def format_nodes_table(nodes: Sequence[NodeDelta]) -> str:
+    def mib(value: float | None) -> str:
+        return f"{value / 2**20:.0f} MiB" if value else "?"
     lines = []
     for node in nodes:
         if node.error:
             lines.append(f"{node.url}: no metrics ({node.error})")
             continue
-        peak = f"{mib(node.peak_rss_bytes)} MiB" if node.peak_rss_bytes else "?"
-        rss = f"{mib(node.rss_bytes)} MiB" if node.rss_bytes else "?"
-        lines.append(f"{node.url}: peak RSS {peak}, RSS {rss}")
+        lines.append(f"{node.url}: peak RSS {mib(node.peak_rss_bytes)}, RSS {mib(node.rss_bytes)}")
         active = [s for s in node.stages if s.batches]
         if active:
-            lines.append(f"  {'stage':<11}{'batches':>8}{'items':>7}{'mean batch':>12}{'run s/batch':>13}{'wait s/item':>13}")
+            lines.append(f"  {'stage':<11}{'batches':>8}{'items':>7}{'mean batch':>12}{'run s/batch':>13}"
+                         f"{'wait s/item':>13}")
         for s in active:
             lines.append(f"  {s.stage:<11}{s.batches:>8.0f}{s.items:>7.0f}{s.mean_batch_size:>12.2f}"
                          f"{s.mean_batch_run_s:>13.4f}{s.mean_item_wait_s:>13.4f}")
     return "\n".join(lines)
 
-
-# ------------------------------------------------------------------------- files
 
 RUNS_DIR = Path("runs")
 
@@ -231,11 +217,9 @@ def run_folder(tool: str, out: Path | str | None = None, *, now: float | None = 
     runs_dir.mkdir(parents=True, exist_ok=True)
     for n in range(1, 1000):
         path = runs_dir / (f"{tool}-{stamp}" if n == 1 else f"{tool}-{stamp}-{n}")
-        try:
+        with contextlib.suppress(FileExistsError):
             path.mkdir()  # exist_ok=False: the folder is ours alone
             return path
-        except FileExistsError:
-            continue
     raise FileExistsError(f"{runs_dir}/{tool}-{stamp}: 999 folders already")
 
 
@@ -243,8 +227,7 @@ def jsonable(value: Any, strict: bool = True) -> Any:
     """Dataclasses, dicts, sequences and paths as plain JSON values.
 
     strict: NaN and infinities become null (strict JSON has none); otherwise they
-    stay floats, which Python's json writes as NaN / Infinity.
-    """
+    stay floats, which Python's json writes as NaN / Infinity."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: jsonable(getattr(value, f.name), strict) for f in dataclasses.fields(value)}
     if isinstance(value, dict):
@@ -267,14 +250,14 @@ def write_json(path: Path, data: Any, strict: bool = False) -> Path:
 
 
 def write_csv(path: Path, rows: Sequence[Any], columns: Sequence[str], float_digits: int | None = None) -> Path:
-    """One row per dataclass in rows, the given columns; floats rounded when float_digits is set."""
+    """One row per dataclass (or dict) in rows, the given columns; floats rounded when float_digits is set."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(columns))
         writer.writeheader()
         for row in rows:
-            values = dataclasses.asdict(row)
+            values = row if isinstance(row, dict) else dataclasses.asdict(row)
             if float_digits is not None:
                 values = {k: (round(v, float_digits) if isinstance(v, float) else v) for k, v in values.items()}
             writer.writerow(values)

@@ -1,8 +1,7 @@
-"""The roofline of one request: what each model stage must compute and read, and the least time
-this CPU can do it in.
+"""The roofline of one request: what each model stage must compute and read, and the least time this CPU needs.
 
-Every count is derived from a model's config (hidden size, layers, heads, KV heads, intermediate
-size, vocabulary, labels) and the request's token lengths:
+Every count is derived from a model's config (hidden size, layers, heads, KV heads, intermediate size, vocabulary,
+labels) and the request's token lengths:
 
 * MACs (multiply-adds; 2 FLOPs each) of the Linears, which the int8 variants quantize, and of
   attention's own matmuls (QK^T and PV), which stay float in every variant. Encoders attend over
@@ -12,12 +11,10 @@ size, vocabulary, labels) and the request's token lengths:
   weights does not stay in cache from one step to the next), the embedding rows of the tokens,
   and in decode the KV cache of each sequence.
 
-A floor is max(compute, memory): compute = Linear FLOPs / the peak of the kind the Linears run in
-+ attention FLOPs / the peak of the float kind; memory = bytes read / the measured read bandwidth.
-Decode steps are floored one by one and summed. Not counted, so the floor stays a floor:
-activations, layer norms, softmax, biases, int8 scales (together < 1 % of the bytes at batch 1),
-int8's per-row quantization, padding, search and fetch.
-"""
+A floor is max(compute, memory): compute = Linear FLOPs / the peak of the kind the Linears run in + attention FLOPs
+/ the peak of the float kind; memory = bytes read / the measured read bandwidth. Decode steps are floored one by one
+and summed. Not counted, so the floor stays a floor: activations, layer norms, softmax, biases, int8 scales
+(together < 1 % of the bytes at batch 1), int8's per-row quantization, padding, search and fetch."""
 from __future__ import annotations
 
 import dataclasses
@@ -32,8 +29,6 @@ STAGE_OF_ROW = {"prefill": "generate", "decode": "generate"}
 # A BERT-family token reads a row of the word, position and token-type tables.
 ENCODER_EMBEDDING_TABLES = 3
 
-
-# ------------------------------------------------------------------------- counting
 
 @dataclass(frozen=True)
 class Work:
@@ -172,8 +167,6 @@ def row_works(models: Models, tokens: RequestTokens, requests: int = 1) -> dict[
             "toxicity": encoder(models.toxicity, [tokens.toxicity])}
 
 
-# ------------------------------------------------------------------------- precisions
-
 @dataclass(frozen=True)
 class PrecisionCost:
     """Where a precision variant (pipeline/precision.py) computes and how wide what it reads is."""
@@ -195,8 +188,6 @@ def bytes_read(work: Work, precision: str) -> int:
     cost = PRECISION_COSTS[precision]
     return work.weights * cost.weight_bytes + (work.embedding_reads + work.kv_reads) * cost.float_bytes
 
-
-# ------------------------------------------------------------------------- floors
 
 @dataclass(frozen=True)
 class Floor:
@@ -258,8 +249,6 @@ def plan_floor(name: str, stage_precisions: Mapping[str, str], models: Models, t
         return {row: floor_of_passes(works[row], precisions[row], machine) for row in ROWS}
     return PlanFloor(name, precisions, floors(1), concurrency, floors(concurrency))
 
-
-# ------------------------------------------------------------------------- measured vs floor
 
 # What a measured-times file may give: per-row seconds, `generate` (prefill + decode), the whole
 # idle request, and requests per minute at the plan's concurrency.

@@ -139,7 +139,7 @@ def test_sweep_plot_and_summary_json(tmp_path):
 # ---------------------------------------------------------------- the cluster a tool measures (issue 14)
 
 def test_nodes_come_from_node_0s_health():
-    from profiling.lib.cluster import ClusterError, Node, nodes_from_health
+    from profiling.lib.prometheus import ClusterError, Node, nodes_from_health
     health = {"status": "healthy", "node": 0, "role": "gateway+worker",
               "peers": [{"node": 2, "role": "index", "url": "http://127.0.0.1:19202"},
                         {"node": 1, "role": "worker", "url": "http://127.0.0.1:19201"}]}
@@ -168,7 +168,7 @@ def test_gateway_health_lists_its_peers():
 
 
 def test_a_node_that_cannot_be_scraped_is_named():
-    from profiling.lib.cluster import ClusterError, Node, scrape_nodes
+    from profiling.lib.prometheus import ClusterError, Node, scrape_nodes
     from tools.local import free_ports
     port = free_ports(1)[0]  # free now: nothing answers there
     with pytest.raises(ClusterError) as caught:
@@ -177,7 +177,7 @@ def test_a_node_that_cannot_be_scraped_is_named():
 
 
 def test_cache_warnings_only_where_a_cache_can_answer_a_repeat():
-    from profiling.lib.cluster import Node
+    from profiling.lib.prometheus import Node
     from profiling.lib.provenance import cache_warnings, queries_repeat
     nodes = [Node(0, "u0", "gateway+worker"), Node(1, "u1", "worker"), Node(2, "u2", "index")]
     on = {"EMBED_CACHE_SIZE": "1024", "RESPONSE_CACHE_SIZE": "0"}
@@ -198,8 +198,7 @@ def test_cache_warnings_only_where_a_cache_can_answer_a_repeat():
 
 def test_settings_record_falls_back_when_a_node_has_no_settings_endpoint(monkeypatch):
     from profiling.lib import provenance
-    from profiling.lib.cluster import Node
-    from profiling.lib.prometheus import MetricsSnapshot
+    from profiling.lib.prometheus import MetricsSnapshot, Node
     from tests.fake_node import FakeNode
     info = MetricsSnapshot("m", {("rag_node_info", (("model_source", "standin"), ("node", "0"),
                                                     ("precision", "exact"), ("version", "0.9"))): 1.0})

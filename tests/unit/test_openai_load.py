@@ -1,4 +1,4 @@
-"""loadgen --api openai (profiling/lib/openai_load.py): the /v1/chat/completions body each request
+"""loadgen --api openai (profiling/lib/load.py): the /v1/chat/completions body each request
 sends, with sampling, and how its reply is checked; against a node on 127.0.0.1 that records it."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pipeline import spec
 from profiling import loadgen
 from profiling.lib import load
-from profiling.lib.openai_load import ChatLoad, chat_load
+from profiling.lib.load import ChatLoad
 
 
 def test_the_body_names_the_model_the_query_and_a_seed_per_request():
@@ -23,9 +23,9 @@ def test_the_body_names_the_model_the_query_and_a_seed_per_request():
 def test_the_command_line_picks_the_api_and_its_fields():
     args = loadgen.parser().parse_args(["--url", "http://127.0.0.1:1", "--concurrency", "2", "--count", "4",
                                         "--api", "openai", "--temperature", "0.7", "--seed-base", "5"])
-    assert chat_load(args) == ChatLoad(0.7, 5, None)
+    assert loadgen.chat_load(args) == ChatLoad(0.7, 5, None)
     plain = loadgen.parser().parse_args(["--url", "http://127.0.0.1:1", "--concurrency", "2", "--count", "4"])
-    assert chat_load(plain) is None
+    assert loadgen.chat_load(plain) is None
 
 
 class RecordingNode:
