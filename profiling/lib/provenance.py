@@ -21,7 +21,7 @@ SETTINGS_TIMEOUT_S = 10.0
 # The caches that can answer a repeated query without computing it, and the nodes they live on.
 WORKER_CACHE, GATEWAY_CACHE = "EMBED_CACHE_SIZE", "RESPONSE_CACHE_SIZE"
 # Printed in one line per node (every setting is in the result file).
-HEADLINE = ("MODEL_SOURCE", "STANDIN_PROFILE", "PRECISION", "GENERATE_MODE", "GENERATE_MAX_BATCH",
+HEADLINE = ("MODEL_SOURCE", "STANDIN_PROFILE", "PRECISION", "GENERATE_MAX_BATCH",
             "TORCH_THREADS", "FAISS_THREADS", WORKER_CACHE, GATEWAY_CACHE)
 
 
