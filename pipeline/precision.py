@@ -45,8 +45,8 @@ def apply_precision(model, precision: str):
     Raises ConfigError where torch or transformers is outside the versions the kernels were
     verified against on the model's device (pipeline.kernels.versions)."""
     check_kernel_versions(next(model.parameters()).device.type)
+    untie_output_embeddings(model)  # the output layer gets its own int8 or packed weight
     if precision in QUANTIZED:
-        untie_output_embeddings(model)
         with torch.no_grad():
             convert_linears(model, QUANTIZED[precision])
     make_batch_invariant(model)

@@ -34,9 +34,8 @@ CUDA_TILE_ROWS = 64
 class RowInvariantLinear(torch.nn.Linear):
     """A float Linear whose result for a row does not depend on how many rows come
     with it. CPU: oneDNN's matmul for every row count, a lone row run as two (oneDNN takes another
-    kernel for one row), its weight packed once in oneDNN's layout where no other module shares it
-    (the same bits as the plain weight at every row count; a decode step 10-30 % faster,
-    docs/performance.md). CUDA: cuBLAS picks its kernel (and its split of the sum) by the row
+    kernel for one row), its weight packed once in oneDNN's layout (the same bits as the plain
+    weight at every row count; a decode step 10-30 % faster, docs/performance.md). CUDA: cuBLAS picks its kernel (and its split of the sum) by the row
     count, so the rows go in tiles of CUDA_TILE_ROWS, the last one zero-padded."""
 
     def forward(self, x):
@@ -56,14 +55,15 @@ class RowInvariantLinear(torch.nn.Linear):
 
 def make_linears_row_invariant(model) -> int:
     """Swap the class of every nn.Linear in a dtype of ROW_INVARIANT_DTYPES[its device]; on the CPU
-    its weight is replaced by oneDNN's packed copy unless an embedding shares it (a tied output
-    layer keeps the plain weight: no second copy). Returns how many Linears were swapped."""
+    its weight is replaced by oneDNN's packed copy. An output layer tied to the input embedding
+    gets its own packed copy (the lookups keep the plain one): the model's output embeddings
+    must be untied first (pipeline.kernels.int8.untie_output_embeddings). Returns how many
+    Linears were swapped."""
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear
                and m.weight.dtype in ROW_INVARIANT_DTYPES.get(m.weight.device.type, ())]
-    shared = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
     for linear in linears:
         linear.__class__ = RowInvariantLinear
-        if not linear.weight.is_cuda and id(linear.weight) not in shared:
+        if not linear.weight.is_cuda:
             packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), PACKED_FOR_ROWS)
             linear.weight = torch.nn.Parameter(packed, requires_grad=False)
     return len(linears)
