@@ -1,6 +1,6 @@
 """The GPU check (issue 30): decode steps and a 3-node cluster with faithful stand-ins, one table.
 
-    python -m profiling.gpu_check [--precisions auto,int8-dynamic] [--budget-s 450] [--out DIR] [--tiny]
+    python -m profiling.gpu_check [--precisions auto] [--budget-s 450] [--out DIR] [--tiny]
 
 Builds the stand-ins and the support corpus, then per precision: `profiling.bench_decode` at 1, 8 and
 32 sequences, and a local 3-node cluster (the launcher's command line) driven by `profiling.loadgen`:
@@ -142,7 +142,8 @@ def device_line() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m profiling.gpu_check", description=__doc__.split("\n\n")[0])
-    p.add_argument("--precisions", default="auto,int8-dynamic", help="PRECISION values, comma-separated, one row each")
+    p.add_argument("--precisions", default="auto",
+                   help="PRECISION values, comma-separated, one row each (CUDA is offered bfloat16 = auto and float16)")
     p.add_argument("--budget-s", type=float, default=450.0, help="phases past this many seconds are skipped")
     p.add_argument("--out", default=str(ROOT / "runs" / time.strftime("gpu_check-%Y%m%dT%H%M%SZ", time.gmtime())))
     p.add_argument("--tiny", action="store_true", help="tiny stand-ins on the CPU, a few requests: checks the script")

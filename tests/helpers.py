@@ -92,3 +92,16 @@ class ManualClock:
 
     def __call__(self) -> float:
         return self.now
+
+
+def run_joining(engine, requests: Sequence, join_every: int = 1) -> list:
+    """Step a ContinuousEngine until it is idle, request i joining `join_every` steps after request
+    i - 1; each request's sequence, in the requests' order. Fails on any failed sequence."""
+    seqs, pending, step = {}, list(enumerate(requests)), 0
+    while pending or engine.has_work():
+        if pending and step % join_every == 0:
+            i, request = pending.pop(0)
+            seqs[i] = engine.add(request)
+        assert not engine.step().failed
+        step += 1
+    return [seqs[i] for i in range(len(requests))]

@@ -19,6 +19,7 @@ from pipeline.kernels.batch_invariance import BATCH_INVARIANT_ATTENTION, RowInva
 from pipeline.kernels.int8 import Int8DynamicLinear, Int8WeightLinear, quantize_rows
 from pipeline.precision_policy import FAST, LOAD_DTYPE
 from pipeline.reranker import RerankRequest
+from tests.helpers import run_joining
 
 # Every variant the policy may pick on a CPU; alone and batched must agree to the last bit in each.
 VARIANTS = ("float32", "bfloat16", "int8-dynamic", "int8-weight")
@@ -249,14 +250,7 @@ def test_generated_ids_alone_equal_ids_among_same_length_batch_mates(stages):
 def _continuous_texts(generator, requests, join_every: int = 9, max_batch: int = 3) -> list[str]:
     """The engine's answers with each request joining `join_every` decode steps after the previous one."""
     engine = ContinuousEngine(generator, max_batch=max_batch, kv_cache_tokens=8192, prefill_chunk=32)
-    seqs, pending, step = {}, list(enumerate(requests)), 0
-    while pending or engine.has_work():
-        if pending and step % join_every == 0:
-            i, request = pending.pop(0)
-            seqs[i] = engine.add(request)
-        assert not engine.step().failed
-        step += 1
-    return [engine.text(seqs[i]) for i in range(len(requests))]
+    return [engine.text(seq) for seq in run_joining(engine, requests, join_every)]
 
 
 def test_generated_text_alone_equals_text_among_mixed_length_batch_mates(stages):

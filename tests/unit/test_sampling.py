@@ -15,6 +15,7 @@ from pipeline.generator import GenerationRequest, Generator
 from pipeline.precision_policy import LOAD_DTYPE
 from pipeline.sampling_params import Sampling, SamplingError
 from pipeline.stop_strings import StopStringFilter, truncate
+from tests.helpers import run_joining
 
 DOCS = tuple(Document(i, f"Doc {i}", "Refunds take 5 days." * (i + 1), "billing") for i in range(2))
 QUERIES = ("How do I get a refund?", "Where is my order?", "Can I change my plan?")
@@ -74,15 +75,9 @@ def engine(generator):
 
 def run(engine: ContinuousEngine, requests: list[GenerationRequest], join_every: int = 1) -> list[list[int]]:
     """Each request's tokens, the requests joining `join_every` steps apart."""
-    seqs, pending, step = {}, list(enumerate(requests)), 0
-    while pending or engine.has_work():
-        if pending and step % join_every == 0:
-            i, request = pending.pop(0)
-            seqs[i] = engine.add(request)
-        assert not engine.step().failed
-        step += 1
+    seqs = run_joining(engine, requests, join_every)
     assert not engine.runner.chooser._streams  # every stream left with its sequence
-    return [seqs[i].generated for i in range(len(requests))]
+    return [seq.generated for seq in seqs]
 
 
 def ask(i: int, sampling: Sampling | None, new: int = NEW) -> GenerationRequest:
