@@ -1,6 +1,6 @@
 """Node 0's gateway: the request_id rules and admission (idempotency), then the optional reply
-cache (behind the rules, so it never overrules them), then a worker (routing, with failover;
-probing), its own in-process and the others over HTTP.
+cache (behind the rules, so it never overrules them), then a worker (routing, with failover
+and probing), its own in-process and the others over HTTP.
 """
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from collections.abc import Callable
 from pipeline.config.sections import GatewaySettings
 from services.roles.caches import LruCache, ResponseCache
 from services.roles.gateway.idempotency import Idempotency
-from services.roles.gateway.probing import HealthProber
-from services.roles.gateway.routing import Router, WorkerTarget
+from services.roles.gateway.routing import HealthProber, Router, WorkerTarget
 from services.server.answer_request import AnswerRequest
 from services.server.stream_response import AnswerStream
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import base64
 import time
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import numpy as np
@@ -23,6 +21,7 @@ from services.roles.loaded import Loaded
 from services.roles.worker.request_path import Worker
 from services.server.answer_request import check_query_tokens
 from services.server.errors import ApiError, RequestTimeout
+from services.stages.futures import results_by
 
 EMBEDDING_MODEL = spec.EMBEDDER_MODEL
 
@@ -57,7 +56,7 @@ def register_openai_embeddings(app: Flask, front: Front, worker: Loaded[Worker],
             except ApiError as exc:
                 raise OpenAIError(400, f"input[{i}]: {exc.message}", "input") from None
         futures = worker.require().services[spec.Stage.EMBED].submit_many(texts)  # type: ignore[attr-defined]
-        vectors = _wait(futures, limits.request_timeout_s)
+        vectors = results_by(futures, time.monotonic() + limits.request_timeout_s, RequestTimeout("request timed out"))
         return jsonify(embeddings_response(vectors, encoding, sum(counts)))
 
 
@@ -101,13 +100,3 @@ def embeddings_response(vectors: list[np.ndarray], encoding: str, prompt_tokens:
     return {"object": "list", "data": data, "model": EMBEDDING_MODEL,
             "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}}
 
-
-def _wait(futures: list[Future], timeout_s: float) -> list[np.ndarray]:
-    deadline = time.monotonic() + timeout_s
-    try:
-        return [future.result(timeout=max(0.0, deadline - time.monotonic())) for future in futures]
-    except FutureTimeout:
-        raise RequestTimeout("request timed out") from None
-    finally:
-        for future in futures:
-            future.cancel()  # a no-op once done; unstarted items leave the queue

@@ -1,9 +1,12 @@
-"""The gateway's routing: round robin over the workers in the rotation, with failover.
+"""The gateway's routing: round robin over the workers in the rotation, with failover, and the
+health probes that put workers back into it.
 
 A forward the worker could not take (unreachable, not ready, full) goes to the next worker until
 the caller has read a piece of its answer; a worker unreachable, refusing our cluster token or
 answering 503 leaves the rotation until a health probe sees it ready. A request a worker failed
-(a 500) is that request's error alone: the worker stays.
+(a 500) is that request's error alone: the worker stays. A background thread probes every worker
+(the first round at once, then one every interval) and moves those whose answer differs from
+their place in the rotation (Router.mark).
 """
 from __future__ import annotations
 
@@ -162,3 +165,32 @@ class Router:
         with self._lock:
             return [{"node": t.node, "up": t.up, "local": t.local, "forwarded": t.forwarded,
                      "failures": t.failures} for t in self.targets]
+
+
+class HealthProber:
+    """Probes every worker of `router` every `interval_s` seconds until closed."""
+
+    def __init__(self, router: Router, interval_s: float):
+        self.router = router
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="gateway-prober", daemon=True)
+        self._thread.start()
+
+    def probe_once(self) -> None:
+        for target in list(self.router.targets):
+            try:
+                ok = bool(target.probe())
+            except Exception:  # a probe must never kill the prober
+                ok = False
+            if ok != target.up:
+                self.router.mark(target, ok, "health probe")
+
+    def _loop(self) -> None:
+        while True:
+            self.probe_once()
+            if self._stop.wait(self.interval_s):
+                return
+
+    def close(self) -> None:
+        self._stop.set()
