@@ -87,7 +87,13 @@ class Idempotency:
             raise RequestTimeout("request timed out") from None
 
     def _land(self, entry: Entry, request_id: str, digest: str, reply: dict, started: float) -> None:
-        self._remember(request_id, digest, reply, started)  # before the flight lands: no gap to recompute in
+        """Cache a successful reply (never a failure), then hand it to the joiners."""
+        now = time.monotonic()
+        if not reply.get("cached"):  # a reply-cache hit says nothing about how long a computation takes
+            with self._lock:
+                self._latency_ema_s = 0.8 * self._latency_ema_s + 0.2 * (now - started) if self._latency_ema_s \
+                    else now - started
+        self.completed.put(request_id, (digest, reply))  # before the flight lands: no gap to recompute in
         self.flights.finish(entry.held, reply)
 
     # ------------------------------------------------------------------ the rules, run under the flights' lock
@@ -137,15 +143,6 @@ class Idempotency:
         return None
 
     # ------------------------------------------------------------------ bookkeeping
-
-    def _remember(self, request_id: str, digest: str, reply: dict, started: float) -> None:
-        """Cache a successful reply (never a failure)."""
-        now = time.monotonic()
-        if not reply.get("cached"):  # a reply-cache hit says nothing about how long a computation takes
-            with self._lock:
-                self._latency_ema_s = 0.8 * self._latency_ema_s + 0.2 * (now - started) if self._latency_ema_s \
-                    else now - started
-        self.completed.put(request_id, (digest, reply))
 
     def _retry_after_s(self, elapsed_s: float = 0.0) -> float:
         # With every slot busy, one frees about every (mean latency / slots) seconds; a joiner

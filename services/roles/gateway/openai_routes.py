@@ -18,6 +18,7 @@ from services.roles.gateway.front import Front
 from services.roles.gateway.openai_embeddings import model_object, served_models
 from services.server import sse
 from services.server.answer_request import AnswerRequest
+from services.server.openai_errors import error_body
 from services.server.stream_response import AnswerStream, close, collect, error_status, sse_response, started
 
 MODEL_ID = spec.GENERATOR_MODEL
@@ -59,41 +60,22 @@ def _start(front: Front, default_temperature: float,
 
 
 def _completion(reply: dict, request_id: str) -> dict:
-    prompt_tokens, completion_tokens = _usage(reply)
     return {**oa.completion(_completion_id(request_id), int(time.time()), MODEL_ID, reply["generated_response"],
-                            prompt_tokens, completion_tokens, reply, finish_reason=reply.get("finish_reason", "stop")),
-            **_seed(reply)}
-
-
-def _seed(reply: dict) -> dict:
-    """The `seed` extension field of a sampled answer: the seed that gives it again."""
-    return {"seed": reply["seed"]} if "seed" in reply else {}
+                            *oa.usage_counts(reply), reply, finish_reason=reply.get("finish_reason", "stop")),
+            **oa.seed_field(reply)}
 
 
 def _chunks(events: AnswerStream, request_id: str, include_usage: bool) -> Iterator[bytes]:
     """The answer stream as chat.completion.chunk events, then [DONE]; an error as the last event."""
-    cid, created = _completion_id(request_id), int(time.time())
     try:
-        yield sse.event(oa.first_chunk(cid, created, MODEL_ID, include_usage=include_usage))
-        for event in events:
-            if isinstance(event, str):
-                yield sse.event(oa.content_chunk(cid, created, MODEL_ID, event, include_usage=include_usage))
-                continue
-            yield sse.event({**oa.final_chunk(cid, created, MODEL_ID, event.get("finish_reason", "stop"), event,
-                                              include_usage=include_usage), **_seed(event)})
-            if include_usage:
-                yield sse.event(oa.usage_chunk(cid, created, MODEL_ID, *_usage(event)))
+        for obj in oa.stream_chunks(_completion_id(request_id), int(time.time()), MODEL_ID, events,
+                                    include_usage=include_usage):
+            yield sse.event(obj)
         yield sse.event(oa.DONE)
     except Exception as exc:  # noqa: BLE001 - told to the reader; a disconnect (GeneratorExit) is not
-        status, message = error_status(exc)
-        yield sse.event(oa.error_from_http(status, message).body())
+        yield sse.event(error_body(*error_status(exc)))
     finally:
         close(events)
-
-
-def _usage(reply: dict) -> tuple[int, int]:
-    usage = reply.get("usage") or {}
-    return int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
 
 
 def _completion_id(request_id: str) -> str:

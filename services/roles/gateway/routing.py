@@ -1,12 +1,10 @@
 """The gateway's routing: round robin over the workers in the rotation, with failover, and the
-health probes that put workers back into it.
+health probes that move workers into it and out of it.
 
 A forward the worker could not take (unreachable, not ready, full) goes to the next worker until
 the caller has read a piece of its answer; a worker unreachable, refusing our cluster token or
 answering 503 leaves the rotation until a health probe sees it ready. A request a worker failed
-(a 500) is that request's error alone: the worker stays. A background thread probes every worker
-(the first round at once, then one every interval) and moves those whose answer differs from
-their place in the rotation (Router.mark).
+(a 500) is that request's error alone: the worker stays.
 """
 from __future__ import annotations
 
@@ -160,37 +158,19 @@ class Router:
         for target in self.targets:
             target.abort(make_error)
 
+    def probe_once(self) -> None:
+        """Ask each worker whether it is ready; move those whose answer differs from their place."""
+        for target in list(self.targets):
+            try:
+                ok = bool(target.probe())
+            except Exception:  # a probe must never kill the prober
+                ok = False
+            if ok != target.up:
+                self.mark(target, ok, "health probe")
+
     def status(self) -> list[dict]:
         """Each worker: whether it is in the rotation, and what it was sent."""
         with self._lock:
             return [{"node": t.node, "up": t.up, "local": t.local, "forwarded": t.forwarded,
                      "failures": t.failures} for t in self.targets]
 
-
-class HealthProber:
-    """Probes every worker of `router` every `interval_s` seconds until closed."""
-
-    def __init__(self, router: Router, interval_s: float):
-        self.router = router
-        self.interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="gateway-prober", daemon=True)
-        self._thread.start()
-
-    def probe_once(self) -> None:
-        for target in list(self.router.targets):
-            try:
-                ok = bool(target.probe())
-            except Exception:  # a probe must never kill the prober
-                ok = False
-            if ok != target.up:
-                self.router.mark(target, ok, "health probe")
-
-    def _loop(self) -> None:
-        while True:
-            self.probe_once()
-            if self._stop.wait(self.interval_s):
-                return
-
-    def close(self) -> None:
-        self._stop.set()

@@ -120,13 +120,6 @@ class Worker:
         except Exception as exc:
             raise StageFailed(stage, exc) from exc
 
-    def failure(self) -> StageDown | None:
-        """A StageDown for the first stage whose thread died, or None while every stage serves."""
-        for stage, svc in self.services.items():
-            if svc.failure is not None:
-                return StageDown(stage, svc.failure)
-        return None
-
     def answer(self, request: AnswerRequest, timeout_s: float | None = None) -> AnswerStream:
         """The answer's text in pieces as the LLM produces them (never half a character, nor the start
         of a stop string), then the reply with its `usage`, `finish_reason` and, when sampled, its
@@ -170,9 +163,9 @@ class Worker:
     def _begin(self, request_id: str, timeout_s: float | None) -> tuple[StageClock, str, float]:
         """The request's clock, trace id and deadline; StageDown at once if a stage is down."""
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.config.request_timeout_s)
-        down = self.failure()
-        if down is not None:
-            raise down
+        for stage, svc in self.services.items():
+            if svc.failure is not None:
+                raise StageDown(stage, svc.failure)
         trace = current_request_id.get() or request_id
         return StageClock.for_this_thread(trace, self._wait), trace, deadline
 
