@@ -53,22 +53,18 @@ def pooled_session(pool_size: int, token: str = "") -> requests.Session:
     return session
 
 
-def _error_body(response: requests.Response) -> tuple[str, str | None]:
-    """The peer's error message and its machine-readable reason, if any."""
+def peer_error(response: requests.Response) -> PeerError | PeerTimedOut:
+    """The typed error for another node's error status, with its own message (and its machine-readable
+    reason, if any)."""
     try:
         body = response.json()
     except ValueError:
-        return response.text[:200], None
+        body = None
     if not isinstance(body, dict):
-        return response.text[:200], None
+        return status_error(response.status_code, response.text[:200])
     reason = body.get("reason")
-    return str(body.get("error", response.text[:200])), reason if isinstance(reason, str) else None
-
-
-def peer_error(response: requests.Response) -> PeerError | PeerTimedOut:
-    """The typed error for another node's error status, with its own message."""
-    message, reason = _error_body(response)
-    return status_error(response.status_code, message, reason)
+    return status_error(response.status_code, str(body.get("error", response.text[:200])),
+                        reason if isinstance(reason, str) else None)
 
 
 def status_error(status: int, message: str, reason: str | None = None) -> PeerError | PeerTimedOut:

@@ -103,7 +103,9 @@ class Router:
                 try:
                     for event in events:
                         if isinstance(event, dict):
-                            self._answered(target, event)
+                            event.setdefault("served_by", target.node)
+                            with self._lock:
+                                target.forwarded += 1
                         shown = request.stream
                         yield event
                 finally:
@@ -116,11 +118,6 @@ class Router:
         if isinstance(last_error, Overloaded):
             raise last_error
         raise NoWorkerAvailable(f"no worker could serve the request ({last_error})")
-
-    def _answered(self, target: WorkerTarget, reply: dict) -> None:
-        reply.setdefault("served_by", target.node)
-        with self._lock:
-            target.forwarded += 1
 
     def _next_or_raise(self, target: WorkerTarget, exc: Exception, *, retry: bool) -> Exception:
         """The error to remember while the next worker is tried (`retry`: nobody read any of the
