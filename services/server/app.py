@@ -69,5 +69,11 @@ def make_app(name: str) -> Flask:
     install_error_handler(app)
     tracing.install_server_spans(app)  # first: it must see the requests the hooks after it refuse
     install_request_id(app)
+
+    @app.after_request
+    def _note_status(response):
+        g.response_status = response.status_code  # for the teardown hooks: the completion line, the span
+        return response
+
     return app
 

@@ -88,17 +88,12 @@ def install_completion_log(app: Flask, endpoints: tuple[str, ...]) -> None:
     def _start():
         g.completion_started = time.perf_counter()
 
-    @app.after_request
-    def _note_status(response):
-        g.completion_status = response.status_code
-        return response
-
     @app.teardown_request
     def _log(exc):
         rule = request.url_rule.rule if request.url_rule is not None else None
         started = g.get("completion_started")
         if rule in endpoints and started is not None:
-            f = completion_fields(g.get("completion_status", 500), started)
+            f = completion_fields(g.get("response_status", 500), started)
             stages = ",".join(f"{stage}:{ms:g}" for stage, ms in f["stages_ms"].items()) or "-"
             request_log.info("request done id=%r request_id=%r %s status=%d latency_ms=%.1f served_by=%s "
                              "stages_ms=%s", f["id"], f["request_id"], f["endpoint"], f["status"], f["latency_ms"],

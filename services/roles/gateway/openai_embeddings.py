@@ -1,4 +1,4 @@
-"""POST /v1/embeddings with the query embedder, and GET /v1/models/{id}.
+"""POST /v1/embeddings with the query embedder.
 
 The inputs are items of node 0's embed stage (batched with /query's), queued all or none, under
 /query's limits: MAX_QUERY_CHARS and MAX_QUERY_TOKENS each (`usage` reports that count), the
@@ -26,23 +26,7 @@ from services.stages.futures import results_by
 EMBEDDING_MODEL = spec.EMBEDDER_MODEL
 
 
-def served_models(generator_model: str) -> dict[str, dict[str, str]]:
-    """The models /v1 serves by id: the chat model and the embedding model."""
-    return {generator_model: {"kind": "chat"}, EMBEDDING_MODEL: {"kind": "embedding"}}
-
-
-def model_object(model_id: str, created: int) -> dict[str, Any]:
-    return {"id": model_id, "object": "model", "created": created, "owned_by": "rag-service"}
-
-
-def register_openai_embeddings(app: Flask, front: Front, worker: Loaded[Worker], *, generator_model: str,
-                               created: int) -> None:
-    @app.get("/v1/models/<path:model_id>")
-    def model(model_id: str):
-        if model_id not in served_models(generator_model):
-            raise OpenAIError(404, f"The model `{model_id}` does not exist", "model", code="model_not_found")
-        return jsonify(model_object(model_id, created))
-
+def register_openai_embeddings(app: Flask, front: Front, worker: Loaded[Worker]) -> None:
     @app.post("/v1/embeddings")
     def embeddings():
         limits = front.limits
