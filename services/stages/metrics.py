@@ -5,7 +5,7 @@ from typing import Callable, Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from services.stages.batch_stats import WAIT_BUCKETS, BatchingStats
+from services.stages.batch_stats import WAIT_BUCKETS
 from services.stages.continuous import TPOT_BUCKETS, TTFT_BUCKETS, GenerationStats
 from services.stages.protocol import StageService
 
@@ -16,11 +16,6 @@ def _size_buckets(counts: dict[int, int]) -> list[tuple[str, int]]:
     """Cumulative Prometheus buckets of a {size: how often} count."""
     buckets = [(str(float(bound)), sum(c for s, c in counts.items() if s <= bound)) for bound in BATCH_BUCKETS]
     return buckets + [("+Inf", sum(counts.values()))]
-
-
-def _batching(stats) -> BatchingStats:
-    # The generate stage's batches are the requests it takes off its queue together.
-    return stats.batching if isinstance(stats, GenerationStats) else stats
 
 
 def _histogram(name: str, doc: str, snapshots, counts_of) -> HistogramMetricFamily:
@@ -88,11 +83,12 @@ class StageCollector:
 
     def collect(self):
         stats = [service.stats() for service in self._services()]
-        yield from _batch_families([_batching(st) for st in stats])
+        # The generate stage's batches are the requests it takes off its queue together.
+        yield from _batch_families([st.batching if isinstance(st, GenerationStats) else st for st in stats])
         yield from _generation_families([st for st in stats if isinstance(st, GenerationStats)])
 
 
-def _batch_families(snapshots: list[BatchingStats]):
+def _batch_families(snapshots: list):  # of BatchingStats
     yield _histogram("rag_batch_size", "Items per batch taken off a stage's queue", snapshots,
                      lambda st: st.batch_size_counts)
     yield _bounded_histogram("rag_batch_queue_wait_seconds", "Each item's wait from submit to leaving the "
