@@ -58,7 +58,12 @@ class Idempotency:
         started = time.monotonic()
         deadline = started + timeout_s
         request_id, digest = request.request_id, request_digest(request)
-        entry = self._enter(request_id, request.query if request.is_the_questions_answer else None, digest)
+        # The question whose reply-cache entry may answer it (None: this is not the question's answer).
+        query = request.query if request.is_the_questions_answer else None
+        entry = self.flights.enter(
+            request_id, meta=digest, lookup=lambda: self._completed_reply(request_id, digest),
+            admit_joiner=lambda flight, joining: self._admit_joiner(request_id, digest, flight, joining),
+            admit_leader=lambda in_flight: self._admit_leader(request_id, query, digest, in_flight))
         if not entry.leads:
             yield from replay(self._known_or_joined(entry, deadline))
             return
@@ -69,13 +74,6 @@ class Idempotency:
 
         yield from relay(lambda: compute(deadline), failed=failed,
                          landed=lambda reply: self._land(entry, request_id, digest, reply, started))
-
-    def _enter(self, request_id: str, query: str | None, digest: str) -> Entry:
-        """query: the question whose reply-cache entry may answer it (None: not the question's answer)."""
-        return self.flights.enter(
-            request_id, meta=digest, lookup=lambda: self._completed_reply(request_id, digest),
-            admit_joiner=lambda flight, joining: self._admit_joiner(request_id, digest, flight, joining),
-            admit_leader=lambda in_flight: self._admit_leader(request_id, query, digest, in_flight))
 
     def _known_or_joined(self, entry: Entry, deadline: float) -> dict:
         """A reply already known, or the one of the computation joined (the same id and query)."""

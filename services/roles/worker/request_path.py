@@ -154,7 +154,8 @@ class Worker:
             if generation is not None:
                 generation.future.cancel()  # a no-op once it ended; frees the slot of a reader gone early
             clock.close()
-        self._count_served()
+        with self._lock:
+            self._served += 1
 
     def count_query_tokens(self, query: str) -> int:
         """The query's length in the LLM tokenizer's tokens (MAX_QUERY_TOKENS bounds it)."""
@@ -168,10 +169,6 @@ class Worker:
                 raise StageDown(stage, svc.failure)
         trace = current_request_id.get() or request_id
         return StageClock.for_this_thread(trace, self._wait), trace, deadline
-
-    def _count_served(self) -> None:
-        with self._lock:
-            self._served += 1
 
     def _enter(self, clock: StageClock, stage: Stage, item) -> StageVisit:
         return clock.enter(stage).submit(self.services[stage], item)
