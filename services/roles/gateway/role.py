@@ -102,12 +102,14 @@ class GatewayRole(Role):
     def batching_services(self):
         return self.worker_role.batching_services()
 
-    def health_fields(self) -> dict[str, Any]:
+    def peers(self) -> list[dict[str, Any]]:
+        """The other nodes as this node reaches them: tools given node 0's address find the rest here."""
         s = self.settings
-        # The other nodes as this node reaches them: tools given node 0's address find the rest here.
-        peers = [{"node": n, "role": s.cluster.role_of(n), "url": s.node_address(n).url}
-                 for n in s.cluster.nodes if n != self.node]
-        fields = {**self.worker_role.health_fields(), "peers": peers}
+        return [{"node": n, "role": s.cluster.role_of(n), "url": s.node_address(n).url}
+                for n in s.cluster.nodes if n != self.node]
+
+    def health_fields(self) -> dict[str, Any]:
+        fields = {**self.worker_role.health_fields(), "peers": self.peers()}
         gateway = self.gateway.value
         if gateway is not None:
             fields["workers"] = gateway.status()
