@@ -53,22 +53,18 @@ def pooled_session(pool_size: int, token: str = "") -> requests.Session:
     return session
 
 
-def _error_body(response: requests.Response) -> tuple[str, str | None]:
-    """The peer's error message and its machine-readable reason, if any."""
+def peer_error(response: requests.Response) -> PeerError | PeerTimedOut:
+    """The typed error for another node's error status, with its own message (and its machine-readable
+    reason, if any)."""
     try:
         body = response.json()
     except ValueError:
-        return response.text[:200], None
+        body = None
     if not isinstance(body, dict):
-        return response.text[:200], None
+        return status_error(response.status_code, response.text[:200])
     reason = body.get("reason")
-    return str(body.get("error", response.text[:200])), reason if isinstance(reason, str) else None
-
-
-def peer_error(response: requests.Response) -> PeerError | PeerTimedOut:
-    """The typed error for another node's error status, with its own message."""
-    message, reason = _error_body(response)
-    return status_error(response.status_code, message, reason)
+    return status_error(response.status_code, str(body.get("error", response.text[:200])),
+                        reason if isinstance(reason, str) else None)
 
 
 def status_error(status: int, message: str, reason: str | None = None) -> PeerError | PeerTimedOut:
@@ -82,6 +78,26 @@ def status_error(status: int, message: str, reason: str | None = None) -> PeerEr
     if status == 504:
         return PeerTimedOut(message)
     return PeerRejected(status, message) if status < 500 else PeerFailed(status, message)
+
+
+def post(session: requests.Session, url: str, who: str, call: tracing.ClientCall, timed_out: str,
+         **kwargs) -> requests.Response:
+    """One POST to another node (`who`), answered 200; else its typed error: NodeUnreachable (down:
+    any work started died with it), PeerTimedOut (`who timed_out`: the work may be in flight there)
+    or the error status's."""
+    try:
+        response = session.post(url, **kwargs)
+    except requests.ConnectionError as exc:
+        raise NodeUnreachable(f"{who} unreachable: {exc.__class__.__name__}") from None
+    except requests.Timeout:
+        raise PeerTimedOut(f"{who} {timed_out}") from None
+    call.answered(response.status_code)
+    if response.status_code != 200:
+        try:
+            raise peer_error(response)
+        finally:
+            response.close()
+    return response
 
 
 # What a search may retry: the index node down, restarting, slow or failing (any 5xx), never a 4xx.
@@ -124,17 +140,8 @@ class IndexClient:
         url = f"{base_url}/search"
         with tracing.client_span("POST /search", url, parents, attributes={"rag.attempt": attempt,
                                  "rag.batch_size": len(payload["embeddings"])}) as call:
-            try:
-                response = self.session.post(url, json=payload, timeout=self._timeouts(deadline),
-                                             headers={**headers, **call.headers})
-            except requests.ConnectionError as exc:
-                raise NodeUnreachable(f"{self.name} at {base_url} unreachable: "
-                                      f"{exc.__class__.__name__}") from None
-            except requests.Timeout:
-                raise PeerTimedOut(f"{self.name} at {base_url} timed out") from None
-            call.answered(response.status_code)
-            if response.status_code != 200:
-                raise peer_error(response)
+            response = post(self.session, url, f"{self.name} at {base_url}", call, "timed out", json=payload,
+                            timeout=self._timeouts(deadline), headers={**headers, **call.headers})
             body = response.json()
             return body["ids"], body["distances"]
 
@@ -236,20 +243,9 @@ class WorkerClient:
         url = f"{self.base_url}/internal/answer"
         with tracing.client_span("POST /internal/answer", url, attributes={tracing.REQUEST_ID: trace}) as call:
             headers = {REQUEST_ID_HEADER: trace, **call.headers} if trace else call.headers
-            try:
-                response = self.session.post(url, json=body, headers=headers or None, stream=True,
-                                             timeout=(self.connect_timeout_s, timeout_s + WORKER_REPLY_GRACE_S))
-            except requests.ConnectionError as exc:  # down: any work started died with it
-                raise NodeUnreachable(f"worker at {self.base_url} unreachable: {exc.__class__.__name__}") from None
-            except requests.Timeout:  # a read timeout: the work may be in flight there
-                raise PeerTimedOut(f"worker at {self.base_url} did not answer within {timeout_s:.1f}s") from None
-            call.answered(response.status_code)
-            if response.status_code != 200:
-                try:
-                    raise peer_error(response)
-                finally:
-                    response.close()
-            return response
+            return post(self.session, url, f"worker at {self.base_url}", call,
+                        f"did not answer within {timeout_s:.1f}s", json=body, headers=headers or None, stream=True,
+                        timeout=(self.connect_timeout_s, timeout_s + WORKER_REPLY_GRACE_S))
 
     def health(self, timeout_s: float = 2.0) -> dict | None:
         """The worker's /health body when it is ready, else None."""

@@ -7,7 +7,7 @@ from flask import Flask
 
 from pipeline.config import Settings
 from services.server.lifecycle import Lifecycle
-from services.stages.metrics import BatchingCollector, GenerationCollector
+from services.stages.metrics import StageCollector
 
 # HTTP threads beyond the requests a node computes at once, for /health, /metrics, joiners,
 # cache hits and quick 503s while every computing thread waits.
@@ -60,7 +60,7 @@ class Role:
 
     def collectors(self) -> Iterable:
         """Prometheus collectors of what this role runs (read at scrape time)."""
-        return (BatchingCollector(self.batching_services), GenerationCollector(self.batching_services))
+        return (StageCollector(self.batching_services),)
 
     def default_http_threads(self) -> int:
         raise NotImplementedError

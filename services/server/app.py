@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from typing import Any
 
 from flask import Flask, Response, g, jsonify, request
@@ -69,5 +70,17 @@ def make_app(name: str) -> Flask:
     install_error_handler(app)
     tracing.install_server_spans(app)  # first: it must see the requests the hooks after it refuse
     install_request_id(app)
+
+    # For the request's latency and status in the completion line, the metrics and the server span
+    # (after install_request_id: a request it refuses is not timed).
+    @app.before_request
+    def _note_start():
+        g.request_started = time.perf_counter()
+
+    @app.after_request
+    def _note_status(response):
+        g.response_status = response.status_code
+        return response
+
     return app
 

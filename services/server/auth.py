@@ -52,12 +52,6 @@ class ApiKeys:
         return matched
 
 
-def bearer_key() -> str | None:
-    """The key of the request's `Authorization: Bearer <key>` header, or None."""
-    scheme, _, key = request.headers.get("Authorization", "").partition(" ")
-    return key.strip() if scheme.lower() == "bearer" and key.strip() else None
-
-
 def install_api_keys(app: Flask, keys: ApiKeys, protected: Callable[[str], bool]) -> None:
     """401 for a request to a protected path without a valid key; a CORS preflight (OPTIONS) carries
     no credentials and is let through to be answered."""
@@ -65,8 +59,8 @@ def install_api_keys(app: Flask, keys: ApiKeys, protected: Callable[[str], bool]
     def _require_api_key():
         if request.method == "OPTIONS" or not protected(request.path):
             return None
-        key = bearer_key()
-        if key is None or not keys.allows(key):
+        scheme, _, key = request.headers.get("Authorization", "").partition(" ")  # Bearer <key>
+        if scheme.lower() != "bearer" or not key.strip() or not keys.allows(key.strip()):
             raise ApiError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
                            field="authorization")
         return None

@@ -40,7 +40,6 @@ class RequestIdConflict(ApiError):
     def __init__(self, request_id: str):
         super().__init__(409, "'query' differs from the query this request_id was first sent with: "
                               "a request_id is bound to its exact query; send a new request_id", field="query")
-        self.request_id = request_id
 
 
 # ---------------------------------------------------------------- capacity and lifecycle
@@ -67,7 +66,6 @@ class StageDown(ServiceClosed):
 
     def __init__(self, stage: str, reason: str):
         super().__init__(f"the {stage} stage stopped: {reason}")
-        self.stage = stage
         self.public = f"the {stage} stage of this node has stopped; the node is unhealthy"
 
 
@@ -95,7 +93,6 @@ class StageFailed(RuntimeError):
 
     def __init__(self, stage: str, cause: BaseException):
         super().__init__(f"{stage} stage failed: {type(cause).__name__}: {cause}")
-        self.stage = stage
 
 
 class WorkerFailed(RuntimeError):

@@ -50,27 +50,23 @@ def header_gate(app: Flask, token: str, max_body_bytes: int) -> HeaderGate:
     return HeaderGate(token, internal, max_body_bytes)
 
 
-def _refusal_class():
+def _json_error_channel(gate: HeaderGate):
+    """A waitress channel whose parser refuses what HeaderGate refuses before the body is read, whose
+    own refusals (malformed HTTP, a body too large, HeaderGate's) are JSON like every other error, and
+    which notes since when a request is being read (`reading_since`)."""
+    from waitress.channel import HTTPChannel
+    from waitress.parser import HTTPRequestParser
+    from waitress.task import ErrorTask
     from waitress.utilities import Error
 
     class Refusal(Error):
-        """A waitress request error carrying our table's answer (HeaderGate's refusals)."""
+        """A waitress request error carrying HeaderGate's refusal, as the errors table answers it."""
 
         def __init__(self, exc: ApiError):
-            answer = http_answer(exc)
-            if answer is None:  # an ApiError always has its row
-                raise TypeError(f"no HTTP answer for {exc!r}")
-            self.answer = answer
-            super().__init__(self.answer.message)
-            self.code = self.answer.status
+            self.answer = http_answer(exc)  # an ApiError's row: its own status, message and field
+            super().__init__(exc.message)
+            self.code = exc.status
             self.reason = HTTPStatus(self.code).phrase
-
-    return Refusal
-
-
-def _gated_parser(gate: HeaderGate):
-    from waitress.parser import HTTPRequestParser
-    refusal_class = _refusal_class()
 
     class GatedParser(HTTPRequestParser):
         def parse_header(self, header_plus):
@@ -79,18 +75,9 @@ def _gated_parser(gate: HeaderGate):
             content_length: int = getattr(self, "content_length", 0)
             refused = gate.refusal(self.path, self.headers.get("X_CLUSTER_TOKEN", ""), content_length)
             if refused is not None:
-                self.error = refusal_class(refused)
+                self.error = Refusal(refused)
                 # No body to wait for: waitress then answers at once (and closes the connection).
                 self.body_rcv, self.content_length, self.chunked = None, 0, False
-
-    return GatedParser
-
-
-def _json_error_channel(gate: HeaderGate):
-    """A waitress channel whose own refusals (malformed HTTP, a body too large, HeaderGate's) are
-    JSON like every other error, and which notes since when a request is being read (`reading_since`)."""
-    from waitress.channel import HTTPChannel
-    from waitress.task import ErrorTask
 
     class JsonErrorTask(ErrorTask):
         def execute(self):
@@ -109,7 +96,7 @@ def _json_error_channel(gate: HeaderGate):
 
     class JsonErrorChannel(HTTPChannel):
         error_task_class = JsonErrorTask
-        parser_class = _gated_parser(gate)
+        parser_class = GatedParser
 
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)

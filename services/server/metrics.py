@@ -80,16 +80,12 @@ class NodeMetrics:
         self.registry.register(collector)
 
     def instrument(self, app: Flask) -> None:
-        @app.before_request
-        def _start():
-            g._metrics_started = time.perf_counter()
-
         @app.after_request
         def _observe(response):
             endpoint = request.url_rule.rule if request.url_rule is not None else "unmatched"
             if endpoint != "/metrics":
                 self.requests.labels(endpoint, str(response.status_code)).inc()
-                started = g.get("_metrics_started")
+                started = g.get("request_started")
                 if started is not None:
                     self.latency.labels(endpoint).observe(time.perf_counter() - started)
             return response

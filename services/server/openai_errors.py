@@ -36,14 +36,10 @@ def error_kind(status: int) -> tuple[str, str | None]:
     return ERROR_KINDS.get(status, ("invalid_request_error" if status < 500 else "server_error", None))
 
 
-def param_for(field: str | None) -> str | None:
-    return PARAMS.get(field, field) if field else None
-
-
 def error_body(status: int, message: str, field: str | None = None) -> dict[str, Any]:
     """The service's error (its status, message and field) as OpenAI's error object."""
     kind, code = error_kind(status)
-    return {"error": {"message": message, "type": kind, "param": param_for(field), "code": code}}
+    return {"error": {"message": message, "type": kind, "param": PARAMS.get(field, field) if field else None, "code": code}}
 
 
 def should_retry(status: int) -> str:

@@ -74,31 +74,18 @@ def node_info(role: NodeRole) -> dict[str, str]:
             "precision": s.models.precision, "version": VERSION}
 
 
-def completion_fields(status: int, started: float) -> dict[str, Any]:
-    """What a request's completion line says; `served_by` and `stages_ms` are set by the role's view."""
-    return {"id": g.get("trace_id"), "request_id": g.get("request_id"), "endpoint": request.path,
-            "status": status, "latency_ms": round((time.perf_counter() - started) * 1000, 1),
-            "served_by": g.get("served_by"), "stages_ms": dict(g.get("stage_times") or {})}
-
-
 def install_completion_log(app: Flask, endpoints: tuple[str, ...]) -> None:
     """One INFO line per request on `endpoints` when it ends (a stream: after its last event); ids
     as repr, so a newline in an id cannot forge a line."""
-    @app.before_request
-    def _start():
-        g.completion_started = time.perf_counter()
-
-    @app.after_request
-    def _note_status(response):
-        g.completion_status = response.status_code
-        return response
-
     @app.teardown_request
     def _log(exc):
         rule = request.url_rule.rule if request.url_rule is not None else None
-        started = g.get("completion_started")
+        started = g.get("request_started")
         if rule in endpoints and started is not None:
-            f = completion_fields(g.get("completion_status", 500), started)
+            # served_by and stage_times are set by the role's view.
+            f = {"id": g.get("trace_id"), "request_id": g.get("request_id"), "endpoint": request.path,
+                 "status": g.get("response_status", 500), "latency_ms": round((time.perf_counter() - started) * 1000, 1),
+                 "served_by": g.get("served_by"), "stages_ms": dict(g.get("stage_times") or {})}
             stages = ",".join(f"{stage}:{ms:g}" for stage, ms in f["stages_ms"].items()) or "-"
             request_log.info("request done id=%r request_id=%r %s status=%d latency_ms=%.1f served_by=%s "
                              "stages_ms=%s", f["id"], f["request_id"], f["endpoint"], f["status"], f["latency_ms"],

@@ -15,14 +15,6 @@ TOKEN_HEADER = "X-Cluster-Token"
 INTERNAL_PREFIX = "/internal/"
 
 
-def require_cluster_token(expected: str) -> None:
-    """401 unless the caller sent the cluster's shared token (no check when none is configured)."""
-    if not expected:
-        return
-    if not token_matches(request.headers.get(TOKEN_HEADER, ""), expected):
-        raise token_refused()
-
-
 def token_matches(sent: str, expected: str) -> bool:
     # Headers are latin-1 strings; compare bytes in constant time so timing leaks nothing.
     return hmac.compare_digest(sent.encode("latin-1", "replace"), expected.encode("ascii"))
@@ -34,12 +26,14 @@ def token_refused() -> ApiError:
 
 
 def internal_endpoint(token: str) -> Callable:
-    """Decorator for node-to-node endpoints: the token is checked before anything else (HeaderGate
-    checks it earlier still, before waitress reads the body; this stays for other servers)."""
+    """Decorator for node-to-node endpoints: 401 unless the caller sent the cluster's shared token (no
+    check when none is configured), before anything else (HeaderGate checks it earlier still, before
+    waitress reads the body; this stays for other servers)."""
     def wrap(view: Callable) -> Callable:
         @functools.wraps(view)
         def checked(*args, **kwargs):
-            require_cluster_token(token)
+            if token and not token_matches(request.headers.get(TOKEN_HEADER, ""), token):
+                raise token_refused()
             return view(*args, **kwargs)
         checked.__dict__["cluster_internal"] = True  # header_gate finds the internal routes by it
         return checked

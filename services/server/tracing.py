@@ -195,13 +195,6 @@ def install_server_spans(app: Flask) -> None:
         g.otel_span = span
         g.otel_token = context.attach(trace.set_span_in_context(span, parent))
 
-    @app.after_request
-    def _note_answer(response):
-        span = g.get("otel_span")
-        if span is not None:
-            g.otel_status = response.status_code
-        return response
-
     @app.teardown_request
     def _close_server_span(exc):
         span = g.pop("otel_span", None)
@@ -209,7 +202,7 @@ def install_server_spans(app: Flask) -> None:
             return
         from opentelemetry import context
         from opentelemetry.trace import Status, StatusCode
-        status = g.get("otel_status", 500)
+        status = g.get("response_status", 500)
         span.set_attribute("http.response.status_code", status)
         for attribute, value in ((REQUEST_ID, g.get("trace_id")), ("rag.body_request_id", g.get("request_id")),
                                  ("rag.served_by", g.get("served_by"))):

@@ -153,38 +153,30 @@ class BatchingService:
         failed = retried = 0
         try:
             outcome = self._call_batch_fn([p.item for p in batch])
-            if not isinstance(outcome, BaseException):
-                for pending, result in zip(batch, outcome):
-                    set_result(pending.future, result, self._owner)
-            elif isinstance(outcome, BatchSizeMismatch) or len(batch) == 1 or not self._retry_individually:
-                # A wrong result count is batch_fn's bug, not a bad item's: retrying would hide it.
-                logger.error("%s: batch_fn failed on a batch of %d items%s", self._owner, len(batch),
-                             _brief(outcome), exc_info=_traceback(outcome))
-                for pending in batch:
-                    set_exception(pending.future, outcome, self._owner)
-                failed = len(batch)
-            else:
+            # A wrong result count is batch_fn's bug, not a bad item's: retrying would hide it.
+            if isinstance(outcome, BaseException) and not isinstance(outcome, BatchSizeMismatch) \
+                    and len(batch) > 1 and self._retry_individually:
+                # Failure isolation: one bad item must not fail its batch-mates.
+                logger.warning("%s: batch_fn raised %s on a batch of %d items; retrying them one by one",
+                               self._owner, type(outcome).__name__, len(batch))
                 retried = 1
-                failed = self._run_one_by_one(batch, outcome)
+                failed = sum(self._settle([p], self._call_batch_fn([p.item]), "a single item") for p in batch)
+            else:
+                failed = self._settle(batch, outcome, f"a batch of {len(batch)} items")
         finally:
             self._queue.record(run_seconds_sum=time.monotonic() - started, failed_items_total=failed,
                                retried_batches_total=retried)
 
-    def _run_one_by_one(self, batch: list[PendingItem], error: BaseException) -> int:
-        """Failure isolation: one bad item must not fail its batch-mates. Returns how many failed."""
-        logger.warning("%s: batch_fn raised %s on a batch of %d items; retrying them one by one",
-                       self._owner, type(error).__name__, len(batch))
-        failed = 0
+    def _settle(self, batch: list[PendingItem], outcome: list | BaseException, what: str) -> int:
+        """Resolve the batch's futures with its results, or fail them all; how many failed."""
+        if not isinstance(outcome, BaseException):
+            for pending, result in zip(batch, outcome):
+                set_result(pending.future, result, self._owner)
+            return 0
+        logger.error("%s: batch_fn failed on %s%s", self._owner, what, _brief(outcome), exc_info=_traceback(outcome))
         for pending in batch:
-            outcome = self._call_batch_fn([pending.item])
-            if not isinstance(outcome, BaseException):
-                set_result(pending.future, outcome[0], self._owner)
-                continue
-            logger.error("%s: batch_fn failed on a single item%s", self._owner, _brief(outcome),
-                         exc_info=_traceback(outcome))
-            failed += 1
             set_exception(pending.future, outcome, self._owner)
-        return failed
+        return len(batch)
 
     def _call_batch_fn(self, items: list) -> list | BaseException:
         """Call batch_fn: one result per item, in order, or the error that stands for them all."""

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -79,3 +81,15 @@ def fail(future: Future, error: BaseException, owner: str) -> Claim:
     if future.done() and not future.cancelled():
         return Claim.RESOLVED_ELSEWHERE
     return end_with_exception(future, error, owner)
+
+
+def results_by(futures: list[Future], deadline: float, timed_out: BaseException) -> list:
+    """The futures' results by `deadline` (monotonic), else `timed_out` raised. Every future is
+    cancelled on the way out (a no-op once done): unstarted items leave their queue."""
+    try:
+        return [future.result(timeout=max(0.0, deadline - time.monotonic())) for future in futures]
+    except FutureTimeout:
+        raise timed_out from None
+    finally:
+        for future in futures:
+            future.cancel()

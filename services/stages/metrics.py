@@ -5,7 +5,7 @@ from typing import Callable, Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from services.stages.batch_stats import WAIT_BUCKETS, BatchingStats
+from services.stages.batch_stats import WAIT_BUCKETS
 from services.stages.continuous import TPOT_BUCKETS, TTFT_BUCKETS, GenerationStats
 from services.stages.protocol import StageService
 
@@ -16,11 +16,6 @@ def _size_buckets(counts: dict[int, int]) -> list[tuple[str, int]]:
     """Cumulative Prometheus buckets of a {size: how often} count."""
     buckets = [(str(float(bound)), sum(c for s, c in counts.items() if s <= bound)) for bound in BATCH_BUCKETS]
     return buckets + [("+Inf", sum(counts.values()))]
-
-
-def _batching(stats) -> BatchingStats:
-    # The generate stage's batches are the requests it takes off its queue together.
-    return stats.batching if isinstance(stats, GenerationStats) else stats
 
 
 def _histogram(name: str, doc: str, snapshots, counts_of) -> HistogramMetricFamily:
@@ -79,45 +74,43 @@ _GENERATION_FAMILIES = [
 ]
 
 
-class BatchingCollector:
-    """The batch families of every stage service the callable returns."""
+class StageCollector:
+    """The families of every stage service the callable returns: the batch families of each, and
+    the continuous generate stage's own (decode steps, tokens, sequences, KV cache, TTFT, TPOT)."""
 
     def __init__(self, services: Callable[[], Iterable[StageService]]):
         self._services = services
 
     def collect(self):
-        snapshots = [_batching(service.stats()) for service in self._services()]
-        yield _histogram("rag_batch_size", "Items per batch taken off a stage's queue", snapshots,
-                         lambda st: st.batch_size_counts)
-        yield _bounded_histogram("rag_batch_queue_wait_seconds", "Each item's wait from submit to leaving the "
-                                 "stage's queue", snapshots, WAIT_BUCKETS, lambda st: st.wait_bucket_counts,
-                                 lambda st: st.wait_seconds_sum)
-        for kind, name, doc, attribute in _BATCH_FAMILIES:
-            yield _per_stage(kind, name, doc, snapshots, attribute)
+        stats = [service.stats() for service in self._services()]
+        # The generate stage's batches are the requests it takes off its queue together.
+        yield from _batch_families([st.batching if isinstance(st, GenerationStats) else st for st in stats])
+        yield from _generation_families([st for st in stats if isinstance(st, GenerationStats)])
 
 
-class GenerationCollector:
-    """The continuous generate stage's own families: decode steps, tokens, sequences, KV cache, TTFT."""
-
-    def __init__(self, services: Callable[[], Iterable[StageService]]):
-        self._services = services
-
-    def collect(self):
-        snapshots = [st for st in (service.stats() for service in self._services()) if isinstance(st, GenerationStats)]
-        yield _histogram("rag_generate_step_sequences", "Sequences that decoded together in a step", snapshots,
-                         lambda st: st.step_sequences_counts)
-        for kind, name, doc, attribute in _GENERATION_FAMILIES:
-            yield _per_stage(kind, name, doc, snapshots, attribute)
-        kv = GaugeMetricFamily("rag_generate_kv_tokens", "KV-cache tokens in use (padding included) or reserved",
-                               labels=["stage", "state"])
-        for st in snapshots:
-            kv.add_metric([st.name, "in_use"], st.kv_tokens_in_use)
-            kv.add_metric([st.name, "reserved"], st.kv_tokens_reserved)
-        yield kv
-        yield _bounded_histogram("rag_generate_ttft_seconds", "Time to first token from submit", snapshots,
-                                 TTFT_BUCKETS, lambda st: st.ttft_bucket_counts, lambda st: st.ttft_seconds_sum)
-        yield _bounded_histogram("rag_generate_tpot_seconds", "Time per output token after the first, per finished "
-                                 "sequence of two tokens or more", snapshots, TPOT_BUCKETS,
-                                 lambda st: st.tpot_bucket_counts, lambda st: st.tpot_seconds_sum)
+def _batch_families(snapshots: list):  # of BatchingStats
+    yield _histogram("rag_batch_size", "Items per batch taken off a stage's queue", snapshots,
+                     lambda st: st.batch_size_counts)
+    yield _bounded_histogram("rag_batch_queue_wait_seconds", "Each item's wait from submit to leaving the "
+                             "stage's queue", snapshots, WAIT_BUCKETS, lambda st: st.wait_bucket_counts,
+                             lambda st: st.wait_seconds_sum)
+    for kind, name, doc, attribute in _BATCH_FAMILIES:
+        yield _per_stage(kind, name, doc, snapshots, attribute)
 
 
+def _generation_families(snapshots: list[GenerationStats]):
+    yield _histogram("rag_generate_step_sequences", "Sequences that decoded together in a step", snapshots,
+                     lambda st: st.step_sequences_counts)
+    for kind, name, doc, attribute in _GENERATION_FAMILIES:
+        yield _per_stage(kind, name, doc, snapshots, attribute)
+    kv = GaugeMetricFamily("rag_generate_kv_tokens", "KV-cache tokens in use (padding included) or reserved",
+                           labels=["stage", "state"])
+    for st in snapshots:
+        kv.add_metric([st.name, "in_use"], st.kv_tokens_in_use)
+        kv.add_metric([st.name, "reserved"], st.kv_tokens_reserved)
+    yield kv
+    yield _bounded_histogram("rag_generate_ttft_seconds", "Time to first token from submit", snapshots,
+                             TTFT_BUCKETS, lambda st: st.ttft_bucket_counts, lambda st: st.ttft_seconds_sum)
+    yield _bounded_histogram("rag_generate_tpot_seconds", "Time per output token after the first, per finished "
+                             "sequence of two tokens or more", snapshots, TPOT_BUCKETS,
+                             lambda st: st.tpot_bucket_counts, lambda st: st.tpot_seconds_sum)

@@ -11,6 +11,7 @@ import pytest
 from services.roles.gateway import openai_api as api
 from services.roles.gateway.openai_api import ChatRequest, OpenAIError, parse_chat_request
 from services.server import sse
+from services.server.openai_errors import error_body
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 LIMIT = 128
@@ -134,28 +135,23 @@ def test_another_model_is_not_found():
     (500, "server_error", None), (503, "server_error", "service_unavailable"), (504, "server_error", "timeout"),
     (418, "invalid_request_error", None), (502, "server_error", None),
 ])
-def test_error_from_http(status, type_, code):
-    error = api.error_from_http(status, "what happened", "request_id")
-    assert error.status == status
-    assert error.body() == {"error": {"message": "what happened", "type": type_, "param": "request_id", "code": code}}
+def test_error_body(status, type_, code):
+    assert error_body(status, "what happened", "request_id") == \
+        {"error": {"message": "what happened", "type": type_, "param": "request_id", "code": code}}
 
 
 def test_error_fields_are_named_as_openai_names_them():
-    assert api.error_from_http(400, "m", "query").param == "messages"
-    assert api.error_from_http(413, "m", "body").param is None
-    assert api.error_from_http(504, "Request timeout").param is None
+    assert error_body(400, "m", "query")["error"]["param"] == "messages"
+    assert error_body(413, "m", "body")["error"]["param"] is None
+    assert error_body(504, "Request timeout")["error"]["param"] is None
 
 
 # ---------------------------------------------------------------- responses, checked by the openai package
 
 def stream_objects(text_pieces: list[str], include_usage: bool) -> list[dict]:
-    args = ("chatcmpl-1", 1700000000, MODEL)
-    objects = [api.first_chunk(*args, include_usage=include_usage)]
-    objects += [api.content_chunk(*args, piece, include_usage=include_usage) for piece in text_pieces]
-    objects.append(api.final_chunk(*args, "length", REPLY, include_usage=include_usage))
-    if include_usage:
-        objects.append(api.usage_chunk(*args, 300, 7))
-    return objects
+    reply = {**REPLY, "finish_reason": "length", "usage": {"prompt_tokens": 300, "completion_tokens": 7}}
+    return list(api.stream_chunks("chatcmpl-1", 1700000000, MODEL, [*text_pieces, reply],
+                                  include_usage=include_usage))
 
 
 def test_completion_is_a_valid_openai_chat_completion():

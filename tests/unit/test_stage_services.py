@@ -18,7 +18,7 @@ from services.server.metrics import NodeMetrics
 from services.stages.batch_queue import BatchQueue
 from services.stages.batching import BatchingService
 from services.stages.continuous import ContinuousGenerationService, GenerationStats, GenerationTicket
-from services.stages.metrics import BatchingCollector, GenerationCollector
+from services.stages.metrics import StageCollector
 from services.stages.protocol import StageService
 from tests.helpers import ManualClock
 
@@ -211,8 +211,7 @@ class FakeEngine(ContinuousEngine):
 def scrape(services) -> dict:
     app = Flask("t")
     metrics = NodeMetrics()
-    metrics.register(BatchingCollector(lambda: services))
-    metrics.register(GenerationCollector(lambda: services))
+    metrics.register(StageCollector(lambda: services))
     metrics.instrument(app)
     text = app.test_client().get("/metrics").get_data(as_text=True)
     return {(s.name, tuple(sorted(s.labels.items()))): s.value

@@ -1,16 +1,16 @@
 """Node 0's gateway: the request_id rules and admission (idempotency), then the optional reply
-cache (behind the rules, so it never overrules them), then a worker (routing, with failover;
-probing), its own in-process and the others over HTTP.
+cache (behind the rules, so it never overrules them), then a worker (routing, with failover
+and probing), its own in-process and the others over HTTP.
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
 from pipeline.config.sections import GatewaySettings
 from services.roles.caches import LruCache, ResponseCache
 from services.roles.gateway.idempotency import Idempotency
-from services.roles.gateway.probing import HealthProber
 from services.roles.gateway.routing import Router, WorkerTarget
 from services.server.answer_request import AnswerRequest
 from services.server.stream_response import AnswerStream
@@ -26,7 +26,9 @@ class Gateway:
                                completed_ttl_s=settings.idempotency_ttl_s, max_joiners_per_id=settings.max_joiners_per_id,
                                max_joiners=settings.max_joiners, response_cache=response_cache)
         self.response_cache = response_cache
-        self.prober = HealthProber(self.router, settings.health_interval_s)
+        self._closed = threading.Event()
+        threading.Thread(target=self._probe, args=(settings.health_interval_s,), name="gateway-prober",
+                         daemon=True).start()
 
     @property
     def completed(self) -> LruCache:
@@ -57,5 +59,12 @@ class Gateway:
         """Answer every request waiting on a worker with make_error() now; route none again."""
         self.router.abort(make_error)
 
+    def _probe(self, interval_s: float) -> None:
+        """The workers' health probes: the first round at once, then one every interval_s until closed."""
+        while True:
+            self.router.probe_once()
+            if self._closed.wait(interval_s):
+                return
+
     def close(self) -> None:
-        self.prober.close()
+        self._closed.set()

@@ -58,7 +58,12 @@ class Idempotency:
         started = time.monotonic()
         deadline = started + timeout_s
         request_id, digest = request.request_id, request_digest(request)
-        entry = self._enter(request_id, request.query if request.is_the_questions_answer else None, digest)
+        # The question whose reply-cache entry may answer it (None: this is not the question's answer).
+        query = request.query if request.is_the_questions_answer else None
+        entry = self.flights.enter(
+            request_id, meta=digest, lookup=lambda: self._completed_reply(request_id, digest),
+            admit_joiner=lambda flight, joining: self._admit_joiner(request_id, digest, flight, joining),
+            admit_leader=lambda in_flight: self._admit_leader(request_id, query, digest, in_flight))
         if not entry.leads:
             yield from replay(self._known_or_joined(entry, deadline))
             return
@@ -70,13 +75,6 @@ class Idempotency:
         yield from relay(lambda: compute(deadline), failed=failed,
                          landed=lambda reply: self._land(entry, request_id, digest, reply, started))
 
-    def _enter(self, request_id: str, query: str | None, digest: str) -> Entry:
-        """query: the question whose reply-cache entry may answer it (None: not the question's answer)."""
-        return self.flights.enter(
-            request_id, meta=digest, lookup=lambda: self._completed_reply(request_id, digest),
-            admit_joiner=lambda flight, joining: self._admit_joiner(request_id, digest, flight, joining),
-            admit_leader=lambda in_flight: self._admit_leader(request_id, query, digest, in_flight))
-
     def _known_or_joined(self, entry: Entry, deadline: float) -> dict:
         """A reply already known, or the one of the computation joined (the same id and query)."""
         if entry.value is not None:
@@ -87,7 +85,13 @@ class Idempotency:
             raise RequestTimeout("request timed out") from None
 
     def _land(self, entry: Entry, request_id: str, digest: str, reply: dict, started: float) -> None:
-        self._remember(request_id, digest, reply, started)  # before the flight lands: no gap to recompute in
+        """Cache a successful reply (never a failure), then hand it to the joiners."""
+        now = time.monotonic()
+        if not reply.get("cached"):  # a reply-cache hit says nothing about how long a computation takes
+            with self._lock:
+                self._latency_ema_s = 0.8 * self._latency_ema_s + 0.2 * (now - started) if self._latency_ema_s \
+                    else now - started
+        self.completed.put(request_id, (digest, reply))  # before the flight lands: no gap to recompute in
         self.flights.finish(entry.held, reply)
 
     # ------------------------------------------------------------------ the rules, run under the flights' lock
@@ -137,15 +141,6 @@ class Idempotency:
         return None
 
     # ------------------------------------------------------------------ bookkeeping
-
-    def _remember(self, request_id: str, digest: str, reply: dict, started: float) -> None:
-        """Cache a successful reply (never a failure)."""
-        now = time.monotonic()
-        if not reply.get("cached"):  # a reply-cache hit says nothing about how long a computation takes
-            with self._lock:
-                self._latency_ema_s = 0.8 * self._latency_ema_s + 0.2 * (now - started) if self._latency_ema_s \
-                    else now - started
-        self.completed.put(request_id, (digest, reply))
 
     def _retry_after_s(self, elapsed_s: float = 0.0) -> float:
         # With every slot busy, one frees about every (mean latency / slots) seconds; a joiner

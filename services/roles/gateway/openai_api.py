@@ -9,11 +9,11 @@ sentiment and toxicity in an extra top-level `rag` field that OpenAI clients ign
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from services.server.openai_errors import error_kind, param_for
+from services.server.openai_errors import error_kind
 
 DONE = "[DONE]"  # the data of the last event of a stream
 RAG_FIELDS = ("sentiment", "is_toxic", "request_id")  # what the extra `rag` field holds
@@ -35,11 +35,6 @@ class OpenAIError(Exception):
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-def error_from_http(status: int, message: str, field: str | None = None) -> OpenAIError:
-    """The service's own error (services.server.errors' status, message and field) for an OpenAI client."""
-    return OpenAIError(status, message, param_for(field))
 
 
 def _invalid(message: str, param: str | None, code: str | None = None) -> OpenAIError:
@@ -227,26 +222,32 @@ def chunk(id: str, created: int, model: str, delta: Mapping[str, Any], finish_re
     return obj
 
 
-def first_chunk(id: str, created: int, model: str, *, include_usage: bool = False) -> dict[str, Any]:
-    """The stream's first chunk: the assistant's role and empty content."""
-    return chunk(id, created, model, {"role": "assistant", "content": ""}, include_usage=include_usage)
+def stream_chunks(id: str, created: int, model: str, events: Iterable[str | dict], *,
+                  include_usage: bool = False) -> Iterator[dict[str, Any]]:
+    """An answer stream (text pieces, then the service's reply) as chunks: the assistant's role and
+    empty content, one per piece, the last choice chunk (an empty delta, why the answer ended, the
+    `rag` field and a sampled answer's `seed`), then with include_usage one with no choices and the usage."""
+    yield chunk(id, created, model, {"role": "assistant", "content": ""}, include_usage=include_usage)
+    for event in events:
+        if isinstance(event, str):
+            yield chunk(id, created, model, {"content": event}, include_usage=include_usage)
+            continue
+        yield {**chunk(id, created, model, {}, event.get("finish_reason", "stop"), include_usage=include_usage,
+                       extra=event), **seed_field(event)}
+        if include_usage:
+            yield {"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [],
+                   "usage": usage(*usage_counts(event))}
 
 
-def content_chunk(id: str, created: int, model: str, text: str, *, include_usage: bool = False) -> dict[str, Any]:
-    """One text piece."""
-    return chunk(id, created, model, {"content": text}, include_usage=include_usage)
+def usage_counts(reply: Mapping[str, Any]) -> tuple[int, int]:
+    """The prompt and completion tokens of the service's reply."""
+    counts = reply.get("usage") or {}
+    return int(counts.get("prompt_tokens", 0)), int(counts.get("completion_tokens", 0))
 
 
-def final_chunk(id: str, created: int, model: str, finish_reason: FinishReason, extra: Mapping[str, Any], *,
-                include_usage: bool = False) -> dict[str, Any]:
-    """The last choice chunk: an empty delta, why the answer ended, and the `rag` field."""
-    return chunk(id, created, model, {}, finish_reason, include_usage=include_usage, extra=extra)
-
-
-def usage_chunk(id: str, created: int, model: str, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-    """The chunk sent before [DONE] when stream_options.include_usage: no choices, the usage."""
-    return {"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [],
-            "usage": usage(prompt_tokens, completion_tokens)}
+def seed_field(reply: Mapping[str, Any]) -> dict[str, Any]:
+    """The `seed` extension field of a sampled answer: the seed that gives it again."""
+    return {"seed": reply["seed"]} if "seed" in reply else {}
 
 
 def _check_finish_reason(reason: str) -> None:

@@ -1,4 +1,4 @@
-"""POST /v1/embeddings with the query embedder, and GET /v1/models/{id}.
+"""POST /v1/embeddings with the query embedder.
 
 The inputs are items of node 0's embed stage (batched with /query's), queued all or none, under
 /query's limits: MAX_QUERY_CHARS and MAX_QUERY_TOKENS each (`usage` reports that count), the
@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import base64
 import time
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import numpy as np
@@ -23,27 +21,12 @@ from services.roles.loaded import Loaded
 from services.roles.worker.request_path import Worker
 from services.server.answer_request import check_query_tokens
 from services.server.errors import ApiError, RequestTimeout
+from services.stages.futures import results_by
 
 EMBEDDING_MODEL = spec.EMBEDDER_MODEL
 
 
-def served_models(generator_model: str) -> dict[str, dict[str, str]]:
-    """The models /v1 serves by id: the chat model and the embedding model."""
-    return {generator_model: {"kind": "chat"}, EMBEDDING_MODEL: {"kind": "embedding"}}
-
-
-def model_object(model_id: str, created: int) -> dict[str, Any]:
-    return {"id": model_id, "object": "model", "created": created, "owned_by": "rag-service"}
-
-
-def register_openai_embeddings(app: Flask, front: Front, worker: Loaded[Worker], *, generator_model: str,
-                               created: int) -> None:
-    @app.get("/v1/models/<path:model_id>")
-    def model(model_id: str):
-        if model_id not in served_models(generator_model):
-            raise OpenAIError(404, f"The model `{model_id}` does not exist", "model", code="model_not_found")
-        return jsonify(model_object(model_id, created))
-
+def register_openai_embeddings(app: Flask, front: Front, worker: Loaded[Worker]) -> None:
     @app.post("/v1/embeddings")
     def embeddings():
         limits = front.limits
@@ -57,7 +40,7 @@ def register_openai_embeddings(app: Flask, front: Front, worker: Loaded[Worker],
             except ApiError as exc:
                 raise OpenAIError(400, f"input[{i}]: {exc.message}", "input") from None
         futures = worker.require().services[spec.Stage.EMBED].submit_many(texts)  # type: ignore[attr-defined]
-        vectors = _wait(futures, limits.request_timeout_s)
+        vectors = results_by(futures, time.monotonic() + limits.request_timeout_s, RequestTimeout("request timed out"))
         return jsonify(embeddings_response(vectors, encoding, sum(counts)))
 
 
@@ -101,13 +84,3 @@ def embeddings_response(vectors: list[np.ndarray], encoding: str, prompt_tokens:
     return {"object": "list", "data": data, "model": EMBEDDING_MODEL,
             "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}}
 
-
-def _wait(futures: list[Future], timeout_s: float) -> list[np.ndarray]:
-    deadline = time.monotonic() + timeout_s
-    try:
-        return [future.result(timeout=max(0.0, deadline - time.monotonic())) for future in futures]
-    except FutureTimeout:
-        raise RequestTimeout("request timed out") from None
-    finally:
-        for future in futures:
-            future.cancel()  # a no-op once done; unstarted items leave the queue

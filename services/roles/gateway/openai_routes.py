@@ -1,4 +1,4 @@
-"""Node 0's OpenAI-compatible routes: POST /v1/chat/completions and GET /v1/models.
+"""Node 0's OpenAI-compatible routes: POST /v1/chat/completions, GET /v1/models and /v1/models/{id}.
 
 A chat completion is one RAG request through the gateway, as /query is, under the same rules.
 `max_tokens` is clamped to OPENAI_MAX_TOKENS_CAP (absent: the contract's 128); the decoding fields
@@ -15,13 +15,15 @@ from flask import Flask, jsonify
 from pipeline import spec
 from services.roles.gateway import openai_api as oa
 from services.roles.gateway.front import Front
-from services.roles.gateway.openai_embeddings import model_object, served_models
+from services.roles.gateway.openai_embeddings import EMBEDDING_MODEL
 from services.server import sse
 from services.server.answer_request import AnswerRequest
+from services.server.openai_errors import error_body
 from services.server.stream_response import AnswerStream, close, collect, error_status, sse_response, started
 
 MODEL_ID = spec.GENERATOR_MODEL
-# The model's `created` in /v1/models: when this process started serving it.
+SERVED_MODELS = (MODEL_ID, EMBEDDING_MODEL)
+# The models' `created` in /v1/models: when this process started serving them.
 STARTED_AT = int(time.time())
 # The /v1 body's decoding fields, read by the service's own rules (services/server/answer_request.py).
 SAMPLING_FIELDS = ("top_p", "top_k", "seed", "stop")
@@ -30,7 +32,13 @@ SAMPLING_FIELDS = ("top_p", "top_k", "seed", "stop")
 def register_openai_routes(app: Flask, front: Front, default_temperature: float, max_tokens_cap: int) -> None:
     @app.get("/v1/models")
     def models():
-        return jsonify({"object": "list", "data": [model_object(m, STARTED_AT) for m in served_models(MODEL_ID)]})
+        return jsonify({"object": "list", "data": [_model_object(m) for m in SERVED_MODELS]})
+
+    @app.get("/v1/models/<path:model_id>")
+    def model(model_id: str):
+        if model_id not in SERVED_MODELS:
+            raise oa.OpenAIError(404, f"The model `{model_id}` does not exist", "model", code="model_not_found")
+        return jsonify(_model_object(model_id))
 
     @app.post("/v1/chat/completions")
     def chat_completions():
@@ -58,42 +66,27 @@ def _start(front: Front, default_temperature: float,
     return chat, request, front.answer(request)
 
 
+def _model_object(model_id: str) -> dict:
+    return {"id": model_id, "object": "model", "created": STARTED_AT, "owned_by": "rag-service"}
+
+
 def _completion(reply: dict, request_id: str) -> dict:
-    prompt_tokens, completion_tokens = _usage(reply)
     return {**oa.completion(_completion_id(request_id), int(time.time()), MODEL_ID, reply["generated_response"],
-                            prompt_tokens, completion_tokens, reply, finish_reason=reply.get("finish_reason", "stop")),
-            **_seed(reply)}
-
-
-def _seed(reply: dict) -> dict:
-    """The `seed` extension field of a sampled answer: the seed that gives it again."""
-    return {"seed": reply["seed"]} if "seed" in reply else {}
+                            *oa.usage_counts(reply), reply, finish_reason=reply.get("finish_reason", "stop")),
+            **oa.seed_field(reply)}
 
 
 def _chunks(events: AnswerStream, request_id: str, include_usage: bool) -> Iterator[bytes]:
     """The answer stream as chat.completion.chunk events, then [DONE]; an error as the last event."""
-    cid, created = _completion_id(request_id), int(time.time())
     try:
-        yield sse.event(oa.first_chunk(cid, created, MODEL_ID, include_usage=include_usage))
-        for event in events:
-            if isinstance(event, str):
-                yield sse.event(oa.content_chunk(cid, created, MODEL_ID, event, include_usage=include_usage))
-                continue
-            yield sse.event({**oa.final_chunk(cid, created, MODEL_ID, event.get("finish_reason", "stop"), event,
-                                              include_usage=include_usage), **_seed(event)})
-            if include_usage:
-                yield sse.event(oa.usage_chunk(cid, created, MODEL_ID, *_usage(event)))
+        for obj in oa.stream_chunks(_completion_id(request_id), int(time.time()), MODEL_ID, events,
+                                    include_usage=include_usage):
+            yield sse.event(obj)
         yield sse.event(oa.DONE)
     except Exception as exc:  # noqa: BLE001 - told to the reader; a disconnect (GeneratorExit) is not
-        status, message = error_status(exc)
-        yield sse.event(oa.error_from_http(status, message).body())
+        yield sse.event(error_body(*error_status(exc)))
     finally:
         close(events)
-
-
-def _usage(reply: dict) -> tuple[int, int]:
-    usage = reply.get("usage") or {}
-    return int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
 
 
 def _completion_id(request_id: str) -> str:

@@ -1,5 +1,5 @@
 """What node 0's public endpoints get beyond their routes: API keys, CORS, OpenAI-shaped /v1 errors,
-/v1/embeddings and /v1/models/{id}, and the static /openapi.json that describes them.
+/v1/embeddings, and the static /openapi.json that describes them.
 
 Public paths are /query and everything under /v1/: API keys and CORS apply to them alone, so
 /health, /ready, /live, /metrics and /openapi.json stay open (as vLLM's do).
@@ -35,8 +35,7 @@ def openapi_document() -> dict[str, Any]:
     return json.loads(OPENAPI_FILE.read_text(encoding="utf-8"))
 
 
-def register_public_api(app: Flask, api: ApiSettings, front: Front, worker: Loaded[Worker], *,
-                        generator_model: str, created: int) -> None:
+def register_public_api(app: Flask, api: ApiSettings, front: Front, worker: Loaded[Worker]) -> None:
     install_cors(app, api.cors_allowed_origins, is_public)  # first: a preflight is answered before any key check
     if api.api_keys_file is not None:
         install_api_keys(app, ApiKeys.from_file(api.api_keys_file), is_public)
@@ -48,7 +47,7 @@ def register_public_api(app: Flask, api: ApiSettings, front: Front, worker: Load
         response.status_code = error.status
         return response
 
-    register_openai_embeddings(app, front, worker, generator_model=generator_model, created=created)
+    register_openai_embeddings(app, front, worker)
 
     @app.get("/openapi.json")
     def openapi():

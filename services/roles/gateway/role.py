@@ -14,8 +14,6 @@ from services.roles.caches import ResponseCache
 from services.roles.gateway.front import Front
 from services.roles.gateway.gateway import Gateway
 from services.roles.gateway.metrics import GatewayCollector
-from services.roles.gateway.openai_routes import MODEL_ID as OPENAI_MODEL_ID
-from services.roles.gateway.openai_routes import STARTED_AT as OPENAI_STARTED_AT
 from services.roles.gateway.openai_routes import register_openai_routes
 from services.roles.gateway.public_api import register_public_api
 from services.roles.gateway.routing import WorkerTarget, remote_target
@@ -132,8 +130,7 @@ class GatewayRole(Role):
         app.post("/query")(self.query)
         api = self.settings.api
         register_openai_routes(app, self.front, api.default_temperature, api.max_tokens_cap)
-        register_public_api(app, api, self.front, self.worker_role.worker, generator_model=OPENAI_MODEL_ID,
-                            created=OPENAI_STARTED_AT)
+        register_public_api(app, api, self.front, self.worker_role.worker)
 
     def query(self):
         """POST /query: streamed (`"stream": true`, or Accept: text/event-stream), else collected."""

@@ -1,4 +1,5 @@
-"""The gateway's routing: round robin over the workers in the rotation, with failover.
+"""The gateway's routing: round robin over the workers in the rotation, with failover, and the
+health probes that move workers into it and out of it.
 
 A forward the worker could not take (unreachable, not ready, full) goes to the next worker until
 the caller has read a piece of its answer; a worker unreachable, refusing our cluster token or
@@ -102,7 +103,9 @@ class Router:
                 try:
                     for event in events:
                         if isinstance(event, dict):
-                            self._answered(target, event)
+                            event.setdefault("served_by", target.node)
+                            with self._lock:
+                                target.forwarded += 1
                         shown = request.stream
                         yield event
                 finally:
@@ -115,11 +118,6 @@ class Router:
         if isinstance(last_error, Overloaded):
             raise last_error
         raise NoWorkerAvailable(f"no worker could serve the request ({last_error})")
-
-    def _answered(self, target: WorkerTarget, reply: dict) -> None:
-        reply.setdefault("served_by", target.node)
-        with self._lock:
-            target.forwarded += 1
 
     def _next_or_raise(self, target: WorkerTarget, exc: Exception, *, retry: bool) -> Exception:
         """The error to remember while the next worker is tried (`retry`: nobody read any of the
@@ -157,8 +155,19 @@ class Router:
         for target in self.targets:
             target.abort(make_error)
 
+    def probe_once(self) -> None:
+        """Ask each worker whether it is ready; move those whose answer differs from their place."""
+        for target in list(self.targets):
+            try:
+                ok = bool(target.probe())
+            except Exception:  # a probe must never kill the prober
+                ok = False
+            if ok != target.up:
+                self.mark(target, ok, "health probe")
+
     def status(self) -> list[dict]:
         """Each worker: whether it is in the rotation, and what it was sent."""
         with self._lock:
             return [{"node": t.node, "up": t.up, "local": t.local, "forwarded": t.forwarded,
                      "failures": t.failures} for t in self.targets]
+

@@ -15,6 +15,7 @@ from services.server import stage_spans
 from services.server.errors import ApiError
 from services.server.request_ids import current_request_id
 from services.stages.batching import BatchingService
+from services.stages.futures import results_by
 
 MAX_SEARCH_VECTORS = 1024
 MAX_K = 1024
@@ -53,7 +54,9 @@ class IndexService:
             items[0] = stage_spans.noted(span, items[0])
         error: BaseException | None = None
         try:
-            results = self._gather(self._submit(items), started + timeout_s)
+            # parse_search_body kept the count within the queue
+            results = results_by(self.batcher.submit_many(items), started + timeout_s,
+                                 ApiError(504, "search timed out"))
         except BaseException as exc:
             error = exc
             raise
@@ -61,21 +64,6 @@ class IndexService:
             if span is not None:
                 span.end(time.monotonic() - started, error, **{"rag.vectors": len(items)})
         return [r[0] for r in results], [r[1] for r in results]
-
-    def _submit(self, items: list) -> list:
-        return self.batcher.submit_many(items)  # parse_search_body kept the count within the queue
-
-    @staticmethod
-    def _gather(futures, deadline: float) -> list:
-        results = []
-        for future in futures:
-            try:
-                results.append(future.result(timeout=max(0.0, deadline - time.monotonic())))
-            except TimeoutError:
-                for f in futures:
-                    f.cancel()
-                raise ApiError(504, "search timed out") from None
-        return results
 
     def close(self, timeout: float | None = None) -> None:
         self.batcher.close(timeout)

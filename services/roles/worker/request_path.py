@@ -120,13 +120,6 @@ class Worker:
         except Exception as exc:
             raise StageFailed(stage, exc) from exc
 
-    def failure(self) -> StageDown | None:
-        """A StageDown for the first stage whose thread died, or None while every stage serves."""
-        for stage, svc in self.services.items():
-            if svc.failure is not None:
-                return StageDown(stage, svc.failure)
-        return None
-
     def answer(self, request: AnswerRequest, timeout_s: float | None = None) -> AnswerStream:
         """The answer's text in pieces as the LLM produces them (never half a character, nor the start
         of a stop string), then the reply with its `usage`, `finish_reason` and, when sampled, its
@@ -161,7 +154,8 @@ class Worker:
             if generation is not None:
                 generation.future.cancel()  # a no-op once it ended; frees the slot of a reader gone early
             clock.close()
-        self._count_served()
+        with self._lock:
+            self._served += 1
 
     def count_query_tokens(self, query: str) -> int:
         """The query's length in the LLM tokenizer's tokens (MAX_QUERY_TOKENS bounds it)."""
@@ -170,15 +164,11 @@ class Worker:
     def _begin(self, request_id: str, timeout_s: float | None) -> tuple[StageClock, str, float]:
         """The request's clock, trace id and deadline; StageDown at once if a stage is down."""
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.config.request_timeout_s)
-        down = self.failure()
-        if down is not None:
-            raise down
+        for stage, svc in self.services.items():
+            if svc.failure is not None:
+                raise StageDown(stage, svc.failure)
         trace = current_request_id.get() or request_id
         return StageClock.for_this_thread(trace, self._wait), trace, deadline
-
-    def _count_served(self) -> None:
-        with self._lock:
-            self._served += 1
 
     def _enter(self, clock: StageClock, stage: Stage, item) -> StageVisit:
         return clock.enter(stage).submit(self.services[stage], item)
