@@ -21,9 +21,6 @@ from pathlib import Path
 
 from pipeline.spec import DOCUMENTS_COLUMNS, DOCUMENTS_DB, DOCUMENTS_TABLE
 
-# Used when the sqlite3 module cannot report the compiled-in limit (< 3.11).
-_FALLBACK_VARIABLE_LIMIT = 999
-
 
 class DocumentStoreError(RuntimeError):
     """The database exists but is not a usable document store."""
@@ -54,19 +51,16 @@ class DocumentStore:
     """
 
     def __init__(self, path: str | Path):
-        self._path = _resolve_db_path(path)
+        self.path = _resolve_db_path(path)
         self._lock = threading.Lock()
-        self._conn = _connect_read_only(self._path)
+        # mode=ro: the serving side must never create or modify the database.
+        self._conn = sqlite3.connect(f"{self.path.as_uri()}?mode=ro", uri=True, check_same_thread=False)
         try:
-            _check_schema(self._conn, self._path)
+            _check_schema(self._conn, self.path)
         except BaseException:
             self._conn.close()
             raise
-        self._max_vars = _variable_limit(self._conn)
-
-    @property
-    def path(self) -> Path:
-        return self._path
+        self._max_vars = self._conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
 
     def fetch_batch(self, id_lists: Sequence[Iterable[int]]) -> list[list[Document]]:
         """Documents for each id list, in the same order as the ids.
@@ -100,7 +94,7 @@ class DocumentStore:
         self.close()
 
     def __repr__(self) -> str:
-        return f"DocumentStore({str(self._path)!r})"
+        return f"DocumentStore({str(self.path)!r})"
 
     def _select(self, ids: list[int]) -> dict[int, Document]:
         found: dict[int, Document] = {}
@@ -124,12 +118,6 @@ def _resolve_db_path(path: str | Path) -> Path:
     return path.resolve()
 
 
-def _connect_read_only(path: Path) -> sqlite3.Connection:
-    # mode=ro: the serving side must never create or modify the database.
-    uri = f"{path.as_uri()}?mode=ro"
-    return sqlite3.connect(uri, uri=True, check_same_thread=False)
-
-
 def _check_schema(conn: sqlite3.Connection, path: Path) -> None:
     try:
         columns = {row[1] for row in conn.execute(f"PRAGMA table_info({DOCUMENTS_TABLE})")}
@@ -140,10 +128,3 @@ def _check_schema(conn: sqlite3.Connection, path: Path) -> None:
     missing = [c for c in DOCUMENTS_COLUMNS if c not in columns]
     if missing:
         raise DocumentStoreError(f"{path}: table '{DOCUMENTS_TABLE}' lacks columns {missing}")
-
-
-def _variable_limit(conn: sqlite3.Connection) -> int:
-    try:
-        return conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
-    except AttributeError:
-        return _FALLBACK_VARIABLE_LIMIT

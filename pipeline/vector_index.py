@@ -29,10 +29,10 @@ class VectorIndex:
     """A thin, validating wrapper around a faiss index."""
 
     def __init__(self, index: faiss.Index, *, path: str | Path | None = None, is_mmap: bool = False):
-        self._index = index
+        self.index = index
+        self.path = Path(path) if path is not None else None
+        self.is_mmap = is_mmap
         self._ivf = faiss.try_extract_index_ivf(index)
-        self._path = Path(path) if path is not None else None
-        self._is_mmap = is_mmap
 
     @classmethod
     def load(cls, path: str | Path, nprobe: int | None = 64, mmap: bool = True) -> VectorIndex:
@@ -44,35 +44,21 @@ class VectorIndex:
         vi = cls(index, path=path, is_mmap=is_mmap)
         if nprobe is not None:
             vi.nprobe = nprobe
-        log.info(
-            "loaded %s from %s: ntotal=%d dim=%d nprobe=%s mmap=%s",
-            type(index).__name__, path, vi.ntotal, vi.dim, vi.nprobe, is_mmap,
-        )
+        log.info("loaded %s from %s: ntotal=%d dim=%d nprobe=%s mmap=%s",
+                 type(index).__name__, path, vi.ntotal, vi.dim, vi.nprobe, is_mmap)
         return vi
 
     @property
-    def index(self) -> faiss.Index:
-        return self._index
-
-    @property
-    def path(self) -> Path | None:
-        return self._path
-
-    @property
     def dim(self) -> int:
-        return self._index.d
+        return self.index.d
 
     @property
     def ntotal(self) -> int:
-        return self._index.ntotal
+        return self.index.ntotal
 
     @property
     def nlist(self) -> int | None:
         return self._ivf.nlist if self._ivf is not None else None
-
-    @property
-    def is_mmap(self) -> bool:
-        return self._is_mmap
 
     @property
     def nprobe(self) -> int | None:
@@ -84,7 +70,7 @@ class VectorIndex:
         if value < 1:
             raise ValueError(f"nprobe must be >= 1, got {value}")
         if self._ivf is None:
-            log.debug("nprobe=%d ignored: %s is not an IVF index", value, type(self._index).__name__)
+            log.debug("nprobe=%d ignored: %s is not an IVF index", value, type(self.index).__name__)
             return
         # Not thread-safe against concurrent searches: set it before serving.
         self._ivf.nprobe = min(int(value), self._ivf.nlist)
@@ -98,7 +84,7 @@ class VectorIndex:
         k = _validate_k(k)
         if x.shape[0] == 0:
             return np.empty((0, k), dtype=np.int64), np.empty((0, k), dtype=np.float32)
-        distances, ids = self._index.search(x, k)
+        distances, ids = self.index.search(x, k)
         return ids, distances
 
     def search_batch(self, vectors: Sequence[np.ndarray], k: int) -> list[tuple[list[int], list[float]]]:
@@ -131,10 +117,8 @@ class VectorIndex:
         return x
 
     def __repr__(self) -> str:
-        return (
-            f"VectorIndex({type(self._index).__name__}, ntotal={self.ntotal}, dim={self.dim}, "
-            f"nprobe={self.nprobe}, mmap={self.is_mmap})"
-        )
+        return (f"VectorIndex({type(self.index).__name__}, ntotal={self.ntotal}, dim={self.dim}, "
+                f"nprobe={self.nprobe}, mmap={self.is_mmap})")
 
 
 def _validate_k(k: int) -> int:
