@@ -145,8 +145,6 @@ class Scheduler:
         placed by another prompt's leftover budget would make the answer depend on company."""
         return min(seq.prompt_len, (start // self.prefill_chunk + 1) * self.prefill_chunk)
 
-    schedule = plan
-
     def update_from_output(self, plan: SchedulerOutput, output: RunnerOutput) -> UpdateResult:
         """The one place sequences change: tokens appended, prompts promoted, leavers dropped."""
         now = self._clock()
@@ -181,8 +179,6 @@ class Scheduler:
 
     def drop(self, seq: SequenceState) -> None:
         """Remove a sequence wherever it is (finished, cancelled or failed)."""
-        for group in (self.running, self.prefilling):
+        for group in (self.running, self.prefilling, self.waiting):
             if seq in group:
                 group.remove(seq)
-        if seq in self.waiting:
-            self.waiting.remove(seq)
