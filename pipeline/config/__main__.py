@@ -27,12 +27,6 @@ def describe(settings: Settings, env: Mapping[str, str]) -> list[str]:
     return lines
 
 
-def precision_lines(settings: Settings) -> list[str]:
-    """"embed: bfloat16 (PRECISION=auto on a CPU with avx512_bf16 and no AMX)", one per model stage."""
-    from pipeline.device import describe_placement  # pipeline.device reads pipeline.config: not at import
-    return [describe_placement(settings, stage) for stage in MODEL_STAGES]
-
-
 def main(argv: list[str] | None = None) -> int:
     """`python -m pipeline.config` (`./run.sh settings`): the effective settings; exit 2 on bad values."""
 
@@ -49,8 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     lines = describe(settings, os.environ)
     if args.non_default:
         lines = [line for line in lines if "# set (default" in line] or ["# every setting is at its default"]
-    try:
-        resolved = [f"# {line}" for line in precision_lines(settings)]
+    from pipeline.device import describe_placement  # pipeline.device reads pipeline.config: not at import
+    try:  # "# embed: bfloat16 (PRECISION=auto on a CPU with avx512_bf16 and no AMX)", one per model stage
+        resolved = [f"# {describe_placement(settings, stage)}" for stage in MODEL_STAGES]
     except ConfigError as exc:  # a variant this device cannot run: a node would refuse to start too
         print(f"{CONFIG_ERROR_PREFIX}{exc}", file=sys.stderr)
         return 2

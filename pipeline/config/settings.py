@@ -149,9 +149,9 @@ class Settings:
             meta = f.metadata
             if "numbered" not in meta and meta["env"] == name:
                 return render(meta["parse"](meta["default"]))
-            match = "numbered" in meta and re.fullmatch(meta["numbered"].format(n=NUMBER_PATTERN), name)
-            if match and int(match[1]) >= meta["first"]:
-                return render(meta["parse"](meta["default_for"](int(match[1]))))
+            n = numbered_index(meta, name)
+            if n is not None:
+                return render(meta["parse"](meta["default_for"](n)))
         raise KeyError(name)
 
     def effective(self) -> dict[str, str]:
@@ -263,20 +263,17 @@ class Settings:
         return self.fetch.documents_db
 
 
-def numbered_names(meta: Mapping[str, Any], env: Mapping[str, str]) -> dict[int, str]:
-    """n -> variable name of each variable of a numbered family (fields.numbered) set in env."""
-    pattern = re.compile(meta["numbered"].format(n=NUMBER_PATTERN))
-    found = {}
-    for name in env:
-        match = pattern.fullmatch(name)
-        if match and int(match[1]) >= meta["first"]:
-            found[int(match[1])] = name
-    return dict(sorted(found.items()))
+def numbered_index(meta: Mapping[str, Any], name: str) -> int | None:
+    """The n of `name` if it is a variable of the numbered family `meta` (fields.numbered) binds, else None."""
+    match = "numbered" in meta and re.fullmatch(meta["numbered"].format(n=NUMBER_PATTERN), name)
+    return int(match[1]) if match and int(match[1]) >= meta["first"] else None
 
 
 def _numbered(meta: Mapping[str, Any], env: Mapping[str, str], problems: list[str], unparsed: set[str]) -> dict:
+    """n -> parsed value of each variable of a numbered family set in env, in order of n."""
     values = {}
-    for n, name in numbered_names(meta, env).items():
+    members = sorted((n, name) for name in env if (n := numbered_index(meta, name)) is not None)
+    for n, name in members:
         try:
             values[n] = meta["parse"](env[name])
         except ValueError as exc:
