@@ -1,15 +1,5 @@
-"""Read-only access to the SQLite document store (``documents.db``).
-
-The schema is the course contract, ``pipeline.spec.DOCUMENTS_SCHEMA``::
-
-    documents(doc_id INTEGER PRIMARY KEY, title TEXT NOT NULL,
-              content TEXT NOT NULL, category TEXT NOT NULL)
-
-``DocumentStore.fetch_batch`` resolves the search results of a whole batch of
-requests with a single SQL query: ids are deduplicated across the batch, each
-request keeps its own order, and ids that are negative (faiss pads with -1) or
-absent from the table are skipped.
-"""
+"""Read-only access to the SQLite document store (``documents.db``, the course's schema:
+``pipeline.spec.DOCUMENTS_SCHEMA``); a whole batch of requests' search results in one SQL query."""
 
 from __future__ import annotations
 
@@ -43,12 +33,8 @@ class Document:
 
 
 class DocumentStore:
-    """A read-only, thread-safe handle on ``documents.db``.
-
-    One connection is shared behind a lock (``check_same_thread=False``), so a
-    store created on one thread can be used from a worker thread; queries are
-    short primary-key lookups, so serialising them costs little.
-    """
+    """A read-only, thread-safe handle on ``documents.db``: one connection shared behind a lock, so a
+    store created on one thread serves a worker thread; primary-key lookups cost little serialised."""
 
     def __init__(self, path: str | Path):
         self.path = _resolve_db_path(path)
@@ -63,12 +49,9 @@ class DocumentStore:
         self._max_vars = self._conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
 
     def fetch_batch(self, id_lists: Sequence[Iterable[int]]) -> list[list[Document]]:
-        """Documents for each id list, in the same order as the ids.
-
-        All ids of the batch are looked up in one ``SELECT`` (more only when
-        they exceed SQLite's bound-variable limit). Negative and unknown ids
-        are dropped; an id repeated inside one request is returned each time.
-        """
+        """Documents for each id list, in the order of its ids, all in one ``SELECT`` (more only past
+        SQLite's bound-variable limit). Negative (faiss's padding) and unknown ids are dropped; an id
+        repeated inside one request is returned each time."""
         requests = [[int(i) for i in ids] for ids in id_lists]
         wanted = list(dict.fromkeys(i for ids in requests for i in ids if i >= 0))
         by_id = self._select(wanted)
