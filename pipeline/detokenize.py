@@ -14,10 +14,9 @@ do) and emits the part of the window's text that later tokens can no longer chan
   (so a tokenizer that drops a leading space on a text's first token still joins pieces right).
 
 Joined, the pieces and `finish()` equal `tokenizer.decode(ids, skip_special_tokens=...)` for
-tokenizers whose decode concatenates per-token bytes (byte-level BPE, without clean-up of
-tokenization spaces), Qwen2.5's included. Each push decodes the window once or twice: the tokens
-since the last whole character plus the context, however long the text. Only a run of tokens
-that never completes a character (invalid UTF-8) keeps the window open until one does.
+tokenizers whose decode concatenates per-token bytes (byte-level BPE without clean-up of
+tokenization spaces: Qwen2.5's). Each push decodes only the tokens since the last whole character
+plus the context, however long the text (invalid UTF-8 keeps the window open until a character completes).
 
 Fast tokenizers must not be shared across threads: give each thread its own detokenizer and
 tokenizer, or call it from one thread (the engine's).
@@ -33,16 +32,11 @@ CONTEXT_TOKENS = 4
 
 class Decoder(Protocol):
     """What the detokenizer needs of a Hugging Face tokenizer."""
-
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = ..., **kwargs: Any) -> str: ...
 
 
 class IncrementalDetokenizer:
-    """Turns one sequence's token ids, pushed one at a time, into text pieces.
-
-    `push(id)` returns the new text (possibly ""); `finish()` returns what was held back. Joined,
-    they equal `tokenizer.decode(all_ids, skip_special_tokens=skip_special_tokens)`.
-    """
+    """Turns one sequence's token ids, pushed one at a time, into text pieces."""
 
     def __init__(self, tokenizer: Decoder, *, skip_special_tokens: bool = True):
         self._tokenizer = tokenizer

@@ -190,9 +190,10 @@ def resolve_model_source(settings: Settings, *, missing: Callable[[], list[str]]
         source = standin_source(settings)
     else:
         raise ModelsMissing(f"MODEL_SOURCE=auto: no models to serve: the real ones are not in the Hugging Face cache "
-                            f"{hub_cache_dir()} and {_why_not_online(settings)}, and no {settings.models.standin_profile} stand-ins are "
-                            f"built in {settings.standin_dir}; `./run.sh models` names the commands that fetch the "
-                            f"real ones, or build stand-ins with: {build_standins_command(settings)}")
+                            f"{hub_cache_dir()} and {_why_not_online(settings)}, and no "
+                            f"{settings.models.standin_profile} stand-ins are built in {settings.standin_dir}; "
+                            "`./run.sh models` names the commands that fetch the real ones, or build stand-ins with: "
+                            f"{build_standins_command(settings)}")
     announce(source)
     return source
 

@@ -76,10 +76,8 @@ class VectorIndex:
         self._ivf.nprobe = min(int(value), self._ivf.nlist)
 
     def search(self, embeddings: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Top-``k`` neighbours of each row: ``(ids int64 (n,k), distances float32 (n,k))``.
-
-        Rows with fewer than k neighbours are padded with id -1 by faiss.
-        """
+        """Top-``k`` neighbours of each row: ``(ids int64 (n,k), distances float32 (n,k))``, padded
+        by faiss with id -1 where fewer are found."""
         x = self._validate(embeddings)
         k = _validate_k(k)
         if x.shape[0] == 0:
@@ -88,11 +86,8 @@ class VectorIndex:
         return ids, distances
 
     def search_batch(self, vectors: Sequence[np.ndarray], k: int) -> list[tuple[list[int], list[float]]]:
-        """One ``search`` call for a list of query vectors (each (d,) or (1, d)).
-
-        Returns ``(ids, distances)`` lists per query, in input order; -1 padding
-        is kept (the document store skips it).
-        """
+        """One ``search`` call for a list of query vectors (each (d,) or (1, d)): ``(ids, distances)``
+        lists per query, in input order, -1 padding kept (the document store skips it)."""
         if len(vectors) == 0:
             return []
         rows = [np.asarray(v).reshape(1, -1) if np.ndim(v) == 1 else np.asarray(v) for v in vectors]
