@@ -6,10 +6,10 @@ did not parse is reported once, as itself, not again as a disagreement).
 from __future__ import annotations
 
 import ipaddress
-from typing import Callable, Iterator, Protocol
+from typing import Callable, Iterator
 
-import pipeline.config.sections as sections
 from pipeline import spec
+from pipeline.config.sections import Sections
 
 # The longest /internal/answer `timeout_s` a worker accepts (a sanity bound on what another
 # node sends). The gateway forwards up to REQUEST_TIMEOUT_S, so that must not exceed it.
@@ -22,38 +22,18 @@ PROMPT_ALLOWANCE_TOKENS = 512
 KV_SHARE_OF_LARGEST_REQUEST = 4
 
 
-class Checked(Protocol):
-    """What the checks read of Settings (named here, so that checks.py needs only the sections)."""
-    @property
-    def cluster(self) -> sections.ClusterSettings: ...
-    @property
-    def search(self) -> sections.SearchSettings: ...
-    @property
-    def generate(self) -> sections.GenerateSettings: ...
-    @property
-    def limits(self) -> sections.LimitsSettings: ...
-    @property
-    def gateway(self) -> sections.GatewaySettings: ...
-    @property
-    def http(self) -> sections.HttpSettings: ...
-    @property
-    def api(self) -> sections.ApiSettings: ...
-    @property
-    def channel_timeout_s(self) -> float: ...
-
-
 def _nodes(nodes: tuple[int, ...]) -> str:
     return ",".join(map(str, nodes))
 
 
-def _node_number(s: Checked) -> Iterator[str]:
+def _node_number(s: Sections) -> Iterator[str]:
     c = s.cluster
     if c.node_number is not None and c.node_number >= c.total_nodes:
         yield (f"NODE_NUMBER='{c.node_number}' is not valid: expected a node below TOTAL_NODES ({c.total_nodes}), "
                f"from 0 to {c.total_nodes - 1}")
 
 
-def _index_nodes(s: Checked) -> Iterator[str]:
+def _index_nodes(s: Sections) -> Iterator[str]:
     c = s.cluster
     beyond = [n for n in c.index_nodes if n >= c.total_nodes]
     if 0 in c.index_nodes:
@@ -64,14 +44,14 @@ def _index_nodes(s: Checked) -> Iterator[str]:
                f"TOTAL_NODES ({c.total_nodes})")
 
 
-def _index_shards(s: Checked) -> Iterator[str]:
+def _index_shards(s: Sections) -> Iterator[str]:
     c = s.cluster
     if c.index_shards > len(c.index_nodes):
         yield (f"INDEX_SHARDS='{c.index_shards}' is not valid: expected at most the {len(c.index_nodes)} "
                f"INDEX_NODES ({_nodes(c.index_nodes)}), one node at least per shard")
 
 
-def _worker_nodes(s: Checked) -> Iterator[str]:
+def _worker_nodes(s: Sections) -> Iterator[str]:
     c = s.cluster
     not_workers = [n for n in c.worker_nodes if n not in c.workers]
     if not_workers:
@@ -82,7 +62,7 @@ def _worker_nodes(s: Checked) -> Iterator[str]:
                f"among {_nodes(c.workers)}, or empty for all of them")
 
 
-def _node_addresses(s: Checked) -> Iterator[str]:
+def _node_addresses(s: Sections) -> Iterator[str]:
     c = s.cluster
     beyond = [n for n in c.more_node_ips if n >= c.total_nodes]
     if beyond:
@@ -106,7 +86,7 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
-def _cluster_token(s: Checked) -> Iterator[str]:
+def _cluster_token(s: Sections) -> Iterator[str]:
     # Beyond loopback, anyone who reaches the port could call the internal endpoints
     # (/search, /internal/answer, /cache/clear): a node that listens there needs the shared secret.
     c = s.cluster
@@ -118,14 +98,14 @@ def _cluster_token(s: Checked) -> Iterator[str]:
                "the same secret on every node (e.g. `openssl rand -hex 32`), which the internal endpoints require")
 
 
-def _search_batch(s: Checked) -> Iterator[str]:
+def _search_batch(s: Sections) -> Iterator[str]:
     # Node 2 queues a whole search batch at once: a batch larger than its queue could never be accepted.
     if s.search.max_batch > s.limits.stage_max_queue:
         yield (f"SEARCH_MAX_BATCH='{s.search.max_batch}' is not valid: expected at most "
                f"STAGE_MAX_QUEUE ({s.limits.stage_max_queue}), or node 2 could never queue a batch")
 
 
-def _internal_timeout(s: Checked) -> Iterator[str]:
+def _internal_timeout(s: Sections) -> Iterator[str]:
     # Node 1 refuses a forwarded timeout_s above its cap: every forward would fail.
     if s.limits.request_timeout_s > MAX_INTERNAL_TIMEOUT_S:
         yield (f"REQUEST_TIMEOUT_S='{s.limits.request_timeout_s:g}' is not valid: expected at most "
@@ -133,19 +113,19 @@ def _internal_timeout(s: Checked) -> Iterator[str]:
                "accepts on /internal/answer")
 
 
-def _joiners(s: Checked) -> Iterator[str]:
+def _joiners(s: Sections) -> Iterator[str]:
     if s.gateway.max_joiners_per_id > s.gateway.max_joiners:
         yield (f"GATEWAY_MAX_JOINERS_PER_ID='{s.gateway.max_joiners_per_id}' is not valid: "
                f"expected at most GATEWAY_MAX_JOINERS ({s.gateway.max_joiners})")
 
 
-def _read_timeout(s: Checked) -> Iterator[str]:
+def _read_timeout(s: Sections) -> Iterator[str]:
     if s.http.read_timeout_s >= s.limits.request_timeout_s:
         yield (f"HTTP_READ_TIMEOUT_S='{s.http.read_timeout_s:g}' is not valid: expected less than "
                f"REQUEST_TIMEOUT_S ({s.limits.request_timeout_s:g}), or 0 for the derived value")
 
 
-def _query_tokens(s: Checked) -> Iterator[str]:
+def _query_tokens(s: Sections) -> Iterator[str]:
     new_tokens = max(spec.MAX_NEW_TOKENS, s.api.max_tokens_cap)  # /v1 answers may be longer than /query's
     largest = s.limits.max_query_tokens + PROMPT_ALLOWANCE_TOKENS + new_tokens
     budget = s.generate.kv_cache_tokens
@@ -158,7 +138,7 @@ def _query_tokens(s: Checked) -> Iterator[str]:
                "of the KV budget")
 
 
-def _channel_timeout(s: Checked) -> Iterator[str]:
+def _channel_timeout(s: Sections) -> Iterator[str]:
     # Waitress must keep a connection at least as long as a request may be waited on.
     if not s.channel_timeout_s > s.limits.request_timeout_s:
         yield (f"REQUEST_TIMEOUT_S='{s.limits.request_timeout_s:g}' is not valid: expected a value "
@@ -166,7 +146,7 @@ def _channel_timeout(s: Checked) -> Iterator[str]:
 
 
 # Each check with the variables it reads.
-CHECKS: tuple[tuple[frozenset[str], Callable[[Checked], Iterator[str]]], ...] = (
+CHECKS: tuple[tuple[frozenset[str], Callable[[Sections], Iterator[str]]], ...] = (
     (frozenset({"NODE_NUMBER", "TOTAL_NODES"}), _node_number),
     (frozenset({"INDEX_NODES", "TOTAL_NODES"}), _index_nodes),
     (frozenset({"INDEX_SHARDS", "INDEX_NODES"}), _index_shards),
@@ -182,6 +162,6 @@ CHECKS: tuple[tuple[frozenset[str], Callable[[Checked], Iterator[str]]], ...] = 
 )
 
 
-def disagreements(settings: Checked, unparsed: set[str]) -> list[str]:
+def disagreements(settings: Sections, unparsed: set[str]) -> list[str]:
     """The problems of every check whose variables all parsed."""
     return [problem for variables, check in CHECKS if unparsed.isdisjoint(variables) for problem in check(settings)]

@@ -4,14 +4,19 @@ the limits, the gateway, HTTP, observability), each field bound to one environme
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import pipeline.config.fields as f
 import pipeline.config.parsers as p
 from pipeline.config.parsers import Address
 from pipeline.spec import Stage
+
+# Waitress closes a connection quiet for REQUEST_TIMEOUT_S plus this, so none is cut while a
+# request could still be waited on.
+CHANNEL_TIMEOUT_MARGIN_S = 60.0
 
 
 def default_node_ip(node: int) -> str:
@@ -222,3 +227,33 @@ class ObservabilitySettings:
     tracing: str = f.var("TRACING", p.choice("off", "otlp", "jsonl"), "off", "OpenTelemetry tracing: off; otlp = export spans over OTLP/HTTP to TRACING_ENDPOINT; jsonl = append one JSON span per line to TRACING_FILE (W3C trace context crosses nodes 0 -> 1 -> 2 either way)")
     tracing_endpoint: str = f.var("TRACING_ENDPOINT", p.text, "http://127.0.0.1:4318/v1/traces", "OTLP/HTTP traces endpoint (a collector, Jaeger, Tempo) when TRACING=otlp")
     tracing_file: str = f.var("TRACING_FILE", p.text, "", "file spans are appended to when TRACING=jsonl (empty = logs/traces-node<N>.jsonl)")
+
+
+def _section(section_type: type, title: str) -> Any:
+    """A field holding one section; its title heads the section in env.example and the configmap."""
+    return dataclasses.field(metadata={"section": section_type, "title": title})
+
+
+@dataclass(frozen=True)
+class Sections:
+    """Every section, one field each: what the consistency checks (checks.py) read; Settings builds them."""
+    cluster: ClusterSettings = _section(ClusterSettings, "the cluster (SPEC): which node this is, where every node listens, node-to-node calls")
+    models: ModelSettings = _section(ModelSettings, "models: where the weights come from, device, precision, threads")
+    embed: EmbedSettings = _section(EmbedSettings, "stage 1, embed")
+    search: SearchSettings = _section(SearchSettings, "stage 2, search (the worker's side: one HTTP call to node 2 per batch)")
+    fetch: FetchSettings = _section(FetchSettings, "stage 3, fetch (SQLite)")
+    rerank: RerankSettings = _section(RerankSettings, "stage 4, rerank")
+    generate: GenerateSettings = _section(GenerateSettings, "stage 5, generate (the LLM; continuous batching, no batch window)")
+    sentiment: SentimentSettings = _section(SentimentSettings, "stage 6, sentiment")
+    toxicity: ToxicitySettings = _section(ToxicitySettings, "stage 7, toxicity")
+    index: IndexSettings = _section(IndexSettings, "node 2: the FAISS index")
+    limits: LimitsSettings = _section(LimitsSettings, "limits: what one request may cost and how long it may take")
+    gateway: GatewaySettings = _section(GatewaySettings, "node 0's gateway: admission, request_id rules, reply caches, worker health probes")
+    http: HttpSettings = _section(HttpSettings, "HTTP servers")
+    api: ApiSettings = _section(ApiSettings, "the public API: /v1 defaults and caps, API keys, CORS")
+    observability: ObservabilitySettings = _section(ObservabilitySettings, "logs and traces")
+
+    @property
+    def channel_timeout_s(self) -> float:
+        """Waitress's channel timeout: above the request timeout (CHANNEL_TIMEOUT_MARGIN_S)."""
+        return self.limits.request_timeout_s + CHANNEL_TIMEOUT_MARGIN_S

@@ -24,9 +24,6 @@ from pipeline.spec import MODEL_STAGES, Stage
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # The <n> of a numbered variable (NODE_3_IP): a number without leading zeros.
 NUMBER_PATTERN = r"(0|[1-9][0-9]*)"
-# Waitress closes a connection quiet for REQUEST_TIMEOUT_S plus this, so none is cut while a
-# request could still be waited on.
-CHANNEL_TIMEOUT_MARGIN_S = 60.0
 # Derived HTTP read timeout (HTTP_READ_TIMEOUT_S=0): REQUEST_TIMEOUT_S / 30, within these bounds:
 # long enough for a 32 MiB /search upload on a LAN, short enough that a slowloris socket
 # holds a connection for seconds, not for the request timeout.
@@ -54,28 +51,9 @@ class HttpServerConfig:
     cluster_token: str
 
 
-def _section(section_type: type, title: str) -> Any:
-    """A field of Settings holding one section; its title heads the section in env.example and the configmap."""
-    return dataclasses.field(metadata={"section": section_type, "title": title})
-
-
 @dataclass(frozen=True)
-class Settings:
-    cluster: s.ClusterSettings = _section(s.ClusterSettings, "the cluster (SPEC): which node this is, where every node listens, node-to-node calls")
-    models: s.ModelSettings = _section(s.ModelSettings, "models: where the weights come from, device, precision, threads")
-    embed: s.EmbedSettings = _section(s.EmbedSettings, "stage 1, embed")
-    search: s.SearchSettings = _section(s.SearchSettings, "stage 2, search (the worker's side: one HTTP call to node 2 per batch)")
-    fetch: s.FetchSettings = _section(s.FetchSettings, "stage 3, fetch (SQLite)")
-    rerank: s.RerankSettings = _section(s.RerankSettings, "stage 4, rerank")
-    generate: s.GenerateSettings = _section(s.GenerateSettings, "stage 5, generate (the LLM; continuous batching, no batch window)")
-    sentiment: s.SentimentSettings = _section(s.SentimentSettings, "stage 6, sentiment")
-    toxicity: s.ToxicitySettings = _section(s.ToxicitySettings, "stage 7, toxicity")
-    index: s.IndexSettings = _section(s.IndexSettings, "node 2: the FAISS index")
-    limits: s.LimitsSettings = _section(s.LimitsSettings, "limits: what one request may cost and how long it may take")
-    gateway: s.GatewaySettings = _section(s.GatewaySettings, "node 0's gateway: admission, request_id rules, reply caches, worker health probes")
-    http: s.HttpSettings = _section(s.HttpSettings, "HTTP servers")
-    api: s.ApiSettings = _section(s.ApiSettings, "the public API: /v1 defaults and caps, API keys, CORS")
-    observability: s.ObservabilitySettings = _section(s.ObservabilitySettings, "logs and traces")
+class Settings(s.Sections):
+    """The sections (sections.Sections), built from the environment, with their views and derived values."""
 
     # ----------------------------------------------------------------- building
 
@@ -192,11 +170,6 @@ class Settings:
 
     def stage_precision_variable(self, stage: str) -> str:
         return f"{stage.upper()}_PRECISION" if self.model_stage(stage).precision else "PRECISION"
-
-    @property
-    def channel_timeout_s(self) -> float:
-        """Waitress's channel timeout: above the request timeout (CHANNEL_TIMEOUT_MARGIN_S)."""
-        return self.limits.request_timeout_s + CHANNEL_TIMEOUT_MARGIN_S
 
     @property
     def read_timeout_s(self) -> float:
