@@ -1,9 +1,8 @@
 """Which weights the stages load: the real models from the hub, or stand-ins.
 
-The stand-ins live in a hub cache of their own under the real names, so the
-loading code in each stage is the same for both; only `cache_dir` differs.
-A serving node only finds models, never makes them: with none to be had it stops
-at once, naming the command that fetches the real ones or builds the stand-ins.
+The stand-ins live in a hub cache of their own under the real names, so each stage loads both alike;
+only `cache_dir` differs. A serving node only finds models, never makes them: with none to be had it
+stops at once, naming the command that fetches the real ones or builds the stand-ins.
 """
 from __future__ import annotations
 

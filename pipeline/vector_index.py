@@ -1,9 +1,8 @@
 """Loading and searching the FAISS index (``faiss_index.bin``).
 
-IVF indexes are memory-mapped by default (``IO_FLAG_MMAP | IO_FLAG_READ_ONLY``):
-the inverted lists stay in the file and the OS page cache, so a 13.8 GB course
-index opens instantly and is shared between processes. Index types that faiss
-cannot map are read into memory instead, with a log line saying so.
+IVF indexes are memory-mapped by default (``IO_FLAG_MMAP | IO_FLAG_READ_ONLY``): the inverted lists stay
+in the file and the OS page cache, so a 13.8 GB course index opens instantly and is shared between
+processes. Index types that faiss cannot map are read into memory instead, with a log line saying so.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Consistency checks between settings: each yields its one-line problem, if it has one.
-
-Each check names the variables it reads, and runs only when all of them parsed (a value that
-did not parse is reported once, as itself, not again as a disagreement).
-"""
+"""Consistency checks between settings: each yields its one-line problem, if it has one. Each names the
+variables it reads and runs only when all of them parsed (a bad value is reported once, as itself)."""
 from __future__ import annotations
 
 import ipaddress

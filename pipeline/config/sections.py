@@ -1,7 +1,6 @@
-"""The settings in sections: one frozen dataclass per component (the cluster, the models, each stage,
-the limits, the gateway, HTTP, observability), each field bound to one environment variable
-(fields.var). A component is given its own section and nothing else.
-"""
+"""The settings in sections: one frozen dataclass per component (the cluster, the models, each stage, the
+limits, the gateway, HTTP, observability), each field bound to one environment variable (fields.var).
+A component is given its own section and nothing else; `Sections` holds them all."""
 from __future__ import annotations
 
 import dataclasses

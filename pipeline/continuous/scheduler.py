@@ -1,9 +1,7 @@
 """Admission, per-iteration plans and every sequence's state; no tensors, no model.
 
-Each iteration a sequence is in one of three places: waiting for a slot,
-prefilling its prompt (in chunks, so running sequences never wait for more than
-one chunk's worth of prompt), or running (one decode step per iteration). A
-sequence leaves the moment it finishes.
+Each iteration a sequence is waiting for a slot, prefilling its prompt (in chunks, so running sequences
+never wait for more than one chunk), or running (one decode step per iteration); it leaves once finished.
 """
 from __future__ import annotations
 
