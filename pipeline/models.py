@@ -110,10 +110,9 @@ def hub_reachable(timeout_s: float = 3.0) -> bool:
 
 def hub_source(settings: Settings, *, missing: Callable[[], list[str]] = missing_models,
                reachable: Callable[[], bool] = hub_reachable) -> ModelSource:
-    """The real models; ModelsMissing at once (one line) when some are not cached and cannot be
-    fetched, instead of huggingface_hub's minute of retries per file and a traceback.
-
-    All cached: read the cache only when the hub cannot be reached (no retries on each file)."""
+    """The real models; ModelsMissing at once (one line) when some are not cached and cannot be fetched,
+    instead of huggingface_hub's minute of retries per file. All cached: the cache alone if the hub is out
+    of reach (no retries on each file)."""
     absent = missing()
     online = not settings.models.hf_hub_offline and reachable()  # offline: not even a look
     if absent and not online:

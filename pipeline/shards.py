@@ -2,17 +2,15 @@
 ``FAISS_INDEX_PATH``: ``faiss_index.bin`` -> ``faiss_index.shard-0-of-2.bin``), and merging every
 shard's top k by ascending L2 distance.
 
-Exactness. For an exact index (``IndexFlatL2``) every shard returns its true top k, so the
-merged top k is the unsharded top k, ids and distances (tests/unit/test_shards.py checks it on
-random vectors). For IVF it depends on the coarse quantizer: shards that share the unsharded
-index's trained quantizer (what ``builders.data build --shards N`` writes) probe the same
-``nprobe`` lists, whose union is what the unsharded index probes, so the merge equals the
-unsharded IVF search too; shards trained each on its own vectors have their own centroids and
-probe their own lists, so their merged results can differ from (usually: are a little better
-or worse than) the unsharded IVF index's.
+Exactness. For an exact index (``IndexFlatL2``) every shard returns its true top k, so the merged top k
+is the unsharded top k, ids and distances. For IVF it depends on the coarse quantizer: shards that share
+the unsharded index's trained quantizer (what ``builders.data build --shards N`` writes) probe the same
+``nprobe`` lists, whose union is what the unsharded index probes, so the merge equals the unsharded IVF
+search too; shards trained each on its own vectors probe their own lists, so their merged results can
+differ a little from the unsharded IVF index's.
 
-Ties. Equal distances are ordered by shard position, then by rank within the shard, so a
-merge is deterministic; faiss may order exact ties among its own results differently.
+Ties. Equal distances are ordered by shard position, then by rank within the shard, so a merge is
+deterministic; faiss may order exact ties among its own results differently.
 
 Pure: no threads, no HTTP, no faiss.
 """

@@ -25,11 +25,9 @@ def default_node_ip(node: int) -> str:
 
 @dataclass(frozen=True)
 class ClusterSettings:
-    """Which node this is, where every node listens, which role each node has, and how nodes call each other.
-
-    Roles are named by settings, not numbers: node 0 is the gateway and a worker, the INDEX_NODES
-    serve the index (shard INDEX_NODES.index(n) % INDEX_SHARDS each), every other node is a worker.
-    """
+    """Which node this is, where every node listens, which role each node has (named by settings, not
+    numbers: node 0 is the gateway and a worker, INDEX_NODES serve the index, the rest are workers), and
+    how nodes call each other."""
     total_nodes: int = f.var("TOTAL_NODES", p.int_range(3, p.MAX_NODES), "3", "number of nodes (3 or more): node 0 is the gateway and a worker, INDEX_NODES serve the index, every other node is a worker")
     node_number: int | None = f.var("NODE_NUMBER", p.optional(p.int_range(0, p.MAX_NODES - 1)), "", "this node's number, below TOTAL_NODES (0: gateway+worker; its role follows from INDEX_NODES); empty for tools")
     node_0_ip: Address = f.var("NODE_0_IP", p.address, "127.0.0.1:8000", "host:port of node 0 (gateway and worker): where the others reach it")

@@ -1,8 +1,8 @@
 """Settings: the sections put together, built from the environment here and nowhere else.
 
-`Settings.from_env()` parses every variable of every section; bad values raise one ConfigError
-with one line per problem, all at once (each naming the variable, the value and what is
-accepted), then one line per disagreement between values (pipeline.config.checks).
+`Settings.from_env()` parses every variable of every section; bad values raise one ConfigError with one
+line per problem, all at once (each naming the variable, the value and what is accepted), then one line
+per disagreement between values (pipeline.config.checks).
 """
 from __future__ import annotations
 
@@ -103,14 +103,10 @@ class Settings(s.Sections):
     def numbered_variables() -> dict[str, dict]:
         """Each family of numbered variables, by its documented name (NODE_<n>_IP) -> {section, field,
         help, names: a regex matching its variables (n >= its first)}."""
-        families = {}
-        for section, f in _variable_fields():
-            meta = f.metadata
-            if "numbered" in meta:
-                families[meta["env"]] = {"section": section, "field": f.name, "help": meta["help"],
-                                         "first": meta["first"],
-                                         "names": re.compile(meta["numbered"].format(n=NUMBER_PATTERN))}
-        return families
+        return {f.metadata["env"]: {"section": section, "field": f.name, "help": f.metadata["help"],
+                                    "first": f.metadata["first"],
+                                    "names": re.compile(f.metadata["numbered"].format(n=NUMBER_PATTERN))}
+                for section, f in _variable_fields() if "numbered" in f.metadata}
 
     @staticmethod
     def table() -> Iterator[tuple[str, Mapping[str, Any]]]:

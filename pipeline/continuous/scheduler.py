@@ -146,31 +146,31 @@ class Scheduler:
     def update_from_output(self, plan: SchedulerOutput, output: RunnerOutput) -> UpdateResult:
         """The one place sequences change: tokens appended, prompts promoted, leavers dropped."""
         now = self._clock()
-        failed, appended = [], []
+        failed = []
+        appended: list[tuple[SequenceState, int]] = []
         for seq in plan.decode + [chunk.seq for chunk in plan.prefill]:
             if seq.seq_id in output.failed:
                 failed.append((seq, output.failed[seq.seq_id]))
                 self.drop(seq)
         for seq in plan.decode:
             if seq.seq_id in output.decoded:
-                self._append(seq, output.decoded[seq.seq_id])
-                appended.append((seq, output.decoded[seq.seq_id]))
+                self._append(seq, output.decoded[seq.seq_id], appended)
         for seq, _start, _end in plan.prefill:
             seq.prefilled = output.prefilled.get(seq.seq_id, seq.prefilled)
             if seq.seq_id in output.first_tokens:
                 # The prompt is in: its first token is known and it joins the running batch.
                 self.prefilling.remove(seq)
                 seq.first_token_at = now
-                self._append(seq, output.first_tokens[seq.seq_id])
-                appended.append((seq, output.first_tokens[seq.seq_id]))
+                self._append(seq, output.first_tokens[seq.seq_id], appended)
                 self.running.append(seq)
         finished = [s for s in self.running if s.finished]
         for seq in finished:
             self.drop(seq)
         return UpdateResult(finished, failed, appended)
 
-    def _append(self, seq: SequenceState, token: int) -> None:
+    def _append(self, seq: SequenceState, token: int, appended: list[tuple[SequenceState, int]]) -> None:
         seq.generated.append(token)
+        appended.append((seq, token))
         if token in self.eos_ids or len(seq.generated) >= seq.max_new_tokens or \
                 (self._stopped is not None and self._stopped(seq)):
             seq.finished = True
