@@ -37,15 +37,17 @@ class SequenceClassifier:
         source = source or resolve_model_source(settings)
         return cls.load(source, placement_for(settings, cls.stage))
 
+    def forward(self, inputs):
+        """The model's logits for tokenized, padded inputs: float32, on the CPU."""
+        import torch
+        with torch.inference_mode():
+            return self.model(**{k: v.to(self.placement.device) for k, v in inputs.items()}).logits.float().cpu()
+
 
 class _AnswerClassifier(SequenceClassifier):
     def logits(self, texts: Sequence[str]):
-        import torch
-        inputs = self.tokenizer([spec.classifier_text(t) for t in texts], padding=True, truncation=True,
-                                max_length=spec.TRUNCATE_LENGTH, return_tensors="pt")
-        inputs = {k: v.to(self.placement.device) for k, v in inputs.items()}
-        with torch.inference_mode():
-            return self.model(**inputs).logits.float().cpu()
+        return self.forward(self.tokenizer([spec.classifier_text(t) for t in texts], padding=True, truncation=True,
+                                           max_length=spec.TRUNCATE_LENGTH, return_tensors="pt"))
 
 
 class SentimentClassifier(_AnswerClassifier):

@@ -53,20 +53,16 @@ class Reranker(SequenceClassifier):
         return self.tokenizer([list(pair) for pair in pairs], truncation=True, max_length=spec.TRUNCATE_LENGTH)
 
     def score_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
-        import torch
         if not pairs:
             return []
         encoded = self.encode_pairs(pairs)
         lengths = [len(ids) for ids in encoded["input_ids"]]
         scores = [0.0] * len(pairs)
-        with torch.inference_mode():
-            for group in length_groups(lengths, self.max_pairs_per_forward, self.max_pad_ratio):
-                inputs = self.tokenizer.pad({key: [encoded[key][i] for i in group] for key in encoded.keys()},
-                                            return_tensors="pt")
-                inputs = {k: v.to(self.placement.device) for k, v in inputs.items()}
-                logits = self.model(**inputs).logits.view(-1).float().cpu().tolist()
-                for i, score in zip(group, logits):
-                    scores[i] = score
+        for group in length_groups(lengths, self.max_pairs_per_forward, self.max_pad_ratio):
+            inputs = self.tokenizer.pad({key: [encoded[key][i] for i in group] for key in encoded.keys()},
+                                        return_tensors="pt")
+            for i, score in zip(group, self.forward(inputs).view(-1).tolist()):
+                scores[i] = score
         return scores
 
     def rerank(self, requests: Sequence[RerankRequest]) -> list[list[ScoredDocument]]:

@@ -61,19 +61,12 @@ def merge_top_k(per_shard: Sequence[Hits], k: int) -> tuple[list[int], list[floa
         for rank, (doc_id, distance) in enumerate(zip(ids, distances)):
             if int(doc_id) != PADDING_ID:
                 candidates.append((float(distance), position, rank, int(doc_id)))
-    candidates.sort()
-    merged_ids: list[int] = []
-    merged_distances: list[float] = []
-    seen: set[int] = set()
-    for distance, _, _, doc_id in candidates:
-        if doc_id in seen:
-            continue
-        seen.add(doc_id)
-        merged_ids.append(doc_id)
-        merged_distances.append(distance)
-        if len(merged_ids) == k:
+    best: dict[int, float] = {}  # id -> its smallest distance, in merged order
+    for distance, _, _, doc_id in sorted(candidates):
+        best.setdefault(doc_id, distance)
+        if len(best) == k:
             break
-    return merged_ids, merged_distances
+    return list(best), list(best.values())
 
 
 def merge_batch(per_shard: Sequence[Sequence[Hits]], k: int) -> list[tuple[list[int], list[float]]]:

@@ -42,10 +42,8 @@ TOXICITY_MODEL = "unitary/toxic-bert"
 DOCUMENTS_DB = "documents.db"
 DOCUMENTS_TABLE = "documents"
 DOCUMENTS_COLUMNS = ("doc_id", "title", "content", "category")
-DOCUMENTS_SCHEMA = (
-    f"CREATE TABLE {DOCUMENTS_TABLE} (doc_id INTEGER PRIMARY KEY, title TEXT NOT NULL, "
-    "content TEXT NOT NULL, category TEXT NOT NULL)"
-)
+DOCUMENTS_SCHEMA = (f"CREATE TABLE {DOCUMENTS_TABLE} (doc_id INTEGER PRIMARY KEY, title TEXT NOT NULL, "
+                    "content TEXT NOT NULL, category TEXT NOT NULL)")
 
 SYSTEM_PROMPT = "When given Context and Question, reply as 'Answer: <final answer>' only."
 
@@ -77,17 +75,13 @@ class HasTitleAndContent(Protocol):
 
 def build_context(ranked_docs: Sequence[HasTitleAndContent]) -> str:
     """The top three reranked documents, one line each, as the reference built it."""
-    return "\n".join(
-        f"- {doc.title}: {doc.content[:CONTEXT_CHARS]}" for doc in ranked_docs[:CONTEXT_DOCS]
-    )
+    return "\n".join(f"- {doc.title}: {doc.content[:CONTEXT_CHARS]}" for doc in ranked_docs[:CONTEXT_DOCS])
 
 
 def build_messages(query: str, ranked_docs: Sequence[HasTitleAndContent]) -> list[dict]:
     context = build_context(ranked_docs)
-    return [
-        {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": f"Context:\n{context}\n\nQuestion: {query}\n\nAnswer:"},
-    ]
+    return [{"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": f"Context:\n{context}\n\nQuestion: {query}\n\nAnswer:"}]
 
 
 def sentiment_from_label(label: str) -> str:

@@ -66,8 +66,9 @@ class Settings(s.Sections):
         unparsed: set[str] = set()
         sections = {}
         for section in dataclasses.fields(cls):
+            section_type = section.metadata["section"]
             values = {}
-            for f in dataclasses.fields(_section_type(section)):
+            for f in dataclasses.fields(section_type):
                 meta = f.metadata
                 if "numbered" in meta:
                     values[f.name] = _numbered(meta, env, problems, unparsed)
@@ -82,7 +83,7 @@ class Settings(s.Sections):
                     unparsed.add(meta["env"])
                     # The default stands in, so the checks that do not read this variable can still run.
                     values[f.name] = meta["parse"](meta["default"])
-            sections[section.name] = _section_type(section)(**values)
+            sections[section.name] = section_type(**values)
         settings = cls(**sections)
         problems += disagreements(settings, unparsed)
         if problems:
@@ -251,13 +252,8 @@ def _numbered(meta: Mapping[str, Any], env: Mapping[str, str], problems: list[st
     return values
 
 
-def _section_type(section: dataclasses.Field) -> type:
-    return section.metadata["section"]
-
-
 def _variable_fields() -> Iterator[tuple[str, dataclasses.Field]]:
     """(section name, field) for every variable, in declaration order."""
     for section in dataclasses.fields(Settings):
-        for f in dataclasses.fields(_section_type(section)):
+        for f in dataclasses.fields(section.metadata["section"]):
             yield section.name, f
-

@@ -23,8 +23,6 @@ class SequenceState:
     sampling: Any = None  # its pipeline.sampling_params.Sampling (None: greedy); the runner reads it
     generated: list[int] = field(default_factory=list)
     prefilled: int = 0  # prompt tokens already in this sequence's cache
-    arrived_at: float = field(default_factory=time.monotonic)
-    admitted_at: float | None = None  # when the scheduler gave it a slot
     first_token_at: float | None = None
     finished: bool = False
 
@@ -98,7 +96,7 @@ class Scheduler:
         if len(prompt_ids) + max_new_tokens > self.kv_cache_tokens:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens + {max_new_tokens} new tokens exceeds the "
                              f"{self.kv_cache_tokens}-token KV-cache budget")
-        return SequenceState(next(self._ids), list(prompt_ids), max_new_tokens, payload, arrived_at=self._clock())
+        return SequenceState(next(self._ids), list(prompt_ids), max_new_tokens, payload)
 
     def add(self, seq: SequenceState) -> None:
         self.waiting.append(seq)
@@ -122,7 +120,6 @@ class Scheduler:
         while self.waiting and len(self.active) < self.max_batch and \
                 self.tokens_reserved() + self.waiting[0].budget_tokens <= self.kv_cache_tokens:
             seq = self.waiting.popleft()
-            seq.admitted_at = self._clock()
             self.prefilling.append(seq)
             admitted.append(seq)
         chunks, budget = [], self.prefill_chunk
