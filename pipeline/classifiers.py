@@ -1,6 +1,7 @@
-"""Stages 6 and 7: sentiment (five stars) and toxicity (six sigmoid labels).
+"""Sequence-classification models: the base the reranker (stage 4) shares, and stages 6 and 7:
+sentiment (five stars) and toxicity (six sigmoid labels).
 
-Both read the response cut to 512 characters, as the reference did.
+Both classifiers read the response cut to 512 characters, as the reference did.
 """
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from pipeline.models import ModelSource, resolve_model_source
 from pipeline.precision import apply_precision
 
 
-class _TextClassifier:
+class SequenceClassifier:
+    """A Hugging Face sequence-classification model and its tokenizer, in their placement."""
     stage = ""
     model_name = ""
 
@@ -21,7 +23,6 @@ class _TextClassifier:
         self.tokenizer = tokenizer
         self.model = model
         self.placement = placement
-        self.labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
 
     @classmethod
     def load(cls, source: ModelSource, placement: Placement):
@@ -36,16 +37,20 @@ class _TextClassifier:
         source = source or resolve_model_source(settings)
         return cls.load(source, placement_for(settings, cls.stage))
 
-    def logits(self, texts: Sequence[str]):
+    def forward(self, inputs):
+        """The model's logits for tokenized, padded inputs: float32, on the CPU."""
         import torch
-        inputs = self.tokenizer([spec.classifier_text(t) for t in texts], padding=True, truncation=True,
-                                max_length=spec.TRUNCATE_LENGTH, return_tensors="pt")
-        inputs = {k: v.to(self.placement.device) for k, v in inputs.items()}
         with torch.inference_mode():
-            return self.model(**inputs).logits.float().cpu()
+            return self.model(**{k: v.to(self.placement.device) for k, v in inputs.items()}).logits.float().cpu()
 
 
-class SentimentClassifier(_TextClassifier):
+class _AnswerClassifier(SequenceClassifier):
+    def logits(self, texts: Sequence[str]):
+        return self.forward(self.tokenizer([spec.classifier_text(t) for t in texts], padding=True, truncation=True,
+                                           max_length=spec.TRUNCATE_LENGTH, return_tensors="pt"))
+
+
+class SentimentClassifier(_AnswerClassifier):
     stage = spec.Stage.SENTIMENT
     model_name = spec.SENTIMENT_MODEL
 
@@ -53,12 +58,12 @@ class SentimentClassifier(_TextClassifier):
         if not texts:
             return []
         top = self.logits(texts).softmax(dim=-1).argmax(dim=-1).tolist()
-        return [spec.sentiment_from_label(self.labels[i]) for i in top]
+        return [spec.sentiment_from_label(self.model.config.id2label[i]) for i in top]
 
     __call__ = classify
 
 
-class ToxicityClassifier(_TextClassifier):
+class ToxicityClassifier(_AnswerClassifier):
     stage = spec.Stage.TOXICITY
     model_name = spec.TOXICITY_MODEL
 

@@ -1,26 +1,22 @@
 """Incremental detokenization: text pieces as token ids arrive, never half a character.
 
-A byte-level BPE token (Qwen2.5's) may hold part of a UTF-8 character; decoding a prefix of the
-ids then ends with U+FFFD where the character is still incomplete. `IncrementalDetokenizer` decodes
-only a small window of recent tokens (as vLLM's and TGI's prefix_offset/read_offset detokenizers
-do) and emits the part of the window's text that later tokens can no longer change:
+A byte-level BPE token (Qwen2.5's) may hold part of a UTF-8 character; decoding a prefix of the ids then
+ends with U+FFFD where the character is still incomplete. `IncrementalDetokenizer` decodes only a small
+window of recent tokens (as vLLM's and TGI's prefix_offset/read_offset detokenizers do) and emits the
+part of the window's text that later tokens can no longer change:
 
-* The UTF-8 decoder (Python's and the Rust `tokenizers` one alike) replaces each maximal invalid
-  or incomplete byte run by one U+FFFD. Bytes still waiting for their continuation at the end of
-  the input therefore show as exactly one trailing U+FFFD, and everything before it is final. So
-  a window's text is emitted up to, not including, a trailing U+FFFD.
+* The UTF-8 decoder (Python's and the Rust `tokenizers` one alike) replaces each maximal invalid or
+  incomplete byte run by one U+FFFD, so bytes still waiting for their continuation show as exactly one
+  trailing U+FFFD and everything before it is final: a window's text is emitted up to that U+FFFD.
 * When the window's text ends on a whole character, the decoder's state is clean at that token
-  boundary: the window then slides forward, keeping `CONTEXT_TOKENS` tokens before the boundary
-  (so a tokenizer that drops a leading space on a text's first token still joins pieces right).
+  boundary: the window slides forward, keeping `CONTEXT_TOKENS` tokens before the boundary (so a
+  tokenizer that drops a leading space on a text's first token still joins pieces right).
 
-Joined, the pieces and `finish()` equal `tokenizer.decode(ids, skip_special_tokens=...)` for
-tokenizers whose decode concatenates per-token bytes (byte-level BPE, without clean-up of
-tokenization spaces), Qwen2.5's included. Each push decodes the window once or twice: the tokens
-since the last whole character plus the context, however long the text. Only a run of tokens
-that never completes a character (invalid UTF-8) keeps the window open until one does.
-
-Fast tokenizers must not be shared across threads: give each thread its own detokenizer and
-tokenizer, or call it from one thread (the engine's).
+Joined, the pieces and `finish()` equal `tokenizer.decode(ids, skip_special_tokens=...)` for tokenizers
+whose decode concatenates per-token bytes (byte-level BPE without clean-up of tokenization spaces:
+Qwen2.5's). Each push decodes only the tokens since the last whole character plus the context (invalid
+UTF-8 keeps the window open until a character completes). Fast tokenizers must not be shared across
+threads: give each thread its own detokenizer and tokenizer, or call it from one thread (the engine's).
 """
 from __future__ import annotations
 
@@ -33,16 +29,11 @@ CONTEXT_TOKENS = 4
 
 class Decoder(Protocol):
     """What the detokenizer needs of a Hugging Face tokenizer."""
-
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = ..., **kwargs: Any) -> str: ...
 
 
 class IncrementalDetokenizer:
-    """Turns one sequence's token ids, pushed one at a time, into text pieces.
-
-    `push(id)` returns the new text (possibly ""); `finish()` returns what was held back. Joined,
-    they equal `tokenizer.decode(all_ids, skip_special_tokens=skip_special_tokens)`.
-    """
+    """Turns one sequence's token ids, pushed one at a time, into text pieces."""
 
     def __init__(self, tokenizer: Decoder, *, skip_special_tokens: bool = True):
         self._tokenizer = tokenizer

@@ -1,15 +1,5 @@
-"""Read-only access to the SQLite document store (``documents.db``).
-
-The schema is the course contract, ``pipeline.spec.DOCUMENTS_SCHEMA``::
-
-    documents(doc_id INTEGER PRIMARY KEY, title TEXT NOT NULL,
-              content TEXT NOT NULL, category TEXT NOT NULL)
-
-``DocumentStore.fetch_batch`` resolves the search results of a whole batch of
-requests with a single SQL query: ids are deduplicated across the batch, each
-request keeps its own order, and ids that are negative (faiss pads with -1) or
-absent from the table are skipped.
-"""
+"""Read-only access to the SQLite document store (``documents.db``, the course's schema:
+``pipeline.spec.DOCUMENTS_SCHEMA``); a whole batch of requests' search results in one SQL query."""
 
 from __future__ import annotations
 
@@ -20,9 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.spec import DOCUMENTS_COLUMNS, DOCUMENTS_DB, DOCUMENTS_TABLE
-
-# Used when the sqlite3 module cannot report the compiled-in limit (< 3.11).
-_FALLBACK_VARIABLE_LIMIT = 999
 
 
 class DocumentStoreError(RuntimeError):
@@ -46,35 +33,25 @@ class Document:
 
 
 class DocumentStore:
-    """A read-only, thread-safe handle on ``documents.db``.
-
-    One connection is shared behind a lock (``check_same_thread=False``), so a
-    store created on one thread can be used from a worker thread; queries are
-    short primary-key lookups, so serialising them costs little.
-    """
+    """A read-only, thread-safe handle on ``documents.db``: one connection shared behind a lock, so a
+    store created on one thread serves a worker thread; primary-key lookups cost little serialised."""
 
     def __init__(self, path: str | Path):
-        self._path = _resolve_db_path(path)
+        self.path = _resolve_db_path(path)
         self._lock = threading.Lock()
-        self._conn = _connect_read_only(self._path)
+        # mode=ro: the serving side must never create or modify the database.
+        self._conn = sqlite3.connect(f"{self.path.as_uri()}?mode=ro", uri=True, check_same_thread=False)
         try:
-            _check_schema(self._conn, self._path)
+            _check_schema(self._conn, self.path)
         except BaseException:
             self._conn.close()
             raise
-        self._max_vars = _variable_limit(self._conn)
-
-    @property
-    def path(self) -> Path:
-        return self._path
+        self._max_vars = self._conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
 
     def fetch_batch(self, id_lists: Sequence[Iterable[int]]) -> list[list[Document]]:
-        """Documents for each id list, in the same order as the ids.
-
-        All ids of the batch are looked up in one ``SELECT`` (more only when
-        they exceed SQLite's bound-variable limit). Negative and unknown ids
-        are dropped; an id repeated inside one request is returned each time.
-        """
+        """Documents for each id list, in the order of its ids, all in one ``SELECT`` (more only past
+        SQLite's bound-variable limit). Negative (faiss's padding) and unknown ids are dropped; an id
+        repeated inside one request is returned each time."""
         requests = [[int(i) for i in ids] for ids in id_lists]
         wanted = list(dict.fromkeys(i for ids in requests for i in ids if i >= 0))
         by_id = self._select(wanted)
@@ -100,7 +77,7 @@ class DocumentStore:
         self.close()
 
     def __repr__(self) -> str:
-        return f"DocumentStore({str(self._path)!r})"
+        return f"DocumentStore({str(self.path)!r})"
 
     def _select(self, ids: list[int]) -> dict[int, Document]:
         found: dict[int, Document] = {}
@@ -124,12 +101,6 @@ def _resolve_db_path(path: str | Path) -> Path:
     return path.resolve()
 
 
-def _connect_read_only(path: Path) -> sqlite3.Connection:
-    # mode=ro: the serving side must never create or modify the database.
-    uri = f"{path.as_uri()}?mode=ro"
-    return sqlite3.connect(uri, uri=True, check_same_thread=False)
-
-
 def _check_schema(conn: sqlite3.Connection, path: Path) -> None:
     try:
         columns = {row[1] for row in conn.execute(f"PRAGMA table_info({DOCUMENTS_TABLE})")}
@@ -140,10 +111,3 @@ def _check_schema(conn: sqlite3.Connection, path: Path) -> None:
     missing = [c for c in DOCUMENTS_COLUMNS if c not in columns]
     if missing:
         raise DocumentStoreError(f"{path}: table '{DOCUMENTS_TABLE}' lacks columns {missing}")
-
-
-def _variable_limit(conn: sqlite3.Connection) -> int:
-    try:
-        return conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
-    except AttributeError:
-        return _FALLBACK_VARIABLE_LIMIT

@@ -20,14 +20,9 @@ class Embedder:
     @classmethod
     def load(cls, source: ModelSource, placement: Placement) -> "Embedder":
         from sentence_transformers import SentenceTransformer
-        kwargs = source.hf_kwargs()
-        model = SentenceTransformer(
-            spec.EMBEDDER_MODEL,
-            device=placement.device,
-            cache_folder=kwargs.get("cache_dir"),
-            local_files_only=source.local_files_only,
-            model_kwargs={"dtype": placement.torch_dtype},
-        )
+        model = SentenceTransformer(spec.EMBEDDER_MODEL, device=placement.device,
+                                    cache_folder=source.hf_kwargs().get("cache_dir"),
+                                    local_files_only=source.local_files_only, model_kwargs={"dtype": placement.torch_dtype})
         return cls(apply_precision(model.eval(), placement.precision), placement)
 
     @classmethod

@@ -1,9 +1,8 @@
 """Which weights the stages load: the real models from the hub, or stand-ins.
 
-The stand-ins live in a hub cache of their own under the real names, so the
-loading code in each stage is the same for both; only `cache_dir` differs.
-A serving node only finds models, never makes them: with none to be had it stops
-at once, naming the command that fetches the real ones or builds the stand-ins.
+The stand-ins live in a hub cache of their own under the real names, so each stage loads both alike;
+only `cache_dir` differs. A serving node only finds models, never makes them: with none to be had it
+stops at once, naming the command that fetches the real ones or builds the stand-ins.
 """
 from __future__ import annotations
 
@@ -36,9 +35,7 @@ class ModelSource:
         return self.kind == "standin"
 
     def describe(self) -> str:
-        if self.is_standin:
-            return f"standin:{self.profile}"
-        return "hub"
+        return f"standin:{self.profile}" if self.is_standin else "hub"
 
     def hf_kwargs(self) -> dict:
         """Keyword arguments for every from_pretrained call."""
@@ -87,10 +84,6 @@ def missing_models(cache_dir: Path | None = None, names: Sequence[str] = ALL_MOD
     return [name for name in names if not model_is_cached(name, cache_dir)]
 
 
-def real_models_cached() -> bool:
-    return not missing_models()
-
-
 def fetch_command(name: str, cache_dir: Path | None = None) -> str:
     """The shell command that puts `name` into the hub cache: huggingface_hub's own CLI
     (`hf download` since 1.0, `huggingface-cli download` before), the one beside this Python
@@ -106,14 +99,6 @@ def fetch_command(name: str, cache_dir: Path | None = None) -> str:
     return f"hf download {name}{into}"
 
 
-def missing_models_message(missing: Sequence[str], why: str) -> str:
-    """One line: which models are missing, why they cannot be fetched now, and the commands."""
-    commands = "; ".join(fetch_command(name) for name in missing)
-    return (f"MODEL_SOURCE=hub: {len(missing)} of {len(ALL_MODELS)} models are not in the Hugging Face cache "
-            f"{hub_cache_dir()} and {why}: {', '.join(missing)}; fetch them with: {commands} "
-            "(./run.sh models checks the cache)")
-
-
 def hub_reachable(timeout_s: float = 3.0) -> bool:
     try:
         import requests
@@ -125,23 +110,26 @@ def hub_reachable(timeout_s: float = 3.0) -> bool:
 
 def hub_source(settings: Settings, *, missing: Callable[[], list[str]] = missing_models,
                reachable: Callable[[], bool] = hub_reachable) -> ModelSource:
-    """The real models; ModelsMissing at once (one line) when some are not cached and cannot be
-    fetched, instead of huggingface_hub's minute of retries per file and a traceback.
-
-    All cached: read the cache only when the hub cannot be reached (no retries on each file)."""
+    """The real models; ModelsMissing at once (one line) when some are not cached and cannot be fetched,
+    instead of huggingface_hub's minute of retries per file. All cached: the cache alone if the hub is out
+    of reach (no retries on each file)."""
     absent = missing()
-    if settings.models.hf_hub_offline:  # offline: not even a look
-        if absent:
-            raise ModelsMissing(missing_models_message(absent, "HF_HUB_OFFLINE is set"))
-        return ModelSource("hub", None, True)
-    if reachable():
-        if absent:
-            log.warning("downloading %s from %s into %s", ", ".join(absent), hub_endpoint(), hub_cache_dir())
-        return ModelSource("hub", None, False)
+    online = not settings.models.hf_hub_offline and reachable()  # offline: not even a look
+    if absent and not online:
+        commands = "; ".join(fetch_command(name) for name in absent)
+        raise ModelsMissing(f"MODEL_SOURCE=hub: {len(absent)} of {len(ALL_MODELS)} models are not in the Hugging Face "
+                            f"cache {hub_cache_dir()} and {_why_not_online(settings)}: {', '.join(absent)}; fetch "
+                            f"them with: {commands} (./run.sh models checks the cache)")
     if absent:
-        raise ModelsMissing(missing_models_message(absent, f"the hub ({hub_endpoint()}) cannot be reached"))
-    log.warning("the hub (%s) cannot be reached: using the cached models", hub_endpoint())
-    return ModelSource("hub", None, True)
+        log.warning("downloading %s from %s into %s", ", ".join(absent), hub_endpoint(), hub_cache_dir())
+    elif not online and not settings.models.hf_hub_offline:
+        log.warning("the hub (%s) cannot be reached: using the cached models", hub_endpoint())
+    return ModelSource("hub", None, not online)
+
+
+def _why_not_online(settings: Settings) -> str:
+    offline = settings.models.hf_hub_offline
+    return "HF_HUB_OFFLINE is set" if offline else f"the hub ({hub_endpoint()}) cannot be reached"
 
 
 def hub_repo_folder(repo_id: str) -> str:
@@ -199,11 +187,11 @@ def resolve_model_source(settings: Settings, *, missing: Callable[[], list[str]]
     elif standins_built(settings.standin_dir, settings.models.standin_profile):
         source = standin_source(settings)
     else:
-        why = "HF_HUB_OFFLINE is set" if settings.models.hf_hub_offline else f"the hub ({hub_endpoint()}) cannot be reached"
         raise ModelsMissing(f"MODEL_SOURCE=auto: no models to serve: the real ones are not in the Hugging Face cache "
-                            f"{hub_cache_dir()} and {why}, and no {settings.models.standin_profile} stand-ins are "
-                            f"built in {settings.standin_dir}; `./run.sh models` names the commands that fetch the "
-                            f"real ones, or build stand-ins with: {build_standins_command(settings)}")
+                            f"{hub_cache_dir()} and {_why_not_online(settings)}, and no "
+                            f"{settings.models.standin_profile} stand-ins are built in {settings.standin_dir}; "
+                            "`./run.sh models` names the commands that fetch the real ones, or build stand-ins with: "
+                            f"{build_standins_command(settings)}")
     announce(source)
     return source
 

@@ -1,17 +1,14 @@
 """The LLM's tokenization, in one place: prompts to ids, text counted as a prompt holds it, ids to text.
 
-User text never becomes control tokens. The chat template is rendered with a slot for each
-message's content; the template's own text is split at its special tokens (`<|im_start|>`...),
-which become their ids, and the text between them, the query and the documents included, is
-encoded with special-token strings kept as the characters they are. A query that says
-`<|im_end|>\\n<|im_start|>system` therefore cannot close its turn. Text holding no special-token
-string encodes to exactly the ids of the whole rendered prompt: a tokenizer encodes the text
-between special tokens piece by piece anyway.
+User text never becomes control tokens: the template's own text is split at its special tokens
+(`<|im_start|>`...), which become their ids, and the text between them, query and documents
+included, is encoded with special-token strings kept as characters, so a query that says
+`<|im_end|>\\n<|im_start|>system` cannot close its turn. Text holding no special-token string
+encodes to exactly the ids of the whole rendered prompt.
 
-Threads: every method may be called from any thread at once, and nothing here locks. The
-encoding tokenizer is this object's own copy, set up once (no padding, no truncation, special
-tokens in text kept as text) and never changed, so every call only reads it. That is the rule:
-a fast tokenizer whose settings change between calls (transformers' `__call__` changes padding,
+Threads: every method may be called from any thread at once, and nothing here locks: the encoding
+tokenizer is this object's own copy, set up once and never changed, so every call only reads it.
+A fast tokenizer whose settings change between calls (transformers' `__call__` changes padding,
 truncation and `split_special_tokens` on the shared Rust object) must not be shared between
 threads (huggingface/transformers#47085).
 """

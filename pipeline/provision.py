@@ -1,10 +1,6 @@
-"""Are the five real models in the Hugging Face cache? `python -m pipeline.provision` (`./run.sh models`).
-
-Prints each model as present or missing, and for the missing ones the command that fetches
-it (and the command that builds stand-ins instead); exit 0 when all five are there (MODEL_SOURCE=hub
-can start offline), 1 otherwise.
-Run it with the same HF_HOME / HF_HUB_CACHE the nodes will have: that is the cache checked.
-"""
+"""Are the five real models in the Hugging Face cache? `python -m pipeline.provision` (`./run.sh models`)
+names the command that fetches each missing one; exit 0 when all five are there (MODEL_SOURCE=hub can
+start offline), 1 otherwise. Run it with the HF_HOME / HF_HUB_CACHE the nodes will have."""
 from __future__ import annotations
 
 import argparse

@@ -1,10 +1,6 @@
-"""The oracle: the seven stages in one process, one request at a time.
-
-Each model runs in the placement the service would give it for the same settings
-(float32 under the tests' settings, PRECISION=float32; int8 or bfloat16 under PRECISION=fast), so
-batching, continuous batching and distribution are checked against the same arithmetic.
-CLI: `python -m pipeline.reference [QUERY ...]`.
-"""
+"""The oracle: the seven stages in one process, one request at a time (`python -m pipeline.reference
+[QUERY ...]`). Each model runs in the placement the service gives it for the same settings, so batching,
+continuous batching and distribution are checked against the same arithmetic."""
 from __future__ import annotations
 
 import argparse

@@ -5,11 +5,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from pipeline import spec
-from pipeline.config import Settings
-from pipeline.device import Placement, placement_for
+from pipeline.classifiers import SequenceClassifier
 from pipeline.docstore import Document
-from pipeline.models import ModelSource, resolve_model_source
-from pipeline.precision import apply_precision
 
 
 @dataclass(frozen=True)
@@ -44,50 +41,28 @@ def length_groups(lengths: Sequence[int], max_pairs: int, max_pad_ratio: float) 
     return groups
 
 
-class Reranker:
+class Reranker(SequenceClassifier):
     stage = spec.Stage.RERANK
-
-    def __init__(self, tokenizer, model, placement: Placement, max_pairs_per_forward: int = 32,
-                 max_pad_ratio: float = 1.1):
-        self.tokenizer = tokenizer
-        self.model = model
-        self.placement = placement
-        # Pairs share a forward only while padding stays small (see length_groups).
-        self.max_pairs_per_forward = max_pairs_per_forward
-        self.max_pad_ratio = max_pad_ratio
-
-    @classmethod
-    def load(cls, source: ModelSource, placement: Placement) -> "Reranker":
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
-        tokenizer = AutoTokenizer.from_pretrained(spec.RERANKER_MODEL, **source.hf_kwargs())
-        model = AutoModelForSequenceClassification.from_pretrained(
-            spec.RERANKER_MODEL, dtype=placement.torch_dtype, **source.hf_kwargs())
-        return cls(tokenizer, apply_precision(model.to(placement.device).eval(), placement.precision), placement)
-
-    @classmethod
-    def from_settings(cls, settings: Settings, source: ModelSource | None = None) -> "Reranker":
-        source = source or resolve_model_source(settings)
-        return cls.load(source, placement_for(settings, cls.stage))
+    model_name = spec.RERANKER_MODEL
+    # Pairs share a forward only while padding stays small (see length_groups).
+    max_pairs_per_forward = 32
+    max_pad_ratio = 1.1
 
     def encode_pairs(self, pairs: Sequence[tuple[str, str]]):
         """Token ids of each (query, document) pair, truncated as the model reads them, unpadded."""
         return self.tokenizer([list(pair) for pair in pairs], truncation=True, max_length=spec.TRUNCATE_LENGTH)
 
     def score_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
-        import torch
         if not pairs:
             return []
         encoded = self.encode_pairs(pairs)
         lengths = [len(ids) for ids in encoded["input_ids"]]
         scores = [0.0] * len(pairs)
-        with torch.inference_mode():
-            for group in length_groups(lengths, self.max_pairs_per_forward, self.max_pad_ratio):
-                inputs = self.tokenizer.pad({key: [encoded[key][i] for i in group] for key in encoded.keys()},
-                                            return_tensors="pt")
-                inputs = {k: v.to(self.placement.device) for k, v in inputs.items()}
-                logits = self.model(**inputs).logits.view(-1).float().cpu().tolist()
-                for i, score in zip(group, logits):
-                    scores[i] = score
+        for group in length_groups(lengths, self.max_pairs_per_forward, self.max_pad_ratio):
+            inputs = self.tokenizer.pad({key: [encoded[key][i] for i in group] for key in encoded.keys()},
+                                        return_tensors="pt")
+            for i, score in zip(group, self.forward(inputs).view(-1).tolist()):
+                scores[i] = score
         return scores
 
     def rerank(self, requests: Sequence[RerankRequest]) -> list[list[ScoredDocument]]:

@@ -1,22 +1,16 @@
-"""A sharded index: which shard holds a document, where each shard's file lies, and merging.
+"""A sharded index: which shard holds a document (``i % N``), where each shard's file lies (beside
+``FAISS_INDEX_PATH``: ``faiss_index.bin`` -> ``faiss_index.shard-0-of-2.bin``), and merging every
+shard's top k by ascending L2 distance.
 
-The index can be split into N shards over disjoint document ids: document ``i`` lives in
-shard ``i % N`` (:func:`document_shard`), and shard ``k`` of N is the file :func:`shard_path` names
-beside the unsharded ``FAISS_INDEX_PATH`` (``faiss_index.bin`` -> ``faiss_index.shard-0-of-2.bin``).
-A query is searched on every shard and the per-shard top k are merged by ascending L2
-distance (:func:`merge_top_k`).
+Exactness. For an exact index (``IndexFlatL2``) every shard returns its true top k, so the merged top k
+is the unsharded top k, ids and distances. For IVF it depends on the coarse quantizer: shards that share
+the unsharded index's trained quantizer (what ``builders.data build --shards N`` writes) probe the same
+``nprobe`` lists, whose union is what the unsharded index probes, so the merge equals the unsharded IVF
+search too; shards trained each on its own vectors probe their own lists, so their merged results can
+differ a little from the unsharded IVF index's.
 
-Exactness. For an exact index (``IndexFlatL2``) every shard returns its true top k, so the
-merged top k is the unsharded top k, ids and distances (tests/unit/test_shards.py checks it on
-random vectors). For IVF it depends on the coarse quantizer: shards that share the unsharded
-index's trained quantizer (what ``builders.data build --shards N`` writes) probe the same
-``nprobe`` lists, whose union is what the unsharded index probes, so the merge equals the
-unsharded IVF search too; shards trained each on its own vectors have their own centroids and
-probe their own lists, so their merged results can differ from (usually: are a little better
-or worse than) the unsharded IVF index's.
-
-Ties. Equal distances are ordered by shard position, then by rank within the shard, so a
-merge is deterministic; faiss may order exact ties among its own results differently.
+Ties. Equal distances are ordered by shard position, then by rank within the shard, so a merge is
+deterministic; faiss may order exact ties among its own results differently.
 
 Pure: no threads, no HTTP, no faiss.
 """
@@ -36,10 +30,8 @@ Hits = tuple[Sequence[int], Sequence[float]]  # one query's (ids, distances), as
 
 
 def shard_path(index_path: str | Path, shard: int, shards: int) -> Path:
-    """The file of shard ``shard`` of ``shards``: ``<dir>/<stem>.shard-<k>-of-<N><suffix>``.
-
-    One shard is the unsharded index itself, so ``shard_path(p, 0, 1) == p``.
-    """
+    """The file of shard ``shard`` of ``shards``: ``<dir>/<stem>.shard-<k>-of-<N><suffix>``; one shard is
+    the unsharded index itself (``shard_path(p, 0, 1) == p``)."""
     _check_count(shards)
     if not 0 <= shard < shards:
         raise ValueError(f"shard must be between 0 and {shards - 1}, got {shard}")
@@ -56,13 +48,10 @@ def document_shard(doc_id, shards: int):
 
 
 def merge_top_k(per_shard: Sequence[Hits], k: int) -> tuple[list[int], list[float]]:
-    """One query's top ``k`` over every shard's ``(ids, distances)``, by ascending L2 distance.
+    """One query's top ``k`` over every shard's ``(ids, distances)`` (faiss order; -1 padding dropped).
 
-    ``per_shard[s]`` is shard ``s``'s answer (faiss order; -1 padding is dropped). Ties go to the
-    lower shard position, then the lower rank. An id that two shards both return (they should
-    be disjoint) is kept once, at its best place. The result may be shorter than ``k`` when the
-    shards hold fewer than ``k`` vectors together.
-    """
+    An id that two shards both return (they should be disjoint) is kept once, at its best place.
+    The result is shorter than ``k`` when the shards hold fewer than ``k`` vectors together."""
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     candidates = []
@@ -72,19 +61,12 @@ def merge_top_k(per_shard: Sequence[Hits], k: int) -> tuple[list[int], list[floa
         for rank, (doc_id, distance) in enumerate(zip(ids, distances)):
             if int(doc_id) != PADDING_ID:
                 candidates.append((float(distance), position, rank, int(doc_id)))
-    candidates.sort()
-    merged_ids: list[int] = []
-    merged_distances: list[float] = []
-    seen: set[int] = set()
-    for distance, _, _, doc_id in candidates:
-        if doc_id in seen:
-            continue
-        seen.add(doc_id)
-        merged_ids.append(doc_id)
-        merged_distances.append(distance)
-        if len(merged_ids) == k:
+    best: dict[int, float] = {}  # id -> its smallest distance, in merged order
+    for distance, _, _, doc_id in sorted(candidates):
+        best.setdefault(doc_id, distance)
+        if len(best) == k:
             break
-    return merged_ids, merged_distances
+    return list(best), list(best.values())
 
 
 def merge_batch(per_shard: Sequence[Sequence[Hits]], k: int) -> list[tuple[list[int], list[float]]]:
@@ -111,20 +93,16 @@ def merge_arrays(per_shard: Sequence[tuple[np.ndarray, np.ndarray]], k: int) -> 
 
 
 def shard_file_problems(index_path: str | Path, shards: int) -> list[str]:
-    """What is wrong with the index files for ``shards`` shards, one line each (empty: nothing).
-
-    Names every shard file that is missing, and every shard file of another shard count lying
-    beside them (left by an earlier build: serving with the wrong count would silently lose or
-    repeat documents).
-    """
+    """What is wrong with the index files for ``shards`` shards, one line each: every shard file
+    missing, and every shard file of another shard count beside them (left by an earlier build:
+    serving with the wrong count would silently lose or repeat documents)."""
     _check_count(shards)
     path = Path(index_path)
-    missing = [shard_path(path, k, shards) for k in range(shards) if not shard_path(path, k, shards).is_file()]
+    missing = [k for k in range(shards) if not shard_path(path, k, shards).is_file()]
     if shards == 1:
         problems = [f"the index file is missing: {path}" for _ in missing]
     else:
-        problems = [f"shard {k} of {shards} is missing: {shard_path(path, k, shards)}"
-                    for k in range(shards) if shard_path(path, k, shards) in missing]
+        problems = [f"shard {k} of {shards} is missing: {shard_path(path, k, shards)}" for k in missing]
         if missing and path.is_file():
             problems.append(f"{path} beside them is an unsharded index: serve it with INDEX_SHARDS=1, or build "
                             f"{shards} shards with `python -m builders.data build ... --shards {shards}`")
@@ -137,14 +115,9 @@ def shard_files_beside(index_path: str | Path) -> list[tuple[int, int, Path]]:
     """(shard, count, path) of every shard file, of any count, beside ``index_path``."""
     index_path = Path(index_path)
     pattern = re.compile(rf"{re.escape(index_path.stem)}\.shard-(\d+)-of-(\d+){re.escape(index_path.suffix)}")
-    if not index_path.parent.is_dir():
-        return []
-    found = []
-    for candidate in index_path.parent.iterdir():
-        match = pattern.fullmatch(candidate.name)
-        if match:
-            found.append((int(match[1]), int(match[2]), candidate))
-    return found
+    folder = index_path.parent
+    matches = [(pattern.fullmatch(f.name), f) for f in folder.iterdir()] if folder.is_dir() else []
+    return [(int(match[1]), int(match[2]), f) for match, f in matches if match]
 
 
 def _check_count(shards: int) -> None:

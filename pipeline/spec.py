@@ -1,8 +1,5 @@
-"""The contract of ../shared/SPEC.md in code: constants, prompt, label rules.
-
-Everything a stage must agree on with the course's reference pipeline lives
-here, so the reference and the batched stages cannot drift apart.
-"""
+"""The contract of ../shared/SPEC.md in code: constants, prompt, label rules, in one place so that
+the reference and the batched stages cannot drift apart."""
 from __future__ import annotations
 
 from enum import StrEnum
@@ -10,11 +7,8 @@ from typing import Mapping, Protocol, Sequence
 
 
 class Stage(StrEnum):
-    """The stages of one request, in order, plus node 2's side of search.
-
-    A StrEnum so a stage is its own name wherever a string is expected: settings
-    variables (`EMBED_MAX_BATCH`), metric labels, JSON keys.
-    """
+    """The stages of one request, in order, plus node 2's side of search; a StrEnum, so a stage is its
+    own name in settings variables (`EMBED_MAX_BATCH`), metric labels and JSON keys."""
     EMBED = "embed"
     SEARCH = "search"
     FETCH = "fetch"
@@ -48,10 +42,8 @@ TOXICITY_MODEL = "unitary/toxic-bert"
 DOCUMENTS_DB = "documents.db"
 DOCUMENTS_TABLE = "documents"
 DOCUMENTS_COLUMNS = ("doc_id", "title", "content", "category")
-DOCUMENTS_SCHEMA = (
-    f"CREATE TABLE {DOCUMENTS_TABLE} (doc_id INTEGER PRIMARY KEY, title TEXT NOT NULL, "
-    "content TEXT NOT NULL, category TEXT NOT NULL)"
-)
+DOCUMENTS_SCHEMA = (f"CREATE TABLE {DOCUMENTS_TABLE} (doc_id INTEGER PRIMARY KEY, title TEXT NOT NULL, "
+                    "content TEXT NOT NULL, category TEXT NOT NULL)")
 
 SYSTEM_PROMPT = "When given Context and Question, reply as 'Answer: <final answer>' only."
 
@@ -83,17 +75,13 @@ class HasTitleAndContent(Protocol):
 
 def build_context(ranked_docs: Sequence[HasTitleAndContent]) -> str:
     """The top three reranked documents, one line each, as the reference built it."""
-    return "\n".join(
-        f"- {doc.title}: {doc.content[:CONTEXT_CHARS]}" for doc in ranked_docs[:CONTEXT_DOCS]
-    )
+    return "\n".join(f"- {doc.title}: {doc.content[:CONTEXT_CHARS]}" for doc in ranked_docs[:CONTEXT_DOCS])
 
 
 def build_messages(query: str, ranked_docs: Sequence[HasTitleAndContent]) -> list[dict]:
     context = build_context(ranked_docs)
-    return [
-        {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": f"Context:\n{context}\n\nQuestion: {query}\n\nAnswer:"},
-    ]
+    return [{"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": f"Context:\n{context}\n\nQuestion: {query}\n\nAnswer:"}]
 
 
 def sentiment_from_label(label: str) -> str:
@@ -121,11 +109,8 @@ TOXIC_FLAGS = ("true", "false")
 
 
 def validate_reply(body: object, request_id: str) -> list[str]:
-    """What is wrong with a POST /query reply body for `request_id`; [] when it honours the contract.
-
-    Returns the problems instead of raising, so a load tool can count a bad reply as
-    one error kind and a test can assert on the list. Extra fields are allowed (SPEC).
-    """
+    """What is wrong with a POST /query reply body for `request_id`; [] when it honours the contract
+    (extra fields are allowed, SPEC). A list, not a raise: a load tool counts a bad reply as one error kind."""
     if not isinstance(body, dict):
         return [f"reply is not a JSON object: {type(body).__name__}"]
     problems = []

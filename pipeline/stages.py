@@ -22,11 +22,9 @@ WARMUP_REPLY = "Thanks, that helped."
 
 
 def release_freed_memory() -> None:
-    """Give the heap freed by a model's load (its float weights, once converted) back to the OS.
-
-    glibc keeps freed blocks below its mmap threshold in the heap, so without this the next
-    model's load stacks on top of the last one's leftovers and a node's peak RSS grows with
-    every conversion. Not glibc (musl, macOS): nothing to do."""
+    """Give the heap freed by a model's load (its float weights, once converted) back to the OS: glibc
+    keeps freed blocks below its mmap threshold, so each load would stack on the last one's leftovers.
+    Not glibc (musl, macOS): nothing to do."""
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):

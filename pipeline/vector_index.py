@@ -1,9 +1,8 @@
 """Loading and searching the FAISS index (``faiss_index.bin``).
 
-IVF indexes are memory-mapped by default (``IO_FLAG_MMAP | IO_FLAG_READ_ONLY``):
-the inverted lists stay in the file and the OS page cache, so a 13.8 GB course
-index opens instantly and is shared between processes. Index types that faiss
-cannot map are read into memory instead, with a log line saying so.
+IVF indexes are memory-mapped by default (``IO_FLAG_MMAP | IO_FLAG_READ_ONLY``): the inverted lists stay
+in the file and the OS page cache, so a 13.8 GB course index opens instantly and is shared between
+processes. Index types that faiss cannot map are read into memory instead, with a log line saying so.
 """
 
 from __future__ import annotations
@@ -29,10 +28,10 @@ class VectorIndex:
     """A thin, validating wrapper around a faiss index."""
 
     def __init__(self, index: faiss.Index, *, path: str | Path | None = None, is_mmap: bool = False):
-        self._index = index
+        self.index = index
+        self.path = Path(path) if path is not None else None
+        self.is_mmap = is_mmap
         self._ivf = faiss.try_extract_index_ivf(index)
-        self._path = Path(path) if path is not None else None
-        self._is_mmap = is_mmap
 
     @classmethod
     def load(cls, path: str | Path, nprobe: int | None = 64, mmap: bool = True) -> VectorIndex:
@@ -44,35 +43,21 @@ class VectorIndex:
         vi = cls(index, path=path, is_mmap=is_mmap)
         if nprobe is not None:
             vi.nprobe = nprobe
-        log.info(
-            "loaded %s from %s: ntotal=%d dim=%d nprobe=%s mmap=%s",
-            type(index).__name__, path, vi.ntotal, vi.dim, vi.nprobe, is_mmap,
-        )
+        log.info("loaded %s from %s: ntotal=%d dim=%d nprobe=%s mmap=%s",
+                 type(index).__name__, path, vi.ntotal, vi.dim, vi.nprobe, is_mmap)
         return vi
 
     @property
-    def index(self) -> faiss.Index:
-        return self._index
-
-    @property
-    def path(self) -> Path | None:
-        return self._path
-
-    @property
     def dim(self) -> int:
-        return self._index.d
+        return self.index.d
 
     @property
     def ntotal(self) -> int:
-        return self._index.ntotal
+        return self.index.ntotal
 
     @property
     def nlist(self) -> int | None:
         return self._ivf.nlist if self._ivf is not None else None
-
-    @property
-    def is_mmap(self) -> bool:
-        return self._is_mmap
 
     @property
     def nprobe(self) -> int | None:
@@ -84,29 +69,24 @@ class VectorIndex:
         if value < 1:
             raise ValueError(f"nprobe must be >= 1, got {value}")
         if self._ivf is None:
-            log.debug("nprobe=%d ignored: %s is not an IVF index", value, type(self._index).__name__)
+            log.debug("nprobe=%d ignored: %s is not an IVF index", value, type(self.index).__name__)
             return
         # Not thread-safe against concurrent searches: set it before serving.
         self._ivf.nprobe = min(int(value), self._ivf.nlist)
 
     def search(self, embeddings: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Top-``k`` neighbours of each row: ``(ids int64 (n,k), distances float32 (n,k))``.
-
-        Rows with fewer than k neighbours are padded with id -1 by faiss.
-        """
+        """Top-``k`` neighbours of each row: ``(ids int64 (n,k), distances float32 (n,k))``, padded
+        by faiss with id -1 where fewer are found."""
         x = self._validate(embeddings)
         k = _validate_k(k)
         if x.shape[0] == 0:
             return np.empty((0, k), dtype=np.int64), np.empty((0, k), dtype=np.float32)
-        distances, ids = self._index.search(x, k)
+        distances, ids = self.index.search(x, k)
         return ids, distances
 
     def search_batch(self, vectors: Sequence[np.ndarray], k: int) -> list[tuple[list[int], list[float]]]:
-        """One ``search`` call for a list of query vectors (each (d,) or (1, d)).
-
-        Returns ``(ids, distances)`` lists per query, in input order; -1 padding
-        is kept (the document store skips it).
-        """
+        """One ``search`` call for a list of query vectors (each (d,) or (1, d)): ``(ids, distances)``
+        lists per query, in input order, -1 padding kept (the document store skips it)."""
         if len(vectors) == 0:
             return []
         rows = [np.asarray(v).reshape(1, -1) if np.ndim(v) == 1 else np.asarray(v) for v in vectors]
@@ -131,10 +111,8 @@ class VectorIndex:
         return x
 
     def __repr__(self) -> str:
-        return (
-            f"VectorIndex({type(self._index).__name__}, ntotal={self.ntotal}, dim={self.dim}, "
-            f"nprobe={self.nprobe}, mmap={self.is_mmap})"
-        )
+        return (f"VectorIndex({type(self.index).__name__}, ntotal={self.ntotal}, dim={self.dim}, "
+                f"nprobe={self.nprobe}, mmap={self.is_mmap})")
 
 
 def _validate_k(k: int) -> int:

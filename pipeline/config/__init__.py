@@ -1,10 +1,8 @@
 """Configuration: one typed, immutable object built from the environment, here only, in sections.
 
-`Settings` (settings.py) holds one section per component (sections.py); each field is bound to
-one environment variable with its parser, default and help (fields.py, parsers.py); the
-consistency checks (checks.py), the misspelt-variable warnings (typos.py), the variables no longer
-read (removed.py) and the `settings` command (__main__.py) each have a module of their own. env.example and deploy/k8s/configmap.yaml
-are generated from Settings.table() (`python -m tools.render_settings --write`; a test checks them).
+`Settings` (settings.py) holds one section per component (sections.py); each field is bound to one
+environment variable with its parser, default and help (fields.py, parsers.py). env.example and
+deploy/k8s/configmap.yaml are generated from Settings.table() (`python -m tools.render_settings --write`).
 """
 from pipeline.config.errors import CONFIG_ERROR_PREFIX, HIDDEN, ConfigError
 from pipeline.config.parsers import (

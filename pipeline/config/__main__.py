@@ -27,15 +27,9 @@ def describe(settings: Settings, env: Mapping[str, str]) -> list[str]:
     return lines
 
 
-def precision_lines(settings: Settings) -> list[str]:
-    """"embed: bfloat16 (PRECISION=auto on a CPU with avx512_bf16 and no AMX)", one per model stage."""
-    from pipeline.device import describe_placement  # pipeline.device reads pipeline.config: not at import
-    return [describe_placement(settings, stage) for stage in MODEL_STAGES]
-
-
 def main(argv: list[str] | None = None) -> int:
     """`python -m pipeline.config` (`./run.sh settings`): the effective settings; exit 2 on bad values."""
-
+    from pipeline.device import describe_placement  # pipeline.device reads pipeline.config: not at import
     parser = argparse.ArgumentParser(prog="python -m pipeline.config", description=main.__doc__)
     parser.add_argument("--non-default", action="store_true", help="only the variables not at their default")
     args = parser.parse_args(argv)
@@ -43,17 +37,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     try:
         settings = Settings.from_env()
+        # "# embed: bfloat16 (PRECISION=auto on a CPU with avx512_bf16 and no AMX)", one per model stage;
+        # a variant this device cannot run is a ConfigError, as a node would refuse to start too.
+        resolved = [f"# {describe_placement(settings, stage)}" for stage in MODEL_STAGES]
     except ConfigError as exc:
         print(f"{CONFIG_ERROR_PREFIX}{exc}", file=sys.stderr)
         return 2
     lines = describe(settings, os.environ)
     if args.non_default:
         lines = [line for line in lines if "# set (default" in line] or ["# every setting is at its default"]
-    try:
-        resolved = [f"# {line}" for line in precision_lines(settings)]
-    except ConfigError as exc:  # a variant this device cannot run: a node would refuse to start too
-        print(f"{CONFIG_ERROR_PREFIX}{exc}", file=sys.stderr)
-        return 2
     if not args.non_default:
         lines += ["# what each model stage computes in here:", *resolved]
     print("\n".join(lines))

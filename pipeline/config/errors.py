@@ -8,11 +8,8 @@ HIDDEN = "<hidden>"
 
 
 class ConfigError(ValueError):
-    """Bad environment values: one line per problem, meant for the operator (`problems`).
-
-    Every entry point prints `f"config error: {exc}"`, so str() puts that prefix before each
-    problem after the first: the print shows every problem on a line of its own, prefixed.
-    """
+    """Bad environment values: one line per problem, meant for the operator (`problems`). Every entry
+    point prints `f"config error: {exc}"`, so str() puts that prefix before each problem after the first."""
 
     def __init__(self, *problems: str):
         super().__init__(("\n" + CONFIG_ERROR_PREFIX).join(problems))

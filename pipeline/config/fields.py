@@ -32,5 +32,5 @@ def max_wait(stage: str, wait_ms: int) -> Any:
 
 
 def precision(stage: str, model: str) -> Any:
-    return var(f"{stage.upper()}_PRECISION", p.optional_precision, "",
+    return var(f"{stage.upper()}_PRECISION", p.optional(p.precision, ""), "",
                f"what the {model} computes in (empty: PRECISION's choice): {', '.join(p.PRECISION_CHOICES)}")

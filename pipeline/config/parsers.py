@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 # What a model stage computes in (pipeline/precision_policy.py): a variant by name, or a policy
 # that picks one per stage from the hardware: auto = bfloat16 where the CPU or GPU has it, else
@@ -33,24 +33,12 @@ class Address:
         return f"http://{self.host}:{self.port}"
 
 
-def int_range(lo: int | None = None, hi: int | None = None) -> Callable[[str], int]:
-    def parse(raw: str) -> int:
-        what = "an integer" + (f" >= {lo}" if lo is not None and hi is None else "")
-        if lo is not None and hi is not None:
-            what = f"an integer from {lo} to {hi}"
-        try:
-            value = int(raw.strip())
-        except ValueError:
-            raise ValueError(what) from None
-        if (lo is not None and value < lo) or (hi is not None and value > hi):
-            raise ValueError(what)
-        return value
-    return parse
+N = TypeVar("N", int, float)
 
 
-def _number(raw: str, what: str, accepted: Callable[[float], bool]) -> float:
+def _number(raw: str, what: str, accepted: Callable[[Any], bool], kind: Callable[[str], N]) -> N:
     try:
-        value = float(raw)
+        value = kind(raw)
     except ValueError:
         raise ValueError(what) from None
     if not accepted(value):  # nan fails every comparison
@@ -58,16 +46,25 @@ def _number(raw: str, what: str, accepted: Callable[[float], bool]) -> float:
     return value
 
 
+def int_range(lo: int, hi: int) -> Callable[[str], int]:
+    return lambda raw: _number(raw, f"an integer from {lo} to {hi}", lambda value: lo <= value <= hi, int)
+
+
+def optional(parse: Callable[[str], Any], empty: Any = None) -> Callable[[str], Any]:
+    """`parse`, where an empty (or blank) value means `empty`."""
+    return lambda raw: parse(raw) if raw.strip() else empty
+
+
 def positive_float(raw: str) -> float:
-    return _number(raw, "a number > 0", lambda value: 0 < value < math.inf)
+    return _number(raw, "a number > 0", lambda value: 0 < value < math.inf, float)
 
 
 def non_negative_float(raw: str) -> float:
-    return _number(raw, "a number >= 0", lambda value: 0 <= value < math.inf)
+    return _number(raw, "a number >= 0", lambda value: 0 <= value < math.inf, float)
 
 
 def float_range(lo: float, hi: float) -> Callable[[str], float]:
-    return lambda raw: _number(raw, f"a number from {lo:g} to {hi:g}", lambda value: lo <= value <= hi)
+    return lambda raw: _number(raw, f"a number from {lo:g} to {hi:g}", lambda value: lo <= value <= hi, float)
 
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -99,10 +96,6 @@ def precision(raw: str) -> str:
     return choice(*PRECISION_CHOICES)(raw)
 
 
-def optional_precision(raw: str) -> str:
-    return "" if not raw.strip() else precision(raw)
-
-
 def address(raw: str) -> Address:
     what = "host:port with a port from 1 to 65535 (for example 10.0.0.5:8000)"
     host, sep, port = raw.strip().rpartition(":")
@@ -118,10 +111,6 @@ def path(raw: str) -> Path:
     return value if value.is_absolute() else (Path.cwd() / value)
 
 
-def optional_path(raw: str) -> Path | None:
-    return path(raw) if raw.strip() else None
-
-
 def node_list(raw: str) -> tuple[int, ...]:
     what = "a comma-separated list of distinct node numbers, for example 0,1"
     try:
@@ -135,15 +124,6 @@ def node_list(raw: str) -> tuple[int, ...]:
 
 # The most nodes a cluster may have (node numbers 0 .. MAX_NODES - 1).
 MAX_NODES = 64
-
-
-def optional_node(raw: str) -> int | None:
-    return int_range(0, MAX_NODES - 1)(raw) if raw.strip() else None
-
-
-def optional_node_list(raw: str) -> tuple[int, ...]:
-    """A node_list, or () when empty."""
-    return node_list(raw) if raw.strip() else ()
 
 
 def optional_host(raw: str) -> str:

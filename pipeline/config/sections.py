@@ -1,17 +1,21 @@
-"""The settings in sections: one frozen dataclass per component (the cluster, the models, each stage,
-the limits, the gateway, HTTP, observability), each field bound to one environment variable
-(fields.var). A component is given its own section and nothing else.
-"""
+"""The settings in sections: one frozen dataclass per component (the cluster, the models, each stage, the
+limits, the gateway, HTTP, observability), each field bound to one environment variable (fields.var).
+A component is given its own section and nothing else; `Sections` holds them all."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import pipeline.config.fields as f
 import pipeline.config.parsers as p
 from pipeline.config.parsers import Address
 from pipeline.spec import Stage
+
+# Waitress closes a connection quiet for REQUEST_TIMEOUT_S plus this, so none is cut while a
+# request could still be waited on.
+CHANNEL_TIMEOUT_MARGIN_S = 60.0
 
 
 def default_node_ip(node: int) -> str:
@@ -21,13 +25,11 @@ def default_node_ip(node: int) -> str:
 
 @dataclass(frozen=True)
 class ClusterSettings:
-    """Which node this is, where every node listens, which role each node has, and how nodes call each other.
-
-    Roles are named by settings, not numbers: node 0 is the gateway and a worker, the INDEX_NODES
-    serve the index (shard INDEX_NODES.index(n) % INDEX_SHARDS each), every other node is a worker.
-    """
+    """Which node this is, where every node listens, which role each node has (named by settings, not
+    numbers: node 0 is the gateway and a worker, INDEX_NODES serve the index, the rest are workers), and
+    how nodes call each other."""
     total_nodes: int = f.var("TOTAL_NODES", p.int_range(3, p.MAX_NODES), "3", "number of nodes (3 or more): node 0 is the gateway and a worker, INDEX_NODES serve the index, every other node is a worker")
-    node_number: int | None = f.var("NODE_NUMBER", p.optional_node, "", "this node's number, below TOTAL_NODES (0: gateway+worker; its role follows from INDEX_NODES); empty for tools")
+    node_number: int | None = f.var("NODE_NUMBER", p.optional(p.int_range(0, p.MAX_NODES - 1)), "", "this node's number, below TOTAL_NODES (0: gateway+worker; its role follows from INDEX_NODES); empty for tools")
     node_0_ip: Address = f.var("NODE_0_IP", p.address, "127.0.0.1:8000", "host:port of node 0 (gateway and worker): where the others reach it")
     node_1_ip: Address = f.var("NODE_1_IP", p.address, "127.0.0.1:8001", "host:port of node 1 (a worker, with the default INDEX_NODES)")
     node_2_ip: Address = f.var("NODE_2_IP", p.address, "127.0.0.1:8002", "host:port of node 2 (the index server, with the default INDEX_NODES)")
@@ -35,7 +37,7 @@ class ClusterSettings:
     bind_host: str = f.var("BIND_HOST", p.optional_host, "", "address this node listens on (empty: the host of its own NODE_<n>_IP); 0.0.0.0 in a container whose NODE_<n>_IP is the name the others reach it by")
     index_nodes: tuple[int, ...] = f.var("INDEX_NODES", p.node_list, "2", "nodes that serve the FAISS index (never node 0); every other node is a worker")
     index_shards: int = f.var("INDEX_SHARDS", p.int_range(1, p.MAX_NODES), "1", "shards the index is split in (python -m builders.data build --shards N); the index node at position p of INDEX_NODES serves shard p % INDEX_SHARDS, so nodes beyond the shard count are replicas")
-    worker_nodes: tuple[int, ...] = f.var("WORKER_NODES", p.optional_node_list, "", "workers the gateway round-robins requests between (empty: every worker node)")
+    worker_nodes: tuple[int, ...] = f.var("WORKER_NODES", p.optional(p.node_list, ()), "", "workers the gateway round-robins requests between (empty: every worker node)")
     connect_timeout_s: float = f.var("CONNECT_TIMEOUT_S", p.positive_float, "3", "connect timeout of node-to-node calls")
     cluster_token: str = f.var("CLUSTER_TOKEN", p.token, "", "shared secret every internal endpoint (/search, /internal/answer, /cache/clear) requires in X-Cluster-Token; required (the node refuses to start without it) wherever a node listens beyond loopback; empty on 127.0.0.1 only", secret=True)
 
@@ -85,7 +87,7 @@ class ModelSettings:
     hf_hub_offline: bool = f.var("HF_HUB_OFFLINE", p.boolean, "false", "true: never contact the Hugging Face hub (huggingface_hub reads it too); MODEL_SOURCE=auto then uses cached real models or stand-ins")
     model_source: str = f.var("MODEL_SOURCE", p.choice("auto", "hub", "standin"), "auto", "hub: real models (`./run.sh models` checks the cache; a node without them and without the hub exits at once naming the fetch commands); standin: offline random-weight stand-ins; auto: real if cached or downloadable")
     standin_profile: str = f.var("STANDIN_PROFILE", p.choice("tiny", "faithful"), "tiny", "stand-in size: tiny for tests and demo, faithful (real shapes) for benchmarks")
-    standin_home: Path | None = f.var("STANDIN_HOME", p.optional_path, "", "where stand-ins are built (default .cache/standins/<profile>)")
+    standin_home: Path | None = f.var("STANDIN_HOME", p.optional(p.path), "", "where stand-ins are built (default .cache/standins/<profile>)")
     precision: str = f.var("PRECISION", p.precision, "auto", "what every model stage computes in (per stage: <STAGE>_PRECISION). auto: bfloat16 on a CPU with avx512_bf16 or AMX and on a GPU with bf16, else float32 (float16 on a GPU without bf16); float32 (CPU only); bfloat16; float16 (GPU only); int8-dynamic and int8-weight (CPU only); fast: a variant per stage from the table pipeline/precision_policy.py FAST (int8 or bfloat16, answers may differ slightly), measured for CPUs with avx512_bf16 (AMD EPYC) and with AMX (Intel Xeon); its row for other CPUs is not measured. `./run.sh settings` prints what each stage resolves to")
     torch_threads: int = f.var("TORCH_THREADS", p.int_range(0, 1024), "0", "torch intra-op threads; 0 = the core count")
 
@@ -202,7 +204,7 @@ class ApiSettings:
     """The public API's clients: node 0's /v1 (OpenAI-compatible) defaults and caps, API keys and CORS."""
     default_temperature: float = f.var("OPENAI_DEFAULT_TEMPERATURE", p.float_range(0.0, 2.0), "0", "the temperature a /v1 chat request that names none gets; 0 = greedy, so a client's repeated question gets the same answer as /query's, which the contract fixes as greedy (vLLM instead follows the model's generation config)")
     max_tokens_cap: int = f.var("OPENAI_MAX_TOKENS_CAP", p.int_range(1, 8192), "512", "most new tokens a /v1 answer may have; a larger max_tokens is clamped to it (finish_reason 'length'), no max_tokens gets the contract's 128. With the query and prompt allowance it must fit a quarter of GENERATE_KV_CACHE_TOKENS")
-    api_keys_file: Path | None = f.var("API_KEYS_FILE", p.optional_path, "", "a file of API keys, one a line (a key, or sha256:<hex of its SHA-256>; # comments); set: /query and /v1/* need 'Authorization: Bearer <key>' (else 401); health, ready and metrics stay open; empty = no keys")
+    api_keys_file: Path | None = f.var("API_KEYS_FILE", p.optional(p.path), "", "a file of API keys, one a line (a key, or sha256:<hex of its SHA-256>; # comments); set: /query and /v1/* need 'Authorization: Bearer <key>' (else 401); health, ready and metrics stay open; empty = no keys")
     cors_allowed_origins: tuple[str, ...] = f.var("CORS_ALLOWED_ORIGINS", p.origin_list, "", "browser origins (scheme://host[:port], comma-separated, or *) allowed to call /query and /v1/* across origins; empty = CORS off")
 
 
@@ -222,3 +224,33 @@ class ObservabilitySettings:
     tracing: str = f.var("TRACING", p.choice("off", "otlp", "jsonl"), "off", "OpenTelemetry tracing: off; otlp = export spans over OTLP/HTTP to TRACING_ENDPOINT; jsonl = append one JSON span per line to TRACING_FILE (W3C trace context crosses nodes 0 -> 1 -> 2 either way)")
     tracing_endpoint: str = f.var("TRACING_ENDPOINT", p.text, "http://127.0.0.1:4318/v1/traces", "OTLP/HTTP traces endpoint (a collector, Jaeger, Tempo) when TRACING=otlp")
     tracing_file: str = f.var("TRACING_FILE", p.text, "", "file spans are appended to when TRACING=jsonl (empty = logs/traces-node<N>.jsonl)")
+
+
+def _section(section_type: type, title: str) -> Any:
+    """A field holding one section; its title heads the section in env.example and the configmap."""
+    return dataclasses.field(metadata={"section": section_type, "title": title})
+
+
+@dataclass(frozen=True)
+class Sections:
+    """Every section, one field each: what the consistency checks (checks.py) read; Settings builds them."""
+    cluster: ClusterSettings = _section(ClusterSettings, "the cluster (SPEC): which node this is, where every node listens, node-to-node calls")
+    models: ModelSettings = _section(ModelSettings, "models: where the weights come from, device, precision, threads")
+    embed: EmbedSettings = _section(EmbedSettings, "stage 1, embed")
+    search: SearchSettings = _section(SearchSettings, "stage 2, search (the worker's side: one HTTP call to node 2 per batch)")
+    fetch: FetchSettings = _section(FetchSettings, "stage 3, fetch (SQLite)")
+    rerank: RerankSettings = _section(RerankSettings, "stage 4, rerank")
+    generate: GenerateSettings = _section(GenerateSettings, "stage 5, generate (the LLM; continuous batching, no batch window)")
+    sentiment: SentimentSettings = _section(SentimentSettings, "stage 6, sentiment")
+    toxicity: ToxicitySettings = _section(ToxicitySettings, "stage 7, toxicity")
+    index: IndexSettings = _section(IndexSettings, "node 2: the FAISS index")
+    limits: LimitsSettings = _section(LimitsSettings, "limits: what one request may cost and how long it may take")
+    gateway: GatewaySettings = _section(GatewaySettings, "node 0's gateway: admission, request_id rules, reply caches, worker health probes")
+    http: HttpSettings = _section(HttpSettings, "HTTP servers")
+    api: ApiSettings = _section(ApiSettings, "the public API: /v1 defaults and caps, API keys, CORS")
+    observability: ObservabilitySettings = _section(ObservabilitySettings, "logs and traces")
+
+    @property
+    def channel_timeout_s(self) -> float:
+        """Waitress's channel timeout: above the request timeout (CHANNEL_TIMEOUT_MARGIN_S)."""
+        return self.limits.request_timeout_s + CHANNEL_TIMEOUT_MARGIN_S

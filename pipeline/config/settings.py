@@ -1,8 +1,8 @@
 """Settings: the sections put together, built from the environment here and nowhere else.
 
-`Settings.from_env()` parses every variable of every section; bad values raise one ConfigError
-with one line per problem, all at once (each naming the variable, the value and what is
-accepted), then one line per disagreement between values (pipeline.config.checks).
+`Settings.from_env()` parses every variable of every section; bad values raise one ConfigError with one
+line per problem, all at once (each naming the variable, the value and what is accepted), then one line
+per disagreement between values (pipeline.config.checks).
 """
 from __future__ import annotations
 
@@ -24,9 +24,6 @@ from pipeline.spec import MODEL_STAGES, Stage
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # The <n> of a numbered variable (NODE_3_IP): a number without leading zeros.
 NUMBER_PATTERN = r"(0|[1-9][0-9]*)"
-# Waitress closes a connection quiet for REQUEST_TIMEOUT_S plus this, so none is cut while a
-# request could still be waited on.
-CHANNEL_TIMEOUT_MARGIN_S = 60.0
 # Derived HTTP read timeout (HTTP_READ_TIMEOUT_S=0): REQUEST_TIMEOUT_S / 30, within these bounds:
 # long enough for a 32 MiB /search upload on a LAN, short enough that a slowloris socket
 # holds a connection for seconds, not for the request timeout.
@@ -54,28 +51,9 @@ class HttpServerConfig:
     cluster_token: str
 
 
-def _section(section_type: type, title: str) -> Any:
-    """A field of Settings holding one section; its title heads the section in env.example and the configmap."""
-    return dataclasses.field(metadata={"section": section_type, "title": title})
-
-
 @dataclass(frozen=True)
-class Settings:
-    cluster: s.ClusterSettings = _section(s.ClusterSettings, "the cluster (SPEC): which node this is, where every node listens, node-to-node calls")
-    models: s.ModelSettings = _section(s.ModelSettings, "models: where the weights come from, device, precision, threads")
-    embed: s.EmbedSettings = _section(s.EmbedSettings, "stage 1, embed")
-    search: s.SearchSettings = _section(s.SearchSettings, "stage 2, search (the worker's side: one HTTP call to node 2 per batch)")
-    fetch: s.FetchSettings = _section(s.FetchSettings, "stage 3, fetch (SQLite)")
-    rerank: s.RerankSettings = _section(s.RerankSettings, "stage 4, rerank")
-    generate: s.GenerateSettings = _section(s.GenerateSettings, "stage 5, generate (the LLM; continuous batching, no batch window)")
-    sentiment: s.SentimentSettings = _section(s.SentimentSettings, "stage 6, sentiment")
-    toxicity: s.ToxicitySettings = _section(s.ToxicitySettings, "stage 7, toxicity")
-    index: s.IndexSettings = _section(s.IndexSettings, "node 2: the FAISS index")
-    limits: s.LimitsSettings = _section(s.LimitsSettings, "limits: what one request may cost and how long it may take")
-    gateway: s.GatewaySettings = _section(s.GatewaySettings, "node 0's gateway: admission, request_id rules, reply caches, worker health probes")
-    http: s.HttpSettings = _section(s.HttpSettings, "HTTP servers")
-    api: s.ApiSettings = _section(s.ApiSettings, "the public API: /v1 defaults and caps, API keys, CORS")
-    observability: s.ObservabilitySettings = _section(s.ObservabilitySettings, "logs and traces")
+class Settings(s.Sections):
+    """The sections (sections.Sections), built from the environment, with their views and derived values."""
 
     # ----------------------------------------------------------------- building
 
@@ -88,8 +66,9 @@ class Settings:
         unparsed: set[str] = set()
         sections = {}
         for section in dataclasses.fields(cls):
+            section_type = section.metadata["section"]
             values = {}
-            for f in dataclasses.fields(_section_type(section)):
+            for f in dataclasses.fields(section_type):
                 meta = f.metadata
                 if "numbered" in meta:
                     values[f.name] = _numbered(meta, env, problems, unparsed)
@@ -104,7 +83,7 @@ class Settings:
                     unparsed.add(meta["env"])
                     # The default stands in, so the checks that do not read this variable can still run.
                     values[f.name] = meta["parse"](meta["default"])
-            sections[section.name] = _section_type(section)(**values)
+            sections[section.name] = section_type(**values)
         settings = cls(**sections)
         problems += disagreements(settings, unparsed)
         if problems:
@@ -125,14 +104,10 @@ class Settings:
     def numbered_variables() -> dict[str, dict]:
         """Each family of numbered variables, by its documented name (NODE_<n>_IP) -> {section, field,
         help, names: a regex matching its variables (n >= its first)}."""
-        families = {}
-        for section, f in _variable_fields():
-            meta = f.metadata
-            if "numbered" in meta:
-                families[meta["env"]] = {"section": section, "field": f.name, "help": meta["help"],
-                                         "first": meta["first"],
-                                         "names": re.compile(meta["numbered"].format(n=NUMBER_PATTERN))}
-        return families
+        return {f.metadata["env"]: {"section": section, "field": f.name, "help": f.metadata["help"],
+                                    "first": f.metadata["first"],
+                                    "names": re.compile(f.metadata["numbered"].format(n=NUMBER_PATTERN))}
+                for section, f in _variable_fields() if "numbered" in f.metadata}
 
     @staticmethod
     def table() -> Iterator[tuple[str, Mapping[str, Any]]]:
@@ -149,9 +124,9 @@ class Settings:
             meta = f.metadata
             if "numbered" not in meta and meta["env"] == name:
                 return render(meta["parse"](meta["default"]))
-            match = "numbered" in meta and re.fullmatch(meta["numbered"].format(n=NUMBER_PATTERN), name)
-            if match and int(match[1]) >= meta["first"]:
-                return render(meta["parse"](meta["default_for"](int(match[1]))))
+            n = numbered_index(meta, name)
+            if n is not None:
+                return render(meta["parse"](meta["default_for"](n)))
         raise KeyError(name)
 
     def effective(self) -> dict[str, str]:
@@ -192,11 +167,6 @@ class Settings:
 
     def stage_precision_variable(self, stage: str) -> str:
         return f"{stage.upper()}_PRECISION" if self.model_stage(stage).precision else "PRECISION"
-
-    @property
-    def channel_timeout_s(self) -> float:
-        """Waitress's channel timeout: above the request timeout (CHANNEL_TIMEOUT_MARGIN_S)."""
-        return self.limits.request_timeout_s + CHANNEL_TIMEOUT_MARGIN_S
 
     @property
     def read_timeout_s(self) -> float:
@@ -263,20 +233,17 @@ class Settings:
         return self.fetch.documents_db
 
 
-def numbered_names(meta: Mapping[str, Any], env: Mapping[str, str]) -> dict[int, str]:
-    """n -> variable name of each variable of a numbered family (fields.numbered) set in env."""
-    pattern = re.compile(meta["numbered"].format(n=NUMBER_PATTERN))
-    found = {}
-    for name in env:
-        match = pattern.fullmatch(name)
-        if match and int(match[1]) >= meta["first"]:
-            found[int(match[1])] = name
-    return dict(sorted(found.items()))
+def numbered_index(meta: Mapping[str, Any], name: str) -> int | None:
+    """The n of `name` if it is a variable of the numbered family `meta` (fields.numbered) binds, else None."""
+    match = "numbered" in meta and re.fullmatch(meta["numbered"].format(n=NUMBER_PATTERN), name)
+    return int(match[1]) if match and int(match[1]) >= meta["first"] else None
 
 
 def _numbered(meta: Mapping[str, Any], env: Mapping[str, str], problems: list[str], unparsed: set[str]) -> dict:
+    """n -> parsed value of each variable of a numbered family set in env, in order of n."""
     values = {}
-    for n, name in numbered_names(meta, env).items():
+    members = sorted((n, name) for name in env if (n := numbered_index(meta, name)) is not None)
+    for n, name in members:
         try:
             values[n] = meta["parse"](env[name])
         except ValueError as exc:
@@ -285,13 +252,8 @@ def _numbered(meta: Mapping[str, Any], env: Mapping[str, str], problems: list[st
     return values
 
 
-def _section_type(section: dataclasses.Field) -> type:
-    return section.metadata["section"]
-
-
 def _variable_fields() -> Iterator[tuple[str, dataclasses.Field]]:
     """(section name, field) for every variable, in declaration order."""
     for section in dataclasses.fields(Settings):
-        for f in dataclasses.fields(_section_type(section)):
+        for f in dataclasses.fields(section.metadata["section"]):
             yield section.name, f
-

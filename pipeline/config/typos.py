@@ -57,5 +57,3 @@ def misspelt_variables(env: Mapping[str, str] | None = None) -> list[str]:
             warnings.append(f"{name} is not a setting this service reads (ignored); did you mean {close[0]}? "
                             "(env.example lists them all)")
     return warnings
-
-

@@ -39,19 +39,14 @@ class ContinuousEngine:
         self.runner = ModelRunner(generator.model, repetition_penalty=config.repetition_penalty or 1.0,
                                   device=generator.placement.device)
 
-    def add_prompt(self, prompt_ids: list[int], payload: Any = None,
-                   max_new_tokens: int | None = None, sampling: Any = None) -> SequenceState:
-        """Queue a prompt given as token ids; max_new_tokens (None: the generation config's) caps the answer;
-        sampling: a pipeline.sampling_params.Sampling (None: greedy, no stop strings)."""
-        cap = self.max_new_tokens if max_new_tokens is None else max_new_tokens
-        seq = self.scheduler.new_sequence(prompt_ids, cap, payload)
-        seq.sampling = sampling
+    def add(self, request, payload: Any = None) -> SequenceState:
+        """Queue a GenerationRequest: its max_new_tokens (None: the generation config's) caps the answer,
+        its sampling (a pipeline.sampling_params.Sampling; None: greedy, no stop strings) picks the tokens."""
+        cap = self.max_new_tokens if request.max_new_tokens is None else request.max_new_tokens
+        seq = self.scheduler.new_sequence(self.generator.request_ids(request), cap, payload)
+        seq.sampling = request.sampling
         self.scheduler.add(seq)
         return seq
-
-    def add(self, request, payload: Any = None) -> SequenceState:
-        """Queue a GenerationRequest; its max_new_tokens (None: the generation config's) caps the answer."""
-        return self.add_prompt(self.generator.request_ids(request), payload, request.max_new_tokens, request.sampling)
 
     def text(self, seq: SequenceState) -> str:
         """The answer: its tokens' text, up to (not including) the first of its stop strings."""

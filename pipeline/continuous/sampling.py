@@ -1,12 +1,9 @@
 """The runner's token choice per row: greedy, or sampled from the row's own random stream.
 
-A greedy row takes the argmax, as before. A sampled row (its sequence's `sampling`, a
-pipeline.sampling_params.Sampling with temperature > 0) scales its logits by 1/temperature,
-keeps its top_k and then its top_p nucleus, and draws one token with torch.multinomial from
-a torch.Generator seeded with the request's seed when its first token is chosen and owned
-by that sequence alone. Every operation reads one row: a sampled token depends only on that
-row's logits (which the engine keeps independent of the batch) and its own stream's draws so
-far, so the same request with the same seed gets the same tokens alone or in any batch.
+A sampled row (temperature > 0) scales its logits by 1/temperature, keeps its top_k and then its
+top_p nucleus, and draws with torch.multinomial from a torch.Generator of its sequence's own, seeded
+with the request's seed. Every operation reads one row, so the same request with the same seed gets
+the same tokens alone or in any batch.
 """
 from __future__ import annotations
 

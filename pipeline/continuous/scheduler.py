@@ -1,9 +1,7 @@
 """Admission, per-iteration plans and every sequence's state; no tensors, no model.
 
-Each iteration a sequence is in one of three places: waiting for a slot,
-prefilling its prompt (in chunks, so running sequences never wait for more than
-one chunk's worth of prompt), or running (one decode step per iteration). A
-sequence leaves the moment it finishes.
+Each iteration a sequence is waiting for a slot, prefilling its prompt (in chunks, so running sequences
+never wait for more than one chunk), or running (one decode step per iteration); it leaves once finished.
 """
 from __future__ import annotations
 
@@ -25,8 +23,6 @@ class SequenceState:
     sampling: Any = None  # its pipeline.sampling_params.Sampling (None: greedy); the runner reads it
     generated: list[int] = field(default_factory=list)
     prefilled: int = 0  # prompt tokens already in this sequence's cache
-    arrived_at: float = field(default_factory=time.monotonic)
-    admitted_at: float | None = None  # when the scheduler gave it a slot
     first_token_at: float | None = None
     finished: bool = False
 
@@ -100,7 +96,7 @@ class Scheduler:
         if len(prompt_ids) + max_new_tokens > self.kv_cache_tokens:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens + {max_new_tokens} new tokens exceeds the "
                              f"{self.kv_cache_tokens}-token KV-cache budget")
-        return SequenceState(next(self._ids), list(prompt_ids), max_new_tokens, payload, arrived_at=self._clock())
+        return SequenceState(next(self._ids), list(prompt_ids), max_new_tokens, payload)
 
     def add(self, seq: SequenceState) -> None:
         self.waiting.append(seq)
@@ -124,7 +120,6 @@ class Scheduler:
         while self.waiting and len(self.active) < self.max_batch and \
                 self.tokens_reserved() + self.waiting[0].budget_tokens <= self.kv_cache_tokens:
             seq = self.waiting.popleft()
-            seq.admitted_at = self._clock()
             self.prefilling.append(seq)
             admitted.append(seq)
         chunks, budget = [], self.prefill_chunk
@@ -145,44 +140,40 @@ class Scheduler:
         placed by another prompt's leftover budget would make the answer depend on company."""
         return min(seq.prompt_len, (start // self.prefill_chunk + 1) * self.prefill_chunk)
 
-    schedule = plan
-
     def update_from_output(self, plan: SchedulerOutput, output: RunnerOutput) -> UpdateResult:
         """The one place sequences change: tokens appended, prompts promoted, leavers dropped."""
         now = self._clock()
-        failed, appended = [], []
+        failed = []
+        appended: list[tuple[SequenceState, int]] = []
         for seq in plan.decode + [chunk.seq for chunk in plan.prefill]:
             if seq.seq_id in output.failed:
                 failed.append((seq, output.failed[seq.seq_id]))
                 self.drop(seq)
         for seq in plan.decode:
             if seq.seq_id in output.decoded:
-                self._append(seq, output.decoded[seq.seq_id])
-                appended.append((seq, output.decoded[seq.seq_id]))
+                self._append(seq, output.decoded[seq.seq_id], appended)
         for seq, _start, _end in plan.prefill:
             seq.prefilled = output.prefilled.get(seq.seq_id, seq.prefilled)
             if seq.seq_id in output.first_tokens:
                 # The prompt is in: its first token is known and it joins the running batch.
                 self.prefilling.remove(seq)
                 seq.first_token_at = now
-                self._append(seq, output.first_tokens[seq.seq_id])
-                appended.append((seq, output.first_tokens[seq.seq_id]))
+                self._append(seq, output.first_tokens[seq.seq_id], appended)
                 self.running.append(seq)
         finished = [s for s in self.running if s.finished]
         for seq in finished:
             self.drop(seq)
         return UpdateResult(finished, failed, appended)
 
-    def _append(self, seq: SequenceState, token: int) -> None:
+    def _append(self, seq: SequenceState, token: int, appended: list[tuple[SequenceState, int]]) -> None:
         seq.generated.append(token)
+        appended.append((seq, token))
         if token in self.eos_ids or len(seq.generated) >= seq.max_new_tokens or \
                 (self._stopped is not None and self._stopped(seq)):
             seq.finished = True
 
     def drop(self, seq: SequenceState) -> None:
         """Remove a sequence wherever it is (finished, cancelled or failed)."""
-        for group in (self.running, self.prefilling):
+        for group in (self.running, self.prefilling, self.waiting):
             if seq in group:
                 group.remove(seq)
-        if seq in self.waiting:
-            self.waiting.remove(seq)

@@ -91,7 +91,7 @@ def test_missing_index_file_and_documents(tmp_path: Path):
 
 
 def test_channel_timeout_is_derived_from_the_request_timeout():
-    from pipeline.config.settings import CHANNEL_TIMEOUT_MARGIN_S
+    from pipeline.config.sections import CHANNEL_TIMEOUT_MARGIN_S
     s = Settings.from_env({"REQUEST_TIMEOUT_S": "10"})
     assert s.channel_timeout_s == 10 + CHANNEL_TIMEOUT_MARGIN_S > s.limits.request_timeout_s
     assert Settings.from_env({}).channel_timeout_s > Settings.from_env({}).limits.request_timeout_s
