@@ -12,18 +12,18 @@
   attention's own matmuls, softmax) stays float32.
 * ``int8-weight``: weight-only; the model is loaded in bfloat16 and every ``nn.Linear`` becomes
   :class:`~pipeline.kernels.int8.Int8WeightLinear`: int8 per-channel weights, bfloat16
-  activations, ``torch._weight_int8pack_mm``. Meant for CPUs with bf16 (avx512_bf16/AMX) and
-  CUDA; on a CPU without bf16 it runs, but bfloat16 arithmetic is emulated there and slow.
+  activations, ``torch._weight_int8pack_mm``. Meant for CPUs with bf16 (avx512_bf16/AMX); on a
+  CPU without bf16 it runs, but bfloat16 arithmetic is emulated there and slow. CUDA is offered
+  neither int8 variant.
 
 Which variant a stage runs (``PRECISION``: ``auto``, ``fast`` or a variant by name) is decided
 by :mod:`pipeline.precision_policy`, without torch. Conversion happens once at load, layer by layer, and drops each float weight
 as soon as its int8 copy exists.
 
-Every variant of every stage is batch-invariant on the CPU: a request's outputs are the same bits
-alone and in any batch (tests/unit/test_precision.py). The int8 Linears are so by construction;
-the float Linears left and every model's attention are made so by
-:func:`~pipeline.kernels.batch_invariance.make_batch_invariant`. On CUDA the attention is, and
-the float Linears run cuBLAS as they are (not verified there).
+Every variant of every stage is batch-invariant, on the CPU and on CUDA (bfloat16 and float16
+there): a request's outputs are the same bits alone and in any batch (tests/unit/test_precision.py,
+its CUDA cases where a GPU is). The int8 Linears are so by construction; the float Linears left and
+every model's attention are made so by :func:`~pipeline.kernels.batch_invariance.make_batch_invariant`.
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def apply_precision(model, precision: str):
     Raises ConfigError where torch or transformers is outside the versions the kernels were
     verified against on the model's device (pipeline.kernels.versions)."""
     check_kernel_versions(next(model.parameters()).device.type)
-    untie_output_embeddings(model)  # the output layer gets its own int8 or packed weight
+    untie_output_embeddings(model)  # the output layer gets its own int8 (or, on the CPU, packed) weight
     if precision in QUANTIZED:
         with torch.no_grad():
             convert_linears(model, QUANTIZED[precision])

@@ -26,11 +26,9 @@ CACHE_ROOM = 128  # spare columns per rebuild of the batch cache: the contract's
 
 
 @functools.cache
-def roomy_layer_class(device: str):
+def roomy_layer_class():
     """RoomyLayer, defined on first use: importing transformers at module import would cost seconds.
-    Raises ConfigError where transformers is outside the versions DynamicLayer's internals were verified in."""
-    from pipeline.kernels.versions import check_kernel_versions
-    check_kernel_versions(device)
+    DynamicLayer's internals are among those pipeline.kernels.versions checks (ModelRunner does)."""
     from transformers.cache_utils import DynamicLayer
 
     class RoomyLayer(DynamicLayer):
@@ -76,6 +74,9 @@ def roomy_layer_class(device: str):
 class ModelRunner:
     def __init__(self, model, *, repetition_penalty: float = 1.0, device: str = "cpu", cache_room: int = CACHE_ROOM):
         import torch
+
+        from pipeline.kernels.versions import check_kernel_versions
+        check_kernel_versions(device)  # before any cache layer subclasses DynamicLayer
         self.torch = torch
         self.model = model
         self.device = device
@@ -176,7 +177,7 @@ class ModelRunner:
 
     def _relayer(self, fn) -> None:
         """Replace cache layer n by a RoomyLayer of fn(n, keys, values) -> (keys, values)."""
-        layer_class, layers = roomy_layer_class(self.device), self.cache.layers
+        layer_class, layers = roomy_layer_class(), self.cache.layers
         for n, layer in enumerate(layers):
             layers[n] = layer_class(*fn(n, layer.keys, layer.values), self.cache_room)
 

@@ -32,11 +32,13 @@ CUDA_TILE_ROWS = 64
 
 
 class RowInvariantLinear(torch.nn.Linear):
-    """A float Linear whose result for a row does not depend on how many rows come
-    with it. CPU: oneDNN's matmul for every row count, a lone row run as two (oneDNN takes another
-    kernel for one row), its weight packed once in oneDNN's layout (the same bits as the plain
-    weight at every row count; a decode step 10-30 % faster, docs/performance.md). CUDA: cuBLAS picks its kernel (and its split of the sum) by the row
-    count, so the rows go in tiles of CUDA_TILE_ROWS, the last one zero-padded."""
+    """A float Linear whose result for a row does not depend on how many rows come with it.
+
+    CPU: oneDNN's matmul for every row count, a lone row run as two (oneDNN takes another kernel
+    for one row), its weight packed once in oneDNN's layout (the same bits as the plain weight at
+    every row count; a decode step 10-30 % faster, docs/performance.md). CUDA: cuBLAS picks its
+    kernel (and its split of the sum) by the row count, so the rows go in tiles of
+    CUDA_TILE_ROWS, the last one zero-padded."""
 
     def forward(self, x):
         rows = x.reshape(-1, self.in_features)

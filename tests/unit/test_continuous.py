@@ -209,7 +209,7 @@ def test_roomy_layer_holds_what_torch_cat_would_and_grows_when_full():
 
     from pipeline.continuous.runner import roomy_layer_class
     keys, values = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5, 4)
-    layer = roomy_layer_class("cpu")(keys, values, room=2)
+    layer = roomy_layer_class()(keys, values, room=2)
     for _ in range(5):  # past the room: the buffers grow
         new_k, new_v = torch.randn(2, 3, 1, 4), torch.randn(2, 3, 1, 4)
         keys, values = torch.cat([keys, new_k], dim=2), torch.cat([values, new_v], dim=2)
