@@ -3,17 +3,14 @@ bfloat16 in every stage. Under concurrency, each reply equals the reference pipe
 at the same dtype: text, sentiment and toxicity do not depend on which requests shared a batch."""
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 import requests
-import torch
 
 from pipeline import spec
 from pipeline.config import Settings
 from pipeline.cpu_features import cpu_supports_bf16
 from pipeline.reference import ReferencePipeline
-from tests.helpers import TEST_ENV, data_env, start_cluster
+from tests.helpers import TEST_ENV, assert_concurrent_replies_equal_reference, data_env, start_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600),
               pytest.mark.skipif(not cpu_supports_bf16(), reason="PRECISION=auto is float32 on a CPU without "
@@ -39,16 +36,4 @@ def test_default_dtype_cluster_answers_under_concurrency_as_the_reference_at_tha
     reference = ReferencePipeline.from_settings(Settings.from_env({**TEST_ENV, **data_env(support_data), **DEFAULT}))
     assert {reference.embedder.placement.dtype, reference.generator.placement.dtype} == {"bfloat16"}
     queries = list(spec.REFERENCE_QUERIES[:6])
-    url = default_cluster.url(0)
-    with ThreadPoolExecutor(len(queries)) as pool:  # concurrent and distinct, so batches mix requests
-        replies = list(pool.map(lambda iq: requests.post(f"{url}/query", timeout=300, json={
-            "request_id": f"auto-{iq[0]}", "query": iq[1]}), enumerate(queries)))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the nodes run (TORCH_THREADS=1): the same kernels' partitioning
-    try:
-        expected_answers = [reference.answer(query, f"auto-{i}") for i, query in enumerate(queries)]
-    finally:
-        torch.set_num_threads(threads)
-    for query, response, expected in zip(queries, replies, expected_answers):
-        assert response.status_code == 200, response.text
-        assert {k: response.json()[k] for k in expected} == expected, f"query {query!r} differs from the reference"
+    assert_concurrent_replies_equal_reference(default_cluster.url(0), reference, queries, "auto")

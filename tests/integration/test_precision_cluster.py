@@ -1,16 +1,13 @@
 """A cluster running every model (the LLM too) in int8 answers as the reference pipeline with the same settings."""
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 import requests
-import torch
 
 from pipeline import spec
 from pipeline.config import Settings
 from pipeline.reference import ReferencePipeline
-from tests.helpers import TEST_ENV, data_env, start_cluster
+from tests.helpers import TEST_ENV, assert_concurrent_replies_equal_reference, data_env, start_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -34,18 +31,4 @@ def test_int8_cluster_llm_included_answers_under_concurrency_as_the_int8_referen
     reference = ReferencePipeline.from_settings(Settings.from_env({**TEST_ENV, **data_env(support_data), **INT8}))
     assert reference.embedder.placement.precision == reference.generator.placement.precision == "int8-dynamic"
     queries = list(spec.REFERENCE_QUERIES[:5])
-    url = int8_cluster.url(0)
-    with ThreadPoolExecutor(len(queries)) as pool:  # concurrent, so batches form
-        replies = list(pool.map(lambda iq: requests.post(f"{url}/query", timeout=300, json={
-            "request_id": f"q8-{iq[0]}", "query": iq[1]}), enumerate(queries)))
-    # The nodes' TORCH_THREADS=1 too: float attention sums in another order on two threads,
-    # and int8 rounding can step such a last-bit difference up to one quantum.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        expected_answers = [reference.answer(query, f"q8-{i}") for i, query in enumerate(queries)]
-    finally:
-        torch.set_num_threads(threads)
-    for query, response, expected in zip(queries, replies, expected_answers):
-        assert response.status_code == 200, response.text
-        assert {k: response.json()[k] for k in expected} == expected, f"query {query!r} differs from the reference"
+    assert_concurrent_replies_equal_reference(int8_cluster.url(0), reference, queries, "q8")
