@@ -37,7 +37,7 @@ class ContinuousEngine:
         self.scheduler = Scheduler(max_batch=max_batch, kv_cache_tokens=kv_cache_tokens, prefill_chunk=prefill_chunk,
                                    eos_ids=self.eos_ids, stopped=self._reached_stop)
         self.runner = ModelRunner(generator.model, repetition_penalty=config.repetition_penalty or 1.0,
-                                  device=generator.placement.device)
+                                  device=generator.placement.device, max_batch=max_batch)
 
     def add(self, request, payload: Any = None) -> SequenceState:
         """Queue a GenerationRequest: its max_new_tokens (None: the generation config's) caps the answer,

@@ -1,97 +1,48 @@
 """Executes a scheduler's plan: the model, and KV-cache tensors keyed by seq id.
 
-The running batch keeps one left-padded KV cache; a sequence whose prompt is in
-joins it at its first decode step (its own cache padded to the batch's width,
-or the batch's to its), and columns that have become padding in every row are
-trimmed when sequences leave. Token choice follows the model's repetition
-penalty, exactly as transformers' RepetitionPenaltyLogitsProcessor, then is
-greedy or sampled per row (pipeline/continuous/sampling.py).
+A prompt is prefilled into a cache of its own; when it is done the sequence joins the running
+batch, whose KV cache is one preallocated slot per sequence (pipeline/continuous/slots.py): its
+prompt is copied into a free slot, and each decode step writes one column per row in place. A
+sequence that leaves frees its slot, the last row moving into it, so the running rows are always
+slots [0, rows). A decode step's shapes are (rows, width), width a whole number of attention
+chunks; on CUDA rows are bucketed and each shape's step is replayed from a CUDA graph
+(pipeline/continuous/cuda_graphs.py).
 
-A decode step does only the arithmetic that grows with the batch: the batch's
-cache layers keep spare columns (a step writes one column in place instead of
-DynamicLayer's torch.cat copying the whole cache in every layer), and the
-tokens each row has seen are one (rows, width) tensor aligned with the cache,
-so the repetition penalty is one batched gather/scatter rather than a tensor
-built from Python lists for every row at every step.
+Token choice follows the model's repetition penalty, exactly as transformers'
+RepetitionPenaltyLogitsProcessor, then is greedy or sampled per row
+(pipeline/continuous/sampling.py). The tokens each row has seen are one (slots, capacity)
+tensor aligned with the cache (past a row's length, its first token, which the penalty already
+counts), so the penalty is one batched gather/scatter.
 """
 from __future__ import annotations
 
-import functools
 from typing import Any, Sequence
 
+from pipeline.continuous.cuda_graphs import DecodeGraphs, bucket
 from pipeline.continuous.sampling import TokenChooser
 from pipeline.continuous.scheduler import PrefillChunk, RunnerOutput, SchedulerOutput, SequenceState
-
-CACHE_ROOM = 128  # spare columns per rebuild of the batch cache: the contract's new tokens
-
-
-@functools.cache
-def roomy_layer_class():
-    """RoomyLayer, defined on first use: importing transformers at module import would cost seconds.
-    DynamicLayer's internals are among those pipeline.kernels.versions checks (ModelRunner does)."""
-    from transformers.cache_utils import DynamicLayer
-
-    class RoomyLayer(DynamicLayer):
-        """A DynamicLayer whose keys/values are views of buffers with spare columns.
-
-        `update` copies the step's new columns into the room (growing the buffers
-        only when it runs out), so a step no longer copies the whole cache.
-        The views hold the same values torch.cat would: attention sees the same numbers.
-        """
-
-        keys: Any  # tensors (DynamicLayer's own annotation allows None, which never holds here)
-        values: Any
-
-        def __init__(self, keys, values, room: int = CACHE_ROOM):
-            super().__init__()
-            self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
-            self.room = room
-            self._store(keys, values)
-
-        def _store(self, keys, values) -> None:
-            width = keys.shape[2]
-            self._keys = keys.new_empty((*keys.shape[:2], width + self.room, keys.shape[3]))
-            self._values = values.new_empty((*values.shape[:2], width + self.room, values.shape[3]))
-            self._keys[:, :, :width].copy_(keys)
-            self._values[:, :, :width].copy_(values)
-            self._view(width)
-
-        def _view(self, width: int) -> None:
-            self.keys, self.values = self._keys[:, :, :width], self._values[:, :, :width]
-
-        def update(self, key_states, value_states, *args, **kwargs):
-            width, new = self.keys.shape[2], key_states.shape[2]
-            if width + new > self._keys.shape[2]:
-                self._store(self.keys, self.values)
-            self._keys[:, :, width:width + new].copy_(key_states)
-            self._values[:, :, width:width + new].copy_(value_states)
-            self._view(width + new)
-            return self.keys, self.values
-
-    return RoomyLayer
+from pipeline.continuous.slots import SlotCache, chunks_for
 
 
 class ModelRunner:
-    def __init__(self, model, *, repetition_penalty: float = 1.0, device: str = "cpu", cache_room: int = CACHE_ROOM):
+    def __init__(self, model, *, repetition_penalty: float = 1.0, device: str = "cpu", max_batch: int = 8):
         import torch
 
         from pipeline.kernels.versions import check_kernel_versions
-        check_kernel_versions(device)  # before any cache layer subclasses DynamicLayer
+        check_kernel_versions(device)
         self.torch = torch
         self.model = model
         self.device = device
         self.repetition_penalty = float(repetition_penalty)
-        self.cache_room = cache_room
+        self.max_batch = max_batch
         self.chooser = TokenChooser(device)
-        self.rows: list[int] = []  # seq ids of the running batch, in cache row order
-        # Typed Any: torch and transformers are imported on first use, not at module import.
-        # None while no sequence runs.
-        self.cache: Any = None  # DynamicCache of the running batch (RoomyLayer layers), left-padded
-        self.mask: Any = None  # (rows, width) attention mask of that cache
-        # (rows, width) token ids fed to the cache, column for column; a padding
-        # column repeats the row's first token, which the penalty already counts.
-        self.seen: Any = None
+        self.rows: list[int] = []  # seq id in each slot, slots [0, rows) in order
+        self.lengths: list[int] = []  # columns each row's slot holds
+        # Typed Any: torch is imported on first use, not at module import. None until a sequence joins.
+        self.cache: SlotCache | None = None
+        self.seen: Any = None  # (slots, capacity) token ids, column for column with the cache
         self._prefill_caches: dict[int, Any] = {}  # seq id -> its own cache until it joins
+        self.graphs = DecodeGraphs(self._forward) if device.startswith("cuda") else None
 
     def execute(self, plan: SchedulerOutput) -> RunnerOutput:
         """Decode the running batch, then run the prompt chunks.
@@ -159,81 +110,82 @@ class ModelRunner:
         return self._choose(out.logits[:, -1, :], torch.tensor([seq.prompt_ids], device=self.device), [seq])[0]
 
     def join(self, seq: SequenceState) -> None:
-        """Merge a fully prefilled sequence's cache into the running batch (left padding)."""
+        """Copy a fully prefilled sequence's cache into the next free slot."""
         torch = self.torch
-        own_cache = self._prefill_caches.pop(seq.seq_id)
-        own_mask = torch.ones((1, seq.prompt_len), dtype=torch.long, device=self.device)
-        own_seen = torch.tensor([seq.prompt_ids], device=self.device)  # what its cache holds
+        own = self._prefill_caches.pop(seq.seq_id).layers
+        capacity = chunks_for(seq.budget_tokens)  # every column it may write
         if self.cache is None:
-            self.cache, self.mask, self.seen, self.rows = own_cache, own_mask, own_seen, [seq.seq_id]
-            self._relayer(lambda _n, keys, values: (keys, values))
-            return
-        own = own_cache.layers
-        self._relayer(lambda n, keys, values: (self._cat_left_padded(keys, own[n].keys, dim=2),
-                                               self._cat_left_padded(values, own[n].values, dim=2)))
-        self.mask = self._cat_left_padded(self.mask, own_mask, dim=1)
-        self.seen = self._cat_left_padded(self.seen, own_seen, dim=1, repeat_first=True)
+            self.cache = SlotCache([layer.keys for layer in own], self.max_batch, capacity)
+            self.seen = torch.zeros((self.max_batch, capacity), dtype=torch.long, device=self.device)
+        grown = self.cache.grown(self.max_batch, capacity)
+        if grown is not self.cache:
+            self.cache = grown
+            seen = self.seen.new_zeros((grown.slots, grown.capacity))
+            seen[:, :self.seen.shape[1]].copy_(self.seen)
+            self.seen = seen
+            if self.graphs is not None:
+                self.graphs.clear()
+        slot = len(self.rows)
+        if slot >= self.cache.slots:
+            raise RuntimeError(f"no free slot for sequence {seq.seq_id}: {slot} rows run, max_batch is {self.max_batch}")
+        self.cache.store(slot, [layer.keys for layer in own], [layer.values for layer in own])
+        self.seen[slot].fill_(seq.prompt_ids[0])
+        self.seen[slot, :seq.prompt_len].copy_(torch.tensor(seq.prompt_ids, device=self.device))
         self.rows.append(seq.seq_id)
-
-    def _relayer(self, fn) -> None:
-        """Replace cache layer n by a RoomyLayer of fn(n, keys, values) -> (keys, values)."""
-        layer_class, layers = roomy_layer_class(), self.cache.layers
-        for n, layer in enumerate(layers):
-            layers[n] = layer_class(*fn(n, layer.keys, layer.values), self.cache_room)
-
-    def _cat_left_padded(self, a, b, dim: int, repeat_first: bool = False):
-        """a and b stacked along dim 0, the narrower one padded on the left along dim."""
-        wa, wb = a.shape[dim], b.shape[dim]
-        if wa < wb:
-            a = self._pad_left(a, wb - wa, dim, repeat_first)
-        elif wb < wa:
-            b = self._pad_left(b, wa - wb, dim, repeat_first)
-        return self.torch.cat([a, b], dim=0)
-
-    def _pad_left(self, t, n: int, dim: int, repeat_first: bool):
-        """n columns before t along dim: zeros, or copies of the first column."""
-        shape = list(t.shape)
-        shape[dim] = n
-        pad = t.narrow(dim, 0, 1).expand(shape) if repeat_first else t.new_zeros(shape)
-        return self.torch.cat([pad, t], dim=dim)
+        self.lengths.append(seq.prompt_len)
 
     def decode(self, seqs: Sequence[SequenceState]) -> list[int]:
-        """One step for every running sequence (given in row order): feed its last token, get its next."""
+        """One step for every running sequence (any order): feed its last token, get its next."""
         torch = self.torch
-        if [s.seq_id for s in seqs] != self.rows:
+        slot_of = {seq_id: slot for slot, seq_id in enumerate(self.rows)}
+        if sorted(s.seq_id for s in seqs) != sorted(self.rows):
             raise RuntimeError(f"decode plan {[s.seq_id for s in seqs]} does not match the batch's rows {self.rows}")
-        ids = torch.tensor([[s.generated[-1]] for s in seqs], device=self.device)
-        positions = torch.tensor([[s.prompt_len + len(s.generated) - 1] for s in seqs], device=self.device)
-        # Small (rows x width) tensors: growing them by cat costs microseconds, unlike the cache.
-        self.mask = torch.cat([self.mask, self.mask.new_ones((len(seqs), 1))], dim=1)
-        self.seen = torch.cat([self.seen, ids], dim=1)  # now each row's prompt + generated
+        n = len(self.rows)
+        rows = n if self.graphs is None else bucket(n, self.max_batch)
+        ordered: list[Any] = [None] * n
+        fed, columns = [0] * rows, [0] * rows  # spare rows: token 0 at column 0 of a free slot
+        for seq in seqs:
+            slot = slot_of[seq.seq_id]
+            ordered[slot], fed[slot], columns[slot] = seq, seq.generated[-1], self.lengths[slot]
+        width = chunks_for(max(columns) + 1)
+        ids = torch.tensor(fed, device=self.device).unsqueeze(1)
+        at = torch.tensor(columns, device=self.device)
+        self.seen[torch.arange(n, device=self.device), at[:n]] = ids[:n, 0]  # now prompt + generated
         with torch.inference_mode():
-            out = self.model(input_ids=ids, attention_mask=self.mask, position_ids=positions,
-                             past_key_values=self.cache, use_cache=True)
-        self.cache = out.past_key_values
-        return self._choose(out.logits[:, -1, :], self.seen, seqs)
+            logits = self._forward(ids, at, width) if self.graphs is None else self.graphs.run(ids, at, width)
+        self.lengths = [length + 1 for length in self.lengths]
+        tokens = self._choose(logits[:n], self.seen[:n, :width], ordered)
+        return [tokens[slot_of[seq.seq_id]] for seq in seqs]
+
+    def _forward(self, ids, columns, width: int):
+        """The model over rows [0, len(ids)) of the slot cache: (rows, 1) ids at (rows,) columns -> (rows, vocab)
+        logits. No host synchronisation: on CUDA this is what a graph records."""
+        cache = self.cache
+        assert cache is not None
+        cache.begin_step(columns, width)
+        visible = cache.visible(columns, width)
+        # A 4-d mask per layer type is taken as is; the keys start at column 0 in every row.
+        out = self.model(input_ids=ids, position_ids=columns[:, None], attention_mask={"full_attention": visible},
+                         past_key_values=cache, use_cache=True, keys_start_at_column_0=True)
+        return out.logits[:, -1, :]
 
     def release(self, seq_ids: Sequence[int]) -> None:
-        """Free the tensors of sequences that left; trim columns that are padding in every row."""
+        """Free the tensors of sequences that left: each running one's slot takes the last row."""
         gone = set(seq_ids)
         self.chooser.release(list(gone))
         for seq_id in gone:
             self._prefill_caches.pop(seq_id, None)
-        keep = [i for i, seq_id in enumerate(self.rows) if seq_id not in gone]
-        if len(keep) == len(self.rows):
-            return
-        if not keep:
-            self.rows, self.cache, self.mask, self.seen = [], None, None, None
-            return
-        index = self.torch.tensor(keep, device=self.device)
-        self.rows = [self.rows[i] for i in keep]
-        self.mask = self.mask.index_select(0, index)
-        first = int(self.mask.any(dim=0).nonzero()[0])
-        self.mask = self.mask[:, first:]
-        self.seen = self.seen.index_select(0, index)[:, first:]
-        self._relayer(lambda _n, keys, values: (keys.index_select(0, index)[:, :, first:],
-                                                values.index_select(0, index)[:, :, first:]))
+            if seq_id not in self.rows:
+                continue
+            slot, last = self.rows.index(seq_id), len(self.rows) - 1
+            if slot != last:
+                assert self.cache is not None
+                self.cache.move(last, slot, self.lengths[last])
+                self.seen[slot].copy_(self.seen[last])
+                self.rows[slot], self.lengths[slot] = self.rows[last], self.lengths[last]
+            self.rows.pop()
+            self.lengths.pop()
 
     def cache_tokens(self) -> int:
-        """Cache slots held by the running batch (rows x width, padding included)."""
-        return 0 if self.mask is None else int(self.mask.shape[0] * self.mask.shape[1])
+        """Cache columns held by the running batch (rows x capacity, unused columns included)."""
+        return 0 if self.cache is None else len(self.rows) * self.cache.capacity

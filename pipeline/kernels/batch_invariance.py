@@ -95,8 +95,8 @@ def _batch_invariant_sdpa(module, query, key, value, attention_mask, **kwargs):
     row's run are padding: they keep zeros, and nothing reads them.
 
     A decoder's decode step (one query per row) is one call for the whole batch instead:
-    pipeline.kernels.chunked_attention over fixed chunks counted back from the newest key, which
-    every row of a left-padded batch has in the last column, as a row alone does."""
+    pipeline.kernels.chunked_attention over fixed chunks counted from each row's first key, as a
+    row alone has them."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     if query.shape[2] == 1 and getattr(module, "is_causal", False) and (
             attention_mask is None or attention_mask.dtype == torch.bool):

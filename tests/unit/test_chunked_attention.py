@@ -35,56 +35,43 @@ def padded_batch(lengths, queries, dtype, padded_on, seed=0):
     return query, key, value, (cols >= width - n) if padded_on == "left" else (cols < n)
 
 
-def batch_mask(key_mask, lengths, queries, padded_on, causal):
-    """The bool (rows, 1, queries, width) mask of the batch: a row's own keys, and with `causal` the
-    keys up to each query (query i is the row's key length - queries + i)."""
+def batch_mask(key_mask, lengths, queries, causal):
+    """The bool (rows, 1, queries, width) mask of a right-padded batch: a row's own keys, and with
+    `causal` the keys up to each query (query i is the row's key length - queries + i)."""
     width = key_mask.shape[1]
     mask = key_mask[:, None, None, :].expand(-1, 1, queries, -1)
     if not causal:
         return mask
     last = torch.tensor(lengths)[:, None] - queries + torch.arange(queries)[None, :]  # each query's own key
-    if padded_on == "left":
-        last = last + (width - torch.tensor(lengths))[:, None]
     return mask & (torch.arange(width)[None, None, None, :] <= last[:, None, :, None])
 
 
-def own_keys(t, row, length, padded_on):
-    width = t.shape[2]
-    return t[row:row + 1, :, width - length:] if padded_on == "left" else t[row:row + 1, :, :length]
-
-
 @pytest.mark.parametrize("placed", PLACED)
-@pytest.mark.parametrize("padded_on", ["left", "right"])
 @pytest.mark.parametrize("queries,causal", [(1, False), (5, True), (5, False)])
-def test_a_row_alone_equals_the_row_in_a_padded_batch_bit_for_bit(placed, padded_on, queries, causal):
+def test_a_row_alone_equals_the_row_in_a_padded_batch_bit_for_bit(placed, queries, causal):
     attend, device, dtype = placed
-    query, key, value, key_mask = padded_batch(LENGTHS, queries, dtype, padded_on)
-    mask = batch_mask(key_mask, LENGTHS, queries, padded_on, causal)
+    query, key, value, key_mask = padded_batch(LENGTHS, queries, dtype, "right")
+    mask = batch_mask(key_mask, LENGTHS, queries, causal)
     query, key, value, mask = (t.to(device) for t in (query, key, value, mask))
-    batch = attend(query, key, value, mask, scaling=SCALING, padded_on=padded_on)
+    batch = attend(query, key, value, mask, scaling=SCALING)
     assert not batch.isnan().any()
     for row, length in enumerate(LENGTHS):
-        alone = attend(query[row:row + 1], own_keys(key, row, length, padded_on), own_keys(value, row, length, padded_on),
-                       scaling=SCALING, is_causal=causal, padded_on=padded_on)
+        alone = attend(query[row:row + 1], key[row:row + 1, :, :length], value[row:row + 1, :, :length],
+                       scaling=SCALING, is_causal=causal)
         assert torch.equal(alone[0], batch[row]), f"row of {length} keys, {attend.__name__}"
     # and with other batch-mates: the first two rows alone as a batch of their own
-    pair = attend(query[:2], key[:, :, -CHUNK - 1:][:2] if padded_on == "left" else key[:2, :, :CHUNK + 1],
-                  value[:, :, -CHUNK - 1:][:2] if padded_on == "left" else value[:2, :, :CHUNK + 1],
-                  batch_mask(key_mask[:2, -CHUNK - 1:] if padded_on == "left" else key_mask[:2, :CHUNK + 1],
-                             LENGTHS[:2], queries, padded_on, causal).to(device), scaling=SCALING, padded_on=padded_on)
+    pair = attend(query[:2], key[:2, :, :CHUNK + 1], value[:2, :, :CHUNK + 1],
+                  batch_mask(key_mask[:2, :CHUNK + 1], LENGTHS[:2], queries, causal).to(device), scaling=SCALING)
     assert torch.equal(pair, batch[:2])
 
 
 @pytest.mark.parametrize("attend", KERNELS)
-@pytest.mark.parametrize("padded_on", ["left", "right"])
-def test_each_row_is_attention_over_its_own_keys(attend, padded_on):
+def test_each_row_is_attention_over_its_own_keys(attend):
     queries = 4
-    query, key, value, key_mask = padded_batch(LENGTHS, queries, torch.float32, padded_on, seed=1)
-    got = attend(query, key, value, batch_mask(key_mask, LENGTHS, queries, padded_on, True), scaling=SCALING,
-                 padded_on=padded_on)
+    query, key, value, key_mask = padded_batch(LENGTHS, queries, torch.float32, "right", seed=1)
+    got = attend(query, key, value, batch_mask(key_mask, LENGTHS, queries, True), scaling=SCALING)
     for row, length in enumerate(LENGTHS):
-        k, v = (own_keys(t, row, length, padded_on).double().repeat_interleave(HEADS // KV_HEADS, dim=1)
-                for t in (key, value))
+        k, v = (t[row:row + 1, :, :length].double().repeat_interleave(HEADS // KV_HEADS, dim=1) for t in (key, value))
         sees = torch.arange(length)[None, :] <= torch.arange(length - queries, length)[:, None]
         want = torch.nn.functional.scaled_dot_product_attention(query[row:row + 1].double(), k, v, attn_mask=sees,
                                                                 scale=SCALING)
@@ -99,24 +86,32 @@ def test_counted_from_the_first_key_a_prompt_cut_into_pieces_gives_the_same_rows
     """Prefill in one pass, in pieces, and one token at a time (a decode step) round the same."""
     n = 3 * CHUNK - 40
     query, key, value, _ = padded_batch([n], n, dtype, "right", seed=2)
-    whole = attend(query, key, value, scaling=SCALING, is_causal=True, padded_on="right")
+    whole = attend(query, key, value, scaling=SCALING, is_causal=True)
     for cuts in [(0, 300, 301, n), (0, 1, CHUNK, CHUNK + 1, 2 * CHUNK + 3, n)]:
         for a, b in zip(cuts, cuts[1:]):
-            piece = attend(query[:, :, a:b], key[:, :, :b], value[:, :, :b], scaling=SCALING, is_causal=True,
-                           padded_on="right")
+            piece = attend(query[:, :, a:b], key[:, :, :b], value[:, :, :b], scaling=SCALING, is_causal=True)
             assert torch.equal(piece, whole[:, :, a:b]), f"queries {a}..{b}"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_left_padded_decode_step_equals_each_row_alone_in_the_transformers_form(dtype):
+    """transformers' generate pads on the left: each row is moved to column 0 and gets its bits alone."""
+    query, key, value, key_mask = padded_batch(LENGTHS, 1, dtype, "left", seed=3)
+    out, weights = chunked_attention_forward(torch.nn.Module(), query, key, value, key_mask[:, None, None, :],
+                                             scaling=SCALING)
+    assert weights is None and out.shape == (len(LENGTHS), 1, HEADS, DIM)
+    width = key.shape[2]
+    for row, length in enumerate(LENGTHS):
+        alone = chunked_attention(query[row:row + 1], key[row:row + 1, :, width - length:],
+                                  value[row:row + 1, :, width - length:], scaling=SCALING)
+        assert torch.equal(out[row], alone[0].transpose(0, 1)), f"row of {length} keys"
+
+
 def test_the_cpu_runs_the_flash_chunks_and_the_transformers_form_is_transposed():
-    query, key, value, key_mask = padded_batch([300, 40], 1, torch.bfloat16, "left")
+    query, key, value, key_mask = padded_batch([300, 40], 1, torch.bfloat16, "right")
     mask = key_mask[:, None, None, :]
     want = flash_chunked_attention(query, key, value, mask, scaling=SCALING)
     assert torch.equal(chunked_attention(query, key, value, mask, scaling=SCALING), want)
-    out, weights = chunked_attention_forward(torch.nn.Module(), query, key, value, mask, scaling=SCALING)
+    out, weights = chunked_attention_forward(torch.nn.Module(), query, key, value, mask, scaling=SCALING,
+                                             keys_start_at_column_0=True)
     assert weights is None and torch.equal(out, want.transpose(1, 2))
-
-
-def test_an_unknown_padding_side_is_refused():
-    query, key, value, _ = padded_batch([3], 1, torch.float32, "left")
-    with pytest.raises(ValueError, match="padded_on must be 'left' or 'right'"):
-        chunked_attention(query, key, value, scaling=SCALING, padded_on="middle")

@@ -7,8 +7,10 @@ import pytest
 
 from pipeline import spec
 from pipeline.continuous import ContinuousEngine, RunnerOutput, Scheduler
+from pipeline.continuous.slots import chunks_for
 from pipeline.docstore import Document
 from pipeline.generator import GenerationRequest
+from pipeline.kernels.chunked_attention import CHUNK
 from services.server.errors import Overloaded
 from services.stages.continuous import ContinuousGenerationService
 
@@ -136,9 +138,9 @@ def test_engine_matches_reference_with_staggered_joins(generator, reference_text
         assert len(engine.runner.rows) <= 3
         step += 1
     assert [engine.text(seqs[i]) for i in range(len(REQUESTS))] == reference_texts
-    # memory: never more cache slots than max_batch rows of the longest sequence
-    assert 0 < peak_cache <= 3 * (budget + spec.MAX_NEW_TOKENS)
-    assert engine.runner.cache is None and engine.runner.cache_tokens() == 0
+    # memory: never more cache columns than max_batch slots of the longest sequence, in whole chunks
+    assert 0 < peak_cache <= 3 * chunks_for(budget + spec.MAX_NEW_TOKENS)
+    assert engine.runner.rows == [] and engine.runner.cache_tokens() == 0
 
 
 def test_service_resolves_futures_as_reference_and_survives_cancel_and_failure(generator, reference_texts):
@@ -195,8 +197,8 @@ def test_batched_repetition_penalty_equals_the_reference_processor_per_row():
     logits = torch.randn(3, 50, generator=gen) * 4
     rows = [[5, 7, 5, 9], [1, 2], [3, 3, 3, 40, 41, 0]]  # repeats, ragged, token 0 seen only by row 2
     width = max(map(len, rows))
-    # padded on the left with each row's first token, as the runner's seen tensor is
-    seen = torch.tensor([[row[0]] * (width - len(row)) + row for row in rows])
+    # padded on the right with each row's first token, as the runner's seen tensor is
+    seen = torch.tensor([row + [row[0]] * (width - len(row)) for row in rows])
     expected = [int(processor(torch.tensor([row]), logits[i:i + 1].clone()).argmax()) for i, row in enumerate(rows)]
     scores = torch.cat([processor(torch.tensor([row]), logits[i:i + 1].clone()) for i, row in enumerate(rows)])
     penalised = logits.clone()
@@ -204,26 +206,47 @@ def test_batched_repetition_penalty_equals_the_reference_processor_per_row():
     assert torch.equal(penalised, scores)  # the same scores, bit for bit, not only the same argmax
 
 
-def test_roomy_layer_holds_what_torch_cat_would_and_grows_when_full():
+def test_slot_cache_writes_each_rows_column_and_reads_whole_chunks():
     import torch
 
-    from pipeline.continuous.runner import roomy_layer_class
-    keys, values = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5, 4)
-    layer = roomy_layer_class()(keys, values, room=2)
-    for _ in range(5):  # past the room: the buffers grow
-        new_k, new_v = torch.randn(2, 3, 1, 4), torch.randn(2, 3, 1, 4)
-        keys, values = torch.cat([keys, new_k], dim=2), torch.cat([values, new_v], dim=2)
-        out_k, out_v = layer.update(new_k, new_v)
-        assert torch.equal(out_k, keys) and torch.equal(out_v, values)
-    assert layer.get_seq_length() == 10
+    from pipeline.continuous.slots import SlotCache
+    cache = SlotCache([torch.zeros(1, 2, 3, 4)], slots=3, capacity=chunks_for(5))
+    cache.store(1, [torch.ones(1, 2, 5, 4)], [torch.full((1, 2, 5, 4), 2.0)])
+    columns = torch.tensor([0, 5])
+    cache.begin_step(columns, chunks_for(6))
+    keys, values = cache.update(torch.full((2, 2, 1, 4), 7.0), torch.full((2, 2, 1, 4), 8.0), 0)
+    assert keys.shape == (2, 2, CHUNK, 4) and values.shape == (2, 2, CHUNK, 4)
+    assert torch.equal(keys[1, :, :5], torch.ones(2, 5, 4)) and torch.equal(keys[1, :, 5], torch.full((2, 4), 7.0))
+    assert torch.equal(keys[0, :, 0], torch.full((2, 4), 7.0)) and not keys[0, :, 1:].any()
+    assert torch.equal(values[1, :, 5], torch.full((2, 4), 8.0))
+    visible = cache.visible(columns, CHUNK)
+    assert visible.shape == (2, 1, 1, CHUNK) and visible[0].sum() == 1 and visible[1].sum() == 6
+    cache.move(1, 0, 6)
+    assert torch.equal(cache.keys[0][0, :, :6], cache.keys[0][1, :, :6])
+    bigger = cache.grown(4, 2 * CHUNK)
+    assert bigger.slots == 4 and bigger.capacity == 2 * CHUNK
+    assert torch.equal(bigger.keys[0][:3, :, :CHUNK], cache.keys[0]) and not bigger.keys[0][3].any()
+    assert cache.grown(2, CHUNK) is cache
 
 
-def test_engine_matches_reference_when_the_cache_room_runs_out_often(generator, reference_texts):
-    engine = ContinuousEngine(generator, max_batch=2, kv_cache_tokens=4096, prefill_chunk=64)
-    engine.runner.cache_room = 3  # regrow the batch cache every few steps
-    seqs = [engine.add(r) for r in REQUESTS[:3]]
+LONG = GenerationRequest("What is the refund policy for a damaged item?",
+                         tuple(Document(i, f"Policy {i}", "A damaged item is refunded in full within 30 days. " * 12,
+                                        "billing") for i in range(3)))
+
+
+def test_engine_matches_reference_when_a_longer_sequence_grows_the_slots_mid_run(generator, reference_texts):
+    # LONG's prompt and answer need more than one chunk: it joins a running batch, the cache is
+    # reallocated around the rows already decoding, and rows then read different numbers of chunks.
+    long_prompt = len(generator.prompt_ids(LONG.query, LONG.documents))
+    assert CHUNK < long_prompt + spec.MAX_NEW_TOKENS and long_prompt < 2 * CHUNK
+    engine = ContinuousEngine(generator, max_batch=3, kv_cache_tokens=4096, prefill_chunk=64)
+    seqs = [engine.add(r) for r in REQUESTS[:2]]
+    for _ in range(6):
+        assert not engine.step().failed
+    capacity = engine.runner.cache.capacity
+    seqs.append(engine.add(LONG))
     while engine.has_work():
         assert not engine.step().failed
-    assert [engine.text(s) for s in seqs] == reference_texts[:3]
-    assert engine.runner.seen is None and engine.runner.cache is None
-
+    assert engine.runner.cache.capacity > capacity
+    assert [engine.text(s) for s in seqs] == reference_texts[:2] + generator.generate([LONG])
+    assert engine.runner.rows == [] and engine.runner.cache_tokens() == 0
