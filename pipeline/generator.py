@@ -1,7 +1,7 @@
 """Stage 5: the grounded answer from Qwen2.5-0.5B-Instruct, greedy, batched.
 
-Batches are left-padded with attention masks. A request's answer must not depend on its
-batch-mates in any precision: attention runs each padded row over its own keys, and float
+`generate` (the reference's) left-pads its batches with attention masks. A request's answer must not
+depend on its batch-mates in any precision: attention runs each padded row over its own keys, and float
 Linears run a lone row as a batch would (pipeline/kernels/batch_invariance.py, by apply_precision).
 """
 from __future__ import annotations

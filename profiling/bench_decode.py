@@ -1,7 +1,7 @@
 """Where a continuous-batching decode step's time goes, at 1 and more running sequences.
 
     python -m profiling.bench_decode [--sequences 1,16] [--repeat 8] [--profile]
-                                     [--baseline GIT_REF] [--kernels-baseline] [--out runs/bench_decode]
+                                     [--kernels-baseline] [--out runs/bench_decode]
 
 Fills the continuous engine with N running sequences (the SPEC prompt over
 support documents, ~250 tokens each), then times engine steps that are pure
@@ -9,10 +9,8 @@ decode (no prefill in the plan). Each step is split into: model forward, token
 choice (repetition penalty + argmax), the runner's other decode work (ids,
 positions, mask, cache and seen-token bookkeeping) and the engine's own Python
 (plan, update, release). `--profile` adds torch.profiler's top operators by
-self CPU time over a few steps. `--baseline REF` loads pipeline/continuous/
-runner.py as it was at git REF and measures it interleaved with the current
-runner, step for step, on the same prompts (and checks both chose the same
-tokens). `--kernels-baseline` also measures, interleaved the same way on the
+self CPU time over a few steps. To compare commits, run each tree in turn (the
+runner and the attention kernel change together). `--kernels-baseline` also measures, interleaved the same way on the
 same model, int8-dynamic's per-row glue as torch ops instead of fused
 (pipeline/kernels/fused_int8.py; the same bits). The model and precision come
 from the environment (MODEL_SOURCE, STANDIN_PROFILE, PRECISION or
@@ -21,14 +19,9 @@ GENERATE_PRECISION, TORCH_THREADS).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from pipeline import spec
 from pipeline.continuous import ContinuousEngine
@@ -95,25 +88,9 @@ def requests(n: int) -> list[GenerationRequest]:
     return [GenerationRequest(query, tuple(cycled(pool, 3, 3 * i))) for i, query in enumerate(spec_queries(n))]
 
 
-def load_runner_class(ref: str):
-    """ModelRunner from pipeline/continuous/runner.py as committed at git `ref`."""
-    source = subprocess.run(["git", "show", f"{ref}:pipeline/continuous/runner.py"], check=True,
-                            capture_output=True, text=True).stdout
-    path = Path(tempfile.mkdtemp(prefix="bench_decode_")) / "baseline_runner.py"
-    path.write_text(source)
-    module_spec = importlib.util.spec_from_file_location("bench_decode_baseline_runner", path)
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[module_spec.name] = module
-    module_spec.loader.exec_module(module)
-    return module.ModelRunner
-
-
-def filled_engine(generator: Generator, n: int, runner_class=None) -> ContinuousEngine:
+def filled_engine(generator: Generator, n: int) -> ContinuousEngine:
     """An engine with n running sequences, all prompts prefilled, ready for pure decode steps."""
     engine = ContinuousEngine(generator, max_batch=n, kv_cache_tokens=n * 2048, prefill_chunk=4096)
-    if runner_class is not None:
-        engine.runner = runner_class(generator.model, repetition_penalty=engine.runner.repetition_penalty,
-                                     device=engine.runner.device)
     for request in requests(n):
         engine.add(request)
     while len(engine.scheduler.running) < n:
@@ -139,15 +116,13 @@ class Variant:
     steps: list[dict[str, float]] = field(default_factory=list)
 
 
-def build_variants(generator: Generator, n: int, runner_classes: dict, kernels_baseline: bool = False) -> list[Variant]:
+def build_variants(generator: Generator, n: int, kernels_baseline: bool = False) -> list[Variant]:
     variants = []
-    kernel_choices = (True, False) if kernels_baseline else (False,)
-    for name, runner_class in runner_classes.items():
-        for before in kernel_choices:
-            use_kernels(generator.model, before)
-            engine = filled_engine(generator, n, runner_class)
-            label = f"{name} {KERNELS_BEFORE}" if before else name
-            variants.append(Variant(label, engine, instrument(engine), before))
+    for before in (True, False) if kernels_baseline else (False,):
+        use_kernels(generator.model, before)
+        engine = filled_engine(generator, n)
+        label = f"{CURRENT} {KERNELS_BEFORE}" if before else CURRENT
+        variants.append(Variant(label, engine, instrument(engine), before))
     use_kernels(generator.model, False)
     return variants
 
@@ -173,7 +148,8 @@ def summary(variant: Variant, n: int) -> dict:
             "step_ms": round(1000 * medians["total"], 2),
             "step_ms_min": round(1000 * min(step["total"] for step in variant.steps), 2),
             "phases_ms": {key: round(1000 * medians[key], 2) for key in PHASES},
-            "cache_width": int(variant.engine.runner.mask.shape[1]), "tokens": tokens}
+            "longest_row": max(variant.engine.runner.lengths), "tokens": tokens,
+            "cuda_graphs": None if variant.engine.runner.graphs is None else len(variant.engine.runner.graphs.graphs)}
 
 
 def profile_steps(variant: Variant, steps: int, top: int) -> dict:
@@ -231,7 +207,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", action="store_true", help="torch.profiler top operators per size")
     p.add_argument("--profile-steps", type=positive(int), default=3, help="decode steps --profile records")
     p.add_argument("--top", type=positive(int), default=15, help="operators listed by --profile")
-    p.add_argument("--baseline", metavar="GIT_REF", help="also measure runner.py as at this git ref; unset: only the current one")
     p.add_argument("--kernels-baseline", action="store_true",
                    help="also measure int8-dynamic's per-row glue as torch ops (unfused), interleaved")
     add_out(p, "bench_decode")
@@ -247,8 +222,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def run_size(generator: Generator, n: int, args: argparse.Namespace, runner_classes: dict) -> tuple[list, list]:
-    variants = build_variants(generator, n, runner_classes, args.kernels_baseline)
+def run_size(generator: Generator, n: int, args: argparse.Namespace) -> tuple[list, list]:
+    variants = build_variants(generator, n, args.kernels_baseline)
     measure(variants, args.repeat)
     rows = [summary(v, n) for v in variants]
     if len({str(r["tokens"]) for r in rows}) != 1:
@@ -263,19 +238,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
     generator, source, placement = worker_generator()
-    runner_classes = {CURRENT: None}
-    if args.baseline:
-        runner_classes = {f"baseline@{args.baseline}": load_runner_class(args.baseline), CURRENT: None}
     rows, profiles, same = [], {}, {}
     for n in args.sequences:
-        size_rows, profiles[str(n)] = run_size(generator, n, args, runner_classes)
+        size_rows, profiles[str(n)] = run_size(generator, n, args)
         same[str(n)] = len({str(r["tokens"]) for r in size_rows}) == 1
         rows += size_rows
     print(f"\n[{placement.precision}, {torch.get_num_threads()} threads, {source.describe()}] median per step:")
     print(format_rows(rows))
     report = {"settings": {"sequences": args.sequences, "repeat": args.repeat, "dtype": placement.dtype,
                            "torch_threads": torch.get_num_threads(), "model_source": source.describe(),
-                           "baseline": args.baseline, "kernels_baseline": args.kernels_baseline,
+                           "kernels_baseline": args.kernels_baseline,
                            "precision": placement.precision},
               "ratio_most_vs_fewest": ratios(rows), "same_tokens_across_runners": same,
               "rows": rows, "profiles": profiles}

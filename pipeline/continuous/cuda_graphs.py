@@ -40,13 +40,23 @@ class DecodeGraphs:
         self.step = step
         self.graphs: dict[tuple[int, int], tuple[Any, Any, Any, Any]] = {}  # shape -> graph, ids, columns, logits
         self.pool: Any = None
+        self.failed = False  # recording failed once: no more graphs
 
     def run(self, ids, columns, width: int):
-        """The step's logits, from the recorded graph of its shape (recorded now on first use)."""
+        """The step's logits, from the recorded graph of its shape (recorded now on first use). Where
+        recording fails (an operation that cannot be captured), every later step runs eagerly."""
+        if self.failed:
+            return self.step(ids, columns, width)
         key = (ids.shape[0], width)
         entry = self.graphs.get(key)
         if entry is None:
-            entry = self.graphs[key] = self._record(ids, columns, width)
+            try:
+                entry = self.graphs[key] = self._record(ids, columns, width)
+            except Exception:  # the eager step is the same arithmetic: serve on without graphs
+                log.exception("could not record the decode step as a CUDA graph: decoding eagerly from now on")
+                self.failed = True
+                self.clear()
+                return self.step(ids, columns, width)
         graph, static_ids, static_columns, logits = entry
         static_ids.copy_(ids)
         static_columns.copy_(columns)

@@ -11,7 +11,9 @@ minor release:
   and of SDPA's CPU kernel that pipeline.kernels.batch_invariance works around.
 * transformers: `AttentionInterface`, `integrations.sdpa_attention.sdpa_attention_forward`,
   `masking_utils.ALL_MASK_ATTENTION_FUNCTIONS` and `sdpa_mask` (and which masks they pass)
-  (pipeline.kernels.batch_invariance), `cache_utils.DynamicLayer` (pipeline.continuous.runner).
+  (pipeline.kernels.batch_invariance); a decoder's forward taking a dict of 4-d masks as is, passing
+  its extra keyword arguments on to the attention function, and calling its cache's `update` once per
+  layer (pipeline.continuous.slots), and `DynamicCache`'s per-layer keys and values (pipeline.continuous.runner).
 
 :func:`check_kernel_versions` runs where a kernel is first put to use, not at import.
 """

@@ -229,6 +229,12 @@ def test_slot_cache_writes_each_rows_column_and_reads_whole_chunks():
     assert cache.grown(2, CHUNK) is cache
 
 
+def test_decode_rows_are_bucketed_to_few_shapes_within_max_batch():
+    from pipeline.continuous.cuda_graphs import bucket
+    assert [bucket(n, 32) for n in (1, 2, 3, 4, 5, 8, 9, 16, 17, 31, 32)] == [1, 2, 4, 4, 8, 8, 16, 16, 24, 32, 32]
+    assert [bucket(n, 6) for n in (1, 3, 5, 6)] == [1, 4, 6, 6]  # never past max_batch, never under the rows
+
+
 LONG = GenerationRequest("What is the refund policy for a damaged item?",
                          tuple(Document(i, f"Policy {i}", "A damaged item is refunded in full within 30 days. " * 12,
                                         "billing") for i in range(3)))

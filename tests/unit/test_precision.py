@@ -247,10 +247,17 @@ def test_generated_ids_alone_equal_ids_among_same_length_batch_mates(stages):
         assert generator.generate_ids([prompt] * 3, max_new_tokens=24) == [alone] * 3
 
 
-def _continuous_texts(generator, requests, join_every: int = 9, max_batch: int = 3) -> list[str]:
-    """The engine's answers with each request joining `join_every` decode steps after the previous one."""
+def _continuous_texts(generator, requests, join_every: int = 9, max_batch: int = 3, graphs: bool = True) -> list[str]:
+    """The engine's answers with each request joining `join_every` decode steps after the previous one;
+    on CUDA with its steps replayed from CUDA graphs (checked), or eager (`graphs` False)."""
     engine = ContinuousEngine(generator, max_batch=max_batch, kv_cache_tokens=8192, prefill_chunk=32)
-    return [engine.text(seq) for seq in run_joining(engine, requests, join_every)]
+    recorded = engine.runner.graphs
+    if not graphs:
+        engine.runner.graphs = None
+    texts = [engine.text(seq) for seq in run_joining(engine, requests, join_every)]
+    if graphs and generator.placement.device == "cuda":
+        assert recorded is not None and len(recorded.graphs) > 1  # rows bucketed 1, 2, 4 as requests joined
+    return texts
 
 
 def test_generated_text_alone_equals_text_among_mixed_length_batch_mates(stages):
@@ -258,6 +265,8 @@ def test_generated_text_alone_equals_text_among_mixed_length_batch_mates(stages)
     alone = [generator.generate([r])[0] for r in GEN_REQUESTS]
     assert generator.generate(GEN_REQUESTS) == alone
     assert _continuous_texts(generator, GEN_REQUESTS) == alone
+    if generator.placement.device == "cuda":  # the eager steps the graphs recorded, too
+        assert _continuous_texts(generator, GEN_REQUESTS, graphs=False) == alone
 
 
 # Six prompts of 1-3 documents, long and short, joining one per step: several prompts prefill at once
