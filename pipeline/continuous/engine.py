@@ -23,7 +23,7 @@ class EngineStats:
     """What the engine holds now."""
     running_sequences: int = 0  # holding a slot (prefilling or decoding)
     waiting_sequences: int = 0  # added, waiting for a slot (sequence or KV budget)
-    kv_tokens_in_use: int = 0  # cache slots of the running batch, padding included
+    kv_tokens_in_use: int = 0  # cache columns held by the running rows (each slot's whole capacity)
     kv_tokens_reserved: int = 0  # prompt + max new tokens of every sequence holding a slot
 
 
