@@ -3,7 +3,7 @@
     python -m profiling.gpu_check [--precisions auto] [--budget-s 450] [--out DIR] [--tiny]
 
 Builds the stand-ins and the support corpus, then per precision: `profiling.bench_decode` at 1, 8 and
-32 sequences, and a local 3-node cluster (the launcher's command line) driven by `profiling.loadgen`:
+32 sequences (with the CUDA graphs its engine recorded: "-" where it decodes eagerly), and a local 3-node cluster (the launcher's command line) driven by `profiling.loadgen`:
 one request at a time (the idle request's median latency), then closed loops of 8 and 32 clients.
 Every tool runs as a subprocess through its command line, with this interpreter (a GPU machine's
 torch, not .venv's). Phases past --budget-s (default: under 8 minutes in all) are skipped and shown
@@ -64,15 +64,16 @@ class Check:
         self.run("data", ["builders.data", "build", "--out", str(self.out / "data"), "--kind", "support",
                           "--docs", docs, "--force", "--no-progress"])
 
-    def decode_steps(self, precision: str) -> list[float]:
-        """Median decode step (ms) at each of SEQUENCES running sequences."""
+    def decode_steps(self, precision: str) -> dict[str, list]:
+        """Median decode step (ms) and the CUDA graphs recorded (None: not on CUDA) at each of SEQUENCES
+        running sequences."""
         folder = self.out / f"bench_decode-{precision}"
         self.run(f"bench_decode-{precision}", ["profiling.bench_decode", "--sequences", ",".join(map(str, SEQUENCES)),
                                                "--repeat", "3" if self.args.tiny else "8", "--out", str(folder)],
                  {**self.env, "PRECISION": precision})
         report = json.loads(next(folder.glob("bench_decode_*.json")).read_text())
-        steps = {row["sequences"]: row["step_ms"] for row in report["rows"]}
-        return [steps[n] for n in SEQUENCES]
+        rows = {row["sequences"]: row for row in report["rows"]}
+        return {"steps": [rows[n]["step_ms"] for n in SEQUENCES], "graphs": [rows[n]["cuda_graphs"] for n in SEQUENCES]}
 
     def cluster(self, precision: str) -> dict[str, float]:
         """Idle request latency (s) and the throughput (requests/min) at 8 and 32 clients."""
@@ -125,12 +126,13 @@ def cell(value: float | None, form: str) -> str:
 
 
 def table(rows: dict[str, dict]) -> str:
-    lines = ["| | idle request | concurrency 8 | concurrency 32 | decode step, 1 / 8 / 32 sequences |",
-             "|---|---|---|---|---|"]
+    lines = ["| | idle request | concurrency 8 | concurrency 32 | decode step, 1 / 8 / 32 sequences | CUDA graphs |",
+             "|---|---|---|---|---|---|"]
     for precision, r in rows.items():
         steps = " / ".join(cell(s, ".1f") for s in r.get("steps") or [None] * len(SEQUENCES))
+        graphs = " / ".join(cell(g, "d") for g in r.get("graphs") or [None] * len(SEQUENCES))
         lines.append(f"| {precision} | {cell(r.get('idle'), '.2f')} s | {cell(r.get('c8'), '.1f')} req/min | "
-                     f"{cell(r.get('c32'), '.1f')} req/min | {steps} ms |")
+                     f"{cell(r.get('c32'), '.1f')} req/min | {steps} ms | {graphs} |")
     return "\n".join(lines)
 
 
@@ -156,8 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         for precision, row in rows.items():
             for key, phase in (("steps", check.decode_steps), ("cluster", check.cluster)):
                 try:
-                    found = phase(precision)
-                    row.update(found) if isinstance(found, dict) else row.update({key: found})
+                    row.update(phase(precision))
                 except (RuntimeError, subprocess.TimeoutExpired) as exc:
                     failed = True
                     print(f"[gpu_check] {precision} {key}: {exc}", flush=True)

@@ -76,7 +76,9 @@ class DecodeGraphs:
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        # The other stages run on the same GPU from their own threads while a step is recorded (on
+        # torch's non-blocking side stream): only this thread's calls may break the recording.
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             logits = self.step(static_ids, static_columns, width)
         log.info("recorded a decode step as a CUDA graph: %d rows, %d columns", ids.shape[0], width)
         return graph, static_ids, static_columns, logits
