@@ -6,6 +6,7 @@ from typing import Any
 
 from pipeline.continuous.runner import ModelRunner
 from pipeline.continuous.scheduler import Scheduler, SequenceState
+from pipeline.continuous.slots import chunk_tokens
 from pipeline.stop_strings import first_stop, truncate
 
 
@@ -24,7 +25,8 @@ class EngineStats:
     running_sequences: int = 0  # holding a slot (prefilling or decoding)
     waiting_sequences: int = 0  # added, waiting for a slot (sequence or KV budget)
     kv_tokens_in_use: int = 0  # cache columns held by the running rows (each slot's whole capacity)
-    kv_tokens_reserved: int = 0  # prompt + max new tokens of every sequence holding a slot
+    kv_tokens_reserved: int = 0  # prompt + max new tokens of every sequence holding a slot (admission counts
+    # each slot as long as the longest of them: Scheduler.slot_tokens_held)
 
 
 class ContinuousEngine:
@@ -35,9 +37,10 @@ class ContinuousEngine:
         self.eos_ids = frozenset(eos if isinstance(eos, (list, tuple)) else [eos])
         self.max_new_tokens = config.max_new_tokens
         self.scheduler = Scheduler(max_batch=max_batch, kv_cache_tokens=kv_cache_tokens, prefill_chunk=prefill_chunk,
-                                   eos_ids=self.eos_ids, stopped=self._reached_stop)
+                                   eos_ids=self.eos_ids, stopped=self._reached_stop, slot_tokens=chunk_tokens())
         self.runner = ModelRunner(generator.model, repetition_penalty=config.repetition_penalty or 1.0,
-                                  device=generator.placement.device, max_batch=max_batch)
+                                  device=generator.placement.device, max_batch=max_batch,
+                                  kv_cache_tokens=kv_cache_tokens)
 
     def add(self, request, payload: Any = None) -> SequenceState:
         """Queue a GenerationRequest: its max_new_tokens (None: the generation config's) caps the answer,

@@ -25,7 +25,8 @@ from pipeline.continuous.slots import SlotCache, chunks_for
 
 
 class ModelRunner:
-    def __init__(self, model, *, repetition_penalty: float = 1.0, device: str = "cpu", max_batch: int = 8):
+    def __init__(self, model, *, repetition_penalty: float = 1.0, device: str = "cpu", max_batch: int = 8,
+                 kv_cache_tokens: int = 8192):
         import torch
 
         from pipeline.kernels.versions import check_kernel_versions
@@ -35,9 +36,11 @@ class ModelRunner:
         self.device = device
         self.repetition_penalty = float(repetition_penalty)
         self.max_batch = max_batch
+        self.kv_cache_tokens = kv_cache_tokens  # the slots' tokens together, at most (the scheduler admits by it)
         self.chooser = TokenChooser(device)
         self.rows: list[int] = []  # seq id in each slot, slots [0, rows) in order
         self.lengths: list[int] = []  # columns each row's slot holds
+        self.budgets: list[int] = []  # each row's prompt + max new tokens: the columns it may fill
         # Typed Any: torch is imported on first use, not at module import. None until a sequence joins.
         self.cache: SlotCache | None = None
         self.seen: Any = None  # (slots, capacity) token ids, column for column with the cache
@@ -113,26 +116,38 @@ class ModelRunner:
         """Copy a fully prefilled sequence's cache into the next free slot."""
         torch = self.torch
         own = self._prefill_caches.pop(seq.seq_id).layers
-        capacity = chunks_for(seq.budget_tokens)  # every column it may write
-        if self.cache is None:
-            self.cache = SlotCache([layer.keys for layer in own], self.max_batch, capacity)
-            self.seen = torch.zeros((self.max_batch, capacity), dtype=torch.long, device=self.device)
-        grown = self.cache.grown(self.max_batch, capacity)
-        if grown is not self.cache:
-            self.cache = grown
-            seen = self.seen.new_zeros((grown.slots, grown.capacity))
-            seen[:, :self.seen.shape[1]].copy_(self.seen)
-            self.seen = seen
-            if self.graphs is not None:
-                self.graphs.clear()
         slot = len(self.rows)
-        if slot >= self.cache.slots:
-            raise RuntimeError(f"no free slot for sequence {seq.seq_id}: {slot} rows run, max_batch is {self.max_batch}")
-        self.cache.store(slot, [layer.keys for layer in own], [layer.values for layer in own])
+        budgets = self.budgets + [seq.budget_tokens]
+        if self.cache is None or slot >= self.cache.slots or seq.budget_tokens > self.cache.capacity:
+            self._resize([layer.keys for layer in own], budgets)
+        cache = self.cache
+        assert cache is not None
+        cache.store(slot, [layer.keys for layer in own], [layer.values for layer in own])
         self.seen[slot].fill_(seq.prompt_ids[0])
         self.seen[slot, :seq.prompt_len].copy_(torch.tensor(seq.prompt_ids, device=self.device))
         self.rows.append(seq.seq_id)
         self.lengths.append(seq.prompt_len)
+        self.budgets = budgets
+
+    def _resize(self, like_keys: list, budgets: list[int]) -> None:
+        """Slots as long as the longest of `budgets` (whole chunks), as many as fit kv_cache_tokens
+        (at most max_batch), the running rows copied over."""
+        capacity = chunks_for(max(budgets))
+        slots = min(self.max_batch, self.kv_cache_tokens // capacity)
+        if slots < len(budgets):
+            raise RuntimeError(f"{len(budgets)} slots of {capacity} tokens exceed the {self.kv_cache_tokens}-token "
+                               f"KV cache: the scheduler admitted past it")
+        if self.cache is None:
+            self.cache = SlotCache(like_keys, slots, capacity)
+            self.seen = self.torch.zeros((slots, capacity), dtype=self.torch.long, device=self.device)
+        else:
+            self.cache = self.cache.resized(slots, capacity, self.lengths)
+            seen = self.seen.new_zeros((slots, capacity))
+            width = min(capacity, self.seen.shape[1])
+            seen[:len(self.rows), :width].copy_(self.seen[:len(self.rows), :width])
+            self.seen = seen
+        if self.graphs is not None:
+            self.graphs.clear()
 
     def decode(self, seqs: Sequence[SequenceState]) -> list[int]:
         """One step for every running sequence (any order): feed its last token, get its next."""
@@ -183,8 +198,10 @@ class ModelRunner:
                 self.cache.move(last, slot, self.lengths[last])
                 self.seen[slot].copy_(self.seen[last])
                 self.rows[slot], self.lengths[slot] = self.rows[last], self.lengths[last]
+                self.budgets[slot] = self.budgets[last]
             self.rows.pop()
             self.lengths.pop()
+            self.budgets.pop()
 
     def cache_tokens(self) -> int:
         """Cache columns held by the running batch (rows x capacity, unused columns included)."""

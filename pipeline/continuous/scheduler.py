@@ -71,14 +71,16 @@ class Scheduler:
 
     def __init__(self, *, max_batch: int, kv_cache_tokens: int, prefill_chunk: int,
                  eos_ids: frozenset[int] = frozenset(), clock: Callable[[], float] = time.monotonic,
-                 stopped: Callable[[SequenceState], bool] | None = None):
-        """max_batch: sequences holding a slot at once; kv_cache_tokens: the KV-cache tokens (prompt +
-        max new tokens of each) they may reserve together; stopped: whether a sequence's text has
-        reached one of its stop strings (it then finishes)."""
-        if max_batch < 1 or kv_cache_tokens < 1 or prefill_chunk < 1:
-            raise ValueError("max_batch, kv_cache_tokens and prefill_chunk must be >= 1")
+                 stopped: Callable[[SequenceState], bool] | None = None, slot_tokens: int = 1):
+        """max_batch: sequences holding a slot at once; kv_cache_tokens: the KV-cache tokens their slots
+        may take together, every slot as long as the longest sequence's budget (prompt + max new tokens)
+        rounded up to a multiple of slot_tokens (pipeline/continuous/slots.py: one static shape for
+        all); stopped: whether a sequence's text has reached one of its stop strings (it then finishes)."""
+        if max_batch < 1 or kv_cache_tokens < 1 or prefill_chunk < 1 or slot_tokens < 1:
+            raise ValueError("max_batch, kv_cache_tokens, prefill_chunk and slot_tokens must be >= 1")
         self.max_batch = max_batch
         self.kv_cache_tokens = kv_cache_tokens
+        self.slot_tokens = slot_tokens
         self.prefill_chunk = prefill_chunk
         self.eos_ids = frozenset(eos_ids)
         self._clock = clock
@@ -93,7 +95,7 @@ class Scheduler:
             raise ValueError("empty prompt")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if len(prompt_ids) + max_new_tokens > self.kv_cache_tokens:
+        if self.slot_length(len(prompt_ids) + max_new_tokens) > self.kv_cache_tokens:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens + {max_new_tokens} new tokens exceeds the "
                              f"{self.kv_cache_tokens}-token KV-cache budget")
         return SequenceState(next(self._ids), list(prompt_ids), max_new_tokens, payload)
@@ -110,7 +112,17 @@ class Scheduler:
         return list(self.waiting) + self.active
 
     def tokens_reserved(self) -> int:
+        """Prompt + max new tokens of every sequence holding a slot."""
         return sum(s.budget_tokens for s in self.active)
+
+    def slot_length(self, budget_tokens: int) -> int:
+        return -(-budget_tokens // self.slot_tokens) * self.slot_tokens
+
+    def slot_tokens_held(self, joining: SequenceState | None = None) -> int:
+        """Cache tokens the slots of the sequences holding one take (with `joining`'s too): each slot
+        as long as the longest budget among them."""
+        held = self.active + ([joining] if joining is not None else [])
+        return len(held) * self.slot_length(max(s.budget_tokens for s in held)) if held else 0
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.prefilling or self.running)
@@ -118,7 +130,7 @@ class Scheduler:
     def plan(self) -> SchedulerOutput:
         admitted = []
         while self.waiting and len(self.active) < self.max_batch and \
-                self.tokens_reserved() + self.waiting[0].budget_tokens <= self.kv_cache_tokens:
+                self.slot_tokens_held(self.waiting[0]) <= self.kv_cache_tokens:
             seq = self.waiting.popleft()
             self.prefilling.append(seq)
             admitted.append(seq)

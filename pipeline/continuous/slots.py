@@ -10,19 +10,27 @@ step's shapes are (rows, width) whatever the lengths: the same shapes step after
 what a CUDA graph replays (pipeline.continuous.cuda_graphs).
 
 Columns past a row's length hold zeros or an earlier occupant's values: finite numbers, masked
-out, so they weigh exactly 0. Shapes change only when the cache grows (more slots, or a longer
-sequence than the capacity holds), which copies every layer once.
+out, so they weigh exactly 0. Every slot is as long as the longest sequence's budget in whole
+chunks, and the slots together fit GENERATE_KV_CACHE_TOKENS (the scheduler admits by that rule), so
+the cache's memory is bounded by that setting; it is reallocated (every layer copied once) only when
+a joining sequence needs longer slots or more of them than it has.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from pipeline.kernels.chunked_attention import CHUNK
+
+def chunk_tokens() -> int:
+    """The attention's chunk of keys (pipeline.kernels.chunked_attention.CHUNK), imported on first use:
+    importing torch at module import would cost seconds."""
+    from pipeline.kernels.chunked_attention import CHUNK
+    return CHUNK
 
 
 def chunks_for(columns: int) -> int:
     """Columns rounded up to whole attention chunks."""
-    return -(-columns // CHUNK) * CHUNK
+    chunk = chunk_tokens()
+    return -(-columns // chunk) * chunk
 
 
 class SlotCache:
@@ -51,14 +59,14 @@ class SlotCache:
     def capacity(self) -> int:
         return self.keys[0].shape[2]
 
-    def grown(self, slots: int, capacity: int) -> "SlotCache":
-        """A cache of at least `slots` x `capacity` holding this one's contents (self where it fits)."""
-        if slots <= self.slots and capacity <= self.capacity:
-            return self
-        bigger = SlotCache(self.keys, max(slots, self.slots), max(capacity, self.capacity))
-        for old, new in zip(self.keys + self.values, bigger.keys + bigger.values):
-            new[:self.slots, :, :self.capacity].copy_(old)
-        return bigger
+    def resized(self, slots: int, capacity: int, lengths: list[int]) -> "SlotCache":
+        """A cache of `slots` x `capacity` holding this one's first len(lengths) rows, row r's first
+        lengths[r] columns (each at most `capacity`)."""
+        resized = SlotCache(self.keys, slots, capacity)
+        for old, new in zip(self.keys + self.values, resized.keys + resized.values):
+            for row, length in enumerate(lengths):
+                new[row, :, :length].copy_(old[row, :, :length])
+        return resized
 
     def store(self, slot: int, keys: list, values: list) -> None:
         """Put a sequence's cache (per layer (1, kv heads, length, head size)) in `slot`, from column 0."""

@@ -36,8 +36,21 @@ def test_admission_respects_sequence_and_token_budgets_in_arrival_order():
     for seq in (x, y, z):
         s2.add(seq)
     s2.plan()
-    # y (20) would fit after x? 20 + 20 = 40 <= 45 yes; z (5) too: 45.
-    assert s2.prefilling == [x, y, z] and s2.tokens_reserved() == 45
+    # Every slot is as long as the longest budget: x and y take 2 x 20 = 40 <= 45; z's slot would be
+    # 20 long too (3 x 20 = 60 > 45), although its own budget is 5.
+    assert s2.prefilling == [x, y] and list(s2.waiting) == [z]
+    assert s2.slot_tokens_held() == 40 and s2.slot_tokens_held(z) == 60 and s2.tokens_reserved() == 40
+
+
+def test_slots_are_counted_in_whole_multiples_of_slot_tokens():
+    s = Scheduler(max_batch=8, kv_cache_tokens=100, prefill_chunk=8, eos_ids=EOS, slot_tokens=32)
+    seqs = [s.new_sequence([1] * 10, 10) for _ in range(4)]  # 20 tokens each: a slot of 32
+    for seq in seqs:
+        s.add(seq)
+    s.plan()
+    assert s.prefilling == seqs[:3] and s.slot_tokens_held() == 96  # a fourth slot: 128 > 100
+    with pytest.raises(ValueError, match="budget"):
+        s.new_sequence([1] * 90, 10)  # 100 tokens round up to a slot of 128
 
 
 def test_no_overtaking_when_the_head_does_not_fit():
@@ -223,10 +236,10 @@ def test_slot_cache_writes_each_rows_column_and_reads_whole_chunks():
     assert visible.shape == (2, 1, 1, CHUNK) and visible[0].sum() == 1 and visible[1].sum() == 6
     cache.move(1, 0, 6)
     assert torch.equal(cache.keys[0][0, :, :6], cache.keys[0][1, :, :6])
-    bigger = cache.grown(4, 2 * CHUNK)
-    assert bigger.slots == 4 and bigger.capacity == 2 * CHUNK
-    assert torch.equal(bigger.keys[0][:3, :, :CHUNK], cache.keys[0]) and not bigger.keys[0][3].any()
-    assert cache.grown(2, CHUNK) is cache
+    resized = cache.resized(4, 2 * CHUNK, [6, 6])  # rows 0 and 1 kept, slot 2 not
+    assert resized.slots == 4 and resized.capacity == 2 * CHUNK
+    assert torch.equal(resized.keys[0][:2, :, :6], cache.keys[0][:2, :, :6])
+    assert not resized.keys[0][:2, :, 6:].any() and not resized.keys[0][2:].any()
 
 
 def test_decode_rows_are_bucketed_to_few_shapes_within_max_batch():
@@ -276,3 +289,22 @@ def test_engine_matches_reference_when_a_longer_sequence_grows_the_slots_mid_run
     assert engine.runner.cache.capacity > capacity
     assert [engine.text(s) for s in seqs] == reference_texts[:2] + generator.generate([LONG])
     assert engine.runner.rows == [] and engine.runner.cache_tokens() == 0
+
+
+def test_the_slots_stay_within_the_kv_budget_as_a_longer_sequence_comes_and_goes(generator, reference_texts):
+    # Room for two slots of two chunks: three short sequences run at once; the longer one waits until
+    # one short one is left, the cache then holds two long slots, and short ones follow as it leaves.
+    budget = 2 * 2 * CHUNK
+    engine = ContinuousEngine(generator, max_batch=3, kv_cache_tokens=budget, prefill_chunk=64)
+    order = REQUESTS[:3] + [LONG] + REQUESTS[3:5]
+    seqs = [engine.add(r) for r in order]
+    peak_rows, shapes = 0, set()
+    while engine.has_work():
+        assert not engine.step().failed
+        cache = engine.runner.cache
+        if cache is not None:
+            assert cache.slots * cache.capacity <= budget
+            shapes.add((cache.slots, cache.capacity))
+        peak_rows = max(peak_rows, len(engine.runner.rows))
+    assert peak_rows == 3 and {(3, CHUNK), (2, 2 * CHUNK)} <= shapes
+    assert [engine.text(s) for s in seqs] == reference_texts[:3] + generator.generate([LONG]) + reference_texts[3:5]
