@@ -151,12 +151,13 @@ class ModelRunner:
 
     def decode(self, seqs: Sequence[SequenceState]) -> list[int]:
         """One step for every running sequence (any order): feed its last token, get its next."""
-        torch = self.torch
+        torch, cache = self.torch, self.cache
+        assert cache is not None
         slot_of = {seq_id: slot for slot, seq_id in enumerate(self.rows)}
         if sorted(s.seq_id for s in seqs) != sorted(self.rows):
             raise RuntimeError(f"decode plan {[s.seq_id for s in seqs]} does not match the batch's rows {self.rows}")
         n = len(self.rows)
-        rows = n if self.graphs is None else bucket(n, self.max_batch)
+        rows = n if self.graphs is None else bucket(n, cache.slots)
         ordered: list[Any] = [None] * n
         fed, columns = [0] * rows, [0] * rows  # spare rows: token 0 at column 0 of a free slot
         for seq in seqs:
