@@ -116,13 +116,14 @@ class ModelRunner:
         """Copy a fully prefilled sequence's cache into the next free slot."""
         torch = self.torch
         own = self._prefill_caches.pop(seq.seq_id).layers
+        keys, values = [layer.keys for layer in own], [layer.values for layer in own]
         slot = len(self.rows)
         budgets = self.budgets + [seq.budget_tokens]
         if self.cache is None or slot >= self.cache.slots or seq.budget_tokens > self.cache.capacity:
-            self._resize([layer.keys for layer in own], budgets)
+            self._resize(keys, budgets)
         cache = self.cache
         assert cache is not None
-        cache.store(slot, [layer.keys for layer in own], [layer.values for layer in own])
+        cache.store(slot, keys, values)
         self.seen[slot].fill_(seq.prompt_ids[0])
         self.seen[slot, :seq.prompt_len].copy_(torch.tensor(seq.prompt_ids, device=self.device))
         self.rows.append(seq.seq_id)
@@ -141,10 +142,11 @@ class ModelRunner:
             self.cache = SlotCache(like_keys, slots, capacity)
             self.seen = self.torch.zeros((slots, capacity), dtype=self.torch.long, device=self.device)
         else:
-            self.cache = self.cache.resized(slots, capacity, self.lengths)
+            rows = len(self.rows)
+            self.cache = self.cache.resized(slots, capacity, rows)
             seen = self.seen.new_zeros((slots, capacity))
             width = min(capacity, self.seen.shape[1])
-            seen[:len(self.rows), :width].copy_(self.seen[:len(self.rows), :width])
+            seen[:rows, :width].copy_(self.seen[:rows, :width])
             self.seen = seen
         if self.graphs is not None:
             self.graphs.clear()

@@ -59,13 +59,13 @@ class SlotCache:
     def capacity(self) -> int:
         return self.keys[0].shape[2]
 
-    def resized(self, slots: int, capacity: int, lengths: list[int]) -> "SlotCache":
-        """A cache of `slots` x `capacity` holding this one's first len(lengths) rows, row r's first
-        lengths[r] columns (each at most `capacity`)."""
+    def resized(self, slots: int, capacity: int, rows: int) -> "SlotCache":
+        """A cache of `slots` x `capacity` holding this one's first `rows` slots (their columns up to the
+        smaller capacity: every row's length fits the new one)."""
         resized = SlotCache(self.keys, slots, capacity)
+        width = min(capacity, self.capacity)
         for old, new in zip(self.keys + self.values, resized.keys + resized.values):
-            for row, length in enumerate(lengths):
-                new[row, :, :length].copy_(old[row, :, :length])
+            new[:rows, :, :width].copy_(old[:rows, :, :width])
         return resized
 
     def store(self, slot: int, keys: list, values: list) -> None:

@@ -236,7 +236,7 @@ def test_slot_cache_writes_each_rows_column_and_reads_whole_chunks():
     assert visible.shape == (2, 1, 1, CHUNK) and visible[0].sum() == 1 and visible[1].sum() == 6
     cache.move(1, 0, 6)
     assert torch.equal(cache.keys[0][0, :, :6], cache.keys[0][1, :, :6])
-    resized = cache.resized(4, 2 * CHUNK, [6, 6])  # rows 0 and 1 kept, slot 2 not
+    resized = cache.resized(4, 2 * CHUNK, 2)  # rows 0 and 1 kept, slot 2 not
     assert resized.slots == 4 and resized.capacity == 2 * CHUNK
     assert torch.equal(resized.keys[0][:2, :, :6], cache.keys[0][:2, :, :6])
     assert not resized.keys[0][:2, :, 6:].any() and not resized.keys[0][2:].any()
