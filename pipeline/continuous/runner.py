@@ -145,6 +145,7 @@ class ModelRunner:
             rows = len(self.rows)
             self.cache = self.cache.resized(slots, capacity, rows)
             seen = self.seen.new_zeros((slots, capacity))
+            seen[:rows] = self.seen[:rows, :1]  # new columns repeat each row's first token, as join fills them
             width = min(capacity, self.seen.shape[1])
             seen[:rows, :width].copy_(self.seen[:rows, :width])
             self.seen = seen

@@ -284,9 +284,17 @@ def test_engine_matches_reference_when_a_longer_sequence_grows_the_slots_mid_run
         assert not engine.step().failed
     capacity = engine.runner.cache.capacity
     seqs.append(engine.add(LONG))
+    grown = False
     while engine.has_work():
         assert not engine.step().failed
-    assert engine.runner.cache.capacity > capacity
+        runner = engine.runner
+        if runner.cache.capacity > capacity and runner.rows and not grown:
+            grown = True
+            # past its length a row's seen tokens repeat its first one, in the new columns too: the
+            # penalty then counts nothing it has not seen, however wide a step reads
+            for slot, seq in enumerate(s for seq_id in runner.rows for s in seqs if s.seq_id == seq_id):
+                assert (runner.seen[slot, runner.lengths[slot]:] == seq.prompt_ids[0]).all(), slot
+    assert grown
     assert [engine.text(s) for s in seqs] == reference_texts[:2] + generator.generate([LONG])
     assert engine.runner.rows == [] and engine.runner.cache_tokens() == 0
 
