@@ -7,6 +7,7 @@ ROOT="$(pwd)"
 VENV="$ROOT/.venv"
 PY="$VENV/bin/python"
 DEMO_DIR="${DEMO_DIR:-$ROOT/data/demo}"
+TORCH_VERSION=2.13.0
 
 log() { echo "[run.sh] $*" >&2; }
 
@@ -15,17 +16,45 @@ setup() {
   build_kernels
 }
 
+# The torch build this machine gets (TORCH_BUILD=auto|cpu|cuda; auto: cuda when `nvidia-smi -L` lists a
+# GPU, else cpu). PyPI's Linux x86-64 torch is the CUDA build, gigabytes of CUDA libraries: a machine
+# without a GPU takes the CPU build from PyTorch's CPU index (TORCH_CPU_INDEX_URL) instead.
+torch_build() {
+  case "${TORCH_BUILD:-auto}" in
+    cpu|cuda) echo "$TORCH_BUILD" ;;
+    auto) if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+            echo cuda
+          else
+            echo cpu
+          fi ;;
+    *) echo "TORCH_BUILD='$TORCH_BUILD' is not valid: expected auto, cpu or cuda" >&2; exit 2 ;;
+  esac
+}
+
+# pip's arguments for that build of torch (the one version pipeline/kernels/versions.py was verified on).
+torch_pip_args() {
+  local build="$1"
+  if [[ "$build" == cpu && "$(uname -s)-$(uname -m)" == Linux-x86_64 ]]; then
+    echo "torch==$TORCH_VERSION+cpu --extra-index-url ${TORCH_CPU_INDEX_URL:-https://download.pytorch.org/whl/cpu}"
+  else
+    echo "torch==$TORCH_VERSION"  # PyPI's: CUDA on Linux x86-64, CPU elsewhere (aarch64, macOS)
+  fi
+}
+
 install_venv() {
-  local stamp="$VENV/.installed" want
-  want="$(cat setup.cfg pyproject.toml | sha256sum | cut -d' ' -f1)"
+  local stamp="$VENV/.installed" want build
+  build="$(torch_build)"
+  want="$(cat setup.cfg pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)-$(torch_pip_args "$build" | sha256sum | cut -c1-12)"
   if [[ -x "$PY" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
     return 0  # already installed from these very files: nothing to do
   fi
   [[ -x "$PY" ]] || { log "creating $VENV"; python3 -m venv "$VENV"; }
-  # torch first and pinned: an unpinned resolve would pull GBs of CUDA wheels.
-  log "installing torch==2.13.0 and the project (editable, with the test extra)"
-  "$PY" -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
-  "$PY" -m pip install --quiet --disable-pip-version-check -e ".[test]"
+  # torch first and pinned, its build chosen by the machine; then the project within constraints.txt.
+  log "installing torch ($build build: $(torch_pip_args "$build")) and the project (editable, with the test extra)"
+  # torch alone from its index (--no-deps: its dependencies come from the default index below, with the rest).
+  # shellcheck disable=SC2046 # the arguments are words
+  "$PY" -m pip install --quiet --disable-pip-version-check --retries 1 --no-deps $(torch_pip_args "$build")
+  "$PY" -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[test]"
   echo "$want" > "$stamp"
 }
 
@@ -67,7 +96,9 @@ usage() {
   cat <<'EOF'
 usage: ./run.sh COMMAND [args]   (configured only by environment variables: env.example)
 
-  setup              create .venv and install the project with its test extra (idempotent);
+  setup              create .venv and install the project with its test extra (idempotent; torch's CPU
+                     build unless `nvidia-smi -L` lists a GPU, TORCH_BUILD=cpu|cuda overrides;
+                     the other packages within constraints.txt);
                      as root with apt, also Debian's prometheus for tests/integration/test_prometheus.py
   test [pytest args] setup, ruff and mypy, then the test suite with tiny stand-ins, offline
                      (-m "not slow": the fast subset)
@@ -85,6 +116,8 @@ usage: ./run.sh COMMAND [args]   (configured only by environment variables: env.
   settings [--non-default]
                      print every setting's effective value and whether it is the default (secrets hidden);
                      exit 2 listing every bad value
+  lock               rewrite constraints.txt from what the venv resolved (after a change to setup.cfg's requirements)
+  torch-build        print the torch build setup installs here (cpu or cuda) and pip's arguments for it
   help, --help, -h   this text
 
   NODE_NUMBER=N ./run.sh   start node N's role (0 gateway+worker; INDEX_NODES index servers, 2 by default;
@@ -96,6 +129,15 @@ EOF
 cmd="${1:-}"
 case "$cmd" in
   help|--help|-h) usage ;;
+  lock)
+    setup
+    { echo "# Every package the project and its test extra install, at the versions last resolved; torch is"
+      echo "# pinned by run.sh per machine (CPU or CUDA build). Written by \`./run.sh lock\`: do not edit by hand."
+      "$VENV/bin/pip" freeze --exclude-editable --disable-pip-version-check | grep -v -E '^(torch|triton|nvidia-)'
+    } > constraints.txt.new && mv constraints.txt.new constraints.txt
+    log "wrote constraints.txt"
+    ;;
+  torch-build) build="$(torch_build)"; echo "$build: pip install $(torch_pip_args "$build")" ;;
   setup) setup; setup_test_tools ;;
   test)
     setup
@@ -140,7 +182,7 @@ case "$cmd" in
     exec "$PY" -m services.node
     ;;
   *)
-    echo "unknown subcommand '$cmd': expected setup, test, demo, local, models, settings or help (or none with NODE_NUMBER set)" >&2
+    echo "unknown subcommand '$cmd': expected setup, test, demo, local, models, settings, lock, torch-build or help (or none with NODE_NUMBER set)" >&2
     exit 2
     ;;
 esac
