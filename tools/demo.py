@@ -5,32 +5,49 @@ import argparse
 import logging
 import os
 import sys
+from typing import Callable, Iterable
 
 import client  # the top-level client.py, exactly as a user runs it
 from pipeline import spec
 from pipeline.config import REPO_ROOT, ConfigError, Settings
-from pipeline.device import describe_placement, hardware_words, select_device
-from pipeline.precision_policy import CPU_AMX, HARDWARE_WORDS
+from pipeline.cpu_features import cpu_has_amx, cpu_supports_bf16
+from pipeline.device import describe_placement, select_device
+from pipeline.precision_policy import CPU_AMX, CUDA, HARDWARE_WORDS, hardware_kind
 from tools.local import LocalCluster, pinned_env
 
-# What PRECISION=fast gave against PRECISION=auto (bfloat16 there), and where: docs/performance.md
-# section 7, faithful stand-ins, commit f8683be. Measured on that one kind of CPU only.
-FAST_MEASURED_ON = CPU_AMX
-FAST_HINT = ("PRECISION=fast (opt-in): 1.64x the throughput at 8 concurrent requests and about half the idle "
-             "latency against PRECISION=auto, measured on a 2-vCPU Intel Xeon with AMX (faithful stand-ins, "
-             "commit f8683be, docs/performance.md section 7); the LLM then computes in int8, whose answers "
-             "drift from float32 about four times as much as bfloat16's")
+# What PRECISION=fast gave against PRECISION=auto, by the hardware kind it was measured on
+# (docs/performance.md). A kind with no entry has no such figure, and the demo names none.
+FAST_MEASURED = {
+    CPU_AMX: ("1.64x the throughput at 8 concurrent requests and about half the idle latency against "
+              "PRECISION=auto, measured on this kind of CPU (a 2-vCPU Intel Xeon with AMX, faithful "
+              "stand-ins, commit f8683be, docs/performance.md section 7); the LLM then computes in int8, "
+              "whose answers drift from float32 about four times as much as bfloat16's"),
+}
 
 
-def precision_hint(settings: Settings, **detectors) -> str | None:
-    """The one line the demo prints about PRECISION=fast, unless it is already in use: the figure,
-    where it was measured, and this machine's kind beside it."""
+def machine_kind(only_cpu: bool, cpu_flags: Iterable[str] | None = None,
+                 cuda_available: Callable[[], bool] | None = None) -> str:
+    """This machine's row of the precision table, from its CPU's flags (/proc/cpuinfo's unless given)."""
+    device = select_device(only_cpu) if cuda_available is None else select_device(only_cpu, cuda_available)
+    return hardware_kind(device, lambda: cpu_supports_bf16(cpu_flags), lambda: cpu_has_amx(cpu_flags))
+
+
+def precision_hint(settings: Settings, cpu_flags: Iterable[str] | None = None,
+                   cuda_available: Callable[[], bool] | None = None) -> str | None:
+    """The one line the demo prints about PRECISION=fast, unless it is already in use or computes what
+    the default does (CUDA): the figure measured on this kind of machine, or that there is none."""
     if settings.models.precision == "fast":
         return None
-    here = hardware_words(select_device(settings.models.only_cpu, **{k: v for k, v in detectors.items()
-                                                                     if k == "cuda_available"}), **detectors)
-    same = here == HARDWARE_WORDS[FAST_MEASURED_ON]
-    return f"{FAST_HINT}. This machine: {here}" + ("" if same else ": not measured on this kind of CPU")
+    kind = machine_kind(settings.models.only_cpu, cpu_flags, cuda_available)
+    if kind == CUDA:
+        return None
+    here = HARDWARE_WORDS[kind]
+    measured = FAST_MEASURED.get(kind)
+    if measured is not None:
+        return f"PRECISION=fast (opt-in): {measured}. This machine: {here}"
+    return (f"PRECISION=fast (opt-in) computes the LLM in int8, whose answers drift further from float32 "
+            f"than bfloat16's; what it gains was not measured on {here} (docs/performance.md lists what was "
+            f"measured on which machine). This machine: {here}")
 
 
 def precision_lines(settings: Settings) -> list[str]:

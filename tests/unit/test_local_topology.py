@@ -34,19 +34,6 @@ def test_settings_of_a_layout_parse_with_no_other_variable():
     assert Settings.from_env(local_topology(4, 3, 1)).cluster.replicas(2) == (6,)
 
 
-def test_the_demo_says_what_precision_fast_gives_unless_it_is_on():
-    from pipeline.config import Settings
-    from tools.demo import precision_hint
-    cpu = {"cuda_available": lambda: False, "bf16_cpu": lambda: True}
-    hint = precision_hint(Settings.from_env({}), amx_cpu=lambda: False, **cpu)
-    assert hint is not None and hint.startswith("PRECISION=fast") and "int8" in hint
-    assert "Intel Xeon with AMX" in hint and "commit f8683be" in hint
-    assert hint.endswith("This machine: a CPU with avx512_bf16 and no AMX: not measured on this kind of CPU")
-    assert precision_hint(Settings.from_env({}), amx_cpu=lambda: True, **cpu).endswith(
-        "This machine: a CPU with AMX")
-    assert precision_hint(Settings.from_env({"PRECISION": "fast"})) is None
-
-
 def test_the_launcher_builds_missing_standins_before_any_node_starts(model_source, tmp_path, monkeypatch):
     # A node never builds models; the tool that starts the nodes does, once, then pins the source.
     import shutil
