@@ -1,4 +1,4 @@
-"""README.md and docs/ name only files that exist: every repository path they mention is checked."""
+"""README.md and docs/ name only files that exist: every repository path they mention, and every link's file and anchor, is checked."""
 from __future__ import annotations
 
 import re
@@ -74,3 +74,45 @@ def test_the_rule_finds_paths_and_skips_patterns():
     assert exists("pipeline/spec.answer_json") and exists("deploy/systemd/rag-node@.service")
     assert exists("profiling/loadgen") and exists("builders/standins")
     assert not exists("services/errors.py") and not exists("pipeline/nowhere.name")
+
+
+# A Markdown link outside code blocks: [text](target), the target a file, a file#anchor or #anchor.
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+CODE_BLOCK = re.compile(r"```.*?```", re.S)
+
+
+def heading_anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(text: str) -> set[str]:
+    found = {heading_anchor(m.group(1)) for m in re.finditer(r"^#+ (.*)$", text, re.M)}
+    return found | set(re.findall(r'<a id="([^"]+)"', text))
+
+
+def broken_links(doc: Path) -> list[str]:
+    broken = []
+    for target in LINK.findall(CODE_BLOCK.sub("", doc.read_text())):
+        if re.match(r"\w+://", target):
+            continue
+        file, _, anchor = target.partition("#")
+        dest = (doc.parent / file).resolve() if file else doc
+        if not dest.exists():
+            broken.append(f"{target} (no such file)")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest.read_text()):
+            broken.append(f"{target} (no such heading or anchor)")
+    return broken
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_link_a_doc_makes_reaches_a_file_and_its_anchor(doc):
+    assert broken_links(doc) == [], f"{doc.relative_to(ROOT)} links to what is not there"
+
+
+def test_the_link_rule_finds_missing_files_and_anchors(tmp_path):
+    (tmp_path / "a.md").write_text('# The `POST /query` route\n<a id="today"></a>\n')
+    doc = tmp_path / "b.md"
+    doc.write_text("[ok](a.md#the-post-query-route) [ok](a.md#today) [no](a.md#gone) [no](c.md)\n"
+                   "```\n[in code](nowhere.md)\n```\n[web](https://example.com/x)")
+    assert broken_links(doc) == ["a.md#gone (no such heading or anchor)", "c.md (no such file)"]
