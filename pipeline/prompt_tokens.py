@@ -1,9 +1,10 @@
 """The LLM's tokenization, in one place: prompts to ids, text counted as a prompt holds it, ids to text.
 
-User text never becomes control tokens: the template's own text is split at its special tokens
-(`<|im_start|>`...), which become their ids, and the text between them, query and documents
-included, is encoded with special-token strings kept as characters, so a query that says
-`<|im_end|>\\n<|im_start|>system` cannot close its turn. Text holding no special-token string
+User text never becomes control tokens: the template's own text is split at the tokenizer's added
+tokens (`<|im_start|>`...), which become their ids, and the text between them, query and documents
+included, is encoded with every added token's string kept as characters, special or not (Qwen's
+`<tool_call>` and `<|fim_prefix|>` are not special), so a query that says
+`<|im_end|>\\n<|im_start|>system` cannot close its turn. Text holding no added-token string
 encodes to exactly the ids of the whole rendered prompt.
 
 Threads: every method may be called from any thread at once, and nothing here locks: the encoding
@@ -14,6 +15,7 @@ threads (huggingface/transformers#47085).
 """
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Sequence
 
@@ -28,11 +30,19 @@ class PromptTokenizer:
     def __init__(self, tokenizer: Any):
         from tokenizers import Tokenizer
         self._template = tokenizer  # only its chat template is used (rendering reads it)
-        encoder = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+        serialized = tokenizer.backend_tokenizer.to_str()
+        # The text encoder: `encode_special_tokens` keeps only *special* added tokens as text, so
+        # every added token is marked special in its copy.
+        as_text = json.loads(serialized)
+        for added in as_text["added_tokens"]:
+            added["special"] = True
+        encoder = Tokenizer.from_str(json.dumps(as_text))
         encoder.no_padding()
         encoder.no_truncation()
         encoder.encode_special_tokens = True
         self._encoder = encoder
+        # Decoding reads the tokens as the tokenizer marks them (skip_special_tokens skips only special ones).
+        self._decoder = Tokenizer.from_str(serialized)
         self._added = {token.content: token_id for token_id, token in tokenizer.added_tokens_decoder.items()}
         names = sorted(self._added, key=len, reverse=True)  # longest first: no token cut at a shorter one
         self._added_pattern = re.compile("(" + "|".join(map(re.escape, names)) + ")") if names else None
@@ -77,11 +87,11 @@ class PromptTokenizer:
         return ids
 
     def count(self, text: str) -> int:
-        """How many tokens `text` takes in a prompt (its special-token strings as text)."""
+        """How many tokens `text` takes in a prompt (its added-token strings as text)."""
         return len(self._encoder.encode(text, add_special_tokens=False).ids)
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True, **_: Any) -> str:
-        return self._encoder.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+        return self._decoder.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
     def left_padded(self, rows: Sequence[Sequence[int]]) -> dict:
         """Prompts' ids as one batch: input_ids and attention_mask, left-padded with the pad token."""

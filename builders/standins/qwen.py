@@ -14,8 +14,8 @@ QWEN_PRETOKENIZE_REGEX = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 QWEN_REGULAR_VOCAB = 151643  # ids 0..151642 are BPE tokens; specials start at 151643
-# Qwen2.5's added tokens, ids 151643 on in this order, exactly as in its tokenizer_config.json;
-# the first 14 are special.
+# Qwen2.5's added tokens, ids 151643 on in this order, exactly as in its tokenizer_config.json:
+# the first 14 are special, and none is normalized (each is matched in the text as typed).
 _ADDED = (
     "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
     "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
@@ -32,7 +32,7 @@ QWEN_CHAT_TEMPLATE = (resources.files(__package__) / "qwen_chat_template.jinja")
 QWEN_TOKENIZER_CONFIG = {
     "add_bos_token": False,
     "add_prefix_space": False,
-    "added_tokens_decoder": {str(t): added_token(c, s) for t, c, s in QWEN_ADDED_TOKENS},
+    "added_tokens_decoder": {str(t): added_token(c, s, normalized=False) for t, c, s in QWEN_ADDED_TOKENS},
     "additional_special_tokens": [c for tid, c, s in QWEN_ADDED_TOKENS if s and tid != 151643],
     "bos_token": None,
     "chat_template": QWEN_CHAT_TEMPLATE,
@@ -104,7 +104,7 @@ def qwen_tokenizer_files() -> dict[str, str]:
         byte_fallback=False,
     )
     tok = _qwen_pipeline(Tokenizer(bpe))
-    tok.add_tokens([AddedToken(c, special=s, normalized=not s) for _, c, s in QWEN_ADDED_TOKENS])
+    tok.add_tokens([AddedToken(c, special=s, normalized=False) for _, c, s in QWEN_ADDED_TOKENS])
     for tid, content, _ in QWEN_ADDED_TOKENS:
         assert tok.token_to_id(content) == tid, (content, tok.token_to_id(content), tid)
     vocab_files = {

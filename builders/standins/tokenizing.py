@@ -30,11 +30,13 @@ EXTRA_ALPHABET = sorted(
 )
 
 
-def added_token(content: str, special: bool = True, lstrip: bool = False) -> dict[str, Any]:
+def added_token(content: str, special: bool = True, lstrip: bool = False,
+                normalized: bool | None = None) -> dict[str, Any]:
+    """A tokenizer_config.json entry; ``normalized`` defaults to ``not special`` (transformers' own default)."""
     return {
         "content": content,
         "lstrip": lstrip,
-        "normalized": not special,
+        "normalized": not special if normalized is None else normalized,
         "rstrip": False,
         "single_word": False,
         "special": special,

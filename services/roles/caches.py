@@ -108,26 +108,28 @@ def normalise_query(query: str) -> str:
 
 
 class ResponseCache:
-    """Replies by normalised query, a hit re-addressed to the new request_id. A question asked again
-    while it is computed joins that computation (single flight); a failure is never shared."""
+    """Replies by caller and normalised query, a hit re-addressed to the new request_id. A question
+    asked again by the same caller while it is computed joins that computation (single flight); a
+    failure is never shared. The caller is the API key's identity (None without keys): one key never
+    reads, joins nor learns of (a `cached` reply) another's question."""
 
     def __init__(self, max_entries: int, ttl_s: float, clock: Callable[[], float] = time.monotonic):
         self.cache = LruCache("response", max_entries, ttl_s, clock)
         self.name = self.cache.name
-        self._flights = SingleFlight()  # by normalised query
+        self._flights = SingleFlight()  # by (caller, normalised query)
 
-    def get(self, request_id: str, query: str, *, count_miss: bool = True) -> dict | None:
-        reply = self.cache.get(normalise_query(query), count_miss=count_miss)
+    def get(self, request_id: str, query: str, *, caller: str | None = None, count_miss: bool = True) -> dict | None:
+        reply = self.cache.get(_key(caller, query), count_miss=count_miss)
         return None if reply is None else _readdress(reply, request_id)
 
-    def put(self, query: str, reply: dict) -> None:
-        self.cache.put(normalise_query(query), _unaddressed(reply))
+    def put(self, query: str, reply: dict, *, caller: str | None = None) -> None:
+        self.cache.put(_key(caller, query), _unaddressed(reply))
 
     def answer(self, request_id: str, query: str, compute: Callable[[], AnswerStream], timeout_s: float, *,
-               looked_up: bool = False) -> AnswerStream:
+               caller: str | None = None, looked_up: bool = False) -> AnswerStream:
         """The cached or joined reply, replayed; else `compute()`'s events as they come, its reply then
         cached. RequestTimeout when the computation joined has not ended within timeout_s."""
-        entry = self.enter(request_id, query, looked_up=looked_up)
+        entry = self.enter(request_id, query, caller=caller, looked_up=looked_up)
         if entry.value is not None:
             yield from replay(entry.value)
             return
@@ -140,14 +142,14 @@ class ResponseCache:
         yield from relay(compute, landed=lambda reply: self.finish(entry, reply),
                          failed=lambda exc: self.fail(entry, exc))
 
-    def enter(self, request_id: str, query: str, *, looked_up: bool = False) -> Entry:
+    def enter(self, request_id: str, query: str, *, caller: str | None = None, looked_up: bool = False) -> Entry:
         """Its reply (`value`), the computation to join, or the lead of a new one (`looked_up`: a miss
         was just counted). With the cache off: an empty Entry, compute alone."""
         if not self.cache.enabled:
             return Entry()
         # Lookup and leadership in one step: two askers cannot both lead.
-        return self._flights.enter(normalise_query(query),
-                                   lookup=lambda: self.get(request_id, query, count_miss=not looked_up))
+        return self._flights.enter(_key(caller, query),
+                                   lookup=lambda: self.get(request_id, query, caller=caller, count_miss=not looked_up))
 
     def finish(self, entry: Entry, reply: dict) -> None:
         """The leader's reply: cached, then handed to the joiners. Nothing for a non-leader."""
@@ -180,6 +182,10 @@ class ResponseCache:
 
     def stats(self) -> CacheStats:
         return dataclasses.replace(self.cache.stats(), joined=self._flights.stats().joined)
+
+
+def _key(caller: str | None, query: str) -> tuple[str | None, str]:
+    return caller, normalise_query(query)
 
 
 def _unaddressed(reply: dict) -> dict:

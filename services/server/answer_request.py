@@ -4,7 +4,8 @@
 worker's /internal/answer each read their body with `read_request`, by the same rules; a field
 refused is an ApiError 400 naming the field and the rule it broke. To add a field: give
 AnswerRequest the field with its default and RULES its rule; `wire` sends it on to the worker.
-The decoding fields are /v1's only: /query's answer is the contract's greedy one.
+The decoding fields are /v1's only: /query's answer is the contract's greedy one. The caller is no
+body field: it is the API key the request was let in with (services/server/auth.py).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 from pipeline import spec
 from pipeline.config.sections import LimitsSettings
 from pipeline.sampling_params import MAX_SEED, MAX_STOP_CHARS, MAX_STOP_STRINGS, Sampling
+from services.server.auth import authenticated_caller
 from services.server.body import require_string
 from services.server.errors import ApiError
 from services.server.request_ids import bind_request_id
@@ -33,6 +35,9 @@ class AnswerRequest:
     top_k: int = 0  # 0 or -1: all tokens
     seed: int | None = None  # a sampled request's random stream; None: drawn by the worker
     stop: tuple[str, ...] = ()  # the answer ends before the first of these, which is not returned
+    # Whose request: its API key's identity (None without keys). The gateway scopes request ids and
+    # replies to it; never read from a body nor sent on (not in `wire`, so not in the id's digest).
+    caller: str | None = None
 
     @property
     def sampled(self) -> bool:
@@ -52,8 +57,9 @@ class AnswerRequest:
         return Sampling(self.temperature, self.top_p, self.top_k, seed, self.stop)
 
     def wire(self) -> dict[str, Any]:
-        """The body fields a worker is sent: those not at their default."""
-        return {f.name: value for f in dataclasses.fields(self) if (value := getattr(self, f.name)) != f.default}
+        """The body fields a worker is sent: those not at their default (the caller is never sent)."""
+        return {f.name: value for f in dataclasses.fields(self)
+                if f.name != "caller" and (value := getattr(self, f.name)) != f.default}
 
 
 @dataclass(frozen=True)
@@ -156,6 +162,8 @@ ALL_FIELDS: tuple[str, ...] = tuple(RULES)
 
 
 def read_request(body: Mapping[str, Any], bounds: Bounds, accepted: Collection[str] = ALL_FIELDS) -> AnswerRequest:
-    """The request a body asks for. Fields outside `accepted` keep their default (a route ignores
-    what it does not offer, as it ignores unknown fields)."""
-    return AnswerRequest(**{name: rule(body, bounds) for name, rule in RULES.items() if name in accepted})
+    """The request a body asks for, from the caller the HTTP request was authenticated as. Fields
+    outside `accepted` keep their default (a route ignores what it does not offer, as it ignores
+    unknown fields)."""
+    return AnswerRequest(**{name: rule(body, bounds) for name, rule in RULES.items() if name in accepted},
+                         caller=authenticated_caller())

@@ -1,6 +1,10 @@
 """API keys for the public endpoints: `Authorization: Bearer <key>` checked against API_KEYS_FILE
 (a key a line, or `sha256:<64 hex digits>`; `#` comments). Keys are kept only as SHA-256 digests,
 compared with every one in constant time; no key is ever logged.
+
+An authenticated request's caller is its key's identity (`sha256:<hex digest>`, never the key):
+the gateway scopes request ids and replies to it, so one key never sees another's requests.
+Without API keys every request's caller is None.
 """
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import hmac
 from collections.abc import Callable
 from pathlib import Path
 
-from flask import Flask, request
+from flask import Flask, g, has_request_context, request
 
 from services.server.errors import ApiError
 
@@ -44,12 +48,19 @@ class ApiKeys:
             raise ValueError(f"{path} holds no API keys")
         return cls(digests)
 
-    def allows(self, key: str) -> bool:
+    def identify(self, key: str) -> str | None:
+        """The key's identity (its digest's `sha256:` form), or None for a key not in the file."""
         digest = hashlib.sha256(key.encode("utf-8", "replace")).digest()
         matched = False
         for known in self._digests:  # every one, always: the time does not depend on which matched
             matched |= hmac.compare_digest(digest, known)
-        return matched
+        return f"{SHA256_PREFIX}{digest.hex()}" if matched else None
+
+
+def authenticated_caller() -> str | None:
+    """The identity of the key the current HTTP request was let in with; None without API keys
+    (or outside a request)."""
+    return g.get("caller") if has_request_context() else None
 
 
 def install_api_keys(app: Flask, keys: ApiKeys, protected: Callable[[str], bool]) -> None:
@@ -60,7 +71,9 @@ def install_api_keys(app: Flask, keys: ApiKeys, protected: Callable[[str], bool]
         if request.method == "OPTIONS" or not protected(request.path):
             return None
         scheme, _, key = request.headers.get("Authorization", "").partition(" ")  # Bearer <key>
-        if scheme.lower() != "bearer" or not key.strip() or not keys.allows(key.strip()):
+        caller = keys.identify(key.strip()) if scheme.lower() == "bearer" and key.strip() else None
+        if caller is None:
             raise ApiError(401, "missing or invalid API key: send 'Authorization: Bearer <key>'",
                            field="authorization")
+        g.caller = caller
         return None

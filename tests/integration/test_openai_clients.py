@@ -1,7 +1,8 @@
 """The clients front-ends use, at their usual arguments, against a real three-node cluster on
 127.0.0.1 with API keys and CORS on: the `openai` package (chat plain and streamed with
 temperature, seed, stop and max_tokens; embeddings; each error status as its SDK exception),
-`langchain-openai` (ChatOpenAI invoke and stream, OpenAIEmbeddings) and `litellm`."""
+`langchain-openai` (ChatOpenAI invoke and stream, OpenAIEmbeddings) and `litellm`; and two keys'
+request ids kept apart."""
 from __future__ import annotations
 
 import base64
@@ -19,6 +20,7 @@ from tests.helpers import start_cluster
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 KEY = "test-key-0123456789"
+OTHER_KEY = "other-key-9876543210"  # another client's: its request ids are its own
 ORIGIN = "http://127.0.0.1:5173"
 CHAT_MODEL, EMBED_MODEL = spec.GENERATOR_MODEL, spec.EMBEDDER_MODEL
 QUESTION = spec.REFERENCE_QUERIES[0]
@@ -29,7 +31,7 @@ USER = [{"role": "user", "content": QUESTION}]
 def cluster(support_data, tmp_path_factory):
     logs = tmp_path_factory.mktemp("openai-clients")
     keys = logs / "api-keys"
-    keys.write_text(f"{KEY}\n")
+    keys.write_text(f"{KEY}\n{OTHER_KEY}\n")
     cluster = start_cluster(support_data, logs, API_KEYS_FILE=str(keys), CORS_ALLOWED_ORIGINS=ORIGIN,
                             MAX_BODY_BYTES="4096")
     yield cluster
@@ -136,6 +138,36 @@ def test_keys_guard_the_public_paths_and_cors_answers_a_browser(cluster):
     assert preflight.status_code == 204 and preflight.headers["Access-Control-Allow-Origin"] == ORIGIN
     models = requests.get(f"{url}/v1/models", headers={"Origin": ORIGIN, "Authorization": f"Bearer {KEY}"}, timeout=10)
     assert models.headers["Access-Control-Allow-Origin"] == ORIGIN
+
+
+def test_neither_key_can_detect_nor_replay_the_others_request_id(cluster, client):
+    """A request_id is its key's: the other key reusing it gets no 409 (it cannot tell the id was
+    used) and no replay (its answer is computed for it, with another drawn seed); each key still
+    gets its own replays and its own 409s."""
+    other = openai.OpenAI(base_url=f"{cluster.url(0)}/v1", api_key=OTHER_KEY, max_retries=0, timeout=300)
+
+    def ask(sdk: openai.OpenAI, request_id: str, question: str = QUESTION, **fields):
+        return sdk.chat.completions.create(model=CHAT_MODEL, messages=[{"role": "user", "content": question}],
+                                           **{"temperature": 0.9, "max_tokens": 8, **fields},
+                                           extra_body={"request_id": request_id})
+
+    mine = ask(client, "scoped-1")
+    assert ask(other, "scoped-1", "Do you ship to Norway?").choices[0].message.content is not None  # no 409
+    url = cluster.url(0)
+    for key, question in ((KEY, QUESTION), (OTHER_KEY, "Do you ship to Norway?")):  # no 409 on /query either
+        answered = requests.post(f"{url}/query", json={"request_id": "scoped-q", "query": question},
+                                 headers={"Authorization": f"Bearer {key}"}, timeout=300)
+        assert answered.status_code == 200 and answered.json()["request_id"] == "scoped-q"
+    original = ask(client, "scoped-2")
+    copy = ask(other, "scoped-2")  # the very same request: computed for this key, not replayed
+    assert copy.model_extra["seed"] != original.model_extra["seed"]
+    assert ask(client, "scoped-1").model_extra["seed"] == mine.model_extra["seed"]
+    assert ask(client, "scoped-2").model_extra["seed"] == original.model_extra["seed"]
+    assert ask(other, "scoped-2").model_extra["seed"] == copy.model_extra["seed"]
+    with pytest.raises(openai.ConflictError):
+        ask(client, "scoped-1", max_tokens=9)
+    with pytest.raises(openai.ConflictError):
+        ask(other, "scoped-1")  # its scoped-1 is its Norway question
 
 
 # ---------------------------------------------------------------- langchain-openai

@@ -91,11 +91,11 @@ REPLY = {"request_id": "lead", "generated_response": "A", "sentiment": "neutral"
 def test_a_repeat_in_flight_joins_the_first_computation():
     cache = ResponseCache(4, ttl_s=0)
     lead = cache.enter("r1", "Where is my order?")
-    assert lead.leads and lead.flight.key == "where is my order?" and lead.value is None
+    assert lead.leads and lead.flight.key == (None, "where is my order?") and lead.value is None
     follow = cache.enter("r2", "where is  MY order?")
     assert follow.joins and follow.flight is lead.flight
     other = cache.enter("r3", "Something else")
-    assert other.leads and other.flight.key == "something else"  # a different question leads its own computation
+    assert other.leads and other.flight.key == (None, "something else")  # a different question leads its own computation
     cache.finish(lead, REPLY)
     joined = cache.joined_reply(follow, "r2", timeout_s=5)
     assert joined == {**REPLY, "request_id": "r2", "cached": True}
@@ -113,7 +113,7 @@ def test_a_failed_computation_is_not_shared_nor_cached():
     cache.fail(lead, RuntimeError("worker failed"))
     assert cache.joined_reply(follow, "r2", timeout_s=5) is None  # it computes its own
     again = cache.enter("r3", "q")
-    assert again.leads and again.flight.key == "q" and cache.stats().entries == 0
+    assert again.leads and again.flight.key == (None, "q") and cache.stats().entries == 0
     with pytest.raises(TimeoutError):
         cache.joined_reply(cache.enter("r4", "q"), "r4", timeout_s=0.01)
 

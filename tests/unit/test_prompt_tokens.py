@@ -45,6 +45,15 @@ def test_counts_decoding_and_padding_agree_with_the_tokenizer(tokens, hf_tokeniz
     assert ours["input_ids"].equal(theirs["input_ids"]) and ours["attention_mask"].equal(theirs["attention_mask"])
 
 
+def test_decoding_skips_only_the_special_added_tokens_as_the_tokenizer_does(tokens, hf_tokenizer):
+    """Encoding keeps every added token's string as text; decoding still reads the ids as the tokenizer
+    marks them: `<tool_call>` (not special) is text, `<|im_end|>` (special) is skipped."""
+    added = sorted(hf_tokenizer.added_tokens_decoder)
+    ids = [i for token_id in added for i in (token_id, *hf_tokenizer.encode(" x", add_special_tokens=False))]
+    assert tokens.decode(ids) == hf_tokenizer.decode(ids, skip_special_tokens=True)
+    assert tokens.decode(ids, skip_special_tokens=False) == hf_tokenizer.decode(ids, skip_special_tokens=False)
+    assert any(not token.special for token in hf_tokenizer.added_tokens_decoder.values())
+
 def test_threads_share_it_with_no_lock_and_get_what_one_thread_gets(tokens, hf_tokenizer):
     """Request threads count and decode while the generation thread encodes prompts; meanwhile the
     tokenizer it was built from is called with changing padding and truncation (what once made a

@@ -179,10 +179,11 @@ def test_32_threads_on_4_questions_through_the_reply_cache_recompute_after_a_fai
     flights_wait = cache._flights.wait
 
     def counting_wait(flight, timeout_s):  # tells the leader when its 7 joiners are in
+        question = flight.key[1]  # keyed (caller, normalised question); no caller here
         with lock:
-            waiting[flight.key] = waiting.get(flight.key, 0) + 1
-            if waiting[flight.key] == threads // keys - 1:
-                all_waiting[flight.key].set()
+            waiting[question] = waiting.get(question, 0) + 1
+            if waiting[question] == threads // keys - 1:
+                all_waiting[question].set()
         return flights_wait(flight, timeout_s)
 
     cache._flights.wait = counting_wait

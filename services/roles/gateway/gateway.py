@@ -47,7 +47,7 @@ class Gateway:
             return self.router.forward(request, deadline)
         # looked_up: the request_id rules have just counted this question's miss.
         return cache.answer(request.request_id, request.query, lambda: self.router.forward(request, deadline),
-                            max(0.0, deadline - time.monotonic()), looked_up=True)
+                            max(0.0, deadline - time.monotonic()), caller=request.caller, looked_up=True)
 
     def status(self) -> list[dict]:
         return self.router.status()

@@ -1,5 +1,8 @@
 """The gateway's request_id rules: each id computed once, bound to its query, within capacity.
 
+An id is its caller's (the API key it came with, services/server/auth.py; None without keys): the
+same id from two keys is two ids, so one key never joins, replays nor collides with (409) another's.
+
 The same id in flight joins the computation (its outcome, a failure included); a recently
 completed one is answered from a bounded cache (failures are not cached). An id is bound to the
 exact request it first came with (a sha256 of its query and the fields that shape its answer):
@@ -32,6 +35,14 @@ def request_digest(request: AnswerRequest) -> str:
     return hashlib.sha256(json.dumps(asked, sort_keys=True).encode("utf-8")).hexdigest()
 
 
+# A request_id as its caller's own (caller, request_id): what flights and completed replies are keyed by.
+ScopedId = tuple[str | None, str]
+
+
+def scoped_id(request: AnswerRequest) -> ScopedId:
+    return request.caller, request.request_id
+
+
 class Idempotency:
     """Request_id → its completed reply, its computation in flight (with joiners), or a new one."""
 
@@ -42,8 +53,8 @@ class Idempotency:
         self.max_in_flight = max_in_flight
         self.max_joiners_per_id, self.max_joiners = max_joiners_per_id, max_joiners
         self.response_cache = response_cache
-        self.flights = SingleFlight()  # by request_id; each flight's meta is its query digest
-        # (query digest, reply) by request_id, oldest first; a ttl of 0 keeps none.
+        self.flights = SingleFlight()  # by (caller, request_id); each flight's meta is its query digest
+        # (query digest, reply) by (caller, request_id), oldest first; a ttl of 0 keeps none.
         self.completed = LruCache("idempotency", completed_cache_size if completed_ttl_s > 0 else 0,
                                   completed_ttl_s, refresh_on_read=False)
         # The counters and the latency average; taken last (inside the flights' lock, never around it).
@@ -58,12 +69,11 @@ class Idempotency:
         started = time.monotonic()
         deadline = started + timeout_s
         request_id, digest = request.request_id, request_digest(request)
-        # The question whose reply-cache entry may answer it (None: this is not the question's answer).
-        query = request.query if request.is_the_questions_answer else None
+        key = scoped_id(request)
         entry = self.flights.enter(
-            request_id, meta=digest, lookup=lambda: self._completed_reply(request_id, digest),
+            key, meta=digest, lookup=lambda: self._completed_reply(key, digest),
             admit_joiner=lambda flight, joining: self._admit_joiner(request_id, digest, flight, joining),
-            admit_leader=lambda in_flight: self._admit_leader(request_id, query, digest, in_flight))
+            admit_leader=lambda in_flight: self._admit_leader(request, digest, in_flight))
         if not entry.leads:
             yield from replay(self._known_or_joined(entry, deadline))
             return
@@ -73,7 +83,7 @@ class Idempotency:
                               ServiceClosed(f"the caller streaming request_id {request_id!r} left before its answer"))
 
         yield from relay(lambda: compute(deadline), failed=failed,
-                         landed=lambda reply: self._land(entry, request_id, digest, reply, started))
+                         landed=lambda reply: self._land(entry, key, digest, reply, started))
 
     def _known_or_joined(self, entry: Entry, deadline: float) -> dict:
         """A reply already known, or the one of the computation joined (the same id and query)."""
@@ -84,25 +94,25 @@ class Idempotency:
         except TimeoutError:  # our wait, or the computation's own timeout
             raise RequestTimeout("request timed out") from None
 
-    def _land(self, entry: Entry, request_id: str, digest: str, reply: dict, started: float) -> None:
+    def _land(self, entry: Entry, key: ScopedId, digest: str, reply: dict, started: float) -> None:
         """Cache a successful reply (never a failure), then hand it to the joiners."""
         now = time.monotonic()
         if not reply.get("cached"):  # a reply-cache hit says nothing about how long a computation takes
             with self._lock:
                 self._latency_ema_s = 0.8 * self._latency_ema_s + 0.2 * (now - started) if self._latency_ema_s \
                     else now - started
-        self.completed.put(request_id, (digest, reply))  # before the flight lands: no gap to recompute in
+        self.completed.put(key, (digest, reply))  # before the flight lands: no gap to recompute in
         self.flights.finish(entry.held, reply)
 
     # ------------------------------------------------------------------ the rules, run under the flights' lock
 
-    def _completed_reply(self, request_id: str, digest: str) -> dict | None:
-        """A recently completed reply for this id; expired entries are dropped on the way."""
+    def _completed_reply(self, key: ScopedId, digest: str) -> dict | None:
+        """A recently completed reply for this caller's id; expired entries are dropped on the way."""
         self.completed.purge_expired()
-        entry = self.completed.get(request_id)
+        entry = self.completed.get(key)
         if entry is None:
             return None
-        self._check_same_query(request_id, entry[0], digest)
+        self._check_same_query(key[1], entry[0], digest)
         return entry[1]
 
     def _check_same_query(self, request_id: str, known: str, digest: str) -> None:
@@ -126,12 +136,14 @@ class Idempotency:
         raise Overloaded(f"too many callers waiting on a request_id in flight ({limit})",
                          retry_after_s=self._retry_after_s(time.monotonic() - flight.started))
 
-    def _admit_leader(self, request_id: str, query: str | None, digest: str, in_flight: int) -> dict | None:
-        """A reply-cache hit (now the id's answer: it takes no capacity), else a free slot or a refusal."""
+    def _admit_leader(self, request: AnswerRequest, digest: str, in_flight: int) -> dict | None:
+        """A reply-cache hit (now the id's answer: it takes no capacity), else a free slot or a refusal.
+        The reply cache holds only the question's own answer (greedy, uncapped, no stop strings)."""
         cache = self.response_cache
-        hit = cache.get(request_id, query) if cache is not None and query is not None else None
+        hit = cache.get(request.request_id, request.query, caller=request.caller) \
+            if cache is not None and request.is_the_questions_answer else None
         if hit is not None:
-            self.completed.put(request_id, (digest, hit))
+            self.completed.put(scoped_id(request), (digest, hit))
             return hit
         if in_flight >= self.max_in_flight:
             with self._lock:
