@@ -1,7 +1,11 @@
-"""Build the document database and FAISS index that the service reads.
+"""Build the document database and FAISS index that the service reads, as a data version.
 
     python -m builders.data build --out DIR --kind {course,support} [--docs N]
         [--nlist N] [--nprobe 64] [--seed 0] [--shards 1] [--force] [--batch-size B]
+    python -m builders.data update --from DIR_N --out DIR_N+1 --changes FILE.jsonl   (builders.incremental)
+
+Every build is a data version (pipeline.data_version): ``DIR/manifest.json``, written last, names it
+(the directory's name), its content hash, documents, embedder, index parameters and shard layout.
 
 writes ``DIR/documents/documents.db`` and an ``IndexIVFFlat`` (L2, 768-d) whose ids are the doc_ids:
 ``DIR/faiss_index.bin``, or with ``--shards N`` the N files ``pipeline.shards.shard_path`` names, shard
@@ -21,6 +25,7 @@ complete build.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 import time
@@ -43,6 +48,8 @@ from builders.build_files import (
 )
 from builders.corpus import course_document, support_documents
 from builders.ivf_writer import write_ivfflat
+from builders.manifest import configured_embedder, random_vectors, version_of, write_build_manifest
+from pipeline.data_version import EmbedderInfo, Manifest
 from pipeline.spec import EMBED_DIM
 
 log = logging.getLogger(__name__)
@@ -76,6 +83,11 @@ class BuildResult:
     seed: int
     seconds: float
     shards: int = 1
+    manifest: Manifest | None = None  # written last: the build is the data version it names
+
+    @property
+    def version(self) -> str | None:
+        return self.manifest.version if self.manifest is not None else None
 
     @property
     def index_files(self) -> list[Path]:
@@ -131,6 +143,7 @@ def build_course(
 ) -> BuildResult:
     """Course rows and an IVFFlat of seeded random vectors (or ``shards`` of them), streamed in batches."""
     params = _ivf_params(n_docs, nlist, nprobe, train_size, batch_size, shards)
+    version_of(out_dir, None)
     started = time.perf_counter()
     with staged_outputs(out_dir, force, shards) as (db_tmp, index_tmps):
         rows = (course_document(i).as_row() for i in range(n_docs))
@@ -143,7 +156,8 @@ def build_course(
         del sample
         vectors = partial(course_vector_batches, n_docs, dim, seed, batch_size)
         write_ivfflat(index_tmps, index, vectors, n_docs, progress)
-    return _result("course", out_dir, n_docs, dim, params, seed, started, shards)
+    manifest = _manifest("course", out_dir, n_docs, random_vectors(dim), params, seed, shards)
+    return _result("course", out_dir, n_docs, dim, params, seed, started, shards, manifest)
 
 
 def build_support(
@@ -159,21 +173,27 @@ def build_support(
     progress: bool = True,
     train_size: int | None = None,
     shards: int = 1,
+    embedder: EmbedderInfo | None = None,
 ) -> BuildResult:
     """Support articles and an IVFFlat (or ``shards`` of them) of their ``content`` embeddings.
 
     ``embed_fn(texts) -> (len(texts), d) float32`` is called once per batch of
     ``batch_size`` documents; the embeddings are kept in memory (3 KB per
     document at d=768), since recomputing them for the second pass would cost
-    far more.
+    far more. ``embedder`` names what ``embed_fn`` computes, for the manifest (default: the embedder
+    the environment configures, which the CLI embeds with).
     """
     params = _ivf_params(n_docs, nlist, nprobe, train_size, batch_size, shards)
+    version_of(out_dir, None)
     started = time.perf_counter()
     with staged_outputs(out_dir, force, shards) as (db_tmp, index_tmps):
         vectors = _write_and_embed(db_tmp, support_documents(n_docs, seed), n_docs, embed_fn, batch_size, progress)
         index = _train_index(vectors[_sample_rows(n_docs, params.train_size, seed)], params)
         write_ivfflat(index_tmps, index, partial(_row_batches, vectors, batch_size), n_docs, progress)
-    return _result("support", out_dir, n_docs, vectors.shape[1], params, seed, started, shards)
+    dim = vectors.shape[1]
+    identity = dataclasses.replace(embedder or configured_embedder(dim), dim=dim)
+    manifest = _manifest("support", out_dir, n_docs, identity, params, seed, shards)
+    return _result("support", out_dir, n_docs, dim, params, seed, started, shards, manifest)
 
 
 def _ivf_params(
@@ -199,14 +219,27 @@ def _ivf_params(
     return _IvfParams(nlist=nlist, nprobe=min(nprobe, nlist), train_size=train_size)
 
 
+def index_parameters(params: _IvfParams, seed: int, dim: int) -> dict:
+    """The index parameters a manifest records."""
+    return {"type": "IndexIVFFlat", "metric": "L2", "dim": dim, "nlist": params.nlist, "nprobe": params.nprobe,
+            "train_size": params.train_size, "seed": seed}
+
+
+def _manifest(kind: str, out_dir, n_docs: int, embedder: EmbedderInfo, params: _IvfParams, seed: int,
+              shards: int) -> Manifest:
+    return write_build_manifest(out_dir, kind=kind, embedder=embedder, documents=n_docs,
+                                index=index_parameters(params, seed, embedder.dim), shards=shards)
+
+
 def _result(
-    kind: str, out_dir, n_docs: int, dim: int, params: _IvfParams, seed: int, started: float, shards: int
+    kind: str, out_dir, n_docs: int, dim: int, params: _IvfParams, seed: int, started: float, shards: int,
+    manifest: Manifest | None = None,
 ) -> BuildResult:
     db_path, index_path = output_paths(out_dir)
     return BuildResult(
         kind=kind, db_path=db_path, index_path=index_path, n_docs=n_docs, ntotal=n_docs, dim=dim,
         nlist=params.nlist, nprobe=params.nprobe, train_size=params.train_size, seed=seed,
-        seconds=time.perf_counter() - started, shards=shards,
+        seconds=time.perf_counter() - started, shards=shards, manifest=manifest,
     )
 
 
@@ -280,16 +313,40 @@ def _parser() -> argparse.ArgumentParser:
         help=f"vectors per batch for course ({COURSE_BATCH}), documents per embedding batch for support ({SUPPORT_BATCH})",
     )
     build.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    update = sub.add_parser("update", help="build version N+1 from version N: only changed documents embedded")
+    update.add_argument("--from", dest="source", required=True, type=Path, help="the complete version N's directory")
+    update.add_argument("--out", required=True, type=Path,
+                        help="the new version's directory (its name is the version id), beside N's")
+    update.add_argument("--changes", required=True, type=Path,
+                        help="JSON lines: a document (doc_id, title, content, category) adds or replaces; "
+                             '{"doc_id": N, "delete": true} deletes')
+    update.add_argument("--force", action="store_true", help="overwrite an existing output directory")
     return parser
 
 
-def _configured_embed_fn() -> EmbedFn:
+def configured_embedder_fn() -> tuple[EmbedFn, EmbedderInfo]:
+    """The environment's embedder, loaded, and its identity for the manifest."""
     # Imported lazily: the model stack is only needed for support builds.
     from builders.standins import source_building_standins
     from pipeline.config import Settings
+    from pipeline.data_version import embedder_info
     from pipeline.embedder import Embedder
     settings = Settings.from_env()
-    return Embedder.from_settings(settings, source_building_standins(settings)).embed
+    source = source_building_standins(settings)
+    embedder = Embedder.from_settings(settings, source)
+    return embedder.embed, embedder_info(source, embedder.placement.precision, EMBED_DIM)
+
+
+def _run_update(args: argparse.Namespace) -> str:
+    from builders.incremental import Changes, update_version
+    changes = Changes.read(args.changes)
+    version_of(args.out, None)
+    check_outputs(args.out, args.force, 1)  # fail before loading the model
+    embed_fn, identity = configured_embedder_fn()
+    result = update_version(args.source, args.out, changes, embed_fn, identity, force=args.force)
+    m = result.manifest
+    return (f"built version {m.version} from {m.parent}: {result.added} added, {result.replaced} replaced, "
+            f"{result.deleted} deleted, {m.documents} documents, in {result.seconds:.1f} s\n  {args.out}")
 
 
 def _run_build(args: argparse.Namespace) -> BuildResult:
@@ -301,15 +358,17 @@ def _run_build(args: argparse.Namespace) -> BuildResult:
         return build_course(args.out, COURSE_DOCS if args.docs is None else args.docs, **common)
     n_docs = SUPPORT_DOCS if args.docs is None else args.docs
     _ivf_params(n_docs, args.nlist, args.nprobe, None, common.get("batch_size", SUPPORT_BATCH), args.shards)
+    version_of(args.out, None)
     check_outputs(args.out, args.force, args.shards)  # fail before loading the model
-    return build_support(args.out, n_docs, _configured_embed_fn(), **common)
+    embed_fn, identity = configured_embedder_fn()
+    return build_support(args.out, n_docs, embed_fn, embedder=identity, **common)
 
 
 def _describe(result: BuildResult) -> str:
     return (
         f"built {result.kind}: {result.n_docs} documents, {result.ntotal} x {result.dim} vectors "
         f"(nlist={result.nlist}, nprobe={result.nprobe}{f', {result.shards} shards' if result.shards > 1 else ''}) "
-        f"in {result.seconds:.1f} s\n"
+        f"in {result.seconds:.1f} s: data version {result.version}\n"
         f"  {result.db_path} ({result.db_bytes / 1e6:.1f} MB)\n"
         + "\n".join(f"  {path} ({path.stat().st_size / 1e6:.1f} MB)" for path in result.index_files)
     )
@@ -319,14 +378,14 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        result = _run_build(args)
+        described = _run_update(args) if args.command == "update" else _describe(_run_build(args))
     except BuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted: partial files removed", file=sys.stderr)
         return 130
-    print(_describe(result))
+    print(described)
     return 0
 
 
