@@ -23,7 +23,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from pipeline.data_version import remove_manifest
+from pipeline.data_version import manifest_path, remove_manifest
 from pipeline.shards import shard_files_beside, shard_path
 from pipeline.spec import DOCUMENTS_COLUMNS, DOCUMENTS_DB, DOCUMENTS_SCHEMA, DOCUMENTS_TABLE
 
@@ -62,7 +62,10 @@ def stale_index_files(index_path: str | Path, shards: int) -> list[Path]:
 
 
 def check_outputs(out_dir: str | Path, force: bool, shards: int = 1) -> None:
-    """Raise :class:`OutputExistsError` if a build would overwrite or remove files without ``force``."""
+    """Raise :class:`OutputExistsError` if a build would overwrite or remove a version's files without
+    ``force``; files beside no manifest are what an interrupted build left, replaced without asking."""
+    if not manifest_path(out_dir).is_file():
+        return
     db_path, index_path = output_paths(out_dir)
     existing = [p for p in (db_path, *index_files(index_path, shards)) if p.exists()]
     existing += stale_index_files(index_path, shards)
