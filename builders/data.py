@@ -47,8 +47,17 @@ from builders.build_files import (
     staged_outputs,
 )
 from builders.corpus import course_document, support_documents
+from builders.embedding import write_and_embed
+from builders.incremental import run_update
 from builders.ivf_writer import write_ivfflat
-from builders.manifest import configured_embedder, random_vectors, version_of, write_build_manifest
+from builders.manifest import (
+    configured_embedder,
+    configured_embedder_fn,
+    index_parameters,
+    random_vectors,
+    version_of,
+    write_build_manifest,
+)
 from pipeline.data_version import EmbedderInfo, Manifest
 from pipeline.spec import EMBED_DIM
 
@@ -156,7 +165,8 @@ def build_course(
         del sample
         vectors = partial(course_vector_batches, n_docs, dim, seed, batch_size)
         write_ivfflat(index_tmps, index, vectors, n_docs, progress)
-    manifest = _manifest("course", out_dir, n_docs, random_vectors(dim), params, seed, shards)
+    manifest = write_build_manifest(out_dir, kind="course", embedder=random_vectors(dim), documents=n_docs,
+                                    index=index_parameters(params, seed, dim), shards=shards)
     return _result("course", out_dir, n_docs, dim, params, seed, started, shards, manifest)
 
 
@@ -187,12 +197,13 @@ def build_support(
     version_of(out_dir, None)
     started = time.perf_counter()
     with staged_outputs(out_dir, force, shards) as (db_tmp, index_tmps):
-        vectors = _write_and_embed(db_tmp, support_documents(n_docs, seed), n_docs, embed_fn, batch_size, progress)
+        vectors = write_and_embed(db_tmp, support_documents(n_docs, seed), n_docs, embed_fn, batch_size, progress)
         index = _train_index(vectors[_sample_rows(n_docs, params.train_size, seed)], params)
         write_ivfflat(index_tmps, index, partial(_row_batches, vectors, batch_size), n_docs, progress)
     dim = vectors.shape[1]
     identity = dataclasses.replace(embedder or configured_embedder(dim), dim=dim)
-    manifest = _manifest("support", out_dir, n_docs, identity, params, seed, shards)
+    manifest = write_build_manifest(out_dir, kind="support", embedder=identity, documents=n_docs,
+                                    index=index_parameters(params, seed, dim), shards=shards)
     return _result("support", out_dir, n_docs, dim, params, seed, started, shards, manifest)
 
 
@@ -219,18 +230,6 @@ def _ivf_params(
     return _IvfParams(nlist=nlist, nprobe=min(nprobe, nlist), train_size=train_size)
 
 
-def index_parameters(params: _IvfParams, seed: int, dim: int) -> dict:
-    """The index parameters a manifest records."""
-    return {"type": "IndexIVFFlat", "metric": "L2", "dim": dim, "nlist": params.nlist, "nprobe": params.nprobe,
-            "train_size": params.train_size, "seed": seed}
-
-
-def _manifest(kind: str, out_dir, n_docs: int, embedder: EmbedderInfo, params: _IvfParams, seed: int,
-              shards: int) -> Manifest:
-    return write_build_manifest(out_dir, kind=kind, embedder=embedder, documents=n_docs,
-                                index=index_parameters(params, seed, embedder.dim), shards=shards)
-
-
 def _result(
     kind: str, out_dir, n_docs: int, dim: int, params: _IvfParams, seed: int, started: float, shards: int,
     manifest: Manifest | None = None,
@@ -252,34 +251,6 @@ def _sample_rows(n: int, size: int, seed: int) -> np.ndarray:
     if size >= n:
         return np.arange(n)
     return np.sort(np.random.default_rng(seed).choice(n, size, replace=False))
-
-
-def _write_and_embed(db_path: Path, docs, n_docs: int, embed_fn: EmbedFn, batch_size: int, progress: bool) -> np.ndarray:
-    """Insert the documents and return their embeddings as an (n_docs, d) float32 array."""
-    vectors: np.ndarray | None = None
-    done = 0
-    with db_writer(db_path) as insert:
-        for chunk in chunks(docs, batch_size, n_docs, "documents+embeddings", progress):
-            insert([doc.as_row() for doc in chunk])
-            emb = _checked_embeddings(embed_fn([doc.content for doc in chunk]), len(chunk))
-            if vectors is None:
-                vectors = np.empty((n_docs, emb.shape[1]), dtype=np.float32)
-            elif emb.shape[1] != vectors.shape[1]:
-                raise ValueError(f"embedding dimension changed from {vectors.shape[1]} to {emb.shape[1]}")
-            vectors[done : done + len(chunk)] = emb
-            done += len(chunk)
-    if done != n_docs:
-        raise RuntimeError(f"corpus produced {done} documents, expected {n_docs}")
-    return vectors
-
-
-def _checked_embeddings(emb, rows: int) -> np.ndarray:
-    emb = np.asarray(emb, dtype=np.float32)
-    if emb.ndim != 2 or emb.shape[0] != rows:
-        raise ValueError(f"embed_fn returned shape {emb.shape} for {rows} texts")
-    if not np.isfinite(emb).all():
-        raise ValueError("embed_fn returned NaN or infinite values")
-    return emb
 
 
 def _train_index(sample: np.ndarray, params: _IvfParams) -> faiss.IndexIVFFlat:
@@ -324,31 +295,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def configured_embedder_fn() -> tuple[EmbedFn, EmbedderInfo]:
-    """The environment's embedder, loaded, and its identity for the manifest."""
-    # Imported lazily: the model stack is only needed for support builds.
-    from builders.standins import source_building_standins
-    from pipeline.config import Settings
-    from pipeline.data_version import embedder_info
-    from pipeline.embedder import Embedder
-    settings = Settings.from_env()
-    source = source_building_standins(settings)
-    embedder = Embedder.from_settings(settings, source)
-    return embedder.embed, embedder_info(source, embedder.placement.precision, EMBED_DIM)
-
-
-def _run_update(args: argparse.Namespace) -> str:
-    from builders.incremental import Changes, update_version
-    changes = Changes.read(args.changes)
-    version_of(args.out, None)
-    check_outputs(args.out, args.force, 1)  # fail before loading the model
-    embed_fn, identity = configured_embedder_fn()
-    result = update_version(args.source, args.out, changes, embed_fn, identity, force=args.force)
-    m = result.manifest
-    return (f"built version {m.version} from {m.parent}: {result.added} added, {result.replaced} replaced, "
-            f"{result.deleted} deleted, {m.documents} documents, in {result.seconds:.1f} s\n  {args.out}")
-
-
 def _run_build(args: argparse.Namespace) -> BuildResult:
     common = dict(nlist=args.nlist, nprobe=args.nprobe, seed=args.seed, force=args.force, progress=not args.no_progress,
                   shards=args.shards)
@@ -378,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        described = _run_update(args) if args.command == "update" else _describe(_run_build(args))
+        described = run_update(args) if args.command == "update" else _describe(_run_build(args))
     except BuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -122,6 +122,20 @@ def update_version(from_dir: str | Path, out_dir: str | Path, changes: Changes, 
     return UpdateResult(manifest, delta["added"], replaced, delta["deleted"], time.perf_counter() - started)
 
 
+def run_update(args) -> str:
+    """`python -m builders.data update`: the changes read and checked before the embedder loads."""
+    from builders.build_files import check_outputs
+    from builders.manifest import configured_embedder_fn
+    changes = Changes.read(args.changes)
+    version_of(args.out, None)
+    check_outputs(args.out, args.force)
+    embed_fn, identity = configured_embedder_fn()
+    result = update_version(args.source, args.out, changes, embed_fn, identity, force=args.force)
+    m = result.manifest
+    return (f"built version {m.version} from {m.parent}: {result.added} added, {result.replaced} replaced, "
+            f"{result.deleted} deleted, {m.documents} documents, in {result.seconds:.1f} s\n  {args.out}")
+
+
 def _existing_ids(db_path: Path, ids: Iterable[int]) -> set[int]:
     ids = list(ids)
     found: set[int] = set()

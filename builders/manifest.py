@@ -1,8 +1,12 @@
 """The manifest of a build (pipeline.data_version), written after every other file of it."""
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
+
+import numpy as np
 
 from builders.build_files import BuildError, index_files, output_paths
 from pipeline.data_version import (
@@ -13,6 +17,7 @@ from pipeline.data_version import (
     content_hash,
     write_manifest,
 )
+from pipeline.spec import EMBED_DIM
 
 
 class InvalidVersion(BuildError, ValueError):
@@ -48,6 +53,26 @@ def configured_embedder(dim: int) -> EmbedderInfo:
     return embedder_info(source_building_standins(settings), placement_for(settings, Stage.EMBED).precision, dim)
 
 
+def index_parameters(params, seed: int, dim: int) -> dict:
+    """The index parameters a manifest records (params: builders.data's nlist, nprobe and train_size)."""
+    return {"type": "IndexIVFFlat", "metric": "L2", "dim": dim, "nlist": params.nlist, "nprobe": params.nprobe,
+            "train_size": params.train_size, "seed": seed}
+
+
+def configured_embedder_fn() -> tuple[Callable[[list[str]], np.ndarray], EmbedderInfo]:
+    """The environment's embedder, loaded, and its identity for the manifest."""
+    # Imported lazily: the model stack is only needed for support builds.
+    from builders.standins import source_building_standins
+    from pipeline.config import Settings
+    from pipeline.data_version import embedder_info
+    from pipeline.embedder import Embedder
+    settings = Settings.from_env()
+    source = source_building_standins(settings)
+    embedder = Embedder.from_settings(settings, source)
+    return embedder.embed, embedder_info(source, embedder.placement.precision, EMBED_DIM)
+
+
+
 def write_build_manifest(out_dir: str | Path, *, kind: str, embedder: EmbedderInfo, documents: int,
                          index: dict, shards: int, parent: str | None = None,
                          changes: dict[str, int] | None = None) -> Manifest:
@@ -57,7 +82,16 @@ def write_build_manifest(out_dir: str | Path, *, kind: str, embedder: EmbedderIn
         version=version_of(out_dir, None), content_hash=content_hash(db_path), documents=documents,
         embedder=embedder, index=index, shards=shards,
         index_files=[path.name for path in index_files(index_path, shards)],
+        index_sha256={path.name: file_sha256(path) for path in index_files(index_path, shards)},
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"), kind=kind, parent=parent,
         changes=dict(changes or {}))
     write_manifest(out_dir, manifest)
     return manifest
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()

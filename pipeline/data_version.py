@@ -77,7 +77,8 @@ def embedder_mismatch(built: EmbedderInfo, ours: EmbedderInfo) -> list[str]:
 @dataclass(frozen=True)
 class Manifest:
     """What one build wrote: ``version`` (its id; the directory's name), ``content_hash`` (sha256 of the
-    documents table, rows in doc_id order), the embedder, the index parameters and the shard layout.
+    documents table, rows in doc_id order), the embedder, the index parameters and the shard layout
+    (with each index file's sha256).
     ``parent``: the version an incremental build started from, with what it changed."""
     version: str
     content_hash: str
@@ -90,6 +91,7 @@ class Manifest:
     kind: str
     parent: str | None = None
     changes: dict[str, int] = field(default_factory=dict)
+    index_sha256: dict[str, str] = field(default_factory=dict)  # each index file's, by name
     format: int = MANIFEST_FORMAT
 
     def to_json(self) -> dict[str, Any]:
@@ -101,7 +103,8 @@ class Manifest:
                    documents=int(data["documents"]), embedder=EmbedderInfo.from_json(data["embedder"]),
                    index=dict(data["index"]), shards=int(data["shards"]), index_files=list(data["index_files"]),
                    created=str(data["created"]), kind=str(data["kind"]), parent=data.get("parent"),
-                   changes=dict(data.get("changes") or {}), format=int(data.get("format", MANIFEST_FORMAT)))
+                   changes=dict(data.get("changes") or {}), index_sha256=dict(data.get("index_sha256") or {}),
+                   format=int(data.get("format", MANIFEST_FORMAT)))
 
 
 def manifest_path(version_dir: str | Path) -> Path:

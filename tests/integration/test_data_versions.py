@@ -15,6 +15,7 @@ from pathlib import Path
 import faiss
 import pytest
 
+from builders.manifest import file_sha256
 from pipeline.config import REPO_ROOT
 from pipeline.data_version import (
     MANIFEST_NAME,
@@ -92,15 +93,17 @@ def build(args: list[str]) -> subprocess.Popen:
 
 
 def assert_one_complete_version_or_none(version_dir: Path) -> str | None:
-    """The invariant a kill must keep: a manifest only beside the very files it describes."""
+    """The invariant a kill must keep: a manifest only beside the very files it describes. Returns
+    what identifies the version (its documents' and index files' hashes), or None for no version."""
     try:
         manifest = load_version(version_dir)
     except DataVersionError:
         return None
     assert content_hash(version_dir / "documents" / "documents.db") == manifest.content_hash
+    assert {name: file_sha256(version_dir / name) for name in manifest.index_files} == manifest.index_sha256
     ntotal = sum(faiss.read_index(str(version_dir / name)).ntotal for name in manifest.index_files)
     assert ntotal == manifest.documents
-    return manifest.content_hash
+    return f"{manifest.content_hash} {sorted(manifest.index_sha256.values())}"
 
 
 def kill_when(proc: subprocess.Popen, condition, timeout_s: float = 300) -> None:
