@@ -292,6 +292,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="JSON lines: a document (doc_id, title, content, category) adds or replaces; "
                              '{"doc_id": N, "delete": true} deletes')
     update.add_argument("--force", action="store_true", help="overwrite an existing output directory")
+    update.add_argument("--no-progress", action="store_true", help="accepted as build's (an update shows no bars)")
     return parser
 
 

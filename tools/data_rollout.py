@@ -62,21 +62,23 @@ class Rollout:
         return self.settings.cluster.workers
 
     def run(self) -> None:
-        self._each(self.index_nodes, "load", "index nodes hold their shard of")
-        self._each(self.workers, "load", "workers hold the documents of")
-        self._each(self.workers, "switch", "workers answer new requests from")
-        self._release_old(self.workers)
+        self.step(self.index_nodes, "load")
+        self.step(self.workers, "load")
+        self.step(self.workers, "switch")
+        self.release_old(self.workers)
         self._call(0, "POST", "/cache/clear", None)
-        self._each(self.index_nodes, "switch", "index nodes search by default in")
-        self._release_old(self.index_nodes)
+        self.step(self.index_nodes, "switch")
+        self.release_old(self.index_nodes)
         log.info("every node serves data version %s alone", self.version)
 
-    def _each(self, nodes: Sequence[int], action: str, what: str) -> None:
+    def step(self, nodes: Sequence[int], action: str) -> None:
+        """POST /data/<action> ("load" or "switch") of the version to each node in turn."""
         for node in nodes:
             self._call(node, "POST", f"/data/{action}", {"version": self.version})
-        log.info("%s %s: nodes %s", what, self.version, ", ".join(map(str, nodes)))
+        log.info("%s %s on nodes %s", action, self.version, ", ".join(map(str, nodes)))
 
-    def _release_old(self, nodes: Sequence[int]) -> None:
+    def release_old(self, nodes: Sequence[int]) -> None:
+        """Every version but this one released on each node, once its requests in flight end."""
         for node in nodes:
             status = self._call(node, "GET", "/data", None)
             for entry in status.get("loaded", []):

@@ -70,7 +70,18 @@ def queries(root: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def expected(root, embedder, reranker) -> dict[str, dict[str, set[int]]]:
-    """version -> query -> the doc_ids its search, fetch and rerank give in that version."""
+    """version -> query -> the doc_ids its search, fetch and rerank give in that version, embedded on
+    one torch thread as the nodes embed (TORCH_THREADS=1: the same sums in the same order)."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _expected(root, embedder, reranker)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _expected(root: Path, embedder, reranker) -> dict[str, dict[str, set[int]]]:
     table: dict[str, dict[str, set[int]]] = {}
     for version in ("v1", "v2", "v3"):
         directory = root / version
@@ -198,12 +209,12 @@ def test_a_switch_interrupted_by_killed_nodes_leaves_each_request_on_one_version
     rollout = Rollout(cluster.settings, "v3", release_timeout_s=30, node_wait_s=240)
     with SteadyLoad(cluster.url(0), queries(root)) as load:
         wait_until(lambda: load.count() >= CLIENTS, 300, "replies from version 2")
-        rollout._each(cluster.settings.cluster.index_nodes, "load", "index nodes hold")
+        rollout.step(cluster.settings.cluster.index_nodes, "load")
         cluster.kill_node(index_node)  # SIGKILL after it loaded version 3, before any worker switched
         cluster.start_node(index_node)
         cluster.wait_healthy([index_node], timeout_s=120)
-        rollout._each((worker,), "load", "worker holds")
-        rollout._each((worker,), "switch", "worker answers from")  # node 0 still on version 2
+        rollout.step((worker,), "load")
+        rollout.step((worker,), "switch")  # node 0 still on version 2
         mixed = time.monotonic()
         wait_until(lambda: load.count(since=mixed) >= CLIENTS, 300, "replies while the workers differ")
         cluster.kill_node(worker)  # SIGKILL in the middle of the switch
