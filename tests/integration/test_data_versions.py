@@ -81,7 +81,7 @@ def test_a_node_refuses_a_build_without_its_manifest(support_data, tmp_path, nod
     (version / MANIFEST_NAME).unlink()
     code, output = run_node(node_env(version, node))
     assert code == 2, output[-3000:]
-    assert f"config error: {version} holds no {MANIFEST_NAME}: not a complete data build" in output
+    assert f"{version} holds no {MANIFEST_NAME}: not a complete data build" in output
 
 
 # ---------------------------------------------------------------- a builder killed anywhere

@@ -8,8 +8,8 @@ from pipeline.docstore import DocumentStore
 from pipeline.reranker import RerankRequest
 from pipeline.stages import Stages
 from pipeline.vector_index import VectorIndex
-from services.roles.worker.request_path import Worker
 from services.roles.versioned_data import VersionedData
+from services.roles.worker.request_path import Worker
 from services.roles.worker.role import worker_config
 from services.server.answer_request import AnswerRequest
 from services.server.stream_response import collect

@@ -13,7 +13,7 @@ from typing import Any
 from flask import Flask, jsonify
 
 from pipeline.config import Settings
-from pipeline.data_version import DataVersionError, Manifest, load_version, version_dir_of
+from pipeline.data_version import DataVersionError, Manifest
 from pipeline.shards import shard_path
 from pipeline.spec import Stage
 from services.roles.base import SPARE_HTTP_THREADS, Role
@@ -45,7 +45,6 @@ class IndexRole(Role):
     @staticmethod
     def check_settings(settings: Settings) -> None:
         settings.require_index_file(settings.require_node_number())
-        load_version(version_dir_of(settings.index.faiss_index_path))  # a complete build, else exit 2
 
     @property
     def max_body_bytes(self) -> int:

@@ -11,7 +11,7 @@ from flask import Flask, g, jsonify
 from pipeline import spec
 from pipeline.config import Settings
 from pipeline.config.checks import MAX_INTERNAL_TIMEOUT_S
-from pipeline.data_version import EmbedderInfo, check_embedder, embedder_info, load_version, version_dir_of
+from pipeline.data_version import EmbedderInfo, check_embedder, embedder_info
 from pipeline.device import describe_placement, placement_for
 from pipeline.docstore import DocumentStore
 from pipeline.stages import Stages
@@ -85,7 +85,6 @@ class WorkerRole(Role):
     @staticmethod
     def check_settings(settings: Settings) -> None:
         settings.require_documents()
-        load_version(version_dir_of(settings.fetch.documents_dir))  # a complete build, else exit 2
 
     def default_http_threads(self) -> int:
         # A request in flight holds one waitress thread while it waits on its futures. The
