@@ -213,3 +213,19 @@ def test_a_node_loads_a_version_from_beside_its_own_and_catches_up_on_a_named_on
     data.switch("v5")
     assert data.release("v1", 1) and data.current == "v5"
     data.close()
+
+
+def test_a_worker_refuses_to_load_a_version_built_by_another_embedder_naming_both(v1):
+    from pipeline.config import Settings
+    from services.roles.worker.role import versioned_documents
+    update_version(v1, v1.parent / "v6", Changes((), (30,)), fake_embed, FAKE)
+    settings = Settings.from_env({"DOCUMENTS_DIR": str(v1 / "documents")})
+    ours = dataclasses.replace(FAKE, source="hub")
+    data = versioned_documents(settings, ours)
+    with pytest.raises(DataVersionError) as refused:
+        data.load_startup()
+    assert "'v1'" in str(refused.value) and FAKE.describe() in str(refused.value) and ours.describe() in str(refused.value)
+    data = versioned_documents(settings, FAKE)
+    assert data.load_startup().version == "v1"
+    assert data.load("v6").parent == "v1"
+    data.close()
