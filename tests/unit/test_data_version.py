@@ -229,3 +229,11 @@ def test_a_worker_refuses_to_load_a_version_built_by_another_embedder_naming_bot
     assert data.load_startup().version == "v1"
     assert data.load("v6").parent == "v1"
     data.close()
+
+
+def test_the_openai_rag_field_names_the_data_version_that_answered():
+    from services.roles.gateway.openai_api import rag_fields
+    reply = {"request_id": "r", "generated_response": "a", "sentiment": "neutral", "is_toxic": "false",
+             "data_version": "v2", "sources": [4, 1]}
+    assert rag_fields(reply) == {"sentiment": "neutral", "is_toxic": "false", "request_id": "r", "data_version": "v2"}
+    assert "data_version" not in rag_fields({k: v for k, v in reply.items() if k != "data_version"})
