@@ -193,13 +193,6 @@ def data_root_of(path: str | Path) -> Path:
     return version_dir_of(path).resolve().parent
 
 
-def version_path(configured: str | Path, version: str) -> Path:
-    """`configured` (FAISS_INDEX_PATH or DOCUMENTS_DIR) in version `version`: the same name under
-    ``<data root>/<version>``."""
-    check_version_name(version)
-    return data_root_of(configured) / version / Path(configured).name
-
-
 def check_version_name(version: str) -> str:
     """A version id is a directory name: no separators, not hidden, not empty."""
     if not isinstance(version, str) or not version or version.startswith(".") or "/" in version \

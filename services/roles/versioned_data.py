@@ -38,10 +38,6 @@ class VersionedData(Generic[T]):
         self.manifests: dict[str, Manifest] = {}
         self._loading = threading.Lock()
 
-    def startup_manifest(self) -> Manifest:
-        """The manifest of the version the settings point at (DataVersionError: exit 2 at startup)."""
-        return load_version(version_dir_of(self.configured))
-
     def load_startup(self) -> Manifest:
         # Resolved once: a link repointed meanwhile cannot mix two versions' files.
         directory = version_dir_of(self.configured).resolve()
@@ -106,10 +102,6 @@ class VersionedData(Generic[T]):
     @property
     def current(self) -> str | None:
         return self.versions.current
-
-    def current_manifest(self) -> Manifest | None:
-        current = self.current
-        return self.manifests.get(current) if current is not None else None
 
     def status(self) -> dict:
         status = self.versions.status()
