@@ -86,7 +86,8 @@ build_demo_data() {
   # The shard count `./run.sh local` will serve (LOCAL_INDEX_SHARDS, else INDEX_SHARDS): its files.
   local shards="${LOCAL_INDEX_SHARDS:-${INDEX_SHARDS:-1}}" first="$FAISS_INDEX_PATH"
   [[ "$shards" == 1 ]] || first="${FAISS_INDEX_PATH%.bin}.shard-0-of-$shards.bin"
-  if [[ ! -f "$first" || ! -f "$DOCUMENTS_DIR/documents.db" ]]; then
+  # No manifest: built before data versions, or interrupted; nodes refuse it, so it is built again.
+  if [[ ! -f "$first" || ! -f "$DOCUMENTS_DIR/documents.db" || ! -f "$DEMO_DIR/manifest.json" ]]; then
     log "building the demo data (support corpus, $shards index shard(s)) in $DEMO_DIR"
     "$PY" -m builders.data build --out "$DEMO_DIR" --kind support --docs "${DEMO_DOCS:-2000}" --shards "$shards" --force
   fi
@@ -113,6 +114,11 @@ usage: ./run.sh COMMAND [args]   (configured only by environment variables: env.
   models             is each of the five real models in the Hugging Face cache? prints the command that
                      fetches each missing one; exit 0 when all are present, 1 otherwise (a node never
                      builds models: stand-ins are built by .venv/bin/python -m builders.standins --profile tiny)
+  data-rollout VERSION [--release-timeout-s S]
+                     switch the running cluster (the nodes' own NODE_<n>_IP settings) to data version VERSION,
+                     built beside the current one on every machine, with no downtime: every shard loaded
+                     everywhere first, then the workers switch, then the old version is released once its
+                     requests end (docs/scaling.md, "Data versions"); run it again if it was interrupted
   settings [--non-default]
                      print every setting's effective value and whether it is the default (secrets hidden);
                      exit 2 listing every bad value
@@ -173,6 +179,11 @@ case "$cmd" in
     shift
     exec "$PY" -m pipeline.config "$@"
     ;;
+  data-rollout)
+    setup
+    shift
+    exec "$PY" -m tools.data_rollout "$@"
+    ;;
   "")
     if [[ -z "${NODE_NUMBER:-}" ]]; then
       usage >&2
@@ -182,7 +193,7 @@ case "$cmd" in
     exec "$PY" -m services.node
     ;;
   *)
-    echo "unknown subcommand '$cmd': expected setup, test, demo, local, models, settings, lock, torch-build or help (or none with NODE_NUMBER set)" >&2
+    echo "unknown subcommand '$cmd': expected setup, test, demo, local, models, data-rollout, settings, lock, torch-build or help (or none with NODE_NUMBER set)" >&2
     exit 2
     ;;
 esac

@@ -1,9 +1,12 @@
-"""The files of a data build, written crash-safely: ``DIR/documents/documents.db`` and the index file(s).
+"""The files of a data build, written crash-safely: ``DIR/documents/documents.db`` and the index file(s);
+its manifest (builders.manifest) comes after them.
 
 Crash safety. Every file is written under a temporary name next to its final
 place (``documents/.documents.db.partial``, ``.faiss_index.bin.partial``, one per
 shard), fsynced, then renamed: database first, index files last, so they exist
-only after a complete build. Any failure removes the partial files; a failure
+only after a complete build. An existing manifest is removed before the first rename and the new
+one written after the last, so a build killed at any point (SIGKILL runs no cleanup) leaves either
+the previous version whole, with its manifest, or a directory without one, which no node serves. Any failure removes the partial files; a failure
 between the renames removes every final file, so a new database never sits
 beside a stale index. Existing outputs (and index files of another shard count,
 which the build then removes) are only replaced with ``force``; until the final
@@ -20,6 +23,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from pipeline.data_version import manifest_path, remove_manifest
 from pipeline.shards import shard_files_beside, shard_path
 from pipeline.spec import DOCUMENTS_COLUMNS, DOCUMENTS_DB, DOCUMENTS_SCHEMA, DOCUMENTS_TABLE
 
@@ -58,7 +62,10 @@ def stale_index_files(index_path: str | Path, shards: int) -> list[Path]:
 
 
 def check_outputs(out_dir: str | Path, force: bool, shards: int = 1) -> None:
-    """Raise :class:`OutputExistsError` if a build would overwrite or remove files without ``force``."""
+    """Raise :class:`OutputExistsError` if a build would overwrite or remove a version's files without
+    ``force``; files beside no manifest are what an interrupted build left, replaced without asking."""
+    if not manifest_path(out_dir).is_file():
+        return
     db_path, index_path = output_paths(out_dir)
     existing = [p for p in (db_path, *index_files(index_path, shards)) if p.exists()]
     existing += stale_index_files(index_path, shards)
@@ -84,6 +91,9 @@ def staged_outputs(out_dir: str | Path, force: bool, shards: int = 1) -> Iterato
     _remove(temps)  # leftovers of a build that was killed
     try:
         yield temps[0], temps[1:]
+        # The directory stops being a version before any of its files is replaced; the caller writes
+        # the new manifest last (builders.manifest), so a build killed anywhere leaves none.
+        remove_manifest(out_dir)
         _commit(temps, finals)
     except BaseException:
         _remove(temps)

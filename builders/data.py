@@ -1,7 +1,11 @@
-"""Build the document database and FAISS index that the service reads.
+"""Build the document database and FAISS index that the service reads, as a data version.
 
     python -m builders.data build --out DIR --kind {course,support} [--docs N]
         [--nlist N] [--nprobe 64] [--seed 0] [--shards 1] [--force] [--batch-size B]
+    python -m builders.data update --from DIR_N --out DIR_N+1 --changes FILE.jsonl   (builders.incremental)
+
+Every build is a data version (pipeline.data_version): ``DIR/manifest.json``, written last, names it
+(the directory's name), its content hash, documents, embedder, index parameters and shard layout.
 
 writes ``DIR/documents/documents.db`` and an ``IndexIVFFlat`` (L2, 768-d) whose ids are the doc_ids:
 ``DIR/faiss_index.bin``, or with ``--shards N`` the N files ``pipeline.shards.shard_path`` names, shard
@@ -21,6 +25,7 @@ complete build.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 import time
@@ -42,7 +47,18 @@ from builders.build_files import (
     staged_outputs,
 )
 from builders.corpus import course_document, support_documents
+from builders.embedding import write_and_embed
+from builders.incremental import run_update
 from builders.ivf_writer import write_ivfflat
+from builders.manifest import (
+    configured_embedder,
+    configured_embedder_fn,
+    index_parameters,
+    random_vectors,
+    version_of,
+    write_build_manifest,
+)
+from pipeline.data_version import EmbedderInfo, Manifest
 from pipeline.spec import EMBED_DIM
 
 log = logging.getLogger(__name__)
@@ -76,6 +92,11 @@ class BuildResult:
     seed: int
     seconds: float
     shards: int = 1
+    manifest: Manifest | None = None  # written last: the build is the data version it names
+
+    @property
+    def version(self) -> str | None:
+        return self.manifest.version if self.manifest is not None else None
 
     @property
     def index_files(self) -> list[Path]:
@@ -131,6 +152,7 @@ def build_course(
 ) -> BuildResult:
     """Course rows and an IVFFlat of seeded random vectors (or ``shards`` of them), streamed in batches."""
     params = _ivf_params(n_docs, nlist, nprobe, train_size, batch_size, shards)
+    version_of(out_dir, None)
     started = time.perf_counter()
     with staged_outputs(out_dir, force, shards) as (db_tmp, index_tmps):
         rows = (course_document(i).as_row() for i in range(n_docs))
@@ -143,7 +165,9 @@ def build_course(
         del sample
         vectors = partial(course_vector_batches, n_docs, dim, seed, batch_size)
         write_ivfflat(index_tmps, index, vectors, n_docs, progress)
-    return _result("course", out_dir, n_docs, dim, params, seed, started, shards)
+    manifest = write_build_manifest(out_dir, kind="course", embedder=random_vectors(dim), documents=n_docs,
+                                    index=index_parameters(params, seed, dim), shards=shards)
+    return _result("course", out_dir, n_docs, dim, params, seed, started, shards, manifest)
 
 
 def build_support(
@@ -159,21 +183,28 @@ def build_support(
     progress: bool = True,
     train_size: int | None = None,
     shards: int = 1,
+    embedder: EmbedderInfo | None = None,
 ) -> BuildResult:
     """Support articles and an IVFFlat (or ``shards`` of them) of their ``content`` embeddings.
 
     ``embed_fn(texts) -> (len(texts), d) float32`` is called once per batch of
     ``batch_size`` documents; the embeddings are kept in memory (3 KB per
     document at d=768), since recomputing them for the second pass would cost
-    far more.
+    far more. ``embedder`` names what ``embed_fn`` computes, for the manifest (default: the embedder
+    the environment configures, which the CLI embeds with).
     """
     params = _ivf_params(n_docs, nlist, nprobe, train_size, batch_size, shards)
+    version_of(out_dir, None)
     started = time.perf_counter()
     with staged_outputs(out_dir, force, shards) as (db_tmp, index_tmps):
-        vectors = _write_and_embed(db_tmp, support_documents(n_docs, seed), n_docs, embed_fn, batch_size, progress)
+        vectors = write_and_embed(db_tmp, support_documents(n_docs, seed), n_docs, embed_fn, batch_size, progress)
         index = _train_index(vectors[_sample_rows(n_docs, params.train_size, seed)], params)
         write_ivfflat(index_tmps, index, partial(_row_batches, vectors, batch_size), n_docs, progress)
-    return _result("support", out_dir, n_docs, vectors.shape[1], params, seed, started, shards)
+    dim = vectors.shape[1]
+    identity = dataclasses.replace(embedder or configured_embedder(dim), dim=dim)
+    manifest = write_build_manifest(out_dir, kind="support", embedder=identity, documents=n_docs,
+                                    index=index_parameters(params, seed, dim), shards=shards)
+    return _result("support", out_dir, n_docs, dim, params, seed, started, shards, manifest)
 
 
 def _ivf_params(
@@ -200,13 +231,14 @@ def _ivf_params(
 
 
 def _result(
-    kind: str, out_dir, n_docs: int, dim: int, params: _IvfParams, seed: int, started: float, shards: int
+    kind: str, out_dir, n_docs: int, dim: int, params: _IvfParams, seed: int, started: float, shards: int,
+    manifest: Manifest | None = None,
 ) -> BuildResult:
     db_path, index_path = output_paths(out_dir)
     return BuildResult(
         kind=kind, db_path=db_path, index_path=index_path, n_docs=n_docs, ntotal=n_docs, dim=dim,
         nlist=params.nlist, nprobe=params.nprobe, train_size=params.train_size, seed=seed,
-        seconds=time.perf_counter() - started, shards=shards,
+        seconds=time.perf_counter() - started, shards=shards, manifest=manifest,
     )
 
 
@@ -219,34 +251,6 @@ def _sample_rows(n: int, size: int, seed: int) -> np.ndarray:
     if size >= n:
         return np.arange(n)
     return np.sort(np.random.default_rng(seed).choice(n, size, replace=False))
-
-
-def _write_and_embed(db_path: Path, docs, n_docs: int, embed_fn: EmbedFn, batch_size: int, progress: bool) -> np.ndarray:
-    """Insert the documents and return their embeddings as an (n_docs, d) float32 array."""
-    vectors: np.ndarray | None = None
-    done = 0
-    with db_writer(db_path) as insert:
-        for chunk in chunks(docs, batch_size, n_docs, "documents+embeddings", progress):
-            insert([doc.as_row() for doc in chunk])
-            emb = _checked_embeddings(embed_fn([doc.content for doc in chunk]), len(chunk))
-            if vectors is None:
-                vectors = np.empty((n_docs, emb.shape[1]), dtype=np.float32)
-            elif emb.shape[1] != vectors.shape[1]:
-                raise ValueError(f"embedding dimension changed from {vectors.shape[1]} to {emb.shape[1]}")
-            vectors[done : done + len(chunk)] = emb
-            done += len(chunk)
-    if done != n_docs:
-        raise RuntimeError(f"corpus produced {done} documents, expected {n_docs}")
-    return vectors
-
-
-def _checked_embeddings(emb, rows: int) -> np.ndarray:
-    emb = np.asarray(emb, dtype=np.float32)
-    if emb.ndim != 2 or emb.shape[0] != rows:
-        raise ValueError(f"embed_fn returned shape {emb.shape} for {rows} texts")
-    if not np.isfinite(emb).all():
-        raise ValueError("embed_fn returned NaN or infinite values")
-    return emb
 
 
 def _train_index(sample: np.ndarray, params: _IvfParams) -> faiss.IndexIVFFlat:
@@ -280,16 +284,16 @@ def _parser() -> argparse.ArgumentParser:
         help=f"vectors per batch for course ({COURSE_BATCH}), documents per embedding batch for support ({SUPPORT_BATCH})",
     )
     build.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    update = sub.add_parser("update", help="build version N+1 from version N: only changed documents embedded")
+    update.add_argument("--from", dest="source", required=True, type=Path, help="the complete version N's directory")
+    update.add_argument("--out", required=True, type=Path,
+                        help="the new version's directory (its name is the version id), beside N's")
+    update.add_argument("--changes", required=True, type=Path,
+                        help="JSON lines: a document (doc_id, title, content, category) adds or replaces; "
+                             '{"doc_id": N, "delete": true} deletes')
+    update.add_argument("--force", action="store_true", help="overwrite an existing output directory")
+    update.add_argument("--no-progress", action="store_true", help="accepted as build's (an update shows no bars)")
     return parser
-
-
-def _configured_embed_fn() -> EmbedFn:
-    # Imported lazily: the model stack is only needed for support builds.
-    from builders.standins import source_building_standins
-    from pipeline.config import Settings
-    from pipeline.embedder import Embedder
-    settings = Settings.from_env()
-    return Embedder.from_settings(settings, source_building_standins(settings)).embed
 
 
 def _run_build(args: argparse.Namespace) -> BuildResult:
@@ -301,15 +305,17 @@ def _run_build(args: argparse.Namespace) -> BuildResult:
         return build_course(args.out, COURSE_DOCS if args.docs is None else args.docs, **common)
     n_docs = SUPPORT_DOCS if args.docs is None else args.docs
     _ivf_params(n_docs, args.nlist, args.nprobe, None, common.get("batch_size", SUPPORT_BATCH), args.shards)
+    version_of(args.out, None)
     check_outputs(args.out, args.force, args.shards)  # fail before loading the model
-    return build_support(args.out, n_docs, _configured_embed_fn(), **common)
+    embed_fn, identity = configured_embedder_fn()
+    return build_support(args.out, n_docs, embed_fn, embedder=identity, **common)
 
 
 def _describe(result: BuildResult) -> str:
     return (
         f"built {result.kind}: {result.n_docs} documents, {result.ntotal} x {result.dim} vectors "
         f"(nlist={result.nlist}, nprobe={result.nprobe}{f', {result.shards} shards' if result.shards > 1 else ''}) "
-        f"in {result.seconds:.1f} s\n"
+        f"in {result.seconds:.1f} s: data version {result.version}\n"
         f"  {result.db_path} ({result.db_bytes / 1e6:.1f} MB)\n"
         + "\n".join(f"  {path} ({path.stat().st_size / 1e6:.1f} MB)" for path in result.index_files)
     )
@@ -319,14 +325,14 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        result = _run_build(args)
+        described = run_update(args) if args.command == "update" else _describe(_run_build(args))
     except BuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted: partial files removed", file=sys.stderr)
         return 130
-    print(_describe(result))
+    print(described)
     return 0
 
 

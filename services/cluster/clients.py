@@ -143,14 +143,20 @@ class IndexClient:
             response = post(self.session, url, f"{self.name} at {base_url}", call, "timed out", json=payload,
                             timeout=self._timeouts(deadline), headers={**headers, **call.headers})
             body = response.json()
+            if payload.get("version") is not None and body.get("version") != payload["version"]:
+                raise PeerFailed(502, f"{self.name} at {base_url} answered data version {body.get('version')!r} "
+                                      f"for a search of {payload['version']!r}")
             return body["ids"], body["distances"]
 
     def search(self, vectors: np.ndarray | Sequence[Sequence[float]], k: int,
                deadline: float | None = None, request_ids: Sequence[str] = (),
-               trace_parents: Sequence = ()) -> tuple[list[list[int]], list[list[float]]]:
+               trace_parents: Sequence = (), version: str | None = None) -> tuple[list[list[int]], list[list[float]]]:
         """`request_ids` go in one X-Request-ID header, so node 2's log line names them;
-        `trace_parents`: their span contexts (each attempt joins the first's trace, links the others)."""
-        payload = {"embeddings": np.asarray(vectors, dtype=np.float32).tolist(), "k": k}
+        `trace_parents`: their span contexts (each attempt joins the first's trace, links the others);
+        `version`: the data version to search (None: the node's current one)."""
+        payload: dict = {"embeddings": np.asarray(vectors, dtype=np.float32).tolist(), "k": k}
+        if version is not None:
+            payload["version"] = version
         headers = {REQUEST_ID_HEADER: batch_request_ids(list(request_ids))} if request_ids else {}
         replicas, first = len(self.base_urls), next(self._turn)
         attempt, rounds = 0, 0

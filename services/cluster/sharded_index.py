@@ -36,10 +36,12 @@ class ShardedIndexClient:
                     for shard in range(count)])
 
     def search(self, vectors: np.ndarray, k: int, deadline: float | None = None, request_ids: Sequence[str] = (),
-               trace_parents: Sequence = ()) -> tuple[list[list[int]], list[list[float]]]:
-        """Each query's top k over every shard: (ids, distances), as IndexClient.search."""
+               trace_parents: Sequence = (), version: str | None = None) -> tuple[list[list[int]], list[list[float]]]:
+        """Each query's top k over every shard: (ids, distances), as IndexClient.search; `version`: the
+        data version every shard searches (None: each node's current one)."""
         def on(shard: IndexClient) -> tuple[list[list[int]], list[list[float]]]:
-            return shard.search(vectors, k, deadline=deadline, request_ids=request_ids, trace_parents=trace_parents)
+            return shard.search(vectors, k, deadline=deadline, request_ids=request_ids, trace_parents=trace_parents,
+                                version=version)
 
         if len(self.shards) == 1:
             return on(self.shards[0])

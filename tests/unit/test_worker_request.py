@@ -5,8 +5,10 @@ import pytest
 
 from pipeline.config import Settings
 from pipeline.docstore import DocumentStore
+from pipeline.reranker import RerankRequest
 from pipeline.stages import Stages
 from pipeline.vector_index import VectorIndex
+from services.roles.versioned_data import VersionedData
 from services.roles.worker.request_path import Worker
 from services.roles.worker.role import worker_config
 from services.server.answer_request import AnswerRequest
@@ -32,9 +34,22 @@ def worker(support_data, embedder, reranker, generator, sentiment, toxicity):
     stages = Stages(embedder=embedder, store=DocumentStore(support_data.db_path), reranker=reranker,
                     generator=generator, sentiment=sentiment, toxicity=toxicity)
     index = InProcessIndex(VectorIndex.load(support_data.index_path, nprobe=64))
-    worker = Worker(worker_config(Settings.from_env({})), stages, index)
+    documents = VersionedData(support_data.db_path.parent, lambda directory, _: DocumentStore(directory / "documents"),
+                              DocumentStore.close)
+    documents.load_startup()
+    worker = Worker(worker_config(Settings.from_env({})), stages, index, documents)
     yield worker
     worker.close(timeout=30)
+    documents.close()
+
+
+def test_a_reply_names_its_data_version_and_the_documents_it_was_given(worker, support_data, reference):
+    request = AnswerRequest("version-1", "How do I return an item?", max_new_tokens=4)
+    reply = collect(worker.answer(request, timeout_s=120))
+    assert reply["data_version"] == support_data.version == support_data.index_path.parent.name
+    query = "How do I return an item?"
+    ranked = reference.reranker.rerank([RerankRequest(query, tuple(reference.retrieve(query)))])[0]
+    assert reply["sources"] == [scored.document.doc_id for scored in ranked]
 
 
 def test_a_request_encodes_its_prompt_once_and_its_usage_counts_those_ids(worker, generator, monkeypatch):

@@ -190,7 +190,8 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 def rag_fields(extra: Mapping[str, Any]) -> dict[str, Any]:
     """The extra `rag` field: sentiment, is_toxic and request_id from the service's reply."""
-    return {key: extra[key] for key in RAG_FIELDS}
+    # The data version that answered (services/roles/worker/request_path.py), where the reply names one.
+    return {key: extra[key] for key in (*RAG_FIELDS, "data_version") if key in extra or key in RAG_FIELDS}
 
 
 def completion(id: str, created: int, model: str, text: str, prompt_tokens: int, completion_tokens: int,

@@ -128,6 +128,7 @@ class GatewayRole(Role):
 
     def register_routes(self, app: Flask) -> None:
         app.post("/query")(self.query)
+        self.worker_role.register_data_routes(app)  # a rollout switches node 0's own worker too
         api = self.settings.api
         register_openai_routes(app, self.front, api.default_temperature, api.max_tokens_cap)
         register_public_api(app, api, self.front, self.worker_role.worker)

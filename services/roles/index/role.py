@@ -1,17 +1,32 @@
-"""An index node's role: load its shard of the FAISS index, serve /search (ids back, never documents)."""
+"""An index node's role: load its shard of the FAISS index, serve /search (ids back, never documents).
+
+It holds its shard of every data version a rollout has it load (services.roles.versioned_data): a
+search names the version its request reads (the current one if it names none) and the answer says
+which version answered."""
 from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 from flask import Flask, jsonify
 
 from pipeline.config import Settings
+from pipeline.data_version import DataVersionError, Manifest
+from pipeline.shards import shard_path
 from pipeline.spec import Stage
 from services.roles.base import SPARE_HTTP_THREADS, Role
-from services.roles.index.search import MAX_SEARCH_BODY_BYTES, IndexService, max_search_values, parse_search_body
+from services.roles.data_routes import register_data_routes
+from services.roles.index.search import (
+    MAX_SEARCH_BODY_BYTES,
+    IndexService,
+    max_search_values,
+    parse_search_body,
+    parse_search_version,
+)
 from services.roles.loaded import Loaded
+from services.roles.versioned_data import VersionedData
 from services.server.body import read_json_object
 from services.server.token import internal_endpoint
 
@@ -25,7 +40,7 @@ class IndexRole(Role):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.service: Loaded[IndexService] = Loaded(f"node {self.node} is still loading its index")
+        self.data: Loaded[VersionedData[IndexService]] = Loaded(f"node {self.node} is still loading its index")
 
     @staticmethod
     def check_settings(settings: Settings) -> None:
@@ -40,28 +55,45 @@ class IndexRole(Role):
         return SPARE_HTTP_THREADS
 
     def load(self) -> None:
+        data = VersionedData(self.settings.index.faiss_index_path, self._open_version,
+                             lambda service: service.close(5.0))
+        data.load_startup()
+        self.data.set(data)
+
+    def _open_version(self, directory: Path, manifest: Manifest) -> IndexService:
+        """This node's shard of one version, behind its own batching service."""
         from pipeline.vector_index import VectorIndex
-        settings = self.settings
+        settings, cluster = self.settings, self.settings.cluster
+        if manifest.shards != cluster.index_shards:
+            raise DataVersionError(f"data version {manifest.version!r} in {directory} has {manifest.shards} shards, "
+                                   f"but INDEX_SHARDS={cluster.index_shards}")
         started = time.monotonic()
-        path = settings.require_index_file(self.node)
+        name = settings.index.faiss_index_path.name
+        path = shard_path(directory / name, cluster.served_shard(self.node), cluster.index_shards)
         index = VectorIndex.load(path, nprobe=settings.index.nprobe, mmap=settings.index.faiss_mmap)
         cfg = settings.batching(Stage.INDEX)
-        self.service.set(IndexService(index, max_size=cfg.max_batch, max_wait_ms=cfg.max_wait_ms,
-                                    max_queue=cfg.max_queue))
-        log.info("index %s loaded in %.2fs: %d vectors, dim %d, nprobe %s, mmap %s", path,
-                 time.monotonic() - started, index.ntotal, index.dim, index.nprobe, index.is_mmap)
+        log.info("index %s (data version %s) loaded in %.2fs: %d vectors, dim %d, nprobe %s, mmap %s", path,
+                 manifest.version, time.monotonic() - started, index.ntotal, index.dim, index.nprobe, index.is_mmap)
+        return IndexService(index, max_size=cfg.max_batch, max_wait_ms=cfg.max_wait_ms, max_queue=cfg.max_queue)
 
     def batching_services(self):
-        service = self.service.value
-        return (service.batcher,) if service is not None else ()
+        data = self.data.value
+        return tuple(service.batcher for service in data.versions.values()) if data is not None else ()
 
     def health_fields(self) -> dict[str, Any]:
-        service = self.service.value
-        if not self.lifecycle.ready or service is None:
+        data = self.data.value
+        if not self.lifecycle.ready or data is None:
             return {"detail": self.lifecycle.readiness.detail}
-        index, cluster = service.index, self.settings.cluster
-        return {"ntotal": index.ntotal, "dim": index.dim, "nprobe": index.nprobe, "mmap": index.is_mmap,
-                "shard": cluster.served_shard(self.node), "shards": cluster.index_shards}
+        cluster = self.settings.cluster
+        fields: dict[str, Any] = {"shard": cluster.served_shard(self.node), "shards": cluster.index_shards,
+                                  "data_version": data.current, "data_versions": data.status()["loaded"]}
+        try:
+            with data.versions.use() as lease:
+                index = lease.value.index
+                fields.update(ntotal=index.ntotal, dim=index.dim, nprobe=index.nprobe, mmap=index.is_mmap)
+        except Exception:  # noqa: BLE001 - released between the two looks: the next /health has it
+            pass
+        return fields
 
     def register_routes(self, app: Flask) -> None:
         timeout_s = self.settings.search.timeout_s
@@ -70,9 +102,18 @@ class IndexRole(Role):
         @internal_endpoint(self.settings.cluster.cluster_token)
         def search():
             self.lifecycle.require_ready("index server")
-            service = self.service.require()
-            dim = service.index.dim
+            data = self.data.require()
+            with data.versions.use() as current:  # the body's limits: every version has the one dimension
+                dim, max_queue = current.value.index.dim, current.value.max_queue
             body = read_json_object(MAX_SEARCH_BODY_BYTES, max_values=max_search_values(dim))
-            vectors, k = parse_search_body(body, dim, service.max_queue)
-            ids, distances = service.search(vectors, k, timeout_s)
-            return jsonify({"ids": ids, "distances": distances})
+            version = parse_search_version(body)
+            vectors, k = parse_search_body(body, dim, max_queue)
+            # A version not held but complete on disk is loaded: a node restarted during a rollout catches up.
+            lease = data.acquire(version, load_missing=True)
+            try:
+                ids, distances = lease.value.search(vectors, k, timeout_s)
+            finally:
+                lease.release()
+            return jsonify({"ids": ids, "distances": distances, "version": lease.version})
+
+        register_data_routes(app, self.data, self.lifecycle, self.settings.cluster.cluster_token)

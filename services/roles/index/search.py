@@ -84,6 +84,16 @@ def search_vector_limit(max_queue: int) -> tuple[int, str]:
     return MAX_SEARCH_VECTORS, "MAX_SEARCH_VECTORS, the /search body's rule"
 
 
+def parse_search_version(body: dict) -> str | None:
+    """The data version a search reads: the body's "version" (a worker sends its request's), or None
+    for the node's current one."""
+    version = body.get("version")
+    if version is not None and (not isinstance(version, str) or not version):
+        raise ApiError(400, "'version' must be a data version's name (or left out: the current one)",
+                       field="version")
+    return version
+
+
 def parse_search_body(body: dict, dim: int, max_queue: int) -> tuple[np.ndarray, int]:
     """Validate {"embeddings": [[dim floats], ...], "k": int}; ApiError(400) naming the problem.
     `max_queue`: the index's batching queue (search_vector_limit)."""

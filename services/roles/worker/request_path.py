@@ -1,6 +1,10 @@
 """A worker node's request path: embed -> search (node 2) -> fetch -> rerank -> generate ->
 sentiment and toxicity at once, every stage on its own thread behind its own stage service (a
 pipeline), while the caller's thread waits on futures with the request's deadline.
+
+A request reads one data version end to end: it takes a hold on the current version before its
+search, the search names that version to the index nodes, the fetch reads that version's documents,
+and the reply says which version answered (`data_version`) and which documents it was given (`sources`).
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import numpy as np
 from pipeline import spec
 from pipeline.config import BatchConfig
 from pipeline.continuous import ContinuousEngine
+from pipeline.docstore import Document, DocumentStore
 from pipeline.generator import GenerationRequest
 from pipeline.reranker import RerankRequest
 from pipeline.sampling_params import MAX_SEED
@@ -24,6 +29,7 @@ from pipeline.stages import Stages
 from pipeline.stop_strings import StopStringFilter
 from services.cluster.sharded_index import ShardedIndexClient
 from services.roles.caches import LruCache
+from services.roles.versioned_data import VersionedData
 from services.roles.worker.stage_clock import StageClock, StageVisit
 from services.server import stage_spans
 from services.server.answer_request import AnswerRequest
@@ -68,20 +74,30 @@ class PendingSearch:
     deadline: float
     request_id: str = ""  # sent to node 2 with its batch, to follow the request there
     trace_context: Any = None  # the request's search span (tracing on): node 2's call joins its trace
+    version: str | None = None  # the data version the request reads
+
+
+@dataclass(frozen=True)
+class PendingFetch:
+    """A request's search result to fetch, from its data version's documents."""
+    store: DocumentStore
+    ids: tuple[int, ...]
 
 
 class Worker:
-    def __init__(self, config: WorkerConfig, stages: Stages, index: ShardedIndexClient):
+    def __init__(self, config: WorkerConfig, stages: Stages, index: ShardedIndexClient,
+                 documents: VersionedData[DocumentStore]):
         self.config = config
         self.stages = stages
         self.index = index
+        self.documents = documents
         self._served = 0
         self._lock = threading.Lock()
         self.embed_cache = LruCache("embedding", config.embed_cache_size)
         batch_fns: dict[Stage, Callable[[list], list]] = {
             Stage.EMBED: stages.embedder,
             Stage.SEARCH: self._search_batch,
-            Stage.FETCH: stages.store.fetch_batch,
+            Stage.FETCH: self._fetch_batch,
             Stage.RERANK: stages.reranker.rerank,
             Stage.SENTIMENT: stages.sentiment.classify,
             Stage.TOXICITY: stages.toxicity.classify,
@@ -101,12 +117,28 @@ class Worker:
                                                    max_queue=cfg.max_queue)
 
     def _search_batch(self, items: list[PendingSearch]) -> list[list[int]]:
-        # One HTTP call to each index shard for the whole batch, retried until its latest deadline.
-        deadline = max(item.deadline for item in items)
-        ids, _ = self.index.search(np.stack([item.vector for item in items]), spec.TOP_K, deadline=deadline,
-                                   request_ids=[item.request_id for item in items if item.request_id],
-                                   trace_parents=[item.trace_context for item in items])
-        return ids
+        # One HTTP call to each index shard per data version in the batch (one but while a switch is
+        # under way), retried until its latest deadline.
+        results: list[list[int]] = [[] for _ in items]
+        for rows in _grouped(items, lambda item: item.version).values():
+            group = [items[row] for row in rows]
+            ids, _ = self.index.search(np.stack([item.vector for item in group]), spec.TOP_K,
+                                       deadline=max(item.deadline for item in group),
+                                       request_ids=[item.request_id for item in group if item.request_id],
+                                       trace_parents=[item.trace_context for item in group], version=group[0].version)
+            for row, found in zip(rows, ids):
+                results[row] = found
+        return results
+
+    @staticmethod
+    def _fetch_batch(items: list[PendingFetch]) -> list[list[Document]]:
+        # One SQL query per data version in the batch.
+        results: list[list[Document]] = [[] for _ in items]
+        for rows in _grouped(items, lambda item: id(item.store)).values():
+            fetched = items[rows[0]].store.fetch_batch([items[row].ids for row in rows])
+            for row, documents in zip(rows, fetched):
+                results[row] = documents
+        return results
 
     @staticmethod
     def _wait(stage: str, future: Future, deadline: float):
@@ -127,7 +159,7 @@ class Worker:
         clock, trace, deadline = self._begin(request.request_id, timeout_s)
         generation: StageVisit | None = None
         try:
-            documents = self._retrieve(clock, trace, request.query, deadline)
+            version, documents = self._retrieve(clock, trace, request.query, deadline)
             tokens = TokenStream()
             sampling = request.sampling(drawn_seed=secrets.randbelow(MAX_SEED + 1))
             generator = self.stages.generator
@@ -148,7 +180,8 @@ class Worker:
             reply = self._classify(clock, request.request_id, response, deadline)
             cap = request.max_new_tokens or generator.max_new_tokens
             seed = {"seed": sampling.seed} if sampling is not None and not sampling.greedy else {}
-            yield {**reply, "usage": {"prompt_tokens": len(prompt), "completion_tokens": text.token_count},
+            yield {**reply, "data_version": version, "sources": [document.doc_id for document in documents],
+                   "usage": {"prompt_tokens": len(prompt), "completion_tokens": text.token_count},
                    "finish_reason": "length" if text.token_count >= cap else "stop", **seed}
         finally:
             if generation is not None:
@@ -173,8 +206,9 @@ class Worker:
     def _enter(self, clock: StageClock, stage: Stage, item) -> StageVisit:
         return clock.enter(stage).submit(self.services[stage], item)
 
-    def _retrieve(self, clock: StageClock, trace: str, query: str, deadline: float) -> tuple:
-        """The query's documents, reranked, best first: embed, search, fetch, rerank."""
+    def _retrieve(self, clock: StageClock, trace: str, query: str, deadline: float) -> tuple[str, tuple]:
+        """The data version read and the query's documents from it, reranked, best first: embed,
+        search, fetch (one version: held from before the search until the fetch ends), rerank."""
         def run(stage: Stage, item):
             return clock.wait(self._enter(clock, stage, item), deadline)
 
@@ -182,12 +216,17 @@ class Worker:
         if vector is None:
             vector = run(Stage.EMBED, query)
             self.embed_cache.put(query, vector)
-        search = clock.enter(Stage.SEARCH)  # its span's context goes along: node 2's call joins its trace
-        item = PendingSearch(vector, deadline, trace, search.span.context if search.span is not None else None)
-        ids = clock.wait(search.submit(self.services[Stage.SEARCH], item), deadline)
-        documents = run(Stage.FETCH, list(ids))
+        data = self.documents.acquire()
+        try:
+            search = clock.enter(Stage.SEARCH)  # its span's context goes along: node 2's call joins its trace
+            item = PendingSearch(vector, deadline, trace, search.span.context if search.span is not None else None,
+                                 data.version)
+            ids = clock.wait(search.submit(self.services[Stage.SEARCH], item), deadline)
+            documents = run(Stage.FETCH, PendingFetch(data.value, tuple(ids)))
+        finally:
+            data.release()
         ranked = run(Stage.RERANK, RerankRequest(query, tuple(documents)))
-        return tuple(r.document for r in ranked)
+        return data.version, tuple(r.document for r in ranked)
 
     def _classify(self, clock: StageClock, request_id: str, response: str, deadline: float) -> dict:
         """The reply: the answer with its sentiment and toxicity."""
@@ -212,3 +251,11 @@ class Worker:
         for svc in self.services.values():
             svc.close(timeout)
         self.index.close()
+
+
+def _grouped(items: list, key: Callable[[Any], object]) -> dict[object, list[int]]:
+    """The positions of `items` by key, in order of first appearance."""
+    groups: dict[object, list[int]] = {}
+    for row, item in enumerate(items):
+        groups.setdefault(key(item), []).append(row)
+    return groups

@@ -11,11 +11,15 @@ from flask import Flask, g, jsonify
 from pipeline import spec
 from pipeline.config import Settings
 from pipeline.config.checks import MAX_INTERNAL_TIMEOUT_S
-from pipeline.device import describe_placement
+from pipeline.data_version import EmbedderInfo, check_embedder, embedder_info
+from pipeline.device import describe_placement, placement_for
+from pipeline.docstore import DocumentStore
 from pipeline.stages import Stages
 from services.cluster.sharded_index import ShardedIndexClient
 from services.roles.base import SPARE_HTTP_THREADS, Role
+from services.roles.data_routes import register_data_routes
 from services.roles.loaded import Loaded
+from services.roles.versioned_data import VersionedData
 from services.roles.worker.request_path import ContinuousConfig, Worker, WorkerConfig
 from services.roles.worker.stage_clock import collect_stage_times
 from services.server.answer_request import Bounds, read_request
@@ -35,6 +39,16 @@ def worker_config(settings: Settings) -> WorkerConfig:
                                   if stage != spec.Stage.GENERATE},
                         request_timeout_s=settings.limits.request_timeout_s,
                         embed_cache_size=settings.embed.cache_size, continuous=continuous)
+
+
+def versioned_documents(settings: Settings, embedder: EmbedderInfo) -> VersionedData[DocumentStore]:
+    """The documents of each data version this worker holds; a version built by another embedder is
+    refused (at startup: exit 2 naming both embedders)."""
+    def open_version(directory, manifest) -> DocumentStore:
+        check_embedder(manifest, embedder, directory)
+        return DocumentStore(directory / settings.fetch.documents_dir.name)
+
+    return VersionedData(settings.fetch.documents_dir, open_version, DocumentStore.close)
 
 
 def worker_bounds(settings: Settings, count_tokens: Callable[[str], int]) -> Bounds:
@@ -59,6 +73,7 @@ class WorkerRole(Role):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.worker: Loaded[Worker] = Loaded(f"node {self.node} is still loading its models")
+        self.data: Loaded[VersionedData[DocumentStore]] = Loaded(f"node {self.node} is still loading its data")
         self._model_source = "loading"
         # What a request body is checked against (the query's tokens: by the loaded LLM's tokenizer).
         self.bounds = worker_bounds(self.settings, lambda query: self.worker.require().count_query_tokens(query))
@@ -82,12 +97,17 @@ class WorkerRole(Role):
         source = resolve_model_source(settings)
         self._model_source = source.describe()
         started = time.monotonic()
+        # Before the models load: a version built by another embedder is refused at once.
+        ours = embedder_info(source, placement_for(settings, spec.Stage.EMBED).precision, spec.EMBED_DIM)
+        documents = versioned_documents(settings, ours)
+        documents.load_startup()
+        self.data.set(documents)
         for stage in spec.MODEL_STAGES:  # what each stage computes in, and why, before the slow load
             log.info("node %d computes %s", self.node, describe_placement(settings, stage))
         stages = Stages.load(settings, source)
         stages.warm_up()
         index = ShardedIndexClient.from_cluster(settings.cluster, read_timeout_s=settings.search.timeout_s)
-        self.worker.set(Worker(worker_config(settings), stages, index))
+        self.worker.set(Worker(worker_config(settings), stages, index, documents))
         log.info("node %d loaded and warmed its models in %.1fs (%s)", self.node, time.monotonic() - started,
                  self._model_source)
 
@@ -101,6 +121,10 @@ class WorkerRole(Role):
 
     def health_fields(self) -> dict[str, Any]:
         fields: dict[str, Any] = {"model_source": self._model_source}
+        data = self.data.value
+        if data is not None:
+            fields["data_version"] = data.current
+            fields["data_versions"] = data.status()["loaded"]
         worker = self.worker.value
         if worker is not None:
             fields["device"] = worker.stages.devices()
@@ -108,7 +132,12 @@ class WorkerRole(Role):
             fields["stages"] = {str(stage): st.summary() for stage, st in worker.stats().items()}
         return fields
 
+    def register_data_routes(self, app: Flask) -> None:
+        """/data: what a rollout asks of this worker (node 0 registers its own worker's too)."""
+        register_data_routes(app, self.data, self.lifecycle, self.settings.cluster.cluster_token)
+
     def register_routes(self, app: Flask) -> None:
+        self.register_data_routes(app)
 
         @app.post("/internal/answer")
         @internal_endpoint(self.settings.cluster.cluster_token)

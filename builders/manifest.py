@@ -1,0 +1,97 @@
+"""The manifest of a build (pipeline.data_version), written after every other file of it."""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from builders.build_files import BuildError, index_files, output_paths
+from pipeline.data_version import (
+    RANDOM_VECTORS,
+    EmbedderInfo,
+    Manifest,
+    check_version_name,
+    content_hash,
+    write_manifest,
+)
+from pipeline.spec import EMBED_DIM
+
+
+class InvalidVersion(BuildError, ValueError):
+    pass
+
+
+def version_of(out_dir: str | Path, version: str | None) -> str:
+    """The version id of a build into `out_dir`: its directory's name, which `version` must equal if given
+    (nodes find version X in ``<data root>/X``)."""
+    name = Path(out_dir).resolve().name
+    if version is not None and version != name:
+        raise InvalidVersion(f"--version {version!r} must be the output directory's name ({name!r}): "
+                             f"build it into {Path(out_dir).resolve().parent / version}")
+    try:
+        return check_version_name(name)
+    except ValueError as exc:
+        raise InvalidVersion(f"--out {out_dir}: {exc}") from None
+
+
+def random_vectors(dim: int) -> EmbedderInfo:
+    """The 'embedder' of a course build: seeded random vectors (only ids matter)."""
+    return EmbedderInfo(model=RANDOM_VECTORS, source="seeded", revision=None, precision="float32", dim=dim)
+
+
+def configured_embedder(dim: int) -> EmbedderInfo:
+    """The embedder the environment configures (what `builders.data build --kind support` embeds with)."""
+    from builders.standins import source_building_standins
+    from pipeline.config import Settings
+    from pipeline.data_version import embedder_info
+    from pipeline.device import placement_for
+    from pipeline.spec import Stage
+    settings = Settings.from_env()
+    return embedder_info(source_building_standins(settings), placement_for(settings, Stage.EMBED).precision, dim)
+
+
+def index_parameters(params, seed: int, dim: int) -> dict:
+    """The index parameters a manifest records (params: builders.data's nlist, nprobe and train_size)."""
+    return {"type": "IndexIVFFlat", "metric": "L2", "dim": dim, "nlist": params.nlist, "nprobe": params.nprobe,
+            "train_size": params.train_size, "seed": seed}
+
+
+def configured_embedder_fn() -> tuple[Callable[[list[str]], np.ndarray], EmbedderInfo]:
+    """The environment's embedder, loaded, and its identity for the manifest."""
+    # Imported lazily: the model stack is only needed for support builds.
+    from builders.standins import source_building_standins
+    from pipeline.config import Settings
+    from pipeline.data_version import embedder_info
+    from pipeline.embedder import Embedder
+    settings = Settings.from_env()
+    source = source_building_standins(settings)
+    embedder = Embedder.from_settings(settings, source)
+    return embedder.embed, embedder_info(source, embedder.placement.precision, EMBED_DIM)
+
+
+
+def write_build_manifest(out_dir: str | Path, *, kind: str, embedder: EmbedderInfo, documents: int,
+                         index: dict, shards: int, parent: str | None = None,
+                         changes: dict[str, int] | None = None) -> Manifest:
+    """Hash the committed documents and write the manifest: from here on the directory is a version."""
+    db_path, index_path = output_paths(out_dir)
+    manifest = Manifest(
+        version=version_of(out_dir, None), content_hash=content_hash(db_path), documents=documents,
+        embedder=embedder, index=index, shards=shards,
+        index_files=[path.name for path in index_files(index_path, shards)],
+        index_sha256={path.name: file_sha256(path) for path in index_files(index_path, shards)},
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"), kind=kind, parent=parent,
+        changes=dict(changes or {}))
+    write_manifest(out_dir, manifest)
+    return manifest
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
