@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from flask import Flask, Response, g, jsonify, request
 
@@ -53,7 +53,6 @@ class Edge:
     """A node's edge: its readiness, its body and time limits, and the routes served through it."""
     lifecycle: Lifecycle
     limits: LimitsSettings
-    paths: list[str] = field(default_factory=list)
 
     def add(self, app: Flask, path: str, parse: Callable[[dict], Call], *, params: Mapping[str, str] | None = None,
             guard: Callable[[Callable], Callable] | None = None) -> None:
@@ -66,7 +65,6 @@ class Edge:
         setattr(view, EDGE_ROUTE, True)
         setattr(view, ERROR_PARAMS, dict(params or {}))
         app.add_url_rule(path, view.__name__, guard(view) if guard is not None else view, methods=["POST"])
-        self.paths.append(path)
 
     def serve(self, parse: Callable[[dict], Call]) -> Response:
         record = g.completion = completion.begin()

@@ -34,7 +34,7 @@ Embed = Callable[[list[str], Deadline], list[np.ndarray]]
 def register_openai_embeddings(app: Flask, front: Front, embed: Embed, node: int) -> None:
     def embeddings(body: dict) -> Call:
         texts, encoding = parse_embeddings_request(body, front.bounds.limits.stage_max_queue)
-        fields = ["input"] if isinstance(body["input"], str) else [f"input[{i}]" for i in range(len(texts))]
+        fields = ["input"] if isinstance(body.get("input"), str) else [f"input[{i}]" for i in range(len(texts))]
         tokens = sum(check_text(text, field, front.bounds) for text, field in zip(texts, fields))
 
         def answer(deadline: Deadline) -> AnswerStream:
