@@ -1,7 +1,7 @@
 """What one request's completion line says beyond its status and latency: which worker computed it
-and how long it waited on each stage. The edge opens the record; below it, the stage clock fills the
-stage times of a request computed on this node, and the router notes which worker answered and the
-stage times a worker on another node sent back with its reply."""
+and how long it waited on each stage. The edge opens the record and notes the reply's `served_by`;
+below it, the worker notes the stage times of a request computed on this node, and the gateway's
+router those a worker on another node sent back with its reply (taken off the reply there)."""
 from __future__ import annotations
 
 from contextvars import ContextVar
