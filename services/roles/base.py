@@ -17,7 +17,8 @@ SPARE_HTTP_THREADS = 32
 class Role:
     name = ""  # the /health "role"
     uses_torch = True  # False: the node never imports torch (memory and start time)
-    request_endpoints: tuple[str, ...] = ()  # each request on these gets one completion log line
+    # Routes beyond the edge's (services/server/edge.py) whose requests each get one completion log line.
+    request_endpoints: tuple[str, ...] = ()
 
     def __init__(self, settings: Settings, node: int, lifecycle: Lifecycle):
         self.settings = settings

@@ -1,8 +1,10 @@
 """The one request object every route makes and every layer passes down, and the one parser of it.
 
-/query, /v1/chat/completions (translated first by services/roles/gateway/openai_api.py) and a
-worker's /internal/answer each read their body with `read_request`, by the same rules; a field
-refused is an ApiError 400 naming the field and the rule it broke. To add a field: give
+/query, /v1/chat/completions and /v1/completions (translated first by
+services/roles/gateway/openai_api.py) and a worker's /internal/answer each read their body with
+`read_request`, by the same rules; a field refused is an ApiError 400 naming the field and the rule it
+broke, and a field no rule reads is refused too. /v1/embeddings' inputs take `check_text`, the same
+checks as a query. To add a field: give
 AnswerRequest the field with its default and RULES its rule; `wire` sends it on to the worker.
 The decoding fields are /v1's only: /query's answer is the contract's greedy one. The caller is no
 body field: it is the API key the request was let in with (services/server/auth.py).
@@ -79,11 +81,18 @@ def _request_id(body: Mapping[str, Any], bounds: Bounds) -> str:
 
 
 def _query(body: Mapping[str, Any], bounds: Bounds) -> str:
-    """Bounded in characters (cheap, first), then in the LLM tokenizer's tokens: the tokens bound the
-    prompt, its KV reservation and its prefill, which characters do not (an emoji is four tokens)."""
-    query = require_string(body, "query", bounds.limits.max_query_chars)
-    check_query_tokens(query, bounds)
-    return query
+    query = body.get("query")
+    check_text(query, "query", bounds)
+    return str(query)
+
+
+def check_text(value: Any, field: str, bounds: Bounds) -> int:
+    """The one set of checks on a text to answer or embed: a non-empty string, bounded in characters
+    (MAX_QUERY_CHARS: cheap, first), then in the LLM tokenizer's tokens (MAX_QUERY_TOKENS: the tokens
+    bound the prompt, its KV reservation and its prefill, which characters do not: an emoji is four
+    tokens). Its token count, or an ApiError 400 naming `field`."""
+    text = require_string({field: value}, field, bounds.limits.max_query_chars)
+    return check_query_tokens(text, bounds, field)
 
 
 def check_query_tokens(text: str, bounds: Bounds, field: str = "query") -> int:
@@ -161,9 +170,19 @@ RULES: dict[str, Callable[[Mapping[str, Any], Bounds], Any]] = {
 ALL_FIELDS: tuple[str, ...] = tuple(RULES)
 
 
-def read_request(body: Mapping[str, Any], bounds: Bounds, accepted: Collection[str] = ALL_FIELDS) -> AnswerRequest:
-    """The request a body asks for, from the caller the HTTP request was authenticated as. Fields
-    outside `accepted` keep their default (a route ignores what it does not offer, as it ignores
-    unknown fields)."""
+def read_request(body: Mapping[str, Any], bounds: Bounds, accepted: Collection[str] = ALL_FIELDS, *,
+                 also: Collection[str] = ()) -> AnswerRequest:
+    """The request a body asks for, from the caller the HTTP request was authenticated as. A field outside `accepted` (and `also`, the fields the route reads
+    itself) is refused, naming it: a field the service would not act on is never ignored in silence."""
+    refuse_unknown(body, (*accepted, *also))
     return AnswerRequest(**{name: rule(body, bounds) for name, rule in RULES.items() if name in accepted},
                          caller=authenticated_caller())
+
+
+def refuse_unknown(body: Mapping[str, Any], known: Collection[str]) -> None:
+    """An ApiError 400 naming the first field of `body` outside `known`."""
+    for name in body:
+        if name not in known:
+            raise ApiError(400, f"'{name}' is not a field of this request, and the service does not ignore what "
+                                f"it would not act on; the fields are: {', '.join(known)}", field=name,
+                           code="unknown_parameter")

@@ -1,41 +1,24 @@
 """A Flask app whose every error is JSON: handlers raise, and the one error handler installed here
-answers through `services.server.errors.http_answer` (never an HTML page or a traceback).
+answers through `services.server.errors.http_answer` (never an HTML page or a traceback), in the
+shape of the request's route (services/server/error_shapes.py).
 """
 from __future__ import annotations
 
 import logging
-import math
 import time
-from typing import Any
 
-from flask import Flask, Response, g, jsonify, request
+from flask import Flask, g, request
 from flask.json.provider import DefaultJSONProvider
 from werkzeug.exceptions import HTTPException
 
 from services.server import tracing
+from services.server.error_shapes import error_response
 from services.server.errors import HttpAnswer, http_answer
 from services.server.request_ids import install_request_id
 
 log = logging.getLogger(__name__)
-
-
-def retry_after_header(seconds: float) -> str:
-    """A Retry-After value: whole seconds, rounded up, at least 1 (never "come back now")."""
-    return str(max(1, math.ceil(seconds)))
-
-
-def error_response(status: int, message: str, *, field: str | None = None,
-                   retry_after_s: float | None = None, reason: str | None = None) -> Response:
-    body: dict[str, Any] = {"error": message}
-    if field is not None:
-        body["field"] = field
-    if reason is not None:
-        body["reason"] = reason
-    response = jsonify(body)
-    response.status_code = status
-    if retry_after_s is not None:
-        response.headers["Retry-After"] = retry_after_header(retry_after_s)
-    return response
+# A view's attribute naming the service's fields as its route's body calls them (the edge sets it).
+ERROR_PARAMS = "error_params"
 
 
 def _answer_for(exc: Exception) -> HttpAnswer:
@@ -58,8 +41,8 @@ def install_error_handler(app: Flask) -> None:
             request_id = g.get("request_id")  # set once the body named one; repr: it cannot forge log lines
             tag = f" request_id={request_id!r}" if request_id is not None else ""
             log.log(answer.log_level, "%s %s%s -> %d: %s", request.method, request.path, tag, answer.status, exc)
-        return error_response(answer.status, answer.message, field=answer.field,
-                              retry_after_s=answer.retry_after_s, reason=answer.reason)
+        view = app.view_functions.get(request.url_rule.endpoint) if request.url_rule is not None else None
+        return error_response(answer, request.path, getattr(view, ERROR_PARAMS, None))
 
 
 def make_app(name: str) -> Flask:

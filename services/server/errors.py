@@ -22,15 +22,17 @@ PEER_FAILED = "internal error on a node this request needs"
 # ---------------------------------------------------------------- the caller's mistakes
 
 class ApiError(Exception):
-    """An error meant for the caller as it is: status code, message, optional field and Retry-After."""
+    """An error meant for the caller as it is: status code, message, optional field and Retry-After,
+    and a machine-readable `code` where a client tells refusals apart by it (OpenAI's clients do)."""
 
     def __init__(self, status: int, message: str, *, field: str | None = None,
-                 retry_after_s: float | None = None):
+                 retry_after_s: float | None = None, code: str | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
         self.field = field
         self.retry_after_s = retry_after_s
+        self.code = code
 
 
 class RequestIdConflict(ApiError):
@@ -179,11 +181,12 @@ class HttpAnswer:
     retry_after_s: float | None = None
     log_level: int | None = None  # None: not logged here (the caller's own mistake, or logged where raised)
     reason: str | None = None  # a machine-readable reason in the body, for the node that called
+    code: str | None = None  # a machine-readable code for the caller (OpenAI's `code`); None: the status's
 
 
 # Most specific first: the first entry whose type matches decides.
 _TABLE: list[tuple[type[BaseException], Callable[[Any], HttpAnswer]]] = [
-    (ApiError, lambda e: HttpAnswer(e.status, e.message, e.field, e.retry_after_s)),
+    (ApiError, lambda e: HttpAnswer(e.status, e.message, e.field, e.retry_after_s, code=e.code)),
     (Overloaded, lambda e: HttpAnswer(503, f"overloaded: {e}", retry_after_s=e.retry_after_s or 1.0,
                                       log_level=logging.WARNING)),
     (StageDown, lambda e: HttpAnswer(503, e.public, retry_after_s=NOT_READY_RETRY_AFTER_S, log_level=logging.ERROR)),

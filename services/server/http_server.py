@@ -15,8 +15,8 @@ from flask import Flask
 
 from pipeline.config import ConfigError, HttpServerConfig
 from services.server.body import body_too_large
+from services.server.error_shapes import error_headers, shape_for
 from services.server.errors import ApiError, HttpAnswer, http_answer
-from services.server.openai_errors import SHOULD_RETRY_HEADER, error_body, is_openai_path, should_retry
 from services.server.token import INTERNAL_PREFIX, token_matches, token_refused
 
 log = logging.getLogger(__name__)
@@ -84,10 +84,9 @@ def _json_error_channel(gate: HeaderGate):
             error = self.request.error
             answer = getattr(error, "answer", None) or HttpAnswer(
                 error.code, f"{error.reason}: {error.body}", "body" if error.code == 413 else "request")
-            body = json.dumps({"error": answer.message, "field": answer.field}).encode()
-            if is_openai_path(getattr(self.request, "path", None) or ""):
-                body = json.dumps(error_body(error.code, answer.message, answer.field)).encode()
-                self.response_headers.append((SHOULD_RETRY_HEADER, should_retry(error.code)))
+            shape = shape_for(getattr(self.request, "path", None) or "")
+            body = json.dumps(shape.body(answer, answer.field)).encode()
+            self.response_headers.extend(error_headers(answer, shape).items())
             self.status = f"{error.code} {error.reason}"
             self.response_headers.append(("Content-Type", "application/json"))
             self.set_close_on_finish()

@@ -1,25 +1,24 @@
 """A node's Flask app: the routes every role shares (/health, /live, /ready, /settings,
 /cache/clear, /metrics), the completion log and the in-flight count, around the role's own routes.
+/settings is for operators: it answers on loopback or with the cluster token.
 """
 from __future__ import annotations
 
 import configparser
 import importlib.metadata
 import logging
-import time
 from typing import Any, Iterable, Protocol
 
-from flask import Flask, g, jsonify, request
+from flask import Flask, jsonify
 
 from pipeline.config import REPO_ROOT, Settings
 from services.server.app import make_app
+from services.server.edge import install_completion_log
 from services.server.lifecycle import Lifecycle
 from services.server.metrics import CacheCollector, InfoCollector, NodeMetrics
-from services.server.token import internal_endpoint
+from services.server.token import internal_endpoint, operator_endpoint
 
 log = logging.getLogger(__name__)
-# One line per request per node, in a logger of its own so it can be routed on its own.
-request_log = logging.getLogger("services.requests")
 # /health's status when the node runs but a stage thread died (503: the gateway's probe drops it).
 UNHEALTHY = "unhealthy"
 
@@ -29,7 +28,7 @@ class NodeRole(Protocol):
     name: str
     node: int
     settings: Settings
-    request_endpoints: tuple[str, ...]
+    request_endpoints: tuple[str, ...]  # beyond its edge routes (services/server/edge.py)
 
     @property
     def model_source(self) -> str: ...
@@ -74,24 +73,6 @@ def node_info(role: NodeRole) -> dict[str, str]:
             "precision": s.models.precision, "version": VERSION}
 
 
-def install_completion_log(app: Flask, endpoints: tuple[str, ...]) -> None:
-    """One INFO line per request on `endpoints` when it ends (a stream: after its last event); ids
-    as repr, so a newline in an id cannot forge a line."""
-    @app.teardown_request
-    def _log(exc):
-        rule = request.url_rule.rule if request.url_rule is not None else None
-        started = g.get("request_started")
-        if rule in endpoints and started is not None:
-            # served_by and stage_times are set by the role's view.
-            f = {"id": g.get("trace_id"), "request_id": g.get("request_id"), "endpoint": request.path,
-                 "status": g.get("response_status", 500), "latency_ms": round((time.perf_counter() - started) * 1000, 1),
-                 "served_by": g.get("served_by"), "stages_ms": dict(g.get("stage_times") or {})}
-            stages = ",".join(f"{stage}:{ms:g}" for stage, ms in f["stages_ms"].items()) or "-"
-            request_log.info("request done id=%r request_id=%r %s status=%d latency_ms=%.1f served_by=%s "
-                             "stages_ms=%s", f["id"], f["request_id"], f["endpoint"], f["status"], f["latency_ms"],
-                             f["served_by"], stages, extra={"fields": f})
-
-
 def build_app(role: NodeRole, lifecycle: Lifecycle) -> Flask:
     app = make_app(f"node-{role.node}")
     install_completion_log(app, role.request_endpoints)
@@ -125,6 +106,7 @@ def build_app(role: NodeRole, lifecycle: Lifecycle) -> Flask:
     settings_body = {"settings": role.settings.effective()}
 
     @app.get("/settings")
+    @operator_endpoint(role.settings.cluster.cluster_token)
     def settings():
         return jsonify(settings_body)
 

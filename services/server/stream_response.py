@@ -15,13 +15,13 @@ from flask import Response
 from flask.globals import request_ctx
 
 from services.server import sse
-from services.server.errors import http_answer
+from services.server.errors import HttpAnswer, http_answer
 
 log = logging.getLogger(__name__)
 
 AnswerStream = Iterator["str | dict"]
 # What an error the errors table does not know is told as: a bug, logged with its traceback.
-INTERNAL_ERROR = (500, "internal error")
+INTERNAL_ERROR = HttpAnswer(500, "internal error")
 
 
 def close(events: AnswerStream) -> None:
@@ -76,15 +76,15 @@ def relay(open_stream: Callable[[], AnswerStream], *, landed: Callable[[dict], N
         landed(reply)
 
 
-def error_status(exc: BaseException) -> tuple[int, str]:
-    """The status and message an error raised in a stream is answered with (the errors table's)."""
+def error_answer(exc: BaseException) -> HttpAnswer:
+    """What an error raised in a stream is answered with (the errors table's row)."""
     answer = http_answer(exc)
     if answer is None:
         log.error("a stream failed", exc_info=exc)
         return INTERNAL_ERROR
     if answer.log_level is not None:
         log.log(answer.log_level, "a stream ended on %s: %s", type(exc).__name__, exc)
-    return answer.status, answer.message
+    return answer
 
 
 def started(events: AnswerStream) -> AnswerStream:
@@ -124,7 +124,7 @@ def query_events(events: AnswerStream) -> Iterator[bytes]:
         for event in events:
             yield sse.token_event(event) if isinstance(event, str) else sse.reply_event(event)
     except Exception as exc:  # noqa: BLE001 - told to the reader; a disconnect (GeneratorExit) is not
-        status, message = error_status(exc)
-        yield sse.error_event(message, status)
+        answer = error_answer(exc)
+        yield sse.error_event(answer.message, answer.status)
     finally:
         close(events)

@@ -1,8 +1,10 @@
-"""The cluster token: internal endpoints answer only callers that send the shared secret."""
+"""The cluster token: internal endpoints answer only callers that send the shared secret; operator
+endpoints (/settings) answer those and callers on this machine."""
 from __future__ import annotations
 
 import functools
 import hmac
+import ipaddress
 from typing import Callable
 
 from flask import request
@@ -39,3 +41,28 @@ def internal_endpoint(token: str) -> Callable:
         return checked
     return wrap
 
+
+
+def is_loopback(address: str | None) -> bool:
+    try:
+        ip = ipaddress.ip_address(address or "")
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1 on a dual-stack socket
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def operator_endpoint(token: str) -> Callable:
+    """Decorator for what only the cluster's operators may read (a node's effective settings): answered
+    to a caller on this machine (loopback), or to one that sends the cluster token; 403 to anyone else
+    (with no token configured, to everyone off this machine)."""
+    def wrap(view: Callable) -> Callable:
+        @functools.wraps(view)
+        def checked(*args, **kwargs):
+            sent = request.headers.get(TOKEN_HEADER, "")
+            if not is_loopback(request.remote_addr) and not (token and token_matches(sent, token)):
+                raise ApiError(403, f"this endpoint answers only on this machine (loopback) or with the cluster's "
+                                    f"{TOKEN_HEADER}", field=TOKEN_HEADER)
+            return view(*args, **kwargs)
+        return checked
+    return wrap

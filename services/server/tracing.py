@@ -205,7 +205,7 @@ def install_server_spans(app: Flask) -> None:
         status = g.get("response_status", 500)
         span.set_attribute("http.response.status_code", status)
         for attribute, value in ((REQUEST_ID, g.get("trace_id")), ("rag.body_request_id", g.get("request_id")),
-                                 ("rag.served_by", g.get("served_by"))):
+                                 ("rag.served_by", getattr(g.get("completion"), "served_by", None))):
             if value is not None:
                 span.set_attribute(attribute, value)
         if status >= 500 or exc is not None:  # a server span's error is the server's (semconv)

@@ -392,6 +392,30 @@ def test_with_the_reply_cache_on_a_request_id_keeps_its_own_answer(cluster):
         restart_node_0(cluster)
 
 
+def test_embeddings_are_counted_against_the_gateways_admission(cluster):
+    restart_node_2(cluster, delay_ms=2000)  # queries in flight long enough to fill the gateway
+    tag, results = uid("admit"), {}
+    embed = {"model": spec.EMBEDDER_MODEL, "input": "Where is my parcel?"}
+
+    def send(i):
+        results[i] = post_query(cluster, f"{tag}-{i}", spec.REFERENCE_QUERIES[i])
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(MAX_IN_FLIGHT)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: health(cluster, 0)["gateway"]["in_flight"] == MAX_IN_FLIGHT, 5, "requests not in flight")
+    rejected = health(cluster, 0)["gateway"]["rejected"]
+    full = requests.post(f"{cluster.url(0)}/v1/embeddings", json=embed, timeout=10)
+    assert full.status_code == 503 and "capacity" in full.json()["error"]["message"], full.text[:300]
+    assert full.headers["x-should-retry"] == "true" and int(full.headers["Retry-After"]) >= 1
+    assert health(cluster, 0)["gateway"]["rejected"] == rejected + 1
+    for t in threads:
+        t.join(timeout=60)
+    assert [results[i].status_code for i in range(MAX_IN_FLIGHT)] == [200] * MAX_IN_FLIGHT
+    assert requests.post(f"{cluster.url(0)}/v1/embeddings", json=embed, timeout=30).status_code == 200
+    restart_node_2(cluster)
+
+
 # ---------------------------------------------------------------- SIGTERM (stops node 0: last)
 
 def test_sigterm_drains_node_0_then_exits_0(cluster, request):

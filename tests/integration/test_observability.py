@@ -1,4 +1,5 @@
-"""One request followed across real nodes: X-Request-ID, completion log lines, JSON logs, new metric families."""
+"""One request followed across real nodes: X-Request-ID, completion log lines (one per request on every
+public route, streamed or not, with served_by and stage times), JSON logs, new metric families."""
 from __future__ import annotations
 
 import json
@@ -6,7 +7,9 @@ import json
 import pytest
 import requests
 
-from tests.helpers import start_cluster
+from pipeline import spec
+from services.server import sse
+from tests.helpers import start_cluster, uid, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -51,6 +54,43 @@ def test_request_id_comes_back_and_each_node_logs_one_completion_line(cluster):
     assert not completions(cluster, 1, local)
     # node 2 logs one line per search batch, naming the batch's requests
     assert any(local in e["id"].split(",") for e in log_lines(cluster, 2) if e["logger"] == "services.requests")
+
+
+STAGES = {"embed", "search", "fetch", "rerank", "generate", "sentiment", "toxicity"}
+
+
+def test_every_public_request_writes_one_completion_line_with_served_by_and_its_stages_streamed_or_not(cluster):
+    url = cluster.url(0)
+
+    def question() -> str:  # a text no earlier request asked: its embedding is computed, not cached
+        return f"How do I return item {uid('q')}?"
+
+    chat = {"model": spec.GENERATOR_MODEL, "max_tokens": 8}
+    text = {"model": spec.GENERATOR_MODEL, "max_tokens": 8}
+    asks = [("/query", {"request_id": uid("plain"), "query": question()}),
+            ("/query", {"request_id": uid("streamed"), "query": question(), "stream": True}),
+            ("/v1/chat/completions", {**chat, "messages": [{"role": "user", "content": question()}]}),
+            ("/v1/chat/completions", {**chat, "messages": [{"role": "user", "content": question()}], "stream": True}),
+            ("/v1/completions", {**text, "prompt": question()}),
+            ("/v1/completions", {**text, "prompt": question(), "stream": True}),
+            ("/v1/embeddings", {"model": spec.EMBEDDER_MODEL, "input": [question(), question()]})]
+    ids = []
+    for path, body in asks:
+        ids.append(uid("line"))
+        with requests.post(f"{url}{path}", json=body, headers={"X-Request-ID": ids[-1]}, timeout=120,
+                           stream=bool(body.get("stream"))) as response:
+            assert response.status_code == 200, (path, response.text[:300])
+            if body.get("stream"):  # read to its end: the line comes once the stream is done
+                events = list(sse.iter_events(sse.iter_lines(response.iter_content(chunk_size=None))))
+                assert events[-1].name == "reply" or events[-1].data == "[DONE]", path
+    for (path, _body), request_id in zip(asks, ids):
+        wait_until(lambda rid=request_id: completions(cluster, 0, rid), 10, f"no completion line for {path}")
+        (line,) = completions(cluster, 0, request_id)
+        assert line["endpoint"] == path and line["status"] == 200
+        if path == "/v1/embeddings":  # node 0's own worker embeds
+            assert line["served_by"] == 0 and set(line["stages_ms"]) == {"embed"}
+        else:  # computed here or on node 1: the stages come back with the reply
+            assert line["served_by"] in (0, 1) and set(line["stages_ms"]) >= STAGES, (path, line)
 
 
 def test_error_replies_carry_the_id_and_the_body_id_stands_in_for_a_missing_header(cluster):

@@ -1,6 +1,7 @@
 """The clients front-ends use, at their usual arguments, against a real three-node cluster on
-127.0.0.1 with API keys and CORS on: the `openai` package (chat plain and streamed with
-temperature, seed, stop and max_tokens; embeddings; each error status as its SDK exception),
+127.0.0.1 with API keys and CORS on: the `openai` package (chat and completions plain and streamed
+with temperature, seed, stop and max_tokens; embeddings; what is refused rather than ignored; each
+error status as its SDK exception),
 `langchain-openai` (ChatOpenAI invoke and stream, OpenAIEmbeddings) and `litellm`; and two keys'
 request ids kept apart."""
 from __future__ import annotations
@@ -92,6 +93,50 @@ def test_max_tokens_up_to_the_cap_and_finish_reason_length(client):
     long = chat(client, max_tokens=4096)  # over OPENAI_MAX_TOKENS_CAP: clamped, not refused
     assert long.usage.completion_tokens <= 512
     assert long.choices[0].finish_reason == ("length" if long.usage.completion_tokens == 512 else "stop")
+
+
+def test_completions_plain_and_streamed_are_the_chats_rag_answer(client):
+    greedy = chat(client, max_tokens=24).choices[0].message.content
+    plain = client.completions.create(model=CHAT_MODEL, prompt=QUESTION, max_tokens=24)
+    assert plain.object == "text_completion" and plain.choices[0].text == greedy  # the same question, prompt, decoding
+    assert plain.usage.completion_tokens <= 24 and plain.usage.prompt_tokens > 0
+    pieces, reason = [], None
+    for chunk in client.completions.create(model=CHAT_MODEL, prompt=QUESTION, max_tokens=24, stream=True):
+        if chunk.choices:
+            pieces.append(chunk.choices[0].text)
+            reason = chunk.choices[0].finish_reason or reason
+    assert "".join(pieces) == greedy and reason == plain.choices[0].finish_reason
+    short = client.completions.create(model=CHAT_MODEL, prompt=QUESTION, max_tokens=5)
+    assert short.choices[0].finish_reason == "length" and short.usage.completion_tokens == 5
+    sampled = {"temperature": 0.9, "seed": 77, "max_tokens": 24}
+    once = client.completions.create(model=CHAT_MODEL, prompt=QUESTION, **sampled)
+    assert once.model_extra["seed"] == 77
+    assert client.completions.create(model=CHAT_MODEL, prompt=QUESTION, **sampled).choices[0].text == \
+        once.choices[0].text
+    stop = greedy[len(greedy) // 2: len(greedy) // 2 + 3]
+    stopped = client.completions.create(model=CHAT_MODEL, prompt=QUESTION, max_tokens=24, stop=[stop])
+    assert stopped.choices[0].text == greedy[:greedy.index(stop)]
+
+
+def test_what_the_service_would_not_act_on_is_refused_naming_it(client):
+    for kwargs, param in (({"extra_body": {"min_p": 0.1}}, "min_p"), ({"logit_bias": {"42": 5}}, "logit_bias"),
+                          ({"extra_body": {"guided_json": {"type": "object"}}}, "guided_json"),
+                          ({"extra_body": {"no_such_field": 1}}, "no_such_field")):
+        with pytest.raises(openai.BadRequestError) as refused:
+            chat(client, **kwargs)
+        assert refused.value.param == param
+    with pytest.raises(openai.BadRequestError) as system:
+        client.chat.completions.create(model=CHAT_MODEL, messages=[{"role": "system", "content": "Be brief."}, *USER])
+    assert system.value.param == "messages[0]"
+    with pytest.raises(openai.BadRequestError) as turns:
+        client.chat.completions.create(model=CHAT_MODEL, messages=[*USER, {"role": "assistant", "content": "Hi"},
+                                                                   *USER])
+    assert turns.value.param == "messages[0]"
+    with pytest.raises(openai.BadRequestError) as text:
+        client.completions.create(model=CHAT_MODEL, prompt=QUESTION, extra_body={"repetition_penalty": 1.2})
+    assert text.value.param == "repetition_penalty"
+    contract = [{"role": "system", "content": spec.SYSTEM_PROMPT}, *USER]  # the prompt's own: accepted
+    assert client.chat.completions.create(model=CHAT_MODEL, messages=contract, max_tokens=4, user="u-1").choices
 
 
 def test_embeddings_float_and_base64(client):

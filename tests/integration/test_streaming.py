@@ -62,8 +62,9 @@ def test_the_openai_package_gets_the_rag_answer_plain_and_streamed(cluster, refe
     assert [m.id for m in client.models.list()] == [spec.GENERATOR_MODEL, spec.EMBEDDER_MODEL]  # chat, embeddings
     query = spec.REFERENCE_QUERIES[1]
     expected = reference.answer(query)["generated_response"]
+    # The contract's own system message asks for nothing else; another would be refused, not dropped.
     completion = client.chat.completions.create(model=spec.GENERATOR_MODEL,
-                                                messages=[{"role": "system", "content": "be brief"},
+                                                messages=[{"role": "system", "content": spec.SYSTEM_PROMPT},
                                                           {"role": "user", "content": query}])
     assert completion.choices[0].message.content == expected
     assert completion.usage.prompt_tokens > 0 and completion.usage.completion_tokens > 0
@@ -79,6 +80,10 @@ def test_the_openai_package_gets_the_rag_answer_plain_and_streamed(cluster, refe
     with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(model=spec.GENERATOR_MODEL, n=2, messages=[{"role": "user", "content": query}])
     assert refused.value.body["param"] == "n"
+    with pytest.raises(openai.BadRequestError) as system:
+        client.chat.completions.create(model=spec.GENERATOR_MODEL, messages=[{"role": "system", "content": "be brief"},
+                                                                             {"role": "user", "content": query}])
+    assert system.value.body["param"] == "messages[0]"
 
 
 def generate_counts(url: str) -> tuple[float, float, float]:

@@ -17,10 +17,17 @@ def read(body: dict, *accepted: str) -> AnswerRequest:
         return read_request(body, BOUNDS, accepted) if accepted else read_request(body, BOUNDS)
 
 
-def test_a_body_is_one_request_and_a_route_ignores_what_it_does_not_offer():
-    body = {"request_id": "r1", "query": "Refund?", "max_new_tokens": 5, "stream": True, "other": 1}
+def test_a_body_is_one_request_and_a_field_the_route_does_not_offer_or_know_is_refused_by_name():
+    body = {"request_id": "r1", "query": "Refund?", "max_new_tokens": 5, "stream": True}
     assert read(body) == AnswerRequest("r1", "Refund?", max_new_tokens=5, stream=True)
-    assert read(body, "request_id", "query", "stream") == AnswerRequest("r1", "Refund?", stream=True)
+    for extra, *accepted in ((body, "request_id", "query", "stream"), ({**body, "other": 1},)):
+        with pytest.raises(ApiError) as err:
+            read(extra, *accepted)
+        refused = "max_new_tokens" if accepted else "other"
+        assert (err.value.status, err.value.field, err.value.code) == (400, refused, "unknown_parameter")
+        assert f"'{refused}' is not a field of this request" in err.value.message
+    with Flask("t").test_request_context():  # what the route reads itself is no stranger
+        assert read_request({**body, "timeout_s": 3}, BOUNDS, also=("timeout_s",)).request_id == "r1"
 
 
 @pytest.mark.parametrize("change,field,message", [

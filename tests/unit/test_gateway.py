@@ -13,6 +13,7 @@ from pipeline.config.sections import GatewaySettings
 from services.roles.gateway.gateway import Gateway
 from services.roles.gateway.routing import WorkerTarget, remote_target
 from services.server.answer_request import AnswerRequest
+from services.server.deadline import Deadline
 from services.server.errors import (
     NodeUnreachable,
     NoWorkerAvailable,
@@ -41,19 +42,20 @@ class FakeWorker:
         self.calls: list[tuple[str, float]] = []
         self.lock = threading.Lock()
 
-    def reply(self, request: AnswerRequest, timeout_s: float) -> dict:
+    def reply(self, request: AnswerRequest, deadline: Deadline) -> dict:
         with self.lock:
-            self.calls.append((request.request_id, timeout_s))
+            self.calls.append((request.request_id, deadline.left()))
             error = self.errors.pop(0) if self.errors else None
         if error is not None:
             raise error
         if self.gate is not None:
             assert self.gate.wait(10), "test gate never opened"
-        return {"request_id": request.request_id, "generated_response": f"answer to {request.query}"}
+        return {"request_id": request.request_id, "generated_response": f"answer to {request.query}",
+                "served_by": self.node}
 
-    def answer(self, request: AnswerRequest, timeout_s: float):
-        """Its text word by word, then the reply (errors come before any event)."""
-        reply = self.reply(request, timeout_s)
+    def answer(self, request: AnswerRequest, deadline: Deadline):
+        """Its text word by word, then the reply (errors come before any event), which names its node."""
+        reply = self.reply(request, deadline)
         words = reply["generated_response"].split(" ")
         yield from (word if i == 0 else f" {word}" for i, word in enumerate(words))
         yield reply
@@ -64,7 +66,7 @@ class FakeWorker:
 
 def ask(gw: Gateway, request_id: str, query: str, timeout_s: float, **fields) -> dict:
     """The gateway's answer collected, as node 0's /query collects it for a plain reply."""
-    return collect(gw.answer(AnswerRequest(request_id, query, **fields), timeout_s))
+    return collect(gw.answer(AnswerRequest(request_id, query, **fields), Deadline.after(timeout_s)))
 
 
 def gateway_settings(**kwargs) -> GatewaySettings:
@@ -183,7 +185,7 @@ def test_worker_errors_map_to_one_answer(error, expected):
 
 
 def test_a_worker_failing_mid_answer_is_failed_over_unless_the_caller_read_pieces_of_it():
-    def breaks(request, timeout_s):
+    def breaks(request, deadline):
         yield "partial"
         raise NodeUnreachable("the stream broke")
 
@@ -195,7 +197,7 @@ def test_a_worker_failing_mid_answer_is_failed_over_unless_the_caller_read_piece
     first.up = True
     streamed: list = []
     with pytest.raises(NodeUnreachable):  # a streamed one: "partial" was read, and cannot be taken back
-        streamed.extend(gw.answer(AnswerRequest("m-2", "q", stream=True), 10))
+        streamed.extend(gw.answer(AnswerRequest("m-2", "q", stream=True), Deadline.after(10)))
     assert streamed == ["partial"] and len(second.calls) == 1
 
 
@@ -219,7 +221,9 @@ def test_remaining_deadline_is_passed_on_and_enforced():
 def test_remote_worker_is_out_of_rotation_until_its_probe_says_ready():
     class Client:
         ready = False
-        answer = FakeWorker(1).answer
+
+        def answer(self, request, timeout_s):  # a WorkerClient is given the time left
+            return FakeWorker(1).answer(request, Deadline.after(timeout_s))
 
         def health(self):
             return {"status": "healthy"} if self.ready else None
@@ -274,15 +278,17 @@ class Outcomes:
     def __init__(self, outcomes):
         self.outcomes = list(outcomes)
 
-    def answer(self, request, timeout_s):
-        """The next outcome as a worker streams it: its answer word by word, then the reply with usage."""
+    def answer(self, request, deadline):
+        """The next outcome as node 0's worker streams it: its answer word by word, then the reply with
+        usage, naming the node."""
         outcome = self.outcomes.pop(0)
         if isinstance(outcome, BaseException):
             raise outcome
         reply = {**outcome, "request_id": request.request_id}
         words = reply["generated_response"].split(" ")
         yield from (word if i == 0 else f" {word}" for i, word in enumerate(words))
-        yield {**reply, "usage": {"prompt_tokens": 40, "completion_tokens": len(words)}, "finish_reason": "stop"}
+        yield {**reply, "usage": {"prompt_tokens": 40, "completion_tokens": len(words)}, "finish_reason": "stop",
+               "served_by": 0}
 
 
 def query_app(outcomes, **env):
@@ -462,8 +468,8 @@ def test_abort_answers_a_request_waiting_on_a_remote_worker_and_stops_failover()
     remote = FakeWorker(1, gate=gate)
     local = FakeWorker(0, errors=[ServiceClosed("stage service 'embed' stopped")])
 
-    def remote_answer(request, timeout_s):  # its reply waited on as a WorkerClient waits: abortable
-        yield calls.call(remote.reply, request, timeout_s)
+    def remote_answer(request, deadline):  # its reply waited on as a WorkerClient waits: abortable
+        yield calls.call(remote.reply, request, deadline)
 
     target = dataclasses.replace(remote.target(), answer=remote_answer, abort=calls.abort)
     gw = gateway(target, local.target(local=True))

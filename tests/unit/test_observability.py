@@ -14,7 +14,9 @@ from services.node import JsonFormatter
 from services.roles.gateway.gateway import Gateway
 from services.roles.gateway.metrics import GatewayCollector
 from services.roles.worker.stage_clock import collect_stage_times
+from services.server import completion
 from services.server.app import make_app
+from services.server.edge import install_completion_log
 from services.server.errors import Overloaded, RequestIdConflict
 from services.server.metrics import InfoCollector
 from services.server.request_ids import (
@@ -24,7 +26,6 @@ from services.server.request_ids import (
     current_request_id,
     header_form,
 )
-from services.server.routes import install_completion_log
 from services.stages.batch_stats import WAIT_BUCKETS, BatchCounters, with_observations
 from services.stages.batching import BatchingService
 from services.stages.continuous import ContinuousGenerationService
@@ -48,12 +49,13 @@ def samples(*collectors) -> dict:
 
 def query_app() -> Flask:
     app = make_app("t")
-    install_completion_log(app, ("/query",))
+    install_completion_log(app, also=("/query",))
 
     @app.post("/query")
     def query():
         seen = {"id": bind_request_id("body-id\nforged"), "forwarded_as": current_request_id.get()}
-        g.served_by, g.stage_times = 1, {"embed": 1.5}
+        record = g.completion = completion.begin()
+        record.served_by, record.stages_ms = 1, {"embed": 1.5}
         return jsonify(seen)
 
     @app.post("/boom")
@@ -78,15 +80,16 @@ def test_header_id_wins_is_returned_and_is_what_goes_to_other_nodes(caplog):
 def test_a_streamed_answers_completion_line_comes_when_its_stream_ends_with_every_stage(caplog):
     from services.server.stream_response import sse_response
     app = make_app("t")
-    install_completion_log(app, ("/stream",))
+    install_completion_log(app, also=("/stream",))
 
     @app.post("/stream")
     def stream():
-        g.stage_times = times = {"embed": 1.0}
+        g.completion = completion.begin()
+        completion.note_stages({"embed": 1.0})
 
         def events():  # the later stages end while the stream is written
             yield "piece"
-            times["generate"] = 2.0
+            completion.note_stages({"generate": 2.0})
             yield {"request_id": "s"}
         return sse_response(events())
 

@@ -1,5 +1,6 @@
-"""services/roles/gateway/openai_api.py: requests refused or translated, response objects checked
-with the real `openai` package's types, and the real client against a tiny server built from them."""
+"""services/roles/gateway/openai_api.py: requests read, refused (never ignored) or translated, response
+objects checked with the real `openai` package's types, and the real client against a tiny server built
+from them; OpenAI's row of the error shapes."""
 from __future__ import annotations
 
 import json
@@ -8,10 +9,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from pipeline import spec
 from services.roles.gateway import openai_api as api
-from services.roles.gateway.openai_api import ChatRequest, OpenAIError, parse_chat_request
+from services.roles.gateway.openai_api import V1Request, parse_chat_request, parse_text_request
 from services.server import sse
-from services.server.openai_errors import error_body
+from services.server.error_shapes import OPENAI
+from services.server.errors import ApiError, HttpAnswer, http_answer
 
 MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 LIMIT = 128
@@ -23,38 +26,88 @@ def body(**fields) -> dict:
     return {"model": MODEL, "messages": [{"role": "user", "content": "How do I return it?"}], **fields}
 
 
-def parse(payload) -> ChatRequest:
+def parse(payload) -> V1Request:
     return parse_chat_request(payload, max_tokens_limit=LIMIT, model_id=MODEL)
 
 
-def refused(payload, status: int = 400) -> OpenAIError:
-    with pytest.raises(OpenAIError) as info:
-        parse(payload)
+def refused(payload, status: int = 400, parser=parse) -> ApiError:
+    with pytest.raises(ApiError) as info:
+        parser(payload)
     assert info.value.status == status
     return info.value
+
+
+def error_body(error: ApiError) -> dict:
+    """The error as an OpenAI client reads it."""
+    answer = http_answer(error)
+    assert answer is not None
+    return OPENAI.body(answer, error.field)
 
 
 # ---------------------------------------------------------------- requests
 
 def test_a_minimal_request():
-    assert parse(body()) == ChatRequest(query="How do I return it?", max_tokens=LIMIT, stream=False,
-                                        request_id=None, include_usage=False)
+    assert parse(body()) == V1Request(query="How do I return it?", max_tokens=LIMIT, stream=False,
+                                      request_id=None, include_usage=False, sampling={})
 
 
-def test_the_last_user_message_is_the_query():
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "first"},
-                {"role": "assistant", "content": "ok"},
-                {"role": "user", "content": [{"type": "text", "text": "line one"}, {"type": "text", "text": "two"}]}]
-    assert parse(body(messages=messages)).query == "line one\ntwo"
+def test_the_question_is_the_one_user_message_after_at_most_the_contracts_own_system_message():
+    parts = {"role": "user", "content": [{"type": "text", "text": "line one"}, {"type": "text", "text": "two"}]}
+    assert parse(body(messages=[parts])).query == "line one\ntwo"
+    for role in ("system", "developer"):  # the prompt's own system message asks for nothing else
+        contract = {"role": role, "content": spec.SYSTEM_PROMPT}
+        assert parse(body(messages=[contract, {"role": "user", "content": "q"}])).query == "q"
 
 
-def test_accepted_fields_and_unknown_ones_are_ignored():
+@pytest.mark.parametrize("messages, param", [
+    ([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "q"}], "messages[0]"),
+    ([{"role": "developer", "content": "Answer in French."}, {"role": "user", "content": "q"}], "messages[0]"),
+    ([{"role": "user", "content": "first"}, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "q"}],
+     "messages[0]"),
+    ([{"role": "system", "content": spec.SYSTEM_PROMPT}, {"role": "user", "content": "earlier"},
+      {"role": "user", "content": "q"}], "messages[1]"),
+    ([{"role": "user", "content": "q", "name": "ann"}], "messages[0].name"),
+])
+def test_a_system_message_of_its_own_and_earlier_turns_are_refused_naming_the_message(messages, param):
+    error = refused(body(messages=messages))
+    assert error.field == param and "not supported" in error.message
+
+
+def test_fields_read_at_a_no_op_value_ignored_or_null_are_accepted():
     request = parse(body(stream=True, stream_options={"include_usage": True}, max_completion_tokens=16, n=1,
                          temperature=0, top_p=1.0, presence_penalty=0, frequency_penalty=0.0, user="u", seed=7,
                          logprobs=False, response_format={"type": "text"}, tools=[], tool_choice="none", stop=None,
-                         request_id="abc", store=False, metadata={"k": "v"}, some_future_field=[1, 2]))
-    assert request == ChatRequest(query="How do I return it?", max_tokens=16, stream=True, request_id="abc",
-                                  include_usage=True)
+                         request_id="abc", store=False, min_p=0.0, skip_special_tokens=True, guided_json=None))
+    assert request == V1Request(query="How do I return it?", max_tokens=16, stream=True, request_id="abc",
+                                include_usage=True, sampling={"temperature": 0, "top_p": 1.0, "seed": 7})
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"min_p": 0.1}, "min_p"), ({"repetition_penalty": 1.1}, "repetition_penalty"),
+    ({"repetition_penalty": 1.0}, "repetition_penalty"),  # none at all: not what the service does either
+    ({"guided_json": {"type": "object"}}, "guided_json"), ({"guided_regex": "a+"}, "guided_regex"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format"),
+    ({"logprobs": 0}, "logprobs"), ({"min_tokens": 4}, "min_tokens"), ({"ignore_eos": True}, "ignore_eos"),
+    ({"some_future_field": [1, 2]}, "some_future_field"), ({"metadata": {"k": "v"}}, "metadata"),
+    ({"store": True}, "store"), ({"best_of": 2}, "best_of"),
+])
+def test_vllm_extras_and_unknown_fields_are_refused_naming_them(fields, param):
+    error = refused(body(**fields))
+    assert error.field == param and "not supported" in error.message
+    assert error.code in ("unsupported_parameter", "unsupported_value")
+
+
+def test_a_completions_body_reads_its_prompt_by_the_same_rules():
+    text = {"model": MODEL, "prompt": "How do I return it?", "max_tokens": 9, "stop": ["\n"], "echo": False}
+    parsed = parse_text_request(text, max_tokens_limit=LIMIT, model_id=MODEL)
+    assert (parsed.query, parsed.max_tokens, parsed.sampling) == ("How do I return it?", 9, {"stop": ["\n"]})
+    assert parse_text_request({**text, "prompt": ["one"]}, max_tokens_limit=LIMIT, model_id=MODEL).query == "one"
+    text_parse = lambda payload: parse_text_request(payload, max_tokens_limit=LIMIT, model_id=MODEL)  # noqa: E731
+    for change, param in (({"prompt": ["a", "b"]}, "prompt"), ({"prompt": [1, 2]}, "prompt"), ({"echo": True}, "echo"),
+                          ({"suffix": "x"}, "suffix"), ({"logprobs": 2}, "logprobs"), ({"messages": []}, "messages"),
+                          ({"min_p": 0.5}, "min_p")):
+        assert refused({**text, **change}, parser=text_parse).field == param
+    assert refused({k: v for k, v in text.items() if k != "prompt"}, parser=text_parse).field == "prompt"
 
 
 @pytest.mark.parametrize("key", ["max_tokens", "max_completion_tokens"])
@@ -63,14 +116,14 @@ def test_max_tokens_bounds(key):
     assert parse(body(**{key: LIMIT})).max_tokens == LIMIT
     assert parse(body(**{key: LIMIT + 1})).max_tokens == LIMIT  # clamped to the service's cap, not refused
     assert parse_chat_request(body(), max_tokens_limit=512, model_id=MODEL, default_max_tokens=128).max_tokens == 128
-    assert refused(body(**{key: 0})).param == key
-    assert refused(body(**{key: True})).param == key
-    assert refused(body(**{key: 2.5})).param == key
+    assert refused(body(**{key: 0})).field == key
+    assert refused(body(**{key: True})).field == key
+    assert refused(body(**{key: 2.5})).field == key
 
 
 def test_max_tokens_and_max_completion_tokens_must_agree():
     assert parse(body(max_tokens=9, max_completion_tokens=9)).max_tokens == 9
-    assert refused(body(max_tokens=9, max_completion_tokens=10)).param == "max_tokens"
+    assert refused(body(max_tokens=9, max_completion_tokens=10)).field == "max_tokens"
 
 
 @pytest.mark.parametrize("payload, param", [
@@ -95,7 +148,7 @@ def test_max_tokens_and_max_completion_tokens_must_agree():
 ])
 def test_malformed_requests(payload, param):
     error = refused(payload)
-    assert error.param == param and error.type == "invalid_request_error"
+    assert error.field == param and error_body(error)["error"]["type"] == "invalid_request_error"
 
 
 @pytest.mark.parametrize("fields, param", [
@@ -114,15 +167,15 @@ def test_malformed_requests(payload, param):
 ])
 def test_unsupported_parameters_are_refused_not_ignored(fields, param):
     error = refused(body(**fields))
-    assert error.param == param and error.type == "invalid_request_error"
+    assert error.field == param and error_body(error)["error"]["type"] == "invalid_request_error"
     assert "not supported" in error.message and error.code in ("unsupported_parameter", "unsupported_value")
-    assert error.body()["error"]["param"] == param
+    assert error_body(error)["error"]["param"] == param
 
 
 def test_another_model_is_not_found():
     error = refused(body(model="gpt-4o"), 404)
-    assert error.body() == {"error": {"message": error.message, "type": "invalid_request_error", "param": "model",
-                                      "code": "model_not_found"}}
+    assert error_body(error) == {"error": {"message": error.message, "type": "invalid_request_error",
+                                           "param": "model", "code": "model_not_found"}}
     assert "gpt-4o" in error.message and MODEL in error.message
 
 
@@ -135,15 +188,16 @@ def test_another_model_is_not_found():
     (500, "server_error", None), (503, "server_error", "service_unavailable"), (504, "server_error", "timeout"),
     (418, "invalid_request_error", None), (502, "server_error", None),
 ])
-def test_error_body(status, type_, code):
-    assert error_body(status, "what happened", "request_id") == \
+def test_openais_row_of_the_error_shapes(status, type_, code):
+    assert OPENAI.body(HttpAnswer(status, "what happened"), "request_id") == \
         {"error": {"message": "what happened", "type": type_, "param": "request_id", "code": code}}
+    assert OPENAI.headers(status) == {"x-should-retry": "true" if status in (429, 500, 502, 503, 504) else "false"}
 
 
-def test_error_fields_are_named_as_openai_names_them():
-    assert error_body(400, "m", "query")["error"]["param"] == "messages"
-    assert error_body(413, "m", "body")["error"]["param"] is None
-    assert error_body(504, "Request timeout")["error"]["param"] is None
+def test_a_field_that_is_no_body_parameter_has_a_null_param_and_a_code_of_the_errors_own_wins():
+    assert OPENAI.body(HttpAnswer(413, "m"), "body")["error"]["param"] is None
+    assert OPENAI.body(HttpAnswer(504, "Request timeout"), None)["error"]["param"] is None
+    assert OPENAI.body(HttpAnswer(400, "m", code="unsupported_value"), "n")["error"]["code"] == "unsupported_value"
 
 
 # ---------------------------------------------------------------- responses, checked by the openai package
@@ -186,9 +240,28 @@ def test_chunks_are_valid_openai_chunks(include_usage):
         assert all(c.usage is None for c in chunks)
 
 
+@pytest.mark.parametrize("include_usage", [False, True])
+def test_text_completions_and_their_chunks_are_valid_openai_completions(include_usage):
+    from openai.types import Completion
+    reply = {**REPLY, "finish_reason": "length", "usage": {"prompt_tokens": 300, "completion_tokens": 7}, "seed": 3}
+    whole = Completion.model_validate(api.text_completion("cmpl-1", 1700000000, MODEL, reply))
+    assert whole.choices[0].text == REPLY["generated_response"] and whole.choices[0].finish_reason == "length"
+    assert whole.usage is not None and whole.usage.total_tokens == 307 and whole.model_extra["seed"] == 3
+    pieces = ["Answer", ": within 30 days 😀"]
+    objects = list(api.text_chunks("cmpl-1", 1700000000, MODEL, [*pieces, reply], include_usage=include_usage))
+    # A piece's finish_reason is null, as OpenAI's own stream sends it (the SDK reads chunks unvalidated).
+    chunks = [Completion.model_validate(obj) if not obj["choices"] or obj["choices"][0]["finish_reason"]
+              else Completion.model_construct(**obj) for obj in objects]
+    assert [obj["choices"][0]["text"] for obj in objects[:len(pieces)]] == pieces
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finals == ["length"] and objects[len(pieces)]["rag"]["sentiment"] == "positive"
+    assert (chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 7) if include_usage else \
+        all(c.usage is None for c in chunks)
+
+
 def test_error_body_is_a_valid_openai_error_object():
     from openai.types.shared import ErrorObject
-    error = ErrorObject.model_validate(refused(body(n=3)).body()["error"])
+    error = ErrorObject.model_validate(error_body(refused(body(n=3)))["error"])
     assert error.type == "invalid_request_error" and error.param == "n"
 
 
@@ -206,8 +279,8 @@ class FakeOpenAIServer:
                 payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 try:
                     request = parse(payload)
-                except OpenAIError as error:
-                    return self._send(error.status, json.dumps(error.body()).encode(), "application/json")
+                except ApiError as error:
+                    return self._send(error.status, json.dumps(error_body(error)).encode(), "application/json")
                 if not request.stream:
                     obj = api.completion("chatcmpl-1", 1700000000, MODEL, REPLY["generated_response"], 300, 12, REPLY)
                     return self._send(200, json.dumps(obj).encode(), "application/json")

@@ -45,9 +45,11 @@ def test_a_sampled_request_without_a_seed_takes_the_drawn_one():
     assert read(stop="x").sampling(drawn_seed=42) == Sampling(stop=("x",))  # greedy: no seed needed
 
 
-def test_query_does_not_accept_the_decoding_fields():
-    request = read_request({**ASK, "temperature": 0.9, "stop": "x"}, BOUNDS, ("request_id", "query", "stream"))
-    assert request.is_the_questions_answer
+def test_query_refuses_the_decoding_fields_by_name():
+    with pytest.raises(ApiError) as info:  # /query's answer is the contract's: a decoding field is not ignored
+        read_request({**ASK, "temperature": 0.9}, BOUNDS, ("request_id", "query", "stream"))
+    assert (info.value.status, info.value.field) == (400, "temperature")
+    assert read_request(ASK, BOUNDS, ("request_id", "query", "stream")).is_the_questions_answer
 
 
 @pytest.mark.parametrize("fields, field", [

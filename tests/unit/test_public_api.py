@@ -11,11 +11,10 @@ import numpy as np
 import pytest
 
 from pipeline import spec
-from services.roles.gateway.openai_api import OpenAIError
 from services.roles.gateway.openai_embeddings import embeddings_response, parse_embeddings_request
 from services.roles.gateway.public_api import openapi_document
 from services.roles.gateway.routing import WorkerTarget
-from services.server.errors import Overloaded
+from services.server.errors import ApiError, Overloaded
 from tests.unit.test_gateway import Outcomes, gateway, query_app
 
 MODEL = spec.GENERATOR_MODEL
@@ -143,9 +142,9 @@ def test_v1_sampling_fields_reach_the_worker_and_its_seed_comes_back():
     seen: list = []
     outcomes = Outcomes([{**REPLY, "seed": 11}, {**REPLY, "seed": 5}, REPLY, REPLY])
 
-    def answer(request, timeout_s):
+    def answer(request, deadline):
         seen.append(request)
-        return outcomes.answer(request, timeout_s)
+        return outcomes.answer(request, deadline)
 
     role.gateway.set(gateway(WorkerTarget(node=0, answer=answer, probe=lambda: True, local=True)))
     body = {**CHAT, "temperature": 0.7, "top_p": 0.9, "seed": 11, "stop": ["END"], "max_tokens": 512}
@@ -182,9 +181,9 @@ def test_embeddings_request_rules():
     for body, status, param in (({"model": "x", "input": "a"}, 404, "model"), ({"model": model, "input": [[1, 2]]}, 400, "input"),
                                 ({"model": model, "input": []}, 400, "input"), ({"model": model, "input": ["a"] * 9}, 400, "input"),
                                 ({"model": model, "input": "a", "encoding_format": "int8"}, 400, "encoding_format")):
-        with pytest.raises(OpenAIError) as info:
+        with pytest.raises(ApiError) as info:
             parse_embeddings_request(body, 8)
-        assert (info.value.status, info.value.param) == (status, param)
+        assert (info.value.status, info.value.field) == (status, param)
 
 
 def test_embeddings_response_float_and_base64_carry_the_same_vector():

@@ -15,6 +15,7 @@ from pipeline.config import REPO_ROOT, ConfigError, Settings
 from pipeline.config.sections import ObservabilitySettings
 from services.server import stage_spans, tracing
 from services.server.app import make_app
+from services.server.completion import Completion
 from services.stages.batching import BatchingService
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -54,7 +55,7 @@ def traced_app(name: str = "t"):
 
     @app.post("/work")
     def work():
-        g.trace_id, g.served_by = request.headers.get("X-Request-ID"), 1
+        g.trace_id, g.completion = request.headers.get("X-Request-ID"), Completion(served_by=1)
         for stage in ("embed", "search"):
             span = stage_spans.start_stage(stage, g.trace_id)
             if span is not None:

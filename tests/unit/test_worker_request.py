@@ -1,17 +1,20 @@
 """A worker's request path over the tiny stand-ins, node 2 searched in-process."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from pipeline.config import Settings
 from pipeline.docstore import DocumentStore
 from pipeline.reranker import RerankRequest
+from pipeline.spec import Stage
 from pipeline.stages import Stages
 from pipeline.vector_index import VectorIndex
 from services.roles.versioned_data import VersionedData
 from services.roles.worker.request_path import Worker
 from services.roles.worker.role import worker_config
 from services.server.answer_request import AnswerRequest
+from services.server.deadline import Deadline
 from services.server.stream_response import collect
 
 
@@ -62,7 +65,17 @@ def test_a_request_encodes_its_prompt_once_and_its_usage_counts_those_ids(worker
 
     monkeypatch.setattr(generator.tokens, "prompt_ids", counting)
     request = AnswerRequest("once-1", "How do I return an item?", max_new_tokens=4)
-    reply = collect(worker.answer(request, timeout_s=120))
+    reply = collect(worker.answer(request, Deadline.after(120)))
     assert len(encoded) == 1  # the engine's prompt and the reply's usage share one encoding
     assert reply["usage"] == {"prompt_tokens": len(encoded[0]), "completion_tokens": 4}
     assert reply["finish_reason"] == "length"
+
+
+def test_embed_gives_the_query_embedders_vectors_through_the_embed_stage_and_times_it(worker, embedder):
+    from services.roles.worker.stage_clock import collect_stage_times
+    times = collect_stage_times()
+    texts = ["How do I return an item?", "refund policy"]
+    vectors = worker.embed(texts, Deadline.after(60))
+    expected = embedder(texts)
+    assert len(vectors) == 2 and all(np.allclose(v, e, atol=1e-5) for v, e in zip(vectors, expected))
+    assert worker.stats()[Stage.EMBED].summary()["items"] >= 2 and "embed" in times

@@ -5,7 +5,6 @@ and probing), its own in-process and the others over HTTP.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 
 from pipeline.config.sections import GatewaySettings
@@ -13,11 +12,13 @@ from services.roles.caches import LruCache, ResponseCache
 from services.roles.gateway.idempotency import Idempotency
 from services.roles.gateway.routing import Router, WorkerTarget
 from services.server.answer_request import AnswerRequest
+from services.server.deadline import Deadline
 from services.server.stream_response import AnswerStream
 
 
 class Gateway:
-    """`answer(request, timeout_s)` for node 0's routes; `status()` and `stats()` for /health."""
+    """`answer(request, deadline)` and `admitted(work)` for node 0's routes; `status()` and `stats()`
+    for /health."""
 
     def __init__(self, targets: list[WorkerTarget], settings: GatewaySettings, *,
                  response_cache: ResponseCache | None = None):
@@ -35,11 +36,15 @@ class Gateway:
         """Replies by request_id (metered; never cleared: a retried request must get the reply it got)."""
         return self.ids.completed
 
-    def answer(self, request: AnswerRequest, timeout_s: float) -> AnswerStream:
+    def answer(self, request: AnswerRequest, deadline: Deadline) -> AnswerStream:
         """The request's answer stream: the request_id rules first, then _compute."""
-        return self.ids.answer(request, timeout_s, lambda deadline: self._compute(request, deadline))
+        return self.ids.answer(request, deadline, lambda deadline: self._compute(request, deadline))
 
-    def _compute(self, request: AnswerRequest, deadline: float) -> AnswerStream:
+    def admitted(self, work: Callable[[], AnswerStream]) -> AnswerStream:
+        """Work that is no answer (embeddings) under the same admission: a slot of GATEWAY_MAX_IN_FLIGHT."""
+        return self.ids.admitted(work)
+
+    def _compute(self, request: AnswerRequest, deadline: Deadline) -> AnswerStream:
         """The reply cache (only for the question's own answer: greedy, uncapped, no stop strings),
         else a worker."""
         cache = self.response_cache
@@ -47,7 +52,7 @@ class Gateway:
             return self.router.forward(request, deadline)
         # looked_up: the request_id rules have just counted this question's miss.
         return cache.answer(request.request_id, request.query, lambda: self.router.forward(request, deadline),
-                            max(0.0, deadline - time.monotonic()), caller=request.caller, looked_up=True)
+                            deadline.left(), caller=request.caller, looked_up=True)
 
     def status(self) -> list[dict]:
         return self.router.status()

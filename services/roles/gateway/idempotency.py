@@ -21,6 +21,7 @@ from collections.abc import Callable
 from services.roles.caches import LruCache, ResponseCache
 from services.roles.single_flight import Entry, Flight, SingleFlight
 from services.server.answer_request import AnswerRequest
+from services.server.deadline import Deadline
 from services.server.errors import Overloaded, RequestIdConflict, RequestTimeout, ServiceClosed
 from services.server.stream_response import AnswerStream, relay, replay
 
@@ -62,12 +63,11 @@ class Idempotency:
         self._latency_ema_s = 0.0  # of successful computations, for the Retry-After hint
         self._rejected = self._rejected_joiners = self._conflicts = 0
 
-    def answer(self, request: AnswerRequest, timeout_s: float,
-               compute: Callable[[float], AnswerStream]) -> AnswerStream:
+    def answer(self, request: AnswerRequest, deadline: Deadline,
+               compute: Callable[[Deadline], AnswerStream]) -> AnswerStream:
         """The id's answer stream: a completed or joined reply replayed, else `compute(deadline)`'s
         events as they come; its reply is then the id's, its failure its joiners' too (not kept)."""
         started = time.monotonic()
-        deadline = started + timeout_s
         request_id, digest = request.request_id, request_digest(request)
         key = scoped_id(request)
         entry = self.flights.enter(
@@ -145,12 +145,23 @@ class Idempotency:
         if hit is not None:
             self.completed.put(scoped_id(request), (digest, hit))
             return hit
+        self._admit(in_flight)
+        return None
+
+    def _admit(self, in_flight: int) -> None:
+        """A free slot, or a refusal at once."""
         if in_flight >= self.max_in_flight:
             with self._lock:
                 self._rejected += 1
             raise Overloaded(f"the gateway is at capacity ({self.max_in_flight} requests in flight)",
                              retry_after_s=self._retry_after_s())
-        return None
+
+    def admitted(self, open_stream: Callable[[], AnswerStream]) -> AnswerStream:
+        """Work with no request_id (an embeddings request) under the same capacity: it holds one of the
+        max_in_flight slots while it runs, and is refused at once when none is free."""
+        entry = self.flights.enter(object(), admit_leader=self._admit)  # a key of its own: never joined
+        yield from relay(open_stream, landed=lambda reply: self.flights.finish(entry.held, None),
+                         failed=lambda exc: self.flights.fail(entry.held, exc))
 
     # ------------------------------------------------------------------ bookkeeping
 

@@ -5,7 +5,7 @@ import dataclasses
 import logging
 from typing import Any
 
-from flask import Flask, g, jsonify, request
+from flask import Flask, request
 
 from pipeline.config import ConfigError, Settings
 from services.cluster.clients import WorkerClient
@@ -19,11 +19,10 @@ from services.roles.gateway.public_api import register_public_api
 from services.roles.gateway.routing import WorkerTarget, remote_target
 from services.roles.loaded import Loaded
 from services.roles.worker.role import WorkerRole, worker_bounds
-from services.roles.worker.stage_clock import collect_stage_times
 from services.server import sse
+from services.server.edge import Call, Edge
 from services.server.errors import NodeNotReady
 from services.server.lifecycle import Readiness
-from services.server.stream_response import collect, sse_response, started
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +37,6 @@ STREAM_ONLY = ("usage", "finish_reason")
 
 class GatewayRole(Role):
     name = "gateway+worker"
-    # Its completion lines are the clients' requests (its own worker's work shows in their stages_ms).
-    request_endpoints = ("/query",)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -49,7 +46,7 @@ class GatewayRole(Role):
         self.response_cache = ResponseCache(self.settings.gateway.response_cache_size,
                                             self.settings.gateway.response_cache_ttl_s)
         bounds = worker_bounds(self.settings, lambda query: self.count_query_tokens(query))
-        self.front = Front(self.lifecycle, self.settings.limits, bounds, self.gateway)
+        self.front = Front(Edge(self.lifecycle, self.settings.limits), bounds, self.gateway)
 
     @property
     def model_source(self) -> str:
@@ -79,7 +76,7 @@ class GatewayRole(Role):
         targets = []
         for node in self.settings.cluster.rotation:
             if node == self.node:  # our own worker: an in-process call, no HTTP hop
-                targets.append(WorkerTarget(node=node, answer=self.worker_role.worker.require().answer, local=True,
+                targets.append(WorkerTarget(node=node, answer=self.worker_role.answer, local=True,
                                             probe=lambda: self.lifecycle.readiness.state in LOCAL_SERVING))
             else:
                 client = WorkerClient(self.settings.node_address(node).url,
@@ -127,22 +124,23 @@ class GatewayRole(Role):
         self.worker_role.abort(reason)
 
     def register_routes(self, app: Flask) -> None:
-        app.post("/query")(self.query)
+        # Every answering route enters by the edge: its completion lines are the clients' requests (its
+        # own worker's work shows in their stages_ms).
+        self.front.edge.add(app, "/query", self.query)
         self.worker_role.register_data_routes(app)  # a rollout switches node 0's own worker too
         api = self.settings.api
         register_openai_routes(app, self.front, api.default_temperature, api.max_tokens_cap)
-        register_public_api(app, api, self.front, self.worker_role.worker)
+        register_public_api(app, api, self.front, self.worker_role.embed, self.node)
 
-    def query(self):
-        """POST /query: streamed (`"stream": true`, or Accept: text/event-stream), else collected."""
-        asked = self.front.request(self.front.body(), QUERY_FIELDS)
+    def query(self, body: dict) -> Call:
+        """POST /query: streamed (`"stream": true`, or Accept: text/event-stream), else collected into
+        the contract's reply (with `served_by`)."""
+        asked = self.front.request(body, QUERY_FIELDS)
         if sse.MEDIA_TYPE in request.headers.get("Accept", ""):
             asked = dataclasses.replace(asked, stream=True)
         log.debug("query request_id=%r", asked.request_id)  # repr: an id cannot forge log lines
-        g.stage_times = collect_stage_times()  # filled when our own worker computes it
-        events = self.front.answer(asked)
-        if asked.stream:  # started here: a request refused before its first token gets its status
-            return sse_response(started(events))
-        reply = collect(events)
-        g.served_by = reply.get("served_by")
-        return jsonify({k: v for k, v in reply.items() if k not in STREAM_ONLY})
+        return Call(self.front.answer(asked), stream=asked.stream, reply=_contract_reply)
+
+
+def _contract_reply(reply: dict) -> dict:
+    return {k: v for k, v in reply.items() if k not in STREAM_ONLY}

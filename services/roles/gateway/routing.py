@@ -11,12 +11,13 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from services.cluster.clients import WorkerClient
+from services.server import completion
 from services.server.answer_request import AnswerRequest
+from services.server.deadline import Deadline
 from services.server.errors import (
     NodeUnreachable,
     NoWorkerAvailable,
@@ -41,7 +42,7 @@ log = logging.getLogger(__name__)
 class WorkerTarget:
     """One worker the gateway can send a request to, and what it did with them."""
     node: int
-    answer: Callable[[AnswerRequest, float], AnswerStream]  # (request, timeout_s) -> its answer stream
+    answer: Callable[[AnswerRequest, Deadline], AnswerStream]  # (request, deadline) -> its answer stream
     probe: Callable[[], bool]  # is it ready to serve?
     # Answer every call waiting on it now with make_error() (the node is past its grace period).
     abort: Callable[[Callable[[], BaseException]], None] = lambda make_error: None
@@ -53,8 +54,9 @@ class WorkerTarget:
 
 def remote_target(node: int, client: WorkerClient) -> WorkerTarget:
     # Out of the rotation until the first probe finds it ready: never route to a starting node.
-    return WorkerTarget(node=node, answer=client.answer, probe=lambda: client.health() is not None,
-                        abort=client.abort, up=False)
+    # The other node is sent the time left: its clock is not ours.
+    return WorkerTarget(node=node, answer=lambda request, deadline: client.answer(request, deadline.left()),
+                        probe=lambda: client.health() is not None, abort=client.abort, up=False)
 
 
 class Router:
@@ -86,24 +88,25 @@ class Router:
             log.log(logging.INFO if up else logging.WARNING, "worker node %d %s%s", target.node,
                     "rejoins the rotation" if up else "leaves the rotation", f": {why}" if why else "")
 
-    def forward(self, request: AnswerRequest, deadline: float) -> AnswerStream:
-        """The answer stream of the first worker in turn that takes the request by `deadline`
-        (monotonic), failing over unless the caller has read pieces of the answer already."""
+    def forward(self, request: AnswerRequest, deadline: Deadline) -> AnswerStream:
+        """The answer stream of the first worker in turn that takes the request by `deadline`, failing
+        over unless the caller has read pieces of the answer already. The worker's reply says who
+        computed it (`served_by`); its stage times go to the completion line, not further up."""
         candidates = self.rotation() or list(self.targets)  # everyone looks down: try them all once
         last_error: Exception | None = None
         for target in candidates:
             if self._aborted is not None:  # the node is exiting: no failover to another worker
                 raise self._aborted()
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if deadline.passed:
                 raise RequestTimeout("request timed out")
             shown = False  # pieces of this worker's answer the caller has read
             try:
-                events = target.answer(request, remaining)
+                events = target.answer(request, deadline)
                 try:
                     for event in events:
                         if isinstance(event, dict):
-                            event.setdefault("served_by", target.node)
+                            completion.note_stages(event.get(completion.STAGES_FIELD) or {})
+                            event = {k: v for k, v in event.items() if k != completion.STAGES_FIELD}
                             with self._lock:
                                 target.forwarded += 1
                         shown = request.stream

@@ -13,7 +13,7 @@ import threading
 import time
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -33,6 +33,7 @@ from services.roles.versioned_data import VersionedData
 from services.roles.worker.stage_clock import StageClock, StageVisit
 from services.server import stage_spans
 from services.server.answer_request import AnswerRequest
+from services.server.deadline import Deadline
 from services.server.errors import (
     Overloaded,
     RequestTimeout,
@@ -62,7 +63,6 @@ class ContinuousConfig:
 class WorkerConfig:
     """What a worker reads of the settings, and nothing else."""
     batching: Mapping[Stage, BatchConfig]  # one per stage in spec.WORKER_STAGES but generate
-    request_timeout_s: float
     embed_cache_size: int
     continuous: ContinuousConfig  # the generate stage's
 
@@ -152,11 +152,11 @@ class Worker:
         except Exception as exc:
             raise StageFailed(stage, exc) from exc
 
-    def answer(self, request: AnswerRequest, timeout_s: float | None = None) -> AnswerStream:
+    def answer(self, request: AnswerRequest, deadline: Deadline) -> AnswerStream:
         """The answer's text in pieces as the LLM produces them (never half a character, nor the start
         of a stop string), then the reply with its `usage`, `finish_reason` and, when sampled, its
         `seed`. Closing the stream early cancels the generation."""
-        clock, trace, deadline = self._begin(request.request_id, timeout_s)
+        clock, trace = self._begin(request.request_id)
         generation: StageVisit | None = None
         try:
             version, documents = self._retrieve(clock, trace, request.query, deadline)
@@ -194,14 +194,27 @@ class Worker:
         """The query's length in the LLM tokenizer's tokens (MAX_QUERY_TOKENS bounds it)."""
         return self.stages.generator.count_tokens(query)
 
-    def _begin(self, request_id: str, timeout_s: float | None) -> tuple[StageClock, str, float]:
-        """The request's clock, trace id and deadline; StageDown at once if a stage is down."""
-        deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.config.request_timeout_s)
+    def embed(self, texts: Sequence[str], deadline: Deadline) -> list[np.ndarray]:
+        """The texts' query embeddings (unit-norm float32, as a query's), each an item of the embed stage,
+        batched with the queries'. Closing early or failing takes the unstarted ones off the queue."""
+        clock, _trace = self._begin(current_request_id.get() or "embeddings")
+        visits: list[StageVisit] = []
+        try:
+            for text in texts:
+                visits.append(self._enter(clock, Stage.EMBED, text))
+            return [clock.wait(visit, deadline) for visit in visits]
+        finally:
+            for visit in visits:
+                visit.future.cancel()  # a no-op once it ran
+            clock.close()
+
+    def _begin(self, request_id: str) -> tuple[StageClock, str]:
+        """The request's clock and trace id; StageDown at once if a stage is down."""
         for stage, svc in self.services.items():
             if svc.failure is not None:
                 raise StageDown(stage, svc.failure)
         trace = current_request_id.get() or request_id
-        return StageClock.for_this_thread(trace, self._wait), trace, deadline
+        return StageClock.for_this_thread(trace, self._wait), trace
 
     def _enter(self, clock: StageClock, stage: Stage, item) -> StageVisit:
         return clock.enter(stage).submit(self.services[stage], item)

@@ -1,4 +1,6 @@
-"""Node 1's role (and what node 0's role holds): load and warm the models, serve /internal/answer."""
+"""Node 1's role (and what node 0's role holds): load and warm the models, serve /internal/answer
+through the edge (services/server/edge.py), and the worker's answer and embeddings as this node
+tells them: each reply says which node computed it and how long it waited on each stage."""
 from __future__ import annotations
 
 import logging
@@ -6,7 +8,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from flask import Flask, g, jsonify
+import numpy as np
+from flask import Flask
 
 from pipeline import spec
 from pipeline.config import Settings
@@ -22,10 +25,12 @@ from services.roles.loaded import Loaded
 from services.roles.versioned_data import VersionedData
 from services.roles.worker.request_path import ContinuousConfig, Worker, WorkerConfig
 from services.roles.worker.stage_clock import collect_stage_times
-from services.server.answer_request import Bounds, read_request
-from services.server.body import read_json_object
+from services.server import completion
+from services.server.answer_request import AnswerRequest, Bounds, read_request
+from services.server.deadline import Deadline
+from services.server.edge import Call, Edge
 from services.server.errors import ApiError
-from services.server.stream_response import AnswerStream, close, collect, sse_response, started
+from services.server.stream_response import AnswerStream, close
 from services.server.token import internal_endpoint
 
 log = logging.getLogger(__name__)
@@ -37,7 +42,6 @@ def worker_config(settings: Settings) -> WorkerConfig:
                                   prefill_chunk=generate.prefill_chunk, max_queue=settings.limits.stage_max_queue)
     return WorkerConfig(batching={stage: settings.batching(stage) for stage in spec.WORKER_STAGES
                                   if stage != spec.Stage.GENERATE},
-                        request_timeout_s=settings.limits.request_timeout_s,
                         embed_cache_size=settings.embed.cache_size, continuous=continuous)
 
 
@@ -67,8 +71,6 @@ def internal_timeout(body: dict, settings: Settings) -> float:
 
 class WorkerRole(Role):
     name = "worker"
-    # Each forward from the gateway gets its completion line here too: served_by and this node's stages_ms.
-    request_endpoints = ("/internal/answer",)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -138,23 +140,34 @@ class WorkerRole(Role):
 
     def register_routes(self, app: Flask) -> None:
         self.register_data_routes(app)
+        # Each forward from the gateway gets its completion line here too: served_by and this node's stages.
+        Edge(self.lifecycle, self.settings.limits).add(app, "/internal/answer", self.internal_call,
+                                                       guard=internal_endpoint(self.settings.cluster.cluster_token))
 
-        @app.post("/internal/answer")
-        @internal_endpoint(self.settings.cluster.cluster_token)
-        def internal_answer():
-            """A forward from the gateway (which always asks for the stream), or a direct caller's
-            request: streamed with `"stream": true`, else one JSON reply (the stream collected)."""
-            self.lifecycle.require_ready()
-            body = read_json_object(self.settings.limits.max_body_bytes)
-            request = read_request(body, self.bounds)
-            timeout_s = internal_timeout(body, self.settings)
-            g.served_by, g.stage_times = self.node, collect_stage_times()  # for the completion line
-            events = self._served_by(self.worker.require().answer(request, timeout_s))
-            return sse_response(started(events)) if request.stream else jsonify(collect(events))
+    def internal_call(self, body: dict) -> Call:
+        """A forward from the gateway (which always asks for the stream, with its time left), or a
+        direct caller's request: streamed with `"stream": true`, else one JSON reply."""
+        request = read_request(body, self.bounds, also=("timeout_s",))
+        return Call(lambda deadline: self.answer(request, deadline), stream=request.stream,
+                    timeout_s=internal_timeout(body, self.settings))
 
-    def _served_by(self, events: AnswerStream) -> AnswerStream:
+    def answer(self, request: AnswerRequest, deadline: Deadline) -> AnswerStream:
+        """The worker's answer stream, its reply stamped with this node (`served_by`) and its stage
+        times, which are also noted for this node's completion line (a failure's too)."""
+        times = collect_stage_times()
+        events = self.worker.require().answer(request, deadline)
         try:
             for event in events:
-                yield {**event, "served_by": self.node} if isinstance(event, dict) else event
+                yield {**event, "served_by": self.node, completion.STAGES_FIELD: dict(times)} if isinstance(event, dict) \
+                    else event
         finally:
             close(events)
+            completion.note_stages(times)
+
+    def embed(self, texts: list[str], deadline: Deadline) -> list[np.ndarray]:
+        """The worker's embeddings of `texts`; its embed stage's time noted for the completion line."""
+        times = collect_stage_times()
+        try:
+            return self.worker.require().embed(texts, deadline)
+        finally:
+            completion.note_stages(times)

@@ -1,0 +1,40 @@
+"""What one request's completion line says beyond its status and latency: which worker computed it
+and how long it waited on each stage. The edge opens the record and notes the reply's `served_by`;
+below it, the worker notes the stage times of a request computed on this node, and the gateway's
+router those a worker on another node sent back with its reply (taken off the reply there)."""
+from __future__ import annotations
+
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+
+# A worker's reply field: its stage times, which the gateway takes off the reply and notes here.
+STAGES_FIELD = "stages_ms"
+
+
+@dataclass
+class Completion:
+    served_by: int | None = None
+    stages_ms: dict[str, float] = field(default_factory=dict)
+
+
+# Per thread: a request is served on one HTTP thread, its answer stream read on that thread too.
+_current: ContextVar[Completion | None] = ContextVar("completion", default=None)
+
+
+def begin() -> Completion:
+    """A fresh record for the request this thread now serves."""
+    record = Completion()
+    _current.set(record)
+    return record
+
+
+def current() -> Completion | None:
+    """The record of the request this thread serves (None outside a request: nothing is noted)."""
+    return _current.get()
+
+
+def note_stages(times: dict[str, float]) -> None:
+    """Stage times for the completion line of the request this thread serves (if any)."""
+    record = current()
+    if record is not None:
+        record.stages_ms.update(times)
