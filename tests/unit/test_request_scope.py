@@ -13,6 +13,7 @@ from services.roles.caches import ResponseCache
 from services.roles.gateway.idempotency import request_digest
 from services.server.answer_request import RULES, AnswerRequest
 from services.server.auth import ApiKeys
+from services.server.deadline import Deadline
 from services.server.errors import RequestIdConflict
 from services.server.stream_response import collect
 from tests.unit.test_gateway import REPLY, FakeWorker, gateway, query_app, wait_for
@@ -23,7 +24,7 @@ ALICE, BOB = "sha256:" + "a" * 64, "sha256:" + "b" * 64
 
 
 def ask(gw, caller: str | None, request_id: str, query: str, **fields) -> dict:
-    return collect(gw.answer(AnswerRequest(request_id, query, caller=caller, **fields), 10))
+    return collect(gw.answer(AnswerRequest(request_id, query, caller=caller, **fields), Deadline.after(10)))
 
 
 # ---------------------------------------------------------------- the request object and the keys

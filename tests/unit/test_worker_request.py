@@ -48,7 +48,7 @@ def worker(support_data, embedder, reranker, generator, sentiment, toxicity):
 
 def test_a_reply_names_its_data_version_and_the_documents_it_was_given(worker, support_data, reference):
     request = AnswerRequest("version-1", "How do I return an item?", max_new_tokens=4)
-    reply = collect(worker.answer(request, timeout_s=120))
+    reply = collect(worker.answer(request, Deadline.after(120)))
     assert reply["data_version"] == support_data.version == support_data.index_path.parent.name
     query = "How do I return an item?"
     ranked = reference.reranker.rerank([RerankRequest(query, tuple(reference.retrieve(query)))])[0]
