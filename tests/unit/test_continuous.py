@@ -150,7 +150,7 @@ def test_engine_matches_reference_with_staggered_joins(generator, reference_text
         peak_cache = max(peak_cache, engine.runner.cache_tokens())
         assert len(engine.runner.rows) <= 3
         step += 1
-    assert [engine.text(seqs[i]) for i in range(len(REQUESTS))] == reference_texts
+    assert [generator.completion(seqs[i].generated).text for i in range(len(REQUESTS))] == reference_texts
     # memory: never more cache columns than max_batch slots of the longest sequence, in whole chunks
     assert 0 < peak_cache <= 3 * chunks_for(budget + spec.MAX_NEW_TOKENS)
     assert engine.runner.rows == [] and engine.runner.cache_tokens() == 0
@@ -295,7 +295,8 @@ def test_engine_matches_reference_when_a_longer_sequence_grows_the_slots_mid_run
             for slot, seq in enumerate(s for seq_id in runner.rows for s in seqs if s.seq_id == seq_id):
                 assert (runner.seen[slot, runner.lengths[slot]:] == seq.prompt_ids[0]).all(), slot
     assert grown
-    assert [engine.text(s) for s in seqs] == reference_texts[:2] + generator.generate([LONG])
+    assert [generator.completion(s.generated).text for s in seqs] == \
+        reference_texts[:2] + generator.generate([LONG])
     assert engine.runner.rows == [] and engine.runner.cache_tokens() == 0
 
 
@@ -315,7 +316,8 @@ def test_the_slots_stay_within_the_kv_budget_as_a_longer_sequence_comes_and_goes
             shapes.add((cache.slots, cache.capacity))
         peak_rows = max(peak_rows, len(engine.runner.rows))
     assert peak_rows == 3 and {(3, CHUNK), (2, 2 * CHUNK)} <= shapes
-    assert [engine.text(s) for s in seqs] == reference_texts[:3] + generator.generate([LONG]) + reference_texts[3:5]
+    assert [generator.completion(s.generated).text for s in seqs] == \
+        reference_texts[:3] + generator.generate([LONG]) + reference_texts[3:5]
 
 
 def test_bucketed_rows_leave_the_answers_as_the_reference_gives_them(generator, reference_texts):
@@ -338,4 +340,4 @@ def test_bucketed_rows_leave_the_answers_as_the_reference_gives_them(generator, 
     while engine.has_work():
         assert not engine.step().failed
     assert graphs.failed and {1, 2, 4} <= set(rows) and 3 not in rows
-    assert [engine.text(s) for s in seqs] == reference_texts[:3]
+    assert [generator.completion(s.generated).text for s in seqs] == reference_texts[:3]
