@@ -212,6 +212,8 @@ class ContinuousGenerationService:
     def _end_stopped(self) -> None:
         with self._lock:
             stopping, self._stopping = self._stopping, set()
+        if not stopping:
+            return
         for seq in [s for s in self.engine.sequences() if s.payload.future in stopping]:
             self.engine.cancel(seq)
             self._finish(seq, Finish.ABORTED)
