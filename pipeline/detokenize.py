@@ -15,8 +15,9 @@ part of the window's text that later tokens can no longer change:
 Joined, the pieces and `finish()` equal `tokenizer.decode(ids, skip_special_tokens=...)` for tokenizers
 whose decode concatenates per-token bytes (byte-level BPE without clean-up of tokenization spaces:
 Qwen2.5's). Each push decodes only the tokens since the last whole character plus the context (invalid
-UTF-8 keeps the window open until a character completes). Fast tokenizers must not be shared across
-threads: give each thread its own detokenizer and tokenizer, or call it from one thread (the engine's).
+UTF-8 keeps the window open until a character completes). One detokenizer per sequence, fed by one
+thread; request threads may share the tokenizer when its decode only reads it (pipeline/prompt_tokens.py's
+does; a transformers fast tokenizer, whose calls may change its settings, must not be shared).
 """
 from __future__ import annotations
 

@@ -13,13 +13,12 @@ from typing import Any, Sequence
 
 from pipeline import spec
 from pipeline.config import Settings
-from pipeline.detokenize import IncrementalDetokenizer
+from pipeline.continuous.output import Completion, OutputProcessor, complete, finish_of
 from pipeline.device import Placement, placement_for
 from pipeline.models import ModelSource, resolve_model_source
 from pipeline.precision import apply_precision
 from pipeline.prompt_tokens import PromptTokenizer
 from pipeline.sampling_params import Sampling
-from pipeline.stop_strings import truncate
 
 
 @dataclass(frozen=True)
@@ -29,7 +28,8 @@ class GenerationRequest:
     # New tokens at most; None: the generation config's (the contract's 128).
     max_new_tokens: int | None = None
     # Temperature, top_p, top_k, seed and stop strings (pipeline.sampling_params.Sampling); None: greedy.
-    # Honoured by the continuous engine; generate() (the reference's) is greedy and cuts stop strings.
+    # Sampling is the continuous engine's; generate() (the reference's) is greedy. Stop strings are the
+    # output side's, both ways (pipeline/continuous/output.py).
     sampling: Sampling | None = None
     # Called with each new token id as continuous batching produces it, on the engine's thread (a
     # stream's reader); not part of what is asked, so not of equality. generate() never calls it.
@@ -61,6 +61,11 @@ class Generator:
             config.pad_token_id = tokenizer.pad_token_id
         self.generation_config = config
 
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        eos = self.generation_config.eos_token_id
+        return frozenset(eos if isinstance(eos, (list, tuple)) else [eos])
+
     @classmethod
     def load(cls, source: ModelSource, placement: Placement, **kwargs) -> "Generator":
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -79,9 +84,14 @@ class Generator:
         """How many tokens `text` adds to a prompt, as text (MAX_QUERY_TOKENS is checked with this)."""
         return self.tokens.count(text)
 
-    def detokenizer(self) -> IncrementalDetokenizer:
-        """A new incremental detokenizer for one stream (any thread)."""
-        return IncrementalDetokenizer(self.tokens)
+    def output(self, stops: Sequence[str] = (), abort: Callable[[], None] | None = None) -> OutputProcessor:
+        """A new output processor for one sequence (any thread): `abort` ends it in the engine at a stop string."""
+        return OutputProcessor(self.tokens, stops, abort)
+
+    def completion(self, token_ids: Sequence[int], stops: Sequence[str] = ()) -> Completion:
+        """The answer of a sequence run to its end (an end-of-sequence token or its cap), as its output
+        processor makes it."""
+        return complete(self.tokens, token_ids, finish_of(token_ids, self.eos_ids), stops)
 
     def prompt_ids(self, query: str, documents: Sequence) -> list[int]:
         """The LLM prompt's token ids; the query's and the documents' text stays text (any thread)."""
@@ -97,9 +107,6 @@ class Generator:
         """The prompt as text, for reading (the model gets prompt_ids)."""
         return self.tokens.render(spec.build_messages(query, documents))
 
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return self.tokens.decode(token_ids, skip_special_tokens=True)
-
     def generate_ids(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | None = None) -> list[list[int]]:
         """The new token ids of each prompt (its ids), up to and including its first eos."""
         import torch
@@ -109,15 +116,15 @@ class Generator:
         extra = {} if max_new_tokens is None else {"max_new_tokens": max_new_tokens}
         with torch.inference_mode():
             output = self.model.generate(**inputs, generation_config=self.generation_config, **extra)
-        eos = self.generation_config.eos_token_id
-        eos = set(eos if isinstance(eos, (list, tuple)) else [eos])
+        eos = self.eos_ids
         rows = []
         for row in output[:, inputs["input_ids"].shape[1]:].tolist():
             end = next((i + 1 for i, token in enumerate(row) if token in eos), len(row))
             rows.append(row[:end])  # after eos a batch row holds only padding
         return rows
 
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[str]:
+    def completions(self, requests: Sequence[GenerationRequest]) -> list[Completion]:
+        """Each request's answer, text and finish reason (the reference's)."""
         if not requests:
             return []
         caps = [self.max_new_tokens if r.max_new_tokens is None else r.max_new_tokens for r in requests]
@@ -125,7 +132,10 @@ class Generator:
         # decoding makes a row's first n tokens the same whatever the call's cap,
         # so each answer is cut at its own cap afterwards.
         rows = self.generate_ids([self.request_ids(r) for r in requests], max_new_tokens=max(caps))
-        return [truncate(self.decode(row[:cap]), r.sampling.stop if r.sampling else ())
+        return [self.completion(row[:cap], r.sampling.stop if r.sampling else ())
                 for row, cap, r in zip(rows, caps, requests)]
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[str]:
+        return [c.text for c in self.completions(requests)]
 
     __call__ = generate

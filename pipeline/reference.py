@@ -11,9 +11,11 @@ from dataclasses import dataclass, fields
 
 from pipeline import spec
 from pipeline.config import ConfigError, Settings
+from pipeline.continuous.output import Completion
 from pipeline.generator import GenerationRequest
 from pipeline.models import ModelSource, resolve_model_source
 from pipeline.reranker import RerankRequest
+from pipeline.sampling_params import Sampling
 from pipeline.stages import Stages
 from pipeline.vector_index import ShardedVectorIndex, VectorIndex
 
@@ -35,10 +37,16 @@ class ReferencePipeline(Stages):
         ids, _ = self.index.search(self.embedder.embed([query]), spec.TOP_K)
         return self.store.fetch_batch([ids[0].tolist()])[0]
 
-    def answer(self, query: str, request_id: str = "") -> dict:
+    def completion(self, query: str, max_new_tokens: int | None = None, stop: tuple[str, ...] = ()) -> Completion:
+        """The LLM's answer to the query, greedy: its text and finish reason, by the service's output processor."""
         documents = self.retrieve(query)
         ranked = self.reranker.rerank([RerankRequest(query, tuple(documents))])[0]
-        response = self.generator.generate([GenerationRequest(query, tuple(s.document for s in ranked))])[0]
+        request = GenerationRequest(query, tuple(s.document for s in ranked), max_new_tokens,
+                                    Sampling(stop=stop) if stop else None)
+        return self.generator.completions([request])[0]
+
+    def answer(self, query: str, request_id: str = "") -> dict:
+        response = self.completion(query).text
         return spec.answer_json(request_id, response, self.sentiment.classify([response])[0],
                                 self.toxicity.classify([response])[0])
 

@@ -1,9 +1,8 @@
 """Stop strings: the answer ends before the first occurrence of any of them, which is not returned.
 
-`truncate` cuts a whole text. `StopStringFilter` does the same to a text arriving in pieces: it
-passes on what can no longer be part of a stop string and holds back a tail that could still be
-the start of one, so a stream never shows a stop string or a piece of one. Joined, its output is
-`truncate` of the joined input.
+`StopStringFilter` cuts a text arriving in pieces: it passes on what can no longer be part of a
+stop string and holds back a tail that could still be the start of one, so a stream never shows a
+stop string or a piece of one. Joined, its output is the joined input up to its `first_stop`.
 """
 from __future__ import annotations
 
@@ -14,11 +13,6 @@ def first_stop(text: str, stops: Sequence[str]) -> int | None:
     """Where the first occurrence of any stop string starts in text, or None."""
     found = [i for i in (text.find(s) for s in stops) if i >= 0]
     return min(found) if found else None
-
-
-def truncate(text: str, stops: Sequence[str]) -> str:
-    at = first_stop(text, stops)
-    return text if at is None else text[:at]
 
 
 class StopStringFilter:

@@ -4,10 +4,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.continuous.output import Finish, finish_of
 from pipeline.continuous.runner import ModelRunner
 from pipeline.continuous.scheduler import Scheduler, SequenceState
 from pipeline.continuous.slots import chunk_tokens
-from pipeline.stop_strings import first_stop, truncate
 
 
 @dataclass
@@ -37,30 +37,24 @@ class ContinuousEngine:
         self.eos_ids = frozenset(eos if isinstance(eos, (list, tuple)) else [eos])
         self.max_new_tokens = config.max_new_tokens
         self.scheduler = Scheduler(max_batch=max_batch, kv_cache_tokens=kv_cache_tokens, prefill_chunk=prefill_chunk,
-                                   eos_ids=self.eos_ids, stopped=self._reached_stop, slot_tokens=chunk_tokens())
+                                   eos_ids=self.eos_ids, slot_tokens=chunk_tokens())
         self.runner = ModelRunner(generator.model, repetition_penalty=config.repetition_penalty or 1.0,
                                   device=generator.placement.device, max_batch=max_batch,
                                   kv_cache_tokens=kv_cache_tokens)
 
     def add(self, request, payload: Any = None) -> SequenceState:
         """Queue a GenerationRequest: its max_new_tokens (None: the generation config's) caps the answer,
-        its sampling (a pipeline.sampling_params.Sampling; None: greedy, no stop strings) picks the tokens."""
+        its sampling (a pipeline.sampling_params.Sampling; None: greedy) picks the tokens. Its stop strings
+        are its output side's (pipeline/continuous/output.py), which cancels the sequence at one."""
         cap = self.max_new_tokens if request.max_new_tokens is None else request.max_new_tokens
         seq = self.scheduler.new_sequence(self.generator.request_ids(request), cap, payload)
         seq.sampling = request.sampling
         self.scheduler.add(seq)
         return seq
 
-    def text(self, seq: SequenceState) -> str:
-        """The answer: its tokens' text, up to (not including) the first of its stop strings."""
-        text = self.generator.decode(seq.generated)
-        return truncate(text, seq.sampling.stop) if seq.sampling is not None else text
-
-    def _reached_stop(self, seq: SequenceState) -> bool:
-        # The whole text each token (at most a few hundred tokens): a stop string may span tokens.
-        if seq.sampling is None or not seq.sampling.stop:
-            return False
-        return first_stop(self.generator.decode(seq.generated), seq.sampling.stop) is not None
+    def finish_of(self, seq: SequenceState) -> Finish:
+        """How a sequence step() returned as finished ended: EOS or LENGTH (one cancelled ended ABORTED)."""
+        return finish_of(seq.generated, self.eos_ids)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
@@ -75,6 +69,7 @@ class ContinuousEngine:
                            scheduler.tokens_reserved())
 
     def cancel(self, seq: SequenceState) -> None:
+        """Abort a sequence wherever it is: it takes no further step and frees its slot."""
         self.scheduler.drop(seq)
         self.runner.release([seq.seq_id])
 

@@ -71,11 +71,11 @@ class Scheduler:
 
     def __init__(self, *, max_batch: int, kv_cache_tokens: int, prefill_chunk: int,
                  eos_ids: frozenset[int] = frozenset(), clock: Callable[[], float] = time.monotonic,
-                 stopped: Callable[[SequenceState], bool] | None = None, slot_tokens: int = 1):
+                 slot_tokens: int = 1):
         """max_batch: sequences holding a slot at once; kv_cache_tokens: the KV-cache tokens their slots
         may take together, every slot as long as the longest sequence's budget (prompt + max new tokens)
         rounded up to a multiple of slot_tokens (pipeline/continuous/slots.py: one static shape for
-        all); stopped: whether a sequence's text has reached one of its stop strings (it then finishes)."""
+        all)."""
         if max_batch < 1 or kv_cache_tokens < 1 or prefill_chunk < 1 or slot_tokens < 1:
             raise ValueError("max_batch, kv_cache_tokens, prefill_chunk and slot_tokens must be >= 1")
         self.max_batch = max_batch
@@ -84,7 +84,6 @@ class Scheduler:
         self.prefill_chunk = prefill_chunk
         self.eos_ids = frozenset(eos_ids)
         self._clock = clock
-        self._stopped = stopped
         self.waiting: deque[SequenceState] = deque()
         self.prefilling: list[SequenceState] = []
         self.running: list[SequenceState] = []
@@ -180,8 +179,7 @@ class Scheduler:
     def _append(self, seq: SequenceState, token: int, appended: list[tuple[SequenceState, int]]) -> None:
         seq.generated.append(token)
         appended.append((seq, token))
-        if token in self.eos_ids or len(seq.generated) >= seq.max_new_tokens or \
-                (self._stopped is not None and self._stopped(seq)):
+        if token in self.eos_ids or len(seq.generated) >= seq.max_new_tokens:
             seq.finished = True
 
     def drop(self, seq: SequenceState) -> None:

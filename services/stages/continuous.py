@@ -1,9 +1,11 @@
 """The generate stage: `submit(request) -> Future` as every stage, decoded by
 `pipeline.continuous.ContinuousEngine` one iteration at a time. A request joins the running batch
-at the next iteration and its future resolves when its sequence finishes; futures stay PENDING
-until then, so one cancelled mid-decode leaves at the next iteration. Its batches are the
-requests taken off its queue together (once per iteration); what is particular to generation
-is in `GenerationStats`.
+at the next iteration; its tokens go to its reader (GenerationRequest.on_token) as they come, and
+its future resolves with how its sequence ended (a pipeline.continuous.output.Finish): the text is
+its output side's, never made here. Futures stay PENDING until then, so one cancelled mid-decode
+leaves at the next iteration; `stop` ends one at its output side's word (a stop string), as
+finished. Its batches are the requests taken off its queue together (once per iteration); what is
+particular to generation is in `GenerationStats`.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, fields, replace
 
 from pipeline.continuous import ContinuousEngine, EngineStats, SequenceState, StepResult
+from pipeline.continuous.output import Finish
 from services.server import stage_spans
 from services.server.errors import ServiceClosed
 from services.stages.batch_queue import BatchQueue, PendingItem
@@ -109,6 +112,7 @@ class ContinuousGenerationService:
         # The futures of the sequences in the engine (whose own record holds the sequences).
         self._holdings = Holdings(self._queue, self._owner)
         self._abort = False
+        self._stopping: set[Future] = set()  # futures whose sequences their output side ended (under _lock)
         self._thread = threading.Thread(target=self._loop, name=f"continuous-{name}", daemon=True)
         self._thread.start()
 
@@ -117,6 +121,13 @@ class ContinuousGenerationService:
     def submit(self, request) -> Future:
         return self._queue.put([request], busy=len(self._holdings),
                                retry_after_s=lambda _depth: GENERATION_RETRY_AFTER_S)[0]
+
+    def stop(self, future: Future) -> None:
+        """End the sequence of `future` (a future submit returned) at the next iteration, as finished:
+        its output side has its answer (a stop string). Its future resolves with Finish.ABORTED; a
+        no-op once it ended. Any thread."""
+        with self._lock:
+            self._stopping.add(future)
 
     def close(self, timeout: float | None = None) -> None:
         """Finish what it holds (waiting up to timeout), then stop; past it, fail what is left."""
@@ -169,6 +180,7 @@ class ContinuousGenerationService:
     def _iterate(self) -> None:
         self._admit(self._queue.take(self.max_queue, start_running=False))
         self._drop_cancelled()
+        self._end_stopped()
         if self.engine.has_work():
             started = time.perf_counter()
             result = self.engine.step()
@@ -197,6 +209,15 @@ class ContinuousGenerationService:
                 self._counters = replace(self._counters,
                                          cancelled_sequences_total=self._counters.cancelled_sequences_total + 1)
 
+    def _end_stopped(self) -> None:
+        with self._lock:
+            stopping, self._stopping = self._stopping, set()
+        if not stopping:
+            return
+        for seq in [s for s in self.engine.sequences() if s.payload.future in stopping]:
+            self.engine.cancel(seq)
+            self._finish(seq, Finish.ABORTED)
+
     def _account(self, result: StepResult) -> None:
         if result.decoded_rows:
             with self._lock:
@@ -204,7 +225,7 @@ class ContinuousGenerationService:
         for seq, token in result.tokens:  # before any future resolves: a stream reads its last token first
             self._stream(seq.payload, token)
         for seq in result.finished:
-            self._finish(seq)
+            self._finish(seq, self.engine.finish_of(seq))
         for seq, exc in result.failed:
             log.warning("%s: a sequence failed: %s", self._owner, type(exc).__name__)
             self._fail(seq.payload, exc)
@@ -214,7 +235,7 @@ class ContinuousGenerationService:
         with self._lock:
             self._gauges = gauges
 
-    def _finish(self, seq: SequenceState) -> None:
+    def _finish(self, seq: SequenceState, finish: Finish) -> None:
         ticket: GenerationTicket = seq.payload
         self._holdings.release([ticket.future])
         first, tokens = seq.first_token_at, len(seq.generated)
@@ -225,7 +246,7 @@ class ContinuousGenerationService:
             tpot = (time.monotonic() - first) / (tokens - 1) if tokens > 1 else None
         with self._lock:
             self._counters = self._counters.with_finished(tokens, ttft, tpot)
-        end_with_result(ticket.future, self.engine.text(seq), self._owner)
+        end_with_result(ticket.future, finish, self._owner)
 
     def _stream(self, ticket: GenerationTicket, token: int) -> None:
         if ticket.on_token is None or ticket.future.done():  # not streamed, or its caller is gone

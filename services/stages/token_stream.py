@@ -1,10 +1,12 @@
-"""One streamed generation's tokens, from the generate stage's thread to the request's thread.
+"""One streamed generation's token ids, from the generate stage's thread to the request's thread.
 
 The continuous engine calls `put` with each token id as it produces it (GenerationRequest.on_token);
-the request's thread reads them with `read(deadline)`, which ends once the generation's future
-resolves (`end_with`): its last token is always put before its future resolves, so nothing put
-is missed. A reader that stops early cancels the future; the stage then drops the sequence at
-its next iteration.
+the request's thread reads them with `read(deadline)` into the sequence's output processor
+(pipeline/continuous/output.py), off the engine's thread. Reading ends once the generation's
+future resolves (`end_with`): its last token is always put before its future resolves, so nothing
+put is missed. A reader that stops early cancels the future; the stage then drops the sequence at
+its next iteration. One whose output processor found a stop string asks the stage to `stop` it
+instead, and reads on to the end (a few tokens the processor ignores).
 """
 from __future__ import annotations
 

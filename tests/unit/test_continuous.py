@@ -1,12 +1,14 @@
 """Continuous batching: the scheduler alone, then the engine and service against the reference."""
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
 
 from pipeline import spec
 from pipeline.continuous import ContinuousEngine, RunnerOutput, Scheduler
+from pipeline.continuous.output import Finish
 from pipeline.continuous.slots import chunks_for
 from pipeline.docstore import Document
 from pipeline.generator import GenerationRequest
@@ -150,7 +152,7 @@ def test_engine_matches_reference_with_staggered_joins(generator, reference_text
         peak_cache = max(peak_cache, engine.runner.cache_tokens())
         assert len(engine.runner.rows) <= 3
         step += 1
-    assert [engine.text(seqs[i]) for i in range(len(REQUESTS))] == reference_texts
+    assert [generator.completion(seqs[i].generated).text for i in range(len(REQUESTS))] == reference_texts
     # memory: never more cache columns than max_batch slots of the longest sequence, in whole chunks
     assert 0 < peak_cache <= 3 * chunks_for(budget + spec.MAX_NEW_TOKENS)
     assert engine.runner.rows == [] and engine.runner.cache_tokens() == 0
@@ -160,7 +162,8 @@ def test_service_resolves_futures_as_reference_and_survives_cancel_and_failure(g
     engine = ContinuousEngine(generator, max_batch=4, kv_cache_tokens=2048, prefill_chunk=64)
     service = ContinuousGenerationService("generate", engine, max_queue=8)
     try:
-        futures = [service.submit(r) for r in REQUESTS[:3]]
+        streams: list[list[int]] = [[], [], []]  # each answer's token ids, as a worker reads them
+        futures = [service.submit(dataclasses.replace(r, on_token=ids.append)) for r, ids in zip(REQUESTS, streams)]
         victim = service.submit(REQUESTS[3])
         too_long = service.submit(GenerationRequest("x " * 3000, DOCS))  # over the KV-cache budget
         with pytest.raises(ValueError, match="budget"):
@@ -177,7 +180,8 @@ def test_service_resolves_futures_as_reference_and_survives_cancel_and_failure(g
             threading.Event().wait(0.01)
         assert seq_started.is_set(), "the victim never started decoding"
         assert victim.cancel()
-        assert [f.result(timeout=300) for f in futures] == reference_texts[:3]
+        assert all(f.result(timeout=300) in (Finish.EOS, Finish.LENGTH) for f in futures)
+        assert [generator.completion(ids).text for ids in streams] == reference_texts[:3]
         stats = service.stats()
         # the victim was cancelled mid-decode, the over-long prompt failed
         assert stats.cancelled_sequences_total == 1 and stats.batching.failed_items_total == 1
@@ -295,7 +299,8 @@ def test_engine_matches_reference_when_a_longer_sequence_grows_the_slots_mid_run
             for slot, seq in enumerate(s for seq_id in runner.rows for s in seqs if s.seq_id == seq_id):
                 assert (runner.seen[slot, runner.lengths[slot]:] == seq.prompt_ids[0]).all(), slot
     assert grown
-    assert [engine.text(s) for s in seqs] == reference_texts[:2] + generator.generate([LONG])
+    assert [generator.completion(s.generated).text for s in seqs] == \
+        reference_texts[:2] + generator.generate([LONG])
     assert engine.runner.rows == [] and engine.runner.cache_tokens() == 0
 
 
@@ -315,7 +320,8 @@ def test_the_slots_stay_within_the_kv_budget_as_a_longer_sequence_comes_and_goes
             shapes.add((cache.slots, cache.capacity))
         peak_rows = max(peak_rows, len(engine.runner.rows))
     assert peak_rows == 3 and {(3, CHUNK), (2, 2 * CHUNK)} <= shapes
-    assert [engine.text(s) for s in seqs] == reference_texts[:3] + generator.generate([LONG]) + reference_texts[3:5]
+    assert [generator.completion(s.generated).text for s in seqs] == \
+        reference_texts[:3] + generator.generate([LONG]) + reference_texts[3:5]
 
 
 def test_bucketed_rows_leave_the_answers_as_the_reference_gives_them(generator, reference_texts):
@@ -338,4 +344,4 @@ def test_bucketed_rows_leave_the_answers_as_the_reference_gives_them(generator, 
     while engine.has_work():
         assert not engine.step().failed
     assert graphs.failed and {1, 2, 4} <= set(rows) and 3 not in rows
-    assert [engine.text(s) for s in seqs] == reference_texts[:3]
+    assert [generator.completion(s.generated).text for s in seqs] == reference_texts[:3]

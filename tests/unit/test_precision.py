@@ -254,7 +254,7 @@ def _continuous_texts(generator, requests, join_every: int = 9, max_batch: int =
     recorded = engine.runner.graphs
     if not graphs:
         engine.runner.graphs = None
-    texts = [engine.text(seq) for seq in run_joining(engine, requests, join_every)]
+    texts = [generator.completion(seq.generated).text for seq in run_joining(engine, requests, join_every)]
     if graphs and generator.placement.device == "cuda":
         assert recorded is not None and len(recorded.graphs) > 1  # rows bucketed 1, 2, 4 as requests joined
     return texts

@@ -9,12 +9,13 @@ from __future__ import annotations
 import pytest
 
 from pipeline.continuous import ContinuousEngine
+from pipeline.continuous.output import Finish
 from pipeline.device import Placement
 from pipeline.docstore import Document
 from pipeline.generator import GenerationRequest, Generator
 from pipeline.precision_policy import LOAD_DTYPE
 from pipeline.sampling_params import Sampling, SamplingError
-from pipeline.stop_strings import StopStringFilter, truncate
+from pipeline.stop_strings import StopStringFilter, first_stop
 from tests.helpers import run_joining
 
 DOCS = tuple(Document(i, f"Doc {i}", "Refunds take 5 days." * (i + 1), "billing") for i in range(2))
@@ -48,7 +49,7 @@ def test_stop_filter_never_shows_a_stop_string_and_joins_to_the_truncated_text(p
     for piece in pieces:
         shown.append(f.push(piece))
         assert "END" not in "".join(shown)
-    assert "".join(shown) + f.finish() == truncate(text, stops)
+    assert "".join(shown) + f.finish() == text[:first_stop(text, stops)]
 
 
 def test_stop_filter_releases_a_held_tail_that_never_became_a_stop_string():
@@ -100,13 +101,30 @@ def test_the_seed_is_the_stream_and_greedy_ignores_it(engine):
     assert greedy_seeded == greedy
 
 
-def test_a_stop_string_ends_the_answer_and_is_not_in_it(engine):
+def test_a_stop_string_ends_the_answer_is_not_in_it_and_its_output_side_cancels_the_sequence(engine):
     [seq_tokens] = run(engine, [ask(0, None, 16)])
-    full = engine.generator.decode(seq_tokens)
+    full = engine.generator.completion(seq_tokens).text
     stop = full[len(full) // 2: len(full) // 2 + 3]  # three characters from the middle of the greedy answer
     assert stop.strip(), full
-    stopped = engine.add(ask(0, Sampling(stop=(stop, "never-there")), 16))
+    stops = (stop, "never-there")
+    stopped = engine.add(ask(0, Sampling(stop=stops), 16))
+    output = engine.generator.output(stops, abort=lambda: engine.cancel(stopped))
     while engine.has_work():
-        engine.step()
-    assert engine.text(stopped) == full[:full.index(stop)]
-    assert len(stopped.generated) < len(seq_tokens)
+        for _seq, token in engine.step().tokens:
+            output.push(token)
+    output.finish(Finish.ABORTED)
+    assert (output.text, output.finish_reason) == (full[:full.index(stop)], "stop")
+    assert len(stopped.generated) == output.token_count < len(seq_tokens)  # no step after the stop
+
+
+def test_the_engine_never_decodes(generator, monkeypatch):
+    engine = ContinuousEngine(generator, max_batch=8, kv_cache_tokens=8192, prefill_chunk=64)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the engine decoded")
+
+    monkeypatch.setattr(generator.tokens, "decode", refuse)
+    seqs = [engine.add(ask(i, Sampling(stop=(" ", "e")), 6)) for i in range(3)]  # stop strings in every answer
+    while engine.has_work():
+        assert not engine.step().failed
+    assert [len(seq.generated) for seq in seqs] == [6] * 3  # stop strings are the output side's

@@ -13,6 +13,7 @@ from flask import Flask
 from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.continuous import ContinuousEngine, RunnerOutput, Scheduler, StepResult
+from pipeline.continuous.output import Finish
 from services.server.errors import Overloaded, ServiceClosed, StageDown
 from services.server.metrics import NodeMetrics
 from services.stages.batch_queue import BatchQueue
@@ -179,7 +180,8 @@ class FakeEngine(ContinuousEngine):
     """The real scheduler with a model-free runner: every decode step yields token 7."""
 
     def __init__(self, max_batch=2):  # no generator: the engine's model parts are replaced below
-        self.scheduler = Scheduler(max_batch=max_batch, kv_cache_tokens=1000, prefill_chunk=64, eos_ids=frozenset({0}))
+        self.eos_ids = frozenset({0})
+        self.scheduler = Scheduler(max_batch=max_batch, kv_cache_tokens=1000, prefill_chunk=64, eos_ids=self.eos_ids)
         self.runner = FakeRunner()
         self.gate = threading.Event()
         self.gate.set()
@@ -193,9 +195,6 @@ class FakeEngine(ContinuousEngine):
 
     def cancel(self, seq):
         self.scheduler.drop(seq)
-
-    def text(self, seq):
-        return " ".join(map(str, seq.generated))
 
     def step(self):
         self.stepping.set()
@@ -230,7 +229,7 @@ def test_generation_stats_and_metric_families():
         assert engine.stepping.wait(10)  # the loop holds the first request; the next two queue up
         futures += [gen.submit((5, 3)) for _ in range(2)]
         engine.gate.set()
-        assert [f.result(timeout=10) for f in futures] == ["7 7 7"] * 3
+        assert [f.result(timeout=10) for f in futures] == [Finish.LENGTH] * 3
         assert embed.submit_many([1, 2, 3])[2].result(timeout=10) == 3
         st = gen.stats()
         assert isinstance(st, GenerationStats)
@@ -268,7 +267,7 @@ def test_generation_ticket_is_the_sequence_payload():
     gen = ContinuousGenerationService("generate", engine, max_queue=2)
     try:
         future = gen.submit((3, 2))
-        assert future.result(timeout=10) == "7 7"
+        assert future.result(timeout=10) is Finish.LENGTH
         with pytest.raises(Overloaded) as info:
             for _ in range(3):
                 gen.submit((3, 900))
@@ -441,10 +440,10 @@ def test_a_streamed_sequence_hands_each_token_to_its_reader_before_its_future_re
     try:
         future = gen.submit(StreamedRequest(3, 4, lambda token: seen.append((token, future.done()))))
         future.add_done_callback(lambda f: resolved_at.append(len(seen)))
-        assert future.result(timeout=10) == "7 7 7 7"
-        assert seen == [(7, False)] * 4 and resolved_at == [4]  # every token first, then the answer
-        plain = gen.submit((3, 2))  # not streamed: no reader, same answer path
-        assert plain.result(timeout=10) == "7 7"
+        assert future.result(timeout=10) is Finish.LENGTH
+        assert seen == [(7, False)] * 4 and resolved_at == [4]  # every token first, then how it ended
+        plain = gen.submit((3, 2))  # not streamed: no reader, same path
+        assert plain.result(timeout=10) is Finish.LENGTH
     finally:
         gen.close(timeout=10)
 
@@ -457,8 +456,32 @@ def test_a_reader_that_raises_does_not_stop_the_engine_or_its_answer():
         raise ValueError("reader bug")
 
     try:
-        assert gen.submit(StreamedRequest(3, 2, broken)).result(timeout=10) == "7 7"
-        assert gen.submit((2, 1)).result(timeout=10) == "7" and gen.failure is None
+        assert gen.submit(StreamedRequest(3, 2, broken)).result(timeout=10) is Finish.LENGTH
+        assert gen.submit((2, 1)).result(timeout=10) is Finish.LENGTH and gen.failure is None
+    finally:
+        gen.close(timeout=10)
+
+
+def test_stop_ends_a_sequence_at_the_next_iteration_as_finished_not_cancelled():
+    engine = FakeEngine()
+    gen = ContinuousGenerationService("generate", engine, max_queue=4)
+    seen = []
+
+    def read(token):  # its output side finds a stop string in the first token
+        seen.append(token)
+        gen.stop(future)
+
+    try:
+        engine.gate.clear()  # no step before `future` is bound
+        future = gen.submit(StreamedRequest(3, 100, read))
+        engine.gate.set()
+        assert future.result(timeout=10) is Finish.ABORTED
+        assert seen == [7]  # ended before the next step
+        st = gen.stats()
+        assert (st.finished_sequences_total, st.cancelled_sequences_total, st.tokens_generated_total) == (1, 0, 1)
+        assert gen.submit((2, 2)).result(timeout=10) is Finish.LENGTH  # the others go on
+        gen.stop(future)  # once ended: nothing to do
+        assert gen.submit((2, 1)).result(timeout=10) is Finish.LENGTH and gen.failure is None
     finally:
         gen.close(timeout=10)
 

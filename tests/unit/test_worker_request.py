@@ -1,11 +1,14 @@
 """A worker's request path over the tiny stand-ins, node 2 searched in-process."""
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 
 from pipeline.config import Settings
 from pipeline.docstore import DocumentStore
+from pipeline.generator import GenerationRequest
 from pipeline.reranker import RerankRequest
 from pipeline.spec import Stage
 from pipeline.stages import Stages
@@ -79,3 +82,74 @@ def test_embed_gives_the_query_embedders_vectors_through_the_embed_stage_and_tim
     expected = embedder(texts)
     assert len(vectors) == 2 and all(np.allclose(v, e, atol=1e-5) for v, e in zip(vectors, expected))
     assert worker.stats()[Stage.EMBED].summary()["items"] >= 2 and "embed" in times
+
+
+QUERY = "How do I return an item?"
+
+
+def answer(worker, request: AnswerRequest) -> tuple[str, dict]:
+    """The streamed pieces joined, and the reply."""
+    events = list(worker.answer(request, Deadline.after(120)))
+    assert all(isinstance(e, str) for e in events[:-1]) and isinstance(events[-1], dict)
+    return "".join(events[:-1]), events[-1]
+
+
+def greedy_ids(reference, generator, query: str, new: int) -> tuple[tuple, list[int]]:
+    """The query's reranked documents and the oracle's greedy answer ids to it over them."""
+    ranked = reference.reranker.rerank([RerankRequest(query, tuple(reference.retrieve(query)))])[0]
+    documents = tuple(r.document for r in ranked)
+    return documents, generator.generate_ids([generator.prompt_ids(query, documents)], max_new_tokens=new)[0]
+
+
+def test_the_streamed_pieces_are_the_replys_text_and_the_references_answer_with_a_stop_string(worker, reference):
+    full = reference.completion(QUERY, 16).text
+    stop = full[len(full) // 2: len(full) // 2 + 4]
+    expected = reference.completion(QUERY, 16, (stop,))
+    pieces, reply = answer(worker, AnswerRequest("stop-1", QUERY, max_new_tokens=16, stop=(stop,)))
+    assert pieces == reply["generated_response"] == expected.text == full[:full.index(stop)]
+    assert reply["finish_reason"] == expected.finish_reason == "stop"
+    assert reply["usage"]["completion_tokens"] == expected.token_count < 16
+    generate = worker.stats()[Stage.GENERATE]
+    assert (generate.finished_sequences_total, generate.cancelled_sequences_total) == (1, 0)  # ended, as finished
+    plain, reply = answer(worker, AnswerRequest("plain-1", QUERY, max_new_tokens=16))
+    assert plain == reply["generated_response"] == full and reply["finish_reason"] == "length"
+
+
+def test_a_stop_string_completed_by_the_last_allowed_token_finishes_with_stop(worker, reference, generator):
+    _, ids = greedy_ids(reference, generator, QUERY, 16)
+    texts = [generator.completion(ids[:n]).text for n in range(len(ids) + 1)]
+    # a cap whose last token adds text, and a stop string that this token completes and nothing before holds
+    cap = next(n for n in range(4, len(ids) + 1) if len(texts[n]) - len(texts[n - 1]) >= 2)
+    stop = texts[cap][len(texts[cap - 1]) - 1:]
+    assert stop not in texts[cap - 1] and texts[cap].endswith(stop)
+    pieces, reply = answer(worker, AnswerRequest("last-stop", QUERY, max_new_tokens=cap, stop=(stop,)))
+    assert pieces == reply["generated_response"] == texts[cap][:texts[cap].index(stop)]
+    assert reply["finish_reason"] == "stop" and reply["usage"]["completion_tokens"] == cap
+    assert reference.completion(QUERY, cap, (stop,)).finish_reason == "stop"
+
+
+def test_eos_on_the_last_allowed_token_finishes_with_stop(reference, generator, support_data, embedder, reranker,
+                                                         sentiment, toxicity):
+    documents, ids = greedy_ids(reference, generator, QUERY, 16)
+    at = next(i for i in range(3, len(ids)) if ids[i] not in ids[:i])  # its first time: the answer ends there
+    ending = copy.copy(generator)  # the same model, whose end-of-sequence tokens include ids[at]
+    ending.generation_config = copy.deepcopy(generator.generation_config)
+    ending.generation_config.eos_token_id = [*generator.eos_ids, ids[at]]
+    expected = ending.completions([GenerationRequest(QUERY, documents, at + 1)])  # the oracle, same rule
+    assert expected[0].finish_reason == "stop"
+    stages = Stages(embedder=embedder, store=DocumentStore(support_data.db_path), reranker=reranker,
+                    generator=ending, sentiment=sentiment, toxicity=toxicity)
+    documents = VersionedData(support_data.db_path.parent, lambda directory, _: DocumentStore(directory / "documents"),
+                              DocumentStore.close)
+    documents.load_startup()
+    eos_worker = Worker(worker_config(Settings.from_env({})), stages,
+                        InProcessIndex(VectorIndex.load(support_data.index_path, nprobe=64)), documents)
+    try:
+        pieces, reply = answer(eos_worker, AnswerRequest("last-eos", QUERY, max_new_tokens=at + 1))
+        assert pieces == reply["generated_response"] == ending.completion(ids[:at + 1]).text
+        assert reply["finish_reason"] == "stop" and reply["usage"]["completion_tokens"] == at + 1
+        _, capped = answer(eos_worker, AnswerRequest("cap-eos", QUERY, max_new_tokens=at))
+        assert capped["finish_reason"] == "length" and capped["usage"]["completion_tokens"] == at
+    finally:
+        eos_worker.close(timeout=30)
+        documents.close()

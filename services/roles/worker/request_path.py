@@ -13,6 +13,7 @@ import threading
 import time
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -26,7 +27,6 @@ from pipeline.reranker import RerankRequest
 from pipeline.sampling_params import MAX_SEED
 from pipeline.spec import Stage
 from pipeline.stages import Stages
-from pipeline.stop_strings import StopStringFilter
 from services.cluster.sharded_index import ShardedIndexClient
 from services.roles.caches import LruCache
 from services.roles.versioned_data import VersionedData
@@ -108,7 +108,8 @@ class Worker:
         self.services: dict[Stage, StageService] = {}
         for stage in spec.WORKER_STAGES:
             if stage == Stage.GENERATE:
-                self.services[stage] = ContinuousGenerationService(stage, engine, max_queue=c.max_queue)
+                self.services[stage] = self._generation = ContinuousGenerationService(stage, engine,
+                                                                                      max_queue=c.max_queue)
                 continue
             cfg = config.batching[stage]
             # Each batch tells its requests' stage spans (tracing on) its size and when it started.
@@ -155,7 +156,8 @@ class Worker:
     def answer(self, request: AnswerRequest, deadline: Deadline) -> AnswerStream:
         """The answer's text in pieces as the LLM produces them (never half a character, nor the start
         of a stop string), then the reply with its `usage`, `finish_reason` and, when sampled, its
-        `seed`. Closing the stream early cancels the generation."""
+        `seed`: pieces, text and finish reason all from the sequence's output processor. Closing the
+        stream early cancels the generation."""
         clock, trace = self._begin(request.request_id)
         generation: StageVisit | None = None
         try:
@@ -168,21 +170,20 @@ class Worker:
                                            on_token=tokens.put, prompt_ids=prompt)
             generation = self._enter(clock, Stage.GENERATE, generating)
             tokens.end_with(generation.future)
-            text, stops = generator.detokenizer(), StopStringFilter(request.stop)
+            # At a stop string the output processor ends the sequence in the engine.
+            output = generator.output(request.stop, abort=partial(self._generation.stop, generation.future))
             for token in tokens.read(deadline):
-                piece = stops.push(text.push(token))
+                piece = output.push(token)
                 if piece:
                     yield piece
-            rest = stops.push(text.finish()) + stops.finish()
-            response = clock.wait(generation, deadline)
+            rest = output.finish(clock.wait(generation, deadline))
             if rest:
                 yield rest
-            reply = self._classify(clock, request.request_id, response, deadline)
-            cap = request.max_new_tokens or generator.max_new_tokens
+            reply = self._classify(clock, request.request_id, output.text, deadline)
             seed = {"seed": sampling.seed} if sampling is not None and not sampling.greedy else {}
             yield {**reply, "data_version": version, "sources": [document.doc_id for document in documents],
-                   "usage": {"prompt_tokens": len(prompt), "completion_tokens": text.token_count},
-                   "finish_reason": "length" if text.token_count >= cap else "stop", **seed}
+                   "usage": {"prompt_tokens": len(prompt), "completion_tokens": output.token_count},
+                   "finish_reason": output.finish_reason, **seed}
         finally:
             if generation is not None:
                 generation.future.cancel()  # a no-op once it ended; frees the slot of a reader gone early
