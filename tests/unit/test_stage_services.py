@@ -12,7 +12,7 @@ import pytest
 from flask import Flask
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipeline.continuous import ContinuousEngine, RunnerOutput, Scheduler, StepResult
+from pipeline.continuous import ContinuousEngine, RunnerOutput, Scheduler, SlotRule, StepResult
 from services.server.errors import Overloaded, ServiceClosed, StageDown
 from services.server.metrics import NodeMetrics
 from services.stages.batch_queue import BatchQueue
@@ -148,7 +148,7 @@ def test_concurrent_submit_and_close_resolve_every_future_exactly_once():
 
 def test_plan_lists_decode_and_admissions_and_update_drops_failures():
     clock = ManualClock(100.0)
-    s = Scheduler(max_batch=2, kv_cache_tokens=100, prefill_chunk=16, eos_ids=frozenset({0}), clock=clock)
+    s = Scheduler(SlotRule(2, 100), prefill_chunk=16, eos_ids=frozenset({0}), clock=clock)
     a, b, c = (s.new_sequence([1, 2, 3], 4) for _ in range(3))
     for seq in (a, b, c):
         s.add(seq)
@@ -174,12 +174,15 @@ class FakeRunner:
     def cache_tokens(self):
         return 12
 
+    def graph_counts(self):
+        return 30, 2
+
 
 class FakeEngine(ContinuousEngine):
     """The real scheduler with a model-free runner: every decode step yields token 7."""
 
     def __init__(self, max_batch=2):  # no generator: the engine's model parts are replaced below
-        self.scheduler = Scheduler(max_batch=max_batch, kv_cache_tokens=1000, prefill_chunk=64, eos_ids=frozenset({0}))
+        self.scheduler = Scheduler(SlotRule(max_batch, 1000), prefill_chunk=64, eos_ids=frozenset({0}))
         self.runner = FakeRunner()
         self.gate = threading.Event()
         self.gate.set()
@@ -257,6 +260,9 @@ def test_generation_stats_and_metric_families():
         assert m[("rag_generate_running_sequences", g)] == 0 and m[("rag_generate_waiting_sequences", g)] == 0
         assert m[("rag_generate_kv_tokens", (("stage", "generate"), ("state", "in_use")))] == 12
         assert ("rag_generate_kv_tokens", (("stage", "generate"), ("state", "reserved"))) in m
+        assert (st.cuda_graphs_recorded, st.cuda_graphs_failed) == (30, 2)
+        assert m[("rag_generate_cuda_graphs", (("stage", "generate"), ("state", "recorded")))] == 30
+        assert m[("rag_generate_cuda_graphs", (("stage", "generate"), ("state", "failed")))] == 2
         assert not any(name.startswith("rag_generate") and labels == (("stage", "embed"),) for name, labels in m)
     finally:
         gen.close(timeout=10)
