@@ -238,7 +238,7 @@ def build_generate(ctx: BenchContext) -> StageBench:
 
     def run(batch: list) -> list[list[int]]:
         ids = engine_generate_ids(engine["engine"], batch, max_new)
-        details["out_tokens"] = round(statistics.mean(len(row) for row in ids), 1)
+        details["out_tokens"] = round(float(statistics.mean(len(row) for row in ids)), 1)
         return ids
 
     return ctx.model_bench("generate", lambda m: run, make_inputs, details)
