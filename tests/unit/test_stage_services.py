@@ -285,6 +285,35 @@ def test_generation_ticket_is_the_sequence_payload():
         gen.close(timeout=10)
 
 
+@pytest.mark.timeout(30)
+def test_requests_off_the_queue_count_against_max_queue_while_their_prompts_are_encoded():
+    # The loop takes a request off the queue, then encodes its prompt (engine.add): meanwhile it is
+    # neither queued nor held, unless the service holds it from the moment it takes it.
+    class SlowAdd(FakeEngine):
+        def __init__(self):
+            super().__init__()
+            self.adding, self.added = threading.Event(), threading.Event()
+
+        def add(self, request, payload=None):
+            self.adding.set()
+            assert self.added.wait(10)
+            return super().add(request, payload)
+
+    engine = SlowAdd()
+    gen = ContinuousGenerationService("generate", engine, max_queue=2)
+    try:
+        first = gen.submit((3, 2))
+        assert engine.adding.wait(10)  # taken off the queue, its prompt being encoded
+        second = gen.submit((3, 2))
+        with pytest.raises(Overloaded):
+            gen.submit((3, 2))
+        engine.added.set()
+        assert [first.result(timeout=10), second.result(timeout=10)] == ["7 7", "7 7"]
+    finally:
+        engine.added.set()
+        gen.close(timeout=10)
+
+
 # ----------------------------------------------------------------------------- a stage thread that dies, abort
 
 
