@@ -3,17 +3,20 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from pipeline.classifiers import SentimentClassifier, ToxicityClassifier
 from pipeline.config import Settings
 from pipeline.device import Placement, placement_for
 from pipeline.docstore import DocumentStore
 from pipeline.embedder import Embedder
-from pipeline.generator import Generator
+from pipeline.generator import GenerationRequest, Generator
 from pipeline.models import ModelSource
 from pipeline.reranker import Reranker
 from pipeline.spec import REFERENCE_QUERIES, Stage
+
+if TYPE_CHECKING:
+    from pipeline.continuous import ContinuousEngine
 
 # The warm-up asks what the course's client asks first: real input shapes, no made-up text.
 WARMUP_QUERY = REFERENCE_QUERIES[0]
@@ -59,11 +62,13 @@ class Stages:
                    reranker=load(Reranker), generator=generator, sentiment=load(SentimentClassifier),
                    toxicity=load(ToxicityClassifier))
 
-    def warm_up(self) -> None:
-        """One pass through every model so the first real request pays no lazy init."""
+    def warm_up(self, engine: ContinuousEngine) -> None:
+        """One pass through every model so the first real request pays no lazy init; the LLM's through
+        `engine`, the continuous engine that will serve it (idle; on CUDA every decode-step graph of its
+        usual slot layout is recorded)."""
         self.embedder.embed([WARMUP_QUERY])
         self.reranker.score_pairs([(WARMUP_QUERY, WARMUP_DOCUMENT)])
-        self.generator.generate_ids([self.generator.prompt_ids(WARMUP_QUERY, [])], max_new_tokens=2)
+        engine.warm_up([GenerationRequest(WARMUP_QUERY, (), max_new_tokens=2)])
         self.sentiment.classify([WARMUP_REPLY])
         self.toxicity.classify([WARMUP_REPLY])
 

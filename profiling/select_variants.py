@@ -10,7 +10,8 @@ in that variant, as the service does, and measures:
 - fidelity against float32 on `--queries N` queries (the SPEC's eight, then support article
   titles): embedding cosine; rerank top-3 agreement, Spearman and Kendall rank correlation;
   the classifiers' label agreement; the LLM's exact match of greedy token ids, first differing
-  token, teacher-forced top-1 agreement and logit drift.
+  token, teacher-forced top-1 agreement and logit drift. The LLM is timed and read through the
+  continuous engine the service runs (warmed as a worker warms it), not Hugging Face `generate`.
 
 The rule: per stage, the fastest variant at the typical batch among those whose every fidelity metric reaches its
 stage's minimum (`--<stage>-<metric>`); float32 when none does. Writes `precision.env` (`EMBED_PRECISION=...` lines
@@ -55,8 +56,10 @@ STANDIN_WARNING = ("model source is stand-ins (random weights): fidelity here is
                    "weights usually agree more")
 
 
-def _workload(stage: str, model, n: int, max_new: int) -> tuple[list, Callable[[list], object], Callable[[list], list]]:
-    """(inputs, the stage's batch call to time, outputs to compare per item) for n queries."""
+def _workload(stage: str, model, n: int, max_new: int, batch: int,
+              prefill_chunk: int) -> tuple[list, Callable[[list], object], Callable[[list], list]]:
+    """(inputs, the stage's batch call to time, outputs to compare per item) for n queries, in batches of
+    at most `batch` (the LLM's: its engine's slots, prefilled `prefill_chunk` tokens at a time)."""
     queries = inputs.query_set(n)
     if stage == "embed":
         return queries, model.embed, lambda items: model.embed(items).tolist()
@@ -68,8 +71,11 @@ def _workload(stage: str, model, n: int, max_new: int) -> tuple[list, Callable[[
         return requests, model.rerank, lambda items: [
             model.score_pairs([(r.query, d.content) for d in r.documents]) for r in items]
     if stage == "generate":
-        prompts = inputs.generation_prompts(model, queries, pool, full_length=max_new)
-        run = lambda items: model.generate_ids(items, max_new_tokens=max_new)  # noqa: E731
+        from profiling.lib.models import bench_engine, engine_generate_ids
+        prompts = inputs.generation_prompts(model, queries, pool)
+        # The continuous engine the service runs, as many slots as the typical batch, every answer max_new long.
+        engine = bench_engine(model, batch, prompts, max_new, prefill_chunk=prefill_chunk)
+        run = lambda items: engine_generate_ids(engine, items, max_new)  # noqa: E731
         return prompts, run, lambda items: [{"ids": ids, **_read_prompt(model, prompt)}
                                             for prompt, ids in zip(items, run(items))]
     return inputs.answer_texts(pool, n), model.classify, model.classify
@@ -110,7 +116,8 @@ def measure_one(job: Mapping) -> dict:
     probe = MemoryProbe()
     placement = Placement(select_device(settings.models.only_cpu), LOAD_DTYPE[variant], variant)
     model = model_class(stage).load(source, placement)
-    items, run, outputs_of = _workload(stage, model, job["queries"], job["max_new_tokens"])
+    items, run, outputs_of = _workload(stage, model, job["queries"], job["max_new_tokens"], batch,
+                                       settings.generate.prefill_chunk)
     outputs = [o for start in range(0, len(items), batch) for o in outputs_of(items[start:start + batch])]
     run(items[:1])  # the fidelity pass warmed the batch shapes; this the one-item shape
     return {"one_ms": _times_ms(run, items[:1], job["repeat"]),

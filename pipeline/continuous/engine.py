@@ -7,7 +7,7 @@ from typing import Any
 from pipeline.continuous.output import Finish, finish_of
 from pipeline.continuous.runner import ModelRunner
 from pipeline.continuous.scheduler import Scheduler, SequenceState
-from pipeline.continuous.slots import chunk_tokens
+from pipeline.continuous.slots import SlotRule, chunk_tokens
 
 
 @dataclass
@@ -26,7 +26,9 @@ class EngineStats:
     waiting_sequences: int = 0  # added, waiting for a slot (sequence or KV budget)
     kv_tokens_in_use: int = 0  # cache columns held by the running rows (each slot's whole capacity)
     kv_tokens_reserved: int = 0  # prompt + max new tokens of every sequence holding a slot (admission counts
-    # each slot as long as the longest of them: Scheduler.slot_tokens_held)
+    # each slot as the slot rule lays them out: pipeline.continuous.slots.SlotRule)
+    cuda_graphs_recorded: int = 0  # decode-step shapes replayed from a CUDA graph (0 off CUDA)
+    cuda_graphs_failed: int = 0  # decode-step shapes whose recording failed twice: they run eagerly
 
 
 class ContinuousEngine:
@@ -36,11 +38,10 @@ class ContinuousEngine:
         eos = config.eos_token_id
         self.eos_ids = frozenset(eos if isinstance(eos, (list, tuple)) else [eos])
         self.max_new_tokens = config.max_new_tokens
-        self.scheduler = Scheduler(max_batch=max_batch, kv_cache_tokens=kv_cache_tokens, prefill_chunk=prefill_chunk,
-                                   eos_ids=self.eos_ids, slot_tokens=chunk_tokens())
-        self.runner = ModelRunner(generator.model, repetition_penalty=config.repetition_penalty or 1.0,
-                                  device=generator.placement.device, max_batch=max_batch,
-                                  kv_cache_tokens=kv_cache_tokens)
+        rule = SlotRule(max_batch, kv_cache_tokens, chunk_tokens())
+        self.scheduler = Scheduler(rule, prefill_chunk=prefill_chunk, eos_ids=self.eos_ids)
+        self.runner = ModelRunner(generator.model, rule, repetition_penalty=config.repetition_penalty or 1.0,
+                                  device=generator.placement.device)
 
     def add(self, request, payload: Any = None) -> SequenceState:
         """Queue a GenerationRequest: its max_new_tokens (None: the generation config's) caps the answer,
@@ -66,7 +67,21 @@ class ContinuousEngine:
     def stats(self) -> EngineStats:
         scheduler = self.scheduler
         return EngineStats(len(scheduler.active), len(scheduler.waiting), self.runner.cache_tokens(),
-                           scheduler.tokens_reserved())
+                           scheduler.tokens_reserved(), *self.runner.graph_counts())
+
+    def warm_up(self, requests) -> list[SequenceState]:
+        """Run GenerationRequests to their end, then (on CUDA) record the decode step of every shape the
+        usual slot layout gives: what serving runs next is warm. Only on an idle engine; returns their
+        sequences."""
+        if self.has_work():
+            raise RuntimeError("the engine warms up only while idle")
+        seqs = [self.add(request) for request in requests]
+        while self.has_work():
+            failed = self.step().failed
+            if failed:
+                raise RuntimeError(f"warm-up failed: {failed[0][1]!r}") from failed[0][1]
+        self.runner.record_graphs()
+        return seqs
 
     def cancel(self, seq: SequenceState) -> None:
         """Abort a sequence wherever it is: it takes no further step and frees its slot."""

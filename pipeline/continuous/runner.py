@@ -1,32 +1,32 @@
-"""Executes a scheduler's plan: the model, and KV-cache tensors keyed by seq id.
+"""Executes a scheduler's plan: the model over the slot table (pipeline/continuous/slots.py).
 
-A prompt is prefilled into a cache of its own; when it is done the sequence joins the running
-batch, whose KV cache is one preallocated slot per sequence (pipeline/continuous/slots.py): its
-prompt is copied into a free slot, and each decode step writes one column per row in place. A
-sequence that leaves frees its slot, the last row moving into it, so the running rows are always
-slots [0, rows). A decode step's shapes are (rows, width), width a whole number of attention
-chunks; on CUDA rows are bucketed and each shape's step is replayed from a CUDA graph
-(pipeline/continuous/cuda_graphs.py).
+A sequence takes a slot when it is admitted; its prompt's chunks are written straight into that slot,
+each chunk attending over the slot's columns [0, end); once its prompt is in it decodes, each step
+writing one column per row in place. A decode step runs slots [0, rows), rows reaching the last
+decoding one: a slot still prefilling below it rides along idle (token 0 written at its next prompt
+column, which its next chunk overwrites; its logits unread), which batch invariance leaves without
+effect on the others. A step's shapes are (rows, width), width a whole number of attention chunks; on
+CUDA rows are bucketed and each shape's step is replayed from a CUDA graph
+(pipeline/continuous/cuda_graphs.py), the whole grid recorded at warm-up (:meth:`ModelRunner.record_graphs`).
 
 Token choice follows the model's repetition penalty, exactly as transformers'
 RepetitionPenaltyLogitsProcessor, then is greedy or sampled per row
-(pipeline/continuous/sampling.py). The tokens each row has seen are one (slots, capacity)
-tensor aligned with the cache (past a row's length, its first token, which the penalty already
+(pipeline/continuous/sampling.py). The tokens each row has seen are the table's (slots, capacity)
+tensor aligned with its keys (past a row's length, its first token, which the penalty already
 counts), so the penalty is one batched gather/scatter.
 """
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-from pipeline.continuous.cuda_graphs import DecodeGraphs, bucket
+from pipeline.continuous.cuda_graphs import DecodeGraphs, bucket, row_buckets
 from pipeline.continuous.sampling import TokenChooser
 from pipeline.continuous.scheduler import PrefillChunk, RunnerOutput, SchedulerOutput, SequenceState
-from pipeline.continuous.slots import SlotCache, chunks_for
+from pipeline.continuous.slots import SlotRule, SlotTable, chunks_for
 
 
 class ModelRunner:
-    def __init__(self, model, *, repetition_penalty: float = 1.0, device: str = "cpu", max_batch: int = 8,
-                 kv_cache_tokens: int = 8192):
+    def __init__(self, model, rule: SlotRule, *, repetition_penalty: float = 1.0, device: str = "cpu"):
         import torch
 
         from pipeline.kernels.versions import check_kernel_versions
@@ -35,26 +35,20 @@ class ModelRunner:
         self.model = model
         self.device = device
         self.repetition_penalty = float(repetition_penalty)
-        self.max_batch = max_batch
-        self.kv_cache_tokens = kv_cache_tokens  # the slots' tokens together, at most (the scheduler admits by it)
-        self.chooser = TokenChooser(device)
-        self.rows: list[int] = []  # seq id in each slot, slots [0, rows) in order
-        self.lengths: list[int] = []  # columns each row's slot holds
-        self.budgets: list[int] = []  # each row's prompt + max new tokens: the columns it may fill
-        # Typed Any: torch is imported on first use, not at module import. None until a sequence joins.
-        self.cache: SlotCache | None = None
-        self.seen: Any = None  # (slots, capacity) token ids, column for column with the cache
-        self._prefill_caches: dict[int, Any] = {}  # seq id -> its own cache until it joins
+        self.chooser = TokenChooser()
+        self.table = SlotTable(rule, device)
         self.graphs = DecodeGraphs(self._forward) if device.startswith("cuda") else None
 
     def execute(self, plan: SchedulerOutput) -> RunnerOutput:
-        """Decode the running batch, then run the prompt chunks.
+        """Give the admitted their slots, decode the running batch, then run the prompt chunks.
 
         Decoding first lets a prompt finished in this plan join the batch at the
         next plan's decode, so the plan alone says who decodes; the order of
         forward passes over time is the same as prefill-then-decode.
         """
         out = RunnerOutput()
+        for seq in plan.admitted:
+            self.table.join(seq.seq_id, seq.prompt_ids, seq.budget_tokens, seq.sampling)
         if plan.decode:
             self._decode_step(plan.decode, out)
         for chunk in plan.prefill:
@@ -63,12 +57,9 @@ class ModelRunner:
 
     def _decode_step(self, seqs: list[SequenceState], out: RunnerOutput) -> None:
         try:
-            for seq in seqs:
-                if seq.seq_id not in self.rows:
-                    self.join(seq)
             tokens = self.decode(seqs)
-        except Exception as exc:  # a step failure leaves no sane cache: the whole batch fails
-            self.release(self.rows + [s.seq_id for s in seqs])
+        except Exception as exc:  # a step failure leaves no sane rows: every decoding sequence fails
+            self.release([s.seq_id for s in seqs])
             out.failed.update((s.seq_id, exc) for s in seqs)
             return
         out.decoded.update(zip((s.seq_id for s in seqs), tokens))
@@ -85,8 +76,8 @@ class ModelRunner:
         if token is not None:
             out.first_tokens[seq_id] = token
 
-    def _choose(self, logits, seen, seqs: Sequence[SequenceState] = ()) -> list[int]:
-        """Each row's token (greedy or its own sampling) after the repetition penalty over `seen` (rows, k)
+    def _choose(self, logits, seen, rows: Sequence[Any] = ()) -> list[int]:
+        """Each row's token (greedy or as rows[i] samples) after the repetition penalty over `seen` (rows, k)
         token ids, repeats allowed: RepetitionPenaltyLogitsProcessor's gather/where/scatter, for all rows at once."""
         torch = self.torch
         logits = logits.float()
@@ -94,119 +85,93 @@ class ModelRunner:
             score = logits.gather(1, seen)
             score = torch.where(score < 0, score * self.repetition_penalty, score / self.repetition_penalty)
             logits.scatter_(1, seen, score)
-        return self.chooser.choose(logits, seqs)
+        return self.chooser.choose(logits, rows)
 
     def prefill_chunk(self, seq: SequenceState, start: int, end: int) -> int | None:
-        """Run prompt tokens [start, end) of one sequence; the first new token when the prompt is done."""
-        torch = self.torch
-        from transformers import DynamicCache
-        cache = self._prefill_caches.get(seq.seq_id) or DynamicCache()
+        """Write prompt tokens [start, end) of one sequence into its slot; the first new token when the
+        prompt is done."""
+        torch, table = self.torch, self.table
+        slot = table.slot_of(seq.seq_id)
         ids = torch.tensor([seq.prompt_ids[start:end]], device=self.device)
         positions = torch.arange(start, end, device=self.device).unsqueeze(0)
-        mask = torch.ones((1, end), dtype=torch.long, device=self.device)
-        with torch.inference_mode():
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                             past_key_values=cache, use_cache=True, logits_to_keep=1)
-        self._prefill_caches[seq.seq_id] = out.past_key_values
+        # The first chunk sees its own keys causally (no mask, as a whole prompt alone is run); a later
+        # one sees every column before it and its own causally: query i is column start + i.
+        mask = None if start == 0 else (torch.arange(end, device=self.device)[None, :]
+                                        <= positions[0, :, None])[None, None]
+        table.begin_prefill(slot, start, end)
+        out = self.model(input_ids=ids, position_ids=positions, attention_mask={"full_attention": mask},
+                         past_key_values=table, use_cache=True, logits_to_keep=1, keys_start_at_column_0=True)
+        table.rows[slot].length = end
         if end < seq.prompt_len:
             return None
-        return self._choose(out.logits[:, -1, :], torch.tensor([seq.prompt_ids], device=self.device), [seq])[0]
-
-    def join(self, seq: SequenceState) -> None:
-        """Copy a fully prefilled sequence's cache into the next free slot."""
-        torch = self.torch
-        own = self._prefill_caches.pop(seq.seq_id).layers
-        keys, values = [layer.keys for layer in own], [layer.values for layer in own]
-        slot = len(self.rows)
-        budgets = self.budgets + [seq.budget_tokens]
-        if self.cache is None or slot >= self.cache.slots or seq.budget_tokens > self.cache.capacity:
-            self._resize(keys, budgets)
-        cache = self.cache
-        assert cache is not None
-        cache.store(slot, keys, values)
-        self.seen[slot].fill_(seq.prompt_ids[0])
-        self.seen[slot, :seq.prompt_len].copy_(torch.tensor(seq.prompt_ids, device=self.device))
-        self.rows.append(seq.seq_id)
-        self.lengths.append(seq.prompt_len)
-        self.budgets = budgets
-
-    def _resize(self, like_keys: list, budgets: list[int]) -> None:
-        """Slots as long as the longest of `budgets` (whole chunks), as many as fit kv_cache_tokens
-        (at most max_batch), the running rows copied over."""
-        capacity = chunks_for(max(budgets))
-        slots = min(self.max_batch, self.kv_cache_tokens // capacity)
-        if slots < len(budgets):
-            raise RuntimeError(f"{len(budgets)} slots of {capacity} tokens exceed the {self.kv_cache_tokens}-token "
-                               f"KV cache: the scheduler admitted past it")
-        if self.cache is None:
-            self.cache = SlotCache(like_keys, slots, capacity)
-            self.seen = self.torch.zeros((slots, capacity), dtype=self.torch.long, device=self.device)
-        else:
-            rows = len(self.rows)
-            self.cache = self.cache.resized(slots, capacity, rows)
-            seen = self.seen.new_zeros((slots, capacity))
-            seen[:rows] = self.seen[:rows, :1]  # new columns repeat each row's first token, as join fills them
-            width = min(capacity, self.seen.shape[1])
-            seen[:rows, :width].copy_(self.seen[:rows, :width])
-            self.seen = seen
-        if self.graphs is not None:
-            self.graphs.clear()
+        table.rows[slot].decoding = True
+        return self._choose(out.logits[:, -1, :], table.seen[slot:slot + 1, :seq.prompt_len], [table.rows[slot]])[0]
 
     def decode(self, seqs: Sequence[SequenceState]) -> list[int]:
         """One step for every running sequence (any order): feed its last token, get its next."""
-        torch, cache = self.torch, self.cache
-        assert cache is not None
-        slot_of = {seq_id: slot for slot, seq_id in enumerate(self.rows)}
-        if sorted(s.seq_id for s in seqs) != sorted(self.rows):
-            raise RuntimeError(f"decode plan {[s.seq_id for s in seqs]} does not match the batch's rows {self.rows}")
-        n = len(self.rows)
-        rows = n if self.graphs is None else bucket(n, cache.slots)
-        ordered: list[Any] = [None] * n
-        fed, columns = [0] * rows, [0] * rows  # spare rows: token 0 at column 0 of a free slot
-        for seq in seqs:
-            slot = slot_of[seq.seq_id]
-            ordered[slot], fed[slot], columns[slot] = seq, seq.generated[-1], self.lengths[slot]
-        width = chunks_for(max(columns) + 1)
+        torch, table = self.torch, self.table
+        slots = [table.slot_of(seq.seq_id) for seq in seqs]
+        if sorted(slots) != [slot for slot, row in enumerate(table.rows) if row.decoding]:
+            raise RuntimeError(f"decode plan {[s.seq_id for s in seqs]} does not match the table's decoding rows")
+        n = max(slots) + 1
+        rows = n if self.graphs is None else bucket(n, table.slots)
+        # Every row writes at its next column: a prefilling one where its next chunk goes, a free slot at 0.
+        columns = [row.length for row in table.rows[:rows]] + [0] * (rows - min(rows, len(table.rows)))
+        fed = [0] * rows
+        for seq, slot in zip(seqs, slots):
+            fed[slot] = seq.generated[-1]
+        width = chunks_for(max(columns[:n]) + 1)
         ids = torch.tensor(fed, device=self.device).unsqueeze(1)
         at = torch.tensor(columns, device=self.device)
-        self.seen[torch.arange(n, device=self.device), at[:n]] = ids[:n, 0]  # now prompt + generated
-        with torch.inference_mode():
-            logits = self._forward(ids, at, width) if self.graphs is None else self.graphs.run(ids, at, width)
-        self.lengths = [length + 1 for length in self.lengths]
-        tokens = self._choose(logits[:n], self.seen[:n, :width], ordered)
-        return [tokens[slot_of[seq.seq_id]] for seq in seqs]
+        order = torch.tensor(slots, device=self.device)
+        table.seen[order, at[order]] = ids[order, 0]  # now prompt + generated
+        if self.graphs is None:
+            logits = self._forward(ids, at, width)
+        else:
+            logits = self.graphs.run(ids, at, width, layout=table.capacity)
+        for slot in slots:
+            table.rows[slot].length += 1
+        if slots == list(range(n)):  # every row decodes, in slot order: no gather
+            return self._choose(logits[:n], table.seen[:n, :width], table.rows[:n])
+        return self._choose(logits[order], table.seen[order, :width], [table.rows[slot] for slot in slots])
 
     def _forward(self, ids, columns, width: int):
-        """The model over rows [0, len(ids)) of the slot cache: (rows, 1) ids at (rows,) columns -> (rows, vocab)
+        """The model over rows [0, len(ids)) of the slot table: (rows, 1) ids at (rows,) columns -> (rows, vocab)
         logits. No host synchronisation: on CUDA this is what a graph records."""
-        cache = self.cache
-        assert cache is not None
-        cache.begin_step(columns, width)
-        visible = cache.visible(columns, width)
+        table = self.table
+        table.begin_step(columns, width)
+        visible = table.visible(columns, width)
         # A 4-d mask per layer type is taken as is; the keys start at column 0 in every row.
         out = self.model(input_ids=ids, position_ids=columns[:, None], attention_mask={"full_attention": visible},
-                         past_key_values=cache, use_cache=True, keys_start_at_column_0=True)
+                         past_key_values=table, use_cache=True, keys_start_at_column_0=True)
         return out.logits[:, -1, :]
 
+    def record_graphs(self) -> None:
+        """On CUDA, record the decode step of every (rows bucket, width) of the table's usual layout: max_batch
+        slots of its share of the KV budget. Only while no sequence holds a slot (the engine's warm-up)."""
+        if self.graphs is None:
+            return
+        table = self.table
+        if table.rows:
+            raise RuntimeError("CUDA graphs are recorded only while no sequence holds a slot")
+        slots, capacity = table.rule.layout()
+        if (table.slots, table.capacity) != (slots, capacity):
+            raise RuntimeError(f"the slot table's layout is {table.slots} x {table.capacity}, not the usual "
+                               f"{slots} x {capacity}")
+        chunk = table.rule.chunk
+        shapes = [(rows, width) for rows in row_buckets(slots) for width in range(chunk, capacity + 1, chunk)]
+        with self.torch.inference_mode():
+            self.graphs.record(shapes, self.device, layout=capacity)
+
     def release(self, seq_ids: Sequence[int]) -> None:
-        """Free the tensors of sequences that left: each running one's slot takes the last row."""
-        gone = set(seq_ids)
-        self.chooser.release(list(gone))
-        for seq_id in gone:
-            self._prefill_caches.pop(seq_id, None)
-            if seq_id not in self.rows:
-                continue
-            slot, last = self.rows.index(seq_id), len(self.rows) - 1
-            if slot != last:
-                assert self.cache is not None
-                self.cache.move(last, slot, self.lengths[last])
-                self.seen[slot].copy_(self.seen[last])
-                self.rows[slot], self.lengths[slot] = self.rows[last], self.lengths[last]
-                self.budgets[slot] = self.budgets[last]
-            self.rows.pop()
-            self.lengths.pop()
-            self.budgets.pop()
+        """Free the slots of sequences that left."""
+        for seq_id in set(seq_ids):
+            self.table.leave(seq_id)
 
     def cache_tokens(self) -> int:
-        """Cache columns held by the running batch (rows x capacity, unused columns included)."""
-        return 0 if self.cache is None else len(self.rows) * self.cache.capacity
+        """Cache columns held by the held rows (rows x capacity, unused columns included)."""
+        return self.table.columns_held()
+
+    def graph_counts(self) -> tuple[int, int]:
+        """CUDA graphs recorded, and shapes that failed to record (both 0 off CUDA)."""
+        return (0, 0) if self.graphs is None else (self.graphs.recorded, self.graphs.failed)

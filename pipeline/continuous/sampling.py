@@ -1,8 +1,8 @@
 """The runner's token choice per row: greedy, or sampled from the row's own random stream.
 
 A sampled row (temperature > 0) scales its logits by 1/temperature, keeps its top_k and then its
-top_p nucleus, and draws with torch.multinomial from a torch.Generator of its sequence's own, seeded
-with the request's seed. Every operation reads one row, so the same request with the same seed gets
+top_p nucleus, and draws with torch.multinomial from a torch.Generator of its sequence's own (held in its slot),
+seeded with the request's seed. Every operation reads one row, so the same request with the same seed gets
 the same tokens alone or in any batch.
 """
 from __future__ import annotations
@@ -13,32 +13,21 @@ from pipeline.sampling_params import Sampling
 
 
 class TokenChooser:
-    def __init__(self, device: str = "cpu"):
+    """Stateless: each row's sampling and random stream live in its slot (pipeline.continuous.slots.SlotRow)."""
+
+    def __init__(self):
         import torch
         self.torch = torch
-        self.device = device
-        self._streams: dict[int, Any] = {}  # seq id -> its torch.Generator, from its first sampled token
 
-    def choose(self, logits, seqs: Sequence[Any]) -> list[int]:
-        """One token per row of float logits (rows, vocab), row i belonging to seqs[i]."""
+    def choose(self, logits, rows: Sequence[Any]) -> list[int]:
+        """One token per row of float logits (rows, vocab), row i chosen as rows[i] (a SlotRow: its
+        `sampling` and `stream`) says; rows past len(rows) are greedy."""
         tokens = logits.argmax(dim=-1).tolist()
-        for row, seq in enumerate(seqs):
-            sampling: Sampling | None = getattr(seq, "sampling", None)
+        for i, row in enumerate(rows):
+            sampling: Sampling | None = row.sampling
             if sampling is not None and not sampling.greedy:
-                tokens[row] = self._sample(logits[row], sampling, self._stream(seq.seq_id, sampling))
+                tokens[i] = self._sample(logits[i], sampling, row.stream)
         return tokens
-
-    def release(self, seq_ids: Sequence[int]) -> None:
-        for seq_id in seq_ids:
-            self._streams.pop(seq_id, None)
-
-    def _stream(self, seq_id: int, sampling: Sampling):
-        stream = self._streams.get(seq_id)
-        if stream is None:
-            stream = self.torch.Generator(device=self.device)
-            stream.manual_seed(sampling.seed or 0)
-            self._streams[seq_id] = stream
-        return stream
 
     def _sample(self, row, sampling: Sampling, stream) -> int:
         torch = self.torch

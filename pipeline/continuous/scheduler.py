@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from pipeline.continuous.slots import SlotRule
+
 
 @dataclass(eq=False)
 class SequenceState:
@@ -67,20 +69,15 @@ class UpdateResult:
 
 
 class Scheduler:
-    """Bounded by sequences and cache tokens; admits in arrival order (no overtaking: fairness)."""
+    """Bounded by the slot rule (sequences and cache tokens); admits in arrival order (no overtaking: fairness)."""
 
-    def __init__(self, *, max_batch: int, kv_cache_tokens: int, prefill_chunk: int,
-                 eos_ids: frozenset[int] = frozenset(), clock: Callable[[], float] = time.monotonic,
-                 slot_tokens: int = 1):
-        """max_batch: sequences holding a slot at once; kv_cache_tokens: the KV-cache tokens their slots
-        may take together, every slot as long as the longest sequence's budget (prompt + max new tokens)
-        rounded up to a multiple of slot_tokens (pipeline/continuous/slots.py: one static shape for
-        all)."""
-        if max_batch < 1 or kv_cache_tokens < 1 or prefill_chunk < 1 or slot_tokens < 1:
-            raise ValueError("max_batch, kv_cache_tokens, prefill_chunk and slot_tokens must be >= 1")
-        self.max_batch = max_batch
-        self.kv_cache_tokens = kv_cache_tokens
-        self.slot_tokens = slot_tokens
+    def __init__(self, slots: SlotRule, *, prefill_chunk: int, eos_ids: frozenset[int] = frozenset(),
+                 clock: Callable[[], float] = time.monotonic):
+        """slots: the slot table's rule (pipeline/continuous/slots.py), which says how many sequences of
+        what budgets (prompt + max new tokens) may hold a slot at once."""
+        if prefill_chunk < 1:
+            raise ValueError("prefill_chunk must be >= 1")
+        self.slots = slots
         self.prefill_chunk = prefill_chunk
         self.eos_ids = frozenset(eos_ids)
         self._clock = clock
@@ -94,9 +91,9 @@ class Scheduler:
             raise ValueError("empty prompt")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if self.slot_length(len(prompt_ids) + max_new_tokens) > self.kv_cache_tokens:
+        if not self.slots.admits(len(prompt_ids) + max_new_tokens):
             raise ValueError(f"prompt of {len(prompt_ids)} tokens + {max_new_tokens} new tokens exceeds the "
-                             f"{self.kv_cache_tokens}-token KV-cache budget")
+                             f"{self.slots.kv_cache_tokens}-token KV-cache budget")
         return SequenceState(next(self._ids), list(prompt_ids), max_new_tokens, payload)
 
     def add(self, seq: SequenceState) -> None:
@@ -114,22 +111,20 @@ class Scheduler:
         """Prompt + max new tokens of every sequence holding a slot."""
         return sum(s.budget_tokens for s in self.active)
 
-    def slot_length(self, budget_tokens: int) -> int:
-        return -(-budget_tokens // self.slot_tokens) * self.slot_tokens
+    @property
+    def max_batch(self) -> int:
+        return self.slots.max_batch
 
-    def slot_tokens_held(self, joining: SequenceState | None = None) -> int:
-        """Cache tokens the slots of the sequences holding one take (with `joining`'s too): each slot
-        as long as the longest budget among them."""
-        held = self.active + ([joining] if joining is not None else [])
-        return len(held) * self.slot_length(max(s.budget_tokens for s in held)) if held else 0
+    def fits(self, joining: SequenceState) -> bool:
+        """Whether `joining` can hold a slot beside the sequences holding one (the slot rule's say)."""
+        return self.slots.fits([s.budget_tokens for s in self.active] + [joining.budget_tokens])
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.prefilling or self.running)
 
     def plan(self) -> SchedulerOutput:
         admitted = []
-        while self.waiting and len(self.active) < self.max_batch and \
-                self.slot_tokens_held(self.waiting[0]) <= self.kv_cache_tokens:
+        while self.waiting and self.fits(self.waiting[0]):
             seq = self.waiting.popleft()
             self.prefilling.append(seq)
             admitted.append(seq)

@@ -13,7 +13,7 @@ minor release:
   `masking_utils.ALL_MASK_ATTENTION_FUNCTIONS` and `sdpa_mask` (and which masks they pass)
   (pipeline.kernels.batch_invariance); a decoder's forward taking a dict of 4-d masks as is, passing
   its extra keyword arguments on to the attention function, and calling its cache's `update` once per
-  layer (pipeline.continuous.slots), and `DynamicCache`'s per-layer keys and values (pipeline.continuous.runner).
+  layer (pipeline.continuous.slots: prefill chunks and decode steps both write into the slot table).
 
 :func:`check_kernel_versions` runs where a kernel is first put to use, not at import.
 """

@@ -76,13 +76,8 @@ def rerank_inputs(pool: Sequence, n: int, offset: int = 0) -> list:
             for i, query in enumerate(spec_queries(n, offset))]
 
 
-def generation_prompts(generator, queries: Sequence[str], pool: Sequence, full_length: int | None) -> list:
-    """The generator's prompt ids for each query with three documents of the pool as its context.
-
-    full_length: every answer decodes that many tokens. Random-weight stand-ins may emit EOS at any
-    step; forcing the full count makes runs comparable across models and variants (the worst case)."""
-    if full_length is not None:
-        generator.generation_config.min_new_tokens = full_length
+def generation_prompts(generator, queries: Sequence[str], pool: Sequence) -> list:
+    """The generator's prompt ids for each query with three documents of the pool as its context."""
     return [generator.prompt_ids(q, cycled(pool, spec.CONTEXT_DOCS, i * spec.CONTEXT_DOCS))
             for i, q in enumerate(queries)]
 

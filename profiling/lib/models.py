@@ -21,7 +21,7 @@ from builders.standins import source_building_standins
 from pipeline import spec
 from pipeline.config import Settings
 from pipeline.device import Placement, placement_for, thread_budget
-from pipeline.generator import Generator
+from pipeline.generator import GenerationRequest, Generator
 from pipeline.models import ModelSource
 from profiling.lib import inputs
 
@@ -195,37 +195,53 @@ def build_rerank(ctx: BenchContext) -> StageBench:
                             "docs": "db" if ctx.args.documents else "corpus"})
 
 
+def bench_engine(generator: Generator, max_batch: int, prompts: list[list[int]], max_new_tokens: int, *,
+                 prefill_chunk: int, full_length: bool = True):
+    """The continuous engine the service runs, sized for `max_batch` of `prompts` with `max_new_tokens`
+    each, warmed as a worker warms it (on CUDA: every decode-step graph recorded). full_length: no
+    sequence stops at EOS (random-weight stand-ins may emit it at any step; every answer then decodes
+    max_new_tokens, comparable across models and variants: the worst case)."""
+    from pipeline.continuous import ContinuousEngine
+    from pipeline.continuous.slots import chunks_for
+    longest = chunks_for(max(len(p) for p in prompts) + max_new_tokens)
+    engine = ContinuousEngine(generator, max_batch=max_batch, kv_cache_tokens=max_batch * longest,
+                              prefill_chunk=prefill_chunk)
+    if full_length:
+        engine.scheduler.eos_ids = frozenset()
+    engine.warm_up([GenerationRequest("", (), 2, prompt_ids=tuple(prompts[0]))])
+    return engine
+
+
+def engine_generate_ids(engine, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """Each prompt's new token ids from `engine` (all added at once, run until every one ends)."""
+    seqs = [engine.add(GenerationRequest("", (), max_new_tokens, prompt_ids=tuple(p))) for p in prompts]
+    while engine.has_work():
+        failed = engine.step().failed
+        if failed:
+            raise RuntimeError(f"generation failed: {failed[0][1]!r}") from failed[0][1]
+    return [list(seq.generated) for seq in seqs]
+
+
 def build_generate(ctx: BenchContext) -> StageBench:
+    """The LLM through the continuous engine, a batch being that many sequences added at once."""
     max_new = ctx.args.max_new_tokens
-    details: dict[str, Any] = {"max_new_tokens": max_new}
+    details: dict[str, Any] = {"max_new_tokens": max_new, "decoder": "continuous engine"}
+    engine: dict[str, Any] = {}  # made with the prompts, which are made with the model
 
     def make_inputs(generator) -> Callable[[int, int], list]:
-        prompts = inputs.generation_prompts(generator, spec.REFERENCE_QUERIES, ctx.pool,
-                                            None if ctx.args.allow_early_stop else max_new)
+        prompts = inputs.generation_prompts(generator, spec.REFERENCE_QUERIES, ctx.pool)
         details.update(prompt_tokens=round(statistics.mean(len(p) for p in prompts)), out_tokens="?")
-        count_new_tokens(generator, details)
+        engine["engine"] = bench_engine(generator, max(ctx.args.batch_sizes), prompts, max_new,
+                                        prefill_chunk=ctx.settings.generate.prefill_chunk,
+                                        full_length=not ctx.args.allow_early_stop)
         return lambda n, r: inputs.cycled(prompts, n, r)
 
-    return ctx.model_bench("generate", lambda m: lambda batch: m.generate_ids(batch, max_new_tokens=max_new),
-                           make_inputs, details)
+    def run(batch: list) -> list[list[int]]:
+        ids = engine_generate_ids(engine["engine"], batch, max_new)
+        details["out_tokens"] = round(float(statistics.mean(len(row) for row in ids)), 1)
+        return ids
 
-
-def count_new_tokens(generator, details: dict) -> None:
-    """Record the mean number of tokens each sequence really generated in details["out_tokens"].
-
-    generate_ids trims each answer at its end of sequence, so this wraps this instance's model.generate to read the
-    output ids: new tokens other than padding (finished sequences are padded)."""
-    model, inner = generator.model, generator.model.generate
-    pad = generator.generation_config.pad_token_id
-
-    def generate(*args, **kwargs):
-        output = inner(*args, **kwargs)
-        new = output[:, kwargs["input_ids"].shape[1]:]
-        counts = (new != pad).sum(dim=1) if pad is not None else new.new_full((new.shape[0],), new.shape[1])
-        details["out_tokens"] = round(counts.float().mean().item(), 1)
-        return output
-
-    model.generate = generate
+    return ctx.model_bench("generate", lambda m: run, make_inputs, details)
 
 
 def build_classifier(stage: str) -> Callable[[BenchContext], StageBench]:

@@ -190,6 +190,8 @@ class ContinuousGenerationService:
 
     def _admit(self, batch: list[PendingItem]) -> None:
         running = len(self._holdings) + len(batch)  # the batch each joins: a traced request's batch size
+        # Held at once, before encoding their prompts: off the queue, they count against max_queue here.
+        self._holdings.hold([pending.future for pending in batch])
         for pending in batch:
             request = stage_spans.admitted(pending.item, running)
             ticket = GenerationTicket(pending.future, pending.enqueued_at, getattr(request, "on_token", None))
@@ -197,8 +199,6 @@ class ContinuousGenerationService:
                 self.engine.add(request, payload=ticket)
             except Exception as exc:  # e.g. a prompt over the KV-cache budget: this request alone
                 self._fail(ticket, exc)
-                continue
-            self._holdings.hold([ticket.future])
 
     def _drop_cancelled(self) -> None:
         for seq in [s for s in self.engine.sequences() if s.payload.future.cancelled()]:

@@ -76,7 +76,7 @@ _GENERATION_FAMILIES = [
 
 class StageCollector:
     """The families of every stage service the callable returns: the batch families of each, and
-    the continuous generate stage's own (decode steps, tokens, sequences, KV cache, TTFT, TPOT)."""
+    the continuous generate stage's own (decode steps, tokens, sequences, KV cache, CUDA graphs, TTFT, TPOT)."""
 
     def __init__(self, services: Callable[[], Iterable[StageService]]):
         self._services = services
@@ -109,6 +109,12 @@ def _generation_families(snapshots: list[GenerationStats]):
         kv.add_metric([st.name, "in_use"], st.kv_tokens_in_use)
         kv.add_metric([st.name, "reserved"], st.kv_tokens_reserved)
     yield kv
+    graphs = GaugeMetricFamily("rag_generate_cuda_graphs", "Decode-step shapes replayed from a CUDA graph, or whose "
+                               "recording failed twice (they run eagerly)", labels=["stage", "state"])
+    for st in snapshots:
+        graphs.add_metric([st.name, "recorded"], st.cuda_graphs_recorded)
+        graphs.add_metric([st.name, "failed"], st.cuda_graphs_failed)
+    yield graphs
     yield _bounded_histogram("rag_generate_ttft_seconds", "Time to first token from submit", snapshots,
                              TTFT_BUCKETS, lambda st: st.ttft_bucket_counts, lambda st: st.ttft_seconds_sum)
     yield _bounded_histogram("rag_generate_tpot_seconds", "Time per output token after the first, per finished "

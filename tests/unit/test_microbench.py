@@ -72,8 +72,9 @@ def test_details_explain_the_inputs(bench_out):
     search = read_rows(out / "microbench_search.csv")[1][0]["detail"]
     assert "k=10" in search and "nprobe=" in search and "ntotal=3000" in search
     generate = read_rows(out / "microbench_generate.csv")[1]
-    # Full decoding is forced, so every run really generated --max-new-tokens tokens.
+    # Full decoding is forced, so every run really generated --max-new-tokens tokens, by the engine that serves.
     assert all(f"out_tokens={float(MAX_NEW_TOKENS)}" in r["detail"] for r in generate)
+    assert all("decoder=continuous engine" in r["detail"] for r in generate)
 
 
 def test_realistic_inputs():

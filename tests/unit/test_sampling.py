@@ -77,7 +77,7 @@ def engine(generator):
 def run(engine: ContinuousEngine, requests: list[GenerationRequest], join_every: int = 1) -> list[list[int]]:
     """Each request's tokens, the requests joining `join_every` steps apart."""
     seqs = run_joining(engine, requests, join_every)
-    assert not engine.runner.chooser._streams  # every stream left with its sequence
+    assert not engine.runner.table.rows  # every slot, its random stream with it, left with its sequence
     return [seq.generated for seq in seqs]
 
 

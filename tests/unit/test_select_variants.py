@@ -104,6 +104,18 @@ def test_options_are_checked():
 
 # ------------------------------------------------------------------------- one quick run
 
+def test_the_llm_is_timed_and_read_through_the_continuous_engine(generator, monkeypatch):
+    def refused(*args, **kwargs):
+        raise AssertionError("Hugging Face generate is not what serves")
+
+    monkeypatch.setattr(generator, "generate_ids", refused)
+    items, run, outputs_of = select_variants._workload("generate", generator, 3, 4, 2, 64)
+    assert len(items) == 3 and all(isinstance(i, int) for i in items[0])
+    assert [len(ids) for ids in run(items[:2])] == [4, 4]  # every answer decodes max_new tokens
+    outputs = outputs_of(items[:2])
+    assert [len(o["ids"]) for o in outputs] == [4, 4] and len(outputs[0]["prompt_top1"]) == len(items[0])
+
+
 @pytest.mark.timeout(600)
 def test_cli_on_tiny_standins_writes_the_table_and_an_env_file(tmp_path, model_source, capsys):
     env = {**TEST_ENV, "TORCH_THREADS": "1", "HF_HUB_OFFLINE": "1"}

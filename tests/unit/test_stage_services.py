@@ -12,7 +12,7 @@ import pytest
 from flask import Flask
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipeline.continuous import ContinuousEngine, RunnerOutput, Scheduler, StepResult
+from pipeline.continuous import ContinuousEngine, RunnerOutput, Scheduler, SlotRule, StepResult
 from pipeline.continuous.output import Finish
 from services.server.errors import Overloaded, ServiceClosed, StageDown
 from services.server.metrics import NodeMetrics
@@ -149,7 +149,7 @@ def test_concurrent_submit_and_close_resolve_every_future_exactly_once():
 
 def test_plan_lists_decode_and_admissions_and_update_drops_failures():
     clock = ManualClock(100.0)
-    s = Scheduler(max_batch=2, kv_cache_tokens=100, prefill_chunk=16, eos_ids=frozenset({0}), clock=clock)
+    s = Scheduler(SlotRule(2, 100), prefill_chunk=16, eos_ids=frozenset({0}), clock=clock)
     a, b, c = (s.new_sequence([1, 2, 3], 4) for _ in range(3))
     for seq in (a, b, c):
         s.add(seq)
@@ -175,13 +175,16 @@ class FakeRunner:
     def cache_tokens(self):
         return 12
 
+    def graph_counts(self):
+        return 30, 2
+
 
 class FakeEngine(ContinuousEngine):
     """The real scheduler with a model-free runner: every decode step yields token 7."""
 
     def __init__(self, max_batch=2):  # no generator: the engine's model parts are replaced below
         self.eos_ids = frozenset({0})
-        self.scheduler = Scheduler(max_batch=max_batch, kv_cache_tokens=1000, prefill_chunk=64, eos_ids=self.eos_ids)
+        self.scheduler = Scheduler(SlotRule(max_batch, 1000), prefill_chunk=64, eos_ids=self.eos_ids)
         self.runner = FakeRunner()
         self.gate = threading.Event()
         self.gate.set()
@@ -256,6 +259,9 @@ def test_generation_stats_and_metric_families():
         assert m[("rag_generate_running_sequences", g)] == 0 and m[("rag_generate_waiting_sequences", g)] == 0
         assert m[("rag_generate_kv_tokens", (("stage", "generate"), ("state", "in_use")))] == 12
         assert ("rag_generate_kv_tokens", (("stage", "generate"), ("state", "reserved"))) in m
+        assert (st.cuda_graphs_recorded, st.cuda_graphs_failed) == (30, 2)
+        assert m[("rag_generate_cuda_graphs", (("stage", "generate"), ("state", "recorded")))] == 30
+        assert m[("rag_generate_cuda_graphs", (("stage", "generate"), ("state", "failed")))] == 2
         assert not any(name.startswith("rag_generate") and labels == (("stage", "embed"),) for name, labels in m)
     finally:
         gen.close(timeout=10)
@@ -275,6 +281,35 @@ def test_generation_ticket_is_the_sequence_payload():
         seqs = engine.scheduler.active + list(engine.scheduler.waiting)
         assert all(isinstance(s.payload, GenerationTicket) for s in seqs)
     finally:
+        gen.close(timeout=10)
+
+
+@pytest.mark.timeout(30)
+def test_requests_off_the_queue_count_against_max_queue_while_their_prompts_are_encoded():
+    # The loop takes a request off the queue, then encodes its prompt (engine.add): meanwhile it is
+    # neither queued nor held, unless the service holds it from the moment it takes it.
+    class SlowAdd(FakeEngine):
+        def __init__(self):
+            super().__init__()
+            self.adding, self.added = threading.Event(), threading.Event()
+
+        def add(self, request, payload=None):
+            self.adding.set()
+            assert self.added.wait(10)
+            return super().add(request, payload)
+
+    engine = SlowAdd()
+    gen = ContinuousGenerationService("generate", engine, max_queue=2)
+    try:
+        first = gen.submit((3, 2))
+        assert engine.adding.wait(10)  # taken off the queue, its prompt being encoded
+        second = gen.submit((3, 2))
+        with pytest.raises(Overloaded):
+            gen.submit((3, 2))
+        engine.added.set()
+        assert [first.result(timeout=10), second.result(timeout=10)] == ["7 7", "7 7"]
+    finally:
+        engine.added.set()
         gen.close(timeout=10)
 
 

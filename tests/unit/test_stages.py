@@ -133,3 +133,54 @@ def test_devices_name_each_model_stage_device_and_precision(embedder, reranker, 
         assert stages.devices()["generate"] == "cpu/int8-dynamic"
     finally:
         generator.placement = saved
+
+
+def test_warm_up_drives_the_engine_that_serves_and_leaves_it_idle_and_ready(embedder, reranker, generator, sentiment,
+                                                                            toxicity, monkeypatch):
+    import torch
+
+    from pipeline.continuous import ContinuousEngine
+    from pipeline.stages import Stages
+    if torch.cuda.is_available():
+        pytest.skip("the CPU case: off CUDA nothing is recorded (test_warm_up_records_every_cuda_graph covers CUDA)")
+    stages = Stages(embedder, None, reranker, generator, sentiment, toxicity)
+    engine = ContinuousEngine(generator, max_batch=3, kv_cache_tokens=4096, prefill_chunk=64)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the warm-up ran Hugging Face generate, which does not serve")
+
+    monkeypatch.setattr(generator, "generate_ids", refused)
+    stages.warm_up(engine)
+    stats = engine.stats()
+    assert not engine.has_work() and engine.runner.table.rows == [] and stats.running_sequences == 0
+    assert engine.runner.table.keys  # the slots' buffers, allocated once by the warm-up's prefill
+    assert (stats.cuda_graphs_recorded, stats.cuda_graphs_failed) == (0, 0)  # no graphs on the CPU
+    monkeypatch.undo()
+    request = GenerationRequest(QUERIES[1], _docs(2), max_new_tokens=12)
+    seq = engine.add(request)
+    while engine.has_work():
+        assert not engine.step().failed
+    assert engine.text(seq) == generator.generate([request])[0]
+
+
+def test_warm_up_records_every_cuda_graph_of_the_usual_layout_before_serving(model_source):
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device here: CUDA graphs are recorded only on CUDA")
+    from pipeline.continuous import ContinuousEngine
+    from pipeline.continuous.cuda_graphs import row_buckets
+    from pipeline.device import Placement
+    from pipeline.generator import Generator
+    from pipeline.kernels.chunked_attention import CHUNK
+    generator = Generator.load(model_source, Placement("cuda", "bfloat16", "bfloat16"))
+    engine = ContinuousEngine(generator, max_batch=8, kv_cache_tokens=8 * 3 * CHUNK, prefill_chunk=64)
+    engine.warm_up([GenerationRequest(QUERIES[0], (), max_new_tokens=2)])
+    stats = engine.stats()
+    # every rows bucket (1, 2, 4, 8) at every width (1 to 3 chunks), and none failed
+    assert (stats.cuda_graphs_recorded, stats.cuda_graphs_failed) == (len(row_buckets(8)) * 3, 0)
+    request = GenerationRequest(QUERIES[1], _docs(2), max_new_tokens=12)
+    seq = engine.add(request)
+    while engine.has_work():
+        assert not engine.step().failed
+    assert engine.stats().cuda_graphs_recorded == len(row_buckets(8)) * 3  # served from the recorded grid
+    assert len(seq.generated) > 0

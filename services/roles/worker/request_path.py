@@ -105,6 +105,7 @@ class Worker:
         c = config.continuous
         engine = ContinuousEngine(stages.generator, max_batch=c.max_batch, kv_cache_tokens=c.kv_cache_tokens,
                                   prefill_chunk=c.prefill_chunk)
+        stages.warm_up(engine)  # before the generate service's thread owns the engine
         self.services: dict[Stage, StageService] = {}
         for stage in spec.WORKER_STAGES:
             if stage == Stage.GENERATE:

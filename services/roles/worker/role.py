@@ -106,8 +106,7 @@ class WorkerRole(Role):
         self.data.set(documents)
         for stage in spec.MODEL_STAGES:  # what each stage computes in, and why, before the slow load
             log.info("node %d computes %s", self.node, describe_placement(settings, stage))
-        stages = Stages.load(settings, source)
-        stages.warm_up()
+        stages = Stages.load(settings, source)  # warmed by the Worker, through the engine that serves
         index = ShardedIndexClient.from_cluster(settings.cluster, read_timeout_s=settings.search.timeout_s)
         self.worker.set(Worker(worker_config(settings), stages, index, documents))
         log.info("node %d loaded and warmed its models in %.1fs (%s)", self.node, time.monotonic() - started,
