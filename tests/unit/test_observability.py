@@ -10,6 +10,7 @@ from flask import Flask, g, jsonify
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from pipeline.continuous.output import Finish
 from services.node import JsonFormatter
 from services.roles.gateway.gateway import Gateway
 from services.roles.gateway.metrics import GatewayCollector
@@ -152,7 +153,7 @@ def test_queue_wait_and_tpot_histograms_move_as_requests_pass():
     try:
         empty = scrape([embed, gen])
         assert empty[("rag_batch_queue_wait_seconds_count", (("stage", "embed"),))] == 0
-        assert [f.result(timeout=10) for f in [gen.submit((5, 3)), gen.submit((5, 1))]] == ["7 7 7", "7"]
+        assert [f.result(timeout=10) for f in [gen.submit((5, 3)), gen.submit((5, 1))]] == [Finish.LENGTH] * 2
         assert embed.submit_many([1, 2, 3])[2].result(timeout=10) == 3
         m = scrape([embed, gen])
         for stage in ("embed", "generate"):

@@ -160,7 +160,7 @@ def test_warm_up_drives_the_engine_that_serves_and_leaves_it_idle_and_ready(embe
     seq = engine.add(request)
     while engine.has_work():
         assert not engine.step().failed
-    assert engine.text(seq) == generator.generate([request])[0]
+    assert generator.completion(seq.generated).text == generator.generate([request])[0]
 
 
 def test_warm_up_records_every_cuda_graph_of_the_usual_layout_before_serving(model_source):
