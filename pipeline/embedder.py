@@ -12,7 +12,7 @@ from pipeline.precision import apply_precision
 
 def without_normalize(model):
     """The sentence-transformers `model` without its Normalize module: :func:`unit_rows` normalises
-    instead (CLS pooling, the model's, reduces nothing across a row)."""
+    instead (the model's pooling, bge's CLS token, sums nothing along a row)."""
     for index in reversed(range(len(model))):
         if type(model[index]).__name__ == "Normalize":
             del model[index]

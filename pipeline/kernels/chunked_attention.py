@@ -38,9 +38,10 @@ from __future__ import annotations
 import torch
 
 CHUNK = 256  # keys per chunk: a multiple of 64 (whole vectors for every kernel); 2 to 5 chunks a decode step
-# Rows per launch of matmul_chunked_attention: CUDA's decode buckets (pipeline.continuous.cuda_graphs)
-# are multiples of it from 8 rows up, so only steps of 1, 2 or 4 rows pad.
-TILE_ROWS = 8
+# Rows per launch of matmul_chunked_attention: one tile for every decode bucket up to 32 rows
+# (pipeline.continuous.cuda_graphs), so a step's kernel count does not grow with its rows there;
+# a step of fewer rows copies its keys and values into a tile with zero rows after them.
+TILE_ROWS = 32
 
 
 def sum_in_order(parts) -> torch.Tensor:
@@ -49,7 +50,7 @@ def sum_in_order(parts) -> torch.Tensor:
     cumsum gives, which accumulates in float64)."""
     total = parts[0].double()
     for part in parts[1:]:
-        total = total + part.double()
+        total.add_(part)  # in float64: the part is widened exactly
     return total.float()
 
 
@@ -115,17 +116,17 @@ def flash_chunked_attention(query: torch.Tensor, key: torch.Tensor, value: torch
 
 def matmul_chunked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                              mask: torch.Tensor | None = None, *, scaling: float, is_causal: bool = False,
-                             chunk: int = CHUNK) -> torch.Tensor:
+                             chunk: int = CHUNK, tile_rows: int = TILE_ROWS) -> torch.Tensor:
     """:func:`chunked_attention` with batched matrix products of one fixed shape per chunk (any device),
-    over tiles of exactly TILE_ROWS rows: the row's maximum over all its keys subtracted, exp summed
+    over tiles of exactly `tile_rows` rows: the row's maximum over all its keys subtracted, exp summed
     per chunk, the chunks' sums and products added in order (:func:`sum_in_order`)."""
     rows, queries, keys = query.shape[0], query.shape[2], key.shape[2]
     visible = _visible(mask, is_causal, queries, keys, -keys % chunk, query.device)  # (rows or 1, 1, q or 1, cols)
     tiles = []
-    for start in range(0, rows, TILE_ROWS):
-        end = min(rows, start + TILE_ROWS)
-        q, k, v = (_padded_rows(t[start:end], TILE_ROWS) for t in (query, key, value))
-        sees = _padded_rows(visible[start:end], TILE_ROWS) if visible.shape[0] > 1 else visible  # padding: nothing
+    for start in range(0, rows, tile_rows):
+        end = min(rows, start + tile_rows)
+        q, k, v = (_padded_rows(t[start:end], tile_rows) for t in (query, key, value))
+        sees = _padded_rows(visible[start:end], tile_rows) if visible.shape[0] > 1 else visible  # padding: nothing
         tiles.append(_matmul_tile(q, k, v, sees, scaling, chunk))
     out = tiles[0] if len(tiles) == 1 else torch.cat(tiles)
     return out[:rows]

@@ -8,6 +8,7 @@ random weights, one layer and a small vocabulary, so that it stays fast.
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -184,19 +185,20 @@ def test_the_rmsnorm_swap_keeps_transformers_bits_and_takes_every_norm(dtype):
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=ON_CUDA)])
 def test_matmul_attention_runs_in_tiles_each_row_as_alone(device):
-    """More rows than a tile, of mixed lengths: each row's bits alone (where it is a tile of one real row)."""
-    lengths = [1, 5, CHUNK + 3, 40, 2, 9, 700, 31, 3, 17, 260]
-    assert len(lengths) > TILE_ROWS
+    """More rows than a tile, of mixed lengths: each row's bits alone (where it is a tile of one real row).
+    The CPU in tiles of 4 rows (less padding to compute), CUDA in its own."""
+    tile = 4 if device == "cpu" else TILE_ROWS
+    lengths = ([1, 5, CHUNK + 3, 40, 2, 9, 700, 31, 3, 17, 260] * 4)[:tile + 3]
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     g = torch.Generator().manual_seed(5)
     width = max(lengths)
     query = torch.randn(len(lengths), 14, 1, 64, generator=g).to(dtype).to(device)
     key, value = (torch.randn(len(lengths), 2, width, 64, generator=g).to(dtype).to(device) for _ in range(2))
     mask = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None])[:, None, None, :].to(device)
-    batch = matmul_chunked_attention(query, key, value, mask, scaling=0.125)
+    batch = matmul_chunked_attention(query, key, value, mask, scaling=0.125, tile_rows=tile)
     for row, n in enumerate(lengths):
         alone = matmul_chunked_attention(query[row:row + 1], key[row:row + 1, :, :n], value[row:row + 1, :, :n],
-                                         scaling=0.125)
+                                         scaling=0.125, tile_rows=tile)
         assert torch.equal(alone[0], batch[row]), f"row of {n} keys"
 
 
@@ -223,3 +225,16 @@ def test_the_row_invariant_linear_at_1_2_and_8_threads(device, dtype):
                         assert torch.equal(got, alone[:rows]), (k, n, count, rows)
     finally:
         torch.set_num_threads(threads)
+
+
+def test_the_embedder_normalises_its_pooled_vectors_in_numpy_and_not_in_the_model(embedder):
+    """The model's own Normalize (torch's norm, on CUDA summed by the row count) is gone; the vectors are
+    still the pooled ones at unit length."""
+    assert not [m for m in embedder.model if type(m).__name__ == "Normalize"]
+    texts = ["Where is my order?", "How do I return a defective product? " * 5, "hi"]
+    got = embedder.embed(texts)
+    pooled = embedder.model.encode(texts, convert_to_tensor=True, normalize_embeddings=False)
+    want = torch.nn.functional.normalize(pooled.float(), dim=1).numpy()
+    assert got.dtype == np.float32 and got.shape == want.shape
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, rtol=1e-6)

@@ -13,7 +13,15 @@ from pipeline.kernels.chunked_attention import (
 
 HEADS, KV_HEADS, DIM, SCALING = 14, 2, 64, 0.125
 LENGTHS = [1, 37, CHUNK, CHUNK + 1, 300, 3 * CHUNK + 9]  # inside, at and across chunk boundaries
-KERNELS = [flash_chunked_attention, matmul_chunked_attention]
+
+
+def matmul_in_tiles_of_2(*args, **kwargs):
+    """The matrix-product kernel in tiles of 2 rows on the CPU: the same code in more tiles, and less
+    padding to compute there (CUDA's cases run its default tiles)."""
+    return matmul_chunked_attention(*args, tile_rows=2, **kwargs)
+
+
+KERNELS = [flash_chunked_attention, matmul_in_tiles_of_2]
 ON_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here: runs where torch sees one")
 # (kernel, device, dtype): the flash kernel is the CPU's; the matrix-product kernel runs on CUDA too, in
 # the dtypes CUDA is offered in (float32 is not: pipeline/precision_policy.py).
