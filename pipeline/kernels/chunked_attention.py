@@ -48,7 +48,7 @@ def sum_in_order(parts) -> torch.Tensor:
     """The float32 sum of `parts` (tensors of one shape), added one after another, first to last, in
     float64 and rounded once: the order is fixed by the list, on every device (the bits the CPU's
     cumsum gives, which accumulates in float64)."""
-    total = parts[0].double()
+    total = parts[0].to(torch.float64, copy=True)
     for part in parts[1:]:
         total.add_(part)  # in float64: the part is widened exactly
     return total.float()
