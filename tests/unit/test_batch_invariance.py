@@ -1,7 +1,7 @@
 """Batch invariance at the decode step that serves, at the LLM's real width: a row's logits alone are the
 same bits as the same row's among mixed, bucketed batch-mates, per precision and device; and the pieces
 that make it so: per-row reductions, the RMSNorm swap, attention tiles, the Linears at several thread
-counts.
+counts, an encoder's unpadded batch, the embedder's normalisation.
 
 The model is Qwen2.5-0.5B-Instruct's shape (hidden 896, 14 heads, 2 kv heads, intermediate 4864) with
 random weights, one layer and a small vocabulary, so that it stays fast.
@@ -228,3 +228,24 @@ def test_the_embedder_normalises_its_pooled_vectors_in_numpy_and_not_in_the_mode
     assert got.dtype == np.float32 and got.shape == want.shape
     np.testing.assert_allclose(got, want, atol=1e-6)
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, rtol=1e-6)
+
+
+@pytest.mark.parametrize("device, dtype", [("cpu", torch.float32), pytest.param("cpu", torch.bfloat16, marks=BF16_CPU),
+                                           pytest.param("cuda", torch.bfloat16, marks=ON_CUDA)])
+def test_an_encoders_row_alone_equals_the_row_among_unpadded_batch_mates(device, dtype):
+    """Rows of one length need no padding: one attention call for the batch on the CPU, a call per row
+    on CUDA (FlashAttention's split of the keys follows rows x heads). 300 tokens: several key blocks."""
+    from transformers import BertConfig, BertModel
+
+    from pipeline.kernels.batch_invariance import make_batch_invariant
+    torch.manual_seed(0)
+    config = BertConfig(hidden_size=768, num_attention_heads=12, intermediate_size=1024, num_hidden_layers=1,
+                        vocab_size=512, max_position_embeddings=512)
+    model = BertModel(config).to(dtype).to(device).eval()
+    make_batch_invariant(model)
+    ids = torch.randint(1, 512, (6, 300), generator=torch.Generator().manual_seed(3)).to(device)
+    with torch.inference_mode():
+        batch = model(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
+        for row in range(ids.shape[0]):
+            alone = model(input_ids=ids[row:row + 1], attention_mask=torch.ones_like(ids[row:row + 1]))
+            assert torch.equal(alone.last_hidden_state[0], batch[row]), row
