@@ -10,6 +10,23 @@ from pipeline.models import ModelSource, resolve_model_source
 from pipeline.precision import apply_precision
 
 
+def without_normalize(model):
+    """The sentence-transformers `model` without its Normalize module: :func:`unit_rows` normalises
+    instead (the model's pooling, bge's CLS token, sums nothing along a row)."""
+    for index in reversed(range(len(model))):
+        if type(model[index]).__name__ == "Normalize":
+            del model[index]
+    return model
+
+
+def unit_rows(vectors: np.ndarray) -> np.ndarray:
+    """(n, d) float32 rows scaled to unit length, in float32 on the CPU, each row's length summed by
+    numpy alone in one order whatever the rows beside it. Not torch's normalisation on the model's
+    device: CUDA sums a row there in an order chosen by the number of rows, and in a bfloat16 model
+    it leaves norms ~0.3% off 1."""
+    return vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+
+
 class Embedder:
     stage = spec.Stage.EMBED
 
@@ -23,7 +40,7 @@ class Embedder:
         model = SentenceTransformer(spec.EMBEDDER_MODEL, device=placement.device,
                                     cache_folder=source.hf_kwargs().get("cache_dir"),
                                     local_files_only=source.local_files_only, model_kwargs={"dtype": placement.torch_dtype})
-        return cls(apply_precision(model.eval(), placement.precision), placement)
+        return cls(apply_precision(without_normalize(model).eval(), placement.precision), placement)
 
     @classmethod
     def from_settings(cls, settings: Settings, source: ModelSource | None = None) -> "Embedder":
@@ -34,11 +51,9 @@ class Embedder:
         """(n, 768) float32, unit norm; no query prefix, as the reference did."""
         if not texts:
             return np.zeros((0, spec.EMBED_DIM), dtype=np.float32)
-        vectors = self.model.encode(list(texts), batch_size=len(texts), normalize_embeddings=True,
+        vectors = self.model.encode(list(texts), batch_size=len(texts), normalize_embeddings=False,
                                     convert_to_numpy=True, show_progress_bar=False)
-        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-        # Normalised again in float32: a bfloat16 model's own normalisation leaves norms ~0.3% off 1.
-        return vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        return unit_rows(np.ascontiguousarray(vectors, dtype=np.float32))
 
     def __call__(self, texts: list[str]) -> list[np.ndarray]:
         return list(self.embed(texts))

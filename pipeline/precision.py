@@ -20,10 +20,13 @@ Which variant a stage runs (``PRECISION``: ``auto``, ``fast`` or a variant by na
 by :mod:`pipeline.precision_policy`, without torch. Conversion happens once at load, layer by layer, and drops each float weight
 as soon as its int8 copy exists.
 
-Every variant of every stage is batch-invariant, on the CPU and on CUDA (bfloat16 and float16
-there): a request's outputs are the same bits alone and in any batch (tests/unit/test_precision.py,
-its CUDA cases where a GPU is). The int8 Linears are so by construction; the float Linears left and
-every model's attention are made so by :func:`~pipeline.kernels.batch_invariance.make_batch_invariant`.
+Every variant of every stage is meant to be batch-invariant, on the CPU and on CUDA (bfloat16 and
+float16 there): a request's outputs are the same bits alone and in any batch. The int8 Linears are
+so by construction; the float Linears left, the RMSNorms and every model's attention are made so by
+:func:`~pipeline.kernels.batch_invariance.make_batch_invariant` (on CUDA: every per-row sum in
+launches of one shape). Checked by tests/unit/test_precision.py (whole stand-in models) and
+tests/unit/test_batch_invariance.py (the decode step at Qwen2.5-0.5B's width) on the CPU; their
+CUDA cases run only where a GPU is.
 """
 from __future__ import annotations
 

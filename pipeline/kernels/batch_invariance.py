@@ -1,16 +1,27 @@
-"""A row's result independent of its batch-mates: Linears and SDPA attention over padded batches.
+"""A row's result independent of its batch-mates: Linears, norms and SDPA attention over padded batches.
 
 * :class:`RowInvariantLinear` (via :func:`make_linears_row_invariant`): a float32 or bfloat16
   Linear on the CPU through oneDNN, a lone row run as a batch of two, the way every batch runs.
+* :class:`RowInvariantRMSNorm` (via :func:`make_norms_row_invariant`): a decoder's RMSNorm whose
+  mean of squares is :func:`per_row`'s: on CUDA in launches of one shape.
 * :func:`use_batch_invariant_attention`: a transformers model (decoder or encoder) attends each
   padded row over its own keys, as it would alone.
-* :func:`make_batch_invariant`: both, for every transformers model inside a module.
+* :func:`make_batch_invariant`: all three, for every transformers model inside a module.
 
 Measured on this CPU (torch 2.13, AMD EPYC avx512_bf16): MKL's float32 GEMM (what ``F.linear``
 runs) sums a row differently at 1, 2-4 and 5+ rows; the bfloat16 ``F.linear`` leaves small
 GEMMs to a native kernel and larger ones to oneDNN; oneDNN's matmul called directly
 (``torch.ops.mkldnn._linear_pointwise``) gives every row the same bits at any row count from 2
 up (checked to 4,100 rows, bert-base, Qwen-0.5B and toy shapes), and at 1 row often not.
+
+Reductions along a row (a norm's mean, a vector's length): torch's CPU kernels reduce each row in
+one thread in one order, splitting the work across threads only by rows (one row of 32,768
+elements or more would be split: no row here is that long), so the CPU takes them as they are
+(tests/unit/test_batch_invariance.py, at 1, 2 and 8 threads). CUDA's reduction chooses its threads
+per row from the number of rows (PyTorch's ReduceConfig: fewer rows, more threads on each), so
+there a row's sum is grouped by its batch-mates' count unless every launch has one shape: tiles of
+CUDA_TILE_ROWS rows. LayerNorm needs no tiles: its CUDA kernel gives each row one block of a fixed
+size. Read from PyTorch's sources, not measured on a GPU.
 """
 from __future__ import annotations
 
@@ -27,8 +38,57 @@ ROW_INVARIANT_DTYPES = {"cpu": (torch.float32, torch.bfloat16), "cuda": (torch.b
 
 # The row count oneDNN's packed layout is chosen for (any count gives the same bits): a decode step's.
 PACKED_FOR_ROWS = 8
-# Rows per cuBLAS call on CUDA: every product has this one shape, so one kernel sums every row.
+# Rows per cuBLAS call or per-row reduction on CUDA: every launch has this one shape, so one kernel
+# sums every row in one order.
 CUDA_TILE_ROWS = 64
+
+
+def per_row(x: torch.Tensor, reduce) -> torch.Tensor:
+    """`reduce` (a reduction over the last dimension, keepdim) of every row of `x`, each row's result
+    independent of the rows beside it: at once on the CPU; on CUDA in launches of exactly
+    CUDA_TILE_ROWS rows, the last one zero-padded."""
+    if not x.is_cuda or x.numel() == 0:
+        return reduce(x)
+    rows = x.reshape(-1, x.shape[-1])
+    n = rows.shape[0]
+    tiles = [reduce(tile) for tile in torch.nn.functional.pad(rows, (0, 0, 0, -n % CUDA_TILE_ROWS)).split(CUDA_TILE_ROWS)]
+    out = tiles[0] if len(tiles) == 1 else torch.cat(tiles)
+    return out[:n].reshape(*x.shape[:-1], out.shape[-1])
+
+
+def _mean_of_squares(x: torch.Tensor) -> torch.Tensor:
+    return x.pow(2).mean(-1, keepdim=True)
+
+
+class RowInvariantRMSNorm(torch.nn.Module):
+    """transformers' Llama-style RMSNorm (Qwen2RMSNorm: float32 inside, eps in `variance_epsilon`),
+    the same operations in the same order, its mean of squares taken by :func:`per_row`: the same
+    bits on the CPU, one launch shape on CUDA."""
+
+    weight: torch.nn.Parameter
+    variance_epsilon: float
+
+    def forward(self, hidden_states):
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = per_row(hidden_states, _mean_of_squares)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+def _llama_style_norms() -> tuple[type, ...]:
+    """The RMSNorm classes whose forward RowInvariantRMSNorm repeats (checked by
+    tests/unit/test_batch_invariance.py against the class's own)."""
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+    return (Qwen2RMSNorm,)
+
+
+def make_norms_row_invariant(model) -> int:
+    """Swap the class of every Llama-style RMSNorm under `model` for RowInvariantRMSNorm; returns how many."""
+    norms = [m for m in model.modules() if type(m) in _llama_style_norms()]
+    for norm in norms:
+        norm.__class__ = RowInvariantRMSNorm
+    return len(norms)
 
 
 class RowInvariantLinear(torch.nn.Linear):
@@ -91,8 +151,10 @@ def _batch_invariant_sdpa(module, query, key, value, attention_mask, **kwargs):
     attention rounds. Each padded row is sliced to its real keys and queries and given exactly
     what it would be given alone: transformers passes no mask for an unpadded encoder row, nor
     for a decoder row whose queries are 1 or all of its keys (SDPA then runs is_causal). A batch
-    without padding is one call (SDPA computes each row and head on its own). Queries outside a
-    row's run are padding: they keep zeros, and nothing reads them.
+    without padding is one call on the CPU (its kernels compute each row and head on its own);
+    on CUDA it goes row by row too, since FlashAttention splits a row's keys into as many pieces
+    as rows x heads leave its multiprocessors room for (PyTorch's num_splits_heuristic). Queries
+    outside a row's run are padding: they keep zeros, and nothing reads them.
 
     A decoder's decode step (one query per row) is one call for the whole batch instead:
     pipeline.kernels.chunked_attention over fixed chunks counted from each row's first key, as a
@@ -101,9 +163,12 @@ def _batch_invariant_sdpa(module, query, key, value, attention_mask, **kwargs):
     if query.shape[2] == 1 and getattr(module, "is_causal", False) and (
             attention_mask is None or attention_mask.dtype == torch.bool):
         return chunked_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    runs = None if attention_mask is None or attention_mask.dtype != torch.bool else _row_key_runs(attention_mask)
     q_len, kv_len = query.shape[2], key.shape[2]
-    if runs is None or all(run == (0, kv_len) for run in runs):
+    runs = None if attention_mask is None or attention_mask.dtype != torch.bool else _row_key_runs(attention_mask)
+    if attention_mask is None and query.is_cuda:
+        runs = [(0, kv_len)] * query.shape[0]
+    unpadded = runs is not None and all(run == (0, kv_len) for run in runs)
+    if runs is None or (unpadded and (query.shape[0] == 1 or not query.is_cuda)):
         return sdpa_attention_forward(module, query, key, value, attention_mask=attention_mask, **kwargs)
     causal = kwargs.get("is_causal")
     causal = getattr(module, "is_causal", True) if causal is None else causal
@@ -111,7 +176,7 @@ def _batch_invariant_sdpa(module, query, key, value, attention_mask, **kwargs):
     output = query.new_zeros((query.shape[0], q_len, query.shape[1], value.shape[3]))
     for row, (start, end) in enumerate(runs):
         q0, q1 = max(0, start - past), min(q_len, end - past)
-        mask = attention_mask[row:row + 1, :, q0:q1, start:end]
+        mask = None if attention_mask is None else attention_mask[row:row + 1, :, q0:q1, start:end]
         if not causal or q1 - q0 == 1 or q1 - q0 == end - start:
             # as transformers does for an unpadded row: no mask (bidirectional, or is_causal over a whole prompt)
             mask = None
@@ -135,7 +200,8 @@ def use_batch_invariant_attention(model) -> None:
 
 def make_batch_invariant(module) -> None:
     """Every transformers model inside `module` (itself, or a sentence-transformers model's) attends
-    with :func:`_batch_invariant_sdpa`, and every float Linear under it is row-invariant.
+    with :func:`_batch_invariant_sdpa`, and every float Linear and Llama-style RMSNorm under it is
+    row-invariant.
 
     Raises ConfigError where torch or transformers is outside the versions this was verified against."""
     from transformers import PreTrainedModel
@@ -145,3 +211,4 @@ def make_batch_invariant(module) -> None:
             use_batch_invariant_attention(model)
             inner.update(id(m) for m in model.modules())
     make_linears_row_invariant(module)
+    make_norms_row_invariant(module)

@@ -5,10 +5,12 @@ chunks of :data:`CHUNK` keys, a size fixed whatever the batch and the padded wid
 column 0: a row alone and the same row in a batch meet the same chunks holding the same keys at
 the same places; a chunk the row does not reach is all padding. Every sum over keys then runs in
 an order fixed by the row's own keys: within a chunk by a kernel of one fixed shape, batched over
-rows and heads, and across chunks one after another (cumsum: sequential), a chunk of padding
-adding exact zeros. A softmax's maximum is exact in any order. Sums over all keys at once are not
-invariant: MKL's float32 product and the vectorized softmax sums group a row's keys by their
-column, which padding shifts (docs/performance.md, "Loop-free decode attention").
+rows and heads, and across chunks by :func:`sum_in_order`, a loop adding the chunks one after
+another, first to last, in float64 (a chunk of padding after the row's last key adds exact zeros,
+so it changes nothing). A softmax's maximum is exact in any order. Sums over all keys at once are
+not invariant: MKL's float32 product and the vectorized softmax sums group a row's keys by their
+column, which padding shifts (docs/performance.md, "Loop-free decode attention"); nor is a scan
+along the chunks, which CUDA runs as a tree whose shape follows the padded chunk count.
 
 Counted from the first key, the chunks are also the same however a prompt is cut into pieces: a
 query attends over the same chunks whether it comes in a prefill of the whole prompt, in a piece
@@ -18,10 +20,14 @@ into this layout, each row's keys moved to column 0 (:func:`chunked_attention_fo
 Two ways to compute a chunk, one result contract:
 
 * :func:`flash_chunked_attention` (the CPU): SDPA's CPU flash kernel, one call per chunk for the
-  whole batch, its outputs merged by their log-sum-exps; float32 inside like SDPA.
-* :func:`matmul_chunked_attention` (any device): each chunk's query x key and probability x value
-  products as batched matrix products of one fixed shape, in the inputs' dtype like transformers'
-  eager attention (bfloat16 scores are rounded to bfloat16 before the float32 softmax).
+  whole batch, its outputs merged by their log-sum-exps; float32 inside like SDPA. The CPU kernels
+  give every (row, head) the same arithmetic whatever the row count (tests/unit/test_chunked_attention.py).
+* :func:`matmul_chunked_attention` (any device; what CUDA runs): the rows in tiles of exactly
+  :data:`TILE_ROWS` (the last one zero-padded), so that every launch (the products, the sums within
+  a chunk) has one shape whatever the batch: CUDA's reductions and cuBLAS choose their split of a
+  sum by the shape they are given. Each chunk's query x key and probability x value products are
+  batched matrix products, in the inputs' dtype like transformers' eager attention (bfloat16 scores
+  are rounded to bfloat16 before the float32 softmax).
 
 Grouped-query attention without copying keys: kv head j serves query heads j*g .. j*g+g-1 (g =
 heads / kv heads, as transformers' repeat_kv), so a kv head's g query heads ride as g x queries
@@ -32,6 +38,25 @@ from __future__ import annotations
 import torch
 
 CHUNK = 256  # keys per chunk: a multiple of 64 (whole vectors for every kernel); 2 to 5 chunks a decode step
+# Rows per launch of matmul_chunked_attention: one tile for every decode bucket up to 32 rows
+# (pipeline.continuous.cuda_graphs), so a step's kernel count does not grow with its rows there;
+# a step of fewer rows copies its keys and values into a tile with zero rows after them.
+TILE_ROWS = 32
+
+
+def sum_in_order(parts) -> torch.Tensor:
+    """The float32 sum of `parts` (tensors of one shape), added one after another, first to last, in
+    float64 and rounded once: the order is fixed by the list, on every device (the bits the CPU's
+    cumsum gives, which accumulates in float64)."""
+    total = parts[0].to(torch.float64, copy=True)
+    for part in parts[1:]:
+        total.add_(part)  # in float64: the part is widened exactly
+    return total.float()
+
+
+def _padded_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """`t` with zero (False) rows appended up to `rows`."""
+    return torch.cat([t, t.new_zeros((rows - t.shape[0], *t.shape[1:]))]) if t.shape[0] < rows else t
 
 
 def _key_chunks(t: torch.Tensor, pad: int, chunk: int) -> list[torch.Tensor]:
@@ -84,34 +109,54 @@ def flash_chunked_attention(query: torch.Tensor, key: torch.Tensor, value: torch
     lse = torch.stack(lses)  # (chunks, rows, kv heads, group x queries)
     top = lse.amax(dim=0)
     weights = lse.sub_(top.masked_fill_(top == float("-inf"), 0.0)).exp_().unsqueeze(-1)
-    total = weights.cumsum(dim=0)[-1]
-    out = torch.stack(outs).float().mul_(weights).cumsum(dim=0)[-1].div_(total.masked_fill_(total == 0, 1.0))
+    total = sum_in_order(weights.unbind(0))
+    out = sum_in_order([o.float() * w for o, w in zip(outs, weights)]).div_(total.masked_fill_(total == 0, 1.0))
     return out.view(rows, heads, queries, dim).to(query.dtype)
 
 
 def matmul_chunked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                              mask: torch.Tensor | None = None, *, scaling: float, is_causal: bool = False,
-                             chunk: int = CHUNK) -> torch.Tensor:
-    """:func:`chunked_attention` with batched matrix products of one fixed shape per chunk (any device):
-    the row's maximum over all its keys subtracted, exp summed per chunk, chunks added in order."""
+                             chunk: int = CHUNK, tile_rows: int = TILE_ROWS) -> torch.Tensor:
+    """:func:`chunked_attention` with batched matrix products of one fixed shape per chunk (any device),
+    over tiles of exactly `tile_rows` rows: the row's maximum over all its keys subtracted, exp summed
+    per chunk, the chunks' sums and products added in order (:func:`sum_in_order`)."""
+    rows, queries, keys = query.shape[0], query.shape[2], key.shape[2]
+    visible = _visible(mask, is_causal, queries, keys, -keys % chunk, query.device)  # (rows or 1, 1, q or 1, cols)
+    tiles = []
+    for start in range(0, rows, tile_rows):
+        end = min(rows, start + tile_rows)
+        q, k, v = (_padded_rows(t[start:end], tile_rows) for t in (query, key, value))
+        sees = _padded_rows(visible[start:end], tile_rows) if visible.shape[0] > 1 else visible  # padding: nothing
+        tiles.append(_matmul_tile(q, k, v, sees, scaling, chunk))
+    out = tiles[0] if len(tiles) == 1 else torch.cat(tiles)
+    return out[:rows]
+
+
+def _matmul_tile(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, visible: torch.Tensor,
+                 scaling: float, chunk: int) -> torch.Tensor:
+    """matmul_chunked_attention over one tile of rows; `visible` as _visible gives it."""
     rows, heads, queries, dim = query.shape
     kv_heads, keys = key.shape[1], key.shape[2]
     group = heads // kv_heads
     pad = -keys % chunk
-    n = (keys + pad) // chunk
-    visible = _visible(mask, is_causal, queries, keys, pad, query.device)
+    hidden = ~visible.unsqueeze(2)  # broadcasts over (rows, kv heads, group, queries, chunk)
     q = query.reshape(rows * kv_heads, group * queries, dim)
     k, v = key.reshape(rows * kv_heads, keys, dim), value.reshape(rows * kv_heads, keys, dim)
-    scores = torch.cat([torch.bmm(q, part.transpose(1, 2)) for part in _key_chunks(k, pad, chunk)], dim=2)
-    scores = scores.float().mul_(scaling).view(rows, kv_heads, group, queries, n * chunk)
-    scores.masked_fill_(~visible.unsqueeze(2), float("-inf"))
-    top = scores.amax(dim=-1, keepdim=True)
-    weights = scores.sub_(top.masked_fill_(top == float("-inf"), 0.0)).exp_()  # unseen keys: exactly 0
-    weights = weights.view(rows * kv_heads, group * queries, n, chunk)
-    total = weights.sum(dim=-1).cumsum(dim=-1)[..., -1:]  # (rows x kv heads, group x queries, 1)
-    probs = weights.to(value.dtype)
-    parts = [torch.bmm(probs[:, :, c], part) for c, part in enumerate(_key_chunks(v, pad, chunk))]
-    out = torch.stack(parts).float().cumsum(dim=0)[-1].div_(total.masked_fill_(total == 0, 1.0))
+    scores = []
+    for c, part in enumerate(_key_chunks(k, pad, chunk)):
+        s = torch.bmm(q, part.transpose(1, 2)).float().mul_(scaling).view(rows, kv_heads, group, queries, chunk)
+        scores.append(s.masked_fill_(hidden[..., c * chunk:(c + 1) * chunk], float("-inf")))
+    top = scores[0].amax(dim=-1, keepdim=True)
+    for s in scores[1:]:
+        top = torch.maximum(top, s.amax(dim=-1, keepdim=True))  # a maximum is exact in any order
+    top.masked_fill_(top == float("-inf"), 0.0)
+    sums, parts = [], []
+    for s, part in zip(scores, _key_chunks(v, pad, chunk)):
+        weights = s.sub_(top).exp_().view(rows * kv_heads, group * queries, chunk)  # unseen keys: exactly 0
+        sums.append(weights.sum(dim=-1, keepdim=True))
+        parts.append(torch.bmm(weights.to(value.dtype), part))
+    total = sum_in_order(sums)  # (rows x kv heads, group x queries, 1)
+    out = sum_in_order(parts).div_(total.masked_fill_(total == 0, 1.0))
     return out.view(rows, heads, queries, dim).to(query.dtype)
 
 

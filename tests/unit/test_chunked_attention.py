@@ -8,11 +8,20 @@ from pipeline.kernels.chunked_attention import (
     chunked_attention_forward,
     flash_chunked_attention,
     matmul_chunked_attention,
+    sum_in_order,
 )
 
 HEADS, KV_HEADS, DIM, SCALING = 14, 2, 64, 0.125
 LENGTHS = [1, 37, CHUNK, CHUNK + 1, 300, 3 * CHUNK + 9]  # inside, at and across chunk boundaries
-KERNELS = [flash_chunked_attention, matmul_chunked_attention]
+
+
+def matmul_in_tiles_of_2(*args, **kwargs):
+    """The matrix-product kernel in tiles of 2 rows on the CPU: the same code in more tiles, and less
+    padding to compute there (CUDA's cases run its default tiles)."""
+    return matmul_chunked_attention(*args, tile_rows=2, **kwargs)
+
+
+KERNELS = [flash_chunked_attention, matmul_in_tiles_of_2]
 ON_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here: runs where torch sees one")
 # (kernel, device, dtype): the flash kernel is the CPU's; the matrix-product kernel runs on CUDA too, in
 # the dtypes CUDA is offered in (float32 is not: pipeline/precision_policy.py).
@@ -115,3 +124,33 @@ def test_the_cpu_runs_the_flash_chunks_and_the_transformers_form_is_transposed()
     out, weights = chunked_attention_forward(torch.nn.Module(), query, key, value, mask, scaling=SCALING,
                                              keys_start_at_column_0=True)
     assert weights is None and torch.equal(out, want.transpose(1, 2))
+
+
+# Rows of 7, 11, 13-15 chunks and more: where a tree-shaped sum over the chunks (CUDA's scan) would
+# group a row's chunks differently alone than beside a row with more chunks.
+MANY_CHUNKS = [7 * CHUNK - 3, 11 * CHUNK, 13 * CHUNK + 1, 15 * CHUNK, 15 * CHUNK + 1, 17 * CHUNK - 9]
+
+
+@pytest.mark.parametrize("placed", PLACED)
+def test_a_row_of_many_chunks_alone_equals_the_row_beside_a_longer_one(placed):
+    attend, device, dtype = placed
+    lengths = MANY_CHUNKS + [20 * CHUNK + 5]  # the longer batch-mate: 21 chunks
+    query, key, value, key_mask = padded_batch(lengths, 1, dtype, "right", seed=4)
+    mask = batch_mask(key_mask, lengths, 1, False)
+    query, key, value, mask = (t.to(device) for t in (query, key, value, mask))
+    batch = attend(query, key, value, mask, scaling=SCALING)
+    for row, length in enumerate(MANY_CHUNKS):
+        alone = attend(query[row:row + 1], key[row:row + 1, :, :length], value[row:row + 1, :, :length],
+                       scaling=SCALING)
+        assert torch.equal(alone[0], batch[row]), f"row of {length} keys ({-(-length // CHUNK)} chunks)"
+        pair = [row, len(lengths) - 1]  # the row and the longest one only
+        two = attend(query[pair], key[pair], value[pair], mask[pair], scaling=SCALING)
+        assert torch.equal(two[0], batch[row]), f"row of {length} keys beside the longest alone"
+
+
+def test_the_chunks_are_summed_first_to_last_whatever_the_device():
+    # 2**60 - 2**60 + 2**-10: first to last gives 2**-10; any other grouping loses it to rounding
+    parts = [torch.tensor([2.0 ** 60]), torch.tensor([-2.0 ** 60]), torch.tensor([2.0 ** -10])]
+    assert sum_in_order(parts).item() == 2.0 ** -10
+    assert sum_in_order(parts[::-1]).item() == 0.0
+    assert sum_in_order(parts).dtype == torch.float32
