@@ -14,6 +14,7 @@ import torch
 
 from pipeline.continuous.runner import ModelRunner
 from pipeline.continuous.scheduler import SequenceState
+from pipeline.continuous.slots import SlotRule
 from pipeline.cpu_features import cpu_supports_bf16
 from pipeline.kernels.batch_invariance import (
     CUDA_TILE_ROWS,
@@ -53,36 +54,33 @@ def qwen_shaped_llm(variant: str, device: str, layers: int = 1):
 
 def decode_step_logits(model, prompts: list[list[int]], device: str) -> torch.Tensor:
     """The logits (rows, vocab) of one decode step of `prompts` together, as the engine's runner serves
-    it: each prompt prefilled alone and joined into the slot cache, then one step of all the rows,
+    it: each prompt prefilled alone into its slot of the slot table, then one step of all the rows,
     bucketed as on CUDA (5 prompts run as 8 rows, 9 as 16: the prompts' rows first, then spare rows
     idle in free slots). On CUDA the step is replayed from its recorded graph; on the CPU it runs
     eagerly, bucketed alike.
 
     The one place this file drives the engine (pipeline.continuous.runner)."""
-    runner = ModelRunner(model, device=device, max_batch=16, kv_cache_tokens=16 * 4 * CHUNK)
+    runner = ModelRunner(model, SlotRule(16, 16 * 4 * CHUNK, CHUNK), device=device)
     logits = []
 
     class EagerBucketed:  # what DecodeGraphs does, with no graph: rows bucketed, the eager step
-        def run(self, ids, columns, width):
+        def run(self, ids, columns, width, layout=None):
             return runner._forward(ids, columns, width)
-
-        def clear(self):
-            pass
 
     graphs = runner.graphs or EagerBucketed()
     step = graphs.run
 
-    def run(ids, columns, width):
-        out = step(ids, columns, width)
+    def run(ids, columns, width, layout=None):
+        out = step(ids, columns, width, layout)
         logits.append(out.clone())  # a graph's output is overwritten at its next replay
         return out
 
     graphs.run = run
     runner.graphs = graphs
     seqs = [SequenceState(seq_id, prompt, 4) for seq_id, prompt in enumerate(prompts)]
-    for seq in seqs:
+    for seq in seqs:  # each prompt prefilled into its own slot
+        runner.table.join(seq.seq_id, seq.prompt_ids, seq.budget_tokens, seq.sampling)
         seq.generated.append(runner.prefill_chunk(seq, 0, seq.prompt_len))
-        runner.join(seq)
     runner.decode(seqs)
     assert len(logits) == 1
     return logits[0]
