@@ -76,6 +76,7 @@ class Worker:
         self.stages = stages
         self.index = index
         self._served = 0
+        self._holding = 0  # requests between their arrival here and their answer's end
         self._lock = threading.Lock()
         self.embed_cache = LruCache("embedding", config.embed_cache_size)
         batch_fns: dict[Stage, Callable[[list], list]] = {
@@ -126,6 +127,8 @@ class Worker:
         `seed`. Closing the stream early cancels the generation."""
         clock, trace, deadline = self._begin(request.request_id, timeout_s)
         generation: StageVisit | None = None
+        with self._lock:
+            self._holding += 1
         try:
             documents = self._retrieve(clock, trace, request.query, deadline)
             tokens = TokenStream()
@@ -154,6 +157,8 @@ class Worker:
             if generation is not None:
                 generation.future.cancel()  # a no-op once it ended; frees the slot of a reader gone early
             clock.close()
+            with self._lock:
+                self._holding -= 1
         with self._lock:
             self._served += 1
 
@@ -204,6 +209,12 @@ class Worker:
     def served(self) -> int:
         with self._lock:
             return self._served
+
+    @property
+    def holding(self) -> int:
+        """Requests in progress here, queued for a stage or running in one: the autoscaler's concurrency."""
+        with self._lock:
+            return self._holding
 
     def stats(self) -> dict[Stage, StageStats]:
         return {stage: svc.stats() for stage, svc in self.services.items()}

@@ -16,6 +16,7 @@ from pipeline.stages import Stages
 from services.cluster.sharded_index import ShardedIndexClient
 from services.roles.base import SPARE_HTTP_THREADS, Role
 from services.roles.loaded import Loaded
+from services.roles.worker.metrics import WorkerCollector
 from services.roles.worker.request_path import ContinuousConfig, Worker, WorkerConfig
 from services.roles.worker.stage_clock import collect_stage_times
 from services.server.answer_request import Bounds, read_request
@@ -90,6 +91,9 @@ class WorkerRole(Role):
         self.worker.set(Worker(worker_config(settings), stages, index))
         log.info("node %d loaded and warmed its models in %.1fs (%s)", self.node, time.monotonic() - started,
                  self._model_source)
+
+    def collectors(self):
+        return (*super().collectors(), WorkerCollector(lambda: self.worker.value))
 
     def caches(self):
         worker = self.worker.value
