@@ -271,6 +271,35 @@ def test_dockerfile_layers_base_user_and_entry():
     assert Version("2.13.0") in SpecifierSet(torch_range) and "torch==2.13.0" in (REPO_ROOT / "run.sh").read_text()
 
 
+def kernel_step() -> str:
+    """The kernel stage's RUN command, its continuation lines joined, as the builder's shell runs it."""
+    text = (DEPLOY / "Dockerfile").read_text()
+    (step,) = re.findall(r"^RUN (arch=.*?[^\\])$", text, flags=re.M | re.S)
+    return step.replace("\\\n", "")
+
+
+@pytest.mark.parametrize("arch,compiled", [("amd64", True), ("arm64", False), ("", True)])
+def test_the_kernel_compiles_only_for_x86_64_and_other_architectures_use_torchs_ops(arch, compiled, tmp_path):
+    # A stand-in `python` on PATH records whether the step compiled; `uname -m` answers x86_64 (the
+    # builder without BuildKit's TARGETARCH, the "" case).
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/compiled\n")
+    (bin_dir / "uname").write_text("#!/bin/sh\necho x86_64\n")
+    for tool in ("python", "uname"):
+        (bin_dir / tool).chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "TARGETARCH": arch, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
+    result = subprocess.run(["bash", "-o", "pipefail", "-c", kernel_step()], env=env, capture_output=True, text=True,
+                            timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "compiled").is_file() == compiled
+    if compiled:
+        assert (tmp_path / "compiled").read_text().split() == ["-m", "pipeline.kernels.fused_int8"]
+    else:  # the stage's output folder exists for the image's COPY, empty
+        assert (tmp_path / "ext").is_dir() and "torch's own ops" in result.stdout
+    assert "-mavx2" in (REPO_ROOT / "pipeline" / "kernels" / "fused_int8.py").read_text()  # why x86-64 only
+
+
 def test_dockerfile_passes_hadolint():
     hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
     if hadolint is None:
