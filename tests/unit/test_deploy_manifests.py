@@ -110,7 +110,7 @@ def validate_compose(data: dict) -> None:
 def test_compose_validates_against_the_compose_spec():
     validate_compose(compose())
     broken = compose()
-    broken["services"]["node1"]["depends_on"]["node2"]["condition"] = "service_ready"
+    broken["services"]["worker"]["depends_on"]["node2"]["condition"] = "service_ready"
     with pytest.raises(ValueError, match="service_ready"):
         validate_compose(broken)
     broken = compose()
@@ -140,7 +140,7 @@ def test_compose_paths_exist():
 
 def test_compose_env_names_are_settings():
     services = node_services()
-    assert len(services) == 5
+    assert len(services) == 4
     for name, svc in services.items():
         env = svc["environment"]
         assert settings_env(env, int(env["TOTAL_NODES"])) == [], name
@@ -193,13 +193,21 @@ def test_compose_topology_and_ports_agree():
     for name, svc in services.items():
         node = int(svc["environment"]["NODE_NUMBER"])
         assert host_port(env[f"NODE_{node}_IP"]) == (name, PORT)
+    # The gateway finds the workers, and the workers each shard's replicas, by service name: every
+    # container of a scaled service is a member.
+    assert env["WORKER_DISCOVERY"] == f"worker:{PORT}" and services["worker"]["environment"]["NODE_NUMBER"] == "1"
+    assert services["worker"]["scale"] >= 2 and "container_name" not in services["worker"]
+    cluster = Settings.from_env({**env, "CLUSTER_TOKEN": "t"}).cluster
+    assert [str(a) for a in cluster.index_discovery] == [env[f"NODE_{n}_IP"] for n in cluster.index_nodes]
+    for svc in services.values():
+        node = int(svc["environment"]["NODE_NUMBER"])
         assert svc["healthcheck"]["test"] == ["CMD", "python", "deploy/healthcheck.py"]  # /ready on its own port
         for published in svc.get("ports", []):
             assert published == f"127.0.0.1:{PORT}:{PORT}" and node == 0
     index_nodes = [int(n) for n in env["INDEX_NODES"].split(",")]
     assert 0 not in index_nodes and len(index_nodes) >= int(env["INDEX_SHARDS"])
     workers = [n for n in range(total) if n not in index_nodes]
-    assert len(workers) == 3 and len(index_nodes) == 2
+    assert workers == [0, 1] and len(index_nodes) == 2  # node 0's own worker, and the `worker` service
     built = compose()["services"]["data"]["command"][0]
     assert f"--shards {env['INDEX_SHARDS']}" in built
     assert shard_path(env["FAISS_INDEX_PATH"], int(env["INDEX_SHARDS"]) - 1, int(env["INDEX_SHARDS"])).name in built
@@ -208,8 +216,8 @@ def test_compose_topology_and_ports_agree():
 def test_compose_prometheus_scrapes_every_node():
     config = yaml.safe_load((DEPLOY / "compose" / "prometheus.yml").read_text())
     rag = next(job for job in config["scrape_configs"] if job["job_name"] == "rag")
-    targets = sorted(t for group in rag["static_configs"] for t in group["targets"])
-    assert targets == sorted(f"{name}:{PORT}" for name in node_services())
+    (names,) = rag["dns_sd_configs"]  # every container of a scaled service: DNS, as the gateway finds them
+    assert sorted(names["names"]) == sorted(node_services()) and names["type"] == "A" and names["port"] == PORT
     assert config["rule_files"] == ["rag-alerts.rules.yml"]
 
 
