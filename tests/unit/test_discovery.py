@@ -209,3 +209,15 @@ def test_index_discovery_names_one_name_per_shard():
                            "INDEX_DISCOVERY": "rag-index-shard-0:8000"})
     cluster = Settings.from_env({"WORKER_DISCOVERY": "rag-worker:8000", "DISCOVERY_INTERVAL_S": "2"}).cluster
     assert cluster.worker_discovery == NAME and cluster.discovery_interval_s == 2
+
+
+def test_a_gateway_without_workers_yet_answers_503_until_one_is_discovered():
+    from services.server.errors import NoWorkerAvailable
+    router, resolver, workers = Router([]), FakeResolver(), {}
+    membership = discovered(router, workers, resolver)
+    membership.refresh()
+    with pytest.raises(NoWorkerAvailable, match="no worker is known yet"):
+        ask(router, "g0")
+    resolver.hosts = ["10.0.0.4"]
+    membership.refresh()
+    assert ask(router, "g1")["generated_response"] == "10.0.0.4:8000"

@@ -69,8 +69,7 @@ class Router:
     """Sends each request to one worker, the next in turn among those up, and fails over."""
 
     def __init__(self, targets: list[WorkerTarget]):
-        if not targets:
-            raise ValueError("the gateway needs at least one worker")
+        # Empty only while discovered workers are awaited (WORKER_NODES without node 0): a 503 meanwhile.
         self.targets = list(targets)  # replaced, never changed in place: readers may hold the old list
         self._turn = itertools.count()
         self._lock = threading.Lock()  # the targets' fields and the turn
@@ -118,6 +117,8 @@ class Router:
         """The answer stream of the first worker in turn that takes the request by `deadline`
         (monotonic), failing over unless the caller has read pieces of the answer already."""
         candidates = self.rotation() or list(self.targets)  # everyone looks down: try them all once
+        if not candidates:
+            raise NoWorkerAvailable("no worker is known yet")
         last_error: Exception | None = None
         for target in candidates:
             if self._aborted is not None:  # the node is exiting: no failover to another worker
