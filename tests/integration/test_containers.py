@@ -352,7 +352,7 @@ def test_killing_a_worker_then_an_index_shard_under_load_loses_no_request(cluste
     print(f"\n[containers] under kills: {statuses.count(200)} answered, {statuses.count(503)} clear 503")
 
 
-def test_down_drains_the_requests_in_flight(cluster, reference_answers):
+def test_down_drains_the_requests_in_flight(cluster, reference_answers, tmp_path):
     cluster.wait_rotation(START_S)  # the killed worker back in the rotation
     queries = [spec.REFERENCE_QUERIES[i % 8] for i in range(16)]
     with ThreadPoolExecutor(len(queries)) as pool:
@@ -361,7 +361,8 @@ def test_down_drains_the_requests_in_flight(cluster, reference_answers):
         while time.monotonic() < deadline and not seen:
             seen = requests.get(f"{cluster.url}/health", timeout=5).json()["gateway"]["in_flight"]
         assert seen, "no request was in flight"
-        running = len(cluster("ps", "-q").stdout.split())  # every node container (the data service has exited)
+        running = cluster("ps", "-q").stdout.split()  # every node container (the data service has exited)
+        logs = {c: Watched(c, tmp_path / f"{c[:12]}.log") for c in running}  # kept past `down`'s removal
         # Every container's exit, as Docker reports it while `down` stops them.
         events = subprocess.Popen([DOCKER, "events", "--filter", f"label=com.docker.compose.project={cluster.name}",
                                    "--filter", "event=die", "--format",
@@ -379,5 +380,7 @@ def test_down_drains_the_requests_in_flight(cluster, reference_answers):
         check_answer(reply, query, reference_answers)
     # Every node exited by itself on its SIGTERM (0), none was killed at the end of its stop grace.
     nodes = {name: code for name, code in exits.items() if re.search(r"-(node\d+|worker)-", name)}
-    assert len(nodes) == running >= 4 and set(nodes.values()) == {"0"}, exits
+    ended = {c: watched.exited() for c, watched in logs.items()}
+    killed = {c[:12]: log[-3000:] for c, (code, log) in ended.items() if code != 0}
+    assert len(nodes) == len(running) >= 4 and set(nodes.values()) == {"0"}, (exits, killed)
     print(f"\n[containers] down with {seen} in flight: {down_s:.0f} s")

@@ -156,12 +156,15 @@ class Compose:
         return self("logs", "--no-color", "--tail", "40", check=False).stdout[-8000:]
 
     def wait_rotation(self, timeout_s: float) -> dict:
-        """Node 0 ready with every worker in its rotation."""
+        """Node 0 ready with every worker in its rotation: its own and one per running `worker`
+        container (a restarted one counts only once the gateway has discovered it and found it ready)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
                 body = requests.get(f"{self.url}/health", timeout=3).json()
-                if body.get("status") == "healthy" and body.get("workers") and all(w.get("up") for w in body["workers"]):
+                workers = body.get("workers") or []
+                if body.get("status") == "healthy" and all(w.get("up") for w in workers) \
+                        and len(workers) == 1 + len(self("ps", "-q", "worker").stdout.split()):
                     return body
             except (requests.RequestException, ValueError):
                 pass
