@@ -7,7 +7,8 @@ ROOT="$(pwd)"
 VENV="$ROOT/.venv"
 PY="$VENV/bin/python"
 DEMO_DIR="${DEMO_DIR:-$ROOT/data/demo}"
-TORCH_VERSION=2.13.0
+TORCH_VERSION=2.13.0  # the CPU kernels were verified on 2.12 and 2.13
+TORCH_CUDA_VERSION=2.11.0  # the CUDA kernels on 2.11 only
 
 log() { echo "[run.sh] $*" >&2; }
 
@@ -31,20 +32,27 @@ torch_build() {
   esac
 }
 
-# pip's arguments for that build of torch (the one version pipeline/kernels/versions.py was verified on).
+# pip's arguments for that build of torch, at the version pipeline/kernels/versions.py accepts on it.
 torch_pip_args() {
   local build="$1"
-  if [[ "$build" == cpu && "$(uname -s)-$(uname -m)" == Linux-x86_64 ]]; then
+  if [[ "$build" == cuda ]]; then
+    echo "torch==$TORCH_CUDA_VERSION"  # PyPI's Linux x86-64 build is the CUDA one
+  elif [[ "$(uname -s)-$(uname -m)" == Linux-x86_64 ]]; then
     echo "torch==$TORCH_VERSION+cpu --extra-index-url ${TORCH_CPU_INDEX_URL:-https://download.pytorch.org/whl/cpu}"
   else
-    echo "torch==$TORCH_VERSION"  # PyPI's: CUDA on Linux x86-64, CPU elsewhere (aarch64, macOS)
+    echo "torch==$TORCH_VERSION"  # PyPI's: the CPU build elsewhere (aarch64, macOS)
   fi
+}
+
+# What an installed venv was installed from: the project's requirement files and this machine's torch.
+setup_stamp() {
+  echo "$(cat setup.cfg pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)-$(torch_pip_args "$1" | sha256sum | cut -c1-12)"
 }
 
 install_venv() {
   local stamp="$VENV/.installed" want build
   build="$(torch_build)"
-  want="$(cat setup.cfg pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)-$(torch_pip_args "$build" | sha256sum | cut -c1-12)"
+  want="$(setup_stamp "$build")"
   if [[ -x "$PY" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
     return 0  # already installed from these very files: nothing to do
   fi
@@ -143,6 +151,7 @@ case "$cmd" in
     } > constraints.txt.new && mv constraints.txt.new constraints.txt
     log "wrote constraints.txt"
     ;;
+  setup-stamp) setup_stamp "$(torch_build)" ;;  # what the image writes, so a container starts offline
   torch-build) build="$(torch_build)"; echo "$build: pip install $(torch_pip_args "$build")" ;;
   setup) setup; setup_test_tools ;;
   test)

@@ -1,8 +1,22 @@
 #!/usr/bin/env bash
-# Installs the tools tests/integration/test_prometheus.py drives as real processes: Debian's
-# `prometheus` package (the server and promtool). Called by `./run.sh test`; it never fails the
-# run: where it cannot install, it prints one line saying the Prometheus test will be skipped.
+# Installs the tools the tests drive as real processes: checkov (tests/unit/test_k8s_manifests.py),
+# from PyPI into a virtual environment of its own, .cache/checkov (its pins conflict with the
+# project's test environment); and Debian's `prometheus` package (the server and promtool,
+# tests/integration/test_prometheus.py). Called by `./run.sh test`; it never fails the run: where it
+# cannot install, it prints one line saying which test will be skipped.
 set -u
+
+CHECKOV_VERSION=3.3.30
+checkov_venv="$(cd "$(dirname "$0")/.." && pwd)/.cache/checkov"
+if [[ ! -x "$checkov_venv/bin/checkov" ]]; then
+  started=$SECONDS
+  if python3 -m venv "$checkov_venv" >/dev/null 2>&1 \
+      && "$checkov_venv/bin/pip" install -q "checkov==$CHECKOV_VERSION" >/dev/null 2>&1; then
+    echo "install-test-tools: installed checkov $CHECKOV_VERSION in $checkov_venv in $((SECONDS - started)) s"
+  else
+    echo "install-test-tools: could not install checkov from PyPI; its test in tests/unit/test_k8s_manifests.py will be skipped"
+  fi
+fi
 
 have_tools() { command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; }
 

@@ -17,7 +17,7 @@ from pipeline.device import thread_budget
 from services.roles import role_class
 from services.server import tracing
 from services.server.http_server import build_http_server
-from services.server.lifecycle import Lifecycle
+from services.server.lifecycle import Lifecycle, exit_on_sigterm_until_serving
 from services.server.routes import build_app
 
 log = logging.getLogger("services.node")
@@ -97,6 +97,7 @@ def log_settings(settings: Settings) -> None:
 
 
 def main() -> int:
+    exit_on_sigterm_until_serving()  # replaced by the drain's handlers once the server is built
     try:
         settings = Settings.from_env()
         node = settings.require_node_number()

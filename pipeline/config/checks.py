@@ -95,6 +95,13 @@ def _cluster_token(s: Sections) -> Iterator[str]:
                "the same secret on every node (e.g. `openssl rand -hex 32`), which the internal endpoints require")
 
 
+def _index_discovery(s: Sections) -> Iterator[str]:
+    c = s.cluster
+    if c.index_discovery and len(c.index_discovery) != c.index_shards:
+        yield (f"INDEX_DISCOVERY={','.join(map(str, c.index_discovery))!r} is not valid: expected one name per "
+               f"shard, {c.index_shards} (INDEX_SHARDS), in shard order")
+
+
 def _search_batch(s: Sections) -> Iterator[str]:
     # Node 2 queues a whole search batch at once: a batch larger than its queue could never be accepted.
     if s.search.max_batch > s.limits.stage_max_queue:
@@ -150,6 +157,7 @@ CHECKS: tuple[tuple[frozenset[str], Callable[[Sections], Iterator[str]]], ...] =
     (frozenset({"WORKER_NODES", "INDEX_NODES", "TOTAL_NODES"}), _worker_nodes),
     (frozenset({"TOTAL_NODES", "NODE_0_IP", "NODE_1_IP", "NODE_2_IP", "NODE_<n>_IP"}), _node_addresses),
     (frozenset({"CLUSTER_TOKEN", "NODE_NUMBER", "BIND_HOST", "NODE_<n>_IP"}), _cluster_token),
+    (frozenset({"INDEX_DISCOVERY", "INDEX_SHARDS"}), _index_discovery),
     (frozenset({"SEARCH_MAX_BATCH", "STAGE_MAX_QUEUE"}), _search_batch),
     (frozenset({"REQUEST_TIMEOUT_S"}), _internal_timeout),
     (frozenset({"GATEWAY_MAX_JOINERS_PER_ID", "GATEWAY_MAX_JOINERS"}), _joiners),

@@ -104,6 +104,14 @@ def address(raw: str) -> Address:
     return Address(host.strip("[]"), int(port))
 
 
+def address_list(raw: str) -> tuple[Address, ...]:
+    """Comma-separated host:port values, at least one."""
+    parts = [part for part in raw.split(",") if part.strip()]
+    if not parts:
+        raise ValueError("a comma-separated list of host:port (for example rag-index-shard-0:8000)")
+    return tuple(address(part) for part in parts)
+
+
 def path(raw: str) -> Path:
     if not raw.strip():
         raise ValueError("a file system path")

@@ -39,6 +39,10 @@ class ClusterSettings:
     index_shards: int = f.var("INDEX_SHARDS", p.int_range(1, p.MAX_NODES), "1", "shards the index is split in (python -m builders.data build --shards N); the index node at position p of INDEX_NODES serves shard p % INDEX_SHARDS, so nodes beyond the shard count are replicas")
     worker_nodes: tuple[int, ...] = f.var("WORKER_NODES", p.optional(p.node_list, ()), "", "workers the gateway round-robins requests between (empty: every worker node)")
     connect_timeout_s: float = f.var("CONNECT_TIMEOUT_S", p.positive_float, "3", "connect timeout of node-to-node calls")
+    worker_discovery: Address | None = f.var("WORKER_DISCOVERY", p.optional(p.address), "", "host:port whose DNS name lists the workers the gateway routes to besides its own (every A record a worker at that port: a Kubernetes headless Service, a compose service scaled to N), re-resolved every DISCOVERY_INTERVAL_S; a new one gets requests once its /health is ready, a vanished one none; empty: the static NODE_<n>_IP list (WORKER_NODES)")
+    index_discovery: tuple[Address, ...] = f.var("INDEX_DISCOVERY", p.optional(p.address_list, ()), "", "comma-separated host:port, one per index shard in shard order, whose DNS name lists that shard's replicas (every A record), re-resolved every DISCOVERY_INTERVAL_S; empty: the static INDEX_NODES addresses")
+    discovery_interval_s: float = f.var("DISCOVERY_INTERVAL_S", p.positive_float, "5", "how often WORKER_DISCOVERY and INDEX_DISCOVERY names are resolved again")
+    discovery_hosts_file: Path | None = f.var("DISCOVERY_HOSTS_FILE", p.optional(p.path), "", "a hosts-style file (`IP name...` lines, read at every resolution) that discovery names are looked up in instead of DNS, for machines without a DNS server that lists them; empty: DNS")
     cluster_token: str = f.var("CLUSTER_TOKEN", p.token, "", "shared secret every internal endpoint (/search, /internal/answer, /cache/clear) requires in X-Cluster-Token; required (the node refuses to start without it) wherever a node listens beyond loopback; empty on 127.0.0.1 only", secret=True)
 
     # ---------------------------------------------------------------- the topology

@@ -110,16 +110,18 @@ class IndexClient:
     """One index shard's /search on its replicas: each search starts at the next one in turn and
     moves on at a failure worth retrying, backing off after a round. With a deadline, retries run
     until it (max_attempts bounds calls without one). Given up on: ShardUnavailable while the shard
-    is down (unreachable, 503, 5xx), DeadlineExceeded while it is only slow."""
+    is down (unreachable, 503, 5xx, no replica known), DeadlineExceeded while it is only slow.
+
+    `allow_none`: the replicas are discovered (set_replicas), so none may be known for a while."""
 
     def __init__(self, base_urls: str | Sequence[str], *, connect_timeout_s: float, read_timeout_s: float,
                  token: str = "", name: str = "index server", pool_size: int = 16, max_attempts: int = 5,
-                 backoff_s: float = 0.2, max_backoff_s: float = 2.0):
+                 backoff_s: float = 0.2, max_backoff_s: float = 2.0, allow_none: bool = False):
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
-        if not urls:
+        if not urls and not allow_none:
             raise ValueError("an index shard needs at least one replica")
-        self.base_urls = [url.rstrip("/") for url in urls]
         self.name = name
+        self.set_replicas(urls)
         self._turn = itertools.count()
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
@@ -127,6 +129,10 @@ class IndexClient:
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s  # so a node that comes back is noticed within about this
+
+    def set_replicas(self, base_urls: Sequence[str]) -> None:
+        """The replicas from now on (a search in progress keeps the list it started with)."""
+        self.base_urls = [url.rstrip("/") for url in base_urls]
 
     def _timeouts(self, deadline: float | None) -> tuple[float, float]:
         if deadline is None:
@@ -158,19 +164,24 @@ class IndexClient:
         if version is not None:
             payload["version"] = version
         headers = {REQUEST_ID_HEADER: batch_request_ids(list(request_ids))} if request_ids else {}
-        replicas, first = len(self.base_urls), next(self._turn)
+        first = next(self._turn)
         attempt, rounds = 0, 0
         error: Exception | None = None
         while True:
             if deadline is not None and deadline - time.monotonic() < MIN_ATTEMPT_S:
                 raise self._given_up(attempt, error)
-            base_url = self.base_urls[(first + attempt) % replicas]
+            base_urls = self.base_urls  # read once: discovery may replace the list meanwhile
+            replicas = len(base_urls)
             attempt += 1
-            try:
-                return self._attempt(base_url, payload, deadline, headers, trace_parents, attempt)
-            except RETRIED as exc:  # anything else (a 4xx: our request was wrong) goes up at once
-                error = exc
-            if attempt % replicas:  # another replica has not been tried this round: at once
+            if not base_urls:  # discovered, and none known now: a round with nobody to ask
+                error = NodeUnreachable(f"{self.name}: no replica known")
+            else:
+                try:
+                    return self._attempt(base_urls[(first + attempt - 1) % replicas], payload, deadline, headers,
+                                         trace_parents, attempt)
+                except RETRIED as exc:  # anything else (a 4xx: our request was wrong) goes up at once
+                    error = exc
+            if replicas and attempt % replicas:  # another replica has not been tried this round: at once
                 log.warning("search attempt %d failed (%s); trying another replica", attempt, error)
                 continue
             rounds += 1

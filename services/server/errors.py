@@ -100,7 +100,7 @@ class StageFailed(RuntimeError):
 class WorkerFailed(RuntimeError):
     """The worker computing the request failed it (500); `public` is what the client is told."""
 
-    def __init__(self, node: int, detail: str):
+    def __init__(self, node: int | str, detail: str):  # str: a discovered worker's address
         super().__init__(f"worker node {node} failed the request: {detail}")
         self.public = f"internal error on worker node {node}"
 

@@ -110,6 +110,14 @@ class InFlight:
         app.wsgi_app = counted  # type: ignore[method-assign]  # Flask's documented way to wrap the WSGI app
 
 
+def exit_on_sigterm_until_serving() -> None:
+    """Until install_signal_handlers replaces it: SIGTERM exits 0 at once (nothing can be in flight
+    before the server listens). Without it a node that is PID 1 in a container ignores a SIGTERM
+    that comes while it imports its libraries (the kernel drops default-action signals to PID 1),
+    and waits for the SIGKILL at the end of the stop grace: a scale-down of a starting worker."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(0))
+
+
 class Lifecycle:
     """Readiness, in-flight tracking and drain of one node; `name` is how errors call it."""
 

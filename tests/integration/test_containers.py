@@ -1,8 +1,10 @@
 """The image and the compose topology, for real: deploy/Dockerfile builds from a clean checkout
 (the base made offline by deploy/make-base-image.sh, torch from this machine's wheel folder),
-then deploy/compose.yaml's five nodes come up with tiny stand-ins, answer the eight client
-queries as the reference pipeline does, lose no accepted request when a worker and then an index
-shard are killed under load, and drain on `down`. A configuration error is not restarted forever.
+then deploy/compose.yaml's nodes (the gateway, the `worker` service's two containers, two index
+shards) come up with tiny stand-ins, answer the eight client queries as the reference pipeline
+does, scale the workers 2 -> 1 -> 3 -> 1 under a steady load answering every request, lose no
+accepted request when a worker and then an index shard are killed under load, and drain on
+`down`. A configuration error is not restarted forever.
 
 Needs a Docker daemon (./run.sh setup starts one as root: deploy/install-container-tools.sh),
 debootstrap or the base image, and Docker Compose (the test extra); skips, saying why, without.
@@ -25,6 +27,7 @@ import yaml
 
 from pipeline import spec
 from pipeline.config import REPO_ROOT, Settings
+from tests.helpers import wait_until
 from tests.support.containers import (
     BASE_IMAGE,
     DOCKER,
@@ -38,6 +41,7 @@ from tests.support.containers import (
     local_wheel_folder,
     why_not,
 )
+from tests.support.steady_load import SteadyLoad, unanswered
 from tools.local import free_ports
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -100,7 +104,8 @@ def cluster(built, tmp_path_factory):
         compose("up", "-d", "--no-build", timeout=START_S)
         health = compose.wait_rotation(START_S)
         print(f"\n[containers] compose up to every worker in rotation: {time.monotonic() - started:.0f} s")
-        assert len(health["workers"]) == 3 and health["total_nodes"] == 5
+        # node 0's own worker and the two containers of the `worker` service it discovered.
+        assert len(health["workers"]) == 3 and health["total_nodes"] == 4
         yield compose
     finally:
         compose("down", "-v", "--timeout", "10", timeout=300, check=False)
@@ -116,7 +121,7 @@ def reference_answers(cluster, tmp_path_factory):
     docker("cp", f"{data}:/standins", str(out / "standins"))
     settings = Settings.from_env({
         "MODEL_SOURCE": "standin", "STANDIN_PROFILE": "tiny", "STANDIN_HOME": str(out / "standins" / "home"),
-        "PRECISION": "float32", "ONLY_CPU": "true", "TOTAL_NODES": "5", "INDEX_NODES": "2,3", "INDEX_SHARDS": "2",
+        "PRECISION": "float32", "ONLY_CPU": "true", "TOTAL_NODES": "4", "INDEX_NODES": "2,3", "INDEX_SHARDS": "2",
         "FAISS_INDEX_PATH": str(out / "data" / "faiss_index.bin"), "DOCUMENTS_DIR": str(out / "data" / "documents")})
     reference = ReferencePipeline.from_settings(settings)
     return {query: reference.answer(query, "") for query in spec.REFERENCE_QUERIES}
@@ -150,14 +155,135 @@ def test_the_eight_client_queries_answer_as_the_reference(cluster, reference_ans
         check_answer(reply, query, reference_answers)
 
 
+# A worker container serves (answers a forwarded request) within this many seconds of its /ready
+# first answering 200: the gateway re-resolves `worker` every DISCOVERY_INTERVAL_S (2 s), probes a
+# new member at once and the others every HEALTH_INTERVAL_S (0.5 s here), then one request's time
+# on a busy 2-core machine.
+JOIN_BOUND_S = 30.0
+
+
+def container_ip(container: str) -> str:
+    return docker("inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", container).stdout.strip()
+
+
+def gateway_workers(url: str) -> dict[str, dict]:
+    """The gateway's workers by name: a discovered one is its address."""
+    return {str(w["node"]): w for w in requests.get(f"{url}/health", timeout=10).json().get("workers", [])}
+
+
+def is_ready(ip: str) -> bool:
+    try:
+        return requests.get(f"http://{ip}:8000/ready", timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+class Watched:
+    """A worker container's exit code and whole log, kept by `docker wait` and `docker logs -f`, so
+    they outlive the container compose removes on a scale-down."""
+
+    def __init__(self, container: str, log_path):
+        self.container = container
+        self.log_path = log_path
+        self._log = open(log_path, "w")
+        self._wait = subprocess.Popen([DOCKER, "wait", container], stdout=subprocess.PIPE, text=True)
+        self._logs = subprocess.Popen([DOCKER, "logs", "-f", container], stdout=self._log, stderr=subprocess.STDOUT)
+
+    def exited(self, timeout_s: float = 60) -> tuple[int, str]:
+        code = int(self._wait.communicate(timeout=timeout_s)[0].strip())
+        self._logs.wait(timeout=timeout_s)
+        self._log.close()
+        return code, self.log_path.read_text(errors="replace")
+
+    def forget(self) -> None:
+        for process in (self._wait, self._logs):
+            process.kill()
+            process.wait(timeout=30)
+        self._log.close()
+
+
+def scale_workers(cluster: Compose, count: int, tmp_path) -> tuple[list[str], dict[str, tuple[int, str, str]]]:
+    """`up --scale worker=count` (a scale-down stops the removed containers, each draining on its
+    SIGTERM, before it returns): the containers it added, and each removed one's exit code, log and
+    the address the gateway knew it by."""
+    before = cluster.containers("worker")
+    addresses = {c: f"{container_ip(c)}:8000" for c in before}
+    watched = {c: Watched(c, tmp_path / f"worker-{c[:12]}.log") for c in before}
+    cluster("up", "-d", "--no-build", "--no-deps", "--no-recreate", "--scale", f"worker={count}", "worker",
+            timeout=400)
+    after = cluster.containers("worker")
+    removed = {c: (*watched.pop(c).exited(), addresses[c]) for c in before if c not in after}
+    for watcher in watched.values():
+        watcher.forget()
+    return [c for c in after if c not in before], removed
+
+
+def test_workers_scale_1_3_1_under_steady_load_and_every_request_is_answered(cluster, tmp_path):
+    """`docker compose up --scale worker=N` while three clients send one request after another: each
+    new worker serves within JOIN_BOUND_S of becoming ready, each removed one drains and exits 0,
+    and every request is answered (200, or 503 with Retry-After and then 200 on its retry)."""
+    cluster.wait_rotation(START_S)
+    load = SteadyLoad(cluster.url, clients=3, prefix="scale", timeout_s=400).start()
+    joins: dict[str, float] = {}
+    drained: dict[str, tuple[int, str, str]] = {}
+    try:
+        wait_until(lambda: load.answered() >= 3, 300, "the load got no answers", poll_s=0.5)
+        for count in (1, 3, 1):
+            added, removed = scale_workers(cluster, count, tmp_path)
+            drained.update(removed)
+            # The gateway forgets the removed ones at its next lookup (before Docker can hand a
+            # removed one's address to a new container).
+            left = {address for _, _, address in removed.values()}
+            wait_until(lambda gone=left: not gone & set(gateway_workers(cluster.url)), 30,
+                       f"the gateway kept removed workers {left}", poll_s=0.2)
+            names = {c: f"{container_ip(c)}:8000" for c in added}
+            ready_at: dict[str, float] = {}
+            deadline = time.monotonic() + START_S
+            while any(c not in joins for c in added):
+                assert time.monotonic() < deadline, f"new workers did not serve:\n{cluster.logs()}"
+                workers = gateway_workers(cluster.url)
+                for c in (c for c in added if c not in joins):
+                    ip = names[c].split(":")[0]
+                    if c not in ready_at and is_ready(ip):
+                        ready_at[c] = time.monotonic()
+                    seen = workers.get(names[c], {})
+                    if seen.get("up"):  # in the rotation: its /ready said 200 to the gateway's probe
+                        assert c in ready_at or is_ready(ip), f"worker {c[:12]} routed to before it was ready"
+                        ready_at.setdefault(c, time.monotonic())
+                    if seen.get("forwarded", 0) > 0:
+                        joins[c] = time.monotonic() - ready_at[c]
+                time.sleep(0.2)
+            answered = load.answered()
+            wait_until(lambda n=answered: load.answered() >= n + 3, 300, f"the load stalled at {count} workers",
+                       poll_s=0.5)
+    finally:
+        outcomes = load.stop(timeout_s=450)
+    lost = unanswered(outcomes)
+    retried = sum(o.retried_503s for o in outcomes)
+    print(f"\n[containers] scaling 2 -> 1 -> 3 -> 1 under load: {len(outcomes)} requests, "
+          f"{len(outcomes) - len(lost)} answered 200, {retried} 503s with Retry-After retried")
+    for c, seconds in joins.items():
+        print(f"[containers] new worker {c[:12]} served {seconds:.1f} s after its /ready (bound {JOIN_BOUND_S:g} s)")
+    for c, (code, log, _) in drained.items():
+        at_exit = re.search(r"stopped \(in flight at exit: (\d+)\)", log)
+        print(f"[containers] removed worker {c[:12]}: exit {code}, in flight at exit "
+              f"{at_exit.group(1) if at_exit else '?'}, served {log.count('request done')} requests")
+    assert not lost, [(o.request_id, o.status, o.detail) for o in lost[:5]]
+    assert len(joins) == 2 and all(seconds < JOIN_BOUND_S for seconds in joins.values()), joins
+    assert len(drained) == 3
+    for c, (code, log, _) in drained.items():
+        assert code == 0 and "stopped (in flight at exit: 0)" in log, (c, code, log[-2000:])
+    cluster("up", "-d", "--no-build", "--no-deps", "--no-recreate", "--scale", "worker=2", "worker", timeout=400)
+
+
 def test_a_configuration_error_is_not_restarted_forever(built, tmp_path_factory):
     """A node without CLUSTER_TOKEN (it listens on 0.0.0.0) exits 2 naming the variable; compose's
     restart policy gives up after its 3 retries."""
     compose = Compose(f"ragbad{os.getpid()}", tmp_path_factory.mktemp("bad"), free_ports(1)[0])
-    compose.override.write_text(yaml.safe_dump({"services": {"node1": {"environment": {"CLUSTER_TOKEN": ""}}}}))
+    compose.override.write_text(yaml.safe_dump({"services": {"worker": {"environment": {"CLUSTER_TOKEN": ""}}}}))
     try:
-        compose("up", "-d", "--no-deps", "node1", timeout=120)
-        container = compose.container("node1")
+        compose("up", "-d", "--no-deps", "--scale", "worker=1", "worker", timeout=120)
+        container = compose.container("worker")
         deadline, state = time.monotonic() + 300, {}  # each start imports the node: slow on a busy machine
         while time.monotonic() < deadline:
             inspected = json.loads(docker("inspect", container).stdout)[0]
@@ -202,7 +328,8 @@ def test_killing_a_worker_then_an_index_shard_under_load_loses_no_request(cluste
         thread.start()
     try:
         answered(4)
-        docker("kill", cluster.container("node1"))  # a worker
+        worker = cluster.container("worker")
+        docker("kill", worker)  # a worker
         after_worker = len(results)
         answered(after_worker + 4)
         docker("kill", cluster.container("node3"))  # index shard 1, its only replica here
@@ -215,7 +342,7 @@ def test_killing_a_worker_then_an_index_shard_under_load_loses_no_request(cluste
         for thread in threads:
             thread.join(timeout=450)
         # A killed container stays down (Docker restarts only what exits by itself): bring it back.
-        docker("start", cluster.container("node1"))
+        docker("start", worker)
     lost = [(q, r) for q, r in results if isinstance(r, Exception)]
     assert not lost, lost[:3]
     for query, response in results:
@@ -225,7 +352,7 @@ def test_killing_a_worker_then_an_index_shard_under_load_loses_no_request(cluste
     print(f"\n[containers] under kills: {statuses.count(200)} answered, {statuses.count(503)} clear 503")
 
 
-def test_down_drains_the_requests_in_flight(cluster, reference_answers):
+def test_down_drains_the_requests_in_flight(cluster, reference_answers, tmp_path):
     cluster.wait_rotation(START_S)  # the killed worker back in the rotation
     queries = [spec.REFERENCE_QUERIES[i % 8] for i in range(16)]
     with ThreadPoolExecutor(len(queries)) as pool:
@@ -234,6 +361,8 @@ def test_down_drains_the_requests_in_flight(cluster, reference_answers):
         while time.monotonic() < deadline and not seen:
             seen = requests.get(f"{cluster.url}/health", timeout=5).json()["gateway"]["in_flight"]
         assert seen, "no request was in flight"
+        running = cluster("ps", "-q").stdout.split()  # every node container (the data service has exited)
+        logs = {c: Watched(c, tmp_path / f"{c[:12]}.log") for c in running}  # kept past `down`'s removal
         # Every container's exit, as Docker reports it while `down` stops them.
         events = subprocess.Popen([DOCKER, "events", "--filter", f"label=com.docker.compose.project={cluster.name}",
                                    "--filter", "event=die", "--format",
@@ -250,6 +379,8 @@ def test_down_drains_the_requests_in_flight(cluster, reference_answers):
     for query, reply in zip(queries, replies):
         check_answer(reply, query, reference_answers)
     # Every node exited by itself on its SIGTERM (0), none was killed at the end of its stop grace.
-    nodes = {name: code for name, code in exits.items() if re.search(r"-node\d+-", name)}
-    assert len(nodes) == 5 and set(nodes.values()) == {"0"}, exits
+    nodes = {name: code for name, code in exits.items() if re.search(r"-(node\d+|worker)-", name)}
+    ended = {c: watched.exited() for c, watched in logs.items()}
+    killed = {c[:12]: log[-3000:] for c, (code, log) in ended.items() if code != 0}
+    assert len(nodes) == len(running) >= 4 and set(nodes.values()) == {"0"}, (exits, killed)
     print(f"\n[containers] down with {seen} in flight: {down_s:.0f} s")

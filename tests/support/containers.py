@@ -27,6 +27,8 @@ BASE_IMAGE = "rag-base:bookworm"
 IMAGE = "rag-service:test"
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 TOKEN = uuid.uuid4().hex
+# deploy/compose.yaml's services that run a node (`worker`: every worker container but node 0's).
+NODE_SERVICES = ("node0", "worker", "node2", "node3")
 START_S = 600  # build-free start of five nodes on 2 cores, with margin (SPEC: 5 minutes per node)
 DOCS = 400
 
@@ -122,9 +124,9 @@ class Compose:
 
     def __init__(self, name: str, workdir: Path, port: int):
         self.name, self.port = name, port
-        override = {"services": {f"node{n}": {"environment": {
+        override = {"services": {service: {"environment": {
             "PRECISION": "float32", "ONLY_CPU": "true", "TORCH_THREADS": "1", "FAISS_THREADS": "1",
-            "HEALTH_INTERVAL_S": "0.5"}} for n in range(5)}}
+            "HEALTH_INTERVAL_S": "0.5"}} for service in NODE_SERVICES}}
         self.override = workdir / "compose.test.yaml"
         self.override.write_text(yaml.safe_dump(override))
         self.env = {**os.environ, "CLUSTER_TOKEN": TOKEN, "RAG_IMAGE": IMAGE, "RAG_PUBLISH_PORT": str(port),
@@ -139,7 +141,12 @@ class Compose:
         return result
 
     def container(self, service: str) -> str:
-        return self("ps", "-a", "-q", service).stdout.strip()
+        """The service's container (the first, for a scaled one)."""
+        return self.containers(service)[0]
+
+    def containers(self, service: str) -> list[str]:
+        """Every container of the service, running or not."""
+        return self("ps", "-a", "-q", service).stdout.split()
 
     @property
     def url(self) -> str:
@@ -149,12 +156,15 @@ class Compose:
         return self("logs", "--no-color", "--tail", "40", check=False).stdout[-8000:]
 
     def wait_rotation(self, timeout_s: float) -> dict:
-        """Node 0 ready with every worker in its rotation."""
+        """Node 0 ready with every worker in its rotation: its own and one per running `worker`
+        container (a restarted one counts only once the gateway has discovered it and found it ready)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
                 body = requests.get(f"{self.url}/health", timeout=3).json()
-                if body.get("status") == "healthy" and body.get("workers") and all(w.get("up") for w in body["workers"]):
+                workers = body.get("workers") or []
+                if body.get("status") == "healthy" and all(w.get("up") for w in workers) \
+                        and len(workers) == 1 + len(self("ps", "-q", "worker").stdout.split()):
                     return body
             except (requests.RequestException, ValueError):
                 pass

@@ -110,7 +110,7 @@ def validate_compose(data: dict) -> None:
 def test_compose_validates_against_the_compose_spec():
     validate_compose(compose())
     broken = compose()
-    broken["services"]["node1"]["depends_on"]["node2"]["condition"] = "service_ready"
+    broken["services"]["worker"]["depends_on"]["node2"]["condition"] = "service_ready"
     with pytest.raises(ValueError, match="service_ready"):
         validate_compose(broken)
     broken = compose()
@@ -140,7 +140,7 @@ def test_compose_paths_exist():
 
 def test_compose_env_names_are_settings():
     services = node_services()
-    assert len(services) == 5
+    assert len(services) == 4
     for name, svc in services.items():
         env = svc["environment"]
         assert settings_env(env, int(env["TOTAL_NODES"])) == [], name
@@ -193,13 +193,21 @@ def test_compose_topology_and_ports_agree():
     for name, svc in services.items():
         node = int(svc["environment"]["NODE_NUMBER"])
         assert host_port(env[f"NODE_{node}_IP"]) == (name, PORT)
+    # The gateway finds the workers, and the workers each shard's replicas, by service name: every
+    # container of a scaled service is a member.
+    assert env["WORKER_DISCOVERY"] == f"worker:{PORT}" and services["worker"]["environment"]["NODE_NUMBER"] == "1"
+    assert services["worker"]["scale"] >= 2 and "container_name" not in services["worker"]
+    cluster = Settings.from_env({**env, "CLUSTER_TOKEN": "t"}).cluster
+    assert [str(a) for a in cluster.index_discovery] == [env[f"NODE_{n}_IP"] for n in cluster.index_nodes]
+    for svc in services.values():
+        node = int(svc["environment"]["NODE_NUMBER"])
         assert svc["healthcheck"]["test"] == ["CMD", "python", "deploy/healthcheck.py"]  # /ready on its own port
         for published in svc.get("ports", []):
             assert published == f"127.0.0.1:{PORT}:{PORT}" and node == 0
     index_nodes = [int(n) for n in env["INDEX_NODES"].split(",")]
     assert 0 not in index_nodes and len(index_nodes) >= int(env["INDEX_SHARDS"])
     workers = [n for n in range(total) if n not in index_nodes]
-    assert len(workers) == 3 and len(index_nodes) == 2
+    assert workers == [0, 1] and len(index_nodes) == 2  # node 0's own worker, and the `worker` service
     built = compose()["services"]["data"]["command"][0]
     assert f"--shards {env['INDEX_SHARDS']}" in built
     assert shard_path(env["FAISS_INDEX_PATH"], int(env["INDEX_SHARDS"]) - 1, int(env["INDEX_SHARDS"])).name in built
@@ -208,8 +216,8 @@ def test_compose_topology_and_ports_agree():
 def test_compose_prometheus_scrapes_every_node():
     config = yaml.safe_load((DEPLOY / "compose" / "prometheus.yml").read_text())
     rag = next(job for job in config["scrape_configs"] if job["job_name"] == "rag")
-    targets = sorted(t for group in rag["static_configs"] for t in group["targets"])
-    assert targets == sorted(f"{name}:{PORT}" for name in node_services())
+    (names,) = rag["dns_sd_configs"]  # every container of a scaled service: DNS, as the gateway finds them
+    assert sorted(names["names"]) == sorted(node_services()) and names["type"] == "A" and names["port"] == PORT
     assert config["rule_files"] == ["rag-alerts.rules.yml"]
 
 
@@ -260,15 +268,49 @@ def test_dockerfile_layers_base_user_and_entry():
     assert re.search(r"^USER 10001:10001$", text, flags=re.M) and 'ENTRYPOINT ["./run.sh"]' in text
     assert re.search(r"^HEALTHCHECK .*deploy/healthcheck.py", text, flags=re.M)
     # The image writes run.sh's setup stamp the way run.sh computes it, so a container starts offline.
-    stamp = "cat setup.cfg pyproject.toml | sha256sum | cut -d' ' -f1"
-    assert stamp in text and stamp in (REPO_ROOT / "run.sh").read_text()
+    assert "./run.sh setup-stamp > /app/.venv/.installed" in text and "ENV TORCH_BUILD=cpu" in text
+    assert 'setup-stamp) setup_stamp "$(torch_build)"' in (REPO_ROOT / "run.sh").read_text()
+    # The dependencies install at the versions constraints.txt pins, as ./run.sh setup installs them.
+    assert "COPY setup.cfg pyproject.toml constraints.txt ./" in text and "pip install -c constraints.txt" in text
     # The torch the image and ./run.sh setup pin lies in the range setup.cfg and the CPU kernels accept;
     # setup.cfg's range is every device's (a GPU image's torch installs beside the project).
     torch_range = re.search(r"^\s+torch(\S+)$", (REPO_ROOT / "setup.cfg").read_text(), flags=re.M).group(1)
     assert torch_range == ">=2.11,<2.14"
     for device, pin in (("cpu", "2.13.0"), ("cuda", "2.11.0")):  # run.sh's pin; the GPU image's torch
         assert Version(pin) in SpecifierSet(TORCH_VERIFIED[device]) and Version(pin) in SpecifierSet(torch_range)
-    assert Version("2.13.0") in SpecifierSet(torch_range) and "torch==2.13.0" in (REPO_ROOT / "run.sh").read_text()
+    run_sh = (REPO_ROOT / "run.sh").read_text()
+    for device, variable in (("cpu", "TORCH_VERSION"), ("cuda", "TORCH_CUDA_VERSION")):  # ./run.sh setup's pins
+        pin = re.search(rf"^{variable}=(\S+)", run_sh, flags=re.M).group(1)
+        assert Version(pin) in SpecifierSet(TORCH_VERIFIED[device]) and Version(pin) in SpecifierSet(torch_range)
+
+
+def kernel_step() -> str:
+    """The kernel stage's RUN command, its continuation lines joined, as the builder's shell runs it."""
+    text = (DEPLOY / "Dockerfile").read_text()
+    (step,) = re.findall(r"^RUN (arch=.*?[^\\])$", text, flags=re.M | re.S)
+    return step.replace("\\\n", "")
+
+
+@pytest.mark.parametrize("arch,compiled", [("amd64", True), ("arm64", False), ("", True)])
+def test_the_kernel_compiles_only_for_x86_64_and_other_architectures_use_torchs_ops(arch, compiled, tmp_path):
+    # A stand-in `python` on PATH records whether the step compiled; `uname -m` answers x86_64 (the
+    # builder without BuildKit's TARGETARCH, the "" case).
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/compiled\n")
+    (bin_dir / "uname").write_text("#!/bin/sh\necho x86_64\n")
+    for tool in ("python", "uname"):
+        (bin_dir / tool).chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "TARGETARCH": arch, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
+    result = subprocess.run(["bash", "-o", "pipefail", "-c", kernel_step()], env=env, capture_output=True, text=True,
+                            timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "compiled").is_file() == compiled
+    if compiled:
+        assert (tmp_path / "compiled").read_text().split() == ["-m", "pipeline.kernels.fused_int8"]
+    else:  # the stage's output folder exists for the image's COPY, empty
+        assert (tmp_path / "ext").is_dir() and "torch's own ops" in result.stdout
+    assert "-mavx2" in (REPO_ROOT / "pipeline" / "kernels" / "fused_int8.py").read_text()  # why x86-64 only
 
 
 def test_dockerfile_passes_hadolint():

@@ -287,3 +287,14 @@ def test_supervisor_does_not_restart_a_node_with_a_config_error():
     supervisor = Supervisor(cluster, limit=5, window_s=60)
     supervisor.check()
     assert cluster.started == [] and supervisor.given_up == {2} and set(cluster.procs) == {0, 1}
+
+
+def test_a_sigterm_before_the_drains_handlers_exits_0_at_once():
+    # Outside a container the default action kills with -15; as PID 1 it is ignored (a SIGKILL
+    # at the end of the stop grace): either way not a clean exit, which this handler gives.
+    import subprocess
+    import sys
+    code = ("import os, signal, time; from services.server.lifecycle import exit_on_sigterm_until_serving; "
+            "exit_on_sigterm_until_serving(); os.kill(os.getpid(), signal.SIGTERM); time.sleep(10); print('alive')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20)
+    assert result.returncode == 0 and "alive" not in result.stdout, (result.returncode, result.stderr)

@@ -142,3 +142,34 @@ def test_the_cluster_section_places_each_shards_replicas():
                                                           ["http://127.0.0.1:8004"]]
     assert [shard.name for shard in index.shards] == ["index shard 0 of 2", "index shard 1 of 2"]
     index.close()
+
+
+class Resolver:
+    """A fake resolver: each name's hosts as the test sets them."""
+
+    def __init__(self, **hosts: list[str]):
+        self.hosts = hosts
+
+    def resolve(self, host: str) -> list[str]:
+        return list(self.hosts[host.replace("-", "_")])
+
+
+def test_discovered_replicas_are_searched_as_their_names_list_them_now(corpus, servers):
+    _, queries = corpus
+    port = int(servers["shard0"].url.rsplit(":", 1)[1])
+    replica_port = int(servers["shard0-replica"].url.rsplit(":", 1)[1])
+    shard1_port = int(servers["shard1"].url.rsplit(":", 1)[1])
+    assert port != replica_port  # one name, one port: the replica is reached as another name's member
+    cluster = Settings.from_env({"TOTAL_NODES": "5", "INDEX_NODES": "2,3", "INDEX_SHARDS": "2",
+                                 "INDEX_DISCOVERY": f"shard-0:{port},shard-1:{shard1_port}",
+                                 "DISCOVERY_INTERVAL_S": "3600"}).cluster
+    resolver = Resolver(shard_0=[], shard_1=["127.0.0.1"])
+    index = ShardedIndexClient.from_cluster(cluster, read_timeout_s=5, resolver=resolver)
+    with pytest.raises(ShardUnavailable, match="index shard 0 of 2 is unavailable.*no replica known"):
+        index.search(queries, K, deadline=time.monotonic() + 0.5)  # none known yet: never a partial answer
+    resolver.hosts["shard_0"] = ["127.0.0.1"]
+    index.memberships[0].refresh()
+    assert index.shards[0].base_urls == [servers["shard0"].url]
+    ids, _ = index.search(queries, K, deadline=time.monotonic() + 10)
+    assert servers["shard0"].calls == 1 and servers["shard0-replica"].calls == 0 and len(ids[0]) == K
+    index.close()

@@ -153,3 +153,23 @@ def test_eos_on_the_last_allowed_token_finishes_with_stop(reference, generator, 
     finally:
         eos_worker.close(timeout=30)
         documents.close()
+
+
+def test_the_concurrency_gauge_counts_a_request_from_its_arrival_to_its_answers_end(worker):
+    from services.roles.worker.metrics import CONCURRENCY_METRIC, WorkerCollector
+
+    def gauge() -> float:
+        (family,) = [f for f in WorkerCollector(lambda: worker).collect() if f.name == CONCURRENCY_METRIC]
+        return family.samples[0].value
+
+    assert gauge() == 0
+    stream = worker.answer(AnswerRequest("held-1", "Where is my order?", max_new_tokens=4), Deadline.after(120))
+    first = next(stream)  # the first piece: the request is in the generate stage now
+    assert first and gauge() == 1
+    rest = list(stream)
+    assert isinstance(rest[-1], dict) and gauge() == 0
+    closed_early = worker.answer(AnswerRequest("held-2", "Where is my order?", max_new_tokens=4), Deadline.after(120))
+    next(closed_early)
+    closed_early.close()  # a caller gone early: no longer held
+    assert gauge() == 0
+    assert list(WorkerCollector(lambda: None).collect()) == []

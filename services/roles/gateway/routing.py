@@ -5,6 +5,10 @@ A forward the worker could not take (unreachable, not ready, full) goes to the n
 the caller has read a piece of its answer; a worker unreachable, refusing our cluster token or
 answering 503 leaves the rotation until a health probe sees it ready. A request a worker failed
 (a 500) is that request's error alone: the worker stays.
+
+The workers are a fixed list (NODE_<n>_IP), or change while the gateway runs (WORKER_DISCOVERY:
+DiscoveredWorkers): one that appears joins out of the rotation until its probe finds it ready; one
+that vanishes is routed nothing more, and its client closes once its last forward has ended.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pipeline.config.parsers import Address
 from services.cluster.clients import WorkerClient
 from services.server import completion
 from services.server.answer_request import AnswerRequest
@@ -41,18 +46,21 @@ log = logging.getLogger(__name__)
 @dataclass
 class WorkerTarget:
     """One worker the gateway can send a request to, and what it did with them."""
-    node: int
+    node: int | str  # its node number, or the address it was discovered at
     answer: Callable[[AnswerRequest, Deadline], AnswerStream]  # (request, deadline) -> its answer stream
     probe: Callable[[], bool]  # is it ready to serve?
     # Answer every call waiting on it now with make_error() (the node is past its grace period).
     abort: Callable[[Callable[[], BaseException]], None] = lambda make_error: None
+    close: Callable[[], None] = lambda: None  # once it has left and its last forward ended
     local: bool = False
     up: bool = True  # in the rotation
     forwarded: int = 0  # requests it answered
     failures: int = 0  # times it left the rotation
+    forwarding: int = 0  # forwards in progress
+    gone: bool = False  # left the membership: never routed to again
 
 
-def remote_target(node: int, client: WorkerClient) -> WorkerTarget:
+def remote_target(node: int | str, client: WorkerClient) -> WorkerTarget:
     # Out of the rotation until the first probe finds it ready: never route to a starting node.
     # The other node is sent the time left: its clock is not ours.
     return WorkerTarget(node=node, answer=lambda request, deadline: client.answer(request, deadline.left()),
@@ -63,9 +71,8 @@ class Router:
     """Sends each request to one worker, the next in turn among those up, and fails over."""
 
     def __init__(self, targets: list[WorkerTarget]):
-        if not targets:
-            raise ValueError("the gateway needs at least one worker")
-        self.targets = targets
+        # Empty only while discovered workers are awaited (WORKER_NODES without node 0): a 503 meanwhile.
+        self.targets = list(targets)  # replaced, never changed in place: readers may hold the old list
         self._turn = itertools.count()
         self._lock = threading.Lock()  # the targets' fields and the turn
         self._aborted: Callable[[], BaseException] | None = None
@@ -80,19 +87,41 @@ class Router:
     def mark(self, target: WorkerTarget, up: bool, why: str = "") -> None:
         """Put a worker into the rotation or take it out (counted as a failure)."""
         with self._lock:
+            if target.gone:
+                return
             changed = target.up != up
             target.up = up
             if not up:
                 target.failures += 1
         if changed:  # rejoining is the normal end of a start or restart; leaving is worth a look
-            log.log(logging.INFO if up else logging.WARNING, "worker node %d %s%s", target.node,
+            log.log(logging.INFO if up else logging.WARNING, "worker node %s %s%s", target.node,
                     "rejoins the rotation" if up else "leaves the rotation", f": {why}" if why else "")
+
+    def join(self, target: WorkerTarget) -> None:
+        """A worker that appeared: in the list (its `up` says whether in the rotation yet)."""
+        with self._lock:
+            self.targets = [*self.targets, target]
+        if self._aborted is not None:
+            target.abort(self._aborted)
+        log.info("worker %s joins (%s)", target.node, "ready" if target.up else "until its probe finds it ready")
+
+    def leave(self, target: WorkerTarget) -> None:
+        """A worker that vanished: routed nothing more; the forwards it has answer as they would."""
+        with self._lock:
+            self.targets = [t for t in self.targets if t is not target]
+            target.gone, target.up = True, False
+            idle = target.forwarding == 0
+        log.info("worker %s leaves", target.node)
+        if idle:
+            target.close()
 
     def forward(self, request: AnswerRequest, deadline: Deadline) -> AnswerStream:
         """The answer stream of the first worker in turn that takes the request by `deadline`, failing
         over unless the caller has read pieces of the answer already. The worker's reply says who
         computed it (`served_by`); its stage times go to the completion line, not further up."""
         candidates = self.rotation() or list(self.targets)  # everyone looks down: try them all once
+        if not candidates:
+            raise NoWorkerAvailable("no worker is known yet")
         last_error: Exception | None = None
         for target in candidates:
             if self._aborted is not None:  # the node is exiting: no failover to another worker
@@ -100,6 +129,8 @@ class Router:
             if deadline.passed:
                 raise RequestTimeout("request timed out")
             shown = False  # pieces of this worker's answer the caller has read
+            if not self._start_forward(target):
+                continue
             try:
                 events = target.answer(request, deadline)
                 try:
@@ -116,11 +147,28 @@ class Router:
                 return
             except Exception as exc:  # noqa: BLE001 - _next_or_raise raises what is not ours to retry
                 last_error = self._next_or_raise(target, exc, retry=not shown)
+            finally:
+                self._end_forward(target)
         if self._aborted is not None:
             raise self._aborted()
         if isinstance(last_error, Overloaded):
             raise last_error
         raise NoWorkerAvailable(f"no worker could serve the request ({last_error})")
+
+    def _start_forward(self, target: WorkerTarget) -> bool:
+        """Count a forward to `target`; False if it has left meanwhile."""
+        with self._lock:
+            if target.gone:
+                return False
+            target.forwarding += 1
+            return True
+
+    def _end_forward(self, target: WorkerTarget) -> None:
+        with self._lock:
+            target.forwarding -= 1
+            last = target.gone and target.forwarding == 0
+        if last:
+            target.close()
 
     def _next_or_raise(self, target: WorkerTarget, exc: Exception, *, retry: bool) -> Exception:
         """The error to remember while the next worker is tried (`retry`: nobody read any of the
@@ -135,7 +183,7 @@ class Router:
         elif isinstance(exc, PeerUnavailable):  # not ready, stopping or full: nothing computed
             pass
         elif isinstance(exc, PeerRejectedToken):  # CLUSTER_TOKEN differs between nodes: say so loudly, use the others
-            log.error("worker node %d refused our cluster token: set the same CLUSTER_TOKEN on every node",
+            log.error("worker node %s refused our cluster token: set the same CLUSTER_TOKEN on every node",
                       target.node)
             why = "refused our cluster token"
         elif isinstance(exc, PeerTimedOut):  # its 504, or no answer by the deadline: the work may be in flight
@@ -160,17 +208,48 @@ class Router:
 
     def probe_once(self) -> None:
         """Ask each worker whether it is ready; move those whose answer differs from their place."""
-        for target in list(self.targets):
-            try:
-                ok = bool(target.probe())
-            except Exception:  # a probe must never kill the prober
-                ok = False
-            if ok != target.up:
-                self.mark(target, ok, "health probe")
+        for target in self.targets:
+            self.probe(target)
+
+    def probe(self, target: WorkerTarget) -> None:
+        """Ask one worker whether it is ready; move it if its answer differs from its place."""
+        try:
+            ok = bool(target.probe())
+        except Exception:  # a probe must never kill the prober
+            ok = False
+        if ok != target.up:
+            self.mark(target, ok, "health probe")
 
     def status(self) -> list[dict]:
         """Each worker: whether it is in the rotation, and what it was sent."""
         with self._lock:
             return [{"node": t.node, "up": t.up, "local": t.local, "forwarded": t.forwarded,
                      "failures": t.failures} for t in self.targets]
+
+
+class DiscoveredWorkers:
+    """Keeps the router's remote workers equal to a membership's addresses (on_change): each new
+    address a target (make_target) that joins, is probed at once and serves when ready; each address
+    gone, its target leaves."""
+
+    def __init__(self, router: Router, make_target: Callable[[Address], WorkerTarget]):
+        self.router = router
+        self.make_target = make_target
+        self.by_address: dict[Address, WorkerTarget] = {}
+
+    def on_change(self, members: list[Address]) -> None:
+        for address in [a for a in self.by_address if a not in members]:
+            self.router.leave(self.by_address.pop(address))
+        for address in [a for a in members if a not in self.by_address]:
+            target = self.by_address[address] = self.make_target(address)
+            self.router.join(target)
+            self.router.probe(target)
+
+
+def discovered_target(address: Address, *, connect_timeout_s: float, token: str) -> WorkerTarget:
+    """A remote worker found at `address`, named by it; its client closes once it has left."""
+    client = WorkerClient(address.url, connect_timeout_s=connect_timeout_s, token=token)
+    target = remote_target(str(address), client)
+    target.close = client.close
+    return target
 

@@ -92,6 +92,7 @@ class Worker:
         self.index = index
         self.documents = documents
         self._served = 0
+        self._holding = 0  # requests between their arrival here and their answer's end
         self._lock = threading.Lock()
         self.embed_cache = LruCache("embedding", config.embed_cache_size)
         batch_fns: dict[Stage, Callable[[list], list]] = {
@@ -161,6 +162,8 @@ class Worker:
         stream early cancels the generation."""
         clock, trace = self._begin(request.request_id)
         generation: StageVisit | None = None
+        with self._lock:
+            self._holding += 1
         try:
             version, documents = self._retrieve(clock, trace, request.query, deadline)
             tokens = TokenStream()
@@ -189,6 +192,8 @@ class Worker:
             if generation is not None:
                 generation.future.cancel()  # a no-op once it ended; frees the slot of a reader gone early
             clock.close()
+            with self._lock:
+                self._holding -= 1
         with self._lock:
             self._served += 1
 
@@ -258,6 +263,12 @@ class Worker:
     def served(self) -> int:
         with self._lock:
             return self._served
+
+    @property
+    def holding(self) -> int:
+        """Requests in progress here, queued for a stage or running in one: the autoscaler's concurrency."""
+        with self._lock:
+            return self._holding
 
     def stats(self) -> dict[Stage, StageStats]:
         return {stage: svc.stats() for stage, svc in self.services.items()}

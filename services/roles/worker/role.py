@@ -23,6 +23,7 @@ from services.roles.base import SPARE_HTTP_THREADS, Role
 from services.roles.data_routes import register_data_routes
 from services.roles.loaded import Loaded
 from services.roles.versioned_data import VersionedData
+from services.roles.worker.metrics import WorkerCollector
 from services.roles.worker.request_path import ContinuousConfig, Worker, WorkerConfig
 from services.roles.worker.stage_clock import collect_stage_times
 from services.server import completion
@@ -111,6 +112,9 @@ class WorkerRole(Role):
         self.worker.set(Worker(worker_config(settings), stages, index, documents))
         log.info("node %d loaded and warmed its models in %.1fs (%s)", self.node, time.monotonic() - started,
                  self._model_source)
+
+    def collectors(self):
+        return (*super().collectors(), WorkerCollector(lambda: self.worker.value))
 
     def caches(self):
         worker = self.worker.value
