@@ -180,7 +180,7 @@ class IndexSettings:
 
 @dataclass(frozen=True)
 class LimitsSettings:
-    """What one request may cost and how long it may take (README "Failure behaviour and its knobs")."""
+    """What one request may cost and how long it may take (docs/failure-behaviour.md)."""
     request_timeout_s: float = f.var("REQUEST_TIMEOUT_S", p.positive_float, "280", "a request unanswered after this gets 504 (clients wait 300 s)")
     stage_max_queue: int = f.var("STAGE_MAX_QUEUE", p.int_range(1, 1_000_000), "256", "items a stage may hold waiting before it answers 503")
     max_request_id_chars: int = f.var("MAX_REQUEST_ID_CHARS", p.int_range(1, 1_000_000), "256", "longest request_id accepted (longer: 400)")

@@ -228,7 +228,7 @@ def test_langchain_chat_openai_invoke_and_stream(cluster):
 
 def test_langchain_openai_embeddings(cluster):
     from langchain_openai import OpenAIEmbeddings
-    # check_embedding_ctx_length=False: send text, not OpenAI's token ids (README "OpenAI-compatible API")
+    # check_embedding_ctx_length=False: send text, not OpenAI's token ids (docs/api.md)
     embeddings = OpenAIEmbeddings(model=EMBED_MODEL, base_url=f"{cluster.url(0)}/v1", api_key=KEY,
                                   check_embedding_ctx_length=False, max_retries=0)
     query = embeddings.embed_query(QUESTION)
