@@ -115,7 +115,7 @@ def _commit(temps: list[Path], finals: list[Path]) -> None:
         raise
     for folder in {path.parent for path in finals}:
         with suppress(OSError):  # makes the renames durable; not every platform can fsync a directory
-            _fsync(folder)
+            fsync_path(folder)
 
 
 def _remove(paths: Iterable[Path]) -> None:
@@ -124,7 +124,8 @@ def _remove(paths: Iterable[Path]) -> None:
             Path(f"{path}{extra}").unlink(missing_ok=True)
 
 
-def _fsync(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """Flush a file's (or a folder's entries') writes to disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -146,7 +147,7 @@ def db_writer(path: Path) -> Iterator[Callable[[list[tuple]], None]]:
         conn.execute("COMMIT")
     finally:
         conn.close()
-    _fsync(path)
+    fsync_path(path)
 
 
 def chunks(items: Iterable, size: int, total: int, desc: str, progress: bool) -> Iterator[list]:

@@ -24,7 +24,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from builders.build_files import INSERT, BuildError, output_paths, staged_outputs
+from builders.build_files import INSERT, BuildError, fsync_path, output_paths, staged_outputs
 from builders.manifest import version_of, write_build_manifest
 from pipeline.data_version import DataVersionError, EmbedderInfo, Manifest, embedder_mismatch, load_version
 from pipeline.docstore import Document
@@ -176,7 +176,7 @@ def _write_documents(old_db: Path, db_tmp: Path, changes: Changes) -> int:
     finally:
         target.close()
         source.close()
-    _fsync(db_tmp)
+    fsync_path(db_tmp)
     return int(count)
 
 
@@ -193,13 +193,5 @@ def _write_shard(old_path: Path, new_path: Path, shard: int, shards: int, change
         ids = np.array([changes.upserts[row].doc_id for row in rows], dtype=np.int64)
         index.add_with_ids(np.ascontiguousarray(vectors[rows]), ids)
     faiss.write_index(index, os.fspath(new_path))
-    _fsync(new_path)
+    fsync_path(new_path)
     log.info("shard %d of %d: %d removed, %d added, %d vectors", shard, shards, len(gone), len(rows), index.ntotal)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -392,10 +392,10 @@ def test_with_the_reply_cache_on_a_request_id_keeps_its_own_answer(cluster):
         restart_node_0(cluster)
 
 
-def test_embeddings_are_counted_against_the_gateways_admission(cluster):
-    restart_node_2(cluster, delay_ms=2000)  # queries in flight long enough to fill the gateway
-    tag, results = uid("admit"), {}
-    embed = {"model": spec.EMBEDDER_MODEL, "input": "Where is my parcel?"}
+def fill_the_gateway(cluster, tag: str) -> tuple[list[threading.Thread], dict]:
+    """MAX_IN_FLIGHT queries sent on their own threads, returned once node 0 holds them all in flight;
+    their responses land in the dict by index."""
+    tag, results = uid(tag), {}
 
     def send(i):
         results[i] = post_query(cluster, f"{tag}-{i}", spec.REFERENCE_QUERIES[i])
@@ -404,6 +404,13 @@ def test_embeddings_are_counted_against_the_gateways_admission(cluster):
     for t in threads:
         t.start()
     wait_until(lambda: health(cluster, 0)["gateway"]["in_flight"] == MAX_IN_FLIGHT, 5, "requests not in flight")
+    return threads, results
+
+
+def test_embeddings_are_counted_against_the_gateways_admission(cluster):
+    restart_node_2(cluster, delay_ms=2000)  # queries in flight long enough to fill the gateway
+    embed = {"model": spec.EMBEDDER_MODEL, "input": "Where is my parcel?"}
+    threads, results = fill_the_gateway(cluster, "admit")
     rejected = health(cluster, 0)["gateway"]["rejected"]
     full = requests.post(f"{cluster.url(0)}/v1/embeddings", json=embed, timeout=10)
     assert full.status_code == 503 and "capacity" in full.json()["error"]["message"], full.text[:300]
@@ -420,15 +427,7 @@ def test_embeddings_are_counted_against_the_gateways_admission(cluster):
 
 def test_sigterm_drains_node_0_then_exits_0(cluster, request):
     restart_node_2(cluster, delay_ms=2000)  # requests in flight long enough to be caught
-    tag, results = uid("drain"), {}
-
-    def send(i):
-        results[i] = post_query(cluster, f"{tag}-{i}", spec.REFERENCE_QUERIES[i])
-
-    threads = [threading.Thread(target=send, args=(i,)) for i in range(MAX_IN_FLIGHT)]
-    for t in threads:
-        t.start()
-    wait_until(lambda: health(cluster, 0)["gateway"]["in_flight"] == MAX_IN_FLIGHT, 5, "requests not in flight")
+    threads, results = fill_the_gateway(cluster, "drain")
     request.node.stopped_nodes = {0}
     node0 = cluster.procs[0]
     node0.send_signal(signal.SIGTERM)
