@@ -86,7 +86,7 @@ def test_a_code_change_rebuilds_neither_torch_nor_the_compiler(built):
     seconds, log = build(built["context"], built["wheels"])
     steps = {n: name for n, name in re.findall(r"^#(\d+) \[[^\]]+\] (.*)$", log, flags=re.M)}
     cached = set(re.findall(r"^#(\d+) CACHED$", log, flags=re.M))
-    for step in ("torch==2.13.0", "install -r /tmp/requirements.txt", "install -y --no-install-recommends g++",
+    for step in ("torch==2.13.0", "-r /tmp/requirements.txt", "install -y --no-install-recommends g++",
                  "python -m pipeline.kernels.fused_int8"):
         numbers = [n for n, name in steps.items() if step in name]
         assert numbers and set(numbers) <= cached, f"{step!r} ran again:\n{log[-4000:]}"
