@@ -50,7 +50,9 @@ def default_name(args: argparse.Namespace, mode: str) -> str:
         return args.name
     if mode == "schedule":
         return "course" if args.schedule.strip().lower() == "course" else "schedule"
-    return {"rate": f"rate{args.rate:g}", "closed": f"closed-c{args.concurrency}"}.get(mode, mode)
+    if mode == "rate":
+        return f"rate{args.rate:g}"
+    return f"closed-c{args.concurrency}" if mode == "closed" else mode
 
 
 def write_summary(path: Path, summary: dict) -> Path:

@@ -41,6 +41,18 @@ def test_modes_plan_bounded_groups():
         loadgen.main(["--url", "http://127.0.0.1:1", "--concurrency", "2"])
 
 
+def test_each_mode_names_its_run_by_its_own_options_alone():
+    def name(*argv):
+        args = loadgen.parser().parse_args(["--url", "http://127.0.0.1:1", *argv])
+        return loadgen.default_name(args, loadgen.plan_groups(args)[0])
+
+    # A closed loop has no --rate: its name must not read it.
+    assert name("--concurrency", "8", "--count", "32") == "closed-c8"
+    assert name("--rate", "0.5", "--count", "4") == "rate0.5"
+    assert name("--sweep", "1,2", "--count-per-level", "2") == "sweep"
+    assert name("--concurrency", "8", "--count", "32", "--name", "mine") == "mine"
+
+
 @pytest.mark.parametrize("url", ["http://127.0.0.1:8000", "http://127.8.9.10:1/", "http://localhost:80",
                                  "http://[::1]:8000"])
 def test_loopback_targets_pass(url):
