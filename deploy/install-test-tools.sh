@@ -8,8 +8,12 @@ set -u
 
 CHECKOV_VERSION=3.3.30
 checkov_venv="$(cd "$(dirname "$0")/.." && pwd)/.cache/checkov"
-if [[ ! -x "$checkov_venv/bin/checkov" ]]; then
+# Its venv's scripts name the interpreter by the path it was made at: a checkout moved or copied
+# keeps a checkov that cannot start, so it is made anew unless its interpreter runs.
+if [[ ! -x "$checkov_venv/bin/checkov" ]] || ! "$checkov_venv/bin/python" -c "" >/dev/null 2>&1 \
+    || [[ "$(head -1 "$checkov_venv/bin/checkov")" != "#!$checkov_venv/bin/python"* ]]; then
   started=$SECONDS
+  rm -rf "$checkov_venv"
   if python3 -m venv "$checkov_venv" >/dev/null 2>&1 \
       && "$checkov_venv/bin/pip" install -q "checkov==$CHECKOV_VERSION" >/dev/null 2>&1; then
     echo "install-test-tools: installed checkov $CHECKOV_VERSION in $checkov_venv in $((SECONDS - started)) s"
