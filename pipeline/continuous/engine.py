@@ -35,8 +35,7 @@ class ContinuousEngine:
     def __init__(self, generator, *, max_batch: int = 8, kv_cache_tokens: int = 8192, prefill_chunk: int = 512):
         self.generator = generator
         config = generator.generation_config
-        eos = config.eos_token_id
-        self.eos_ids = frozenset(eos if isinstance(eos, (list, tuple)) else [eos])
+        self.eos_ids = generator.eos_ids
         self.max_new_tokens = config.max_new_tokens
         rule = SlotRule(max_batch, kv_cache_tokens, chunk_tokens())
         self.scheduler = Scheduler(rule, prefill_chunk=prefill_chunk, eos_ids=self.eos_ids)
