@@ -122,8 +122,9 @@ usage: ./run.sh COMMAND [args]   (configured only by environment variables: env.
   models             is each of the five real models in the Hugging Face cache? prints the command that
                      fetches each missing one; exit 0 when all are present, 1 otherwise (a node never
                      builds models: stand-ins are built by .venv/bin/python -m builders.standins --profile tiny)
-  data-rollout VERSION [--release-timeout-s S]
-                     switch the running cluster (the nodes' own NODE_<n>_IP settings) to data version VERSION,
+  data-rollout VERSION [--release-timeout-s S] [--gateways HOST:PORT] [--link DATA_ROOT/current]
+                     switch the running cluster (the nodes' own settings: NODE_<n>_IP, or the names
+                     WORKER_DISCOVERY and INDEX_DISCOVERY resolve to before each step) to data version VERSION,
                      built beside the current one on every machine, with no downtime: every shard loaded
                      everywhere first, then the workers switch, then the old version is released once its
                      requests end (docs/scaling.md, "Data versions"); run it again if it was interrupted

@@ -1,29 +1,67 @@
 #!/bin/sh
-# Fills this pod's own data volume, unless it already holds what the node reads (DOCUMENTS_DIR's
-# documents.db and every index file of INDEX_SHARDS beside FAISS_INDEX_PATH: the node's own
-# startup check, pipeline.shards.shard_file_problems): the demo support corpus (DEMO_DOCS
-# documents, 2000 by default) and its index, built with the stand-in embedder (MODEL_SOURCE=standin,
-# built into STANDIN_HOME first) or the real one (hub). deploy/k8s runs it as an init container.
-# For your own corpus, replace this with a copy from where you keep the built files.
+# Fills a data volume in the versioned layout (docs/scaling.md, "Data versions"): versions side by
+# side in the data root, the nodes reading the one its `current` link names
+# (FAISS_INDEX_PATH=<root>/current/faiss_index.bin, DOCUMENTS_DIR=<root>/current/documents; the root
+# is FAISS_INDEX_PATH's grandparent). deploy/k8s runs it as each pod's init container, compose's
+# one-shot `data` service on the shared volume.
+#   DATA_VERSION (v1)   the version a node started on this volume serves. Unless <root>/DATA_VERSION
+#                       is complete (its manifest.json, which a build writes last), it is built:
+#                       with DATA_CHANGES (a changes file), from DATA_PARENT (built first if missing:
+#                       python -m builders.data update, only the changed documents embedded); else in
+#                       full, the demo support corpus (DEMO_DOCS documents, 2000 by default) as
+#                       INDEX_SHARDS shards, with the stand-in embedder (MODEL_SOURCE=standin, built
+#                       into STANDIN_HOME first) or the real one (hub).
+#   DATA_CURRENT (keep) keep: a `current` link that exists stays where a rollout left it (compose,
+#                       where the rollout repoints it); one that does not is made, naming DATA_VERSION.
+#                       set: `current` names DATA_VERSION (Kubernetes: the serving containers cannot
+#                       write the link, so the settings name the version a starting pod serves).
+# The link is replaced atomically (a new link renamed over it), and a build is complete or absent
+# (a killed build leaves no manifest, and the next run builds it again). For your own corpus, put
+# your built version in <root>/<version> instead (copied under a temporary name, then renamed).
 set -eu
 cd "$(dirname "$0")/.."
-if python - <<'PY'
-import os
-import sys
-from pathlib import Path
+link="$(dirname "$FAISS_INDEX_PATH")"
+root="$(dirname "$link")"
+version="${DATA_VERSION:-v1}"
+case "${DATA_CURRENT:-keep}" in
+  keep|set) ;;
+  *) echo "fill-data: DATA_CURRENT='$DATA_CURRENT' is not valid: expected keep or set" >&2; exit 2 ;;
+esac
 
-from pipeline.shards import shard_file_problems
+complete() {
+  python -c 'import sys; from pipeline.data_version import load_version; load_version(sys.argv[1])' "$1" \
+    2>/dev/null
+}
 
-problems = shard_file_problems(os.environ["FAISS_INDEX_PATH"], int(os.environ.get("INDEX_SHARDS", "1")))
-if not (Path(os.environ["DOCUMENTS_DIR"]) / "documents.db").is_file():
-    problems.append(f"{os.environ['DOCUMENTS_DIR']}/documents.db is missing")
-sys.exit(1 if problems else 0)
-PY
-then
-  exit 0
+embedder_ready=""
+embedder() {  # the stand-ins a build embeds with, built once (a no-op when present)
+  if [ -z "$embedder_ready" ] && [ "${MODEL_SOURCE:-auto}" = standin ]; then
+    python -m builders.standins --profile "${STANDIN_PROFILE:-tiny}" --hf-home "$STANDIN_HOME" --quiet
+  fi
+  embedder_ready=1
+}
+
+build_in_full() {
+  embedder
+  python -m builders.data build --out "$root/$1" --kind support --docs "${DEMO_DOCS:-2000}" \
+    --shards "${INDEX_SHARDS:-1}" --force --no-progress
+}
+
+if ! complete "$root/$version"; then
+  if [ -n "${DATA_CHANGES:-}" ]; then
+    parent="${DATA_PARENT:?DATA_CHANGES needs DATA_PARENT: the version the changes apply to}"
+    complete "$root/$parent" || build_in_full "$parent"
+    embedder
+    python -m builders.data update --from "$root/$parent" --out "$root/$version" --changes "$DATA_CHANGES" --force
+  else
+    build_in_full "$version"
+  fi
 fi
-if [ "${MODEL_SOURCE:-auto}" = standin ]; then
-  python -m builders.standins --profile "${STANDIN_PROFILE:-tiny}" --hf-home "$STANDIN_HOME" --quiet
+
+if [ "${DATA_CURRENT:-keep}" = set ] || [ ! -L "$link" ]; then
+  ln -sfn "$version" "$root/.$(basename "$link").partial"
+  mv -T "$root/.$(basename "$link").partial" "$link"
+  echo "fill-data: $link -> $version"
+else
+  echo "fill-data: $version is complete; $link stays -> $(readlink "$link")"
 fi
-exec python -m builders.data build --out "$(dirname "$FAISS_INDEX_PATH")" --kind support \
-  --docs "${DEMO_DOCS:-2000}" --shards "${INDEX_SHARDS:-1}" --force --no-progress

@@ -14,6 +14,7 @@ vectors from another model. Pure: no threads, no HTTP.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -227,7 +228,8 @@ def repoint_link(configured: str | Path, version: str) -> bool:
         os.replace(temp, link)
         fsync_dir(link.parent)
     except OSError:
-        temp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a read-only volume refuses even to remove what is not there
+            temp.unlink(missing_ok=True)
         return False
     return True
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from pipeline import spec
 from pipeline.config import ConfigError, Settings
 from pipeline.continuous.output import Completion
+from pipeline.docstore import DocumentStore
 from pipeline.generator import GenerationRequest
 from pipeline.models import ModelSource, resolve_model_source
 from pipeline.reranker import RerankRequest
@@ -22,16 +23,19 @@ from pipeline.vector_index import ShardedVectorIndex, VectorIndex
 
 @dataclass
 class ReferencePipeline(Stages):
-    """A worker's stages plus the FAISS index itself (a worker asks node 2 instead)."""
+    """A worker's stages plus the FAISS index and the document store themselves (a worker asks the index
+    nodes instead, and fetches from the data version its request holds)."""
     index: VectorIndex | ShardedVectorIndex
+    store: DocumentStore
 
     @classmethod
     def from_settings(cls, settings: Settings, source: ModelSource | None = None) -> "ReferencePipeline":
         source = source or resolve_model_source(settings)
         index = ShardedVectorIndex.load(settings.require_index_files(), nprobe=settings.index.nprobe,
                                         mmap=settings.index.faiss_mmap)
+        store = DocumentStore(settings.require_documents())
         stages = Stages.load(settings, source)  # the service's placement_for, per stage
-        return cls(index=index, **{f.name: getattr(stages, f.name) for f in fields(stages)})
+        return cls(index=index, store=store, **{f.name: getattr(stages, f.name) for f in fields(stages)})
 
     def retrieve(self, query: str):
         ids, _ = self.index.search(self.embedder.embed([query]), spec.TOP_K)

@@ -1,4 +1,4 @@
-"""The five models and the document store, loaded together (no threads, no HTTP)."""
+"""The five models of one pipeline, loaded together (no threads, no HTTP)."""
 from __future__ import annotations
 
 import ctypes
@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Callable
 from pipeline.classifiers import SentimentClassifier, ToxicityClassifier
 from pipeline.config import Settings
 from pipeline.device import Placement, placement_for
-from pipeline.docstore import DocumentStore
 from pipeline.embedder import Embedder
 from pipeline.generator import GenerationRequest, Generator
 from pipeline.models import ModelSource
@@ -36,9 +35,9 @@ def release_freed_memory() -> None:
 
 @dataclass
 class Stages:
-    """The models and the document store of one pipeline: a worker's, or the reference's."""
+    """The models of one pipeline: a worker's, or the reference's. Documents are not among them: a
+    worker fetches from the data version each request holds (services.roles.versioned_data)."""
     embedder: Embedder
-    store: DocumentStore
     reranker: Reranker
     generator: Generator
     sentiment: SentimentClassifier
@@ -58,9 +57,8 @@ class Stages:
         # The LLM first: its load holds the float checkpoint and the converted copy at once (about
         # 1.3 GB over its final size on the faithful stand-ins), best paid while the process is small.
         generator = load(Generator)
-        return cls(embedder=load(Embedder), store=DocumentStore(settings.require_documents()),
-                   reranker=load(Reranker), generator=generator, sentiment=load(SentimentClassifier),
-                   toxicity=load(ToxicityClassifier))
+        return cls(embedder=load(Embedder), reranker=load(Reranker), generator=generator,
+                   sentiment=load(SentimentClassifier), toxicity=load(ToxicityClassifier))
 
     def warm_up(self, engine: ContinuousEngine) -> None:
         """One pass through every model so the first real request pays no lazy init; the LLM's through

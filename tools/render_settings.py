@@ -55,7 +55,8 @@ class Wiring(NamedTuple):
 
 
 # The cluster in Kubernetes: node 0 the gateway Deployment, node 1 the workers' Service, nodes 2 and 3
-# the index StatefulSet's two pods (one shard each), and the data where the volumes mount it.
+# the index StatefulSet's two pods (one shard each), and the data where the volumes mount it, through
+# the link to the version the pod serves.
 K8S_WIRING: dict[str, Wiring] = {
     "TOTAL_NODES": Wiring("4"),
     "NODE_0_IP": Wiring("rag-gateway:8000"),
@@ -70,8 +71,8 @@ K8S_WIRING: dict[str, Wiring] = {
     "HF_HUB_OFFLINE": Wiring("true", "Serving pods run offline over the model cache (hub overlay) or stand-ins."),
     "MODEL_SOURCE": Wiring("standin"),
     "STANDIN_HOME": Wiring("/standins/home"),
-    "DOCUMENTS_DIR": Wiring("/data/documents"),
-    "FAISS_INDEX_PATH": Wiring("/data/faiss_index.bin"),
+    "DOCUMENTS_DIR": Wiring("/data/current/documents", "A pod's volume holds data versions side by side; it serves the one `current` names (data.yaml)."),
+    "FAISS_INDEX_PATH": Wiring("/data/current/faiss_index.bin"),
 }
 
 

@@ -122,7 +122,8 @@ def reference_answers(cluster, tmp_path_factory):
     settings = Settings.from_env({
         "MODEL_SOURCE": "standin", "STANDIN_PROFILE": "tiny", "STANDIN_HOME": str(out / "standins" / "home"),
         "PRECISION": "float32", "ONLY_CPU": "true", "TOTAL_NODES": "4", "INDEX_NODES": "2,3", "INDEX_SHARDS": "2",
-        "FAISS_INDEX_PATH": str(out / "data" / "faiss_index.bin"), "DOCUMENTS_DIR": str(out / "data" / "documents")})
+        "FAISS_INDEX_PATH": str(out / "data" / "current" / "faiss_index.bin"),
+        "DOCUMENTS_DIR": str(out / "data" / "current" / "documents")})
     reference = ReferencePipeline.from_settings(settings)
     return {query: reference.answer(query, "") for query in spec.REFERENCE_QUERIES}
 

@@ -154,10 +154,10 @@ class SteadyLoad:
             thread.join(timeout=300)
 
 
-def roll(cluster, version: str) -> subprocess.CompletedProcess:
+def roll(cluster, version: str, *options: str) -> subprocess.CompletedProcess:
     """What an operator types: `./run.sh data-rollout VERSION`, with the nodes' own environment."""
     env = {k: v for k, v in cluster.env.items() if k != "NODE_NUMBER"}
-    return subprocess.run([sys.executable, "-m", "tools.data_rollout", version], env=env, cwd=REPO_ROOT,
+    return subprocess.run([sys.executable, "-m", "tools.data_rollout", version, *options], env=env, cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=400)
 
 
@@ -182,7 +182,7 @@ def test_a_cluster_under_load_switches_versions_with_every_request_answered_from
     asked = queries(root)
     with SteadyLoad(cluster.url(0), asked) as load:
         wait_until(lambda: load.count() >= 2 * CLIENTS, 300, "replies from version 1")
-        rolled = roll(cluster, "v2")
+        rolled = roll(cluster, "v2", "--link", str(root / "current"))
         assert rolled.returncode == 0, rolled.stderr[-3000:]
         switched = time.monotonic()
         wait_until(lambda: load.count(since=switched) >= len(asked), 400, "replies after the switch")
@@ -209,12 +209,11 @@ def test_a_switch_interrupted_by_killed_nodes_leaves_each_request_on_one_version
     rollout = Rollout(cluster.settings, "v3", release_timeout_s=30, node_wait_s=240)
     with SteadyLoad(cluster.url(0), queries(root)) as load:
         wait_until(lambda: load.count() >= CLIENTS, 300, "replies from version 2")
-        rollout.step(cluster.settings.cluster.index_nodes, "load")
+        rollout.step(rollout.topology.index_nodes, "load")
         cluster.kill_node(index_node)  # SIGKILL after it loaded version 3, before any worker switched
         cluster.start_node(index_node)
         cluster.wait_healthy([index_node], timeout_s=120)
-        rollout.step((worker,), "load")
-        rollout.step((worker,), "switch")  # node 0 still on version 2
+        rollout.step([rollout.topology.node(worker)], "switch")  # loads, then switches; node 0 still on version 2
         mixed = time.monotonic()
         wait_until(lambda: load.count(since=mixed) >= CLIENTS, 300, "replies while the workers differ")
         cluster.kill_node(worker)  # SIGKILL in the middle of the switch

@@ -3,6 +3,7 @@ version, and a node's set of versions (one current, each released once its reque
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import shutil
 import sqlite3
@@ -94,6 +95,23 @@ def test_versions_lie_beside_each_other_and_a_current_link_follows_a_switch(v1, 
     assert data_root_of(configured) == root.resolve()
     assert repoint_link(configured, "v2") and os.readlink(link) == "v2"
     assert not repoint_link(v1 / "faiss_index.bin", "v2")  # no link: nothing to repoint
+    link.unlink()
+
+
+def test_a_link_on_a_read_only_volume_stays_and_repointing_it_says_so(v1, monkeypatch):
+    """The serving containers of compose and Kubernetes mount the data read-only: every write there
+    fails with EROFS, removing a file that is not there included. The link stays; the caller is told."""
+    link = v1.parent / "current"
+    link.unlink(missing_ok=True)
+    os.symlink("v1", link)
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+    with monkeypatch.context() as patched:
+        for name in ("symlink", "replace", "unlink"):
+            patched.setattr(os, name, read_only)
+        assert repoint_link(link / "faiss_index.bin", "v2") is False
+    assert os.readlink(link) == "v1"
     link.unlink()
 
 

@@ -24,8 +24,9 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from pipeline.config import REPO_ROOT, Settings
+from pipeline.data_version import load_version
 from pipeline.kernels.versions import TORCH_VERIFIED
-from pipeline.shards import shard_path
+from tests.support.data_versions import manifest_only_version
 
 compose_spec = pytest.importorskip("compose_spec")
 
@@ -157,7 +158,14 @@ def test_k8s_env_names_are_settings():
         for container in (pod or {}).get("containers", []) + (pod or {}).get("initContainers", []):
             assert settings_env([e["name"] for e in container.get("env", [])], total) == [], obj["metadata"]["name"]
             refs = [ref["configMapRef"]["name"] for ref in container.get("envFrom", []) if "configMapRef" in ref]
-            assert refs in ([], ["rag-settings"]), obj["metadata"]["name"]
+            # fill-data also reads which data version to lay out: its own inputs, not the nodes' settings.
+            allowed = ([], ["rag-settings"], ["rag-settings", "rag-data"]) if container["name"] == "fill-data" else \
+                ([], ["rag-settings"])
+            assert refs in allowed, obj["metadata"]["name"]
+    # rag-data holds exactly the variables fill-data.sh reads beyond the settings.
+    read = set(re.findall(r"\$\{(DATA_[A-Z_]+)", (DEPLOY / "fill-data.sh").read_text()))
+    assert set(by_kind("ConfigMap")["rag-data"]["data"]) == read == {"DATA_VERSION", "DATA_PARENT", "DATA_CHANGES",
+                                                                     "DATA_CURRENT"}
 
 
 def test_configmap_carries_env_example_at_its_defaults_except_the_wiring():
@@ -208,9 +216,24 @@ def test_compose_topology_and_ports_agree():
     assert 0 not in index_nodes and len(index_nodes) >= int(env["INDEX_SHARDS"])
     workers = [n for n in range(total) if n not in index_nodes]
     assert workers == [0, 1] and len(index_nodes) == 2  # node 0's own worker, and the `worker` service
-    built = compose()["services"]["data"]["command"][0]
-    assert f"--shards {env['INDEX_SHARDS']}" in built
-    assert shard_path(env["FAISS_INDEX_PATH"], int(env["INDEX_SHARDS"]) - 1, int(env["INDEX_SHARDS"])).name in built
+    # The data service lays out what the nodes read (fill-data.sh: a version directory and the link
+    # /data/current the nodes' paths go through), at their shard count.
+    data = compose()["services"]["data"]
+    assert data["command"][0].endswith("exec deploy/fill-data.sh")
+    for name in ("FAISS_INDEX_PATH", "DOCUMENTS_DIR", "INDEX_SHARDS"):
+        assert data["environment"][name] == env[name], name
+    assert (env["FAISS_INDEX_PATH"], env["DOCUMENTS_DIR"]) == ("/data/current/faiss_index.bin", "/data/current/documents")
+
+
+def test_compose_rolls_out_from_a_one_off_container_that_may_repoint_the_link():
+    services = compose()["services"]
+    env = {k: v for k, v in services["node0"]["environment"].items() if k != "NODE_NUMBER"}
+    rollout = services["rollout"]
+    assert rollout["profiles"] == ["tools"] and rollout["environment"] == env  # the nodes' own topology
+    assert rollout["entrypoint"] == ["./run.sh", "data-rollout", "--link", "/data/current"]
+    assert rollout["volumes"] == ["data:/data"]  # writable here: the link it repoints
+    for name, svc in node_services().items():  # and read-only where the nodes serve
+        assert "data:/data:ro" in svc["volumes"], name
 
 
 def test_compose_prometheus_scrapes_every_node():
@@ -332,17 +355,50 @@ def test_dockerignore_keeps_local_state_out():
     assert not {"pipeline", "services", "builders", "profiling", "run.sh", "setup.cfg"} & ignored
 
 
-def test_fill_data_does_nothing_where_the_data_is_there(tmp_path):
-    (tmp_path / "documents").mkdir()
-    (tmp_path / "documents" / "documents.db").write_bytes(b"db")
-    for shard in range(2):
-        shard_path(tmp_path / "faiss_index.bin", shard, 2).write_bytes(b"index")
-    env = {**os.environ, "FAISS_INDEX_PATH": str(tmp_path / "faiss_index.bin"), "INDEX_SHARDS": "2",
-           "DOCUMENTS_DIR": str(tmp_path / "documents"), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    result = subprocess.run([str(DEPLOY / "fill-data.sh")], env=env, capture_output=True, text=True, timeout=60)
-    assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["documents", "faiss_index.shard-0-of-2.bin",
-                                                          "faiss_index.shard-1-of-2.bin"]
+def fill_data(root: Path, **env: str) -> subprocess.CompletedProcess:
+    """deploy/fill-data.sh on data root `root`, as an init container runs it (the nodes read root/current)."""
+    env = {**os.environ, "FAISS_INDEX_PATH": str(root / "current" / "faiss_index.bin"), "TOTAL_NODES": "4",
+           "INDEX_NODES": "2,3", "INDEX_SHARDS": "2", "DOCUMENTS_DIR": str(root / "current" / "documents"),
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **env}
+    return subprocess.run([str(DEPLOY / "fill-data.sh")], env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_fill_data_links_a_complete_version_builds_nothing_and_keeps_a_link_a_rollout_moved(tmp_path):
+    manifest_only_version(tmp_path, "v1")
+    result = fill_data(tmp_path)
+    assert (result.returncode, result.stdout, result.stderr) == (0, f"fill-data: {tmp_path}/current -> v1\n", "")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["current", "v1"]
+    assert os.readlink(tmp_path / "current") == "v1" and [p.name for p in (tmp_path / "v1").iterdir()] == ["manifest.json"]
+    manifest_only_version(tmp_path, "v2")
+    os.symlink("v2", tmp_path / "moved")
+    os.replace(tmp_path / "moved", tmp_path / "current")  # as a rollout leaves it
+    assert fill_data(tmp_path).returncode == 0 and os.readlink(tmp_path / "current") == "v2"  # keep (compose)
+    assert fill_data(tmp_path, DATA_CURRENT="set").returncode == 0  # set (Kubernetes): the settings name it
+    assert os.readlink(tmp_path / "current") == "v1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["current", "v1", "v2"]
+    refused = fill_data(tmp_path, DATA_CURRENT="sometimes")
+    assert refused.returncode == 2 and "DATA_CURRENT='sometimes'" in refused.stderr
+
+
+@pytest.mark.slow
+def test_fill_data_builds_a_version_from_its_parent_and_changes_and_a_second_run_builds_nothing(tmp_path,
+                                                                                              tiny_settings):
+    changes = tmp_path / "changes.jsonl"
+    changes.write_text(json.dumps({"doc_id": 500, "title": "Gift cards", "content": "Gift cards never expire.",
+                                   "category": "billing"}) + "\n" + json.dumps({"doc_id": 3, "delete": True}) + "\n")
+    root = tmp_path / "data"
+    env = {"MODEL_SOURCE": "standin", "STANDIN_PROFILE": "tiny", "STANDIN_HOME": str(tiny_settings.standin_dir),
+           "HF_HUB_OFFLINE": "1", "DEMO_DOCS": "40", "DATA_VERSION": "v2", "DATA_PARENT": "v1",
+           "DATA_CHANGES": str(changes)}
+    result = fill_data(root, **env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    v1, v2 = load_version(root / "v1"), load_version(root / "v2")
+    assert (v1.documents, v1.shards, v1.parent) == (40, 2, None)  # the parent, built in full first
+    assert (v2.documents, v2.parent, v2.changes) == (40, "v1", {"added": 1, "replaced": 0, "deleted": 1})
+    assert os.readlink(root / "current") == "v2"
+    again = fill_data(root, **env)
+    assert again.returncode == 0 and "v2 is complete" in again.stdout
+    assert (load_version(root / "v1"), load_version(root / "v2")) == (v1, v2)  # nothing built again
 
 
 class ReadyHandler(http.server.BaseHTTPRequestHandler):

@@ -315,6 +315,7 @@ def test_egress_allows_dns_and_the_pods_each_role_calls_and_nothing_else():
         assert not may_send(role, None, 443) and not may_send(role, None, 53, "UDP")  # no internet
         assert not may_send(role, {"app": "anything"}, PORT, namespace="other")
     assert may_send(gateway, worker, PORT) and may_send(gateway, index, PORT)
+    assert may_send(gateway, gateway, PORT)  # a data rollout run in one gateway pod reaches the others
     assert may_send(worker, index, PORT) and not may_send(worker, worker, PORT) and not may_send(worker, gateway, PORT)
     assert not may_send(index, index, PORT) and not may_send(index, worker, PORT)
     assert not may_send(gateway, worker, 22)
@@ -351,6 +352,10 @@ def test_the_wiring_names_the_headless_services_the_nodes_discover():
         node = node_number(replicas)
         assert settings.role_of(node) == "index" and settings.served_shard(node) == shard
     assert by_kind("Deployment")["rag-gateway"]["spec"]["replicas"] >= 2
+    # Every gateway by one name (a rollout reaches each: each is a worker), beside the Service clients use.
+    pods, front = services["rag-gateway-pods"]["spec"], services["rag-gateway"]["spec"]
+    assert pods["clusterIP"] == "None" and pods["publishNotReadyAddresses"] is False
+    assert pods["selector"] == front["selector"] == pod_labels("gateway") and pods["ports"] == front["ports"]
 
 
 def test_each_role_is_a_node_its_settings_accept():
@@ -379,6 +384,46 @@ def test_workers_and_shard_replicas_spread_over_machines():
         if role_of(obj) == "index":  # a shard's two replicas never on one machine
             assert "shard" in spread["labelSelector"]["matchLabels"]
             assert spread["whenUnsatisfiable"] == "DoNotSchedule"
+
+
+# ---------------------------------------------------------------- data versions
+
+
+def test_every_pod_reads_its_data_through_the_current_link_fill_data_lays_out():
+    data = settings_data()
+    assert (data["FAISS_INDEX_PATH"], data["DOCUMENTS_DIR"]) == ("/data/current/faiss_index.bin",
+                                                                 "/data/current/documents")
+    # The settings name the version a starting pod serves: its serving container cannot move the link.
+    assert by_kind("ConfigMap")["rag-data"]["data"]["DATA_CURRENT"] == "set"
+    for obj in workloads():
+        (fill,) = [c for c in pod_spec(obj)["initContainers"] if c["name"] == "fill-data"]
+        assert fill["command"] == ["deploy/fill-data.sh"]
+        assert [ref["configMapRef"]["name"] for ref in fill["envFrom"]] == ["rag-settings", "rag-data"]
+        (changes,) = [v for v in pod_spec(obj)["volumes"] if v["name"] == "data-changes"]
+        assert changes["configMap"] == {"name": "rag-data-changes", "optional": True}  # made per version
+        assert {"name": "data-changes", "mountPath": "/changes", "readOnly": True} in fill["volumeMounts"]
+
+
+# What `kubectl debug --profile=restricted` sets on the container it adds (kubectl's restricted profile).
+KUBECTL_RESTRICTED = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True,
+                      "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_in_place_build_container_mounts_what_fill_data_mounts_under_the_restricted_standard(version):
+    custom = yaml.safe_load((K8S / "debug" / "build-data-version.yaml").read_text())
+    container = {"name": "data-v2", "image": "rag-service:0123456789ab", "command": ["deploy/fill-data.sh"],
+                 **custom, "securityContext": {**KUBECTL_RESTRICTED, **custom["securityContext"]}}
+    assert custom["envFrom"] == [{"configMapRef": {"name": "rag-settings"}}]
+    for obj in workloads():
+        (fill,) = [c for c in pod_spec(obj)["initContainers"] if c["name"] == "fill-data"]
+        assert container["volumeMounts"] == fill["volumeMounts"], obj["metadata"]["name"]  # /data writable
+        spec = {**copy.deepcopy(pod_spec(obj)), "ephemeralContainers": [container]}
+        kubernetes_validate.validate({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "rag"},
+                                      "spec": spec}, version, strict=True)
+        as_container = copy.deepcopy(obj)
+        pod_spec(as_container).update(containers=[container], initContainers=[])
+        assert restricted_violations(as_container) == []
 
 
 # ---------------------------------------------------------------- storage and models

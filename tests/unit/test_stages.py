@@ -125,7 +125,7 @@ def test_classifiers_see_only_512_characters(sentiment, toxicity):
 def test_devices_name_each_model_stage_device_and_precision(embedder, reranker, generator, sentiment, toxicity):
     from pipeline.device import Placement
     from pipeline.stages import Stages
-    stages = Stages(embedder, None, reranker, generator, sentiment, toxicity)
+    stages = Stages(embedder, reranker, generator, sentiment, toxicity)
     assert stages.devices() == {str(stage): "cpu/float32" for stage in spec.MODEL_STAGES}
     saved = generator.placement
     try:
@@ -143,7 +143,7 @@ def test_warm_up_drives_the_engine_that_serves_and_leaves_it_idle_and_ready(embe
     from pipeline.stages import Stages
     if torch.cuda.is_available():
         pytest.skip("the CPU case: off CUDA nothing is recorded (test_warm_up_records_every_cuda_graph covers CUDA)")
-    stages = Stages(embedder, None, reranker, generator, sentiment, toxicity)
+    stages = Stages(embedder, reranker, generator, sentiment, toxicity)
     engine = ContinuousEngine(generator, max_batch=3, kv_cache_tokens=4096, prefill_chunk=64)
 
     def refused(*args, **kwargs):

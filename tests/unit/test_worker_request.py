@@ -37,8 +37,8 @@ class InProcessIndex:
 
 @pytest.fixture
 def worker(support_data, embedder, reranker, generator, sentiment, toxicity):
-    stages = Stages(embedder=embedder, store=DocumentStore(support_data.db_path), reranker=reranker,
-                    generator=generator, sentiment=sentiment, toxicity=toxicity)
+    stages = Stages(embedder=embedder, reranker=reranker, generator=generator, sentiment=sentiment,
+                    toxicity=toxicity)
     index = InProcessIndex(VectorIndex.load(support_data.index_path, nprobe=64))
     documents = VersionedData(support_data.db_path.parent, lambda directory, _: DocumentStore(directory / "documents"),
                               DocumentStore.close)
@@ -137,8 +137,8 @@ def test_eos_on_the_last_allowed_token_finishes_with_stop(reference, generator, 
     ending.generation_config.eos_token_id = [*generator.eos_ids, ids[at]]
     expected = ending.completions([GenerationRequest(QUERY, documents, at + 1)])  # the oracle, same rule
     assert expected[0].finish_reason == "stop"
-    stages = Stages(embedder=embedder, store=DocumentStore(support_data.db_path), reranker=reranker,
-                    generator=ending, sentiment=sentiment, toxicity=toxicity)
+    stages = Stages(embedder=embedder, reranker=reranker, generator=ending, sentiment=sentiment,
+                    toxicity=toxicity)
     documents = VersionedData(support_data.db_path.parent, lambda directory, _: DocumentStore(directory / "documents"),
                               DocumentStore.close)
     documents.load_startup()
