@@ -5,8 +5,10 @@ One cluster with small limits serves the whole module, so capacity, deadlines an
 cluster token are exercised together: CLUSTER_TOKEN is set (every /query below also
 proves the nodes pass it to each other), REQUEST_TIMEOUT_S is short so a 504 comes
 quickly, and GATEWAY_MAX_IN_FLIGHT / STAGE_MAX_QUEUE are tiny so a burst overflows them.
-Node 2 is restarted by some tests (killed, or slowed: started as tests.support.slow_index_node);
-the SIGTERM test stops node 0 and so comes last.
+Node 2 runs as tests.support.slow_index_node: a test slows it, or holds its searches (requests stay
+in flight until the test lets them go), by writing its delay, with no restart; one test kills it and
+starts it again. The reply-cache test gets a second node 0 of its own in front of nodes 1 and 2; the
+SIGTERM test stops node 0 and so comes last.
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ from hypothesis import strategies as st
 from pipeline import spec
 from services.server.token import TOKEN_HEADER
 from tests.helpers import health, post_query, start_cluster, uid, wait_until
-from tests.support import slow_index_command
+from tests.support import SlowIndex
+from tests.support.second_gateway import second_gateway
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -40,8 +43,13 @@ QUERY_STATUSES = {200, 400, 409, 413, 415, 503, 504}
 
 
 @pytest.fixture(scope="module")
-def cluster(course_data, tmp_path_factory):
-    cluster = start_cluster(course_data, tmp_path_factory.mktemp("faults-logs"),
+def slow_index(tmp_path_factory) -> SlowIndex:
+    return SlowIndex(tmp_path_factory.mktemp("faults-index") / "delay_ms")
+
+
+@pytest.fixture(scope="module")
+def cluster(course_data, tmp_path_factory, slow_index):
+    cluster = start_cluster(course_data, tmp_path_factory.mktemp("faults-logs"), commands={2: slow_index.command()},
                             CLUSTER_TOKEN=TOKEN, REQUEST_TIMEOUT_S=str(REQUEST_TIMEOUT_S),
                             GATEWAY_MAX_IN_FLIGHT=str(MAX_IN_FLIGHT), STAGE_MAX_QUEUE="4", SEARCH_MAX_BATCH="4",
                             SHUTDOWN_GRACE_S="30", CONNECT_TIMEOUT_S="1",
@@ -73,13 +81,6 @@ def assert_json_answer(response: requests.Response, allowed: set[int]) -> None:
         assert isinstance(body["error"], str) and body["error"]
     if response.status_code == 503:
         assert int(response.headers["Retry-After"]) >= 1
-
-
-def restart_node_2(cluster, delay_ms: int = 0) -> None:
-    """Replace node 2's process: one whose every search sleeps `delay_ms` first, or a usual one."""
-    cluster.kill_node(2)
-    cluster.start_node(2, command=slow_index_command(delay_ms, cluster.python) if delay_ms else None)
-    cluster.wait_healthy(nodes=(2,), timeout_s=60)
 
 
 # ---------------------------------------------------------------- the cluster token
@@ -245,38 +246,56 @@ def test_burst_of_4x_capacity_gets_200_or_immediate_503_and_the_cluster_recovers
 
 # ---------------------------------------------------------------- node 2 down, slow, back
 
-def test_node_2_killed_then_back_waiting_requests_succeed(cluster):
+def searches_taken(cluster, node: int) -> int:
+    """Items a worker's search stage has taken or holds (a search in progress included)."""
+    search = health(cluster, node)["stages"]["search"]
+    return search["items"] + search["queue_depth"]
+
+
+def log_since(cluster, node: int, offset: int) -> str:
+    return cluster.log_path(node).read_bytes()[offset:].decode(errors="replace")
+
+
+def test_node_2_killed_then_back_waiting_requests_succeed(cluster, slow_index):
+    workers = (0, 1)
+    taken = {n: searches_taken(cluster, n) for n in workers}
+    logged = {n: cluster.log_path(n).stat().st_size for n in workers}
     cluster.kill_node(2)
     tag, results = uid("n2"), {}
 
     def send(i):
         results[i] = post_query(cluster, f"{tag}-{i}", spec.REFERENCE_QUERIES[i])
 
+    def retrying() -> bool:
+        """Every request is in a search stage, and each worker holding one has logged a retry."""
+        held = {n: searches_taken(cluster, n) - taken[n] for n in workers}
+        return sum(held.values()) == 3 and all("retrying in" in log_since(cluster, n, logged[n])
+                                               for n in workers if held[n])
+
     threads = [threading.Thread(target=send, args=(i,)) for i in range(3)]
     started = time.monotonic()
     for t in threads:
         t.start()
-    time.sleep(1.5)  # they are retrying their searches now
+    wait_until(retrying, 5, "the requests are not retrying their searches")
     assert not results, "a request finished while node 2 was down"
-    cluster.start_node(2)
+    cluster.start_node(2, command=slow_index.command(cluster.python))
     for t in threads:
         t.join(timeout=60)
     assert [results[i].status_code for i in range(3)] == [200] * 3, [results[i].text for i in range(3)]
     assert time.monotonic() - started < REQUEST_TIMEOUT_S
 
 
-def test_slow_node_2_gives_504_and_the_cluster_serves_normally_afterwards(cluster):
-    restart_node_2(cluster, delay_ms=int(REQUEST_TIMEOUT_S * 1000) + 5000)
+def test_slow_node_2_gives_504_and_the_cluster_serves_normally_afterwards(cluster, slow_index):
     ids = [uid(f"slow-{i}") for i in range(3)]
-    started = time.monotonic()
-    with ThreadPoolExecutor(3) as pool:
-        responses = list(pool.map(lambda request_id: post_query(cluster, request_id), ids))
-    elapsed = time.monotonic() - started
+    with slow_index.delayed(REQUEST_TIMEOUT_S * 1000 + 5000):
+        started = time.monotonic()
+        with ThreadPoolExecutor(3) as pool:
+            responses = list(pool.map(lambda request_id: post_query(cluster, request_id), ids))
+        elapsed = time.monotonic() - started
     for r in responses:
         assert r.status_code == 504 and r.json() == {"error": "Request timeout"}
     assert REQUEST_TIMEOUT_S - 1 < elapsed < REQUEST_TIMEOUT_S + 5
     # A timed-out id is not cached: sent again once node 2 is quick, it is computed.
-    restart_node_2(cluster)
     assert post_query(cluster, ids[0]).status_code == 200
     assert [post_query(cluster, uid(f"fast-{i}")).status_code for i in range(4)] == [200] * 4
 
@@ -300,31 +319,29 @@ def gateway_stats(cluster) -> dict:
     return health(cluster, 0)["gateway"]
 
 
-def test_a_joiner_with_another_query_gets_409_not_the_other_querys_answer(cluster):
-    restart_node_2(cluster, delay_ms=4000)  # the first asker stays in flight meanwhile
-    try:
-        request_id = uid("bound-flight")
-        with ThreadPoolExecutor(2) as pool:
+def test_a_joiner_with_another_query_gets_409_not_the_other_querys_answer(cluster, slow_index):
+    request_id = uid("bound-flight")
+    with ThreadPoolExecutor(2) as pool:
+        with slow_index.held():  # the first asker stays in flight until its joiner has joined
             owner = pool.submit(post_query, cluster, request_id, "Where is my order?")
             wait_until(lambda: gateway_stats(cluster)["in_flight"] == 1, 3, "the first asker is not in flight")
             started = time.monotonic()
             planted = post_query(cluster, request_id, "What payment methods do you accept?")
             assert planted.status_code == 409, planted.text[:300]
             assert planted.json()["field"] == "query" and time.monotonic() - started < 2
+            joined = gateway_stats(cluster)["joined"]
             joiner = pool.submit(post_query, cluster, request_id, "Where is my order?")
-            assert owner.result(timeout=30).status_code == 200
-            assert joiner.result(timeout=30).text == owner.result().text
-    finally:
-        restart_node_2(cluster)
+            wait_until(lambda: gateway_stats(cluster)["joined"] == joined + 1, 4, "the joiner is not counted")
+        assert owner.result(timeout=30).status_code == 200
+        assert joiner.result(timeout=30).text == owner.result().text
 
 
 # ---------------------------------------------------------------- joiners are bounded
 
-def test_joiners_beyond_their_caps_get_an_immediate_503_while_health_stays_quick(cluster):
-    restart_node_2(cluster, delay_ms=5000)  # both ids stay in flight through the test
+def test_joiners_beyond_their_caps_get_an_immediate_503_while_health_stays_quick(cluster, slow_index):
     ids, query = [uid("join-a"), uid("join-b")], "How long does shipping typically take?"
-    try:
-        with ThreadPoolExecutor(2 + MAX_JOINERS) as pool:
+    with ThreadPoolExecutor(2 + MAX_JOINERS) as pool:
+        with slow_index.held():  # both ids stay in flight until every joiner is counted or refused
             owners = [pool.submit(post_query, cluster, request_id, query) for request_id in ids]
             wait_until(lambda: gateway_stats(cluster)["in_flight"] == 2, 3, "the two ids are not in flight")
             joined = gateway_stats(cluster)["joined"]
@@ -334,12 +351,10 @@ def test_joiners_beyond_their_caps_get_an_immediate_503_while_health_stays_quick
             assert_refused(cluster, ids[1], "in all")
             started = time.monotonic()
             assert health(cluster, 0)["status"] == "healthy" and time.monotonic() - started < 1
-            replies = [f.result(timeout=30) for f in owners + accepted]
-        assert [r.status_code for r in replies] == [200] * len(replies)
-        stats = gateway_stats(cluster)
-        assert stats["joined"] - joined == MAX_JOINERS and stats["rejected_joiners"] >= 6
-    finally:
-        restart_node_2(cluster)
+        replies = [f.result(timeout=30) for f in owners + accepted]
+    assert [r.status_code for r in replies] == [200] * len(replies)
+    stats = gateway_stats(cluster)
+    assert stats["joined"] - joined == MAX_JOINERS and stats["rejected_joiners"] >= 6
 
 
 def assert_refused(cluster, request_id: str, cap: str) -> None:
@@ -360,36 +375,20 @@ def join(pool, cluster, request_id: str, n: int, joined_before: int) -> list:
 
 # ---------------------------------------------------------------- the reply cache stays behind the request_id
 
-def restart_node_0(cluster, **env: str) -> None:
-    cluster.stop_node(0)
-    saved = {k: cluster.env.get(k) for k in env}
-    cluster.env.update(env)
-    try:
-        cluster.start_node(0)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                cluster.env.pop(k)
-            else:
-                cluster.env[k] = v
-    cluster.wait_healthy(nodes=(0,), timeout_s=120)
-
-
-def test_with_the_reply_cache_on_a_request_id_keeps_its_own_answer(cluster):
-    restart_node_0(cluster, RESPONSE_CACHE_SIZE="64")
-    try:
+def test_with_the_reply_cache_on_a_request_id_keeps_its_own_answer(cluster, tmp_path):
+    # A node 0 of its own with the reply cache on: the module's keeps it off, which the other tests need.
+    with second_gateway(cluster, tmp_path / "logs", RESPONSE_CACHE_SIZE="64") as gateway:
         first_id, other_id = uid("own"), uid("own-other")
-        first = post_query(cluster, first_id, "Is there a warranty on electronic items?")
+        first = post_query(gateway, first_id, "Is there a warranty on electronic items?")
         assert first.status_code == 200
-        hits = idempotency_hits(cluster)
-        again = post_query(cluster, first_id, "Is there a warranty on electronic items?")
+        hits = idempotency_hits(gateway)
+        again = post_query(gateway, first_id, "Is there a warranty on electronic items?")
         assert again.text == first.text  # not the reply cache's copy (marked "cached", re-addressed)
-        assert idempotency_hits(cluster) == hits + 1
-        assert post_query(cluster, other_id, "What is your refund policy?").status_code == 200
-        planted = post_query(cluster, first_id, "What is your refund policy?")  # a hit in the reply cache
+        assert idempotency_hits(gateway) == hits + 1
+        assert post_query(gateway, other_id, "What is your refund policy?").status_code == 200
+        planted = post_query(gateway, first_id, "What is your refund policy?")  # a hit in the reply cache
         assert planted.status_code == 409 and planted.json()["field"] == "query", planted.text[:300]
-    finally:
-        restart_node_0(cluster)
+        assert gateway.procs[0].poll() is None, gateway.tail(0)
 
 
 def fill_the_gateway(cluster, tag: str) -> tuple[list[threading.Thread], dict]:
@@ -407,36 +406,32 @@ def fill_the_gateway(cluster, tag: str) -> tuple[list[threading.Thread], dict]:
     return threads, results
 
 
-def test_embeddings_are_counted_against_the_gateways_admission(cluster):
-    restart_node_2(cluster, delay_ms=2000)  # queries in flight long enough to fill the gateway
+def test_embeddings_are_counted_against_the_gateways_admission(cluster, slow_index):
     embed = {"model": spec.EMBEDDER_MODEL, "input": "Where is my parcel?"}
-    threads, results = fill_the_gateway(cluster, "admit")
-    rejected = health(cluster, 0)["gateway"]["rejected"]
-    full = requests.post(f"{cluster.url(0)}/v1/embeddings", json=embed, timeout=10)
-    assert full.status_code == 503 and "capacity" in full.json()["error"]["message"], full.text[:300]
-    assert full.headers["x-should-retry"] == "true" and int(full.headers["Retry-After"]) >= 1
-    assert health(cluster, 0)["gateway"]["rejected"] == rejected + 1
+    with slow_index.held():  # the queries stay in flight, filling the gateway, until the check is done
+        threads, results = fill_the_gateway(cluster, "admit")
+        rejected = health(cluster, 0)["gateway"]["rejected"]
+        full = requests.post(f"{cluster.url(0)}/v1/embeddings", json=embed, timeout=10)
+        assert full.status_code == 503 and "capacity" in full.json()["error"]["message"], full.text[:300]
+        assert full.headers["x-should-retry"] == "true" and int(full.headers["Retry-After"]) >= 1
+        assert health(cluster, 0)["gateway"]["rejected"] == rejected + 1
     for t in threads:
         t.join(timeout=60)
     assert [results[i].status_code for i in range(MAX_IN_FLIGHT)] == [200] * MAX_IN_FLIGHT
     assert requests.post(f"{cluster.url(0)}/v1/embeddings", json=embed, timeout=30).status_code == 200
-    restart_node_2(cluster)
 
 
 # ---------------------------------------------------------------- SIGTERM (stops node 0: last)
 
-def test_sigterm_drains_node_0_then_exits_0(cluster, request):
-    restart_node_2(cluster, delay_ms=2000)  # requests in flight long enough to be caught
-    threads, results = fill_the_gateway(cluster, "drain")
-    request.node.stopped_nodes = {0}
-    node0 = cluster.procs[0]
-    node0.send_signal(signal.SIGTERM)
-    time.sleep(0.2)
-    try:  # stopping: new work is refused (or, once it has exited, the connection is)
-        late = post_query(cluster, uid("late"), timeout=10)
+def test_sigterm_drains_node_0_then_exits_0(cluster, slow_index, request):
+    with slow_index.held():  # the requests stay in flight until node 0 has refused new work
+        threads, results = fill_the_gateway(cluster, "drain")
+        request.node.stopped_nodes = {0}
+        node0 = cluster.procs[0]
+        node0.send_signal(signal.SIGTERM)
+        wait_until(lambda: health(cluster, 0)["status"] == "stopping", 10, "node 0 is not draining")
+        late = post_query(cluster, uid("late"), timeout=10)  # stopping: new work is refused
         assert_json_answer(late, {503})
-    except requests.ConnectionError:
-        pass
     for t in threads:
         t.join(timeout=60)
     assert [results[i].status_code for i in range(MAX_IN_FLIGHT)] == [200] * MAX_IN_FLIGHT

@@ -11,12 +11,16 @@ import pytest
 
 from pipeline import spec
 from tests.helpers import health, post_query, start_cluster
+from tests.support.second_gateway import second_gateway
 from tools.local import local_topology
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 # Workers 0, 1, 2; index nodes 3 (shard 0), 4 (shard 1), 5 (shard 0 again: a replica of it).
 TOPOLOGY = {**local_topology(workers=3, shards=2, replicas=1), "TOTAL_NODES": "6", "INDEX_NODES": "3,4,5"}
+# A shard that stays down is given up on at the request's deadline: the shard-down test asks a gateway
+# of its own with this one, the module's gateway keeps a deadline its loaded tests fit in.
+SHARD_DOWN_TIMEOUT_S = 6
 
 
 @pytest.fixture(scope="module")
@@ -30,12 +34,24 @@ def sharded_support(tmp_path_factory, embedder):
 
 @pytest.fixture(scope="module")
 def cluster(sharded_support, tmp_path_factory):
-    # A shard that stays down is given up on at the request's deadline: a short one keeps that test short.
     cluster = start_cluster(sharded_support, tmp_path_factory.mktemp("scale-out-logs"), **TOPOLOGY,
                             RERANK_MAX_WAIT_MS="20", SEARCH_MAX_WAIT_MS="20",
                             REQUEST_TIMEOUT_S="45", SHUTDOWN_GRACE_S="10")
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def reference_reply(reference):
+    """reference.answer(query, request_id), computed once per query for the module: the request_id
+    only labels the reply (spec.answer_json), and these tests ask the eight queries again and again."""
+    replies: dict[str, dict] = {}
+
+    def reply(query: str, request_id: str = "") -> dict:
+        if query not in replies:
+            replies[query] = reference.answer(query)
+        return {**replies[query], "request_id": request_id}
+    return reply
 
 
 def test_each_node_has_the_role_and_shard_its_settings_give(cluster):
@@ -48,7 +64,7 @@ def test_each_node_has_the_role_and_shard_its_settings_give(cluster):
                                                                5: "index"}
 
 
-def test_concurrent_answers_equal_the_unsharded_reference_and_every_worker_serves(cluster, reference):
+def test_concurrent_answers_equal_the_unsharded_reference_and_every_worker_serves(cluster, reference_reply):
     url, queries = cluster.url(0), list(spec.REFERENCE_QUERIES) * 2
     with ThreadPoolExecutor(len(queries)) as pool:
         replies = list(pool.map(lambda iq: post_query(url, f"so-{iq[0]}", iq[1]), enumerate(queries)))
@@ -57,13 +73,13 @@ def test_concurrent_answers_equal_the_unsharded_reference_and_every_worker_serve
         assert response.status_code == 200, response.text
         reply = response.json()
         assert spec.validate_reply(reply, f"so-{i}") == []
-        expected = reference.answer(query, f"so-{i}")
+        expected = reference_reply(query, f"so-{i}")
         assert {k: reply[k] for k in expected} == expected, f"query {query!r} differs from the reference"
         served.add(reply["served_by"])
     assert served == {0, 1, 2}
 
 
-def test_a_worker_and_a_replica_killed_under_load_lose_no_request(cluster, reference):
+def test_a_worker_and_a_replica_killed_under_load_lose_no_request(cluster, reference_reply):
     url, results = cluster.url(0), {}
     queries = [spec.REFERENCE_QUERIES[i % 8] for i in range(18)]
 
@@ -82,22 +98,24 @@ def test_a_worker_and_a_replica_killed_under_load_lose_no_request(cluster, refer
     assert [results[i].status_code for i in range(len(queries))] == [200] * len(queries), \
         [results[i].text[:200] for i in range(len(queries)) if results[i].status_code != 200]
     for i, response in results.items():
-        expected = reference.answer(queries[i])
+        expected = reference_reply(queries[i])
         assert response.json()["generated_response"] == expected["generated_response"]
     cluster.start_node(5)
     cluster.start_node(2)
     cluster.wait_healthy(nodes=(5, 2), timeout_s=240)
 
 
-def test_a_shard_with_every_replica_down_answers_503_naming_it_and_the_cluster_recovers(cluster):
-    cluster.kill_node(4)  # shard 1's only node
-    try:
-        response = post_query(cluster.url(0), f"down-{time.time_ns()}", "Where is my parcel?", timeout=120)
-        assert response.status_code == 503, response.text[:300]
-        assert "index shard 1 of 2 is unavailable" in response.json()["error"]
-        assert int(response.headers["Retry-After"]) >= 1
-        assert all(w["up"] for w in health(cluster, 0)["workers"])  # a shard down takes no worker out
-    finally:
-        cluster.start_node(4)
-        cluster.wait_healthy(nodes=(4,), timeout_s=240)
+def test_a_shard_with_every_replica_down_answers_503_naming_it_and_the_cluster_recovers(cluster, tmp_path):
+    with second_gateway(cluster, tmp_path / "logs", REQUEST_TIMEOUT_S=str(SHARD_DOWN_TIMEOUT_S),
+                        SHUTDOWN_GRACE_S=str(SHARD_DOWN_TIMEOUT_S / 2)) as gateway:
+        cluster.kill_node(4)  # shard 1's only node
+        try:
+            response = post_query(gateway, f"down-{time.time_ns()}", "Where is my parcel?", timeout=120)
+            assert response.status_code == 503, response.text[:300]
+            assert "index shard 1 of 2 is unavailable" in response.json()["error"]
+            assert int(response.headers["Retry-After"]) >= 1
+            assert all(w["up"] for w in health(gateway, 0)["workers"])  # a shard down takes no worker out
+        finally:
+            cluster.start_node(4)
+            cluster.wait_healthy(nodes=(4,), timeout_s=240)
     assert post_query(cluster.url(0), f"back-{time.time_ns()}", "Where is my parcel?").status_code == 200

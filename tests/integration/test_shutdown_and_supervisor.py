@@ -2,7 +2,9 @@
 requests still in flight past SHUTDOWN_GRACE_S, and the local launcher restarting a killed node.
 
 Every request in these tests must get one HTTP answer (never a closed connection), and every
-wait is bounded. The module's cluster has a short grace so its deadline comes in seconds;
+wait is bounded. The module's cluster has a short grace so its deadline comes in seconds; its node 2
+(tests.support.slow_index_node) holds searches while a test needs requests in flight. Node 1 is
+stopped first and started again as the dying worker (so it is started twice, not three times);
 node 0 is stopped last. The supervisor test runs `python -m tools.local` itself.
 """
 from __future__ import annotations
@@ -22,19 +24,23 @@ import requests
 from pipeline import spec
 from pipeline.config import REPO_ROOT
 from tests.helpers import cluster_env, start_cluster, uid, wait_until
-from tests.support import failing_generate_command, slow_index_command
+from tests.support import SlowIndex, failing_generate_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 GRACE_S = 2.0
 REQUEST_TIMEOUT_S = 60.0
-SLOW_INDEX_MS = 30_000  # a search outlasts the grace by far: requests are surely still in flight
 STOPPING = ("stopping", "shutting down")
 
 
 @pytest.fixture(scope="module")
-def cluster(course_data, tmp_path_factory):
-    cluster = start_cluster(course_data, tmp_path_factory.mktemp("shutdown-logs"),
+def slow_index(tmp_path_factory) -> SlowIndex:
+    return SlowIndex(tmp_path_factory.mktemp("shutdown-index") / "delay_ms")
+
+
+@pytest.fixture(scope="module")
+def cluster(course_data, tmp_path_factory, slow_index):
+    cluster = start_cluster(course_data, tmp_path_factory.mktemp("shutdown-logs"), commands={2: slow_index.command()},
                             SHUTDOWN_GRACE_S=str(GRACE_S), REQUEST_TIMEOUT_S=str(REQUEST_TIMEOUT_S))
     yield cluster
     cluster.stop()
@@ -49,6 +55,14 @@ def restart(cluster, node: int, command: list[str] | None = None) -> None:
     cluster.kill_node(node)
     cluster.start_node(node, command=command)
     cluster.wait_healthy(nodes=(node,), timeout_s=120)
+
+
+def running(cluster, node: int) -> None:
+    """`node` started as usual unless it runs (an earlier test stopped it), healthy, and in node 0's rotation."""
+    if node not in cluster.procs:
+        cluster.start_node(node)
+        cluster.wait_healthy(nodes=(node,), timeout_s=120)
+    cluster.wait_rotation(timeout_s=120)
 
 
 def assert_stopping_503(response: requests.Response) -> None:
@@ -83,10 +97,44 @@ class Clients:
         return [self.results[i] for i in sorted(self.results)]
 
 
+# ---------------------------------------------------------------- item 3: SIGTERM with requests in flight
+
+def test_sigterm_node_1_answers_requests_in_flight_at_the_grace_deadline_with_503(cluster, slow_index):
+    running(cluster, 1)
+    url, clients = cluster.url(1), Clients()
+    with slow_index.held():  # the searches outlast the grace: the requests are surely still in flight
+        before = _reached_search(url)
+        for i in range(2):
+            clients.send(i, f"{url}/internal/answer", {"request_id": uid(f"n1-{i}"), "query": f"Order {i} is late?"})
+        wait_until(lambda: _reached_search(url) == before + 2, 20, "the requests did not reach the search stage")
+        sigterm_and_check_every_client_got_503(cluster, 1, clients)
+    cluster.procs.pop(1)  # stopped: the next test starts it as the dying worker
+
+
+def sigterm_and_check_every_client_got_503(cluster, node: int, clients: Clients) -> None:
+    """SIGTERM `node` while `clients` wait on it: each gets a 503 JSON naming the stop (no cut
+    connection) soon after the grace, and the node exits 0 promptly."""
+    proc = cluster.procs[node]
+    proc.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    for response in clients.join(30):
+        assert isinstance(response, requests.Response), f"a client got {response!r} instead of an answer"
+        assert_stopping_503(response)
+    assert proc.wait(timeout=20) == 0
+    assert time.monotonic() - signalled < GRACE_S + 15
+
+
+def _reached_search(url: str) -> int:
+    """Items the worker's search stage has taken or holds: requests waiting on node 2."""
+    search = get_health(url).json()["stages"]["search"]
+    return search["items"] + search["queue_depth"]
+
+
 # ---------------------------------------------------------------- item 4: a stage thread that dies
 
 def test_a_dead_generate_loop_fails_its_requests_at_once_and_health_says_unhealthy(cluster):
     restart(cluster, 1, failing_generate_command(cluster.python))
+    cluster.wait_rotation(timeout_s=120)  # in node 0's rotation again: its probe is what must take it out
     try:
         _check_a_dead_stage(cluster, cluster.url(1))
     finally:
@@ -116,48 +164,21 @@ def _check_a_dead_stage(cluster, url: str) -> None:
         assert r.status_code == 200 and r.json()["served_by"] == 0, r.text[:300]
 
 
-# ---------------------------------------------------------------- item 3: SIGTERM with requests in flight
+# ---------------------------------------------------------------- item 3 on node 0 (stops it: last)
 
-def test_sigterm_node_1_answers_requests_in_flight_at_the_grace_deadline_with_503(cluster):
-    restart(cluster, 2, slow_index_command(SLOW_INDEX_MS, cluster.python))
-    url, clients = cluster.url(1), Clients()
-    before = _reached_search(url)
-    for i in range(2):
-        clients.send(i, f"{url}/internal/answer", {"request_id": uid(f"n1-{i}"), "query": f"Order {i} is late?"})
-    wait_until(lambda: _reached_search(url) == before + 2, 20, "the requests did not reach the search stage")
-    sigterm_and_check_every_client_got_503(cluster, 1, clients)
-    restart(cluster, 1)
-
-
-def sigterm_and_check_every_client_got_503(cluster, node: int, clients: Clients) -> None:
-    """SIGTERM `node` while `clients` wait on it: each gets a 503 JSON naming the stop (no cut
-    connection) soon after the grace, and the node exits 0 promptly."""
-    proc = cluster.procs[node]
-    proc.send_signal(signal.SIGTERM)
-    signalled = time.monotonic()
-    for response in clients.join(30):
-        assert isinstance(response, requests.Response), f"a client got {response!r} instead of an answer"
-        assert_stopping_503(response)
-    assert proc.wait(timeout=20) == 0
-    assert time.monotonic() - signalled < GRACE_S + 15
-
-
-def _reached_search(url: str) -> int:
-    """Items the worker's search stage has taken or holds: requests waiting on node 2."""
-    search = get_health(url).json()["stages"]["search"]
-    return search["items"] + search["queue_depth"]
-
-
-def test_sigterm_node_0_answers_every_request_in_flight_with_503_and_exits_0(cluster):
+def test_sigterm_node_0_answers_every_request_in_flight_with_503_and_exits_0(cluster, slow_index):
     n = 4  # round robin: two on node 0's own worker, two forwarded to node 1
-    restart(cluster, 2, slow_index_command(SLOW_INDEX_MS, cluster.python))
+    running(cluster, 1)
     wait_until(lambda: all(w["up"] for w in get_health(cluster.url(0)).json()["workers"]), 20,
                "node 1 not back in the rotation")
     clients = Clients()
-    for i in range(n):
-        clients.send(i, f"{cluster.url(0)}/query", {"request_id": uid(f"n0-{i}"), "query": spec.REFERENCE_QUERIES[i]})
-    wait_until(lambda: get_health(cluster.url(0)).json()["gateway"]["in_flight"] == n, 10, "requests not in flight")
-    sigterm_and_check_every_client_got_503(cluster, 0, clients)
+    with slow_index.held():  # the searches outlast the grace: the requests are surely still in flight
+        for i in range(n):
+            clients.send(i, f"{cluster.url(0)}/query", {"request_id": uid(f"n0-{i}"),
+                                                        "query": spec.REFERENCE_QUERIES[i]})
+        wait_until(lambda: get_health(cluster.url(0)).json()["gateway"]["in_flight"] == n, 10,
+                   "requests not in flight")
+        sigterm_and_check_every_client_got_503(cluster, 0, clients)
     cluster.procs.pop(0)
     assert cluster.procs[1].poll() is None and cluster.procs[2].poll() is None
 
