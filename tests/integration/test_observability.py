@@ -29,6 +29,15 @@ def completions(cluster, node: int, request_id: str) -> list[dict]:
     return [e for e in log_lines(cluster, node) if e["logger"] == "services.requests" and e.get("id") == request_id]
 
 
+def completion(cluster, node: int, request_id: str) -> dict:
+    """The node's one completion line of the request, once written: a streamed answer's line (node 1
+    streams to node 0) is written after its last event has left, so it may trail the reply the
+    caller already has (bounded wait)."""
+    wait_until(lambda: completions(cluster, node, request_id), 10, f"node {node} logged no line for {request_id}")
+    (line,) = completions(cluster, node, request_id)
+    return line
+
+
 def ask(cluster, header_id: str, body_id: str, query: str | None = None) -> requests.Response:
     # A question no earlier request asked (by default): its embedding is computed, not cached, so the
     # embed stage runs and shows in the completion line.
@@ -46,18 +55,17 @@ def test_request_id_comes_back_and_each_node_logs_one_completion_line(cluster):
     by_node = {reply.json()["served_by"]: header_id for header_id, reply in replies.items()}
     assert set(by_node) == {0, 1}
     remote = by_node[1]
-    (line0,) = completions(cluster, 0, remote)
-    (line1,) = completions(cluster, 1, remote)
+    line0, line1 = completion(cluster, 0, remote), completion(cluster, 1, remote)
     assert line0["status"] == line1["status"] == 200 and line0["served_by"] == line1["served_by"] == 1
     assert line1["request_id"] == body_ids[remote]
     assert set(line1["stages_ms"]) >= {"embed", "search", "fetch", "rerank", "generate", "sentiment", "toxicity"}
     local = by_node[0]
-    (own,) = completions(cluster, 0, local)
+    own = completion(cluster, 0, local)
     assert own["served_by"] == 0 and "generate" in own["stages_ms"]
     assert not completions(cluster, 1, local)
     # node 2 logs one line per search batch, naming the batch's requests (a search sent without one has no id)
-    assert any(local in str(e.get("id")).split(",") for e in log_lines(cluster, 2)
-               if e["logger"] == "services.requests")
+    wait_until(lambda: any(local in str(e.get("id")).split(",") for e in log_lines(cluster, 2)
+                           if e["logger"] == "services.requests"), 10, "node 2 logged no line naming the request")
 
 
 STAGES = {"embed", "search", "fetch", "rerank", "generate", "sentiment", "toxicity"}
@@ -88,8 +96,7 @@ def test_every_public_request_writes_one_completion_line_with_served_by_and_its_
                 events = list(sse.iter_events(sse.iter_lines(response.iter_content(chunk_size=None))))
                 assert events[-1].name == "reply" or events[-1].data == "[DONE]", path
     for (path, _body), request_id in zip(asks, ids):
-        wait_until(lambda rid=request_id: completions(cluster, 0, rid), 10, f"no completion line for {path}")
-        (line,) = completions(cluster, 0, request_id)
+        line = completion(cluster, 0, request_id)
         assert line["endpoint"] == path and line["status"] == 200
         if path == "/v1/embeddings":  # node 0's own worker embeds
             assert line["served_by"] == 0 and set(line["stages_ms"]) == {"embed"}
@@ -102,7 +109,7 @@ def test_error_replies_carry_the_id_and_the_body_id_stands_in_for_a_missing_head
     bad = requests.post(f"{cluster.url(0)}/query", json={"request_id": uid("err")}, headers={"X-Request-ID": header_id},
                         timeout=30)
     assert bad.status_code == 400 and bad.headers["X-Request-ID"] == header_id
-    (line,) = completions(cluster, 0, header_id)
+    line = completion(cluster, 0, header_id)
     assert line["status"] == 400
     plain = requests.post(f"{cluster.url(0)}/query", json={"request_id": body_id, "query": "Refunds?"},
                           timeout=120)
