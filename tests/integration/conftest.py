@@ -3,6 +3,8 @@ that asks for it, stopped at the session's end, and after every test that used i
 is whole and idle again; a test that left it otherwise errors in its teardown."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from tests.support.shared_cluster import KEYED_CACHE, PLAIN, start_shared_cluster
@@ -22,6 +24,18 @@ def keyed_cache_cluster(course_data, tmp_path_factory):
     cluster = start_shared_cluster(KEYED_CACHE, course_data, tmp_path_factory.mktemp("keyed-cache-cluster"))
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def reference_answer(reference):
+    """`reference.answer`, each query computed once a session: greedy, its answer never changes, and the
+    modules on the shared cluster compare the same queries with it (the request_id is the caller's)."""
+    computed = functools.cache(reference.answer)
+
+    def answer(query: str, request_id: str = "") -> dict:
+        return {**computed(query), "request_id": request_id}
+
+    return answer
 
 
 @pytest.fixture(autouse=True)

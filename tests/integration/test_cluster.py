@@ -35,7 +35,7 @@ def test_health_reports_role_source_and_device(cluster):
     assert h1["device"]["generate"] == "cpu/float32"
 
 
-def test_replies_valid_and_equal_to_reference(cluster, reference):
+def test_replies_valid_and_equal_to_reference(cluster, reference_answer):
     url = cluster.url(0)
     queries, prefix = list(spec.REFERENCE_QUERIES), uid("eq")
     with ThreadPoolExecutor(len(queries)) as pool:  # concurrent, so batches form
@@ -44,7 +44,7 @@ def test_replies_valid_and_equal_to_reference(cluster, reference):
         assert response.status_code == 200, response.text
         reply = response.json()
         check_reply(reply, f"{prefix}-{i}")
-        expected = reference.answer(query, f"{prefix}-{i}")
+        expected = reference_answer(query, f"{prefix}-{i}")
         assert {k: reply[k] for k in expected} == expected, f"query {query!r} differs from the reference"
 
 

@@ -40,13 +40,13 @@ def stream_query(url: str, request_id: str, query: str) -> tuple[list[str], dict
     return pieces, reply
 
 
-def test_streamed_pieces_join_to_the_plain_reply_and_the_references_on_both_workers(cluster, reference):
+def test_streamed_pieces_join_to_the_plain_reply_and_the_references_on_both_workers(cluster, reference_answer):
     url, queries, prefix = cluster.url(0), list(spec.REFERENCE_QUERIES[:6]), uid("st")
     with ThreadPoolExecutor(len(queries)) as pool:  # concurrent: the pieces come from shared decode steps
         streamed = list(pool.map(lambda iq: stream_query(url, f"{prefix}-{iq[0]}", iq[1]), enumerate(queries)))
     assert {reply["served_by"] for _, reply in streamed} == {0, 1}  # node 1's streams relayed by node 0
     for i, (query, (pieces, reply)) in enumerate(zip(queries, streamed)):
-        expected = reference.answer(query, f"{prefix}-{i}")
+        expected = reference_answer(query, f"{prefix}-{i}")
         assert len(pieces) > 1 and "".join(pieces) == reply["generated_response"] == expected["generated_response"]
         assert {k: reply[k] for k in expected} == expected
         assert reply["usage"]["completion_tokens"] >= len(pieces) and reply["finish_reason"] in ("stop", "length")
@@ -55,11 +55,11 @@ def test_streamed_pieces_join_to_the_plain_reply_and_the_references_on_both_work
         assert "usage" not in plain  # without stream the reply is the contract's
 
 
-def test_the_openai_package_gets_the_rag_answer_plain_and_streamed(cluster, reference):
+def test_the_openai_package_gets_the_rag_answer_plain_and_streamed(cluster, reference_answer):
     client = openai.OpenAI(base_url=f"{cluster.url(0)}/v1", api_key="not-checked", max_retries=0, timeout=180)
     assert [m.id for m in client.models.list()] == [spec.GENERATOR_MODEL, spec.EMBEDDER_MODEL]  # chat, embeddings
     query = spec.REFERENCE_QUERIES[1]
-    expected = reference.answer(query)["generated_response"]
+    expected = reference_answer(query)["generated_response"]
     # The contract's own system message asks for nothing else; another would be refused, not dropped.
     completion = client.chat.completions.create(model=spec.GENERATOR_MODEL,
                                                 messages=[{"role": "system", "content": spec.SYSTEM_PROMPT},
@@ -92,7 +92,7 @@ def generate_counts(url: str) -> tuple[float, float, float]:
         "rag_generate_running_sequences", "rag_generate_decode_steps_total", "rag_generate_cancelled_sequences_total"))
 
 
-def test_a_reader_that_disconnects_mid_answer_frees_its_slot_and_others_are_unaffected(cluster, reference):
+def test_a_reader_that_disconnects_mid_answer_frees_its_slot_and_others_are_unaffected(cluster, reference_answer):
     url = cluster.url(0)
     for _ in range(2):  # round robin: one on node 0's own worker, one relayed from node 1
         before = {n: generate_counts(cluster.url(n)) for n in (0, 1)}
@@ -115,4 +115,4 @@ def test_a_reader_that_disconnects_mid_answer_frees_its_slot_and_others_are_unaf
         assert steps_after_first_token <= 16, f"freed only after {steps_after_first_token} decode steps"
     query = spec.REFERENCE_QUERIES[3]
     after = requests.post(f"{url}/query", json={"request_id": uid("after"), "query": query}, timeout=180)
-    assert after.status_code == 200 and after.json()["generated_response"] == reference.answer(query)["generated_response"]
+    assert after.status_code == 200 and after.json()["generated_response"] == reference_answer(query)["generated_response"]

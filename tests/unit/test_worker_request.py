@@ -211,7 +211,7 @@ def test_a_worker_at_a_precision_answers_requests_together_as_the_reference_at_i
                               DocumentStore.close)
     documents.load_startup()
     worker = Worker(worker_config(settings), Stages.load(settings, model_source),  # as a node loads them
-                    InProcessIndex(VectorIndex.load(support_data.index_path, nprobe=64)), documents)
+                    InProcessIndex(VectorIndex.load(support_data.index_path, nprobe=settings.index.nprobe)), documents)
     try:
         assert worker.stages.devices() == {stage: f"cpu/{device}" for stage in spec.MODEL_STAGES}  # its /health
         reference = ReferencePipeline.from_settings(settings, model_source)
