@@ -106,24 +106,3 @@ def run_joining(engine, requests: Sequence, join_every: int = 1) -> list:
         step += 1
     return [seqs[i] for i in range(len(requests))]
 
-
-def assert_concurrent_replies_equal_reference(url: str, reference, queries: Sequence[str], prefix: str) -> None:
-    """POST every query to `url`/query at once (distinct, so batches mix requests), then check each reply
-    against `reference.answer` with the same request id, run on one torch thread as the nodes run
-    (TORCH_THREADS=1): float sums split across two threads would add in another order, and int8 rounding
-    can step such a last-bit difference up to one quantum."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    import torch
-    with ThreadPoolExecutor(len(queries)) as pool:
-        replies = list(pool.map(lambda iq: requests.post(f"{url}/query", timeout=300, json={
-            "request_id": f"{prefix}-{iq[0]}", "query": iq[1]}), enumerate(queries)))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        expected_answers = [reference.answer(query, f"{prefix}-{i}") for i, query in enumerate(queries)]
-    finally:
-        torch.set_num_threads(threads)
-    for query, response, expected in zip(queries, replies, expected_answers):
-        assert response.status_code == 200, response.text
-        assert {k: response.json()[k] for k in expected} == expected, f"query {query!r} differs from the reference"

@@ -1,25 +1,19 @@
-"""The reply cache's single flight over HTTP, on a real cluster."""
+"""The reply cache's single flight over HTTP, on a real cluster: the shared one whose node 0 keeps a
+reply cache (tests/support/shared_cluster.py KEYED_CACHE: a reply cache would answer the other
+modules' repeated questions without a worker), its node 2 holding every search
+SLOW_SEARCH_MS, so askers that arrive together overlap for sure."""
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
 
-from tests.helpers import start_cluster
-from tests.support import slow_index_command
+from tests.helpers import uid
+from tests.support.shared_cluster import KEY
 
 pytestmark = pytest.mark.slow
 
-
-# ---------------------------------------------------------------- on a real cluster
-
-@pytest.fixture(scope="module")
-def cached_cluster(course_data, tmp_path_factory):
-    # Node 2 holds every search 1.5 s, so askers that arrive together overlap for sure.
-    cluster = start_cluster(course_data, tmp_path_factory.mktemp("cache-logs"), RESPONSE_CACHE_SIZE="64",
-                            commands={2: slow_index_command(1500)})
-    yield cluster
-    cluster.stop()
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 def _served(cluster) -> int:
@@ -32,28 +26,36 @@ def _joined(cluster) -> float:
     return float(line.split()[-1])
 
 
+def _ask(url: str, request_id: str, query: str) -> requests.Response:
+    return requests.post(f"{url}/query", json={"request_id": request_id, "query": query}, headers=AUTH, timeout=120)
+
+
 @pytest.mark.timeout(300)
-def test_the_same_question_asked_together_is_computed_once_over_http(cached_cluster):
-    url, askers = cached_cluster.url(0), 6
-    served, joined = _served(cached_cluster), _joined(cached_cluster)
+def test_the_same_question_asked_together_is_computed_once_over_http(keyed_cache_cluster):
+    cluster = keyed_cache_cluster
+    url, askers, prefix, tag = cluster.url(0), 6, uid("sf"), uid("order")
+    # Other tests' replies out of the cache: what is cleared below is this test's alone.
+    assert requests.post(f"{url}/cache/clear", timeout=10).status_code == 200
+    served, joined = _served(cluster), _joined(cluster)
     barrier = threading.Barrier(askers)
-    spellings = ["How do I reset my password?", "how do I reset my password?", "  How do I  reset my password? "]
+    spellings = [f"How do I reset my password ({tag})?", f"how do I reset my password ({tag})?",
+                 f"  How do I  reset my password ({tag})? "]
 
     def ask(i):
         barrier.wait(timeout=30)
-        return requests.post(f"{url}/query", json={"request_id": f"sf-{i}", "query": spellings[i % 3]}, timeout=120)
+        return _ask(url, f"{prefix}-{i}", spellings[i % 3])
 
     with ThreadPoolExecutor(askers) as pool:
         replies = list(pool.map(ask, range(askers)))
     assert [r.status_code for r in replies] == [200] * askers
     bodies = [r.json() for r in replies]
-    assert [b["request_id"] for b in bodies] == [f"sf-{i}" for i in range(askers)]
+    assert [b["request_id"] for b in bodies] == [f"{prefix}-{i}" for i in range(askers)]
     assert len({b["generated_response"] for b in bodies}) == 1
-    assert _served(cached_cluster) - served == 1 and _joined(cached_cluster) - joined == askers - 1
-    again = requests.post(f"{url}/query", json={"request_id": "sf-again", "query": spellings[0]}, timeout=120)
-    assert again.json()["cached"] is True and again.json()["request_id"] == "sf-again"
-    assert _served(cached_cluster) - served == 1
+    assert _served(cluster) - served == 1 and _joined(cluster) - joined == askers - 1
+    again = _ask(url, f"{prefix}-again", spellings[0])
+    assert again.json()["cached"] is True and again.json()["request_id"] == f"{prefix}-again"
+    assert _served(cluster) - served == 1
     assert requests.post(f"{url}/cache/clear", timeout=10).json()["cleared"]["response"] == 1
-    fresh = requests.post(f"{url}/query", json={"request_id": "sf-fresh", "query": spellings[0]}, timeout=120)
+    fresh = _ask(url, f"{prefix}-fresh", spellings[0])
     assert fresh.status_code == 200 and "cached" not in fresh.json()
-    assert _served(cached_cluster) - served == 2
+    assert _served(cluster) - served == 2

@@ -1,4 +1,4 @@
-"""The three-node service as real processes on 127.0.0.1, checked against the reference."""
+"""The three-node service as real processes on 127.0.0.1 (the shared cluster), checked against the reference."""
 from __future__ import annotations
 
 import threading
@@ -9,17 +9,16 @@ import pytest
 import requests
 
 from pipeline import spec
-from tests.helpers import health, post_query, start_cluster
+from tests.helpers import health, post_query, uid
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-@pytest.fixture(scope="module")
-def cluster(support_data, tmp_path_factory):
-    # Waits long enough that a burst shares batches; float32 so answers match the oracle.
-    cluster = start_cluster(support_data, tmp_path_factory.mktemp("cluster-logs"), RERANK_MAX_WAIT_MS="20")
-    yield cluster
-    cluster.stop()
+@pytest.fixture
+def cluster(shared_cluster):
+    # The shared cluster: its rerank waits long enough that a burst shares batches; float32 so answers
+    # match the oracle. Counters are read as deltas: other modules' tests use it too.
+    return shared_cluster
 
 
 def check_reply(reply: dict, request_id: str) -> None:
@@ -36,16 +35,16 @@ def test_health_reports_role_source_and_device(cluster):
     assert h1["device"]["generate"] == "cpu/float32"
 
 
-def test_replies_valid_and_equal_to_reference(cluster, reference):
+def test_replies_valid_and_equal_to_reference(cluster, reference_answer):
     url = cluster.url(0)
-    queries = list(spec.REFERENCE_QUERIES)
+    queries, prefix = list(spec.REFERENCE_QUERIES), uid("eq")
     with ThreadPoolExecutor(len(queries)) as pool:  # concurrent, so batches form
-        replies = list(pool.map(lambda iq: post_query(url, f"eq-{iq[0]}", iq[1]), enumerate(queries)))
+        replies = list(pool.map(lambda iq: post_query(url, f"{prefix}-{iq[0]}", iq[1]), enumerate(queries)))
     for i, (query, response) in enumerate(zip(queries, replies)):
         assert response.status_code == 200, response.text
         reply = response.json()
-        check_reply(reply, f"eq-{i}")
-        expected = reference.answer(query, f"eq-{i}")
+        check_reply(reply, f"{prefix}-{i}")
+        expected = reference_answer(query, f"{prefix}-{i}")
         assert {k: reply[k] for k in expected} == expected, f"query {query!r} differs from the reference"
 
 
@@ -53,7 +52,7 @@ def test_both_workers_serve_alternately(cluster):
     before = {n: health(cluster, n)["served"] for n in (0, 1)}
     served_by = []
     for i in range(6):
-        response = post_query(cluster.url(0), f"rr-{time.time_ns()}-{i}", spec.REFERENCE_QUERIES[i % 8])
+        response = post_query(cluster.url(0), uid(f"rr{i}"), spec.REFERENCE_QUERIES[i % 8])
         assert response.status_code == 200
         served_by.append(response.json()["served_by"])
     assert all(a != b for a, b in zip(served_by, served_by[1:])), served_by
@@ -62,19 +61,19 @@ def test_both_workers_serve_alternately(cluster):
 
 
 def test_burst_of_32_all_answered_and_generate_batches(cluster):
-    url = cluster.url(0)
+    url, prefix = cluster.url(0), uid("burst")
     with ThreadPoolExecutor(32) as pool:
-        responses = list(pool.map(lambda i: post_query(url, f"burst-{i}", spec.REFERENCE_QUERIES[i % 8]),
+        responses = list(pool.map(lambda i: post_query(url, f"{prefix}-{i}", spec.REFERENCE_QUERIES[i % 8]),
                                   range(32)))
     assert [r.status_code for r in responses] == [200] * 32
     for i, r in enumerate(responses):
-        check_reply(r.json(), f"burst-{i}")
+        check_reply(r.json(), f"{prefix}-{i}")
     max_batches = [health(cluster, n)["stages"]["generate"]["max_batch"] for n in (0, 1)]
     assert max(max_batches) > 1, max_batches
 
 
 def test_same_request_id_in_flight_is_computed_once(cluster):
-    url, request_id = cluster.url(0), f"dup-{time.time_ns()}"
+    url, request_id = cluster.url(0), uid("dup")
     before = sum(health(cluster, n)["served"] for n in (0, 1))
     barrier = threading.Barrier(8)
 
@@ -131,9 +130,9 @@ def test_search_rejects_nan_and_serves_valid(cluster):
 
 
 def test_bad_requests_do_not_disturb_requests_in_flight(cluster):
-    url = cluster.url(0)
+    url, prefix = cluster.url(0), uid("mix")
     with ThreadPoolExecutor(16) as pool:
-        good = [pool.submit(post_query, url, f"mix-{i}", spec.REFERENCE_QUERIES[i]) for i in range(8)]
+        good = [pool.submit(post_query, url, f"{prefix}-{i}", spec.REFERENCE_QUERIES[i]) for i in range(8)]
         bad = [pool.submit(requests.post, f"{url}/query", data=b"{oops", timeout=30,
                            headers={"Content-Type": "application/json"}) for _ in range(8)]
         search_bad = [pool.submit(requests.post, f"{cluster.url(2)}/search", json={"embeddings": [[1.0]]},
@@ -141,7 +140,7 @@ def test_bad_requests_do_not_disturb_requests_in_flight(cluster):
         assert all(f.result().status_code == 400 for f in bad + search_bad)
         for i, f in enumerate(good):
             assert f.result().status_code == 200
-            check_reply(f.result().json(), f"mix-{i}")
+            check_reply(f.result().json(), f"{prefix}-{i}")
 
 
 def test_node_1_killed_mid_run_then_rejoins(cluster):
@@ -149,7 +148,7 @@ def test_node_1_killed_mid_run_then_rejoins(cluster):
     results: dict[int, requests.Response] = {}
 
     def send(i):
-        results[i] = post_query(url, f"kill-{time.time_ns()}-{i}", spec.REFERENCE_QUERIES[i % 8])
+        results[i] = post_query(url, uid(f"kill{i}"), spec.REFERENCE_QUERIES[i % 8])
 
     threads = [threading.Thread(target=send, args=(i,)) for i in range(12)]
     for i, t in enumerate(threads):
@@ -161,7 +160,7 @@ def test_node_1_killed_mid_run_then_rejoins(cluster):
     assert sorted(results) == list(range(12))
     assert [results[i].status_code for i in range(12)] == [200] * 12
     assert all(results[i].json()["served_by"] in (0, 1) for i in range(12))
-    after_kill = [post_query(url, f"solo-{time.time_ns()}-{i}", "Refund?").json()["served_by"] for i in range(3)]
+    after_kill = [post_query(url, uid(f"solo{i}"), "Refund?").json()["served_by"] for i in range(3)]
     assert after_kill == [0, 0, 0]
 
     cluster.start_node(1)
@@ -170,7 +169,7 @@ def test_node_1_killed_mid_run_then_rejoins(cluster):
     while not all(w["up"] for w in health(cluster, 0)["workers"]):
         assert time.monotonic() < deadline, "node 1 did not rejoin the rotation"
         time.sleep(0.2)
-    served_by = {post_query(url, f"back-{time.time_ns()}-{i}", "Shipping?").json()["served_by"] for i in range(4)}
+    served_by = {post_query(url, uid(f"back{i}"), "Shipping?").json()["served_by"] for i in range(4)}
     assert served_by == {0, 1}
 
 
@@ -187,8 +186,8 @@ def test_metrics_parse_and_move_when_requests_are_served(cluster):
     before = {n: scrape(cluster.url(n)) for n in (0, 1, 2)}
     for i in range(4):
         # distinct queries: a repeated one would be served from the embedding cache
-        query = f"{spec.REFERENCE_QUERIES[i]} ({time.time_ns()})"
-        assert post_query(cluster.url(0), f"metrics-{time.time_ns()}-{i}", query).status_code == 200
+        query = f"{spec.REFERENCE_QUERIES[i]} ({uid('q')})"
+        assert post_query(cluster.url(0), uid(f"metrics{i}"), query).status_code == 200
     after = {n: scrape(cluster.url(n)) for n in (0, 1, 2)}
     for node in (0, 1):
         for stage in ("embed", "search", "fetch", "rerank", "generate", "sentiment", "toxicity"):
@@ -222,10 +221,10 @@ def test_latency_breakdown_tool_against_the_cluster(cluster, tmp_path):
 
 
 def test_embedding_cache_skips_the_embedder_and_clears(cluster):
-    query = f"Cache me {time.time_ns()}?"
+    query = f"Cache me {uid('q')}?"
     before = {n: scrape(cluster.url(n)) for n in (0, 1)}
     for i in range(4):  # round robin: each worker sees the query twice
-        assert post_query(cluster.url(0), f"cache-{time.time_ns()}-{i}", query).status_code == 200
+        assert post_query(cluster.url(0), uid(f"cache{i}"), query).status_code == 200
     after = {n: scrape(cluster.url(n)) for n in (0, 1)}
     for n in (0, 1):
         embedded = after[n][("rag_batch_items_total", (("stage", "embed"),))] - \

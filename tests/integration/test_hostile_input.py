@@ -2,10 +2,11 @@
 characters but long in tokens, slow (slowloris) clients, and oversized or unauthenticated
 bodies on internal endpoints. Each test failed on the code before its fix (see the commits).
 
-One cluster without a CLUSTER_TOKEN (the default deployment) serves the module; node 2 is
-restarted with a token where a test needs one. HEALTH_INTERVAL_S is long enough that a worker
-marked down stays down while a test looks; GATEWAY_MAX_IN_FLIGHT is small, so node 0 has few
-HTTP threads (the old connection limit followed them).
+The shared cluster, without a CLUSTER_TOKEN (the default deployment), serves the module; node 2
+is restarted with a token where a test needs one, and without it again after. Its HEALTH_INTERVAL_S
+is long enough that a worker marked down stays down while a test looks; its HTTP_READ_TIMEOUT_S
+short (READ_TIMEOUT_S); node 0's HTTP threads (GATEWAY_MAX_IN_FLIGHT + 32) are fewer than the
+slow sockets (the old connection limit followed them).
 """
 from __future__ import annotations
 
@@ -19,27 +20,24 @@ import requests
 
 from pipeline import spec
 from services.server.token import TOKEN_HEADER
-from tests.helpers import post_query, start_cluster, uid
+from tests.helpers import post_query, uid
+from tests.support.shared_cluster import PLAIN
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 EMOJI_QUERY = "\U0001F600" * 4096  # MAX_QUERY_CHARS characters, 16384 LLM tokens (the whole KV budget)
-READ_TIMEOUT_S = 3.0
+READ_TIMEOUT_S = float(PLAIN.env["HTTP_READ_TIMEOUT_S"])
 SLOW_SOCKETS = 300
 
 
-@pytest.fixture(scope="module")
-def cluster(course_data, tmp_path_factory):
-    cluster = start_cluster(course_data, tmp_path_factory.mktemp("hostile-logs"), REQUEST_TIMEOUT_S="30",
-                            GATEWAY_MAX_IN_FLIGHT="4", HEALTH_INTERVAL_S="5", CONNECT_TIMEOUT_S="1",
-                            HTTP_READ_TIMEOUT_S=str(READ_TIMEOUT_S))
-    # The gateway routes to node 1 once its own probe has seen it ready (up to HEALTH_INTERVAL_S later).
-    deadline = time.monotonic() + 30
-    while not all(workers_up(cluster).values()):
-        assert time.monotonic() < deadline, "the gateway never saw both workers up"
-        time.sleep(0.2)
-    yield cluster
-    cluster.stop()
+@pytest.fixture
+def cluster(shared_cluster):
+    # What the tests below rely on. Both workers are in the gateway's rotation at each test's start:
+    # the shared cluster starts so and is settled so after every test.
+    assert shared_cluster.settings.limits.request_timeout_s > READ_TIMEOUT_S
+    assert shared_cluster.settings.gateway.health_interval_s >= 5
+    assert shared_cluster.settings.gateway.max_in_flight + 32 < SLOW_SOCKETS
+    return shared_cluster
 
 
 def workers_up(cluster) -> dict[int, bool]:

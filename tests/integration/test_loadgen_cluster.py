@@ -1,4 +1,5 @@
-"""profiling.loadgen's loops against a real local cluster."""
+"""profiling.loadgen's loops against a real local cluster (the shared one: each run's requests are
+its own, and the figures checked are the deltas of its own run)."""
 from __future__ import annotations
 
 import csv
@@ -11,23 +12,21 @@ from contextlib import ExitStack
 
 import pytest
 
+from pipeline import spec
 from pipeline.config import REPO_ROOT
 from profiling import loadgen
 from profiling.lib.load import JOIN_GRACE_S
 from tests.fake_node import FakeNode
-from tests.helpers import start_cluster
+from tests.helpers import uid
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 # ---------------------------------------------------------------- against a local cluster
 
-@pytest.fixture(scope="module")
-def cluster(course_data, tmp_path_factory):
-    # The course data builds in under a second; the load generator only needs replies.
-    cluster = start_cluster(course_data, tmp_path_factory.mktemp("loadgen-cluster-logs"))
-    yield cluster
-    cluster.stop()
+@pytest.fixture
+def cluster(shared_cluster):
+    return shared_cluster
 
 
 def run_loadgen(cluster, out, *mode: str) -> int:
@@ -46,9 +45,13 @@ def check_percentiles(latency: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def closed_run(cluster, tmp_path_factory):
+def closed_run(shared_cluster, tmp_path_factory):
     out = tmp_path_factory.mktemp("loadgen-closed")
-    rc = run_loadgen(cluster, out, "--concurrency", "2", "--count", "6", "--name", "closed")
+    # Questions no other test asked: each one's embedding is computed (not a workers' cache hit).
+    queries = out / "queries.txt"
+    queries.write_text("".join(f"{question} ({uid('q')})\n" for question in spec.REFERENCE_QUERIES[:6]))
+    rc = run_loadgen(shared_cluster, out, "--concurrency", "2", "--count", "6", "--name", "closed",
+                     "--queries-file", str(queries))
     return rc, out, json.loads((out / "loadgen_closed.json").read_text())
 
 
@@ -164,7 +167,8 @@ def test_closed_loop_stops_at_duration(cluster, tmp_path):
 
 
 def test_max_duration_is_a_hard_bound(cluster, tmp_path):
-    # Last on purpose: the cut requests may still be computing on the nodes afterwards.
+    # The cut requests may still be computing on the nodes afterwards: the shared cluster's fixture
+    # waits for them before the next test.
     started = time.monotonic()
     rc = loadgen.main(["--url", cluster.url(0), "--metrics-urls", "none", "--schedule", "5x1",
                        "--max-duration", "1.5", "--out", str(tmp_path), "--name", "cut", "--no-plots"])
@@ -178,11 +182,15 @@ def test_max_duration_is_a_hard_bound(cluster, tmp_path):
 
 
 def test_a_node_that_cannot_be_scraped_fails_loudly(cluster, decoys, tmp_path):
-    # After every other test: node 2 is stopped for good. Node 0 still answers /health 200,
-    # so only the scrape can tell that the figures would lack node 2; the decoys (NODE_<n>_IP)
-    # answer every scrape, so a tool that fell back to them would pass.
+    # Node 2 is stopped, then started again. Node 0 still answers /health 200, so only the
+    # scrape can tell that the figures would lack node 2; the decoys (NODE_<n>_IP) answer every
+    # scrape, so a tool that fell back to them would pass.
     cluster.stop_node(2)
-    done = loadgen_process(cluster.url(0), tmp_path, decoys)
+    try:
+        done = loadgen_process(cluster.url(0), tmp_path, decoys)
+    finally:
+        cluster.start_node(2)
+        cluster.wait_healthy(nodes=(2,), timeout_s=240)
     assert done.returncode == 1
     assert f"node 2 ({cluster.url(2)}/metrics)" in done.stderr and "ConnectionError" in done.stderr
     assert [d.metrics_calls for d in decoys] == [0, 0, 0]

@@ -1,5 +1,6 @@
 """One request followed across real nodes: X-Request-ID, completion log lines (one per request on every
-public route, streamed or not, with served_by and stage times), JSON logs, new metric families."""
+public route, streamed or not, with served_by and stage times), JSON logs, new metric families. On the
+shared cluster (LOG_FORMAT=json), whose logs hold other tests' lines too: each test finds its own by id."""
 from __future__ import annotations
 
 import json
@@ -9,16 +10,14 @@ import requests
 
 from pipeline import spec
 from services.server import sse
-from tests.helpers import start_cluster, uid, wait_until
+from tests.helpers import uid, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-@pytest.fixture(scope="module")
-def cluster(support_data, tmp_path_factory):
-    cluster = start_cluster(support_data, tmp_path_factory.mktemp("obs-logs"), LOG_FORMAT="json")
-    yield cluster
-    cluster.stop()
+@pytest.fixture
+def cluster(shared_cluster):
+    return shared_cluster
 
 
 def log_lines(cluster, node: int) -> list[dict]:
@@ -30,30 +29,43 @@ def completions(cluster, node: int, request_id: str) -> list[dict]:
     return [e for e in log_lines(cluster, node) if e["logger"] == "services.requests" and e.get("id") == request_id]
 
 
-def ask(cluster, header_id: str, body_id: str, query: str = "How do I return an item?") -> requests.Response:
+def completion(cluster, node: int, request_id: str) -> dict:
+    """The node's one completion line of the request, once written: a streamed answer's line (node 1
+    streams to node 0) is written after its last event has left, so it may trail the reply the
+    caller already has (bounded wait)."""
+    wait_until(lambda: completions(cluster, node, request_id), 10, f"node {node} logged no line for {request_id}")
+    (line,) = completions(cluster, node, request_id)
+    return line
+
+
+def ask(cluster, header_id: str, body_id: str, query: str | None = None) -> requests.Response:
+    # A question no earlier request asked (by default): its embedding is computed, not cached, so the
+    # embed stage runs and shows in the completion line.
+    query = query or f"How do I return item {uid('q')}?"
     return requests.post(f"{cluster.url(0)}/query", json={"request_id": body_id, "query": query},
                          headers={"X-Request-ID": header_id}, timeout=120)
 
 
 def test_request_id_comes_back_and_each_node_logs_one_completion_line(cluster):
     # Round robin: of two new requests one is node 0's own, the other node 1's.
-    replies = {f"abc-123-{n}": ask(cluster, f"abc-123-{n}", f"body-{n}") for n in range(2)}
+    body_ids = {uid(f"abc{n}"): uid(f"body{n}") for n in range(2)}
+    replies = {header_id: ask(cluster, header_id, body_id) for header_id, body_id in body_ids.items()}
     for header_id, reply in replies.items():
         assert reply.status_code == 200 and reply.headers["X-Request-ID"] == header_id
     by_node = {reply.json()["served_by"]: header_id for header_id, reply in replies.items()}
     assert set(by_node) == {0, 1}
     remote = by_node[1]
-    (line0,) = completions(cluster, 0, remote)
-    (line1,) = completions(cluster, 1, remote)
+    line0, line1 = completion(cluster, 0, remote), completion(cluster, 1, remote)
     assert line0["status"] == line1["status"] == 200 and line0["served_by"] == line1["served_by"] == 1
-    assert line1["request_id"] == "body-1" or line1["request_id"].startswith("body-")
+    assert line1["request_id"] == body_ids[remote]
     assert set(line1["stages_ms"]) >= {"embed", "search", "fetch", "rerank", "generate", "sentiment", "toxicity"}
     local = by_node[0]
-    (own,) = completions(cluster, 0, local)
+    own = completion(cluster, 0, local)
     assert own["served_by"] == 0 and "generate" in own["stages_ms"]
     assert not completions(cluster, 1, local)
-    # node 2 logs one line per search batch, naming the batch's requests
-    assert any(local in e["id"].split(",") for e in log_lines(cluster, 2) if e["logger"] == "services.requests")
+    # node 2 logs one line per search batch, naming the batch's requests (a search sent without one has no id)
+    wait_until(lambda: any(local in str(e.get("id")).split(",") for e in log_lines(cluster, 2)
+                           if e["logger"] == "services.requests"), 10, "node 2 logged no line naming the request")
 
 
 STAGES = {"embed", "search", "fetch", "rerank", "generate", "sentiment", "toxicity"}
@@ -84,8 +96,7 @@ def test_every_public_request_writes_one_completion_line_with_served_by_and_its_
                 events = list(sse.iter_events(sse.iter_lines(response.iter_content(chunk_size=None))))
                 assert events[-1].name == "reply" or events[-1].data == "[DONE]", path
     for (path, _body), request_id in zip(asks, ids):
-        wait_until(lambda rid=request_id: completions(cluster, 0, rid), 10, f"no completion line for {path}")
-        (line,) = completions(cluster, 0, request_id)
+        line = completion(cluster, 0, request_id)
         assert line["endpoint"] == path and line["status"] == 200
         if path == "/v1/embeddings":  # node 0's own worker embeds
             assert line["served_by"] == 0 and set(line["stages_ms"]) == {"embed"}
@@ -94,14 +105,15 @@ def test_every_public_request_writes_one_completion_line_with_served_by_and_its_
 
 
 def test_error_replies_carry_the_id_and_the_body_id_stands_in_for_a_missing_header(cluster):
-    bad = requests.post(f"{cluster.url(0)}/query", json={"request_id": "err-1"}, headers={"X-Request-ID": "e-1"},
+    header_id, body_id = uid("e"), uid("no-header")
+    bad = requests.post(f"{cluster.url(0)}/query", json={"request_id": uid("err")}, headers={"X-Request-ID": header_id},
                         timeout=30)
-    assert bad.status_code == 400 and bad.headers["X-Request-ID"] == "e-1"
-    (line,) = completions(cluster, 0, "e-1")
+    assert bad.status_code == 400 and bad.headers["X-Request-ID"] == header_id
+    line = completion(cluster, 0, header_id)
     assert line["status"] == 400
-    plain = requests.post(f"{cluster.url(0)}/query", json={"request_id": "no-header-1", "query": "Refunds?"},
+    plain = requests.post(f"{cluster.url(0)}/query", json={"request_id": body_id, "query": "Refunds?"},
                           timeout=120)
-    assert plain.status_code == 200 and plain.headers["X-Request-ID"] == "no-header-1"
+    assert plain.status_code == 200 and plain.headers["X-Request-ID"] == body_id
 
 
 def test_every_log_line_is_json_with_the_common_fields(cluster):
@@ -114,7 +126,8 @@ def test_every_log_line_is_json_with_the_common_fields(cluster):
 
 def test_new_metric_families_appear(cluster):
     from prometheus_client.parser import text_string_to_metric_families
-    assert ask(cluster, "metrics-obs-1", "metrics-obs-1", "Where is my parcel?").status_code == 200
+    request_id = uid("metrics-obs")
+    assert ask(cluster, request_id, request_id, "Where is my parcel?").status_code == 200
     families = {n: {f.name for f in text_string_to_metric_families(requests.get(f"{cluster.url(n)}/metrics",
                                                                                  timeout=10).text)}
                 for n in (0, 1, 2)}

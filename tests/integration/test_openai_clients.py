@@ -1,9 +1,12 @@
 """The clients front-ends use, at their usual arguments, against a real three-node cluster on
-127.0.0.1 with API keys and CORS on: the `openai` package (chat and completions plain and streamed
-with temperature, seed, stop and max_tokens; embeddings; what is refused rather than ignored; each
-error status as its SDK exception),
-`langchain-openai` (ChatOpenAI invoke and stream, OpenAIEmbeddings) and `litellm`; and two keys'
-request ids kept apart."""
+127.0.0.1: the `openai` package (chat and completions plain and streamed with temperature, seed,
+stop and max_tokens; embeddings; what is refused rather than ignored; each error status as its SDK
+exception), `langchain-openai` (ChatOpenAI invoke and stream, OpenAIEmbeddings) and `litellm`; and
+two keys' request ids kept apart.
+
+Two shared clusters (tests/support/shared_cluster.py): what needs API keys and CORS runs on
+KEYED_CACHE (the load generator, which the plain cluster also serves, sends no key), the rest on the
+plain one, which ignores the key the clients send."""
 from __future__ import annotations
 
 import base64
@@ -16,32 +19,39 @@ import pytest
 import requests
 
 from pipeline import spec
-from tests.helpers import start_cluster
+from tests.helpers import uid
+from tests.support.shared_cluster import KEY, ORIGIN, OTHER_KEY
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-KEY = "test-key-0123456789"
-OTHER_KEY = "other-key-9876543210"  # another client's: its request ids are its own
-ORIGIN = "http://127.0.0.1:5173"
 CHAT_MODEL, EMBED_MODEL = spec.GENERATOR_MODEL, spec.EMBEDDER_MODEL
 QUESTION = spec.REFERENCE_QUERIES[0]
 USER = [{"role": "user", "content": QUESTION}]
 
 
-@pytest.fixture(scope="module")
-def cluster(support_data, tmp_path_factory):
-    logs = tmp_path_factory.mktemp("openai-clients")
-    keys = logs / "api-keys"
-    keys.write_text(f"{KEY}\n{OTHER_KEY}\n")
-    cluster = start_cluster(support_data, logs, API_KEYS_FILE=str(keys), CORS_ALLOWED_ORIGINS=ORIGIN,
-                            MAX_BODY_BYTES="4096")
-    yield cluster
-    cluster.stop()
+@pytest.fixture
+def cluster(shared_cluster):
+    return shared_cluster
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
+def keyed(keyed_cache_cluster):
+    """The cluster with API keys (KEY and OTHER_KEY), CORS for ORIGIN and a 4096-byte body limit."""
+    return keyed_cache_cluster
+
+
+def sdk(cluster, key: str = KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{cluster.url(0)}/v1", api_key=key, max_retries=0, timeout=300)
+
+
+@pytest.fixture
 def client(cluster) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{cluster.url(0)}/v1", api_key=KEY, max_retries=0, timeout=300)
+    return sdk(cluster)
+
+
+@pytest.fixture
+def keyed_client(keyed) -> openai.OpenAI:
+    return sdk(keyed)
 
 
 def chat(client: openai.OpenAI, **kwargs):
@@ -149,21 +159,22 @@ def test_embeddings_float_and_base64(client):
     assert np.array_equal(packed, vector)
 
 
-def test_each_error_status_is_its_sdk_exception(cluster, client):
+def test_each_error_status_is_its_sdk_exception(keyed, keyed_client):
+    client, reused = keyed_client, uid("reused-id")
     with pytest.raises(openai.BadRequestError) as bad:
         chat(client, presence_penalty=0.5)
     assert bad.value.param == "presence_penalty"
     with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=f"{cluster.url(0)}/v1", api_key="wrong", max_retries=0).models.list()
+        openai.OpenAI(base_url=f"{keyed.url(0)}/v1", api_key="wrong", max_retries=0).models.list()
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("gpt-4o")
     assert client.models.retrieve(CHAT_MODEL).id == CHAT_MODEL
     with pytest.raises(openai.NotFoundError):
         client.embeddings.create(model="text-embedding-3-small", input="q")
-    chat(client, max_tokens=4, extra_body={"request_id": "reused-id"})
+    chat(client, max_tokens=4, extra_body={"request_id": reused})
     with pytest.raises(openai.ConflictError) as conflict:
         client.chat.completions.create(model=CHAT_MODEL, messages=[{"role": "user", "content": "another"}],
-                                       max_tokens=4, extra_body={"request_id": "reused-id"})
+                                       max_tokens=4, extra_body={"request_id": reused})
     assert conflict.value.response.headers["x-should-retry"] == "false"
     with pytest.raises(openai.APIStatusError) as too_large:
         chat(client, extra_body={"padding": "x" * 5000})
@@ -173,9 +184,9 @@ def test_each_error_status_is_its_sdk_exception(cluster, client):
     assert not_allowed.value.status_code == 405
 
 
-def test_keys_guard_the_public_paths_and_cors_answers_a_browser(cluster):
-    url = cluster.url(0)
-    assert requests.post(f"{url}/query", json={"request_id": "k", "query": QUESTION}, timeout=60).status_code == 401
+def test_keys_guard_the_public_paths_and_cors_answers_a_browser(keyed):
+    url = keyed.url(0)
+    assert requests.post(f"{url}/query", json={"request_id": uid("k"), "query": QUESTION}, timeout=60).status_code == 401
     assert requests.get(f"{url}/health", timeout=10).status_code == 200
     preflight = requests.options(f"{url}/v1/chat/completions", timeout=10, headers={
         "Origin": ORIGIN, "Access-Control-Request-Method": "POST",
@@ -185,34 +196,35 @@ def test_keys_guard_the_public_paths_and_cors_answers_a_browser(cluster):
     assert models.headers["Access-Control-Allow-Origin"] == ORIGIN
 
 
-def test_neither_key_can_detect_nor_replay_the_others_request_id(cluster, client):
+def test_neither_key_can_detect_nor_replay_the_others_request_id(keyed, keyed_client):
     """A request_id is its key's: the other key reusing it gets no 409 (it cannot tell the id was
     used) and no replay (its answer is computed for it, with another drawn seed); each key still
     gets its own replays and its own 409s."""
-    other = openai.OpenAI(base_url=f"{cluster.url(0)}/v1", api_key=OTHER_KEY, max_retries=0, timeout=300)
+    client, other = keyed_client, sdk(keyed, OTHER_KEY)
+    scoped_1, scoped_2, scoped_q = uid("scoped-1"), uid("scoped-2"), uid("scoped-q")
 
     def ask(sdk: openai.OpenAI, request_id: str, question: str = QUESTION, **fields):
         return sdk.chat.completions.create(model=CHAT_MODEL, messages=[{"role": "user", "content": question}],
                                            **{"temperature": 0.9, "max_tokens": 8, **fields},
                                            extra_body={"request_id": request_id})
 
-    mine = ask(client, "scoped-1")
-    assert ask(other, "scoped-1", "Do you ship to Norway?").choices[0].message.content is not None  # no 409
-    url = cluster.url(0)
+    mine = ask(client, scoped_1)
+    assert ask(other, scoped_1, "Do you ship to Norway?").choices[0].message.content is not None  # no 409
+    url = keyed.url(0)
     for key, question in ((KEY, QUESTION), (OTHER_KEY, "Do you ship to Norway?")):  # no 409 on /query either
-        answered = requests.post(f"{url}/query", json={"request_id": "scoped-q", "query": question},
+        answered = requests.post(f"{url}/query", json={"request_id": scoped_q, "query": question},
                                  headers={"Authorization": f"Bearer {key}"}, timeout=300)
-        assert answered.status_code == 200 and answered.json()["request_id"] == "scoped-q"
-    original = ask(client, "scoped-2")
-    copy = ask(other, "scoped-2")  # the very same request: computed for this key, not replayed
+        assert answered.status_code == 200 and answered.json()["request_id"] == scoped_q
+    original = ask(client, scoped_2)
+    copy = ask(other, scoped_2)  # the very same request: computed for this key, not replayed
     assert copy.model_extra["seed"] != original.model_extra["seed"]
-    assert ask(client, "scoped-1").model_extra["seed"] == mine.model_extra["seed"]
-    assert ask(client, "scoped-2").model_extra["seed"] == original.model_extra["seed"]
-    assert ask(other, "scoped-2").model_extra["seed"] == copy.model_extra["seed"]
+    assert ask(client, scoped_1).model_extra["seed"] == mine.model_extra["seed"]
+    assert ask(client, scoped_2).model_extra["seed"] == original.model_extra["seed"]
+    assert ask(other, scoped_2).model_extra["seed"] == copy.model_extra["seed"]
     with pytest.raises(openai.ConflictError):
-        ask(client, "scoped-1", max_tokens=9)
+        ask(client, scoped_1, max_tokens=9)
     with pytest.raises(openai.ConflictError):
-        ask(other, "scoped-1")  # its scoped-1 is its Norway question
+        ask(other, scoped_1)  # its scoped_1 is its Norway question
 
 
 # ---------------------------------------------------------------- langchain-openai

@@ -1,4 +1,4 @@
-"""Streaming answers and the OpenAI-compatible API on a real three-node cluster (127.0.0.1): the
+"""Streaming answers and the OpenAI-compatible API on a real three-node cluster (127.0.0.1, the shared one): the
 streamed text equals the plain reply and the reference's, through node 0's own worker and relayed
 from node 1; the real `openai` package as the client; a reader that disconnects frees its slot."""
 from __future__ import annotations
@@ -13,16 +13,14 @@ import requests
 from pipeline import spec
 from profiling.lib.prometheus import scrape
 from services.server import sse
-from tests.helpers import start_cluster
+from tests.helpers import uid
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-@pytest.fixture(scope="module")
-def cluster(support_data, tmp_path_factory):
-    cluster = start_cluster(support_data, tmp_path_factory.mktemp("stream-logs"))
-    yield cluster
-    cluster.stop()
+@pytest.fixture
+def cluster(shared_cluster):
+    return shared_cluster
 
 
 def stream_query(url: str, request_id: str, query: str) -> tuple[list[str], dict]:
@@ -42,26 +40,26 @@ def stream_query(url: str, request_id: str, query: str) -> tuple[list[str], dict
     return pieces, reply
 
 
-def test_streamed_pieces_join_to_the_plain_reply_and_the_references_on_both_workers(cluster, reference):
-    url, queries = cluster.url(0), list(spec.REFERENCE_QUERIES[:6])
+def test_streamed_pieces_join_to_the_plain_reply_and_the_references_on_both_workers(cluster, reference_answer):
+    url, queries, prefix = cluster.url(0), list(spec.REFERENCE_QUERIES[:6]), uid("st")
     with ThreadPoolExecutor(len(queries)) as pool:  # concurrent: the pieces come from shared decode steps
-        streamed = list(pool.map(lambda iq: stream_query(url, f"st-{iq[0]}", iq[1]), enumerate(queries)))
+        streamed = list(pool.map(lambda iq: stream_query(url, f"{prefix}-{iq[0]}", iq[1]), enumerate(queries)))
     assert {reply["served_by"] for _, reply in streamed} == {0, 1}  # node 1's streams relayed by node 0
     for i, (query, (pieces, reply)) in enumerate(zip(queries, streamed)):
-        expected = reference.answer(query, f"st-{i}")
+        expected = reference_answer(query, f"{prefix}-{i}")
         assert len(pieces) > 1 and "".join(pieces) == reply["generated_response"] == expected["generated_response"]
         assert {k: reply[k] for k in expected} == expected
         assert reply["usage"]["completion_tokens"] >= len(pieces) and reply["finish_reason"] in ("stop", "length")
-        plain = requests.post(f"{url}/query", json={"request_id": f"pl-{i}", "query": query}, timeout=180).json()
+        plain = requests.post(f"{url}/query", json={"request_id": uid(f"pl{i}"), "query": query}, timeout=180).json()
         assert plain["generated_response"] == reply["generated_response"]
         assert "usage" not in plain  # without stream the reply is the contract's
 
 
-def test_the_openai_package_gets_the_rag_answer_plain_and_streamed(cluster, reference):
+def test_the_openai_package_gets_the_rag_answer_plain_and_streamed(cluster, reference_answer):
     client = openai.OpenAI(base_url=f"{cluster.url(0)}/v1", api_key="not-checked", max_retries=0, timeout=180)
     assert [m.id for m in client.models.list()] == [spec.GENERATOR_MODEL, spec.EMBEDDER_MODEL]  # chat, embeddings
     query = spec.REFERENCE_QUERIES[1]
-    expected = reference.answer(query)["generated_response"]
+    expected = reference_answer(query)["generated_response"]
     # The contract's own system message asks for nothing else; another would be refused, not dropped.
     completion = client.chat.completions.create(model=spec.GENERATOR_MODEL,
                                                 messages=[{"role": "system", "content": spec.SYSTEM_PROMPT},
@@ -94,11 +92,11 @@ def generate_counts(url: str) -> tuple[float, float, float]:
         "rag_generate_running_sequences", "rag_generate_decode_steps_total", "rag_generate_cancelled_sequences_total"))
 
 
-def test_a_reader_that_disconnects_mid_answer_frees_its_slot_and_others_are_unaffected(cluster, reference):
+def test_a_reader_that_disconnects_mid_answer_frees_its_slot_and_others_are_unaffected(cluster, reference_answer):
     url = cluster.url(0)
     for _ in range(2):  # round robin: one on node 0's own worker, one relayed from node 1
         before = {n: generate_counts(cluster.url(n)) for n in (0, 1)}
-        response = requests.post(f"{url}/query", json={"request_id": f"gone-{time.time_ns()}", "stream": True,
+        response = requests.post(f"{url}/query", json={"request_id": uid("gone"), "stream": True,
                                                        "query": spec.REFERENCE_QUERIES[2]}, stream=True, timeout=180)
         lines = sse.iter_lines(response.iter_content(chunk_size=None))
         first = next(sse.iter_events(lines))
@@ -116,5 +114,5 @@ def test_a_reader_that_disconnects_mid_answer_frees_its_slot_and_others_are_unaf
         steps_after_first_token = now[node][1] - before[node][1]
         assert steps_after_first_token <= 16, f"freed only after {steps_after_first_token} decode steps"
     query = spec.REFERENCE_QUERIES[3]
-    after = requests.post(f"{url}/query", json={"request_id": f"after-{time.time_ns()}", "query": query}, timeout=180)
-    assert after.status_code == 200 and after.json()["generated_response"] == reference.answer(query)["generated_response"]
+    after = requests.post(f"{url}/query", json={"request_id": uid("after"), "query": query}, timeout=180)
+    assert after.status_code == 200 and after.json()["generated_response"] == reference_answer(query)["generated_response"]

@@ -1,7 +1,8 @@
 """One request's trace across three real nodes (TRACING=jsonl, one span file per node):
 node 0's server and client spans, node 1's server span, its seven stage spans, its call to node 2
 and node 2's /search server span, all in one trace with the right parents; and its X-Request-ID
-back on the reply, in each node's completion line (LOG_FORMAT=json) and on each node's server span."""
+back on the reply, in each node's completion line (LOG_FORMAT=json) and on each node's server span.
+On the shared cluster, whose span files and logs hold other tests' requests too."""
 from __future__ import annotations
 
 import json
@@ -12,8 +13,7 @@ import pytest
 import requests
 
 from pipeline import spec
-from tests.helpers import cluster_env
-from tools.local import LocalCluster
+from tests.helpers import uid
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -23,21 +23,10 @@ SPAN_WAIT_S = 30  # spans are written as they end; this only bounds a failing te
 
 
 @pytest.fixture(scope="module")
-def traced(course_data, tmp_path_factory):
-    """The cluster, each node appending its spans to a file of its own."""
-    root = tmp_path_factory.mktemp("tracing")
-    files = {node: root / f"traces-node{node}.jsonl" for node in NODES}
-    cluster = LocalCluster(cluster_env(course_data, TRACING="jsonl", LOG_FORMAT="json"), root / "logs")
-    try:
-        for node in (2, 1, 0):  # the index first, as LocalCluster.start does
-            cluster.env["TRACING_FILE"] = str(files[node])
-            cluster.start_node(node)
-        cluster.wait_healthy(timeout_s=240)
-    except Exception:
-        cluster.stop()
-        raise
-    yield cluster, files
-    cluster.stop()
+def traced(shared_cluster):
+    """The cluster, each node appending its spans to a file of its own (TRACING=jsonl)."""
+    assert shared_cluster.env["TRACING"] == "jsonl" and shared_cluster.env["LOG_FORMAT"] == "json"
+    return shared_cluster, {node: shared_cluster.trace_path(node) for node in NODES}
 
 
 def spans_of(path: Path) -> list[dict]:
@@ -85,9 +74,10 @@ def served(traced):
     cluster, _ = traced
     by_node: dict[int, str] = {}
     for n in range(6):
-        request_id = f"trace-{n}"
+        request_id = uid(f"trace{n}")
         # A new query each time: an embedding cache hit would skip the embed stage.
-        by_node.setdefault(ask(cluster, request_id, f"How do I return item number {n}?")["served_by"], request_id)
+        by_node.setdefault(ask(cluster, request_id, f"How do I return item number {request_id}?")["served_by"],
+                           request_id)
         if {0, 1} <= set(by_node):
             return by_node
     raise AssertionError(f"round robin never reached both workers: {by_node}")

@@ -2,13 +2,18 @@
 from __future__ import annotations
 
 import copy
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
+from pipeline import spec
 from pipeline.config import Settings
+from pipeline.cpu_features import cpu_supports_bf16
 from pipeline.docstore import DocumentStore
 from pipeline.generator import GenerationRequest
+from pipeline.precision_policy import LOAD_DTYPE
+from pipeline.reference import ReferencePipeline
 from pipeline.reranker import RerankRequest
 from pipeline.spec import Stage
 from pipeline.stages import Stages
@@ -19,6 +24,7 @@ from services.roles.worker.role import worker_config
 from services.server.answer_request import AnswerRequest
 from services.server.deadline import Deadline
 from services.server.stream_response import collect
+from tests.helpers import TEST_ENV, data_env
 
 
 class InProcessIndex:
@@ -173,3 +179,52 @@ def test_the_concurrency_gauge_counts_a_request_from_its_arrival_to_its_answers_
     closed_early.close()  # a caller gone early: no longer held
     assert gauge() == 0
     assert list(WorkerCollector(lambda: None).collect()) == []
+
+
+# ----------------------------------------------------------------------------- precision variants
+
+# Every model in int8, the LLM too (named, not PRECISION=fast: the same variant whatever this
+# machine's fast table says); and PRECISION=auto, the default, which on a CPU with bf16
+# (avx512_bf16 or AMX) is bfloat16 in every stage. Waits long enough that requests share batches.
+INT8 = {f"{stage}_PRECISION": "int8-dynamic" for stage in ("EMBED", "RERANK", "GENERATE", "SENTIMENT", "TOXICITY")}
+AUTO = {"PRECISION": "auto", **{f"{stage}_MAX_WAIT_MS": "20" for stage in ("EMBED", "SENTIMENT", "TOXICITY")}}
+
+
+@pytest.mark.parametrize("env,device,queries", [
+    pytest.param(INT8, "int8-dynamic", 5, id="int8-dynamic"),
+    pytest.param(AUTO, "bfloat16", 6, id="auto", marks=pytest.mark.skipif(
+        not cpu_supports_bf16(), reason="PRECISION=auto is float32 on a CPU without avx512_bf16 or AMX, "
+        "which the float32 tests cover")),
+])
+def test_a_worker_at_a_precision_answers_requests_together_as_the_reference_at_it_alone(
+        support_data, model_source, env, device, queries):
+    """Requests submitted together (distinct, so batches and the continuous engine's decode steps mix
+    them) each get the reference pipeline's answer to it alone, at the same settings: text,
+    sentiment and toxicity do not depend on which requests shared a batch, the LLM included: its
+    engine (padded, chunked KV cache, sequences joining and leaving) answers token for token as one
+    request alone. On one torch thread, as the nodes run (TORCH_THREADS=1)."""
+    import torch
+    settings = Settings.from_env({**TEST_ENV, **data_env(support_data), "RERANK_MAX_WAIT_MS": "20", **env})
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    documents = VersionedData(support_data.db_path.parent, lambda directory, _: DocumentStore(directory / "documents"),
+                              DocumentStore.close)
+    documents.load_startup()
+    worker = Worker(worker_config(settings), Stages.load(settings, model_source),  # as a node loads them
+                    InProcessIndex(VectorIndex.load(support_data.index_path, nprobe=settings.index.nprobe)), documents)
+    try:
+        assert worker.stages.devices() == {stage: f"cpu/{device}" for stage in spec.MODEL_STAGES}  # its /health
+        reference = ReferencePipeline.from_settings(settings, model_source)
+        assert {(model.placement.precision, model.placement.dtype) for model in (reference.embedder,
+                reference.generator)} == {(device, LOAD_DTYPE[device])}
+        asked = list(enumerate(spec.REFERENCE_QUERIES[:queries]))
+        with ThreadPoolExecutor(len(asked)) as pool:
+            replies = list(pool.map(lambda iq: collect(worker.answer(AnswerRequest(f"{device}-{iq[0]}", iq[1]),
+                                                                     Deadline.after(300))), asked))
+        for (i, query), reply in zip(asked, replies):
+            expected = reference.answer(query, f"{device}-{i}")
+            assert {k: reply[k] for k in expected} == expected, f"query {query!r} differs from the reference"
+    finally:
+        worker.close(timeout=30)
+        documents.close()
+        torch.set_num_threads(threads)
