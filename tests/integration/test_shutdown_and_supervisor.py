@@ -58,11 +58,10 @@ def restart(cluster, node: int, command: list[str] | None = None) -> None:
 
 
 def running(cluster, node: int) -> None:
-    """`node` started as usual unless it runs (an earlier test stopped it), healthy, and in node 0's rotation."""
+    """`node` started as usual unless it runs (an earlier test stopped it), and healthy."""
     if node not in cluster.procs:
         cluster.start_node(node)
         cluster.wait_healthy(nodes=(node,), timeout_s=120)
-    cluster.wait_rotation(timeout_s=120)
 
 
 def assert_stopping_503(response: requests.Response) -> None:
