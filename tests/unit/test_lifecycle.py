@@ -289,6 +289,7 @@ def test_supervisor_does_not_restart_a_node_with_a_config_error():
     assert cluster.started == [] and supervisor.given_up == {2} and set(cluster.procs) == {0, 1}
 
 
+@pytest.mark.slow  # a process that sends itself SIGTERM
 def test_a_sigterm_before_the_drains_handlers_exits_0_at_once():
     # Outside a container the default action kills with -15; as PID 1 it is ignored (a SIGKILL
     # at the end of the stop grace): either way not a clean exit, which this handler gives.
