@@ -8,6 +8,7 @@ from tests.helpers import TEST_ENV
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.usefixtures("tool_commit")
 def test_bench_decode_times_steps_by_phase_and_profiles(tmp_path, model_source, monkeypatch):
     from profiling import bench_decode
     for name, value in TEST_ENV.items():
@@ -30,6 +31,7 @@ def test_bench_decode_refuses_more_steps_than_an_answer_has():
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.usefixtures("tool_commit")
 def test_kernels_baseline_times_both_glues_and_they_choose_the_same_tokens(tmp_path, model_source, monkeypatch):
     from profiling import bench_decode
     for name, value in {**TEST_ENV, "GENERATE_PRECISION": "int8-dynamic"}.items():
