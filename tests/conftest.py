@@ -131,6 +131,14 @@ def toxicity(model_source, fp32):
 
 
 @pytest.fixture(scope="session")
+def reference_texts(generator) -> list[str]:
+    """The answers to helpers.engine_requests(), each generated alone: what the continuous engine
+    (test_engine) and the generate stage over it (test_continuous) must give."""
+    from tests.helpers import engine_requests
+    return [generator.generate([r])[0] for r in engine_requests()[1]]
+
+
+@pytest.fixture(scope="session")
 def course_data(tmp_path_factory):
     from builders.data import build_course
     return build_course(tmp_path_factory.mktemp("course"), 3000, seed=0, progress=False)

@@ -86,6 +86,17 @@ def wait_until(condition: Callable[[], object], timeout_s: float, what: str | Ca
         time.sleep(poll_s)
 
 
+def engine_requests() -> tuple[tuple, list]:
+    """(documents, requests): five SPEC queries with none to three short documents, what the continuous
+    engine's and the generate stage's tests ask (their answers alone: conftest's reference_texts)."""
+    from pipeline import spec
+    from pipeline.docstore import Document
+    from pipeline.generator import GenerationRequest
+    docs = tuple(Document(i, f"Document {i}", "Refunds are issued within 5 days. " * (i + 1), "billing")
+                 for i in range(3))
+    return docs, [GenerationRequest(q, docs[: i % 4]) for i, q in enumerate(spec.REFERENCE_QUERIES[:5])]
+
+
 def leftovers(out_dir: Path) -> list[Path]:
     """Every file under a folder: what a failed or refused build left behind."""
     return [p for p in out_dir.rglob("*") if p.is_file()]

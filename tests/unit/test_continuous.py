@@ -19,8 +19,7 @@ from services.stages.batching import BatchingService
 from services.stages.continuous import ContinuousGenerationService, GenerationStats, GenerationTicket
 from services.stages.metrics import StageCollector
 from services.stages.protocol import StageService
-from tests.helpers import wait_until
-from tests.unit.test_engine import DOCS, REQUESTS
+from tests.helpers import engine_requests, wait_until
 
 # ----------------------------------------------------------------------------- generation stats and metrics, a model-free engine
 
@@ -326,15 +325,15 @@ def test_stop_ends_a_sequence_at_the_next_iteration_as_finished_not_cancelled():
 # ----------------------------------------------------------------------------- over the real engine, against the reference
 
 
-def test_service_resolves_futures_as_reference_and_survives_cancel_and_failure(generator):
-    reference_texts = [generator.generate([r])[0] for r in REQUESTS[:3]]
+def test_service_resolves_futures_as_reference_and_survives_cancel_and_failure(generator, reference_texts):
+    docs, asked = engine_requests()
     engine = ContinuousEngine(generator, max_batch=4, kv_cache_tokens=2048, prefill_chunk=64)
     service = ContinuousGenerationService("generate", engine, max_queue=8)
     try:
         streams: list[list[int]] = [[], [], []]  # each answer's token ids, as a worker reads them
-        futures = [service.submit(dataclasses.replace(r, on_token=ids.append)) for r, ids in zip(REQUESTS, streams)]
-        victim = service.submit(REQUESTS[3])
-        too_long = service.submit(GenerationRequest("x " * 3000, DOCS))  # over the KV-cache budget
+        futures = [service.submit(dataclasses.replace(r, on_token=ids.append)) for r, ids in zip(asked, streams)]
+        victim = service.submit(asked[3])
+        too_long = service.submit(GenerationRequest("x " * 3000, docs))  # over the KV-cache budget
         with pytest.raises(ValueError, match="budget"):
             too_long.result(timeout=120)
         # cancel mid-decode: wait until the victim has produced tokens, then cancel it

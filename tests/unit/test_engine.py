@@ -10,15 +10,9 @@ from pipeline.continuous import ContinuousEngine
 from pipeline.docstore import Document
 from pipeline.generator import GenerationRequest
 from pipeline.kernels.chunked_attention import CHUNK
+from tests.helpers import engine_requests
 
-DOCS = tuple(Document(i, f"Document {i}", "Refunds are issued within 5 days. " * (i + 1), "billing")
-             for i in range(3))
-REQUESTS = [GenerationRequest(q, DOCS[: i % 4]) for i, q in enumerate(spec.REFERENCE_QUERIES[:5])]
-
-
-@pytest.fixture(scope="module")
-def reference_texts(generator):
-    return [generator.generate([r])[0] for r in REQUESTS]
+_, REQUESTS = engine_requests()  # their answers alone: conftest's reference_texts
 
 
 def test_engine_matches_reference_with_staggered_joins(generator, reference_texts):
@@ -62,7 +56,14 @@ LONG = GenerationRequest("What is the refund policy for a damaged item?",
                                         "billing") for i in range(3)))
 
 
-def test_engine_matches_reference_when_a_longer_sequence_grows_the_slots_mid_run(generator, reference_texts):
+@pytest.fixture(scope="module")
+def long_reference(generator) -> str:
+    """LONG's answer alone."""
+    return generator.generate([LONG])[0]
+
+
+def test_engine_matches_reference_when_a_longer_sequence_grows_the_slots_mid_run(generator, reference_texts,
+                                                                                 long_reference):
     # LONG's prompt and answer need more than the usual slot (a quarter of the budget, one chunk): it
     # joins a running batch, the rows already decoding move to longer slots, and rows then read
     # different numbers of chunks.
@@ -86,11 +87,11 @@ def test_engine_matches_reference_when_a_longer_sequence_grows_the_slots_mid_run
                 seq = next(s for s in seqs if s.seq_id == row.seq_id)
                 assert (table.seen[slot, max(row.length, seq.prompt_len):] == seq.prompt_ids[0]).all(), slot
     assert grown and (table.slots, table.capacity) == (3, 2 * CHUNK)
-    assert [generator.completion(s.generated).text for s in seqs] == reference_texts[:2] + generator.generate([LONG])
+    assert [generator.completion(s.generated).text for s in seqs] == reference_texts[:2] + [long_reference]
     assert engine.runner.table.rows == [] and engine.runner.cache_tokens() == 0
 
 
-def test_a_prompt_of_many_prefill_chunks_written_into_its_slot_gets_the_reference_answer(generator):
+def test_a_prompt_of_many_prefill_chunks_written_into_its_slot_gets_the_reference_answer(generator, reference_texts):
     # A prompt in chunks of 48 tokens, across the attention's chunk of 256 columns, beside a
     # sequence decoding: each chunk attends over its slot's columns [0, end) as the reference's one pass.
     longer = GenerationRequest("My damaged item arrived broken: what does the refund policy say? " * 4, LONG.documents)
@@ -106,10 +107,11 @@ def test_a_prompt_of_many_prefill_chunks_written_into_its_slot_gets_the_referenc
         if long.prefilled and (not ends or ends[-1] != long.prefilled):
             ends.append(long.prefilled)
     assert ends == [min(end, long_prompt) for end in range(48, long_prompt + 48, 48)]
-    assert [generator.completion(short.generated).text, generator.completion(long.generated).text] == generator.generate([REQUESTS[1]]) + generator.generate([longer])
+    assert [generator.completion(short.generated).text, generator.completion(long.generated).text] == [reference_texts[1]] + generator.generate([longer])
 
 
-def test_the_slots_stay_within_the_kv_budget_as_a_longer_sequence_comes_and_goes(generator, reference_texts):
+def test_the_slots_stay_within_the_kv_budget_as_a_longer_sequence_comes_and_goes(generator, reference_texts,
+                                                                                  long_reference):
     # Room for two slots of two chunks: three short sequences run at once; the longer one waits until
     # one short one is left, the cache then holds two long slots, and short ones follow as it leaves.
     budget = 2 * 2 * CHUNK
@@ -125,7 +127,7 @@ def test_the_slots_stay_within_the_kv_budget_as_a_longer_sequence_comes_and_goes
         peak_rows = max(peak_rows, len(engine.runner.table.rows))
     assert peak_rows == 3 and {(3, CHUNK), (2, 2 * CHUNK)} <= shapes
     assert [generator.completion(s.generated).text for s in seqs] == \
-        reference_texts[:3] + generator.generate([LONG]) + reference_texts[3:5]
+        reference_texts[:3] + [long_reference] + reference_texts[3:5]
 
 
 def test_bucketed_rows_leave_the_answers_as_the_reference_gives_them(generator, reference_texts):
