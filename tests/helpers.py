@@ -6,6 +6,8 @@ import contextlib
 import multiprocessing.process
 import os
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -95,6 +97,21 @@ def engine_requests() -> tuple[tuple, list]:
     docs = tuple(Document(i, f"Document {i}", "Refunds are issued within 5 days. " * (i + 1), "billing")
                  for i in range(3))
     return docs, [GenerationRequest(q, docs[: i % 4]) for i, q in enumerate(spec.REFERENCE_QUERIES[:5])]
+
+
+def blocked_in(thread: threading.Thread | None, function: str) -> dict | None:
+    """The locals of the threading wait (Condition or Event) `thread` is in now, when `function` is on
+    its stack below it; else None. White-box (its stack): "it is waiting there" without a sleep."""
+    ident = thread.ident if thread is not None else None
+    frame = sys._current_frames().get(ident) if ident is not None else None
+    if frame is None or frame.f_code.co_name != "wait" or frame.f_code.co_filename != threading.__file__:
+        return None
+    caller = frame.f_back
+    while caller is not None:
+        if caller.f_code.co_name == function:
+            return dict(frame.f_locals)
+        caller = caller.f_back
+    return None
 
 
 def leftovers(out_dir: Path) -> list[Path]:

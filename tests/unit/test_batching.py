@@ -14,7 +14,6 @@ import dataclasses
 import logging
 import pickle
 import random
-import sys
 import threading
 import time
 from collections import Counter
@@ -27,7 +26,7 @@ from hypothesis import strategies as st
 from services.server.errors import BatchSizeMismatch, Overloaded, ServiceClosed, StageDown
 from services.stages.batch_stats import BatchingStats
 from services.stages.batching import BatchingService
-from tests.helpers import wait_until
+from tests.helpers import blocked_in, wait_until
 
 RESULT_TIMEOUT = 10.0  # seconds; only reached when something is broken
 
@@ -104,15 +103,10 @@ def worker_thread(svc: BatchingService) -> threading.Thread | None:
 
 
 def waiting_out_a_window(svc: BatchingService) -> bool:
-    """Whether the worker is blocked in BatchQueue.next_batch's timed wait: a batch's window is open
-    and the worker sleeps until it closes or something wakes it (white-box: its stack now)."""
-    thread = worker_thread(svc)
-    frame = sys._current_frames().get(thread.ident) if thread is not None and thread.ident else None
-    while frame is not None and frame.f_back is not None:
-        if frame.f_code.co_name == "wait" and frame.f_back.f_code.co_name == "next_batch":
-            return frame.f_locals.get("timeout") is not None
-        frame = frame.f_back
-    return False
+    """Whether the worker is in BatchQueue.next_batch's timed wait: a batch's window is open and the
+    worker waits until it closes or something wakes it."""
+    waiting = blocked_in(worker_thread(svc), "next_batch")
+    return waiting is not None and waiting.get("timeout") is not None
 
 
 # ---------------------------------------------------------------- stress

@@ -12,6 +12,7 @@ from pipeline.config import Settings
 from services.server.app import make_app
 from services.server.errors import NodeNotReady
 from services.server.lifecycle import ANSWER_WINDOW_S, InFlight, Lifecycle, Readiness
+from tests.helpers import blocked_in, wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -78,8 +79,10 @@ def test_drain_ends_as_soon_as_the_last_request_leaves():
         left.append(life.drain())
         done.set()
 
-    threading.Thread(target=drain, daemon=True).start()
-    assert not done.wait(0.05)  # still waiting on the request in flight
+    draining = threading.Thread(target=drain, daemon=True)
+    draining.start()
+    wait_until(lambda: blocked_in(draining, "wait_idle"), 10, "drain() never waited")
+    assert not done.is_set()  # still waiting on the request in flight
     started = time.monotonic()
     life.in_flight.leave()
     assert done.wait(10) and left == [0]
