@@ -1,9 +1,12 @@
 """Shared fixtures for unit/ and integration/: tiny stand-ins (built once into .cache, before any test:
-the nodes tests start read them and never build them), small course and support data. Helpers that
-tests import live in tests/helpers.py."""
+the nodes tests start read them and never build them), small course and support data; and the guard
+that fails a test not marked slow which starts a process. Helpers that tests import live in
+tests/helpers.py."""
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach a model hub
 
@@ -11,12 +14,65 @@ import pytest
 
 from pipeline.config import Settings
 from pipeline.device import Placement
-from tests.helpers import TEST_ENV
+from tests.helpers import TEST_ENV, no_processes, recording_tool_commit
 
 # In-process tools read Settings from the environment too: they get the tests' settings
 # (float32, the oracle's precision) unless the runner set them, whatever this CPU would pick.
 for _name, _value in TEST_ENV.items():
     os.environ.setdefault(_name, _value)
+
+
+# ----------------------------------------------------------------------------- the fast subset starts no process
+# `-m "not slow"` is the subset that starts no process (setup.cfg's marker): a test not marked slow
+# fails if it, its fixtures (setup and teardown) or any thread meanwhile starts one, and a test
+# module fails to collect if importing it starts one (collection imports every module, slow or not).
+
+
+@contextlib.contextmanager
+def _unless_slow(item: pytest.Item, phase: str):
+    if item.get_closest_marker("slow") is not None:
+        yield
+        return
+    with no_processes(f"{item.nodeid} ({phase}) is not marked slow, yet it") as refused:
+        yield
+    if refused:  # refused where the code under test caught it, or in another thread
+        pytest.fail(f"{item.nodeid} ({phase}) is not marked slow, yet it started processes: {refused}")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    with _unless_slow(item, "setup"):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    with _unless_slow(item, "call"):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item):
+    with _unless_slow(item, "teardown"):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+    if not isinstance(collector, pytest.Module):
+        return (yield)
+    with no_processes(f"importing {collector.nodeid}"):
+        return (yield)
+
+
+@pytest.fixture
+def tool_commit() -> Iterator[dict]:
+    """The commit profiling's tools record, without git (helpers.recording_tool_commit)."""
+    with recording_tool_commit() as commit:
+        yield commit
+
+
+# ----------------------------------------------------------------------------- models and data
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -72,6 +128,14 @@ def sentiment(model_source, fp32):
 def toxicity(model_source, fp32):
     from pipeline.classifiers import ToxicityClassifier
     return ToxicityClassifier.load(model_source, fp32)
+
+
+@pytest.fixture(scope="session")
+def reference_texts(generator) -> list[str]:
+    """The answers to helpers.engine_requests(), each generated alone: what the continuous engine
+    (test_engine) and the generate stage over it (test_continuous) must give."""
+    from tests.helpers import engine_requests
+    return [generator.generate([r])[0] for r in engine_requests()[1]]
 
 
 @pytest.fixture(scope="session")

@@ -1,11 +1,18 @@
-"""Helpers the tests share (imported, unlike fixtures): the test environment and a real local cluster."""
+"""Helpers the tests share (imported, unlike fixtures): the test environment, a real local cluster,
+waits on conditions, and the guard that keeps the fast subset free of processes."""
 from __future__ import annotations
 
+import contextlib
+import multiprocessing.process
 import os
+import subprocess
+import sys
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
+import pytest
 import requests
 
 from tools.local import LocalCluster, free_ports
@@ -71,12 +78,40 @@ def uid(prefix: str) -> str:
     return f"{prefix}-{time.time_ns()}"
 
 
-def wait_until(condition: Callable[[], object], timeout_s: float, what: str, poll_s: float = 0.05) -> None:
-    """Poll `condition` until it holds; fail with `what` past timeout_s (a bound, not a pace)."""
+def wait_until(condition: Callable[[], object], timeout_s: float, what: str | Callable[[], str],
+               poll_s: float = 0.05) -> None:
+    """Poll `condition` until it holds; fail with `what` past timeout_s (a bound, not a pace). `what`
+    may be a function, called only then (a message that reads logs)."""
     deadline = time.monotonic() + timeout_s
     while not condition():
-        assert time.monotonic() < deadline, what
+        assert time.monotonic() < deadline, what() if callable(what) else what
         time.sleep(poll_s)
+
+
+def engine_requests() -> tuple[tuple, list]:
+    """(documents, requests): five SPEC queries with none to three short documents, what the continuous
+    engine's and the generate stage's tests ask (their answers alone: conftest's reference_texts)."""
+    from pipeline import spec
+    from pipeline.docstore import Document
+    from pipeline.generator import GenerationRequest
+    docs = tuple(Document(i, f"Document {i}", "Refunds are issued within 5 days. " * (i + 1), "billing")
+                 for i in range(3))
+    return docs, [GenerationRequest(q, docs[: i % 4]) for i, q in enumerate(spec.REFERENCE_QUERIES[:5])]
+
+
+def blocked_in(thread: threading.Thread | None, function: str) -> dict | None:
+    """The locals of the threading wait (Condition or Event) `thread` is in now, when `function` is on
+    its stack below it; else None. White-box (its stack): "it is waiting there" without a sleep."""
+    ident = thread.ident if thread is not None else None
+    frame = sys._current_frames().get(ident) if ident is not None else None
+    if frame is None or frame.f_code.co_name != "wait" or frame.f_code.co_filename != threading.__file__:
+        return None
+    caller = frame.f_back
+    while caller is not None:
+        if caller.f_code.co_name == function:
+            return dict(frame.f_locals)
+        caller = caller.f_back
+    return None
 
 
 def leftovers(out_dir: Path) -> list[Path]:
@@ -106,3 +141,57 @@ def run_joining(engine, requests: Sequence, join_every: int = 1) -> list:
         step += 1
     return [seqs[i] for i in range(len(requests))]
 
+
+
+def _command(args) -> str:
+    """A process's command line as one readable string (subprocess takes a string, bytes, a path or a list)."""
+    if isinstance(args, (str, bytes, os.PathLike)):
+        return os.fsdecode(args)
+    return " ".join(os.fsdecode(a) if isinstance(a, (bytes, os.PathLike)) else str(a) for a in args)
+
+
+@contextlib.contextmanager
+def no_processes(who: str) -> Iterator[list[str]]:
+    """While inside, starting a process fails with pytest's Failed naming `who` and the command: every
+    way Python starts one (subprocess and everything built on it, os.fork/forkpty/posix_spawn/system,
+    multiprocessing). Yields the commands refused, so a refusal a caller caught is still seen.
+
+    Failed is a BaseException: an `except Exception` in the code under test does not swallow it."""
+    refused: list[str] = []
+
+    def refuse(command: str):
+        refused.append(command)
+        pytest.fail(f"{who} started a process: {command}")
+
+    def execute_child(self, args, *rest, **kwargs):
+        refuse(_command(args))
+
+    def spawn(path, argv, *rest, **kwargs):
+        refuse(_command(argv))
+
+    def start(self):
+        refuse(f"multiprocessing {self.name} (target {getattr(self, '_target', None)!r})")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(subprocess.Popen, "_execute_child", execute_child)
+        patch.setattr(os, "fork", lambda: refuse("os.fork()"))
+        patch.setattr(os, "forkpty", lambda: refuse("os.forkpty()"))
+        patch.setattr(os, "posix_spawn", spawn)
+        patch.setattr(os, "posix_spawnp", spawn)
+        patch.setattr(os, "system", lambda command: refuse(_command(command)))
+        patch.setattr(multiprocessing.process.BaseProcess, "start", start)
+        yield refused
+
+
+# The commit profiling's tools record in a test not marked slow: provenance.git_commit runs git, a
+# process. The real git_commit is tested alone, slow (tests/unit/test_provenance.py).
+TOOL_COMMIT = {"commit": "0123456789abcdef0123456789abcdef01234567", "dirty": False}
+
+
+@contextlib.contextmanager
+def recording_tool_commit() -> Iterator[dict]:
+    """While inside, profiling's tools record TOOL_COMMIT as their code's commit; yields it."""
+    from profiling.lib import provenance
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(provenance, "git_commit", lambda cwd=None: dict(TOOL_COMMIT))
+        yield TOOL_COMMIT

@@ -1,4 +1,6 @@
-"""services/server/answer_request.py: the one request object and the one parser of it."""
+"""services/server/answer_request.py: the one request object and the one parser of it; its decoding
+fields (temperature, top_p, top_k, seed and stop) as /v1 sends them and a worker reads them back
+from `wire()`."""
 from __future__ import annotations
 
 import pytest
@@ -6,7 +8,8 @@ from flask import Flask
 
 from pipeline import spec
 from pipeline.config import Settings
-from services.server.answer_request import AnswerRequest, Bounds, read_request
+from pipeline.sampling_params import Sampling
+from services.server.answer_request import ALL_FIELDS, AnswerRequest, Bounds, read_request
 from services.server.errors import ApiError
 
 BOUNDS = Bounds(Settings.from_env({"MAX_QUERY_TOKENS": "16", "MAX_REQUEST_ID_CHARS": "8"}).limits, len)
@@ -51,3 +54,75 @@ def test_a_worker_is_sent_the_fields_not_at_their_default():
     with Flask("t").test_request_context():  # what is sent reads back as the same request
         request = AnswerRequest("r1", "q", max_new_tokens=4, stream=True)
         assert read_request(request.wire(), BOUNDS) == request
+
+
+# ----------------------------------------------------------------------------- the decoding fields
+
+DEFAULT_BOUNDS = Bounds(Settings.from_env({}).limits, len, max_new_tokens=512)
+ASK = {"request_id": "r", "query": "How do I return it?"}
+
+
+@pytest.fixture
+def request_context():
+    with Flask("t").test_request_context():  # the rules bind the request_id to the request
+        yield
+
+
+def read_fields(bounds: Bounds = DEFAULT_BOUNDS, **fields) -> AnswerRequest:
+    return read_request({**ASK, **fields}, bounds)
+
+
+@pytest.mark.usefixtures("request_context")
+def test_greedy_by_default_and_the_questions_answer():
+    request = read_fields()
+    assert not request.sampled and request.is_the_questions_answer and request.sampling(drawn_seed=1) is None
+    assert read_fields(temperature=None, seed=None, top_k=None, stop=None) == request
+    assert not read_fields(stop="END").is_the_questions_answer and not read_fields(max_new_tokens=5).is_the_questions_answer
+
+
+@pytest.mark.usefixtures("request_context")
+def test_the_fields_as_sent_and_as_the_worker_reads_them_back():
+    request = read_fields(temperature=0.8, top_p=0.9, top_k=40, seed=3, stop=["\n\n", "END"], max_new_tokens=512)
+    assert request.sampling(drawn_seed=99) == Sampling(0.8, 0.9, 40, 3, ("\n\n", "END"))
+    assert read_request(request.wire(), DEFAULT_BOUNDS) == request  # what node 1 gets is what node 0 read
+    assert not request.is_the_questions_answer
+
+
+@pytest.mark.usefixtures("request_context")
+def test_a_sampled_request_without_a_seed_takes_the_drawn_one():
+    request = read_fields(temperature=1.0)
+    assert request.seed is None and request.sampling(drawn_seed=42) == Sampling(1.0, 1.0, 0, 42, ())
+    assert read_fields(stop="x").sampling(drawn_seed=42) == Sampling(stop=("x",))  # greedy: no seed needed
+
+
+@pytest.mark.usefixtures("request_context")
+def test_query_refuses_the_decoding_fields_by_name():
+    with pytest.raises(ApiError) as info:  # /query's answer is the contract's: a decoding field is not ignored
+        read_request({**ASK, "temperature": 0.9}, DEFAULT_BOUNDS, ("request_id", "query", "stream"))
+    assert (info.value.status, info.value.field) == (400, "temperature")
+    assert read_request(ASK, DEFAULT_BOUNDS, ("request_id", "query", "stream")).is_the_questions_answer
+
+
+@pytest.mark.parametrize("fields, field", [
+    ({"temperature": 2.5}, "temperature"), ({"temperature": "0"}, "temperature"), ({"temperature": True}, "temperature"),
+    ({"top_p": 0}, "top_p"), ({"top_p": 1.5}, "top_p"), ({"top_k": 1.5}, "top_k"), ({"top_k": -2}, "top_k"),
+    ({"seed": "7"}, "seed"), ({"seed": 2**64}, "seed"), ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"stop": 5}, "stop"), ({"stop": [""]}, "stop"), ({"max_new_tokens": 513}, "max_new_tokens"),
+])
+@pytest.mark.usefixtures("request_context")
+def test_a_field_out_of_its_rule_is_a_400_naming_it(fields, field):
+    with pytest.raises(ApiError) as info:
+        read_fields(**fields)
+    assert info.value.status == 400 and info.value.field == field
+
+
+@pytest.mark.usefixtures("request_context")
+def test_a_workers_bounds_accept_sampling_and_cap_new_tokens_at_the_openai_cap():
+    from services.roles.worker.role import worker_bounds
+    bounds = worker_bounds(Settings.from_env({"OPENAI_MAX_TOKENS_CAP": "64"}), len)
+    assert read_fields(bounds, temperature=0.5, seed=1, stop="x").sampling(drawn_seed=2) == Sampling(0.5, 1.0, 0, 1, ("x",))
+    assert read_fields(bounds, max_new_tokens=64).max_new_tokens == 64
+    with pytest.raises(ApiError) as info:
+        read_fields(bounds, max_new_tokens=65)
+    assert info.value.field == "max_new_tokens"
+    assert set(ALL_FIELDS) >= {"temperature", "top_p", "top_k", "seed", "stop"}

@@ -1,9 +1,10 @@
 """Tests for services.stages.batching.BatchingService.
 
-Timing is controlled with events and a gate inside batch_fn rather than bare
-sleeps. The few timing assertions (a batch window) use generous tolerances and
-compare against times recorded inside batch_fn, so they hold on a loaded
-2-core machine.
+Timing is controlled with events and a gate inside batch_fn, and waits are on
+conditions (the worker's state, a window that has passed). A sleep is only ever
+an input: the stress test's batch_fn taking its time, a gap between two arrivals.
+The few timing assertions (a batch window) use generous tolerances and compare
+against times recorded inside batch_fn, so they hold on a loaded 2-core machine.
 """
 
 from __future__ import annotations
@@ -16,14 +17,16 @@ import random
 import threading
 import time
 from collections import Counter
+from concurrent.futures import CancelledError
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.server.errors import BatchSizeMismatch, Overloaded, ServiceClosed
+from services.server.errors import BatchSizeMismatch, Overloaded, ServiceClosed, StageDown
 from services.stages.batch_stats import BatchingStats
 from services.stages.batching import BatchingService
+from tests.helpers import blocked_in, wait_until
 
 RESULT_TIMEOUT = 10.0  # seconds; only reached when something is broken
 
@@ -97,6 +100,13 @@ def worker_thread(svc: BatchingService) -> threading.Thread | None:
         if t.name == f"batching-{svc.name}":
             return t
     return None
+
+
+def waiting_out_a_window(svc: BatchingService) -> bool:
+    """Whether the worker is in BatchQueue.next_batch's timed wait: a batch's window is open and the
+    worker waits until it closes or something wakes it."""
+    waiting = blocked_in(worker_thread(svc), "next_batch")
+    return waiting is not None and waiting.get("timeout") is not None
 
 
 # ---------------------------------------------------------------- stress
@@ -210,8 +220,8 @@ def test_full_batch_does_not_wait_for_window(services):
 def test_batch_filling_up_during_window_goes_when_full(services):
     svc, rec = services(max_size=4, max_wait_ms=2000)
     first = svc.submit(0)
-    # Give the worker time to start waiting out the first item's window.
-    threading.Event().wait(0.05)
+    # The worker waits out the first item's window: what the full batch must wake it from.
+    wait_until(lambda: waiting_out_a_window(svc), RESULT_TIMEOUT, "the worker never waited on the window")
     assert not first.done()
     t0 = time.monotonic()
     rest = [svc.submit(i) for i in range(1, 4)]  # the 4th item fills the batch
@@ -245,8 +255,8 @@ def test_partial_batch_whose_window_expired_goes_right_after_busy_batch(services
     svc, rec = services(max_size=8, max_wait_ms=300)
     block_worker(svc, rec)
     queued = [svc.submit(i) for i in range(3)]
-    # Let the oldest queued item's window pass while the worker is busy.
-    threading.Event().wait(0.35)
+    # The oldest queued item's window passes while the worker is busy.
+    wait_until(lambda: svc._queue.due_in() == 0, RESULT_TIMEOUT, "the queued items' window never passed")
     t_release = time.monotonic()
     rec.gate.set()
     assert [f.result(timeout=RESULT_TIMEOUT) for f in queued] == [0, 2, 4]
@@ -257,11 +267,11 @@ def test_partial_batch_whose_window_expired_goes_right_after_busy_batch(services
 
 @pytest.mark.timeout(30)
 def test_window_is_measured_from_the_oldest_item(services):
-    window = 1.0
+    window = 0.5  # longer than the 200 ms gap below: both items share the batch
     svc, rec = services(max_size=10, max_wait_ms=window * 1000)
     t_a = time.monotonic()
     fa = svc.submit("a")
-    threading.Event().wait(0.2)  # the newer item arrives 200 ms later
+    time.sleep(0.2)  # the input under test, not a wait for anything: the newer item arrives 200 ms later
     t_b = time.monotonic()
     fb = svc.submit("b")
     assert fa.result(timeout=RESULT_TIMEOUT) == "aa"
@@ -527,14 +537,16 @@ def test_cancel_of_running_item_is_refused(services):
 
 @pytest.mark.timeout(30)
 def test_cancelled_oldest_item_does_not_set_the_deadline(services):
-    svc, rec = services(max_size=8, max_wait_ms=1000)
+    window = 0.3
+    svc, rec = services(max_size=8, max_wait_ms=window * 1000)
     old = svc.submit("old")
     old.cancel()
+    time.sleep(0.1)  # the input under test: the new item comes 100 ms after the cancelled one
     t0 = time.monotonic()
     new = svc.submit("new")
     assert new.result(timeout=RESULT_TIMEOUT) == "newnew"
     assert rec.batches == [["new"]]
-    assert rec.starts[0] - t0 >= 1.0 - 0.002
+    assert rec.starts[0] - t0 >= window - 0.002  # the new item's own window, not what was left of old's
 
 
 # --------------------------------------------------------------- overload
@@ -598,14 +610,15 @@ def test_close_waits_for_blocked_batch_and_rejects_new_items(services):
     closer = threading.Thread(target=svc.close)
     closer.start()
     # While close() drains, new work is refused.
-    deadline = time.monotonic() + RESULT_TIMEOUT
-    while True:
+
+    def refused() -> bool:
         try:
             svc.submit("late").cancel()
         except ServiceClosed:
-            break
-        assert time.monotonic() < deadline
-        threading.Event().wait(0.001)
+            return True
+        return False
+
+    wait_until(refused, RESULT_TIMEOUT, "close() never refused new items", poll_s=0.001)
     assert closer.is_alive()
     rec.gate.set()
     closer.join(RESULT_TIMEOUT)
@@ -749,3 +762,127 @@ def test_property_only_poison_items_fail(items, max_size):
     stats = svc.stats()
     assert stats.items_total == len(items)
     assert stats.failed_items_total == items.count(POISON)
+
+
+# ----------------------------------------------------- close racing submit, abort, a dying worker
+@pytest.mark.timeout(60)
+def test_concurrent_submit_and_close_resolve_every_future_exactly_once():
+    release = threading.Event()
+
+    def slow(items):
+        release.wait(5)
+        return items
+
+    def one_round(round_: int) -> None:
+            svc = BatchingService(f"stress-{round_}", slow, max_size=4, max_wait_ms=1, max_queue=10_000)
+            accepted, endings, lock = [], [], threading.Lock()
+            start = threading.Barrier(9)
+
+            def on_done(future):
+                with lock:
+                    endings.append(future)
+
+            def client():
+                start.wait()
+                for i in range(300):
+                    try:
+                        future = svc.submit(i)
+                    except ServiceClosed:
+                        return
+                    future.add_done_callback(on_done)
+                    with lock:
+                        accepted.append(future)
+                    if i % 7 == 0:
+                        future.cancel()
+
+            threads = [threading.Thread(target=client) for _ in range(8)]
+            for t in threads:
+                t.start()
+            start.wait()
+            svc.close(timeout=0.01)  # some items still queued: they fail with ServiceClosed
+            release.set()
+            for t in threads:
+                t.join(30)
+            svc.close(timeout=30)
+            release.clear()
+            assert all(f.done() for f in accepted)
+            assert sorted(map(id, endings)) == sorted(map(id, accepted))  # each future ended once
+            outcomes = {"result": 0, "closed": 0, "cancelled": 0}
+            for f in accepted:
+                try:
+                    f.result(timeout=0)
+                    outcomes["result"] += 1
+                except ServiceClosed:
+                    outcomes["closed"] += 1
+                except CancelledError:
+                    outcomes["cancelled"] += 1
+            st = svc.stats()
+            assert st.items_total == outcomes["result"] and st.failed_items_total == outcomes["closed"]
+            assert st.cancelled_items_total == outcomes["cancelled"] and st.queue_depth == 0
+
+    for round_ in range(5):
+        one_round(round_)
+
+
+class Held:
+    """A batch_fn that signals it has a batch (`entered`) and returns it once `gate` opens."""
+
+    def __init__(self):
+        self.gate, self.entered = threading.Event(), threading.Event()
+
+    def __call__(self, items):
+        self.entered.set()
+        assert self.gate.wait(10)
+        return items
+
+
+@pytest.mark.timeout(30)
+def test_batching_abort_fails_the_running_batch_and_the_queue_at_once():
+    held = Held()
+    gate, entered = held.gate, held.entered
+    svc = BatchingService("search", held, max_size=1, max_wait_ms=0)
+    running = svc.submit("a")
+    assert entered.wait(10)
+    queued = svc.submit("b")
+    svc.abort("node 1 is stopping")
+    for future in (running, queued):
+        with pytest.raises(ServiceClosed, match="node 1 is stopping"):
+            future.result(timeout=1)
+    with pytest.raises(ServiceClosed):
+        svc.submit("c")
+    gate.set()  # batch_fn's late result finds its future failed: dropped, the thread ends
+    svc.close(timeout=10)
+    assert svc.failure is None
+
+
+@pytest.mark.timeout(30)
+def test_a_batching_worker_whose_cleanup_fails_dies_loudly_and_fails_what_it_holds(monkeypatch):
+    fn = Held()
+    gate, entered = fn.gate, fn.entered
+    svc = BatchingService("rerank", fn, max_size=1, max_wait_ms=0)
+
+    def broken(*_args):
+        raise RuntimeError("bookkeeping failed")
+
+    fail_held = svc._holdings.fail_held
+    cleanups = []
+
+    def cleanup_fails_once(make_error):  # the internal-error path's cleanup fails; the dying thread's works
+        cleanups.append(make_error)
+        if len(cleanups) == 1:
+            broken()
+        fail_held(make_error)
+
+    monkeypatch.setattr(svc, "_run_batch", lambda batch: (fn(batch), broken()))  # a bug after batch_fn
+    monkeypatch.setattr(svc._holdings, "fail_held", cleanup_fails_once)  # and its cleanup fails too
+    running = svc.submit("a")
+    assert entered.wait(10)
+    queued = svc.submit("b")
+    gate.set()
+    for future in (running, queued):
+        with pytest.raises(StageDown, match="rerank stage stopped: RuntimeError: bookkeeping failed"):
+            future.result(timeout=10)
+    assert svc.failure == "RuntimeError: bookkeeping failed"
+    with pytest.raises(StageDown):
+        svc.submit("c")
+    svc.close(timeout=10)

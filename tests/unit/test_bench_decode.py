@@ -1,5 +1,5 @@
 """The decode-step benchmark (profiling/bench_decode) runs end to end on tiny stand-ins and reports what it
-promises."""
+promises; --kernels-baseline times int8-dynamic's fused and unfused glue, interleaved on one model."""
 import json
 
 import pytest
@@ -8,6 +8,7 @@ from tests.helpers import TEST_ENV
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.usefixtures("tool_commit")
 def test_bench_decode_times_steps_by_phase_and_profiles(tmp_path, model_source, monkeypatch):
     from profiling import bench_decode
     for name, value in TEST_ENV.items():
@@ -27,3 +28,38 @@ def test_bench_decode_refuses_more_steps_than_an_answer_has():
     with pytest.raises(SystemExit):
         bench_decode.parse_args(["--repeat", "127"])
     assert bench_decode.parse_args(["--sequences", "16,1,16"]).sequences == [1, 16]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.usefixtures("tool_commit")
+def test_kernels_baseline_times_both_glues_and_they_choose_the_same_tokens(tmp_path, model_source, monkeypatch):
+    from profiling import bench_decode
+    for name, value in {**TEST_ENV, "GENERATE_PRECISION": "int8-dynamic"}.items():
+        monkeypatch.setenv(name, value)
+    assert bench_decode.main(["--sequences", "1,3", "--repeat", "2", "--kernels-baseline", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "bench_decode_int8-dynamic.json").read_text())
+    assert report["settings"]["precision"] == "int8-dynamic" and report["settings"]["kernels_baseline"]
+    before = f"{bench_decode.CURRENT} {bench_decode.KERNELS_BEFORE}"
+    assert {(r["runner"], r["sequences"]) for r in report["rows"]} == {
+        (runner, n) for runner in (before, bench_decode.CURRENT) for n in (1, 3)}
+    assert all(r["steps"] == 2 and r["step_ms"] > 0 for r in report["rows"])
+    # the same bits either way (where the extension is built; otherwise both are the torch ops)
+    assert report["same_tokens_across_runners"] == {"1": True, "3": True}
+
+
+def test_use_kernels_switches_every_int8_dynamic_linear_and_nothing_else():
+    import torch
+
+    from pipeline.kernels.int8 import Int8DynamicLinear
+    from profiling import bench_decode
+    model = torch.nn.Sequential(Int8DynamicLinear(torch.nn.Linear(16, 8)), torch.nn.Linear(8, 4),
+                                Int8DynamicLinear(torch.nn.Linear(4, 4)))
+    bench_decode.use_kernels(model, before=True)
+    assert [m.fused for m in model if isinstance(m, Int8DynamicLinear)] == [False, False]
+    bench_decode.use_kernels(model, before=False)
+    assert [m.fused for m in model if isinstance(m, Int8DynamicLinear)] == [True, True]
+    assert not hasattr(model[1], "fused")
+    x = torch.randn(3, 16)
+    fused_out = model(x)
+    bench_decode.use_kernels(model, before=True)
+    assert torch.equal(model(x), fused_out)  # fused or not, the same bits

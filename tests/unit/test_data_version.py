@@ -33,6 +33,7 @@ from pipeline.vector_index import ShardedVectorIndex
 from services.roles.versioned_data import VersionedData
 from services.roles.versions import VersionSet, VersionUnavailable
 from services.server.errors import ApiError
+from tests.helpers import blocked_in, wait_until
 from tests.unit.test_data import FAKE_DIM, fake_embed
 
 FAKE = EmbedderInfo(model="fake/bag-of-words", source="test", revision="r1", precision="float32", dim=FAKE_DIM)
@@ -200,7 +201,8 @@ def test_a_version_is_released_only_once_its_requests_end_and_never_while_curren
     result: list[bool] = []
     waiter = threading.Thread(target=lambda: (result.append(versions.release("v1", 30)), done.set()))
     waiter.start()
-    assert not done.wait(0.05)
+    wait_until(lambda: blocked_in(waiter, "release"), 10, "release() never waited for the request in flight")
+    assert not done.is_set()
     lease.release()
     waiter.join(10)
     assert result == [True] and closed == ["store-1"]

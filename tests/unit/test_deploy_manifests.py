@@ -12,6 +12,7 @@ import http.server
 import json
 import os
 import re
+import runpy
 import shutil
 import subprocess
 import sys
@@ -244,6 +245,7 @@ def test_compose_prometheus_scrapes_every_node():
     assert config["rule_files"] == ["rag-alerts.rules.yml"]
 
 
+@pytest.mark.slow  # runs promtool
 def test_compose_prometheus_config_passes_promtool(tmp_path):
     if shutil.which("promtool") is None:
         pytest.skip("promtool is not installed (deploy/install-test-tools.sh installs it)")
@@ -314,6 +316,7 @@ def kernel_step() -> str:
     return step.replace("\\\n", "")
 
 
+@pytest.mark.slow  # runs the Dockerfile's step in bash
 @pytest.mark.parametrize("arch,compiled", [("amd64", True), ("arm64", False), ("", True)])
 def test_the_kernel_compiles_only_for_x86_64_and_other_architectures_use_torchs_ops(arch, compiled, tmp_path):
     # A stand-in `python` on PATH records whether the step compiled; `uname -m` answers x86_64 (the
@@ -336,6 +339,7 @@ def test_the_kernel_compiles_only_for_x86_64_and_other_architectures_use_torchs_
     assert "-mavx2" in (REPO_ROOT / "pipeline" / "kernels" / "fused_int8.py").read_text()  # why x86-64 only
 
 
+@pytest.mark.slow  # runs hadolint
 def test_dockerfile_passes_hadolint():
     hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
     if hadolint is None:
@@ -363,6 +367,7 @@ def fill_data(root: Path, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(DEPLOY / "fill-data.sh")], env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow  # runs deploy/fill-data.sh
 def test_fill_data_links_a_complete_version_builds_nothing_and_keeps_a_link_a_rollout_moved(tmp_path):
     manifest_only_version(tmp_path, "v1")
     result = fill_data(tmp_path)
@@ -410,21 +415,25 @@ class ReadyHandler(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_the_image_healthcheck_asks_its_own_node_for_ready():
-    def check(port: int) -> subprocess.CompletedProcess:
-        env = {**os.environ, "NODE_NUMBER": "1", "NODE_1_IP": f"127.0.0.1:{port}", "BIND_HOST": ""}
-        return subprocess.run([sys.executable, str(DEPLOY / "healthcheck.py")], env=env, capture_output=True,
-                              text=True, timeout=30)
+def test_the_image_healthcheck_asks_its_own_node_for_ready(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the script puts the repository first on it
+    healthcheck = runpy.run_path(str(DEPLOY / "healthcheck.py"), run_name="healthcheck")["main"]  # in this process
+
+    def check(port: int) -> int:
+        for name, value in {"NODE_NUMBER": "1", "NODE_1_IP": f"127.0.0.1:{port}", "BIND_HOST": ""}.items():
+            monkeypatch.setenv(name, value)
+        return healthcheck()
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), ReadyHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         port = server.server_address[1]
-        assert check(port).returncode == 0
+        assert check(port) == 0
     finally:
         server.shutdown()
         server.server_close()
-    refused = check(port)  # nothing listens there now
-    assert refused.returncode == 1 and f"not ready on port {port}" in refused.stderr
+    capsys.readouterr()
+    assert check(port) == 1  # nothing listens there now
+    assert f"not ready on port {port}" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- compose: restarts, profiles, token

@@ -20,7 +20,9 @@ from services.server.edge import EDGE_ROUTE
 from services.server.lifecycle import Lifecycle
 from services.server.routes import build_app
 from services.server.token import TOKEN_HEADER
-from tests.unit.test_gateway import REPLY, Outcomes, gateway, query_app
+from tests.helpers import wait_until
+from tests.unit.test_gateway import gateway
+from tests.unit.test_gateway_role import REPLY, Outcomes, query_app
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -165,7 +167,7 @@ def test_embeddings_take_a_slot_of_the_gateways_admission_and_a_query_takes_one_
     role, client = node_0(WorkerOfNode1(gate), embedder, max_in_flight=1)
     with ThreadPoolExecutor(1) as pool:
         embedding = pool.submit(client.post, "/v1/embeddings", json=EMBED)
-        wait_for(lambda: embedder.calls)
+        wait_until(lambda: embedder.calls, 5, "the embedding never reached the embedder")
         assert role.gateway.require().stats()["in_flight"] == 1
         refused = client.post("/query", json={"request_id": "a-1", "query": "Return?"})
         assert refused.status_code == 503 and "capacity" in refused.get_json()["error"]
@@ -174,21 +176,12 @@ def test_embeddings_take_a_slot_of_the_gateways_admission_and_a_query_takes_one_
     gate.clear()
     with ThreadPoolExecutor(1) as pool:
         answering = pool.submit(client.post, "/query", json={"request_id": "a-2", "query": "Return?"})
-        wait_for(lambda: role.gateway.require().stats()["in_flight"] == 1)
+        wait_until(lambda: role.gateway.require().stats()["in_flight"] == 1, 5, "the query never took its slot")
         full = client.post("/v1/embeddings", json=EMBED)
         assert full.status_code == 503 and full.headers["x-should-retry"] == "true" and "Retry-After" in full.headers
         gate.set()
         assert answering.result(timeout=10).status_code == 200
     assert role.gateway.require().stats()["in_flight"] == 0 and len(embedder.calls) == 1
-
-
-def wait_for(condition, timeout_s: float = 5.0) -> None:
-    done = threading.Event()
-    for _ in range(int(timeout_s / 0.01)):
-        if condition():
-            return
-        done.wait(0.01)
-    raise AssertionError("condition not met")
 
 
 @pytest.mark.parametrize("path, body, param", [

@@ -28,6 +28,7 @@ from services.server.errors import (
     WorkerFailed,
 )
 from services.server.stream_response import collect
+from tests.helpers import ManualClock, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -76,9 +77,28 @@ def gateway_settings(**kwargs) -> GatewaySettings:
 
 
 def gateway(*targets: WorkerTarget, response_cache=None, **kwargs) -> Gateway:
+    """A Gateway over `targets`, returned once its first probe round has put each target where its
+    probe says (in the rotation or out)."""
     kwargs.setdefault("health_interval_s", 3600)  # the probe runs once, at construction
+    said: dict[int, bool] = {}
+
+    def watched(target: WorkerTarget):
+        probe = target.probe
+
+        def answer() -> bool:
+            try:
+                ok = bool(probe())
+            except Exception:  # as the router takes a probe that raises
+                ok = False
+            said[id(target)] = ok
+            return ok
+        return answer
+
+    for target in targets:
+        target.probe = watched(target)
     gw = Gateway(list(targets), gateway_settings(**kwargs), response_cache=response_cache)
-    time.sleep(0.05)  # let that first probe pass
+    wait_until(lambda: all(id(t) in said and t.up == said[id(t)] for t in targets), 10,
+               "the gateway's first probe round did not end")
     return gw
 
 
@@ -95,7 +115,9 @@ def test_same_id_from_20_threads_is_computed_once_and_then_cached():
     gw = gateway(worker.target(local=True), max_in_flight=1, max_joiners_per_id=19, max_joiners=19)
     with ThreadPoolExecutor(20) as pool:
         futures = [pool.submit(ask, gw, "same", "q", 10) for _ in range(20)]
-        time.sleep(0.3)  # all 20 have arrived: one computes, 19 join (joins use no capacity)
+        # All 20 have arrived: one computes, 19 join (joins use no capacity).
+        wait_until(lambda: gw.stats()["joining"] == 19 and gw.stats()["in_flight"] == 1, 10,
+                   f"not 1 computing and 19 joining: {gw.stats()}")
         gate.set()
         replies = [f.result(timeout=10) for f in futures]
     assert len(worker.calls) == 1
@@ -111,7 +133,7 @@ def test_beyond_max_in_flight_is_refused_at_once_with_retry_after():
     gw = gateway(worker.target(local=True), max_in_flight=2)
     with ThreadPoolExecutor(2) as pool:
         running = [pool.submit(ask, gw, f"busy-{i}", "q", 10) for i in range(2)]
-        time.sleep(0.2)
+        wait_until(lambda: gw.stats()["in_flight"] == 2, 10, "the two requests never held both slots")
         started = time.monotonic()
         with pytest.raises(Overloaded) as err:
             ask(gw, "one-too-many", "q", 10)
@@ -132,9 +154,11 @@ def test_failures_are_not_cached():
     assert len(worker.calls) == 2
 
 
-def test_cache_is_bounded_in_size_and_time():
+def test_cache_is_bounded_in_size_and_time(monkeypatch):
     worker = FakeWorker(0)
     gw = gateway(worker.target(local=True), completed_cache_size=3, completed_ttl_s=0.3)
+    clock = ManualClock(100.0)
+    monkeypatch.setattr(gw.completed, "_clock", clock)  # the completed replies' age, moved by hand
     for i in range(5):
         ask(gw, f"c-{i}", "q", 10)
     assert gw.stats()["cached"] == 3
@@ -142,7 +166,7 @@ def test_cache_is_bounded_in_size_and_time():
     assert len(worker.calls) == 5  # c-4 came from the cache
     ask(gw, "c-0", "q", 10)
     assert len(worker.calls) == 6  # c-0 had been evicted
-    time.sleep(0.35)
+    clock.now += 0.35
     ask(gw, "c-4", "q", 10)
     assert len(worker.calls) == 7  # expired
     assert gw.stats()["cached"] == 1  # the expired ones were dropped
@@ -232,145 +256,13 @@ def test_remote_worker_is_out_of_rotation_until_its_probe_says_ready():
             raise AssertionError("not abandoned in this test")
 
     client, local = Client(), FakeWorker(0)
-    gw = gateway(local.target(local=True), remote_target(1, client), health_interval_s=0.05)
+    remote = remote_target(1, client)
+    gw = gateway(local.target(local=True), remote, health_interval_s=0.05)
     assert {ask(gw, f"p-{i}", "q", 10)["served_by"] for i in range(4)} == {0}
     client.ready = True
-    time.sleep(0.3)
+    wait_until(lambda: remote.up, 10, "the probe never found node 1 ready")
     assert {ask(gw, f"q-{i}", "q", 10)["served_by"] for i in range(4)} == {0, 1}
     gw.close()
-
-
-def test_worker_wait_maps_stage_outcomes():
-    from concurrent.futures import Future
-
-    from services.roles.worker.request_path import Worker
-    from services.server.errors import DeadlineExceeded, ServiceClosed
-
-    def failed(exc):
-        future = Future()
-        future.set_exception(exc)
-        return future
-
-    later = time.monotonic() + 5
-    with pytest.raises(StageFailed, match="embed stage failed: ValueError"):
-        Worker._wait("embed", failed(ValueError("bad")), later)
-    with pytest.raises(StageFailed, match="search stage failed: NodeUnreachable"):
-        Worker._wait("search", failed(NodeUnreachable("node 2 down")), later)  # not *this* worker down
-    with pytest.raises(RequestTimeout):
-        Worker._wait("search", failed(DeadlineExceeded("gave up")), later)
-    for exc in (Overloaded("full"), ServiceClosed("closing")):
-        with pytest.raises(type(exc)):
-            Worker._wait("generate", failed(exc), later)
-    pending = Future()
-    with pytest.raises(RequestTimeout):
-        Worker._wait("rerank", pending, time.monotonic() + 0.05)
-    assert pending.cancelled()  # unstarted work is dropped
-    done = Future()
-    done.set_result([1, 2])
-    assert Worker._wait("fetch", done, later) == [1, 2]
-
-
-# ---------------------------------------------------------------- node 0's /query, through the one error handler
-
-class Outcomes:
-    """A worker answering from a list of outcomes: a reply dict, or an exception to raise."""
-
-    def __init__(self, outcomes):
-        self.outcomes = list(outcomes)
-
-    def answer(self, request, deadline):
-        """The next outcome as node 0's worker streams it: its answer word by word, then the reply with
-        usage, naming the node."""
-        outcome = self.outcomes.pop(0)
-        if isinstance(outcome, BaseException):
-            raise outcome
-        reply = {**outcome, "request_id": request.request_id}
-        words = reply["generated_response"].split(" ")
-        yield from (word if i == 0 else f" {word}" for i, word in enumerate(words))
-        yield {**reply, "usage": {"prompt_tokens": 40, "completion_tokens": len(words)}, "finish_reason": "stop",
-               "served_by": 0}
-
-
-def query_app(outcomes, **env):
-    """Node 0's /query over a real Gateway (with its reply cache) and one worker answering `outcomes`."""
-    from pipeline.config import Settings
-    from services.roles.gateway.role import GatewayRole
-    from services.server.lifecycle import Lifecycle, Readiness
-    from services.server.routes import build_app
-    settings = Settings.from_env({"RESPONSE_CACHE_SIZE": "16", **env})
-    lifecycle = Lifecycle("node 0", 0.0, exit=lambda code: None)
-    role = GatewayRole(settings, 0, lifecycle)
-    app = build_app(role, lifecycle)
-    answers = Outcomes(outcomes)
-    worker = WorkerTarget(node=0, answer=answers.answer, probe=lambda: True, local=True)
-    role.gateway.set(gateway(worker, response_cache=role.response_cache))
-    role.count_query_tokens = len  # no LLM tokenizer here: a character per token
-    lifecycle.readiness.set(Readiness.READY)
-    return role, app.test_client()
-
-
-def test_a_query_over_max_query_tokens_gets_400_naming_query_and_the_limit():
-    role, client = query_app([{"generated_response": "a"}], MAX_QUERY_TOKENS="16")
-    r = client.post("/query", json={"request_id": "long", "query": "x" * 17})
-    assert r.status_code == 400 and r.get_json()["field"] == "query"
-    assert "17 tokens; the limit is 16 tokens (MAX_QUERY_TOKENS" in r.get_json()["error"]
-
-
-def test_node_0_serves_no_internal_answer():
-    role, client = query_app([])
-    assert client.post("/internal/answer", json={"request_id": "i", "query": "q"}).status_code == 404
-
-
-@pytest.mark.parametrize("error,status,body,retry_after", [
-    (RequestTimeout("request timed out"), 504, {"error": "Request timeout"}, None),
-    (NoWorkerAvailable("no worker could serve the request (down)"), 503,
-     {"error": "no worker could serve the request (down)"}, "5"),
-    (WorkerFailed(1, "HTTP 500: secret"), 500, {"error": "internal error on worker node 1"}, None),
-    (Overloaded("the gateway is at capacity", retry_after_s=3), 503,
-     {"error": "overloaded: the gateway is at capacity"}, "3"),
-])
-def test_query_failure_is_answered_once_and_fails_the_response_cache_claim(error, status, body, retry_after):
-    reply = {"generated_response": "ok", "sentiment": "neutral", "is_toxic": "false"}
-    role, client = query_app([error, reply])
-    first = client.post("/query", json={"request_id": "a", "query": "Where is my order?"})
-    assert (first.status_code, first.get_json(), first.headers.get("Retry-After")) == (status, body, retry_after)
-    assert role.response_cache.in_flight() == 0  # failed: a repeat does not wait on a failure
-    second = client.post("/query", json={"request_id": "b", "query": "where is my  order?"})
-    assert second.status_code == 200 and second.get_json()["request_id"] == "b"
-
-
-def test_query_refused_with_retry_after_while_not_ready():
-    role, client = query_app([])
-    role.lifecycle.readiness.set("starting")
-    response = client.post("/query", json={"request_id": "a", "query": "q"})
-    assert response.status_code == 503 and response.get_json() == {"error": "node 0 is starting"}
-    assert response.headers["Retry-After"] == "5"
-
-
-REPLY = {"generated_response": "ok", "sentiment": "neutral", "is_toxic": "false"}
-
-
-def test_a_request_id_keeps_its_own_answer_over_the_reply_cache():
-    role, client = query_app([{**REPLY, "generated_response": "first"}, {**REPLY, "generated_response": "second"}])
-    first = client.post("/query", json={"request_id": "a", "query": "Where is my order?"})
-    role.response_cache.clear()  # the reply cache forgets; the id does not
-    other = client.post("/query", json={"request_id": "b", "query": "Where is my order?"})
-    assert other.get_json()["generated_response"] == "second"
-    again = client.post("/query", json={"request_id": "a", "query": "Where is my order?"})
-    assert again.get_json() == first.get_json()  # not the reply cache's "second", nor marked cached
-    assert role.gateway.require().stats()["cache_hits"] == 1
-
-
-def test_a_request_id_with_another_query_gets_409_naming_the_query():
-    role, client = query_app([REPLY, REPLY])
-    assert client.post("/query", json={"request_id": "a", "query": "Refund?"}).status_code == 200
-    assert client.post("/query", json={"request_id": "b", "query": "Shipping?"}).status_code == 200
-    for query in ("Shipping?", "refund?", "Refund? "):  # a reply-cache hit, then exact text: case and spaces count
-        r = client.post("/query", json={"request_id": "a", "query": query})
-        assert r.status_code == 409 and r.get_json()["field"] == "query", r.get_json()
-        assert "request_id" in r.get_json()["error"]
-    assert client.post("/query", json={"request_id": "a", "query": "Refund?"}).status_code == 200
-    assert role.gateway.require().stats()["conflicts"] == 3
 
 
 def test_the_completed_cache_keeps_a_hash_of_the_query_not_its_text():
@@ -387,19 +279,12 @@ def test_a_joiner_with_another_query_gets_409_and_the_computation_is_untouched()
     gw = gateway(worker.target(local=True))
     with ThreadPoolExecutor(1) as pool:
         owner = pool.submit(ask, gw, "f", "q", 10)
-        wait_for(lambda: gw.stats()["in_flight"] == 1)
+        wait_until(lambda: gw.stats()["in_flight"] == 1, 5, "the owner never took its slot")
         with pytest.raises(RequestIdConflict):
             ask(gw, "f", "another q", 10)
         gate.set()
         assert owner.result(timeout=10)["generated_response"] == "answer to q"
     assert len(worker.calls) == 1 and gw.stats()["joined"] == 0
-
-
-def wait_for(condition, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
 
 
 def test_joiners_are_capped_per_id_and_in_all_with_an_immediate_503():
@@ -408,13 +293,13 @@ def test_joiners_are_capped_per_id_and_in_all_with_an_immediate_503():
     gw = gateway(worker.target(local=True), max_joiners_per_id=2, max_joiners=3)
     with ThreadPoolExecutor(5) as pool:
         owners = [pool.submit(ask, gw, rid, "q", 10) for rid in ("x", "y")]
-        wait_for(lambda: gw.stats()["in_flight"] == 2)
+        wait_until(lambda: gw.stats()["in_flight"] == 2, 5, "the owners never took their slots")
         joiners = [pool.submit(ask, gw, "x", "q", 10) for _ in range(2)]
-        wait_for(lambda: gw.stats()["joining"] == 2)
+        wait_until(lambda: gw.stats()["joining"] == 2, 5, "the two joiners never joined")
         for rid, cap in (("x", "2 per request_id"), ("y", None)):
             if cap is None:  # y's one joiner fills the total of 3
                 joiners.append(pool.submit(ask, gw, "y", "q", 10))
-                wait_for(lambda: gw.stats()["joining"] == 3)
+                wait_until(lambda: gw.stats()["joining"] == 3, 5, "y's joiner never joined")
                 rid, cap = "y", "3 in all"
             started = time.monotonic()
             with pytest.raises(Overloaded, match=cap) as err:
@@ -437,7 +322,7 @@ def test_a_reply_cache_hit_becomes_the_new_ids_answer_and_takes_no_capacity():
     gate.clear()
     with ThreadPoolExecutor(1) as pool:
         busy = pool.submit(ask, gw, "b", "slow one", 10)
-        wait_for(lambda: gw.stats()["in_flight"] == 1)  # the gateway is full
+        wait_until(lambda: gw.stats()["in_flight"] == 1, 5, "b never took the slot")  # the gateway is full
         reply = ask(gw, "c", "Popular", 10)
         assert reply["request_id"] == "c" and reply["cached"] is True
         assert ask(gw, "c", "Popular", 10) == reply  # now c's own answer, from the id cache
@@ -475,9 +360,7 @@ def test_abort_answers_a_request_waiting_on_a_remote_worker_and_stops_failover()
     gw = gateway(target, local.target(local=True))
     with ThreadPoolExecutor(1) as pool:
         waiting = pool.submit(ask, gw, "ab-1", "q", 30)
-        deadline = time.monotonic() + 10
-        while not remote.calls and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: remote.calls, 10, "ab-1 never reached node 1")
         gw.abort(lambda: NodeNotReady("node 0 is stopping; retry"))
         with pytest.raises(NodeNotReady, match="stopping"):
             waiting.result(timeout=5)

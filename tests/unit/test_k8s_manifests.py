@@ -1,6 +1,6 @@
-"""deploy/k8s as an operator would apply it: the RENDERED kustomize output (kubectl kustomize where
-installed, else the small renderer below, which the test holds to kubectl's output where both run),
-and its two overlays (deploy/k8s-overlays: trial, hub; kubectl only), validate against several
+"""deploy/k8s as an operator would apply it: the RENDERED kustomize output (the small renderer below,
+which a slow test holds to `kubectl kustomize`'s output where kubectl is installed), and its two
+overlays (deploy/k8s-overlays: trial, hub; kubectl only, so their tests are slow), validate against several
 Kubernetes versions' schemas (kubernetes-validate, offline, strict) and pass checkov with the skips
 justified below; every pod meets the "restricted" Pod Security Standard (checked rule by rule); each
 role has a disruption budget; the network policies let only the gateways reach the workers and only
@@ -8,13 +8,15 @@ the searching nodes reach the index, in and out, and nothing leave but DNS; the 
 names, node numbers, shards) agrees; nothing needs ReadOnlyMany; images are pinned; the trial fits
 one 4-CPU 8-GiB machine; the autoscaler reads the metric the workers export.
 
-No cluster can be started here: these check what `kubectl apply -k` would send.
+No cluster can be started here: these check what `kubectl apply -k` would send. Whatever runs
+kubectl or checkov (a process) is marked slow and runs it inside the test, never at import.
 """
 from __future__ import annotations
 
 import copy
 import os
 import re
+import runpy
 import shutil
 import subprocess
 import sys
@@ -69,7 +71,18 @@ def kubectl_render(folder: Path = K8S) -> list[dict] | None:
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
-RENDERED = kubectl_render() or python_render()
+# The default's objects without a process (kubectl's own rendering is the slow agreement test's).
+RENDERED = python_render()
+SLOW = pytest.mark.slow  # starts kubectl or checkov
+
+
+def rendered(name: str) -> list[dict]:
+    """The default kustomization's objects or an overlay's (kubectl: a process, so its tests are slow)."""
+    return RENDERED if name == "default" else overlay(name)
+
+
+# Each kustomization a test may check; an overlay is rendered by kubectl, so its case is slow.
+EVERY_KUSTOMIZATION = ["default", pytest.param("trial", marks=SLOW), pytest.param("hub", marks=SLOW)]
 
 
 def overlay(name: str) -> list[dict]:
@@ -113,12 +126,13 @@ def node_number(obj: dict) -> int:
 # ---------------------------------------------------------------- rendering and schemas
 
 
+@SLOW
 def test_the_python_renderer_agrees_with_kubectl():
-    rendered = kubectl_render()
-    if rendered is None:
+    by_kubectl = kubectl_render()
+    if by_kubectl is None:
         pytest.skip("kubectl is not installed: the Python renderer stands in")
     key = lambda obj: (obj["kind"], obj["metadata"]["name"])  # noqa: E731
-    assert sorted(python_render(), key=key) == sorted(rendered, key=key)
+    assert sorted(python_render(), key=key) == sorted(by_kubectl, key=key)
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -130,6 +144,7 @@ def test_the_rendered_objects_validate_against_the_kubernetes_schemas(version):
         kubernetes_validate.validate(obj, version, strict=True)
 
 
+@SLOW
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("name", ["trial", "hub"])
 def test_each_overlay_validates_against_the_kubernetes_schemas(name, version):
@@ -209,13 +224,15 @@ def test_the_policy_check_catches_each_rule(break_it, rule):
     assert any(rule in problem for problem in restricted_violations(broken))
 
 
+@SLOW
 @pytest.mark.parametrize("name", ["trial", "hub"])
 def test_every_overlay_pod_meets_the_restricted_pod_security_standard(name):
     assert [p for obj in workloads(overlay(name)) for p in restricted_violations(obj)] == []
 
 
-def test_writable_volumes_only_where_needed():
-    for obj in workloads() + workloads(overlay("hub")):
+@pytest.mark.parametrize("name", ["default", pytest.param("hub", marks=SLOW)])
+def test_writable_volumes_only_where_needed(name):
+    for obj in workloads(rendered(name)):
         for c in containers(obj):
             writable = {m["mountPath"] for m in c.get("volumeMounts", []) if not m.get("readOnly")}
             allowed = {"/tmp", "/data", "/standins"} if c["name"] == "fill-data" else \
@@ -321,6 +338,7 @@ def test_egress_allows_dns_and_the_pods_each_role_calls_and_nothing_else():
     assert not may_send(gateway, worker, 22)
 
 
+@SLOW
 def test_only_the_hub_overlays_model_job_reaches_beyond_the_cluster():
     objects = overlay("hub")
     models = pod_labels("models")
@@ -436,14 +454,21 @@ def test_no_claim_by_default_and_none_asks_for_read_only_many():
     for name in ("rag-index-shard-0", "rag-index-shard-1"):
         (template,) = by_kind("StatefulSet")[name]["spec"]["volumeClaimTemplates"]
         assert template["spec"]["accessModes"] == ["ReadWriteOnce"]
-    for objects in (RENDERED, overlay("trial"), overlay("hub")):
-        for claim in by_kind("PersistentVolumeClaim", objects).values():
-            assert "ReadOnlyMany" not in claim["spec"]["accessModes"]
     assert settings_data()["MODEL_SOURCE"] == "standin"
 
 
-def test_serving_pods_run_offline_and_the_hub_job_pins_each_model():
+@pytest.mark.parametrize("name", EVERY_KUSTOMIZATION)
+def test_no_claim_asks_for_read_only_many(name):
+    for claim in by_kind("PersistentVolumeClaim", rendered(name)).values():
+        assert "ReadOnlyMany" not in claim["spec"]["accessModes"]
+
+
+def test_serving_pods_run_offline():
     assert settings_data()["HF_HUB_OFFLINE"] == "true"
+
+
+@SLOW
+def test_the_hub_overlay_runs_offline_and_its_job_pins_each_model():
     objects = overlay("hub")
     assert settings_data(objects)["MODEL_SOURCE"] == "hub" and settings_data(objects)["HF_HUB_OFFLINE"] == "true"
     (job,) = by_kind("Job", objects).values()
@@ -459,13 +484,17 @@ def test_serving_pods_run_offline_and_the_hub_job_pins_each_model():
         assert mounts and all(m["readOnly"] for m in mounts), obj["metadata"]["name"]
 
 
-def test_the_model_job_refuses_a_model_without_a_pinned_commit(tmp_path):
+def test_the_model_job_refuses_a_model_without_a_pinned_commit(tmp_path, monkeypatch, capsys):
     from pipeline.models import ALL_MODELS
-    script = REPO_ROOT / "deploy" / "fetch-models.py"
     pins = " ".join(f"{name}={'a' * 40}" for name in ALL_MODELS[1:]) + f" {ALL_MODELS[0]}=main"
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
-                            env={**os.environ, "MODEL_REVISIONS": pins, "HF_HOME": str(tmp_path)})
-    assert result.returncode == 2 and ALL_MODELS[0] in result.stderr and ALL_MODELS[1] not in result.stderr
+    monkeypatch.setenv("MODEL_REVISIONS", pins)
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the script puts the repository first on it
+    # The script's main() in this process: its refusal comes before anything is fetched.
+    script = runpy.run_path(str(REPO_ROOT / "deploy" / "fetch-models.py"), run_name="fetch_models")
+    assert script["main"]() == 2
+    stderr = capsys.readouterr().err
+    assert ALL_MODELS[0] in stderr and ALL_MODELS[1] not in stderr
 
 
 # ---------------------------------------------------------------- images, probes, drain
@@ -474,10 +503,9 @@ def test_the_model_job_refuses_a_model_without_a_pinned_commit(tmp_path):
 PINNED_IMAGE = re.compile(r"^[^:@]+(:[0-9a-f]{12,40}|@sha256:[0-9a-f]{64})$")
 
 
-@pytest.mark.parametrize("name", ["default", "trial", "hub"])
+@pytest.mark.parametrize("name", EVERY_KUSTOMIZATION)
 def test_every_image_is_pinned_by_commit_or_digest(name):
-    objects = RENDERED if name == "default" else overlay(name)
-    for obj in workloads(objects):
+    for obj in workloads(rendered(name)):
         for c in containers(obj):
             assert PINNED_IMAGE.match(c["image"]), (obj["metadata"]["name"], c["image"])
             assert c.get("imagePullPolicy") in ("IfNotPresent", "Always")
@@ -526,6 +554,7 @@ def pod_requests(obj: dict) -> tuple[float, float]:
     return cpu, memory
 
 
+@SLOW
 def test_the_trial_fits_one_machine_of_4_cpus_and_8_gib_at_the_autoscalers_maximum():
     objects = overlay("trial")
     (hpa,) = by_kind("HorizontalPodAutoscaler", objects).values()
@@ -594,14 +623,15 @@ def checkov() -> list[str] | None:
     return [path] if path else None
 
 
+@SLOW
 @pytest.mark.parametrize("name", ["default", "trial", "hub"])
 def test_checkov_passes_with_only_the_justified_skips(name, tmp_path):
     command = checkov()
     if command is None:
         pytest.skip("checkov is not installed (deploy/install-test-tools.sh installs it in a venv of its own)")
-    rendered = tmp_path / "rendered.yaml"
-    rendered.write_text(yaml.safe_dump_all(RENDERED if name == "default" else overlay(name)))
-    result = subprocess.run([*command, "-f", str(rendered), "--framework", "kubernetes", "--compact", "--quiet",
+    objects = tmp_path / "rendered.yaml"
+    objects.write_text(yaml.safe_dump_all(rendered(name)))
+    result = subprocess.run([*command, "-f", str(objects), "--framework", "kubernetes", "--compact", "--quiet",
                              "--skip-download", "--skip-check", ",".join(CHECKOV_SKIPS), "-o", "json"],
                             capture_output=True, text=True, timeout=600)
     import json

@@ -12,6 +12,7 @@ from pipeline.config import Settings
 from services.server.app import make_app
 from services.server.errors import NodeNotReady
 from services.server.lifecycle import ANSWER_WINDOW_S, InFlight, Lifecycle, Readiness
+from tests.helpers import blocked_in, wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -78,8 +79,10 @@ def test_drain_ends_as_soon_as_the_last_request_leaves():
         left.append(life.drain())
         done.set()
 
-    threading.Thread(target=drain, daemon=True).start()
-    assert not done.wait(0.05)  # still waiting on the request in flight
+    draining = threading.Thread(target=drain, daemon=True)
+    draining.start()
+    wait_until(lambda: blocked_in(draining, "wait_idle"), 10, "drain() never waited")
+    assert not done.is_set()  # still waiting on the request in flight
     started = time.monotonic()
     life.in_flight.leave()
     assert done.wait(10) and left == [0]
@@ -289,6 +292,7 @@ def test_supervisor_does_not_restart_a_node_with_a_config_error():
     assert cluster.started == [] and supervisor.given_up == {2} and set(cluster.procs) == {0, 1}
 
 
+@pytest.mark.slow  # a process that sends itself SIGTERM
 def test_a_sigterm_before_the_drains_handlers_exits_0_at_once():
     # Outside a container the default action kills with -15; as PID 1 it is ignored (a SIGKILL
     # at the end of the stop grace): either way not a clean exit, which this handler gives.

@@ -1,13 +1,20 @@
-"""profiling.loadgen and the library parts it runs on (profiling.lib): the pure parts, no cluster."""
+"""profiling.loadgen and the library parts it runs on (profiling.lib): the pure parts, no cluster;
+and --api openai (profiling/lib/load.py's ChatLoad): the /v1/chat/completions body each request
+sends, with sampling, and how its reply is checked, against a node on 127.0.0.1 that records it."""
 from __future__ import annotations
 
 import json
 import math
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from pipeline import spec
 from profiling import loadgen
 from profiling.lib import cli, load, prometheus, report
+from profiling.lib.load import ChatLoad
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -208,7 +215,7 @@ def test_cache_warnings_only_where_a_cache_can_answer_a_repeat():
     assert [line.split(":")[0] for line in unknown] == ["node 0", "node 1"] and "unknown" in unknown[0]
 
 
-def test_settings_record_falls_back_when_a_node_has_no_settings_endpoint(monkeypatch):
+def test_settings_record_falls_back_when_a_node_has_no_settings_endpoint(monkeypatch, tool_commit):
     from profiling.lib import provenance
     from profiling.lib.prometheus import MetricsSnapshot, Node
     from tests.fake_node import FakeNode
@@ -220,8 +227,7 @@ def test_settings_record_falls_back_when_a_node_has_no_settings_endpoint(monkeyp
     assert entry["settings"] == "unknown" and "404" in entry["settings_note"]
     assert entry["info"] == {"model_source": "standin", "node": "0", "precision": "exact", "version": "0.9"}
     assert "node 0's settings are unknown" in provenance.settings_warnings(record)[0]
-    commit = record["tool"]["commit"]
-    assert len(commit) == 40 and int(commit, 16) >= 0  # the tool's own git rev-parse HEAD
+    assert record["tool"] == tool_commit  # the tool's own commit (provenance.git_commit)
     assert "settings unknown" in provenance.headline(record) and "version=0.9" in provenance.headline(record)
 
     class Answer:  # what a node with GET /settings says
@@ -236,12 +242,13 @@ def test_settings_record_falls_back_when_a_node_has_no_settings_endpoint(monkeyp
     assert (values, why) == ({"EMBED_CACHE_SIZE": "0", "CLUSTER_TOKEN": "<hidden>"}, "")
 
 
-def test_in_process_tools_record_their_own_settings_with_secrets_hidden():
+def test_in_process_tools_record_their_own_settings_with_secrets_hidden(tool_commit):
     from profiling.lib.provenance import local_record
     record = local_record({"CLUSTER_TOKEN": "s3cret", "EMBED_CACHE_SIZE": "0", "PRECISION": "fast"})
     values = record["settings"]
     assert values["CLUSTER_TOKEN"] == "<hidden>" and "s3cret" not in json.dumps(record)
     assert (values["EMBED_CACHE_SIZE"], values["PRECISION"], values["TORCH_THREADS"]) == ("0", "fast", "0")
+    assert record["tool"] == tool_commit
 
 
 def test_sweep_levels_too_small_to_judge_and_their_spread():
@@ -273,7 +280,7 @@ def test_output_folders_are_fresh_per_run(tmp_path):
     assert chosen == tmp_path / "mine" and chosen.is_dir()  # --out: exactly where the user said
 
 
-def test_loadgen_sweep_records_warnings_settings_and_a_fresh_folder(tmp_path, monkeypatch, capsys):
+def test_loadgen_sweep_records_warnings_settings_and_a_fresh_folder(tmp_path, monkeypatch, capsys, tool_commit):
     from tests.fake_node import FakeNode
     monkeypatch.chdir(tmp_path)  # no --out: runs/loadgen-<UTC time>/ under the working directory
     with FakeNode() as node:
@@ -294,15 +301,13 @@ def test_loadgen_sweep_records_warnings_settings_and_a_fresh_folder(tmp_path, mo
     assert any("cache settings unknown" in w and "10 requests planned" in w for w in warnings)
     assert any("too few successful requests" in w for w in warnings)
     assert summary["provenance"]["nodes"][0]["settings"] == "unknown"
-    assert len(summary["provenance"]["tool"]["commit"]) == 40
+    assert summary["provenance"]["tool"] == tool_commit
 
 
 def test_a_streamed_request_is_timed_to_its_first_piece_and_between_pieces():
     """LoadTarget(stream=True) against an SSE node whose pieces come 50 ms apart after 200 ms."""
-    import time
-
     from services.server import sse
-    from tests.unit.test_client_stream import StreamingNode, reply_for
+    from tests.unit.test_client import StreamingNode, reply_for
 
     def script(body):
         time.sleep(0.2)  # the server's own pace, what the client measures
@@ -319,3 +324,65 @@ def test_a_streamed_request_is_timed_to_its_first_piece_and_between_pieces():
     assert 0.04 <= record.itl_s < 0.5
     stats = report.run_stats("s", 1, [record])
     assert stats.ttft.count == 1 and stats.ttft.p50_s == record.ttft_s and stats.itl.p50_s == record.itl_s
+
+
+# ---------------------------------------------------------------- --api openai
+
+
+def test_the_body_names_the_model_the_query_and_a_seed_per_request():
+    body = ChatLoad(temperature=0.7, seed_base=100, max_tokens=64).body("lg-1", "Where is my order?", 3, True)
+    assert body == {"model": spec.GENERATOR_MODEL, "request_id": "lg-1", "temperature": 0.7, "seed": 103,
+                    "max_tokens": 64, "stream": True, "messages": [{"role": "user", "content": "Where is my order?"}]}
+    assert set(ChatLoad().body("lg-2", "q", 0, False)) == {"model", "request_id", "messages"}  # the server's defaults
+
+
+def test_the_command_line_picks_the_api_and_its_fields():
+    args = loadgen.parser().parse_args(["--url", "http://127.0.0.1:1", "--concurrency", "2", "--count", "4",
+                                        "--api", "openai", "--temperature", "0.7", "--seed-base", "5"])
+    assert loadgen.chat_load(args) == ChatLoad(0.7, 5, None)
+    plain = loadgen.parser().parse_args(["--url", "http://127.0.0.1:1", "--concurrency", "2", "--count", "4"])
+    assert loadgen.chat_load(plain) is None
+
+
+class RecordingNode:
+    """POST /v1/chat/completions on 127.0.0.1: records each body and answers a chat.completion for it."""
+
+    def __init__(self):
+        self.bodies: list[dict] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.bodies.append({"path": self.path, **body})
+                reply = json.dumps({"choices": [{"message": {"content": "Returns take 30 days."}}],
+                                    "rag": {"request_id": body["request_id"]}, "seed": body.get("seed")}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_sampled_load_request_sends_its_fields_and_checks_the_reply():
+    node = RecordingNode()
+    try:
+        target = load.LoadTarget(node.url, ["q0", "q1"], timeout_s=5, deadline=time.monotonic() + 10,
+                                 chat=ChatLoad(temperature=0.7, seed_base=40))
+        records = [target.send(target.record("g", i, 0.0)) for i in range(2)]
+    finally:
+        node.close()
+    assert all(r.ok and r.status == 200 for r in records)
+    assert [(b["path"], b["messages"][0]["content"], b["seed"], b["temperature"]) for b in node.bodies] == [
+        ("/v1/chat/completions", "q0", 40, 0.7), ("/v1/chat/completions", "q1", 41, 0.7)]

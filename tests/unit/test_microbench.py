@@ -9,7 +9,7 @@ import pytest
 
 from profiling import microbench
 from profiling.lib import inputs
-from tests.helpers import TEST_ENV
+from tests.helpers import TEST_ENV, recording_tool_commit
 
 STAGES = ("embed", "search", "fetch", "sentiment", "generate")
 MODEL_STAGES = {"embed", "sentiment", "generate"}
@@ -23,12 +23,13 @@ def bench_out(course_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("microbench")
     env = {**os.environ, **TEST_ENV}
     codes = {}
-    for stage in STAGES:
-        codes[stage] = microbench.main(
-            ["--stage", stage, "--batch-sizes", ",".join(map(str, BATCH_SIZES)), "--repeat", "2", "--warmup", "1",
-             "--max-new-tokens", str(MAX_NEW_TOKENS), "--index", str(course_data.index_path),
-             "--documents", str(course_data.db_path.parent), "--out", str(out), "--no-progress"],
-            env=env)
+    with recording_tool_commit():
+        for stage in STAGES:
+            codes[stage] = microbench.main(
+                ["--stage", stage, "--batch-sizes", ",".join(map(str, BATCH_SIZES)), "--repeat", "2", "--warmup", "1",
+                 "--max-new-tokens", str(MAX_NEW_TOKENS), "--index", str(course_data.index_path),
+                 "--documents", str(course_data.db_path.parent), "--out", str(out), "--no-progress"],
+                env=env)
     return out, codes
 
 

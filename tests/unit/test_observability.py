@@ -30,8 +30,8 @@ from services.server.request_ids import (
 from services.stages.batch_stats import WAIT_BUCKETS, BatchCounters, with_observations
 from services.stages.batching import BatchingService
 from services.stages.continuous import ContinuousGenerationService
+from tests.unit.test_continuous import FakeEngine, scrape
 from tests.unit.test_gateway import FakeWorker, ask, gateway_settings
-from tests.unit.test_stage_services import FakeEngine, scrape
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -300,8 +300,12 @@ class FakeOpenAIServer:
 
 
 @pytest.fixture()
-def openai_client():
+def openai_client(monkeypatch):
+    import platform
+
     import openai
+    # The client names the OS in a header; platform.platform() would find it by running `uname -p`.
+    monkeypatch.setattr(platform, "platform", lambda *args, **kwargs: "Linux")
     fake = FakeOpenAIServer()
     fake.thread.start()
     try:

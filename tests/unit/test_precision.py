@@ -154,13 +154,17 @@ def test_per_row_scales_keep_an_outlier_batch_mate_from_changing_other_rows():
 # ----------------------------------------------------------------------------- whole models, per variant
 
 @pytest.fixture(scope="module", params=PLACEMENTS)
-def stages(request, model_source):
+def stages(request, model_source, fp32):
     from pipeline.classifiers import SentimentClassifier, ToxicityClassifier
     from pipeline.embedder import Embedder
     from pipeline.generator import Generator
     from pipeline.reranker import Reranker
     device, variant = request.param
     placement = Placement(device, LOAD_DTYPE[variant], variant)
+    if placement == fp32:  # the session's float32 models (conftest): the same load, done once
+        names = {"embed": "embedder", "rerank": "reranker", "generate": "generator", "sentiment": "sentiment",
+                 "toxicity": "toxicity"}
+        return {"variant": variant, **{stage: request.getfixturevalue(name) for stage, name in names.items()}}
     return {"variant": variant, "embed": Embedder.load(model_source, placement),
             "rerank": Reranker.load(model_source, placement), "generate": Generator.load(model_source, placement),
             "sentiment": SentimentClassifier.load(model_source, placement),

@@ -78,6 +78,7 @@ def test_open_loop_stops_sending_at_send_until_and_caps_what_is_out():
         assert len(records) <= 4 and target.deadline_hit
 
 
+@pytest.mark.usefixtures("tool_commit")
 def test_soak_runs_the_library_loop_and_writes_its_files(tmp_path):
     with FakeNode() as node:
         started = time.monotonic()
@@ -94,6 +95,7 @@ def test_soak_runs_the_library_loop_and_writes_its_files(tmp_path):
         assert list(next(csv.DictReader(f))) == ["t_s", "node_url", "rss_bytes"]
 
 
+@pytest.mark.usefixtures("tool_commit")
 def test_soak_open_loop_counts_invalid_replies(tmp_path):
     with FakeNode(bad_reply=True) as node:
         assert soak.main(["--url", node.url, "--metrics-urls", node.url, "--minutes", "0.005", "--rate", "20",
@@ -102,6 +104,7 @@ def test_soak_open_loop_counts_invalid_replies(tmp_path):
     assert summary["sent"] == 3 and summary["errors"] == {"invalid_reply": 3} and summary["ok"] == 0
 
 
+@pytest.mark.usefixtures("tool_commit")
 def test_loadgen_cli_against_a_fake_node(tmp_path):
     with FakeNode() as node:
         rc = loadgen.main(["--url", node.url, "--metrics-urls", f"{node.url}/metrics", "--concurrency", "2",

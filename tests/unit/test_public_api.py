@@ -15,7 +15,8 @@ from services.roles.gateway.openai_embeddings import embeddings_response, parse_
 from services.roles.gateway.public_api import openapi_document
 from services.roles.gateway.routing import WorkerTarget
 from services.server.errors import ApiError, Overloaded
-from tests.unit.test_gateway import Outcomes, gateway, query_app
+from tests.unit.test_gateway import gateway
+from tests.unit.test_gateway_role import Outcomes, query_app
 
 MODEL = spec.GENERATOR_MODEL
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "How do I return it?"}]}

@@ -16,7 +16,9 @@ from services.server.auth import ApiKeys
 from services.server.deadline import Deadline
 from services.server.errors import RequestIdConflict
 from services.server.stream_response import collect
-from tests.unit.test_gateway import REPLY, FakeWorker, gateway, query_app, wait_for
+from tests.helpers import wait_until
+from tests.unit.test_gateway import FakeWorker, gateway
+from tests.unit.test_gateway_role import REPLY, query_app
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -68,11 +70,11 @@ def test_a_request_id_another_caller_has_in_flight_is_neither_joined_nor_refused
     gw = gateway(worker.target(local=True), max_in_flight=4)
     with ThreadPoolExecutor(3) as pool:
         alices = pool.submit(ask, gw, ALICE, "busy-id", "q")
-        wait_for(lambda: gw.stats()["in_flight"] == 1)
+        wait_until(lambda: gw.stats()["in_flight"] == 1, 5, "never in_flight == 1")
         bobs_same = pool.submit(ask, gw, BOB, "busy-id", "q")  # leads its own computation
-        wait_for(lambda: gw.stats()["in_flight"] == 2)
+        wait_until(lambda: gw.stats()["in_flight"] == 2, 5, "never in_flight == 2")
         bobs_other = pool.submit(ask, gw, BOB, "busy-id", "q")  # joins Bob's, not Alice's
-        wait_for(lambda: gw.stats()["joining"] == 1)
+        wait_until(lambda: gw.stats()["joining"] == 1, 5, "never joining == 1")
         gate.set()
         replies = [f.result(timeout=10) for f in (alices, bobs_same, bobs_other)]
     assert all(r["generated_response"] == "answer to q" for r in replies)
@@ -85,9 +87,9 @@ def test_another_callers_query_in_flight_under_the_same_id_is_no_conflict():
     gw = gateway(worker.target(local=True))
     with ThreadPoolExecutor(2) as pool:
         alices = pool.submit(ask, gw, ALICE, "f", "q")
-        wait_for(lambda: gw.stats()["in_flight"] == 1)
+        wait_until(lambda: gw.stats()["in_flight"] == 1, 5, "never in_flight == 1")
         bobs = pool.submit(ask, gw, BOB, "f", "another q")
-        wait_for(lambda: gw.stats()["in_flight"] == 2)
+        wait_until(lambda: gw.stats()["in_flight"] == 2, 5, "never in_flight == 2")
         with pytest.raises(RequestIdConflict):
             ask(gw, ALICE, "f", "another q")  # Alice's own id in flight, another query: hers to know
         gate.set()

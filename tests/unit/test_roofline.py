@@ -213,6 +213,7 @@ def test_peaks_are_measured_and_threads_restored():
 
 # ------------------------------------------------------------------------- the CLI
 
+@pytest.mark.usefixtures("tool_commit")
 def test_cli_end_to_end_on_the_tiny_standins(tmp_path, capsys):
     measured = tmp_path / "measured.json"
     measured.write_text(json.dumps({"precision": "float32", "times": {"embed": 0.01, "generate": 2.0,

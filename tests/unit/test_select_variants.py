@@ -83,11 +83,17 @@ def test_float32_when_no_variant_passes_or_none_is_faster():
     assert choose(rows + slower) == {"generate": "float32", "toxicity": "float32"}
 
 
-def test_env_file_is_comments_then_one_setting_per_stage(tmp_path):
-    text = env_file({"embed": "int8-dynamic", "generate": "float32"}, ["machine: x", "", "rule: y"])
-    assert text == "# machine: x\n#\n# rule: y\nEMBED_PRECISION=int8-dynamic\nGENERATE_PRECISION=float32\n"
+ENV_FILE = "# machine: x\n#\n# rule: y\nEMBED_PRECISION=int8-dynamic\nGENERATE_PRECISION=float32\n"
+
+
+def test_env_file_is_comments_then_one_setting_per_stage():
+    assert env_file({"embed": "int8-dynamic", "generate": "float32"}, ["machine: x", "", "rule: y"]) == ENV_FILE
+
+
+@pytest.mark.slow  # runs bash
+def test_bash_sources_the_env_file(tmp_path):
     path = tmp_path / "precision.env"
-    path.write_text(text)
+    path.write_text(ENV_FILE)
     sourced = subprocess.run(["bash", "-c", f"set -a; . {path}; echo $EMBED_PRECISION $GENERATE_PRECISION"],
                              capture_output=True, text=True, check=True).stdout.split()
     assert sourced == ["int8-dynamic", "float32"]
@@ -116,6 +122,7 @@ def test_the_llm_is_timed_and_read_through_the_continuous_engine(generator, monk
     assert [len(o["ids"]) for o in outputs] == [4, 4] and len(outputs[0]["prompt_top1"]) == len(items[0])
 
 
+@pytest.mark.slow  # each variant is measured in a process of its own (and git names the commit)
 @pytest.mark.timeout(600)
 def test_cli_on_tiny_standins_writes_the_table_and_an_env_file(tmp_path, model_source, capsys):
     env = {**TEST_ENV, "TORCH_THREADS": "1", "HF_HUB_OFFLINE": "1"}

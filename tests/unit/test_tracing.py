@@ -81,6 +81,7 @@ def test_off_installs_nothing_and_writes_nothing(tmp_path):
     assert "sdk" not in type(trace.get_tracer_provider()).__module__
 
 
+@pytest.mark.slow  # a fresh interpreter: this one has imported OpenTelemetry already
 def test_off_never_imports_opentelemetry():
     # Zero cost when off: a node's modules, its startup and a request through the hooks and the
     # stage helpers leave OpenTelemetry unimported (so a node without the packages runs).
@@ -121,6 +122,7 @@ def test_tracing_on_without_the_packages_is_one_config_error_naming_the_pip_comm
     assert not tracing.enabled()
 
 
+@pytest.mark.slow  # starts a node process
 def test_a_node_with_tracing_on_and_no_opentelemetry_exits_2_with_one_line(tmp_path):
     index = tmp_path / "index.faiss"
     index.write_bytes(b"")  # only its existence is checked before the tracing check

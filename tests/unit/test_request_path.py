@@ -1,4 +1,5 @@
-"""A worker's request path over the tiny stand-ins, node 2 searched in-process."""
+"""services/roles/worker/request_path.py: a worker's request path over the tiny stand-ins, node 2 searched
+in-process, and how it maps each stage's outcome."""
 from __future__ import annotations
 
 import copy
@@ -228,3 +229,40 @@ def test_a_worker_at_a_precision_answers_requests_together_as_the_reference_at_i
         worker.close(timeout=30)
         documents.close()
         torch.set_num_threads(threads)
+
+
+def test_worker_wait_maps_stage_outcomes():
+    import time
+    from concurrent.futures import Future
+
+    from services.server.errors import (
+        DeadlineExceeded,
+        NodeUnreachable,
+        Overloaded,
+        RequestTimeout,
+        ServiceClosed,
+        StageFailed,
+    )
+
+    def failed(exc):
+        future = Future()
+        future.set_exception(exc)
+        return future
+
+    later = time.monotonic() + 5
+    with pytest.raises(StageFailed, match="embed stage failed: ValueError"):
+        Worker._wait("embed", failed(ValueError("bad")), later)
+    with pytest.raises(StageFailed, match="search stage failed: NodeUnreachable"):
+        Worker._wait("search", failed(NodeUnreachable("node 2 down")), later)  # not *this* worker down
+    with pytest.raises(RequestTimeout):
+        Worker._wait("search", failed(DeadlineExceeded("gave up")), later)
+    for exc in (Overloaded("full"), ServiceClosed("closing")):
+        with pytest.raises(type(exc)):
+            Worker._wait("generate", failed(exc), later)
+    pending = Future()
+    with pytest.raises(RequestTimeout):
+        Worker._wait("rerank", pending, time.monotonic() + 0.05)
+    assert pending.cancelled()  # unstarted work is dropped
+    done = Future()
+    done.set_result([1, 2])
+    assert Worker._wait("fetch", done, later) == [1, 2]

@@ -1,0 +1,25 @@
+"""pipeline/continuous/runner.py: the batched repetition penalty is the reference processor's, row by row."""
+from __future__ import annotations
+
+from pipeline.continuous.slots import SlotRule
+from pipeline.kernels.chunked_attention import CHUNK
+
+
+def test_batched_repetition_penalty_equals_the_reference_processor_per_row():
+    import torch
+    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+    from pipeline.continuous.runner import ModelRunner
+    runner = ModelRunner(None, SlotRule(1, CHUNK, CHUNK), repetition_penalty=1.1)
+    processor = RepetitionPenaltyLogitsProcessor(1.1)
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 50, generator=gen) * 4
+    rows = [[5, 7, 5, 9], [1, 2], [3, 3, 3, 40, 41, 0]]  # repeats, ragged, token 0 seen only by row 2
+    width = max(map(len, rows))
+    # padded on the right with each row's first token, as the runner's seen tensor is
+    seen = torch.tensor([row + [row[0]] * (width - len(row)) for row in rows])
+    expected = [int(processor(torch.tensor([row]), logits[i:i + 1].clone()).argmax()) for i, row in enumerate(rows)]
+    scores = torch.cat([processor(torch.tensor([row]), logits[i:i + 1].clone()) for i, row in enumerate(rows)])
+    penalised = logits.clone()
+    assert runner._choose(penalised, seen) == expected
+    assert torch.equal(penalised, scores)  # the same scores, bit for bit, not only the same argmax
