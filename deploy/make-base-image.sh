@@ -50,7 +50,8 @@ if [[ ! -s "$TARBALL" ]]; then
   tar -C "$root" -cf "$TARBALL.part" . && mv "$TARBALL.part" "$TARBALL"
   log "root filesystem in $TARBALL ($((SECONDS - started)) s)"
 fi
-# docker load's archive: the root filesystem as the one layer, a config naming its architecture.
+# docker load's archive: the root filesystem as the one layer, a config naming its architecture
+# and no creation time (the same tarball gives the same image ID: builds on it stay cached).
 archive="$(mktemp -d -t rag-base-image.XXXXXX)"
 ln "$TARBALL" "$archive/layer.tar" 2>/dev/null || cp "$TARBALL" "$archive/layer.tar"
 cat > "$archive/config.json" <<EOF
