@@ -2,17 +2,25 @@
 # Makes a local stand-in for the public Python slim image where no image registry can be reached:
 # a minimal Debian bookworm (Python 3.11, as python:3.11-slim) with python3, python3-venv and the
 # Python headers (python3-dev: torch's inline C++ build of pipeline/kernels/fused_int8.py needs
-# them), built by debootstrap from the Debian mirror apt already uses and imported as IMAGE.
+# them), built by debootstrap from the Debian mirror apt already uses and loaded as IMAGE.
 #   deploy/make-base-image.sh [IMAGE]          # as root; default IMAGE rag-base:bookworm
 #   docker build -f deploy/Dockerfile --build-arg BASE_IMAGE=rag-base:bookworm .
+# ARCH (amd64, the default, or arm64) picks the architecture: ARCH=arm64 on an x86-64 host runs
+# arm64's binaries under emulation (qemu-user-static registered with binfmt_misc; deploy/README.md,
+# "arm64"). The image is loaded as a one-layer image whose config names ARCH (`docker import`
+# would record the daemon's own architecture, whatever the files are).
 # The root filesystem is kept as a tarball (BASE_CACHE, default .cache/docker-base/), so a
-# second call only re-imports it (seconds instead of minutes).
+# second call only re-loads it (seconds instead of minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 IMAGE="${1:-rag-base:bookworm}"
+ARCH="${ARCH:-amd64}"
+[[ "$ARCH" == amd64 || "$ARCH" == arm64 ]] || { echo "make-base-image: ARCH='$ARCH': expected amd64 or arm64" >&2; exit 2; }
 CACHE="${BASE_CACHE:-.cache/docker-base}"
-TARBALL="$CACHE/bookworm-python3.tar"
+TARBALL="$CACHE/bookworm-python3$([[ "$ARCH" == amd64 ]] || echo "-$ARCH").tar"
 DOCKER="${DOCKER:-docker}"
+root="" archive=""
+trap 'rm -rf ${root:+"$root" "$root.log"} ${archive:+"$archive"}' EXIT
 
 log() { echo "make-base-image: $*" >&2; }
 
@@ -31,10 +39,9 @@ fi
 if [[ ! -s "$TARBALL" ]]; then
   command -v debootstrap >/dev/null || { log "debootstrap is not installed (apt-get install debootstrap)"; exit 1; }
   root="$(mktemp -d -t rag-base.XXXXXX)"
-  trap 'rm -rf "$root"' EXIT
   started=$SECONDS
-  log "debootstrap bookworm from $(mirror) into $root"
-  debootstrap --variant=minbase --include=python3,python3-venv,python3-dev,ca-certificates \
+  log "debootstrap bookworm ($ARCH) from $(mirror) into $root"
+  debootstrap --arch="$ARCH" --variant=minbase --include=python3,python3-venv,python3-dev,ca-certificates \
     bookworm "$root" "$(mirror)" >"$root.log" 2>&1 || { tail -20 "$root.log" >&2; exit 1; }
   rm -f "$root.log"
   # The image's apt starts with empty lists (the build's apt-get update fills them).
@@ -43,6 +50,15 @@ if [[ ! -s "$TARBALL" ]]; then
   tar -C "$root" -cf "$TARBALL.part" . && mv "$TARBALL.part" "$TARBALL"
   log "root filesystem in $TARBALL ($((SECONDS - started)) s)"
 fi
-"$DOCKER" import --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-  --change 'CMD ["/bin/bash"]' "$TARBALL" "$IMAGE" >/dev/null
-log "imported $IMAGE"
+# docker load's archive: the root filesystem as the one layer, a config naming its architecture
+# and no creation time (the same tarball gives the same image ID: builds on it stay cached).
+archive="$(mktemp -d -t rag-base-image.XXXXXX)"
+ln "$TARBALL" "$archive/layer.tar" 2>/dev/null || cp "$TARBALL" "$archive/layer.tar"
+cat > "$archive/config.json" <<EOF
+{"architecture": "$ARCH", "os": "linux",
+ "config": {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], "Cmd": ["/bin/bash"]},
+ "rootfs": {"type": "layers", "diff_ids": ["sha256:$(sha256sum "$TARBALL" | cut -d' ' -f1)"]}}
+EOF
+echo "[{\"Config\": \"config.json\", \"RepoTags\": [\"$IMAGE\"], \"Layers\": [\"layer.tar\"]}]" > "$archive/manifest.json"
+tar -C "$archive" -cf - manifest.json config.json layer.tar | "$DOCKER" load >/dev/null
+log "loaded $IMAGE (linux/$ARCH)"

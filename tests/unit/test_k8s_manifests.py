@@ -474,7 +474,11 @@ def test_the_hub_overlay_runs_offline_and_its_job_pins_each_model():
     (job,) = by_kind("Job", objects).values()
     assert node_container(job)["command"] == ["python", "deploy/fetch-models.py"]
     assert {"configMapRef": {"name": "rag-model-revisions"}} in node_container(job)["envFrom"]
-    assert "MODEL_REVISIONS" in by_kind("ConfigMap", objects)["rag-model-revisions"]["data"]
+    # model-revisions.env pins every model, as the Job's own parser reads it (it exits 2 otherwise).
+    from pipeline.models import ALL_MODELS
+    fetch = runpy.run_path(str(REPO_ROOT / "deploy" / "fetch-models.py"))  # defines, runs nothing
+    revisions = fetch["pinned"](by_kind("ConfigMap", objects)["rag-model-revisions"]["data"]["MODEL_REVISIONS"])
+    assert sorted(revisions) == sorted(ALL_MODELS) and fetch["unpinned"](revisions) == []
     (claim,) = by_kind("PersistentVolumeClaim", objects).values()
     assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
     for obj in workloads(objects):
