@@ -37,10 +37,11 @@ torch_pip_args() {
   local build="$1"
   if [[ "$build" == cuda ]]; then
     echo "torch==$TORCH_CUDA_VERSION"  # PyPI's Linux x86-64 build is the CUDA one
-  elif [[ "$(uname -s)-$(uname -m)" == Linux-x86_64 ]]; then
+  elif [[ "$(uname -s)" == Linux ]]; then
+    # PyPI's Linux wheels (x86-64 and aarch64 alike) are CUDA builds; the CPU index has +cpu ones of both.
     echo "torch==$TORCH_VERSION+cpu --extra-index-url ${TORCH_CPU_INDEX_URL:-https://download.pytorch.org/whl/cpu}"
   else
-    echo "torch==$TORCH_VERSION"  # PyPI's: the CPU build elsewhere (aarch64, macOS)
+    echo "torch==$TORCH_VERSION"  # PyPI's macOS wheel is the CPU build
   fi
 }
 
