@@ -180,15 +180,20 @@ def test_a_retried_request_id_streams_the_answer_it_got_and_is_not_recomputed():
     assert conflict.status_code == 409
 
 
-def test_an_error_after_a_stream_started_is_its_last_event():
+def failing_after_one_piece():
+    """A gateway whose one target streams a piece, then fails in a later stage."""
     role, client = query_app([ANSWER])
-    gateway = role.gateway.require()
 
     def failing(request, timeout_s):
         yield "Answer:"
         raise StageFailed("sentiment", RuntimeError("boom"))
 
-    gateway.router.targets[0].answer = failing
+    role.gateway.require().router.targets[0].answer = failing
+    return client
+
+
+def test_an_error_after_a_stream_started_is_its_last_event():
+    client = failing_after_one_piece()
     got = events(client.post("/query", json={"request_id": "f-1", "query": "Return?", "stream": True}))
     assert [e.name for e in got] == ["token", "error"]
     assert got[-1].json()["status"] == 500

@@ -10,8 +10,8 @@ from openai.types import Model
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from pipeline import spec
-from services.server.errors import Overloaded, StageFailed
-from tests.unit.test_gateway_role import ANSWER, events, query_app
+from services.server.errors import Overloaded
+from tests.unit.test_gateway_role import ANSWER, events, failing_after_one_piece, query_app
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -78,13 +78,6 @@ def test_the_services_own_errors_reach_an_openai_client_in_its_shape_with_the_st
 
 
 def test_an_error_after_a_chat_stream_started_is_its_last_event_in_openais_shape():
-    role, client = query_app([ANSWER])
-    gateway = role.gateway.require()
-
-    def failing(request, timeout_s):
-        yield "Answer:"
-        raise StageFailed("sentiment", RuntimeError("boom"))
-
-    gateway.router.targets[0].answer = failing
+    client = failing_after_one_piece()
     chat = events(client.post("/v1/chat/completions", json={**CHAT, "stream": True}))
     assert json.loads(chat[-1].data)["error"]["type"] == "server_error"
