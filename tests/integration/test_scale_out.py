@@ -41,19 +41,6 @@ def cluster(sharded_support, tmp_path_factory):
     cluster.stop()
 
 
-@pytest.fixture(scope="module")
-def reference_reply(reference):
-    """reference.answer(query, request_id), computed once per query for the module: the request_id
-    only labels the reply (spec.answer_json), and these tests ask the eight queries again and again."""
-    replies: dict[str, dict] = {}
-
-    def reply(query: str, request_id: str = "") -> dict:
-        if query not in replies:
-            replies[query] = reference.answer(query)
-        return {**replies[query], "request_id": request_id}
-    return reply
-
-
 def test_each_node_has_the_role_and_shard_its_settings_give(cluster):
     roles = {n: health(cluster, n)["role"] for n in range(6)}
     assert roles == {0: "gateway+worker", 1: "worker", 2: "worker", 3: "index", 4: "index", 5: "index"}
@@ -64,7 +51,7 @@ def test_each_node_has_the_role_and_shard_its_settings_give(cluster):
                                                                5: "index"}
 
 
-def test_concurrent_answers_equal_the_unsharded_reference_and_every_worker_serves(cluster, reference_reply):
+def test_concurrent_answers_equal_the_unsharded_reference_and_every_worker_serves(cluster, reference_answer):
     url, queries = cluster.url(0), list(spec.REFERENCE_QUERIES) * 2
     with ThreadPoolExecutor(len(queries)) as pool:
         replies = list(pool.map(lambda iq: post_query(url, f"so-{iq[0]}", iq[1]), enumerate(queries)))
@@ -73,13 +60,13 @@ def test_concurrent_answers_equal_the_unsharded_reference_and_every_worker_serve
         assert response.status_code == 200, response.text
         reply = response.json()
         assert spec.validate_reply(reply, f"so-{i}") == []
-        expected = reference_reply(query, f"so-{i}")
+        expected = reference_answer(query, f"so-{i}")
         assert {k: reply[k] for k in expected} == expected, f"query {query!r} differs from the reference"
         served.add(reply["served_by"])
     assert served == {0, 1, 2}
 
 
-def test_a_worker_and_a_replica_killed_under_load_lose_no_request(cluster, reference_reply):
+def test_a_worker_and_a_replica_killed_under_load_lose_no_request(cluster, reference_answer):
     url, results = cluster.url(0), {}
     queries = [spec.REFERENCE_QUERIES[i % 8] for i in range(18)]
 
@@ -98,7 +85,7 @@ def test_a_worker_and_a_replica_killed_under_load_lose_no_request(cluster, refer
     assert [results[i].status_code for i in range(len(queries))] == [200] * len(queries), \
         [results[i].text[:200] for i in range(len(queries)) if results[i].status_code != 200]
     for i, response in results.items():
-        expected = reference_reply(queries[i])
+        expected = reference_answer(queries[i])
         assert response.json()["generated_response"] == expected["generated_response"]
     cluster.start_node(5)
     cluster.start_node(2)
