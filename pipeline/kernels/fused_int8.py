@@ -132,15 +132,22 @@ def _library(directory: Path) -> Path | None:
     return found[0] if found else None
 
 
-def build() -> None:
-    """Compile the extension into :func:`build_directory` (nothing to do where it is built);
-    raises where there is no compiler. :func:`fused_ops` loads it from then on."""
+def build() -> str:
+    """Compile the extension into :func:`build_directory`; raises where there is no compiler.
+    :func:`fused_ops` loads it from then on. Nothing to do, and no compiler or lock needed (the
+    cache may be read-only, as in the image), where this version is built and loads, or where
+    this CPU lacks AVX2 (nothing would load it). Returns what it did, in words."""
+    if not _cpu_supported():
+        return f"nothing to build: this CPU lacks {', '.join(sorted(_CPU_FLAGS))}; int8-dynamic runs torch's own ops"
+    if fused_ops() is not None:
+        return f"{NAME} is built in {build_directory()}"
     from torch.utils.cpp_extension import load_inline
     directory = build_directory()
     directory.mkdir(parents=True, exist_ok=True)
     load_inline(NAME, cpp_sources=_SOURCE, functions=_FUNCTIONS, extra_cflags=_CFLAGS,
                 build_directory=str(directory), verbose=False)
     fused_ops.cache_clear()
+    return f"built {NAME} in {directory}"
 
 
 def _cpu_supported() -> bool:
@@ -171,5 +178,5 @@ def fused_ops() -> ModuleType | None:
 if __name__ == "__main__":
     import time
     started = time.perf_counter()
-    build()
-    print(f"built {NAME} in {build_directory()} ({time.perf_counter() - started:.1f} s)")
+    done = build()
+    print(f"{done} ({time.perf_counter() - started:.1f} s)")

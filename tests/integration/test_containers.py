@@ -78,6 +78,9 @@ def test_the_image_runs_as_a_numeric_user_with_the_kernel_and_no_compiler(built)
              "assert not any(map(shutil.which, ('g++', 'gcc', 'c++'))), 'a compiler is left'; print('ok')")
     run = docker("run", "--rm", "--network", "none", "--entrypoint", "python", IMAGE, "-c", probe)
     assert run.stdout.strip() == "ok", run.stderr
+    # run.sh's setup, as every node start runs it, finds the kernel built: no compiler, no lock, no warning.
+    settings = docker("run", "--rm", "--network", "none", IMAGE, "settings")
+    assert "[run.sh]" not in settings.stderr, settings.stderr
 
 
 def test_a_code_change_rebuilds_neither_torch_nor_the_compiler(built):

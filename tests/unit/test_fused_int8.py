@@ -51,6 +51,29 @@ def ops():
     return fused_int8.fused_ops()
 
 
+def _compiler_refused(monkeypatch):
+    from torch.utils import cpp_extension
+
+    def refuse(*args, **kwargs):  # what the image's numeric user meets: no compiler, a root-owned cache
+        raise PermissionError("the build lock cannot be taken")
+    monkeypatch.setattr(cpp_extension, "load_inline", refuse)
+
+
+def test_a_cpu_without_avx2_builds_nothing(tmp_path, monkeypatch, clean_cache):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(fused_int8, "_cpu_supported", lambda: False)
+    _compiler_refused(monkeypatch)
+    assert "nothing to build" in fused_int8.build()
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow  # needs the built extension (compiled by `ops` where it is not yet)
+def test_where_it_is_built_build_needs_neither_compiler_nor_lock(ops, monkeypatch):
+    _compiler_refused(monkeypatch)
+    assert fused_int8.build() == f"{fused_int8.NAME} is built in {fused_int8.build_directory()}"
+    assert fused_int8.fused_ops() is ops
+
+
 def _rows(n, k, seed=0):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, k, generator=g) * torch.logspace(-6, 6, n)[:, None]  # quiet rows and loud ones
