@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from tests.support import forked_nodes
 from tools.local import LocalCluster, free_ports
 
 # What every test runs with: tiny stand-ins, float32 on the CPU (the oracle's precision).
@@ -46,7 +47,7 @@ def start_cluster(data, log_dir: Path, *, commands: Mapping[int, Sequence[str]] 
     the topology `extra` sets (TOTAL_NODES, INDEX_NODES, INDEX_SHARDS: local_topology).
 
     `commands`: a node's own command line (tests.support's wrapped nodes), by node number."""
-    cluster = LocalCluster(cluster_env(data, **extra), log_dir)
+    cluster = LocalCluster(cluster_env(data, **extra), log_dir, launcher=forked_nodes.launch)
     try:
         if commands:
             for node in cluster.start_order:  # the index first, workers search it at once

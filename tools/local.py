@@ -24,7 +24,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 from pipeline.config import REPO_ROOT, ConfigError, Settings
 from pipeline.device import thread_budget
@@ -50,13 +50,38 @@ def _die_with_parent() -> None:
         pass  # not Linux: the parent's stop() still cleans up
 
 
+def popen_node(command: Sequence[str], env: Mapping[str, str], cwd: Path, log: Path) -> subprocess.Popen:
+    """A node process: `command` in `env` and `cwd`, its output appended to `log`; it dies with its parent."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(list(command), env=dict(env), cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
+                                preexec_fn=_die_with_parent)
+
+
+class NodeProcess(Protocol):
+    """What LocalCluster needs of a node's process (subprocess.Popen has it)."""
+    pid: int
+
+    @property
+    def returncode(self) -> int | None: ...
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def send_signal(self, sig: int) -> None: ...
+    def kill(self) -> None: ...
+
+
+# How a node's process is started: (command, environment, working folder, log file) -> its process.
+Launcher = Callable[[Sequence[str], Mapping[str, str], Path, Path], NodeProcess]
+
+
 class LocalCluster:
-    def __init__(self, env: Mapping[str, str], log_dir: Path, python: str = sys.executable):
+    def __init__(self, env: Mapping[str, str], log_dir: Path, python: str = sys.executable,
+                 launcher: Launcher = popen_node):
         self.env = dict(env)
         self.settings = Settings.from_env(self.env)
         self.log_dir = Path(log_dir)
         self.python = python
-        self.procs: dict[int, subprocess.Popen] = {}
+        self.launcher = launcher
+        self.procs: dict[int, NodeProcess] = {}
 
     def url(self, node: int) -> str:
         return self.settings.node_address(node).url
@@ -64,13 +89,11 @@ class LocalCluster:
     def log_path(self, node: int) -> Path:
         return self.log_dir / f"node{node}.log"
 
-    def start_node(self, node: int, *, command: Sequence[str] | None = None) -> subprocess.Popen:
+    def start_node(self, node: int, *, command: Sequence[str] | None = None) -> NodeProcess:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         env = {**self.env, "NODE_NUMBER": str(node)}
         command = [self.python, "-m", "services.node"] if command is None else list(command)
-        with open(self.log_path(node), "ab") as out:
-            proc = subprocess.Popen(command, env=env, cwd=REPO_ROOT,
-                                    stdout=out, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+        proc = self.launcher(command, env, REPO_ROOT, self.log_path(node))
         self.procs[node] = proc
         return proc
 

@@ -13,6 +13,7 @@ import pytest
 import requests
 
 from tests.helpers import cluster_env, wait_until
+from tests.support import forked_nodes
 from tests.support.steady_load import SteadyLoad, unanswered
 from tools.local import LocalCluster, free_ports
 
@@ -46,8 +47,8 @@ def test_a_worker_joins_under_load_once_ready_and_a_leaving_one_drains_losing_no
                       NODE_1_IP=a, WORKER_DISCOVERY=f"rag-worker:{worker_port}",
                       INDEX_DISCOVERY=f"rag-index:{index_port}", DISCOVERY_HOSTS_FILE=str(hosts),
                       DISCOVERY_INTERVAL_S=DISCOVERY_INTERVAL_S, SHUTDOWN_GRACE_S="30", REQUEST_TIMEOUT_S="90")
-    first = LocalCluster(env, tmp_path / "logs")
-    second = LocalCluster({**env, "NODE_1_IP": b}, tmp_path / "logs-b")
+    first = LocalCluster(env, tmp_path / "logs", launcher=forked_nodes.launch)
+    second = LocalCluster({**env, "NODE_1_IP": b}, tmp_path / "logs-b", launcher=forked_nodes.launch)
     load = None
     try:
         first.start_node(2)

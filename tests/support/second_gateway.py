@@ -16,7 +16,8 @@ def second_gateway(cluster: LocalCluster, log_dir: Path, timeout_s: float = 240,
     worker and `cluster`'s others, searching `cluster`'s index nodes; healthy with every worker in its
     rotation. Stopped (SIGTERM, drained) on leaving."""
     port, = free_ports(1)
-    gateway = LocalCluster({**cluster.env, "NODE_0_IP": f"127.0.0.1:{port}", **env}, log_dir, cluster.python)
+    gateway = LocalCluster({**cluster.env, "NODE_0_IP": f"127.0.0.1:{port}", **env}, log_dir, cluster.python,
+                           cluster.launcher)
     try:
         gateway.start_node(0)
         gateway.wait_healthy(nodes=(0,), timeout_s=timeout_s)

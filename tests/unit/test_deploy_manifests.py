@@ -309,28 +309,36 @@ def test_dockerfile_layers_base_user_and_entry():
         assert Version(pin) in SpecifierSet(TORCH_VERIFIED[device]) and Version(pin) in SpecifierSet(torch_range)
 
 
-def kernel_step() -> str:
-    """The kernel stage's RUN command, its continuation lines joined, as the builder's shell runs it."""
+def kernel_steps() -> list[str]:
+    """The kernel stage's RUN commands (the compiler's install, the build), continuation lines joined,
+    as the builder's shell runs them."""
     text = (DEPLOY / "Dockerfile").read_text()
-    (step,) = re.findall(r"^RUN (arch=.*?[^\\])$", text, flags=re.M | re.S)
-    return step.replace("\\\n", "")
+    steps = re.findall(r"^RUN (arch=.*?[^\\])$", text, flags=re.M | re.S)
+    assert len(steps) == 2, steps
+    return [step.replace("\\\n", "") for step in steps]
 
 
 @pytest.mark.slow  # runs the Dockerfile's step in bash
 @pytest.mark.parametrize("arch,compiled", [("amd64", True), ("arm64", False), ("", True)])
 def test_the_kernel_compiles_only_for_x86_64_and_other_architectures_use_torchs_ops(arch, compiled, tmp_path):
-    # A stand-in `python` on PATH records whether the step compiled; `uname -m` answers x86_64 (the
-    # builder without BuildKit's TARGETARCH, the "" case).
+    # Stand-ins `python` and `apt-get` on PATH record whether the steps compiled and installed a
+    # compiler; `uname -m` answers x86_64 (the builder without BuildKit's TARGETARCH, the "" case).
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "python").write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/compiled\n")
+    (bin_dir / "apt-get").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/installed\n")
     (bin_dir / "uname").write_text("#!/bin/sh\necho x86_64\n")
-    for tool in ("python", "uname"):
+    for tool in ("python", "apt-get", "uname"):
         (bin_dir / tool).chmod(0o755)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "TARGETARCH": arch, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
-    result = subprocess.run(["bash", "-o", "pipefail", "-c", kernel_step()], env=env, capture_output=True, text=True,
-                            timeout=30)
-    assert result.returncode == 0, result.stderr
+    install, build = kernel_steps()
+    for step in (install, build):
+        result = subprocess.run(["bash", "-o", "pipefail", "-c", step], env=env, capture_output=True, text=True,
+                                timeout=30)
+        assert result.returncode == 0, result.stderr
+    assert (tmp_path / "installed").is_file() == compiled  # no compiler where nothing is compiled
+    if compiled:
+        assert "g++" in (tmp_path / "installed").read_text().split()
     assert (tmp_path / "compiled").is_file() == compiled
     if compiled:
         assert (tmp_path / "compiled").read_text().split() == ["-m", "pipeline.kernels.fused_int8"]

@@ -1,0 +1,70 @@
+"""tests/support/forked_nodes.py: a process forked from the fork server runs its module in its own
+environment and log, and shows exit codes and signals as a plain process does; one whose environment
+the preloaded libraries would have read otherwise is started plainly."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from pipeline.config import REPO_ROOT
+from tests.support import forked_nodes
+
+pytestmark = pytest.mark.slow  # starts the fork server and forks processes
+
+
+def _launch(tmp_path, name: str, **env: str):
+    log = tmp_path / f"{name}.log"
+    command = [sys.executable, "-m", "pipeline.config"]
+    return forked_nodes.launch(command, {**os.environ, **env}, REPO_ROOT, log), log
+
+
+def test_a_forked_process_runs_its_module_in_its_own_environment_and_exit_code(tmp_path):
+    good, good_log = _launch(tmp_path, "good", TORCH_THREADS="3")
+    bad, bad_log = _launch(tmp_path, "bad", TORCH_THREADS="abc")
+    assert isinstance(good, forked_nodes.ForkedNode) and isinstance(bad, forked_nodes.ForkedNode)
+    assert good.wait(timeout=60) == 0 and bad.wait(timeout=60) == 2
+    assert "TORCH_THREADS=3 " in good_log.read_text()
+    assert "TORCH_THREADS='abc' is not valid" in bad_log.read_text()
+    assert "TORCH_THREADS" not in os.environ or os.environ["TORCH_THREADS"] not in ("3", "abc")
+
+
+def test_signals_reach_a_forked_process_and_its_code_says_which(tmp_path):
+    # `python -m http.server` serves until signalled: SIGKILL gives -9, as Popen.returncode would say.
+    server = forked_nodes.server()
+    log = tmp_path / "http.log"
+    proc = server.fork([sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1"], dict(os.environ), tmp_path,
+                       log)
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(timeout=0.5)
+    assert proc.poll() is None
+    proc.kill()
+    assert proc.wait(timeout=30) == -signal.SIGKILL and proc.returncode == -signal.SIGKILL
+
+
+def test_many_forks_at_once_each_get_their_own_process(tmp_path):
+    results: dict[int, object] = {}
+
+    def start(i: int) -> None:
+        results[i] = _launch(tmp_path, f"p{i}", TORCH_THREADS=str(i + 1))[0]
+
+    threads = [threading.Thread(target=start, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    pids = {proc.pid for proc in results.values()}
+    assert len(pids) == 8
+    assert all(proc.wait(timeout=60) == 0 for proc in results.values())
+    for i in range(8):
+        assert f"TORCH_THREADS={i + 1} " in (tmp_path / f"p{i}.log").read_text()
+
+
+def test_an_environment_the_preloaded_libraries_read_otherwise_gets_a_plain_process(tmp_path):
+    proc, log = _launch(tmp_path, "hub", HF_HUB_OFFLINE="0" if os.environ.get("HF_HUB_OFFLINE") == "1" else "1")
+    assert isinstance(proc, subprocess.Popen)
+    assert proc.wait(timeout=60) == 0

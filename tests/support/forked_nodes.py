@@ -1,0 +1,155 @@
+"""Nodes forked from tests/support/fork_server.py instead of started afresh: the launcher the tests'
+LocalClusters use (`LocalCluster(..., launcher=launcher())`). A forked node runs the same module, in the
+same environment, folder and log file, and answers poll/wait/signals as a Popen does; it only skips
+re-importing torch, transformers and sentence-transformers (about 4.5 s of CPU per worker).
+
+A node whose command is not `python -m module ...` with this Python, or whose environment differs from
+the server's on what those libraries read when imported (fork_server.PRELOAD_ENV_PREFIXES; a hub-mode
+node, say), is started as a plain process, as LocalCluster would.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from pipeline.config import Settings
+from tests.support.fork_server import PRELOAD_ENV_PREFIXES
+from tools.local import popen_node
+
+SERVER_START_TIMEOUT_S = 120
+# The project's own settings that share a prefix with the libraries' (TORCH_THREADS): read by the node,
+# after the fork. HF_HUB_OFFLINE is also huggingface_hub's, read when it is imported: it must agree.
+OURS = {name for name in Settings.variables() if not name.startswith("HF_")}
+
+
+class ForkedNode:
+    """A forked node, seen as subprocess.Popen shows a child: pid, poll, wait, returncode, signals."""
+
+    def __init__(self, server: "ForkServer", pid: int, args: list[str]):
+        self._server, self.pid, self.args = server, pid, args
+
+    @property
+    def returncode(self) -> int | None:
+        return self._server.exit_code(self.pid)
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = self._server.wait_exit(self.pid, timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class ForkServer:
+    def __init__(self, env: Mapping[str, str], python: str = sys.executable):
+        self.env, self.python = dict(env), python
+        self._proc = subprocess.Popen([python, "-m", "tests.support.fork_server"], env=self.env,
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        self._lock = threading.Lock()  # one request at a time: replies come in request order
+        self._changed = threading.Condition()
+        self._pids: list[int] = []
+        self._exits: dict[int, int] = {}
+        self._ready = threading.Event()
+        self._reader = threading.Thread(target=self._read, name="fork-server-reader", daemon=True)
+        self._reader.start()
+        if not self._ready.wait(SERVER_START_TIMEOUT_S):
+            self.close()
+            raise RuntimeError("the fork server did not import its libraries in time")
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            message = json.loads(line)
+            with self._changed:
+                if "ready" in message:
+                    self._ready.set()
+                elif "pid" in message:
+                    self._pids.append(message["pid"])
+                elif "exited" in message:
+                    self._exits[message["exited"]] = message["code"]
+                self._changed.notify_all()
+        with self._changed:  # the server is gone: so are its children (PR_SET_PDEATHSIG)
+            self._closed = True
+            self._changed.notify_all()
+
+    _closed = False
+
+    def agrees(self, command: Sequence[str], env: Mapping[str, str]) -> bool:
+        """Whether a node with this command and environment can be forked from this server."""
+        if len(command) < 3 or command[0] != self.python or command[1] != "-m" or self._closed:
+            return False
+        keys = {k for k in (*env, *self.env) if k.startswith(PRELOAD_ENV_PREFIXES)} - OURS
+        return all(env.get(k) == self.env.get(k) for k in keys)
+
+    def fork(self, command: Sequence[str], env: Mapping[str, str], cwd: Path, log: Path) -> ForkedNode:
+        request = {"argv": list(command[1:]), "env": dict(env), "cwd": str(cwd), "log": str(log)}
+        with self._lock, self._changed:
+            assert self._proc.stdin is not None
+            seen = len(self._pids)
+            self._proc.stdin.write(json.dumps(request) + "\n")
+            self._proc.stdin.flush()
+            if not self._changed.wait_for(lambda: len(self._pids) > seen or self._closed, timeout=30):
+                raise RuntimeError("the fork server did not fork")
+            if self._closed:
+                raise RuntimeError("the fork server exited")
+            return ForkedNode(self, self._pids[seen], list(command))
+
+    def exit_code(self, pid: int) -> int | None:
+        with self._changed:
+            return self._exits.get(pid)
+
+    def wait_exit(self, pid: int, timeout: float | None) -> int | None:
+        with self._changed:
+            self._changed.wait_for(lambda: pid in self._exits or self._closed, timeout)
+            return self._exits.get(pid)
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            assert self._proc.stdin is not None
+            self._proc.stdin.close()
+            try:
+                self._proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+
+
+_server: ForkServer | None = None
+_server_lock = threading.Lock()
+
+
+def server() -> ForkServer:
+    """The session's fork server, started on first use with this process's environment."""
+    global _server
+    with _server_lock:
+        if _server is None or _server._closed:
+            _server = ForkServer(os.environ)
+            atexit.register(_server.close)
+        return _server
+
+
+def launch(command: Sequence[str], env: Mapping[str, str], cwd: Path, log: Path):
+    """LocalCluster's launcher: a forked node where it can be, else a plain process."""
+    forks = server()
+    if forks.agrees(command, env):
+        return forks.fork(command, env, cwd, log)
+    return popen_node(command, env, cwd, log)
