@@ -43,7 +43,8 @@ STARTUP_TIMEOUT_S = 300.0
 RESTART_LIMIT, RESTART_WINDOW_S = 5, 600.0
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
+    """In a child: SIGTERM when its parent dies (PR_SET_PDEATHSIG)."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except OSError:
@@ -54,7 +55,7 @@ def popen_node(command: Sequence[str], env: Mapping[str, str], cwd: Path, log: P
     """A node process: `command` in `env` and `cwd`, its output appended to `log`; it dies with its parent."""
     with open(log, "ab") as out:
         return subprocess.Popen(list(command), env=dict(env), cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
-                                preexec_fn=_die_with_parent)
+                                preexec_fn=die_with_parent)
 
 
 class NodeProcess(Protocol):

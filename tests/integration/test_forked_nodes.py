@@ -30,7 +30,6 @@ def test_a_forked_process_runs_its_module_in_its_own_environment_and_exit_code(t
     assert good.wait(timeout=60) == 0 and bad.wait(timeout=60) == 2
     assert "TORCH_THREADS=3 " in good_log.read_text()
     assert "TORCH_THREADS='abc' is not valid" in bad_log.read_text()
-    assert "TORCH_THREADS" not in os.environ or os.environ["TORCH_THREADS"] not in ("3", "abc")
 
 
 def test_signals_reach_a_forked_process_and_its_code_says_which(tmp_path):

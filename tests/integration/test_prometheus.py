@@ -37,7 +37,7 @@ import yaml
 
 from pipeline.config import REPO_ROOT
 from tests.helpers import uid
-from tools.local import _die_with_parent, free_ports
+from tools.local import die_with_parent, free_ports
 
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
@@ -187,7 +187,7 @@ def prometheus(cluster, tmp_path):
     with open(log, "wb") as out:
         proc = subprocess.Popen([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                                  f"--web.listen-address={listen}"], cwd=tmp_path, stdout=out,
-                                stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+                                stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
     try:
         deadline = time.monotonic() + 60
         while True:

@@ -17,12 +17,10 @@ the variables those libraries read when imported (PRELOAD_ENV_PREFIXES).
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import runpy
 import select
-import signal
 import sys
 
 PRELOAD = ("numpy", "torch", "transformers", "transformers.modeling_utils", "sentence_transformers", "faiss",
@@ -30,7 +28,6 @@ PRELOAD = ("numpy", "torch", "transformers", "transformers.modeling_utils", "sen
 # Variables the preloaded libraries may read when imported: a node whose values differ is not forked.
 PRELOAD_ENV_PREFIXES = ("HF_", "HUGGINGFACE", "TRANSFORMERS", "SENTENCE_TRANSFORMERS", "TORCH", "PYTORCH", "OMP_",
                         "MKL_", "KMP_", "CUDA", "NVIDIA", "TOKENIZERS", "PYTHON", "FAISS", "LD_", "XDG_", "HOME")
-PR_SET_PDEATHSIG = 1
 
 
 def _child(request: dict) -> None:
@@ -38,7 +35,8 @@ def _child(request: dict) -> None:
     code = 1
     try:
         # Signal dispositions are left as this process has them: a new Python's (SIGPIPE ignored).
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        from tools.local import die_with_parent  # the project's code only after the fork
+        die_with_parent()
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
@@ -59,10 +57,12 @@ def _child(request: dict) -> None:
         try:
             runpy.run_module(module, run_name="__main__", alter_sys=True)
             code = 0
-        except SystemExit as exit_:
-            code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-            if exit_.code is not None and not isinstance(exit_.code, int):
+        except SystemExit as exit_:  # as the interpreter reads it: None is 0, a message is printed and 1
+            if exit_.code is None or isinstance(exit_.code, int):
+                code = exit_.code or 0
+            else:
                 print(exit_.code, file=sys.stderr)
+                code = 1
         except BaseException:
             import traceback
             traceback.print_exc()

@@ -1,5 +1,5 @@
 """Nodes forked from tests/support/fork_server.py instead of started afresh: the launcher the tests'
-LocalClusters use (`LocalCluster(..., launcher=launcher())`). A forked node runs the same module, in the
+LocalClusters use (`LocalCluster(..., launcher=forked_nodes.launch)`). A forked node runs the same module, in the
 same environment, folder and log file, and answers poll/wait/signals as a Popen does; it only skips
 re-importing torch, transformers and sentence-transformers (about 4.5 s of CPU per worker).
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pipeline.config import Settings
 from tests.support.fork_server import PRELOAD_ENV_PREFIXES
-from tools.local import popen_node
+from tools.local import NodeProcess, popen_node
 
 SERVER_START_TIMEOUT_S = 120
 # The project's own settings that share a prefix with the libraries' (TORCH_THREADS): read by the node,
@@ -69,6 +69,7 @@ class ForkServer:
         self._pids: list[int] = []
         self._exits: dict[int, int] = {}
         self._ready = threading.Event()
+        self.closed = False  # the server exited (its children with it)
         self._reader = threading.Thread(target=self._read, name="fork-server-reader", daemon=True)
         self._reader.start()
         if not self._ready.wait(SERVER_START_TIMEOUT_S):
@@ -88,14 +89,12 @@ class ForkServer:
                     self._exits[message["exited"]] = message["code"]
                 self._changed.notify_all()
         with self._changed:  # the server is gone: so are its children (PR_SET_PDEATHSIG)
-            self._closed = True
+            self.closed = True
             self._changed.notify_all()
-
-    _closed = False
 
     def agrees(self, command: Sequence[str], env: Mapping[str, str]) -> bool:
         """Whether a node with this command and environment can be forked from this server."""
-        if len(command) < 3 or command[0] != self.python or command[1] != "-m" or self._closed:
+        if len(command) < 3 or command[0] != self.python or command[1] != "-m" or self.closed:
             return False
         keys = {k for k in (*env, *self.env) if k.startswith(PRELOAD_ENV_PREFIXES)} - OURS
         return all(env.get(k) == self.env.get(k) for k in keys)
@@ -107,9 +106,9 @@ class ForkServer:
             seen = len(self._pids)
             self._proc.stdin.write(json.dumps(request) + "\n")
             self._proc.stdin.flush()
-            if not self._changed.wait_for(lambda: len(self._pids) > seen or self._closed, timeout=30):
+            if not self._changed.wait_for(lambda: len(self._pids) > seen or self.closed, timeout=30):
                 raise RuntimeError("the fork server did not fork")
-            if self._closed:
+            if self.closed:
                 raise RuntimeError("the fork server exited")
             return ForkedNode(self, self._pids[seen], list(command))
 
@@ -119,7 +118,7 @@ class ForkServer:
 
     def wait_exit(self, pid: int, timeout: float | None) -> int | None:
         with self._changed:
-            self._changed.wait_for(lambda: pid in self._exits or self._closed, timeout)
+            self._changed.wait_for(lambda: pid in self._exits or self.closed, timeout)
             return self._exits.get(pid)
 
     def close(self) -> None:
@@ -141,13 +140,13 @@ def server() -> ForkServer:
     """The session's fork server, started on first use with this process's environment."""
     global _server
     with _server_lock:
-        if _server is None or _server._closed:
+        if _server is None or _server.closed:
             _server = ForkServer(os.environ)
             atexit.register(_server.close)
         return _server
 
 
-def launch(command: Sequence[str], env: Mapping[str, str], cwd: Path, log: Path):
+def launch(command: Sequence[str], env: Mapping[str, str], cwd: Path, log: Path) -> NodeProcess:
     """LocalCluster's launcher: a forked node where it can be, else a plain process."""
     forks = server()
     if forks.agrees(command, env):
