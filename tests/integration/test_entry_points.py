@@ -72,6 +72,20 @@ def test_node_with_several_bad_settings_prints_every_problem_one_line_each_and_e
         "config error: GATEWAY_MAX_JOINERS_PER_ID='20' is not valid: expected at most GATEWAY_MAX_JOINERS (16)"]
 
 
+@pytest.mark.parametrize("node,imported", [(2, False), (1, True)])
+def test_only_a_model_role_imports_torch_and_a_settings_error_imports_none(node, imported):
+    """The index node never imports torch (memory and start time), and a bad setting is reported
+    before any role is imported, so a misconfigured node exits at once."""
+    probe = ("import sys, services.node; from pipeline.config import Settings; from services.roles import role_class; "
+             "settings = Settings.from_env(); assert 'torch' not in sys.modules, 'services.node imported torch'; "
+             "role_class(settings.cluster, settings.require_node_number()); print('torch' in sys.modules)")
+    env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "NODE_NUMBER": str(node)}
+    proc = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, cwd=REPO_ROOT,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(imported)
+
+
 def test_huggingface_hub_warnings_reach_a_node_log_once():
     # huggingface_hub has a stderr handler of its own and also propagates: every warning (the hub's
     # retries among them) appeared twice, once bare and once formatted.
