@@ -69,8 +69,9 @@ install_venv() {
 
 build_kernels() {
   # int8-dynamic's fused per-row glue (pipeline/kernels/fused_int8.py), compiled once per source
-  # version into torch's extension cache (about 40 s; a second call finds it built in about a
-  # second). Without a C++ compiler the torch ops run instead, with the same results, slower.
+  # version into torch's extension cache (about 40 s; a later call finds it built without importing
+  # torch, in well under a second). Without a C++ compiler the torch ops run instead, with the same
+  # results, slower.
   "$PY" -m pipeline.kernels.fused_int8 >/dev/null 2>&1 \
     || log "the fused int8 kernels could not be built (is g++ installed?): int8-dynamic runs the unfused torch ops (same results)"
 }

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.machinery
+import importlib.metadata
 import importlib.util
 import os
 import sys
@@ -120,11 +121,22 @@ _VERSION = hashlib.sha256((_SOURCE + " ".join(_CFLAGS)).encode()).hexdigest()[:1
 NAME = f"rag_int8_fused_{_VERSION}"
 
 
-def build_directory() -> Path:
-    """Where this source version is (or would be) built: torch's extension cache, one folder per version."""
-    import torch
+def build_directory(torch_version: str | None = None) -> Path:
+    """Where this source version is (or would be) built: torch's extension cache, one folder per version
+    (of this source and of torch: the imported one's unless given)."""
+    if torch_version is None:
+        import torch
+        torch_version = torch.__version__
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(Path.home(), ".cache", "torch_extensions")
-    return Path(root) / f"py{sys.version_info.major}{sys.version_info.minor}_cpu_torch{torch.__version__}" / NAME
+    return Path(root) / f"py{sys.version_info.major}{sys.version_info.minor}_cpu_torch{torch_version}" / NAME
+
+
+def _installed_torch_version() -> str | None:
+    """torch's version as installed, read without importing torch (about 1.5 s of CPU)."""
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def _library(directory: Path) -> Path | None:
@@ -135,10 +147,16 @@ def _library(directory: Path) -> Path | None:
 def build() -> str:
     """Compile the extension into :func:`build_directory`; raises where there is no compiler.
     :func:`fused_ops` loads it from then on. Nothing to do, and no compiler or lock needed (the
-    cache may be read-only, as in the image), where this version is built and loads, or where
-    this CPU lacks AVX2 (nothing would load it). Returns what it did, in words."""
+    cache may be read-only, as in the image), where this version is built, or where this CPU lacks
+    AVX2 (nothing would load it). Returns what it did, in words.
+
+    Built means its library is in the folder of the installed torch's version, found without importing
+    torch (every `./run.sh` start asks), or else that it loads."""
     if not _cpu_supported():
         return f"nothing to build: this CPU lacks {', '.join(sorted(_CPU_FLAGS))}; int8-dynamic runs torch's own ops"
+    installed = _installed_torch_version()
+    if installed is not None and _library(build_directory(installed)) is not None:
+        return f"{NAME} is built in {build_directory(installed)}"
     if fused_ops() is not None:
         return f"{NAME} is built in {build_directory()}"
     from torch.utils.cpp_extension import load_inline

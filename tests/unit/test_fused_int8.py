@@ -72,6 +72,14 @@ def test_where_it_is_built_build_needs_neither_compiler_nor_lock(ops, monkeypatc
     _compiler_refused(monkeypatch)
     assert fused_int8.build() == f"{fused_int8.NAME} is built in {fused_int8.build_directory()}"
     assert fused_int8.fused_ops() is ops
+    # Nor loading it (which imports torch): the library is found in the installed torch's folder.
+    with monkeypatch.context() as patched:
+        patched.setattr(fused_int8, "fused_ops", lambda: pytest.fail("build() loaded the library"))
+        assert fused_int8.build() == f"{fused_int8.NAME} is built in {fused_int8.build_directory()}"
+
+
+def test_the_installed_torch_names_the_same_folder_as_the_imported_one():
+    assert fused_int8.build_directory(fused_int8._installed_torch_version()) == fused_int8.build_directory()
 
 
 def _rows(n, k, seed=0):
