@@ -167,8 +167,11 @@ class Prometheus:
         """Every node of the job scraped successfully by a scrape that started after `since` (unix time)."""
         deadline = time.monotonic() + timeout_s
         while True:
-            stamps = [float(s["value"][1]) for s in self.query(f'timestamp(up{{job="{JOB}"}} == 1)')]
-            if len(stamps) == 3 and min(stamps) > since:
+            # timestamp() of a plain selector is the sample's (the scrape's start); of an expression
+            # such as `up == 1` it is the evaluation time, which is always after `since`.
+            stamps = [float(s["value"][1]) for s in self.query(f'timestamp(up{{job="{JOB}"}})')]
+            up = [s["value"][1] for s in self.query(f'up{{job="{JOB}"}}')]
+            if len(stamps) == 3 and min(stamps) > since and up == ["1"] * 3:
                 return
             if time.monotonic() > deadline:
                 targets = self.get("/api/v1/targets")["activeTargets"]
