@@ -92,6 +92,8 @@ def filled_engine(generator: Generator, n: int) -> ContinuousEngine:
     """An engine warmed as a worker warms it (on CUDA: every decode-step graph recorded), then holding n
     running sequences, all prompts prefilled, ready for pure decode steps."""
     engine = ContinuousEngine(generator, max_batch=n, kv_cache_tokens=n * 2048, prefill_chunk=4096)
+    # Every sequence decodes its whole budget, as decode benchmarks ignore EOS: the batch stays n wide.
+    engine.scheduler.eos_ids = frozenset()
     batch = requests(n)
     engine.warm_up([GenerationRequest(batch[0].query, batch[0].documents, 2)])
     for request in batch:

@@ -124,7 +124,8 @@ def test_the_engine_never_decodes(generator, monkeypatch):
         raise AssertionError("the engine decoded")
 
     monkeypatch.setattr(generator.tokens, "decode", refuse)
-    seqs = [engine.add(ask(i, Sampling(stop=(" ", "e")), 6)) for i in range(3)]  # stop strings in every answer
+    seqs = [engine.add(GenerationRequest(query, DOCS[:n], 6, sampling=Sampling(stop=(" ", "e"))))  # stops in every answer
+            for query in QUERIES for n in range(len(DOCS) + 1)]
     while engine.has_work():
         assert not engine.step().failed
     # Stop strings are the output side's: each sequence ran to its cap or to an end-of-turn token.
