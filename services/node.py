@@ -112,7 +112,8 @@ def main() -> int:
     _configure_threads(settings, Role.uses_torch)
     # Before the role loads (its worker asks whether tracing is on); TRACING=off installs nothing.
     tracing.start(settings.observability, node, Role.name)
-    lifecycle = Lifecycle(f"node {node}", settings.limits.shutdown_grace_s)
+    lifecycle = Lifecycle(f"node {node}", settings.limits.shutdown_grace_s,
+                          failed_linger_s=settings.limits.failed_linger_s)
     role = Role(settings, node, lifecycle)
     app = build_app(role, lifecycle)
     # Our own address (or BIND_HOST, e.g. in a container): never 0.0.0.0 unless asked for.

@@ -19,7 +19,9 @@ from tests.support import forked_nodes
 from tools.local import LocalCluster, free_ports
 
 # What every test runs with: tiny stand-ins, float32 on the CPU (the oracle's precision).
-TEST_ENV = {"MODEL_SOURCE": "standin", "STANDIN_PROFILE": "tiny", "PRECISION": "float32", "ONLY_CPU": "true"}
+# FAILED_LINGER_S: a node whose load fails (as several tests make one) exits after 0.5 s, not 5.
+TEST_ENV = {"MODEL_SOURCE": "standin", "STANDIN_PROFILE": "tiny", "PRECISION": "float32", "ONLY_CPU": "true",
+            "FAILED_LINGER_S": "0.5"}
 
 
 def data_env(result) -> dict[str, str]:

@@ -188,6 +188,7 @@ class LimitsSettings:
     max_query_tokens: int = f.var("MAX_QUERY_TOKENS", p.int_range(16, 1_000_000), "1024", "longest query accepted in the LLM tokenizer's tokens (longer: 400); emoji and some scripts take several tokens a character, and the embedder and reranker read only the first 512 anyway")
     max_body_bytes: int = f.var("MAX_BODY_BYTES", p.int_range(256, 64 * 1024 * 1024), "65536", "largest /query or /internal/answer body accepted (larger: 413)")
     shutdown_grace_s: float = f.var("SHUTDOWN_GRACE_S", p.non_negative_float, "60", "after SIGTERM, how long a node lets requests in flight finish; those still running then get 503 'stopping' (retry) and the node exits. Well under REQUEST_TIMEOUT_S, so the gateway can still recompute a stopped node 1's requests on node 0 (a warning at startup otherwise)")
+    failed_linger_s: float = f.var("FAILED_LINGER_S", p.non_negative_float, "5", "a node whose models or data fail to load answers /health and /ready 503 'failed' with the reason this long, then exits (2 when the operator must change something, else 1): at least your probes' period, so one of them sees why")
 
 
 @dataclass(frozen=True)

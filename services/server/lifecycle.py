@@ -23,9 +23,6 @@ log = logging.getLogger(__name__)
 EXIT_LINGER_S = 0.5
 # How long the 503s of the requests still in flight after SHUTDOWN_GRACE_S may take to go out.
 ANSWER_WINDOW_S = 5.0
-# A node whose load failed answers /health "failed" (with the reason) this long before it exits,
-# so a probe sees why rather than a refused connection.
-FAILED_LINGER_S = 5.0
 # Exit codes of a failed load: 2 when the operator must change something first (a ConfigError, e.g.
 # models missing: a restart cannot help, and ./run.sh local gives up on it), else 1.
 FAILED_EXIT, CONFIG_ERROR_EXIT = 1, 2
@@ -122,7 +119,7 @@ class Lifecycle:
     """Readiness, in-flight tracking and drain of one node; `name` is how errors call it."""
 
     def __init__(self, name: str, grace_s: float, *, exit: Callable[[int], None] = os._exit,
-                 failed_linger_s: float = FAILED_LINGER_S):
+                 failed_linger_s: float = 0.0):
         self.name = name
         self.grace_s = grace_s
         self.failed_linger_s = failed_linger_s
@@ -142,7 +139,8 @@ class Lifecycle:
 
     def start_loading(self, load: Callable[[], None]) -> threading.Thread:
         """Run `load` in the background: ready when it returns; when it raises, failed (with the
-        reason) for failed_linger_s, then exit 1 (2 for a ConfigError)."""
+        reason) for failed_linger_s (FAILED_LINGER_S: so a probe sees why rather than a refused
+        connection), then exit 1 (2 for a ConfigError)."""
         def run():
             try:
                 load()

@@ -13,7 +13,7 @@ import requests
 
 from pipeline.config import REPO_ROOT, Settings
 from pipeline.models import ALL_MODELS, fetch_command
-from services.server.lifecycle import CONFIG_ERROR_EXIT, FAILED_LINGER_S
+from services.server.lifecycle import CONFIG_ERROR_EXIT
 from tests.helpers import TEST_ENV, data_env
 from tools.local import free_ports
 
@@ -23,6 +23,8 @@ POLL_S = 0.1
 # Importing torch and transformers before the HTTP server is up takes seconds alone, minutes on a
 # loaded 2-core machine: a generous bound that no behaviour under test depends on.
 START_S = 240
+# The failed node's linger: long enough for a 0.1 s poll to see it, short enough not to wait for nothing.
+LINGER_S = 2.0
 
 
 def start_node(node: int, env: dict[str, str], log: Path) -> tuple[subprocess.Popen, str]:
@@ -84,7 +86,7 @@ def test_hub_node_without_models_or_hub_fails_in_seconds_in_one_line_saying_fail
     # misleading traceback.
     no_hub_env, why = NO_HUB[no_hub]
     env = {**data_env(course_data), "MODEL_SOURCE": "hub", "ONLY_CPU": "true", "HF_HOME": str(tmp_path / "hf"),
-           **no_hub_env}
+           "FAILED_LINGER_S": str(LINGER_S), **no_hub_env}
     log = tmp_path / "node1.log"
     proc, url = start_node(1, env, log)
     try:
@@ -98,14 +100,15 @@ def test_hub_node_without_models_or_hub_fails_in_seconds_in_one_line_saying_fail
         assert ready.status_code == 503 and ready.json() == {"ready": False, "status": "failed", "node": 1,
                                                              "detail": detail}
         assert live.status_code == 200 and live.json()["status"] == "live"
-        code = proc.wait(timeout=FAILED_LINGER_S + 30)
+        code = proc.wait(timeout=LINGER_S + 30)
         exited_at = time.monotonic()
     finally:
         stop(proc)
     text = log.read_text()
     assert code == CONFIG_ERROR_EXIT, text  # a restart cannot fetch models: ./run.sh local gives up on it
     # in seconds: HTTP up to exit is the failed-state linger plus a little, not a minute of retries
-    assert exited_at - served_at < FAILED_LINGER_S + 15, text
+    assert exited_at - served_at < LINGER_S + 15, text
+    assert f"answers /health 'failed' for {LINGER_S:g} s, then exits {CONFIG_ERROR_EXIT}" in text  # FAILED_LINGER_S
     errors = [line for line in text.splitlines() if " ERROR " in line]
     assert len(errors) == 1, text
     for name in ALL_MODELS:  # the cache is empty: every model named, each with its command
