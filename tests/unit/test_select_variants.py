@@ -9,6 +9,7 @@ import subprocess
 import numpy as np
 import pytest
 
+from pipeline import spec
 from profiling import select_variants
 from profiling.lib import fidelity as fid
 from profiling.lib.fidelity import DEFAULT_THRESHOLDS, Measurement, check, choose, env_file
@@ -122,12 +123,21 @@ def test_the_llm_is_timed_and_read_through_the_continuous_engine(generator, monk
     assert [len(o["ids"]) for o in outputs] == [4, 4] and len(outputs[0]["prompt_top1"]) == len(items[0])
 
 
+def test_a_classifier_is_timed_on_answer_texts_and_agrees_with_itself(sentiment):
+    items, run, outputs_of = select_variants._workload("sentiment", sentiment, 3, 4, 2, 64)
+    assert len(items) == 3 and all(isinstance(text, str) and text for text in items)
+    labels = outputs_of(items)
+    assert run(items) == labels and set(labels) <= set(spec.SENTIMENTS)
+    assert fid.fidelity("sentiment", labels, outputs_of(items)) == {"label_agreement": 1.0}
+
+
 @pytest.mark.slow  # each variant is measured in a process of its own (and git names the commit)
 @pytest.mark.timeout(600)
 def test_cli_on_tiny_standins_writes_the_table_and_an_env_file(tmp_path, model_source, capsys):
     env = {**TEST_ENV, "TORCH_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    rc = select_variants.main(["--stages", "embed,sentiment", "--variants", "float32,int8-dynamic", "--queries", "4",
-                               "--repeat", "1", "--batch", "embed=2,sentiment=2", "--out", str(tmp_path)],
+    # One stage, two variants: two processes (the classifier's workload is checked in-process above).
+    rc = select_variants.main(["--stages", "embed", "--variants", "float32,int8-dynamic", "--queries", "4",
+                               "--repeat", "1", "--batch", "embed=2", "--out", str(tmp_path)],
                               env={**os.environ, **env})
     assert rc == 0
     printed = capsys.readouterr().out
@@ -135,17 +145,17 @@ def test_cli_on_tiny_standins_writes_the_table_and_an_env_file(tmp_path, model_s
     (run,) = tmp_path.iterdir()
     lines = (run / "precision.env").read_text().splitlines()
     settings = [line for line in lines if not line.startswith("#")]
-    assert [s.split("=")[0] for s in settings] == ["EMBED_PRECISION", "SENTIMENT_PRECISION"]
+    assert [s.split("=")[0] for s in settings] == ["EMBED_PRECISION"]
     assert all(s.split("=")[1] in ("float32", "int8-dynamic") for s in settings)
     assert any("model source: standin (tiny)" in line for line in lines)
     report = json.loads((run / "select_variants.json").read_text())
     assert report["provenance"]["settings"]["TORCH_THREADS"] == "1"  # the settings it measured under
     assert len(report["provenance"]["tool"]["commit"]) >= 7
     rows = {(r["stage"], r["variant"]): r for r in report["rows"]}
-    assert set(rows) == {(s, v) for s in ("embed", "sentiment") for v in ("float32", "int8-dynamic")}
+    assert set(rows) == {("embed", v) for v in ("float32", "int8-dynamic")}
     assert all(r["batch_ms"] > 0 and r["one_ms"] > 0 and r["peak_rss_mib"] > r["model_mib"] > 0 for r in rows.values())
     # int8 weights take a quarter of float32's bytes in the Linears: the model is smaller
     assert rows[("embed", "int8-dynamic")]["model_mib"] < rows[("embed", "float32")]["model_mib"]
     assert 0.99 < rows[("embed", "int8-dynamic")]["fidelity"]["cosine_min"] <= 1.0 + 1e-6
-    assert rows[("sentiment", "float32")]["fidelity"] == {"label_agreement": 1.0}
+    assert rows[("embed", "float32")]["fidelity"]["cosine_min"] == pytest.approx(1.0)  # the reference itself
     assert (run / "select_variants.csv").read_text().startswith("stage,variant,one_ms")
