@@ -73,8 +73,9 @@ def test_the_image_runs_as_a_numeric_user_with_the_kernel_and_no_compiler(built)
     config = json.loads(docker("image", "inspect", IMAGE).stdout)[0]["Config"]
     assert config["User"] == "10001:10001"
     assert config["Healthcheck"]["Test"][:2] == ["CMD", "python"]
-    probe = ("import shutil; from pipeline.kernels.fused_int8 import fused_ops; "
+    probe = ("import os, shutil, services.node; from pipeline.kernels.fused_int8 import fused_ops; "
              "assert fused_ops() is not None, 'kernel not built'; "
+             "assert os.path.isfile(services.node.__cached__), 'the code is not compiled'; "
              "assert not any(map(shutil.which, ('g++', 'gcc', 'c++'))), 'a compiler is left'; print('ok')")
     run = docker("run", "--rm", "--network", "none", "--entrypoint", "python", IMAGE, "-c", probe)
     assert run.stdout.strip() == "ok", run.stderr
