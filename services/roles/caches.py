@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.roles.single_flight import Entry, SingleFlight
+from services.server.deadline import Deadline
 from services.server.errors import RequestTimeout
 from services.server.stream_response import AnswerStream, relay, replay
 
@@ -125,16 +126,16 @@ class ResponseCache:
     def put(self, query: str, reply: dict, *, caller: str | None = None) -> None:
         self.cache.put(_key(caller, query), _unaddressed(reply))
 
-    def answer(self, request_id: str, query: str, compute: Callable[[], AnswerStream], timeout_s: float, *,
+    def answer(self, request_id: str, query: str, compute: Callable[[], AnswerStream], deadline: Deadline, *,
                caller: str | None = None, looked_up: bool = False) -> AnswerStream:
         """The cached or joined reply, replayed; else `compute()`'s events as they come, its reply then
-        cached. RequestTimeout when the computation joined has not ended within timeout_s."""
+        cached. RequestTimeout when the computation joined has not ended by the request's deadline."""
         entry = self.enter(request_id, query, caller=caller, looked_up=looked_up)
         if entry.value is not None:
             yield from replay(entry.value)
             return
         if entry.joins:
-            reply = self.joined_reply(entry, request_id, timeout_s)
+            reply = self.joined_reply(entry, request_id, deadline)
             if reply is not None:
                 yield from replay(reply)
                 return
@@ -164,10 +165,10 @@ class ResponseCache:
         if entry.leads:
             self._flights.fail(entry.held, error)
 
-    def joined_reply(self, entry: Entry, request_id: str, timeout_s: float) -> dict | None:
-        """The leader's reply for this request, None if the leader failed; RequestTimeout past timeout_s."""
+    def joined_reply(self, entry: Entry, request_id: str, deadline: Deadline) -> dict | None:
+        """The leader's reply for this request, None if the leader failed; RequestTimeout past the deadline."""
         try:
-            ended = self._flights.wait(entry.held, timeout_s)
+            ended = self._flights.wait(entry.held, deadline.left())
         except TimeoutError:
             raise RequestTimeout("timed out waiting for the same question in flight") from None
         if ended.exception() is not None:

@@ -5,6 +5,7 @@ import pytest
 
 from services.roles.caches import LruCache, ResponseCache, normalise_query
 from services.roles.single_flight import Entry
+from services.server.deadline import Deadline
 from services.server.stream_response import collect
 from tests.helpers import ManualClock
 
@@ -97,7 +98,7 @@ def test_a_repeat_in_flight_joins_the_first_computation():
     other = cache.enter("r3", "Something else")
     assert other.leads and other.flight.key == (None, "something else")  # a different question leads its own computation
     cache.finish(lead, REPLY)
-    joined = cache.joined_reply(follow, "r2", timeout_s=5)
+    joined = cache.joined_reply(follow, "r2", Deadline.after(5))
     assert joined == {**REPLY, "request_id": "r2", "cached": True}
     hit = cache.enter("r4", "Where is my order?")
     assert hit.value["request_id"] == "r4" and hit.value["generated_response"] == "A"
@@ -111,11 +112,11 @@ def test_a_failed_computation_is_not_shared_nor_cached():
     lead = cache.enter("r1", "q")
     follow = cache.enter("r2", "q")
     cache.fail(lead, RuntimeError("worker failed"))
-    assert cache.joined_reply(follow, "r2", timeout_s=5) is None  # it computes its own
+    assert cache.joined_reply(follow, "r2", Deadline.after(5)) is None  # it computes its own
     again = cache.enter("r3", "q")
     assert again.leads and again.flight.key == (None, "q") and cache.stats().entries == 0
     with pytest.raises(TimeoutError):
-        cache.joined_reply(cache.enter("r4", "q"), "r4", timeout_s=0.01)
+        cache.joined_reply(cache.enter("r4", "q"), "r4", Deadline.after(0.01))
 
 
 def test_with_the_cache_off_nothing_is_shared():
@@ -129,9 +130,9 @@ def test_with_the_cache_off_nothing_is_shared():
 def test_answer_computes_a_question_once_and_never_caches_a_failure():
     # (Joiners of a failed leader computing their own answer: tests/unit/test_single_flight.py.)
     cache = ResponseCache(4, ttl_s=0)
-    assert collect(cache.answer("r1", "Q", lambda: iter([{**REPLY, "request_id": "r1"}]), 5)) == \
+    assert collect(cache.answer("r1", "Q", lambda: iter([{**REPLY, "request_id": "r1"}]), Deadline.after(5))) == \
         {**REPLY, "request_id": "r1"}
-    hit = list(cache.answer("r2", "q", lambda: pytest.fail("a hit computes nothing"), 5))
+    hit = list(cache.answer("r2", "q", lambda: pytest.fail("a hit computes nothing"), Deadline.after(5)))
     assert hit == [REPLY["generated_response"], {**REPLY, "request_id": "r2", "cached": True}]  # a hit replayed
 
     def failing():
@@ -139,7 +140,7 @@ def test_answer_computes_a_question_once_and_never_caches_a_failure():
         raise RuntimeError("worker failed")
 
     with pytest.raises(RuntimeError, match="worker failed"):
-        collect(cache.answer("r3", "other", failing, 5))
+        collect(cache.answer("r3", "other", failing, Deadline.after(5)))
     assert cache.in_flight() == 0 and cache.stats().entries == 1
 
 
@@ -157,7 +158,7 @@ def test_many_askers_of_one_question_compute_it_once():
             cache.finish(entry, {**REPLY, "request_id": f"r{i}", "generated_response": f"by {i}"})
             replies[i] = f"by {i}"
         else:
-            replies[i] = cache.joined_reply(entry, f"r{i}", timeout_s=30)
+            replies[i] = cache.joined_reply(entry, f"r{i}", Deadline.after(30))
 
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(askers)]
     for t in threads:

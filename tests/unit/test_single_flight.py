@@ -10,6 +10,7 @@ import pytest
 
 from services.roles.caches import ResponseCache
 from services.roles.single_flight import Entry, SingleFlight
+from services.server.deadline import Deadline
 from services.server.stream_response import collect
 
 pytestmark = pytest.mark.timeout(60)
@@ -210,7 +211,7 @@ def test_32_threads_on_4_questions_through_the_reply_cache_recompute_after_a_fai
                 start.wait(timeout=30)
                 try:
                     stream = functools.partial(lambda r, i: iter([compute(r, i)]), r, i)
-                    outcomes[(r, i)] = collect(cache.answer(f"r{r}-{i}", f"q{r}-{i % keys}", stream, timeout_s=30))
+                    outcomes[(r, i)] = collect(cache.answer(f"r{r}-{i}", f"q{r}-{i % keys}", stream, Deadline.after(30)))
                 except RuntimeError as exc:
                     outcomes[(r, i)] = exc
         except BaseException as exc:
