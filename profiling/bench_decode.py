@@ -28,7 +28,7 @@ from pipeline.continuous import ContinuousEngine
 from pipeline.generator import GenerationRequest, Generator
 from profiling.lib.cli import add_out, comma_list, make_parser, positive
 from profiling.lib.inputs import cycled, document_pool, spec_queries
-from profiling.lib.models import worker_generator
+from profiling.lib.models import decode_full_length, worker_generator
 from profiling.lib.provenance import local_record
 from profiling.lib.report import run_folder, write_json
 
@@ -92,8 +92,7 @@ def filled_engine(generator: Generator, n: int) -> ContinuousEngine:
     """An engine warmed as a worker warms it (on CUDA: every decode-step graph recorded), then holding n
     running sequences, all prompts prefilled, ready for pure decode steps."""
     engine = ContinuousEngine(generator, max_batch=n, kv_cache_tokens=n * 2048, prefill_chunk=4096)
-    # Every sequence decodes its whole budget, as decode benchmarks ignore EOS: the batch stays n wide.
-    engine.scheduler.eos_ids = frozenset()
+    decode_full_length(engine)  # the batch stays n wide through the timed steps
     batch = requests(n)
     engine.warm_up([GenerationRequest(batch[0].query, batch[0].documents, 2)])
     for request in batch:

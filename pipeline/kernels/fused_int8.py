@@ -155,8 +155,8 @@ def build() -> str:
     if not _cpu_supported():
         return f"nothing to build: this CPU lacks {', '.join(sorted(_CPU_FLAGS))}; int8-dynamic runs torch's own ops"
     installed = _installed_torch_version()
-    if installed is not None and _library(build_directory(installed)) is not None:
-        return f"{NAME} is built in {build_directory(installed)}"
+    if installed is not None and _library(found := build_directory(installed)) is not None:
+        return f"{NAME} is built in {found}"
     if fused_ops() is not None:
         return f"{NAME} is built in {build_directory()}"
     from torch.utils.cpp_extension import load_inline

@@ -195,19 +195,24 @@ def build_rerank(ctx: BenchContext) -> StageBench:
                             "docs": "db" if ctx.args.documents else "corpus"})
 
 
+def decode_full_length(engine) -> None:
+    """No sequence of `engine` stops at EOS, as decode benchmarks run: random-weight stand-ins may emit
+    it at any step; every answer then decodes its whole budget, comparable across models and variants."""
+    engine.scheduler.eos_ids = frozenset()
+
+
 def bench_engine(generator: Generator, max_batch: int, prompts: list[list[int]], max_new_tokens: int, *,
                  prefill_chunk: int, full_length: bool = True):
     """The continuous engine the service runs, sized for `max_batch` of `prompts` with `max_new_tokens`
-    each, warmed as a worker warms it (on CUDA: every decode-step graph recorded). full_length: no
-    sequence stops at EOS (random-weight stand-ins may emit it at any step; every answer then decodes
-    max_new_tokens, comparable across models and variants: the worst case)."""
+    each, warmed as a worker warms it (on CUDA: every decode-step graph recorded). full_length:
+    decode_full_length (every answer max_new_tokens long: the worst case)."""
     from pipeline.continuous import ContinuousEngine
     from pipeline.continuous.slots import chunks_for
     longest = chunks_for(max(len(p) for p in prompts) + max_new_tokens)
     engine = ContinuousEngine(generator, max_batch=max_batch, kv_cache_tokens=max_batch * longest,
                               prefill_chunk=prefill_chunk)
     if full_length:
-        engine.scheduler.eos_ids = frozenset()
+        decode_full_length(engine)
     engine.warm_up([GenerationRequest("", (), 2, prompt_ids=tuple(prompts[0]))])
     return engine
 
