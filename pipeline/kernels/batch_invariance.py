@@ -38,9 +38,13 @@ ROW_INVARIANT_DTYPES = {"cpu": (torch.float32, torch.bfloat16), "cuda": (torch.b
 
 # The row count oneDNN's packed layout is chosen for (any count gives the same bits): a decode step's.
 PACKED_FOR_ROWS = 8
-# Rows per cuBLAS call or per-row reduction on CUDA: every launch has this one shape, so one kernel
-# sums every row in one order.
+# Rows per cuBLAS call or per-row reduction on CUDA: every launch of a model has one shape, so one
+# kernel sums every row in one order. A decoder's decode step has a few rows (up to its largest
+# bucket); an encoder's rows are its batch's tokens, hundreds to thousands, where tiles of 64 made
+# one rerank (ten pairs) about 3,200 launches on an H200: 110 ms, against 42 ms in tiles of 1,024
+# (docs/performance.md, section 14).
 CUDA_TILE_ROWS = 64
+ENCODER_CUDA_TILE_ROWS = 1024
 
 
 def per_row(x: torch.Tensor, reduce) -> torch.Tensor:
@@ -98,7 +102,9 @@ class RowInvariantLinear(torch.nn.Linear):
     for one row), its weight packed once in oneDNN's layout (the same bits as the plain weight at
     every row count; a decode step 10-30 % faster, docs/performance.md). CUDA: cuBLAS picks its
     kernel (and its split of the sum) by the row count, so the rows go in tiles of
-    CUDA_TILE_ROWS, the last one zero-padded."""
+    `cuda_tile_rows` (fixed per model: :func:`make_batch_invariant`), the last one zero-padded."""
+
+    cuda_tile_rows = CUDA_TILE_ROWS
 
     def forward(self, x):
         rows = x.reshape(-1, self.in_features)
@@ -106,7 +112,8 @@ class RowInvariantLinear(torch.nn.Linear):
         if n == 0:
             return x.new_zeros((*x.shape[:-1], self.out_features))
         if self.weight.is_cuda:
-            tiles = torch.nn.functional.pad(rows, (0, 0, 0, -n % CUDA_TILE_ROWS)).split(CUDA_TILE_ROWS)
+            tile = self.cuda_tile_rows
+            tiles = torch.nn.functional.pad(rows, (0, 0, 0, -n % tile)).split(tile)
             products = [torch.nn.functional.linear(tile, self.weight, self.bias) for tile in tiles]
             out = products[0] if len(products) == 1 else torch.cat(products)
             return out[:n].reshape(*x.shape[:-1], self.out_features)
@@ -203,12 +210,22 @@ def make_batch_invariant(module) -> None:
     with :func:`_batch_invariant_sdpa`, and every float Linear and Llama-style RMSNorm under it is
     row-invariant.
 
+    On CUDA an encoder's Linears (a model that cannot generate) run in tiles of ENCODER_CUDA_TILE_ROWS,
+    a decoder's in tiles of CUDA_TILE_ROWS.
+
     Raises ConfigError where torch or transformers is outside the versions this was verified against."""
     from transformers import PreTrainedModel
     inner: set[int] = set()
+    encoders = []
     for model in module.modules():
         if isinstance(model, PreTrainedModel) and id(model) not in inner:
             use_batch_invariant_attention(model)
             inner.update(id(m) for m in model.modules())
+            if not model.can_generate():
+                encoders.append(model)
     make_linears_row_invariant(module)
+    for encoder in encoders:
+        for linear in encoder.modules():
+            if isinstance(linear, RowInvariantLinear):
+                linear.cuda_tile_rows = ENCODER_CUDA_TILE_ROWS
     make_norms_row_invariant(module)

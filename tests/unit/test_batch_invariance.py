@@ -228,6 +228,37 @@ def test_the_embedder_normalises_its_pooled_vectors_in_numpy_and_not_in_the_mode
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, rtol=1e-6)
 
 
+def test_an_encoders_linears_run_in_larger_cuda_tiles_than_a_decoders():
+    """An encoder's rows are its batch's tokens (hundreds to thousands), a decoder's decode step a few:
+    each model's Linears get one tile size, so every launch of that model has one shape."""
+    from transformers import BertConfig, BertModel
+
+    from pipeline.kernels.batch_invariance import ENCODER_CUDA_TILE_ROWS, make_batch_invariant
+    encoder = BertModel(BertConfig(hidden_size=64, num_attention_heads=2, intermediate_size=128, num_hidden_layers=1,
+                                   vocab_size=128, max_position_embeddings=64)).eval()
+    make_batch_invariant(encoder)
+    decoder = qwen_shaped_llm("float32", "cpu", layers=1)
+    for model, tile in ((encoder, ENCODER_CUDA_TILE_ROWS), (decoder, CUDA_TILE_ROWS)):
+        linears = [m for m in model.modules() if isinstance(m, RowInvariantLinear)]
+        assert linears and {m.cuda_tile_rows for m in linears} == {tile}, type(model).__name__
+    assert ENCODER_CUDA_TILE_ROWS > CUDA_TILE_ROWS
+
+
+@ON_CUDA
+def test_a_row_invariant_linear_launches_tiles_of_its_own_size_on_cuda(monkeypatch):
+    linear = torch.nn.Linear(896, 128).to(torch.bfloat16).cuda()
+    make_linears_row_invariant(torch.nn.Sequential(linear))
+    linear.cuda_tile_rows = 256
+    x = torch.randn(600, 896, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16).cuda()
+    shapes = []
+    plain = torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda t, *a: shapes.append(tuple(t.shape)) or plain(t, *a))
+    got = linear(x)
+    monkeypatch.undo()
+    assert shapes == [(256, 896)] * 3
+    assert all(torch.equal(linear(x[i:i + 1])[0], got[i]) for i in (0, 255, 256, 599))
+
+
 @pytest.mark.parametrize("device, dtype", [("cpu", torch.float32), pytest.param("cpu", torch.bfloat16, marks=BF16_CPU),
                                            pytest.param("cuda", torch.bfloat16, marks=ON_CUDA)])
 def test_an_encoders_row_alone_equals_the_row_among_unpadded_batch_mates(device, dtype):
