@@ -3,6 +3,7 @@ server starts first and answers /health 503 "starting" while the role loads in t
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -16,7 +17,7 @@ from pipeline.config.typos import misspelt_variables
 from pipeline.device import thread_budget
 from services.roles import role_class
 from services.server import tracing
-from services.server.http_server import build_http_server
+from services.server.http_server import build_http_server, unsent_replies
 from services.server.lifecycle import Lifecycle, exit_on_sigterm_until_serving
 from services.server.routes import build_app
 
@@ -127,7 +128,7 @@ def main() -> int:
         print(f"config error: {variable}={str(settings.node_address(node))!r} cannot be bound as {address}: "
               f"{exc.strerror}", file=sys.stderr)
         return 2
-    lifecycle.install_signal_handlers(role.stop, role.abort)
+    lifecycle.install_signal_handlers(role.stop, role.abort, functools.partial(unsent_replies, server))
     if settings.limits.shutdown_grace_s >= settings.limits.request_timeout_s:
         log.warning("SHUTDOWN_GRACE_S (%g s) is not under REQUEST_TIMEOUT_S (%g s): a stopping worker holds "
                     "its requests until they time out instead of handing them back (503) while the gateway "

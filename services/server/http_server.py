@@ -124,6 +124,20 @@ def _close_slow_readers(server, read_timeout_s: float, now: float) -> None:
             channel.will_close = True
 
 
+def _listeners(server) -> list:
+    """The server's listening dispatchers: one, or one per address."""
+    from waitress.server import BaseWSGIServer
+    sockets = server.map if hasattr(server, "map") else server._map
+    return [dispatcher for dispatcher in sockets.values() if isinstance(dispatcher, BaseWSGIServer)]
+
+
+def unsent_replies(server) -> int:
+    """Connections whose reply is not all written to its socket yet: a request being served or
+    waiting to be, or bytes in the connection's output buffers (what an exit now would cut)."""
+    return sum(1 for listener in _listeners(server) for channel in list(listener.active_channels.values())
+               if channel.requests or channel.total_outbufs_len)
+
+
 def _ensure_fd_room(connection_limit: int) -> None:
     """Raise the soft open-files limit so the connection limit can be reached; ConfigError if it cannot."""
     needed = connection_limit + SPARE_FDS
@@ -137,7 +151,7 @@ def _ensure_fd_room(connection_limit: int) -> None:
 
 def build_http_server(app: Flask, host: str, port: int, config: HttpServerConfig):
     """A waitress server, returned unstarted so the caller can close it on SIGTERM."""
-    from waitress.server import BaseWSGIServer, create_server
+    from waitress.server import create_server
     read_timeout_s, connection_limit, threads = config.read_timeout_s, config.connection_limit, config.threads
     max_body_bytes = config.max_body_bytes
     _ensure_fd_room(connection_limit)
@@ -152,11 +166,9 @@ def build_http_server(app: Flask, host: str, port: int, config: HttpServerConfig
                            # by default): each event of an answer stream leaves as it is produced.
                            send_bytes=1)
     channel = _json_error_channel(gate)
-    sockets = server.map if hasattr(server, "map") else server._map  # one listener, or several
-    for dispatcher in sockets.values():
-        if isinstance(dispatcher, BaseWSGIServer):
-            dispatcher.channel_class = channel
-            dispatcher.maintenance = functools.partial(_close_slow_readers, dispatcher, read_timeout_s)
+    for dispatcher in _listeners(server):
+        dispatcher.channel_class = channel
+        dispatcher.maintenance = functools.partial(_close_slow_readers, dispatcher, read_timeout_s)
     log.info("HTTP: read timeout %.1fs, %d connections at most, idle keep-alive %.0fs", read_timeout_s,
              connection_limit, config.channel_timeout_s)
     return server

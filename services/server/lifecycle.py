@@ -19,8 +19,10 @@ from services.server.errors import NodeNotReady
 
 log = logging.getLogger(__name__)
 
-# After the last request in flight returns, waitress may still be writing its reply.
+# After the last request in flight returns, waitress may still be writing its reply: the exit waits
+# until every reply is written to its socket, for at most EXIT_LINGER_S, looking every SENT_POLL_S.
 EXIT_LINGER_S = 0.5
+SENT_POLL_S = 0.01
 # How long the 503s of the requests still in flight after SHUTDOWN_GRACE_S may take to go out.
 ANSWER_WINDOW_S = 5.0
 # Exit codes of a failed load: 2 when the operator must change something first (a ConfigError, e.g.
@@ -107,6 +109,17 @@ class InFlight:
         app.wsgi_app = counted  # type: ignore[method-assign]  # Flask's documented way to wrap the WSGI app
 
 
+def _wait_all_sent(unsent: Callable[[], int] | None) -> int:
+    """Until `unsent()` is 0, at most EXIT_LINGER_S (all of it where `unsent` is None); what is left."""
+    if unsent is None:
+        time.sleep(EXIT_LINGER_S)
+        return 0
+    deadline = time.monotonic() + EXIT_LINGER_S
+    while (left := unsent()) and time.monotonic() < deadline:
+        time.sleep(SENT_POLL_S)  # waitress signals no flush: look again
+    return left
+
+
 def exit_on_sigterm_until_serving() -> None:
     """Until install_signal_handlers replaces it: SIGTERM exits 0 at once (nothing can be in flight
     before the server listens). Without it a node that is PID 1 in a container ignores a SIGTERM
@@ -172,23 +185,27 @@ class Lifecycle:
         return self.in_flight.wait_idle(self.grace_s)
 
     def stop(self, on_stop: Callable[[], None] = lambda: None,
-             on_deadline: Callable[[str], None] = lambda reason: None) -> threading.Thread | None:
+             on_deadline: Callable[[str], None] = lambda reason: None,
+             unsent: Callable[[], int] | None = None) -> threading.Thread | None:
         """Refuse new work, then drain and exit 0 on a thread of its own; None when already stopping.
-        `on_stop` runs first; `on_deadline(reason)` if requests are still in flight when grace_s ends."""
+        `on_stop` runs first; `on_deadline(reason)` if requests are still in flight when grace_s ends.
+        `unsent()`: how many replies are not all written yet (the HTTP server's count); the exit
+        waits for none, at most EXIT_LINGER_S. Without it the exit waits EXIT_LINGER_S."""
         if not self.readiness.stop():
             return None
         on_stop()
-        thread = threading.Thread(target=self._drain_and_exit, args=(on_deadline,), name="drain", daemon=True)
+        thread = threading.Thread(target=self._drain_and_exit, args=(on_deadline, unsent), name="drain", daemon=True)
         thread.start()
         return thread
 
-    def _drain_and_exit(self, on_deadline: Callable[[str], None]) -> None:
+    def _drain_and_exit(self, on_deadline: Callable[[str], None], unsent: Callable[[], int] | None) -> None:
         left = self.drain()
         if left:
             self._answer_the_rest(left, on_deadline)
             left = self.in_flight.wait_idle(ANSWER_WINDOW_S)
-        time.sleep(EXIT_LINGER_S)
-        log.info("%s stopped (in flight at exit: %d)", self.name, left)
+        cut = _wait_all_sent(unsent)
+        log.info("%s stopped (in flight at exit: %d%s)", self.name, left,
+                 f", replies still being written: {cut}" if cut else "")
         logging.shutdown()
         self._exit(0)
 
@@ -202,12 +219,13 @@ class Lifecycle:
             log.exception("%s: failing the work in flight at the deadline failed", self.name)
 
     def install_signal_handlers(self, on_stop: Callable[[], None] = lambda: None,
-                                on_deadline: Callable[[str], None] = lambda reason: None) -> None:
-        """SIGTERM and SIGINT start the drain (once)."""
+                                on_deadline: Callable[[str], None] = lambda reason: None,
+                                unsent: Callable[[], int] | None = None) -> None:
+        """SIGTERM and SIGINT start the drain (once): :meth:`stop`."""
         def on_signal(signum, _frame):
             if self.readiness.state != Readiness.STOPPING:
                 log.info("%s got signal %d: draining", self.name, signum)
-            self.stop(on_stop, on_deadline)
+            self.stop(on_stop, on_deadline, unsent)
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)

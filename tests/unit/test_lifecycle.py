@@ -11,7 +11,7 @@ from flask import Flask
 from pipeline.config import Settings
 from services.server.app import make_app
 from services.server.errors import NodeNotReady
-from services.server.lifecycle import ANSWER_WINDOW_S, InFlight, Lifecycle, Readiness
+from services.server.lifecycle import ANSWER_WINDOW_S, EXIT_LINGER_S, InFlight, Lifecycle, Readiness
 from tests.helpers import blocked_in, wait_until
 
 pytestmark = pytest.mark.timeout(30)
@@ -103,6 +103,37 @@ def test_stop_refuses_new_work_runs_on_stop_once_and_exits_zero():
     assert life.stop(lambda: stops.append(2)) is None
     assert life.readiness.state == Readiness.STOPPING and stops == [1]
     assert exited.wait(10) and codes == [0]
+
+
+def test_the_exit_waits_until_every_reply_is_written_and_no_longer(caplog):
+    """Nothing in flight: the node exits once the HTTP server says every reply is on its socket."""
+    exited = threading.Event()
+    polls = iter([2, 1, 0])
+    seen = []
+
+    def unsent():
+        seen.append(next(polls))
+        return seen[-1]
+
+    life = Lifecycle("node 0", grace_s=0.0, exit=lambda code: exited.set())
+    life.readiness.set(Readiness.READY)
+    with caplog.at_level("INFO", logger="services.server.lifecycle"):
+        life.stop(unsent=unsent)
+        assert exited.wait(10)
+    assert seen == [2, 1, 0]  # looked until none was left, then exited without another look
+    assert "node 0 stopped (in flight at exit: 0)" in caplog.text and "still being written" not in caplog.text
+
+
+def test_a_reply_that_is_never_taken_holds_the_exit_only_for_the_linger(caplog):
+    exited = threading.Event()
+    life = Lifecycle("node 0", grace_s=0.0, exit=lambda code: exited.set())
+    life.readiness.set(Readiness.READY)
+    with caplog.at_level("INFO", logger="services.server.lifecycle"):
+        started = time.monotonic()
+        life.stop(unsent=lambda: 1)
+        assert exited.wait(10)
+    assert time.monotonic() - started >= EXIT_LINGER_S
+    assert "node 0 stopped (in flight at exit: 0, replies still being written: 1)" in caplog.text
 
 
 def test_a_failed_load_exits_one():
