@@ -6,7 +6,7 @@ import socket
 import threading
 
 import pytest
-from flask import Flask
+from flask import Flask, Response
 
 from pipeline.config import HttpServerConfig
 from services.server.http_server import build_http_server, unsent_replies
@@ -14,16 +14,33 @@ from tests.helpers import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
-BODY_BYTES = 32 * 1024 * 1024  # more than the kernel's socket buffers hold: the rest waits in waitress
+# Under waitress's output-buffer high-water mark (16 MiB): the app's part ends while most of the reply
+# is still in waitress's buffers.
+BODY_BYTES = 8 * 1024 * 1024
+# Socket buffers fixed, so the kernel holds at most a few MiB of the reply whatever its autotuning
+# allows: the rest waits in waitress's output buffers until the client reads.
+SOCKET_BUFFER_BYTES = 1024 * 1024
 
 
 @pytest.fixture
-def server():
+def closed() -> threading.Event:
+    return threading.Event()
+
+
+@pytest.fixture
+def server(closed):
     app = Flask("big")
-    app.add_url_rule("/big", "big", lambda: b"x" * BODY_BYTES)
+
+    def big():
+        response = Response(b"x" * BODY_BYTES)
+        response.call_on_close(closed.set)  # waitress has taken the whole reply from the app
+        return response
+
+    app.add_url_rule("/big", "big", big)
     config = HttpServerConfig(threads=2, read_timeout_s=10.0, connection_limit=16, channel_timeout_s=30.0,
                               max_body_bytes=1024, cluster_token="")
     server = build_http_server(app, "127.0.0.1", 0, config)
+    server.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)  # accepted sockets inherit it
     thread = threading.Thread(target=server.run, name="waitress", daemon=True)
     thread.start()
     yield server
@@ -33,11 +50,15 @@ def server():
     thread.join(10)
 
 
-def test_a_reply_counts_as_unsent_until_the_client_has_taken_all_of_it(server):
+def test_a_reply_counts_as_unsent_until_the_client_has_taken_all_of_it(server, closed):
     assert unsent_replies(server) == 0
-    with socket.create_connection(("127.0.0.1", server.effective_port), timeout=30) as client:
+    with socket.socket() as client:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)  # before connecting: the window
+        client.settimeout(30)
+        client.connect(server.socket.getsockname())
         client.sendall(b"GET /big HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-        wait_until(lambda: unsent_replies(server) == 1, 20, "the reply waiting in waitress's buffers")
+        assert closed.wait(20), "the app never finished its reply"
+        assert unsent_replies(server) == 1  # served, but most of it still in waitress's buffers
         received = 0
         while received < BODY_BYTES:  # headers and body: the body alone is BODY_BYTES
             chunk = client.recv(1 << 20)
