@@ -41,7 +41,7 @@ PACKED_FOR_ROWS = 8
 # Rows per cuBLAS call or per-row reduction on CUDA: every launch of a model has one shape, so one
 # kernel sums every row in one order. A decoder's decode step has a few rows (up to its largest
 # bucket); an encoder's rows are its batch's tokens, hundreds to thousands, where tiles of 64 made
-# one rerank (ten pairs) about 3,200 launches on an H200: 110 ms, against 42 ms in tiles of 1,024
+# one rerank (ten pairs) about 3,200 launches on an H200: 110 ms, against 47 ms in tiles of 1,024
 # (docs/performance.md, section 14).
 CUDA_TILE_ROWS = 64
 ENCODER_CUDA_TILE_ROWS = 1024
