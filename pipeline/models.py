@@ -53,7 +53,7 @@ class ModelsMissing(ConfigError):
 # The stand-in builder (builders.standins) writes this marker into a stand-in home last, so its
 # presence means every model was written; it raises the version whenever the files it writes change.
 STANDIN_MARKER = "standins.json"
-STANDIN_VERSION = 7
+STANDIN_VERSION = 8
 
 
 # A model counts as present when its config and at least one weights file are in one snapshot.

@@ -40,13 +40,24 @@ PLANS = PRECISION_VARIANTS + (FAST,)
 MICROBENCH_STAGES = ("embed", "rerank", "generate", "sentiment", "toxicity")
 
 
+def sentence_projection(source, name: str) -> int:
+    """The output width of the sentence-transformers Dense module in `name`'s modules.json, 0 if none."""
+    from huggingface_hub import hf_hub_download
+
+    def read(filename: str) -> Any:
+        return json.loads(Path(hf_hub_download(name, filename, **source.hf_kwargs())).read_text())
+    dense = [m for m in read("modules.json") if m["type"].endswith(".Dense")]
+    return sum(read(f"{m['path']}/config.json")["out_features"] for m in dense)
+
+
 def load_models(source) -> roof.Models:
     """Each model's shape from its config (config.json only)."""
     from transformers import AutoConfig
 
-    def encoder(name: str, labels: int | None = None) -> roof.EncoderShape:
-        return roof.EncoderShape.from_config(AutoConfig.from_pretrained(name, **source.hf_kwargs()), labels)
-    return roof.Models(embed=encoder(spec.EMBEDDER_MODEL, labels=0),  # a pooler, no labels
+    def encoder(name: str, labels: int | None = None, projection: int = 0) -> roof.EncoderShape:
+        return roof.EncoderShape.from_config(AutoConfig.from_pretrained(name, **source.hf_kwargs()), labels, projection)
+    return roof.Models(embed=encoder(spec.EMBEDDER_MODEL, labels=0,  # a pooler, no labels
+                                     projection=sentence_projection(source, spec.EMBEDDER_MODEL)),
                        rerank=encoder(spec.RERANKER_MODEL),
                        generate=roof.DecoderShape.from_config(
                            AutoConfig.from_pretrained(spec.GENERATOR_MODEL, **source.hf_kwargs())),

@@ -8,7 +8,7 @@ unchanged production loading code picks them up as it would the real downloads.
 
 Profiles: ``faithful`` (the real shapes and vocab sizes, for profiling and capacity planning) and
 ``tiny`` (toy dimensions, built in seconds, for tests and CI; the embedder still emits 768-d
-vectors, so FAISS indexes work with either profile).
+vectors, through a Dense projection after its pooling, so FAISS indexes work with either profile).
 
 The families: ``bert`` (embedder, toxicity, sentiment), ``xlmr`` (reranker), ``qwen`` (generator),
 over ``vocabulary`` (the synthetic training text) and ``tokenizing`` (what the tokenizers share);

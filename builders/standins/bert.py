@@ -117,6 +117,9 @@ def labels(names: list[str]) -> dict[str, Any]:
     }
 
 
+# The folder of the tiny embedder's projection to the contract's embedding dimension.
+PROJECTION_DIR = "2_Dense"
+
 TOXIC_LABELS = ["toxic", "severe_toxic", "obscene", "threat", "insult", "identity_hate"]
 # Output-bias priors for the random toxicity head: roughly the real model's
 # base rates on benign text, so a stand-in does not flag half of all messages
@@ -157,15 +160,20 @@ def sentiment_config(dims: dict[str, int]) -> dict[str, Any]:
     )
 
 
-def sentence_transformers_files() -> dict[str, str]:
-    # bge-base-en-v1.5's sentence-transformers layout: Transformer -> CLS pooling -> Normalize.
+def sentence_transformers_files(hidden: int) -> dict[str, str]:
+    """bge-base-en-v1.5's sentence-transformers layout: Transformer -> CLS pooling -> Normalize; an
+    encoder narrower than the contract's embedding dimension gets a Dense projection to it before
+    Normalize (its weights: :func:`builders.standins.repos.write_projection`)."""
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
     ]
+    if hidden != spec.EMBED_DIM:
+        modules.append({"idx": 2, "name": "2", "path": PROJECTION_DIR, "type": "sentence_transformers.models.Dense"})
+    modules.append({"idx": len(modules), "name": str(len(modules)), "path": f"{len(modules)}_Normalize",
+                    "type": "sentence_transformers.models.Normalize"})
     pooling = {
-        "word_embedding_dimension": spec.EMBED_DIM,
+        "word_embedding_dimension": hidden,
         "pooling_mode_cls_token": True,
         "pooling_mode_mean_tokens": False,
         "pooling_mode_max_tokens": False,

@@ -21,12 +21,14 @@ MODEL_NAMES = {
 
 BASE = {"hidden": 768, "layers": 12, "heads": 12, "intermediate": 3072}  # bert-base
 # Dimensions per profile: "faithful" is the real models' shapes, "tiny" toy sizes. The embedder's
-# hidden size is the contract's embedding dimension in both (FAISS indexes built with either
-# profile work with the other).
+# output is the contract's embedding dimension in both (FAISS indexes built with either profile work
+# with the other): the faithful one's hidden size is that dimension, as bge-base's; the tiny one's is
+# an encoder's toy size, and a sentence-transformers Dense layer projects its CLS vector to it (a
+# 768-wide tiny encoder made embedding most of the test suite's model CPU).
 PROFILE_DIMS = {
     "faithful": {"embedder": {**BASE, "hidden": spec.EMBED_DIM}, "encoder": BASE, "generator": QWEN_FAITHFUL},
     "tiny": {
-        "embedder": {"hidden": spec.EMBED_DIM, "layers": 2, "heads": 12, "intermediate": 256},
+        "embedder": {"hidden": 32, "layers": 2, "heads": 2, "intermediate": 64},
         "encoder": {"hidden": 32, "layers": 2, "heads": 2, "intermediate": 64},
         "generator": {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 128},
     },

@@ -8,17 +8,24 @@ import os
 import pathlib
 from typing import Any, Iterator
 
-from builders.standins.bert import TOXIC_BIAS_PRIOR, bert_tokenizer_files, sentence_transformers_files
+from builders.standins.bert import (
+    PROJECTION_DIR,
+    TOXIC_BIAS_PRIOR,
+    bert_tokenizer_files,
+    sentence_transformers_files,
+)
 from builders.standins.profiles import MODEL_NAMES
 from builders.standins.qwen import QWEN_GENERATION_CONFIG, qwen_tokenizer_files
 from builders.standins.tokenizing import dumps
 from builders.standins.xlmr import xlmr_tokenizer_files
 from pipeline.models import STANDIN_VERSION, hub_repo_folder
+from pipeline.spec import EMBED_DIM
 
 
-def repo_files(key: str) -> dict[str, str]:
+def repo_files(key: str, hidden: int) -> dict[str, str]:
     """A repo's files besides config.json and the weights: its tokenizer's (the same in every profile,
-    so that token counts do not depend on it) and the generator's and embedder's own."""
+    so that token counts do not depend on it) and the generator's and embedder's own (`hidden`: the
+    model's hidden size)."""
     if key in ("embedder", "toxicity"):
         files = bert_tokenizer_files(30522, 994, False)
     elif key == "sentiment":
@@ -27,7 +34,7 @@ def repo_files(key: str) -> dict[str, str]:
         files = xlmr_tokenizer_files()
     else:
         files = {**qwen_tokenizer_files(), "generation_config.json": dumps(QWEN_GENERATION_CONFIG)}
-    return {**files, **sentence_transformers_files()} if key == "embedder" else files
+    return {**files, **sentence_transformers_files(hidden)} if key == "embedder" else files
 
 
 def _readme(key: str, profile: str, seed: int) -> str:
@@ -124,6 +131,23 @@ def _build_weights(key: str, snapshot: pathlib.Path, seed: int, dtype: str, prof
     return n_params
 
 
+def write_projection(snapshot: pathlib.Path, seed: int, in_features: int) -> None:
+    """The tiny embedder's sentence-transformers Dense module (bert.sentence_transformers_files lists
+    it): seeded random weights, variance-preserving as the encoder's, from its CLS vector to the
+    contract's embedding dimension, no activation."""
+    import torch
+    from safetensors.torch import save_file
+
+    generator = torch.Generator().manual_seed(_model_seed(seed, "embedder-projection"))
+    weight = torch.randn(EMBED_DIM, in_features, generator=generator) * in_features**-0.5
+    folder = snapshot / PROJECTION_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({"linear.weight": weight.contiguous(), "linear.bias": torch.zeros(EMBED_DIM)},
+              str(folder / "model.safetensors"))
+    write_text(folder / "config.json", dumps({"in_features": in_features, "out_features": EMBED_DIM, "bias": True,
+                                              "activation_function": "torch.nn.modules.linear.Identity"}))
+
+
 def build_repo(hub: pathlib.Path, key: str, profile: str, seed: int, config: dict[str, Any]) -> dict[str, Any]:
     repo_id = MODEL_NAMES[key]
     revision = _revision(profile, repo_id, seed)
@@ -135,7 +159,9 @@ def build_repo(hub: pathlib.Path, key: str, profile: str, seed: int, config: dic
     # save_pretrained rewrote these in the installed transformers' format; restore
     # the real repos' files so loading sees what it would see after a download.
     (snapshot / "generation_config.json").unlink(missing_ok=True)
-    files = {"config.json": dumps(config), **repo_files(key), "README.md": _readme(key, profile, seed)}
+    files = {"config.json": dumps(config), **repo_files(key, config["hidden_size"]), "README.md": _readme(key, profile, seed)}
+    if key == "embedder" and config["hidden_size"] != EMBED_DIM:
+        write_projection(snapshot, seed, config["hidden_size"])
     for name, text in files.items():
         write_text(snapshot / name, text)
     # No trailing newline: huggingface_hub reads the ref verbatim.

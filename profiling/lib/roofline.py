@@ -51,18 +51,22 @@ def together(works: Sequence[Work]) -> Work:
 
 @dataclass(frozen=True)
 class EncoderShape:
-    """A BERT-family encoder: bge-base (labels 0: its pooler only), the reranker, the classifiers."""
+    """A BERT-family encoder: bge-base (labels 0: its pooler only), the reranker, the classifiers.
+    `projection`: the width of a sentence-transformers Dense layer after the pooling (the tiny
+    stand-in embedder's, to the contract's dimension), 0 for none (bge-base)."""
     hidden: int
     layers: int
     heads: int
     intermediate: int
     vocab: int
     labels: int
+    projection: int = 0
 
     @classmethod
-    def from_config(cls, config: Any, labels: int | None = None) -> "EncoderShape":
+    def from_config(cls, config: Any, labels: int | None = None, projection: int = 0) -> "EncoderShape":
         return cls(config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
-                   config.intermediate_size, config.vocab_size, config.num_labels if labels is None else labels)
+                   config.intermediate_size, config.vocab_size, config.num_labels if labels is None else labels,
+                   projection)
 
     @property
     def layer_weights(self) -> int:
@@ -71,8 +75,8 @@ class EncoderShape:
 
     @property
     def head_weights(self) -> int:
-        """On the first token only: the pooler or the classifier's dense layer, then the labels."""
-        return self.hidden ** 2 + self.hidden * self.labels
+        """On the first token only: the pooler or the classifier's dense layer, then the labels (or the projection)."""
+        return self.hidden ** 2 + self.hidden * (self.labels + self.projection)
 
     def forward(self, tokens: int) -> Work:
         """One sequence of `tokens` tokens (special tokens included), unpadded."""

@@ -190,7 +190,8 @@ def test_embedder_gives_unit_norm_768d_float32(report):
     assert emb["dtype"] == "float32"
     assert all(abs(n - 1.0) < 1e-4 for n in emb["norms"])
     assert emb["max_seq_length"] == 512
-    assert emb["modules"] == ["Transformer", "Pooling", "Normalize"]
+    # The tiny encoder is 32 wide: a Dense layer projects its CLS vector to the contract's 768.
+    assert emb["modules"] == ["Transformer", "Pooling", "Dense", "Normalize"]
 
 
 def test_reranker_gives_one_logit_per_pair(report):
@@ -298,7 +299,9 @@ def test_second_build_is_fast_and_changes_nothing(tiny_home, capsys):
 def test_same_seed_gives_identical_files(tiny_home, session_builds):
     a, b = _hash_tree(tiny_home / "hub"), _hash_tree(session_builds["again"] / "hub")
     assert a == b
-    assert sum(name.endswith("model.safetensors") for name in a) == 5
+    # Five models and the tiny embedder's projection (its Dense layer).
+    assert sum(name.endswith("model.safetensors") for name in a) == 6
+    assert sum(name.endswith("2_Dense/model.safetensors") for name in a) == 1
 
 
 def test_interrupted_build_never_looks_complete(tmp_path, monkeypatch):
