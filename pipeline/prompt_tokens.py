@@ -15,7 +15,6 @@ threads (huggingface/transformers#47085).
 """
 from __future__ import annotations
 
-import json
 import re
 from typing import Any, Sequence
 
@@ -28,15 +27,17 @@ _SLOT = "\ue000"
 
 class PromptTokenizer:
     def __init__(self, tokenizer: Any):
-        from tokenizers import Tokenizer
+        from tokenizers import AddedToken, Tokenizer
         self._template = tokenizer  # only its chat template is used (rendering reads it)
         serialized = tokenizer.backend_tokenizer.to_str()
         # The text encoder: `encode_special_tokens` keeps only *special* added tokens as text, so
-        # every added token is marked special in its copy.
-        as_text = json.loads(serialized)
-        for added in as_text["added_tokens"]:
-            added["special"] = True
-        encoder = Tokenizer.from_str(json.dumps(as_text))
+        # every added token is marked special in its copy: added again as special, it keeps its id
+        # (editing the serialized JSON instead costs 0.5 s of a worker's start for Qwen's vocabulary).
+        encoder = Tokenizer.from_str(serialized)
+        encoder.add_special_tokens([
+            AddedToken(token.content, single_word=token.single_word, lstrip=token.lstrip, rstrip=token.rstrip,
+                       normalized=token.normalized, special=True)
+            for token in encoder.get_added_tokens_decoder().values()])
         encoder.no_padding()
         encoder.no_truncation()
         encoder.encode_special_tokens = True
