@@ -1,7 +1,7 @@
 """The reply cache's single flight over HTTP, on a real cluster: the shared one whose node 0 keeps a
 reply cache (tests/support/shared_cluster.py KEYED_CACHE: a reply cache would answer the other
-modules' repeated questions without a worker), its node 2 holding every search
-SLOW_SEARCH_MS, so askers that arrive together overlap for sure."""
+modules' repeated questions without a worker), its node 2 holding every search SLOW_SEARCH_MS
+while the askers ask, so askers that arrive together overlap for sure."""
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -14,6 +14,8 @@ from tests.support.shared_cluster import KEY
 pytestmark = pytest.mark.slow
 
 AUTH = {"Authorization": f"Bearer {KEY}"}
+# How long node 2 holds each search while the askers ask.
+SLOW_SEARCH_MS = 1000
 
 
 def _served(cluster) -> int:
@@ -45,7 +47,7 @@ def test_the_same_question_asked_together_is_computed_once_over_http(keyed_cache
         barrier.wait(timeout=30)
         return _ask(url, f"{prefix}-{i}", spellings[i % 3])
 
-    with ThreadPoolExecutor(askers) as pool:
+    with ThreadPoolExecutor(askers) as pool, cluster.slow_index.delayed(SLOW_SEARCH_MS):
         replies = list(pool.map(ask, range(askers)))
     assert [r.status_code for r in replies] == [200] * askers
     bodies = [r.json() for r in replies]

@@ -13,11 +13,6 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 
-def slow_index_command(delay_ms: float, python: str = sys.executable) -> list[str]:
-    """A node 2 whose every /search first sleeps `delay_ms` (a slow index server)."""
-    return [python, "-m", "tests.support.slow_index_node", "--delay-ms", str(delay_ms)]
-
-
 class SlowIndex:
     """The delay of an index node started with `command()`, changed while it runs (no restart): every
     /search waits until it has waited the delay written last, so a search already waiting is released

@@ -11,22 +11,23 @@ Two clusters, because their settings conflict:
   unified: a rerank wait long enough that a burst shares batches, JSON logs and a span file per
   node (read by test_observability and test_tracing), a health interval long enough that a worker
   marked down stays down while a test looks and a short HTTP read timeout (test_hostile_input).
-- `KEYED_CACHE`: node 0 with a reply cache, API keys, CORS and a small body limit, node 2 a slow
-  index. A reply cache answers repeated questions without a worker, which the served counts, round
+- `KEYED_CACHE`: node 0 with a reply cache, API keys, CORS and a small body limit, node 2 an index
+  whose searches a test can hold (`cluster.slow_index`, tests.support.SlowIndex; not held, it is
+  a usual index). A reply cache answers repeated questions without a worker, which the served counts, round
   robin and stage metrics of the PLAIN tests cannot allow; and the load generator and the latency
   breakdown tool send no API key, so keys cannot be on PLAIN.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import requests
 
 from profiling.lib.prometheus import scrape
 from tests.helpers import cluster_env, wait_until
-from tests.support import slow_index_command
+from tests.support import SlowIndex
 from tools.local import LocalCluster
 
 # How long a cluster may take to get back to idle and whole after a test (a node restarting loads its models).
@@ -37,31 +38,31 @@ START_TIMEOUT_S = 240
 KEY = "test-key-0123456789"
 OTHER_KEY = "other-key-9876543210"
 ORIGIN = "http://127.0.0.1:5173"
-# KEYED_CACHE's node 2 holds every search this long: callers asking together overlap for sure.
-SLOW_SEARCH_MS = 1000
 
 
 @dataclass(frozen=True)
 class ClusterSettings:
-    """A shared cluster's settings beyond tests.helpers.cluster_env's, and its nodes' own commands."""
+    """A shared cluster's settings beyond tests.helpers.cluster_env's: its API keys, and whether node 2
+    is an index whose delay a test sets (tests.support.SlowIndex)."""
     env: Mapping[str, str]
-    commands: Mapping[int, Sequence[str]] = field(default_factory=dict)
     api_keys: Sequence[str] = ()
+    slow_index: bool = False
 
 
 PLAIN = ClusterSettings({"RERANK_MAX_WAIT_MS": "20", "LOG_FORMAT": "json", "TRACING": "jsonl",
                          "HEALTH_INTERVAL_S": "5", "HTTP_READ_TIMEOUT_S": "3"})
 KEYED_CACHE = ClusterSettings({"RESPONSE_CACHE_SIZE": "64", "CORS_ALLOWED_ORIGINS": ORIGIN, "MAX_BODY_BYTES": "4096"},
-                              commands={2: slow_index_command(SLOW_SEARCH_MS)}, api_keys=(KEY, OTHER_KEY))
+                              api_keys=(KEY, OTHER_KEY), slow_index=True)
 
 
 class SharedCluster(LocalCluster):
     """A LocalCluster tests use in turn: each node appends its spans to a file of its own (also when a
     test restarts it), a node restarted without a command gets its own back, and `settle` after each test."""
 
-    def __init__(self, env: Mapping[str, str], log_dir: Path, commands: Mapping[int, Sequence[str]]):
+    def __init__(self, env: Mapping[str, str], log_dir: Path, slow_index: SlowIndex | None):
         super().__init__(env, log_dir)
-        self.commands = dict(commands)
+        self.slow_index = slow_index
+        self.commands: dict[int, Sequence[str]] = {2: slow_index.command()} if slow_index else {}
         self._settings_env = dict(self.env)
 
     def trace_path(self, node: int) -> Path:
@@ -111,7 +112,8 @@ def start_shared_cluster(settings: ClusterSettings, data, log_dir: Path) -> Shar
         keys = log_dir / "api-keys"
         keys.write_text("".join(f"{key}\n" for key in settings.api_keys))
         env["API_KEYS_FILE"] = str(keys)
-    cluster = SharedCluster(cluster_env(data, **env), log_dir / "logs", settings.commands)
+    slow_index = SlowIndex(log_dir / "search-delay-ms") if settings.slow_index else None
+    cluster = SharedCluster(cluster_env(data, **env), log_dir / "logs", slow_index)
     try:
         cluster.start(timeout_s=START_TIMEOUT_S)
     except Exception:

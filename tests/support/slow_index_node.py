@@ -1,7 +1,7 @@
 """A real node whose index service waits before every search: `python -m tests.support.slow_index_node
---delay-ms 1000`, or `--delay-file PATH` (the delay in ms that file holds, read again while a search
-waits: tests.support.SlowIndex changes it at run time), with a node's environment. Requests stay in
-flight on node 2 as long as a test needs."""
+--delay-file PATH` (the delay in ms that file holds, read again while a search waits:
+tests.support.SlowIndex changes it at run time), with a node's environment. Requests stay in flight
+on node 2 as long as a test needs."""
 from __future__ import annotations
 
 import argparse
@@ -42,19 +42,10 @@ def slow_down(delay_ms: Callable[[], float]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    delay = parser.add_mutually_exclusive_group(required=True)
-    delay.add_argument("--delay-ms", type=float, help="wait before each search (ms)")
-    delay.add_argument("--delay-file", type=Path, help="a file holding the wait before each search (ms), "
-                                                       "read at every search and while it waits")
-    args = parser.parse_args(argv)
-    if args.delay_ms is not None:
-        if args.delay_ms < 0:
-            parser.error("--delay-ms must be >= 0")
-        fixed = args.delay_ms
-        slow_down(lambda: fixed)
-    else:
-        path = args.delay_file
-        slow_down(lambda: read_delay_ms(path))
+    parser.add_argument("--delay-file", type=Path, required=True,
+                        help="a file holding the wait before each search (ms), read at every search and while it waits")
+    path = parser.parse_args(argv).delay_file
+    slow_down(lambda: read_delay_ms(path))
     return node.main()
 
 
