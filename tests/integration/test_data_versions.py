@@ -27,7 +27,8 @@ from pipeline.data_version import (
     write_manifest,
 )
 from tests.helpers import TEST_ENV
-from tools.local import free_ports
+from tests.support import forked_nodes
+from tools.local import NodeProcess, free_ports
 
 pytestmark = pytest.mark.slow
 
@@ -87,9 +88,12 @@ def test_a_node_refuses_a_build_without_its_manifest(support_data, tmp_path, nod
 # ---------------------------------------------------------------- a builder killed anywhere
 
 
-def build(args: list[str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "builders.data", *args, "--no-progress"], cwd=REPO_ROOT,
-                            env={**os.environ, **TEST_ENV}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+def build(args: list[str], log: Path) -> NodeProcess:
+    """`python -m builders.data ARGS`, its output in `log`, forked from the fork server as the tests'
+    nodes are (tests/support/forked_nodes.py: the same module in its own process, without
+    re-importing torch): SIGKILL ends it wherever it is, as it would a process started afresh."""
+    return forked_nodes.launch([sys.executable, "-m", "builders.data", *args, "--no-progress"],
+                               {**os.environ, **TEST_ENV}, REPO_ROOT, log)
 
 
 def assert_one_complete_version_or_none(version_dir: Path) -> str | None:
@@ -106,7 +110,7 @@ def assert_one_complete_version_or_none(version_dir: Path) -> str | None:
     return f"{manifest.content_hash} {sorted(manifest.index_sha256.values())}"
 
 
-def kill_when(proc: subprocess.Popen, condition, timeout_s: float = 300) -> None:
+def kill_when(proc: NodeProcess, condition, timeout_s: float = 300) -> None:
     """SIGKILL `proc` as soon as `condition()` holds (polled every 2 ms), or let it finish."""
     deadline = time.monotonic() + timeout_s
     while proc.poll() is None and not condition():
@@ -118,9 +122,10 @@ def kill_when(proc: subprocess.Popen, condition, timeout_s: float = 300) -> None
 
 
 def test_a_builder_killed_at_any_point_leaves_the_previous_version_whole_or_none(tmp_path):
-    target = tmp_path / "v1"
-    first = build(["build", "--out", str(target), "--kind", "course", "--docs", "20000", "--seed", "1"])
-    assert first.wait(timeout=300) == 0, first.stdout.read() if first.stdout else ""
+    target, logs = tmp_path / "v1", tmp_path / "logs"
+    logs.mkdir()
+    first = build(["build", "--out", str(target), "--kind", "course", "--docs", "20000", "--seed", "1"], logs / "first")
+    assert first.wait(timeout=300) == 0, (logs / "first").read_text()[-3000:]
     previous = assert_one_complete_version_or_none(target)
     assert previous is not None
     points = {  # a forced rebuild: writing the database, writing the index, between the renames
@@ -130,14 +135,15 @@ def test_a_builder_killed_at_any_point_leaves_the_previous_version_whole_or_none
     }
     outcomes = {}
     for point, reached in points.items():
-        proc = build(["build", "--out", str(target), "--kind", "course", "--docs", "20000", "--seed", "2", "--force"])
+        proc = build(["build", "--out", str(target), "--kind", "course", "--docs", "20000", "--seed", "2", "--force"],
+                     logs / point)
         kill_when(proc, reached)
         outcomes[point] = assert_one_complete_version_or_none(target)
     assert outcomes["database"] in (previous, None) and outcomes["index"] in (previous, None)
     # The next attempt completes, without --force: a directory without a manifest is an interrupted build.
     again = build(["build", "--out", str(target), "--kind", "course", "--docs", "20000", "--seed", "2",
-                   *(["--force"] if (target / MANIFEST_NAME).exists() else [])])
-    assert again.wait(timeout=300) == 0, again.stdout.read() if again.stdout else ""
+                   *(["--force"] if (target / MANIFEST_NAME).exists() else [])], logs / "again")
+    assert again.wait(timeout=300) == 0, (logs / "again").read_text()[-3000:]
     rebuilt = assert_one_complete_version_or_none(target)
     assert rebuilt is not None and rebuilt != previous
     assert read_manifest(target).index["seed"] == 2
@@ -154,7 +160,7 @@ def test_an_update_killed_while_it_writes_leaves_no_partial_version_and_the_next
     ]) + "\n")
     target = tmp_path / "v2"
     args = ["update", "--from", str(source), "--out", str(target), "--changes", str(changes)]
-    proc = build(args)
+    proc = build(args, tmp_path / "killed.log")
 
     def writing() -> bool:
         if target.exists() and any(target.rglob("*")):
@@ -168,8 +174,8 @@ def test_an_update_killed_while_it_writes_leaves_no_partial_version_and_the_next
     left = assert_one_complete_version_or_none(target)  # asserts the manifest describes its files
     # The next attempt completes: without --force when the kill left no version (what it left is no
     # version, not an output in the way).
-    done = build([*args, *(["--force"] if left is not None else [])])
-    assert done.wait(timeout=300) == 0, done.stdout.read() if done.stdout else ""
+    done = build([*args, *(["--force"] if left is not None else [])], tmp_path / "done.log")
+    assert done.wait(timeout=300) == 0, (tmp_path / "done.log").read_text()[-3000:]
     manifest = read_manifest(target)
     assert assert_one_complete_version_or_none(target) is not None
     assert (manifest.parent, manifest.changes) == ("v1", {"added": 1, "replaced": 0, "deleted": 1})

@@ -63,6 +63,15 @@ def test_many_forks_at_once_each_get_their_own_process(tmp_path):
         assert f"TORCH_THREADS={i + 1} " in (tmp_path / f"p{i}.log").read_text()
 
 
+def test_what_the_libraries_set_in_a_runner_that_used_them_does_not_stop_a_fork(tmp_path):
+    """A runner that loaded models in-process after the server started has these; the server has not."""
+    server_env = forked_nodes.server().env
+    used = {"KMP_INIT_AT_FORK": "FALSE", "KMP_DUPLICATE_LIB_OK": "True", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "ind")}
+    proc, _ = _launch(tmp_path, "used", **{k: v + "-other" if k in server_env else v for k, v in used.items()})
+    assert isinstance(proc, forked_nodes.ForkedNode)
+    assert proc.wait(timeout=60) == 0
+
+
 def test_an_environment_the_preloaded_libraries_read_otherwise_gets_a_plain_process(tmp_path):
     proc, log = _launch(tmp_path, "hub", HF_HUB_OFFLINE="0" if os.environ.get("HF_HUB_OFFLINE") == "1" else "1")
     assert isinstance(proc, subprocess.Popen)

@@ -27,6 +27,11 @@ SERVER_START_TIMEOUT_S = 120
 # The project's own settings that share a prefix with the libraries' (TORCH_THREADS): read by the node,
 # after the fork. HF_HUB_OFFLINE is also huggingface_hub's, read when it is imported: it must agree.
 OURS = {name for name in Settings.variables() if not name.startswith("HF_")}
+# Set in a process by the libraries themselves once it has used them (OpenMP's fork handling, the
+# faiss loader's, torch inductor's cache folder), not by whoever starts a node: a runner that loaded
+# models in-process after the server started has them and the server's environment has not, which
+# says nothing of how the preloaded libraries were imported.
+SET_BY_THE_LIBRARIES = {"KMP_INIT_AT_FORK", "KMP_DUPLICATE_LIB_OK", "TORCHINDUCTOR_CACHE_DIR"}
 
 
 class ForkedNode:
@@ -96,7 +101,7 @@ class ForkServer:
         """Whether a node with this command and environment can be forked from this server."""
         if len(command) < 3 or command[0] != self.python or command[1] != "-m" or self.closed:
             return False
-        keys = {k for k in (*env, *self.env) if k.startswith(PRELOAD_ENV_PREFIXES)} - OURS
+        keys = {k for k in (*env, *self.env) if k.startswith(PRELOAD_ENV_PREFIXES)} - OURS - SET_BY_THE_LIBRARIES
         return all(env.get(k) == self.env.get(k) for k in keys)
 
     def fork(self, command: Sequence[str], env: Mapping[str, str], cwd: Path, log: Path) -> ForkedNode:

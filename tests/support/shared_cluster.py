@@ -27,7 +27,7 @@ import requests
 
 from profiling.lib.prometheus import scrape
 from tests.helpers import cluster_env, wait_until
-from tests.support import SlowIndex
+from tests.support import SlowIndex, forked_nodes
 from tools.local import LocalCluster
 
 # How long a cluster may take to get back to idle and whole after a test (a node restarting loads its models).
@@ -56,11 +56,12 @@ KEYED_CACHE = ClusterSettings({"RESPONSE_CACHE_SIZE": "64", "CORS_ALLOWED_ORIGIN
 
 
 class SharedCluster(LocalCluster):
-    """A LocalCluster tests use in turn: each node appends its spans to a file of its own (also when a
+    """A LocalCluster tests use in turn, its nodes forked (tests/support/forked_nodes.py) as
+    tests.helpers.start_cluster's are: each node appends its spans to a file of its own (also when a
     test restarts it), a node restarted without a command gets its own back, and `settle` after each test."""
 
     def __init__(self, env: Mapping[str, str], log_dir: Path, slow_index: SlowIndex | None):
-        super().__init__(env, log_dir)
+        super().__init__(env, log_dir, launcher=forked_nodes.launch)
         self.slow_index = slow_index
         self.commands: dict[int, Sequence[str]] = {2: slow_index.command()} if slow_index else {}
         self._settings_env = dict(self.env)
