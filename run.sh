@@ -111,8 +111,9 @@ usage: ./run.sh COMMAND [args]   (configured only by environment variables: env.
                      build unless `nvidia-smi -L` lists a GPU, TORCH_BUILD=cpu|cuda overrides;
                      the other packages within constraints.txt);
                      as root with apt, also Debian's prometheus for tests/integration/test_prometheus.py
-  test [pytest args] setup, ruff and mypy, then the test suite with tiny stand-ins, offline
-                     (-m "not slow": the fast subset)
+  test [pytest args] setup, ruff and mypy, then the test suite with tiny stand-ins, offline: alone,
+                     the whole suite on two workers; with pytest args, in one process as they say
+                     (-m "not slow": the fast subset; -n logical: on the two workers too)
   demo [--interval-s S]
                      setup, build demo data and stand-ins if missing, start the three nodes, ask the eight queries
   local [--restart-limit N] [--restart-window-s S] [--startup-timeout-s S] [--workers W] [--index-shards S]
@@ -167,6 +168,11 @@ case "$cmd" in
     "$VENV/bin/ruff" check --quiet .
     log "mypy pipeline services"
     "$VENV/bin/mypy" --no-error-summary
+    # The whole suite on two workers: the integration tests wait on the processes they start about half
+    # the time, and the unit tests fill it (tests/conftest.py groups them). A run given pytest arguments
+    # (a module, -m "not slow") runs in one process, where the in-process tests get every core; add
+    # `-n logical` to split it too.
+    [[ $# -gt 0 ]] || set -- --numprocesses logical
     exec "$PY" -m pytest "$@"
     ;;
   demo)

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach a model hub
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 from pipeline.config import Settings
 from pipeline.device import Placement
@@ -65,6 +66,40 @@ def pytest_make_collect_report(collector):
         return (yield)
 
 
+# ----------------------------------------------------------------------------- two workers (pytest-xdist)
+# `./run.sh test` runs the suite on up to two xdist workers, scheduled by `worker_group`: a group runs
+# whole on one worker, groups in collection order. The integration tests but the container module are
+# one group: they share clusters and the fork server, one after another, and take about half the suite;
+# the container module (Docker's image and compose cluster) and each unit module are groups of their
+# own, so the other worker starts on the containers and goes on with the unit modules.
+INTEGRATION = "tests/integration/"
+ALONE_IN_INTEGRATION = ("tests/integration/test_containers.py",)
+
+
+def worker_group(nodeid: str) -> str:
+    """The group a test runs in: "integration" or its own module's path."""
+    module = nodeid.split("::", 1)[0]
+    return "integration" if module.startswith(INTEGRATION) and module not in ALONE_IN_INTEGRATION else module
+
+
+class GroupScheduling(LoadScopeScheduling):
+    """xdist's scheduling by scope, the scope being worker_group's. (xdist's own xdist_group marks do not
+    group under pytest 9: they rename item._nodeid, which pytest 9's nodeid no longer reads.)"""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return worker_group(nodeid)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    return GroupScheduling(config, log)
+
+
+def torch_threads_per_worker() -> int:
+    """The cores shared among the xdist workers (PYTEST_XDIST_WORKER_COUNT; one run without xdist: all)."""
+    cores = len(os.sched_getaffinity(0))
+    return max(1, cores // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+
+
 @pytest.fixture
 def tool_commit() -> Iterator[dict]:
     """The commit profiling's tools record, without git (helpers.recording_tool_commit)."""
@@ -78,7 +113,7 @@ def tool_commit() -> Iterator[dict]:
 @pytest.fixture(scope="session", autouse=True)
 def _torch_threads():
     import torch
-    torch.set_num_threads(2)
+    torch.set_num_threads(torch_threads_per_worker())  # more would only make the workers' threads contend
 
 
 @pytest.fixture(scope="session")

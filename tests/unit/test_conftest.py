@@ -2,7 +2,8 @@
 process fails, naming itself and the command, by every way Python starts one; a slow test is left alone.
 
 The commands tried are harmless should the guard let them through (`true`, a child that exits at
-once), and then the test fails: DID NOT RAISE."""
+once), and then the test fails: DID NOT RAISE. Also the groups the two xdist workers run the tests in,
+and the torch threads each worker gets."""
 from __future__ import annotations
 
 import multiprocessing
@@ -107,3 +108,32 @@ def test_this_test_not_marked_slow_runs_under_the_guard():
     # conftest's hooks wrap each phase of a test not marked slow in the guard: here, the call.
     assert subprocess.Popen._execute_child.__module__ == "tests.helpers"
     assert os.fork.__module__ == "tests.helpers"
+
+
+# ----------------------------------------------------------------------------- the two workers' groups
+
+def test_the_integration_tests_share_one_worker_and_the_containers_and_each_unit_module_get_their_own():
+    from tests.conftest import worker_group
+    assert {worker_group(n) for n in ("tests/integration/test_cluster.py::test_a",
+                                      "tests/integration/test_faults.py::test_b[x-1]")} == {"integration"}
+    assert worker_group("tests/integration/test_containers.py::test_c") == "tests/integration/test_containers.py"
+    assert worker_group("tests/unit/test_config.py::test_d[a::b]") == "tests/unit/test_config.py"
+
+
+def test_the_scheduler_gives_each_group_whole_to_one_worker():
+    from tests.conftest import GroupScheduling, worker_group
+    scheduler = object.__new__(GroupScheduling)  # _split_scope reads nothing of its state
+    for nodeid in ("tests/integration/test_cluster.py::test_a", "tests/integration/test_containers.py::test_c",
+                   "tests/unit/test_spec.py::test_d[x]"):
+        assert scheduler._split_scope(nodeid) == worker_group(nodeid)
+
+
+@pytest.mark.parametrize(("workers", "threads"), [(None, 2), ("1", 2), ("2", 1), ("4", 1)])
+def test_torch_gets_the_cores_shared_among_the_workers(monkeypatch, workers, threads):
+    from tests.conftest import torch_threads_per_worker
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    if workers is None:
+        monkeypatch.delenv("PYTEST_XDIST_WORKER_COUNT", raising=False)
+    else:
+        monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", workers)
+    assert torch_threads_per_worker() == threads
