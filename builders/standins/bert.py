@@ -120,6 +120,11 @@ def labels(names: list[str]) -> dict[str, Any]:
 # The folder of the tiny embedder's projection to the contract's embedding dimension.
 PROJECTION_DIR = "2_Dense"
 
+
+def projects(hidden: int) -> bool:
+    """Whether an embedder this wide gets the Dense projection to the contract's embedding dimension."""
+    return hidden != spec.EMBED_DIM
+
 TOXIC_LABELS = ["toxic", "severe_toxic", "obscene", "threat", "insult", "identity_hate"]
 # Output-bias priors for the random toxicity head: roughly the real model's
 # base rates on benign text, so a stand-in does not flag half of all messages
@@ -168,7 +173,7 @@ def sentence_transformers_files(hidden: int) -> dict[str, str]:
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
     ]
-    if hidden != spec.EMBED_DIM:
+    if projects(hidden):
         modules.append({"idx": 2, "name": "2", "path": PROJECTION_DIR, "type": "sentence_transformers.models.Dense"})
     modules.append({"idx": len(modules), "name": str(len(modules)), "path": f"{len(modules)}_Normalize",
                     "type": "sentence_transformers.models.Normalize"})

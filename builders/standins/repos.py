@@ -12,6 +12,7 @@ from builders.standins.bert import (
     PROJECTION_DIR,
     TOXIC_BIAS_PRIOR,
     bert_tokenizer_files,
+    projects,
     sentence_transformers_files,
 )
 from builders.standins.profiles import MODEL_NAMES
@@ -160,7 +161,7 @@ def build_repo(hub: pathlib.Path, key: str, profile: str, seed: int, config: dic
     # the real repos' files so loading sees what it would see after a download.
     (snapshot / "generation_config.json").unlink(missing_ok=True)
     files = {"config.json": dumps(config), **repo_files(key, config["hidden_size"]), "README.md": _readme(key, profile, seed)}
-    if key == "embedder" and config["hidden_size"] != EMBED_DIM:
+    if key == "embedder" and projects(config["hidden_size"]):
         write_projection(snapshot, seed, config["hidden_size"])
     for name, text in files.items():
         write_text(snapshot / name, text)
