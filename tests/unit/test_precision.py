@@ -36,19 +36,18 @@ PLACEMENTS = [pytest.param(("cpu", v), id=v) for v in VARIANTS] + [
 
 # ----------------------------------------------------------------------------- settings
 
-def _placement(env: dict, stage: str, bf16: bool = True, amx: bool = False, **detectors) -> Placement:
-    return placement_for(Settings.from_env(env), stage, bf16_cpu=lambda: bf16, amx_cpu=lambda: amx,
-                         **{**CPU, **detectors})
+def _placement(env: dict, stage: str, bf16: bool = True, **detectors) -> Placement:
+    return placement_for(Settings.from_env(env), stage, bf16_cpu=lambda: bf16, **{**CPU, **detectors})
 
 
 def test_auto_is_bfloat16_where_the_cpu_has_it_and_fast_follows_the_hardware_table():
     assert _placement({}, "generate") == Placement("cpu", "bfloat16", "bfloat16")  # auto, the default
     assert _placement({"PRECISION": "auto"}, "generate", bf16=False) == Placement("cpu", "float32", "float32")
-    for bf16, amx, kind in ((True, True, "cpu-amx"), (True, False, "cpu-bf16"), (False, False, "cpu")):
+    for bf16, kind in ((True, "cpu-bf16"), (False, "cpu")):
         for stage, variant in FAST[kind].items():
-            p = _placement({"PRECISION": "fast"}, stage, bf16=bf16, amx=amx)
+            p = _placement({"PRECISION": "fast"}, stage, bf16=bf16)
             assert (p.precision, p.dtype) == (variant, LOAD_DTYPE[variant])
-    assert FAST["cpu-amx"]["sentiment"] != FAST["cpu-bf16"]["sentiment"]  # the rows differ: AMX is told apart
+    assert set(FAST) == {"cpu-bf16", "cpu", "cuda"}  # a CPU with AMX is held to avx512_bf16: no row of its own
     cuda = placement_for(Settings.from_env({"PRECISION": "fast"}), "embed", cuda_available=lambda: True,
                          bf16_cpu=lambda: True, cuda_bf16=lambda: True)
     assert (cuda.device, cuda.precision) == ("cuda", FAST["cuda"]["embed"])
