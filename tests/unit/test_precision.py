@@ -12,6 +12,7 @@ import torch
 from pipeline import spec
 from pipeline.config import ConfigError, Settings
 from pipeline.continuous import ContinuousEngine
+from pipeline.cpu_features import cpu_supports_bf16
 from pipeline.device import Placement, placement_for
 from pipeline.docstore import Document
 from pipeline.generator import GenerationRequest
@@ -28,9 +29,11 @@ TEXTS = ["ok", "Answer: you can return it within 30 days for a refund.",
          "Answer: " + "the package is delayed because of the weather and the carrier. " * 20]
 CPU = {"cuda_available": lambda: False}
 ON_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here: runs where torch sees one")
+BF16_CPU = pytest.mark.skipif(not cpu_supports_bf16(), reason="this CPU has no avx512_bf16 or AMX: bfloat16 is "
+                                                              "emulated here, and oneDNN refuses its packed products")
 # (device, variant) per stages fixture: every CPU variant, and every CUDA variant where a GPU is.
 CUDA_VARIANTS = ("bfloat16", "float16")
-PLACEMENTS = [pytest.param(("cpu", v), id=v) for v in VARIANTS] + [
+PLACEMENTS = [pytest.param(("cpu", v), id=v, marks=[BF16_CPU] if v == "bfloat16" else []) for v in VARIANTS] + [
     pytest.param(("cuda", v), id=f"cuda-{v}", marks=ON_CUDA) for v in CUDA_VARIANTS]
 
 
@@ -301,7 +304,7 @@ def test_next_token_logits_alone_are_bit_identical_in_a_left_padded_batch(stages
         assert torch.equal(last_logits([prompt])[0], batch[row]), row
 
 
-@pytest.mark.parametrize("device, dtype", [("cpu", torch.float32), ("cpu", torch.bfloat16)] + [
+@pytest.mark.parametrize("device, dtype", [("cpu", torch.float32), pytest.param("cpu", torch.bfloat16, marks=BF16_CPU)] + [
     pytest.param("cuda", getattr(torch, v), marks=ON_CUDA) for v in CUDA_VARIANTS])
 @pytest.mark.parametrize("k, n", [(4864, 512), (768, 3072), (64, 32), (32, 1)])
 def test_float_linear_gives_a_row_the_same_bits_at_any_row_count(dtype, k, n, device):
