@@ -43,7 +43,8 @@ def worker_config(settings: Settings) -> WorkerConfig:
                                   prefill_chunk=generate.prefill_chunk, max_queue=settings.limits.stage_max_queue)
     return WorkerConfig(batching={stage: settings.batching(stage) for stage in spec.WORKER_STAGES
                                   if stage != spec.Stage.GENERATE},
-                        embed_cache_size=settings.embed.cache_size, continuous=continuous)
+                        embed_cache_size=settings.embed.cache_size, continuous=continuous,
+                        history_tokens=settings.limits.max_history_tokens)
 
 
 def versioned_documents(settings: Settings, embedder: EmbedderInfo) -> VersionedData[DocumentStore]:
