@@ -210,6 +210,7 @@ def _history(body: Mapping[str, Any], bounds: Bounds) -> tuple[Turn, ...]:
             raise ApiError(400, f"'history[{i}].role' must be one of {', '.join(ROLES)}", field=f"history[{i}].role")
         if not isinstance(turn.get("content"), str):
             raise ApiError(400, f"'history[{i}].content' must be a string", field=f"history[{i}].content")
+        _check_unicode(turn["content"], f"history[{i}].content")
         turns.append(Turn(turn["role"], turn["content"]))
     return tuple(turns)
 
@@ -222,11 +223,20 @@ def _instructions(body: Mapping[str, Any], bounds: Bounds) -> str | None:
         return None
     if not isinstance(value, str):
         raise ApiError(400, "'instructions' must be a string", field="instructions")
+    _check_unicode(value, "instructions")
     tokens, limit = bounds.count_tokens(value), bounds.limits.max_history_tokens
     if tokens > limit:
         raise ApiError(400, f"'instructions' is {tokens} tokens; the limit is {limit} tokens (MAX_HISTORY_TOKENS, "
                             "the conversation's share of the prompt)", field="instructions")
     return value
+
+
+def _check_unicode(text: str, field: str) -> None:
+    """JSON can spell lone surrogates ("\\ud800"); no tokenizer, log or forward could carry them."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(400, f"'{field}' must be valid Unicode text (it holds a lone surrogate)", field=field) from None
 
 
 # Each field's rule, in the order they are checked (request_id first: it names the request).

@@ -158,6 +158,7 @@ def test_a_history_is_read_as_turns_and_sent_on_as_it_came():
     ([HISTORY[0], {"role": "assistant", "content": None}], "history[1].content", "must be a string"),
     ([HISTORY[0], {"role": "assistant", "content": ["a"]}], "history[1].content", "must be a string"),
     ([{"role": "user", "content": "hi", "name": "ann"}], "history[0].name", "is not a field of a turn"),
+    ([{"role": "user", "content": "hi \ud800"}], "history[0].content", "lone surrogate"),
 ])
 @pytest.mark.usefixtures("request_context")
 def test_a_history_out_of_its_rule_is_a_400_naming_the_turn_and_the_rule(history, field, rule):

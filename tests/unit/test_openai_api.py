@@ -85,6 +85,8 @@ def test_earlier_turns_are_the_history_and_system_messages_the_instructions_in_o
     ([{"role": "system", "content": 7}, {"role": "user", "content": "q"}], "messages[0].content"),
     ([{"role": "user", "content": "q", "name": "ann"}], "messages[0].name"),
     ([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], "messages[1].role"),
+    ([{"role": "assistant", "content": "\ud800"}, {"role": "user", "content": "q"}], "messages[0].content"),
+    ([{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}], "messages[0].content"),
 ])
 def test_a_message_the_service_would_not_act_on_is_refused_naming_it(messages, param):
     assert refused(body(messages=messages)).field == param

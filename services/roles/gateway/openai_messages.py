@@ -59,7 +59,16 @@ def chat_conversation(messages: object) -> tuple[str, tuple[dict, ...], str | No
 
 
 def _text(content: object, param: str) -> str:
-    """A message's content as text: a string, or a list of text parts joined by newlines."""
+    """A message's content as text: a string, or a list of text parts joined by newlines; valid Unicode."""
+    text = _joined(content, param)
+    try:  # JSON can spell lone surrogates ("\\ud800"); no tokenizer, log or forward could carry them
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _invalid(f"'{param}' must be valid Unicode text (it holds a lone surrogate)", param) from None
+    return text
+
+
+def _joined(content: object, param: str) -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
