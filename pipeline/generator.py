@@ -37,8 +37,8 @@ class GenerationRequest:
     on_token: Callable[[int], None] | None = field(default=None, compare=False, repr=False)
     # Earlier turns and the client's instructions (pipeline/conversation.py), fitted to their budget.
     conversation: Conversation | None = None
-    # The prompt's ids (prompt_ids(query, documents, conversation)) where the caller encoded it already, so that a
-    # request is encoded once (a worker's reply counts them); None: encoded where it is used.
+    # The prompt's ids (prompt_ids(query, documents, conversation)) where the caller encoded it already,
+    # so that a request is encoded once (a worker's reply counts them); None: encoded where it is used.
     prompt_ids: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
 
 

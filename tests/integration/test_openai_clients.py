@@ -155,11 +155,11 @@ TURNS = ("My order hasn't arrived yet, tracking number is ABC123", "and to Canad
 def chat_turn(client: openai.OpenAI, messages: list[dict], stream: bool) -> tuple[str, dict]:
     """The assistant's answer to the conversation so far, and its usage."""
     if not stream:
-        reply = client.chat.completions.create(model=CHAT_MODEL, messages=messages)  # type: ignore[arg-type]
+        reply = client.chat.completions.create(model=CHAT_MODEL, messages=messages)
         assert reply.usage is not None
         return reply.choices[0].message.content or "", reply.usage.model_dump()
     pieces, usage = [], None
-    for chunk in client.chat.completions.create(model=CHAT_MODEL, messages=messages, stream=True,  # type: ignore[arg-type]
+    for chunk in client.chat.completions.create(model=CHAT_MODEL, messages=messages, stream=True,
                                                 stream_options={"include_usage": True}):
         if chunk.choices:
             pieces.append(chunk.choices[0].delta.content or "")

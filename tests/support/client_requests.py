@@ -73,15 +73,15 @@ def recording_server() -> Iterator[tuple[str, list[dict]]]:
 def _openai(base: str, **kwargs) -> None:
     import openai
     client = openai.OpenAI(base_url=base, api_key=KEY, max_retries=0, timeout=30)
-    response = client.chat.completions.create(model=MODEL, messages=MESSAGES, **kwargs)  # type: ignore[arg-type]
+    response = client.chat.completions.create(model=MODEL, messages=MESSAGES, **kwargs)
     if kwargs.get("stream"):
-        list(response)  # type: ignore[arg-type]
+        list(response)
 
 
 def _langchain(base: str, stream: bool) -> None:
     from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
     from langchain_openai import ChatOpenAI
-    llm = ChatOpenAI(model=MODEL, base_url=base, api_key=KEY, temperature=0.7, max_tokens=128, seed=42,  # type: ignore[arg-type]
+    llm = ChatOpenAI(model=MODEL, base_url=base, api_key=KEY, temperature=0.7, max_tokens=128, seed=42,
                      max_retries=0, timeout=30)
     messages = [SystemMessage(SYSTEM), HumanMessage(MESSAGES[1]["content"]), AIMessage(MESSAGES[2]["content"]),
                 HumanMessage(MESSAGES[3]["content"])]
@@ -97,7 +97,7 @@ def _litellm(base: str, stream: bool) -> None:
     response = litellm.completion(model=f"openai/{MODEL}", messages=MESSAGES, api_base=base, api_key=KEY,
                                   temperature=0.2, max_tokens=64, stream=stream)
     if stream:
-        list(response)  # type: ignore[arg-type]
+        list(response)
 
 
 # Each recorded call: its fixture's name, the client, and how the call is made.

@@ -159,9 +159,10 @@ class Worker:
 
     def answer(self, request: AnswerRequest, deadline: Deadline) -> AnswerStream:
         """The answer's text in pieces as the LLM produces them (never half a character, nor the start
-        of a stop string), then the reply with its `usage`, `finish_reason`, with a history the turns
-        the prompt left out (`history_turns_dropped`) and, when sampled, its `seed`: pieces, text and finish reason all from the sequence's output processor. Closing the
-        stream early cancels the generation."""
+        of a stop string), then the reply with its `usage`, `finish_reason`, with a history how many of
+        its oldest turns the prompt left out (`history_turns_dropped`) and, when sampled, its `seed`:
+        pieces, text and finish reason all from the sequence's output processor. Closing the stream
+        early cancels the generation."""
         clock, trace = self._begin(request.request_id)
         generation: StageVisit | None = None
         with self._lock:
@@ -235,8 +236,9 @@ class Worker:
         return clock.enter(stage).submit(self.services[stage], item)
 
     def _retrieve(self, clock: StageClock, trace: str, query: str, deadline: float) -> tuple[str, tuple]:
-        """The data version read and the documents for `query` (the retrieval query) from it, reranked, best first: embed,
-        search, fetch (one version: held from before the search until the fetch ends), rerank."""
+        """The data version read and the documents for `query` (the retrieval query) from it, reranked,
+        best first: embed, search, fetch (one version: held from before the search until the fetch
+        ends), rerank."""
         def run(stage: Stage, item):
             return clock.wait(self._enter(clock, stage, item), deadline)
 
