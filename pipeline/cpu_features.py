@@ -23,7 +23,6 @@ from pathlib import Path
 
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "amx_tile"})
 AMX_CPU_FLAGS = frozenset({"amx_bf16", "amx_tile"})  # both: AMX's bf16 matrix tiles
-AMX_INT8_CPU_FLAGS = frozenset({"amx_int8", "amx_tile"})  # both: AMX's int8 matrix tiles
 
 # oneDNN's instruction-set levels (its ONEDNN_MAX_CPU_ISA values), lowest first, each with the CPU
 # flags it adds to the one before; a level's aliases share its flags.
@@ -90,12 +89,6 @@ def cpu_supports_bf16(flags: Iterable[str] | None = None) -> bool:
     return bool(BF16_CPU_FLAGS & _given_or_here(flags))
 
 
-def cpu_has_amx(flags: Iterable[str] | None = None) -> bool:
-    return AMX_CPU_FLAGS <= _given_or_here(flags)
-
-
-def cpu_has_amx_int8(flags: Iterable[str] | None = None) -> bool:
-    return AMX_INT8_CPU_FLAGS <= _given_or_here(flags)
 
 
 def onednn_isas_here(flags: Iterable[str] | None = None) -> list[str]:
