@@ -90,7 +90,10 @@ def split_all(documents: Sequence[SourceDocument], embedder: IngestEmbedder, spl
 
 
 def full_build(out_dir: str | Path, documents: Sequence[SourceDocument], embedder: IngestEmbedder,
-               split: SplitSettings, options: BuildOptions, record: dict[str, Any]) -> IngestResult:
+               split: SplitSettings, options: BuildOptions, record: dict[str, Any], *, parent: str | None = None,
+               changes: dict[str, int] | None = None) -> IngestResult:
+    """Every passage embedded and a quantizer trained on them (`parent` and `changes`: the version it
+    follows when an ingest --from was built in full, for the manifest)."""
     started = time.perf_counter()
     version_of(out_dir, None)
     check_outputs(out_dir, options.force, options.shards)
@@ -109,7 +112,7 @@ def full_build(out_dir: str | Path, documents: Sequence[SourceDocument], embedde
                     "changed_since_training": 0}
     record = {**record, "documents": len(documents), "passages": n, "embedded_passages": n}
     manifest = write_build_manifest(out_dir, kind=KIND, embedder=embedder.identity, documents=n, index=index_record,
-                                    shards=options.shards, ingest=record)
+                                    shards=options.shards, parent=parent, changes=changes, ingest=record)
     return IngestResult(manifest, len(documents), n, n, time.perf_counter() - started, added=len(documents))
 
 
@@ -138,7 +141,8 @@ def next_version(from_dir: str | Path, out_dir: str | Path, documents: Sequence[
     record = {**record, "documents": len(documents), "passages": total, **{f"documents_{k}": v for k, v in counts.items()}}
     if why is not None:
         options = BuildOptions(**{**options.__dict__, "shards": parent.shards})
-        result = full_build(out_dir, documents, embedder, split, options, {**record, "retrained": why})
+        result = full_build(out_dir, documents, embedder, split, options, {**record, "retrained": why},
+                            parent=parent.version, changes={"added": len(fresh.passages), "deleted": len(gone)})
         return IngestResult(result.manifest, result.documents, result.passages, result.embedded,
                             time.perf_counter() - started, retrained=why, **counts)
     if total == 0:

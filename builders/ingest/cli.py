@@ -57,7 +57,8 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def report_skips(result: ReadResult, out=sys.stderr) -> None:
+def report_skips(result: ReadResult, out=None) -> None:
+    out = out or sys.stderr
     for where, skip in result.skipped:
         print(f"skipped {where}: {skip}", file=out)
     if result.skipped:

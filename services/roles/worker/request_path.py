@@ -185,7 +185,7 @@ class Worker:
                 yield rest
             reply = self._classify(clock, request.request_id, output.text, deadline)
             seed = {"seed": sampling.seed} if sampling is not None and not sampling.greedy else {}
-            yield {**reply, "data_version": version, "sources": [document.doc_id for document in documents],
+            yield {**reply, "data_version": version, "sources": [document.as_source() for document in documents],
                    "usage": {"prompt_tokens": len(prompt), "completion_tokens": output.token_count},
                    "finish_reason": output.finish_reason, **seed}
         finally:
