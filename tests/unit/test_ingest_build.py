@@ -17,6 +17,7 @@ from builders.ingest.embedding import from_embedder
 from pipeline.data_version import embedder_info, load_version
 from pipeline.docstore import DocumentStore
 from tests.helpers import leftovers
+from tests.support.ingested import passages, vectors_by_id
 from tests.support.pdfs import write_pdf
 
 FAQ = [{"id": "faq-1", "title": "Lost parcel", "text": "A parcel lost for ten days is refunded in full.",
@@ -61,31 +62,6 @@ def knowledge_folder(root):
 
 def ingest(*args: str, factory) -> int:
     return main([*args, "--no-progress", "--target-tokens", "48", "--overlap-tokens", "8"], embedder_factory=factory)
-
-
-def vectors_by_id(version_dir) -> dict[int, np.ndarray]:
-    index = faiss.read_index(str(version_dir / "faiss_index.bin"))
-    invlists = index.invlists
-    found = {}
-    for lst in range(index.nlist):
-        size = invlists.list_size(lst)
-        if not size:
-            continue
-        ids = faiss.rev_swig_ptr(invlists.get_ids(lst), size).copy()
-        codes = faiss.rev_swig_ptr(invlists.get_codes(lst), size * index.code_size).copy()
-        for row, pid in enumerate(ids):
-            found[int(pid)] = codes[row * index.code_size : (row + 1) * index.code_size].view(np.float32)
-    return found
-
-
-def passages(version_dir) -> dict[int, tuple[str, str]]:
-    import sqlite3
-    conn = sqlite3.connect(version_dir / "documents" / "documents.db")
-    try:
-        return {pid: (doc, text) for pid, doc, text in conn.execute(
-            "SELECT p.doc_id, p.document_id, d.content FROM passages p JOIN documents d ON d.doc_id = p.doc_id")}
-    finally:
-        conn.close()
 
 
 def test_a_folder_of_every_format_becomes_a_version_of_passages_with_their_sources(tmp_path, counting, capsys):
@@ -134,7 +110,8 @@ def test_the_next_version_embeds_only_changed_documents_and_keeps_every_other_ve
     assert min(new_ids) > max(before)  # an id never names two texts
     assert not any(doc == "guides/shipping.html" for doc, _ in after.values())
     assert f"passages embedded: {len(new_ids)} " in out
-    old_vectors, new_vectors = vectors_by_id(data / "v1"), vectors_by_id(data / "v2")
+    old_vectors = vectors_by_id(data / "v1" / "faiss_index.bin")
+    new_vectors = vectors_by_id(data / "v2" / "faiss_index.bin")
     assert set(new_vectors) == set(after)
     kept = [pid for pid in after if pid in before]
     assert kept and all(np.array_equal(old_vectors[pid], new_vectors[pid]) for pid in kept)
