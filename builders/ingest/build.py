@@ -70,6 +70,8 @@ class IngestResult:
     deleted: int = 0
     unchanged: int = 0
     retrained: str | None = None  # why a --from ingest was built in full, if it was
+    split_seconds: float = 0.0
+    embed_seconds: float = 0.0
 
 
 @dataclass
@@ -98,12 +100,14 @@ def full_build(out_dir: str | Path, documents: Sequence[SourceDocument], embedde
     version_of(out_dir, None)
     check_outputs(out_dir, options.force, options.shards)
     numbered = split_all(documents, embedder, split)
+    split_done = time.perf_counter()
     n = len(numbered.passages)
     if n == 0:
         raise BuildError("no passages to ingest: every source was skipped or empty")
     params = _ivf_params(n, options.nlist, options.nprobe, None, options.batch_size, options.shards)
     vectors = embed_sorted([p.text for p in numbered.passages], [p.tokens for p in numbered.passages],
                            embedder.embed, embedder.identity.dim, options.batch_size, options.progress)
+    embed_done = time.perf_counter()
     with staged_outputs(out_dir, options.force, options.shards) as (db_tmp, index_tmps):
         _write_database(db_tmp, documents, numbered)
         index = _train_index(vectors[_sample_rows(n, params.train_size, options.seed)], params)
@@ -113,7 +117,8 @@ def full_build(out_dir: str | Path, documents: Sequence[SourceDocument], embedde
     record = {**record, "documents": len(documents), "passages": n, "embedded_passages": n}
     manifest = write_build_manifest(out_dir, kind=KIND, embedder=embedder.identity, documents=n, index=index_record,
                                     shards=options.shards, parent=parent, changes=changes, ingest=record)
-    return IngestResult(manifest, len(documents), n, n, time.perf_counter() - started, added=len(documents))
+    return IngestResult(manifest, len(documents), n, n, time.perf_counter() - started, added=len(documents),
+                        split_seconds=split_done - started, embed_seconds=embed_done - split_done)
 
 
 def next_version(from_dir: str | Path, out_dir: str | Path, documents: Sequence[SourceDocument],
@@ -133,6 +138,7 @@ def next_version(from_dir: str | Path, out_dir: str | Path, documents: Sequence[
     gone = sorted(pid for doc_id in [*(d.id for d in changed), *deleted] for pid in old_passages.get(doc_id, ()))
     first_id = max((pid for pids in old_passages.values() for pid in pids), default=-1) + 1
     fresh = split_all([*added, *changed], embedder, split, first_id)
+    split_done = time.perf_counter()
     total = parent.documents - len(gone) + len(fresh.passages)
     counts = dict(added=len(added), changed=len(changed), deleted=len(deleted), unchanged=unchanged)
     trained = int(parent.index.get("trained_vectors", parent.documents))
@@ -144,11 +150,13 @@ def next_version(from_dir: str | Path, out_dir: str | Path, documents: Sequence[
         result = full_build(out_dir, documents, embedder, split, options, {**record, "retrained": why},
                             parent=parent.version, changes={"added": len(fresh.passages), "deleted": len(gone)})
         return IngestResult(result.manifest, result.documents, result.passages, result.embedded,
-                            time.perf_counter() - started, retrained=why, **counts)
+                            time.perf_counter() - started, retrained=why, split_seconds=result.split_seconds,
+                            embed_seconds=result.embed_seconds, **counts)
     if total == 0:
         raise BuildError("no passages left: every document of the previous version was deleted")
     vectors = embed_sorted([p.text for p in fresh.passages], [p.tokens for p in fresh.passages], embedder.embed,
                            embedder.identity.dim, options.batch_size, options.progress)
+    embed_done = time.perf_counter()
     upserts = tuple(Document(pid, p.document.title, p.text, p.document.format)
                     for pid, p in zip(fresh.ids, fresh.passages))
     rewritten = [*(d.id for d in changed), *deleted]
@@ -159,7 +167,7 @@ def next_version(from_dir: str | Path, out_dir: str | Path, documents: Sequence[
                             force=options.force, vectors=vectors, more_sql=more_sql,
                             index={**parent.index, "changed_since_training": since}, ingest=record)
     return IngestResult(update.manifest, len(documents), total, len(fresh.passages), time.perf_counter() - started,
-                        **counts)
+                        split_seconds=split_done - started, embed_seconds=embed_done - split_done, **counts)
 
 
 def _retrain_reason(since: int, trained: int, total: int, share: float, resplit: bool) -> str | None:

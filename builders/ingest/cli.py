@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
@@ -84,7 +85,9 @@ def run(args: argparse.Namespace, embedder_factory=None) -> tuple[IngestResult |
     options = ReadOptions(max_file_bytes=int(args.max_file_mb * 1e6),
                           fields=RecordFields(args.id_field, args.title_field, args.text_field, args.url_field),
                           base_url=args.base_url)
+    started = time.perf_counter()
     read = read_sources(files, options)
+    read.seconds = time.perf_counter() - started
     read.other_files = other
     report_skips(read)
     if read.skipped and args.strict:
@@ -125,8 +128,11 @@ def describe(result: IngestResult, read: ReadResult) -> str:
                      f"{result.unchanged} unchanged")
     if result.retrained:
         lines.append(f"  quantizer trained again (a full build): {result.retrained}")
-    rate = result.embedded / result.seconds if result.seconds > 0 else 0.0
-    lines.append(f"  passages embedded: {result.embedded} in {result.seconds:.1f} s ({rate:.1f} passages/s overall)")
+    reading = len(read.documents) / read.seconds if read.seconds > 0 else 0.0
+    lines.append(f"  documents read: {len(read.documents)} in {read.seconds:.1f} s ({reading:.1f} documents/s)")
+    embed_rate = result.embedded / result.embed_seconds if result.embed_seconds > 0 else 0.0
+    lines.append(f"  passages embedded: {result.embedded} in {result.embed_seconds:.1f} s ({embed_rate:.1f} passages/s); "
+                 f"split {result.split_seconds:.1f} s, the whole build {result.seconds:.1f} s")
     if read.other_files:
         lines.append(f"  {read.other_files} file(s) in the folders were of no document format and not read")
     return "\n".join(lines)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import glob
+import itertools
 import os
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -47,6 +48,7 @@ class ReadResult:
     documents: list[SourceDocument] = field(default_factory=list)
     skipped: list[tuple[str, Skip]] = field(default_factory=list)
     other_files: int = 0
+    seconds: float = 0.0  # how long the reading took
 
     def skipped_by_reason(self) -> Counter[str]:
         return Counter(skip.reason for _, skip in self.skipped)
@@ -79,16 +81,9 @@ def expand(sources: Sequence[str]) -> tuple[list[SourceFile], int]:
 
 
 def _glob_root(pattern: str) -> Path:
-    parts = Path(pattern).parts
-    plain = [part for part in iter_until_magic(parts)]
+    """The folder a glob's matches are relative to: its parts before the first with a wildcard."""
+    plain = list(itertools.takewhile(lambda part: not glob.has_magic(part), Path(pattern).parts))
     return Path(*plain) if plain else Path(".")
-
-
-def iter_until_magic(parts: Sequence[str]) -> Iterator[str]:
-    for part in parts:
-        if glob.has_magic(part):
-            return
-        yield part
 
 
 def _walk(root: Path, folder: Path) -> tuple[list[SourceFile], int]:

@@ -138,6 +138,14 @@ def test_past_the_retrain_share_the_next_version_is_built_in_full_and_says_why(t
     assert len(counting.texts) == manifest.documents  # every passage embedded again
 
 
+@pytest.mark.parametrize("since, total, resplit, expected", [
+    (40, 110, False, None), (51, 110, False, "more than --retrain-share 0.5"), (10, 200, False, "at least twice"),
+    (0, 100, True, "passage settings differ")])
+def test_the_quantizer_is_trained_again_past_the_share_or_at_twice_the_count(since, total, resplit, expected):
+    why = builders.ingest.build._retrain_reason(since, 100, total, 0.5, resplit)
+    assert why is None if expected is None else expected in why
+
+
 def test_bad_files_are_reported_each_with_its_reason_and_strict_refuses_them(tmp_path, counting, capsys):
     src = knowledge_folder(tmp_path)
     (src / "empty.md").write_text("")
