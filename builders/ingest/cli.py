@@ -28,7 +28,8 @@ EXIT_BAD_ARGUMENT = 2
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m builders.ingest", description=__doc__.split("\n\n")[1])
+    p = argparse.ArgumentParser(prog="python -m builders.ingest", description=__doc__.split("\n\n")[1],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("sources", nargs="+", metavar="SOURCE", help="a folder (walked recursively), a file or a glob")
     p.add_argument("--out", required=True, type=Path, help="the new version's directory (its name is the version id)")
     p.add_argument("--from", dest="previous", type=Path,
