@@ -140,11 +140,24 @@ def run_update(args) -> str:
     changes = Changes.read(args.changes)
     version_of(args.out, None)
     check_outputs(args.out, args.force)
+    _refuse_ingested(args.source)
     embed_fn, identity = configured_embedder_fn()
     result = update_version(args.source, args.out, changes, embed_fn, identity, force=args.force)
     m = result.manifest
     return (f"built version {m.version} from {m.parent}: {result.added} added, {result.replaced} replaced, "
             f"{result.deleted} deleted, {m.documents} documents, in {result.seconds:.1f} s\n  {args.out}")
+
+
+def _refuse_ingested(from_dir: str | Path) -> None:
+    """An ingested version's rows are passages with their sources' tables: changes by doc_id would
+    leave those behind, so its next version comes from `builders.ingest --from` instead."""
+    try:
+        kind = load_version(from_dir).kind
+    except DataVersionError:
+        return  # update_version says what is wrong with it
+    if kind == "ingest":
+        raise BuildError(f"--from {from_dir} is a version of ingested documents: build its next version with "
+                         f"python -m builders.ingest SOURCE... --from {from_dir} --out DIR")
 
 
 def _existing_ids(db_path: Path, ids: Iterable[int]) -> set[int]:

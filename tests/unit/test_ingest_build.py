@@ -185,6 +185,17 @@ def test_an_interrupted_ingest_leaves_no_version(tmp_path, counting, monkeypatch
     assert {path: path.read_bytes() for path in leftovers(data / "v1")} == v1_files  # the previous version untouched
 
 
+def test_an_ingested_version_is_not_updated_by_doc_id_changes(tmp_path, counting, capsys):
+    import builders.data
+    src = knowledge_folder(tmp_path)
+    assert ingest(str(src), "--out", str(tmp_path / "v1"), factory=counting) == 0
+    changes = tmp_path / "changes.jsonl"
+    changes.write_text(json.dumps({"doc_id": 0, "delete": True}) + "\n")
+    assert builders.data.main(["update", "--from", str(tmp_path / "v1"), "--out", str(tmp_path / "v2"),
+                               "--changes", str(changes)]) == 2
+    assert "builders.ingest SOURCE... --from" in capsys.readouterr().err and not (tmp_path / "v2").exists()
+
+
 def test_from_a_version_that_is_not_an_ingest_is_refused(tmp_path, counting, capsys, support_data):
     src = knowledge_folder(tmp_path)
     assert ingest(str(src), "--out", str(tmp_path / "v2"), "--from", str(support_data.db_path.parent.parent),
