@@ -14,6 +14,7 @@ version is built in full, trained again, and the result says why.
 """
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 import time
 from collections.abc import Sequence
@@ -146,7 +147,7 @@ def next_version(from_dir: str | Path, out_dir: str | Path, documents: Sequence[
     why = _retrain_reason(since, trained, total, options.retrain_share, resplit)
     record = {**record, "documents": len(documents), "passages": total, **{f"documents_{k}": v for k, v in counts.items()}}
     if why is not None:
-        options = BuildOptions(**{**options.__dict__, "shards": parent.shards})
+        options = dataclasses.replace(options, shards=parent.shards)
         result = full_build(out_dir, documents, embedder, split, options, {**record, "retrained": why},
                             parent=parent.version, changes={"added": len(fresh.passages), "deleted": len(gone)})
         return IngestResult(result.manifest, result.documents, result.passages, result.embedded,
