@@ -194,7 +194,7 @@ class Worker:
             seed = {"seed": sampling.seed} if sampling is not None and not sampling.greedy else {}
             # How many of the oldest turns the prompt left out, where a history was sent.
             dropped = {"history_turns_dropped": fitted.dropped} if request.history else {}
-            yield {**reply, "data_version": version, "sources": [document.doc_id for document in documents],
+            yield {**reply, "data_version": version, "sources": [document.as_source() for document in documents],
                    "usage": {"prompt_tokens": len(prompt), "completion_tokens": output.token_count},
                    "finish_reason": output.finish_reason, **dropped, **seed}
         finally:
