@@ -17,6 +17,26 @@ def row_cosines(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
     return (ref * cand).sum(axis=1) / np.maximum(norms, 1e-30)
 
 
+def nearest_neighbours(vectors: np.ndarray, k: int, queries: Sequence[int] | None = None) -> np.ndarray:
+    """(queries, k) indices of each query row's k most cosine-similar other rows of `vectors`, most
+    similar first (itself left out; ties by index). Queries: row indices, default every row."""
+    unit = np.asarray(vectors, dtype=np.float64)
+    unit = unit / np.maximum(np.linalg.norm(unit, axis=1, keepdims=True), 1e-30)
+    rows = np.arange(len(unit)) if queries is None else np.asarray(queries)
+    similar = unit[rows] @ unit.T
+    similar[np.arange(len(rows)), rows] = -np.inf
+    return np.argsort(-similar, axis=1, kind="stable")[:, :k]
+
+
+def neighbour_overlap(reference: np.ndarray, candidate: np.ndarray, k: int = 10,
+                      queries: Sequence[int] | None = None) -> np.ndarray:
+    """Per query row, the share of its k nearest neighbours under `reference` that are also among
+    its k nearest under `candidate` (the same rows embedded twice; order inside the k ignored:
+    retrieval hands its top k on as a set)."""
+    ref, cand = nearest_neighbours(reference, k, queries), nearest_neighbours(candidate, k, queries)
+    return np.array([len(set(a) & set(b)) / k for a, b in zip(ref.tolist(), cand.tolist())])
+
+
 def order(scores: Sequence[float]) -> list[int]:
     """Indices by descending score; ties keep input order (the reranker's stable sort)."""
     return sorted(range(len(scores)), key=lambda i: -scores[i])
