@@ -137,6 +137,39 @@ DEFAULT_THRESHOLDS: dict[str, dict[str, float]] = {
     "generate": {"exact_match": 0.75}, "sentiment": {"label_agreement": 0.95}, "toxicity": {"label_agreement": 0.95}}
 
 
+# Stand-ins have no trained weights' outlier channels, so their embed cosines understate a variant's
+# drift; profiling.real_fidelity measures by how much, on a real encoder beside its same-shape stand-in.
+REAL_DRIFT_METRICS = ("cosine_min", "cosine_mean")
+
+
+def real_drift_factors(report: Mapping) -> dict[str, dict[str, float]]:
+    """precision -> {metric: how many times the real model's drift (1 - cosine) is the stand-in's, at
+    least 1}, from profiling.real_fidelity's report (its rows as serving runs each variant)."""
+    rows = {(r["model"], r["variant"]): r for r in report["rows"]
+            if r["variant"] == r["precision"] or r["variant"].endswith("(serving)")}
+    factors: dict[str, dict[str, float]] = {}
+    for (model, variant), real in rows.items():
+        stand = rows.get(("standin", variant))
+        if model != "real" or stand is None or real["precision"] == REFERENCE:
+            continue
+        factors[real["precision"]] = {m: max(1.0, (1 - real[m]) / (1 - stand[m])) if stand[m] < 1 else 1.0
+                                      for m in REAL_DRIFT_METRICS}
+    return factors
+
+
+def with_real_drift(stage: str, variant: str, figures: Mapping[str, float],
+                    factors: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    """A stand-in's embed figures with each cosine's drift scaled by the variant's real-weights factor
+    (the stand-in's own kept as standin_<metric>); other stages and unmeasured variants as they are."""
+    scale = factors.get(variant, {}) if stage == "embed" else {}
+    out = dict(figures)
+    for metric, factor in scale.items():
+        if metric in figures:
+            out[f"standin_{metric}"] = figures[metric]
+            out[metric] = 1 - (1 - figures[metric]) * factor
+    return out
+
+
 @dataclass
 class Measurement:
     """One stage in one variant: speed, memory, fidelity against float32."""
