@@ -131,6 +131,10 @@ usage: ./run.sh COMMAND [args]   (configured only by environment variables: env.
                      built beside the current one on every machine, with no downtime: every shard loaded
                      everywhere first, then the workers switch, then the old version is released once its
                      requests end (docs/scaling.md, "Data versions"); run it again if it was interrupted
+  ingest SOURCE... --out DATA/VERSION [--from DATA/PREVIOUS] [--strict] [...]
+                     build a data version of one's own documents (Markdown, text, HTML, PDF, JSON lines,
+                     CSV; folders walked recursively), split into passages; with --from, only what changed
+                     is embedded; --help lists the options (docs/ingest.md)
   settings [--non-default]
                      print every setting's effective value and whether it is the default (secrets hidden);
                      exit 2 listing every bad value
@@ -202,6 +206,11 @@ case "$cmd" in
     shift
     exec "$PY" -m tools.data_rollout "$@"
     ;;
+  ingest)
+    setup
+    shift
+    exec "$PY" -m builders.ingest "$@"
+    ;;
   "")
     if [[ -z "${NODE_NUMBER:-}" ]]; then
       usage >&2
@@ -211,7 +220,7 @@ case "$cmd" in
     exec "$PY" -m services.node
     ;;
   *)
-    echo "unknown subcommand '$cmd': expected setup, test, demo, local, models, data-rollout, settings, lock, torch-build or help (or none with NODE_NUMBER set)" >&2
+    echo "unknown subcommand '$cmd': expected setup, test, demo, local, models, data-rollout, ingest, settings, lock, torch-build or help (or none with NODE_NUMBER set)" >&2
     exit 2
     ;;
 esac

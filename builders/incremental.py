@@ -90,9 +90,15 @@ class UpdateResult:
 
 
 def update_version(from_dir: str | Path, out_dir: str | Path, changes: Changes, embed_fn: EmbedFn,
-                   embedder: EmbedderInfo, *, force: bool = False) -> UpdateResult:
+                   embedder: EmbedderInfo, *, force: bool = False, vectors: np.ndarray | None = None,
+                   more_sql: Callable[[sqlite3.Connection], None] | None = None, index: dict | None = None,
+                   ingest: dict | None = None) -> UpdateResult:
     """Build version `out_dir` from the complete version `from_dir` with `changes`, embedding only the
-    upserted documents with `embed_fn` (which `embedder` names: it must be the one that built `from_dir`)."""
+    upserted documents with `embed_fn` (which `embedder` names: it must be the one that built `from_dir`).
+
+    For builders.ingest: `vectors` are the upserts' embeddings when already computed (then `embed_fn` is
+    not called); `more_sql(connection)` runs in the documents' transaction (its other tables); `index` and
+    `ingest` replace the parent's manifest entries."""
     started = time.perf_counter()
     try:
         parent = load_version(from_dir)
@@ -110,15 +116,20 @@ def update_version(from_dir: str | Path, out_dir: str | Path, changes: Changes, 
     if missing:
         raise InvalidChanges(f"doc_ids to delete are not in version {parent.version!r}: {missing[:10]}")
     replaced = sum(doc.doc_id in existing for doc in changes.upserts)
-    vectors = _embed([doc.content for doc in changes.upserts], embed_fn, parent.embedder.dim)
+    if vectors is None:
+        vectors = _embed([doc.content for doc in changes.upserts], embed_fn, parent.embedder.dim)
+    elif vectors.shape != (len(changes.upserts), parent.embedder.dim):
+        raise ValueError(f"{vectors.shape} vectors given for {len(changes.upserts)} documents of dimension "
+                         f"{parent.embedder.dim}")
     with staged_outputs(out_dir, force, parent.shards) as (db_tmp, index_tmps):
-        documents = _write_documents(old_db, db_tmp, changes)
+        documents = _write_documents(old_db, db_tmp, changes, more_sql)
         for shard, index_tmp in enumerate(index_tmps):
             _write_shard(Path(from_dir) / parent.index_files[shard], index_tmp, shard, parent.shards, changes,
                          vectors)
     delta = {"added": len(changes.upserts) - replaced, "replaced": replaced, "deleted": len(changes.deletes)}
     manifest = write_build_manifest(out_dir, kind=parent.kind, embedder=parent.embedder, documents=documents,
-                                    index=parent.index, shards=parent.shards, parent=parent.version, changes=delta)
+                                    index=parent.index if index is None else index, shards=parent.shards,
+                                    parent=parent.version, changes=delta, ingest=ingest)
     return UpdateResult(manifest, delta["added"], replaced, delta["deleted"], time.perf_counter() - started)
 
 
@@ -129,11 +140,24 @@ def run_update(args) -> str:
     changes = Changes.read(args.changes)
     version_of(args.out, None)
     check_outputs(args.out, args.force)
+    _refuse_ingested(args.source)
     embed_fn, identity = configured_embedder_fn()
     result = update_version(args.source, args.out, changes, embed_fn, identity, force=args.force)
     m = result.manifest
     return (f"built version {m.version} from {m.parent}: {result.added} added, {result.replaced} replaced, "
             f"{result.deleted} deleted, {m.documents} documents, in {result.seconds:.1f} s\n  {args.out}")
+
+
+def _refuse_ingested(from_dir: str | Path) -> None:
+    """An ingested version's rows are passages with their sources' tables: changes by doc_id would
+    leave those behind, so its next version comes from `builders.ingest --from` instead."""
+    try:
+        kind = load_version(from_dir).kind
+    except DataVersionError:
+        return  # update_version says what is wrong with it
+    if kind == "ingest":
+        raise BuildError(f"--from {from_dir} is a version of ingested documents: build its next version with "
+                         f"python -m builders.ingest SOURCE... --from {from_dir} --out DIR")
 
 
 def _existing_ids(db_path: Path, ids: Iterable[int]) -> set[int]:
@@ -161,7 +185,8 @@ def _embed(texts: list[str], embed_fn: EmbedFn, dim: int) -> np.ndarray:
     return vectors
 
 
-def _write_documents(old_db: Path, db_tmp: Path, changes: Changes) -> int:
+def _write_documents(old_db: Path, db_tmp: Path, changes: Changes,
+                     more_sql: Callable[[sqlite3.Connection], None] | None = None) -> int:
     """N's database copied (SQLite's backup: a consistent snapshot) with the changes applied; its row count."""
     source = sqlite3.connect(f"{old_db.resolve().as_uri()}?mode=ro", uri=True)
     target = sqlite3.connect(db_tmp, isolation_level=None)
@@ -171,6 +196,8 @@ def _write_documents(old_db: Path, db_tmp: Path, changes: Changes) -> int:
         target.executemany(f"DELETE FROM {DOCUMENTS_TABLE} WHERE doc_id = ?", [(i,) for i in changes.deletes])
         target.executemany(INSERT.replace("INSERT", "INSERT OR REPLACE", 1),
                            [doc.as_row() for doc in changes.upserts])
+        if more_sql is not None:
+            more_sql(target)
         target.execute("COMMIT")
         count = target.execute(f"SELECT COUNT(*) FROM {DOCUMENTS_TABLE}").fetchone()[0]
     finally:

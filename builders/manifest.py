@@ -75,7 +75,7 @@ def configured_embedder_fn() -> tuple[Callable[[list[str]], np.ndarray], Embedde
 
 def write_build_manifest(out_dir: str | Path, *, kind: str, embedder: EmbedderInfo, documents: int,
                          index: dict, shards: int, parent: str | None = None,
-                         changes: dict[str, int] | None = None) -> Manifest:
+                         changes: dict[str, int] | None = None, ingest: dict | None = None) -> Manifest:
     """Hash the committed documents and write the manifest: from here on the directory is a version."""
     db_path, index_path = output_paths(out_dir)
     manifest = Manifest(
@@ -84,7 +84,7 @@ def write_build_manifest(out_dir: str | Path, *, kind: str, embedder: EmbedderIn
         index_files=[path.name for path in index_files(index_path, shards)],
         index_sha256={path.name: file_sha256(path) for path in index_files(index_path, shards)},
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"), kind=kind, parent=parent,
-        changes=dict(changes or {}))
+        changes=dict(changes or {}), ingest=dict(ingest or {}))
     write_manifest(out_dir, manifest)
     return manifest
 

@@ -11,6 +11,10 @@
 #                       full, the demo support corpus (DEMO_DOCS documents, 2000 by default) as
 #                       INDEX_SHARDS shards, with the stand-in embedder (MODEL_SOURCE=standin, built
 #                       into STANDIN_HOME first) or the real one (hub).
+#   KNOWLEDGE_DIR       a folder of one's own documents (docs/ingest.md): when set and not empty,
+#                       the version is ingested from it (python -m builders.ingest) instead of the demo
+#                       corpus; with DATA_PARENT complete (an earlier ingest) and no DATA_CHANGES, as
+#                       its next version (--from: only the documents that changed are embedded).
 #   DATA_CURRENT (keep) keep: a `current` link that exists stays where a rollout left it (compose,
 #                       where the rollout repoints it); one that does not is made, naming DATA_VERSION.
 #                       set: `current` names DATA_VERSION (Kubernetes: the serving containers cannot
@@ -41,10 +45,18 @@ embedder() {  # the stand-ins a build embeds with, built once (a no-op when pres
   embedder_ready=1
 }
 
+knowledge() {  # a folder of one's own documents is given and holds something
+  [ -n "${KNOWLEDGE_DIR:-}" ] && [ -d "$KNOWLEDGE_DIR" ] && [ -n "$(ls -A "$KNOWLEDGE_DIR")" ]
+}
+
 build_in_full() {
   embedder
-  python -m builders.data build --out "$root/$1" --kind support --docs "${DEMO_DOCS:-2000}" \
-    --shards "${INDEX_SHARDS:-1}" --force --no-progress
+  if knowledge; then
+    python -m builders.ingest "$KNOWLEDGE_DIR" --out "$root/$1" --shards "${INDEX_SHARDS:-1}" --force --no-progress
+  else
+    python -m builders.data build --out "$root/$1" --kind support --docs "${DEMO_DOCS:-2000}" \
+      --shards "${INDEX_SHARDS:-1}" --force --no-progress
+  fi
 }
 
 if ! complete "$root/$version"; then
@@ -53,6 +65,9 @@ if ! complete "$root/$version"; then
     complete "$root/$parent" || build_in_full "$parent"
     embedder
     python -m builders.data update --from "$root/$parent" --out "$root/$version" --changes "$DATA_CHANGES" --force
+  elif knowledge && [ -n "${DATA_PARENT:-}" ] && complete "$root/$DATA_PARENT"; then
+    embedder
+    python -m builders.ingest "$KNOWLEDGE_DIR" --from "$root/$DATA_PARENT" --out "$root/$version" --force --no-progress
   else
     build_in_full "$version"
   fi

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the tools the tests drive as real processes: checkov (tests/unit/test_k8s_manifests.py),
 # from PyPI into a virtual environment of its own, .cache/checkov (its pins conflict with the
-# project's test environment); and Debian's `prometheus` package (the server and promtool,
-# tests/integration/test_prometheus.py). Called by `./run.sh test`; it never fails the run: where it
+# project's test environment); Debian's `python3-doc` (Python's HTML documentation, the real corpus
+# tests/integration/test_ingest_python_docs.py ingests); and Debian's `prometheus` package (the server
+# and promtool, tests/integration/test_prometheus.py). Called by `./run.sh test`; it never fails the run: where it
 # cannot install, it prints one line saying which test will be skipped.
 set -u
 
@@ -22,6 +23,18 @@ if [[ ! -x "$checkov_venv/bin/checkov" ]] || ! "$checkov_venv/bin/python" -c "" 
   fi
 fi
 
+# shellcheck source=deploy/apt-install.sh
+. "$(dirname "$0")/apt-install.sh"
+
+PYTHON_DOCS=/usr/share/doc/python3/html/library/index.html
+if [[ ! -f "$PYTHON_DOCS" ]]; then
+  if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1 && apt_install python3-doc && [[ -f "$PYTHON_DOCS" ]]; then
+    echo "install-test-tools: installed Debian's python3-doc"
+  else
+    echo "install-test-tools: could not install Debian's python3-doc (needs root and apt-get); tests/integration/test_ingest_python_docs.py will be skipped"
+  fi
+fi
+
 have_tools() { command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; }
 
 skip() { echo "install-test-tools: $1; tests/integration/test_prometheus.py will be skipped"; exit 0; }
@@ -30,8 +43,6 @@ have_tools && exit 0  # the usual case: nothing to do, nothing printed
 [[ "$(id -u)" == 0 ]] || skip "prometheus/promtool not found and not root (install Debian's 'prometheus' package)"
 command -v apt-get >/dev/null 2>&1 || skip "prometheus/promtool not found and no apt-get"
 
-# shellcheck source=deploy/apt-install.sh
-. "$(dirname "$0")/apt-install.sh"
 # The package's postinst would leave a prometheus daemon on :9090; the tests only need the
 # binaries, and apt_install starts no service.
 started=$SECONDS

@@ -8,3 +8,7 @@ exceptions, the only objects here that several threads share:
   detokenize streams while the generation thread encodes prompts): no lock, because its
   tokenizer is set up once and only ever read (the rule is in its module's docstring).
 """
+from pipeline.cpu_features import hold_onednn_below_amx
+
+# oneDNN reads its instruction-set hold once, at its first kernel: set before any model is built.
+hold_onednn_below_amx()

@@ -80,7 +80,8 @@ class Manifest:
     """What one build wrote: ``version`` (its id; the directory's name), ``content_hash`` (sha256 of the
     documents table, rows in doc_id order), the embedder, the index parameters and the shard layout
     (with each index file's sha256).
-    ``parent``: the version an incremental build started from, with what it changed."""
+    ``parent``: the version an incremental build started from, with what it changed.
+    ``ingest``: for a build of one's own documents (builders.ingest), what was read and how it was split."""
     version: str
     content_hash: str
     documents: int
@@ -94,6 +95,7 @@ class Manifest:
     changes: dict[str, int] = field(default_factory=dict)
     index_sha256: dict[str, str] = field(default_factory=dict)  # each index file's, by name
     format: int = MANIFEST_FORMAT
+    ingest: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -105,7 +107,7 @@ class Manifest:
                    index=dict(data["index"]), shards=int(data["shards"]), index_files=list(data["index_files"]),
                    created=str(data["created"]), kind=str(data["kind"]), parent=data.get("parent"),
                    changes=dict(data.get("changes") or {}), index_sha256=dict(data.get("index_sha256") or {}),
-                   format=int(data.get("format", MANIFEST_FORMAT)))
+                   format=int(data.get("format", MANIFEST_FORMAT)), ingest=dict(data.get("ingest") or {}))
 
 
 def manifest_path(version_dir: str | Path) -> Path:

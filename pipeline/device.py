@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from pipeline.config import Settings
-from pipeline.cpu_features import cpu_has_amx, cpu_supports_bf16
+from pipeline.cpu_features import cpu_supports_bf16
 from pipeline.precision_policy import HARDWARE_WORDS, LOAD_DTYPE, hardware_kind, resolve_variant
 
 
@@ -41,20 +41,19 @@ def placement_for(settings: Settings, stage: str, **detectors) -> Placement:
     device = select_device(settings.models.only_cpu, **{k: v for k, v in detectors.items() if k == "cuda_available"})
     variant = resolve_variant(
         settings.stage_precision(stage), stage, device, settings.stage_precision_variable(stage),
-        bf16_cpu=detectors.get("bf16_cpu", cpu_supports_bf16), amx_cpu=detectors.get("amx_cpu", cpu_has_amx),
+        bf16_cpu=detectors.get("bf16_cpu", cpu_supports_bf16),
         **{k: v for k, v in detectors.items() if k == "cuda_bf16"})
     return Placement(device, LOAD_DTYPE[variant], variant)
 
 
 def hardware_words(device: str, **detectors) -> str:
-    """This machine's kind as the precision table knows it, in words ("a CPU with AMX")."""
-    return HARDWARE_WORDS[hardware_kind(device, detectors.get("bf16_cpu", cpu_supports_bf16),
-                                        detectors.get("amx_cpu", cpu_has_amx))]
+    """This machine's kind as the precision table knows it, in words ("a CUDA GPU")."""
+    return HARDWARE_WORDS[hardware_kind(device, detectors.get("bf16_cpu", cpu_supports_bf16))]
 
 
 def describe_placement(settings: Settings, stage: str, **detectors) -> str:
     """What a stage computes in and why, in one line, without loading a model:
-    "embed: bfloat16 (PRECISION=auto on a CPU with avx512_bf16 and no AMX)"."""
+    "embed: bfloat16 (PRECISION=auto on a CPU with avx512_bf16 (or AMX, held below it))"."""
     placement = placement_for(settings, stage, **detectors)
     variable = settings.stage_precision_variable(stage)
     where = hardware_words(placement.device, **detectors)

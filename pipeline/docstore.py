@@ -1,5 +1,6 @@
 """Read-only access to the SQLite document store (``documents.db``, the course's schema:
-``pipeline.spec.DOCUMENTS_SCHEMA``); a whole batch of requests' search results in one SQL query."""
+``pipeline.spec.DOCUMENTS_SCHEMA``); a whole batch of requests' search results in one SQL query. An
+ingested store's rows are passages, each with its source (``pipeline.knowledge``) read in the same query."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from pipeline.knowledge import PASSAGES_TABLE, SOURCE_DOCUMENTS_TABLE, SourceRef
 from pipeline.spec import DOCUMENTS_COLUMNS, DOCUMENTS_DB, DOCUMENTS_TABLE
 
 
@@ -22,6 +25,7 @@ class Document:
     title: str
     content: str
     category: str
+    source: SourceRef | None = None  # an ingested passage's document and headings; not a column of its row
 
     def as_row(self) -> tuple[int, str, str, str]:
         """The row in column order, as inserted into ``documents``."""
@@ -30,6 +34,11 @@ class Document:
     def __iter__(self) -> Iterator:
         # Lets a Document be unpacked like the (doc_id, title, content, category) tuple.
         return iter(self.as_row())
+
+    def as_source(self) -> int | dict[str, Any]:
+        """How a reply's ``sources`` names this row: an ingested passage by its document, title, heading
+        and URL; a row of a course or support build by its doc_id alone."""
+        return self.doc_id if self.source is None else self.source.as_source(self.doc_id)
 
 
 class DocumentStore:
@@ -47,6 +56,14 @@ class DocumentStore:
             self._conn.close()
             raise
         self._max_vars = self._conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+        self.has_passages = _has_table(self._conn, PASSAGES_TABLE) and _has_table(self._conn, SOURCE_DOCUMENTS_TABLE)
+        columns = ", ".join(f"d.{column}" for column in DOCUMENTS_COLUMNS)
+        if self.has_passages:
+            self._sql = (f"SELECT {columns}, p.document_id, s.title, p.heading, s.url FROM {DOCUMENTS_TABLE} d "
+                         f"LEFT JOIN {PASSAGES_TABLE} p ON p.doc_id = d.doc_id "
+                         f"LEFT JOIN {SOURCE_DOCUMENTS_TABLE} s ON s.id = p.document_id WHERE d.doc_id IN ")
+        else:
+            self._sql = f"SELECT {columns} FROM {DOCUMENTS_TABLE} d WHERE d.doc_id IN "
 
     def fetch_batch(self, id_lists: Sequence[Iterable[int]]) -> list[list[Document]]:
         """Documents for each id list, in the order of its ids, all in one ``SELECT`` (more only past
@@ -85,9 +102,9 @@ class DocumentStore:
             for start in range(0, len(ids), self._max_vars):
                 chunk = ids[start : start + self._max_vars]
                 marks = ",".join("?" * len(chunk))
-                sql = f"SELECT {', '.join(DOCUMENTS_COLUMNS)} FROM {DOCUMENTS_TABLE} WHERE doc_id IN ({marks})"
-                for row in self._conn.execute(sql, chunk):
-                    found[row[0]] = Document(*row)
+                for row in self._conn.execute(f"{self._sql}({marks})", chunk):
+                    source = SourceRef(*row[4:]) if len(row) > 4 and row[4] is not None else None
+                    found[row[0]] = Document(row[0], row[1], row[2], row[3], source)
         return found
 
 
@@ -99,6 +116,10 @@ def _resolve_db_path(path: str | Path) -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"document database not found: {path}")
     return path.resolve()
+
+
+def _has_table(conn: sqlite3.Connection, name: str) -> bool:
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() is not None
 
 
 def _check_schema(conn: sqlite3.Connection, path: Path) -> None:

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 from pipeline import spec
 from pipeline.config import Settings
 from pipeline.continuous.output import Completion, OutputProcessor, complete, finish_of
+from pipeline.conversation import Conversation, build_messages
 from pipeline.device import Placement, placement_for
 from pipeline.models import ModelSource, resolve_model_source
 from pipeline.precision import apply_precision
@@ -34,8 +35,10 @@ class GenerationRequest:
     # Called with each new token id as continuous batching produces it, on the engine's thread (a
     # stream's reader); not part of what is asked, so not of equality. generate() never calls it.
     on_token: Callable[[int], None] | None = field(default=None, compare=False, repr=False)
-    # The prompt's ids (prompt_ids(query, documents)) where the caller encoded it already, so that a
-    # request is encoded once (a worker's reply counts them); None: encoded where it is used.
+    # Earlier turns and the client's instructions (pipeline/conversation.py), fitted to their budget.
+    conversation: Conversation | None = None
+    # The prompt's ids (prompt_ids(query, documents, conversation)) where the caller encoded it already,
+    # so that a request is encoded once (a worker's reply counts them); None: encoded where it is used.
     prompt_ids: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
 
 
@@ -93,19 +96,20 @@ class Generator:
         processor makes it."""
         return complete(self.tokens, token_ids, finish_of(token_ids, self.eos_ids), stops)
 
-    def prompt_ids(self, query: str, documents: Sequence) -> list[int]:
-        """The LLM prompt's token ids; the query's and the documents' text stays text (any thread)."""
-        return self.tokens.prompt_ids(query, documents)
+    def prompt_ids(self, query: str, documents: Sequence, conversation: Conversation | None = None) -> list[int]:
+        """The LLM prompt's token ids; the query's, the documents' and the conversation's text stays
+        text (any thread)."""
+        return self.tokens.prompt_ids(query, documents, conversation)
 
     def request_ids(self, request: GenerationRequest) -> list[int]:
         """A request's prompt ids: those it carries, else encoded now (any thread)."""
         if request.prompt_ids is not None:
             return list(request.prompt_ids)
-        return self.prompt_ids(request.query, request.documents)
+        return self.prompt_ids(request.query, request.documents, request.conversation)
 
-    def prompt(self, query: str, documents: Sequence) -> str:
+    def prompt(self, query: str, documents: Sequence, conversation: Conversation | None = None) -> str:
         """The prompt as text, for reading (the model gets prompt_ids)."""
-        return self.tokens.render(spec.build_messages(query, documents))
+        return self.tokens.render(build_messages(query, documents, conversation))
 
     def generate_ids(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | None = None) -> list[list[int]]:
         """The new token ids of each prompt (its ids), up to and including its first eos."""

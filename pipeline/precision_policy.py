@@ -13,7 +13,8 @@ from collections.abc import Callable
 
 from pipeline.config import CUDA_ONLY_VARIANTS, PRECISION_POLICIES, PRECISION_VARIANTS, ConfigError
 
-CPU_AMX, CPU_BF16, CPU_PLAIN, CUDA = "cpu-amx", "cpu-bf16", "cpu", "cuda"
+# A CPU with AMX is of the cpu-bf16 kind: oneDNN is held below AMX there (pipeline.cpu_features).
+CPU_BF16, CPU_PLAIN, CUDA = "cpu-bf16", "cpu", "cuda"
 
 # Chosen by measurement (speed, memory, fidelity per stage and variant; it writes the choice as an
 # env file). Re-measure with
@@ -33,20 +34,14 @@ CPU_AMX, CPU_BF16, CPU_PLAIN, CUDA = "cpu-amx", "cpu-bf16", "cpu", "cuda"
 #             equal to float32 (near-tied logits), so the rule picks float32 there; int8-dynamic is
 #             kept for speed (the whole-service runs in docs/performance.md); every variant is
 #             batch-invariant (tests/unit/test_precision.py). Rerun with the real model before trusting it.
-# The cpu-amx row: a 2-core Intel Xeon with AMX (amx_bf16, amx_int8), faithful stand-ins, 1 thread
-# (docs/performance.md, "Precision on the AMX Xeon"). Encoders by select_variants --rounds 2 --repeat 3
-# (batch of 8 vs float32): embed bfloat16 3.03x (int8-dynamic 2.27x; alone int8 25 ms vs bf16 38),
-# sentiment bfloat16 3.50x (int8-dynamic 1.72x), toxicity bfloat16 3.80x (int8-dynamic 1.62x), all
-# labels equal and cosine >= 0.9988; rerank bfloat16 3.74x vs int8-dynamic 1.26x (one round, busy).
-# generate per decode step at 1 / 8 / 16 sequences (bench_decode, "Decode step: fused int8 and
-# loop-free attention"): int8-dynamic 65 / 120 / 160 ms, bfloat16 142 / 161 / 178, int8-weight
-# 94 / 220 / 376: the bytes of weights read per step decide here, and AMX's bf16 tiles do not.
+# A CPU with AMX has no row of its own: its oneDNN is held at avx512_bf16 (AMX's kernels sum a row
+# by its batch-mates' count), so it runs the cpu-bf16 row's kernels. The row it had was measured with
+# AMX's kernels (docs/performance.md, "Precision on the AMX Xeon"); re-measure it held before
+# trusting the cpu-bf16 row there.
 # The plain-CPU row (no avx512_bf16, no AMX) was never measured: a guess, int8-dynamic where bf16 is
 # emulated, but float32 for embed (int8-dynamic's real-weights drift, above). PRECISION's help says so.
 # The CUDA row is bfloat16, the fastest variant CUDA is offered (supported_variants).
 FAST: dict[str, dict[str, str]] = {
-    CPU_AMX: {"embed": "bfloat16", "rerank": "bfloat16", "generate": "int8-dynamic",
-              "sentiment": "bfloat16", "toxicity": "bfloat16"},
     CPU_BF16: {"embed": "bfloat16", "rerank": "bfloat16", "generate": "int8-dynamic",
                "sentiment": "int8-dynamic", "toxicity": "bfloat16"},
     CPU_PLAIN: {"embed": "float32", "rerank": "int8-dynamic", "generate": "int8-dynamic",
@@ -58,15 +53,13 @@ FAST: dict[str, dict[str, str]] = {
 LOAD_DTYPE = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "int8-dynamic": "float32",
               "int8-weight": "bfloat16"}
 # How each hardware kind reads in a sentence.
-HARDWARE_WORDS = {CPU_AMX: "a CPU with AMX", CPU_BF16: "a CPU with avx512_bf16 and no AMX",
+HARDWARE_WORDS = {CPU_BF16: "a CPU with avx512_bf16 (or AMX, held below it)",
                   CPU_PLAIN: "a CPU without avx512_bf16 or AMX", CUDA: "a CUDA GPU"}
 
 
-def hardware_kind(device: str, bf16_cpu: Callable[[], bool], amx_cpu: Callable[[], bool]) -> str:
+def hardware_kind(device: str, bf16_cpu: Callable[[], bool]) -> str:
     if device == "cuda":
         return CUDA
-    if amx_cpu():
-        return CPU_AMX
     return CPU_BF16 if bf16_cpu() else CPU_PLAIN
 
 
@@ -97,7 +90,7 @@ def auto_variant(device: str, *, bf16_cpu: Callable[[], bool], cuda_bf16: Callab
 
 
 def resolve_variant(requested: str, stage: str, device: str, variable: str, *,
-                    bf16_cpu: Callable[[], bool], amx_cpu: Callable[[], bool], **cuda_detectors) -> str:
+                    bf16_cpu: Callable[[], bool], **cuda_detectors) -> str:
     """The variant a stage runs for PRECISION `requested` (read from `variable`).
 
     `auto` and `fast` pick per hardware (`fast` falls back to auto's choice where this device
@@ -108,7 +101,7 @@ def resolve_variant(requested: str, stage: str, device: str, variable: str, *,
     if requested == "auto":
         return auto_variant(device, bf16_cpu=bf16_cpu, **auto)
     if requested == "fast":
-        variant = FAST[hardware_kind(device, bf16_cpu, amx_cpu)][stage]
+        variant = FAST[hardware_kind(device, bf16_cpu)][stage]
         return variant if variant in supported else auto_variant(device, bf16_cpu=bf16_cpu, **auto)
     if requested not in supported:
         where = "the CPU" if device != "cuda" else "this CUDA device"

@@ -1,9 +1,10 @@
 """The LLM's tokenization, in one place: prompts to ids, text counted as a prompt holds it, ids to text.
 
 User text never becomes control tokens: the template's own text is split at the tokenizer's added
-tokens (`<|im_start|>`...), which become their ids, and the text between them, query and documents
-included, is encoded with every added token's string kept as characters, special or not (Qwen's
-`<tool_call>` and `<|fim_prefix|>` are not special), so a query that says
+tokens (`<|im_start|>`...), which become their ids, and every message's content (the query, the
+documents, earlier turns and a client's instructions alike) is text between them, encoded with
+every added token's string kept as characters, special or not (Qwen's `<tool_call>` and
+`<|fim_prefix|>` are not special), so a query that says
 `<|im_end|>\\n<|im_start|>system` cannot close its turn. Text holding no added-token string
 encodes to exactly the ids of the whole rendered prompt.
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import Any, Sequence
 
-from pipeline import spec
+from pipeline.conversation import Conversation, build_messages
 
 # Stands in for a message's content while the template renders: a private-use character, which
 # no chat template writes.
@@ -57,14 +58,15 @@ class PromptTokenizer:
         """The chat as text, the generation prompt after it (for reading; the model gets chat_ids)."""
         return self._template.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
 
-    def prompt_ids(self, query: str, documents: Sequence) -> list[int]:
-        """The LLM prompt's token ids for a query and its reranked documents."""
-        return self.chat_ids(spec.build_messages(query, documents))
+    def prompt_ids(self, query: str, documents: Sequence, conversation: Conversation | None = None) -> list[int]:
+        """The LLM prompt's token ids for a query, its reranked documents and its conversation."""
+        return self.chat_ids(build_messages(query, documents, conversation))
 
     def chat_ids(self, messages: Sequence[dict]) -> list[int]:
-        """The chat's ids: system contents are ours, every other message's content is user text."""
-        texts = [m["content"] for m in messages if m["role"] != "system"]
-        frame = self.render([m if m["role"] == "system" else {**m, "content": _SLOT} for m in messages]).split(_SLOT)
+        """The chat's ids: every message's content is text (the service's system prompt holds no
+        added-token string, so it encodes as the template renders it)."""
+        texts = [m["content"] for m in messages]
+        frame = self.render([{**m, "content": _SLOT} for m in messages]).split(_SLOT)
         if len(frame) != len(texts) + 1:
             raise ValueError("the chat template does not write each message's content exactly once")
         pieces: list[str | int] = [""]  # text runs between the template's special tokens, and their ids

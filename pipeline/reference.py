@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from pipeline import spec
 from pipeline.config import ConfigError, Settings
 from pipeline.continuous.output import Completion
+from pipeline.conversation import HISTORY_TOKENS, NONE, Conversation, fit, retrieval_query
 from pipeline.docstore import DocumentStore
 from pipeline.generator import GenerationRequest
 from pipeline.models import ModelSource, resolve_model_source
@@ -27,6 +28,7 @@ class ReferencePipeline(Stages):
     nodes instead, and fetches from the data version its request holds)."""
     index: VectorIndex | ShardedVectorIndex
     store: DocumentStore
+    history_tokens: int = HISTORY_TOKENS  # MAX_HISTORY_TOKENS: a conversation's share of the prompt
 
     @classmethod
     def from_settings(cls, settings: Settings, source: ModelSource | None = None) -> "ReferencePipeline":
@@ -35,22 +37,27 @@ class ReferencePipeline(Stages):
                                         mmap=settings.index.faiss_mmap)
         store = DocumentStore(settings.require_documents())
         stages = Stages.load(settings, source)  # the service's placement_for, per stage
-        return cls(index=index, store=store, **{f.name: getattr(stages, f.name) for f in fields(stages)})
+        return cls(index=index, store=store, history_tokens=settings.limits.max_history_tokens,
+                   **{f.name: getattr(stages, f.name) for f in fields(stages)})
 
     def retrieve(self, query: str):
         ids, _ = self.index.search(self.embedder.embed([query]), spec.TOP_K)
         return self.store.fetch_batch([ids[0].tolist()])[0]
 
-    def completion(self, query: str, max_new_tokens: int | None = None, stop: tuple[str, ...] = ()) -> Completion:
-        """The LLM's answer to the query, greedy: its text and finish reason, by the service's output processor."""
-        documents = self.retrieve(query)
-        ranked = self.reranker.rerank([RerankRequest(query, tuple(documents))])[0]
+    def completion(self, query: str, max_new_tokens: int | None = None, stop: tuple[str, ...] = (),
+                   conversation: Conversation = NONE) -> Completion:
+        """The LLM's answer to the query (the latest user turn, after `conversation`), greedy: its text
+        and finish reason, by the service's output processor."""
+        fitted = fit(conversation, self.generator.count_tokens, self.history_tokens).conversation
+        searched = retrieval_query(query, fitted.history)
+        documents = self.retrieve(searched)
+        ranked = self.reranker.rerank([RerankRequest(searched, tuple(documents))])[0]
         request = GenerationRequest(query, tuple(s.document for s in ranked), max_new_tokens,
-                                    Sampling(stop=stop) if stop else None)
+                                    Sampling(stop=stop) if stop else None, conversation=fitted or None)
         return self.generator.completions([request])[0]
 
-    def answer(self, query: str, request_id: str = "") -> dict:
-        response = self.completion(query).text
+    def answer(self, query: str, request_id: str = "", conversation: Conversation = NONE) -> dict:
+        response = self.completion(query, conversation=conversation).text
         return spec.answer_json(request_id, response, self.sentiment.classify([response])[0],
                                 self.toxicity.classify([response])[0])
 

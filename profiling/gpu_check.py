@@ -1,29 +1,38 @@
 """The GPU check (issue 30): decode steps and a 3-node cluster with faithful stand-ins, one table.
 
-    python -m profiling.gpu_check [--precisions auto] [--budget-s 450] [--out DIR] [--tiny]
+    python -m profiling.gpu_check [--precisions auto] [--budget-s 450] [--out DIR] [--results FILE] [--tiny]
 
-Builds the stand-ins and the support corpus, then per precision: `profiling.bench_decode` at 1, 8 and
+Builds the stand-ins and the support corpus, runs the test cases that need CUDA (CUDA_TESTS; their
+outcomes by test id), then per precision: `profiling.bench_decode` at 1, 8 and
 32 sequences (with the CUDA graphs its engine recorded: "-" where it decodes eagerly), and a local 3-node cluster (the launcher's command line) driven by `profiling.loadgen`:
 one request at a time (the idle request's median latency), then closed loops of 8 and 32 clients.
 Every tool runs as a subprocess through its command line, with this interpreter (a GPU machine's
 torch, not .venv's). Phases past --budget-s (default: under 8 minutes in all) are skipped and shown
 as "-". `--tiny`: tiny stand-ins and a small corpus on the CPU, a few requests: the script's own check.
+
+The results (device, torch, commit, the figures, each CUDA test's outcome) go to --results as JSON:
+by default docs/gpu-check.json, the file committed beside docs/performance.md that the docs' claims
+about CUDA cite (with --tiny, into --out instead).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
+import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-LAUNCHER = "tools.local"  # the local launcher (./run.sh local), run by its command line
+from profiling.lib import local_cluster
+
+ROOT = local_cluster.ROOT
 SEQUENCES = (1, 8, 32)
+RESULTS = ROOT / "docs" / "gpu-check.json"
+# The test modules with CUDA cases, and the expression that picks those cases (their ids name cuda).
+CUDA_TESTS = ["tests/unit/test_batch_invariance.py", "tests/unit/test_precision.py",
+              "tests/unit/test_chunked_attention.py", "-k", "cuda"]
 
 
 class OverBudget(Exception):
@@ -64,6 +73,18 @@ class Check:
         self.run("data", ["builders.data", "build", "--out", str(self.out / "data"), "--kind", "support",
                           "--docs", docs, "--force", "--no-progress"])
 
+    def cuda_tests(self) -> dict[str, str]:
+        """Each CUDA test case's outcome (passed, failed, error or skipped, with the skip's reason), by test id."""
+        report = self.out / "cuda-tests.xml"
+        argv = ["pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", *CUDA_TESTS]
+        try:
+            self.run("cuda-tests", argv)
+        except RuntimeError:
+            pass  # a failed case is an outcome, read from the report; no report is a failure of the run
+        if not report.exists():
+            raise RuntimeError(f"the CUDA tests wrote no report: see {self.out / 'cuda-tests.log'}")
+        return junit_outcomes(report.read_text())
+
     def decode_steps(self, precision: str) -> dict[str, list]:
         """Median decode step (ms) and the CUDA graphs recorded (None: not on CUDA) at each of SEQUENCES
         running sequences."""
@@ -77,12 +98,10 @@ class Check:
 
     def cluster(self, precision: str) -> dict[str, float]:
         """Idle request latency (s) and the throughput (requests/min) at 8 and 32 clients."""
-        ports = free_ports(3)
-        env = {**self.env, "PRECISION": precision, **{f"NODE_{n}_IP": f"127.0.0.1:{p}" for n, p in enumerate(ports)}}
+        env = {**self.env, "PRECISION": precision}
         with open(self.out / f"cluster-{precision}.log", "w") as log:
-            print(f"[gpu_check] cluster-{precision}: python -m {LAUNCHER}", flush=True)
-            nodes = subprocess.Popen([sys.executable, "-m", LAUNCHER, "--log-dir", str(self.out / f"nodes-{precision}")],
-                                     cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            print(f"[gpu_check] cluster-{precision}: python -m {local_cluster.LAUNCHER}", flush=True)
+            nodes, ports = local_cluster.start(env, self.out / f"nodes-{precision}", log)
         try:
             found = {}
             small = self.args.tiny
@@ -97,28 +116,43 @@ class Check:
                 found[name] = overall["latency"]["p50_s"] if name == "idle" else overall["throughput_rpm"]
             return found
         finally:
-            stop(nodes)
+            local_cluster.stop(nodes)
 
 
-def stop(process: subprocess.Popen) -> None:
-    """SIGTERM (the launcher stops its nodes gracefully), then SIGKILL to the group past a minute."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+def junit_outcomes(xml: str) -> dict[str, str]:
+    """'path::name' -> passed / failed / error / 'skipped: reason', from pytest's JUnit XML."""
+    outcomes = {}
+    for case in ElementTree.fromstring(xml).iter("testcase"):
+        module = case.get("classname", "").replace(".", "/")
+        name = f"{module}.py::{case.get('name')}"
+        found = {child.tag: child for child in case}
+        if "failure" in found:
+            outcomes[name] = "failed"
+        elif "error" in found:
+            outcomes[name] = "error"
+        elif "skipped" in found:
+            outcomes[name] = f"skipped: {found['skipped'].get('message', '')}"
+        else:
+            outcomes[name] = "passed"
+    return outcomes
 
 
-def free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
+def results(rows: dict[str, dict], tests: dict[str, str] | None, *, device: str, commit: str, profile: str,
+            failed: bool) -> dict:
+    """What the check found, as the results file holds it."""
+    return {"device": device, "commit": commit, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "stand_ins": profile, "failed": failed, "precisions": rows, "cuda_tests": tests,
+            "cuda_tests_passed": None if tests is None else sum(v == "passed" for v in tests.values()),
+            "cuda_tests_failed": None if tests is None else sorted(k for k, v in tests.items()
+                                                                   if v in ("failed", "error"))}
+
+
+def commit_line() -> str:
+    """HEAD's commit, with '+changes' where the work tree differs from it."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                           capture_output=True, text=True).stdout.strip()
+    return (head or "unknown") + ("+changes" if dirty else "")
 
 
 def cell(value: float | None, form: str) -> str:
@@ -149,12 +183,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-s", type=float, default=450.0, help="phases past this many seconds are skipped")
     p.add_argument("--out", default=str(ROOT / "runs" / time.strftime("gpu_check-%Y%m%dT%H%M%SZ", time.gmtime())))
     p.add_argument("--tiny", action="store_true", help="tiny stand-ins on the CPU, a few requests: checks the script")
+    p.add_argument("--results", default=None,
+                   help=f"the results file (JSON); default {RESULTS.relative_to(ROOT)}, with --tiny OUT/gpu-check.json")
     args = p.parse_args(argv)
     check = Check(args)
     rows: dict[str, dict] = {precision: {} for precision in args.precisions.split(",")}
+    tests: dict[str, str] | None = None
     failed = False
     try:
         check.prepare()
+        try:
+            tests = check.cuda_tests()
+            failed = any(v in ("failed", "error") for v in tests.values())
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            failed = True
+            print(f"[gpu_check] CUDA tests: {exc}", flush=True)
         for precision, row in rows.items():
             for key, phase in (("steps", check.decode_steps), ("cluster", check.cluster)):
                 try:
@@ -168,8 +211,14 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, subprocess.TimeoutExpired) as exc:
         failed = True
         print(f"[gpu_check] preparing: {exc}", flush=True)
-    print(f"\n{device_line()}; {check.env['STANDIN_PROFILE']} stand-ins; logs and reports in {check.out}\n")
+    device = device_line()
+    print(f"\n{device}; {check.env['STANDIN_PROFILE']} stand-ins; logs and reports in {check.out}\n")
     print(table(rows))
+    path = Path(args.results) if args.results else (check.out / "gpu-check.json" if args.tiny else RESULTS)
+    found = results(rows, tests, device=device, commit=commit_line(), profile=check.env["STANDIN_PROFILE"],
+                    failed=failed)
+    path.write_text(json.dumps(found, indent=1) + "\n")
+    print(f"results: {path}")
     return 1 if failed else 0
 
 

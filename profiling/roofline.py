@@ -102,12 +102,12 @@ def request_tokens(source, query_index: int, new_tokens: int,
 
 def stage_plans() -> dict[str, dict[str, str]]:
     """Every variant on every stage, and PRECISION=fast's choice for this CPU."""
-    from pipeline.cpu_features import cpu_has_amx, cpu_supports_bf16
+    from pipeline.cpu_features import cpu_supports_bf16
     from pipeline.precision_policy import FAST as FAST_TABLE
     from pipeline.precision_policy import hardware_kind
     stages = list(map(str, spec.MODEL_STAGES))
     plans = {variant: {stage: variant for stage in stages} for variant in PRECISION_VARIANTS}
-    plans[FAST] = dict(FAST_TABLE[hardware_kind("cpu", cpu_supports_bf16, cpu_has_amx)])
+    plans[FAST] = dict(FAST_TABLE[hardware_kind("cpu", cpu_supports_bf16)])
     return plans
 
 

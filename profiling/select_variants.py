@@ -197,14 +197,14 @@ def format_table(rows: Sequence[Measurement], chosen: Mapping[str, str]) -> str:
 def header_lines(settings: Settings, args: argparse.Namespace, rows: Sequence[Measurement],
                  chosen: Mapping[str, str]) -> list[str]:
     """The env file's comments: when, on what machine and models, by which rule, and the table."""
-    from pipeline.cpu_features import cpu_has_amx, cpu_supports_bf16
+    from pipeline.cpu_features import cpu_supports_bf16
     from pipeline.device import select_device, thread_budget
     from pipeline.precision_policy import hardware_kind
     device, models = select_device(settings.models.only_cpu), settings.models
     standin = models.model_source == "standin"
     return [f"Precision per model stage, chosen by profiling/select_variants.py on {time.strftime('%F %T')}",
             f"machine: {platform.node()}, {cpu_name()}, {os.cpu_count()} cores, device {device}, "
-            f"hardware kind {hardware_kind(device, cpu_supports_bf16, cpu_has_amx)}",
+            f"hardware kind {hardware_kind(device, cpu_supports_bf16)}",
             f"torch threads: {thread_budget(models.torch_threads)}; load average at the end: "
             + ", ".join(f"{x:.2f}" for x in os.getloadavg()),
             f"model source: {models.model_source}" + (f" ({models.standin_profile})" if standin else ""),

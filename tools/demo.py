@@ -10,44 +10,33 @@ from typing import Callable, Iterable
 import client  # the top-level client.py, exactly as a user runs it
 from pipeline import spec
 from pipeline.config import REPO_ROOT, ConfigError, Settings
-from pipeline.cpu_features import cpu_has_amx, cpu_supports_bf16
+from pipeline.cpu_features import cpu_supports_bf16
 from pipeline.device import describe_placement, select_device
-from pipeline.precision_policy import CPU_AMX, CUDA, HARDWARE_WORDS, hardware_kind
+from pipeline.precision_policy import CUDA, HARDWARE_WORDS, hardware_kind
 from tools.local import LocalCluster, pinned_env
-
-# What PRECISION=fast gave against PRECISION=auto, by the hardware kind it was measured on
-# (docs/performance.md). A kind with no entry has no such figure, and the demo names none.
-FAST_MEASURED = {
-    CPU_AMX: ("1.64x the throughput at 8 concurrent requests and about half the idle latency against "
-              "PRECISION=auto, measured on this kind of CPU (a 2-vCPU Intel Xeon with AMX, faithful "
-              "stand-ins, commit f8683be, docs/performance.md section 7); the LLM then computes in int8, "
-              "whose answers drift from float32 about four times as much as bfloat16's"),
-}
 
 
 def machine_kind(only_cpu: bool, cpu_flags: Iterable[str] | None = None,
                  cuda_available: Callable[[], bool] | None = None) -> str:
     """This machine's row of the precision table, from its CPU's flags (/proc/cpuinfo's unless given)."""
     device = select_device(only_cpu) if cuda_available is None else select_device(only_cpu, cuda_available)
-    return hardware_kind(device, lambda: cpu_supports_bf16(cpu_flags), lambda: cpu_has_amx(cpu_flags))
+    return hardware_kind(device, lambda: cpu_supports_bf16(cpu_flags))
 
 
 def precision_hint(settings: Settings, cpu_flags: Iterable[str] | None = None,
                    cuda_available: Callable[[], bool] | None = None) -> str | None:
     """The one line the demo prints about PRECISION=fast, unless it is already in use or computes what
-    the default does (CUDA): the figure measured on this kind of machine, or that there is none."""
+    the default does (CUDA): what it trades, and that its gain was not measured on this kind of machine
+    with this code (the AMX Xeon's 1.64x in docs/performance.md ran AMX's kernels, which oneDNN is held below)."""
     if settings.models.precision == "fast":
         return None
     kind = machine_kind(settings.models.only_cpu, cpu_flags, cuda_available)
     if kind == CUDA:
         return None
     here = HARDWARE_WORDS[kind]
-    measured = FAST_MEASURED.get(kind)
-    if measured is not None:
-        return f"PRECISION=fast (opt-in): {measured}. This machine: {here}"
     return (f"PRECISION=fast (opt-in) computes the LLM in int8, whose answers drift further from float32 "
-            f"than bfloat16's; what it gains was not measured on {here} (docs/performance.md lists what was "
-            f"measured on which machine). This machine: {here}")
+            f"than bfloat16's; what it gains was not measured on {here} with this code (docs/performance.md "
+            f"lists what was measured on which machine). This machine: {here}")
 
 
 def precision_lines(settings: Settings) -> list[str]:

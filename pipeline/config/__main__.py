@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     try:
         settings = Settings.from_env()
-        # "# embed: bfloat16 (PRECISION=auto on a CPU with avx512_bf16 and no AMX)", one per model stage;
+        # "# embed: bfloat16 (PRECISION=auto on a CPU with avx512_bf16 (or AMX, held below it))", one per model stage;
         # a variant this device cannot run is a ConfigError, as a node would refuse to start too.
         resolved = [f"# {describe_placement(settings, stage)}" for stage in MODEL_STAGES]
     except ConfigError as exc:

@@ -12,8 +12,8 @@ from pipeline.config.sections import Sections
 # node sends). The gateway forwards up to REQUEST_TIMEOUT_S, so that must not exceed it.
 MAX_INTERNAL_TIMEOUT_S = 3600.0
 # MAX_QUERY_TOKENS must leave room in the KV budget (GENERATE_KV_CACHE_TOKENS) for the
-# prompt around the query (system prompt, three 200-character context lines: a generous
-# allowance) and the 128 new tokens, so that the largest request reserves at most a quarter
+# conversation (MAX_HISTORY_TOKENS), the prompt around the query (system prompt, three
+# 200-character context lines: a generous allowance) and the 128 new tokens, so that the largest request reserves at most a quarter
 # of the budget and never makes every other request wait behind its prefill.
 PROMPT_ALLOWANCE_TOKENS = 512
 KV_SHARE_OF_LARGEST_REQUEST = 4
@@ -131,13 +131,15 @@ def _read_timeout(s: Sections) -> Iterator[str]:
 
 def _query_tokens(s: Sections) -> Iterator[str]:
     new_tokens = max(spec.MAX_NEW_TOKENS, s.api.max_tokens_cap)  # /v1 answers may be longer than /query's
-    largest = s.limits.max_query_tokens + PROMPT_ALLOWANCE_TOKENS + new_tokens
+    history = s.limits.max_history_tokens
+    largest = s.limits.max_query_tokens + history + PROMPT_ALLOWANCE_TOKENS + new_tokens
     budget = s.generate.kv_cache_tokens
     if largest * KV_SHARE_OF_LARGEST_REQUEST > budget:
-        most = budget // KV_SHARE_OF_LARGEST_REQUEST - PROMPT_ALLOWANCE_TOKENS - new_tokens
+        most = budget // KV_SHARE_OF_LARGEST_REQUEST - history - PROMPT_ALLOWANCE_TOKENS - new_tokens
         yield (f"MAX_QUERY_TOKENS='{s.limits.max_query_tokens}' is not valid: expected at most {most}"
                f" with GENERATE_KV_CACHE_TOKENS={budget}, so that the largest request "
-               f"(its query, a {PROMPT_ALLOWANCE_TOKENS}-token prompt allowance and "
+               f"(its query, its conversation (MAX_HISTORY_TOKENS={history}), a {PROMPT_ALLOWANCE_TOKENS}-token "
+               "prompt allowance and "
                f"{new_tokens} new tokens, OPENAI_MAX_TOKENS_CAP) reserves at most 1/{KV_SHARE_OF_LARGEST_REQUEST} "
                "of the KV budget")
 
@@ -162,7 +164,8 @@ CHECKS: tuple[tuple[frozenset[str], Callable[[Sections], Iterator[str]]], ...] =
     (frozenset({"REQUEST_TIMEOUT_S"}), _internal_timeout),
     (frozenset({"GATEWAY_MAX_JOINERS_PER_ID", "GATEWAY_MAX_JOINERS"}), _joiners),
     (frozenset({"HTTP_READ_TIMEOUT_S", "REQUEST_TIMEOUT_S"}), _read_timeout),
-    (frozenset({"MAX_QUERY_TOKENS", "GENERATE_KV_CACHE_TOKENS", "OPENAI_MAX_TOKENS_CAP"}), _query_tokens),
+    (frozenset({"MAX_QUERY_TOKENS", "MAX_HISTORY_TOKENS", "GENERATE_KV_CACHE_TOKENS", "OPENAI_MAX_TOKENS_CAP"}),
+     _query_tokens),
     (frozenset({"REQUEST_TIMEOUT_S"}), _channel_timeout),
 )
 

@@ -12,13 +12,15 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from pipeline.detokenize import Decoder, IncrementalDetokenizer
 from pipeline.stop_strings import StopStringFilter
 
 # OpenAI's: "stop" (an end-of-sequence token or a stop string), "length" (the cap, and neither of those).
+# The one definition: the OpenAI routes' replies say these.
 FinishReason = Literal["stop", "length"]
+FINISH_REASONS: tuple[FinishReason, ...] = get_args(FinishReason)
 
 
 class Finish(enum.Enum):

@@ -8,11 +8,15 @@
   padded row over its own keys, as it would alone.
 * :func:`make_batch_invariant`: all three, for every transformers model inside a module.
 
-Measured on this CPU (torch 2.13, AMD EPYC avx512_bf16): MKL's float32 GEMM (what ``F.linear``
-runs) sums a row differently at 1, 2-4 and 5+ rows; the bfloat16 ``F.linear`` leaves small
-GEMMs to a native kernel and larger ones to oneDNN; oneDNN's matmul called directly
-(``torch.ops.mkldnn._linear_pointwise``) gives every row the same bits at any row count from 2
-up (checked to 4,100 rows, bert-base, Qwen-0.5B and toy shapes), and at 1 row often not.
+Measured (torch 2.13, AMD EPYC avx512_bf16): MKL's float32 GEMM (what ``F.linear`` runs) sums a row
+differently at 1, 2-4 and 5+ rows; the bfloat16 ``F.linear`` leaves small GEMMs to a native kernel
+and larger ones to oneDNN; oneDNN's matmul called directly (``torch.ops.mkldnn._linear_pointwise``)
+gives every row the same bits at any row count from 2 up (checked to 4,100 rows, bert-base,
+Qwen-0.5B and toy shapes), and at 1 row often not. That holds for oneDNN's AVX2 and AVX-512 kernels
+(tests/unit/test_kernels_per_isa.py runs the invariance tests at each level the machine has), not
+for its AMX kernels, which it picks by the row count (on an Intel Xeon with AMX, bfloat16 rows among
+64 got other bits than alone): on a CPU with AMX oneDNN is held below AMX for the whole process
+(pipeline.cpu_features, set when the pipeline package is imported; a hold at AMX is refused at load).
 
 Reductions along a row (a norm's mean, a vector's length): torch's CPU kernels reduce each row in
 one thread in one order, splitting the work across threads only by rows (one row of 32,768

@@ -74,11 +74,6 @@ std::vector<torch::Tensor> anchored_row_codes(const torch::Tensor& x, const torc
   return out;
 }
 
-// (n, k) float32 rows -> (n, k) int8 codes and (n, 1) row scales.
-std::vector<torch::Tensor> int8_row_codes(const torch::Tensor& x) {
-  return codes_after<int8_t>(x, 0, at::kChar);
-}
-
 // (first + n, m) sums -> (n, m) sums[first:] * scale[row], then + bias[col].
 torch::Tensor rescale_rows(const torch::Tensor& sums, int64_t first, const torch::Tensor& scales,
                            const c10::optional<torch::Tensor>& bias) {
@@ -112,7 +107,7 @@ torch::Tensor rescale_rows(const torch::Tensor& sums, int64_t first, const torch
   return out;
 }
 '''
-_FUNCTIONS = ["anchored_row_codes", "int8_row_codes", "rescale_rows"]
+_FUNCTIONS = ["anchored_row_codes", "rescale_rows"]
 # x86-64-v3 (AVX2, SSE4.1 rounding) lets g++ vectorize both loops; no FMA contraction: the
 # multiply and the add round separately, as torch's separate ops do.
 _CFLAGS = ["-O3", "-mavx2", "-ffp-contract=off", "-fno-fast-math"]

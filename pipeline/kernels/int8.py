@@ -15,7 +15,6 @@ import torch
 
 from pipeline.kernels.fbgemm import AnchoredFbgemm, fbgemm_is_exact
 from pipeline.kernels.fused_int8 import fused_ops
-from pipeline.kernels.onednn_int8 import PackedOnednn, onednn_int8_is_used
 
 # Rows quantized at a time at load: bounds the temporary float copies (lm_head is 151936 x 896).
 _QUANTIZE_ROWS = 8192
@@ -77,11 +76,9 @@ class _QuantizedLinear(torch.nn.Module):
 class Int8DynamicLinear(_QuantizedLinear):
     """int8 weights (per output channel) x int8 activations (per row), int32 accumulation.
 
-    Three kernels give the same bits (``kernel``; ``"auto"`` takes the first this machine can use):
+    Two kernels give the same bits (``kernel``; ``"auto"`` takes the first this machine can use):
 
-    * ``"onednn"``: on a CPU with AMX int8, oneDNN with the weight packed once
-      (:class:`~pipeline.kernels.onednn_int8.PackedOnednn`), where it sums exactly;
-    * ``"fbgemm"``: on other CPUs, :class:`AnchoredFbgemm`, where :func:`fbgemm_is_exact`;
+    * ``"fbgemm"``: :class:`AnchoredFbgemm`, where :func:`fbgemm_is_exact`;
     * ``"int_mm"``: `torch._int_mm`, which on the CPU takes any shape (torch 2.13: M=1, K=7, N=5).
       The weight is passed as the transposed view of its (out, in) rows: as fast as a row-major
       copy or faster here, and no second copy.
@@ -92,7 +89,7 @@ class Int8DynamicLinear(_QuantizedLinear):
     rescale + bias run as the C++ passes of :mod:`pipeline.kernels.fused_int8` where that
     extension is built (same bits; ``fused=False`` keeps the torch ops)."""
 
-    KERNELS = ("auto", "onednn", "fbgemm", "int_mm")
+    KERNELS = ("auto", "fbgemm", "int_mm")
 
     def __init__(self, linear: torch.nn.Linear, *, kernel: str = "auto", fused: bool = True):
         super().__init__(linear)
@@ -100,23 +97,17 @@ class Int8DynamicLinear(_QuantizedLinear):
             raise ValueError(f"kernel must be one of {', '.join(self.KERNELS)}, got {kernel!r}")
         self.fused = fused
         self._fbgemm: AnchoredFbgemm | None = None
-        self._onednn: PackedOnednn | None = None
-        if kernel in ("auto", "onednn") and onednn_int8_is_used():
-            self._onednn = PackedOnednn(self.qweight, self.weight_scale)
-        elif kernel in ("auto", "fbgemm") and self.in_features >= 2 and fbgemm_is_exact():
+        if kernel in ("auto", "fbgemm") and self.in_features >= 2 and fbgemm_is_exact():
             self._fbgemm = AnchoredFbgemm(self.qweight, self.weight_scale)
-        if self._onednn is not None or self._fbgemm is not None:
             self.qweight = None  # the packed copy is the weight now
 
     @property
     def kernel(self) -> str:
-        """The kernel this Linear multiplies with: onednn, fbgemm or int_mm."""
-        return "onednn" if self._onednn is not None else "fbgemm" if self._fbgemm is not None else "int_mm"
+        """The kernel this Linear multiplies with: fbgemm or int_mm."""
+        return "fbgemm" if self._fbgemm is not None else "int_mm"
 
     def int8_weight(self):
-        """The (out, in) int8 weight; oneDNN's packed copy cannot be unpacked (RuntimeError)."""
-        if self._onednn is not None:
-            raise RuntimeError("the weight is packed for oneDNN, which gives no unpacked copy back")
+        """The (out, in) int8 weight."""
         return self.qweight if self._fbgemm is None else self._fbgemm.unpacked()
 
     def packed_nbytes(self) -> int:
@@ -129,14 +120,7 @@ class Int8DynamicLinear(_QuantizedLinear):
         if n == 0:
             return self._finish(rows.new_zeros((0, self.out_features)), x.shape).to(x.dtype)
         ops = fused_ops() if self.fused and self.qweight is None else None
-        if self._onednn is not None:
-            if ops is not None:
-                codes, row_scale = ops.int8_row_codes(rows)
-                out = ops.rescale_rows(self._onednn.sums(codes), 0, row_scale, self.bias)
-                return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
-            xq, row_scale = quantize_rows(rows)
-            sums = self._onednn.sums(xq)
-        elif self._fbgemm is not None:
+        if self._fbgemm is not None:
             if ops is not None:
                 codes, row_scale = ops.anchored_row_codes(rows, self._fbgemm.anchor)
                 out = ops.rescale_rows(self._fbgemm.anchored_sums(codes), 1, row_scale, self.bias)
@@ -145,7 +129,7 @@ class Int8DynamicLinear(_QuantizedLinear):
             sums = self._fbgemm.sums(codes)
         else:
             xq, row_scale = quantize_rows(rows)
-            # Channel scale first, as fbgemm and oneDNN apply it: every path rounds alike.
+            # Channel scale first, as fbgemm applies it: both paths round alike.
             sums = torch._int_mm(xq, self.qweight.t()).float() * self.weight_scale
         return self._finish(sums * row_scale, x.shape).to(x.dtype)
 

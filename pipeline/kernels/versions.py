@@ -26,6 +26,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from pipeline.config import ConfigError
+from pipeline.cpu_features import onednn_isa_problem
 
 # torch, per device the kernels run on. CPU: 2.12.0 and 2.13.0 (tests/unit/test_int8_kernels.py,
 # test_fused_int8.py, test_kernel_versions.py, test_precision.py, test_continuous.py, test_stages.py and
@@ -59,11 +60,14 @@ def _problem(package: str, verified: str, installed_version: Callable[[str], str
 
 def check_kernel_versions(device: str = "cpu", *, installed_version: Callable[[str], str] = metadata.version) -> None:
     """Raise ConfigError, one line per package, where torch or transformers is outside the versions
-    verified for kernels on `device` ("cpu" or "cuda").
+    verified for kernels on `device` ("cpu" or "cuda"), and on the CPU where oneDNN may run AMX
+    (pipeline.cpu_features.onednn_isa_problem).
 
     `installed_version(name)` gives a distribution's version string (importlib.metadata.version)."""
     verified = {"torch": TORCH_VERIFIED["cuda" if device.startswith("cuda") else "cpu"],
                 "transformers": TRANSFORMERS_VERIFIED}
     problems = [p for package, spec in verified.items() if (p := _problem(package, spec, installed_version))]
+    if not device.startswith("cuda") and (isa := onednn_isa_problem()):
+        problems.append(isa)
     if problems:
         raise ConfigError(*problems)

@@ -27,8 +27,7 @@ def _serving_int8() -> tuple[str, bool]:
     """(kernel, fused) that Int8DynamicLinear's defaults pick on this CPU (for Linears of 2+ inputs)."""
     from pipeline.kernels.fbgemm import fbgemm_is_exact
     from pipeline.kernels.fused_int8 import fused_ops
-    from pipeline.kernels.onednn_int8 import onednn_int8_is_used
-    kernel = "onednn" if onednn_int8_is_used() else "fbgemm" if fbgemm_is_exact() else "int_mm"
+    kernel = "fbgemm" if fbgemm_is_exact() else "int_mm"
     return kernel, kernel != "int_mm" and fused_ops() is not None
 
 
@@ -38,11 +37,10 @@ def _int8_name(kernel: str, fused: bool) -> str:
 
 def int8_kernels() -> list[Variant]:
     """int8-dynamic on each other kernel this CPU can run, fused glue and not (the same bits by design:
-    here measured on real weights): oneDNN on AMX, fbgemm where exact, torch._int_mm always."""
+    here measured on real weights): fbgemm where exact, torch._int_mm always."""
     from pipeline.kernels.fbgemm import fbgemm_is_exact
     from pipeline.kernels.fused_int8 import fused_ops
-    from pipeline.kernels.onednn_int8 import onednn_int8_is_used
-    packed = [k for k, usable in (("onednn", onednn_int8_is_used()), ("fbgemm", fbgemm_is_exact())) if usable]
+    packed = ["fbgemm"] if fbgemm_is_exact() else []
     glue = [True, False] if fused_ops() is not None else [False]
     combos = [(k, f) for k in packed for f in glue] + [("int_mm", False)]
     return [Variant(_int8_name(k, f), "int8-dynamic", (("kernel", k), ("fused", f)))

@@ -6,6 +6,7 @@ codes: each becomes a typed error (services.server.errors); callers catch types 
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import random
 import time
@@ -255,13 +256,17 @@ class WorkerClient:
         # Always the stream (a blocking caller collects it); the time left goes along, so node 1
         # gives up when we do.
         body = {**request.wire(), "stream": True, "timeout_s": max(0.001, timeout_s)}
+        # UTF-8 as the client sent it, not JSON's \u escapes (which triple most non-Latin text): a body
+        # within node 0's MAX_BODY_BYTES stays within node 1's (plus FORWARD_SLACK_BYTES).
+        data = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
         # The caller's X-Request-ID (this thread serves its /query), so node 1 logs the same id.
         trace = current_request_id.get()
         url = f"{self.base_url}/internal/answer"
         with tracing.client_span("POST /internal/answer", url, attributes={tracing.REQUEST_ID: trace}) as call:
-            headers = {REQUEST_ID_HEADER: trace, **call.headers} if trace else call.headers
+            headers = {"Content-Type": "application/json", **({REQUEST_ID_HEADER: trace} if trace else {}),
+                       **call.headers}
             return post(self.session, url, f"worker at {self.base_url}", call,
-                        f"did not answer within {timeout_s:.1f}s", json=body, headers=headers or None, stream=True,
+                        f"did not answer within {timeout_s:.1f}s", data=data, headers=headers, stream=True,
                         timeout=(self.connect_timeout_s, timeout_s + WORKER_REPLY_GRACE_S))
 
     def health(self, timeout_s: float = 2.0) -> dict | None:

@@ -109,7 +109,8 @@ def normalise_query(query: str) -> str:
 
 
 class ResponseCache:
-    """Replies by caller and normalised query, a hit re-addressed to the new request_id. A question
+    """Replies by caller, normalised query and the conversation before it (its `conversation` key,
+    AnswerRequest.conversation_key: "" without one), a hit re-addressed to the new request_id. A question
     asked again by the same caller while it is computed joins that computation (single flight); a
     failure is never shared. The caller is the API key's identity (None without keys): one key never
     reads, joins nor learns of (a `cached` reply) another's question."""
@@ -117,20 +118,21 @@ class ResponseCache:
     def __init__(self, max_entries: int, ttl_s: float, clock: Callable[[], float] = time.monotonic):
         self.cache = LruCache("response", max_entries, ttl_s, clock)
         self.name = self.cache.name
-        self._flights = SingleFlight()  # by (caller, normalised query)
+        self._flights = SingleFlight()  # by (caller, normalised query, conversation)
 
-    def get(self, request_id: str, query: str, *, caller: str | None = None, count_miss: bool = True) -> dict | None:
-        reply = self.cache.get(_key(caller, query), count_miss=count_miss)
+    def get(self, request_id: str, query: str, *, caller: str | None = None, conversation: str = "",
+            count_miss: bool = True) -> dict | None:
+        reply = self.cache.get(_key(caller, query, conversation), count_miss=count_miss)
         return None if reply is None else _readdress(reply, request_id)
 
-    def put(self, query: str, reply: dict, *, caller: str | None = None) -> None:
-        self.cache.put(_key(caller, query), _unaddressed(reply))
+    def put(self, query: str, reply: dict, *, caller: str | None = None, conversation: str = "") -> None:
+        self.cache.put(_key(caller, query, conversation), _unaddressed(reply))
 
     def answer(self, request_id: str, query: str, compute: Callable[[], AnswerStream], deadline: Deadline, *,
-               caller: str | None = None, looked_up: bool = False) -> AnswerStream:
+               caller: str | None = None, conversation: str = "", looked_up: bool = False) -> AnswerStream:
         """The cached or joined reply, replayed; else `compute()`'s events as they come, its reply then
         cached. RequestTimeout when the computation joined has not ended by the request's deadline."""
-        entry = self.enter(request_id, query, caller=caller, looked_up=looked_up)
+        entry = self.enter(request_id, query, caller=caller, conversation=conversation, looked_up=looked_up)
         if entry.value is not None:
             yield from replay(entry.value)
             return
@@ -143,14 +145,16 @@ class ResponseCache:
         yield from relay(compute, landed=lambda reply: self.finish(entry, reply),
                          failed=lambda exc: self.fail(entry, exc))
 
-    def enter(self, request_id: str, query: str, *, caller: str | None = None, looked_up: bool = False) -> Entry:
+    def enter(self, request_id: str, query: str, *, caller: str | None = None, conversation: str = "",
+              looked_up: bool = False) -> Entry:
         """Its reply (`value`), the computation to join, or the lead of a new one (`looked_up`: a miss
         was just counted). With the cache off: an empty Entry, compute alone."""
         if not self.cache.enabled:
             return Entry()
         # Lookup and leadership in one step: two askers cannot both lead.
-        return self._flights.enter(_key(caller, query),
-                                   lookup=lambda: self.get(request_id, query, caller=caller, count_miss=not looked_up))
+        return self._flights.enter(_key(caller, query, conversation),
+                                   lookup=lambda: self.get(request_id, query, caller=caller, conversation=conversation,
+                                                           count_miss=not looked_up))
 
     def finish(self, entry: Entry, reply: dict) -> None:
         """The leader's reply: cached, then handed to the joiners. Nothing for a non-leader."""
@@ -185,8 +189,8 @@ class ResponseCache:
         return dataclasses.replace(self.cache.stats(), joined=self._flights.stats().joined)
 
 
-def _key(caller: str | None, query: str) -> tuple[str | None, str]:
-    return caller, normalise_query(query)
+def _key(caller: str | None, query: str, conversation: str) -> tuple[str | None, str, str]:
+    return caller, normalise_query(query), conversation
 
 
 def _unaddressed(reply: dict) -> dict:

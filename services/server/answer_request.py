@@ -12,16 +12,20 @@ body field: it is the API key the request was let in with (services/server/auth.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from pipeline import spec
 from pipeline.config.sections import LimitsSettings
+from pipeline.conversation import ROLES, Conversation, Turn
 from pipeline.sampling_params import MAX_SEED, MAX_STOP_CHARS, MAX_STOP_STRINGS, Sampling
 from services.server.auth import authenticated_caller
 from services.server.body import require_string
 from services.server.errors import ApiError
+from services.server.fields import FieldRules
 from services.server.request_ids import bind_request_id
 
 
@@ -37,6 +41,10 @@ class AnswerRequest:
     top_k: int = 0  # 0 or -1: all tokens
     seed: int | None = None  # a sampled request's random stream; None: drawn by the worker
     stop: tuple[str, ...] = ()  # the answer ends before the first of these, which is not returned
+    # The conversation before `query` (pipeline/conversation.py): earlier turns as sent, oldest first
+    # (the worker fits them to MAX_HISTORY_TOKENS), and the client's instructions.
+    history: tuple[Turn, ...] = ()
+    instructions: str | None = None
     # Whose request: its API key's identity (None without keys). The gateway scopes request ids and
     # replies to it; never read from a body nor sent on (not in `wire`, so not in the id's digest).
     caller: str | None = None
@@ -46,9 +54,23 @@ class AnswerRequest:
         return self.temperature > 0
 
     @property
+    def conversation(self) -> Conversation:
+        return Conversation(self.history, self.instructions)
+
+    @property
     def is_the_questions_answer(self) -> bool:
-        """Greedy, uncapped, without stop strings: /query's answer to its query, which the reply cache holds."""
+        """Greedy, uncapped, without stop strings: /query's answer to its query in its conversation,
+        which the reply cache holds (by `conversation_key`)."""
         return self.max_new_tokens is None and not self.sampled and not self.stop
+
+    @property
+    def conversation_key(self) -> str:
+        """The conversation before the query, hashed ("" with none): replies are cached by it, so two
+        conversations that end in the same question never share one."""
+        if not self.history and self.instructions is None:
+            return ""
+        sent = {"history": [turn.message() for turn in self.history], "instructions": self.instructions}
+        return hashlib.sha256(json.dumps(sent, sort_keys=True).encode("utf-8")).hexdigest()
 
     def sampling(self, drawn_seed: int) -> Sampling | None:
         """How the LLM decodes it (None: greedy, no stop strings); `drawn_seed` serves a sampled request
@@ -60,8 +82,11 @@ class AnswerRequest:
 
     def wire(self) -> dict[str, Any]:
         """The body fields a worker is sent: those not at their default (the caller is never sent)."""
-        return {f.name: value for f in dataclasses.fields(self)
-                if f.name != "caller" and (value := getattr(self, f.name)) != f.default}
+        fields = {f.name: value for f in dataclasses.fields(self)
+                  if f.name != "caller" and (value := getattr(self, f.name)) != f.default}
+        if self.history:
+            fields["history"] = [turn.message() for turn in self.history]
+        return fields
 
 
 @dataclass(frozen=True)
@@ -163,10 +188,62 @@ def _stop(body: Mapping[str, Any], bounds: Bounds) -> tuple[str, ...]:
     return tuple(items)
 
 
+def _history(body: Mapping[str, Any], bounds: Bounds) -> tuple[Turn, ...]:
+    """Earlier turns, oldest first: an array of {"role": "user" | "assistant", "content": string}. Its
+    cost is bounded in tokens where it is used (the worker keeps the newest turns within
+    MAX_HISTORY_TOKENS) and in bytes here (MAX_BODY_BYTES)."""
+    value = body.get("history")
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ApiError(400, "'history' must be an array of turns, each {\"role\": \"user\" or \"assistant\", "
+                            "\"content\": string}, oldest first", field="history")
+    turns = []
+    for i, turn in enumerate(value):
+        if not isinstance(turn, dict):
+            raise ApiError(400, f"'history[{i}]' must be an object with 'role' and 'content'", field=f"history[{i}]")
+        extra = [key for key in turn if key not in ("role", "content")]
+        if extra:
+            raise ApiError(400, f"'history[{i}].{extra[0]}' is not a field of a turn: a turn is its role and content",
+                           field=f"history[{i}].{extra[0]}")
+        if turn.get("role") not in ROLES:
+            raise ApiError(400, f"'history[{i}].role' must be one of {', '.join(ROLES)}", field=f"history[{i}].role")
+        if not isinstance(turn.get("content"), str):
+            raise ApiError(400, f"'history[{i}].content' must be a string", field=f"history[{i}].content")
+        _check_unicode(turn["content"], f"history[{i}].content")
+        turns.append(Turn(turn["role"], turn["content"]))
+    return tuple(turns)
+
+
+def _instructions(body: Mapping[str, Any], bounds: Bounds) -> str | None:
+    """The client's instructions, added after the service's system prompt: a string within
+    MAX_HISTORY_TOKENS (the conversation's share of the prompt)."""
+    value = body.get("instructions")
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ApiError(400, "'instructions' must be a string", field="instructions")
+    _check_unicode(value, "instructions")
+    tokens, limit = bounds.count_tokens(value), bounds.limits.max_history_tokens
+    if tokens > limit:
+        raise ApiError(400, f"'instructions' is {tokens} tokens; the limit is {limit} tokens (MAX_HISTORY_TOKENS, "
+                            "the conversation's share of the prompt)", field="instructions")
+    return value
+
+
+def _check_unicode(text: str, field: str) -> None:
+    """JSON can spell lone surrogates ("\\ud800"); no tokenizer, log or forward could carry them."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(400, f"'{field}' must be valid Unicode text (it holds a lone surrogate)", field=field) from None
+
+
 # Each field's rule, in the order they are checked (request_id first: it names the request).
 RULES: dict[str, Callable[[Mapping[str, Any], Bounds], Any]] = {
     "request_id": _request_id, "query": _query, "max_new_tokens": _max_new_tokens, "stream": _stream,
-    "temperature": _temperature, "top_p": _top_p, "top_k": _top_k, "seed": _seed, "stop": _stop}
+    "temperature": _temperature, "top_p": _top_p, "top_k": _top_k, "seed": _seed, "stop": _stop,
+    "history": _history, "instructions": _instructions}
 ALL_FIELDS: tuple[str, ...] = tuple(RULES)
 
 
@@ -180,9 +257,5 @@ def read_request(body: Mapping[str, Any], bounds: Bounds, accepted: Collection[s
 
 
 def refuse_unknown(body: Mapping[str, Any], known: Collection[str]) -> None:
-    """An ApiError 400 naming the first field of `body` outside `known`."""
-    for name in body:
-        if name not in known:
-            raise ApiError(400, f"'{name}' is not a field of this request, and the service does not ignore what "
-                                f"it would not act on; the fields are: {', '.join(known)}", field=name,
-                           code="unknown_parameter")
+    """An ApiError 400 naming the first field of `body` outside `known` (services/server/fields.py)."""
+    FieldRules(tuple(known)).check(body)

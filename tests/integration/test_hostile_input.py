@@ -11,6 +11,7 @@ slow sockets (the old connection limit followed them).
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import socket
 import time
@@ -105,6 +106,33 @@ def test_a_query_of_4096_emoji_gets_200_or_a_400_naming_the_token_limit(cluster)
     assert all(workers_up(cluster).values())
     r = post_query(cluster, uid("after-emoji"))
     assert r.status_code == 200, r.text
+
+
+def test_a_history_near_the_body_limit_in_any_script_is_answered_by_either_worker(cluster):
+    """A conversation's history holds most of a request's bytes. Forwarded to node 1, its text must not
+    grow past node 1's body limit (JSON's \\u escapes would triple 2- to 4-byte characters), nor
+    carry a lone surrogate it could not encode; its oldest turns beyond MAX_HISTORY_TOKENS are dropped."""
+    limit = cluster.settings.limits.max_body_bytes
+    for script in ("\u00e9", "\u4e2d", "\U0001F600"):  # 2, 3 and 4 bytes of UTF-8 a character
+        history: list[dict] = []
+        body = {"query": "and to Canada?", "history": history, "request_id": "x" * 40}
+        while len(json.dumps(body, ensure_ascii=False).encode()) < limit - 2100:  # turns of 500 characters
+            history.append({"role": ("user", "assistant")[len(history) % 2], "content": script * 500})
+        assert limit - 2100 <= len(json.dumps(body, ensure_ascii=False).encode()) <= limit
+        served = set()
+        for i in range(2):  # round robin: one lands on each worker
+            r = requests.post(f"{cluster.url(0)}/query", data=json.dumps({**body, "request_id": uid(f"h{i}")},
+                                                                          ensure_ascii=False).encode(),
+                              headers={"Content-Type": "application/json"}, timeout=180)
+            assert r.status_code == 200, (script, r.status_code, r.text[:300])
+            assert r.json()["history_turns_dropped"] > 0
+            served.add(r.json()["served_by"])
+        assert served == {0, 1}
+    lone = requests.post(f"{cluster.url(0)}/query", data=b'{"request_id": "lone", "query": "q", "history": '
+                         b'[{"role": "user", "content": "\\ud800"}]}', headers={"Content-Type": "application/json"},
+                         timeout=60)
+    assert lone.status_code == 400 and lone.json()["field"] == "history[0].content"
+    assert all(workers_up(cluster).values())
 
 
 def test_a_request_node_1_fails_with_500_leaves_node_1_in_the_rotation(cluster):

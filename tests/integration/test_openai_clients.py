@@ -135,18 +135,78 @@ def test_what_the_service_would_not_act_on_is_refused_naming_it(client):
         with pytest.raises(openai.BadRequestError) as refused:
             chat(client, **kwargs)
         assert refused.value.param == param
-    with pytest.raises(openai.BadRequestError) as system:
-        client.chat.completions.create(model=CHAT_MODEL, messages=[{"role": "system", "content": "Be brief."}, *USER])
-    assert system.value.param == "messages[0]"
-    with pytest.raises(openai.BadRequestError) as turns:
-        client.chat.completions.create(model=CHAT_MODEL, messages=[*USER, {"role": "assistant", "content": "Hi"},
-                                                                   *USER])
-    assert turns.value.param == "messages[0]"
+    with pytest.raises(openai.BadRequestError) as tool:
+        client.chat.completions.create(model=CHAT_MODEL, messages=[
+            {"role": "tool", "content": "42", "tool_call_id": "call-1"}, *USER])
+    assert tool.value.param == "messages[0].tool_call_id"
     with pytest.raises(openai.BadRequestError) as text:
         client.completions.create(model=CHAT_MODEL, prompt=QUESTION, extra_body={"repetition_penalty": 1.2})
     assert text.value.param == "repetition_penalty"
     contract = [{"role": "system", "content": spec.SYSTEM_PROMPT}, *USER]  # the prompt's own: accepted
     assert client.chat.completions.create(model=CHAT_MODEL, messages=contract, max_tokens=4, user="u-1").choices
+
+
+INSTRUCTIONS = "Answer in one sentence."
+# Five user turns, two of them short follow-ups (retrieval reads the turn before them too).
+TURNS = ("My order hasn't arrived yet, tracking number is ABC123", "and to Canada?",
+         "How do I return a defective product?", "What is your refund policy?", "and for electronics?")
+
+
+def chat_turn(client: openai.OpenAI, messages: list[dict], stream: bool) -> tuple[str, dict]:
+    """The assistant's answer to the conversation so far, and its usage."""
+    if not stream:
+        reply = client.chat.completions.create(model=CHAT_MODEL, messages=messages)
+        assert reply.usage is not None
+        return reply.choices[0].message.content or "", reply.usage.model_dump()
+    pieces, usage = [], None
+    for chunk in client.chat.completions.create(model=CHAT_MODEL, messages=messages, stream=True,
+                                                stream_options={"include_usage": True}):
+        if chunk.choices:
+            pieces.append(chunk.choices[0].delta.content or "")
+        if chunk.usage is not None:
+            usage = chunk.usage.model_dump()
+    assert usage is not None
+    return "".join(pieces), usage
+
+
+def test_the_sdks_chat_loop_holds_a_five_turn_conversation_streamed_and_not(client, reference):
+    """The SDK's chat loop: each answer appended to the history, the next question after it. Each
+    answer is the reference pipeline's to the same conversation (its instructions, its earlier turns,
+    its follow-up retrieval), streamed or not; the same conversation alone and among seven other
+    conversations at once gets the same answer."""
+    from pipeline.conversation import Conversation, Turn
+    transcripts = []
+    for stream in (False, True):
+        messages: list[dict] = [{"role": "system", "content": INSTRUCTIONS}]
+        for question in TURNS:
+            messages.append({"role": "user", "content": question})
+            text, usage = chat_turn(client, messages, stream)
+            history = tuple(Turn(m["role"], m["content"]) for m in messages[1:-1])
+            assert text == reference.completion(question, conversation=Conversation(history, INSTRUCTIONS)).text
+            assert usage.get("history_turns_dropped") == (0 if history else None)
+            messages.append({"role": "assistant", "content": text})
+        transcripts.append(messages)
+    assert transcripts[0] == transcripts[1]
+    last = transcripts[0][:-1]
+    others = [[{"role": "system", "content": INSTRUCTIONS}, *last[1 + 2 * i:]] for i in range(1, 5)] + \
+        [[m for m in last if m["role"] != "system"], *([{"role": "user", "content": q}] for q in TURNS[2:4])]
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda messages: chat_turn(client, messages, False)[0], [last, *others]))
+    assert answers[0] == transcripts[0][-1]["content"]
+
+
+def test_langchain_holds_a_conversation_as_the_sdk_does(client, cluster):
+    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+    from langchain_openai import ChatOpenAI
+    llm = ChatOpenAI(model=CHAT_MODEL, base_url=f"{cluster.url(0)}/v1", api_key=KEY, temperature=0, max_retries=0,
+                     timeout=300, metadata={"conversation": "c-1"})
+    first = llm.invoke([SystemMessage(INSTRUCTIONS), HumanMessage(TURNS[0])])
+    history = [SystemMessage(INSTRUCTIONS), HumanMessage(TURNS[0]), AIMessage(first.content), HumanMessage(TURNS[1])]
+    answer = llm.invoke(history)
+    sdk_messages = [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": TURNS[0]},
+                    {"role": "assistant", "content": first.content}, {"role": "user", "content": TURNS[1]}]
+    assert answer.content == chat_turn(client, sdk_messages, False)[0]
+    assert "".join(str(chunk.content) for chunk in llm.stream(history)) == answer.content
 
 
 def test_embeddings_float_and_base64(client):

@@ -8,6 +8,7 @@ from flask import Flask
 
 from pipeline import spec
 from pipeline.config import Settings
+from pipeline.conversation import Conversation, Turn
 from pipeline.sampling_params import Sampling
 from services.server.answer_request import ALL_FIELDS, AnswerRequest, Bounds, read_request
 from services.server.errors import ApiError
@@ -27,8 +28,8 @@ def test_a_body_is_one_request_and_a_field_the_route_does_not_offer_or_know_is_r
         with pytest.raises(ApiError) as err:
             read(extra, *accepted)
         refused = "max_new_tokens" if accepted else "other"
-        assert (err.value.status, err.value.field, err.value.code) == (400, refused, "unknown_parameter")
-        assert f"'{refused}' is not a field of this request" in err.value.message
+        assert (err.value.status, err.value.field, err.value.code) == (400, refused, "unsupported_parameter")
+        assert f"'{refused}' is not supported" in err.value.message
     with Flask("t").test_request_context():  # what the route reads itself is no stranger
         assert read_request({**body, "timeout_s": 3}, BOUNDS, also=("timeout_s",)).request_id == "r1"
 
@@ -126,3 +127,63 @@ def test_a_workers_bounds_accept_sampling_and_cap_new_tokens_at_the_openai_cap()
         read_fields(bounds, max_new_tokens=65)
     assert info.value.field == "max_new_tokens"
     assert set(ALL_FIELDS) >= {"temperature", "top_p", "top_k", "seed", "stop"}
+
+
+# ----------------------------------------------------------------------------- a conversation
+
+HISTORY = [{"role": "user", "content": "My order hasn't arrived."}, {"role": "assistant", "content": "Its number?"}]
+
+
+@pytest.mark.usefixtures("request_context")
+def test_a_history_is_read_as_turns_and_sent_on_as_it_came():
+    request = read_fields(history=HISTORY, instructions="Be brief.")
+    assert request.history == (Turn("user", "My order hasn't arrived."), Turn("assistant", "Its number?"))
+    assert request.conversation == Conversation(request.history, "Be brief.")
+    assert request.wire()["history"] == HISTORY
+    assert read_request(request.wire(), DEFAULT_BOUNDS) == request  # what node 1 gets is what node 0 read
+    assert read_fields(history=[]) == read_fields(history=None) == read_fields()
+    assert "history" not in read_fields().wire() and read_fields(history=[]).conversation_key == ""
+    # /query takes a history, not instructions (those are the chat's system messages).
+    assert read_request({**ASK, "history": HISTORY}, DEFAULT_BOUNDS, ("request_id", "query", "history")).history
+    with pytest.raises(ApiError) as info:
+        read_request({**ASK, "instructions": "x"}, DEFAULT_BOUNDS, ("request_id", "query", "history"))
+    assert info.value.field == "instructions"
+
+
+@pytest.mark.parametrize("history, field, rule", [
+    ("hi", "history", "must be an array of turns"),
+    ([["user", "hi"]], "history[0]", "must be an object"),
+    ([{"role": "system", "content": "hi"}], "history[0].role", "must be one of user, assistant"),
+    ([{"content": "hi"}], "history[0].role", "must be one of user, assistant"),
+    ([HISTORY[0], {"role": "assistant", "content": None}], "history[1].content", "must be a string"),
+    ([HISTORY[0], {"role": "assistant", "content": ["a"]}], "history[1].content", "must be a string"),
+    ([{"role": "user", "content": "hi", "name": "ann"}], "history[0].name", "is not a field of a turn"),
+    ([{"role": "user", "content": "hi \ud800"}], "history[0].content", "lone surrogate"),
+])
+@pytest.mark.usefixtures("request_context")
+def test_a_history_out_of_its_rule_is_a_400_naming_the_turn_and_the_rule(history, field, rule):
+    with pytest.raises(ApiError) as info:
+        read_fields(history=history)
+    assert (info.value.status, info.value.field) == (400, field) and rule in info.value.message
+
+
+@pytest.mark.usefixtures("request_context")
+def test_the_instructions_are_bounded_in_tokens_by_max_history_tokens():
+    bounds = Bounds(Settings.from_env({"MAX_HISTORY_TOKENS": "8"}).limits, lambda text: len(text.split()))
+    assert read_fields(bounds, instructions="one two three four five six seven eight").instructions
+    with pytest.raises(ApiError) as info:
+        read_fields(bounds, instructions="one two three four five six seven eight nine")
+    assert info.value.field == "instructions" and "9 tokens; the limit is 8 tokens (MAX_HISTORY_TOKENS" in \
+        info.value.message
+
+
+@pytest.mark.usefixtures("request_context")
+def test_the_conversation_key_covers_every_turn_and_the_instructions():
+    base = read_fields(history=HISTORY)
+    keys = {base.conversation_key, read_fields().conversation_key,
+            read_fields(history=HISTORY[:1]).conversation_key,
+            read_fields(history=[HISTORY[0], {"role": "assistant", "content": "Its number!"}]).conversation_key,
+            read_fields(history=HISTORY, instructions="Be brief.").conversation_key,
+            read_fields(history=[{"role": "assistant", "content": HISTORY[0]["content"]}, HISTORY[1]]).conversation_key}
+    assert len(keys) == 6
+    assert read_fields(history=HISTORY).conversation_key == base.conversation_key  # the same conversation

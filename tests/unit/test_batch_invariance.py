@@ -190,7 +190,7 @@ def test_matmul_attention_runs_in_tiles_each_row_as_alone(device):
         assert torch.equal(alone[0], batch[row]), f"row of {n} keys"
 
 
-@pytest.mark.parametrize("device, dtype", [("cpu", torch.float32), ("cpu", torch.bfloat16),
+@pytest.mark.parametrize("device, dtype", [("cpu", torch.float32), pytest.param("cpu", torch.bfloat16, marks=BF16_CPU),
                                            pytest.param("cuda", torch.bfloat16, marks=ON_CUDA)])
 def test_the_row_invariant_linear_at_1_2_and_8_threads(device, dtype):
     """Qwen2.5-0.5B's up and down projections: each row's bits alone and among 2 to 64 rows, whatever

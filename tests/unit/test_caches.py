@@ -92,11 +92,12 @@ REPLY = {"request_id": "lead", "generated_response": "A", "sentiment": "neutral"
 def test_a_repeat_in_flight_joins_the_first_computation():
     cache = ResponseCache(4, ttl_s=0)
     lead = cache.enter("r1", "Where is my order?")
-    assert lead.leads and lead.flight.key == (None, "where is my order?") and lead.value is None
+    assert lead.leads and lead.flight.key == (None, "where is my order?", "") and lead.value is None
     follow = cache.enter("r2", "where is  MY order?")
     assert follow.joins and follow.flight is lead.flight
     other = cache.enter("r3", "Something else")
-    assert other.leads and other.flight.key == (None, "something else")  # a different question leads its own computation
+    # A different question leads its own computation.
+    assert other.leads and other.flight.key == (None, "something else", "")
     cache.finish(lead, REPLY)
     joined = cache.joined_reply(follow, "r2", Deadline.after(5))
     assert joined == {**REPLY, "request_id": "r2", "cached": True}
@@ -107,6 +108,18 @@ def test_a_repeat_in_flight_joins_the_first_computation():
     assert cache.in_flight() == 1  # "something else" is still being computed
 
 
+def test_the_same_question_in_another_conversation_neither_joins_nor_hits_the_first():
+    cache = ResponseCache(4, ttl_s=0)
+    lead = cache.enter("r1", "and to Canada?", conversation="norway")
+    other = cache.enter("r2", "and to Canada?", conversation="laptops")
+    alone = cache.enter("r3", "and to Canada?")
+    assert lead.leads and other.leads and alone.leads and len({id(e.flight) for e in (lead, other, alone)}) == 3
+    cache.finish(lead, REPLY)
+    assert cache.get("r4", "and to Canada?", conversation="laptops") is None
+    assert cache.get("r5", "and to Canada?") is None
+    assert cache.get("r6", "And to  Canada?", conversation="norway")["generated_response"] == "A"
+
+
 def test_a_failed_computation_is_not_shared_nor_cached():
     cache = ResponseCache(4, ttl_s=0)
     lead = cache.enter("r1", "q")
@@ -114,7 +127,7 @@ def test_a_failed_computation_is_not_shared_nor_cached():
     cache.fail(lead, RuntimeError("worker failed"))
     assert cache.joined_reply(follow, "r2", Deadline.after(5)) is None  # it computes its own
     again = cache.enter("r3", "q")
-    assert again.leads and again.flight.key == (None, "q") and cache.stats().entries == 0
+    assert again.leads and again.flight.key == (None, "q", "") and cache.stats().entries == 0
     with pytest.raises(TimeoutError):
         cache.joined_reply(cache.enter("r4", "q"), "r4", Deadline.after(0.01))
 

@@ -154,3 +154,18 @@ def test_the_chunks_are_summed_first_to_last_whatever_the_device():
     assert sum_in_order(parts).item() == 2.0 ** -10
     assert sum_in_order(parts[::-1]).item() == 0.0
     assert sum_in_order(parts).dtype == torch.float32
+
+
+@pytest.mark.parametrize("attend", KERNELS, ids=lambda f: f.__name__)
+def test_each_cpu_kernel_adds_a_rows_chunks_first_to_last(attend):
+    """Keys in three chunks whose values are 2**60, -2**60 and 2**-10, every score equal: added first to
+    last the row keeps 2**-10's share; added in any other order (last first, or pairwise from the end)
+    it is lost to rounding. So a kernel that changed its order fails here, on the CPU."""
+    query = torch.zeros(1, HEADS, 1, DIM)
+    key = torch.zeros(1, KV_HEADS, 3 * CHUNK, DIM)
+    value = torch.cat([torch.full((1, KV_HEADS, CHUNK, DIM), v) for v in (2.0 ** 60, -2.0 ** 60, 2.0 ** -10)], dim=2)
+    out = attend(query, key, value, scaling=SCALING)
+    want = torch.tensor(2.0 ** -10 / 3, dtype=torch.float32)  # each chunk's share weighs one third
+    assert torch.equal(out, torch.full_like(out, want.item())), out.flatten()[:4]
+    reversed_keys = attend(query, key.flip(2), value.flip(2), scaling=SCALING)
+    assert torch.equal(reversed_keys, torch.zeros_like(out))  # the same keys, the tiny chunk first: lost

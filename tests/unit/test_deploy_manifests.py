@@ -414,6 +414,30 @@ def test_fill_data_builds_a_version_from_its_parent_and_changes_and_a_second_run
     assert (load_version(root / "v1"), load_version(root / "v2")) == (v1, v2)  # nothing built again
 
 
+@pytest.mark.slow
+def test_fill_data_ingests_a_knowledge_folder_then_its_next_version_from_the_first(tmp_path, tiny_settings):
+    knowledge = tmp_path / "knowledge"
+    knowledge.mkdir()
+    (knowledge / "returns.md").write_text("# Returns\nItems go back within thirty days.\n")
+    (knowledge / "shipping.txt").write_text("Parcels leave the depot every morning.\n")
+    for topic in ("billing", "warranty", "accounts", "gift cards"):  # enough that one change keeps the quantizer
+        (knowledge / f"{topic}.txt").write_text(f"A note about {topic} for the support team.\n")
+    root = tmp_path / "data"
+    env = {"MODEL_SOURCE": "standin", "STANDIN_PROFILE": "tiny", "STANDIN_HOME": str(tiny_settings.standin_dir),
+           "HF_HUB_OFFLINE": "1", "KNOWLEDGE_DIR": str(knowledge)}
+    first = fill_data(root, **env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    v1 = load_version(root / "v1")
+    assert (v1.kind, v1.shards, v1.ingest["documents"]) == ("ingest", 2, 6) and os.readlink(root / "current") == "v1"
+    (knowledge / "shipping.txt").write_text("Parcels leave the depot twice a day.\n")
+    second = fill_data(root, **env, DATA_VERSION="v2", DATA_PARENT="v1", DATA_CURRENT="set")
+    assert second.returncode == 0, second.stderr[-3000:]
+    v2 = load_version(root / "v2")
+    assert (v2.parent, v2.ingest["documents_changed"], v2.ingest["documents_unchanged"]) == ("v1", 1, 5)
+    assert "retrained" not in v2.ingest
+    assert v2.ingest["embedded_passages"] == 1 and os.readlink(root / "current") == "v2"
+
+
 class ReadyHandler(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802  (the base class's name)
         self.send_response(200 if self.path == "/ready" else 404)

@@ -2,7 +2,7 @@
 import pytest
 
 from pipeline.config import ConfigError, Settings
-from pipeline.cpu_features import cpu_has_amx, cpu_has_amx_int8, cpu_supports_bf16
+from pipeline.cpu_features import cpu_supports_bf16
 from pipeline.device import describe_placement, placement_for, select_device, thread_budget
 
 CPU = {"cuda_available": lambda: False}
@@ -17,12 +17,9 @@ def test_cuda_used_when_present_unless_only_cpu():
 def test_auto_precision_on_cpu_follows_bf16_flags():
     s = Settings.from_env({"PRECISION": "auto"})
     assert placement_for(s, "embed", bf16_cpu=lambda: True, **CPU).precision == "bfloat16"
-    assert placement_for(s, "embed", bf16_cpu=lambda: False, amx_cpu=lambda: False, **CPU).precision == "float32"
+    assert placement_for(s, "embed", bf16_cpu=lambda: False, **CPU).precision == "float32"
     assert cpu_supports_bf16({"avx2", "avx512_bf16"}) and cpu_supports_bf16({"amx_bf16"})
     assert not cpu_supports_bf16({"avx2", "avx512f"})
-    assert cpu_has_amx({"avx512_bf16", "amx_bf16", "amx_tile", "amx_int8"})
-    assert not cpu_has_amx({"avx512_bf16"}) and not cpu_has_amx({"amx_int8", "amx_tile"})
-    assert cpu_has_amx_int8({"amx_int8", "amx_tile"}) and not cpu_has_amx_int8({"amx_bf16", "amx_tile"})
 
 
 def test_never_float16_on_cpu():
@@ -49,9 +46,9 @@ def test_per_stage_override():
 
 def test_the_resolved_precision_is_described_with_its_variable_and_the_hardware():
     s = Settings.from_env({"PRECISION": "auto", "RERANK_PRECISION": "int8-dynamic"})
-    bf16 = {"bf16_cpu": lambda: True, "amx_cpu": lambda: False, **CPU}
-    assert describe_placement(s, "embed", **bf16) == "embed: bfloat16 (PRECISION=auto on a CPU with avx512_bf16 and no AMX)"
-    assert (describe_placement(s, "embed", bf16_cpu=lambda: False, amx_cpu=lambda: False, **CPU)
+    bf16 = {"bf16_cpu": lambda: True, **CPU}
+    assert describe_placement(s, "embed", **bf16) == "embed: bfloat16 (PRECISION=auto on a CPU with avx512_bf16 (or AMX, held below it))"
+    assert (describe_placement(s, "embed", bf16_cpu=lambda: False, **CPU)
             == "embed: float32 (PRECISION=auto on a CPU without avx512_bf16 or AMX)")
     assert describe_placement(s, "rerank", **bf16).startswith("rerank: int8-dynamic (RERANK_PRECISION=int8-dynamic on ")
 

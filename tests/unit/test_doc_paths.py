@@ -47,7 +47,7 @@ def mentioned_paths(text: str) -> set[str]:
 
 
 def exists(path: str) -> bool:
-    """The file or folder, or a module with an attribute after it (pipeline/cpu_features.cpu_has_amx)."""
+    """The file or folder, or a module with an attribute after it (pipeline/cpu_features.cpu_supports_bf16)."""
     if (ROOT / path).exists() or (ROOT / f"{path}.py").exists():
         return True
     module, dot, _attribute = path.rpartition(".")

@@ -185,11 +185,10 @@ def test_embeddings_take_a_slot_of_the_gateways_admission_and_a_query_takes_one_
 
 
 @pytest.mark.parametrize("path, body, param", [
-    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "system", "content": "Be brief."}, *CHAT["messages"]]},
-     "messages[0]"),
-    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "hi"}, {"role": "assistant",
-                                                                                         "content": "hello"},
-                                                  *CHAT["messages"]]}, "messages[0]"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "tool", "content": "42"}, *CHAT["messages"]]},
+     "messages[0].role"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "assistant", "content": "", "tool_calls": [{}]},
+                                                  *CHAT["messages"]]}, "messages[0].tool_calls"),
     ("/v1/chat/completions", {**CHAT, "min_p": 0.05}, "min_p"),
     ("/v1/chat/completions", {**CHAT, "repetition_penalty": 1.2}, "repetition_penalty"),
     ("/v1/chat/completions", {**CHAT, "guided_json": {"type": "object"}}, "guided_json"),
@@ -203,6 +202,40 @@ def test_what_v1_would_not_act_on_is_a_400_naming_it(path, body, param):
     response = client.post(path, json=body)
     assert response.status_code == 400, response.get_data()
     assert response.get_json()["error"]["param"] == param and "not supported" in response.get_json()["error"]["message"]
+
+
+class ConversationWorker(WorkerOfNode1):
+    """A worker that keeps the requests it is sent and says it left the oldest turn out."""
+
+    def __init__(self):
+        super().__init__()
+        self.requests: list = []
+
+    def answer(self, request, deadline):
+        self.requests.append(request)
+        for event in super().answer(request, deadline):
+            yield {**event, "history_turns_dropped": 1} if isinstance(event, dict) else event
+
+
+def test_a_chat_reaches_the_worker_as_its_question_history_and_instructions_and_says_what_was_dropped():
+    from pipeline.conversation import Turn
+    worker = ConversationWorker()
+    role, client = node_0(worker)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "My order is late."},
+                {"role": "assistant", "content": "Its number?"}, {"role": "user", "content": "ABC123"}]
+    plain = client.post("/v1/chat/completions", json={**CHAT, "messages": messages})
+    assert plain.status_code == 200 and plain.get_json()["usage"]["history_turns_dropped"] == 1
+    asked = worker.requests[0]
+    assert (asked.query, asked.instructions) == ("ABC123", "Be brief.")
+    assert asked.history == (Turn("user", "My order is late."), Turn("assistant", "Its number?"))
+    streamed = client.post("/v1/chat/completions", json={**CHAT, "messages": messages, "stream": True,
+                                                         "stream_options": {"include_usage": True}})
+    chunks = [e.json() for e in sse.iter_events(streamed.get_data().splitlines(keepends=True)) if e.data != "[DONE]"]
+    usage = [chunk["usage"] for chunk in chunks if chunk.get("usage")]
+    assert usage[-1]["history_turns_dropped"] == 1
+    query = client.post("/query", json={"request_id": "q-1", "query": "ABC123", "history": messages[1:3]})
+    assert query.status_code == 200 and query.get_json()["history_turns_dropped"] == 1
+    assert worker.requests[-1].history == asked.history and worker.requests[-1].instructions is None
 
 
 def test_query_refuses_a_field_it_does_not_read_by_name_and_v1_accepts_the_documented_ones():

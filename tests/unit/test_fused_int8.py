@@ -5,8 +5,7 @@ import torch
 
 from pipeline.kernels import fused_int8
 from pipeline.kernels.fbgemm import fbgemm_is_exact
-from pipeline.kernels.int8 import Int8DynamicLinear, quantize_rows, row_codes
-from pipeline.kernels.onednn_int8 import onednn_int8_is_used
+from pipeline.kernels.int8 import Int8DynamicLinear, row_codes
 
 
 @pytest.fixture
@@ -42,8 +41,8 @@ def test_the_build_folder_names_the_source_version_and_torch(tmp_path, monkeypat
 @pytest.fixture(scope="module")
 def ops():
     """The extension, built here where it is not yet (about 40 s of g++ once per machine and source version)."""
-    if not fbgemm_is_exact() and not onednn_int8_is_used():
-        pytest.skip("neither fbgemm nor oneDNN is exact on this CPU: int8-dynamic uses torch._int_mm, which is not fused")
+    if not fbgemm_is_exact():
+        pytest.skip("fbgemm is not exact on this CPU: int8-dynamic uses torch._int_mm, which is not fused")
     if not fused_int8._cpu_supported():
         pytest.skip("no AVX2: the extension is not used on this CPU")
     if fused_int8.fused_ops() is None:
@@ -102,10 +101,6 @@ def test_quantize_pass_equals_the_torch_ops_bit_for_bit(ops, n, k):
     assert torch.equal(codes[0], anchor[0]) and torch.equal(scale, expected_scale)
     assert torch.equal(codes[1:], expected_codes)
     assert torch.equal(ops.anchored_row_codes(x.t().contiguous().t(), anchor)[0], codes)  # any strides
-    int8_codes, int8_scale = ops.int8_row_codes(x)
-    expected_int8, _ = quantize_rows(x)
-    assert int8_codes.dtype == torch.int8 and torch.equal(int8_codes, expected_int8)
-    assert torch.equal(int8_scale, expected_scale)
 
 
 @pytest.mark.slow
@@ -120,11 +115,9 @@ def test_rescale_pass_equals_the_torch_ops_bit_for_bit(ops, n, m):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kernel", ["fbgemm", "onednn"])
 @pytest.mark.parametrize("shape, bias", [((896, 128), True), ((4864, 896), False), ((96, 40), True)])
-def test_fused_linear_equals_the_unfused_linear_bit_for_bit(ops, shape, bias, kernel):
-    if not {"fbgemm": fbgemm_is_exact, "onednn": onednn_int8_is_used}[kernel]():
-        pytest.skip(f"{kernel} is not used on this CPU")
+def test_fused_linear_equals_the_unfused_linear_bit_for_bit(ops, shape, bias):
+    kernel = "fbgemm"
     torch.manual_seed(3)
     linear = torch.nn.Linear(shape[0], shape[1], bias=bias)
     fused, unfused = Int8DynamicLinear(linear, kernel=kernel), Int8DynamicLinear(linear, kernel=kernel, fused=False)

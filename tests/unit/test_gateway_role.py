@@ -121,6 +121,39 @@ def test_a_request_id_with_another_query_gets_409_naming_the_query():
     assert role.gateway.require().stats()["conflicts"] == 3
 
 
+HISTORY_A = [{"role": "user", "content": "Do you ship to Norway?"}, {"role": "assistant", "content": "Yes."}]
+HISTORY_B = [{"role": "user", "content": "Can I return a laptop?"}, {"role": "assistant", "content": "Yes."}]
+
+
+def test_two_conversations_ending_in_the_same_question_do_not_share_a_cached_reply():
+    role, client = query_app([{**REPLY, "generated_response": "shipping"}, {**REPLY, "generated_response": "returns"},
+                              {**REPLY, "generated_response": "alone"}])
+    ask = lambda request_id, **fields: client.post(  # noqa: E731
+        "/query", json={"request_id": request_id, "query": "and to Canada?", **fields}).get_json()
+    assert ask("a", history=HISTORY_A)["generated_response"] == "shipping"
+    assert ask("b", history=HISTORY_B)["generated_response"] == "returns"  # computed: not A's reply
+    assert ask("c")["generated_response"] == "alone"  # nor is the question without a history
+    hit = ask("d", history=HISTORY_A)  # the same conversation again: the reply cache's
+    assert (hit["generated_response"], hit["cached"]) == ("shipping", True)
+    assert role.response_cache.stats().hits == 1
+
+
+def test_a_request_id_is_bound_to_its_whole_conversation():
+    role, client = query_app([REPLY])
+    assert client.post("/query", json={"request_id": "a", "query": "and to Canada?", "history": HISTORY_A}
+                       ).status_code == 200
+    for history in (HISTORY_B, HISTORY_A[:1], None):
+        r = client.post("/query", json={"request_id": "a", "query": "and to Canada?", "history": history})
+        assert r.status_code == 409, r.get_json()
+
+
+def test_a_bad_history_on_query_is_a_400_naming_the_turn_and_the_rule():
+    role, client = query_app([])
+    r = client.post("/query", json={"request_id": "a", "query": "q", "history": [{"role": "system", "content": "x"}]})
+    assert r.status_code == 400 and r.get_json()["field"] == "history[0].role"
+    assert "must be one of user, assistant" in r.get_json()["error"]
+
+
 # ----------------------------------------------------------------------------- streaming /query
 
 

@@ -22,3 +22,29 @@ def test_a_phase_after_the_budget_is_spent_is_skipped(tmp_path):
     with pytest.raises(OverBudget):
         check.run("standins", ["builders.standins", "--profile", "tiny"])
     assert not (tmp_path / "standins.log").exists()
+
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" tests="4">
+<testcase classname="tests.unit.test_precision" name="test_a[cuda-dtype0]" time="0.1" />
+<testcase classname="tests.unit.test_precision" name="test_b[cuda]" time="0.1"><failure message="boom">x</failure></testcase>
+<testcase classname="tests.unit.test_chunked_attention" name="test_c[matmul-cuda-bfloat16]" time="0.0">
+<skipped type="pytest.skip" message="no CUDA device here">why</skipped></testcase>
+<testcase classname="tests.unit.test_batch_invariance" name="test_d[cuda]" time="0.0"><error message="e">y</error></testcase>
+</testsuite></testsuites>"""
+
+
+def test_the_cuda_tests_outcomes_are_read_by_test_id_and_the_failures_listed():
+    from profiling.gpu_check import junit_outcomes, results
+    tests = junit_outcomes(JUNIT)
+    assert tests == {"tests/unit/test_precision.py::test_a[cuda-dtype0]": "passed",
+                     "tests/unit/test_precision.py::test_b[cuda]": "failed",
+                     "tests/unit/test_chunked_attention.py::test_c[matmul-cuda-bfloat16]": "skipped: no CUDA device here",
+                     "tests/unit/test_batch_invariance.py::test_d[cuda]": "error"}
+    found = results({"auto": {"idle": 1.5}}, tests, device="torch 2.11.0 | NVIDIA H200", commit="abc", profile="faithful",
+                    failed=True)
+    assert found["cuda_tests_passed"] == 1
+    assert found["cuda_tests_failed"] == ["tests/unit/test_batch_invariance.py::test_d[cuda]",
+                                          "tests/unit/test_precision.py::test_b[cuda]"]
+    assert (found["device"], found["commit"], found["precisions"]) == ("torch 2.11.0 | NVIDIA H200", "abc",
+                                                                      {"auto": {"idle": 1.5}})
+    assert results({}, None, device="d", commit="c", profile="tiny", failed=True)["cuda_tests_failed"] is None

@@ -317,8 +317,13 @@ def test_http_and_query_token_limits_are_checked_at_startup():
     from pipeline.config import ConfigError
     with pytest.raises(ConfigError, match=r"^HTTP_READ_TIMEOUT_S='30' is not valid: expected less than REQUEST_TIMEOUT_S"):
         Settings.from_env({"REQUEST_TIMEOUT_S": "30", "HTTP_READ_TIMEOUT_S": "30"})
+    # (4096 + MAX_HISTORY_TOKENS 1024 + 512 + OPENAI_MAX_TOKENS_CAP 512) * 4 > 16384
+    with pytest.raises(ConfigError, match=r"^MAX_QUERY_TOKENS='4096' is not valid: expected at most 2048"):
+        Settings.from_env({"MAX_QUERY_TOKENS": "4096"})
     with pytest.raises(ConfigError, match=r"^MAX_QUERY_TOKENS='4096' is not valid: expected at most 3072"):
-        Settings.from_env({"MAX_QUERY_TOKENS": "4096"})  # (4096 + 512 + OPENAI_MAX_TOKENS_CAP 512) * 4 > 16384
+        Settings.from_env({"MAX_QUERY_TOKENS": "4096", "MAX_HISTORY_TOKENS": "0"})
     with pytest.raises(ConfigError, match=r"^MAX_QUERY_TOKENS='3072' is not valid: expected at most 1024"):
-        Settings.from_env({"MAX_QUERY_TOKENS": "3072", "OPENAI_MAX_TOKENS_CAP": "2560"})
-    Settings.from_env({"MAX_QUERY_TOKENS": "4096", "GENERATE_KV_CACHE_TOKENS": "20480"})  # (4096 + 512 + 512) * 4
+        Settings.from_env({"MAX_QUERY_TOKENS": "3072", "OPENAI_MAX_TOKENS_CAP": "2560", "MAX_HISTORY_TOKENS": "0"})
+    with pytest.raises(ConfigError, match=r"^MAX_QUERY_TOKENS='1024' is not valid: expected at most 512"):
+        Settings.from_env({"MAX_HISTORY_TOKENS": "2560"})
+    Settings.from_env({"MAX_QUERY_TOKENS": "4096", "GENERATE_KV_CACHE_TOKENS": "24576"})  # (4096 + 1024 + 512 + 512) * 4

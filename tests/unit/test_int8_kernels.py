@@ -1,21 +1,20 @@
-"""int8-dynamic's packed kernels (oneDNN on AMX CPUs, fbgemm on others) give torch._int_mm's bits,
-so either may replace it, and each is dropped for another where a check at load finds it inexact."""
+"""int8-dynamic's packed kernel (fbgemm) gives torch._int_mm's bits, so it may replace it, and it is
+dropped for _int_mm where a check at load finds it inexact."""
 import pytest
 import torch
 
 from pipeline.kernels.fbgemm import AnchoredFbgemm, fbgemm_is_exact
 from pipeline.kernels.int8 import Int8DynamicLinear
-from pipeline.kernels.onednn_int8 import PackedOnednn, onednn_int8_is_used
 from pipeline.precision import model_nbytes
 
 # Each packed kernel, the check that says this CPU may use it, and its class (whose sums a test falsifies).
-KERNELS = {"fbgemm": (fbgemm_is_exact, AnchoredFbgemm), "onednn": (onednn_int8_is_used, PackedOnednn)}
+KERNELS = {"fbgemm": (fbgemm_is_exact, AnchoredFbgemm)}
 
 
 @pytest.fixture(params=list(KERNELS))
 def kernel(request):
     if not KERNELS[request.param][0]():
-        pytest.skip(f"{request.param} is not used on this CPU (fbgemm: no VNNI; oneDNN: no AMX int8)")
+        pytest.skip(f"{request.param} is not used on this CPU (no VNNI)")
     return request.param
 
 
@@ -57,15 +56,11 @@ def test_the_packed_copy_replaces_the_plain_weight(kernel):
     packed, plain = _pair(kernel)
     assert packed.qweight is None and "qweight" not in dict(packed.named_buffers())
     assert model_nbytes(packed) == model_nbytes(plain)  # packed int8 counted once, as the plain int8 was
-    if kernel == "fbgemm":
-        assert torch.equal(packed.int8_weight(), plain.int8_weight())
-    else:
-        with pytest.raises(RuntimeError, match="oneDNN"):
-            packed.int8_weight()
+    assert torch.equal(packed.int8_weight(), plain.int8_weight())
 
 
-def test_auto_prefers_onednn_then_fbgemm_then_int_mm():
-    expected = "onednn" if onednn_int8_is_used() else "fbgemm" if fbgemm_is_exact() else "int_mm"
+def test_auto_prefers_fbgemm_then_int_mm():
+    expected = "fbgemm" if fbgemm_is_exact() else "int_mm"
     assert Int8DynamicLinear(torch.nn.Linear(32, 8)).kernel == expected
 
 

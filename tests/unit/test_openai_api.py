@@ -51,26 +51,45 @@ def test_a_minimal_request():
                                       request_id=None, include_usage=False, sampling={})
 
 
-def test_the_question_is_the_one_user_message_after_at_most_the_contracts_own_system_message():
+def test_the_question_is_the_last_user_message_and_the_contracts_own_system_message_adds_nothing():
     parts = {"role": "user", "content": [{"type": "text", "text": "line one"}, {"type": "text", "text": "two"}]}
     assert parse(body(messages=[parts])).query == "line one\ntwo"
     for role in ("system", "developer"):  # the prompt's own system message asks for nothing else
         contract = {"role": role, "content": spec.SYSTEM_PROMPT}
-        assert parse(body(messages=[contract, {"role": "user", "content": "q"}])).query == "q"
+        assert parse(body(messages=[contract, {"role": "user", "content": "q"}])) == parse(
+            body(messages=[{"role": "user", "content": "q"}]))
+
+
+def test_earlier_turns_are_the_history_and_system_messages_the_instructions_in_order():
+    messages = [{"role": "system", "content": spec.SYSTEM_PROMPT}, {"role": "user", "content": "My order is late."},
+                {"role": "assistant", "content": [{"type": "text", "text": "Its number?"}]},
+                {"role": "developer", "content": "Be brief."}, {"role": "user", "content": "ABC123."},
+                {"role": "system", "content": "Answer in French."}, {"role": "assistant", "content": ""},
+                {"role": "user", "content": "and now?"}]
+    request = parse(body(messages=messages))
+    assert request.query == "and now?"
+    assert request.history == ({"role": "user", "content": "My order is late."},
+                               {"role": "assistant", "content": "Its number?"},
+                               {"role": "user", "content": "ABC123."}, {"role": "assistant", "content": ""})
+    # The contract's own system prompt adds nothing; the others are added, in order.
+    assert request.instructions == "Be brief.\n\nAnswer in French."
+    assert parse(body()).history == () and parse(body()).instructions is None
 
 
 @pytest.mark.parametrize("messages, param", [
-    ([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "q"}], "messages[0]"),
-    ([{"role": "developer", "content": "Answer in French."}, {"role": "user", "content": "q"}], "messages[0]"),
-    ([{"role": "user", "content": "first"}, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "q"}],
-     "messages[0]"),
-    ([{"role": "system", "content": spec.SYSTEM_PROMPT}, {"role": "user", "content": "earlier"},
-      {"role": "user", "content": "q"}], "messages[1]"),
+    ([{"role": "tool", "content": "42", "tool_call_id": "c1"}, {"role": "user", "content": "q"}],
+     "messages[0].tool_call_id"),
+    ([{"role": "tool", "content": "42"}, {"role": "user", "content": "q"}], "messages[0].role"),
+    ([{"role": "function", "content": "42"}, {"role": "user", "content": "q"}], "messages[0].role"),
+    ([{"role": "assistant", "content": None}, {"role": "user", "content": "q"}], "messages[0].content"),
+    ([{"role": "system", "content": 7}, {"role": "user", "content": "q"}], "messages[0].content"),
     ([{"role": "user", "content": "q", "name": "ann"}], "messages[0].name"),
+    ([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], "messages[1].role"),
+    ([{"role": "assistant", "content": "\ud800"}, {"role": "user", "content": "q"}], "messages[0].content"),
+    ([{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}], "messages[0].content"),
 ])
-def test_a_system_message_of_its_own_and_earlier_turns_are_refused_naming_the_message(messages, param):
-    error = refused(body(messages=messages))
-    assert error.field == param and "not supported" in error.message
+def test_a_message_the_service_would_not_act_on_is_refused_naming_it(messages, param):
+    assert refused(body(messages=messages)).field == param
 
 
 def test_fields_read_at_a_no_op_value_ignored_or_null_are_accepted():
@@ -82,13 +101,29 @@ def test_fields_read_at_a_no_op_value_ignored_or_null_are_accepted():
                                 include_usage=True, sampling={"temperature": 0, "top_p": 1.0, "seed": 7})
 
 
+def test_fields_that_cannot_change_the_answer_are_accepted_and_logged_by_name(caplog):
+    caplog.set_level("INFO", logger="services.server.fields")
+    request = parse(body(metadata={"customer": "c-9"}, user="u-1", service_tier="auto", store=False,
+                         parallel_tool_calls=True, safety_identifier="s-1", stream=True,
+                         stream_options={"include_usage": True, "include_obfuscation": False,
+                                         "continuous_usage_stats": True}))
+    assert request == parse(body(stream=True, stream_options={"include_usage": True}))
+    logged = " ".join(record.getMessage() for record in caplog.records)
+    for name in ("metadata", "user", "service_tier", "parallel_tool_calls", "stream_options.include_obfuscation",
+                 "stream_options.continuous_usage_stats"):
+        assert name in logged
+    assert "c-9" not in logged and "u-1" not in logged  # names, never the caller's values
+    # What it reads of stream_options is still checked.
+    assert refused(body(stream=True, stream_options={"include_usage": "yes"})).field == "stream_options.include_usage"
+
+
 @pytest.mark.parametrize("fields, param", [
     ({"min_p": 0.1}, "min_p"), ({"repetition_penalty": 1.1}, "repetition_penalty"),
     ({"repetition_penalty": 1.0}, "repetition_penalty"),  # none at all: not what the service does either
     ({"guided_json": {"type": "object"}}, "guided_json"), ({"guided_regex": "a+"}, "guided_regex"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format"),
     ({"logprobs": 0}, "logprobs"), ({"min_tokens": 4}, "min_tokens"), ({"ignore_eos": True}, "ignore_eos"),
-    ({"some_future_field": [1, 2]}, "some_future_field"), ({"metadata": {"k": "v"}}, "metadata"),
+    ({"some_future_field": [1, 2]}, "some_future_field"),
     ({"store": True}, "store"), ({"best_of": 2}, "best_of"),
 ])
 def test_vllm_extras_and_unknown_fields_are_refused_naming_them(fields, param):
@@ -210,16 +245,17 @@ def stream_objects(text_pieces: list[str], include_usage: bool) -> list[dict]:
 
 def test_completion_is_a_valid_openai_chat_completion():
     from openai.types.chat import ChatCompletion
-    obj = api.completion("chatcmpl-1", 1700000000, MODEL, REPLY["generated_response"], 300, 12, REPLY)
+    counted = {**REPLY, "usage": {"prompt_tokens": 300, "completion_tokens": 12}}
+    obj = api.completion("chatcmpl-1", 1700000000, MODEL, REPLY["generated_response"], counted)
     parsed = ChatCompletion.model_validate(obj)
     assert parsed.choices[0].message.content == REPLY["generated_response"]
     assert parsed.choices[0].message.role == "assistant" and parsed.choices[0].finish_reason == "stop"
     assert parsed.usage is not None and parsed.usage.total_tokens == 312
     assert parsed.model_extra == {"rag": {"sentiment": "positive", "is_toxic": "false", "request_id": "r-1"}}
-    assert api.completion("c", 1, MODEL, "t", 1, 128, REPLY, finish_reason="length")["choices"][0][
+    assert api.completion("c", 1, MODEL, "t", REPLY, finish_reason="length")["choices"][0][
         "finish_reason"] == "length"
     with pytest.raises(ValueError):
-        api.completion("c", 1, MODEL, "t", 1, 1, REPLY, finish_reason="tool_calls")  # type: ignore[arg-type]
+        api.completion("c", 1, MODEL, "t", REPLY, finish_reason="tool_calls")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("include_usage", [False, True])
@@ -282,7 +318,8 @@ class FakeOpenAIServer:
                 except ApiError as error:
                     return self._send(error.status, json.dumps(error_body(error)).encode(), "application/json")
                 if not request.stream:
-                    obj = api.completion("chatcmpl-1", 1700000000, MODEL, REPLY["generated_response"], 300, 12, REPLY)
+                    counted = {**REPLY, "usage": {"prompt_tokens": 300, "completion_tokens": 12}}
+                    obj = api.completion("chatcmpl-1", 1700000000, MODEL, REPLY["generated_response"], counted)
                     return self._send(200, json.dumps(obj).encode(), "application/json")
                 events = [sse.event(obj) for obj in stream_objects(["Answer", ": ok"], request.include_usage)]
                 self._send(200, b"".join(events) + sse.event(api.DONE), sse.HEADERS["Content-Type"])

@@ -3,6 +3,7 @@ in-process, and how it maps each stage's outcome."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 
 from pipeline import spec
 from pipeline.config import Settings
+from pipeline.conversation import TURN_FRAME_TOKENS, Conversation, Turn, fit
 from pipeline.cpu_features import cpu_supports_bf16
 from pipeline.docstore import DocumentStore
 from pipeline.generator import GenerationRequest
@@ -69,8 +71,8 @@ def test_a_request_encodes_its_prompt_once_and_its_usage_counts_those_ids(worker
     encoded: list[list[int]] = []
     encode = generator.tokens.prompt_ids
 
-    def counting(query, documents):
-        encoded.append(encode(query, documents))
+    def counting(query, documents, conversation=None):
+        encoded.append(encode(query, documents, conversation))
         return encoded[-1]
 
     monkeypatch.setattr(generator.tokens, "prompt_ids", counting)
@@ -159,6 +161,64 @@ def test_eos_on_the_last_allowed_token_finishes_with_stop(reference, generator, 
         assert capped["finish_reason"] == "length" and capped["usage"]["completion_tokens"] == at
     finally:
         eos_worker.close(timeout=30)
+        documents.close()
+
+
+# A support conversation whose last turn is a short follow-up (retrieval reads the turn before it too).
+CONVERSATION = Conversation((Turn("user", "My order hasn't arrived yet, tracking number is ABC123"),
+                             Turn("assistant", "It left our warehouse on Monday."),
+                             Turn("user", "Do you ship to Norway?"), Turn("assistant", "Yes, within a week.")),
+                            "Answer in one sentence.")
+FOLLOW_UP = "and to Canada?"
+
+
+def conversation_request(request_id: str, conversation: Conversation = CONVERSATION,
+                         query: str = FOLLOW_UP) -> AnswerRequest:
+    return AnswerRequest(request_id, query, history=conversation.history, instructions=conversation.instructions)
+
+
+def test_a_conversation_is_answered_alone_and_among_others_as_the_reference_answers_it(worker, reference):
+    """A history request's reply does not depend on its batch-mates (other conversations and plain
+    questions, whose prompts differ in length), and is the oracle's answer to the same conversation."""
+    expected = reference.answer(FOLLOW_UP, "conv-alone", CONVERSATION)
+    alone = collect(worker.answer(conversation_request("conv-alone"), Deadline.after(300)))
+    assert {k: alone[k] for k in expected} == expected
+    assert alone["history_turns_dropped"] == 0
+    others = [conversation_request("conv-among"),
+              conversation_request("conv-other", Conversation(CONVERSATION.history[:2])),
+              conversation_request("conv-long", CONVERSATION, "Can I pay for the Canadian shipping with PayPal?"),
+              *(AnswerRequest(f"plain-{i}", query) for i, query in enumerate(spec.REFERENCE_QUERIES[:4]))]
+    with ThreadPoolExecutor(len(others)) as pool:
+        replies = list(pool.map(lambda request: collect(worker.answer(request, Deadline.after(300))), others))
+    among = replies[0]
+    assert {k: among[k] for k in expected if k != "request_id"} == {k: alone[k] for k in expected if k != "request_id"}
+    assert (among["usage"], among["sources"]) == (alone["usage"], alone["sources"])
+    # The history changes the prompt: the follow-up alone is another (shorter) prompt.
+    assert replies[4]["usage"]["prompt_tokens"] != alone["usage"]["prompt_tokens"]
+    assert "history_turns_dropped" not in replies[4]
+
+
+def test_the_oldest_turns_beyond_the_budget_are_dropped_as_the_reference_drops_them(
+        reference, support_data, embedder, reranker, generator, sentiment, toxicity):
+    budget = sum(generator.count_tokens(t.content) + TURN_FRAME_TOKENS for t in CONVERSATION.history[2:]) + \
+        generator.count_tokens(CONVERSATION.instructions or "")
+    fitted = fit(CONVERSATION, generator.count_tokens, budget)
+    assert fitted.dropped == 2 and fitted.conversation.history == CONVERSATION.history[2:]
+    stages = Stages(embedder=embedder, reranker=reranker, generator=generator, sentiment=sentiment, toxicity=toxicity)
+    documents = VersionedData(support_data.db_path.parent, lambda directory, _: DocumentStore(directory / "documents"),
+                              DocumentStore.close)
+    documents.load_startup()
+    config = dataclasses.replace(worker_config(Settings.from_env({})), history_tokens=budget)
+    small = Worker(config, stages, InProcessIndex(VectorIndex.load(support_data.index_path, nprobe=64)), documents)
+    try:
+        reply = collect(small.answer(conversation_request("conv-budget"), Deadline.after(300)))
+        expected = dataclasses.replace(reference, history_tokens=budget).answer(FOLLOW_UP, "conv-budget", CONVERSATION)
+        assert {k: reply[k] for k in expected} == expected and reply["history_turns_dropped"] == 2
+        kept = collect(small.answer(conversation_request("conv-kept", fitted.conversation), Deadline.after(300)))
+        assert kept["generated_response"] == reply["generated_response"] and kept["usage"] == reply["usage"]
+        assert kept["history_turns_dropped"] == 0
+    finally:
+        small.close(timeout=30)
         documents.close()
 
 

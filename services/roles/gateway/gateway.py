@@ -52,7 +52,7 @@ class Gateway:
             return self.router.forward(request, deadline)
         # looked_up: the request_id rules have just counted this question's miss.
         return cache.answer(request.request_id, request.query, lambda: self.router.forward(request, deadline),
-                            deadline, caller=request.caller, looked_up=True)
+                            deadline, caller=request.caller, conversation=request.conversation_key, looked_up=True)
 
     def status(self) -> list[dict]:
         return self.router.status()

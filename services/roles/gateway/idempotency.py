@@ -30,8 +30,8 @@ MIN_RETRY_AFTER_S, MAX_RETRY_AFTER_S = 1.0, 30.0
 
 
 def request_digest(request: AnswerRequest) -> str:
-    """What a request_id is bound to: the exact query and the fields that shape its answer (not
-    `stream`), hashed so the cache keeps no text."""
+    """What a request_id is bound to: the exact query, the conversation before it and the fields that
+    shape its answer (not `stream`), hashed so the cache keeps no text."""
     asked = {k: v for k, v in request.wire().items() if k not in ("request_id", "stream")}
     return hashlib.sha256(json.dumps(asked, sort_keys=True).encode("utf-8")).hexdigest()
 
@@ -140,7 +140,8 @@ class Idempotency:
         """A reply-cache hit (now the id's answer: it takes no capacity), else a free slot or a refusal.
         The reply cache holds only the question's own answer (greedy, uncapped, no stop strings)."""
         cache = self.response_cache
-        hit = cache.get(request.request_id, request.query, caller=request.caller) \
+        hit = cache.get(request.request_id, request.query, caller=request.caller,
+                        conversation=request.conversation_key) \
             if cache is not None and request.is_the_questions_answer else None
         if hit is not None:
             self.completed.put(scoped_id(request), (digest, hit))

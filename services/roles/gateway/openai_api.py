@@ -3,16 +3,18 @@
 `parse_chat_request` (/v1/chat/completions) and `parse_text_request` (/v1/completions) turn a body
 into a `V1Request`, or raise an ApiError naming the field. What is refused, never ignored:
 
-- Every body field is in `FIELDS` (read), `NO_OP` (accepted only at a value that asks for what the
-  service does anyway: `n` 1, `min_p` 0, `logprobs` false ...) or `IGNORED` (accepted and not acted
-  on: `user`, an end-user id for the caller's own abuse tracking). Any other field is a 400 naming it:
-  vLLM's extras (`repetition_penalty`, `guided_json`, `min_tokens` ...), `logit_bias`, structured
-  output, tools, log probabilities. A field sent as null counts as not sent.
-- The prompt is the contract's (pipeline/spec.py): its fixed system message, then the documents found
-  for the question and the question. So a chat is one question: `messages` is the user's question,
-  optionally after a system (or developer) message whose content is exactly the contract's system
-  prompt. Any other system message, and any earlier turn, is a 400 naming that message: the service
-  would not act on it, and does not drop it in silence. /v1/completions' `prompt` is the question.
+- Every body field is read, in `NO_OP` (accepted only at a value that asks for what the service does
+  anyway: `n` 1, `min_p` 0, `logprobs` false ...) or in `IGNORED` (accepted, logged and not acted on,
+  as none changes the answer: `user`, `metadata`, `service_tier` ...; so are `stream_options` keys
+  but `include_usage`), by services/server/fields.py. Any other field is a 400 naming it: vLLM's
+  extras (`repetition_penalty`, `guided_json`, `min_tokens` ...), `logit_bias`, structured output,
+  tools, log probabilities. A field sent as null counts as not sent.
+- A chat is a conversation (pipeline/conversation.py): the last message is the user's question; the
+  user and assistant messages before it are its history, rendered by the model's chat template
+  between the service's system prompt and the documents found with the question (the oldest dropped
+  beyond MAX_HISTORY_TOKENS: `usage.history_turns_dropped`); system (or developer) messages are the
+  client's instructions, added after the service's system prompt, never in its place (one that is
+  exactly the contract's system prompt adds nothing). /v1/completions' `prompt` is the question.
 - The decoding fields (temperature, top_p, top_k, seed, stop) pass on to the service's own rules
   (services/server/answer_request.py); `max_tokens` is clamped to OPENAI_MAX_TOKENS_CAP.
 
@@ -21,25 +23,22 @@ OpenAI clients ignore, and a sampled answer's seed in a `seed` field.
 """
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from pipeline import spec
+from pipeline.continuous.output import FINISH_REASONS, FinishReason
+from services.roles.gateway.openai_messages import chat_conversation
 from services.server.errors import ApiError
+from services.server.fields import FieldRules
 
 DONE = "[DONE]"  # the data of the last event of a stream
 RAG_FIELDS = ("sentiment", "is_toxic", "request_id")  # what the extra `rag` field holds
-FinishReason = Literal["stop", "length"]
+HISTORY_DROPPED = "history_turns_dropped"  # the reply's count of turns left out, in `usage`
 # The decoding fields the service's own rules read (services/server/answer_request.py).
 SAMPLING = ("temperature", "top_p", "top_k", "seed", "stop")
-# The fields each route reads.
-FIELDS = {
-    "chat": ("model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens", "request_id",
-             *SAMPLING),
-    "text": ("model", "prompt", "stream", "stream_options", "max_tokens", "request_id", *SAMPLING),
-}
 _PENALTY = "the model's own repetition penalty (its generation config) applies to every answer"
 _ONE = "the service returns one choice"
 # Fields accepted only at the value that asks for what the service does anyway: (the values, why).
@@ -61,18 +60,29 @@ NO_OP: dict[str, tuple[tuple[Any, ...], str]] = {
     "skip_special_tokens": ((True,), "special tokens are never in the answer"),
     "include_stop_str_in_output": ((False,), "a stop string is never in the answer"),
 }
-# Fields accepted and not acted on: nothing the caller asks for goes undone.
-IGNORED = {"user": "an end-user id for the caller's own abuse tracking"}
-# The message roles that carry a system prompt.
-SYSTEM_ROLES = ("system", "developer")
+# Fields accepted and not acted on, logged by name: none can change the answer.
+IGNORED = {
+    "user": "an end-user id for the caller's own abuse tracking",
+    "safety_identifier": "an end-user id for the caller's own abuse tracking",
+    "metadata": "the caller's tags for its own records; the service stores no completions",
+    "service_tier": "one tier serves every request",
+    "parallel_tool_calls": "the service calls no tools",
+    "prompt_cache_key": "a hint for a prompt cache, which changes no answer",
+}
+# The fields each route reads, no-ops and ignores.
+ROUTE_FIELDS = {
+    "chat": FieldRules(("model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
+                        "request_id", *SAMPLING), NO_OP, IGNORED),
+    "text": FieldRules(("model", "prompt", "stream", "stream_options", "max_tokens", "request_id", *SAMPLING),
+                       NO_OP, IGNORED),
+}
+# stream_options: `include_usage` is read; the other keys (vLLM's `continuous_usage_stats`, OpenAI's
+# `include_obfuscation` ...) shape the stream, never the answer: accepted, logged and not acted on.
+STREAM_OPTIONS = FieldRules(("include_usage",), ignore_others=True)
 
 
 def _invalid(message: str, param: str | None, code: str | None = None) -> ApiError:
     return ApiError(400, message, field=param, code=code)
-
-
-def _unsupported_value(param: str, value: object, allowed: str) -> ApiError:
-    return _invalid(f"'{param}' = {value!r} is not supported: {allowed}", param, "unsupported_value")
 
 
 # ---------------------------------------------------------------- requests
@@ -86,13 +96,17 @@ class V1Request:
     request_id: str | None  # the body's `request_id` extension field (the idempotency key), if sent
     include_usage: bool  # stream_options.include_usage: a usage chunk before [DONE]
     sampling: Mapping[str, Any]  # the SAMPLING fields sent, for the service's rules to check
+    history: tuple[dict, ...] = ()  # the chat's earlier user and assistant turns, oldest first
+    instructions: str | None = None  # the chat's system messages, added after the service's system prompt
 
 
 def parse_chat_request(body: object, *, max_tokens_limit: int, model_id: str,
                        default_max_tokens: int | None = None) -> V1Request:
     """A chat completions body as a V1Request, or the ApiError (400, 404) that says what is wrong."""
     fields = _fields(body, "chat", model_id)
-    return _request(fields, _chat_query(fields.get("messages")), max_tokens_limit, default_max_tokens)
+    query, history, instructions = chat_conversation(fields.get("messages"))
+    return dataclasses.replace(_request(fields, query, max_tokens_limit, default_max_tokens), history=history,
+                               instructions=instructions)
 
 
 def parse_text_request(body: object, *, max_tokens_limit: int, model_id: str,
@@ -106,8 +120,7 @@ def _fields(body: object, route: str, model_id: str) -> dict[str, Any]:
     """The body's fields sent (not null), each read, a no-op or ignored; else a 400 naming it."""
     if not isinstance(body, dict):
         raise _invalid(f"the body must be a JSON object, got {type(body).__name__}", None)
-    fields = {key: value for key, value in body.items() if value is not None}
-    model = fields.get("model")
+    model = body.get("model")
     if model is None:
         raise _invalid("you must provide a model parameter", "model")
     if not isinstance(model, str):
@@ -115,23 +128,7 @@ def _fields(body: object, route: str, model_id: str) -> dict[str, Any]:
     if model != model_id:
         raise ApiError(404, f"The model `{model}` does not exist or you do not have access to it; "
                             f"this service serves `{model_id}`", field="model", code="model_not_found")
-    for key, value in fields.items():
-        if key in FIELDS[route] or key in IGNORED:
-            continue
-        if key not in NO_OP:
-            raise _invalid(f"'{key}' is not supported: the service refuses what it would not act on; it reads "
-                           f"{', '.join(FIELDS[route])} and ignores only {', '.join(IGNORED)}", key,
-                           "unsupported_parameter")
-        values, why = NO_OP[key]
-        if not any(_same(value, v) for v in values):
-            raise _unsupported_value(key, value, f"{why}; send {values[0]!r} or leave it out")
-    return fields
-
-
-def _same(value: object, allowed: object) -> bool:
-    """Equal, as JSON means it: 0 and 0.0 are one number; false is no number."""
-    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (value, allowed))
-    return value == allowed and (numbers or type(value) is type(allowed))
+    return ROUTE_FIELDS[route].check(body)
 
 
 def _request(fields: dict[str, Any], query: str, limit: int, default: int | None) -> V1Request:
@@ -141,6 +138,8 @@ def _request(fields: dict[str, Any], query: str, limit: int, default: int | None
         raise _invalid("'stream_options' is only allowed when 'stream' is true", "stream_options")
     if options is not None and not isinstance(options, dict):
         raise _invalid("'stream_options' must be an object", "stream_options")
+    if options is not None:
+        STREAM_OPTIONS.check(options, "stream_options.")
     request_id = fields.get("request_id")
     if request_id is not None and (not isinstance(request_id, str) or not request_id.strip()):
         raise _invalid("'request_id' must be a non-empty string", "request_id")
@@ -177,54 +176,6 @@ def _token_cap(fields: dict, key: str) -> int | None:
     return value
 
 
-def _chat_query(messages: object) -> str:
-    """The question: the one user message, after at most the contract's own system message."""
-    if messages is None:
-        raise _invalid("'messages' is required", "messages")
-    if not isinstance(messages, list) or not messages:
-        raise _invalid("'messages' must be a non-empty array of messages", "messages")
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise _invalid(f"'messages[{i}]' must be an object with a string 'role'", f"messages[{i}]")
-        extra = [key for key, value in message.items() if key not in ("role", "content") and value is not None]
-        if extra:
-            raise _invalid(f"'messages[{i}].{extra[0]}' is not supported: a message is its role and content",
-                           f"messages[{i}].{extra[0]}", "unsupported_parameter")
-    last = len(messages) - 1
-    if messages[last]["role"] != "user":
-        raise _invalid(f"the last message must have role 'user' (it is the question), got {messages[last]['role']!r}",
-                       f"messages[{last}].role")
-    for i, message in enumerate(messages[:last]):
-        if i == 0 and message["role"] in SYSTEM_ROLES:
-            if _text(message.get("content"), "messages[0].content") != spec.SYSTEM_PROMPT:
-                raise _invalid("a system message is not supported: the service's prompt is its fixed RAG prompt, "
-                               f"whose system message is {spec.SYSTEM_PROMPT!r}; send that or none",
-                               "messages[0]", "unsupported_value")
-            continue
-        raise _invalid(f"earlier turns are not supported: the service answers one question from its documents; "
-                       f"send the question as the only user message (messages[{i}] is a {message['role']!r} "
-                       "message before it)", f"messages[{i}]", "unsupported_value")
-    query = _text(messages[last].get("content"), f"messages[{last}].content")
-    if not query.strip():
-        raise _invalid("the last user message must not be empty", f"messages[{last}].content")
-    return query
-
-
-def _text(content: object, param: str) -> str:
-    """A message's content as text: a string, or a list of text parts joined by newlines."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise _invalid(f"'{param}' must be a string or an array of text parts", param)
-    texts = []
-    for i, part in enumerate(content):
-        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-            raise _unsupported_value(f"{param}[{i}]", kind, "only text parts ({'type': 'text', 'text': ...}) are")
-        texts.append(part["text"])
-    return "\n".join(texts)
-
-
 def _prompt(prompt: object) -> str:
     """The completion's prompt: a string, or an array of one string (more would be more answers)."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -248,21 +199,28 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
+def reply_usage(reply: Mapping[str, Any]) -> dict[str, int]:
+    """The usage of the service's reply; with a history, how many of its oldest turns the prompt left
+    out (`history_turns_dropped`, an extension field)."""
+    dropped = {HISTORY_DROPPED: reply[HISTORY_DROPPED]} if HISTORY_DROPPED in reply else {}
+    return {**usage(*usage_counts(reply)), **dropped}
+
+
 def rag_fields(extra: Mapping[str, Any]) -> dict[str, Any]:
     """The extra `rag` field: sentiment, is_toxic and request_id from the service's reply."""
     # The data version that answered (services/roles/worker/request_path.py), where the reply names one.
     return {key: extra[key] for key in (*RAG_FIELDS, "data_version") if key in extra or key in RAG_FIELDS}
 
 
-def completion(id: str, created: int, model: str, text: str, prompt_tokens: int, completion_tokens: int,
-               extra: Mapping[str, Any], *, finish_reason: FinishReason = "stop") -> dict[str, Any]:
-    """A `chat.completion` object; `extra` is the service's reply (its RAG_FIELDS go into `rag`)."""
+def completion(id: str, created: int, model: str, text: str, extra: Mapping[str, Any], *,
+               finish_reason: FinishReason = "stop") -> dict[str, Any]:
+    """A `chat.completion` object; `extra` is the service's reply (its usage, and its RAG_FIELDS in `rag`)."""
     _check_finish_reason(finish_reason)
     return {
         "id": id, "object": "chat.completion", "created": created, "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
                      "logprobs": None, "finish_reason": finish_reason}],
-        "usage": usage(prompt_tokens, completion_tokens),
+        "usage": reply_usage(extra),
         "rag": rag_fields(extra),
     }
 
@@ -274,7 +232,7 @@ def text_completion(id: str, created: int, model: str, reply: Mapping[str, Any])
     return {"id": id, "object": "text_completion", "created": created, "model": model,
             "choices": [{"index": 0, "text": reply["generated_response"], "logprobs": None,
                          "finish_reason": finish_reason}],
-            "usage": usage(*usage_counts(reply)), "rag": rag_fields(reply), **seed_field(reply)}
+            "usage": reply_usage(reply), "rag": rag_fields(reply), **seed_field(reply)}
 
 
 def chunk(id: str, created: int, model: str, delta: Mapping[str, Any], finish_reason: FinishReason | None = None,
@@ -307,7 +265,7 @@ def stream_chunks(id: str, created: int, model: str, events: Iterable[str | dict
                        extra=event), **seed_field(event)}
         if include_usage:
             yield {"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [],
-                   "usage": usage(*usage_counts(event))}
+                   "usage": reply_usage(event)}
 
 
 def text_chunks(id: str, created: int, model: str, events: Iterable[str | dict], *,
@@ -328,7 +286,7 @@ def text_chunks(id: str, created: int, model: str, events: Iterable[str | dict],
         yield {**text_chunk("", reason), "rag": rag_fields(event), **seed_field(event)}
         if include_usage:
             yield {"id": id, "object": "text_completion", "created": created, "model": model, "choices": [],
-                   "usage": usage(*usage_counts(event))}
+                   "usage": reply_usage(event)}
 
 
 def usage_counts(reply: Mapping[str, Any]) -> tuple[int, int]:
@@ -343,5 +301,5 @@ def seed_field(reply: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _check_finish_reason(reason: str) -> None:
-    if reason not in ("stop", "length"):
-        raise ValueError(f"finish_reason is 'stop' or 'length', got {reason!r}")
+    if reason not in FINISH_REASONS:
+        raise ValueError(f"finish_reason is one of {', '.join(FINISH_REASONS)}, got {reason!r}")

@@ -23,11 +23,12 @@ from services.server.answer_request import check_text
 from services.server.deadline import Deadline
 from services.server.edge import Call
 from services.server.errors import ApiError
+from services.server.fields import FieldRules
 from services.server.stream_response import AnswerStream
 
 EMBEDDING_MODEL = spec.EMBEDDER_MODEL
-FIELDS = ("model", "input", "encoding_format", "dimensions")
-IGNORED = ("user",)  # an end-user id for the caller's own abuse tracking
+FIELDS = FieldRules(read=("model", "input", "encoding_format", "dimensions"),
+                    ignored={"user": "an end-user id for the caller's own abuse tracking"})
 Embed = Callable[[list[str], Deadline], list[np.ndarray]]
 
 
@@ -49,11 +50,7 @@ def register_openai_embeddings(app: Flask, front: Front, embed: Embed, node: int
 
 def parse_embeddings_request(body: dict, max_inputs: int) -> tuple[list[str], str]:
     """The input texts and the encoding ('float' or 'base64'), or the ApiError (400, 404) naming the field."""
-    for key, value in body.items():
-        if key not in FIELDS and key not in IGNORED and value is not None:
-            raise ApiError(400, f"'{key}' is not supported: the service refuses what it would not act on; it reads "
-                                f"{', '.join(FIELDS)} and ignores only {', '.join(IGNORED)}", field=key,
-                           code="unsupported_parameter")
+    FIELDS.check(body)
     model = body.get("model")
     if not isinstance(model, str):
         raise ApiError(400, "you must provide a model parameter (a string)", field="model")

@@ -30,7 +30,7 @@ SERVED_MODELS = (MODEL_ID, EMBEDDING_MODEL)
 # The models' `created` in /v1/models: when this process started serving them.
 STARTED_AT = int(time.time())
 # How each route's body names the service's fields, in its errors.
-CHAT_PARAMS = {"query": "messages"}
+CHAT_PARAMS = {"query": "messages", "history": "messages", "instructions": "messages"}
 TEXT_PARAMS = {"query": "prompt"}
 
 
@@ -50,7 +50,8 @@ def register_openai_routes(app: Flask, front: Front, default_temperature: float,
         return front.request({"request_id": v1.request_id or oa.completion_id(prefix), "query": v1.query,
                               # None: exactly /query's answer
                               "max_new_tokens": v1.max_tokens if v1.max_tokens != spec.MAX_NEW_TOKENS else None,
-                              "stream": v1.stream, "temperature": default_temperature, **v1.sampling})
+                              "stream": v1.stream, "temperature": default_temperature, **v1.sampling,
+                              "history": [*v1.history] or None, "instructions": v1.instructions})
 
     def chat(body: dict) -> Call:
         v1 = oa.parse_chat_request(body, max_tokens_limit=max_tokens_cap, model_id=MODEL_ID,
@@ -80,7 +81,7 @@ def _model_object(model_id: str) -> dict:
 
 
 def _chat_completion(id: str, created: int, reply: dict) -> dict:
-    return {**oa.completion(id, created, MODEL_ID, reply["generated_response"], *oa.usage_counts(reply), reply,
+    return {**oa.completion(id, created, MODEL_ID, reply["generated_response"], reply,
                             finish_reason=reply.get("finish_reason", "stop")),
             **oa.seed_field(reply)}
 

@@ -30,8 +30,9 @@ log = logging.getLogger(__name__)
 # Our own worker exists once loaded and serves until the node stops (a stopping node
 # refuses new requests before they reach the gateway): the local target's probe.
 LOCAL_SERVING = (Readiness.STARTING, Readiness.READY, Readiness.STOPPING)
-# What /query's body may ask for (a cap on the answer is the /v1 API's; the contract fixes /query's).
-QUERY_FIELDS = ("request_id", "query", "stream")
+# What /query's body may ask for (a cap on the answer is the /v1 API's; the contract fixes /query's): an
+# optional `history` of earlier turns (pipeline/conversation.py).
+QUERY_FIELDS = ("request_id", "query", "stream", "history")
 # Reply fields only a stream's reply event carries: /query's plain reply is the contract's.
 STREAM_ONLY = ("usage", "finish_reason")
 

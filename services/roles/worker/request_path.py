@@ -21,6 +21,7 @@ import numpy as np
 from pipeline import spec
 from pipeline.config import BatchConfig
 from pipeline.continuous import ContinuousEngine
+from pipeline.conversation import HISTORY_TOKENS, fit, retrieval_query
 from pipeline.docstore import Document, DocumentStore
 from pipeline.generator import GenerationRequest
 from pipeline.reranker import RerankRequest
@@ -65,6 +66,7 @@ class WorkerConfig:
     batching: Mapping[Stage, BatchConfig]  # one per stage in spec.WORKER_STAGES but generate
     embed_cache_size: int
     continuous: ContinuousConfig  # the generate stage's
+    history_tokens: int = HISTORY_TOKENS  # MAX_HISTORY_TOKENS: a conversation's share of the prompt
 
 
 @dataclass(frozen=True)
@@ -157,21 +159,26 @@ class Worker:
 
     def answer(self, request: AnswerRequest, deadline: Deadline) -> AnswerStream:
         """The answer's text in pieces as the LLM produces them (never half a character, nor the start
-        of a stop string), then the reply with its `usage`, `finish_reason` and, when sampled, its
-        `seed`: pieces, text and finish reason all from the sequence's output processor. Closing the
-        stream early cancels the generation."""
+        of a stop string), then the reply with its `usage`, `finish_reason`, with a history how many of
+        its oldest turns the prompt left out (`history_turns_dropped`) and, when sampled, its `seed`:
+        pieces, text and finish reason all from the sequence's output processor. Closing the stream
+        early cancels the generation."""
         clock, trace = self._begin(request.request_id)
         generation: StageVisit | None = None
         with self._lock:
             self._holding += 1
         try:
-            version, documents = self._retrieve(clock, trace, request.query, deadline)
+            generator = self.stages.generator
+            fitted = fit(request.conversation, generator.count_tokens, self.config.history_tokens)
+            conversation = fitted.conversation or None
+            searched = retrieval_query(request.query, fitted.conversation.history)
+            version, documents = self._retrieve(clock, trace, searched, deadline)
             tokens = TokenStream()
             sampling = request.sampling(drawn_seed=secrets.randbelow(MAX_SEED + 1))
-            generator = self.stages.generator
-            prompt = tuple(generator.prompt_ids(request.query, documents))  # encoded once: the engine's and usage's
+            # Encoded once: the engine's and usage's.
+            prompt = tuple(generator.prompt_ids(request.query, documents, conversation))
             generating = GenerationRequest(request.query, documents, request.max_new_tokens, sampling,
-                                           on_token=tokens.put, prompt_ids=prompt)
+                                           conversation=conversation, on_token=tokens.put, prompt_ids=prompt)
             generation = self._enter(clock, Stage.GENERATE, generating)
             tokens.end_with(generation.future)
             # At a stop string the output processor ends the sequence in the engine.
@@ -185,9 +192,11 @@ class Worker:
                 yield rest
             reply = self._classify(clock, request.request_id, output.text, deadline)
             seed = {"seed": sampling.seed} if sampling is not None and not sampling.greedy else {}
-            yield {**reply, "data_version": version, "sources": [document.doc_id for document in documents],
+            # How many of the oldest turns the prompt left out, where a history was sent.
+            dropped = {"history_turns_dropped": fitted.dropped} if request.history else {}
+            yield {**reply, "data_version": version, "sources": [document.as_source() for document in documents],
                    "usage": {"prompt_tokens": len(prompt), "completion_tokens": output.token_count},
-                   "finish_reason": output.finish_reason, **seed}
+                   "finish_reason": output.finish_reason, **dropped, **seed}
         finally:
             if generation is not None:
                 generation.future.cancel()  # a no-op once it ended; frees the slot of a reader gone early
@@ -227,8 +236,9 @@ class Worker:
         return clock.enter(stage).submit(self.services[stage], item)
 
     def _retrieve(self, clock: StageClock, trace: str, query: str, deadline: float) -> tuple[str, tuple]:
-        """The data version read and the query's documents from it, reranked, best first: embed,
-        search, fetch (one version: held from before the search until the fetch ends), rerank."""
+        """The data version read and the documents for `query` (the retrieval query) from it, reranked,
+        best first: embed, search, fetch (one version: held from before the search until the fetch
+        ends), rerank."""
         def run(stage: Stage, item):
             return clock.wait(self._enter(clock, stage, item), deadline)
 

@@ -3,6 +3,7 @@ through the edge (services/server/edge.py), and the worker's answer and embeddin
 tells them: each reply says which node computed it and how long it waited on each stage."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -36,6 +37,10 @@ from services.server.token import internal_endpoint
 
 log = logging.getLogger(__name__)
 
+# What a forward from the gateway may add to a body its client sent within MAX_BODY_BYTES: a generated
+# request_id, `stream` and `timeout_s` (the text itself is sent as UTF-8, services/cluster/clients.py).
+FORWARD_SLACK_BYTES = 1024
+
 
 def worker_config(settings: Settings) -> WorkerConfig:
     generate = settings.generate
@@ -43,7 +48,8 @@ def worker_config(settings: Settings) -> WorkerConfig:
                                   prefill_chunk=generate.prefill_chunk, max_queue=settings.limits.stage_max_queue)
     return WorkerConfig(batching={stage: settings.batching(stage) for stage in spec.WORKER_STAGES
                                   if stage != spec.Stage.GENERATE},
-                        embed_cache_size=settings.embed.cache_size, continuous=continuous)
+                        embed_cache_size=settings.embed.cache_size, continuous=continuous,
+                        history_tokens=settings.limits.max_history_tokens)
 
 
 def versioned_documents(settings: Settings, embedder: EmbedderInfo) -> VersionedData[DocumentStore]:
@@ -88,6 +94,10 @@ class WorkerRole(Role):
     @staticmethod
     def check_settings(settings: Settings) -> None:
         settings.require_documents()
+
+    @property
+    def max_body_bytes(self) -> int:
+        return self.settings.limits.max_body_bytes + FORWARD_SLACK_BYTES
 
     def default_http_threads(self) -> int:
         # A request in flight holds one waitress thread while it waits on its futures. The
@@ -144,7 +154,8 @@ class WorkerRole(Role):
     def register_routes(self, app: Flask) -> None:
         self.register_data_routes(app)
         # Each forward from the gateway gets its completion line here too: served_by and this node's stages.
-        Edge(self.lifecycle, self.settings.limits).add(app, "/internal/answer", self.internal_call,
+        limits = dataclasses.replace(self.settings.limits, max_body_bytes=self.max_body_bytes)
+        Edge(self.lifecycle, limits).add(app, "/internal/answer", self.internal_call,
                                                        guard=internal_endpoint(self.settings.cluster.cluster_token))
 
     def internal_call(self, body: dict) -> Call:

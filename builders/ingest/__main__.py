@@ -1,0 +1,5 @@
+import sys
+
+from builders.ingest.cli import main
+
+sys.exit(main())
