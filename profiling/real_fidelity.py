@@ -52,11 +52,12 @@ def machine() -> dict:
 
     import torch
 
-    from pipeline.cpu_features import cpu_has_amx, cpu_supports_bf16
+    from pipeline.cpu_features import cpu_flags, cpu_supports_bf16, onednn_isa_held
     from profiling.lib.machine_peaks import cpu_name
     from profiling.lib.provenance import git_commit
     return {"cpu": cpu_name(), "cores": os.cpu_count(), "avx512_bf16": cpu_supports_bf16(),
-            "amx": cpu_has_amx(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "amx": any(f.startswith("amx") for f in cpu_flags()), "onednn_isa_held": onednn_isa_held(),
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
             "python": platform.python_version(), "code": git_commit(), "date": time.strftime("%F %T %Z")}
 
 
