@@ -35,12 +35,14 @@ class Embedder:
         self.placement = placement
 
     @classmethod
-    def load(cls, source: ModelSource, placement: Placement) -> "Embedder":
+    def load(cls, source: ModelSource, placement: Placement, name: str = spec.EMBEDDER_MODEL,
+             **int8_options) -> "Embedder":
+        """`name`: the model (a hub name or a folder; profiling/real_fidelity.py loads another
+        sentence-transformers encoder the same way); `int8_options`: see apply_precision."""
         from sentence_transformers import SentenceTransformer
-        model = SentenceTransformer(spec.EMBEDDER_MODEL, device=placement.device,
-                                    cache_folder=source.hf_kwargs().get("cache_dir"),
+        model = SentenceTransformer(name, device=placement.device, cache_folder=source.hf_kwargs().get("cache_dir"),
                                     local_files_only=source.local_files_only, model_kwargs={"dtype": placement.torch_dtype})
-        return cls(apply_precision(without_normalize(model).eval(), placement.precision), placement)
+        return cls(apply_precision(without_normalize(model).eval(), placement.precision, **int8_options), placement)
 
     @classmethod
     def from_settings(cls, settings: Settings, source: ModelSource | None = None) -> "Embedder":

@@ -30,6 +30,8 @@ CUDA cases run only where a GPU is.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from pipeline.kernels.batch_invariance import make_batch_invariant
@@ -40,9 +42,11 @@ from pipeline.kernels.versions import check_kernel_versions
 QUANTIZED = {"int8-dynamic": Int8DynamicLinear, "int8-weight": Int8WeightLinear}
 
 
-def apply_precision(model, precision: str):
+def apply_precision(model, precision: str, **int8_options):
     """The model in `precision`, batch-invariant: float variants are the dtype it was loaded in;
-    int8 ones convert its Linears (the model must have been loaded in LOAD_DTYPE[precision]).
+    int8 ones convert its Linears (the model must have been loaded in LOAD_DTYPE[precision]);
+    `int8_options` go to each int8 Linear (Int8DynamicLinear's kernel and fused: profiling/real_fidelity.py
+    measures every kernel; serving passes none).
     Then its attention and its remaining float Linears are made batch-invariant
     (:func:`~pipeline.kernels.batch_invariance.make_batch_invariant`), whatever the variant.
     Raises ConfigError where torch or transformers is outside the versions the kernels were
@@ -51,7 +55,7 @@ def apply_precision(model, precision: str):
     untie_output_embeddings(model)  # the output layer gets its own int8 (or, on the CPU, packed) weight
     if precision in QUANTIZED:
         with torch.no_grad():
-            convert_linears(model, QUANTIZED[precision])
+            convert_linears(model, functools.partial(QUANTIZED[precision], **int8_options))
     make_batch_invariant(model)
     return model
 

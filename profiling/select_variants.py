@@ -16,7 +16,9 @@ in that variant, as the service does, and measures:
 The rule: per stage, the fastest variant at the typical batch among those whose every fidelity metric reaches its
 stage's minimum (`--<stage>-<metric>`); float32 when none does. Writes `precision.env` (`EMBED_PRECISION=...` lines
 a deployer sources, the figures in its comments), `select_variants.json` and `select_variants.csv` under
-`--out/<timestamp>/`. Fidelity on random-weight stand-ins is a worst case (said in the output)."""
+`--out/<timestamp>/`. Fidelity on random-weight stand-ins is no worst case: on a real encoder int8-dynamic drifted
+about 10x more than on its same-shape stand-in (profiling.real_fidelity); on stand-ins, embed's cosines are scaled by
+that report's factors (`--real-fidelity`), other stages' figures are the stand-ins' own (said in the output)."""
 from __future__ import annotations
 
 import argparse
@@ -37,7 +39,8 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from pipeline import spec
-from pipeline.config import Settings
+from pipeline.config import REPO_ROOT, Settings
+from profiling.lib import fidelity as fid
 from profiling.lib import inputs
 from profiling.lib.cli import comma_list, positive, split_list, stage_list
 from profiling.lib.fidelity import DEFAULT_THRESHOLDS, REFERENCE, Measurement, check, choose, env_file, rule_text
@@ -52,8 +55,10 @@ STAGES = tuple(map(str, spec.MODEL_STAGES))
 # requests of ten documents each; generate: sequences decoding together).
 DEFAULT_BATCH = {"embed": 8, "rerank": 2, "generate": 4, "sentiment": 8, "toxicity": 8}
 DEFAULT_OUT = Path("runs/select_variants")
-STANDIN_WARNING = ("model source is stand-ins (random weights): fidelity here is a worst case; real "
-                   "weights usually agree more")
+# profiling.real_fidelity's report on all-MiniLM-L6-v2 (docs/performance.md, "Fidelity on real weights").
+REAL_FIDELITY = REPO_ROOT / "docs" / "real_fidelity.json"
+STANDIN_WARNING = ("model source is stand-ins (random weights): NOT a worst case: trained weights' outlier "
+                   "channels make int8 drift more (embed: scaled by --real-fidelity's factors); rerun on real models")
 
 
 def _workload(stage: str, model, n: int, max_new: int, batch: int,
@@ -166,6 +171,7 @@ def _summarize(stage: str, variant: str, results: list[dict], reference: list[di
     first = results[0]  # outputs are deterministic: round 1's stand for all
     figures = fidelity_of(stage, _decoded(stage, reference[0]["outputs"]), _decoded(stage, first["outputs"])) \
         if reference else {}
+    figures = fid.with_real_drift(stage, variant, figures, getattr(args, "drift", {}))
     m = Measurement(stage, variant, statistics.median(t for r in results for t in r["one_ms"]),
                     statistics.median(t for r in results for t in r["batch_ms"]), args.batch[stage],
                     max(r["peak_rss_mib"] for r in results), first["model_mib"], figures)
@@ -202,10 +208,18 @@ def header_lines(settings: Settings, args: argparse.Namespace, rows: Sequence[Me
             f"torch threads: {thread_budget(models.torch_threads)}; load average at the end: "
             + ", ".join(f"{x:.2f}" for x in os.getloadavg()),
             f"model source: {models.model_source}" + (f" ({models.standin_profile})" if standin else ""),
-            *([STANDIN_WARNING] if standin else []), f"rule: {rule_text(args.thresholds)}",
+            *([STANDIN_WARNING] if standin else []), *_drift_lines(args), f"rule: {rule_text(args.thresholds)}",
             f"queries {args.queries}, repeat {args.repeat}, rounds {args.rounds}"
             + (f", generate max new tokens {args.max_new_tokens}" if "generate" in args.stages else "")
             + "; median ms one item / typical batch (B), peak RSS MiB:", *format_table(rows, chosen).splitlines()]
+
+
+def _drift_lines(args: argparse.Namespace) -> list[str]:
+    if not getattr(args, "drift", None):
+        return []
+    told = "; ".join(f"{v} " + ", ".join(f"{m} x{f:.1f}" for m, f in d.items()) for v, d in args.drift.items())
+    return [f"embed cosines: the stand-in's drift (1 - cosine) times what real weights showed ({told}; "
+            f"{args.real_fidelity}), the stand-in's own as standin_*"]
 
 
 def write_outputs(out: Path, settings: Settings, args: argparse.Namespace, rows: Sequence[Measurement],
@@ -250,6 +264,9 @@ def parser() -> argparse.ArgumentParser:
         for metric, minimum in metrics.items():
             p.add_argument(f"--{stage}-{metric.replace('_', '-')}", type=float, default=minimum,
                            dest=f"min_{stage}_{metric}", metavar="MIN", help=f"{stage}: pass when {metric} >= MIN")
+    p.add_argument("--real-fidelity", default=str(REAL_FIDELITY),
+                   help="on stand-ins, scale embed cosine drift by this profiling.real_fidelity report's "
+                        "real/stand-in factors; '' for the stand-ins' own figures")
     p.add_argument("--worker", help=argparse.SUPPRESS)  # internal: one measurement, as JSON
     return p
 
@@ -263,6 +280,10 @@ def resolve_args(p: argparse.ArgumentParser, args: argparse.Namespace, settings:
     if unsupported:
         p.error(f"--variants: {', '.join(unsupported)} not supported here (expected some of {', '.join(supported)})")
     args.variants = [REFERENCE] + [v for v in dict.fromkeys(variants) if v != REFERENCE]
+    use_drift = bool(args.real_fidelity) and settings.models.model_source == "standin"
+    if use_drift and not Path(args.real_fidelity).is_file():
+        p.error(f"--real-fidelity: {args.real_fidelity} is not a file")
+    args.drift = fid.real_drift_factors(json.loads(Path(args.real_fidelity).read_text())) if use_drift else {}
     args.thresholds = {stage: {metric: getattr(args, f"min_{stage}_{metric}") for metric in metrics}
                        for stage, metrics in DEFAULT_THRESHOLDS.items() if stage in args.stages}
     return args

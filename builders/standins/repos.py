@@ -75,7 +75,7 @@ def _quiet_transformers() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def _variance_preserving_(model: Any) -> None:
+def variance_preserving_(model: Any) -> None:
     """Redraw every Linear weight with std 1/sqrt(fan_in).
 
     HF's 0.02 init is a *training* starting point: with untrained weights each
@@ -115,7 +115,7 @@ def _build_weights(key: str, snapshot: pathlib.Path, seed: int, dtype: str, prof
     # Initialise in fp32 (the usual init path) and only then cast to the checkpoint dtype.
     config.dtype = torch.float32
     model = model_cls(config)
-    _variance_preserving_(model)
+    variance_preserving_(model)
     if key == "toxicity":
         with torch.no_grad():
             model.classifier.bias.copy_(torch.tensor(TOXIC_BIAS_PRIOR))

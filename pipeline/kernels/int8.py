@@ -9,7 +9,7 @@ Conversion drops each float weight as soon as its int8 copy exists.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -157,7 +157,7 @@ def untie_output_embeddings(model) -> None:
             text_config.tie_word_embeddings = False
 
 
-def convert_linears(model, make: type[_QuantizedLinear]) -> int:
+def convert_linears(model, make: Callable[[torch.nn.Linear], torch.nn.Module]) -> int:
     """Replace every nn.Linear under `model` in place by `make(linear)`; returns how many were converted."""
     linears = [(name, module) for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
     converted = 0

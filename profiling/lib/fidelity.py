@@ -17,6 +17,26 @@ def row_cosines(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
     return (ref * cand).sum(axis=1) / np.maximum(norms, 1e-30)
 
 
+def nearest_neighbours(vectors: np.ndarray, k: int, queries: Sequence[int] | None = None) -> np.ndarray:
+    """(queries, k) indices of each query row's k most cosine-similar other rows of `vectors`, most
+    similar first (itself left out; ties by index). Queries: row indices, default every row."""
+    unit = np.asarray(vectors, dtype=np.float64)
+    unit = unit / np.maximum(np.linalg.norm(unit, axis=1, keepdims=True), 1e-30)
+    rows = np.arange(len(unit)) if queries is None else np.asarray(queries)
+    similar = unit[rows] @ unit.T
+    similar[np.arange(len(rows)), rows] = -np.inf
+    return np.argsort(-similar, axis=1, kind="stable")[:, :k]
+
+
+def neighbour_overlap(reference: np.ndarray, candidate: np.ndarray, k: int = 10,
+                      queries: Sequence[int] | None = None) -> np.ndarray:
+    """Per query row, the share of its k nearest neighbours under `reference` that are also among
+    its k nearest under `candidate` (the same rows embedded twice; order inside the k ignored:
+    retrieval hands its top k on as a set)."""
+    ref, cand = nearest_neighbours(reference, k, queries), nearest_neighbours(candidate, k, queries)
+    return np.array([len(set(a) & set(b)) / k for a, b in zip(ref.tolist(), cand.tolist())])
+
+
 def order(scores: Sequence[float]) -> list[int]:
     """Indices by descending score; ties keep input order (the reranker's stable sort)."""
     return sorted(range(len(scores)), key=lambda i: -scores[i])
@@ -115,6 +135,39 @@ def fidelity(stage: str, reference, candidate) -> dict[str, float]:
 DEFAULT_THRESHOLDS: dict[str, dict[str, float]] = {
     "embed": {"cosine_min": 0.99}, "rerank": {"top3_agreement": 0.9, "spearman": 0.8},
     "generate": {"exact_match": 0.75}, "sentiment": {"label_agreement": 0.95}, "toxicity": {"label_agreement": 0.95}}
+
+
+# Stand-ins have no trained weights' outlier channels, so their embed cosines understate a variant's
+# drift; profiling.real_fidelity measures by how much, on a real encoder beside its same-shape stand-in.
+REAL_DRIFT_METRICS = ("cosine_min", "cosine_mean")
+
+
+def real_drift_factors(report: Mapping) -> dict[str, dict[str, float]]:
+    """precision -> {metric: how many times the real model's drift (1 - cosine) is the stand-in's, at
+    least 1}, from profiling.real_fidelity's report (its rows as serving runs each variant)."""
+    rows = {(r["model"], r["variant"]): r for r in report["rows"]
+            if r["variant"] == r["precision"] or r["variant"].endswith("(serving)")}
+    factors: dict[str, dict[str, float]] = {}
+    for (model, variant), real in rows.items():
+        stand = rows.get(("standin", variant))
+        if model != "real" or stand is None or real["precision"] == REFERENCE:
+            continue
+        factors[real["precision"]] = {m: max(1.0, (1 - real[m]) / (1 - stand[m])) if stand[m] < 1 else 1.0
+                                      for m in REAL_DRIFT_METRICS}
+    return factors
+
+
+def with_real_drift(stage: str, variant: str, figures: Mapping[str, float],
+                    factors: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    """A stand-in's embed figures with each cosine's drift scaled by the variant's real-weights factor
+    (the stand-in's own kept as standin_<metric>); other stages and unmeasured variants as they are."""
+    scale = factors.get(variant, {}) if stage == "embed" else {}
+    out = dict(figures)
+    for metric, factor in scale.items():
+        if metric in figures:
+            out[f"standin_{metric}"] = figures[metric]
+            out[metric] = 1 - (1 - figures[metric]) * factor
+    return out
 
 
 @dataclass
