@@ -12,7 +12,8 @@
 #   DATA_CURRENT (set)      set: <root>/current names DATA_VERSION (the serving container cannot move
 #                           the link, so the settings say which version a starting pod serves);
 #                           keep: a link that exists stays (an in-place copy beside the served version).
-#   MODEL_SOURCE=standin    the stand-ins are copied from <store>/.standins into STANDIN_HOME too
+#   MODEL_SOURCE=standin    the stand-ins are copied from <store>/.standins into STANDIN_HOME too,
+#                           unless it is empty (an index pod: it loads no model) or already there
 #                           (the data was embedded with exactly these: the worker's embedder check).
 # The data root is FAISS_INDEX_PATH's grandparent, as in deploy/fill-data.sh. A copy lands under a
 # temporary name and is renamed whole, so a killed copy leaves no half version.
@@ -51,7 +52,7 @@ until complete "$store/$version"; do
   waited=$((waited + 5))
 done
 
-if [ "${MODEL_SOURCE:-auto}" = standin ] && [ ! -d "$STANDIN_HOME" ]; then
+if [ "${MODEL_SOURCE:-auto}" = standin ] && [ -n "${STANDIN_HOME:-}" ] && [ ! -d "$STANDIN_HOME" ]; then
   copy_whole "$store/.standins/home" "$STANDIN_HOME"
 fi
 
