@@ -505,13 +505,17 @@ KUBECTL_RESTRICTED = {"allowPrivilegeEscalation": False, "capabilities": {"drop"
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_the_in_place_copy_container_mounts_what_copy_data_mounts_under_the_restricted_standard(version):
-    custom = yaml.safe_load((K8S / "debug" / "build-data-version.yaml").read_text())
+@pytest.mark.parametrize("custom_file,kind", [("build-data-version.yaml", "Deployment"),
+                                              ("build-data-version-index.yaml", "StatefulSet")])
+def test_the_in_place_copy_container_mounts_what_copy_data_mounts_under_the_restricted_standard(version, custom_file,
+                                                                                                kind):
+    custom = yaml.safe_load((K8S / "debug" / custom_file).read_text())
     container = {"name": "data-v2", "image": "rag-service:0123456789ab", "command": ["deploy/copy-data.sh"],
                  **custom, "securityContext": {**KUBECTL_RESTRICTED, **custom["securityContext"]}}
     assert custom["envFrom"] == [{"configMapRef": {"name": "rag-settings"}}]
-    for obj in by_kind("Deployment").values():
+    for obj in by_kind(kind).values():
         assert container["volumeMounts"] == copy_data(obj)["volumeMounts"], obj["metadata"]["name"]  # /data writable
+        assert container.get("env", []) == copy_data(obj).get("env", []), obj["metadata"]["name"]
         spec = {**copy.deepcopy(pod_spec(obj)), "ephemeralContainers": [container]}
         kubernetes_validate.validate({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "rag"},
                                       "spec": spec}, version, strict=True)
