@@ -74,8 +74,8 @@ embedder() {  # the stand-ins a build embeds with, built once (a no-op when pres
   embedder_ready=1
 }
 
-knowledge() {  # a folder of one's own documents is given and holds something
-  [ -n "${KNOWLEDGE_DIR:-}" ] && [ -d "$KNOWLEDGE_DIR" ] && [ -n "$(ls -A "$KNOWLEDGE_DIR")" ]
+knowledge() {  # a folder of one's own documents is given and holds something (a new ext4 volume's lost+found is not)
+  [ -n "${KNOWLEDGE_DIR:-}" ] && [ -d "$KNOWLEDGE_DIR" ] && [ -n "$(ls -A "$KNOWLEDGE_DIR" | grep -vx 'lost+found')" ]
 }
 
 build_in_full() {

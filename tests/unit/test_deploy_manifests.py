@@ -520,6 +520,19 @@ def test_copy_data_waits_for_the_job_and_never_builds_a_missing_version(tmp_path
     assert refused.returncode == 2 and "DATA_CURRENT='sometimes'" in refused.stderr
 
 
+@pytest.mark.slow
+def test_fill_data_builds_the_demo_corpus_from_an_empty_knowledge_volume(tmp_path, tiny_settings):
+    # A new volume (the Job's rag-knowledge claim on ext4) holds an empty lost+found: no documents.
+    knowledge = tmp_path / "knowledge"
+    (knowledge / "lost+found").mkdir(parents=True)
+    root = tmp_path / "data"
+    result = fill_data(root, MODEL_SOURCE="standin", STANDIN_PROFILE="tiny", STANDIN_HOME=str(tiny_settings.standin_dir),
+                       HF_HUB_OFFLINE="1", DEMO_DOCS="40", KNOWLEDGE_DIR=str(knowledge))
+    assert result.returncode == 0, result.stderr[-3000:]
+    v1 = load_version(root / "v1")
+    assert v1.kind != "ingest" and v1.documents == 40  # the demo corpus
+
+
 @pytest.mark.slow  # runs deploy/fill-data.sh
 def test_fill_data_refuses_an_archive_member_outside_the_folder_and_builds_nothing(tmp_path):
     knowledge = tmp_path / "knowledge"
