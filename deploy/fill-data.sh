@@ -2,8 +2,9 @@
 # Fills a data volume in the versioned layout (docs/scaling.md, "Data versions"): versions side by
 # side in the data root, the nodes reading the one its `current` link names
 # (FAISS_INDEX_PATH=<root>/current/faiss_index.bin, DOCUMENTS_DIR=<root>/current/documents; the root
-# is FAISS_INDEX_PATH's grandparent). deploy/k8s runs it as each pod's init container, compose's
-# one-shot `data` service on the shared volume.
+# is FAISS_INDEX_PATH's grandparent). Compose runs it as its one-shot `data` service on the shared
+# volume (KNOWLEDGE_DIR: the mounted ./knowledge), deploy/k8s as the rag-ingest Job, once, into the
+# shared store every pod copies from (deploy/copy-data.sh).
 #   DATA_VERSION (v1)   the version a node started on this volume serves. Unless <root>/DATA_VERSION
 #                       is complete (its manifest.json, which a build writes last), it is built:
 #                       with DATA_CHANGES (a changes file), from DATA_PARENT (built first if missing:
@@ -15,6 +16,10 @@
 #                       the version is ingested from it (python -m builders.ingest) instead of the demo
 #                       corpus; with DATA_PARENT complete (an earlier ingest) and no DATA_CHANGES, as
 #                       its next version (--from: only the documents that changed are embedded).
+#   KNOWLEDGE_ARCHIVE   a .tar.gz, .tar or .zip of such a folder (a path, or a name in KNOWLEDGE_DIR:
+#                       the Kubernetes Job's rag-knowledge claim): unpacked into $TMPDIR (no member may
+#                       lie outside it, nor be a link or device), then ingested as that folder; only
+#                       unpacked when DATA_VERSION has to be built.
 #   DATA_CURRENT (keep) keep: a `current` link that exists stays where a rollout left it (compose,
 #                       where the rollout repoints it); one that does not is made, naming DATA_VERSION.
 #                       set: `current` names DATA_VERSION (Kubernetes: the serving containers cannot
@@ -37,6 +42,30 @@ complete() {
     2>/dev/null
 }
 
+if [ -n "${KNOWLEDGE_ARCHIVE:-}" ] && ! complete "$root/$version"; then
+  case "$KNOWLEDGE_ARCHIVE" in
+    /*) archive="$KNOWLEDGE_ARCHIVE" ;;
+    *) archive="${KNOWLEDGE_DIR:?KNOWLEDGE_ARCHIVE names a file in KNOWLEDGE_DIR, which is not set}/$KNOWLEDGE_ARCHIVE" ;;
+  esac
+  KNOWLEDGE_DIR="${TMPDIR:-/tmp}/fill-data-knowledge"
+  rm -rf "$KNOWLEDGE_DIR"
+  python - "$archive" "$KNOWLEDGE_DIR" <<'PY'
+import shutil, sys, tarfile
+archive, out = sys.argv[1:]
+if tarfile.is_tarfile(archive):
+    with tarfile.open(archive) as tar:  # checked by hand too: Python before 3.11.4 has no extraction filter
+        bad = [m.name for m in tar.getmembers() if not (m.isfile() or m.isdir())
+               or m.name.startswith("/") or ".." in m.name.split("/")]
+    if bad:
+        sys.exit(f"fill-data: {archive}: not a plain file or folder inside the archive: {bad[:5]}")
+    shutil.unpack_archive(archive, out, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+else:
+    shutil.unpack_archive(archive, out, format="zip")  # zipfile keeps every member inside `out`
+PY
+  [ -n "$(ls -A "$KNOWLEDGE_DIR")" ] || { echo "fill-data: $archive holds no file" >&2; exit 1; }
+  echo "fill-data: unpacked $archive"
+fi
+
 embedder_ready=""
 embedder() {  # the stand-ins a build embeds with, built once (a no-op when present)
   if [ -z "$embedder_ready" ] && [ "${MODEL_SOURCE:-auto}" = standin ]; then
@@ -45,8 +74,8 @@ embedder() {  # the stand-ins a build embeds with, built once (a no-op when pres
   embedder_ready=1
 }
 
-knowledge() {  # a folder of one's own documents is given and holds something
-  [ -n "${KNOWLEDGE_DIR:-}" ] && [ -d "$KNOWLEDGE_DIR" ] && [ -n "$(ls -A "$KNOWLEDGE_DIR")" ]
+knowledge() {  # a folder of one's own documents is given and holds something (a new ext4 volume's lost+found is not)
+  [ -n "${KNOWLEDGE_DIR:-}" ] && [ -d "$KNOWLEDGE_DIR" ] && [ -n "$(ls -A "$KNOWLEDGE_DIR" | grep -vx 'lost+found')" ]
 }
 
 build_in_full() {

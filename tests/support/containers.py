@@ -129,8 +129,13 @@ class Compose:
             "HEALTH_INTERVAL_S": "0.5"}} for service in NODE_SERVICES}}
         self.override = workdir / "compose.test.yaml"
         self.override.write_text(yaml.safe_dump(override))
+        # An empty knowledge folder of the test's own: the demo corpus, whatever ./knowledge holds here
+        # (and Docker makes no root-owned folder in the checkout).
+        knowledge = workdir / "knowledge"
+        knowledge.mkdir(exist_ok=True)
         self.env = {**os.environ, "CLUSTER_TOKEN": TOKEN, "RAG_IMAGE": IMAGE, "RAG_PUBLISH_PORT": str(port),
-                    "MODEL_SOURCE": "standin", "STANDIN_PROFILE": "tiny", "DEMO_DOCS": str(DOCS)}
+                    "MODEL_SOURCE": "standin", "STANDIN_PROFILE": "tiny", "DEMO_DOCS": str(DOCS),
+                    "RAG_KNOWLEDGE_DIR": str(knowledge)}
 
     def __call__(self, *args: str, timeout: float = 300, check: bool = True, env: dict | None = None):
         command = [COMPOSE, "-p", self.name, "-f", str(REPO_ROOT / "deploy" / "compose.yaml"),

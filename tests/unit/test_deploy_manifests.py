@@ -9,13 +9,16 @@ healthcheck.py are run as the image runs them. The image itself: tests/integrati
 from __future__ import annotations
 
 import http.server
+import io
 import json
 import os
 import re
 import runpy
 import shutil
+import sqlite3
 import subprocess
 import sys
+import tarfile
 import threading
 from pathlib import Path
 
@@ -131,7 +134,9 @@ def test_compose_paths_exist():
             assert (DEPLOY / env_file).resolve() == REPO_ROOT / "env.example"
         for volume in svc.get("volumes", []):
             source = volume.split(":")[0]
-            if source.startswith("."):
+            if source == "../knowledge":  # optional: where it is missing Docker makes it empty (the demo corpus)
+                assert volume == "../knowledge:/knowledge:ro"
+            elif source.startswith("."):
                 assert (DEPLOY / source).exists(), source
             else:
                 assert source in data["volumes"], source
@@ -147,7 +152,32 @@ def test_compose_env_names_are_settings():
         env = svc["environment"]
         assert settings_env(env, int(env["TOTAL_NODES"])) == [], name
     data = compose()["services"]["data"]["environment"]
-    assert settings_env(data, 3) == []
+    # Besides the settings, the data service passes fill-data.sh's own inputs (the version, the folder).
+    own = settings_env(data, 3)
+    assert sorted(own) == ["DATA_PARENT", "DATA_VERSION", "DEMO_DOCS", "KNOWLEDGE_DIR"] and set(own) <= fill_data_inputs()
+
+
+def fill_data_inputs() -> set[str]:
+    """The variables deploy/fill-data.sh reads (${NAME...})."""
+    return set(re.findall(r"\$\{([A-Z_]+)", (DEPLOY / "fill-data.sh").read_text()))
+
+
+def test_compose_ingests_the_mounted_knowledge_folder_in_the_data_service_alone():
+    services = compose()["services"]
+    data = services["data"]
+    assert "../knowledge:/knowledge:ro" in data["volumes"]  # ./knowledge of the repository, read-only
+    assert data["environment"]["KNOWLEDGE_DIR"] == "/knowledge"
+    # Overridable: the host folder is RAG_KNOWLEDGE_DIR when set.
+    raw = (DEPLOY / "compose.yaml").read_text()
+    assert "${RAG_KNOWLEDGE_DIR:-../knowledge}:/knowledge:ro" in raw
+    # The version and its parent reach fill-data from the environment, so `run -e` or the shell set them.
+    assert (data["environment"]["DATA_VERSION"], data["environment"]["DATA_PARENT"]) == ("v1", "")
+    assert {"KNOWLEDGE_DIR", "DATA_VERSION", "DATA_PARENT"} <= fill_data_inputs()
+    assert "DATA_VERSION=" not in data["command"][0]  # not pinned in the command over the environment
+    for name, svc in services.items():  # built once: no node mounts the folder or ingests
+        if name != "data":
+            assert not any(":/knowledge" in v for v in svc.get("volumes", [])), name
+            assert "KNOWLEDGE_DIR" not in svc.get("environment", {}), name
 
 
 def test_k8s_env_names_are_settings():
@@ -157,16 +187,23 @@ def test_k8s_env_names_are_settings():
     for obj in k8s_objects():
         pod = obj.get("spec", {}).get("template", {}).get("spec")
         for container in (pod or {}).get("containers", []) + (pod or {}).get("initContainers", []):
-            assert settings_env([e["name"] for e in container.get("env", [])], total) == [], obj["metadata"]["name"]
+            unknown = settings_env([e["name"] for e in container.get("env", [])], total)
+            # The ingest Job names its source folder, an input of fill-data.sh.
+            assert set(unknown) <= (fill_data_inputs() if container["name"] == "ingest" else set()), \
+                obj["metadata"]["name"]
             refs = [ref["configMapRef"]["name"] for ref in container.get("envFrom", []) if "configMapRef" in ref]
-            # fill-data also reads which data version to lay out: its own inputs, not the nodes' settings.
-            allowed = ([], ["rag-settings"], ["rag-settings", "rag-data"]) if container["name"] == "fill-data" else \
+            # copy-data and the ingest Job also read which data version to copy or build: their own
+            # inputs, not the nodes' settings.
+            copies_or_builds = container["name"] in ("copy-data", "ingest")
+            allowed = ([], ["rag-settings"], ["rag-settings", "rag-data"]) if copies_or_builds else \
                 ([], ["rag-settings"])
             assert refs in allowed, obj["metadata"]["name"]
-    # rag-data holds exactly the variables fill-data.sh reads beyond the settings.
-    read = set(re.findall(r"\$\{(DATA_[A-Z_]+)", (DEPLOY / "fill-data.sh").read_text()))
-    assert set(by_kind("ConfigMap")["rag-data"]["data"]) == read == {"DATA_VERSION", "DATA_PARENT", "DATA_CHANGES",
-                                                                     "DATA_CURRENT"}
+    # rag-data holds only variables the scripts read beyond the settings, and no changes file: a
+    # changed source is the Job's ingest --from, never a ConfigMap of changes.
+    copy = set(re.findall(r"\$\{([A-Z_]+)", (DEPLOY / "copy-data.sh").read_text()))
+    data = set(by_kind("ConfigMap")["rag-data"]["data"])
+    assert data <= fill_data_inputs() and {"DATA_VERSION", "DATA_CURRENT"} <= data & copy
+    assert data == {"DATA_VERSION", "DATA_PARENT", "DATA_CURRENT", "KNOWLEDGE_ARCHIVE"}
 
 
 def test_configmap_carries_env_example_at_its_defaults_except_the_wiring():
@@ -436,6 +473,103 @@ def test_fill_data_ingests_a_knowledge_folder_then_its_next_version_from_the_fir
     assert (v2.parent, v2.ingest["documents_changed"], v2.ingest["documents_unchanged"]) == ("v1", 1, 5)
     assert "retrained" not in v2.ingest
     assert v2.ingest["embedded_passages"] == 1 and os.readlink(root / "current") == "v2"
+
+
+def copy_data(root: Path, store: Path, **env: str) -> subprocess.CompletedProcess:
+    """deploy/copy-data.sh as a pod's init container runs it: the store the Job built into, read-only."""
+    env = {**os.environ, "FAISS_INDEX_PATH": str(root / "current" / "faiss_index.bin"), "DATA_STORE": str(store),
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **env}
+    return subprocess.run([str(DEPLOY / "copy-data.sh")], env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.slow  # runs deploy/copy-data.sh
+def test_copy_data_copies_the_version_and_the_stand_ins_the_job_built_and_links_it(tmp_path):
+    store, root = tmp_path / "versions", tmp_path / "data"
+    root.mkdir()
+    manifest_only_version(store, "v1")
+    (store / "v1" / "faiss_index.bin").write_bytes(b"the index the Job built")
+    (store / ".standins" / "home").mkdir(parents=True)
+    (store / ".standins" / "home" / "weights").write_bytes(b"stand-in")
+    standins = tmp_path / "standins" / "home"
+    standins.parent.mkdir()
+    result = copy_data(root, store, MODEL_SOURCE="standin", STANDIN_HOME=str(standins))
+    assert result.returncode == 0, result.stderr
+    assert (root / "v1" / "faiss_index.bin").read_bytes() == b"the index the Job built"
+    assert load_version(root / "v1").version == "v1" and os.readlink(root / "current") == "v1"
+    assert (standins / "weights").read_bytes() == b"stand-in"
+    assert sorted(p.name for p in root.iterdir()) == ["current", "v1"]  # no partial copy left behind
+    # A pod restarted on the same volume copies nothing again; keep leaves a link a rollout moved.
+    manifest_only_version(store, "v2")
+    again = copy_data(root, store, DATA_VERSION="v2", DATA_CURRENT="keep")
+    assert again.returncode == 0 and os.readlink(root / "current") == "v1" and load_version(root / "v2")
+    assert "already here" in copy_data(root, store, DATA_VERSION="v2").stdout
+    assert os.readlink(root / "current") == "v2"  # set (the default): the settings name it
+
+
+@pytest.mark.slow  # runs deploy/copy-data.sh
+def test_copy_data_waits_for_the_job_and_never_builds_a_missing_version(tmp_path):
+    store, root = tmp_path / "versions", tmp_path / "data"
+    store.mkdir()
+    root.mkdir()
+    (store / "v1").mkdir()  # the Job still writing it: no manifest yet
+    result = copy_data(root, store, DATA_WAIT_S="0", MODEL_SOURCE="standin",
+                       STANDIN_HOME=str(tmp_path / "standins" / "home"))
+    assert result.returncode == 1 and "rag-ingest Job" in result.stderr
+    assert list(root.iterdir()) == [] and not (tmp_path / "standins").exists()  # nothing built nor copied
+    refused = copy_data(root, store, DATA_CURRENT="sometimes")
+    assert refused.returncode == 2 and "DATA_CURRENT='sometimes'" in refused.stderr
+
+
+@pytest.mark.slow
+def test_fill_data_builds_the_demo_corpus_from_an_empty_knowledge_volume(tmp_path, tiny_settings):
+    # A new volume (the Job's rag-knowledge claim on ext4) holds an empty lost+found: no documents.
+    knowledge = tmp_path / "knowledge"
+    (knowledge / "lost+found").mkdir(parents=True)
+    root = tmp_path / "data"
+    result = fill_data(root, MODEL_SOURCE="standin", STANDIN_PROFILE="tiny", STANDIN_HOME=str(tiny_settings.standin_dir),
+                       HF_HUB_OFFLINE="1", DEMO_DOCS="40", KNOWLEDGE_DIR=str(knowledge))
+    assert result.returncode == 0, result.stderr[-3000:]
+    v1 = load_version(root / "v1")
+    assert v1.kind != "ingest" and v1.documents == 40  # the demo corpus
+
+
+@pytest.mark.slow  # runs deploy/fill-data.sh
+def test_fill_data_refuses_an_archive_member_outside_the_folder_and_builds_nothing(tmp_path):
+    knowledge = tmp_path / "knowledge"
+    knowledge.mkdir()
+    with tarfile.open(knowledge / "kb.tar.gz", "w:gz") as tar:
+        escaping = tarfile.TarInfo("../outside.md")
+        body = b"# Out\nbeyond the folder\n"
+        escaping.size = len(body)
+        tar.addfile(escaping, io.BytesIO(body))
+    root = tmp_path / "data"
+    result = fill_data(root, KNOWLEDGE_DIR=str(knowledge), KNOWLEDGE_ARCHIVE="kb.tar.gz", TMPDIR=str(tmp_path))
+    assert result.returncode == 1 and "../outside.md" in result.stderr
+    assert not (tmp_path / "outside.md").exists() and not (root / "v1").exists()
+
+
+@pytest.mark.slow
+def test_fill_data_ingests_a_knowledge_archive_as_its_folder(tmp_path, tiny_settings):
+    knowledge = tmp_path / "knowledge"
+    knowledge.mkdir()
+    with tarfile.open(knowledge / "kb.tar.gz", "w:gz") as tar:
+        for name, text in {"guides/returns.md": "# Returns\nItems go back within thirty days.\n",
+                           "shipping.txt": "Parcels leave the depot every morning.\n"}.items():
+            member = tarfile.TarInfo(name)
+            member.size = len(text.encode())
+            tar.addfile(member, io.BytesIO(text.encode()))
+    root = tmp_path / "data"
+    env = {"MODEL_SOURCE": "standin", "STANDIN_PROFILE": "tiny", "STANDIN_HOME": str(tiny_settings.standin_dir),
+           "HF_HUB_OFFLINE": "1", "KNOWLEDGE_DIR": str(knowledge), "KNOWLEDGE_ARCHIVE": "kb.tar.gz",
+           "TMPDIR": str(tmp_path), "INDEX_SHARDS": "1"}
+    result = fill_data(root, **env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    v1 = load_version(root / "v1")
+    assert (v1.kind, v1.ingest["documents"]) == ("ingest", 2)
+    # The documents' ids are their paths in the archive, not in the temporary folder it was unpacked to.
+    with sqlite3.connect(root / "v1" / "documents" / "documents.db") as db:
+        ids = sorted(row[0] for row in db.execute("SELECT id FROM source_documents"))
+    assert ids == ["guides/returns.md", "shipping.txt"]
 
 
 class ReadyHandler(http.server.BaseHTTPRequestHandler):

@@ -101,6 +101,11 @@ def workloads(objects: list[dict] | None = None) -> list[dict]:
     return [obj for obj in (RENDERED if objects is None else objects) if obj["kind"] in WORKLOAD_KINDS]
 
 
+def serving(objects: list[dict] | None = None) -> list[dict]:
+    """The workloads that run a node (the Deployments and StatefulSets), not the Jobs."""
+    return [obj for obj in workloads(objects) if obj["kind"] != "Job"]
+
+
 def pod_spec(obj: dict) -> dict:
     return obj["spec"]["template"]["spec"]
 
@@ -235,7 +240,8 @@ def test_writable_volumes_only_where_needed(name):
     for obj in workloads(rendered(name)):
         for c in containers(obj):
             writable = {m["mountPath"] for m in c.get("volumeMounts", []) if not m.get("readOnly")}
-            allowed = {"/tmp", "/data", "/standins"} if c["name"] == "fill-data" else \
+            allowed = {"/tmp", "/data", "/standins"} if c["name"] == "copy-data" else \
+                {"/versions", "/tmp"} if c["name"] == "ingest" else \
                 {"/home/rag/.cache/huggingface", "/tmp"} if obj["kind"] == "Job" else {"/tmp"}
             assert writable <= allowed, (obj["metadata"]["name"], c["name"], writable)
 
@@ -378,14 +384,14 @@ def test_the_wiring_names_the_headless_services_the_nodes_discover():
 
 def test_each_role_is_a_node_its_settings_accept():
     data = settings_data()
-    for obj in workloads():
+    for obj in serving():
         settings = Settings.from_env({**data, "NODE_NUMBER": str(node_number(obj)), "CLUSTER_TOKEN": "t"})
         assert settings.cluster.role_of(node_number(obj)) == role_of(obj)
 
 
 def test_every_node_requires_the_cluster_token_and_refuses_to_start_without_it():
     data = settings_data()
-    for obj in workloads():
+    for obj in serving():
         secrets = [ref["secretRef"] for ref in node_container(obj)["envFrom"] if "secretRef" in ref]
         assert secrets == [{"name": "rag-secrets"}], obj["metadata"]["name"]  # not optional
         with pytest.raises(ConfigError, match="CLUSTER_TOKEN"):
@@ -407,19 +413,90 @@ def test_workers_and_shard_replicas_spread_over_machines():
 # ---------------------------------------------------------------- data versions
 
 
-def test_every_pod_reads_its_data_through_the_current_link_fill_data_lays_out():
+def copy_data(obj: dict) -> dict:
+    (init,) = pod_spec(obj)["initContainers"]
+    return init
+
+
+def test_every_pod_reads_its_data_through_the_current_link_copy_data_lays_out():
     data = settings_data()
     assert (data["FAISS_INDEX_PATH"], data["DOCUMENTS_DIR"]) == ("/data/current/faiss_index.bin",
                                                                  "/data/current/documents")
     # The settings name the version a starting pod serves: its serving container cannot move the link.
     assert by_kind("ConfigMap")["rag-data"]["data"]["DATA_CURRENT"] == "set"
+    assert len(serving()) == 4
+    for obj in serving():
+        init = copy_data(obj)
+        assert (init["name"], init["command"]) == ("copy-data", ["deploy/copy-data.sh"])
+        assert [ref["configMapRef"]["name"] for ref in init["envFrom"]] == ["rag-settings", "rag-data"]
+        (versions,) = [v for v in pod_spec(obj)["volumes"] if v["name"] == "versions"]
+        assert versions["persistentVolumeClaim"] == {"claimName": "rag-versions", "readOnly": True}
+        assert {"name": "versions", "mountPath": "/versions", "readOnly": True} in init["volumeMounts"]
+        assert {"name": "data", "mountPath": "/data"} in init["volumeMounts"]
+
+
+BUILDING = re.compile(r"builders|ingest|fill-data|standins --profile")
+
+
+def test_the_pods_only_copy_the_version_and_never_build_it():
+    # A worker scaling up copies the corpus the Job built: its init container runs copy-data.sh alone,
+    # which calls no builder (the Job is the one place that ingests).
+    for obj in serving():
+        for c in containers(obj):
+            assert not BUILDING.search(" ".join(c.get("command", []) + c.get("args", []))), (obj["metadata"]["name"], c)
+    script = (REPO_ROOT / "deploy" / "copy-data.sh").read_text()
+    code = "\n".join(line for line in script.splitlines() if not line.lstrip().startswith("#"))
+    assert not BUILDING.search(code.replace("rag-ingest", "")), "copy-data.sh must only copy"
+    # The index pods load no model, so their copy-data copies no stand-ins and has no such volume.
+    for obj in by_kind("StatefulSet").values():
+        assert {"name": "STANDIN_HOME", "value": ""} in copy_data(obj)["env"]
+        assert "standins" not in {v["name"] for v in pod_spec(obj)["volumes"]}
+
+
+def test_the_ingest_job_builds_the_version_once_into_the_store():
+    (job,) = by_kind("Job").values()
+    assert job["metadata"]["name"] == "rag-ingest" and "parallelism" not in job["spec"]  # one pod builds
+    (ingest,) = pod_spec(job)["containers"]
+    assert ingest["command"][-1].rstrip().endswith("exec deploy/fill-data.sh")
+    env = {e["name"]: e["value"] for e in ingest["env"]}
+    # fill-data's data root is FAISS_INDEX_PATH's grandparent: the store, where copy-data reads.
+    assert Path(env["FAISS_INDEX_PATH"]).parent.parent == Path("/versions")
+    assert env["KNOWLEDGE_DIR"] == "/knowledge" and env["STANDIN_HOME"].startswith("/versions/")
+    assert [ref["configMapRef"]["name"] for ref in ingest["envFrom"]] == ["rag-settings", "rag-data"]
+    assert {"cpu", "memory"} <= ingest["resources"]["requests"].keys() <= ingest["resources"]["limits"].keys()
+    mounts = {m["name"]: m for m in ingest["volumeMounts"]}
+    assert mounts["knowledge"] == {"name": "knowledge", "mountPath": "/knowledge", "readOnly": True}
+    assert mounts["versions"] == {"name": "versions", "mountPath": "/versions"}
+    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod_spec(job)["volumes"]
+              if "persistentVolumeClaim" in v}
+    assert claims == {"knowledge": "rag-knowledge", "versions": "rag-versions"}
+    # The ConfigMap road for changes is gone: a changed folder is the Job's ingest --from DATA_PARENT.
+    data = by_kind("ConfigMap")["rag-data"]["data"]
+    assert "DATA_CHANGES" not in data and {"DATA_VERSION", "DATA_PARENT", "KNOWLEDGE_ARCHIVE"} <= set(data)
     for obj in workloads():
-        (fill,) = [c for c in pod_spec(obj)["initContainers"] if c["name"] == "fill-data"]
-        assert fill["command"] == ["deploy/fill-data.sh"]
-        assert [ref["configMapRef"]["name"] for ref in fill["envFrom"]] == ["rag-settings", "rag-data"]
-        (changes,) = [v for v in pod_spec(obj)["volumes"] if v["name"] == "data-changes"]
-        assert changes["configMap"] == {"name": "rag-data-changes", "optional": True}  # made per version
-        assert {"name": "data-changes", "mountPath": "/changes", "readOnly": True} in fill["volumeMounts"]
+        assert not [v for v in pod_spec(obj)["volumes"] if "configMap" in v], obj["metadata"]["name"]
+
+
+def test_the_ingest_job_reaches_nothing_but_dns():
+    ingest = pod_labels("ingest")
+    assert may_send(ingest, {"k8s-app": "kube-dns"}, 53, "UDP", "kube-system")
+    for role in ("gateway", "worker", "index"):
+        assert not may_send(ingest, pod_labels(role), PORT)
+    assert not may_send(ingest, None, 443)
+
+
+def test_the_knowledge_loader_pod_mounts_the_source_claim_under_the_restricted_standard():
+    (pod,) = load_all_yaml(K8S / "tools" / "knowledge-loader.yaml")
+    for version in VERSIONS:
+        kubernetes_validate.validate(pod, version, strict=True)
+    as_workload = {"kind": "Pod", "metadata": pod["metadata"], "spec": {"template": {"spec": pod["spec"]}}}
+    assert restricted_violations(as_workload) == []
+    (claim,) = [v["persistentVolumeClaim"]["claimName"] for v in pod["spec"]["volumes"] if "persistentVolumeClaim" in v]
+    assert claim == "rag-knowledge" and pod["metadata"]["namespace"] == "rag"
+
+
+def load_all_yaml(path: Path) -> list[dict]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
 
 
 # What `kubectl debug --profile=restricted` sets on the container it adds (kubectl's restricted profile).
@@ -428,14 +505,17 @@ KUBECTL_RESTRICTED = {"allowPrivilegeEscalation": False, "capabilities": {"drop"
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_the_in_place_build_container_mounts_what_fill_data_mounts_under_the_restricted_standard(version):
-    custom = yaml.safe_load((K8S / "debug" / "build-data-version.yaml").read_text())
-    container = {"name": "data-v2", "image": "rag-service:0123456789ab", "command": ["deploy/fill-data.sh"],
+@pytest.mark.parametrize("custom_file,kind", [("build-data-version.yaml", "Deployment"),
+                                              ("build-data-version-index.yaml", "StatefulSet")])
+def test_the_in_place_copy_container_mounts_what_copy_data_mounts_under_the_restricted_standard(version, custom_file,
+                                                                                                kind):
+    custom = yaml.safe_load((K8S / "debug" / custom_file).read_text())
+    container = {"name": "data-v2", "image": "rag-service:0123456789ab", "command": ["deploy/copy-data.sh"],
                  **custom, "securityContext": {**KUBECTL_RESTRICTED, **custom["securityContext"]}}
     assert custom["envFrom"] == [{"configMapRef": {"name": "rag-settings"}}]
-    for obj in workloads():
-        (fill,) = [c for c in pod_spec(obj)["initContainers"] if c["name"] == "fill-data"]
-        assert container["volumeMounts"] == fill["volumeMounts"], obj["metadata"]["name"]  # /data writable
+    for obj in by_kind(kind).values():
+        assert container["volumeMounts"] == copy_data(obj)["volumeMounts"], obj["metadata"]["name"]  # /data writable
+        assert container.get("env", []) == copy_data(obj).get("env", []), obj["metadata"]["name"]
         spec = {**copy.deepcopy(pod_spec(obj)), "ephemeralContainers": [container]}
         kubernetes_validate.validate({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "rag"},
                                       "spec": spec}, version, strict=True)
@@ -447,10 +527,15 @@ def test_the_in_place_build_container_mounts_what_fill_data_mounts_under_the_res
 # ---------------------------------------------------------------- storage and models
 
 
-def test_no_claim_by_default_and_none_asks_for_read_only_many():
-    assert by_kind("PersistentVolumeClaim") == {}
-    for obj in workloads():
-        assert not any("persistentVolumeClaim" in v for v in pod_spec(obj).get("volumes", [])), obj["metadata"]["name"]
+def test_no_serving_container_mounts_a_claim_and_none_asks_for_read_only_many():
+    claims = {name: claim["spec"]["accessModes"] for name, claim in by_kind("PersistentVolumeClaim").items()}
+    # The source is read by the Job alone; the store by the Job and every pod's copy-data, on any machine.
+    assert claims == {"rag-knowledge": ["ReadWriteOnce"], "rag-versions": ["ReadWriteMany"]}
+    for obj in serving():
+        claimed = {v["name"] for v in pod_spec(obj).get("volumes", []) if "persistentVolumeClaim" in v}
+        assert claimed == {"versions"}, obj["metadata"]["name"]
+        (node,) = pod_spec(obj)["containers"]
+        assert not {m["name"] for m in node["volumeMounts"]} & claimed, obj["metadata"]["name"]
     for name in ("rag-index-shard-0", "rag-index-shard-1"):
         (template,) = by_kind("StatefulSet")[name]["spec"]["volumeClaimTemplates"]
         assert template["spec"]["accessModes"] == ["ReadWriteOnce"]
@@ -471,7 +556,7 @@ def test_serving_pods_run_offline():
 def test_the_hub_overlay_runs_offline_and_its_job_pins_each_model():
     objects = overlay("hub")
     assert settings_data(objects)["MODEL_SOURCE"] == "hub" and settings_data(objects)["HF_HUB_OFFLINE"] == "true"
-    (job,) = by_kind("Job", objects).values()
+    job = by_kind("Job", objects)["rag-fill-models"]
     assert node_container(job)["command"] == ["python", "deploy/fetch-models.py"]
     assert {"configMapRef": {"name": "rag-model-revisions"}} in node_container(job)["envFrom"]
     # model-revisions.env pins every model, as the Job's own parser reads it (it exits 2 otherwise).
@@ -479,13 +564,20 @@ def test_the_hub_overlay_runs_offline_and_its_job_pins_each_model():
     fetch = runpy.run_path(str(REPO_ROOT / "deploy" / "fetch-models.py"))  # defines, runs nothing
     revisions = fetch["pinned"](by_kind("ConfigMap", objects)["rag-model-revisions"]["data"]["MODEL_REVISIONS"])
     assert sorted(revisions) == sorted(ALL_MODELS) and fetch["unpinned"](revisions) == []
-    (claim,) = by_kind("PersistentVolumeClaim", objects).values()
-    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
-    for obj in workloads(objects):
-        if obj["kind"] == "Job":
-            continue
-        mounts = [m for c in containers(obj) for m in c.get("volumeMounts", []) if m["name"] == "models"]
-        assert mounts and all(m["readOnly"] for m in mounts), obj["metadata"]["name"]
+    assert by_kind("PersistentVolumeClaim", objects)["rag-models"]["spec"]["accessModes"] == ["ReadWriteMany"]
+    # The models are read by the nodes that load them and by the ingest Job that embeds with them;
+    # copy-data only copies, and the index loads no model.
+    def models_mounts(c: dict) -> list[dict]:
+        return [m for m in c.get("volumeMounts", []) if m["name"] == "models"]
+    for obj in by_kind("Deployment", objects).values():
+        (node,) = pod_spec(obj)["containers"]
+        assert [m["readOnly"] for m in models_mounts(node)] == [True], obj["metadata"]["name"]
+    (ingest,) = pod_spec(by_kind("Job", objects)["rag-ingest"])["containers"]
+    assert [m["readOnly"] for m in models_mounts(ingest)] == [True]
+    for obj in serving(objects):
+        assert models_mounts(copy_data(obj)) == [], obj["metadata"]["name"]
+    for obj in by_kind("StatefulSet", objects).values():
+        assert [m for c in containers(obj) for m in models_mounts(c)] == [], obj["metadata"]["name"]
 
 
 def test_the_model_job_refuses_a_model_without_a_pinned_commit(tmp_path, monkeypatch, capsys):
@@ -518,7 +610,7 @@ def test_every_image_is_pinned_by_commit_or_digest(name):
 def test_probes_gate_on_loaded_models_and_pods_drain_before_they_go():
     from services.server.lifecycle import ANSWER_WINDOW_S, EXIT_LINGER_S
     grace = Settings.from_env(settings_data()).limits.shutdown_grace_s
-    for obj in workloads():
+    for obj in serving():
         for c in containers(obj):
             assert {"cpu", "memory"} <= c["resources"]["requests"].keys() <= c["resources"]["limits"].keys()
         node = node_container(obj)
@@ -564,11 +656,14 @@ def test_the_trial_fits_one_machine_of_4_cpus_and_8_gib_at_the_autoscalers_maxim
     (hpa,) = by_kind("HorizontalPodAutoscaler", objects).values()
     cpu = memory = 0.0
     for obj in workloads(objects):
-        replicas = hpa["spec"]["maxReplicas"] if obj["metadata"]["name"] == "rag-worker" else obj["spec"]["replicas"]
+        replicas = hpa["spec"]["maxReplicas"] if obj["metadata"]["name"] == "rag-worker" else \
+            obj["spec"].get("replicas", obj["spec"].get("parallelism", 1))  # a Job: one pod
         pod_cpu, pod_memory = pod_requests(obj)
         cpu, memory = cpu + replicas * pod_cpu, memory + replicas * pod_memory
     # Room for the machine's own pods (the API server, DNS, the CNI: about 1 CPU and 1.5 GiB on kind).
     assert cpu <= 3.0 and memory <= 6.5, (cpu, memory)
+    # One machine: every pod that copies from the store runs there, so ReadWriteOnce is enough.
+    assert by_kind("PersistentVolumeClaim", objects)["rag-versions"]["spec"]["accessModes"] == ["ReadWriteOnce"]
     for obj in by_kind("StatefulSet", objects).values():  # one machine: the spread cannot be required
         assert all(c["whenUnsatisfiable"] == "ScheduleAnyway" for c in pod_spec(obj)["topologySpreadConstraints"])
 

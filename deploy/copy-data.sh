@@ -1,0 +1,73 @@
+#!/bin/sh
+# Ships a data version built once elsewhere into this pod's own data root: deploy/k8s runs it as each
+# pod's init container, after the rag-ingest Job (ingest-job.yaml) has built the version into the
+# shared store. It only copies: it never builds nor ingests (a new worker scaling up copies the
+# corpus; it does not rebuild it), so a pod needs no embedder, and every pod serves the same bytes.
+#   DATA_STORE (/versions)  the shared store, mounted read-only: <store>/<version> as the Job built it,
+#                           and <store>/.standins, the stand-in models it embedded with.
+#   DATA_VERSION (v1)       the version this pod serves. Unless <root>/DATA_VERSION is complete (its
+#                           manifest loads), it is copied from the store once the store's copy is
+#                           complete (the Job writes the manifest last), waiting for it up to
+#                           DATA_WAIT_S seconds (3600: the Job may still be ingesting; then exit 1).
+#   DATA_CURRENT (set)      set: <root>/current names DATA_VERSION (the serving container cannot move
+#                           the link, so the settings say which version a starting pod serves);
+#                           keep: a link that exists stays (an in-place copy beside the served version).
+#   MODEL_SOURCE=standin    the stand-ins are copied from <store>/.standins into STANDIN_HOME too,
+#                           unless it is empty (an index pod: it loads no model) or already there
+#                           (the data was embedded with exactly these: the worker's embedder check).
+# The data root is FAISS_INDEX_PATH's grandparent, as in deploy/fill-data.sh. A copy lands under a
+# temporary name and is renamed whole, so a killed copy leaves no half version.
+set -eu
+cd "$(dirname "$0")/.."
+link="$(dirname "$FAISS_INDEX_PATH")"
+root="$(dirname "$link")"
+store="${DATA_STORE:-/versions}"
+version="${DATA_VERSION:-v1}"
+wait_s="${DATA_WAIT_S:-3600}"
+case "${DATA_CURRENT:-set}" in
+  keep|set) ;;
+  *) echo "copy-data: DATA_CURRENT='$DATA_CURRENT' is not valid: expected keep or set" >&2; exit 2 ;;
+esac
+
+complete() {
+  python -c 'import sys; from pipeline.data_version import load_version; load_version(sys.argv[1])' "$1" \
+    2>/dev/null
+}
+
+copy_whole() {  # $1 to $2, under a temporary name renamed at the end
+  partial="$(dirname "$2")/.$(basename "$2").partial"
+  rm -rf "$partial"
+  cp -R "$1" "$partial"
+  mv -T "$partial" "$2"
+}
+
+waited=0
+until complete "$store/$version"; do
+  if [ "$waited" -ge "$wait_s" ]; then
+    echo "copy-data: $store/$version is not a complete version after ${wait_s}s: has the rag-ingest Job built it? (kubectl -n rag logs job/rag-ingest)" >&2
+    exit 1
+  fi
+  [ "$waited" -eq 0 ] && echo "copy-data: waiting for the rag-ingest Job to build $version into $store"
+  sleep 5
+  waited=$((waited + 5))
+done
+
+if [ "${MODEL_SOURCE:-auto}" = standin ] && [ -n "${STANDIN_HOME:-}" ] && [ ! -d "$STANDIN_HOME" ]; then
+  copy_whole "$store/.standins/home" "$STANDIN_HOME"
+fi
+
+if complete "$root/$version"; then
+  echo "copy-data: $version is already here"
+else
+  rm -rf "${root:?}/$version"  # an incomplete copy from an older store's version of the same name
+  copy_whole "$store/$version" "$root/$version"
+  echo "copy-data: copied $version from $store"
+fi
+
+if [ "${DATA_CURRENT:-set}" = set ] || [ ! -L "$link" ]; then
+  ln -sfn "$version" "$root/.$(basename "$link").partial"
+  mv -T "$root/.$(basename "$link").partial" "$link"
+  echo "copy-data: $link -> $version"
+else
+  echo "copy-data: $link stays -> $(readlink "$link")"
+fi
