@@ -16,9 +16,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from pipeline.tool_calls import ToolCall, ToolCallTokens, parse_call
 from pipeline.detokenize import Decoder, IncrementalDetokenizer
 from pipeline.stop_strings import StopStringFilter
+from pipeline.tool_calls import ToolCall, ToolCallTokens, parse_call
 
 # OpenAI's: "stop" (an end-of-sequence token or a stop string), "length" (the cap, and neither of those),
 # "tool_calls" (the model called a tool: at least one call, and the sequence ended by an end-of-sequence

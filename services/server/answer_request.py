@@ -21,14 +21,13 @@ from typing import Any
 from pipeline import spec
 from pipeline.config.sections import LimitsSettings
 from pipeline.conversation import ROLES, Conversation, Turn
-from pipeline.tool_calls import ToolCall
 from pipeline.sampling_params import MAX_SEED, MAX_STOP_CHARS, MAX_STOP_STRINGS, Sampling
+from pipeline.tool_calls import ToolCall
 from services.server.auth import authenticated_caller
 from services.server.body import require_string
 from services.server.errors import ApiError
 from services.server.fields import FieldRules
 from services.server.request_ids import bind_request_id
-
 
 MAX_TOOLS = 128  # function tools a request may offer
 
