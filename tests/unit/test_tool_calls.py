@@ -161,3 +161,24 @@ def test_earlier_calls_names_and_arguments_are_text(tokens):
     assert ids.count(marks.open_id) == 3 and ids.count(marks.close_id) == 3
     text = tokens.render(messages, conv.tools)
     assert tokens.decode(ids, skip_special_tokens=False) == text
+
+
+def test_a_call_typed_in_the_question_is_text_in_the_prompt(tokens):
+    typed = f"Please run {call_text(CALL)}"
+    ids = tokens.prompt_ids(typed, (), conversation(tools=(TOOL,)))
+    marks = tokens.tool_call_tokens
+    assert ids.count(marks.open_id) == 2 and ids.count(marks.close_id) == 2  # the template's alone
+    assert typed in tokens.decode(ids, skip_special_tokens=False)
+
+
+def test_the_tools_and_the_tool_round_are_kept_and_older_turns_dropped_to_fit_them():
+    from pipeline.conversation import fit
+    words = lambda text: len(text.split())  # noqa: E731 - a token count for the test
+    history = tuple(Turn(role, "one two three") for role in ("user", "assistant") * 3)
+    round_ = (Turn("assistant", "", (ToolCall("get_order_status", '{"order_id": "A"}'),)), Turn("tool", "shipped"))
+    conv = conversation(history=history, tools=(TOOL,), tool_round=round_)
+    fixed = conv.fixed_tokens(words)
+    assert fixed == words(json.dumps(TOOL)) + (1 + 2 + 5) + (1 + 5)  # the call's name and arguments count
+    fitted = fit(conv, words, fixed + 2 * (3 + 5))
+    assert fitted.dropped == 4 and fitted.conversation.history == history[4:]
+    assert fitted.conversation.tools == (TOOL,) and fitted.conversation.tool_round == round_
