@@ -10,15 +10,23 @@ The conversation's share of the prompt is bounded in tokens (`budget`, MAX_HISTO
 instructions' tokens, then the newest turns that fit; the older ones are dropped, and the reply says
 how many. Retrieval reads the latest user turn; a short one (a follow-up such as "and to Canada?")
 is read after the user turns before it (`retrieval_query`).
+
+Tools (OpenAI function tools) are rendered by the model's chat template (Qwen2.5's: in the system
+message); an assistant turn may carry the tool calls it made, and a `tool` turn a tool's result. A tool
+round after the question (the assistant's calls, then the tools' results) follows the question's
+message, as it followed it in the conversation; the model answers after it.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pipeline import spec
+from pipeline.tool_calls import ToolCall
 
-ROLES = ("user", "assistant")  # the roles of an earlier turn
+ROLES = ("user", "assistant", "tool")  # the roles of an earlier turn
 # The tokens a turn takes around its content in Qwen2.5's chat template (ChatML):
 # `<|im_start|>`, the role, a newline, then `<|im_end|>` and a newline.
 TURN_FRAME_TOKENS = 5
@@ -32,12 +40,32 @@ FOLLOW_UP_TURNS = 2
 
 @dataclass(frozen=True)
 class Turn:
-    """An earlier turn of the conversation: its role (`user` or `assistant`) and its text."""
+    """An earlier turn of the conversation: its role (`user`, `assistant` or `tool`: a tool's result)
+    and its text; an assistant turn's tool calls, in order."""
     role: str
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
 
     def message(self) -> dict:
-        return {"role": self.role, "content": self.content}
+        """The turn as the chat template reads it (a call's arguments an object, as Qwen2.5's renders them)."""
+        if not self.tool_calls:
+            return {"role": self.role, "content": self.content}
+        return {"role": self.role, "content": self.content,
+                "tool_calls": [{"type": "function", "function": {"name": call.name,
+                                                                 "arguments": json.loads(call.arguments)}}
+                               for call in self.tool_calls]}
+
+    def wire(self) -> dict:
+        """The turn as a request body carries it (the arguments as JSON text)."""
+        if not self.tool_calls:
+            return {"role": self.role, "content": self.content}
+        return {"role": self.role, "content": self.content,
+                "tool_calls": [call.as_dict() for call in self.tool_calls]}
+
+    def text_tokens(self, count_tokens: Callable[[str], int]) -> int:
+        """Its content's and its calls' tokens, as text."""
+        return count_tokens(self.content) + sum(count_tokens(call.name) + count_tokens(call.arguments)
+                                                for call in self.tool_calls)
 
 
 @dataclass(frozen=True)
@@ -46,9 +74,19 @@ class Conversation:
     instructions (its system messages), if any."""
     history: tuple[Turn, ...] = ()
     instructions: str | None = None
+    # The function tools offered, each as sent ({"type": "function", "function": {...}}), rendered by the template.
+    tools: tuple[dict, ...] = ()
+    # The tool round after the question: the assistant's turns with calls and the tools' results, in order.
+    tool_round: tuple[Turn, ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.history) or self.instructions is not None
+        return bool(self.history) or self.instructions is not None or bool(self.tools) or bool(self.tool_round)
+
+    def fixed_tokens(self, count_tokens: Callable[[str], int]) -> int:
+        """The tokens no turn dropping can save: the instructions', the tools' JSON and the tool round's."""
+        return ((count_tokens(self.instructions) if self.instructions is not None else 0)
+                + sum(count_tokens(tool_json(tool)) for tool in self.tools)
+                + sum(turn.text_tokens(count_tokens) + TURN_FRAME_TOKENS for turn in self.tool_round))
 
 
 NONE = Conversation()  # a request without history or instructions
@@ -62,17 +100,18 @@ class Fitted:
 
 
 def fit(conversation: Conversation, count_tokens: Callable[[str], int], budget: int) -> Fitted:
-    """The newest turns whose tokens (content plus TURN_FRAME_TOKENS each) fit in what `budget` leaves
-    after the instructions' tokens; every older turn is dropped (a kept history has no gaps)."""
-    left = budget - (count_tokens(conversation.instructions) if conversation.instructions is not None else 0)
+    """The newest turns whose tokens (content and calls plus TURN_FRAME_TOKENS each) fit in what `budget`
+    leaves after the fixed tokens (instructions, tools, tool round); every older turn is dropped (a kept
+    history has no gaps)."""
+    left = budget - conversation.fixed_tokens(count_tokens)
     kept = 0
     for turn in reversed(conversation.history):
-        left -= count_tokens(turn.content) + TURN_FRAME_TOKENS
+        left -= turn.text_tokens(count_tokens) + TURN_FRAME_TOKENS
         if left < 0:
             break
         kept += 1
     history = conversation.history[len(conversation.history) - kept:]
-    return Fitted(Conversation(history, conversation.instructions), len(conversation.history) - kept)
+    return Fitted(dataclasses.replace(conversation, history=history), len(conversation.history) - kept)
 
 
 def retrieval_query(query: str, history: Sequence[Turn]) -> str:
@@ -103,4 +142,10 @@ def build_messages(query: str, ranked_docs: Sequence[spec.HasTitleAndContent],
     if not conversation:
         return [system, question]
     return [{"role": "system", "content": system_prompt(conversation.instructions)},
-            *(turn.message() for turn in conversation.history), question]
+            *(turn.message() for turn in conversation.history), question,
+            *(turn.message() for turn in conversation.tool_round)]
+
+
+def tool_json(tool: dict) -> str:
+    """A tool as the template writes it (transformers' `tojson`: json.dumps, non-ASCII kept)."""
+    return json.dumps(tool, ensure_ascii=False)

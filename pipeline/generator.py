@@ -87,14 +87,17 @@ class Generator:
         """How many tokens `text` adds to a prompt, as text (MAX_QUERY_TOKENS is checked with this)."""
         return self.tokens.count(text)
 
-    def output(self, stops: Sequence[str] = (), abort: Callable[[], None] | None = None) -> OutputProcessor:
-        """A new output processor for one sequence (any thread): `abort` ends it in the engine at a stop string."""
-        return OutputProcessor(self.tokens, stops, abort)
+    def output(self, stops: Sequence[str] = (), abort: Callable[[], None] | None = None,
+               tools_offered: bool = False) -> OutputProcessor:
+        """A new output processor for one sequence (any thread): `abort` ends it in the engine at a stop
+        string; where tools were offered, the model's tool calls are read as calls."""
+        return OutputProcessor(self.tokens, stops, abort, self.tokens.tool_call_tokens if tools_offered else None)
 
-    def completion(self, token_ids: Sequence[int], stops: Sequence[str] = ()) -> Completion:
+    def completion(self, token_ids: Sequence[int], stops: Sequence[str] = (), tools_offered: bool = False) -> Completion:
         """The answer of a sequence run to its end (an end-of-sequence token or its cap), as its output
         processor makes it."""
-        return complete(self.tokens, token_ids, finish_of(token_ids, self.eos_ids), stops)
+        return complete(self.tokens, token_ids, finish_of(token_ids, self.eos_ids), stops,
+                        self.tokens.tool_call_tokens if tools_offered else None)
 
     def prompt_ids(self, query: str, documents: Sequence, conversation: Conversation | None = None) -> list[int]:
         """The LLM prompt's token ids; the query's, the documents' and the conversation's text stays
@@ -109,7 +112,8 @@ class Generator:
 
     def prompt(self, query: str, documents: Sequence, conversation: Conversation | None = None) -> str:
         """The prompt as text, for reading (the model gets prompt_ids)."""
-        return self.tokens.render(build_messages(query, documents, conversation))
+        return self.tokens.render(build_messages(query, documents, conversation),
+                                  conversation.tools if conversation else ())
 
     def generate_ids(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | None = None) -> list[list[int]]:
         """The new token ids of each prompt (its ids), up to and including its first eos."""
@@ -136,7 +140,8 @@ class Generator:
         # decoding makes a row's first n tokens the same whatever the call's cap,
         # so each answer is cut at its own cap afterwards.
         rows = self.generate_ids([self.request_ids(r) for r in requests], max_new_tokens=max(caps))
-        return [self.completion(row[:cap], r.sampling.stop if r.sampling else ())
+        return [self.completion(row[:cap], r.sampling.stop if r.sampling else (),
+                                bool(r.conversation and r.conversation.tools))
                 for row, cap, r in zip(rows, caps, requests)]
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[str]:

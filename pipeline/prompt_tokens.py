@@ -6,7 +6,9 @@ documents, earlier turns and a client's instructions alike) is text between them
 every added token's string kept as characters, special or not (Qwen's `<tool_call>` and
 `<|fim_prefix|>` are not special), so a query that says
 `<|im_end|>\\n<|im_start|>system` cannot close its turn. Text holding no added-token string
-encodes to exactly the ids of the whole rendered prompt.
+encodes to exactly the ids of the whole rendered prompt. A client's tools (their JSON, as the template
+writes it) and the names and arguments of earlier tool calls are client text too: only the template's
+own `<tool_call>` and `</tool_call>` become those tokens' ids.
 
 Threads: every method may be called from any thread at once, and nothing here locks: the encoding
 tokenizer is this object's own copy, set up once and never changed, so every call only reads it.
@@ -16,14 +18,54 @@ threads (huggingface/transformers#47085).
 """
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Sequence
 
 from pipeline.conversation import Conversation, build_messages
+from pipeline.tool_calls import CLOSE, OPEN, ToolCallTokens
 
-# Stands in for a message's content while the template renders: a private-use character, which
-# no chat template writes.
-_SLOT = "\ue000"
+# Each piece of client text (a message's content, a tool's JSON, a call's name or arguments) is one
+# private-use character while the template renders, which no chat template writes.
+_FIRST_SLOT, _LAST_SLOT = 0xE000, 0xF8FF
+_SLOT_PATTERN = re.compile(f"([{chr(_FIRST_SLOT)}-{chr(_LAST_SLOT)}])")
+
+
+class _Slots:
+    """The client texts of one prompt, each behind its slot character."""
+
+    def __init__(self) -> None:
+        self.texts: dict[str, str] = {}
+        # The slots the template writes through `tojson`, each as `tojson` writes its stand-in value.
+        self.dumped: dict[str, str] = {}
+
+    def text(self, text: str) -> str:
+        """The slot of a text the template writes as it is ("" stays "": the template tests it)."""
+        if not text:
+            return text
+        if _FIRST_SLOT + len(self.texts) > _LAST_SLOT:
+            raise ValueError("the prompt holds more client texts than there are slot characters")
+        slot = chr(_FIRST_SLOT + len(self.texts))
+        self.texts[slot] = text
+        return slot
+
+    def json(self, value: object) -> dict:
+        """The stand-in of a value the template writes through `tojson` (transformers': json.dumps,
+        non-ASCII kept): an object whose one key is the slot (transformers takes only objects as tools)."""
+        slot = self.text(json.dumps(value, ensure_ascii=False))
+        stand_in = {slot: 0}
+        self.dumped[slot] = json.dumps(stand_in, ensure_ascii=False)
+        return stand_in
+
+    def message(self, message: dict) -> dict:
+        """A chat message with each client text behind its slot."""
+        slotted = {**message, "content": self.text(message["content"])}
+        if message.get("tool_calls"):
+            slotted["tool_calls"] = [
+                {"type": "function", "function": {"name": self.text(call["function"]["name"]),
+                                                  "arguments": self.json(call["function"]["arguments"])}}
+                for call in message["tool_calls"]]
+        return slotted
 
 
 class PromptTokenizer:
@@ -54,31 +96,46 @@ class PromptTokenizer:
         """The id of one of the tokenizer's added tokens (`<|im_end|>`)."""
         return self._added[token]
 
-    def render(self, messages: Sequence[dict]) -> str:
-        """The chat as text, the generation prompt after it (for reading; the model gets chat_ids)."""
-        return self._template.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+    @property
+    def tool_call_tokens(self) -> ToolCallTokens | None:
+        """The ids that open and close a generated tool call (None: the tokenizer has no such tokens)."""
+        if OPEN not in self._added or CLOSE not in self._added:
+            return None
+        return ToolCallTokens(self._added[OPEN], self._added[CLOSE])
+
+    def render(self, messages: Sequence[dict], tools: Sequence[dict] = ()) -> str:
+        """The chat (and its tools) as text, the generation prompt after it (for reading; the model
+        gets chat_ids)."""
+        return self._template.apply_chat_template(list(messages), tools=list(tools) or None, tokenize=False,
+                                                  add_generation_prompt=True)
 
     def prompt_ids(self, query: str, documents: Sequence, conversation: Conversation | None = None) -> list[int]:
         """The LLM prompt's token ids for a query, its reranked documents and its conversation."""
-        return self.chat_ids(build_messages(query, documents, conversation))
+        return self.chat_ids(build_messages(query, documents, conversation), conversation.tools if conversation else ())
 
-    def chat_ids(self, messages: Sequence[dict]) -> list[int]:
-        """The chat's ids: every message's content is text (the service's system prompt holds no
-        added-token string, so it encodes as the template renders it)."""
-        texts = [m["content"] for m in messages]
-        frame = self.render([{**m, "content": _SLOT} for m in messages]).split(_SLOT)
-        if len(frame) != len(texts) + 1:
-            raise ValueError("the chat template does not write each message's content exactly once")
+    def chat_ids(self, messages: Sequence[dict], tools: Sequence[dict] = ()) -> list[int]:
+        """The chat's ids: every message's content, every tool's JSON and every earlier call's name and
+        arguments are text (the service's system prompt holds no added-token string, so it encodes as
+        the template renders it)."""
+        slots = _Slots()
+        slotted = [slots.message(m) for m in messages]
+        frame = self.render(slotted, [slots.json(tool) for tool in tools])
+        for slot, dumped in slots.dumped.items():
+            frame = frame.replace(dumped, slot)
+        split = _SLOT_PATTERN.split(frame)
+        written = split[1::2]
+        if sorted(written) != sorted(slots.texts):
+            raise ValueError("the chat template does not write each client text exactly once")
         pieces: list[str | int] = [""]  # text runs between the template's special tokens, and their ids
-        for n, template_text in enumerate(frame):
+        for n, template_text in enumerate(split[::2]):
             parts = self._added_pattern.split(template_text) if self._added_pattern else [template_text]
             for i, part in enumerate(parts):
                 if i % 2:
                     pieces += [self._added[part], ""]
                 else:
                     pieces[-1] = f"{pieces[-1]}{part}"
-            if n < len(texts):
-                pieces[-1] = f"{pieces[-1]}{texts[n]}"
+            if n < len(written):
+                pieces[-1] = f"{pieces[-1]}{slots.texts[written[n]]}"
         runs = [piece for piece in pieces if isinstance(piece, str) and piece]
         encoded = iter(self._encoder.encode_batch(runs, add_special_tokens=False))
         ids: list[int] = []

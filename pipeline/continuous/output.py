@@ -4,7 +4,9 @@ The engine emits token ids and how each sequence ended (`Finish`); it never deco
 `OutputProcessor` per sequence turns its ids into text pieces as they come (never half a
 character, nor any part of a stop string: pipeline/detokenize.py, pipeline/stop_strings.py),
 aborts the sequence in the engine when a stop string lands, and gives the final text and finish
-reason. A worker's streamed pieces and its reply's text both come from it, and the reference
+reason. Where the request offered tools, a Qwen2.5 tool call (its `<tool_call>` ... `</tool_call>`
+token ids, pipeline/tool_calls.py) is held back from the text and becomes a `ToolCall`; one that does not
+parse is given as text. A worker's streamed pieces and its reply's text both come from it, and the reference
 runs its whole sequences through the same processor (`complete`), so they agree by construction.
 """
 from __future__ import annotations
@@ -16,10 +18,12 @@ from typing import Literal, get_args
 
 from pipeline.detokenize import Decoder, IncrementalDetokenizer
 from pipeline.stop_strings import StopStringFilter
+from pipeline.tool_calls import ToolCall, ToolCallTokens, parse_call
 
-# OpenAI's: "stop" (an end-of-sequence token or a stop string), "length" (the cap, and neither of those).
-# The one definition: the OpenAI routes' replies say these.
-FinishReason = Literal["stop", "length"]
+# OpenAI's: "stop" (an end-of-sequence token or a stop string), "length" (the cap, and neither of those),
+# "tool_calls" (the model called a tool: at least one call, and the sequence ended by an end-of-sequence
+# token or a stop string). The one definition: the OpenAI routes' replies say these.
+FinishReason = Literal["stop", "length", "tool_calls"]
 FINISH_REASONS: tuple[FinishReason, ...] = get_args(FinishReason)
 
 
@@ -41,6 +45,7 @@ class Completion:
     text: str
     finish_reason: FinishReason
     token_count: int  # the answer's tokens: those after the one that completed a stop string are not in it
+    tool_calls: tuple[ToolCall, ...] = ()  # the calls the model made, in order (only where tools were offered)
 
 
 class OutputProcessor:
@@ -48,12 +53,18 @@ class OutputProcessor:
 
     Not thread-safe: one thread feeds it (the decoder it reads may be shared if its decode only reads)."""
 
-    def __init__(self, decoder: Decoder, stops: Sequence[str] = (), abort: Callable[[], None] | None = None):
-        """abort: ends the sequence in the engine; called once, when a stop string lands."""
+    def __init__(self, decoder: Decoder, stops: Sequence[str] = (), abort: Callable[[], None] | None = None,
+                 tool_calls: ToolCallTokens | None = None):
+        """abort: ends the sequence in the engine; called once, when a stop string lands.
+        tool_calls: the call tokens' ids, where the request offered tools (else a call is text)."""
+        self._decoder = decoder
         self._text = IncrementalDetokenizer(decoder)
         self._stops = StopStringFilter(stops)
         self._abort = abort
         self._pieces: list[str] = []
+        self._call_tokens = tool_calls
+        self._call: list[int] | None = None  # the ids of the call being generated, after its `<tool_call>`
+        self.tool_calls: list[ToolCall] = []
         self.token_count = 0
         self.finish_reason: FinishReason | None = None  # set by finish
 
@@ -72,7 +83,29 @@ class OutputProcessor:
         if self._stops.stopped or self.finish_reason is not None:
             return ""  # a token the engine made before it saw the abort, or after the end: not the answer's
         self.token_count += 1
-        piece = self._stops.push(self._text.push(token_id))
+        calls = self._call_tokens
+        if calls is not None and self._call is None and token_id == calls.open_id:
+            self._call = []
+            return ""
+        if calls is not None and self._call is not None:
+            if token_id != calls.close_id:
+                self._call.append(token_id)
+                return ""
+            body, self._call = self._call, None
+            call = parse_call(self._decoder.decode(body, skip_special_tokens=False))
+            if call is not None:
+                self.tool_calls.append(call)
+                return ""
+            return self._as_text([calls.open_id, *body, calls.close_id])
+        return self._as_text([token_id])
+
+    def _as_text(self, token_ids: Sequence[int]) -> str:
+        """The text these ids add to the answer, through the detokenizer and the stop strings."""
+        piece = ""
+        for token_id in token_ids:
+            if self._stops.stopped:
+                break
+            piece += self._stops.push(self._text.push(token_id))
         if self._stops.stopped and self._abort is not None:
             self._abort()
         return self._give(piece)
@@ -83,15 +116,22 @@ class OutputProcessor:
             raise RuntimeError("finish was called twice")
         if finish is Finish.ABORTED and not self._stops.stopped:
             raise ValueError("a sequence aborted before any stop string landed has no answer")
+        unclosed = ""
+        if self._call is not None and self._call_tokens is not None:  # a call the cap or eos cut: text
+            body, self._call = self._call, None
+            unclosed = self._as_text([self._call_tokens.open_id, *body])
         rest = "" if self._stops.stopped else self._stops.push(self._text.finish()) + self._stops.finish()
-        self.finish_reason = "length" if finish is Finish.LENGTH and not self._stops.stopped else "stop"
-        return self._give(rest)
+        if finish is Finish.LENGTH and not self._stops.stopped:
+            self.finish_reason = "length"
+        else:
+            self.finish_reason = "tool_calls" if self.tool_calls else "stop"
+        return unclosed + self._give(rest)
 
     def completion(self) -> Completion:
         """The answer, once finished."""
         if self.finish_reason is None:
             raise RuntimeError("the answer is not finished")
-        return Completion(self.text, self.finish_reason, self.token_count)
+        return Completion(self.text, self.finish_reason, self.token_count, tuple(self.tool_calls))
 
     def _give(self, piece: str) -> str:
         if piece:
@@ -99,9 +139,10 @@ class OutputProcessor:
         return piece
 
 
-def complete(decoder: Decoder, token_ids: Sequence[int], finish: Finish, stops: Sequence[str] = ()) -> Completion:
+def complete(decoder: Decoder, token_ids: Sequence[int], finish: Finish, stops: Sequence[str] = (),
+             tool_calls: ToolCallTokens | None = None) -> Completion:
     """A whole sequence's answer, as its processor makes it token by token."""
-    output = OutputProcessor(decoder, stops)
+    output = OutputProcessor(decoder, stops, tool_calls=tool_calls)
     for token_id in token_ids:
         output.push(token_id)
     output.finish(finish)

@@ -20,13 +20,14 @@ from typing import Any
 
 from pipeline import spec
 from pipeline.config.sections import LimitsSettings
-from pipeline.conversation import ROLES, Conversation, Turn
+from pipeline.conversation import Conversation, Turn
 from pipeline.sampling_params import MAX_SEED, MAX_STOP_CHARS, MAX_STOP_STRINGS, Sampling
 from services.server.auth import authenticated_caller
 from services.server.body import require_string
 from services.server.errors import ApiError
 from services.server.fields import FieldRules
 from services.server.request_ids import bind_request_id
+from services.server.turn_fields import check_unicode, function_tools, turns
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,10 @@ class AnswerRequest:
     # (the worker fits them to MAX_HISTORY_TOKENS), and the client's instructions.
     history: tuple[Turn, ...] = ()
     instructions: str | None = None
+    # The function tools offered (OpenAI's shape, as the template renders them: those tool_choice lets the
+    # model see), and the tool round after the question (assistant calls, then tool results).
+    tools: tuple[dict, ...] = ()
+    tool_round: tuple[Turn, ...] = ()
     # Whose request: its API key's identity (None without keys). The gateway scopes request ids and
     # replies to it; never read from a body nor sent on (not in `wire`, so not in the id's digest).
     caller: str | None = None
@@ -55,7 +60,7 @@ class AnswerRequest:
 
     @property
     def conversation(self) -> Conversation:
-        return Conversation(self.history, self.instructions)
+        return Conversation(self.history, self.instructions, self.tools, self.tool_round)
 
     @property
     def is_the_questions_answer(self) -> bool:
@@ -67,9 +72,11 @@ class AnswerRequest:
     def conversation_key(self) -> str:
         """The conversation before the query, hashed ("" with none): replies are cached by it, so two
         conversations that end in the same question never share one."""
-        if not self.history and self.instructions is None:
+        if not self.conversation:
             return ""
-        sent = {"history": [turn.message() for turn in self.history], "instructions": self.instructions}
+        sent = {"history": [turn.wire() for turn in self.history], "instructions": self.instructions}
+        if self.tools or self.tool_round:
+            sent = {**sent, "tools": list(self.tools), "tool_round": [turn.wire() for turn in self.tool_round]}
         return hashlib.sha256(json.dumps(sent, sort_keys=True).encode("utf-8")).hexdigest()
 
     def sampling(self, drawn_seed: int) -> Sampling | None:
@@ -84,8 +91,11 @@ class AnswerRequest:
         """The body fields a worker is sent: those not at their default (the caller is never sent)."""
         fields = {f.name: value for f in dataclasses.fields(self)
                   if f.name != "caller" and (value := getattr(self, f.name)) != f.default}
-        if self.history:
-            fields["history"] = [turn.message() for turn in self.history]
+        for name in ("history", "tool_round"):
+            if name in fields:
+                fields[name] = [turn.wire() for turn in fields[name]]
+        if self.tools:
+            fields["tools"] = list(self.tools)
         return fields
 
 
@@ -189,30 +199,25 @@ def _stop(body: Mapping[str, Any], bounds: Bounds) -> tuple[str, ...]:
 
 
 def _history(body: Mapping[str, Any], bounds: Bounds) -> tuple[Turn, ...]:
-    """Earlier turns, oldest first: an array of {"role": "user" | "assistant", "content": string}. Its
+    """Earlier turns, oldest first: an array of {"role": "user" | "assistant" | "tool", "content": string},
+    an assistant turn with its `tool_calls` ([{"name": string, "arguments": JSON text of an object}]). Its
     cost is bounded in tokens where it is used (the worker keeps the newest turns within
     MAX_HISTORY_TOKENS) and in bytes here (MAX_BODY_BYTES)."""
-    value = body.get("history")
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        raise ApiError(400, "'history' must be an array of turns, each {\"role\": \"user\" or \"assistant\", "
-                            "\"content\": string}, oldest first", field="history")
-    turns = []
-    for i, turn in enumerate(value):
-        if not isinstance(turn, dict):
-            raise ApiError(400, f"'history[{i}]' must be an object with 'role' and 'content'", field=f"history[{i}]")
-        extra = [key for key in turn if key not in ("role", "content")]
-        if extra:
-            raise ApiError(400, f"'history[{i}].{extra[0]}' is not a field of a turn: a turn is its role and content",
-                           field=f"history[{i}].{extra[0]}")
-        if turn.get("role") not in ROLES:
-            raise ApiError(400, f"'history[{i}].role' must be one of {', '.join(ROLES)}", field=f"history[{i}].role")
-        if not isinstance(turn.get("content"), str):
-            raise ApiError(400, f"'history[{i}].content' must be a string", field=f"history[{i}].content")
-        _check_unicode(turn["content"], f"history[{i}].content")
-        turns.append(Turn(turn["role"], turn["content"]))
-    return tuple(turns)
+    return turns(body, "history")
+
+
+def _tool_round(body: Mapping[str, Any], bounds: Bounds) -> tuple[Turn, ...]:
+    """The tool round after the question, in order: turns as `history`'s, assistant or tool ones."""
+    read = turns(body, "tool_round")
+    for i, turn in enumerate(read):
+        if turn.role == "user":
+            raise ApiError(400, f"'tool_round[{i}].role' must be assistant or tool (a user turn ends a tool round)",
+                           field=f"tool_round[{i}].role")
+    return read
+
+
+def _tools(body: Mapping[str, Any], bounds: Bounds) -> tuple[dict, ...]:
+    return function_tools(body.get("tools"))
 
 
 def _instructions(body: Mapping[str, Any], bounds: Bounds) -> str | None:
@@ -223,7 +228,7 @@ def _instructions(body: Mapping[str, Any], bounds: Bounds) -> str | None:
         return None
     if not isinstance(value, str):
         raise ApiError(400, "'instructions' must be a string", field="instructions")
-    _check_unicode(value, "instructions")
+    check_unicode(value, "instructions")
     tokens, limit = bounds.count_tokens(value), bounds.limits.max_history_tokens
     if tokens > limit:
         raise ApiError(400, f"'instructions' is {tokens} tokens; the limit is {limit} tokens (MAX_HISTORY_TOKENS, "
@@ -231,19 +236,11 @@ def _instructions(body: Mapping[str, Any], bounds: Bounds) -> str | None:
     return value
 
 
-def _check_unicode(text: str, field: str) -> None:
-    """JSON can spell lone surrogates ("\\ud800"); no tokenizer, log or forward could carry them."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ApiError(400, f"'{field}' must be valid Unicode text (it holds a lone surrogate)", field=field) from None
-
-
 # Each field's rule, in the order they are checked (request_id first: it names the request).
 RULES: dict[str, Callable[[Mapping[str, Any], Bounds], Any]] = {
     "request_id": _request_id, "query": _query, "max_new_tokens": _max_new_tokens, "stream": _stream,
     "temperature": _temperature, "top_p": _top_p, "top_k": _top_k, "seed": _seed, "stop": _stop,
-    "history": _history, "instructions": _instructions}
+    "history": _history, "instructions": _instructions, "tools": _tools, "tool_round": _tool_round}
 ALL_FIELDS: tuple[str, ...] = tuple(RULES)
 
 
@@ -252,8 +249,14 @@ def read_request(body: Mapping[str, Any], bounds: Bounds, accepted: Collection[s
     """The request a body asks for, from the caller the HTTP request was authenticated as. A field outside `accepted` (and `also`, the fields the route reads
     itself) is refused, naming it: a field the service would not act on is never ignored in silence."""
     refuse_unknown(body, (*accepted, *also))
-    return AnswerRequest(**{name: rule(body, bounds) for name, rule in RULES.items() if name in accepted},
-                         caller=authenticated_caller())
+    request = AnswerRequest(**{name: rule(body, bounds) for name, rule in RULES.items() if name in accepted},
+                            caller=authenticated_caller())
+    fixed, limit = request.conversation.fixed_tokens(bounds.count_tokens), bounds.limits.max_history_tokens
+    if fixed > limit:  # no dropped turn could make room for them
+        field = "tool_round" if request.tool_round else "tools" if request.tools else "instructions"
+        raise ApiError(400, f"the instructions, tools and tool round are {fixed} tokens; the limit is {limit} tokens "
+                            "(MAX_HISTORY_TOKENS, the conversation's share of the prompt)", field=field)
+    return request
 
 
 def refuse_unknown(body: Mapping[str, Any], known: Collection[str]) -> None:

@@ -185,10 +185,11 @@ def test_embeddings_take_a_slot_of_the_gateways_admission_and_a_query_takes_one_
 
 
 @pytest.mark.parametrize("path, body, param", [
-    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "tool", "content": "42"}, *CHAT["messages"]]},
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "function", "content": "42"}, *CHAT["messages"]]},
      "messages[0].role"),
-    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "assistant", "content": "", "tool_calls": [{}]},
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "tool", "content": "42", "tool_calls": []},
                                                   *CHAT["messages"]]}, "messages[0].tool_calls"),
+    ("/v1/chat/completions", {**CHAT, "tool_choice": "required"}, "tool_choice"),
     ("/v1/chat/completions", {**CHAT, "min_p": 0.05}, "min_p"),
     ("/v1/chat/completions", {**CHAT, "repetition_penalty": 1.2}, "repetition_penalty"),
     ("/v1/chat/completions", {**CHAT, "guided_json": {"type": "object"}}, "guided_json"),

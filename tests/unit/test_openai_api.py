@@ -77,9 +77,16 @@ def test_earlier_turns_are_the_history_and_system_messages_the_instructions_in_o
 
 
 @pytest.mark.parametrize("messages, param", [
-    ([{"role": "tool", "content": "42", "tool_call_id": "c1"}, {"role": "user", "content": "q"}],
-     "messages[0].tool_call_id"),
-    ([{"role": "tool", "content": "42"}, {"role": "user", "content": "q"}], "messages[0].role"),
+    ([{"role": "tool", "content": "42", "tool_call_id": "c1", "tool_calls": []}, {"role": "user", "content": "q"}],
+     "messages[0].tool_calls"),
+    ([{"role": "user", "content": "q", "tool_call_id": "c1"}], "messages[0].tool_call_id"),
+    ([{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "[1]"}}]},
+      {"role": "user", "content": "q"}], "messages[0].tool_calls[0].function.arguments"),
+    ([{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "", "arguments": "{}"}}]},
+      {"role": "user", "content": "q"}], "messages[0].tool_calls[0].function.name"),
+    ([{"role": "tool", "content": "42"}], "messages"),  # no question
     ([{"role": "function", "content": "42"}, {"role": "user", "content": "q"}], "messages[0].role"),
     ([{"role": "assistant", "content": None}, {"role": "user", "content": "q"}], "messages[0].content"),
     ([{"role": "system", "content": 7}, {"role": "user", "content": "q"}], "messages[0].content"),
@@ -190,8 +197,7 @@ def test_malformed_requests(payload, param):
     ({"n": 2}, "n"),
     ({"presence_penalty": 0.5}, "presence_penalty"),
     ({"frequency_penalty": -1}, "frequency_penalty"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ({"tool_choice": "auto"}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
     ({"functions": [{"name": "f"}]}, "functions"),
     ({"function_call": "auto"}, "function_call"),
     ({"logprobs": True}, "logprobs"),
@@ -255,7 +261,7 @@ def test_completion_is_a_valid_openai_chat_completion():
     assert api.completion("c", 1, MODEL, "t", REPLY, finish_reason="length")["choices"][0][
         "finish_reason"] == "length"
     with pytest.raises(ValueError):
-        api.completion("c", 1, MODEL, "t", REPLY, finish_reason="tool_calls")  # type: ignore[arg-type]
+        api.completion("c", 1, MODEL, "t", REPLY, finish_reason="content_filter")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("include_usage", [False, True])

@@ -8,13 +8,15 @@ into a `V1Request`, or raise an ApiError naming the field. What is refused, neve
   as none changes the answer: `user`, `metadata`, `service_tier` ...; so are `stream_options` keys
   but `include_usage`), by services/server/fields.py. Any other field is a 400 naming it: vLLM's
   extras (`repetition_penalty`, `guided_json`, `min_tokens` ...), `logit_bias`, structured output,
-  tools, log probabilities. A field sent as null counts as not sent.
+  log probabilities. A field sent as null counts as not sent.
 - A chat is a conversation (pipeline/conversation.py): the last message is the user's question; the
   user and assistant messages before it are its history, rendered by the model's chat template
   between the service's system prompt and the documents found with the question (the oldest dropped
   beyond MAX_HISTORY_TOKENS: `usage.history_turns_dropped`); system (or developer) messages are the
   client's instructions, added after the service's system prompt, never in its place (one that is
   exactly the contract's system prompt adds nothing). /v1/completions' `prompt` is the question.
+- Tools (openai_tools.py): `tools` are rendered by Qwen2.5's chat template as `tool_choice` says, and
+  the model's calls come back as `tool_calls` (`finish_reason` "tool_calls"), streamed as deltas.
 - The decoding fields (temperature, top_p, top_k, seed, stop) pass on to the service's own rules
   (services/server/answer_request.py); `max_tokens` is clamped to OPENAI_MAX_TOKENS_CAP.
 
@@ -31,6 +33,7 @@ from typing import Any
 
 from pipeline.continuous.output import FINISH_REASONS, FinishReason
 from services.roles.gateway.openai_messages import chat_conversation
+from services.roles.gateway.openai_tools import message_tool_calls, shown_tools, tool_call_deltas
 from services.server.errors import ApiError
 from services.server.fields import FieldRules
 
@@ -49,9 +52,8 @@ NO_OP: dict[str, tuple[tuple[Any, ...], str]] = {
     "logprobs": ((False,), "the service returns no log probabilities"),
     "echo": ((False,), "the answer does not repeat the prompt"),
     "logit_bias": (({},), "the service does not bias tokens"),
-    "tools": (([],), "the service does not call tools"), "functions": (([],), "the service does not call tools"),
-    "tool_choice": (("none",), "the service does not call tools"),
-    "function_call": (("none",), "the service does not call tools"),
+    "functions": (([],), "the deprecated functions are not read: send them as `tools`"),
+    "function_call": (("none",), "the deprecated function_call is not read: send `tool_choice`"),
     "response_format": (({"type": "text"},), "the answer is text from the fixed RAG prompt"),
     "modalities": ((["text"],), "the answer is text"),
     "store": ((False,), "the service stores no completions"),
@@ -66,13 +68,13 @@ IGNORED = {
     "safety_identifier": "an end-user id for the caller's own abuse tracking",
     "metadata": "the caller's tags for its own records; the service stores no completions",
     "service_tier": "one tier serves every request",
-    "parallel_tool_calls": "the service calls no tools",
+    "parallel_tool_calls": "Qwen2.5 decides how many calls it makes; every call it makes is returned",
     "prompt_cache_key": "a hint for a prompt cache, which changes no answer",
 }
 # The fields each route reads, no-ops and ignores.
 ROUTE_FIELDS = {
     "chat": FieldRules(("model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
-                        "request_id", *SAMPLING), NO_OP, IGNORED),
+                        "request_id", "tools", "tool_choice", *SAMPLING), NO_OP, IGNORED),
     "text": FieldRules(("model", "prompt", "stream", "stream_options", "max_tokens", "request_id", *SAMPLING),
                        NO_OP, IGNORED),
 }
@@ -96,17 +98,20 @@ class V1Request:
     request_id: str | None  # the body's `request_id` extension field (the idempotency key), if sent
     include_usage: bool  # stream_options.include_usage: a usage chunk before [DONE]
     sampling: Mapping[str, Any]  # the SAMPLING fields sent, for the service's rules to check
-    history: tuple[dict, ...] = ()  # the chat's earlier user and assistant turns, oldest first
+    history: tuple[dict, ...] = ()  # the chat's earlier user, assistant and tool turns, oldest first
     instructions: str | None = None  # the chat's system messages, added after the service's system prompt
+    tools: tuple[dict, ...] = ()  # the tools the model is shown (as tool_choice says)
+    tool_round: tuple[dict, ...] = ()  # the assistant's calls and the tools' results after the question
 
 
 def parse_chat_request(body: object, *, max_tokens_limit: int, model_id: str,
                        default_max_tokens: int | None = None) -> V1Request:
     """A chat completions body as a V1Request, or the ApiError (400, 404) that says what is wrong."""
     fields = _fields(body, "chat", model_id)
-    query, history, instructions = chat_conversation(fields.get("messages"))
-    return dataclasses.replace(_request(fields, query, max_tokens_limit, default_max_tokens), history=history,
-                               instructions=instructions)
+    chat = chat_conversation(fields.get("messages"))
+    return dataclasses.replace(_request(fields, chat.query, max_tokens_limit, default_max_tokens),
+                               history=chat.history, instructions=chat.instructions, tool_round=chat.tool_round,
+                               tools=shown_tools(fields.get("tools"), fields.get("tool_choice")))
 
 
 def parse_text_request(body: object, *, max_tokens_limit: int, model_id: str,
@@ -214,12 +219,16 @@ def rag_fields(extra: Mapping[str, Any]) -> dict[str, Any]:
 
 def completion(id: str, created: int, model: str, text: str, extra: Mapping[str, Any], *,
                finish_reason: FinishReason = "stop") -> dict[str, Any]:
-    """A `chat.completion` object; `extra` is the service's reply (its usage, and its RAG_FIELDS in `rag`)."""
+    """A `chat.completion` object; `extra` is the service's reply (its usage, its tool calls, and its
+    RAG_FIELDS in `rag`). With tool calls, a text of only whitespace is no content (null), as OpenAI's."""
     _check_finish_reason(finish_reason)
+    calls = message_tool_calls(extra.get("tool_calls") or ())
+    message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+    if calls:
+        message = {**message, "content": text if text.strip() else None, "tool_calls": calls}
     return {
         "id": id, "object": "chat.completion", "created": created, "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-                     "logprobs": None, "finish_reason": finish_reason}],
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}],
         "usage": reply_usage(extra),
         "rag": rag_fields(extra),
     }
@@ -254,13 +263,16 @@ def chunk(id: str, created: int, model: str, delta: Mapping[str, Any], finish_re
 def stream_chunks(id: str, created: int, model: str, events: Iterable[str | dict], *,
                   include_usage: bool = False) -> Iterator[dict[str, Any]]:
     """An answer stream (text pieces, then the service's reply) as chunks: the assistant's role and
-    empty content, one per piece, the last choice chunk (an empty delta, why the answer ended, the
-    `rag` field and a sampled answer's `seed`), then with include_usage one with no choices and the usage."""
+    empty content, one per piece, one per tool call the model made (its whole call in one delta:
+    index, id, type, name and arguments), the last choice chunk (an empty delta, why the answer ended,
+    the `rag` field and a sampled answer's `seed`), then with include_usage one with no choices and the usage."""
     yield chunk(id, created, model, {"role": "assistant", "content": ""}, include_usage=include_usage)
     for event in events:
         if isinstance(event, str):
             yield chunk(id, created, model, {"content": event}, include_usage=include_usage)
             continue
+        for delta in tool_call_deltas(event.get("tool_calls") or ()):
+            yield chunk(id, created, model, {"tool_calls": [delta]}, include_usage=include_usage)
         yield {**chunk(id, created, model, {}, event.get("finish_reason", "stop"), include_usage=include_usage,
                        extra=event), **seed_field(event)}
         if include_usage:

@@ -30,7 +30,7 @@ SERVED_MODELS = (MODEL_ID, EMBEDDING_MODEL)
 # The models' `created` in /v1/models: when this process started serving them.
 STARTED_AT = int(time.time())
 # How each route's body names the service's fields, in its errors.
-CHAT_PARAMS = {"query": "messages", "history": "messages", "instructions": "messages"}
+CHAT_PARAMS = {"query": "messages", "history": "messages", "instructions": "messages", "tool_round": "messages"}
 TEXT_PARAMS = {"query": "prompt"}
 
 
@@ -51,7 +51,8 @@ def register_openai_routes(app: Flask, front: Front, default_temperature: float,
                               # None: exactly /query's answer
                               "max_new_tokens": v1.max_tokens if v1.max_tokens != spec.MAX_NEW_TOKENS else None,
                               "stream": v1.stream, "temperature": default_temperature, **v1.sampling,
-                              "history": [*v1.history] or None, "instructions": v1.instructions})
+                              "history": [*v1.history] or None, "instructions": v1.instructions,
+                              "tools": [*v1.tools] or None, "tool_round": [*v1.tool_round] or None})
 
     def chat(body: dict) -> Call:
         v1 = oa.parse_chat_request(body, max_tokens_limit=max_tokens_cap, model_id=MODEL_ID,

@@ -160,7 +160,8 @@ class Worker:
     def answer(self, request: AnswerRequest, deadline: Deadline) -> AnswerStream:
         """The answer's text in pieces as the LLM produces them (never half a character, nor the start
         of a stop string), then the reply with its `usage`, `finish_reason`, with a history how many of
-        its oldest turns the prompt left out (`history_turns_dropped`) and, when sampled, its `seed`:
+        its oldest turns the prompt left out (`history_turns_dropped`), the tool calls the model made
+        (`tool_calls`: name and arguments, JSON text) and, when sampled, its `seed`:
         pieces, text and finish reason all from the sequence's output processor. Closing the stream
         early cancels the generation."""
         clock, trace = self._begin(request.request_id)
@@ -182,7 +183,8 @@ class Worker:
             generation = self._enter(clock, Stage.GENERATE, generating)
             tokens.end_with(generation.future)
             # At a stop string the output processor ends the sequence in the engine.
-            output = generator.output(request.stop, abort=partial(self._generation.stop, generation.future))
+            output = generator.output(request.stop, abort=partial(self._generation.stop, generation.future),
+                                      tools_offered=bool(request.tools))
             for token in tokens.read(deadline):
                 piece = output.push(token)
                 if piece:
@@ -194,7 +196,8 @@ class Worker:
             seed = {"seed": sampling.seed} if sampling is not None and not sampling.greedy else {}
             # How many of the oldest turns the prompt left out, where a history was sent.
             dropped = {"history_turns_dropped": fitted.dropped} if request.history else {}
-            yield {**reply, "data_version": version, "sources": [document.as_source() for document in documents],
+            calls = {"tool_calls": [call.as_dict() for call in output.tool_calls]} if output.tool_calls else {}
+            yield {**reply, **calls, "data_version": version, "sources": [document.as_source() for document in documents],
                    "usage": {"prompt_tokens": len(prompt), "completion_tokens": output.token_count},
                    "finish_reason": output.finish_reason, **dropped, **seed}
         finally:
