@@ -23,6 +23,8 @@ from pathlib import Path
 
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "amx_tile"})
 AMX_CPU_FLAGS = frozenset({"amx_bf16", "amx_tile"})  # both: AMX's bf16 matrix tiles
+# int8 x int8 summed in 32 bits at once; without these the int8 kernels' 16-bit pair sums saturate.
+VNNI_CPU_FLAGS = frozenset({"avx512_vnni", "avx_vnni"})
 
 # oneDNN's instruction-set levels (its ONEDNN_MAX_CPU_ISA values), lowest first, each with the CPU
 # flags it adds to the one before; a level's aliases share its flags.
@@ -89,6 +91,12 @@ def cpu_supports_bf16(flags: Iterable[str] | None = None) -> bool:
     return bool(BF16_CPU_FLAGS & _given_or_here(flags))
 
 
+
+
+def cpu_sums_int8_exactly(flags: Iterable[str] | None = None) -> bool:
+    """Whether an int8 kernel can sum exactly here: the CPU has VNNI (its own flags, since fbgemm does
+    not follow oneDNN's hold). pipeline.kernels.int8 checks the kernels themselves at load."""
+    return bool(VNNI_CPU_FLAGS & (cpu_flags() if flags is None else frozenset(flags)))
 
 
 def onednn_isas_here(flags: Iterable[str] | None = None) -> list[str]:

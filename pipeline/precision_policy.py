@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pipeline.config import CUDA_ONLY_VARIANTS, PRECISION_POLICIES, PRECISION_VARIANTS, ConfigError
+from pipeline.cpu_features import cpu_sums_int8_exactly
 
 # A CPU with AMX is of the cpu-bf16 kind: oneDNN is held below AMX there (pipeline.cpu_features).
 CPU_BF16, CPU_PLAIN, CUDA = "cpu-bf16", "cpu", "cuda"
@@ -68,16 +69,18 @@ def _cuda_bf16() -> bool:
     return torch.cuda.is_bf16_supported()
 
 
-def supported_variants(device: str, *, cuda_bf16: Callable[[], bool] = _cuda_bf16) -> tuple[str, ...]:
+def supported_variants(device: str, *, cuda_bf16: Callable[[], bool] = _cuda_bf16,
+                       int8_cpu: Callable[[], bool] = cpu_sums_int8_exactly) -> tuple[str, ...]:
     """What this device is offered. A CPU: every variant but float16 (bf16 ones slowly without
-    avx512_bf16; float16 is several times slower than float32 there). CUDA: bfloat16 (where the
+    avx512_bf16; float16 is several times slower than float32 there), and int8-dynamic only with
+    VNNI (without it fbgemm's and oneDNN's int8 sums saturate: they would be wrong, not only slow). CUDA: bfloat16 (where the
     GPU has it) and float16, the two whose every stage gives a row the same bits alone and batched
     there (tests/unit/test_precision.py's CUDA cases, H100). Not float32: its embeddings and
     chunked attention change with batch-mates on CUDA. Not int8: its decode step was slower than
     bfloat16's on an H100 (52 / 52 / 46 ms against 30 / 32 / 34 at 1 / 8 / 32 sequences,
     docs/performance.md)."""
     if device != "cuda":
-        return PRECISION_VARIANTS
+        return PRECISION_VARIANTS if int8_cpu() else tuple(v for v in PRECISION_VARIANTS if v != "int8-dynamic")
     return ("bfloat16", *CUDA_ONLY_VARIANTS) if cuda_bf16() else CUDA_ONLY_VARIANTS
 
 
@@ -90,14 +93,14 @@ def auto_variant(device: str, *, bf16_cpu: Callable[[], bool], cuda_bf16: Callab
 
 
 def resolve_variant(requested: str, stage: str, device: str, variable: str, *,
-                    bf16_cpu: Callable[[], bool], **cuda_detectors) -> str:
+                    bf16_cpu: Callable[[], bool], **detectors) -> str:
     """The variant a stage runs for PRECISION `requested` (read from `variable`).
 
     `auto` and `fast` pick per hardware (`fast` falls back to auto's choice where this device
     cannot run the table's entry); a variant asked for by name that the device cannot run is a
     ConfigError naming `variable`."""
-    supported = supported_variants(device, **cuda_detectors)
-    auto = {k: v for k, v in cuda_detectors.items() if k == "cuda_bf16"}
+    supported = supported_variants(device, **detectors)
+    auto = {k: v for k, v in detectors.items() if k == "cuda_bf16"}
     if requested == "auto":
         return auto_variant(device, bf16_cpu=bf16_cpu, **auto)
     if requested == "fast":

@@ -1,18 +1,21 @@
 """int8 Linears: per-output-channel int8 weights, and the in-place conversion of a model's nn.Linears.
 
 * :class:`Int8DynamicLinear`: int8 activations quantized per row at run time, int32 accumulation
-  (oneDNN on AMX CPUs, fbgemm on others, where exact; else `torch._int_mm`), float32 in and out. A row's output does not
-  depend on its batch-mates.
+  (fbgemm where exact, else `torch._int_mm` where exact; neither is without VNNI, and there int8-dynamic
+  is refused), float32 in and out. A row's output does not depend on its batch-mates.
 * :class:`Int8WeightLinear`: bfloat16 activations, `torch._weight_int8pack_mm`.
 
 Conversion drops each float weight as soon as its int8 copy exists.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import torch
 
+from pipeline.config import ConfigError
+from pipeline.kernels.exact_check import full_range_case
 from pipeline.kernels.fbgemm import AnchoredFbgemm, fbgemm_is_exact
 from pipeline.kernels.fused_int8 import fused_ops
 
@@ -30,6 +33,14 @@ def quantize_per_channel(weight):
         q[start:start + _QUANTIZE_ROWS] = (rows / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
         scales[start:start + _QUANTIZE_ROWS] = scale
     return q, scales
+
+
+@functools.cache
+def int_mm_is_exact() -> bool:
+    """Whether `torch._int_mm` sums int8 exactly here (checked once, on the worst case: oneDNN's
+    kernels without VNNI saturate 16-bit pair sums there, as fbgemm's do)."""
+    qweight, scale, codes, expected = full_range_case()
+    return torch.equal(torch._int_mm(codes, qweight.t()).float() * scale, expected)
 
 
 def row_codes(x):
@@ -100,6 +111,10 @@ class Int8DynamicLinear(_QuantizedLinear):
         if kernel in ("auto", "fbgemm") and self.in_features >= 2 and fbgemm_is_exact():
             self._fbgemm = AnchoredFbgemm(self.qweight, self.weight_scale)
             self.qweight = None  # the packed copy is the weight now
+        elif not int_mm_is_exact():
+            raise ConfigError("int8-dynamic needs an int8 product that sums exactly, and neither fbgemm nor "
+                              "torch._int_mm does on this CPU (no VNNI: their 16-bit pair sums saturate): "
+                              "choose float32 or bfloat16 for this stage")
 
     @property
     def kernel(self) -> str:

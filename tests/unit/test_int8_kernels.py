@@ -19,6 +19,9 @@ def kernel(request):
 
 
 def _pair(kernel, in_features=96, out_features=40, bias=True):
+    from pipeline.kernels.int8 import int_mm_is_exact
+    if not int_mm_is_exact():
+        pytest.skip("torch._int_mm does not sum exactly here (oneDNN without VNNI): no _int_mm to compare with")
     torch.manual_seed(3)
     linear = torch.nn.Linear(in_features, out_features, bias=bias)
     return Int8DynamicLinear(linear, kernel=kernel), Int8DynamicLinear(linear, kernel="int_mm")
@@ -72,6 +75,12 @@ def test_an_inexact_kernel_is_detected_and_another_used(monkeypatch, request, na
     check.cache_clear()  # forget the cached verdict, here and after this test
     request.addfinalizer(check.cache_clear)
     assert check() is False
+    from pipeline.kernels.int8 import int_mm_is_exact
+    if not int_mm_is_exact():  # no exact product is left (oneDNN held below VNNI): refused, not wrong
+        from pipeline.config import ConfigError
+        with pytest.raises(ConfigError, match="sums exactly"):
+            Int8DynamicLinear(torch.nn.Linear(96, 40), kernel=name)
+        return
     layer, plain = _pair(name)
     assert layer.kernel != name
     x = _rows(4)
@@ -81,3 +90,34 @@ def test_an_inexact_kernel_is_detected_and_another_used(monkeypatch, request, na
 def test_an_unknown_kernel_is_refused():
     with pytest.raises(ValueError, match="kernel must be one of"):
         Int8DynamicLinear(torch.nn.Linear(8, 4), kernel="mkl")
+
+
+def test_the_exact_case_is_integer_arithmetic_and_a_saturating_int_mm_is_refused(monkeypatch):
+    """Without VNNI oneDNN's torch._int_mm saturates its 16-bit pair sums (seen with ONEDNN_MAX_CPU_ISA=AVX2,
+    and at AVX512_CORE). The check compares with integer arithmetic, not with _int_mm, and int8-dynamic
+    refuses to run on a product that is not exact, naming the stage's choices."""
+    from pipeline.config import ConfigError
+    from pipeline.kernels import int8
+    from pipeline.kernels.exact_check import full_range_case
+    qweight, scale, codes, expected = full_range_case()
+    exact = sum(int(c) * int(w) for c, w in zip(codes[0].tolist(), qweight[0].tolist()))
+    assert exact == 64 * 127 * 127 and torch.equal(expected[0, 0], torch.tensor(float(exact)) * scale[0])
+    real = torch._int_mm
+
+    def saturating(a, b):
+        """As a kernel without VNNI: the codes shifted to u8 (vpmaddubsw's operand), pair sums clipped
+        to int16, the shift taken back out of the int32 total."""
+        products = (a.int() + 128)[:, :, None] * b.int()[None, :, :]  # (m, k, n)
+        pairs = products.reshape(a.shape[0], a.shape[1] // 2, 2, b.shape[1]).sum(2)
+        return pairs.clamp(-32768, 32767).sum(1) - 128 * b.int().sum(0)[None, :]
+
+    monkeypatch.setattr(torch, "_int_mm", saturating)
+    int8.int_mm_is_exact.cache_clear()
+    try:
+        assert int8.int_mm_is_exact() is False
+        with pytest.raises(ConfigError, match="int8-dynamic needs an int8 product that sums exactly"):
+            Int8DynamicLinear(torch.nn.Linear(64, 8), kernel="int_mm")
+    finally:
+        monkeypatch.setattr(torch, "_int_mm", real)
+        int8.int_mm_is_exact.cache_clear()
+    assert int8.int_mm_is_exact() is (torch.equal(real(codes, qweight.t()).float() * scale, expected))

@@ -23,9 +23,9 @@ from pipeline.cpu_features import ONEDNN_ISA_VARIABLES, onednn_checked_level, on
 
 ROOT = Path(__file__).resolve().parents[2]
 INVARIANCE = ["tests/unit/test_batch_invariance.py", "tests/unit/test_chunked_attention.py",
-              "tests/unit/test_precision.py", "-k",
+              "tests/unit/test_precision.py", "tests/unit/test_int8_kernels.py", "-k",
               "row_invariant_linear or encoders_row_alone or decode_logits_alone or reduces_each_row or float_linear_gives"
-              " or quantized_linear_rows or row_alone_equals_the_row_in_a_padded or first_to_last"]
+              " or quantized_linear or row_alone_equals_the_row_in_a_padded or first_to_last or int8_kernels"]
 # torch's and MKL's names for each oneDNN level's kind of vector unit.
 ATEN_CAPABILITY = {"AVX2": "avx2", "AVX512_CORE": "avx512", "AVX512_CORE_BF16": "avx512"}
 MKL_INSTRUCTIONS = {"AVX2": "AVX2", "AVX512_CORE": "AVX512", "AVX512_CORE_BF16": "AVX512"}

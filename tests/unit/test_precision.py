@@ -327,3 +327,15 @@ def test_float_linear_gives_a_row_the_same_bits_at_any_row_count(dtype, k, n, de
                 assert torch.equal(got, alone[start:start + got.shape[0]]), (rows, start)
         assert layer(x[:6].reshape(2, 3, k)).shape == (2, 3, n)
         assert layer(x[:0]).shape == (0, n)
+
+
+def test_int8_dynamic_is_offered_on_the_cpu_only_where_it_sums_exactly():
+    from pipeline.cpu_features import cpu_sums_int8_exactly
+    assert cpu_sums_int8_exactly({"avx2", "avx512_vnni"}) and cpu_sums_int8_exactly({"avx2", "avx_vnni"})
+    assert not cpu_sums_int8_exactly({"avx2", "fma", "avx512f", "avx512bw"})
+    plain = {"bf16": False, "int8_cpu": lambda: False}
+    with pytest.raises(ConfigError, match="EMBED_PRECISION='int8-dynamic' is not valid on the CPU"):
+        _placement({"EMBED_PRECISION": "int8-dynamic"}, "embed", **plain)
+    # fast's int8 entries fall back to auto's choice there: float32 on a CPU without bf16
+    assert {_placement({"PRECISION": "fast"}, s, **plain).precision for s in FAST["cpu"]} <= {"float32", "int8-weight"}
+    assert _placement({"PRECISION": "fast"}, "generate", bf16=False, int8_cpu=lambda: True).precision == "int8-dynamic"

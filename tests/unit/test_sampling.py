@@ -10,6 +10,7 @@ import pytest
 
 from pipeline.continuous import ContinuousEngine
 from pipeline.continuous.output import Finish
+from pipeline.cpu_features import cpu_supports_bf16
 from pipeline.device import Placement
 from pipeline.docstore import Document
 from pipeline.generator import GenerationRequest, Generator
@@ -63,7 +64,12 @@ def test_stop_filter_releases_a_held_tail_that_never_became_a_stop_string():
 # ----------------------------------------------------------------------------- engine, every precision
 # Kept cheap: one engine per precision for all its cases, short prompts, NEW tokens per answer.
 
-@pytest.fixture(scope="module", params=("float32", "bfloat16", "int8-dynamic", "int8-weight"))
+BF16_CPU = pytest.mark.skipif(not cpu_supports_bf16(), reason="this CPU has no avx512_bf16 or AMX: bfloat16 is "
+                                                              "emulated here, and oneDNN refuses its packed products")
+
+
+@pytest.fixture(scope="module", params=("float32", pytest.param("bfloat16", marks=BF16_CPU), "int8-dynamic",
+                                        "int8-weight"))
 def variant_engine(request, model_source):
     generator = Generator.load(model_source, Placement("cpu", LOAD_DTYPE[request.param], request.param))
     return ContinuousEngine(generator, max_batch=8, kv_cache_tokens=8192, prefill_chunk=64)
