@@ -138,3 +138,17 @@ def test_each_takes_a_gateway_slot_and_is_refused_at_capacity(app):
             holding.close()
     assert client.post("/tokenize", json={"prompt": "hi"}).status_code == 200
     assert gateway.stats()["in_flight"] == 0
+
+
+def test_with_keys_each_needs_a_bearer_key_and_is_counted_by_endpoint_in_the_metrics(app, tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("plain-key-1\n")
+    role, client = app(API_KEYS_FILE=str(keys))
+    for path, body in (("/tokenize", {"prompt": "hi"}), ("/detokenize", {"tokens": [1]})):
+        refused = client.post(path, json=body)
+        assert refused.status_code == 401 and refused.get_json()["error"]["code"] == "invalid_api_key", path
+        assert client.post(path, json=body, headers={"Authorization": "Bearer plain-key-1"}).status_code == 200
+    metrics = client.get("/metrics").get_data(as_text=True)
+    for path in ("/tokenize", "/detokenize"):
+        assert f'rag_http_requests_total{{endpoint="{path}",status="200"}} 1.0' in metrics, path
+        assert f'rag_http_requests_total{{endpoint="{path}",status="401"}} 1.0' in metrics, path
