@@ -2,9 +2,9 @@
 
 Every error a node answers (raised on a request's way, refused by the server before its body is read,
 or ending a stream that had started) is first the errors table's HttpAnswer (services/server/errors.py),
-then written in the shape of the route it came by. Two rows: the service's own
-`{"error": message, "field": ...}`, and under /v1 OpenAI's `{"error": {message, type, param, code}}`
-with the `x-should-retry` header its SDKs read (true on 408, 429 and the 5xx but 501). A route may call
+then written in the shape of the route it came by. Two shapes: the service's own
+`{"error": message, "field": ...}`, and under /v1 (and on vLLM's /tokenize, /detokenize) OpenAI's
+`{"error": {message, type, param, code}}` with the `x-should-retry` header its SDKs read (true on 408, 429 and the 5xx but 501). A route may call
 the service's fields by its body's names (`params`: /v1/chat/completions calls the query `messages`).
 """
 from __future__ import annotations
@@ -70,7 +70,9 @@ SERVICE = ErrorShape("service", _service_body, lambda status: {})
 OPENAI = ErrorShape("openai", _openai_body,
                     lambda status: {SHOULD_RETRY_HEADER: "true" if status in RETRYABLE else "false"})
 # The table: path prefix -> shape, the first that holds the path decides.
-SHAPES: tuple[tuple[str, ErrorShape], ...] = (("/v1", OPENAI), ("/", SERVICE))
+# vLLM's /tokenize and /detokenize sit outside /v1 and answer in its OpenAI shape.
+SHAPES: tuple[tuple[str, ErrorShape], ...] = (("/v1", OPENAI), ("/tokenize", OPENAI), ("/detokenize", OPENAI),
+                                              ("/", SERVICE))
 
 
 def shape_for(path: str) -> ErrorShape:

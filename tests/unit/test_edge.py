@@ -29,7 +29,7 @@ pytestmark = pytest.mark.timeout(60)
 CHAT = {"model": spec.GENERATOR_MODEL, "messages": [{"role": "user", "content": "How do I return an item?"}]}
 TEXT = {"model": spec.GENERATOR_MODEL, "prompt": "How do I return an item?"}
 EMBED = {"model": spec.EMBEDDER_MODEL, "input": ["How do I return an item?", "refunds"]}
-ANSWERING = ("/query", "/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+ANSWERING = ("/query", "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/tokenize", "/detokenize")
 STAGES = {"embed": 1.5, "generate": 20.0}
 
 

@@ -2,7 +2,8 @@
 static /openapi.json that describes them. (Their errors take OpenAI's shape under /v1 by the one
 table of error shapes, services/server/error_shapes.py.)
 
-Public paths are /query and everything under /v1/: API keys and CORS apply to them alone, so
+Public paths are /query, /tokenize, /detokenize and everything under /v1/: API keys and CORS apply to
+them alone (the tokenizer's routes cost a slot as the others do), so
 /health, /ready, /live, /metrics and /openapi.json stay open (as vLLM's do).
 """
 from __future__ import annotations
@@ -24,7 +25,7 @@ OPENAPI_FILE = Path(__file__).with_name("openapi.json")
 
 
 def is_public(path: str) -> bool:
-    return path == "/query" or path == "/v1" or path.startswith("/v1/")
+    return path in ("/query", "/tokenize", "/detokenize", "/v1") or path.startswith("/v1/")
 
 
 @cache

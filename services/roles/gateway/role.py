@@ -18,6 +18,7 @@ from services.roles.gateway.metrics import GatewayCollector
 from services.roles.gateway.openai_routes import register_openai_routes
 from services.roles.gateway.public_api import register_public_api
 from services.roles.gateway.routing import DiscoveredWorkers, WorkerTarget, discovered_target, remote_target
+from services.roles.gateway.tokenize_routes import Tokenizing, register_tokenize_routes
 from services.roles.loaded import Loaded
 from services.roles.worker.role import WorkerRole, worker_bounds
 from services.server import sse
@@ -82,6 +83,11 @@ class GatewayRole(Role):
     def count_query_tokens(self, query: str) -> int:
         return self.worker_role.worker.require().count_query_tokens(query)
 
+    def tokenizing(self) -> Tokenizing:
+        """The loaded LLM's tokenizer and context length, for /tokenize and /detokenize."""
+        generator = self.worker_role.worker.require().stages.generator
+        return Tokenizing(generator.tokens, getattr(generator.model.config, "max_position_embeddings", None))
+
     def _targets(self) -> list[WorkerTarget]:
         targets = []
         for node in self.settings.cluster.rotation:
@@ -143,6 +149,7 @@ class GatewayRole(Role):
         api = self.settings.api
         register_openai_routes(app, self.front, api.default_temperature, api.max_tokens_cap)
         register_public_api(app, api, self.front, self.worker_role.embed, self.node)
+        register_tokenize_routes(app, self.front, lambda: self.tokenizing())
 
     def query(self, body: dict) -> Call:
         """POST /query: streamed (`"stream": true`, or Accept: text/event-stream), else collected into
