@@ -146,9 +146,18 @@ class PromptTokenizer:
                 ids.extend(next(encoded).ids)
         return ids
 
+    def text_ids(self, text: str) -> list[int]:
+        """`text`'s ids as plain text: a control token's spelling stays text."""
+        return list(self._encoder.encode(text, add_special_tokens=False).ids)
+
+    @property
+    def vocab_size(self) -> int:
+        """Every id the decoder knows, the added tokens included."""
+        return int(self._decoder.get_vocab_size(with_added_tokens=True))
+
     def count(self, text: str) -> int:
         """How many tokens `text` takes in a prompt (its added-token strings as text)."""
-        return len(self._encoder.encode(text, add_special_tokens=False).ids)
+        return len(self.text_ids(text))
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True, **_: Any) -> str:
         return self._decoder.decode(list(token_ids), skip_special_tokens=skip_special_tokens)

@@ -72,7 +72,7 @@ def chat_conversation(messages: object) -> Chat:
             continue
         role = message["role"]
         if role in SYSTEM_ROLES:
-            content = _text(message.get("content"), f"messages[{i}].content")
+            content = message_text(message.get("content"), f"messages[{i}].content")
             if content != spec.SYSTEM_PROMPT:
                 instructions.append(content)
         elif role in TURN_ROLES:
@@ -80,7 +80,7 @@ def chat_conversation(messages: object) -> Chat:
         else:
             raise _unsupported_value(f"messages[{i}].role", role,
                                      f"a message's role is one of {', '.join((*SYSTEM_ROLES, *TURN_ROLES))}")
-    query = _text(messages[asked].get("content"), f"messages[{asked}].content")
+    query = message_text(messages[asked].get("content"), f"messages[{asked}].content")
     if not query.strip():
         raise _invalid("the last user message must not be empty", f"messages[{asked}].content")
     return Chat(query, tuple(history), "\n\n".join(instructions) if instructions else None, tuple(tool_round))
@@ -92,7 +92,7 @@ def _turn(message: dict, i: int) -> dict:
     content = message.get("content")
     if message["role"] == "assistant" and calls is not None and content is None:
         content = ""
-    turn = {"role": message["role"], "content": _text(content, f"messages[{i}].content")}
+    turn = {"role": message["role"], "content": message_text(content, f"messages[{i}].content")}
     if calls is not None:
         turn["tool_calls"] = _calls(calls, f"messages[{i}].tool_calls")
     return turn
@@ -125,7 +125,7 @@ def _calls(calls: object, param: str) -> list[dict]:
     return turns
 
 
-def _text(content: object, param: str) -> str:
+def message_text(content: object, param: str) -> str:
     """A message's content as text: a string, or a list of text parts joined by newlines; valid Unicode."""
     text = _joined(content, param)
     try:  # JSON can spell lone surrogates ("\\ud800"); no tokenizer, log or forward could carry them

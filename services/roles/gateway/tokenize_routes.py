@@ -27,7 +27,7 @@ from flask import Flask
 from pipeline import spec
 from pipeline.prompt_tokens import PromptTokenizer
 from services.roles.gateway.front import Front
-from services.roles.gateway.openai_messages import SYSTEM_ROLES, TURN_ROLES, _text
+from services.roles.gateway.openai_messages import SYSTEM_ROLES, TURN_ROLES, message_text
 from services.server.answer_request import Bounds, check_text
 from services.server.deadline import Deadline
 from services.server.edge import Call
@@ -53,12 +53,11 @@ class Tokenizing:
     max_model_len: int | None
 
     def text_ids(self, text: str) -> list[int]:
-        # PromptTokenizer offers only the count of a text; its encoder keeps added-token strings as text.
-        return list(self.tokens._encoder.encode(text, add_special_tokens=False).ids)
+        return self.tokens.text_ids(text)
 
     @property
     def vocab_size(self) -> int:
-        return int(self.tokens._decoder.get_vocab_size(with_added_tokens=True))
+        return self.tokens.vocab_size
 
 
 @dataclass(frozen=True)
@@ -137,7 +136,7 @@ def parse_tokenize_request(body: dict, bounds: Bounds) -> TokenizeRequest:
         if extra:
             raise ApiError(400, f"'messages[{i}].{extra[0]}' is not supported: /tokenize renders a message's role "
                                 "and content", field=f"messages[{i}].{extra[0]}", code="unsupported_parameter")
-        content = _text(message.get("content"), f"messages[{i}].content")
+        content = message_text(message.get("content"), f"messages[{i}].content")
         if len(content) > limits.max_query_chars:
             raise ApiError(400, f"'messages[{i}].content' is {len(content)} characters; the limit is "
                                 f"{limits.max_query_chars} (MAX_QUERY_CHARS)", field=f"messages[{i}].content")
