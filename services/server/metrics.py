@@ -77,12 +77,25 @@ class NodeMetrics:
                                 ["endpoint", "status"], registry=self.registry)
         self.latency = Histogram("rag_http_request_duration_seconds", "HTTP request latency by endpoint",
                                  ["endpoint"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        # vLLM's vllm:prompt_tokens_total and vllm:request_success_total{finished_reason}, under this
+        # project's prefix and per endpoint (a forward counts on node 0's route and the worker's
+        # /internal/answer): counted for answers sent whole (status 200) whose reply says.
+        self.prompt_tokens = Counter("rag_prompt_tokens", "Prompt tokens of the answers sent, by endpoint",
+                                     ["endpoint"], registry=self.registry)
+        self.success = Counter("rag_request_success", "Answers sent whole, by endpoint and why generation stopped",
+                               ["endpoint", "finished_reason"], registry=self.registry)
 
     def _observe(self, status: int) -> None:
         endpoint = request.url_rule.rule if request.url_rule is not None else "unmatched"
         if endpoint == "/metrics":
             return
         self.requests.labels(endpoint, str(status)).inc()
+        record = g.get("completion")
+        if status == 200 and record is not None:
+            if record.prompt_tokens is not None:
+                self.prompt_tokens.labels(endpoint).inc(record.prompt_tokens)
+            if record.finish_reason is not None:
+                self.success.labels(endpoint, record.finish_reason).inc()
         started = g.get("request_started")
         if started is not None:
             self.latency.labels(endpoint).observe(time.perf_counter() - started)
