@@ -15,6 +15,10 @@ STAGES_FIELD = "stages_ms"
 class Completion:
     served_by: int | None = None
     stages_ms: dict[str, float] = field(default_factory=dict)
+    # From the reply, for the metrics (services/server/metrics.py): the prompt's tokens and why
+    # generation stopped, where the reply says.
+    prompt_tokens: int | None = None
+    finish_reason: str | None = None
 
 
 # Per thread: a request is served on one HTTP thread, its answer stream read on that thread too.

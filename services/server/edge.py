@@ -79,11 +79,18 @@ class Edge:
 
 
 def _noting_served_by(events: AnswerStream, record: completion.Completion) -> AnswerStream:
-    """The stream as it is, its reply's `served_by` noted for the completion line."""
+    """The stream as it is, its reply's `served_by` noted for the completion line, its prompt tokens
+    and finish reason for the metrics."""
     try:
         for event in events:
-            if isinstance(event, dict) and event.get("served_by") is not None:
-                record.served_by = event["served_by"]
+            if isinstance(event, dict):
+                if event.get("served_by") is not None:
+                    record.served_by = event["served_by"]
+                usage = event.get("usage")
+                if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
+                    record.prompt_tokens = usage["prompt_tokens"]
+                if isinstance(event.get("finish_reason"), str):
+                    record.finish_reason = event["finish_reason"]
             yield event
     finally:
         close(events)

@@ -10,6 +10,8 @@ from flask import Flask, Response, g, request
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from services.server.stream_response import STREAMED
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -75,20 +77,47 @@ class NodeMetrics:
                                 ["endpoint", "status"], registry=self.registry)
         self.latency = Histogram("rag_http_request_duration_seconds", "HTTP request latency by endpoint",
                                  ["endpoint"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        # vLLM's vllm:prompt_tokens_total and vllm:request_success_total{finished_reason}, under this
+        # project's prefix and per endpoint (a forward counts on node 0's route and the worker's
+        # /internal/answer): counted for answers sent whole (status 200) whose reply says.
+        self.prompt_tokens = Counter("rag_prompt_tokens", "Prompt tokens of the answers sent, by endpoint",
+                                     ["endpoint"], registry=self.registry)
+        self.success = Counter("rag_request_success", "Answers sent whole, by endpoint and why generation stopped",
+                               ["endpoint", "finished_reason"], registry=self.registry)
+
+    def _observe(self, status: int) -> None:
+        endpoint = request.url_rule.rule if request.url_rule is not None else "unmatched"
+        if endpoint == "/metrics":
+            return
+        self.requests.labels(endpoint, str(status)).inc()
+        record = g.get("completion")
+        if status == 200 and record is not None:
+            if record.prompt_tokens is not None:
+                self.prompt_tokens.labels(endpoint).inc(record.prompt_tokens)
+            if record.finish_reason is not None:
+                self.success.labels(endpoint, record.finish_reason).inc()
+        started = g.get("request_started")
+        if started is not None:
+            self.latency.labels(endpoint).observe(time.perf_counter() - started)
 
     def register(self, collector) -> None:
         self.registry.register(collector)
 
     def instrument(self, app: Flask) -> None:
+        """Each request counted and timed once, when its answer is complete: a plain reply when its
+        view returns, a stream (services/server/stream_response.py) when its last byte is sent or its
+        reader leaves, with the status it ended with."""
         @app.after_request
         def _observe(response):
-            endpoint = request.url_rule.rule if request.url_rule is not None else "unmatched"
-            if endpoint != "/metrics":
-                self.requests.labels(endpoint, str(response.status_code)).inc()
-                started = g.get("request_started")
-                if started is not None:
-                    self.latency.labels(endpoint).observe(time.perf_counter() - started)
+            if not g.get(STREAMED):
+                self._observe(response.status_code)
             return response
+
+        @app.teardown_request
+        def _observe_stream(exc):
+            # With sse_response the teardown comes when the server closes the response.
+            if g.get(STREAMED):
+                self._observe(g.get("response_status", 500))
 
         @app.get("/metrics")
         def metrics():

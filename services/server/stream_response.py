@@ -5,13 +5,17 @@ is the pieces joined. A blocking reply is the stream collected (`collect`); a st
 Server-Sent Events (`sse_response`), its first event taken first (`started`), so that an early
 failure is an ordinary HTTP error and a later one an `error` event. A reader that disconnects
 closes the stream, which cancels what it was waiting on.
+
+A streamed response's status is known only at its end: `g.response_status` is then the status its
+`error` event carried, `CLIENT_GONE` if the reader left first, or 200; the metrics and the completion
+line are written after that (the request's teardown, when the server closes the response).
 """
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
 
-from flask import Response
+from flask import Response, g, has_request_context
 from flask.globals import request_ctx
 
 from services.server import sse
@@ -22,6 +26,10 @@ log = logging.getLogger(__name__)
 AnswerStream = Iterator["str | dict"]
 # What an error the errors table does not know is told as: a bug, logged with its traceback.
 INTERNAL_ERROR = HttpAnswer(500, "internal error")
+# A stream whose reader went away before its end is counted under nginx's "client closed request".
+CLIENT_GONE = 499
+# Set on `g` by `sse_response`: the request is measured when its stream ends, not when its view returns.
+STREAMED = "response_streamed"
 
 
 def close(events: AnswerStream) -> None:
@@ -81,9 +89,11 @@ def error_answer(exc: BaseException) -> HttpAnswer:
     answer = http_answer(exc)
     if answer is None:
         log.error("a stream failed", exc_info=exc)
+        _note_status(INTERNAL_ERROR.status)
         return INTERNAL_ERROR
     if answer.log_level is not None:
         log.log(answer.log_level, "a stream ended on %s: %s", type(exc).__name__, exc)
+    _note_status(answer.status)
     return answer
 
 
@@ -111,11 +121,31 @@ def sse_response(events: AnswerStream, encode: Callable[[AnswerStream], Iterator
     """The stream as SSE (the /query format), or as `encode` writes it (the OpenAI chunks). The
     request context stays open until the response closes: the stream reads `g`, and the teardown
     (completion line, tracing span) must come after its last event."""
-    response = Response((encode or query_events)(events), headers=sse.HEADERS)
+    g.setdefault(STREAMED, True)
+    response = Response(_noting_end((encode or query_events)(events)), headers=sse.HEADERS)
     context = request_ctx._get_current_object()  # type: ignore[attr-defined]
     context.push()  # a second push: the view's own pop leaves it open, this one's pop tears it down
     response.call_on_close(context.pop)
     return response
+
+
+def _note_status(status: int) -> None:
+    """The status a stream ends with, for its metrics and completion line (read at its teardown)."""
+    if has_request_context():
+        g.response_status = status
+
+
+def _noting_end(body: Iterator[bytes]) -> Iterator[bytes]:
+    """The body as it is; a reader gone before its end noted as CLIENT_GONE, a body that breaks
+    (no error event could be sent) as 500; an error event has noted its own status."""
+    try:
+        yield from body  # closing this closes body too
+    except Exception:
+        _note_status(INTERNAL_ERROR.status)
+        raise
+    except GeneratorExit:  # the server closed the response before its last byte: the reader left
+        _note_status(CLIENT_GONE)
+        raise
 
 
 def query_events(events: AnswerStream) -> Iterator[bytes]:

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline import spec
 from pipeline.config import Settings
@@ -274,3 +275,23 @@ def test_settings_answer_on_loopback_or_with_the_cluster_token_only():
     assert client.get("/settings", environ_base={"REMOTE_ADDR": "::1"}).status_code == 200
     _role, open_client = query_app([REPLY])  # no token configured: this machine only
     assert open_client.get("/settings", environ_base=away).status_code == 403
+
+
+def test_answers_sent_whole_count_their_prompt_tokens_and_finish_reason_streamed_or_not():
+    def scraped(client) -> dict:
+        text = client.get("/metrics").get_data(as_text=True)
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples
+                if s.name in ("rag_prompt_tokens_total", "rag_request_success_total")}
+
+    role, client = query_app([])  # node 0's own worker left unloaded: /metrics then reports no stages of it
+    target = WorkerTarget(node=1, answer=WorkerOfNode1().answer, probe=lambda: True)
+    role.gateway.set(gateway(target, response_cache=role.response_cache))
+    for question, stream in (("Shipping?", False), ("Billing?", True)):
+        response = client.post("/v1/chat/completions",
+                               json={**CHAT, "messages": [{"role": "user", "content": question}], "stream": stream})
+        assert response.status_code == 200 and " ok" in response.get_data(as_text=True)
+        response.close()  # as the server closes it once sent: a stream is counted then
+    chat = (("endpoint", "/v1/chat/completions"),)
+    assert scraped(client) == {("rag_prompt_tokens_total", chat): 80.0,
+                               ("rag_request_success_total", chat + (("finished_reason", "stop"),)): 2.0}
