@@ -93,6 +93,17 @@ def cpu_supports_bf16(flags: Iterable[str] | None = None) -> bool:
 
 
 
+# oneDNN packs a bfloat16 weight (what a row-invariant bfloat16 Linear multiplies) only with these
+# (torch's mkldnn_reorder_linear_weight: "avx_ne_convert or avx512bw, avx512vl and avx512dq").
+BF16_PACKING_CPU_FLAGS = frozenset({"avx512bw", "avx512vl", "avx512dq"})
+
+
+def cpu_packs_bf16(flags: Iterable[str] | None = None) -> bool:
+    """Whether oneDNN can pack a bfloat16 weight here (under its hold, asked about this machine)."""
+    have = _given_or_here(flags)
+    return BF16_PACKING_CPU_FLAGS <= have or "avx_ne_convert" in have
+
+
 def cpu_sums_int8_exactly(flags: Iterable[str] | None = None) -> bool:
     """Whether an int8 kernel can sum exactly here: the CPU has VNNI (its own flags, since fbgemm does
     not follow oneDNN's hold). pipeline.kernels.int8 checks the kernels themselves at load."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pipeline.config import CUDA_ONLY_VARIANTS, PRECISION_POLICIES, PRECISION_VARIANTS, ConfigError
-from pipeline.cpu_features import cpu_sums_int8_exactly
+from pipeline.cpu_features import cpu_packs_bf16, cpu_sums_int8_exactly
 
 # A CPU with AMX is of the cpu-bf16 kind: oneDNN is held below AMX there (pipeline.cpu_features).
 CPU_BF16, CPU_PLAIN, CUDA = "cpu-bf16", "cpu", "cuda"
@@ -70,17 +70,22 @@ def _cuda_bf16() -> bool:
 
 
 def supported_variants(device: str, *, cuda_bf16: Callable[[], bool] = _cuda_bf16,
-                       int8_cpu: Callable[[], bool] = cpu_sums_int8_exactly) -> tuple[str, ...]:
+                       int8_cpu: Callable[[], bool] = cpu_sums_int8_exactly,
+                       packs_bf16: Callable[[], bool] = cpu_packs_bf16) -> tuple[str, ...]:
     """What this device is offered. A CPU: every variant but float16 (bf16 ones slowly without
-    avx512_bf16; float16 is several times slower than float32 there), and int8-dynamic only with
-    VNNI (without it fbgemm's and oneDNN's int8 sums saturate: they would be wrong, not only slow). CUDA: bfloat16 (where the
+    avx512_bf16; float16 is several times slower than float32 there), int8-dynamic only with
+    VNNI (without it fbgemm's and oneDNN's int8 sums saturate: they would be wrong, not only slow),
+    bfloat16 only where oneDNN packs its weights (AVX-512 BW/VL/DQ or avx_ne_convert: not on an
+    AVX2-only CPU). CUDA: bfloat16 (where the
     GPU has it) and float16, the two whose every stage gives a row the same bits alone and batched
     there (tests/unit/test_precision.py's CUDA cases, H100). Not float32: its embeddings and
     chunked attention change with batch-mates on CUDA. Not int8: its decode step was slower than
     bfloat16's on an H100 (52 / 52 / 46 ms against 30 / 32 / 34 at 1 / 8 / 32 sequences,
     docs/performance.md)."""
     if device != "cuda":
-        return PRECISION_VARIANTS if int8_cpu() else tuple(v for v in PRECISION_VARIANTS if v != "int8-dynamic")
+        left_out = {"int8-dynamic"} - ({"int8-dynamic"} if int8_cpu() else set())
+        left_out |= set() if packs_bf16() else {"bfloat16"}
+        return tuple(v for v in PRECISION_VARIANTS if v not in left_out)
     return ("bfloat16", *CUDA_ONLY_VARIANTS) if cuda_bf16() else CUDA_ONLY_VARIANTS
 
 

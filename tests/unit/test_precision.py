@@ -40,7 +40,10 @@ PLACEMENTS = [pytest.param(("cpu", v), id=v, marks=[BF16_CPU] if v == "bfloat16"
 # ----------------------------------------------------------------------------- settings
 
 def _placement(env: dict, stage: str, bf16: bool = True, **detectors) -> Placement:
-    return placement_for(Settings.from_env(env), stage, bf16_cpu=lambda: bf16, **{**CPU, **detectors})
+    """A stage's placement on a CPU described by `bf16` and `detectors` (a CPU that packs bfloat16 and
+    sums int8 exactly unless they say otherwise), not on this one."""
+    machine = {"packs_bf16": lambda: True, "int8_cpu": lambda: True}
+    return placement_for(Settings.from_env(env), stage, bf16_cpu=lambda: bf16, **{**CPU, **machine, **detectors})
 
 
 def test_auto_is_bfloat16_where_the_cpu_has_it_and_fast_follows_the_hardware_table():
@@ -339,3 +342,12 @@ def test_int8_dynamic_is_offered_on_the_cpu_only_where_it_sums_exactly():
     # fast's int8 entries fall back to auto's choice there: float32 on a CPU without bf16
     assert {_placement({"PRECISION": "fast"}, s, **plain).precision for s in FAST["cpu"]} <= {"float32", "int8-weight"}
     assert _placement({"PRECISION": "fast"}, "generate", bf16=False, int8_cpu=lambda: True).precision == "int8-dynamic"
+
+
+def test_bfloat16_is_offered_on_the_cpu_only_where_onednn_packs_its_weights():
+    from pipeline.cpu_features import cpu_packs_bf16
+    assert cpu_packs_bf16({"avx512f", "avx512bw", "avx512vl", "avx512dq"}) and cpu_packs_bf16({"avx2", "avx_ne_convert"})
+    assert not cpu_packs_bf16({"avx2", "fma"})
+    with pytest.raises(ConfigError, match="PRECISION='bfloat16' is not valid on the CPU"):
+        _placement({"PRECISION": "bfloat16"}, "embed", bf16=False, packs_bf16=lambda: False)
+    assert _placement({"PRECISION": "int8-weight"}, "embed", bf16=False, packs_bf16=lambda: False).precision == "int8-weight"

@@ -102,6 +102,10 @@ def report(tmp_path_factory):
     _real_model_or_skip()
     if not PYTHON_DOCS.is_dir():
         pytest.skip(f"{PYTHON_DOCS} is missing: Debian's python3-doc is not installed")
+    from pipeline.precision_policy import supported_variants
+    if not {"bfloat16", "int8-dynamic"} <= set(supported_variants("cpu")):
+        pytest.skip(f"this CPU is offered {', '.join(supported_variants('cpu'))}: the report compares bfloat16 "
+                    "and int8-dynamic with float32")
     out = tmp_path_factory.mktemp("real_fidelity")
     with recording_tool_commit():
         assert real_fidelity.main(["--passages", str(PASSAGES), "--max-chars", "240", "--variants",
