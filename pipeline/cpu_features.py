@@ -25,6 +25,9 @@ BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "amx_tile"})
 AMX_CPU_FLAGS = frozenset({"amx_bf16", "amx_tile"})  # both: AMX's bf16 matrix tiles
 # int8 x int8 summed in 32 bits at once; without these the int8 kernels' 16-bit pair sums saturate.
 VNNI_CPU_FLAGS = frozenset({"avx512_vnni", "avx_vnni"})
+# oneDNN packs a bfloat16 weight (what a row-invariant bfloat16 Linear multiplies) only with these
+# (torch's mkldnn_reorder_linear_weight: "avx_ne_convert or avx512bw, avx512vl and avx512dq").
+BF16_PACKING_CPU_FLAGS = frozenset({"avx512bw", "avx512vl", "avx512dq"})
 
 # oneDNN's instruction-set levels (its ONEDNN_MAX_CPU_ISA values), lowest first, each with the CPU
 # flags it adds to the one before; a level's aliases share its flags.
@@ -60,9 +63,19 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
     return frozenset()
 
 
+def _own(flags: Iterable[str] | None) -> frozenset[str]:
+    """The flags given (a machine described), else the CPU's own, whatever oneDNN is held to."""
+    return cpu_flags() if flags is None else frozenset(flags)
+
+
 def _level(name: str) -> int | None:
     """The ladder index of a level name (any case), None where oneDNN has no such level."""
     return next((i for i, (names, _) in enumerate(ONEDNN_ISA_LADDER) if name.strip().upper() in names), None)
+
+
+def _flags_above(level: int) -> frozenset[str]:
+    """The flags the ladder's levels above `level` add."""
+    return frozenset().union(*(added for _, added in ONEDNN_ISA_LADDER[level + 1:]))
 
 
 def onednn_isa_held(environ: Mapping[str, str] = os.environ) -> tuple[str, str] | None:
@@ -73,13 +86,10 @@ def onednn_isa_held(environ: Mapping[str, str] = os.environ) -> tuple[str, str] 
 def onednn_flags(flags: Iterable[str] | None = None, environ: Mapping[str, str] = os.environ) -> frozenset[str]:
     """The CPU's flags less those of the levels above oneDNN's hold (all of them where nothing is held
     or the value names no level: oneDNN then ignores it)."""
-    have = cpu_flags() if flags is None else frozenset(flags)
+    have = _own(flags)
     held = onednn_isa_held(environ)
     level = None if held is None else _level(held[1])
-    if level is None:
-        return have
-    above = frozenset().union(*(added for _, added in ONEDNN_ISA_LADDER[level + 1:]))
-    return have - above
+    return have if level is None else have - _flags_above(level)
 
 
 def _given_or_here(flags: Iterable[str] | None) -> frozenset[str]:
@@ -91,13 +101,6 @@ def cpu_supports_bf16(flags: Iterable[str] | None = None) -> bool:
     return bool(BF16_CPU_FLAGS & _given_or_here(flags))
 
 
-
-
-# oneDNN packs a bfloat16 weight (what a row-invariant bfloat16 Linear multiplies) only with these
-# (torch's mkldnn_reorder_linear_weight: "avx_ne_convert or avx512bw, avx512vl and avx512dq").
-BF16_PACKING_CPU_FLAGS = frozenset({"avx512bw", "avx512vl", "avx512dq"})
-
-
 def cpu_packs_bf16(flags: Iterable[str] | None = None) -> bool:
     """Whether oneDNN can pack a bfloat16 weight here (under its hold, asked about this machine)."""
     have = _given_or_here(flags)
@@ -107,12 +110,12 @@ def cpu_packs_bf16(flags: Iterable[str] | None = None) -> bool:
 def cpu_sums_int8_exactly(flags: Iterable[str] | None = None) -> bool:
     """Whether an int8 kernel can sum exactly here: the CPU has VNNI (its own flags, since fbgemm does
     not follow oneDNN's hold). pipeline.kernels.int8 checks the kernels themselves at load."""
-    return bool(VNNI_CPU_FLAGS & (cpu_flags() if flags is None else frozenset(flags)))
+    return bool(VNNI_CPU_FLAGS & _own(flags))
 
 
 def onednn_isas_here(flags: Iterable[str] | None = None) -> list[str]:
     """The levels of CHECKED_ONEDNN_ISAS this CPU has every flag of (its own flags, not the hold's)."""
-    have = cpu_flags() if flags is None else frozenset(flags)
+    have = _own(flags)
     needed: frozenset[str] = frozenset()
     found = []
     for names, added in ONEDNN_ISA_LADDER[2:]:  # from AVX2 up, the levels checked and those between them
@@ -133,35 +136,34 @@ def onednn_checked_level(flags: Iterable[str] | None = None, environ: Mapping[st
     if held is not None:
         name = held[1].strip().upper()
         return name if name in CHECKED_ONEDNN_ISAS else None
-    have = cpu_flags() if flags is None else frozenset(flags)
-    top = _level(CHECKED_ONEDNN_ISAS[-1])
-    assert top is not None
-    above = frozenset().union(*(added for _, added in ONEDNN_ISA_LADDER[top + 1:]))
+    have = _own(flags)
     here = onednn_isas_here(have)
-    return here[-1] if here and not have & above else None
+    return here[-1] if here and not have & _flags_above(_CHECKED_TOP) else None
+
+
+# Their places on the ladder (both are names of it).
+_ROW_INVARIANT_LEVEL = next(i for i, (names, _) in enumerate(ONEDNN_ISA_LADDER) if ROW_INVARIANT_ONEDNN_ISA in names)
+_CHECKED_TOP = next(i for i, (names, _) in enumerate(ONEDNN_ISA_LADDER) if CHECKED_ONEDNN_ISAS[-1] in names)
 
 
 def hold_onednn_below_amx(environ: MutableMapping[str, str] = os.environ, flags: Iterable[str] | None = None) -> None:
     """On a CPU with AMX, hold oneDNN at ROW_INVARIANT_ONEDNN_ISA, unless the environment holds it already
     (a hold at AMX is refused where models load: :func:`onednn_isa_problem`)."""
-    have = cpu_flags() if flags is None else frozenset(flags)
-    if AMX_CPU_FLAGS <= have and onednn_isa_held(environ) is None:
+    if AMX_CPU_FLAGS <= _own(flags) and onednn_isa_held(environ) is None:
         environ[ONEDNN_ISA_VARIABLES[0]] = ROW_INVARIANT_ONEDNN_ISA
 
 
 def onednn_isa_problem(environ: Mapping[str, str] = os.environ, flags: Iterable[str] | None = None) -> str | None:
     """Why oneDNN may run AMX kernels here (one line naming the variable), or None where it cannot."""
-    have = cpu_flags() if flags is None else frozenset(flags)
-    if not AMX_CPU_FLAGS <= have:
+    if not AMX_CPU_FLAGS <= _own(flags):
         return None
     held = onednn_isa_held(environ)
-    cap = _level(ROW_INVARIANT_ONEDNN_ISA)
     if held is None:
         return (f"{ONEDNN_ISA_VARIABLES[0]} is not set on this CPU with AMX: oneDNN's AMX kernels sum a row by its "
                 f"batch-mates' count; import pipeline before torch runs, or set it to {ROW_INVARIANT_ONEDNN_ISA}")
     variable, value = held
     level = _level(value)
-    if level is None or cap is None or level > cap:
+    if level is None or level > _ROW_INVARIANT_LEVEL:
         why = "names no oneDNN level, so oneDNN ignores it and runs AMX" if level is None else "lets oneDNN run AMX"
         return (f"{variable}={value} {why}, whose kernels sum a row by its batch-mates' count: "
                 f"set it to {ROW_INVARIANT_ONEDNN_ISA} or lower, or unset it")
