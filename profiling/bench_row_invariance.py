@@ -34,12 +34,12 @@ WORKLOADS = {"encoder 300 rows": ("bert", 300), "encoder 3000 rows": ("bert", 30
 
 
 def tiled(linear, x, tile: int):
-    """`linear` (a RowInvariantLinear on the CPU) with every oneDNN call of exactly `tile` rows."""
+    """`linear` (a RowInvariantLinear on the CPU) with every oneDNN call of exactly `tile` rows: its own
+    forward, one call per tile."""
     import torch
     n = x.shape[0]
     padded = torch.nn.functional.pad(x, (0, 0, 0, -n % tile))
-    outs = [torch.ops.mkldnn._linear_pointwise(part, linear.weight, linear.bias, "none", [None], "")
-            for part in padded.split(tile)]
+    outs = [linear(part) for part in padded.split(tile)]
     return (outs[0] if len(outs) == 1 else torch.cat(outs))[:n]
 
 

@@ -26,6 +26,7 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 from profiling.lib import local_cluster
+from profiling.lib.provenance import git_commit
 
 ROOT = local_cluster.ROOT
 SEQUENCES = (1, 8, 32)
@@ -147,14 +148,6 @@ def results(rows: dict[str, dict], tests: dict[str, str] | None, *, device: str,
                                                                    if v in ("failed", "error"))}
 
 
-def commit_line() -> str:
-    """HEAD's commit, with '+changes' where the work tree differs from it."""
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                           capture_output=True, text=True).stdout.strip()
-    return (head or "unknown") + ("+changes" if dirty else "")
-
-
 def cell(value: float | None, form: str) -> str:
     return "-" if value is None else format(value, form)
 
@@ -215,8 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{device}; {check.env['STANDIN_PROFILE']} stand-ins; logs and reports in {check.out}\n")
     print(table(rows))
     path = Path(args.results) if args.results else (check.out / "gpu-check.json" if args.tiny else RESULTS)
-    found = results(rows, tests, device=device, commit=commit_line(), profile=check.env["STANDIN_PROFILE"],
-                    failed=failed)
+    code = git_commit()  # the check's own code: HEAD, and whether the tree differed from it
+    commit = code["commit"] + ("+changes" if code["dirty"] else "")
+    found = results(rows, tests, device=device, commit=commit, profile=check.env["STANDIN_PROFILE"], failed=failed)
     path.write_text(json.dumps(found, indent=1) + "\n")
     print(f"results: {path}")
     return 1 if failed else 0
