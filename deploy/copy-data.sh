@@ -21,6 +21,8 @@ set -eu
 cd "$(dirname "$0")/.."
 link="$(dirname "$FAISS_INDEX_PATH")"
 root="$(dirname "$link")"
+# shellcheck source=deploy/current-link.sh
+. deploy/current-link.sh  # the cd above: the repository root
 store="${DATA_STORE:-/versions}"
 version="${DATA_VERSION:-v1}"
 wait_s="${DATA_WAIT_S:-3600}"
@@ -65,9 +67,7 @@ else
 fi
 
 if [ "${DATA_CURRENT:-set}" = set ] || [ ! -L "$link" ]; then
-  ln -sfn "$version" "$root/.$(basename "$link").partial"
-  mv -T "$root/.$(basename "$link").partial" "$link"
-  echo "copy-data: $link -> $version"
+  point_current "$version" copy-data
 else
   echo "copy-data: $link stays -> $(readlink "$link")"
 fi

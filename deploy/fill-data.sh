@@ -31,6 +31,8 @@ set -eu
 cd "$(dirname "$0")/.."
 link="$(dirname "$FAISS_INDEX_PATH")"
 root="$(dirname "$link")"
+# shellcheck source=deploy/current-link.sh
+. deploy/current-link.sh  # the cd above: the repository root
 version="${DATA_VERSION:-v1}"
 case "${DATA_CURRENT:-keep}" in
   keep|set) ;;
@@ -103,9 +105,7 @@ if ! complete "$root/$version"; then
 fi
 
 if [ "${DATA_CURRENT:-keep}" = set ] || [ ! -L "$link" ]; then
-  ln -sfn "$version" "$root/.$(basename "$link").partial"
-  mv -T "$root/.$(basename "$link").partial" "$link"
-  echo "fill-data: $link -> $version"
+  point_current "$version" fill-data
 else
   echo "fill-data: $version is complete; $link stays -> $(readlink "$link")"
 fi
