@@ -12,6 +12,7 @@ from services.cluster.clients import WorkerClient
 from services.cluster.discovery import Membership, resolver_for
 from services.roles.base import SPARE_HTTP_THREADS, Role
 from services.roles.caches import ResponseCache
+from services.roles.gateway.chat_page import register_chat_page
 from services.roles.gateway.front import Front
 from services.roles.gateway.gateway import Gateway
 from services.roles.gateway.metrics import GatewayCollector
@@ -150,6 +151,7 @@ class GatewayRole(Role):
         register_openai_routes(app, self.front, api.default_temperature, api.max_tokens_cap)
         register_public_api(app, api, self.front, self.worker_role.embed, self.node)
         register_tokenize_routes(app, self.front, lambda: self.tokenizing())
+        register_chat_page(app, api_keys_on=api.api_keys_file is not None)
 
     def query(self, body: dict) -> Call:
         """POST /query: streamed (`"stream": true`, or Accept: text/event-stream), else collected into
