@@ -1,9 +1,13 @@
-"""`python -m tools.render_settings --write | --check`: env.example and deploy/k8s/configmap.yaml,
-generated from the settings table (pipeline/config: Settings.table()), so that a setting is written
-once, in pipeline/config/sections.py, and its copies cannot drift.
+"""`python -m tools.render_settings --write | --check`: the deploy files generated from one source each,
+so that nothing is written twice and the copies cannot drift:
+- env.example and deploy/k8s/settings.env (the rag-settings ConfigMap's source: kustomize's
+  configMapGenerator names it by a hash of its contents, so a changed setting rolls the pods), from
+  the settings table (pipeline/config: Settings.table(); a setting is written once, in
+  pipeline/config/sections.py);
+- deploy/k8s/alerts.yaml (the PrometheusRule), from deploy/prometheus/rag-alerts.rules.yml.
 
---write rewrites both files; --check (a test runs it too) exits 1 naming each file that differs
-from what the table generates. The configmap's own values, the cluster's wiring in Kubernetes,
+--write rewrites the files that differ; --check (a test runs it too) exits 1 naming each file that
+differs from what its source generates. The settings' own values in Kubernetes, the cluster's wiring,
 are the one list kept here (K8S_WIRING).
 """
 from __future__ import annotations
@@ -13,6 +17,8 @@ import json
 import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple
+
+import yaml
 
 from pipeline.config import REPO_ROOT, Settings
 
@@ -29,19 +35,15 @@ ENV_EXAMPLE_HEAD = f"""\
 """
 
 CONFIGMAP_HEAD = f"""\
-# Every setting of env.example, at its default except the cluster's wiring (marked), for every
-# pod; NODE_NUMBER is per pod (set in each workload) and CLUSTER_TOKEN is in the optional Secret
-# rag-secrets (deploy/k8s/kustomization.yaml says how to make it).
+# The rag-settings ConfigMap (deploy/k8s/kustomization.yaml's configMapGenerator): every setting of
+# env.example, at its default except the cluster's wiring (marked on the line above it), for every
+# pod; NODE_NUMBER is per pod (set in each workload) and CLUSTER_TOKEN is in the Secret rag-secrets
+# (deploy/k8s/kustomization.yaml says how to make it).
 # {DO_NOT_EDIT}
+# An overlay changes a value with a configMapGenerator of the same name and `behavior: merge`.
+# kustomize reads KEY=value with no quoting: a value is everything after the first `=`.
 # The cluster's wiring is K8S_WIRING in tools/render_settings.py; tests/unit/test_deploy_manifests.py
 # checks each name is a setting and each unmarked value the default.
-apiVersion: v1
-kind: ConfigMap
-metadata:
-  name: rag-settings
-  labels:
-    app.kubernetes.io/name: rag
-data:
 """
 
 # Per pod (NODE_NUMBER, set in each workload), or following from INDEX_NODES (WORKER_NODES): not in
@@ -107,19 +109,26 @@ def render_env_example() -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
+def _env_value(name: str, value: str) -> str:
+    # An env file has no quoting: what a line cannot carry as written is refused, not mangled.
+    if value != value.strip() or "\n" in value or value.startswith(("'", '"')):
+        raise ValueError(f"{name}={value!r} cannot be written to an env file as it is")
+    return f"{name}={value}"
+
+
 def _configmap_line(name: str, default: str) -> list[str]:
     wiring = K8S_WIRING.get(name)
     if wiring is None:
-        return [f"  {name}: {json.dumps(default)}"]
-    above = [f"  # {wiring.why}"] if wiring.why else []
-    return above + [f"  {name}: {json.dumps(wiring.value)}  # cluster wiring (default {json.dumps(default)})"]
+        return [_env_value(name, default)]
+    above = [f"# {wiring.why}"] if wiring.why else []
+    return above + [f"# cluster wiring (default {json.dumps(default)})", _env_value(name, wiring.value)]
 
 
 def render_configmap() -> str:
     lines = [CONFIGMAP_HEAD.rstrip("\n")]
     wired = []
     for title, fields in _sections():
-        lines.append(f"  # ---- {title}")
+        lines.append(f"# ---- {title}")
         for meta in fields:
             if "numbered" in meta:
                 names = _family_members(meta, list(K8S_WIRING))
@@ -136,10 +145,37 @@ def render_configmap() -> str:
     return "\n".join(lines) + "\n"
 
 
+def parse_env(text: str) -> dict[str, str]:
+    """An env file as kustomize reads it: KEY=value lines (the value is everything after the first
+    `=`, unquoted), `#` lines and blank lines skipped."""
+    pairs = (line.split("=", 1) for line in text.splitlines() if line.strip() and not line.startswith("#"))
+    return {name: value for name, value in pairs}
+
+
+ALERTS_SOURCE = "deploy/prometheus/rag-alerts.rules.yml"
+PROMETHEUS_RULE_HEAD = f"""\
+# The alert rules of {ALERTS_SOURCE} as a PrometheusRule, which the Prometheus Operator
+# (kube-prometheus-stack) loads into the Prometheus whose ruleSelector matches its labels: the chart's
+# default selects `release: <its release name>`, kube-prometheus-stack below; set yours, or set
+# prometheus.prometheusSpec.ruleSelectorNilUsesHelmValues=false to load every PrometheusRule.
+# Generated by `{COMMAND}` from {ALERTS_SOURCE}; do not edit.
+"""
+
+
+def render_prometheus_rule(root: Path = REPO_ROOT) -> str:
+    groups = yaml.safe_load((root / ALERTS_SOURCE).read_text())["groups"]
+    rule = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
+            "metadata": {"name": "rag-alerts",
+                         "labels": {"app.kubernetes.io/name": "rag", "release": "kube-prometheus-stack"}},
+            "spec": {"groups": groups}}
+    return PROMETHEUS_RULE_HEAD + yaml.safe_dump(rule, sort_keys=False, width=120)
+
+
 # Each generated file, relative to the repository root, and what generates it.
 OUTPUTS: dict[str, Callable[[], str]] = {
     "env.example": render_env_example,
-    "deploy/k8s/configmap.yaml": render_configmap,
+    "deploy/k8s/settings.env": render_configmap,
+    "deploy/k8s/alerts.yaml": render_prometheus_rule,
 }
 
 
@@ -160,7 +196,8 @@ def write(root: Path = REPO_ROOT) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.render_settings",
-                                     description="env.example and deploy/k8s/configmap.yaml from the settings table")
+                                     description="env.example and deploy/k8s/settings.env from the settings table, "
+                                     "deploy/k8s/alerts.yaml from the alert rules")
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", action="store_true", help="rewrite the files that differ")
     mode.add_argument("--check", action="store_true", help="exit 1 naming each file that differs")
