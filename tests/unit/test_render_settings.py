@@ -18,7 +18,7 @@ def test_the_committed_files_are_what_the_settings_table_generates():
     assert rs.main(["--check"]) == 0
 
 
-GENERATED = ["env.example", "deploy/k8s/settings.env", "deploy/k8s/alerts.yaml"]
+GENERATED = ["env.example", "deploy/k8s/settings.env", "deploy/k8s/alerts.yaml", "deploy/k8s/index.yaml"]
 
 
 def test_check_names_each_stale_copy_and_write_brings_it_in_step(tmp_path: Path, capsys):
@@ -100,3 +100,23 @@ def test_a_value_an_env_file_cannot_carry_is_refused(monkeypatch):
     monkeypatch.setitem(rs.K8S_WIRING, "BIND_HOST", rs.Wiring(" 0.0.0.0"))
     with pytest.raises(ValueError, match="BIND_HOST"):
         rs.render_configmap()
+
+
+def test_the_index_shards_and_the_wiring_come_from_one_count():
+    """Three shards instead of two: three StatefulSets, Services and budgets, each shard's pods the node
+    that serves it by the settings the same count writes."""
+    objects = [doc for doc in yaml.safe_load_all(rs.render_index(shards=3)) if doc]
+    env = {name: wiring.value for name, wiring in rs.index_wiring(3).items()}
+    cluster = Settings.from_env({**rs.parse_env(rs.render_configmap()), **env, "CLUSTER_TOKEN": "t"}).cluster
+    assert cluster.index_shards == 3 and [str(a) for a in cluster.index_discovery] == \
+        [f"rag-index-shard-{s}:8000" for s in range(3)]
+    for kind in ("Service", "StatefulSet", "PodDisruptionBudget"):
+        assert [o["metadata"]["name"] for o in objects if o["kind"] == kind] == [f"rag-index-shard-{s}" for s in range(3)]
+    for shard, stateful in enumerate(o for o in objects if o["kind"] == "StatefulSet"):
+        (node,) = stateful["spec"]["template"]["spec"]["containers"]
+        (number,) = [int(e["value"]) for e in node["env"] if e["name"] == "NODE_NUMBER"]
+        assert cluster.role_of(number) == "index" and cluster.served_shard(number) == shard
+        assert stateful["spec"]["template"]["metadata"]["labels"]["shard"] == str(shard)
+    # The committed file is the default count's (the check above), and says where it comes from.
+    assert rs.render_index() == (REPO_ROOT / "deploy/k8s/index.yaml").read_text()
+    assert rs.INDEX_TEMPLATE in rs.render_index()[:2000]
