@@ -1,18 +1,27 @@
-"""`python -m tools.render_settings --write | --check`: env.example and deploy/k8s/configmap.yaml,
-generated from the settings table (pipeline/config: Settings.table()), so that a setting is written
-once, in pipeline/config/sections.py, and its copies cannot drift.
+"""`python -m tools.render_settings --write | --check`: the deploy files generated from one source each,
+so that nothing is written twice and the copies cannot drift:
+- env.example and deploy/k8s/settings.env (the rag-settings ConfigMap's source: kustomize's
+  configMapGenerator names it by a hash of its contents, so a changed setting rolls the pods), from
+  the settings table (pipeline/config: Settings.table(); a setting is written once, in
+  pipeline/config/sections.py);
+- deploy/k8s/alerts.yaml (the PrometheusRule), from deploy/prometheus/rag-alerts.rules.yml;
+- deploy/k8s/index.yaml (a StatefulSet, Service and disruption budget per index shard), from
+  deploy/k8s/index-shard.yaml.tmpl and K8S_INDEX_SHARDS, which the settings' wiring follows too.
 
---write rewrites both files; --check (a test runs it too) exits 1 naming each file that differs
-from what the table generates. The configmap's own values, the cluster's wiring in Kubernetes,
+--write rewrites the files that differ; --check (a test runs it too) exits 1 naming each file that
+differs from what its source generates. The settings' own values in Kubernetes, the cluster's wiring,
 are the one list kept here (K8S_WIRING).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import string
 import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple
+
+import yaml
 
 from pipeline.config import REPO_ROOT, Settings
 
@@ -29,19 +38,15 @@ ENV_EXAMPLE_HEAD = f"""\
 """
 
 CONFIGMAP_HEAD = f"""\
-# Every setting of env.example, at its default except the cluster's wiring (marked), for every
-# pod; NODE_NUMBER is per pod (set in each workload) and CLUSTER_TOKEN is in the optional Secret
-# rag-secrets (deploy/k8s/kustomization.yaml says how to make it).
+# The rag-settings ConfigMap (deploy/k8s/kustomization.yaml's configMapGenerator): every setting of
+# env.example, at its default except the cluster's wiring (marked on the line above it), for every
+# pod; NODE_NUMBER is per pod (set in each workload) and CLUSTER_TOKEN is in the Secret rag-secrets
+# (deploy/k8s/kustomization.yaml says how to make it).
 # {DO_NOT_EDIT}
+# An overlay changes a value with a configMapGenerator of the same name and `behavior: merge`.
+# kustomize reads KEY=value with no quoting: a value is everything after the first `=`.
 # The cluster's wiring is K8S_WIRING in tools/render_settings.py; tests/unit/test_deploy_manifests.py
 # checks each name is a setting and each unmarked value the default.
-apiVersion: v1
-kind: ConfigMap
-metadata:
-  name: rag-settings
-  labels:
-    app.kubernetes.io/name: rag
-data:
 """
 
 # Per pod (NODE_NUMBER, set in each workload), or following from INDEX_NODES (WORKER_NODES): not in
@@ -54,20 +59,40 @@ class Wiring(NamedTuple):
     why: str = ""  # a comment line above the variable, where its value needs one
 
 
-# The cluster in Kubernetes: node 0 the gateway Deployment, node 1 the workers' Service, nodes 2 and 3
-# the index StatefulSet's two pods (one shard each), and the data where the volumes mount it, through
-# the link to the version the pod serves.
+# The index shards in Kubernetes, written once: the settings' wiring below and deploy/k8s/index.yaml
+# (a StatefulSet, a headless Service and a disruption budget per shard) follow from it.
+K8S_INDEX_SHARDS = 2
+FIRST_INDEX_NODE = 2  # node 0 the gateways, node 1 every worker, then one node number per shard
+INDEX_TEMPLATE = "deploy/k8s/index-shard.yaml.tmpl"
+
+
+def _index_nodes(shards: int) -> list[int]:
+    return [FIRST_INDEX_NODE + shard for shard in range(shards)]
+
+
+def index_wiring(shards: int) -> dict[str, Wiring]:
+    """The settings that name the index shards: their count, node numbers, addresses and Services."""
+    services = [f"rag-index-shard-{shard}:8000" for shard in range(shards)]
+    nodes = _index_nodes(shards)
+    return {
+        "TOTAL_NODES": Wiring(str(FIRST_INDEX_NODE + shards)),
+        **{f"NODE_{node}_IP": Wiring(service) for node, service in zip(nodes, services)},
+        "INDEX_NODES": Wiring(",".join(map(str, nodes)), "Node numbers name roles: 0 the gateways, 1 every worker, "
+                              f"{', '.join(map(str, nodes))} the replicas of index shards {', '.join(map(str, range(shards)))}."),
+        "INDEX_SHARDS": Wiring(str(shards)),
+        "INDEX_DISCOVERY": Wiring(",".join(services), "Each shard's headless Service lists its replicas, in shard order."),
+    }
+
+
+# The cluster in Kubernetes: node 0 the gateway Deployment, node 1 the workers' Service, a node per
+# index shard (each a StatefulSet of replicas behind its own Service), and the data where the volumes
+# mount it, through the link to the version the pod serves.
 K8S_WIRING: dict[str, Wiring] = {
-    "TOTAL_NODES": Wiring("4"),
     "NODE_0_IP": Wiring("rag-gateway:8000"),
     "NODE_1_IP": Wiring("rag-worker:8000"),
-    "NODE_2_IP": Wiring("rag-index-shard-0:8000"),
-    "NODE_3_IP": Wiring("rag-index-shard-1:8000"),
     "BIND_HOST": Wiring("0.0.0.0", "Listen on the pod's every interface; the NODE_n_IP names are what the others dial."),
-    "INDEX_NODES": Wiring("2,3", "Node numbers name roles: 0 the gateways, 1 every worker, 2 and 3 the replicas of index shards 0 and 1."),
-    "INDEX_SHARDS": Wiring("2"),
     "WORKER_DISCOVERY": Wiring("rag-worker:8000", "The headless rag-worker Service lists the workers (scaled by the autoscaler)."),
-    "INDEX_DISCOVERY": Wiring("rag-index-shard-0:8000,rag-index-shard-1:8000", "Each shard's headless Service lists its replicas, in shard order."),
+    **index_wiring(K8S_INDEX_SHARDS),
     "HF_HUB_OFFLINE": Wiring("true", "Serving pods run offline over the model cache (hub overlay) or stand-ins."),
     "MODEL_SOURCE": Wiring("standin"),
     "STANDIN_HOME": Wiring("/standins/home"),
@@ -107,19 +132,26 @@ def render_env_example() -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
+def _env_value(name: str, value: str) -> str:
+    # An env file has no quoting: what a line cannot carry as written is refused, not mangled.
+    if value != value.strip() or "\n" in value or value.startswith(("'", '"')):
+        raise ValueError(f"{name}={value!r} cannot be written to an env file as it is")
+    return f"{name}={value}"
+
+
 def _configmap_line(name: str, default: str) -> list[str]:
     wiring = K8S_WIRING.get(name)
     if wiring is None:
-        return [f"  {name}: {json.dumps(default)}"]
-    above = [f"  # {wiring.why}"] if wiring.why else []
-    return above + [f"  {name}: {json.dumps(wiring.value)}  # cluster wiring (default {json.dumps(default)})"]
+        return [_env_value(name, default)]
+    above = [f"# {wiring.why}"] if wiring.why else []
+    return above + [f"# cluster wiring (default {json.dumps(default)})", _env_value(name, wiring.value)]
 
 
 def render_configmap() -> str:
     lines = [CONFIGMAP_HEAD.rstrip("\n")]
     wired = []
     for title, fields in _sections():
-        lines.append(f"  # ---- {title}")
+        lines.append(f"# ---- {title}")
         for meta in fields:
             if "numbered" in meta:
                 names = _family_members(meta, list(K8S_WIRING))
@@ -136,10 +168,64 @@ def render_configmap() -> str:
     return "\n".join(lines) + "\n"
 
 
+def parse_env(text: str) -> dict[str, str]:
+    """An env file as kustomize reads it: KEY=value lines (the value is everything after the first
+    `=`, unquoted), `#` lines and blank lines skipped."""
+    pairs = (line.split("=", 1) for line in text.splitlines() if line.strip() and not line.startswith("#"))
+    return {name: value for name, value in pairs}
+
+
+ALERTS_SOURCE = "deploy/prometheus/rag-alerts.rules.yml"
+PROMETHEUS_RULE_HEAD = f"""\
+# The alert rules of {ALERTS_SOURCE} as a PrometheusRule, which the Prometheus Operator
+# (kube-prometheus-stack) loads into the Prometheus whose ruleSelector matches its labels: the chart's
+# default selects `release: <its release name>`, kube-prometheus-stack below; set yours, or set
+# prometheus.prometheusSpec.ruleSelectorNilUsesHelmValues=false to load every PrometheusRule.
+# Generated by `{COMMAND}` from {ALERTS_SOURCE}; do not edit.
+"""
+
+
+def render_prometheus_rule(root: Path = REPO_ROOT) -> str:
+    groups = yaml.safe_load((root / ALERTS_SOURCE).read_text())["groups"]
+    rule = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
+            "metadata": {"name": "rag-alerts",
+                         "labels": {"app.kubernetes.io/name": "rag", "release": "kube-prometheus-stack"}},
+            "spec": {"groups": groups}}
+    return PROMETHEUS_RULE_HEAD + yaml.safe_dump(rule, sort_keys=False, width=120)
+
+
+INDEX_HEAD = f"""\
+# Generated by `{COMMAND}` from {INDEX_TEMPLATE}, once per shard of K8S_INDEX_SHARDS; do not edit.
+# The index: one StatefulSet per shard, each with two replicas behind a headless Service of its own
+# (rag-index-shard-<s>), and its disruption budget. The workers find a shard's replicas by that name
+# (INDEX_DISCOVERY lists the names in shard order; every A record is a replica, re-resolved every
+# DISCOVERY_INTERVAL_S) and fail over between them, so a drain (at most one pod of a shard at a time)
+# never takes a shard away. A shard's pods are node 2 + s (INDEX_NODES=2,3 with INDEX_SHARDS=2: the
+# node number says which shard's file a pod opens). Both replicas of a shard never share a machine
+# (topology spread, DoNotSchedule: a one-machine trial relaxes it, deploy/k8s-overlays/trial). Each
+# pod has its own ReadWriteOnce volume (volumeClaimTemplates), into which its copy-data init container
+# copies the version the rag-ingest Job built (ingest-job.yaml): the index pods never build it.
+# Needs (measured on 2 cores, docs/performance.md): ~75-81 MB resident for the demo index; serving
+# the 13.87 GB course index memory-mapped, 1.2 GB resident after warm-up, growing with the lists
+# the searches touch (page cache, reclaimable: the limit bounds the cache, not correctness).
+# Search is 1.3-2.7 ms per query on one core (MEASUREMENTS.md), so one core per shard is plenty.
+"""
+
+
+def render_index(root: Path = REPO_ROOT, shards: int = K8S_INDEX_SHARDS) -> str:
+    """deploy/k8s/index.yaml: the template (its leading comment lines dropped) once per shard."""
+    lines = (root / INDEX_TEMPLATE).read_text().splitlines(keepends=True)
+    body = string.Template("".join(lines[next(i for i, line in enumerate(lines) if not line.startswith("#")):]))
+    return INDEX_HEAD + "---\n".join(body.substitute(shard=shard, node=node)
+                                      for shard, node in enumerate(_index_nodes(shards)))
+
+
 # Each generated file, relative to the repository root, and what generates it.
 OUTPUTS: dict[str, Callable[[], str]] = {
     "env.example": render_env_example,
-    "deploy/k8s/configmap.yaml": render_configmap,
+    "deploy/k8s/settings.env": render_configmap,
+    "deploy/k8s/alerts.yaml": render_prometheus_rule,
+    "deploy/k8s/index.yaml": render_index,
 }
 
 
@@ -160,7 +246,8 @@ def write(root: Path = REPO_ROOT) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.render_settings",
-                                     description="env.example and deploy/k8s/configmap.yaml from the settings table")
+                                     description="env.example and deploy/k8s/settings.env from the settings table, "
+                                     "deploy/k8s/alerts.yaml from the alert rules, deploy/k8s/index.yaml per index shard")
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", action="store_true", help="rewrite the files that differ")
     mode.add_argument("--check", action="store_true", help="exit 1 naming each file that differs")

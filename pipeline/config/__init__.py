@@ -2,7 +2,7 @@
 
 `Settings` (settings.py) holds one section per component (sections.py); each field is bound to one
 environment variable with its parser, default and help (fields.py, parsers.py). env.example and
-deploy/k8s/configmap.yaml are generated from Settings.table() (`python -m tools.render_settings --write`).
+deploy/k8s/settings.env are generated from Settings.table() (`python -m tools.render_settings --write`).
 """
 from pipeline.config.errors import CONFIG_ERROR_PREFIX, HIDDEN, ConfigError
 from pipeline.config.parsers import (

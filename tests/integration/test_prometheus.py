@@ -4,7 +4,8 @@ expression of the Grafana dashboard(s) and the alert rules returns data scraped 
 The expressions are read from the committed files, so a new panel or rule is tested without
 touching this file. Conventions (also in deploy/README.md):
 
-- Dashboards: Grafana's `$__rate_interval` is replaced by RATE_WINDOW; any other `$variable`
+- Dashboards: Grafana's `$__rate_interval` is replaced by RATE_WINDOW, `$job`, `$namespace` and
+  `$pod` by DASHBOARD_VARIABLES; any other `$variable`
   left in an expression fails the test (teach `dashboard_expressions` its value first).
 - Alert rules: an expr of the form `signal OP constant` is empty while all is well, so the
   test queries the signal, i.e. the expr with one trailing comparison against a number
@@ -57,6 +58,7 @@ JOB = "rag"  # the scrape job the dashboard and rules select
 # What $__rate_interval becomes: Grafana makes it at least four scrape intervals; with the test's
 # 1 s scrapes a minute holds the whole of both rounds (see the module docstring).
 RATE_WINDOW = "1m"
+DASHBOARD_VARIABLES = {"job": JOB, "namespace": ".*", "pod": ".*"}  # "All" namespaces and pods: ".*"
 SCRAPE = "1s"
 # A trailing comparison against a number, as alert exprs end (`> 0.05`, `== 0`, `> bool 1e3`).
 TRAILING_COMPARISON = re.compile(r"\s*(==|!=|>=|<=|>|<)\s*(bool\s+)?[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$")
@@ -94,6 +96,9 @@ def dashboard_expressions() -> dict[str, str]:
         dashboard = json.loads(path.read_text())
         for panel, target in panel_targets(dashboard["panels"]):
             expr = target["expr"].replace("${__rate_interval}", RATE_WINDOW).replace("$__rate_interval", RATE_WINDOW)
+            # The dashboard's variables as Grafana fills them here: this job, every namespace and pod.
+            for name, value in DASHBOARD_VARIABLES.items():
+                expr = expr.replace(f"${name}", value)
             what = f"{path.name}: panel {panel['title']!r} query {target.get('refId')}"
             assert "$" not in expr, f"{what} uses a variable this test cannot fill: {expr}"
             found[what] = expr

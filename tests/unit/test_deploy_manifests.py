@@ -31,6 +31,7 @@ from pipeline.config import REPO_ROOT, Settings
 from pipeline.data_version import load_version
 from pipeline.kernels.versions import TORCH_VERIFIED
 from tests.support.data_versions import manifest_only_version
+from tools.render_settings import parse_env
 
 compose_spec = pytest.importorskip("compose_spec")
 
@@ -50,7 +51,12 @@ def load_all(path: Path) -> list[dict]:
 
 
 def k8s_objects() -> list[dict]:
-    return [obj for path in sorted(K8S.glob("*.yaml")) if path.name != "kustomization.yaml" for obj in load_all(path)]
+    """deploy/k8s's objects as written, and the rag-settings ConfigMap its configMapGenerator makes
+    of settings.env (by its name before kustomize's hash suffix)."""
+    settings = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "rag-settings"},
+                "data": parse_env((K8S / "settings.env").read_text())}
+    return [obj for path in sorted(K8S.glob("*.yaml")) if path.name != "kustomization.yaml"
+            for obj in load_all(path)] + [settings]
 
 
 def by_kind(kind: str) -> dict[str, dict]:
@@ -68,10 +74,12 @@ def compose() -> dict:
     return yaml.safe_load(interpolate((DEPLOY / "compose.yaml").read_text()))
 
 
-def node_services() -> dict[str, dict]:
-    """The compose services that run a node (our image and a NODE_NUMBER)."""
+def node_services(profiled: bool = False) -> dict[str, dict]:
+    """The compose services that run a node (our image and a NODE_NUMBER): those `up` starts, or with
+    `profiled`, those of a profile too (the gpu worker)."""
     return {name: svc for name, svc in compose()["services"].items()
-            if svc.get("image", "").startswith(IMAGE) and "NODE_NUMBER" in svc.get("environment", {})}
+            if svc.get("image", "").startswith(IMAGE) and "NODE_NUMBER" in svc.get("environment", {})
+            and (profiled or not svc.get("profiles"))}
 
 
 def settings_env(names, total_nodes: int) -> list[str]:
@@ -103,6 +111,9 @@ def test_kustomization_lists_every_manifest():
     kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
     assert sorted(kustomization["resources"]) == sorted(p.name for p in K8S.glob("*.yaml")
                                                         if p.name != "kustomization.yaml")
+    (settings,) = kustomization["configMapGenerator"]
+    assert settings["envs"] == ["settings.env"]
+    assert not settings.get("options", {}).get("disableNameSuffixHash")  # the hash suffix rolls the pods
     assert kustomization["namespace"] in by_kind("Namespace")
     assert [image["name"] for image in kustomization["images"]] == [IMAGE]
 
@@ -210,9 +221,9 @@ def test_configmap_carries_env_example_at_its_defaults_except_the_wiring():
     config = by_kind("ConfigMap")["rag-settings"]["data"]
     defaults = env_example()
     missing = sorted(set(defaults) - set(config) - NOT_IN_CONFIGMAP)
-    assert missing == [], f"add these env.example settings to deploy/k8s/configmap.yaml: {missing}"
+    assert missing == [], f"add these env.example settings to deploy/k8s/settings.env: {missing}"
     assert not NOT_IN_CONFIGMAP & set(config)
-    wiring = set(re.findall(r"^  ([A-Z0-9_]+): .*# cluster wiring", (K8S / "configmap.yaml").read_text(), flags=re.M))
+    wiring = set(re.findall(r"^# cluster wiring .*\n([A-Z0-9_]+)=", (K8S / "settings.env").read_text(), flags=re.M))
     assert {"TOTAL_NODES", "NODE_0_IP", "INDEX_NODES", "BIND_HOST", "FAISS_INDEX_PATH"} <= wiring
     for name, value in config.items():
         assert isinstance(value, str), name
@@ -270,7 +281,7 @@ def test_compose_rolls_out_from_a_one_off_container_that_may_repoint_the_link():
     assert rollout["profiles"] == ["tools"] and rollout["environment"] == env  # the nodes' own topology
     assert rollout["entrypoint"] == ["./run.sh", "data-rollout", "--link", "/data/current"]
     assert rollout["volumes"] == ["data:/data"]  # writable here: the link it repoints
-    for name, svc in node_services().items():  # and read-only where the nodes serve
+    for name, svc in node_services(profiled=True).items():  # and read-only where the nodes serve
         assert "data:/data:ro" in svc["volumes"], name
 
 
@@ -606,7 +617,7 @@ def test_the_image_healthcheck_asks_its_own_node_for_ready(monkeypatch, capsys):
 
 
 def test_compose_gives_up_on_a_node_that_keeps_failing():
-    for name, svc in node_services().items():
+    for name, svc in node_services(profiled=True).items():
         # A config error (exit 2) fails every time: three tries, then the node stays down.
         assert svc["deploy"]["restart_policy"] == {"condition": "on-failure", "max_attempts": 3}, name
         assert "restart" not in svc, name
@@ -624,3 +635,17 @@ def test_compose_monitoring_is_a_profile_and_the_core_needs_only_our_image():
 def test_compose_requires_the_cluster_token():
     text = (DEPLOY / "compose.yaml").read_text()
     assert re.search(r"^  CLUSTER_TOKEN: \$\{CLUSTER_TOKEN:\?", text, flags=re.M)
+
+
+def test_compose_gpu_profile_adds_a_worker_that_reserves_a_gpu_and_joins_as_a_worker():
+    services = compose()["services"]
+    gpu, worker = services["worker-gpu"], services["worker"]
+    assert gpu["profiles"] == ["gpu"] and "worker-gpu" not in node_services()  # not started without --profile gpu
+    (device,) = gpu["deploy"]["resources"]["reservations"]["devices"]
+    assert device == {"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}
+    assert gpu["build"]["args"] == {"TORCH_BUILD": "cuda"} and gpu["image"] != worker["image"]
+    # A worker like the others (the same settings, node 1), found by the name the gateway resolves.
+    assert gpu["environment"] == worker["environment"]
+    assert host_port(worker["environment"]["WORKER_DISCOVERY"])[0] in gpu["networks"]["default"]["aliases"]
+    assert gpu["depends_on"] == worker["depends_on"] and gpu["volumes"] == worker["volumes"]
+    assert not any(svc.get("deploy", {}).get("resources") for svc in node_services().values())  # CPU: none

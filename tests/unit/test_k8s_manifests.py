@@ -14,6 +14,8 @@ kubectl or checkov (a process) is marked slow and runs it inside the test, never
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import os
 import re
 import runpy
@@ -26,6 +28,7 @@ import pytest
 import yaml
 
 from pipeline.config import REPO_ROOT, ConfigError, Settings
+from tools.render_settings import parse_env
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
@@ -34,19 +37,45 @@ OVERLAYS = REPO_ROOT / "deploy" / "k8s-overlays"
 VERSIONS = ("1.30", "1.33", "1.37")  # a supported range of minor versions, oldest to newest
 WORKLOAD_KINDS = ("Deployment", "StatefulSet", "Job")
 PORT = 8000
+OVERLAY_NAMES = sorted(p.name for p in OVERLAYS.iterdir() if (p / "kustomization.yaml").is_file())
+CUSTOM_KINDS = {"PodMonitor", "ServiceMonitor", "PrometheusRule", "ScaledObject"}
 # The restricted standard's allowed volume types (Pod Security Standards, "Volume Types").
 RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
                       "projected", "secret"}
 
 
+# kustomize names a generated ConfigMap NAME-<10 characters of a hash of its contents>; this renderer
+# uses a hash of its own, so the two are compared with the suffix masked (test_the_python_renderer_
+# agrees_with_kubectl), and kubectl's own suffix is shown to follow the contents (a slow test).
+HASHED = re.compile(r"\b(rag-settings)-[a-z0-9]{10}\b")
+
+
+def generated_name(name: str, data: dict[str, str]) -> str:
+    digest = hashlib.sha256(json.dumps({"name": name, "data": data}, sort_keys=True).encode()).hexdigest()
+    return f"{name}-{digest[:10]}"
+
+
+def mask_hashes(objects: list[dict]) -> list[dict]:
+    return [doc for doc in yaml.safe_load_all(HASHED.sub(r"\1-HASH", yaml.safe_dump_all(objects))) if doc]
+
+
 def python_render() -> list[dict]:
     """What `kubectl kustomize deploy/k8s` makes of this kustomization's features: its resources in
-    order, the namespace set on namespaced objects, image tags set, strategic-merge patches of
-    ConfigMap data applied."""
+    order, then its generated ConfigMaps (an env file each, named with a hash suffix, and every
+    envFrom reference to them renamed), the namespace set on namespaced objects, image tags set,
+    strategic-merge patches of ConfigMap data applied."""
     k = yaml.safe_load((K8S / "kustomization.yaml").read_text())
-    supported = {"apiVersion", "kind", "namespace", "resources", "patches", "images"}
+    supported = {"apiVersion", "kind", "namespace", "resources", "patches", "images", "configMapGenerator"}
     assert set(k) <= supported, f"the renderer does not know {set(k) - supported}: extend it"
     objects = [doc for name in k["resources"] for doc in yaml.safe_load_all((K8S / name).read_text()) if doc]
+    renamed = {}
+    for generator in k.get("configMapGenerator", []):
+        assert set(generator) <= {"name", "envs", "options"} and set(generator.get("options", {})) <= {"labels"}
+        data = {key: value for env in generator["envs"] for key, value in parse_env((K8S / env).read_text()).items()}
+        renamed[generator["name"]] = generated_name(generator["name"], data)
+        labels = generator.get("options", {}).get("labels")
+        objects.append({"apiVersion": "v1", "data": data, "kind": "ConfigMap",
+                        "metadata": {**({"labels": labels} if labels else {}), "name": renamed[generator["name"]]}})
     tags = {image["name"]: f"{image.get('newName', image['name'])}:{image['newTag']}" for image in k.get("images", [])}
     for obj in objects:
         if obj["kind"] != "Namespace":
@@ -54,6 +83,9 @@ def python_render() -> list[dict]:
         pod = obj.get("spec", {}).get("template", {}).get("spec", {})
         for container in pod.get("containers", []) + pod.get("initContainers", []):
             container["image"] = tags.get(container["image"], container["image"])
+            for ref in container.get("envFrom", []):
+                if "configMapRef" in ref:
+                    ref["configMapRef"]["name"] = renamed.get(ref["configMapRef"]["name"], ref["configMapRef"]["name"])
     for patch in k.get("patches", []):
         target, body = patch["target"], yaml.safe_load(patch["patch"])
         assert target["kind"] == "ConfigMap" and set(body) <= {"apiVersion", "kind", "metadata", "data"}
@@ -82,7 +114,7 @@ def rendered(name: str) -> list[dict]:
 
 
 # Each kustomization a test may check; an overlay is rendered by kubectl, so its case is slow.
-EVERY_KUSTOMIZATION = ["default", pytest.param("trial", marks=SLOW), pytest.param("hub", marks=SLOW)]
+EVERY_KUSTOMIZATION = ["default", *(pytest.param(name, marks=SLOW) for name in OVERLAY_NAMES)]
 
 
 def overlay(name: str) -> list[dict]:
@@ -119,8 +151,14 @@ def node_container(obj: dict) -> dict:
     return container
 
 
+def settings_map(objects: list[dict] | None = None) -> dict:
+    """The rag-settings ConfigMap, under the name with kustomize's hash suffix."""
+    (config,) = [obj for name, obj in by_kind("ConfigMap", objects).items() if re.fullmatch(r"rag-settings-\w{10}", name)]
+    return config
+
+
 def settings_data(objects: list[dict] | None = None) -> dict[str, str]:
-    return by_kind("ConfigMap", objects)["rag-settings"]["data"]
+    return settings_map(objects)["data"]
 
 
 def node_number(obj: dict) -> int:
@@ -137,7 +175,13 @@ def test_the_python_renderer_agrees_with_kubectl():
     if by_kubectl is None:
         pytest.skip("kubectl is not installed: the Python renderer stands in")
     key = lambda obj: (obj["kind"], obj["metadata"]["name"])  # noqa: E731
-    assert sorted(python_render(), key=key) == sorted(by_kubectl, key=key)
+    assert sorted(mask_hashes(python_render()), key=key) == sorted(mask_hashes(by_kubectl), key=key)
+
+
+def built_in(objects: list[dict]) -> list[dict]:
+    """The objects of Kubernetes' own kinds; the custom resources (PodMonitor, PrometheusRule,
+    ScaledObject) are validated against their CRDs' schemas in tests/unit/test_k8s_operators.py."""
+    return [obj for obj in objects if obj["kind"] not in CUSTOM_KINDS]
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -145,15 +189,15 @@ def test_the_rendered_objects_validate_against_the_kubernetes_schemas(version):
     kinds = {obj["kind"] for obj in RENDERED}
     assert {"Namespace", "ConfigMap", "Service", "StatefulSet", "Deployment", "HorizontalPodAutoscaler",
             "PodDisruptionBudget", "NetworkPolicy"} <= kinds
-    for obj in RENDERED:
+    for obj in built_in(RENDERED):
         kubernetes_validate.validate(obj, version, strict=True)
 
 
 @SLOW
 @pytest.mark.parametrize("version", VERSIONS)
-@pytest.mark.parametrize("name", ["trial", "hub"])
+@pytest.mark.parametrize("name", OVERLAY_NAMES)
 def test_each_overlay_validates_against_the_kubernetes_schemas(name, version):
-    for obj in overlay(name):
+    for obj in built_in(overlay(name)):
         kubernetes_validate.validate(obj, version, strict=True)
 
 
@@ -230,7 +274,7 @@ def test_the_policy_check_catches_each_rule(break_it, rule):
 
 
 @SLOW
-@pytest.mark.parametrize("name", ["trial", "hub"])
+@pytest.mark.parametrize("name", OVERLAY_NAMES)
 def test_every_overlay_pod_meets_the_restricted_pod_security_standard(name):
     assert [p for obj in workloads(overlay(name)) for p in restricted_violations(obj)] == []
 
@@ -428,7 +472,7 @@ def test_every_pod_reads_its_data_through_the_current_link_copy_data_lays_out():
     for obj in serving():
         init = copy_data(obj)
         assert (init["name"], init["command"]) == ("copy-data", ["deploy/copy-data.sh"])
-        assert [ref["configMapRef"]["name"] for ref in init["envFrom"]] == ["rag-settings", "rag-data"]
+        assert [ref["configMapRef"]["name"] for ref in init["envFrom"]] == [settings_map()["metadata"]["name"], "rag-data"]
         (versions,) = [v for v in pod_spec(obj)["volumes"] if v["name"] == "versions"]
         assert versions["persistentVolumeClaim"] == {"claimName": "rag-versions", "readOnly": True}
         assert {"name": "versions", "mountPath": "/versions", "readOnly": True} in init["volumeMounts"]
@@ -462,7 +506,7 @@ def test_the_ingest_job_builds_the_version_once_into_the_store():
     # fill-data's data root is FAISS_INDEX_PATH's grandparent: the store, where copy-data reads.
     assert Path(env["FAISS_INDEX_PATH"]).parent.parent == Path("/versions")
     assert env["KNOWLEDGE_DIR"] == "/knowledge" and env["STANDIN_HOME"].startswith("/versions/")
-    assert [ref["configMapRef"]["name"] for ref in ingest["envFrom"]] == ["rag-settings", "rag-data"]
+    assert [ref["configMapRef"]["name"] for ref in ingest["envFrom"]] == [settings_map()["metadata"]["name"], "rag-data"]
     assert {"cpu", "memory"} <= ingest["resources"]["requests"].keys() <= ingest["resources"]["limits"].keys()
     mounts = {m["name"]: m for m in ingest["volumeMounts"]}
     assert mounts["knowledge"] == {"name": "knowledge", "mountPath": "/knowledge", "readOnly": True}
@@ -688,8 +732,9 @@ def test_the_autoscaler_scales_the_workers_on_the_metric_they_export():
     assert behavior["scaleDown"]["stabilizationWindowSeconds"] >= 300  # the cooldown
     assert behavior["scaleUp"]["stabilizationWindowSeconds"] < behavior["scaleDown"]["stabilizationWindowSeconds"]
     assert all(p["value"] >= 1 for p in behavior["scaleUp"]["policies"] + behavior["scaleDown"]["policies"])
-    # The Prometheus adapter's rule serves that metric per pod under the same name.
-    values = yaml.safe_load((K8S / "prometheus-adapter" / "values.yaml").read_text())
+    # The Prometheus adapter's rule serves that metric per pod under the same name (rule.yaml: a values
+    # file of the adapter's chart, added to a new adapter's values.yaml or to one already running).
+    values = yaml.safe_load((K8S / "prometheus-adapter" / "rule.yaml").read_text())
     (rule,) = values["rules"]["custom"]
     assert CONCURRENCY_METRIC in rule["seriesQuery"] and rule["name"]["as"] == CONCURRENCY_METRIC
     assert rule["resources"]["overrides"]["pod"] == {"resource": "pod"}
@@ -723,7 +768,7 @@ def checkov() -> list[str] | None:
 
 
 @SLOW
-@pytest.mark.parametrize("name", ["default", "trial", "hub"])
+@pytest.mark.parametrize("name", ["default", *OVERLAY_NAMES])
 def test_checkov_passes_with_only_the_justified_skips(name, tmp_path):
     command = checkov()
     if command is None:
@@ -733,7 +778,6 @@ def test_checkov_passes_with_only_the_justified_skips(name, tmp_path):
     result = subprocess.run([*command, "-f", str(objects), "--framework", "kubernetes", "--compact", "--quiet",
                              "--skip-download", "--skip-check", ",".join(CHECKOV_SKIPS), "-o", "json"],
                             capture_output=True, text=True, timeout=600)
-    import json
     report = json.loads(result.stdout)
     failed = [(c["check_id"], c["resource"]) for c in report["results"]["failed_checks"]]
     assert failed == [] and result.returncode == 0, failed or result.stderr[-2000:]

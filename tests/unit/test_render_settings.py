@@ -1,5 +1,6 @@
-"""tools/render_settings.py: env.example and the Kubernetes configmap are generated from the settings
-table, and the committed copies are exactly what it generates."""
+"""tools/render_settings.py: env.example and the Kubernetes settings (settings.env, the rag-settings
+ConfigMap's source) are generated from the settings table, the PrometheusRule from the alert rules,
+and the committed copies are exactly what it generates."""
 from __future__ import annotations
 
 import re
@@ -17,14 +18,31 @@ def test_the_committed_files_are_what_the_settings_table_generates():
     assert rs.main(["--check"]) == 0
 
 
+GENERATED = ["env.example", "deploy/k8s/settings.env", "deploy/k8s/alerts.yaml", "deploy/k8s/index.yaml"]
+
+
 def test_check_names_each_stale_copy_and_write_brings_it_in_step(tmp_path: Path, capsys):
-    assert rs.stale(tmp_path) == ["env.example", "deploy/k8s/configmap.yaml"]  # missing counts as stale
-    assert rs.write(tmp_path) == ["env.example", "deploy/k8s/configmap.yaml"]
+    assert rs.stale(tmp_path) == GENERATED  # missing counts as stale
+    assert rs.write(tmp_path) == GENERATED
     assert rs.stale(tmp_path) == [] and rs.write(tmp_path) == []
     assert (tmp_path / "env.example").read_text() == (REPO_ROOT / "env.example").read_text()
-    config = tmp_path / "deploy/k8s/configmap.yaml"
-    config.write_text(config.read_text().replace('NPROBE: "64"', 'NPROBE: "8"'))
-    assert rs.stale(tmp_path) == ["deploy/k8s/configmap.yaml"]
+    config = tmp_path / "deploy/k8s/settings.env"
+    config.write_text(config.read_text().replace("\nNPROBE=64\n", "\nNPROBE=8\n"))
+    assert rs.stale(tmp_path) == ["deploy/k8s/settings.env"]
+
+
+def test_the_prometheus_rule_is_the_alert_rules_file_and_follows_its_edits(tmp_path: Path):
+    rule = yaml.safe_load(rs.render_prometheus_rule())
+    source = yaml.safe_load((REPO_ROOT / rs.ALERTS_SOURCE).read_text())
+    assert (rule["apiVersion"], rule["kind"]) == ("monitoring.coreos.com/v1", "PrometheusRule")
+    assert rule["spec"]["groups"] == source["groups"] and len(source["groups"][0]["rules"]) >= 5
+    # An edited rules file gives another PrometheusRule: the committed one is then stale (the check above).
+    edited = tmp_path / rs.ALERTS_SOURCE
+    edited.parent.mkdir(parents=True)
+    edited.write_text((REPO_ROOT / rs.ALERTS_SOURCE).read_text().replace("for: 5m", "for: 7m", 1))
+    again = yaml.safe_load(rs.render_prometheus_rule(tmp_path))
+    assert again["spec"]["groups"] == yaml.safe_load(edited.read_text())["groups"] != source["groups"]
+    assert rs.render_prometheus_rule(tmp_path) != (REPO_ROOT / "deploy/k8s/alerts.yaml").read_text()
 
 
 def test_both_files_say_they_are_generated_and_by_which_command():
@@ -50,14 +68,14 @@ def written_default(name: str) -> str:
 
 def test_the_configmap_carries_every_shared_setting_at_its_default_except_the_wiring():
     text = rs.render_configmap()
-    data = yaml.safe_load(text)["data"]
+    data = rs.parse_env(text)
     shared = [name for name in Settings.variables() if name not in rs.K8S_PER_POD and name != "CLUSTER_TOKEN"]
     assert [name for name in data if not name.startswith("NODE_3")] == shared
     for name, value in data.items():
         wiring = rs.K8S_WIRING.get(name)
         assert value == (wiring.value if wiring else written_default(name)), name
         if wiring:
-            assert re.search(rf'^  {name}: .*# cluster wiring \(default "{re.escape(written_default(name))}"\)$',
+            assert re.search(rf'^# cluster wiring \(default "{re.escape(written_default(name))}"\)\n{name}=',
                              text, flags=re.M), name
     assert "CLUSTER_TOKEN" not in data and "NODE_NUMBER" not in data  # a secret, and per pod
 
@@ -69,10 +87,36 @@ def test_a_setting_added_to_the_table_appears_in_both_files(monkeypatch):
     monkeypatch.setattr(Settings, "table", staticmethod(lambda: iter(rows)))
     monkeypatch.setattr(Settings, "default_of", staticmethod(lambda name: "7"))
     assert "\n# a knob just added\nNEW_KNOB=7\n" in rs.render_env_example()
-    assert yaml.safe_load(rs.render_configmap())["data"]["NEW_KNOB"] == "7"
+    assert rs.parse_env(rs.render_configmap())["NEW_KNOB"] == "7"
 
 
 def test_wiring_a_variable_that_is_not_a_setting_is_refused(monkeypatch):
     monkeypatch.setitem(rs.K8S_WIRING, "NODE_NUBMER", rs.Wiring("1"))
     with pytest.raises(ValueError, match="NODE_NUBMER"):
         rs.render_configmap()
+
+
+def test_a_value_an_env_file_cannot_carry_is_refused(monkeypatch):
+    monkeypatch.setitem(rs.K8S_WIRING, "BIND_HOST", rs.Wiring(" 0.0.0.0"))
+    with pytest.raises(ValueError, match="BIND_HOST"):
+        rs.render_configmap()
+
+
+def test_the_index_shards_and_the_wiring_come_from_one_count():
+    """Three shards instead of two: three StatefulSets, Services and budgets, each shard's pods the node
+    that serves it by the settings the same count writes."""
+    objects = [doc for doc in yaml.safe_load_all(rs.render_index(shards=3)) if doc]
+    env = {name: wiring.value for name, wiring in rs.index_wiring(3).items()}
+    cluster = Settings.from_env({**rs.parse_env(rs.render_configmap()), **env, "CLUSTER_TOKEN": "t"}).cluster
+    assert cluster.index_shards == 3 and [str(a) for a in cluster.index_discovery] == \
+        [f"rag-index-shard-{s}:8000" for s in range(3)]
+    for kind in ("Service", "StatefulSet", "PodDisruptionBudget"):
+        assert [o["metadata"]["name"] for o in objects if o["kind"] == kind] == [f"rag-index-shard-{s}" for s in range(3)]
+    for shard, stateful in enumerate(o for o in objects if o["kind"] == "StatefulSet"):
+        (node,) = stateful["spec"]["template"]["spec"]["containers"]
+        (number,) = [int(e["value"]) for e in node["env"] if e["name"] == "NODE_NUMBER"]
+        assert cluster.role_of(number) == "index" and cluster.served_shard(number) == shard
+        assert stateful["spec"]["template"]["metadata"]["labels"]["shard"] == str(shard)
+    # The committed file is the default count's (the check above), and says where it comes from.
+    assert rs.render_index() == (REPO_ROOT / "deploy/k8s/index.yaml").read_text()
+    assert rs.INDEX_TEMPLATE in rs.render_index()[:2000]
