@@ -57,7 +57,7 @@ def test_a_full_gateway_is_a_retryable_503_and_a_reused_request_id_a_final_409()
 def test_models_and_one_model_by_id():
     _role, client = query_app([])
     ids = [m["id"] for m in client.get("/v1/models").get_json()["data"]]
-    assert ids == [MODEL, spec.EMBEDDER_MODEL]
+    assert ids == [MODEL, spec.EMBEDDER_MODEL, spec.RERANKER_MODEL, spec.TOXICITY_MODEL]
     for model_id in ids:
         assert client.get(f"/v1/models/{model_id}").get_json()["id"] == model_id
 

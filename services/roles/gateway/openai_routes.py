@@ -26,7 +26,7 @@ from services.server.errors import ApiError
 from services.server.stream_response import AnswerStream, close, error_answer
 
 MODEL_ID = spec.GENERATOR_MODEL
-SERVED_MODELS = (MODEL_ID, EMBEDDING_MODEL)
+SERVED_MODELS = (MODEL_ID, EMBEDDING_MODEL, spec.RERANKER_MODEL, spec.TOXICITY_MODEL)
 # The models' `created` in /v1/models: when this process started serving them.
 STARTED_AT = int(time.time())
 # How each route's body names the service's fields, in its errors.

@@ -20,6 +20,7 @@ import numpy as np
 
 from pipeline import spec
 from pipeline.config import BatchConfig
+from pipeline.classifiers import ModerationText
 from pipeline.continuous import ContinuousEngine
 from pipeline.conversation import HISTORY_TOKENS, fit, retrieval_query
 from pipeline.docstore import Document, DocumentStore
@@ -215,12 +216,32 @@ class Worker:
 
     def embed(self, texts: Sequence[str], deadline: Deadline) -> list[np.ndarray]:
         """The texts' query embeddings (unit-norm float32, as a query's), each an item of the embed stage,
-        batched with the queries'. Closing early or failing takes the unstarted ones off the queue."""
-        clock, _trace = self._begin(current_request_id.get() or "embeddings")
+        batched with the queries'."""
+        return self._items(Stage.EMBED, texts, deadline, "embeddings")
+
+    def rerank(self, query: str, documents: Sequence[str], deadline: Deadline) -> list[float]:
+        """Each document's reranker score (the model's logit) for `query`, in the documents' order: one
+        item of the rerank stage, batched with the queries' (/v1/rerank)."""
+        item = RerankRequest(query, tuple(Document(i, "", text, "") for i, text in enumerate(documents)))
+        ranked = self._items(Stage.RERANK, [item], deadline, "rerank")[0]
+        scores = [0.0] * len(documents)
+        for scored in ranked:
+            scores[scored.document.doc_id] = scored.score
+        return scores
+
+    def moderate(self, texts: Sequence[str], deadline: Deadline) -> list[dict[str, float]]:
+        """Each text's toxicity label probabilities, each an item of the toxicity stage, batched with the
+        answers' (/v1/moderations)."""
+        return self._items(Stage.TOXICITY, [ModerationText(text) for text in texts], deadline, "moderations")
+
+    def _items(self, stage: Stage, items: Sequence, deadline: Deadline, label: str) -> list:
+        """The stage's results for `items` submitted at once; closing early or failing takes the
+        unstarted ones off its queue."""
+        clock, _trace = self._begin(current_request_id.get() or label)
         visits: list[StageVisit] = []
         try:
-            for text in texts:
-                visits.append(self._enter(clock, Stage.EMBED, text))
+            for item in items:
+                visits.append(self._enter(clock, stage, item))
             return [clock.wait(visit, deadline) for visit in visits]
         finally:
             for visit in visits:
