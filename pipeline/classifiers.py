@@ -8,7 +8,7 @@ window (the route refuses a longer one), each label's probability returned.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from pipeline import spec
 from pipeline.config import Settings
@@ -30,7 +30,7 @@ class SequenceClassifier:
         self.placement = placement
         # transformers' __call__ changes padding and truncation on the shared Rust tokenizer
         # (huggingface/transformers#47085), so request threads count with a copy set once and only read.
-        self._counter = _counting_copy(tokenizer) if self.counts_tokens else None
+        self._counter: Any = _counting_copy(tokenizer) if self.counts_tokens else None
 
     @classmethod
     def load(cls, source: ModelSource, placement: Placement):
@@ -117,8 +117,8 @@ class ToxicityClassifier(_AnswerClassifier):
         flags = [spec.is_toxic_flag(p) for p in self.top_probabilities([items[i] for i in answers])]
         for i, result in zip(answers, flags):
             results[i] = result
-        for i, result in zip(texts, self.label_scores([items[i].text for i in texts])):
-            results[i] = result
+        for i, scores in zip(texts, self.label_scores([items[i].text for i in texts])):
+            results[i] = scores
         return results
 
     __call__ = classify

@@ -19,8 +19,8 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from pipeline import spec
-from pipeline.config import BatchConfig
 from pipeline.classifiers import ModerationText
+from pipeline.config import BatchConfig
 from pipeline.continuous import ContinuousEngine
 from pipeline.conversation import HISTORY_TOKENS, fit, retrieval_query
 from pipeline.docstore import Document, DocumentStore
