@@ -35,6 +35,9 @@ class GenerationRequest:
     # Called with each new token id as continuous batching produces it, on the engine's thread (a
     # stream's reader); not part of what is asked, so not of equality. generate() never calls it.
     on_token: Callable[[int], None] | None = field(default=None, compare=False, repr=False)
+    # Where sampling asks for log probabilities, the list the continuous engine appends each new token's
+    # (a TokenLogprob) to before its on_token call; None: the engine keeps them on its sequence.
+    logprobs: list | None = field(default=None, compare=False, repr=False)
     # Earlier turns and the client's instructions (pipeline/conversation.py), fitted to their budget.
     conversation: Conversation | None = None
     # The prompt's ids (prompt_ids(query, documents, conversation)) where the caller encoded it already,
