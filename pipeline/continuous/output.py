@@ -14,8 +14,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
+from pipeline.continuous.sampling import TokenLogprob
 from pipeline.detokenize import Decoder, IncrementalDetokenizer
 from pipeline.stop_strings import StopStringFilter
 from pipeline.tool_calls import ToolCall, ToolCallTokens, parse_call
@@ -137,6 +138,16 @@ class OutputProcessor:
         if piece:
             self._pieces.append(piece)
         return piece
+
+
+def logprob_content(decoder: Decoder, records: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
+    """Tokens' log probabilities as OpenAI's `logprobs.content`: each token's text, log probability,
+    UTF-8 bytes and most likely alternatives. A token is decoded alone, so one holding part of a
+    character reads as U+FFFD (and its bytes are that text's)."""
+    def entry(token: int, logprob: float) -> dict[str, Any]:
+        text = decoder.decode([token], skip_special_tokens=False)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+    return [{**entry(r.token, r.logprob), "top_logprobs": [entry(t, lp) for t, lp in r.top]} for r in records]
 
 
 def complete(decoder: Decoder, token_ids: Sequence[int], finish: Finish, stops: Sequence[str] = (),

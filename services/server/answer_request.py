@@ -21,7 +21,7 @@ from typing import Any
 from pipeline import spec
 from pipeline.config.sections import LimitsSettings
 from pipeline.conversation import Conversation, Turn
-from pipeline.sampling_params import MAX_SEED, MAX_STOP_CHARS, MAX_STOP_STRINGS, Sampling
+from pipeline.sampling_params import MAX_SEED, MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, Sampling
 from services.server.auth import authenticated_caller
 from services.server.body import require_string
 from services.server.errors import ApiError
@@ -42,6 +42,7 @@ class AnswerRequest:
     top_k: int = 0  # 0 or -1: all tokens
     seed: int | None = None  # a sampled request's random stream; None: drawn by the worker
     stop: tuple[str, ...] = ()  # the answer ends before the first of these, which is not returned
+    logprobs: int | None = None  # each answer token's log probability with this many alternatives; None: none
     # The conversation before `query` (pipeline/conversation.py): earlier turns as sent, oldest first
     # (the worker fits them to MAX_HISTORY_TOKENS), and the client's instructions.
     history: tuple[Turn, ...] = ()
@@ -66,7 +67,7 @@ class AnswerRequest:
     def is_the_questions_answer(self) -> bool:
         """Greedy, uncapped, without stop strings: /query's answer to its query in its conversation,
         which the reply cache holds (by `conversation_key`)."""
-        return self.max_new_tokens is None and not self.sampled and not self.stop
+        return self.max_new_tokens is None and not self.sampled and not self.stop and self.logprobs is None
 
     @property
     def conversation_key(self) -> str:
@@ -82,10 +83,10 @@ class AnswerRequest:
     def sampling(self, drawn_seed: int) -> Sampling | None:
         """How the LLM decodes it (None: greedy, no stop strings); `drawn_seed` serves a sampled request
         that names no seed."""
-        if not self.sampled and not self.stop:
+        if not self.sampled and not self.stop and self.logprobs is None:
             return None
         seed = self.seed if self.seed is not None or not self.sampled else drawn_seed
-        return Sampling(self.temperature, self.top_p, self.top_k, seed, self.stop)
+        return Sampling(self.temperature, self.top_p, self.top_k, seed, self.stop, self.logprobs)
 
     def wire(self) -> dict[str, Any]:
         """The body fields a worker is sent: those not at their default (the caller is never sent)."""
@@ -198,6 +199,16 @@ def _stop(body: Mapping[str, Any], bounds: Bounds) -> tuple[str, ...]:
     return tuple(items)
 
 
+def _logprobs(body: Mapping[str, Any], bounds: Bounds) -> int | None:
+    """How many alternatives to give with each answer token's log probability (0 to MAX_TOP_LOGPROBS);
+    null: no log probabilities."""
+    value = body.get("logprobs")
+    if value is not None and (type(value) is not int or not 0 <= value <= MAX_TOP_LOGPROBS):
+        raise ApiError(400, f"'logprobs' must be an integer from 0 to {MAX_TOP_LOGPROBS} (the alternatives given with "
+                            "each token's log probability)", field="logprobs")
+    return value
+
+
 def _history(body: Mapping[str, Any], bounds: Bounds) -> tuple[Turn, ...]:
     """Earlier turns, oldest first: an array of {"role": "user" | "assistant" | "tool", "content": string},
     an assistant turn with its `tool_calls` ([{"name": string, "arguments": JSON text of an object}]). Its
@@ -240,6 +251,7 @@ def _instructions(body: Mapping[str, Any], bounds: Bounds) -> str | None:
 RULES: dict[str, Callable[[Mapping[str, Any], Bounds], Any]] = {
     "request_id": _request_id, "query": _query, "max_new_tokens": _max_new_tokens, "stream": _stream,
     "temperature": _temperature, "top_p": _top_p, "top_k": _top_k, "seed": _seed, "stop": _stop,
+    "logprobs": _logprobs,
     "history": _history, "instructions": _instructions, "tools": _tools, "tool_round": _tool_round}
 ALL_FIELDS: tuple[str, ...] = tuple(RULES)
 

@@ -57,7 +57,8 @@ def test_streamed_pieces_join_to_the_plain_reply_and_the_references_on_both_work
 
 def test_the_openai_package_gets_the_rag_answer_plain_and_streamed(cluster, reference_answer, reference):
     client = openai.OpenAI(base_url=f"{cluster.url(0)}/v1", api_key="not-checked", max_retries=0, timeout=180)
-    assert [m.id for m in client.models.list()] == [spec.GENERATOR_MODEL, spec.EMBEDDER_MODEL]  # chat, embeddings
+    assert [m.id for m in client.models.list()] == [spec.GENERATOR_MODEL, spec.EMBEDDER_MODEL, spec.RERANKER_MODEL,
+                                                    spec.TOXICITY_MODEL]  # chat, embeddings, rerank, moderations
     query = spec.REFERENCE_QUERIES[1]
     expected = reference_answer(query)["generated_response"]
     # The contract's own system message asks for nothing else: the answer is the contract's.

@@ -22,7 +22,7 @@ def ask(i: int, sampling: Sampling | None, new: int = NEW) -> GenerationRequest:
     return GenerationRequest(QUERIES[i % len(QUERIES)], DOCS[: i % 3], new, sampling=sampling)
 
 
-def records(engine, requests: list[GenerationRequest], join_every: int = 1) -> list[tuple[list[int], list]]:
+def records(engine, requests: list[GenerationRequest], join_every: int = 1) -> list[tuple[list[int], list]]:  # noqa: F811
     seqs = run_joining(engine, requests, join_every)
     return [(seq.generated, seq.logprobs) for seq in seqs]
 

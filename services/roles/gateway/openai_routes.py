@@ -52,7 +52,8 @@ def register_openai_routes(app: Flask, front: Front, default_temperature: float,
                               "max_new_tokens": v1.max_tokens if v1.max_tokens != spec.MAX_NEW_TOKENS else None,
                               "stream": v1.stream, "temperature": default_temperature, **v1.sampling,
                               "history": [*v1.history] or None, "instructions": v1.instructions,
-                              "tools": [*v1.tools] or None, "tool_round": [*v1.tool_round] or None})
+                              "tools": [*v1.tools] or None, "tool_round": [*v1.tool_round] or None,
+                              "logprobs": v1.logprobs})
 
     def chat(body: dict) -> Call:
         v1 = oa.parse_chat_request(body, max_tokens_limit=max_tokens_cap, model_id=MODEL_ID,

@@ -22,6 +22,7 @@ from pipeline import spec
 from pipeline.classifiers import ModerationText
 from pipeline.config import BatchConfig
 from pipeline.continuous import ContinuousEngine
+from pipeline.continuous.output import logprob_content
 from pipeline.conversation import HISTORY_TOKENS, fit, retrieval_query
 from pipeline.docstore import Document, DocumentStore
 from pipeline.generator import GenerationRequest
@@ -162,7 +163,8 @@ class Worker:
         """The answer's text in pieces as the LLM produces them (never half a character, nor the start
         of a stop string), then the reply with its `usage`, `finish_reason`, with a history how many of
         its oldest turns the prompt left out (`history_turns_dropped`), the tool calls the model made
-        (`tool_calls`: name and arguments, JSON text) and, when sampled, its `seed`:
+        (`tool_calls`: name and arguments, JSON text), where asked each answer token's log
+        probabilities (`logprobs`, OpenAI's content items) and, when sampled, its `seed`:
         pieces, text and finish reason all from the sequence's output processor. Closing the stream
         early cancels the generation."""
         clock, trace = self._begin(request.request_id)
@@ -179,8 +181,10 @@ class Worker:
             sampling = request.sampling(drawn_seed=secrets.randbelow(MAX_SEED + 1))
             # Encoded once: the engine's and usage's.
             prompt = tuple(generator.prompt_ids(request.query, documents, conversation))
+            logprobs: list = []  # each token's, where asked: there before the token reaches `tokens`
             generating = GenerationRequest(request.query, documents, request.max_new_tokens, sampling,
-                                           conversation=conversation, on_token=tokens.put, prompt_ids=prompt)
+                                           conversation=conversation, on_token=tokens.put, prompt_ids=prompt,
+                                           logprobs=logprobs)
             generation = self._enter(clock, Stage.GENERATE, generating)
             tokens.end_with(generation.future)
             # At a stop string the output processor ends the sequence in the engine.
@@ -198,6 +202,8 @@ class Worker:
             # How many of the oldest turns the prompt left out, where a history was sent.
             dropped = {"history_turns_dropped": fitted.dropped} if request.history else {}
             calls = {"tool_calls": [call.as_dict() for call in output.tool_calls]} if output.tool_calls else {}
+            if request.logprobs is not None:  # the answer's tokens': none past the one that completed a stop string
+                calls["logprobs"] = logprob_content(generator.tokens, logprobs[:output.token_count])
             yield {**reply, **calls, "data_version": version, "sources": [document.as_source() for document in documents],
                    "usage": {"prompt_tokens": len(prompt), "completion_tokens": output.token_count},
                    "finish_reason": output.finish_reason, **dropped, **seed}
