@@ -194,7 +194,7 @@ def test_malformed_requests(payload, param):
 
 
 @pytest.mark.parametrize("fields, param", [
-    ({"n": 2}, "n"),
+    ({"best_of": 3}, "best_of"),
     ({"presence_penalty": 0.5}, "presence_penalty"),
     ({"frequency_penalty": -1}, "frequency_penalty"),
     ({"tool_choice": "required"}, "tool_choice"),
@@ -301,7 +301,7 @@ def test_text_completions_and_their_chunks_are_valid_openai_completions(include_
 
 def test_error_body_is_a_valid_openai_error_object():
     from openai.types.shared import ErrorObject
-    error = ErrorObject.model_validate(error_body(refused(body(n=3)))["error"])
+    error = ErrorObject.model_validate(error_body(refused(body(n=9)))["error"])
     assert error.type == "invalid_request_error" and error.param == "n"
 
 
@@ -373,8 +373,8 @@ def test_the_openai_client_reads_a_stream(openai_client):
 def test_the_openai_client_raises_our_errors(openai_client):
     import openai
     with pytest.raises(openai.BadRequestError) as info:
-        openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "q"}], n=2)
-    assert info.value.status_code == 400 and info.value.param == "n" and info.value.code == "unsupported_value"
+        openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "q"}], n=9)
+    assert info.value.status_code == 400 and info.value.param == "n" and "from 1 to 8" in info.value.message
     with pytest.raises(openai.NotFoundError) as missing:
         openai_client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "q"}])
     assert missing.value.code == "model_not_found"

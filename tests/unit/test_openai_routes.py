@@ -53,7 +53,7 @@ def test_a_streamed_chat_completion_is_chunks_then_done_and_joins_to_the_answer(
 
 
 @pytest.mark.parametrize("change,status,param", [
-    ({"n": 2}, 400, "n"),
+    ({"n": 9}, 400, "n"),
     ({"temperature": 2.5}, 400, "temperature"),
     ({"presence_penalty": 0.5}, 400, "presence_penalty"),
     ({"tool_choice": "required"}, 400, "tool_choice"),

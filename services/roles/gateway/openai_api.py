@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.continuous.output import FINISH_REASONS, FinishReason
+from services.roles.gateway.openai_choices import read_n
 from services.roles.gateway.openai_logprobs import (
     chat_choice_logprobs,
     chat_logprobs,
@@ -49,10 +50,10 @@ HISTORY_DROPPED = "history_turns_dropped"  # the reply's count of turns left out
 # The decoding fields the service's own rules read (services/server/answer_request.py).
 SAMPLING = ("temperature", "top_p", "top_k", "seed", "stop")
 _PENALTY = "the model's own repetition penalty (its generation config) applies to every answer"
-_ONE = "the service returns one choice"
+_ONE = "the service returns n choices, each its own answer"
 # Fields accepted only at the value that asks for what the service does anyway: (the values, why).
 NO_OP: dict[str, tuple[tuple[Any, ...], str]] = {
-    "n": ((1,), _ONE), "best_of": ((1,), _ONE), "use_beam_search": ((False,), _ONE),
+    "best_of": ((1,), _ONE), "use_beam_search": ((False,), _ONE),
     "presence_penalty": ((0,), _PENALTY), "frequency_penalty": ((0,), _PENALTY),
     "min_p": ((0,), "sampling uses temperature, top_p and top_k only"),
     "echo": ((False,), "the answer does not repeat the prompt"),
@@ -79,8 +80,9 @@ IGNORED = {
 # The fields each route reads, no-ops and ignores.
 ROUTE_FIELDS = {
     "chat": FieldRules(("model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
-                        "request_id", "tools", "tool_choice", "logprobs", "top_logprobs", *SAMPLING), NO_OP, IGNORED),
-    "text": FieldRules(("model", "prompt", "stream", "stream_options", "max_tokens", "request_id", "logprobs",
+                        "request_id", "tools", "tool_choice", "logprobs", "top_logprobs", "n", *SAMPLING), NO_OP,
+                       IGNORED),
+    "text": FieldRules(("model", "prompt", "stream", "stream_options", "max_tokens", "request_id", "logprobs", "n",
                         *SAMPLING), NO_OP, IGNORED),
 }
 # stream_options: `include_usage` is read; the other keys (vLLM's `continuous_usage_stats`, OpenAI's
@@ -108,6 +110,7 @@ class V1Request:
     tools: tuple[dict, ...] = ()  # the tools the model is shown (as tool_choice says)
     tool_round: tuple[dict, ...] = ()  # the assistant's calls and the tools' results after the question
     logprobs: int | None = None  # each token's log probability with this many alternatives; None: none
+    n: int = 1  # choices: each its own answer (openai_choices.py)
 
 
 def parse_chat_request(body: object, *, max_tokens_limit: int, model_id: str,
@@ -157,7 +160,7 @@ def _request(fields: dict[str, Any], query: str, limit: int, default: int | None
     if request_id is not None and (not isinstance(request_id, str) or not request_id.strip()):
         raise _invalid("'request_id' must be a non-empty string", "request_id")
     return V1Request(query=query, max_tokens=_max_tokens(fields, limit, limit if default is None else default),
-                     stream=stream, request_id=request_id,
+                     stream=stream, request_id=request_id, n=read_n(fields),
                      include_usage=_optional_bool(options or {}, "include_usage", "stream_options.include_usage"),
                      sampling={key: fields[key] for key in SAMPLING if key in fields})
 
