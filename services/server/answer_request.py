@@ -51,6 +51,7 @@ class AnswerRequest:
     # model see), and the tool round after the question (assistant calls, then tool results).
     tools: tuple[dict, ...] = ()
     tool_round: tuple[Turn, ...] = ()
+    parallel_tool_calls: bool = True  # false: the answer ends where its first tool call closes (at most one)
     # Whose request: its API key's identity (None without keys). The gateway scopes request ids and
     # replies to it; never read from a body nor sent on (not in `wire`, so not in the id's digest).
     caller: str | None = None
@@ -67,7 +68,8 @@ class AnswerRequest:
     def is_the_questions_answer(self) -> bool:
         """Greedy, uncapped, without stop strings: /query's answer to its query in its conversation,
         which the reply cache holds (by `conversation_key`)."""
-        return self.max_new_tokens is None and not self.sampled and not self.stop and self.logprobs is None
+        return self.max_new_tokens is None and not self.sampled and not self.stop and self.logprobs is None \
+            and self.parallel_tool_calls
 
     @property
     def conversation_key(self) -> str:
@@ -231,6 +233,16 @@ def _tools(body: Mapping[str, Any], bounds: Bounds) -> tuple[dict, ...]:
     return function_tools(body.get("tools"))
 
 
+def _parallel_tool_calls(body: Mapping[str, Any], bounds: Bounds) -> bool:
+    """OpenAI's `parallel_tool_calls`: false allows the answer one tool call (it ends where that closes)."""
+    value = body.get("parallel_tool_calls")
+    if value is None:
+        return True
+    if type(value) is not bool:
+        raise ApiError(400, "'parallel_tool_calls' must be true or false", field="parallel_tool_calls")
+    return value
+
+
 def _instructions(body: Mapping[str, Any], bounds: Bounds) -> str | None:
     """The client's instructions, added after the service's system prompt: a string within
     MAX_HISTORY_TOKENS (the conversation's share of the prompt)."""
@@ -252,7 +264,8 @@ RULES: dict[str, Callable[[Mapping[str, Any], Bounds], Any]] = {
     "request_id": _request_id, "query": _query, "max_new_tokens": _max_new_tokens, "stream": _stream,
     "temperature": _temperature, "top_p": _top_p, "top_k": _top_k, "seed": _seed, "stop": _stop,
     "logprobs": _logprobs,
-    "history": _history, "instructions": _instructions, "tools": _tools, "tool_round": _tool_round}
+    "history": _history, "instructions": _instructions, "tools": _tools, "tool_round": _tool_round,
+    "parallel_tool_calls": _parallel_tool_calls}
 ALL_FIELDS: tuple[str, ...] = tuple(RULES)
 
 

@@ -198,3 +198,12 @@ def test_logprobs_asks_the_engine_for_them_travels_to_the_worker_and_is_never_th
         with pytest.raises(ApiError) as caught:
             read({"request_id": "lp", "query": "q", "logprobs": value})
         assert caught.value.field == "logprobs"
+
+
+def test_parallel_tool_calls_false_travels_to_the_worker_and_is_never_the_cached_answer():
+    one = read({"request_id": "p", "query": "q", "parallel_tool_calls": False})
+    assert not one.parallel_tool_calls and not one.is_the_questions_answer and one.wire()["parallel_tool_calls"] is False
+    assert read({"request_id": "p", "query": "q", "parallel_tool_calls": None}).parallel_tool_calls
+    with pytest.raises(ApiError) as caught:
+        read({"request_id": "p", "query": "q", "parallel_tool_calls": "no"})
+    assert caught.value.field == "parallel_tool_calls"

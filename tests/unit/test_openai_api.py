@@ -111,12 +111,12 @@ def test_fields_read_at_a_no_op_value_ignored_or_null_are_accepted():
 def test_fields_that_cannot_change_the_answer_are_accepted_and_logged_by_name(caplog):
     caplog.set_level("INFO", logger="services.server.fields")
     request = parse(body(metadata={"customer": "c-9"}, user="u-1", service_tier="auto", store=False,
-                         parallel_tool_calls=True, safety_identifier="s-1", stream=True,
+                         safety_identifier="s-1", stream=True,
                          stream_options={"include_usage": True, "include_obfuscation": False,
                                          "continuous_usage_stats": True}))
     assert request == parse(body(stream=True, stream_options={"include_usage": True}))
     logged = " ".join(record.getMessage() for record in caplog.records)
-    for name in ("metadata", "user", "service_tier", "parallel_tool_calls", "stream_options.include_obfuscation",
+    for name in ("metadata", "user", "service_tier", "stream_options.include_obfuscation",
                  "stream_options.continuous_usage_stats"):
         assert name in logged
     assert "c-9" not in logged and "u-1" not in logged  # names, never the caller's values
@@ -414,3 +414,20 @@ def test_the_workers_log_probabilities_take_each_routes_shape_and_a_streams_last
     assert [c["choices"][0]["logprobs"] for c in chunks] == [None, None, None, {"content": items, "refusal": None}]
     texts = list(text_chunks("t", 0, MODEL, ["Re", "funds", reply]))
     assert [c["choices"][0]["logprobs"] for c in texts] == [None, None, legacy]
+
+
+def test_parallel_tool_calls_false_is_read_and_reaches_the_worker():
+    from services.roles.gateway.routing import WorkerTarget
+    from tests.unit.test_gateway import gateway
+    from tests.unit.test_gateway_role import Outcomes, query_app
+    assert parse_chat_request(body(parallel_tool_calls=False), max_tokens_limit=LIMIT, model_id=MODEL) \
+        .parallel_tool_calls is False
+    role, client = query_app([])
+    bad = client.post("/v1/chat/completions", json=body(parallel_tool_calls="no"))
+    assert bad.status_code == 400 and bad.get_json()["error"]["param"] == "parallel_tool_calls"
+    seen: list = []
+    outcomes = Outcomes([{"generated_response": "ok", "sentiment": "neutral", "is_toxic": "false"}])
+    role.gateway.set(gateway(WorkerTarget(node=0, answer=lambda r, d: (seen.append(r), outcomes.answer(r, d))[1],
+                                          probe=lambda: True, local=True)))
+    assert client.post("/v1/chat/completions", json=body(parallel_tool_calls=False)).status_code == 200
+    assert seen[-1].parallel_tool_calls is False

@@ -74,13 +74,13 @@ IGNORED = {
     "safety_identifier": "an end-user id for the caller's own abuse tracking",
     "metadata": "the caller's tags for its own records; the service stores no completions",
     "service_tier": "one tier serves every request",
-    "parallel_tool_calls": "Qwen2.5 decides how many calls it makes; every call it makes is returned",
     "prompt_cache_key": "a hint for a prompt cache, which changes no answer",
 }
 # The fields each route reads, no-ops and ignores.
 ROUTE_FIELDS = {
     "chat": FieldRules(("model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
-                        "request_id", "tools", "tool_choice", "logprobs", "top_logprobs", "n", *SAMPLING), NO_OP,
+                        "request_id", "tools", "tool_choice", "logprobs", "top_logprobs", "n", "parallel_tool_calls",
+                        *SAMPLING), NO_OP,
                        IGNORED),
     "text": FieldRules(("model", "prompt", "stream", "stream_options", "max_tokens", "request_id", "logprobs", "n",
                         *SAMPLING), NO_OP, IGNORED),
@@ -111,6 +111,7 @@ class V1Request:
     tool_round: tuple[dict, ...] = ()  # the assistant's calls and the tools' results after the question
     logprobs: int | None = None  # each token's log probability with this many alternatives; None: none
     n: int = 1  # choices: each its own answer (openai_choices.py)
+    parallel_tool_calls: bool | None = None  # false: at most one tool call (the answer ends where it closes)
 
 
 def parse_chat_request(body: object, *, max_tokens_limit: int, model_id: str,
@@ -121,7 +122,7 @@ def parse_chat_request(body: object, *, max_tokens_limit: int, model_id: str,
     return dataclasses.replace(_request(fields, chat.query, max_tokens_limit, default_max_tokens),
                                history=chat.history, instructions=chat.instructions, tool_round=chat.tool_round,
                                tools=shown_tools(fields.get("tools"), fields.get("tool_choice")),
-                               logprobs=chat_logprobs(fields))
+                               logprobs=chat_logprobs(fields), parallel_tool_calls=fields.get("parallel_tool_calls"))
 
 
 def parse_text_request(body: object, *, max_tokens_limit: int, model_id: str,

@@ -62,7 +62,7 @@ def register_openai_routes(app: Flask, front: Front, default_temperature: float,
                               "stream": v1.stream, "temperature": default_temperature, **v1.sampling,
                               "history": [*v1.history] or None, "instructions": v1.instructions,
                               "tools": [*v1.tools] or None, "tool_round": [*v1.tool_round] or None,
-                              "logprobs": v1.logprobs})
+                              "logprobs": v1.logprobs, "parallel_tool_calls": v1.parallel_tool_calls})
 
     def choices(v1: oa.V1Request, asked: AnswerRequest) -> Callable[[Deadline], AnswerStream]:
         """The n choices' answers at once (openai_choices.py): merged as they come if streamed, else collected."""

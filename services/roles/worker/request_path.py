@@ -189,7 +189,8 @@ class Worker:
             tokens.end_with(generation.future)
             # At a stop string the output processor ends the sequence in the engine.
             output = generator.output(request.stop, abort=partial(self._generation.stop, generation.future),
-                                      tools_offered=bool(request.tools))
+                                      tools_offered=bool(request.tools),
+                                      max_calls=None if request.parallel_tool_calls else 1)
             for token in tokens.read(deadline):
                 piece = output.push(token)
                 if piece:
