@@ -35,6 +35,9 @@ class GenerationRequest:
     # Called with each new token id as continuous batching produces it, on the engine's thread (a
     # stream's reader); not part of what is asked, so not of equality. generate() never calls it.
     on_token: Callable[[int], None] | None = field(default=None, compare=False, repr=False)
+    # Where sampling asks for log probabilities, the list the continuous engine appends each new token's
+    # (a TokenLogprob) to before its on_token call; None: the engine keeps them on its sequence.
+    logprobs: list | None = field(default=None, compare=False, repr=False)
     # Earlier turns and the client's instructions (pipeline/conversation.py), fitted to their budget.
     conversation: Conversation | None = None
     # The prompt's ids (prompt_ids(query, documents, conversation)) where the caller encoded it already,
@@ -88,10 +91,12 @@ class Generator:
         return self.tokens.count(text)
 
     def output(self, stops: Sequence[str] = (), abort: Callable[[], None] | None = None,
-               tools_offered: bool = False) -> OutputProcessor:
+               tools_offered: bool = False, max_calls: int | None = None) -> OutputProcessor:
         """A new output processor for one sequence (any thread): `abort` ends it in the engine at a stop
-        string; where tools were offered, the model's tool calls are read as calls."""
-        return OutputProcessor(self.tokens, stops, abort, self.tokens.tool_call_tokens if tools_offered else None)
+        string (or where its last call allowed, `max_calls`, closes); where tools were offered, the
+        model's tool calls are read as calls."""
+        return OutputProcessor(self.tokens, stops, abort, self.tokens.tool_call_tokens if tools_offered else None,
+                               max_calls)
 
     def completion(self, token_ids: Sequence[int], stops: Sequence[str] = (), tools_offered: bool = False) -> Completion:
         """The answer of a sequence run to its end (an end-of-sequence token or its cap), as its output

@@ -47,10 +47,16 @@ class Reranker(SequenceClassifier):
     # Pairs share a forward only while padding stays small (see length_groups).
     max_pairs_per_forward = 32
     max_pad_ratio = 1.1
+    counts_tokens = True
 
     def encode_pairs(self, pairs: Sequence[tuple[str, str]]):
         """Token ids of each (query, document) pair, truncated as the model reads them, unpadded."""
         return self.tokenizer([list(pair) for pair in pairs], truncation=True, max_length=spec.TRUNCATE_LENGTH)
+
+    def pair_tokens(self, query: str, documents: Sequence[str]) -> list[int]:
+        """Each (query, document) pair's length in this model's tokens, untruncated (at most
+        spec.TRUNCATE_LENGTH fit its window); any thread may call it."""
+        return [len(e.ids) for e in self._counter.encode_batch([(query, d) for d in documents])] if documents else []
 
     def score_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
         if not pairs:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 MAX_STOP_STRINGS = 4  # as OpenAI's API allows
 MAX_STOP_CHARS = 64  # longest stop string accepted
 MAX_SEED = 2**63 - 1  # torch.Generator.manual_seed takes a 64-bit integer
+MAX_TOP_LOGPROBS = 20  # as OpenAI's API allows
 
 
 class SamplingError(ValueError):
@@ -30,6 +31,9 @@ class Sampling:
     top_k: int = 0  # the k most probable tokens; 0 (or -1, as vLLM writes it): all
     seed: int | None = None  # the random stream's seed; required when temperature > 0
     stop: tuple[str, ...] = ()  # the answer ends before the first of these; they are not returned
+    # Each new token's log probability, with this many most likely alternatives (0 to MAX_TOP_LOGPROBS);
+    # None: none. They change no token.
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         check(self)
@@ -52,6 +56,9 @@ def check(sampling: Sampling) -> None:
     if not sampling.greedy and sampling.seed is None:
         raise SamplingError("seed", "a sampled request (temperature > 0) needs its seed")
     stop_strings(list(sampling.stop))
+    if sampling.logprobs is not None and not 0 <= sampling.logprobs <= MAX_TOP_LOGPROBS:
+        raise SamplingError("top_logprobs", f"'top_logprobs' is {sampling.logprobs}; it must be from 0 to "
+                                            f"{MAX_TOP_LOGPROBS}")
 
 
 def stop_strings(value: object) -> tuple[str, ...]:

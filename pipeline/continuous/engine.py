@@ -44,11 +44,14 @@ class ContinuousEngine:
 
     def add(self, request, payload: Any = None) -> SequenceState:
         """Queue a GenerationRequest: its max_new_tokens (None: the generation config's) caps the answer,
-        its sampling (a pipeline.sampling_params.Sampling; None: greedy) picks the tokens. Its stop strings
+        its sampling (a pipeline.sampling_params.Sampling; None: greedy) picks the tokens (and, where it
+        asks, each token's log probabilities go onto the request's `logprobs` list). Its stop strings
         are its output side's (pipeline/continuous/output.py), which cancels the sequence at one."""
         cap = self.max_new_tokens if request.max_new_tokens is None else request.max_new_tokens
         seq = self.scheduler.new_sequence(self.generator.request_ids(request), cap, payload)
         seq.sampling = request.sampling
+        if request.sampling is not None and request.sampling.logprobs is not None:
+            seq.logprobs = request.logprobs if request.logprobs is not None else []
         self.scheduler.add(seq)
         return seq
 
@@ -87,6 +90,14 @@ class ContinuousEngine:
         self.scheduler.drop(seq)
         self.runner.release([seq.seq_id])
 
+    def _hand_logprobs(self, appended: list[tuple[SequenceState, int]]) -> None:
+        """Each new token's log probabilities (left on its row by the chooser) onto its sequence's list,
+        before the step returns: a reader given a token finds its log probabilities there already."""
+        table = self.runner.table
+        for seq, _token in appended:
+            if seq.logprobs is not None:
+                seq.logprobs.append(table.rows[table.slot_of(seq.seq_id)].logprob)
+
     def step(self) -> StepResult:
         import torch
         plan = self.scheduler.plan()
@@ -94,5 +105,6 @@ class ContinuousEngine:
         with torch.inference_mode():
             output = self.runner.execute(plan)
             update = self.scheduler.update_from_output(plan, output)
+            self._hand_logprobs(update.appended)
             self.runner.release([s.seq_id for s in update.finished] + [s.seq_id for s, _ in update.failed])
         return StepResult(update.finished, update.failed, len(plan.decode), plan.admitted, update.appended)

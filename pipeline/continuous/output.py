@@ -14,8 +14,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
+from pipeline.continuous.sampling import TokenLogprob
 from pipeline.detokenize import Decoder, IncrementalDetokenizer
 from pipeline.stop_strings import StopStringFilter
 from pipeline.tool_calls import ToolCall, ToolCallTokens, parse_call
@@ -54,9 +55,11 @@ class OutputProcessor:
     Not thread-safe: one thread feeds it (the decoder it reads may be shared if its decode only reads)."""
 
     def __init__(self, decoder: Decoder, stops: Sequence[str] = (), abort: Callable[[], None] | None = None,
-                 tool_calls: ToolCallTokens | None = None):
-        """abort: ends the sequence in the engine; called once, when a stop string lands.
-        tool_calls: the call tokens' ids, where the request offered tools (else a call is text)."""
+                 tool_calls: ToolCallTokens | None = None, max_calls: int | None = None):
+        """abort: ends the sequence in the engine; called once, when a stop string lands (or the last
+        call allowed closes). tool_calls: the call tokens' ids, where the request offered tools (else a
+        call is text). max_calls: the calls the answer may make (None: any; 1: OpenAI's
+        parallel_tool_calls false): the answer ends where the last one closes."""
         self._decoder = decoder
         self._text = IncrementalDetokenizer(decoder)
         self._stops = StopStringFilter(stops)
@@ -65,13 +68,19 @@ class OutputProcessor:
         self._call_tokens = tool_calls
         self._call: list[int] | None = None  # the ids of the call being generated, after its `<tool_call>`
         self.tool_calls: list[ToolCall] = []
+        self._max_calls = max_calls
         self.token_count = 0
         self.finish_reason: FinishReason | None = None  # set by finish
 
     @property
     def stopped(self) -> bool:
-        """A stop string landed: the answer is complete, whatever tokens still come."""
-        return self._stops.stopped
+        """A stop string landed (or the last call allowed closed): the answer is complete, whatever tokens
+        still come."""
+        return self._stops.stopped or self._calls_done
+
+    @property
+    def _calls_done(self) -> bool:
+        return self._max_calls is not None and len(self.tool_calls) >= self._max_calls
 
     @property
     def text(self) -> str:
@@ -80,7 +89,7 @@ class OutputProcessor:
 
     def push(self, token_id: int) -> str:
         """The text token_id adds to the answer ("" when none yet); nothing once a stop string landed."""
-        if self._stops.stopped or self.finish_reason is not None:
+        if self.stopped or self.finish_reason is not None:
             return ""  # a token the engine made before it saw the abort, or after the end: not the answer's
         self.token_count += 1
         calls = self._call_tokens
@@ -95,6 +104,8 @@ class OutputProcessor:
             call = parse_call(self._decoder.decode(body, skip_special_tokens=False))
             if call is not None:
                 self.tool_calls.append(call)
+                if self._calls_done and self._abort is not None:
+                    self._abort()
                 return ""
             return self._as_text([calls.open_id, *body, calls.close_id])
         return self._as_text([token_id])
@@ -114,8 +125,8 @@ class OutputProcessor:
         """The rest of the answer ("" when none), once the engine ended the sequence; sets finish_reason."""
         if self.finish_reason is not None:
             raise RuntimeError("finish was called twice")
-        if finish is Finish.ABORTED and not self._stops.stopped:
-            raise ValueError("a sequence aborted before any stop string landed has no answer")
+        if finish is Finish.ABORTED and not self.stopped:
+            raise ValueError("a sequence aborted before any stop string landed (or its last call) has no answer")
         unclosed = ""
         if self._call is not None and self._call_tokens is not None:  # a call the cap or eos cut: text
             body, self._call = self._call, None
@@ -137,6 +148,16 @@ class OutputProcessor:
         if piece:
             self._pieces.append(piece)
         return piece
+
+
+def logprob_content(decoder: Decoder, records: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
+    """Tokens' log probabilities as OpenAI's `logprobs.content`: each token's text, log probability,
+    UTF-8 bytes and most likely alternatives. A token is decoded alone, so one holding part of a
+    character reads as U+FFFD (and its bytes are that text's)."""
+    def entry(token: int, logprob: float) -> dict[str, Any]:
+        text = decoder.decode([token], skip_special_tokens=False)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+    return [{**entry(r.token, r.logprob), "top_logprobs": [entry(t, lp) for t, lp in r.top]} for r in records]
 
 
 def complete(decoder: Decoder, token_ids: Sequence[int], finish: Finish, stops: Sequence[str] = (),

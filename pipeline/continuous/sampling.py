@@ -4,12 +4,27 @@ A sampled row (temperature > 0) scales its logits by 1/temperature, keeps its to
 top_p nucleus, and draws with torch.multinomial from a torch.Generator of its sequence's own (held in its slot),
 seeded with the request's seed. Every operation reads one row, so the same request with the same seed gets
 the same tokens alone or in any batch.
+
+A row whose sampling asks for log probabilities gets its chosen token's (and its top alternatives')
+from the log-softmax of its own logits row, as the token was chosen from them: after the model's
+repetition penalty, before temperature, top_k and top_p (which change how a token is drawn, not the
+model's distribution). One row at a time, so they are as batch-invariant as the tokens. They are left
+on the row (`SlotRow.logprob`) for the engine to hand to the sequence's reader.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from pipeline.sampling_params import Sampling
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One chosen token's log probability and the most likely tokens' (id, log probability), best first."""
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 class TokenChooser:
@@ -27,7 +42,15 @@ class TokenChooser:
             sampling: Sampling | None = row.sampling
             if sampling is not None and not sampling.greedy:
                 tokens[i] = self._sample(logits[i], sampling, row.stream)
+            if sampling is not None and sampling.logprobs is not None:
+                row.logprob = self._logprob(logits[i], tokens[i], sampling.logprobs)
         return tokens
+
+    def _logprob(self, row, token: int, top: int) -> TokenLogprob:
+        logprobs = self.torch.log_softmax(row.float(), dim=-1)
+        best = self.torch.topk(logprobs, top) if top else None
+        alternatives = tuple(zip(best.indices.tolist(), best.values.tolist())) if best is not None else ()
+        return TokenLogprob(token, float(logprobs[token]), alternatives)
 
     def _sample(self, row, sampling: Sampling, stream) -> int:
         torch = self.torch

@@ -23,6 +23,7 @@ class SequenceState:
     max_new_tokens: int
     payload: Any = None  # the caller's handle; the scheduler never looks inside
     sampling: Any = None  # its pipeline.sampling_params.Sampling (None: greedy); the runner reads it
+    logprobs: list | None = None  # its reader's list of each token's TokenLogprob, where sampling asks
     generated: list[int] = field(default_factory=list)
     prefilled: int = 0  # prompt tokens already in this sequence's cache
     first_token_at: float | None = None

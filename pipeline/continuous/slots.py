@@ -89,6 +89,7 @@ class SlotRow:
     decoding: bool = False  # its prompt is in: it takes a decode step each iteration
     sampling: Any = None  # its pipeline.sampling_params.Sampling (None: greedy)
     stream: Any = None  # its torch.Generator (sampled rows), seeded with the request's seed
+    logprob: Any = None  # its last token's pipeline.continuous.sampling.TokenLogprob, where its sampling asks
 
 
 @dataclass(eq=False)

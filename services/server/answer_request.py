@@ -21,7 +21,7 @@ from typing import Any
 from pipeline import spec
 from pipeline.config.sections import LimitsSettings
 from pipeline.conversation import Conversation, Turn
-from pipeline.sampling_params import MAX_SEED, MAX_STOP_CHARS, MAX_STOP_STRINGS, Sampling
+from pipeline.sampling_params import MAX_SEED, MAX_STOP_CHARS, MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, Sampling
 from services.server.auth import authenticated_caller
 from services.server.body import require_string
 from services.server.errors import ApiError
@@ -42,6 +42,7 @@ class AnswerRequest:
     top_k: int = 0  # 0 or -1: all tokens
     seed: int | None = None  # a sampled request's random stream; None: drawn by the worker
     stop: tuple[str, ...] = ()  # the answer ends before the first of these, which is not returned
+    logprobs: int | None = None  # each answer token's log probability with this many alternatives; None: none
     # The conversation before `query` (pipeline/conversation.py): earlier turns as sent, oldest first
     # (the worker fits them to MAX_HISTORY_TOKENS), and the client's instructions.
     history: tuple[Turn, ...] = ()
@@ -50,6 +51,7 @@ class AnswerRequest:
     # model see), and the tool round after the question (assistant calls, then tool results).
     tools: tuple[dict, ...] = ()
     tool_round: tuple[Turn, ...] = ()
+    parallel_tool_calls: bool = True  # false: the answer ends where its first tool call closes (at most one)
     # Whose request: its API key's identity (None without keys). The gateway scopes request ids and
     # replies to it; never read from a body nor sent on (not in `wire`, so not in the id's digest).
     caller: str | None = None
@@ -66,7 +68,8 @@ class AnswerRequest:
     def is_the_questions_answer(self) -> bool:
         """Greedy, uncapped, without stop strings: /query's answer to its query in its conversation,
         which the reply cache holds (by `conversation_key`)."""
-        return self.max_new_tokens is None and not self.sampled and not self.stop
+        return self.max_new_tokens is None and not self.sampled and not self.stop and self.logprobs is None \
+            and self.parallel_tool_calls
 
     @property
     def conversation_key(self) -> str:
@@ -82,10 +85,10 @@ class AnswerRequest:
     def sampling(self, drawn_seed: int) -> Sampling | None:
         """How the LLM decodes it (None: greedy, no stop strings); `drawn_seed` serves a sampled request
         that names no seed."""
-        if not self.sampled and not self.stop:
+        if not self.sampled and not self.stop and self.logprobs is None:
             return None
         seed = self.seed if self.seed is not None or not self.sampled else drawn_seed
-        return Sampling(self.temperature, self.top_p, self.top_k, seed, self.stop)
+        return Sampling(self.temperature, self.top_p, self.top_k, seed, self.stop, self.logprobs)
 
     def wire(self) -> dict[str, Any]:
         """The body fields a worker is sent: those not at their default (the caller is never sent)."""
@@ -198,6 +201,16 @@ def _stop(body: Mapping[str, Any], bounds: Bounds) -> tuple[str, ...]:
     return tuple(items)
 
 
+def _logprobs(body: Mapping[str, Any], bounds: Bounds) -> int | None:
+    """How many alternatives to give with each answer token's log probability (0 to MAX_TOP_LOGPROBS);
+    null: no log probabilities."""
+    value = body.get("logprobs")
+    if value is not None and (type(value) is not int or not 0 <= value <= MAX_TOP_LOGPROBS):
+        raise ApiError(400, f"'logprobs' must be an integer from 0 to {MAX_TOP_LOGPROBS} (the alternatives given with "
+                            "each token's log probability)", field="logprobs")
+    return value
+
+
 def _history(body: Mapping[str, Any], bounds: Bounds) -> tuple[Turn, ...]:
     """Earlier turns, oldest first: an array of {"role": "user" | "assistant" | "tool", "content": string},
     an assistant turn with its `tool_calls` ([{"name": string, "arguments": JSON text of an object}]). Its
@@ -220,6 +233,16 @@ def _tools(body: Mapping[str, Any], bounds: Bounds) -> tuple[dict, ...]:
     return function_tools(body.get("tools"))
 
 
+def _parallel_tool_calls(body: Mapping[str, Any], bounds: Bounds) -> bool:
+    """OpenAI's `parallel_tool_calls`: false allows the answer one tool call (it ends where that closes)."""
+    value = body.get("parallel_tool_calls")
+    if value is None:
+        return True
+    if type(value) is not bool:
+        raise ApiError(400, "'parallel_tool_calls' must be true or false", field="parallel_tool_calls")
+    return value
+
+
 def _instructions(body: Mapping[str, Any], bounds: Bounds) -> str | None:
     """The client's instructions, added after the service's system prompt: a string within
     MAX_HISTORY_TOKENS (the conversation's share of the prompt)."""
@@ -240,7 +263,9 @@ def _instructions(body: Mapping[str, Any], bounds: Bounds) -> str | None:
 RULES: dict[str, Callable[[Mapping[str, Any], Bounds], Any]] = {
     "request_id": _request_id, "query": _query, "max_new_tokens": _max_new_tokens, "stream": _stream,
     "temperature": _temperature, "top_p": _top_p, "top_k": _top_k, "seed": _seed, "stop": _stop,
-    "history": _history, "instructions": _instructions, "tools": _tools, "tool_round": _tool_round}
+    "logprobs": _logprobs,
+    "history": _history, "instructions": _instructions, "tools": _tools, "tool_round": _tool_round,
+    "parallel_tool_calls": _parallel_tool_calls}
 ALL_FIELDS: tuple[str, ...] = tuple(RULES)
 
 

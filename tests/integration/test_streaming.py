@@ -57,7 +57,8 @@ def test_streamed_pieces_join_to_the_plain_reply_and_the_references_on_both_work
 
 def test_the_openai_package_gets_the_rag_answer_plain_and_streamed(cluster, reference_answer, reference):
     client = openai.OpenAI(base_url=f"{cluster.url(0)}/v1", api_key="not-checked", max_retries=0, timeout=180)
-    assert [m.id for m in client.models.list()] == [spec.GENERATOR_MODEL, spec.EMBEDDER_MODEL]  # chat, embeddings
+    assert [m.id for m in client.models.list()] == [spec.GENERATOR_MODEL, spec.EMBEDDER_MODEL, spec.RERANKER_MODEL,
+                                                    spec.TOXICITY_MODEL]  # chat, embeddings, rerank, moderations
     query = spec.REFERENCE_QUERIES[1]
     expected = reference_answer(query)["generated_response"]
     # The contract's own system message asks for nothing else: the answer is the contract's.
@@ -76,7 +77,7 @@ def test_the_openai_package_gets_the_rag_answer_plain_and_streamed(cluster, refe
                                            messages=[{"role": "user", "content": query}])
     assert short.usage.completion_tokens <= 4 and expected.startswith(short.choices[0].message.content)
     with pytest.raises(openai.BadRequestError) as refused:
-        client.chat.completions.create(model=spec.GENERATOR_MODEL, n=2, messages=[{"role": "user", "content": query}])
+        client.chat.completions.create(model=spec.GENERATOR_MODEL, n=9, messages=[{"role": "user", "content": query}])
     assert refused.value.body["param"] == "n"
     # Another system message is added to the service's own, not refused: the oracle's answer with it.
     from pipeline.conversation import Conversation

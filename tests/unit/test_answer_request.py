@@ -187,3 +187,23 @@ def test_the_conversation_key_covers_every_turn_and_the_instructions():
             read_fields(history=[{"role": "assistant", "content": HISTORY[0]["content"]}, HISTORY[1]]).conversation_key}
     assert len(keys) == 6
     assert read_fields(history=HISTORY).conversation_key == base.conversation_key  # the same conversation
+
+
+def test_logprobs_asks_the_engine_for_them_travels_to_the_worker_and_is_never_the_cached_answer():
+    asked = read({"request_id": "lp", "query": "q", "logprobs": 5})
+    assert asked.logprobs == 5 and not asked.is_the_questions_answer and asked.wire()["logprobs"] == 5
+    assert asked.sampling(drawn_seed=1) == Sampling(logprobs=5)  # greedy, with log probabilities
+    assert read({"request_id": "lp", "query": "q"}).sampling(drawn_seed=1) is None
+    for value in (21, -1, True, "3"):
+        with pytest.raises(ApiError) as caught:
+            read({"request_id": "lp", "query": "q", "logprobs": value})
+        assert caught.value.field == "logprobs"
+
+
+def test_parallel_tool_calls_false_travels_to_the_worker_and_is_never_the_cached_answer():
+    one = read({"request_id": "p", "query": "q", "parallel_tool_calls": False})
+    assert not one.parallel_tool_calls and not one.is_the_questions_answer and one.wire()["parallel_tool_calls"] is False
+    assert read({"request_id": "p", "query": "q", "parallel_tool_calls": None}).parallel_tool_calls
+    with pytest.raises(ApiError) as caught:
+        read({"request_id": "p", "query": "q", "parallel_tool_calls": "no"})
+    assert caught.value.field == "parallel_tool_calls"

@@ -30,7 +30,8 @@ pytestmark = pytest.mark.timeout(60)
 CHAT = {"model": spec.GENERATOR_MODEL, "messages": [{"role": "user", "content": "How do I return an item?"}]}
 TEXT = {"model": spec.GENERATOR_MODEL, "prompt": "How do I return an item?"}
 EMBED = {"model": spec.EMBEDDER_MODEL, "input": ["How do I return an item?", "refunds"]}
-ANSWERING = ("/query", "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/tokenize", "/detokenize")
+ANSWERING = ("/query", "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank", "/v1/moderations",
+             "/tokenize", "/detokenize")
 STAGES = {"embed": 1.5, "generate": 20.0}
 
 
@@ -196,7 +197,7 @@ def test_embeddings_take_a_slot_of_the_gateways_admission_and_a_query_takes_one_
     ("/v1/chat/completions", {**CHAT, "guided_json": {"type": "object"}}, "guided_json"),
     ("/v1/chat/completions", {**CHAT, "frobnicate": True}, "frobnicate"),
     ("/v1/completions", {**TEXT, "logit_bias": {"42": 1}}, "logit_bias"),
-    ("/v1/completions", {**TEXT, "n": 2}, "n"),
+    ("/v1/completions", {**TEXT, "best_of": 2}, "best_of"),
     ("/v1/embeddings", {**EMBED, "frobnicate": True}, "frobnicate"),
 ])
 def test_what_v1_would_not_act_on_is_a_400_naming_it(path, body, param):

@@ -111,12 +111,12 @@ def test_fields_read_at_a_no_op_value_ignored_or_null_are_accepted():
 def test_fields_that_cannot_change_the_answer_are_accepted_and_logged_by_name(caplog):
     caplog.set_level("INFO", logger="services.server.fields")
     request = parse(body(metadata={"customer": "c-9"}, user="u-1", service_tier="auto", store=False,
-                         parallel_tool_calls=True, safety_identifier="s-1", stream=True,
+                         safety_identifier="s-1", stream=True,
                          stream_options={"include_usage": True, "include_obfuscation": False,
                                          "continuous_usage_stats": True}))
     assert request == parse(body(stream=True, stream_options={"include_usage": True}))
     logged = " ".join(record.getMessage() for record in caplog.records)
-    for name in ("metadata", "user", "service_tier", "parallel_tool_calls", "stream_options.include_obfuscation",
+    for name in ("metadata", "user", "service_tier", "stream_options.include_obfuscation",
                  "stream_options.continuous_usage_stats"):
         assert name in logged
     assert "c-9" not in logged and "u-1" not in logged  # names, never the caller's values
@@ -129,7 +129,7 @@ def test_fields_that_cannot_change_the_answer_are_accepted_and_logged_by_name(ca
     ({"repetition_penalty": 1.0}, "repetition_penalty"),  # none at all: not what the service does either
     ({"guided_json": {"type": "object"}}, "guided_json"), ({"guided_regex": "a+"}, "guided_regex"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format"),
-    ({"logprobs": 0}, "logprobs"), ({"min_tokens": 4}, "min_tokens"), ({"ignore_eos": True}, "ignore_eos"),
+    ({"min_tokens": 4}, "min_tokens"), ({"ignore_eos": True}, "ignore_eos"),
     ({"some_future_field": [1, 2]}, "some_future_field"),
     ({"store": True}, "store"), ({"best_of": 2}, "best_of"),
 ])
@@ -146,7 +146,7 @@ def test_a_completions_body_reads_its_prompt_by_the_same_rules():
     assert parse_text_request({**text, "prompt": ["one"]}, max_tokens_limit=LIMIT, model_id=MODEL).query == "one"
     text_parse = lambda payload: parse_text_request(payload, max_tokens_limit=LIMIT, model_id=MODEL)  # noqa: E731
     for change, param in (({"prompt": ["a", "b"]}, "prompt"), ({"prompt": [1, 2]}, "prompt"), ({"echo": True}, "echo"),
-                          ({"suffix": "x"}, "suffix"), ({"logprobs": 2}, "logprobs"), ({"messages": []}, "messages"),
+                          ({"suffix": "x"}, "suffix"), ({"logprobs": 21}, "logprobs"), ({"messages": []}, "messages"),
                           ({"min_p": 0.5}, "min_p")):
         assert refused({**text, **change}, parser=text_parse).field == param
     assert refused({k: v for k, v in text.items() if k != "prompt"}, parser=text_parse).field == "prompt"
@@ -194,14 +194,12 @@ def test_malformed_requests(payload, param):
 
 
 @pytest.mark.parametrize("fields, param", [
-    ({"n": 2}, "n"),
+    ({"best_of": 3}, "best_of"),
     ({"presence_penalty": 0.5}, "presence_penalty"),
     ({"frequency_penalty": -1}, "frequency_penalty"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"functions": [{"name": "f"}]}, "functions"),
     ({"function_call": "auto"}, "function_call"),
-    ({"logprobs": True}, "logprobs"),
-    ({"top_logprobs": 3}, "top_logprobs"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
     ({"logit_bias": {"50256": -100}}, "logit_bias"),
     ({"modalities": ["text", "audio"]}, "modalities"),
@@ -303,7 +301,7 @@ def test_text_completions_and_their_chunks_are_valid_openai_completions(include_
 
 def test_error_body_is_a_valid_openai_error_object():
     from openai.types.shared import ErrorObject
-    error = ErrorObject.model_validate(error_body(refused(body(n=3)))["error"])
+    error = ErrorObject.model_validate(error_body(refused(body(n=9)))["error"])
     assert error.type == "invalid_request_error" and error.param == "n"
 
 
@@ -375,8 +373,61 @@ def test_the_openai_client_reads_a_stream(openai_client):
 def test_the_openai_client_raises_our_errors(openai_client):
     import openai
     with pytest.raises(openai.BadRequestError) as info:
-        openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "q"}], n=2)
-    assert info.value.status_code == 400 and info.value.param == "n" and info.value.code == "unsupported_value"
+        openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "q"}], n=9)
+    assert info.value.status_code == 400 and info.value.param == "n" and "from 1 to 8" in info.value.message
     with pytest.raises(openai.NotFoundError) as missing:
         openai_client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "q"}])
     assert missing.value.code == "model_not_found"
+
+
+# ---------------------------------------------------------------- log probabilities
+
+def test_log_probabilities_are_read_by_openais_rules_on_each_route():
+    chat = lambda **fields: parse_chat_request(body(**fields), max_tokens_limit=LIMIT, model_id=MODEL)  # noqa: E731
+    assert chat().logprobs is None and chat(logprobs=False).logprobs is None
+    assert chat(logprobs=True).logprobs == 0 and chat(logprobs=True, top_logprobs=20).logprobs == 20
+    for fields, param in (({"logprobs": 0}, "logprobs"), ({"top_logprobs": 3}, "top_logprobs"),
+                          ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+                          ({"logprobs": True, "top_logprobs": True}, "top_logprobs")):
+        assert refused(body(**fields)).field == param
+    text = {"model": MODEL, "prompt": "How do I return it?"}
+    assert parse_text_request({**text, "logprobs": 3}, max_tokens_limit=LIMIT, model_id=MODEL).logprobs == 3
+    assert parse_text_request(text, max_tokens_limit=LIMIT, model_id=MODEL).logprobs is None
+
+
+def test_the_workers_log_probabilities_take_each_routes_shape_and_a_streams_last_choice_chunk():
+    from services.roles.gateway.openai_api import completion, stream_chunks, text_chunks, text_completion
+    items = [{"token": "Re", "logprob": -0.5, "bytes": [82, 101], "top_logprobs": [
+                 {"token": "Re", "logprob": -0.5, "bytes": [82, 101]}, {"token": "We", "logprob": -1.5, "bytes": [87, 101]}]},
+             {"token": "funds", "logprob": -0.25, "bytes": list(b"funds"), "top_logprobs": [
+                 {"token": "funds", "logprob": -0.25, "bytes": list(b"funds")}]}]
+    reply = {"request_id": "r", "generated_response": "Refunds", "sentiment": "neutral", "is_toxic": "false",
+             "logprobs": items,
+             "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
+    chat_choice = completion("c", 0, MODEL, "Refunds", reply)["choices"][0]
+    assert chat_choice["logprobs"] == {"content": items, "refusal": None}
+    assert completion("c", 0, MODEL, "x", {k: v for k, v in reply.items() if k != "logprobs"})["choices"][0]["logprobs"] is None
+    legacy = text_completion("t", 0, MODEL, reply)["choices"][0]["logprobs"]
+    assert legacy == {"tokens": ["Re", "funds"], "token_logprobs": [-0.5, -0.25],
+                      "top_logprobs": [{"Re": -0.5, "We": -1.5}, {"funds": -0.25}], "text_offset": [0, 2]}
+    chunks = list(stream_chunks("c", 0, MODEL, ["Re", "funds", reply]))
+    assert [c["choices"][0]["logprobs"] for c in chunks] == [None, None, None, {"content": items, "refusal": None}]
+    texts = list(text_chunks("t", 0, MODEL, ["Re", "funds", reply]))
+    assert [c["choices"][0]["logprobs"] for c in texts] == [None, None, legacy]
+
+
+def test_parallel_tool_calls_false_is_read_and_reaches_the_worker():
+    from services.roles.gateway.routing import WorkerTarget
+    from tests.unit.test_gateway import gateway
+    from tests.unit.test_gateway_role import Outcomes, query_app
+    assert parse_chat_request(body(parallel_tool_calls=False), max_tokens_limit=LIMIT, model_id=MODEL) \
+        .parallel_tool_calls is False
+    role, client = query_app([])
+    bad = client.post("/v1/chat/completions", json=body(parallel_tool_calls="no"))
+    assert bad.status_code == 400 and bad.get_json()["error"]["param"] == "parallel_tool_calls"
+    seen: list = []
+    outcomes = Outcomes([{"generated_response": "ok", "sentiment": "neutral", "is_toxic": "false"}])
+    role.gateway.set(gateway(WorkerTarget(node=0, answer=lambda r, d: (seen.append(r), outcomes.answer(r, d))[1],
+                                          probe=lambda: True, local=True)))
+    assert client.post("/v1/chat/completions", json=body(parallel_tool_calls=False)).status_code == 200
+    assert seen[-1].parallel_tool_calls is False

@@ -23,7 +23,8 @@ def test_models_lists_the_served_model_in_openais_shape():
     role, client = query_app([])
     body = client.get("/v1/models").get_json()
     assert body["object"] == "list"
-    assert [Model.model_validate(m).id for m in body["data"]] == [spec.GENERATOR_MODEL, spec.EMBEDDER_MODEL]
+    assert [Model.model_validate(m).id for m in body["data"]] == [spec.GENERATOR_MODEL, spec.EMBEDDER_MODEL,
+                                                                  spec.RERANKER_MODEL, spec.TOXICITY_MODEL]
 
 
 def test_a_chat_completion_is_one_rag_answer_with_usage_and_the_rag_fields():
@@ -52,7 +53,7 @@ def test_a_streamed_chat_completion_is_chunks_then_done_and_joins_to_the_answer(
 
 
 @pytest.mark.parametrize("change,status,param", [
-    ({"n": 2}, 400, "n"),
+    ({"n": 9}, 400, "n"),
     ({"temperature": 2.5}, 400, "temperature"),
     ({"presence_penalty": 0.5}, 400, "presence_penalty"),
     ({"tool_choice": "required"}, 400, "tool_choice"),

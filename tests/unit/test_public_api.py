@@ -39,7 +39,7 @@ def test_every_v1_error_is_in_openais_shape_with_x_should_retry():
     openai_error(client.get("/v1/chat/completions"), 405, False)
     big = {**CHAT, "messages": [{"role": "user", "content": "x" * 2000}]}
     assert openai_error(client.post("/v1/chat/completions", json=big), 413, False)["code"] == "request_too_large"
-    assert openai_error(client.post("/v1/chat/completions", json={**CHAT, "n": 3}), 400, False)["param"] == "n"
+    assert openai_error(client.post("/v1/chat/completions", json={**CHAT, "n": 99}), 400, False)["param"] == "n"
     assert openai_error(client.get("/v1/models/gpt-4o"), 404, False)["code"] == "model_not_found"
     # the rest of the node keeps its own shape
     assert client.get("/nothing-here").get_json()["error"] and "x-should-retry" not in client.get("/nothing").headers
@@ -57,7 +57,7 @@ def test_a_full_gateway_is_a_retryable_503_and_a_reused_request_id_a_final_409()
 def test_models_and_one_model_by_id():
     _role, client = query_app([])
     ids = [m["id"] for m in client.get("/v1/models").get_json()["data"]]
-    assert ids == [MODEL, spec.EMBEDDER_MODEL]
+    assert ids == [MODEL, spec.EMBEDDER_MODEL, spec.RERANKER_MODEL, spec.TOXICITY_MODEL]
     for model_id in ids:
         assert client.get(f"/v1/models/{model_id}").get_json()["id"] == model_id
 

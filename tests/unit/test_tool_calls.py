@@ -182,3 +182,20 @@ def test_the_tools_and_the_tool_round_are_kept_and_older_turns_dropped_to_fit_th
     fitted = fit(conv, words, fixed + 2 * (3 + 5))
     assert fitted.dropped == 4 and fitted.conversation.history == history[4:]
     assert fitted.conversation.tools == (TOOL,) and fitted.conversation.tool_round == round_
+
+
+def test_with_one_call_allowed_the_answer_ends_where_the_first_call_closes(hf_tokenizer, tokens):
+    """OpenAI's parallel_tool_calls false: the second call is not the answer's, and the sequence is
+    ended in the engine at the first call's close (as at a stop string)."""
+    other = {"name": "refund", "arguments": {"amount": 3}}
+    ids = generated(hf_tokenizer, f"Let me check.\n{call_text(CALL)}\n{call_text(other)}")
+    aborts: list[int] = []
+    output = OutputProcessor(tokens, (), abort=lambda: aborts.append(1), tool_calls=tokens.tool_call_tokens,
+                             max_calls=1)
+    pieces = [output.push(i) for i in [*ids, EOS]]
+    close_at = ids.index(tokens.tool_call_tokens.close_id)
+    assert aborts == [1] and output.stopped and output.token_count == close_at + 1
+    assert not any(pieces[close_at + 1:])  # nothing after the first call is the answer's
+    pieces.append(output.finish(Finish.ABORTED))  # the engine ended it: an answer, not an error
+    assert "".join(pieces) == output.text == "Let me check.\n"
+    assert [call.name for call in output.tool_calls] == ["get_order_status"] and output.finish_reason == "tool_calls"

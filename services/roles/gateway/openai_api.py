@@ -7,8 +7,8 @@ into a `V1Request`, or raise an ApiError naming the field. What is refused, neve
   anyway: `n` 1, `min_p` 0, `logprobs` false ...) or in `IGNORED` (accepted, logged and not acted on,
   as none changes the answer: `user`, `metadata`, `service_tier` ...; so are `stream_options` keys
   but `include_usage`), by services/server/fields.py. Any other field is a 400 naming it: vLLM's
-  extras (`repetition_penalty`, `guided_json`, `min_tokens` ...), `logit_bias`, structured output,
-  log probabilities. A field sent as null counts as not sent.
+  extras (`repetition_penalty`, `guided_json`, `min_tokens` ...), `logit_bias`, structured output.
+  A field sent as null counts as not sent. Log probabilities: openai_logprobs.py.
 - A chat is a conversation (pipeline/conversation.py): the last message is the user's question; the
   user and assistant messages before it are its history, rendered by the model's chat template
   between the service's system prompt and the documents found with the question (the oldest dropped
@@ -32,6 +32,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.continuous.output import FINISH_REASONS, FinishReason
+from services.roles.gateway.openai_choices import read_n
+from services.roles.gateway.openai_logprobs import (
+    chat_choice_logprobs,
+    chat_logprobs,
+    text_choice_logprobs,
+    text_logprobs,
+)
 from services.roles.gateway.openai_messages import chat_conversation
 from services.roles.gateway.openai_tools import message_tool_calls, shown_tools, tool_call_deltas
 from services.server.errors import ApiError
@@ -43,13 +50,12 @@ HISTORY_DROPPED = "history_turns_dropped"  # the reply's count of turns left out
 # The decoding fields the service's own rules read (services/server/answer_request.py).
 SAMPLING = ("temperature", "top_p", "top_k", "seed", "stop")
 _PENALTY = "the model's own repetition penalty (its generation config) applies to every answer"
-_ONE = "the service returns one choice"
+_ONE = "the service returns n choices, each its own answer"
 # Fields accepted only at the value that asks for what the service does anyway: (the values, why).
 NO_OP: dict[str, tuple[tuple[Any, ...], str]] = {
-    "n": ((1,), _ONE), "best_of": ((1,), _ONE), "use_beam_search": ((False,), _ONE),
+    "best_of": ((1,), _ONE), "use_beam_search": ((False,), _ONE),
     "presence_penalty": ((0,), _PENALTY), "frequency_penalty": ((0,), _PENALTY),
     "min_p": ((0,), "sampling uses temperature, top_p and top_k only"),
-    "logprobs": ((False,), "the service returns no log probabilities"),
     "echo": ((False,), "the answer does not repeat the prompt"),
     "logit_bias": (({},), "the service does not bias tokens"),
     "functions": (([],), "the deprecated functions are not read: send them as `tools`"),
@@ -68,15 +74,16 @@ IGNORED = {
     "safety_identifier": "an end-user id for the caller's own abuse tracking",
     "metadata": "the caller's tags for its own records; the service stores no completions",
     "service_tier": "one tier serves every request",
-    "parallel_tool_calls": "Qwen2.5 decides how many calls it makes; every call it makes is returned",
     "prompt_cache_key": "a hint for a prompt cache, which changes no answer",
 }
 # The fields each route reads, no-ops and ignores.
 ROUTE_FIELDS = {
     "chat": FieldRules(("model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
-                        "request_id", "tools", "tool_choice", *SAMPLING), NO_OP, IGNORED),
-    "text": FieldRules(("model", "prompt", "stream", "stream_options", "max_tokens", "request_id", *SAMPLING),
-                       NO_OP, IGNORED),
+                        "request_id", "tools", "tool_choice", "logprobs", "top_logprobs", "n", "parallel_tool_calls",
+                        *SAMPLING), NO_OP,
+                       IGNORED),
+    "text": FieldRules(("model", "prompt", "stream", "stream_options", "max_tokens", "request_id", "logprobs", "n",
+                        *SAMPLING), NO_OP, IGNORED),
 }
 # stream_options: `include_usage` is read; the other keys (vLLM's `continuous_usage_stats`, OpenAI's
 # `include_obfuscation` ...) shape the stream, never the answer: accepted, logged and not acted on.
@@ -102,6 +109,9 @@ class V1Request:
     instructions: str | None = None  # the chat's system messages, added after the service's system prompt
     tools: tuple[dict, ...] = ()  # the tools the model is shown (as tool_choice says)
     tool_round: tuple[dict, ...] = ()  # the assistant's calls and the tools' results after the question
+    logprobs: int | None = None  # each token's log probability with this many alternatives; None: none
+    n: int = 1  # choices: each its own answer (openai_choices.py)
+    parallel_tool_calls: bool | None = None  # false: at most one tool call (the answer ends where it closes)
 
 
 def parse_chat_request(body: object, *, max_tokens_limit: int, model_id: str,
@@ -111,14 +121,16 @@ def parse_chat_request(body: object, *, max_tokens_limit: int, model_id: str,
     chat = chat_conversation(fields.get("messages"))
     return dataclasses.replace(_request(fields, chat.query, max_tokens_limit, default_max_tokens),
                                history=chat.history, instructions=chat.instructions, tool_round=chat.tool_round,
-                               tools=shown_tools(fields.get("tools"), fields.get("tool_choice")))
+                               tools=shown_tools(fields.get("tools"), fields.get("tool_choice")),
+                               logprobs=chat_logprobs(fields), parallel_tool_calls=fields.get("parallel_tool_calls"))
 
 
 def parse_text_request(body: object, *, max_tokens_limit: int, model_id: str,
                        default_max_tokens: int | None = None) -> V1Request:
     """A (legacy) completions body as a V1Request: its prompt is the question."""
     fields = _fields(body, "text", model_id)
-    return _request(fields, _prompt(fields.get("prompt")), max_tokens_limit, default_max_tokens)
+    return dataclasses.replace(_request(fields, _prompt(fields.get("prompt")), max_tokens_limit, default_max_tokens),
+                               logprobs=text_logprobs(fields))
 
 
 def _fields(body: object, route: str, model_id: str) -> dict[str, Any]:
@@ -149,7 +161,7 @@ def _request(fields: dict[str, Any], query: str, limit: int, default: int | None
     if request_id is not None and (not isinstance(request_id, str) or not request_id.strip()):
         raise _invalid("'request_id' must be a non-empty string", "request_id")
     return V1Request(query=query, max_tokens=_max_tokens(fields, limit, limit if default is None else default),
-                     stream=stream, request_id=request_id,
+                     stream=stream, request_id=request_id, n=read_n(fields),
                      include_usage=_optional_bool(options or {}, "include_usage", "stream_options.include_usage"),
                      sampling={key: fields[key] for key in SAMPLING if key in fields})
 
@@ -228,7 +240,8 @@ def completion(id: str, created: int, model: str, text: str, extra: Mapping[str,
         message = {**message, "content": text if text.strip() else None, "tool_calls": calls}
     return {
         "id": id, "object": "chat.completion", "created": created, "model": model,
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}],
+        "choices": [{"index": 0, "message": message, "logprobs": chat_choice_logprobs(extra),
+                     "finish_reason": finish_reason}],
         "usage": reply_usage(extra),
         "rag": rag_fields(extra),
     }
@@ -239,19 +252,21 @@ def text_completion(id: str, created: int, model: str, reply: Mapping[str, Any])
     finish_reason = reply.get("finish_reason", "stop")
     _check_finish_reason(finish_reason)
     return {"id": id, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": reply["generated_response"], "logprobs": None,
+            "choices": [{"index": 0, "text": reply["generated_response"], "logprobs": text_choice_logprobs(reply),
                          "finish_reason": finish_reason}],
             "usage": reply_usage(reply), "rag": rag_fields(reply), **seed_field(reply)}
 
 
 def chunk(id: str, created: int, model: str, delta: Mapping[str, Any], finish_reason: FinishReason | None = None,
           *, include_usage: bool = False, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """A `chat.completion.chunk` with one choice; `usage: null` with include_usage (as OpenAI's)."""
+    """A `chat.completion.chunk` with one choice; `usage: null` with include_usage (as OpenAI's); with
+    `extra` (the service's reply: the last choice chunk) its `rag` field and log probabilities."""
     if finish_reason is not None:
         _check_finish_reason(finish_reason)
     obj: dict[str, Any] = {
         "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-        "choices": [{"index": 0, "delta": dict(delta), "logprobs": None, "finish_reason": finish_reason}],
+        "choices": [{"index": 0, "delta": dict(delta), "logprobs": None if extra is None else chat_choice_logprobs(extra),
+                     "finish_reason": finish_reason}],
     }
     if include_usage:
         obj["usage"] = None
@@ -284,9 +299,9 @@ def text_chunks(id: str, created: int, model: str, events: Iterable[str | dict],
                 include_usage: bool = False) -> Iterator[dict[str, Any]]:
     """An answer stream as `text_completion` chunks: one per piece, the last with why the answer
     ended (and the `rag` and `seed` fields), then with include_usage one with no choices and the usage."""
-    def text_chunk(text: str, finish_reason: str | None) -> dict[str, Any]:
+    def text_chunk(text: str, finish_reason: str | None, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
         obj = {"id": id, "object": "text_completion", "created": created, "model": model,
-               "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]}
+               "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}]}
         return {**obj, "usage": None} if include_usage else obj
 
     for event in events:
@@ -295,7 +310,7 @@ def text_chunks(id: str, created: int, model: str, events: Iterable[str | dict],
             continue
         reason = event.get("finish_reason", "stop")
         _check_finish_reason(reason)
-        yield {**text_chunk("", reason), "rag": rag_fields(event), **seed_field(event)}
+        yield {**text_chunk("", reason, text_choice_logprobs(event)), "rag": rag_fields(event), **seed_field(event)}
         if include_usage:
             yield {"id": id, "object": "text_completion", "created": created, "model": model, "choices": [],
                    "usage": reply_usage(event)}

@@ -17,16 +17,25 @@ from flask import Flask, jsonify
 from pipeline import spec
 from services.roles.gateway import openai_api as oa
 from services.roles.gateway.front import Front
+from services.roles.gateway.openai_choices import (
+    choice_chunks,
+    choice_requests,
+    collected,
+    indexed,
+    merged,
+    summed_usage,
+)
 from services.roles.gateway.openai_embeddings import EMBEDDING_MODEL
 from services.server import sse
 from services.server.answer_request import AnswerRequest
+from services.server.deadline import Deadline
 from services.server.edge import Call
 from services.server.error_shapes import OPENAI
 from services.server.errors import ApiError
 from services.server.stream_response import AnswerStream, close, error_answer
 
 MODEL_ID = spec.GENERATOR_MODEL
-SERVED_MODELS = (MODEL_ID, EMBEDDING_MODEL)
+SERVED_MODELS = (MODEL_ID, EMBEDDING_MODEL, spec.RERANKER_MODEL, spec.TOXICITY_MODEL)
 # The models' `created` in /v1/models: when this process started serving them.
 STARTED_AT = int(time.time())
 # How each route's body names the service's fields, in its errors.
@@ -52,13 +61,37 @@ def register_openai_routes(app: Flask, front: Front, default_temperature: float,
                               "max_new_tokens": v1.max_tokens if v1.max_tokens != spec.MAX_NEW_TOKENS else None,
                               "stream": v1.stream, "temperature": default_temperature, **v1.sampling,
                               "history": [*v1.history] or None, "instructions": v1.instructions,
-                              "tools": [*v1.tools] or None, "tool_round": [*v1.tool_round] or None})
+                              "tools": [*v1.tools] or None, "tool_round": [*v1.tool_round] or None,
+                              "logprobs": v1.logprobs, "parallel_tool_calls": v1.parallel_tool_calls})
+
+    def choices(v1: oa.V1Request, asked: AnswerRequest) -> Callable[[Deadline], AnswerStream]:
+        """The n choices' answers at once (openai_choices.py): merged as they come if streamed, else collected."""
+        answers = [front.answer(choice) for choice in choice_requests(asked, v1.n)]
+
+        def answer(deadline: Deadline) -> AnswerStream:
+            streams = [lambda one=one: one(deadline) for one in answers]
+            return merged(streams) if v1.stream else collected(streams)  # type: ignore[return-value]
+        return answer
 
     def chat(body: dict) -> Call:
         v1 = oa.parse_chat_request(body, max_tokens_limit=max_tokens_cap, model_id=MODEL_ID,
                                    default_max_tokens=spec.MAX_NEW_TOKENS)
         asked = request(v1, "chatcmpl")
         id, created = _completion_id("chatcmpl", asked.request_id), int(time.time())
+        if v1.n > 1:
+            def chunks_of(event: str | dict) -> list[dict]:
+                # Past the role chunk, and but a usage chunk (the summed one comes last).
+                return [c for c in oa.stream_chunks(id, created, MODEL_ID, [event], include_usage=v1.include_usage)
+                        if c["choices"]][1:]
+
+            def opening() -> list[dict]:
+                return [oa.chunk(id, created, MODEL_ID, {"role": "assistant", "content": ""},
+                                 include_usage=v1.include_usage)]
+            return Call(choices(v1, asked), stream=v1.stream,
+                        reply=lambda reply: _several(reply, lambda one: _chat_completion(id, created, one)),
+                        events=_openai_events(lambda events: choice_chunks(
+                            events, v1.n, opening, chunks_of, _usage_chunk(id, created, "chat.completion.chunk")
+                            if v1.include_usage else None)))
         return Call(front.answer(asked), stream=v1.stream, reply=lambda reply: _chat_completion(id, created, reply),
                     events=_openai_events(lambda events: oa.stream_chunks(id, created, MODEL_ID, events,
                                                                           include_usage=v1.include_usage)))
@@ -68,6 +101,15 @@ def register_openai_routes(app: Flask, front: Front, default_temperature: float,
                                    default_max_tokens=spec.MAX_NEW_TOKENS)
         asked = request(v1, "cmpl")
         id, created = _completion_id("cmpl", asked.request_id), int(time.time())
+        if v1.n > 1:
+            def text_chunks_of(event: str | dict) -> list[dict]:
+                # The event's choice chunk, not its usage chunk (the summed one comes last).
+                return list(oa.text_chunks(id, created, MODEL_ID, [event], include_usage=v1.include_usage))[:1]
+            return Call(choices(v1, asked), stream=v1.stream,
+                        reply=lambda reply: _several(reply, lambda one: oa.text_completion(id, created, MODEL_ID, one)),
+                        events=_openai_events(lambda events: choice_chunks(
+                            events, v1.n, list, text_chunks_of, _usage_chunk(id, created, "text_completion")
+                            if v1.include_usage else None)))
         return Call(front.answer(asked), stream=v1.stream,
                     reply=lambda reply: oa.text_completion(id, created, MODEL_ID, reply),
                     events=_openai_events(lambda events: oa.text_chunks(id, created, MODEL_ID, events,
@@ -85,6 +127,20 @@ def _chat_completion(id: str, created: int, reply: dict) -> dict:
     return {**oa.completion(id, created, MODEL_ID, reply["generated_response"], reply,
                             finish_reason=reply.get("finish_reason", "stop")),
             **oa.seed_field(reply)}
+
+
+def _several(reply: dict, one: Callable[[dict], dict]) -> dict:
+    """The n choices' replies as one object: each choice with its index, the usage summed (the prompt
+    once), the `rag` field and `seed` of choice 0 (choice i's seed is seed + i)."""
+    replies = reply["choices"]
+    objects = [one(each) for each in replies]
+    return {**objects[0], "choices": [indexed(obj, i)["choices"][0] for i, obj in enumerate(objects)],
+            "usage": oa.reply_usage(summed_usage(replies))}
+
+
+def _usage_chunk(id: str, created: int, kind: str) -> Callable[[dict], dict]:
+    return lambda reply: {"id": id, "object": kind, "created": created, "model": MODEL_ID, "choices": [],
+                          "usage": oa.reply_usage(reply)}
 
 
 def _openai_events(objects: Callable[[AnswerStream], Iterator[dict]]) -> Callable[[AnswerStream], Iterator[bytes]]:

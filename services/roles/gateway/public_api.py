@@ -1,5 +1,5 @@
-"""What node 0's public endpoints get beyond their routes: API keys, CORS, /v1/embeddings, and the
-static /openapi.json that describes them. (Their errors take OpenAI's shape under /v1 by the one
+"""What node 0's public endpoints get beyond their routes: API keys, CORS, /v1/embeddings,
+/v1/rerank and /v1/moderations (node 0's own worker's stages), and the static /openapi.json that describes them. (Their errors take OpenAI's shape under /v1 by the one
 table of error shapes, services/server/error_shapes.py.)
 
 Public paths are /query, /tokenize, /detokenize and everything under /v1/: API keys and CORS apply to
@@ -17,7 +17,9 @@ from flask import Flask, jsonify
 
 from pipeline.config.sections import ApiSettings
 from services.roles.gateway.front import Front
-from services.roles.gateway.openai_embeddings import Embed, register_openai_embeddings
+from services.roles.gateway.openai_embeddings import register_openai_embeddings
+from services.roles.gateway.openai_scoring import register_openai_scoring
+from services.roles.worker.role import WorkerRole
 from services.server.auth import ApiKeys, install_api_keys
 from services.server.cors import install_cors
 
@@ -33,11 +35,12 @@ def openapi_document() -> dict[str, Any]:
     return json.loads(OPENAPI_FILE.read_text(encoding="utf-8"))
 
 
-def register_public_api(app: Flask, api: ApiSettings, front: Front, embed: Embed, node: int) -> None:
+def register_public_api(app: Flask, api: ApiSettings, front: Front, worker: WorkerRole, node: int) -> None:
     install_cors(app, api.cors_allowed_origins, is_public)  # first: a preflight is answered before any key check
     if api.api_keys_file is not None:
         install_api_keys(app, ApiKeys.from_file(api.api_keys_file), is_public)
-    register_openai_embeddings(app, front, embed, node)
+    register_openai_embeddings(app, front, worker.embed, node)
+    register_openai_scoring(app, front, lambda: worker.worker.require(), node)
 
     @app.get("/openapi.json")
     def openapi():

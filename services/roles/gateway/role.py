@@ -149,7 +149,7 @@ class GatewayRole(Role):
         self.worker_role.register_data_routes(app)  # a rollout switches node 0's own worker too
         api = self.settings.api
         register_openai_routes(app, self.front, api.default_temperature, api.max_tokens_cap)
-        register_public_api(app, api, self.front, self.worker_role.embed, self.node)
+        register_public_api(app, api, self.front, self.worker_role, self.node)
         register_tokenize_routes(app, self.front, lambda: self.tokenizing())
         register_chat_page(app, api_keys_on=api.api_keys_file is not None)
 

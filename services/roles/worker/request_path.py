@@ -19,8 +19,10 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from pipeline import spec
+from pipeline.classifiers import ModerationText
 from pipeline.config import BatchConfig
 from pipeline.continuous import ContinuousEngine
+from pipeline.continuous.output import logprob_content
 from pipeline.conversation import HISTORY_TOKENS, fit, retrieval_query
 from pipeline.docstore import Document, DocumentStore
 from pipeline.generator import GenerationRequest
@@ -161,7 +163,8 @@ class Worker:
         """The answer's text in pieces as the LLM produces them (never half a character, nor the start
         of a stop string), then the reply with its `usage`, `finish_reason`, with a history how many of
         its oldest turns the prompt left out (`history_turns_dropped`), the tool calls the model made
-        (`tool_calls`: name and arguments, JSON text) and, when sampled, its `seed`:
+        (`tool_calls`: name and arguments, JSON text), where asked each answer token's log
+        probabilities (`logprobs`, OpenAI's content items) and, when sampled, its `seed`:
         pieces, text and finish reason all from the sequence's output processor. Closing the stream
         early cancels the generation."""
         clock, trace = self._begin(request.request_id)
@@ -178,13 +181,16 @@ class Worker:
             sampling = request.sampling(drawn_seed=secrets.randbelow(MAX_SEED + 1))
             # Encoded once: the engine's and usage's.
             prompt = tuple(generator.prompt_ids(request.query, documents, conversation))
+            logprobs: list = []  # each token's, where asked: there before the token reaches `tokens`
             generating = GenerationRequest(request.query, documents, request.max_new_tokens, sampling,
-                                           conversation=conversation, on_token=tokens.put, prompt_ids=prompt)
+                                           conversation=conversation, on_token=tokens.put, prompt_ids=prompt,
+                                           logprobs=logprobs)
             generation = self._enter(clock, Stage.GENERATE, generating)
             tokens.end_with(generation.future)
             # At a stop string the output processor ends the sequence in the engine.
             output = generator.output(request.stop, abort=partial(self._generation.stop, generation.future),
-                                      tools_offered=bool(request.tools))
+                                      tools_offered=bool(request.tools),
+                                      max_calls=None if request.parallel_tool_calls else 1)
             for token in tokens.read(deadline):
                 piece = output.push(token)
                 if piece:
@@ -197,6 +203,8 @@ class Worker:
             # How many of the oldest turns the prompt left out, where a history was sent.
             dropped = {"history_turns_dropped": fitted.dropped} if request.history else {}
             calls = {"tool_calls": [call.as_dict() for call in output.tool_calls]} if output.tool_calls else {}
+            if request.logprobs is not None:  # the answer's tokens': none past the one that completed a stop string
+                calls["logprobs"] = logprob_content(generator.tokens, logprobs[:output.token_count])
             yield {**reply, **calls, "data_version": version, "sources": [document.as_source() for document in documents],
                    "usage": {"prompt_tokens": len(prompt), "completion_tokens": output.token_count},
                    "finish_reason": output.finish_reason, **dropped, **seed}
@@ -215,12 +223,32 @@ class Worker:
 
     def embed(self, texts: Sequence[str], deadline: Deadline) -> list[np.ndarray]:
         """The texts' query embeddings (unit-norm float32, as a query's), each an item of the embed stage,
-        batched with the queries'. Closing early or failing takes the unstarted ones off the queue."""
-        clock, _trace = self._begin(current_request_id.get() or "embeddings")
+        batched with the queries'."""
+        return self._items(Stage.EMBED, texts, deadline, "embeddings")
+
+    def rerank(self, query: str, documents: Sequence[str], deadline: Deadline) -> list[float]:
+        """Each document's reranker score (the model's logit) for `query`, in the documents' order: one
+        item of the rerank stage, batched with the queries' (/v1/rerank)."""
+        item = RerankRequest(query, tuple(Document(i, "", text, "") for i, text in enumerate(documents)))
+        ranked = self._items(Stage.RERANK, [item], deadline, "rerank")[0]
+        scores = [0.0] * len(documents)
+        for scored in ranked:
+            scores[scored.document.doc_id] = scored.score
+        return scores
+
+    def moderate(self, texts: Sequence[str], deadline: Deadline) -> list[dict[str, float]]:
+        """Each text's toxicity label probabilities, each an item of the toxicity stage, batched with the
+        answers' (/v1/moderations)."""
+        return self._items(Stage.TOXICITY, [ModerationText(text) for text in texts], deadline, "moderations")
+
+    def _items(self, stage: Stage, items: Sequence, deadline: Deadline, label: str) -> list:
+        """The stage's results for `items` submitted at once; closing early or failing takes the
+        unstarted ones off its queue."""
+        clock, _trace = self._begin(current_request_id.get() or label)
         visits: list[StageVisit] = []
         try:
-            for text in texts:
-                visits.append(self._enter(clock, Stage.EMBED, text))
+            for item in items:
+                visits.append(self._enter(clock, stage, item))
             return [clock.wait(visit, deadline) for visit in visits]
         finally:
             for visit in visits:
