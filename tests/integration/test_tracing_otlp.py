@@ -5,14 +5,13 @@ OTLP/HTTP to a receiver on 127.0.0.1 written here; the trace the ratio keeps arr
 drops does not."""
 from __future__ import annotations
 
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import requests
 
 from tests.helpers import cluster_env
+from tests.support.otlp_receiver import OtlpReceiver
 from tools.local import LocalCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -23,48 +22,14 @@ KEPT = "4bf92f3577b34da6" + "0000000000000001"
 DROPPED = "4bf92f3577b34da6" + "ffffffffffffffff"
 
 
-class Receiver(BaseHTTPRequestHandler):
-    """An OTLP/HTTP traces endpoint that keeps each export request it is sent."""
-    exports: list[tuple[str, str, bytes]] = []
-
-    def do_POST(self):
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        type(self).exports.append((self.path, self.headers["Content-Type"], body))
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
 def receiver():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
-    Receiver.exports = []
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def received_spans() -> list[tuple[dict, object]]:
-    """(resource attributes, span) for every span received so far."""
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-    found = []
-    for path, content_type, body in list(Receiver.exports):
-        assert path == "/v1/traces" and content_type == "application/x-protobuf"
-        for resource_spans in ExportTraceServiceRequest.FromString(body).resource_spans:
-            resource = {a.key: a.value.string_value or a.value.int_value for a in resource_spans.resource.attributes}
-            found += [(resource, span) for scope in resource_spans.scope_spans for span in scope.spans]
-    return found
+    with OtlpReceiver() as receiver:
+        yield receiver
 
 
 def test_an_index_node_sends_its_spans_where_the_otel_variables_say(course_data, receiver, tmp_path):
-    env = cluster_env(course_data, TRACING="otlp", TRACING_ENDPOINT="", OTEL_EXPORTER_OTLP_ENDPOINT=receiver,
+    env = cluster_env(course_data, TRACING="otlp", TRACING_ENDPOINT="", OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url,
                       OTEL_SERVICE_NAME="rag-index-east", OTEL_RESOURCE_ATTRIBUTES="deployment.environment=test",
                       OTEL_TRACES_SAMPLER="traceidratio", OTEL_TRACES_SAMPLER_ARG="0.5")
     cluster = LocalCluster(env, tmp_path)
@@ -77,13 +42,13 @@ def test_an_index_node_sends_its_spans_where_the_otel_variables_say(course_data,
             assert reply.status_code == 200
         # The batch processor sends about once a second (OTLP_SCHEDULE_DELAY_MS); bounded wait.
         deadline = time.monotonic() + 30
-        while not any(span.name == "GET /live" for _, span in received_spans()):
+        while not any(span.name == "GET /live" for _, span in receiver.spans()):
             assert time.monotonic() < deadline, f"no span arrived:\n{cluster.log_path(2).read_text()[-3000:]}"
             time.sleep(0.2)
         cluster.stop()  # a node's exit flushes what is left, so a dropped trace had every chance to arrive
     finally:
         cluster.stop()
-    live = [(resource, span) for resource, span in received_spans() if span.name == "GET /live"]
+    live = [(resource, span) for resource, span in receiver.spans() if span.name == "GET /live"]
     assert [span.trace_id.hex() for _, span in live] == [KEPT]
     resource, span = live[0]
     assert resource["service.name"] == "rag-index-east" and resource["deployment.environment"] == "test"

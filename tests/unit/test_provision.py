@@ -13,8 +13,8 @@ from pipeline import provision
 from pipeline.config import ConfigError, Settings
 from pipeline.models import (
     ALL_MODELS,
-    STANDIN_MARKER,
     MODEL_REVISIONS,
+    STANDIN_MARKER,
     STANDIN_VERSION,
     ModelsMissing,
     fetch_command,
