@@ -6,7 +6,7 @@ does, scale the workers 2 -> 1 -> 3 -> 1 under a steady load answering every req
 accepted request when a worker and then an index shard are killed under load, and drain on
 `down`. A configuration error is not restarted forever.
 
-Needs a Docker daemon (./run.sh setup starts one as root: deploy/install-container-tools.sh),
+Needs a Docker daemon (./run.sh test starts one as root: deploy/install-container-tools.sh),
 debootstrap or the base image, and Docker Compose (the test extra); skips, saying why, without.
 One image build serves every test (module fixture); the build cache makes a rebuild quick.
 """

