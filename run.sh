@@ -12,9 +12,21 @@ TORCH_CUDA_VERSION=2.11.0  # the CUDA kernels on 2.11 only
 
 log() { echo "[run.sh] $*" >&2; }
 
+# The project's extras each path installs: a serving machine gets OpenTelemetry (TRACING=otlp|jsonl,
+# as the image has it) and nothing of the tests; `./run.sh test` adds the test extra and, with
+# setup_test_tools, the tools the tests drive (checkov, prometheus, python3-doc, Docker).
+SERVING_EXTRAS=tracing
+TEST_EXTRAS=test,tracing
+
 setup() {
-  install_venv
+  install_venv "$SERVING_EXTRAS"
   build_kernels
+}
+
+setup_for_tests() {
+  install_venv "$TEST_EXTRAS"
+  build_kernels
+  setup_test_tools
 }
 
 # The torch build this machine gets (TORCH_BUILD=auto|cpu|cuda; auto: cuda when `nvidia-smi -L` lists a
@@ -50,21 +62,50 @@ setup_stamp() {
   echo "$(cat setup.cfg pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)-$(torch_pip_args "$1" | sha256sum | cut -c1-12)"
 }
 
+# Is the venv installed from these very files with at least the extras $1 (comma-separated)? Its stamp is
+# "<setup_stamp> <extras>": a test machine's venv (test,tracing) serves a node without reinstalling.
+venv_current() {
+  local stamp="$VENV/.installed" have extra
+  [[ -x "$PY" && -f "$stamp" ]] || return 1
+  read -r -a have < "$stamp"
+  [[ "${have[0]:-}" == "$(setup_stamp "$(torch_build)")" ]] || return 1
+  for extra in ${1//,/ }; do
+    [[ ",${have[1]:-}," == *",$extra,"* ]] || return 1
+  done
+}
+
 install_venv() {
-  local stamp="$VENV/.installed" want build
+  local extras="$1" build
+  venv_current "$extras" && return 0  # already installed from these very files: nothing to do
   build="$(torch_build)"
-  want="$(setup_stamp "$build")"
-  if [[ -x "$PY" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
-    return 0  # already installed from these very files: nothing to do
-  fi
   [[ -x "$PY" ]] || { log "creating $VENV"; python3 -m venv "$VENV"; }
   # torch first and pinned, its build chosen by the machine; then the project within constraints.txt.
-  log "installing torch ($build build: $(torch_pip_args "$build")) and the project (editable, with the test extra)"
+  log "installing torch ($build build: $(torch_pip_args "$build")) and the project (editable, extras: $extras)"
   # torch alone from its index (--no-deps: its dependencies come from the default index below, with the rest).
   # shellcheck disable=SC2046 # the arguments are words
   "$PY" -m pip install --quiet --disable-pip-version-check --retries 1 --no-deps $(torch_pip_args "$build")
-  "$PY" -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[test]"
-  echo "$want" > "$stamp"
+  "$PY" -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[$extras]"
+  echo "$(setup_stamp "$build") $extras" > "$VENV/.installed"
+}
+
+# What `setup` (or, with `test`, the test path) installs on this machine, one line a step; runs nothing.
+setup_plan() {
+  local extras="$SERVING_EXTRAS" build
+  [[ "${1:-}" == test ]] && extras="$TEST_EXTRAS"
+  build="$(torch_build)"
+  if venv_current "$extras"; then
+    echo "venv     $VENV: installed from these files with extras [$extras]; nothing to install"
+  else
+    echo "venv     $VENV: pip install --no-deps $(torch_pip_args "$build")"
+    echo "venv     $VENV: pip install -c constraints.txt -e .[$extras]"
+  fi
+  echo "kernel   pipeline/kernels/fused_int8.py, compiled with g++ once per source version (without g++: torch's ops)"
+  if [[ "${1:-}" == test ]]; then
+    echo "tools    deploy/install-test-tools.sh: checkov (its own venv), Debian's prometheus and python3-doc (root with apt)"
+    echo "tools    deploy/install-container-tools.sh: Debian's docker.io (dockerd started) and debootstrap (root with apt)"
+  else
+    echo "not      the test extra, checkov, prometheus, python3-doc, Docker: ./run.sh test installs them"
+  fi
 }
 
 build_kernels() {
@@ -107,11 +148,12 @@ usage() {
   cat <<'EOF'
 usage: ./run.sh COMMAND [args]   (configured only by environment variables: env.example)
 
-  setup              create .venv and install the project with its test extra (idempotent; torch's CPU
-                     build unless `nvidia-smi -L` lists a GPU, TORCH_BUILD=cpu|cuda overrides;
-                     the other packages within constraints.txt);
-                     as root with apt, also Debian's prometheus for tests/integration/test_prometheus.py
-  test [pytest args] setup, ruff and mypy, then the test suite with tiny stand-ins, offline: alone,
+  setup [--plan]     create .venv and install what serving needs: the project with its tracing extra
+                     (idempotent; torch's CPU build unless `nvidia-smi -L` lists a GPU, TORCH_BUILD=cpu|cuda
+                     overrides; the other packages within constraints.txt) and the int8 kernel; no test
+                     tools; --plan prints the steps without running them (`--plan test`: the test path's)
+  test [pytest args] setup with the test extra and the tools the tests drive (as root with apt: prometheus,
+                     python3-doc, Docker, debootstrap; checkov), ruff and mypy, then the test suite with tiny stand-ins, offline: alone,
                      the whole suite on two workers; with pytest args, in one process as they say
                      (-m "not slow": the fast subset; -n logical: on the two workers too)
   demo [--interval-s S]
@@ -152,19 +194,24 @@ cmd="${1:-}"
 case "$cmd" in
   help|--help|-h) usage ;;
   lock)
-    setup
+    install_venv "$TEST_EXTRAS"
     { echo "# Every package the project and its test extra install, at the versions last resolved; torch is"
       echo "# pinned by run.sh per machine (CPU or CUDA build). Written by \`./run.sh lock\`: do not edit by hand."
       "$VENV/bin/pip" freeze --exclude-editable --disable-pip-version-check | grep -v -E '^(torch|triton|nvidia-)'
     } > constraints.txt.new && mv constraints.txt.new constraints.txt
     log "wrote constraints.txt"
     ;;
-  setup-stamp) setup_stamp "$(torch_build)" ;;  # what the image writes, so a container starts offline
+  setup-stamp) echo "$(setup_stamp "$(torch_build)") $SERVING_EXTRAS" ;;  # what the image writes, so a container starts offline
   torch-build) build="$(torch_build)"; echo "$build: pip install $(torch_pip_args "$build")" ;;
-  setup) setup; setup_test_tools ;;
+  setup)
+    case "${2:-}" in
+      --plan) setup_plan "${3:-}" ;;
+      "") setup ;;
+      *) echo "setup: unknown option '$2': expected --plan [test], or none" >&2; exit 2 ;;
+    esac
+    ;;
   test)
-    setup
-    setup_test_tools
+    setup_for_tests
     export HF_HUB_OFFLINE=1 MODEL_SOURCE=standin STANDIN_PROFILE=tiny
     shift
     # Lint and types first (pyproject.toml holds their rules): a finding stops the run.

@@ -2,7 +2,7 @@
 # Installs and starts what tests/integration/test_containers.py needs: a Docker daemon (Debian's
 # docker.io: dockerd and a client of its own version, whose BuildKit builds the image's secret
 # mounts) and debootstrap (deploy/make-base-image.sh makes the base image offline). hadolint and
-# Docker Compose come with the test extra (setup.cfg). Called by `./run.sh setup`; it never fails
+# Docker Compose come with the test extra (setup.cfg). Called by `./run.sh test`; it never fails
 # the run: where it cannot install or start the daemon, it says so and the container tests skip.
 set -u
 

@@ -35,9 +35,9 @@ class SequenceClassifier:
     @classmethod
     def load(cls, source: ModelSource, placement: Placement):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
-        tokenizer = AutoTokenizer.from_pretrained(cls.model_name, **source.hf_kwargs())
+        tokenizer = AutoTokenizer.from_pretrained(cls.model_name, **source.hf_kwargs(cls.model_name))
         model = AutoModelForSequenceClassification.from_pretrained(
-            cls.model_name, dtype=placement.torch_dtype, **source.hf_kwargs())
+            cls.model_name, dtype=placement.torch_dtype, **source.hf_kwargs(cls.model_name))
         return cls(tokenizer, apply_precision(model.to(placement.device).eval(), placement.precision), placement)
 
     @classmethod

@@ -253,7 +253,9 @@ def embedder_revision(cache_dir: Path | None) -> str | None:
 def embedder_info(source, precision: str, dim: int) -> EmbedderInfo:
     """The identity of the embedder a ModelSource loads (pipeline.models), computing in `precision`."""
     from pipeline.spec import EMBEDDER_MODEL
-    return EmbedderInfo(model=EMBEDDER_MODEL, source=source.describe(), revision=embedder_revision(source.cache_dir),
+    # A real model's pinned commit (what it was loaded at); a stand-in's snapshot otherwise.
+    revision = source.revision(EMBEDDER_MODEL) or embedder_revision(source.cache_dir)
+    return EmbedderInfo(model=EMBEDDER_MODEL, source=source.describe(), revision=revision,
                         precision=precision, dim=dim)
 
 

@@ -41,7 +41,8 @@ class Embedder:
         sentence-transformers encoder the same way); `int8_options`: see apply_precision."""
         from sentence_transformers import SentenceTransformer
         model = SentenceTransformer(name, device=placement.device, cache_folder=source.hf_kwargs().get("cache_dir"),
-                                    local_files_only=source.local_files_only, model_kwargs={"dtype": placement.torch_dtype})
+                                    revision=source.revision(name), local_files_only=source.local_files_only,
+                                    model_kwargs={"dtype": placement.torch_dtype})
         return cls(apply_precision(without_normalize(model).eval(), placement.precision, **int8_options), placement)
 
     @classmethod

@@ -75,9 +75,9 @@ class Generator:
     @classmethod
     def load(cls, source: ModelSource, placement: Placement, **kwargs) -> "Generator":
         from transformers import AutoModelForCausalLM, AutoTokenizer
-        tokenizer = AutoTokenizer.from_pretrained(spec.GENERATOR_MODEL, padding_side="left", **source.hf_kwargs())
+        tokenizer = AutoTokenizer.from_pretrained(spec.GENERATOR_MODEL, padding_side="left", **source.hf_kwargs(spec.GENERATOR_MODEL))
         model: Any = AutoModelForCausalLM.from_pretrained(spec.GENERATOR_MODEL, dtype=placement.torch_dtype,
-                                                          **source.hf_kwargs())
+                                                          **source.hf_kwargs(spec.GENERATOR_MODEL))
         model = apply_precision(model.to(placement.device).eval(), placement.precision)
         return cls(tokenizer, model, placement, **kwargs)
 

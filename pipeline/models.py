@@ -22,6 +22,17 @@ log = logging.getLogger(__name__)
 ALL_MODELS = (spec.EMBEDDER_MODEL, spec.RERANKER_MODEL, spec.GENERATOR_MODEL,
               spec.SENTIMENT_MODEL, spec.TOXICITY_MODEL)
 
+# The hub commit each real model is loaded at (from_pretrained's `revision`), so a model moved on the hub
+# changes nothing here until this table does. The same commits as deploy/k8s-overlays/hub/model-revisions.env
+# (taken from public code that loads each model at that commit; deploy/README.md, "Model revisions").
+MODEL_REVISIONS = {
+    spec.EMBEDDER_MODEL: "a5beb1e3e68b9ab74eb54cfd186867f64f240e1a",
+    spec.RERANKER_MODEL: "2cfc18c9415c912f9d8155881c133215df768a70",
+    spec.GENERATOR_MODEL: "7ae557604adf67be50417f59c2c2f167def9a775",
+    spec.SENTIMENT_MODEL: "e06857fdb0325a7798a8fc361b417dfeec3a3b98",
+    spec.TOXICITY_MODEL: "4d6c22e74ba2fdd26bc4f7238f50766b045a0d94",
+}
+
 
 @dataclass(frozen=True)
 class ModelSource:
@@ -37,11 +48,18 @@ class ModelSource:
     def describe(self) -> str:
         return f"standin:{self.profile}" if self.is_standin else "hub"
 
-    def hf_kwargs(self) -> dict:
-        """Keyword arguments for every from_pretrained call."""
+    def revision(self, name: str) -> str | None:
+        """The commit a real model is loaded at (MODEL_REVISIONS); None for stand-ins (their own
+        snapshot) and for a model not in the table (its `main`)."""
+        return None if self.is_standin else MODEL_REVISIONS.get(name)
+
+    def hf_kwargs(self, name: str | None = None) -> dict:
+        """Keyword arguments for every from_pretrained call (of model `name`: at its pinned revision)."""
         kwargs: dict = {"local_files_only": self.local_files_only}
         if self.cache_dir is not None:
             kwargs["cache_dir"] = str(self.cache_dir)
+        if name is not None and self.revision(name) is not None:
+            kwargs["revision"] = self.revision(name)
         return kwargs
 
 
@@ -72,8 +90,10 @@ def hub_endpoint() -> str:
 
 
 def model_is_cached(name: str, cache_dir: Path | None = None) -> bool:
+    """At its pinned revision (MODEL_REVISIONS), the one a node loads."""
     from huggingface_hub import try_to_load_from_cache
-    config = try_to_load_from_cache(name, "config.json", cache_dir=str(cache_dir) if cache_dir else None)
+    config = try_to_load_from_cache(name, "config.json", cache_dir=str(cache_dir) if cache_dir else None,
+                                    revision=MODEL_REVISIONS.get(name))
     if not isinstance(config, str):
         return False
     return any(p.suffix in WEIGHT_SUFFIXES for p in Path(config).parent.iterdir())
@@ -88,7 +108,8 @@ def fetch_command(name: str, cache_dir: Path | None = None) -> str:
     """The shell command that puts `name` into the hub cache: huggingface_hub's own CLI
     (`hf download` since 1.0, `huggingface-cli download` before), the one beside this Python
     when it is not the one on PATH (a venv that is not activated); into `cache_dir` if given."""
-    into = f" --cache-dir {cache_dir}" if cache_dir is not None else ""
+    into = f" --revision {MODEL_REVISIONS[name]}" if name in MODEL_REVISIONS else ""
+    into += f" --cache-dir {cache_dir}" if cache_dir is not None else ""
     here = Path(sys.executable).parent
     for cli, args in (("hf", "download"), ("huggingface-cli", "download")):
         beside = here / cli

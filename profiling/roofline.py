@@ -45,7 +45,7 @@ def sentence_projection(source, name: str) -> int:
     from huggingface_hub import hf_hub_download
 
     def read(filename: str) -> Any:
-        return json.loads(Path(hf_hub_download(name, filename, **source.hf_kwargs())).read_text())
+        return json.loads(Path(hf_hub_download(name, filename, **source.hf_kwargs(name))).read_text())
     dense = [m for m in read("modules.json") if m["type"].endswith(".Dense")]
     return sum(read(f"{m['path']}/config.json")["out_features"] for m in dense)
 
@@ -55,12 +55,12 @@ def load_models(source) -> roof.Models:
     from transformers import AutoConfig
 
     def encoder(name: str, labels: int | None = None, projection: int = 0) -> roof.EncoderShape:
-        return roof.EncoderShape.from_config(AutoConfig.from_pretrained(name, **source.hf_kwargs()), labels, projection)
+        return roof.EncoderShape.from_config(AutoConfig.from_pretrained(name, **source.hf_kwargs(name)), labels, projection)
     return roof.Models(embed=encoder(spec.EMBEDDER_MODEL, labels=0,  # a pooler, no labels
                                      projection=sentence_projection(source, spec.EMBEDDER_MODEL)),
                        rerank=encoder(spec.RERANKER_MODEL),
                        generate=roof.DecoderShape.from_config(
-                           AutoConfig.from_pretrained(spec.GENERATOR_MODEL, **source.hf_kwargs())),
+                           AutoConfig.from_pretrained(spec.GENERATOR_MODEL, **source.hf_kwargs(spec.GENERATOR_MODEL))),
                        sentiment=encoder(spec.SENTIMENT_MODEL), toxicity=encoder(spec.TOXICITY_MODEL))
 
 
@@ -74,7 +74,7 @@ def request_tokens(source, query_index: int, new_tokens: int,
     from profiling.lib.inputs import answer_texts, document_pool, rerank_inputs
 
     def tokenizer(name: str) -> Any:
-        return AutoTokenizer.from_pretrained(name, **source.hf_kwargs())
+        return AutoTokenizer.from_pretrained(name, **source.hf_kwargs(name))
 
     pool = document_pool(None)
     request = rerank_inputs(pool, 1, query_index)[0]

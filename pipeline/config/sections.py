@@ -222,13 +222,23 @@ class HttpSettings:
     connection_limit: int = f.var("HTTP_CONNECTION_LIMIT", p.int_range(0, 1_000_000), "0", "open HTTP connections a node accepts at once (beyond: new ones wait unaccepted); 0 = the larger of 1024 and 4 per HTTP thread")
 
 
+# OpenTelemetry's own sampler names (OTEL_TRACES_SAMPLER), as its SDK reads them.
+OTEL_SAMPLERS = ("always_on", "always_off", "traceidratio", "parentbased_always_on", "parentbased_always_off",
+                 "parentbased_traceidratio")
+
+
 @dataclass(frozen=True)
 class ObservabilitySettings:
     """Logs and traces (services/server/tracing.py)."""
     log_level: str = f.var("LOG_LEVEL", p.choice("debug", "info", "warning", "error"), "info", "logging level")
     log_format: str = f.var("LOG_FORMAT", p.choice("text", "json"), "text", "node log lines: text for people, json for log collectors (one object per line: time, node, level, logger, message and the request's fields)")
     tracing: str = f.var("TRACING", p.choice("off", "otlp", "jsonl"), "off", "OpenTelemetry tracing: off; otlp = export spans over OTLP/HTTP to TRACING_ENDPOINT; jsonl = append one JSON span per line to TRACING_FILE (W3C trace context crosses nodes 0 -> 1 -> 2 either way)")
-    tracing_endpoint: str = f.var("TRACING_ENDPOINT", p.text, "http://127.0.0.1:4318/v1/traces", "OTLP/HTTP traces endpoint (a collector, Jaeger, Tempo) when TRACING=otlp")
+    tracing_endpoint: str = f.var("TRACING_ENDPOINT", p.text, "", "OTLP/HTTP traces endpoint (a collector, Jaeger, Tempo) when TRACING=otlp; empty = OpenTelemetry's own: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else OTEL_EXPORTER_OTLP_ENDPOINT + /v1/traces, else http://localhost:4318/v1/traces")
+    # Read by the OpenTelemetry SDK itself when TRACING is on; here to be listed and checked at startup.
+    otel_endpoint: str = f.var("OTEL_EXPORTER_OTLP_ENDPOINT", p.text, "", "TRACING=otlp: the collector's OTLP/HTTP base URL (the SDK appends /v1/traces); empty = http://localhost:4318")
+    otel_service_name: str = f.var("OTEL_SERVICE_NAME", p.text, "", "TRACING on: the spans' service.name (OTEL_RESOURCE_ATTRIBUTES adds attributes); empty = rag-node-<N>")
+    otel_sampler: str = f.var("OTEL_TRACES_SAMPLER", p.choice(*OTEL_SAMPLERS), "parentbased_always_on", "TRACING on: which requests are traced (the SDK's samplers); *traceidratio keeps the OTEL_TRACES_SAMPLER_ARG share of traces, parentbased_* follow a caller's traceparent decision")
+    otel_sampler_arg: float | None = f.var("OTEL_TRACES_SAMPLER_ARG", p.optional(p.float_range(0.0, 1.0)), "", "the share of traces kept (0..1) by OTEL_TRACES_SAMPLER=traceidratio or parentbased_traceidratio; empty = 1.0")
     tracing_file: str = f.var("TRACING_FILE", p.text, "", "file spans are appended to when TRACING=jsonl (empty = logs/traces-node<N>.jsonl)")
 
 

@@ -7,8 +7,11 @@ span -> its `index` stage span. SERVER spans are Flask hooks on every app (`inst
 CLIENT spans wrap each node-to-node call (`client_span`), whose headers carry the traceparent.
 A batched search call to node 2 is the child of its first request's search span, linked to the others'.
 
-Off: opentelemetry is never imported and every helper returns at once. Settings come only from
-the Settings object (OTEL_* variables play no part).
+Off: opentelemetry is never imported and every helper returns at once. On, the SDK reads its own
+OTEL_* variables (pipeline/config lists and checks them): OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT when
+TRACING_ENDPOINT is empty, OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES over the node's own
+resource, OTEL_TRACES_SAMPLER(_ARG) for which traces are kept (default: every one, a caller's
+traceparent decision followed).
 """
 from __future__ import annotations
 
@@ -80,21 +83,24 @@ def start(settings: ObservabilitySettings, node: int | None, role: str) -> bool:
     with _start_lock:
         if _state is not None:
             return True
-        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.resources import OTELResourceDetector, Resource
         from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-        resource = Resource({"service.name": "rag-node" if node is None else f"rag-node-{node}",
-                             "service.namespace": "rag", "rag.node": -1 if node is None else node,
-                             "rag.node.role": role})
-        # Every request is traced (sampling is the collector's business); a caller's decision is kept.
-        provider = TracerProvider(resource=resource, sampler=ParentBased(ALWAYS_ON), shutdown_on_exit=True)
+        own = Resource({"service.name": "rag-node" if node is None else f"rag-node-{node}",
+                        "service.namespace": "rag", "rag.node": -1 if node is None else node,
+                        "rag.node.role": role})
+        # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, as the SDK reads them, win over the node's own.
+        resource = own.merge(OTELResourceDetector().detect())
+        # sampler=None: the SDK's OTEL_TRACES_SAMPLER(_ARG), by default parentbased_always_on.
+        provider = TracerProvider(resource=resource, sampler=None, shutdown_on_exit=True)
         provider.add_span_processor(_processor(settings, node))
         # W3C trace context explicitly: the global propagator would follow OTEL_PROPAGATORS.
         _state = _On(provider, provider.get_tracer("services"), TraceContextTextMapPropagator())
-    log.info("tracing on: %s", settings.tracing_endpoint if settings.tracing == "otlp"
-             else jsonl_path(settings, node))
+    target = (settings.tracing_endpoint or "the OTEL_EXPORTER_OTLP_* endpoint") if settings.tracing == "otlp" \
+        else jsonl_path(settings, node)
+    log.info("tracing on: %s, service %s, sampler %s", target, resource.attributes.get("service.name"),
+             provider.sampler.get_description())
     return True
 
 
@@ -124,7 +130,8 @@ def _processor(settings: ObservabilitySettings, node: int | None):
         exporter: Any = JsonlSpanExporter(jsonl_path(settings, node), node)
         return SimpleSpanProcessor(exporter)
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    exporter = OTLPSpanExporter(endpoint=settings.tracing_endpoint, timeout=OTLP_TIMEOUT_S)
+    # endpoint=None: the SDK's own OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / OTEL_EXPORTER_OTLP_ENDPOINT.
+    exporter = OTLPSpanExporter(endpoint=settings.tracing_endpoint or None, timeout=OTLP_TIMEOUT_S)
     return BatchSpanProcessor(exporter, schedule_delay_millis=OTLP_SCHEDULE_DELAY_MS)
 
 

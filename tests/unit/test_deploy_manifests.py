@@ -341,8 +341,9 @@ def test_dockerfile_layers_base_user_and_entry():
     assert re.search(r"^USER 10001:10001$", text, flags=re.M) and 'ENTRYPOINT ["./run.sh"]' in text
     assert re.search(r"^HEALTHCHECK .*deploy/healthcheck.py", text, flags=re.M)
     # The image writes run.sh's setup stamp the way run.sh computes it, so a container starts offline.
-    assert "./run.sh setup-stamp > /app/.venv/.installed" in text and "ENV TORCH_BUILD=cpu" in text
-    assert 'setup-stamp) setup_stamp "$(torch_build)"' in (REPO_ROOT / "run.sh").read_text()
+    assert "./run.sh setup-stamp > /app/.venv/.installed" in text and "ENV TORCH_BUILD=${TORCH_BUILD}" in text
+    assert text.count("ARG TORCH_BUILD=cpu") == 2  # the torch stage and the image: a CPU image unless asked
+    assert 'setup-stamp) echo "$(setup_stamp "$(torch_build)") $SERVING_EXTRAS"' in (REPO_ROOT / "run.sh").read_text()
     # The dependencies install at the versions constraints.txt pins, as ./run.sh setup installs them.
     assert "COPY setup.cfg pyproject.toml constraints.txt ./" in text and "pip install -c constraints.txt" in text
     # The torch the image and ./run.sh setup pin lies in the range setup.cfg and the CPU kernels accept;

@@ -13,6 +13,7 @@ from pipeline import provision
 from pipeline.config import ConfigError, Settings
 from pipeline.models import (
     ALL_MODELS,
+    MODEL_REVISIONS,
     STANDIN_MARKER,
     STANDIN_VERSION,
     ModelsMissing,
@@ -24,9 +25,17 @@ from pipeline.models import (
 
 
 @pytest.fixture(scope="module")
-def full_cache(model_source) -> Path:
-    """A hub cache holding all five (the tiny stand-ins live in one under the real names)."""
-    return model_source.cache_dir
+def full_cache(model_source, tmp_path_factory) -> Path:
+    """A hub cache holding all five at their pinned commits, as `hf download --revision` leaves it:
+    the tiny stand-ins (which live in one under the real names) re-filed under MODEL_REVISIONS."""
+    cache = tmp_path_factory.mktemp("pinned") / "hub"
+    for name in ALL_MODELS:
+        folder = "models--" + name.replace("/", "--")
+        (snapshot,) = (model_source.cache_dir / folder / "snapshots").iterdir()
+        shutil.copytree(snapshot, cache / folder / "snapshots" / MODEL_REVISIONS[name], symlinks=True)
+        (cache / folder / "refs").mkdir()
+        (cache / folder / "refs" / "main").write_text(MODEL_REVISIONS[name])
+    return cache
 
 
 def partial_cache(full_cache: Path, tmp_path: Path, keep: set[str], weights: bool = True) -> Path:
@@ -54,7 +63,8 @@ def test_a_model_whose_weights_are_missing_counts_as_missing(full_cache, tmp_pat
 
 def test_fetch_command_is_huggingface_hubs_download():
     command = fetch_command("BAAI/bge-base-en-v1.5")
-    assert command.split()[-2:] == ["download", "BAAI/bge-base-en-v1.5"]
+    assert command.split()[-4:] == ["download", "BAAI/bge-base-en-v1.5", "--revision",
+                                    MODEL_REVISIONS["BAAI/bge-base-en-v1.5"]]  # the commit a node loads
     assert Path(command.split()[0]).name in ("hf", "huggingface-cli")
     assert fetch_command("a/b", Path("/x")).endswith("download a/b --cache-dir /x")
 

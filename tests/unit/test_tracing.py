@@ -297,3 +297,11 @@ def test_otlp_sends_protobuf_spans_to_the_endpoint():
     assert resource["rag.node.role"].string_value == "worker"
     names = {s.name for scope in resource_spans.scope_spans for s in scope.spans}
     assert names == {"POST /work", "embed", "search"}
+
+
+@pytest.mark.parametrize("variable, value, rule", [("OTEL_TRACES_SAMPLER", "sometimes", "traceidratio"),
+                                                   ("OTEL_TRACES_SAMPLER_ARG", "1.5", "from 0 to 1")])
+def test_a_bad_otel_sampler_setting_is_a_config_error_naming_it(variable, value, rule):
+    with pytest.raises(ConfigError) as error:
+        Settings.from_env({"TRACING": "otlp", variable: value})
+    assert variable in str(error.value) and rule in str(error.value)
