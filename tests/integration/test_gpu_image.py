@@ -1,4 +1,4 @@
-"""The GPU image (issue 52): deploy/Dockerfile with TORCH_BUILD=cuda builds rag-support-service:gpu,
+"""The GPU image (issue 52): deploy/Dockerfile with TORCH_BUILD=cuda builds rag-service:gpu,
 whose torch is PyPI's CUDA build at the version the CUDA kernels accept, with its CUDA libraries (no
 CUDA base image); the CUDA check deploy/README.md gives operators runs in it and, without a GPU,
 says so in one line; where this host has an NVIDIA GPU and Docker's GPU support, it passes.
@@ -34,7 +34,7 @@ from tests.support.containers import (
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
-GPU_IMAGE = "rag-support-service:gpu"
+GPU_IMAGE = "rag-service:gpu"
 OPT_IN = "RAG_GPU_IMAGE_TEST"
 
 
