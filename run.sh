@@ -14,7 +14,7 @@ log() { echo "[run.sh] $*" >&2; }
 
 # The project's extras each path installs: a serving machine gets OpenTelemetry (TRACING=otlp|jsonl,
 # as the image has it) and nothing of the tests; `./run.sh test` adds the test extra and, with
-# setup_test_tools, the tools the tests drive (checkov, prometheus, python3-doc, Docker).
+# setup_test_tools, the tools the tests drive (checkov, prometheus, python3-doc, Docker, chromium).
 SERVING_EXTRAS=tracing
 TEST_EXTRAS=test,tracing
 
@@ -103,8 +103,9 @@ setup_plan() {
   if [[ "${1:-}" == test ]]; then
     echo "tools    deploy/install-test-tools.sh: checkov (its own venv), Debian's prometheus and python3-doc (root with apt)"
     echo "tools    deploy/install-container-tools.sh: Debian's docker.io (dockerd started) and debootstrap (root with apt)"
+    echo "tools    deploy/install-browser.sh: Debian's chromium and chromium-driver (root with apt)"
   else
-    echo "not      the test extra, checkov, prometheus, python3-doc, Docker: ./run.sh test installs them"
+    echo "not      the test extra, checkov, prometheus, python3-doc, Docker, chromium: ./run.sh test installs them"
   fi
 }
 
@@ -119,10 +120,11 @@ build_kernels() {
 
 setup_test_tools() {
   # Tools some tests drive as real processes (Debian's prometheus + promtool; a Docker daemon and
-  # debootstrap for the container test); the scripts install them where they can (root with apt)
+  # debootstrap for the container test; chromium for the chat page's); the scripts install them where they can (root with apt)
   # and otherwise say which tests will skip.
   [[ -x deploy/install-test-tools.sh ]] && deploy/install-test-tools.sh || true
   [[ -x deploy/install-container-tools.sh ]] && deploy/install-container-tools.sh || true
+  [[ -x deploy/install-browser.sh ]] && deploy/install-browser.sh || true
 }
 
 demo_env() {

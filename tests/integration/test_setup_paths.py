@@ -27,7 +27,7 @@ def checkout(tmp_path: Path) -> Path:
         shutil.copy2(REPO_ROOT / name, root / name)
     log = tmp_path / "calls.log"
     for path in (".venv/bin/python", ".venv/bin/ruff", ".venv/bin/mypy", "deploy/install-test-tools.sh",
-                 "deploy/install-container-tools.sh"):
+                 "deploy/install-container-tools.sh", "deploy/install-browser.sh"):
         script = root / path
         script.parent.mkdir(parents=True, exist_ok=True)
         script.write_text(RECORDER.format(name=Path(path).name, log=log))
@@ -56,13 +56,13 @@ def test_setup_installs_serving_only_and_test_adds_the_test_extra_and_tools(chec
     assert "--no-deps torch==" in torch
     assert project.endswith("-c constraints.txt -e .[tracing]")  # the project and OpenTelemetry, no [test]
     assert "python -m pipeline.kernels.fused_int8" in calls
-    assert not [c for c in calls if c.startswith(("install-test-tools", "install-container-tools", "ruff", "mypy"))]
+    assert not [c for c in calls if c.startswith(("install-test-tools", "install-container-tools", "install-browser", "ruff", "mypy"))]
     assert (checkout / ".venv" / ".installed").read_text().split()[1] == "tracing"
     assert pip_installs(run(checkout, "setup")) == []  # a second setup installs nothing
 
     calls = run(checkout, "test", "-q")
     assert [c for c in pip_installs(calls) if " -e " in c] == [project.replace("[tracing]", "[test,tracing]")]
-    for step in ("install-test-tools.sh", "install-container-tools.sh", "ruff check --quiet .",
+    for step in ("install-test-tools.sh", "install-container-tools.sh", "install-browser.sh", "ruff check --quiet .",
                  "mypy --no-error-summary", "python -m pytest -q"):
         assert [c for c in calls if c.startswith(step)], (step, calls)
     # A test machine's venv has everything serving needs: a node's start installs nothing.
