@@ -114,7 +114,9 @@ class Embedder:
         self.placement = placement
         self.normalize = normalize
         self.name = name
-        self.dim = int(model.get_sentence_embedding_dimension())
+        # get_embedding_dimension since sentence-transformers 6 (the older name warns there)
+        dimension = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+        self.dim = int(dimension())
 
     @classmethod
     def load(cls, source: ModelSource, placement: Placement, name: str = spec.EMBEDDER_MODEL,
