@@ -81,7 +81,7 @@ def ingest(src: Path, out: Path, embedder) -> dict:
     if result is None:  # only --strict returns none, and it is not given
         raise RuntimeError(f"no version was ingested from {src}")
     return {"passages": result.passages, "documents": result.documents, "index": result.manifest.index,
-            "embedder": result.manifest.embedder}
+            "identity": result.manifest.embedder}
 
 
 def served_search(url: str):
