@@ -1,6 +1,7 @@
 """The manifest of a build (pipeline.data_version), written after every other file of it."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -17,7 +18,6 @@ from pipeline.data_version import (
     content_hash,
     write_manifest,
 )
-from pipeline.spec import EMBED_DIM
 
 
 class InvalidVersion(BuildError, ValueError):
@@ -42,15 +42,15 @@ def random_vectors(dim: int) -> EmbedderInfo:
     return EmbedderInfo(model=RANDOM_VECTORS, source="seeded", revision=None, precision="float32", dim=dim)
 
 
-def configured_embedder(dim: int) -> EmbedderInfo:
-    """The embedder the environment configures (what `builders.data build --kind support` embeds with)."""
+def configured_embedder(dim: int | None = None) -> EmbedderInfo:
+    """The embedder the environment configures (what `builders.data build --kind support` embeds with),
+    giving `dim`-wide vectors (default: the width its files say)."""
     from builders.standins import source_building_standins
     from pipeline.config import Settings
-    from pipeline.data_version import embedder_info
-    from pipeline.device import placement_for
-    from pipeline.spec import Stage
+    from pipeline.embedder import identity
     settings = Settings.from_env()
-    return embedder_info(source_building_standins(settings), placement_for(settings, Stage.EMBED).precision, dim)
+    found = identity(settings, source_building_standins(settings))
+    return found if dim is None else dataclasses.replace(found, dim=dim)
 
 
 def index_parameters(params, seed: int, dim: int) -> dict:
@@ -69,7 +69,7 @@ def configured_embedder_fn() -> tuple[Callable[[list[str]], np.ndarray], Embedde
     settings = Settings.from_env()
     source = source_building_standins(settings)
     embedder = Embedder.from_settings(settings, source)
-    return embedder.embed, embedder_info(source, embedder.placement.precision, EMBED_DIM)
+    return embedder.embed, embedder_info(source, embedder.placement.precision, embedder.dim, embedder.name)
 
 
 

@@ -239,23 +239,39 @@ def repoint_link(configured: str | Path, version: str) -> bool:
 # ------------------------------------------------------------------ which embedder a node runs
 
 
-def embedder_revision(cache_dir: Path | None) -> str | None:
+def embedder_revision(cache_dir: Path | None, model: str | None = None) -> str | None:
     """The snapshot revision the hub cache resolves the embedder to (its ``refs/main``), if known."""
     from pipeline.models import hub_cache_dir, hub_repo_folder
     from pipeline.spec import EMBEDDER_MODEL
-    ref = (cache_dir or hub_cache_dir()) / hub_repo_folder(EMBEDDER_MODEL) / "refs" / "main"
+    ref = (cache_dir or hub_cache_dir()) / hub_repo_folder(model or EMBEDDER_MODEL) / "refs" / "main"
     try:
         return ref.read_text().strip() or None
     except OSError:
         return None
 
 
-def embedder_info(source, precision: str, dim: int) -> EmbedderInfo:
-    """The identity of the embedder a ModelSource loads (pipeline.models), computing in `precision`."""
+def folder_revision(folder: str | Path) -> str:
+    """A model folder's weights named by their content (sha256 over its weight files, by name): a folder
+    has no hub revision, and the same path may hold other weights tomorrow."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in Path(folder).rglob("*") if p.suffix in (".safetensors", ".bin")):
+        digest.update(path.relative_to(folder).as_posix().encode())
+        with open(path, "rb") as weights:
+            while chunk := weights.read(1 << 22):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def embedder_info(source, precision: str, dim: int, model: str | None = None) -> EmbedderInfo:
+    """The identity of the embedder `model` (default: the contract's) that a ModelSource loads (pipeline.models),
+    computing in `precision`, giving `dim`-wide vectors; a model in a folder is ``folder`` and its weights' hash."""
     from pipeline.spec import EMBEDDER_MODEL
+    model = model or EMBEDDER_MODEL
+    if Path(model).is_dir():
+        return EmbedderInfo(model=model, source="folder", revision=folder_revision(model), precision=precision, dim=dim)
     # A real model's pinned commit (what it was loaded at); a stand-in's snapshot otherwise.
-    revision = source.revision(EMBEDDER_MODEL) or embedder_revision(source.cache_dir)
-    return EmbedderInfo(model=EMBEDDER_MODEL, source=source.describe(), revision=revision,
+    revision = source.revision(model) or embedder_revision(source.cache_dir, model)
+    return EmbedderInfo(model=model, source=source.describe(), revision=revision,
                         precision=precision, dim=dim)
 
 
@@ -266,5 +282,5 @@ def check_embedder(manifest: Manifest, ours: EmbedderInfo, where: str | Path) ->
         raise DataVersionError(
             f"data version {manifest.version!r} in {where} was built by the embedder {manifest.embedder.describe()}, "
             f"but this worker's embedder is {ours.describe()} ({'; '.join(differences)}): its searches would return "
-            "noise. Rebuild the data with this embedder (python -m builders.data build), or set MODEL_SOURCE "
-            "(and STANDIN_PROFILE) to the embedder that built it")
+            "noise. Rebuild the data with this embedder (python -m builders.data build), or set EMBEDDER_MODEL and "
+            "MODEL_SOURCE (and STANDIN_PROFILE) to the embedder that built it")

@@ -104,6 +104,13 @@ def missing_models(cache_dir: Path | None = None, names: Sequence[str] = ALL_MOD
     return [name for name in names if not model_is_cached(name, cache_dir)]
 
 
+def served_models(settings: Settings) -> tuple[str, ...]:
+    """The hub models a node loads: EMBEDDER_MODEL in the embedder's place (none there when it is a folder)."""
+    embedder = settings.embed.model
+    swapped = () if Path(embedder).is_dir() else (embedder,)
+    return (*swapped, *ALL_MODELS[1:])
+
+
 def fetch_command(name: str, cache_dir: Path | None = None) -> str:
     """The shell command that puts `name` into the hub cache: huggingface_hub's own CLI
     (`hf download` since 1.0, `huggingface-cli download` before), the one beside this Python
@@ -129,12 +136,12 @@ def hub_reachable(timeout_s: float = 3.0) -> bool:
         return False
 
 
-def hub_source(settings: Settings, *, missing: Callable[[], list[str]] = missing_models,
+def hub_source(settings: Settings, *, missing: Callable[[], list[str]] | None = None,
                reachable: Callable[[], bool] = hub_reachable) -> ModelSource:
     """The real models; ModelsMissing at once (one line) when some are not cached and cannot be fetched,
     instead of huggingface_hub's minute of retries per file. All cached: the cache alone if the hub is out
     of reach (no retries on each file)."""
-    absent = missing()
+    absent = missing() if missing else missing_models(names=served_models(settings))
     online = not settings.models.hf_hub_offline and reachable()  # offline: not even a look
     if absent and not online:
         commands = "; ".join(fetch_command(name) for name in absent)
@@ -194,9 +201,10 @@ def standin_source(settings: Settings) -> ModelSource:
     return ModelSource("standin", home / "hub", True, profile)
 
 
-def resolve_model_source(settings: Settings, *, missing: Callable[[], list[str]] = missing_models,
+def resolve_model_source(settings: Settings, *, missing: Callable[[], list[str]] | None = None,
                          reachable: Callable[[], bool] = hub_reachable) -> ModelSource:
     choice = settings.models.model_source
+    missing = missing or (lambda: missing_models(names=served_models(settings)))
     if choice == "standin":
         source = standin_source(settings)
     elif choice == "hub":

@@ -49,15 +49,15 @@ class Stages:
         """Each model where `placement(stage)` says; by default the settings' device, dtype and precision."""
         place = placement or (lambda stage: placement_for(settings, stage))
 
-        def load(model_class):
-            model = model_class.load(source, place(model_class.stage))
+        def load(model_class, **options):
+            model = model_class.load(source, place(model_class.stage), **options)
             release_freed_memory()
             return model
 
         # The LLM first: its load holds the float checkpoint and the converted copy at once (about
         # 1.3 GB over its final size on the faithful stand-ins), best paid while the process is small.
         generator = load(Generator)
-        return cls(embedder=load(Embedder), reranker=load(Reranker), generator=generator,
+        return cls(embedder=load(Embedder, name=settings.embed.model), reranker=load(Reranker), generator=generator,
                    sentiment=load(SentimentClassifier), toxicity=load(ToxicityClassifier))
 
     def warm_up(self, engine: ContinuousEngine) -> None:

@@ -42,7 +42,7 @@ def configured() -> IngestEmbedder:
     settings = Settings.from_env()
     source = source_building_standins(settings)
     embedder = Embedder.from_settings(settings, source)
-    return from_embedder(embedder, embedder_info(source, embedder.placement.precision, spec.EMBED_DIM))
+    return from_embedder(embedder, embedder_info(source, embedder.placement.precision, embedder.dim, embedder.name))
 
 
 def embed_sorted(texts: Sequence[str], tokens: Sequence[int], embed: EmbedFn, dim: int, batch_size: int,

@@ -3,6 +3,7 @@ ValueError whose text says what is accepted (the settings put it in the operator
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -144,6 +145,20 @@ def optional_host(raw: str) -> str:
 
 def text(raw: str) -> str:
     return raw
+
+
+HUB_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+
+
+def model_name(raw: str) -> str:
+    """A Hugging Face repo id (owner/name), or a folder that exists (made absolute)."""
+    value = raw.strip()
+    folder = Path(value).expanduser()
+    if value and folder.is_dir():
+        return str(folder.resolve())
+    if value.startswith(("/", ".", "~")) or not HUB_REPO_ID.fullmatch(value):
+        raise ValueError("a Hugging Face repo id (owner/name) or an existing folder holding a sentence-transformers model")
+    return value
 
 
 def origin_list(raw: str) -> tuple[str, ...]:

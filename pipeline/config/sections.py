@@ -11,7 +11,7 @@ from typing import Any, Protocol
 import pipeline.config.fields as f
 import pipeline.config.parsers as p
 from pipeline.config.parsers import Address
-from pipeline.spec import Stage
+from pipeline.spec import EMBEDDER_MODEL, Stage
 
 # Waitress closes a connection quiet for REQUEST_TIMEOUT_S plus this, so none is cut while a
 # request could still be waited on.
@@ -116,6 +116,7 @@ class EmbedSettings:
     max_wait_ms: float = f.max_wait(Stage.EMBED, 5)
     precision: str = f.precision(Stage.EMBED, "embedder")
     cache_size: int = f.var("EMBED_CACHE_SIZE", p.int_range(0, 10_000_000), "1024", "query embeddings each worker keeps (LRU; 0 = off): the same question skips the embedder")
+    model: str = f.var("EMBEDDER_MODEL", p.model_name, EMBEDDER_MODEL, "the sentence-transformers model that embeds queries and passages: a Hugging Face repo id or a local folder; its dimension, pooling and normalisation are the model's own; a data version built by another embedder is refused (rebuild it with this one)")
 
 
 @dataclass(frozen=True)

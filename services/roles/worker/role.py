@@ -15,9 +15,10 @@ from flask import Flask
 from pipeline import spec
 from pipeline.config import Settings
 from pipeline.config.checks import MAX_INTERNAL_TIMEOUT_S
-from pipeline.data_version import EmbedderInfo, check_embedder, embedder_info
-from pipeline.device import describe_placement, placement_for
+from pipeline.data_version import EmbedderInfo, check_embedder
+from pipeline.device import describe_placement
 from pipeline.docstore import DocumentStore
+from pipeline.embedder import identity as embedder_identity
 from pipeline.stages import Stages
 from services.cluster.sharded_index import ShardedIndexClient
 from services.roles.base import SPARE_HTTP_THREADS, Role
@@ -111,7 +112,7 @@ class WorkerRole(Role):
         self._model_source = source.describe()
         started = time.monotonic()
         # Before the models load: a version built by another embedder is refused at once.
-        ours = embedder_info(source, placement_for(settings, spec.Stage.EMBED).precision, spec.EMBED_DIM)
+        ours = embedder_identity(settings, source)
         documents = versioned_documents(settings, ours)
         documents.load_startup()
         self.data.set(documents)

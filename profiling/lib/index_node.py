@@ -1,0 +1,47 @@
+"""One index node (node 2's role, `python -m services.node`) serving one data version's index on a free port of
+127.0.0.1, for tools that search through the served path without a whole cluster."""
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import requests
+
+from profiling.lib.local_cluster import ROOT, free_ports, stop
+
+STARTUP_TIMEOUT_S = 180.0
+
+
+@contextlib.contextmanager
+def serving(index_path: str | Path, log_path: Path, env: dict[str, str] | None = None) -> Iterator[str]:
+    """The node's base URL while it runs (ready: /ready answered 200); stopped (SIGTERM) on leaving."""
+    ports = free_ports(3)
+    node_env = {**(env if env is not None else os.environ), "TOTAL_NODES": "3", "NODE_NUMBER": "2",
+                "INDEX_NODES": "2", "INDEX_SHARDS": "1", "FAISS_INDEX_PATH": str(index_path),
+                **{f"NODE_{n}_IP": f"127.0.0.1:{port}" for n, port in enumerate(ports)}}
+    url = f"http://127.0.0.1:{ports[2]}"
+    with open(log_path, "ab") as log:
+        node = subprocess.Popen([sys.executable, "-m", "services.node"], cwd=ROOT, env=node_env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_ready(url, node, log_path)
+        yield url
+    finally:
+        stop(node)
+
+
+def wait_ready(url: str, node: subprocess.Popen, log_path: Path, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
+    until = time.monotonic() + timeout_s
+    while time.monotonic() < until:
+        if node.poll() is not None:
+            raise RuntimeError(f"the index node exited ({node.returncode}) before it was ready; its log: {log_path}")
+        with contextlib.suppress(requests.RequestException):
+            if requests.get(f"{url}/ready", timeout=2).status_code == 200:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"the index node at {url} was not ready within {timeout_s:.0f}s; its log: {log_path}")
