@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from builders.auto_index import choose_index
 from builders.build_files import (
     BuildError,
     check_outputs,
@@ -77,7 +78,7 @@ from builders.manifest import (
     version_of,
     write_build_manifest,
 )
-from builders.recall import Recall, RecallOptions, add_recall_arguments, measure_build, recall_options
+from builders.recall import RecallOptions, add_recall_arguments, measure_build, recall_options
 from pipeline.data_version import EmbedderInfo, Manifest
 from pipeline.spec import EMBED_DIM
 
@@ -86,6 +87,7 @@ log = logging.getLogger(__name__)
 EmbedFn = Callable[[list[str]], np.ndarray]
 Batches = Callable[[], Iterator[np.ndarray]]
 
+AUTO = "auto"
 COURSE_DOCS = 4_500_000
 SUPPORT_DOCS = 5_000
 DEFAULT_NPROBE = 64
@@ -149,8 +151,13 @@ def course_vector_batches(
 
 
 def write_index(paths: list[Path], spec: str, params: IvfParams, sample: np.ndarray, batches: Batches, n: int,
-                progress: bool, recall: RecallOptions, seed: int) -> tuple[dict, Recall]:
-    """The index files of one build, of kind ``spec``, and their measured recall (LowRecall under the floor)."""
+                progress: bool, recall: RecallOptions, seed: int) -> dict:
+    """The index files of one build, of kind ``spec`` (``auto``: builders.auto_index's choice), and the
+    manifest's record of them with their measured recall (LowRecall under the floor)."""
+    auto = None
+    if spec == AUTO:
+        spec, auto = choose_index(sample, n, recall.min_recall, recall.latency_budget_ms, seed)
+        params = ivf_params(n, None, params.nprobe, None, n, len(paths), parse_index_spec(spec, sample.shape[1]))
     kind = parse_index_spec(spec, sample.shape[1])
     if kind.streamed:
         write_ivfflat(paths, train_ivfflat(sample, params), batches, n, progress)
@@ -158,7 +165,7 @@ def write_index(paths: list[Path], spec: str, params: IvfParams, sample: np.ndar
         write_in_memory(paths, trained_index(kind, sample, params), batches, n)
     report = measure_build(paths, batches, n, recall, seed)
     # report.params: the serving parameters measured (what --tune chose, if it ran)
-    return {**kind_record(kind, params), **report.params, "recall": report.to_json()}, report
+    return {**kind_record(kind, params), **report.params, "recall": report.to_json(), **({"auto": auto} if auto else {})}
 
 
 def build_course(
@@ -178,7 +185,7 @@ def build_course(
     recall: RecallOptions | None = None,
 ) -> BuildResult:
     """Course rows and an index of seeded random vectors (or ``shards`` of them), streamed in batches."""
-    params = ivf_params(n_docs, nlist, nprobe, train_size, batch_size, shards, parse_index_spec(index, dim))
+    params = ivf_params(n_docs, nlist, nprobe, train_size, batch_size, shards, _kind(index, dim))
     version_of(out_dir, None)
     started = time.perf_counter()
     with staged_outputs(out_dir, force, shards) as (db_tmp, index_tmps):
@@ -189,8 +196,7 @@ def build_course(
         # The stream is i.i.d., so its first vectors are a fair training sample.
         sample = next(course_vector_batches(params.train_size, dim, seed, params.train_size))
         vectors = partial(course_vector_batches, n_docs, dim, seed, batch_size)
-        kind, _ = write_index(index_tmps, index, params, sample, vectors, n_docs, progress, recall or RecallOptions(),
-                              seed)
+        kind = write_index(index_tmps, index, params, sample, vectors, n_docs, progress, recall or RecallOptions(), seed)
     manifest = write_build_manifest(out_dir, kind="course", embedder=random_vectors(dim), documents=n_docs,
                                     index=index_parameters(params, seed, dim, kind), shards=shards)
     return _result("course", out_dir, n_docs, dim, params, seed, started, shards, manifest)
@@ -226,9 +232,8 @@ def build_support(
     started = time.perf_counter()
     with staged_outputs(out_dir, force, shards) as (db_tmp, index_tmps):
         vectors = write_and_embed(db_tmp, support_documents(n_docs, seed), n_docs, embed_fn, batch_size, progress)
-        params = ivf_params(n_docs, nlist, nprobe, train_size, batch_size, shards,
-                            parse_index_spec(index, vectors.shape[1]))
-        kind, _ = write_index(index_tmps, index, params, vectors[sample_rows(n_docs, params.train_size, seed)],
+        params = ivf_params(n_docs, nlist, nprobe, train_size, batch_size, shards, _kind(index, vectors.shape[1]))
+        kind = write_index(index_tmps, index, params, vectors[sample_rows(n_docs, params.train_size, seed)],
                               partial(row_batches, vectors, batch_size), n_docs, progress,
                               recall or RecallOptions(), seed)
     dim = vectors.shape[1]
@@ -236,6 +241,10 @@ def build_support(
     manifest = write_build_manifest(out_dir, kind="support", embedder=identity, documents=n_docs,
                                     index=index_parameters(params, seed, dim, kind), shards=shards)
     return _result("support", out_dir, n_docs, dim, params, seed, started, shards, manifest)
+
+
+def _kind(spec: str, dim: int):
+    return None if spec == AUTO else parse_index_spec(spec, dim)
 
 
 def _result(
@@ -293,13 +302,10 @@ def _run_build(args: argparse.Namespace) -> BuildResult:
     if args.batch_size is not None:
         common["batch_size"] = args.batch_size
     n_docs = (COURSE_DOCS if args.kind == "course" else SUPPORT_DOCS) if args.docs is None else args.docs
-    if args.index == "auto":
-        from builders.auto_index import choose_index
-        common["index"] = choose_index(args.kind, n_docs, common)
     if args.kind == "course":
         return build_course(args.out, n_docs, **common)
     ivf_params(n_docs, args.nlist, args.nprobe, None, common.get("batch_size", SUPPORT_BATCH), args.shards,
-               parse_index_spec(common["index"], EMBED_DIM))
+               _kind(args.index, EMBED_DIM))
     version_of(args.out, None)
     check_outputs(args.out, args.force, args.shards)  # fail before loading the model
     embed_fn, identity = configured_embedder_fn()

@@ -197,6 +197,7 @@ class RecallOptions:
     queries: int = DEFAULT_QUERIES
     noise: float = DEFAULT_NOISE
     extra: np.ndarray | None = None  # real queries' vectors, where the corpus has them
+    latency_budget_ms: float = 50.0  # --index auto's (builders.auto_index): a batch of 32 searched within it
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_recall <= 1.0:
@@ -224,6 +225,8 @@ def add_recall_arguments(parser: argparse.ArgumentParser, with_tune: bool = True
     parser.add_argument("--min-recall", type=float, help="recall@10 floor (default: INDEX_MIN_RECALL)")
     parser.add_argument("--accept-low-recall", action="store_true", help="write the version even under the floor")
     parser.add_argument("--recall-queries", type=int, default=1000, help="queries the recall is measured on")
+    parser.add_argument("--latency-budget-ms", type=float, default=50.0,
+                        help="--index auto: the most ms a batch of 32 queries may take to search")
     if with_tune:
         parser.add_argument("--tune", action="store_true",
                             help="raise nprobe / efSearch until recall@10 meets the floor; the manifest records it")
@@ -236,7 +239,7 @@ def recall_options(args: argparse.Namespace) -> RecallOptions:
         from pipeline.config import Settings
         floor = Settings.from_env().index.min_recall
     return RecallOptions(min_recall=floor, accept_low=args.accept_low_recall, tune=getattr(args, "tune", False),
-                         queries=args.recall_queries)
+                         queries=args.recall_queries, latency_budget_ms=args.latency_budget_ms)
 
 
 def stored_batches(paths: Sequence[Path]) -> tuple[Batches, np.ndarray]:
@@ -253,8 +256,8 @@ def stored_batches(paths: Sequence[Path]) -> tuple[Batches, np.ndarray]:
     def read(invlists, number: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
         size = invlists.list_size(number)
         codes = faiss.rev_swig_ptr(invlists.get_codes(number), size * dim * 4)
-        ids = faiss.rev_swig_ptr(invlists.get_ids(number), size * 8)
-        return np.frombuffer(ids, dtype=np.int64).copy(), np.frombuffer(codes, dtype=np.float32).reshape(size, dim)
+        ids = faiss.rev_swig_ptr(invlists.get_ids(number), size)  # counted in int64s, the codes in bytes
+        return np.array(ids, dtype=np.int64), np.frombuffer(codes, dtype=np.float32).reshape(size, dim)
 
     ids = np.concatenate([read(*entry)[0] for entry in lists]) if lists else np.empty(0, dtype=np.int64)
 
