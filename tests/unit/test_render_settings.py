@@ -23,7 +23,7 @@ def test_check_names_each_stale_copy_and_write_brings_it_in_step(tmp_path: Path,
     assert rs.stale(tmp_path) == [] and rs.write(tmp_path) == []
     assert (tmp_path / "env.example").read_text() == (REPO_ROOT / "env.example").read_text()
     config = tmp_path / "deploy/k8s/configmap.yaml"
-    config.write_text(config.read_text().replace('NPROBE: "64"', 'NPROBE: "8"'))
+    config.write_text(config.read_text().replace('FAISS_MMAP: "true"', 'FAISS_MMAP: "false"'))
     assert rs.stale(tmp_path) == ["deploy/k8s/configmap.yaml"]
 
 
