@@ -267,3 +267,39 @@ def stored_batches(paths: Sequence[Path]) -> tuple[Batches, np.ndarray]:
             yield read(*entry)[1].copy()
         del _keep
     return batches, ids
+
+
+def tune_version(version_dir: Path, options: RecallOptions) -> Recall:
+    """Tune a built IVF-Flat version's nprobe to the floor against its own stored vectors, without a
+    rebuild, and record it (and the recall measured at it) in its manifest: what its nodes then serve."""
+    from pipeline.data_version import load_version, write_manifest
+    manifest = load_version(version_dir)
+    paths = [Path(version_dir) / name for name in manifest.index_files]
+    stored, ids = stored_batches(paths)
+    tuned = replace(options, tune=True)
+    report = measure_build(paths, stored, len(ids), tuned, ids_of=lambda start, count: ids[start : start + count])
+    index = {**manifest.index, **report.params, "recall": report.to_json()}
+    write_manifest(version_dir, replace(manifest, index=index))
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m builders.recall tune DIR [--min-recall F] [--accept-low-recall]``."""
+    import sys
+    parser = argparse.ArgumentParser(prog="python -m builders.recall", description=tune_version.__doc__)
+    parser.add_argument("command", choices=["tune"])
+    parser.add_argument("version", type=Path, help="a complete data version's directory")
+    add_recall_arguments(parser, with_tune=False)
+    args = parser.parse_args(argv)
+    try:
+        report = tune_version(args.version, recall_options(args))
+    except BuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{args.version}: recall@10 {report.overall:.4f} at {_describe(report.params)} (shards "
+          f"{', '.join(f'{r:.4f}' for r in report.shards)}), recorded in its manifest")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -168,3 +168,16 @@ def test_an_update_measures_its_recall_and_is_held_to_the_floor(tmp_path):
                             recall=RecallOptions(accept_low=True, queries=QUERIES))
     recall = result.manifest.index["recall"]
     assert recall["params"] == {"nprobe": 2} and len(recall["shards"]) == 2 and 0 < recall["overall"] < 0.99
+
+
+def test_a_built_version_is_tuned_without_a_rebuild_and_its_manifest_records_it(tmp_path):
+    from builders.recall import main as recall_main
+    result = build_course(tmp_path / "v1", N, dim=DIM, nprobe=1, shards=2, progress=False,
+                          recall=RecallOptions(accept_low=True, queries=QUERIES))
+    before = {path.name: path.read_bytes() for path in result.index_files}
+    assert recall_main(["tune", str(tmp_path / "v1"), "--min-recall", "0.9", "--recall-queries", str(QUERIES)]) == 0
+    manifest = load_version(tmp_path / "v1")
+    assert manifest.index["nprobe"] > 1 and manifest.index["recall"]["overall"] >= 0.9
+    assert manifest.index["recall"]["params"] == {"nprobe": manifest.index["nprobe"]}
+    assert {path.name: path.read_bytes() for path in result.index_files} == before  # no rebuild
+    assert serving_params(manifest, None, None)[0] == manifest.index["nprobe"]
