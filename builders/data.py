@@ -1,13 +1,15 @@
 """Build the document database and FAISS index that the service reads, as a data version.
 
-    python -m builders.data build --out DIR --kind {course,support} [--docs N]
+    python -m builders.data build --out DIR --kind {course,support} [--docs N] [--index SPEC|auto]
         [--nlist N] [--nprobe 64] [--seed 0] [--shards 1] [--force] [--batch-size B]
+        [--min-recall F] [--accept-low-recall] [--tune] [--recall-queries 1000]
     python -m builders.data update --from DIR_N --out DIR_N+1 --changes FILE.jsonl   (builders.incremental)
 
 Every build is a data version (pipeline.data_version): ``DIR/manifest.json``, written last, names it
 (the directory's name), its content hash, documents, embedder, index parameters and shard layout.
 
-writes ``DIR/documents/documents.db`` and an ``IndexIVFFlat`` (L2, 768-d) whose ids are the doc_ids:
+writes ``DIR/documents/documents.db`` and an index (L2, 768-d; ``--index``: builders.index_kinds, default
+``IVF{n},Flat``; ``auto``: builders.auto_index) whose ids are the doc_ids:
 ``DIR/faiss_index.bin``, or with ``--shards N`` the N files ``pipeline.shards.shard_path`` names, shard
 k holding the doc_ids with ``doc_id % N == k``. Shards share the quantizer the unsharded build would
 train, so a merged search over them equals the unsharded one (:mod:`pipeline.shards`).
@@ -20,7 +22,9 @@ nlist defaults to ``clamp(N // 39, 1, 4096)`` (faiss wants ~39 training points p
 nprobe is ``min(nprobe, nlist)``. The index files are streamed by :mod:`builders.ivf_writer` (peak
 memory: the training sample plus one batch), byte-identical to ``faiss.write_index`` of the same
 vectors in memory, and :mod:`builders.build_files` renames every file into place only after a
-complete build.
+complete build. Every build measures its recall@10 against an exact search (builders.recall) before
+its manifest is written, and fails under the floor (INDEX_MIN_RECALL, ``--min-recall``) unless told to
+accept it (``--accept-low-recall``); ``--tune`` first raises nprobe / efSearch to the floor.
 """
 from __future__ import annotations
 
@@ -34,9 +38,9 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-import faiss
 import numpy as np
 
+from builders.auto_index import choose_index
 from builders.build_files import (
     BuildError,
     check_outputs,
@@ -49,6 +53,22 @@ from builders.build_files import (
 from builders.corpus import course_document, support_documents
 from builders.embedding import write_and_embed
 from builders.incremental import run_update
+from builders.index_kinds import (
+    DEFAULT_INDEX,
+    MAX_NLIST,
+    POINTS_PER_LIST,
+    InvalidBuildArgument,
+    IvfParams,
+    default_nlist,
+    ivf_params,
+    kind_record,
+    parse_index_spec,
+    row_batches,
+    sample_rows,
+    train_ivfflat,
+    trained_index,
+    write_in_memory,
+)
 from builders.ivf_writer import write_ivfflat
 from builders.manifest import (
     configured_embedder,
@@ -58,24 +78,25 @@ from builders.manifest import (
     version_of,
     write_build_manifest,
 )
+from builders.recall import RecallOptions, add_recall_arguments, measure_build, recall_options
 from pipeline.data_version import EmbedderInfo, Manifest
 from pipeline.spec import EMBED_DIM
 
 log = logging.getLogger(__name__)
 
 EmbedFn = Callable[[list[str]], np.ndarray]
+Batches = Callable[[], Iterator[np.ndarray]]
 
+AUTO = "auto"
 COURSE_DOCS = 4_500_000
 SUPPORT_DOCS = 5_000
-MAX_NLIST = 4096
-POINTS_PER_LIST = 39  # faiss warns below 39 training points per centroid
 DEFAULT_NPROBE = 64
 COURSE_BATCH = 65_536
 SUPPORT_BATCH = 256
-
-
-class InvalidBuildArgument(BuildError, ValueError):
-    pass
+__all__ = ["InvalidBuildArgument", "MAX_NLIST", "POINTS_PER_LIST", "default_nlist", "build_course", "build_support"]
+# builders.ingest and the tests build through these names
+_ivf_params, _row_batches, _sample_rows, _train_index = ivf_params, row_batches, sample_rows, train_ivfflat
+_IvfParams = IvfParams
 
 
 @dataclass(frozen=True)
@@ -99,6 +120,10 @@ class BuildResult:
         return self.manifest.version if self.manifest is not None else None
 
     @property
+    def recall(self) -> dict | None:
+        return self.manifest.index.get("recall") if self.manifest is not None else None
+
+    @property
     def index_files(self) -> list[Path]:
         """The index files written: ``index_path`` itself, or one per shard."""
         return index_files(self.index_path, self.shards)
@@ -110,17 +135,6 @@ class BuildResult:
     @property
     def index_bytes(self) -> int:
         return sum(path.stat().st_size for path in self.index_files)
-
-
-@dataclass(frozen=True)
-class _IvfParams:
-    nlist: int
-    nprobe: int
-    train_size: int
-
-
-def default_nlist(n_vectors: int) -> int:
-    return max(1, min(MAX_NLIST, n_vectors // POINTS_PER_LIST))
 
 
 def course_vector_batches(
@@ -136,6 +150,24 @@ def course_vector_batches(
         yield rng.random((min(batch_size, n - start), dim), dtype=np.float32)
 
 
+def write_index(paths: list[Path], spec: str, params: IvfParams, sample: np.ndarray, batches: Batches, n: int,
+                progress: bool, recall: RecallOptions, seed: int) -> dict:
+    """The index files of one build, of kind ``spec`` (``auto``: builders.auto_index's choice), and the
+    manifest's record of them with their measured recall (LowRecall under the floor)."""
+    auto = None
+    if spec == AUTO:
+        spec, auto = choose_index(sample, n, recall.min_recall, recall.latency_budget_ms, seed)
+        params = ivf_params(n, None, params.nprobe, None, n, len(paths), parse_index_spec(spec, sample.shape[1]))
+    kind = parse_index_spec(spec, sample.shape[1])
+    if kind.streamed:
+        write_ivfflat(paths, train_ivfflat(sample, params), batches, n, progress)
+    else:
+        write_in_memory(paths, trained_index(kind, sample, params), batches, n)
+    report = measure_build(paths, batches, n, recall, seed)
+    # report.params: the serving parameters measured (what --tune chose, if it ran)
+    return {**kind_record(kind, params), **report.params, "recall": report.to_json(), **({"auto": auto} if auto else {})}
+
+
 def build_course(
     out_dir: str | Path,
     n_docs: int,
@@ -149,9 +181,11 @@ def build_course(
     dim: int = EMBED_DIM,
     train_size: int | None = None,
     shards: int = 1,
+    index: str = DEFAULT_INDEX,
+    recall: RecallOptions | None = None,
 ) -> BuildResult:
-    """Course rows and an IVFFlat of seeded random vectors (or ``shards`` of them), streamed in batches."""
-    params = _ivf_params(n_docs, nlist, nprobe, train_size, batch_size, shards)
+    """Course rows and an index of seeded random vectors (or ``shards`` of them), streamed in batches."""
+    params = ivf_params(n_docs, nlist, nprobe, train_size, batch_size, shards, _kind(index, dim))
     version_of(out_dir, None)
     started = time.perf_counter()
     with staged_outputs(out_dir, force, shards) as (db_tmp, index_tmps):
@@ -161,12 +195,10 @@ def build_course(
                 insert(chunk)
         # The stream is i.i.d., so its first vectors are a fair training sample.
         sample = next(course_vector_batches(params.train_size, dim, seed, params.train_size))
-        index = _train_index(sample, params)
-        del sample
         vectors = partial(course_vector_batches, n_docs, dim, seed, batch_size)
-        write_ivfflat(index_tmps, index, vectors, n_docs, progress)
+        kind = write_index(index_tmps, index, params, sample, vectors, n_docs, progress, recall or RecallOptions(), seed)
     manifest = write_build_manifest(out_dir, kind="course", embedder=random_vectors(dim), documents=n_docs,
-                                    index=index_parameters(params, seed, dim), shards=shards)
+                                    index=index_parameters(params, seed, dim, kind), shards=shards)
     return _result("course", out_dir, n_docs, dim, params, seed, started, shards, manifest)
 
 
@@ -184,8 +216,10 @@ def build_support(
     train_size: int | None = None,
     shards: int = 1,
     embedder: EmbedderInfo | None = None,
+    index: str = DEFAULT_INDEX,
+    recall: RecallOptions | None = None,
 ) -> BuildResult:
-    """Support articles and an IVFFlat (or ``shards`` of them) of their ``content`` embeddings.
+    """Support articles and an index (or ``shards`` of them) of their ``content`` embeddings.
 
     ``embed_fn(texts) -> (len(texts), d) float32`` is called once per batch of
     ``batch_size`` documents; the embeddings are kept in memory (3 KB per
@@ -193,45 +227,28 @@ def build_support(
     far more. ``embedder`` names what ``embed_fn`` computes, for the manifest (default: the embedder
     the environment configures, which the CLI embeds with).
     """
-    params = _ivf_params(n_docs, nlist, nprobe, train_size, batch_size, shards)
+    params = ivf_params(n_docs, nlist, nprobe, train_size, batch_size, shards)
     version_of(out_dir, None)
     started = time.perf_counter()
     with staged_outputs(out_dir, force, shards) as (db_tmp, index_tmps):
         vectors = write_and_embed(db_tmp, support_documents(n_docs, seed), n_docs, embed_fn, batch_size, progress)
-        index = _train_index(vectors[_sample_rows(n_docs, params.train_size, seed)], params)
-        write_ivfflat(index_tmps, index, partial(_row_batches, vectors, batch_size), n_docs, progress)
+        params = ivf_params(n_docs, nlist, nprobe, train_size, batch_size, shards, _kind(index, vectors.shape[1]))
+        kind = write_index(index_tmps, index, params, vectors[sample_rows(n_docs, params.train_size, seed)],
+                              partial(row_batches, vectors, batch_size), n_docs, progress,
+                              recall or RecallOptions(), seed)
     dim = vectors.shape[1]
     identity = dataclasses.replace(embedder or configured_embedder(dim), dim=dim)
     manifest = write_build_manifest(out_dir, kind="support", embedder=identity, documents=n_docs,
-                                    index=index_parameters(params, seed, dim), shards=shards)
+                                    index=index_parameters(params, seed, dim, kind), shards=shards)
     return _result("support", out_dir, n_docs, dim, params, seed, started, shards, manifest)
 
 
-def _ivf_params(
-    n_docs: int, nlist: int | None, nprobe: int, train_size: int | None, batch_size: int, shards: int = 1
-) -> _IvfParams:
-    if n_docs < 1:
-        raise InvalidBuildArgument(f"--docs must be >= 1, got {n_docs}")
-    if not 1 <= shards <= n_docs:
-        raise InvalidBuildArgument(f"--shards must be between 1 and the number of documents ({n_docs}), got {shards}")
-    if batch_size < 1:
-        raise InvalidBuildArgument(f"--batch-size must be >= 1, got {batch_size}")
-    if nprobe < 1:
-        raise InvalidBuildArgument(f"--nprobe must be >= 1, got {nprobe}")
-    nlist = default_nlist(n_docs) if nlist is None else nlist
-    if not 1 <= nlist <= n_docs:
-        # k-means needs at least one training point per list.
-        raise InvalidBuildArgument(f"--nlist must be between 1 and the number of documents ({n_docs}), got {nlist}")
-    # Shards share the one quantizer, trained as the unsharded index's: same nlist, nprobe, sample.
-    if train_size is None:
-        train_size = min(n_docs, POINTS_PER_LIST * nlist)
-    if not nlist <= train_size <= n_docs:
-        raise InvalidBuildArgument(f"train_size must be between nlist ({nlist}) and {n_docs}, got {train_size}")
-    return _IvfParams(nlist=nlist, nprobe=min(nprobe, nlist), train_size=train_size)
+def _kind(spec: str, dim: int):
+    return None if spec == AUTO else parse_index_spec(spec, dim)
 
 
 def _result(
-    kind: str, out_dir, n_docs: int, dim: int, params: _IvfParams, seed: int, started: float, shards: int,
+    kind: str, out_dir, n_docs: int, dim: int, params: IvfParams, seed: int, started: float, shards: int,
     manifest: Manifest | None = None,
 ) -> BuildResult:
     db_path, index_path = output_paths(out_dir)
@@ -242,28 +259,6 @@ def _result(
     )
 
 
-def _row_batches(array: np.ndarray, batch_size: int) -> Iterator[np.ndarray]:
-    for start in range(0, len(array), batch_size):
-        yield array[start : start + batch_size]
-
-
-def _sample_rows(n: int, size: int, seed: int) -> np.ndarray:
-    if size >= n:
-        return np.arange(n)
-    return np.sort(np.random.default_rng(seed).choice(n, size, replace=False))
-
-
-def _train_index(sample: np.ndarray, params: _IvfParams) -> faiss.IndexIVFFlat:
-    dim = sample.shape[1]
-    log.info("training IVF quantizer: %d vectors, dim %d, nlist %d", len(sample), dim, params.nlist)
-    started = time.perf_counter()
-    index = faiss.IndexIVFFlat(faiss.IndexFlatL2(dim), dim, params.nlist, faiss.METRIC_L2)
-    index.train(np.ascontiguousarray(sample, dtype=np.float32))
-    index.nprobe = params.nprobe  # stored in the file
-    log.info("trained in %.1f s", time.perf_counter() - started)
-    return index
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m builders.data", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -271,6 +266,9 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--out", required=True, type=Path, help="output directory (DATA_DIR)")
     build.add_argument("--kind", choices=("course", "support"), default="course")
     build.add_argument("--docs", type=int, help=f"documents (default: course {COURSE_DOCS}, support {SUPPORT_DOCS})")
+    build.add_argument("--index", default=DEFAULT_INDEX,
+                       help="index kind, a faiss index_factory string: IVF{n},Flat (default; n from --nlist), "
+                            "IVF{n},SQ8, IVF{n},PQ{m}, OPQ{m},IVF{n},PQ{m}, HNSW{M},Flat; or auto (builders.auto_index)")
     build.add_argument("--nlist", type=int, help=f"IVF lists (default: clamp(docs // {POINTS_PER_LIST}, 1, {MAX_NLIST}))")
     build.add_argument("--nprobe", type=int, default=DEFAULT_NPROBE, help="nprobe stored in the index")
     build.add_argument("--seed", type=int, default=0)
@@ -284,6 +282,7 @@ def _parser() -> argparse.ArgumentParser:
         help=f"vectors per batch for course ({COURSE_BATCH}), documents per embedding batch for support ({SUPPORT_BATCH})",
     )
     build.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    add_recall_arguments(build)
     update = sub.add_parser("update", help="build version N+1 from version N: only changed documents embedded")
     update.add_argument("--from", dest="source", required=True, type=Path, help="the complete version N's directory")
     update.add_argument("--out", required=True, type=Path,
@@ -293,18 +292,20 @@ def _parser() -> argparse.ArgumentParser:
                              '{"doc_id": N, "delete": true} deletes')
     update.add_argument("--force", action="store_true", help="overwrite an existing output directory")
     update.add_argument("--no-progress", action="store_true", help="accepted as build's (an update shows no bars)")
+    add_recall_arguments(update, with_tune=False)
     return parser
 
 
 def _run_build(args: argparse.Namespace) -> BuildResult:
     common = dict(nlist=args.nlist, nprobe=args.nprobe, seed=args.seed, force=args.force, progress=not args.no_progress,
-                  shards=args.shards)
+                  shards=args.shards, index=args.index, recall=recall_options(args))
     if args.batch_size is not None:
         common["batch_size"] = args.batch_size
+    n_docs = (COURSE_DOCS if args.kind == "course" else SUPPORT_DOCS) if args.docs is None else args.docs
     if args.kind == "course":
-        return build_course(args.out, COURSE_DOCS if args.docs is None else args.docs, **common)
-    n_docs = SUPPORT_DOCS if args.docs is None else args.docs
-    _ivf_params(n_docs, args.nlist, args.nprobe, None, common.get("batch_size", SUPPORT_BATCH), args.shards)
+        return build_course(args.out, n_docs, **common)
+    ivf_params(n_docs, args.nlist, args.nprobe, None, common.get("batch_size", SUPPORT_BATCH), args.shards,
+               _kind(args.index, EMBED_DIM))
     version_of(args.out, None)
     check_outputs(args.out, args.force, args.shards)  # fail before loading the model
     embed_fn, identity = configured_embedder_fn()
@@ -312,10 +313,14 @@ def _run_build(args: argparse.Namespace) -> BuildResult:
 
 
 def _describe(result: BuildResult) -> str:
+    recall = result.recall or {}
     return (
         f"built {result.kind}: {result.n_docs} documents, {result.ntotal} x {result.dim} vectors "
-        f"(nlist={result.nlist}, nprobe={result.nprobe}{f', {result.shards} shards' if result.shards > 1 else ''}) "
+        f"({result.manifest.index.get('spec') if result.manifest else ''}, "
+        f"nlist={result.nlist}, nprobe={result.nprobe}{f', {result.shards} shards' if result.shards > 1 else ''}) "
         f"in {result.seconds:.1f} s: data version {result.version}\n"
+        f"  recall@10 {recall.get('overall')} (shards {recall.get('shards')}, floor {recall.get('floor')}, "
+        f"{recall.get('params')})\n"
         f"  {result.db_path} ({result.db_bytes / 1e6:.1f} MB)\n"
         + "\n".join(f"  {path} ({path.stat().st_size / 1e6:.1f} MB)" for path in result.index_files)
     )

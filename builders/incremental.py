@@ -26,6 +26,7 @@ import numpy as np
 
 from builders.build_files import INSERT, BuildError, fsync_path, output_paths, staged_outputs
 from builders.manifest import version_of, write_build_manifest
+from builders.recall import RecallOptions, measure_build, stored_batches
 from pipeline.data_version import DataVersionError, EmbedderInfo, Manifest, embedder_mismatch, load_version
 from pipeline.docstore import Document
 from pipeline.shards import document_shard
@@ -92,13 +93,14 @@ class UpdateResult:
 def update_version(from_dir: str | Path, out_dir: str | Path, changes: Changes, embed_fn: EmbedFn,
                    embedder: EmbedderInfo, *, force: bool = False, vectors: np.ndarray | None = None,
                    more_sql: Callable[[sqlite3.Connection], None] | None = None, index: dict | None = None,
-                   ingest: dict | None = None) -> UpdateResult:
+                   ingest: dict | None = None, recall: RecallOptions | None = None) -> UpdateResult:
     """Build version `out_dir` from the complete version `from_dir` with `changes`, embedding only the
     upserted documents with `embed_fn` (which `embedder` names: it must be the one that built `from_dir`).
 
     For builders.ingest: `vectors` are the upserts' embeddings when already computed (then `embed_fn` is
     not called); `more_sql(connection)` runs in the documents' transaction (its other tables); `index` and
-    `ingest` replace the parent's manifest entries."""
+    `ingest` replace the parent's manifest entries. The new version's recall is measured as a build's
+    (builders.recall, `recall`'s floor) at the parent's serving parameters, against its files' own vectors."""
     started = time.perf_counter()
     try:
         parent = load_version(from_dir)
@@ -110,6 +112,9 @@ def update_version(from_dir: str | Path, out_dir: str | Path, changes: Changes, 
         raise BuildError(f"version {parent.version!r} was built by {parent.embedder.describe()}; this build's "
                          f"embedder is {embedder.describe()} ({'; '.join(differences)}): new vectors would not "
                          "match the old ones; build the new version in full instead")
+    if parent.index.get("kind", "IVF-Flat") != "IVF-Flat":
+        raise BuildError(f"version {parent.version!r} is a {parent.index.get('spec')} index: an update copies "
+                         "IVF-Flat lists only; build the new version in full")
     old_db, old_index = output_paths(from_dir)
     existing = _existing_ids(old_db, [doc.doc_id for doc in changes.upserts] + list(changes.deletes))
     missing = sorted(set(changes.deletes) - existing)
@@ -126,26 +131,37 @@ def update_version(from_dir: str | Path, out_dir: str | Path, changes: Changes, 
         for shard, index_tmp in enumerate(index_tmps):
             _write_shard(Path(from_dir) / parent.index_files[shard], index_tmp, shard, parent.shards, changes,
                          vectors)
+        stored, ids = stored_batches(index_tmps)
+        report = measure_build(index_tmps, stored, len(ids), recall or RecallOptions(), ids_of=_slicer(ids),
+                               nprobe=parent.index.get("nprobe"))
     delta = {"added": len(changes.upserts) - replaced, "replaced": replaced, "deleted": len(changes.deletes)}
+    recorded = {**(parent.index if index is None else index), "recall": report.to_json()}
     manifest = write_build_manifest(out_dir, kind=parent.kind, embedder=parent.embedder, documents=documents,
-                                    index=parent.index if index is None else index, shards=parent.shards,
+                                    index=recorded, shards=parent.shards,
                                     parent=parent.version, changes=delta, ingest=ingest)
     return UpdateResult(manifest, delta["added"], replaced, delta["deleted"], time.perf_counter() - started)
+
+
+def _slicer(ids: np.ndarray) -> Callable[[int, int], np.ndarray]:
+    return lambda start, count: ids[start : start + count]
 
 
 def run_update(args) -> str:
     """`python -m builders.data update`: the changes read and checked before the embedder loads."""
     from builders.build_files import check_outputs
     from builders.manifest import configured_embedder_fn
+    from builders.recall import recall_options
     changes = Changes.read(args.changes)
     version_of(args.out, None)
     check_outputs(args.out, args.force)
     _refuse_ingested(args.source)
     embed_fn, identity = configured_embedder_fn()
-    result = update_version(args.source, args.out, changes, embed_fn, identity, force=args.force)
+    result = update_version(args.source, args.out, changes, embed_fn, identity, force=args.force,
+                            recall=recall_options(args))
     m = result.manifest
     return (f"built version {m.version} from {m.parent}: {result.added} added, {result.replaced} replaced, "
-            f"{result.deleted} deleted, {m.documents} documents, in {result.seconds:.1f} s\n  {args.out}")
+            f"{result.deleted} deleted, {m.documents} documents, recall@10 {m.index['recall']['overall']}, "
+            f"in {result.seconds:.1f} s\n  {args.out}")
 
 
 def _refuse_ingested(from_dir: str | Path) -> None:

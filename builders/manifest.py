@@ -53,10 +53,12 @@ def configured_embedder(dim: int | None = None) -> EmbedderInfo:
     return found if dim is None else dataclasses.replace(found, dim=dim)
 
 
-def index_parameters(params, seed: int, dim: int) -> dict:
-    """The index parameters a manifest records (params: builders.data's nlist, nprobe and train_size)."""
-    return {"type": "IndexIVFFlat", "metric": "L2", "dim": dim, "nlist": params.nlist, "nprobe": params.nprobe,
-            "train_size": params.train_size, "seed": seed}
+def index_parameters(params, seed: int, dim: int, kind: dict | None = None) -> dict:
+    """The index parameters a manifest records (params: builders.data's nlist, nprobe and train_size; kind:
+    builders.data.write_index's record of the index kind, its serving parameters and measured recall)."""
+    record = {"type": "IndexIVFFlat", "metric": "L2", "dim": dim, "nlist": params.nlist, "nprobe": params.nprobe,
+              "train_size": params.train_size, "seed": seed}
+    return {**record, **(kind or {})}
 
 
 def configured_embedder_fn() -> tuple[Callable[[list[str]], np.ndarray], EmbedderInfo]:

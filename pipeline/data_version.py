@@ -284,3 +284,26 @@ def check_embedder(manifest: Manifest, ours: EmbedderInfo, where: str | Path) ->
             f"but this worker's embedder is {ours.describe()} ({'; '.join(differences)}): its searches would return "
             "noise. Rebuild the data with this embedder (python -m builders.data build), or set EMBEDDER_MODEL and "
             "MODEL_SOURCE (and STANDIN_PROFILE) to the embedder that built it")
+
+
+# ------------------------------------------------------------------ the index's measured recall
+
+
+def shard_recall(manifest: Manifest, shard: int) -> float | None:
+    """The recall@10 the build measured for one shard (builders.recall), None for a version built before."""
+    shards = (manifest.index.get("recall") or {}).get("shards") or []
+    return float(shards[shard]) if 0 <= shard < len(shards) else None
+
+
+def overall_recall(manifest: Manifest) -> float | None:
+    """The recall@10 of the merged search over every shard, as the build measured it."""
+    overall = (manifest.index.get("recall") or {}).get("overall")
+    return float(overall) if overall is not None else None
+
+
+def serving_params(manifest: Manifest, nprobe: int | None, ef_search: int | None) -> tuple[int | None, int | None]:
+    """nprobe and efSearch to serve with: the settings' where set, else the manifest's (what recall was
+    measured at); None where neither says (the file's stored value)."""
+    recorded = manifest.index
+    return (nprobe if nprobe is not None else recorded.get("nprobe"),
+            ef_search if ef_search is not None else recorded.get("ef_search"))

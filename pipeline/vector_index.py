@@ -32,10 +32,12 @@ class VectorIndex:
         self.path = Path(path) if path is not None else None
         self.is_mmap = is_mmap
         self._ivf = faiss.try_extract_index_ivf(index)
+        self._hnsw = _extract_hnsw(index)
 
     @classmethod
-    def load(cls, path: str | Path, nprobe: int | None = 64, mmap: bool = True) -> VectorIndex:
-        """Open ``path``; ``nprobe=None`` keeps the value stored in the file."""
+    def load(cls, path: str | Path, nprobe: int | None = 64, mmap: bool = True,
+             ef_search: int | None = None) -> VectorIndex:
+        """Open ``path``; ``nprobe=None`` (``ef_search=None``) keeps the value stored in the file."""
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"faiss index not found: {path}")
@@ -43,8 +45,10 @@ class VectorIndex:
         vi = cls(index, path=path, is_mmap=is_mmap)
         if nprobe is not None:
             vi.nprobe = nprobe
-        log.info("loaded %s from %s: ntotal=%d dim=%d nprobe=%s mmap=%s",
-                 type(index).__name__, path, vi.ntotal, vi.dim, vi.nprobe, is_mmap)
+        if ef_search is not None:
+            vi.ef_search = ef_search
+        log.info("loaded %s from %s: ntotal=%d dim=%d nprobe=%s ef_search=%s mmap=%s",
+                 type(index).__name__, path, vi.ntotal, vi.dim, vi.nprobe, vi.ef_search, is_mmap)
         return vi
 
     @property
@@ -73,6 +77,20 @@ class VectorIndex:
             return
         # Not thread-safe against concurrent searches: set it before serving.
         self._ivf.nprobe = min(int(value), self._ivf.nlist)
+
+    @property
+    def ef_search(self) -> int | None:
+        """HNSW's search breadth; None for non-HNSW indexes."""
+        return self._hnsw.efSearch if self._hnsw is not None else None
+
+    @ef_search.setter
+    def ef_search(self, value: int) -> None:
+        if value < 1:
+            raise ValueError(f"ef_search must be >= 1, got {value}")
+        if self._hnsw is None:
+            log.debug("ef_search=%d ignored: %s is not an HNSW index", value, type(self.index).__name__)
+            return
+        self._hnsw.efSearch = int(value)  # like nprobe: set it before serving
 
     def search(self, embeddings: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` neighbours of each row: ``(ids int64 (n,k), distances float32 (n,k))``, padded
@@ -112,7 +130,19 @@ class VectorIndex:
 
     def __repr__(self) -> str:
         return (f"VectorIndex({type(self.index).__name__}, ntotal={self.ntotal}, dim={self.dim}, "
-                f"nprobe={self.nprobe}, mmap={self.is_mmap})")
+                f"nprobe={self.nprobe}, ef_search={self.ef_search}, mmap={self.is_mmap})")
+
+
+def _extract_hnsw(index: faiss.Index):
+    """The HNSW graph inside an index (an IndexIDMap around an IndexHNSW, as builders write it), or None."""
+    while True:
+        index = faiss.downcast_index(index)
+        if isinstance(index, faiss.IndexHNSW):
+            return index.hnsw
+        inner = getattr(index, "index", None)
+        if not isinstance(index, (faiss.IndexIDMap, faiss.IndexIDMap2, faiss.IndexPreTransform)) or inner is None:
+            return None
+        index = inner
 
 
 def _validate_k(k: int) -> int:

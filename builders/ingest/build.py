@@ -31,6 +31,7 @@ from builders.ingest.embedding import DEFAULT_BATCH, IngestEmbedder, embed_sorte
 from builders.ingest.splitter import SplitSettings, split_document
 from builders.ivf_writer import write_ivfflat
 from builders.manifest import index_parameters, version_of, write_build_manifest
+from builders.recall import RecallOptions, measure_build
 from pipeline.data_version import DataVersionError, Manifest, embedder_mismatch, load_version
 from pipeline.docstore import Document
 from pipeline.knowledge import (
@@ -57,6 +58,7 @@ class BuildOptions:
     seed: int = 0
     batch_size: int = DEFAULT_BATCH
     retrain_share: float = DEFAULT_RETRAIN_SHARE
+    recall: RecallOptions = RecallOptions()  # builders.recall: measured on every version, the floor enforced
 
 
 @dataclass(frozen=True)
@@ -112,9 +114,11 @@ def full_build(out_dir: str | Path, documents: Sequence[SourceDocument], embedde
     with staged_outputs(out_dir, options.force, options.shards) as (db_tmp, index_tmps):
         _write_database(db_tmp, documents, numbered)
         index = _train_index(vectors[_sample_rows(n, params.train_size, options.seed)], params)
-        write_ivfflat(index_tmps, index, partial(_row_batches, vectors, options.batch_size), n, options.progress)
+        batches = partial(_row_batches, vectors, options.batch_size)
+        write_ivfflat(index_tmps, index, batches, n, options.progress)
+        recall = measure_build(index_tmps, batches, n, options.recall, options.seed)
     index_record = {**index_parameters(params, options.seed, embedder.identity.dim), "trained_vectors": n,
-                    "changed_since_training": 0}
+                    "changed_since_training": 0, "recall": recall.to_json()}
     record = {**record, "documents": len(documents), "passages": n, "embedded_passages": n}
     manifest = write_build_manifest(out_dir, kind=KIND, embedder=embedder.identity, documents=n, index=index_record,
                                     shards=options.shards, parent=parent, changes=changes, ingest=record)
@@ -166,7 +170,8 @@ def next_version(from_dir: str | Path, out_dir: str | Path, documents: Sequence[
     record = {**record, "embedded_passages": len(fresh.passages)}
     update = update_version(from_dir, out_dir, Changes(upserts, tuple(gone)), embedder.embed, embedder.identity,
                             force=options.force, vectors=vectors, more_sql=more_sql,
-                            index={**parent.index, "changed_since_training": since}, ingest=record)
+                            index={**parent.index, "changed_since_training": since}, ingest=record,
+                            recall=options.recall)
     return IngestResult(update.manifest, len(documents), total, len(fresh.passages), time.perf_counter() - started,
                         split_seconds=split_done - started, embed_seconds=embed_done - split_done, **counts)
 

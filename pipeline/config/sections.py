@@ -174,7 +174,9 @@ class IndexSettings:
     max_batch: int = f.max_batch(Stage.INDEX, 32, "node 2 merges concurrent searches")
     max_wait_ms: float = f.max_wait(Stage.INDEX, 2)
     faiss_index_path: Path = f.var("FAISS_INDEX_PATH", p.path, "data/demo/faiss_index.bin", "the FAISS index node 2 serves")
-    nprobe: int = f.var("NPROBE", p.int_range(1, 65536), "64", "IVF lists probed per FAISS search")
+    nprobe: int | None = f.var("NPROBE", p.optional(p.int_range(1, 65536)), "", "IVF lists probed per FAISS search; empty: what the data version's manifest records (its build measured or tuned it)")
+    ef_search: int | None = f.var("INDEX_EF_SEARCH", p.optional(p.int_range(1, 65536)), "", "HNSW search breadth (efSearch) for an HNSW index; empty: what the manifest records")
+    min_recall: float = f.var("INDEX_MIN_RECALL", p.float_range(0.0, 1.0), "0.95", "recall@10 floor a data build must meet against an exact search (builders.recall; --accept-low-recall writes it anyway)")
     faiss_mmap: bool = f.var("FAISS_MMAP", p.boolean, "true", "memory-map the index file instead of reading it into RAM")
     faiss_threads: int = f.var("FAISS_THREADS", p.int_range(0, 1024), "0", "faiss OpenMP threads; 0 = the core count")
 

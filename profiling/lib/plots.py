@@ -82,3 +82,20 @@ def write_plots(out: Path, name: str, results: Sequence[GroupResult], saturation
     if saturation.reached:
         ax.legend(fontsize=7)
     return paths + [_save(fig, out / f"loadgen_{name}_sweep.png")]
+
+
+def index_bench_plot(path: Path, rows: Sequence[dict]) -> Path:
+    """profiling.index_bench: recall@10 against search time (the largest batch, p50) and against bytes on disk, one
+    colour per index kind, each point one nprobe / efSearch."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=FIGSIZE)
+    batch = max(int(key[len("p50_ms_b"):]) for key in rows[0] if key.startswith("p50_ms_b"))  # the largest timed
+    for spec in dict.fromkeys(r["spec"] for r in rows):
+        mine = [r for r in rows if r["spec"] == spec]
+        left.plot([r[f"p50_ms_b{batch}"] for r in mine], [r["recall"] for r in mine], marker="o", label=spec)
+        right.scatter([r["disk_mb"] for r in mine], [r["recall"] for r in mine], label=spec)
+    left.set(xlabel=f"search ms, batch of {batch} (p50)", ylabel="recall@10", title="recall against search time")
+    right.set(xlabel="index MB on disk", ylabel="recall@10", title="recall against size")
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+    left.legend(fontsize=7)
+    return _save(fig, path)

@@ -124,7 +124,7 @@ def kill_when(proc: NodeProcess, condition, timeout_s: float = 300) -> None:
 def test_a_builder_killed_at_any_point_leaves_the_previous_version_whole_or_none(tmp_path):
     target, logs = tmp_path / "v1", tmp_path / "logs"
     logs.mkdir()
-    first = build(["build", "--out", str(target), "--kind", "course", "--docs", "20000", "--seed", "1"], logs / "first")
+    first = build(["build", "--out", str(target), "--kind", "course", "--docs", "20000", "--seed", "1", "--accept-low-recall"], logs / "first")
     assert first.wait(timeout=300) == 0, (logs / "first").read_text()[-3000:]
     previous = assert_one_complete_version_or_none(target)
     assert previous is not None
@@ -135,13 +135,14 @@ def test_a_builder_killed_at_any_point_leaves_the_previous_version_whole_or_none
     }
     outcomes = {}
     for point, reached in points.items():
-        proc = build(["build", "--out", str(target), "--kind", "course", "--docs", "20000", "--seed", "2", "--force"],
+        proc = build(["build", "--out", str(target), "--kind", "course", "--docs", "20000", "--seed", "2", "--force",
+                      "--accept-low-recall"],
                      logs / point)
         kill_when(proc, reached)
         outcomes[point] = assert_one_complete_version_or_none(target)
     assert outcomes["database"] in (previous, None) and outcomes["index"] in (previous, None)
     # The next attempt completes, without --force: a directory without a manifest is an interrupted build.
-    again = build(["build", "--out", str(target), "--kind", "course", "--docs", "20000", "--seed", "2",
+    again = build(["build", "--out", str(target), "--kind", "course", "--docs", "20000", "--seed", "2", "--accept-low-recall",
                    *(["--force"] if (target / MANIFEST_NAME).exists() else [])], logs / "again")
     assert again.wait(timeout=300) == 0, (logs / "again").read_text()[-3000:]
     rebuilt = assert_one_complete_version_or_none(target)

@@ -138,7 +138,8 @@ def test_run_sh_settings_prints_the_effective_values_with_secrets_hidden_and_war
     assert set(lines) == set(Settings.variables())
     assert re.fullmatch(r"EMBED_MAX_BATCH=8 +# set \(default: 16\)", lines["EMBED_MAX_BATCH"])
     assert re.fullmatch(r"CLUSTER_TOKEN=<hidden> +# set \(default: empty\)", lines["CLUSTER_TOKEN"])
-    assert re.fullmatch(r"NPROBE=64 +# default", lines["NPROBE"]) and "s3cret" not in proc.stdout
+    assert re.fullmatch(r"NPROBE= +# default", lines["NPROBE"]) and "s3cret" not in proc.stdout
+    assert re.fullmatch(r"INDEX_MIN_RECALL=0.95 +# default", lines["INDEX_MIN_RECALL"])
     assert proc.stderr.splitlines() == ["warning: GENERTE_MAX_BATCH is not a setting this service reads (ignored); "
                                         "did you mean GENERATE_MAX_BATCH? (env.example lists them all)"]
     # What each stage computes in, resolved: PRECISION=auto is bfloat16 on a CPU with avx512_bf16 or AMX.

@@ -106,3 +106,9 @@ def test_a_shard_with_every_replica_down_answers_503_naming_it_and_the_cluster_r
             cluster.start_node(4)
             cluster.wait_healthy(nodes=(4,), timeout_s=240)
     assert post_query(cluster.url(0), f"back-{time.time_ns()}", "Where is my parcel?").status_code == 200
+
+
+def test_each_index_node_shows_the_recall_its_shard_was_built_with(cluster, sharded_support):
+    recall = sharded_support.manifest.index["recall"]
+    assert [health(cluster, n)["recall_at_10"] for n in (3, 4, 5)] == [recall["shards"][s] for s in (0, 1, 0)]
+    assert {health(cluster, n)["recall_at_10_overall"] for n in (3, 4, 5)} == {recall["overall"]}

@@ -32,7 +32,7 @@ def test_defaults_parse_and_are_typed():
     assert s.cluster.total_nodes == 3 and s.cluster.node_number is None
     assert s.cluster.node_1_ip == Address("127.0.0.1", 8001)
     assert s.cluster.worker_nodes == () and s.cluster.rotation == (0, 1)  # empty: every worker
-    assert s.models.only_cpu is False and s.index.nprobe == 64
+    assert s.models.only_cpu is False and s.index.nprobe is None and s.index.min_recall == 0.95
     assert s.batching("embed").max_batch >= 1 and s.generate.max_batch >= 1
     with pytest.raises(KeyError):
         s.batching("generate")  # continuous batching: no batch window
@@ -215,7 +215,7 @@ def test_python_m_pipeline_config_prints_each_variable_and_whether_it_is_the_def
     for name in Settings.variables():
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("EMBED_MAX_BATCH", "8")
-    monkeypatch.setenv("NPROBE", "64")
+    monkeypatch.setenv("FAISS_MMAP", "true")
     monkeypatch.setenv("CLUSTER_TOKEN", "s3cret")
     assert config.main([]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -225,7 +225,7 @@ def test_python_m_pipeline_config_prints_each_variable_and_whether_it_is_the_def
     assert out[-6:-5] == ["# what each model stage computes in here:"]
     assert [line.split(":")[0] for line in out[-5:]] == [f"# {stage}" for stage in MODEL_STAGES]
     assert re.fullmatch(r"EMBED_MAX_BATCH=8 +# set \(default: 16\)", lines["EMBED_MAX_BATCH"])
-    assert re.fullmatch(r"NPROBE=64 +# set, equal to the default", lines["NPROBE"])
+    assert re.fullmatch(r"FAISS_MMAP=true +# set, equal to the default", lines["FAISS_MMAP"])
     assert re.fullmatch(r"TOTAL_NODES=3 +# default", lines["TOTAL_NODES"])
     assert re.fullmatch(r"CLUSTER_TOKEN=<hidden> +# set \(default: empty\)", lines["CLUSTER_TOKEN"])
     assert config.main(["--non-default"]) == 0

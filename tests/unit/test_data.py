@@ -17,6 +17,7 @@ from builders import build_files, data
 from builders.build_files import OutputExistsError
 from builders.corpus import CATEGORIES, course_document, support_documents
 from builders.data import InvalidBuildArgument, build_course, build_support
+from builders.recall import RecallOptions
 from pipeline.shards import merge_arrays, shard_file_problems
 from pipeline.vector_index import VectorIndex
 from tests.helpers import leftovers
@@ -228,8 +229,11 @@ def stored_ids(index: faiss.Index) -> np.ndarray:
 def sharded(tmp_path_factory):
     out = tmp_path_factory.mktemp("sharded")
     # nprobe 4 of 30 lists: a stored search that is not exhaustive.
-    unsharded = build_course(out / "one", N_SHARDED, nprobe=4, seed=0, progress=False, batch_size=250)
-    three = build_course(out / "three", N_SHARDED, nprobe=4, seed=0, progress=False, batch_size=250, shards=3)
+    # Its recall is under the floor, and is accepted: these tests compare shards with the unsharded index.
+    low = RecallOptions(accept_low=True, queries=100)
+    unsharded = build_course(out / "one", N_SHARDED, nprobe=4, seed=0, progress=False, batch_size=250, recall=low)
+    three = build_course(out / "three", N_SHARDED, nprobe=4, seed=0, progress=False, batch_size=250, shards=3,
+                         recall=low)
     return unsharded, three
 
 

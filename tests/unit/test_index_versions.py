@@ -65,3 +65,18 @@ def test_a_search_naming_a_version_it_does_not_hold_loads_it_from_disk_or_answer
     assert r.status_code == 400 and r.get_json()["field"] == "version"
     r = client.post("/data/load", json={"version": "../v1"})
     assert r.status_code == 400 and r.get_json()["field"] == "version"
+
+
+def test_health_and_metrics_show_the_recall_each_version_was_built_with(index_node):
+    from pipeline.data_version import shard_recall
+    role, client, _ = index_node
+    body = client.get("/health").get_json()
+    with role.data.require().versions.use() as lease:
+        manifest = lease.value.manifest
+    assert body["recall_at_10"] == shard_recall(manifest, 0) == manifest.index["recall"]["shards"][0]
+    assert body["recall_at_10_overall"] == manifest.index["recall"]["overall"]
+    assert body["recall_params"] == {"nprobe": body["nprobe"]} and body["index_kind"] == manifest.index["spec"]
+    client.post("/data/load", json={"version": "v2"})
+    metrics = client.get("/metrics").get_data(as_text=True)
+    lines = [line for line in metrics.splitlines() if line.startswith("rag_index_recall_at_10{")]
+    assert f'rag_index_recall_at_10{{shard="0",version="v1"}} {shard_recall(manifest, 0)}' in lines

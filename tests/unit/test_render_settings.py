@@ -27,7 +27,7 @@ def test_check_names_each_stale_copy_and_write_brings_it_in_step(tmp_path: Path,
     assert rs.stale(tmp_path) == [] and rs.write(tmp_path) == []
     assert (tmp_path / "env.example").read_text() == (REPO_ROOT / "env.example").read_text()
     config = tmp_path / "deploy/k8s/settings.env"
-    config.write_text(config.read_text().replace("\nNPROBE=64\n", "\nNPROBE=8\n"))
+    config.write_text(config.read_text().replace("\nFAISS_MMAP=true\n", "\nFAISS_MMAP=false\n"))
     assert rs.stale(tmp_path) == ["deploy/k8s/settings.env"]
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from flask import Flask, jsonify
 
 from pipeline.config import Settings
-from pipeline.data_version import DataVersionError, Manifest
+from pipeline.data_version import DataVersionError, Manifest, overall_recall, serving_params, shard_recall
 from pipeline.shards import shard_path
 from pipeline.spec import Stage
 from services.roles.base import SPARE_HTTP_THREADS, Role
@@ -70,11 +70,15 @@ class IndexRole(Role):
         started = time.monotonic()
         name = settings.index.faiss_index_path.name
         path = shard_path(directory / name, cluster.served_shard(self.node), cluster.index_shards)
-        index = VectorIndex.load(path, nprobe=settings.index.nprobe, mmap=settings.index.faiss_mmap)
+        # Unset: the serving parameters the build measured (or tuned) its recall at, from the manifest.
+        nprobe, ef_search = serving_params(manifest, settings.index.nprobe, settings.index.ef_search)
+        index = VectorIndex.load(path, nprobe=nprobe, mmap=settings.index.faiss_mmap, ef_search=ef_search)
         cfg = settings.batching(Stage.INDEX)
-        log.info("index %s (data version %s) loaded in %.2fs: %d vectors, dim %d, nprobe %s, mmap %s", path,
-                 manifest.version, time.monotonic() - started, index.ntotal, index.dim, index.nprobe, index.is_mmap)
-        return IndexService(index, max_size=cfg.max_batch, max_wait_ms=cfg.max_wait_ms, max_queue=cfg.max_queue)
+        log.info("index %s (data version %s) loaded in %.2fs: %d vectors, dim %d, nprobe %s, ef_search %s, mmap %s, "
+                 "recall@10 %s", path, manifest.version, time.monotonic() - started, index.ntotal, index.dim,
+                 index.nprobe, index.ef_search, index.is_mmap, shard_recall(manifest, cluster.served_shard(self.node)))
+        return IndexService(index, max_size=cfg.max_batch, max_wait_ms=cfg.max_wait_ms, max_queue=cfg.max_queue,
+                            manifest=manifest)
 
     def batching_services(self):
         data = self.data.value
@@ -89,11 +93,21 @@ class IndexRole(Role):
                                   "data_version": data.current, "data_versions": data.status()["loaded"]}
         try:
             with data.versions.use() as lease:
-                index = lease.value.index
-                fields.update(ntotal=index.ntotal, dim=index.dim, nprobe=index.nprobe, mmap=index.is_mmap)
+                index, manifest = lease.value.index, lease.value.manifest
+                fields.update(ntotal=index.ntotal, dim=index.dim, nprobe=index.nprobe, ef_search=index.ef_search,
+                              mmap=index.is_mmap)
+                if manifest is not None:
+                    fields.update(index_kind=manifest.index.get("spec", manifest.index.get("type")),
+                                  recall_at_10=shard_recall(manifest, fields["shard"]),
+                                  recall_at_10_overall=overall_recall(manifest),
+                                  recall_params=(manifest.index.get("recall") or {}).get("params"))
         except Exception:  # noqa: BLE001 - released between the two looks: the next /health has it
             pass
         return fields
+
+    def collectors(self):
+        from services.roles.index.metrics import RecallCollector
+        return (*super().collectors(), RecallCollector(lambda: self.data.value, self.settings.cluster.served_shard(self.node)))
 
     def register_routes(self, app: Flask) -> None:
         timeout_s = self.settings.search.timeout_s

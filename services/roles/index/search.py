@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline import spec
+from pipeline.data_version import Manifest
 from pipeline.vector_index import VectorIndex
 from services.server import stage_spans
 from services.server.errors import ApiError
@@ -34,8 +35,10 @@ class IndexQuery:
 
 
 class IndexService:
-    def __init__(self, index: VectorIndex, *, max_size: int, max_wait_ms: float, max_queue: int):
+    def __init__(self, index: VectorIndex, *, max_size: int, max_wait_ms: float, max_queue: int,
+                 manifest: Manifest | None = None):
         self.index = index
+        self.manifest = manifest  # the data version's: its recall, for /health and the metrics
         self.max_queue = max_queue
         self.batcher = BatchingService("index", stage_spans.noting_batches(self._search_batch), max_size=max_size,
                                        max_wait_ms=max_wait_ms, max_queue=max_queue)
