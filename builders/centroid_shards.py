@@ -12,17 +12,20 @@ written under temporary names and renamed, the unsharded file removed, the manif
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import faiss
 import numpy as np
 
 from builders.build_files import BuildError, output_paths
 from builders.manifest import file_sha256
-from pipeline.centroid_routing import assign_lists, quantizer_path, sharding_record
-from pipeline.data_version import fsync_dir, read_manifest, remove_manifest, write_manifest
+from pipeline.centroid_routing import CENTROID, METHODS, assign_lists, quantizer_path, sharding_record
+from pipeline.data_version import Manifest, fsync_dir, read_manifest, remove_manifest, write_manifest
 from pipeline.shards import shard_path
 
 
@@ -113,3 +116,24 @@ def split_version(version_dir: str | Path, shards: int, method: str = "bisect") 
 def _fsync(path: Path) -> None:
     with open(path, "rb+") as f:
         os.fsync(f.fileno())
+
+
+def add_arguments(build: argparse.ArgumentParser) -> None:
+    """`builders.data build`'s options for the layout."""
+    build.add_argument("--sharding", choices=("hash", CENTROID), default="hash",
+                       help="hash: shard k holds doc_id %% N == k; centroid: shard k owns a set of IVF lists, and "
+                            "workers route each query to the shards owning its nprobe nearest lists")
+    build.add_argument("--balance", choices=METHODS, default="bisect",
+                       help="centroid shards: bisect (regions of the space, balanced by list sizes) or greedy "
+                            "(largest list to the least-loaded shard)")
+
+
+def with_centroid_shards(args: argparse.Namespace, build: Callable[[argparse.Namespace], Any]) -> Any:
+    """`build(args)` as given (hash shards), or unsharded and then split in `args.shards` centroid shards."""
+    if getattr(args, "sharding", "hash") != CENTROID:
+        return build(args)
+    if args.shards < 2:
+        raise CentroidShardError(f"--sharding centroid needs --shards 2 or more, got {args.shards}")
+    result = build(argparse.Namespace(**{**vars(args), "shards": 1}))
+    manifest = Manifest.from_json(split_version(args.out, args.shards, args.balance))
+    return dataclasses.replace(result, shards=args.shards, manifest=manifest)

@@ -51,9 +51,11 @@ class ProbedSearch:
         ids = np.empty((n, k), dtype=np.int64)
         params = faiss.SearchParametersIVF()
         params.nprobe = width
-        # The C++ call: the Python wrapper insists on the index's own nprobe as the width.
-        self.ivf.search_preassigned_c(n, faiss.swig_ptr(x), k, faiss.swig_ptr(keys), faiss.swig_ptr(coarse),
-                                      faiss.swig_ptr(distances), faiss.swig_ptr(ids), False, params)
+        # The C++ call (the Python wrapper insists on the index's own nprobe as the width); the arrays are
+        # held in names above, since swig_ptr keeps no reference to them.
+        self.ivf.search_preassigned_c(  # type: ignore[attr-defined]
+            n, faiss.swig_ptr(x), k, faiss.swig_ptr(keys), faiss.swig_ptr(coarse), faiss.swig_ptr(distances),
+            faiss.swig_ptr(ids), False, params)
         return ids, distances
 
 
