@@ -3,7 +3,7 @@ quantizer, nlist, nprobe) with only the inverted lists it owns filled, copied li
 stored order; the coarse quantizer is written alone beside them for the searching nodes
 (pipeline.centroid_routing).
 
-    python -m builders.data build --out DIR --shards 4 --sharding centroid [--balance bisect|greedy]
+    python -m builders.data build --out DIR --shards 4 --sharding centroid [--balance kmeans|bisect|greedy]
 
 builds the unsharded version, then :func:`split_version` rewrites it in place: the manifest removed
 first (the directory is incomplete until the new one is written), the shard files and the quantizer
@@ -72,7 +72,7 @@ def split_index(index: faiss.Index, owners: np.ndarray, shard: int, template: np
     return out
 
 
-def split_version(version_dir: str | Path, shards: int, method: str = "bisect") -> dict:
+def split_version(version_dir: str | Path, shards: int, method: str = "kmeans") -> dict:
     """Rewrite the unsharded version in `version_dir` as `shards` centroid shards; the new manifest's dict."""
     version_dir = Path(version_dir)
     manifest = read_manifest(version_dir)
@@ -123,9 +123,9 @@ def add_arguments(build: argparse.ArgumentParser) -> None:
     build.add_argument("--sharding", choices=("hash", CENTROID), default="hash",
                        help="hash: shard k holds doc_id %% N == k; centroid: shard k owns a set of IVF lists, and "
                             "workers route each query to the shards owning its nprobe nearest lists")
-    build.add_argument("--balance", choices=METHODS, default="bisect",
-                       help="centroid shards: bisect (regions of the space, balanced by list sizes) or greedy "
-                            "(largest list to the least-loaded shard)")
+    build.add_argument("--balance", choices=METHODS, default="kmeans",
+                       help="centroid shards, balanced by list sizes: kmeans (the centroids' k-means groups), bisect "
+                            "(halves along the widest direction) or greedy (largest list to the least-loaded shard)")
 
 
 def with_centroid_shards(args: argparse.Namespace, build: Callable[[argparse.Namespace], Any]) -> Any:

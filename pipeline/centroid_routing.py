@@ -2,10 +2,12 @@
 to the shards owning its ``nprobe`` nearest lists, with those list ids (the seed's "store the IVF
 centroids centrally and route a query to the k nearest centroids' shards").
 
-The layout. :func:`assign_lists` gives every list an owner: ``bisect`` (the default) splits the
-centroids recursively along their widest principal direction at the size-weighted median, so each
-shard holds a region of the space and about 1/N of the vectors; ``greedy`` deals the lists, largest
-first, to the least-loaded shard (balanced, with no regard to where the lists lie). The searching
+The layout. :func:`assign_lists` gives every list an owner: ``kmeans`` (the default) clusters the
+centroids in N groups (weighted by list sizes), then gives each list, nearest pairs first, to the
+nearest group with room (at most 2% over 1/N of the vectors); ``bisect`` splits the centroids
+recursively along their widest principal direction at the size-weighted median; ``greedy`` deals the
+lists, largest first, to the least-loaded shard (balanced, with no regard to where the lists lie).
+The first two keep neighbouring lists on one shard, so a query's nearest lists fall in few shards. The searching
 node holds the coarse quantizer (``<index stem>.quantizer.bin`` in the data version) and the owners
 (the manifest's ``sharding``); :class:`CentroidRouter` turns a batch of queries into one request per
 shard it needs.
@@ -34,7 +36,8 @@ import numpy as np
 from pipeline.shards import PADDING_DISTANCE, PADDING_ID
 
 CENTROID = "centroid"  # the manifest's sharding kind
-METHODS = ("bisect", "greedy")
+METHODS = ("kmeans", "bisect", "greedy")
+KMEANS_SLACK = 1.02  # a kmeans shard holds at most 2% over its share of the vectors (plus one list)
 
 
 def quantizer_path(index_path: str | Path) -> Path:
@@ -43,7 +46,7 @@ def quantizer_path(index_path: str | Path) -> Path:
     return path.with_name(f"{path.stem}.quantizer{path.suffix}")
 
 
-def assign_lists(centroids: np.ndarray, sizes: np.ndarray, shards: int, method: str = "bisect") -> np.ndarray:
+def assign_lists(centroids: np.ndarray, sizes: np.ndarray, shards: int, method: str = "kmeans") -> np.ndarray:
     """The owning shard of each of the ``len(centroids)`` lists (int64), balanced by ``sizes``."""
     nlist = len(centroids)
     if not 1 <= shards <= nlist:
@@ -62,7 +65,33 @@ def assign_lists(centroids: np.ndarray, sizes: np.ndarray, shards: int, method: 
             owners[lst] = owner
             loads[owner] += weights[lst]
         return owners
+    if method == "kmeans":
+        return _balanced_kmeans(np.ascontiguousarray(centroids, dtype=np.float32), weights, shards)
     _bisect(np.asarray(centroids, dtype=np.float64), weights, np.arange(nlist), 0, shards, owners)
+    return owners
+
+
+def _balanced_kmeans(centroids: np.ndarray, weights: np.ndarray, shards: int, seed: int = 1234) -> np.ndarray:
+    """Weighted k-means of the centroids into `shards` groups, then each list to its nearest group with
+    room, the closest (list, group) pairs first: the groups' regions, balanced."""
+    nlist, dim = centroids.shape
+    kmeans = faiss.Kmeans(dim, shards, niter=20, seed=seed, max_points_per_centroid=max(256, nlist))
+    kmeans.train(centroids, weights=weights.astype(np.float32))
+    means = np.asarray(kmeans.centroids)
+    # (nlist, shards) squared distances, without the (nlist, shards, dim) difference array.
+    distances = ((centroids ** 2).sum(axis=1)[:, None] - 2 * centroids @ means.T + (means ** 2).sum(axis=1)[None, :])
+    capacity = weights.sum() / shards * KMEANS_SLACK + weights.max()
+    owners = np.full(nlist, -1, dtype=np.int64)
+    loads = np.zeros(shards)
+    for pair in np.argsort(distances, axis=None, kind="stable"):
+        lst, shard = divmod(int(pair), shards)
+        if owners[lst] < 0 and loads[shard] + weights[lst] <= capacity:
+            owners[lst] = shard
+            loads[shard] += weights[lst]
+    # A shard left with no list (a group k-means left empty) takes the nearest list of the fullest shard.
+    for empty in np.flatnonzero(np.bincount(owners, minlength=shards) == 0).tolist():
+        fullest = np.flatnonzero(owners == int(np.argmax(np.bincount(owners, weights=weights, minlength=shards))))
+        owners[fullest[np.argmin(distances[fullest, empty])]] = empty
     return owners
 
 
