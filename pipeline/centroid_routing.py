@@ -82,12 +82,15 @@ def _balanced_kmeans(centroids: np.ndarray, weights: np.ndarray, shards: int, se
     distances = ((centroids ** 2).sum(axis=1)[:, None] - 2 * centroids @ means.T + (means ** 2).sum(axis=1)[None, :])
     capacity = weights.sum() / shards * KMEANS_SLACK + weights.max()
     owners = np.full(nlist, -1, dtype=np.int64)
-    loads = np.zeros(shards)
+    loads, placed = np.zeros(shards), 0
     for pair in np.argsort(distances, axis=None, kind="stable"):
         lst, shard = divmod(int(pair), shards)
         if owners[lst] < 0 and loads[shard] + weights[lst] <= capacity:
             owners[lst] = shard
             loads[shard] += weights[lst]
+            placed += 1
+            if placed == nlist:  # the capacity leaves room for every list: each finds a shard
+                break
     # A shard left with no list (a group k-means left empty) takes the nearest list of the fullest shard.
     for empty in np.flatnonzero(np.bincount(owners, minlength=shards) == 0).tolist():
         fullest = np.flatnonzero(owners == int(np.argmax(np.bincount(owners, weights=weights, minlength=shards))))
