@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from builders import data
+from builders.build_files import BuildError
 from builders.centroid_shards import CentroidShardError, split_version
 from pipeline.centroid_routing import CentroidRouter, quantizer_path
 from pipeline.centroid_search import CentroidShardedIndex, owned_lists
@@ -124,3 +125,13 @@ def test_a_hash_shard_refuses_lists_and_a_centroid_shard_takes_its_own():
         parse_probe_lists({"lists": [[1]]}, 1, 8, None, "shard 0")
     assert parse_probe_lists({}, 1, 8, None, "shard 0") is None
     assert parse_probe_lists({"lists": [[5, 1], [2]]}, 2, 8, OWNED, "shard 0") == [[5, 1], [2]]
+
+
+def test_an_incremental_update_of_centroid_shards_is_refused(built, tmp_path):
+    """An update writes doc_id % N shards: from a centroid version it would scatter documents."""
+    from builders.incremental import Changes, update_version
+    from builders.manifest import random_vectors
+    with pytest.raises(BuildError, match="centroid shards; an update writes doc_id % N shards"):
+        update_version(built[0], tmp_path / "v9", Changes(upserts=(), deletes=()), lambda texts: None,
+                       random_vectors(DIM))
+    assert not (tmp_path / "v9").exists()
