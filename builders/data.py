@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from builders import centroid_shards
 from builders.auto_index import choose_index
 from builders.build_files import (
     BuildError,
@@ -276,6 +277,7 @@ def _parser() -> argparse.ArgumentParser:
         "--shards", type=int, default=1,
         help="index files over disjoint doc_ids (doc_id %% N); N > 1 writes faiss_index.shard-<k>-of-<N>.bin",
     )
+    centroid_shards.add_arguments(build)
     build.add_argument("--force", action="store_true", help="overwrite existing outputs")
     build.add_argument(
         "--batch-size", type=int,
@@ -330,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        described = run_update(args) if args.command == "update" else _describe(_run_build(args))
+        described = run_update(args) if args.command == "update" else _describe(centroid_shards.with_centroid_shards(args, _run_build))
     except BuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

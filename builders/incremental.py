@@ -106,6 +106,9 @@ def update_version(from_dir: str | Path, out_dir: str | Path, changes: Changes, 
         parent = load_version(from_dir)
     except DataVersionError as exc:
         raise BuildError(f"--from: {exc}") from None
+    if parent.sharding:  # its shards own IVF lists, not doc_id % N
+        raise BuildError(f"version {parent.version!r} is in {parent.shards} {parent.sharding.get('kind')} shards; an "
+                         "update writes doc_id % N shards: build the new version in full (--sharding centroid)")
     version_of(out_dir, None)
     differences = embedder_mismatch(parent.embedder, embedder)
     if differences:

@@ -96,6 +96,8 @@ class Manifest:
     index_sha256: dict[str, str] = field(default_factory=dict)  # each index file's, by name
     format: int = MANIFEST_FORMAT
     ingest: dict[str, Any] = field(default_factory=dict)
+    # How the shards split the index: empty for doc_id % N; a centroid layout's owners (pipeline.centroid_routing).
+    sharding: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -107,7 +109,8 @@ class Manifest:
                    index=dict(data["index"]), shards=int(data["shards"]), index_files=list(data["index_files"]),
                    created=str(data["created"]), kind=str(data["kind"]), parent=data.get("parent"),
                    changes=dict(data.get("changes") or {}), index_sha256=dict(data.get("index_sha256") or {}),
-                   format=int(data.get("format", MANIFEST_FORMAT)), ingest=dict(data.get("ingest") or {}))
+                   format=int(data.get("format", MANIFEST_FORMAT)), ingest=dict(data.get("ingest") or {}),
+                   sharding=dict(data.get("sharding") or {}))
 
 
 def manifest_path(version_dir: str | Path) -> Path:

@@ -157,11 +157,15 @@ class IndexClient:
 
     def search(self, vectors: np.ndarray | Sequence[Sequence[float]], k: int,
                deadline: float | None = None, request_ids: Sequence[str] = (),
-               trace_parents: Sequence = (), version: str | None = None) -> tuple[list[list[int]], list[list[float]]]:
+               trace_parents: Sequence = (), version: str | None = None,
+               lists: Sequence[Sequence[int]] | None = None) -> tuple[list[list[int]], list[list[float]]]:
         """`request_ids` go in one X-Request-ID header, so node 2's log line names them;
         `trace_parents`: their span contexts (each attempt joins the first's trace, links the others);
-        `version`: the data version to search (None: the node's current one)."""
+        `version`: the data version to search (None: the node's current one); `lists`: each vector's IVF
+        lists to probe, for a centroid shard."""
         payload: dict = {"embeddings": np.asarray(vectors, dtype=np.float32).tolist(), "k": k}
+        if lists is not None:
+            payload["lists"] = [list(row) for row in lists]
         if version is not None:
             payload["version"] = version
         headers = {REQUEST_ID_HEADER: batch_request_ids(list(request_ids))} if request_ids else {}

@@ -18,6 +18,7 @@ from pipeline.shards import shard_path
 from pipeline.spec import Stage
 from services.roles.base import SPARE_HTTP_THREADS, Role
 from services.roles.data_routes import register_data_routes
+from services.roles.index.probe_lists import owned_lists_of, parse_probe_lists
 from services.roles.index.search import (
     MAX_SEARCH_BODY_BYTES,
     IndexService,
@@ -78,7 +79,7 @@ class IndexRole(Role):
                  "recall@10 %s", path, manifest.version, time.monotonic() - started, index.ntotal, index.dim,
                  index.nprobe, index.ef_search, index.is_mmap, shard_recall(manifest, cluster.served_shard(self.node)))
         return IndexService(index, max_size=cfg.max_batch, max_wait_ms=cfg.max_wait_ms, max_queue=cfg.max_queue,
-                            manifest=manifest)
+                            manifest=manifest, owned_lists=owned_lists_of(manifest, cluster.served_shard(self.node)))
 
     def batching_services(self):
         data = self.data.value
@@ -110,7 +111,7 @@ class IndexRole(Role):
         return (*super().collectors(), RecallCollector(lambda: self.data.value, self.settings.cluster.served_shard(self.node)))
 
     def register_routes(self, app: Flask) -> None:
-        timeout_s = self.settings.search.timeout_s
+        timeout_s, cluster = self.settings.search.timeout_s, self.settings.cluster
 
         @app.post("/search")
         @internal_endpoint(self.settings.cluster.cluster_token)
@@ -125,7 +126,9 @@ class IndexRole(Role):
             # A version not held but complete on disk is loaded: a node restarted during a rollout catches up.
             lease = data.acquire(version, load_missing=True)
             try:
-                ids, distances = lease.value.search(vectors, k, timeout_s)
+                where = f"index shard {cluster.served_shard(self.node)} of {cluster.index_shards}"
+                lists = parse_probe_lists(body, len(vectors), lease.value.index.nlist or 0, lease.value.owned_lists, where)
+                ids, distances = lease.value.search(vectors, k, timeout_s, lists)
             finally:
                 lease.release()
             return jsonify({"ids": ids, "distances": distances, "version": lease.version})

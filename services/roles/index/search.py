@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline import spec
+from pipeline.centroid_search import ProbedSearch
 from pipeline.data_version import Manifest
 from pipeline.vector_index import VectorIndex
 from services.server import stage_spans
@@ -32,27 +33,35 @@ def max_search_values(dim: int) -> int:
 class IndexQuery:
     vector: np.ndarray
     k: int
+    lists: list[int] | None = None  # a centroid shard's lists to probe (services.roles.index.probe_lists)
 
 
 class IndexService:
     def __init__(self, index: VectorIndex, *, max_size: int, max_wait_ms: float, max_queue: int,
-                 manifest: Manifest | None = None):
+                 manifest: Manifest | None = None, owned_lists: frozenset[int] | None = None):
         self.index = index
         self.manifest = manifest  # the data version's: its recall, for /health and the metrics
+        self.owned_lists = owned_lists  # a centroid shard's lists; None for a hash shard
+        self.probed = ProbedSearch(index.index) if owned_lists is not None else None
         self.max_queue = max_queue
         self.batcher = BatchingService("index", stage_spans.noting_batches(self._search_batch), max_size=max_size,
                                        max_wait_ms=max_wait_ms, max_queue=max_queue)
 
     def _search_batch(self, items: list[IndexQuery]) -> list[tuple[list[int], list[float]]]:
         k = max(item.k for item in items)
-        ids, distances = self.index.search(np.stack([item.vector for item in items]), k)
+        if self.probed is not None:  # every item names its lists (the route refuses a body without)
+            ids, distances = self.probed.search(np.stack([item.vector for item in items]),
+                                                [item.lists or [] for item in items], k)
+        else:
+            ids, distances = self.index.search(np.stack([item.vector for item in items]), k)
         return [(ids[i, :item.k].tolist(), distances[i, :item.k].tolist()) for i, item in enumerate(items)]
 
-    def search(self, vectors: np.ndarray, k: int, timeout_s: float) -> tuple[list, list]:
+    def search(self, vectors: np.ndarray, k: int, timeout_s: float,
+               lists: list[list[int]] | None = None) -> tuple[list, list]:
         started = time.monotonic()
         # Tracing on: the call's span in the index stage; its first vector reports the batch.
         span = stage_spans.start_stage("index", current_request_id.get())
-        items = [IndexQuery(v, k) for v in vectors]
+        items = [IndexQuery(v, k, lists[i] if lists is not None else None) for i, v in enumerate(vectors)]
         if items:
             items[0] = stage_spans.noted(span, items[0])
         error: BaseException | None = None

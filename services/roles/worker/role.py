@@ -20,7 +20,7 @@ from pipeline.device import describe_placement
 from pipeline.docstore import DocumentStore
 from pipeline.embedder import identity as embedder_identity
 from pipeline.stages import Stages
-from services.cluster.sharded_index import ShardedIndexClient
+from services.cluster.sharded_index import CentroidRouters, ShardedIndexClient
 from services.roles.base import SPARE_HTTP_THREADS, Role
 from services.roles.data_routes import register_data_routes
 from services.roles.loaded import Loaded
@@ -119,7 +119,10 @@ class WorkerRole(Role):
         for stage in spec.MODEL_STAGES:  # what each stage computes in, and why, before the slow load
             log.info("node %d computes %s", self.node, describe_placement(settings, stage))
         stages = Stages.load(settings, source)  # warmed by the Worker, through the engine that serves
-        index = ShardedIndexClient.from_cluster(settings.cluster, read_timeout_s=settings.search.timeout_s)
+        routers = CentroidRouters(settings.fetch.documents_dir, settings.index.faiss_index_path.name,
+                                  settings.index.nprobe)
+        index = ShardedIndexClient.from_cluster(settings.cluster, read_timeout_s=settings.search.timeout_s,
+                                                routers=routers)
         self.worker.set(Worker(worker_config(settings), stages, index, documents))
         log.info("node %d loaded and warmed its models in %.1fs (%s)", self.node, time.monotonic() - started,
                  self._model_source)

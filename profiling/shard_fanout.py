@@ -1,0 +1,174 @@
+"""Shards visited per query and each index node's load, centroid shards against hash shards.
+
+    python -m profiling.shard_fanout [--data DIR | --docs 200000] [--shards 2,4,8] [--small] [--simulate]
+
+Course data: an unsharded course version (`--data DIR`, built by `python -m builders.data build --kind
+course`), or one built here into the run folder (`--docs`, 20,000 with --small). Queries are fresh draws
+of the course's distribution (seed + 1, not in the index). Per layout and shard count: the shards a
+query is sent to (hash: all of them; centroid: those owning its nprobe nearest lists), the queries,
+IVF lists and vectors each shard is asked to scan, and for centroid shards how many of --check
+queries' top 10 equal the unsharded index's (ids and distances).
+
+--simulate: the plan's 100 M and 1 B vectors of 768 floats (docs/scaling.md) with their nlist (65,536 and
+262,144, divided by --sim-nlist-div) and nprobe, the vectors scaled down by --scale, drawn from a mixture
+of unit-vector clumps (profiling.lib.shard_sim) rather than the course's uniform cube, the centroids drawn
+from the same mixture (not trained), split in --sim-shards centroid shards, one process each, searched
+through the router with the top 10 checked against the unsharded index. Which shards a query visits
+depends on the centroids and the owners, not on how full the lists are, so the fan-out is the full
+size's for these centroids; the vectors scanned are scale times the full size's. Counts only, no timings.
+Writes shard_fanout.json into --out or a fresh runs/shard_fanout-<UTC time>/.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import faiss
+import numpy as np
+
+from builders.centroid_shards import list_sizes, split_index
+from pipeline.centroid_routing import METHODS, CentroidRouter, assign_lists
+from pipeline.centroid_search import CentroidShardedIndex
+from profiling.lib.cli import add_out, comma_list, make_parser, positive
+from profiling.lib.report import run_folder, text_table, write_json
+from profiling.lib.shard_sim import (
+    SCENARIOS,
+    count_load,
+    mixture_vectors,
+    sampled_ivf,
+    scaled,
+    shard_shares,
+    simulate,
+)
+
+COLUMNS = [("layout", "<16"), ("shards", ">7"), ("shards/query", ">13.2f"), ("max", ">5"),
+           ("queries/shard", ">15"), ("lists/query", ">12.1f"), ("vectors/query", ">14.0f"),
+           ("busiest shard", ">14.0f"), ("top10 equal", ">12")]
+
+
+def _parser():
+    parser = make_parser("python -m profiling.shard_fanout", __doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, help="an unsharded course version's directory (else one is built)")
+    parser.add_argument("--docs", type=positive(int), default=200_000, help="documents of the course build made here")
+    parser.add_argument("--small", action="store_true", help="a quick check: 20,000 documents, 200 queries")
+    parser.add_argument("--shards", type=comma_list(int, minimum=2, sort_unique=True), default=[2, 4, 8])
+    parser.add_argument("--queries", type=positive(int), default=1000)
+    parser.add_argument("--check", type=positive(int), default=200, help="queries whose top 10 is compared")
+    parser.add_argument("--nprobe", type=positive(int), default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--simulate", action="store_true", help="also the 100 M / 1 B simulation in processes")
+    parser.add_argument("--scale", type=float, default=1e-4, help="the simulation's vectors per full-size vector")
+    parser.add_argument("--sim-shards", type=comma_list(int, minimum=2, sort_unique=True), default=[8, 16])
+    parser.add_argument("--sim-nlist-div", type=positive(int), default=4,
+                        help="the simulation's nlist: the full-size one divided by this (each shard process holds "
+                             "every centroid: 1 B's 262,144 take 805 MB per process)")
+    parser.add_argument("--dim", type=positive(int), default=768, help="the simulation's dimension")
+    add_out(parser, "shard_fanout")
+    return parser
+
+
+def course_index(args, out: Path) -> faiss.IndexIVF:
+    from builders.data import build_course
+    if args.data is None:
+        result = build_course(out / "course", 20_000 if args.small else args.docs, nprobe=args.nprobe, seed=args.seed,
+                              progress=sys.stderr.isatty())
+        path = result.index_path
+    else:
+        path = args.data / "faiss_index.bin"
+        if not path.is_file():
+            raise SystemExit(f"error: {path} is missing: --data names an unsharded course version")
+    index = faiss.read_index(os.fspath(path), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
+    if not isinstance(index, faiss.IndexIVF):
+        raise SystemExit(f"error: {path} is a {type(index).__name__}, not an IVF index")
+    index.nprobe = min(args.nprobe, index.nlist)
+    return index
+
+
+def layouts(index: faiss.IndexIVF, queries: np.ndarray, shard_counts: list[int], check: int) -> list[dict[str, Any]]:
+    """Hash and centroid (each balance method) rows for every shard count."""
+    probed = index.quantizer.search(queries, index.nprobe)[1]
+    centroids, sizes = index.quantizer.reconstruct_n(0, index.nlist), list_sizes(index)
+    expected_distances, expected_ids = index.search(queries[:check], 10)
+    rows = []
+    for shards in shard_counts:
+        rows.append(count_load("hash", probed, shard_shares(index, shards, None), None).row())
+        for method in METHODS:
+            owners = assign_lists(centroids, sizes, shards, method)
+            row = count_load(f"centroid/{method}", probed, shard_shares(index, shards, owners), owners).row()
+            router = CentroidRouter(index.quantizer, owners, shards, index.nprobe)
+            sharded = CentroidShardedIndex(router, [split_index(index, owners, shard) for shard in range(shards)])
+            ids, distances = sharded.search(queries[:check], 10)
+            row["top10_equal"] = int(((ids == expected_ids).all(axis=1)
+                                      & (distances == expected_distances).all(axis=1)).sum())
+            row["top10_checked"] = check
+            rows.append(row)
+    return rows
+
+
+def simulation(args) -> list[dict[str, Any]]:
+    results = []
+    for scenario in SCENARIOS:
+        n, nlist = scaled(scenario, args.scale, args.sim_nlist_div)
+        drawn = mixture_vectors(n + args.queries + nlist, args.dim, args.seed)
+        # Held out from the index: the queries and the centroids.
+        vectors, queries, centroids = drawn[:n], drawn[n:n + args.queries], drawn[n + args.queries:]
+        index = sampled_ivf(vectors, centroids, args.nprobe)
+        probed = index.quantizer.search(queries, index.nprobe)[1]
+        sizes = list_sizes(index)
+        for shards in args.sim_shards:
+            owners = assign_lists(centroids, sizes, min(shards, nlist), "kmeans")
+            counted = count_load("centroid/kmeans", probed, shard_shares(index, shards, owners), owners).row()
+            hashed = count_load("hash", probed, shard_shares(index, shards, None), None).row()
+            run = simulate(index, owners, queries)
+            results.append({"scenario": scenario, "full_size_vectors": SCENARIOS[scenario][0],
+                            "full_size_nlist": SCENARIOS[scenario][1], "vectors": n, "nlist": nlist,
+                            "nprobe": index.nprobe, "dim": args.dim, "scale": args.scale, "centroid": counted,
+                            "hash": hashed, "processes": run})
+    return results
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    return text_table(COLUMNS, [(r["layout"], r["shards"], r["shards_per_query_mean"], r["shards_per_query_max"],
+                                 f"{r['queries_per_shard_min']:.0%}-{r['queries_per_shard_max']:.0%}",
+                                 r["lists_per_query_all_shards"], r["vectors_per_query_all_shards"],
+                                 r["vectors_per_query_busiest_shard"],
+                                 f"{r['top10_equal']}/{r['top10_checked']}" if "top10_equal" in r else "-")
+                                for r in rows])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.small:
+        args.queries, args.check = min(args.queries, 200), min(args.check, 100)
+        args.scale, args.sim_nlist_div = min(args.scale, 2e-5), max(args.sim_nlist_div, 64)
+    out = run_folder("shard_fanout", args.out)
+    faiss.omp_set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    index = course_index(args, out)
+    from builders.data import course_vector_batches
+    queries = next(course_vector_batches(args.queries, index.d, args.seed + 1, args.queries))
+    report: dict[str, Any] = {"course": {"vectors": int(index.ntotal), "nlist": int(index.nlist),
+                                         "nprobe": int(index.nprobe), "queries": args.queries,
+                                         "rows": layouts(index, queries, args.shards, min(args.check, args.queries))}}
+    print(f"course data: {index.ntotal} vectors of {index.d} floats, nlist {index.nlist}, nprobe {index.nprobe}, "
+          f"{args.queries} queries")
+    print(_table(report["course"]["rows"]))
+    if args.simulate:
+        report["simulation"] = simulation(args)
+        for sim in report["simulation"]:
+            run = sim["processes"]
+            print(f"\n{sim['scenario']} ({sim['full_size_vectors']:,} vectors, nlist {sim['full_size_nlist']:,}) "
+                  f"scaled to {sim['vectors']:,} vectors, nlist {sim['nlist']}, nprobe {sim['nprobe']}, "
+                  f"{sim['dim']}-d mixture; {run['processes']} shard processes: {run['shards_per_query_mean']:.2f} "
+                  f"shards/query, top 10 equal for {run['top10_equal_to_unsharded']}/{run['queries']}")
+            print(_table([sim["hash"], sim["centroid"]]))
+            print("  per process (queries, lists, vectors scanned): " + ", ".join(
+                f"{c['queries']}/{c['lists']}/{c['vectors']}" for c in run["per_shard"]))
+    path = write_json(out / "shard_fanout.json", report)
+    print(f"\nwrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

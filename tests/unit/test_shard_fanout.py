@@ -1,0 +1,78 @@
+"""profiling.shard_fanout's counts: shards asked, lists and vectors scanned per shard, hash against
+centroid; and the tool end to end at a small size, with one process per simulated shard (slow)."""
+from __future__ import annotations
+
+import json
+
+import faiss
+import numpy as np
+import pytest
+
+from builders.data import build_course
+from profiling import shard_fanout
+from profiling.lib.shard_sim import count_load, scaled, shard_shares
+
+
+def test_hash_shards_are_all_asked_and_centroid_shards_only_for_their_lists():
+    probed = np.array([[0, 1], [2, 3], [0, 3]])
+    shares = np.array([[5, 0], [3, 0], [0, 4], [0, 2]])  # 4 lists on 2 shards: lists 0, 1 on shard 0
+    owners = np.array([0, 0, 1, 1])
+    centroid = count_load("centroid", probed, shares, owners)
+    assert centroid.visited.tolist() == [1, 1, 2]
+    assert centroid.shard_queries.tolist() == [2, 2] and centroid.shard_lists.tolist() == [3, 3]
+    assert centroid.shard_vectors.tolist() == [13, 8]
+    hashed = count_load("hash", probed, np.array([[3, 2], [2, 1], [1, 3], [1, 1]]), None)
+    assert hashed.visited.tolist() == [2, 2, 2] and hashed.shard_lists.tolist() == [6, 6]
+    assert hashed.shard_vectors.tolist() == [3 + 2 + 1 + 1 + 3 + 1, 2 + 1 + 3 + 1 + 2 + 1]
+    row = centroid.row()
+    assert row["shards_per_query_mean"] == pytest.approx(4 / 3) and row["lists_per_query_all_shards"] == 2
+
+
+def test_padding_lists_count_for_nothing():
+    load = count_load("centroid", np.array([[1, -1]]), np.array([[2, 0], [0, 3]]), np.array([0, 1]))
+    assert load.visited.tolist() == [1] and load.shard_vectors.tolist() == [0, 3]
+
+
+def test_shares_split_each_list_by_doc_id_or_by_owner():
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((500, 8)).astype(np.float32)
+    index = faiss.IndexIVFFlat(faiss.IndexFlatL2(8), 8, 8)
+    index.train(vectors)
+    index.add(vectors)
+    sizes = [index.invlists.list_size(lst) for lst in range(8)]
+    hashed = shard_shares(index, 3, None)
+    assert hashed.sum(axis=1).tolist() == sizes and hashed.sum(axis=0).tolist() == [167, 167, 166]
+    owners = np.arange(8) % 2
+    by_owner = shard_shares(index, 2, owners)
+    assert by_owner[np.arange(8), owners].tolist() == sizes and by_owner.sum() == 500
+
+
+def test_the_simulation_keeps_the_full_nlist_divided_and_scales_the_vectors():
+    assert scaled("100M", 1e-4, 1) == (10_000, 65_536)
+    assert scaled("1B", 1e-4, 4) == (100_000, 65_536)
+    assert scaled("100M", 1e-9, 1_000_000) == (1000, 2)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_tool_at_a_small_size(tmp_path, capsys):
+    build_course(tmp_path / "v1", 1500, nlist=32, nprobe=8, dim=16, progress=False)
+    assert shard_fanout.main(["--data", str(tmp_path / "v1"), "--shards", "2,4", "--queries", "60", "--check", "30",
+                              "--nprobe", "4", "--simulate", "--scale", "1e-5", "--sim-nlist-div", "2048",
+                              "--sim-shards", "2", "--dim", "16", "--out", str(tmp_path / "out")]) == 0
+    report = json.loads((tmp_path / "out" / "shard_fanout.json").read_text())
+    rows = report["course"]["rows"]
+    assert [(r["layout"], r["shards"]) for r in rows][:4] == [("hash", 2), ("centroid/kmeans", 2),
+                                                             ("centroid/bisect", 2), ("centroid/greedy", 2)]
+    for row in rows:
+        if row["layout"] == "hash":
+            assert row["shards_per_query_mean"] == row["shards"] and row["lists_per_query_all_shards"] == 4 * row["shards"]
+        else:
+            assert row["top10_equal"] == 30 and row["lists_per_query_all_shards"] == 4
+            assert 1 <= row["shards_per_query_mean"] <= row["shards"]
+    for sim in report["simulation"]:
+        run = sim["processes"]
+        assert run["processes"] == 2 and run["top10_equal_to_unsharded"] == run["queries"] == 60
+        assert sum(c["queries"] for c in run["per_shard"]) == pytest.approx(run["shards_per_query_mean"] * 60)
+        assert sum(c["lists"] for c in run["per_shard"]) == 60 * sim["nprobe"]
+    assert "shard processes" in capsys.readouterr().out
