@@ -19,7 +19,7 @@ import numpy as np
 from pipeline.centroid_routing import CentroidRouter, Route, is_centroid, merge_routed
 from pipeline.config.parsers import Address
 from pipeline.config.sections import ClusterSettings
-from pipeline.data_version import DataVersionError, data_root_of, load_version, version_dir_of
+from pipeline.data_version import DataVersionError, data_root_of, load_version, serving_params, version_dir_of
 from pipeline.shards import merge_batch
 from services.cluster.clients import IndexClient
 from services.cluster.discovery import Membership, Resolver, resolver_for
@@ -106,7 +106,7 @@ class CentroidRouters:
     """Each data version's centroid router, from its manifest and quantizer file in the version directory
     beside `documents_dir` (None for a hash-sharded version), loaded once and kept for the last few."""
 
-    def __init__(self, documents_dir: Path, index_name: str, nprobe: int, keep: int = 4):
+    def __init__(self, documents_dir: Path, index_name: str, nprobe: int | None, keep: int = 4):
         self.documents_dir, self.index_name, self.nprobe, self.keep = Path(documents_dir), index_name, nprobe, keep
         self._routers: dict[str, CentroidRouter | None] = {}
         self._lock = threading.Lock()
@@ -122,7 +122,11 @@ class CentroidRouters:
         router = None
         if is_centroid(manifest.sharding):
             try:
-                router = CentroidRouter.load(directory, self.index_name, manifest.sharding, self.nprobe)
+                # The nprobe the index nodes serve: the setting where set, else what the build measured recall at.
+                nprobe, _ = serving_params(manifest, self.nprobe, None)
+                if nprobe is None:
+                    raise KeyError("its manifest records no nprobe and NPROBE is not set")
+                router = CentroidRouter.load(directory, self.index_name, manifest.sharding, nprobe)
             except (OSError, RuntimeError, KeyError, ValueError) as exc:
                 raise DataVersionError(f"data version {name!r} is in centroid shards, but its router cannot be "
                                        f"loaded from {directory}: {exc}") from exc
