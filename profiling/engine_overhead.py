@@ -7,7 +7,7 @@ mean of --steps steps, best of --rounds rounds) and the aten ops one step dispat
 TorchDispatchMode), with the most frequent ones.
 
 --compare REV measures commit REV too, side by side in the same run: REV is checked out into a
-temporary git worktree and measured by this checkout's code (profiling/lib/engine_step.py run there),
+temporary folder (git archive) and measured by this checkout's code (profiling/lib/engine_step.py run there),
 the two alternated round by round. REV must have pipeline/null_models.py. Writes engine_overhead.json
 into --out (default: a fresh runs/engine_overhead-<UTC time>/).
 """
@@ -20,13 +20,13 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Iterator
 
 from pipeline.config import Settings
 from profiling.lib import engine_step
 from profiling.lib.cli import add_out, comma_list, make_parser, positive
 from profiling.lib.provenance import REPO_ROOT, git_commit
 from profiling.lib.report import run_folder, text_table, write_json
+from profiling.lib.revisions import checkout
 
 TOOL = "engine_overhead"
 STEP_SCRIPT = Path(engine_step.__file__).resolve()
@@ -47,20 +47,6 @@ def parser():
     p.add_argument("--quick", action="store_true", help="a check that the tool works: 1 and 4 rows, few steps")
     add_out(p, TOOL)
     return p
-
-
-@contextlib.contextmanager
-def worktree(rev: str) -> Iterator[Path]:
-    """REV checked out (detached) in a temporary git worktree, removed afterwards."""
-    folder = Path(tempfile.mkdtemp(prefix="engine-overhead-"))
-    tree = folder / "tree"
-    subprocess.run(["git", "worktree", "add", "--detach", str(tree), rev], cwd=REPO_ROOT, check=True,
-                   capture_output=True, text=True)
-    try:
-        yield tree
-    finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO_ROOT, capture_output=True)
-        subprocess.run(["rm", "-rf", str(folder)], check=False)
 
 
 def measure_in(tree: Path, spec: dict, scratch: Path) -> dict:
@@ -120,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         trees = {"here": REPO_ROOT}
         if args.compare:
-            trees[args.compare] = stack.enter_context(worktree(args.compare))
+            trees[args.compare] = stack.enter_context(checkout(args.compare))
             labelled[args.compare] = []
         scratch = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         for _ in range(args.rounds):  # alternated: drift on the machine falls on both alike

@@ -23,7 +23,7 @@ if __name__ == "__main__" and sys.path and Path(sys.path[0]).resolve() == Path(_
     del sys.path[0]  # run as a script: this folder's modules (load.py, models.py) must not shadow others
 
 # The qwen model: Qwen2.5-0.5B's layer count and head layout ratio, widths that make its matmuls free.
-QWEN_TINY = {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 64,
+QWEN_TINY: dict[str, Any] = {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 64,
              "rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "tie_word_embeddings": True}
 QWEN_LAYERS = 24
 
@@ -51,7 +51,7 @@ def _generator(model_kind: str, precision: str, layers: int, source_dir: str):
     from pipeline import spec
     from pipeline.device import Placement
     from pipeline.generator import Generator
-    kwargs = {"cache_dir": source_dir, "local_files_only": True}
+    kwargs: dict[str, Any] = {"cache_dir": source_dir, "local_files_only": True}
     tokenizer = AutoTokenizer.from_pretrained(spec.GENERATOR_MODEL, padding_side="left", **kwargs)
     generation = GenerationConfig.from_pretrained(spec.GENERATOR_MODEL, **kwargs)
     vocab = len(tokenizer)
