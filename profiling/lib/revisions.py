@@ -13,6 +13,14 @@ from typing import Iterator
 from pipeline.config import REPO_ROOT
 
 
+def _safe(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
+    """tarfile's `data` filter, links out of the tree skipped rather than refused."""
+    try:
+        return tarfile.data_filter(member, path)
+    except tarfile.FilterError:
+        return None
+
+
 @contextlib.contextmanager
 def checkout(rev: str) -> Iterator[Path]:
     """REV's files (`git archive`: no worktree registered, nothing to clean up in the repository) in a
@@ -22,5 +30,5 @@ def checkout(rev: str) -> Iterator[Path]:
         raise ValueError(f"cannot read commit {rev!r}: {done.stderr.decode(errors='replace').strip()}")
     with tempfile.TemporaryDirectory(prefix="rev-") as folder:
         with tarfile.open(fileobj=io.BytesIO(done.stdout)) as archive:
-            archive.extractall(folder, filter="data")
+            archive.extractall(folder, filter=_safe)
         yield Path(folder)
