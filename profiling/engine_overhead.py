@@ -54,10 +54,10 @@ def measure_in(tree: Path, spec: dict, scratch: Path) -> dict:
     spec_path, out = scratch / "spec.json", scratch / f"out-{os.getpid()}.json"
     spec_path.write_text(json.dumps(spec))
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    done = subprocess.run([sys.executable, str(STEP_SCRIPT), str(spec_path), str(out)], cwd=tree, env=env,
-                          capture_output=True, text=True)
+    # Its progress and errors on our stderr, as they come.
+    done = subprocess.run([sys.executable, str(STEP_SCRIPT), str(spec_path), str(out)], cwd=tree, env=env)
     if done.returncode != 0:
-        raise RuntimeError(f"measuring {tree} failed:\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"measuring {tree} failed (exit {done.returncode}): its error is above")
     return json.loads(out.read_text())
 
 

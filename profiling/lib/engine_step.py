@@ -83,6 +83,7 @@ def measure(spec_: dict) -> dict:
         results[kind] = {}
         for rows in spec_["rows"]:
             results[kind][str(rows)] = _measure_rows(generator, int(rows), spec_, ContinuousEngine, GenerationRequest)
+            print(f"[engine_overhead] {Path.cwd().name}: {kind} model, {rows} rows measured", file=sys.stderr, flush=True)
     return results
 
 
