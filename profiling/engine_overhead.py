@@ -44,7 +44,7 @@ def parser():
     p.add_argument("--threads", type=positive(int), default=1, help="torch threads")
     p.add_argument("--top", type=positive(int), default=12, help="ops listed per row count")
     p.add_argument("--compare", default="", metavar="REV", help="a commit measured beside this checkout")
-    p.add_argument("--quick", action="store_true", help="a check that the tool works: 1 and 4 rows, few steps")
+    p.add_argument("--quick", action="store_true", help="a check that the tool works: 1 and 4 rows (prompts of two prefill chunks), few steps, 2 layers")
     add_out(p, TOOL)
     return p
 
@@ -90,7 +90,7 @@ def table(labelled: dict[str, dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.quick:
-        args.rows, args.steps, args.rounds, args.layers, args.prompt_tokens = [1, 4], 5, 1, 2, 64
+        args.rows, args.steps, args.rounds, args.layers, args.prompt_tokens = [1, 4], 5, 1, 2, 600
     bad = [m for m in args.models if m not in ("null", "qwen")]
     if bad:
         print(f"engine_overhead: --models: unknown {bad}; null, qwen", file=sys.stderr)

@@ -88,16 +88,21 @@ def measure(spec_: dict) -> dict:
 
 
 def _measure_rows(generator, rows: int, spec_: dict, engine_class, request_class) -> dict:
-    steps, rounds, count_steps = int(spec_["steps"]), int(spec_["rounds"]), 2
-    warm = 3
-    cap = warm + rounds * steps + count_steps + 2  # nobody finishes while measured
+    steps, rounds, count_steps, warm, chunk = int(spec_["steps"]), int(spec_["rounds"]), 2, 3, 512
     prompt = tuple(100 + (i % 2000) for i in range(int(spec_["prompt_tokens"])))
+    # Prompts are prefilled a chunk an iteration while the first rows already decode: the cap covers
+    # every prefill iteration too, so no row finishes before all decode and the steps are measured.
+    prefills = rows * -(-len(prompt) // chunk) + rows
+    cap = prefills + warm + rounds * steps + count_steps + 2
     engine = engine_class(generator, max_batch=rows, kv_cache_tokens=rows * (len(prompt) + cap + 256),
-                          prefill_chunk=512)
+                          prefill_chunk=chunk)
     for i in range(rows):  # each prompt distinct in its first token: no two rows alike
         engine.add(request_class("q", (), max_new_tokens=cap, prompt_ids=(prompt[0] + i, *prompt[1:])))
-    while engine.step().decoded_rows < rows or engine.stats().waiting_sequences:
-        pass  # until every prompt is in and every row decodes
+    for _ in range(prefills + 1):  # until every prompt is in and every row decodes
+        if engine.step().decoded_rows == rows and not engine.stats().waiting_sequences:
+            break
+    else:
+        raise RuntimeError(f"{rows} rows were not all decoding after {prefills + 1} iterations")
     for _ in range(warm):
         engine.step()
     per_round = []
