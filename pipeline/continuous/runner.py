@@ -169,9 +169,12 @@ class ModelRunner:
             self.graphs.record(shapes, self.device, layout=capacity)
 
     def release(self, seq_ids: Sequence[int]) -> None:
-        """Free the slots of sequences that left."""
-        for seq_id in set(seq_ids):
-            self.table.leave(seq_id)
+        """Free the slots of sequences that left. In inference mode whoever calls: the K/V buffers were
+        written in the step's inference mode, and the last row's move into a freed slot updates them in
+        place (a cancel from the generate stage's loop comes from outside any)."""
+        with self.torch.inference_mode():
+            for seq_id in set(seq_ids):
+                self.table.leave(seq_id)
 
     def cache_tokens(self) -> int:
         """Cache columns held by the held rows (rows x capacity, unused columns included)."""

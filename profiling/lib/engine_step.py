@@ -118,8 +118,10 @@ def _measure_rows(generator, rows: int, spec_: dict, engine_class, request_class
         for _ in range(count_steps):
             engine.step()
     ops = {name: n // count_steps for name, n in counter.counts.items()}
-    for seq in engine.sequences():
-        engine.cancel(seq)
+    import torch
+    with torch.inference_mode():  # older commits move K/V rows in place only there
+        for seq in engine.sequences():
+            engine.cancel(seq)
     return {"host_ms_per_step": per_round, "ops_per_step": sum(ops.values()),
             "top_ops": sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))[:int(spec_.get("top", 12))]}
 
