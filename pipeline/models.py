@@ -36,7 +36,7 @@ MODEL_REVISIONS = {
 
 @dataclass(frozen=True)
 class ModelSource:
-    kind: str  # "hub" or "standin"
+    kind: str  # "hub", "standin" or "null" (a measurement mode: pipeline/null_models.py)
     cache_dir: Path | None  # the hub cache folder to read; None = huggingface_hub's default
     local_files_only: bool
     profile: str | None = None
@@ -45,13 +45,17 @@ class ModelSource:
     def is_standin(self) -> bool:
         return self.kind == "standin"
 
+    @property
+    def is_null(self) -> bool:
+        return self.kind == "null"
+
     def describe(self) -> str:
-        return f"standin:{self.profile}" if self.is_standin else "hub"
+        return f"{self.kind}:{self.profile}" if self.kind in ("standin", "null") else "hub"
 
     def revision(self, name: str) -> str | None:
-        """The commit a real model is loaded at (MODEL_REVISIONS); None for stand-ins (their own
-        snapshot) and for a model not in the table (its `main`)."""
-        return None if self.is_standin else MODEL_REVISIONS.get(name)
+        """The commit a real model is loaded at (MODEL_REVISIONS); None for stand-ins and null models (the
+        stand-ins' own snapshot) and for a model not in the table (its `main`)."""
+        return None if self.kind != "hub" else MODEL_REVISIONS.get(name)
 
     def hf_kwargs(self, name: str | None = None) -> dict:
         """Keyword arguments for every from_pretrained call (of model `name`: at its pinned revision)."""
@@ -201,12 +205,23 @@ def standin_source(settings: Settings) -> ModelSource:
     return ModelSource("standin", home / "hub", True, profile)
 
 
+def null_source(settings: Settings) -> ModelSource:
+    """The null models (pipeline/null_models.py): the stand-ins' tokenizers and configs, no weights read."""
+    home, profile = settings.standin_dir, settings.models.standin_profile
+    if not standins_built(home, profile):
+        raise ModelsMissing(f"MODEL_SOURCE=null: the null models read the {profile} stand-ins' tokenizers, and none "
+                            f"are built in {home}: build them with: {build_standins_command(settings)}")
+    return ModelSource("null", home / "hub", True, profile)
+
+
 def resolve_model_source(settings: Settings, *, missing: Callable[[], list[str]] | None = None,
                          reachable: Callable[[], bool] = hub_reachable) -> ModelSource:
     choice = settings.models.model_source
     missing = missing or (lambda: missing_models(names=served_models(settings)))
     if choice == "standin":
         source = standin_source(settings)
+    elif choice == "null":
+        source = null_source(settings)
     elif choice == "hub":
         source = hub_source(settings, missing=missing, reachable=reachable)
     elif not missing():
@@ -227,7 +242,12 @@ def resolve_model_source(settings: Settings, *, missing: Callable[[], list[str]]
 
 def announce(source: ModelSource) -> None:
     """Loud on purpose: nobody should mistake a stand-in's words for a real answer."""
-    if source.is_standin:
+    if source.is_null:
+        log.warning("!" * 72)
+        log.warning("MODEL SOURCE: NULL MODELS, A MEASUREMENT MODE: no model computes anything; every answer is a "
+                    "fixed placeholder (MODEL_SOURCE=null; /health and /settings say so)")
+        log.warning("!" * 72)
+    elif source.is_standin:
         log.warning("*" * 72)
         log.warning("MODEL SOURCE: STAND-INS (%s profile, random weights) from %s", source.profile, source.cache_dir)
         log.warning("answers are NOT meaningful; set MODEL_SOURCE=hub on a machine with the real models")

@@ -48,6 +48,9 @@ class Stages:
              placement: Callable[[str], Placement] | None = None) -> "Stages":
         """Each model where `placement(stage)` says; by default the settings' device, dtype and precision."""
         place = placement or (lambda stage: placement_for(settings, stage))
+        if source.is_null:  # a measurement mode (pipeline/null_models.py): announced loudly by pipeline.models
+            from pipeline.null_models import load_null_models
+            return cls(*load_null_models(source, place))
 
         def load(model_class, **options):
             model = model_class.load(source, place(model_class.stage), **options)

@@ -121,17 +121,22 @@ class ModelRunner:
         for seq, slot in zip(seqs, slots):
             fed[slot] = seq.generated[-1]
         width = chunks_for(max(columns[:n]) + 1)
-        ids = torch.tensor(fed, device=self.device).unsqueeze(1)
-        at = torch.tensor(columns, device=self.device)
-        order = torch.tensor(slots, device=self.device)
-        table.seen[order, at[order]] = ids[order, 0]  # now prompt + generated
+        # One small tensor a step, not one per list: row 0 the fed ids, row 1 the columns (views of it).
+        packed = torch.tensor([fed, columns], device=self.device)
+        ids, at = packed[0].unsqueeze(1), packed[1]
+        in_order = slots == list(range(n))  # every row decodes, in slot order: no gather
+        if in_order:
+            table.seen[:n].scatter_(1, at[:n, None], ids[:n])  # now prompt + generated
+        else:
+            order = torch.tensor(slots, device=self.device)
+            table.seen[order, at[order]] = ids[order, 0]
         if self.graphs is None:
             logits = self._forward(ids, at, width)
         else:
             logits = self.graphs.run(ids, at, width, layout=table.capacity)
         for slot in slots:
             table.rows[slot].length += 1
-        if slots == list(range(n)):  # every row decodes, in slot order: no gather
+        if in_order:
             return self._choose(logits[:n], table.seen[:n, :width], table.rows[:n])
         return self._choose(logits[order], table.seen[order, :width], [table.rows[slot] for slot in slots])
 
@@ -164,9 +169,12 @@ class ModelRunner:
             self.graphs.record(shapes, self.device, layout=capacity)
 
     def release(self, seq_ids: Sequence[int]) -> None:
-        """Free the slots of sequences that left."""
-        for seq_id in set(seq_ids):
-            self.table.leave(seq_id)
+        """Free the slots of sequences that left. In inference mode whoever calls: the K/V buffers were
+        written in the step's inference mode, and the last row's move into a freed slot updates them in
+        place (a cancel from the generate stage's loop comes from outside any)."""
+        with self.torch.inference_mode():
+            for seq_id in set(seq_ids):
+                self.table.leave(seq_id)
 
     def cache_tokens(self) -> int:
         """Cache columns held by the held rows (rows x capacity, unused columns included)."""

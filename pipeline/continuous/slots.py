@@ -115,6 +115,8 @@ class SlotTable:
         self._seen_storage = torch.zeros(self.rule.kv_cache_tokens, dtype=torch.long, device=self.device)
         self.seen = self._view(self._seen_storage, ())  # (slots, capacity) token ids, aligned with the keys
         self._pass: tuple = ("idle",)
+        # seq_id -> its slot, kept with `rows` by join and leave: a step finds its rows without a scan each.
+        self._slot_by_seq: dict[int, int] = {}
 
     # ------------------------------------------------------------------ layout
 
@@ -145,13 +147,13 @@ class SlotTable:
     # ------------------------------------------------------------------ rows
 
     def slot_of(self, seq_id: int) -> int:
-        for slot, row in enumerate(self.rows):
-            if row.seq_id == seq_id:
-                return slot
-        raise KeyError(f"sequence {seq_id} holds no slot")
+        try:
+            return self._slot_by_seq[seq_id]
+        except KeyError:
+            raise KeyError(f"sequence {seq_id} holds no slot") from None
 
     def holds(self, seq_id: int) -> bool:
-        return any(row.seq_id == seq_id for row in self.rows)
+        return seq_id in self._slot_by_seq
 
     def join(self, seq_id: int, prompt_ids: Sequence[int], budget: int, sampling: Any = None) -> int:
         """Give a sequence the next slot (the layout changes where the held ones and it do not fit);
@@ -170,6 +172,7 @@ class SlotTable:
             stream = self.torch.Generator(device=self.device)
             stream.manual_seed(sampling.seed or 0)
         self.rows.append(SlotRow(seq_id, budget, sampling=sampling, stream=stream))
+        self._slot_by_seq[seq_id] = slot
         return slot
 
     def leave(self, seq_id: int) -> None:
@@ -183,7 +186,9 @@ class SlotTable:
                 t[slot, :, :columns].copy_(t[last, :, :columns])
             self.seen[slot].copy_(self.seen[last])
             self.rows[slot] = self.rows[last]
+            self._slot_by_seq[self.rows[slot].seq_id] = slot
         self.rows.pop()
+        del self._slot_by_seq[seq_id]
 
     def columns_held(self) -> int:
         """Cache columns the held rows take (rows x capacity, unused columns included)."""

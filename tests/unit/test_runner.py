@@ -23,3 +23,21 @@ def test_batched_repetition_penalty_equals_the_reference_processor_per_row():
     penalised = logits.clone()
     assert runner._choose(penalised, seen) == expected
     assert torch.equal(penalised, scores)  # the same scores, bit for bit, not only the same argmax
+
+
+def test_a_sequence_cancelled_outside_inference_mode_leaves_its_slot_and_the_others_answer_as_alone(
+        generator, reference_texts):
+    """The generate stage cancels (a reader gone, a stop string) outside any inference mode; the slot
+    table's K/V buffers are inference tensors (written in the engine's step), and the last row's move
+    into the freed slot must still happen there."""
+    from pipeline.continuous import ContinuousEngine
+    from tests.helpers import engine_requests
+    requests = engine_requests()[1]
+    engine = ContinuousEngine(generator, max_batch=4, kv_cache_tokens=4096)
+    first, second = engine.add(requests[0]), engine.add(requests[1])
+    while len(second.generated) < 2:
+        engine.step()
+    engine.cancel(first)  # slot 0 of two: the last row moves into it
+    while engine.has_work():
+        engine.step()
+    assert generator.completion(second.generated).text == reference_texts[1]

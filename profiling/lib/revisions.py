@@ -1,0 +1,34 @@
+"""Another commit of this repository's files beside this checkout, for a tool that measures two commits
+side by side in one run (profiling/engine_overhead.py, profiling/overhead_floor.py)."""
+from __future__ import annotations
+
+import contextlib
+import io
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+from pipeline.config import REPO_ROOT
+
+
+def _safe(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
+    """tarfile's `data` filter, links out of the tree skipped rather than refused."""
+    try:
+        return tarfile.data_filter(member, path)
+    except tarfile.FilterError:
+        return None
+
+
+@contextlib.contextmanager
+def checkout(rev: str) -> Iterator[Path]:
+    """REV's files (`git archive`: no worktree registered, nothing to clean up in the repository) in a
+    temporary folder, removed afterwards; ValueError naming REV when git does not know it."""
+    done = subprocess.run(["git", "archive", "--format=tar", rev], cwd=REPO_ROOT, capture_output=True)
+    if done.returncode != 0:
+        raise ValueError(f"cannot read commit {rev!r}: {done.stderr.decode(errors='replace').strip()}")
+    with tempfile.TemporaryDirectory(prefix="rev-") as folder:
+        with tarfile.open(fileobj=io.BytesIO(done.stdout)) as archive:
+            archive.extractall(folder, filter=_safe)
+        yield Path(folder)
