@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import zlib
 from types import SimpleNamespace
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from pipeline import spec
-from pipeline.classifiers import SentimentClassifier, ToxicityClassifier
+from pipeline.classifiers import ModerationText, SentimentClassifier, ToxicityClassifier
 from pipeline.device import Placement
 from pipeline.embedder import Embedder, unit_rows
 from pipeline.generator import Generator
@@ -48,7 +48,9 @@ def null_placement(placement: Placement) -> Placement:
 
 class NullEmbedder(Embedder):
     def __init__(self, placement: Placement, dim: int = spec.EMBED_DIM):
-        super().__init__(None, null_placement(placement))
+        # No model to read a dimension from: the contract's (a course build's vectors).
+        self.model, self.placement, self.normalize, self.name, self.dim = (
+            None, null_placement(placement), True, spec.EMBEDDER_MODEL, dim)
         rng = np.random.default_rng(0)
         self.table = unit_rows(rng.standard_normal((EMBED_TABLE_ROWS, dim)).astype(np.float32))
 
@@ -58,8 +60,9 @@ class NullEmbedder(Embedder):
 
 
 class NullReranker(Reranker):
-    def __init__(self, placement: Placement):
-        super().__init__(None, None, null_placement(placement))
+    def __init__(self, placement: Placement, tokenizer=None):
+        # The stand-in's tokenizer: /v1/rerank bounds its documents in it.
+        super().__init__(tokenizer, None, null_placement(placement))
 
     def score_pairs(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
         # Decreasing: the stable sort keeps each request's documents in retrieval order.
@@ -77,11 +80,13 @@ class NullSentiment(SentimentClassifier):
 
 
 class NullToxicity(ToxicityClassifier):
-    def __init__(self, placement: Placement):
-        super().__init__(None, None, null_placement(placement))
+    def __init__(self, placement: Placement, tokenizer=None):
+        # The stand-in's tokenizer: /v1/moderations bounds its texts in it.
+        super().__init__(tokenizer, None, null_placement(placement))
 
-    def classify(self, texts: Sequence[str]) -> list[str]:
-        return [NULL_TOXIC] * len(texts)
+    def classify(self, items: Sequence[Any]) -> list[Any]:
+        # An answer gets the flag; a /v1/moderations text its (one, zero) label score.
+        return [{"toxic": 0.0} if isinstance(item, ModerationText) else NULL_TOXIC for item in items]
 
     __call__ = classify
 
@@ -127,6 +132,12 @@ def load_null_models(source: ModelSource, place: Callable[[str], Placement]) \
     """The five null models in Stages' order: embedder, reranker, generator, sentiment, toxicity."""
     if not source.is_null:
         raise ValueError(f"null models are loaded only for MODEL_SOURCE=null, not {source.describe()}")
-    return (NullEmbedder(place(spec.Stage.EMBED)), NullReranker(place(spec.Stage.RERANK)),
+    from transformers import AutoTokenizer
+
+    def tokenizer(name: str):
+        return AutoTokenizer.from_pretrained(name, **source.hf_kwargs(name))
+
+    return (NullEmbedder(place(spec.Stage.EMBED)),
+            NullReranker(place(spec.Stage.RERANK), tokenizer(spec.RERANKER_MODEL)),
             null_generator(source, place(spec.Stage.GENERATE)), NullSentiment(place(spec.Stage.SENTIMENT)),
-            NullToxicity(place(spec.Stage.TOXICITY)))
+            NullToxicity(place(spec.Stage.TOXICITY), tokenizer(spec.TOXICITY_MODEL)))
