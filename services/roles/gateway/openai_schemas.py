@@ -24,26 +24,6 @@ class Closed(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-# ---------------------------------------------------------------- errors
-
-class OpenAIErrorBody(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class OpenAIError(BaseModel):
-    """Every /v1 error (and /tokenize's, /detokenize's), with an x-should-retry header."""
-    error: OpenAIErrorBody
-
-
-class ServiceError(BaseModel):
-    """/query's errors."""
-    error: str
-    field: str | None = None
-
-
 # ---------------------------------------------------------------- chat pieces
 
 class ToolCallFunction(BaseModel):

@@ -1,5 +1,6 @@
 """Node 0's OpenAPI document, built from the routes' pydantic models (openai_schemas.py,
-endpoint_schemas.py) and the table of routes below; served at /openapi.json, no file kept.
+endpoint_schemas.py; the errors' in services/server/error_shapes.py) and the table of routes
+below; served at /openapi.json, no file kept.
 
 `python -m services.roles.gateway.openapi` prints it; `--write PATH` writes it to PATH.
 """
@@ -15,6 +16,7 @@ from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 
 from services.roles.gateway import endpoint_schemas as es
 from services.roles.gateway import openai_schemas as oa
+from services.server.error_shapes import OpenAIError, ServiceError
 
 REF = "#/components/schemas/{model}"
 INFO = {"title": "RAG customer-support service (node 0)", "version": "1.0", "description": (
@@ -88,7 +90,7 @@ class _NoFieldTitles(GenerateJsonSchema):
 
 def component_schemas() -> dict[str, Any]:
     """Every model's JSON Schema by name, references as #/components/schemas/<name>."""
-    models: set[type[BaseModel]] = {oa.OpenAIError, oa.ServiceError}
+    models: set[type[BaseModel]] = {OpenAIError, ServiceError}
     for _summary, request, reply, _what, _errors in PUBLIC.values():
         models.add(reply)
         models.update(getattr(request, "__args__", (request,)) if request is not None else ())
@@ -114,7 +116,7 @@ def _ref(model: Any) -> dict[str, Any]:
 
 def _public(path: str, summary: str, request: Any, reply: type[BaseModel], what: str,
             errors: tuple[int, ...]) -> dict[str, Any]:
-    error = oa.ServiceError if path == "/query" else oa.OpenAIError
+    error = ServiceError if path == "/query" else OpenAIError
     op: dict[str, Any] = {"summary": summary, "security": [{"bearerAuth": []}]}
     if "{model_id}" in path:
         op["parameters"] = [{"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}]
