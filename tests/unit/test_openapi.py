@@ -13,10 +13,18 @@ import numpy as np
 import pytest
 
 from pipeline import spec
+from services.roles.gateway.openai_api import ROUTE_FIELDS
+from services.roles.gateway.openai_embeddings import FIELDS as EMBEDDING_FIELDS
 from services.roles.gateway.openai_embeddings import embeddings_response
-from services.roles.gateway.openai_scoring import moderation_response, rerank_response
+from services.roles.gateway.openai_scoring import (
+    MODERATION_FIELDS,
+    RERANK_FIELDS,
+    moderation_response,
+    rerank_response,
+)
 from services.roles.gateway.openapi import openapi_document
-from services.roles.gateway.tokenize_routes import tokenize_response
+from services.roles.gateway.role import QUERY_FIELDS
+from services.roles.gateway.tokenize_routes import CHAT_FIELDS, DETOKENIZE_FIELDS, PROMPT_FIELDS, tokenize_response
 from tests.unit.test_gateway_role import query_app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,7 +67,9 @@ def test_every_recorded_client_body_is_valid_against_its_routes_request_schema(f
 @pytest.mark.parametrize(("path", "body"), [
     ("/query", {"request_id": "r", "query": "q", "stream": True,
                 "history": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}),
-    ("/v1/completions", {"model": spec.GENERATOR_MODEL, "prompt": ["q"], "logprobs": 2, "n": 2, "stop": "x"}),
+    ("/v1/completions", {"model": spec.GENERATOR_MODEL, "prompt": ["q"], "logprobs": 2, "n": 2, "stop": "x",
+                         "best_of": 1, "echo": False, "user": "u"}),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "text"}, "logit_bias": {}, "store": None}),
     ("/v1/embeddings", {"model": spec.EMBEDDER_MODEL, "input": ["a", "b"], "encoding_format": "base64"}),
     ("/v1/rerank", {"query": "q", "documents": ["a", {"text": "b"}], "top_n": 1}),
     ("/v1/moderations", {"input": ["a", {"type": "text", "text": "b"}]}),
@@ -74,6 +84,9 @@ def test_accepted_bodies_are_valid(path, body):
 @pytest.mark.parametrize(("path", "body"), [
     ("/query", {"request_id": "r", "query": "q", "temperature": 1}),
     ("/v1/chat/completions", {**CHAT, "n": 9}),
+    ("/v1/chat/completions", {**CHAT, "repetition_penalty": 1.1}),
+    ("/v1/chat/completions", {**CHAT, "store": True}),
+    ("/v1/completions", {"model": spec.GENERATOR_MODEL, "prompt": "q", "tools": []}),
     ("/v1/chat/completions", {"model": "m", "messages": []}),
     ("/v1/embeddings", {"model": spec.EMBEDDER_MODEL, "input": "a", "dimensions": 512}),
     ("/v1/rerank", {"query": "q", "documents": [], "model": spec.RERANKER_MODEL}),
@@ -111,3 +124,15 @@ def test_docs_api_lists_the_documents_paths():
     text = (ROOT / "docs" / "api.md").read_text()
     listed = re.search(r"# (\['/cache/clear'.*\])", text)
     assert listed is not None and json.loads(listed.group(1).replace("'", '"')) == sorted(openapi_document()["paths"])
+
+
+def test_each_request_schema_holds_exactly_the_fields_its_routes_rules_accept():
+    schemas = openapi_document()["components"]["schemas"]
+    tables = (("ChatCompletionRequest", ROUTE_FIELDS["chat"]), ("CompletionRequest", ROUTE_FIELDS["text"]),
+              ("EmbeddingRequest", EMBEDDING_FIELDS), ("RerankRequest", RERANK_FIELDS),
+              ("ModerationRequest", MODERATION_FIELDS), ("TokenizePromptRequest", PROMPT_FIELDS),
+              ("TokenizeChatRequest", CHAT_FIELDS), ("DetokenizeRequest", DETOKENIZE_FIELDS))
+    for name, rules in tables:
+        accepted = {*rules.read, *rules.no_op, *rules.ignored}
+        assert set(schemas[name]["properties"]) == accepted and schemas[name]["additionalProperties"] is False, name
+    assert set(schemas["Query"]["properties"]) == set(QUERY_FIELDS) and schemas["Query"]["additionalProperties"] is False

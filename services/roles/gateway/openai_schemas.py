@@ -131,7 +131,8 @@ class QueryReply(BaseModel):
 # ---------------------------------------------------------------- /v1/chat/completions and /v1/completions
 
 class Sampling(BaseModel):
-    """What both generating routes read the same way."""
+    """What both generating routes read the same way. The fields accepted only at a no-op value are added to
+    each route's schema from openai_api.NO_OP (services/roles/gateway/openapi.py), every other field refused."""
     model: str
     stream: bool | None = None
     stream_options: StreamOptions | None = None
@@ -141,11 +142,13 @@ class Sampling(BaseModel):
     top_k: int | None = Field(None, ge=-1)
     seed: int | None = Field(None, description=SEED)
     stop: Stop | None = Field(None, json_schema_extra={"maxItems": 4})
-    presence_penalty: Literal[0] | None = None
-    frequency_penalty: Literal[0] | None = None
     n: int | None = Field(None, ge=1, le=8, description=N)
     request_id: str | None = Field(None, description="extension: the idempotency key")
     user: Any = Field(None, description=NOT_ACTED_ON)
+    safety_identifier: Any = Field(None, description=NOT_ACTED_ON)
+    metadata: Any = Field(None, description=NOT_ACTED_ON)
+    service_tier: Any = Field(None, description=NOT_ACTED_ON)
+    prompt_cache_key: Any = Field(None, description=NOT_ACTED_ON)
 
 
 class ChatCompletionRequest(Sampling):
@@ -167,10 +170,6 @@ class ChatCompletionRequest(Sampling):
     logprobs: bool | None = Field(None, description="each answer token's log probability (from the engine's own logits)")
     top_logprobs: int | None = Field(None, ge=0, le=20, description="alternatives per token; only with logprobs true")
     parallel_tool_calls: bool | None = Field(None, description="false: at most one tool call (the answer ends where it closes)")
-    safety_identifier: Any = Field(None, description=NOT_ACTED_ON)
-    metadata: Any = Field(None, description=NOT_ACTED_ON)
-    service_tier: Any = Field(None, description=NOT_ACTED_ON)
-    prompt_cache_key: Any = Field(None, description=NOT_ACTED_ON)
 
 
 class CompletionRequest(Sampling):

@@ -16,6 +16,7 @@ from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 
 from services.roles.gateway import endpoint_schemas as es
 from services.roles.gateway import openai_schemas as oa
+from services.roles.gateway.openai_api import NO_OP
 from services.server.error_shapes import OpenAIError, ServiceError
 
 REF = "#/components/schemas/{model}"
@@ -96,7 +97,17 @@ def component_schemas() -> dict[str, Any]:
         models.update(getattr(request, "__args__", (request,)) if request is not None else ())
     keyed = [(m, "validation") for m in sorted(models, key=lambda m: m.__name__)]
     _refs, schemas = models_json_schema(keyed, ref_template=REF, schema_generator=_NoFieldTitles)  # type: ignore[arg-type]
-    return {**schemas["$defs"], "TokenizeRequest": request_schema(es.TokenizeRequest)}
+    defs = schemas["$defs"]
+    for name in ("ChatCompletionRequest", "CompletionRequest"):
+        defs[name] = with_no_ops(defs[name])
+    return {**defs, "TokenizeRequest": request_schema(es.TokenizeRequest)}
+
+
+def with_no_ops(schema: dict[str, Any]) -> dict[str, Any]:
+    """A generating route's schema closed, with the fields it accepts only at a no-op value (null: not sent)."""
+    no_ops = {key: {"enum": [*values, None], "description": f"accepted only so: {why}"}
+              for key, (values, why) in NO_OP.items()}
+    return {**schema, "properties": {**schema["properties"], **no_ops}, "additionalProperties": False}
 
 
 def request_schema(request: Any) -> dict[str, Any]:
