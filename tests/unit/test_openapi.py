@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from pipeline import spec
-from services.roles.gateway.openai_api import ROUTE_FIELDS
+from services.roles.gateway.openai_api import ROUTE_FIELDS, stream_chunks, text_chunks
 from services.roles.gateway.openai_embeddings import FIELDS as EMBEDDING_FIELDS
 from services.roles.gateway.openai_embeddings import embeddings_response
 from services.roles.gateway.openai_scoring import (
@@ -33,11 +33,12 @@ CHAT = {"model": spec.GENERATOR_MODEL, "messages": [{"role": "user", "content": 
 REPLY = {"generated_response": "Returns take 30 days.", "sentiment": "neutral", "is_toxic": "false"}
 
 
-def check(instance, path: str, method: str, part: str = "request", status: str = "200") -> None:
+def check(instance, path: str, method: str, part: str = "request", status: str = "200",
+          media: str = "application/json") -> None:
     document = openapi_document()
     operation = document["paths"][path][method]
     holder = operation["requestBody"] if part == "request" else operation["responses"][status]
-    schema = {**holder["content"]["application/json"]["schema"], "components": document["components"]}
+    schema = {**holder["content"][media]["schema"], "components": document["components"]}
     jsonschema.Draft202012Validator(schema).validate(instance)
 
 
@@ -118,6 +119,20 @@ def test_the_routes_objects_and_errors_are_valid_against_the_response_schemas():
     check(moderation_response([{"toxic": 0.2, "insult": 0.7}]), "/v1/moderations", "post", "response")
     check(tokenize_response([1, 2], 32768), "/tokenize", "post", "response")
     check({"prompt": "hi"}, "/detokenize", "post", "response")
+
+
+@pytest.mark.parametrize("include_usage", [False, True])
+def test_streamed_chunks_are_valid_against_the_event_stream_schemas(include_usage):
+    reply = {**REPLY, "request_id": "r", "seed": 3, "finish_reason": "tool_calls",
+             "usage": {"prompt_tokens": 5, "completion_tokens": 2}, "tool_calls": [{"name": "f", "arguments": "{}"}]}
+    chunks = list(stream_chunks("c", 0, spec.GENERATOR_MODEL, ["Re", "funds", reply], include_usage=include_usage))
+    assert any(c["choices"] and "tool_calls" in c["choices"][0]["delta"] for c in chunks)
+    for obj in chunks:
+        check(obj, "/v1/chat/completions", "post", "response", media="text/event-stream")
+    texts = text_chunks("t", 0, spec.GENERATOR_MODEL, ["Re", "funds", {**reply, "finish_reason": "length"}],
+                        include_usage=include_usage)
+    for obj in texts:
+        check(obj, "/v1/completions", "post", "response", media="text/event-stream")
 
 
 def test_docs_api_lists_the_documents_paths():

@@ -232,3 +232,55 @@ class TextCompletion(BaseModel):
     seed: int | None = Field(None, description=EXTRA_SEED)
     rag: dict[str, Any] | None = Field(None, description=EXTRA_RAG)
 
+
+
+# ---------------------------------------------------------------- streamed chunks (text/event-stream, closed by data: [DONE])
+
+class ToolCallDelta(ToolCall):
+    index: int
+
+
+class ChunkDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = Field(None, description="one call whole per delta")
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChunkDelta
+    logprobs: dict[str, Any] | None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None
+
+
+class ChatCompletionChunk(BaseModel):
+    """the role first, one per text piece, one per tool call, the last choice's (finish_reason, rag, seed), then
+    with stream_options.include_usage one with no choices and the usage (null before)"""
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+    seed: int | None = Field(None, description=EXTRA_SEED)
+    rag: dict[str, Any] | None = Field(None, description=EXTRA_RAG)
+
+
+class TextChunkChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: dict[str, Any] | None
+    finish_reason: Literal["stop", "length"] | None
+
+
+class TextCompletionChunk(BaseModel):
+    """one per text piece, the last choice's (finish_reason, rag, seed), then with stream_options.include_usage
+    one with no choices and the usage (null before)"""
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[TextChunkChoice]
+    usage: Usage | None = None
+    seed: int | None = Field(None, description=EXTRA_SEED)
+    rag: dict[str, Any] | None = Field(None, description=EXTRA_RAG)

@@ -54,6 +54,9 @@ PUBLIC: dict[tuple[str, str], tuple[str, Any, type[BaseModel], str, tuple[int, .
     ("/v1/models", "get"): ("The models served", None, es.ModelList, "the list", (401,)),
     ("/v1/models/{model_id}", "get"): ("One model", None, es.Model, "the model", (401, 404)),
 }
+# stream: true's events' data, each a JSON object
+STREAMED: dict[tuple[str, str], type[BaseModel]] = {("/v1/chat/completions", "post"): oa.ChatCompletionChunk,
+                                                   ("/v1/completions", "post"): oa.TextCompletionChunk}
 ERRORS = {400: "invalid request (the param names the field)", 401: "missing or invalid API key (API_KEYS_FILE set)",
           404: "unknown model or path", 409: "request_id reused with another question",
           413: "body over MAX_BODY_BYTES", 503: "overloaded, starting or stopping (Retry-After)",
@@ -92,6 +95,7 @@ class _NoFieldTitles(GenerateJsonSchema):
 def component_schemas() -> dict[str, Any]:
     """Every model's JSON Schema by name, references as #/components/schemas/<name>."""
     models: set[type[BaseModel]] = {OpenAIError, ServiceError}
+    models.update(STREAMED.values())
     for _summary, request, reply, _what, _errors in PUBLIC.values():
         models.add(reply)
         models.update(getattr(request, "__args__", (request,)) if request is not None else ())
@@ -125,7 +129,7 @@ def _ref(model: Any) -> dict[str, Any]:
     return {"$ref": REF.format(model=name)}
 
 
-def _public(path: str, summary: str, request: Any, reply: type[BaseModel], what: str,
+def _public(path: str, method: str, summary: str, request: Any, reply: type[BaseModel], what: str,
             errors: tuple[int, ...]) -> dict[str, Any]:
     error = ServiceError if path == "/query" else OpenAIError
     op: dict[str, Any] = {"summary": summary, "security": [{"bearerAuth": []}]}
@@ -133,7 +137,10 @@ def _public(path: str, summary: str, request: Any, reply: type[BaseModel], what:
         op["parameters"] = [{"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}]
     if request is not None:
         op["requestBody"] = {"required": True, "content": _json(_ref(request))}
-    op["responses"] = {"200": {"description": what, "content": _json(_ref(reply))},
+    content = _json(_ref(reply))
+    if (path, method) in STREAMED:
+        content["text/event-stream"] = {"schema": _ref(STREAMED[path, method])}
+    op["responses"] = {"200": {"description": what, "content": content},
                        **{str(s): {"description": ERRORS[s], "content": _json(_ref(error))} for s in errors}}
     return op
 
@@ -150,7 +157,7 @@ def _other(summary: str, body: dict[str, Any] | None, answers: dict[int, str]) -
 def openapi_document() -> dict[str, Any]:
     paths: dict[str, dict[str, Any]] = {}
     for (path, method), (summary, request, reply, what, errors) in PUBLIC.items():
-        paths.setdefault(path, {})[method] = _public(path, summary, request, reply, what, errors)
+        paths.setdefault(path, {})[method] = _public(path, method, summary, request, reply, what, errors)
     for (path, method), (summary, body, answers) in OTHERS.items():
         paths.setdefault(path, {})[method] = _other(summary, body, answers)
     return {"openapi": "3.1.0", "info": INFO, "paths": paths, "components": {
