@@ -6,6 +6,8 @@ then written in the shape of the route it came by. Two shapes: the service's own
 `{"error": message, "field": ...}`, and under /v1 (and on vLLM's /tokenize, /detokenize) OpenAI's
 `{"error": {message, type, param, code}}` with the `x-should-retry` header its SDKs read (true on 408, 429 and the 5xx but 501). A route may call
 the service's fields by its body's names (`params`: /v1/chat/completions calls the query `messages`).
+Both bodies are written by their pydantic models, which /openapi.json describes them by
+(services/roles/gateway/openapi.py).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flask import Response, jsonify
+from pydantic import BaseModel
 
 from services.server.errors import HttpAnswer
 
@@ -39,6 +42,25 @@ OPENAI_KINDS: dict[int, tuple[str, str | None]] = {
 NOT_OPENAI_PARAMS = frozenset({"body", "request", "Content-Type"})
 
 
+class ServiceError(BaseModel):
+    """/query's and the service's other routes' errors."""
+    error: str
+    field: str | None = None
+    reason: str | None = None  # machine-readable, for the node that called
+
+
+class OpenAIErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class OpenAIError(BaseModel):
+    """Every /v1 error (and /tokenize's, /detokenize's), with an x-should-retry header."""
+    error: OpenAIErrorBody
+
+
 @dataclass(frozen=True)
 class ErrorShape:
     """One row: the body an error is written as (given the field as the route calls it), its headers."""
@@ -48,12 +70,7 @@ class ErrorShape:
 
 
 def _service_body(answer: HttpAnswer, field: str | None) -> dict[str, Any]:
-    body: dict[str, Any] = {"error": answer.message}
-    if field is not None:
-        body["field"] = field
-    if answer.reason is not None:
-        body["reason"] = answer.reason
-    return body
+    return ServiceError(error=answer.message, field=field, reason=answer.reason).model_dump(exclude_none=True)
 
 
 def openai_kind(status: int) -> tuple[str, str | None]:
@@ -63,7 +80,8 @@ def openai_kind(status: int) -> tuple[str, str | None]:
 def _openai_body(answer: HttpAnswer, field: str | None) -> dict[str, Any]:
     kind, code = openai_kind(answer.status)
     param = None if field in NOT_OPENAI_PARAMS else field
-    return {"error": {"message": answer.message, "type": kind, "param": param, "code": answer.code or code}}
+    body = OpenAIErrorBody(message=answer.message, type=kind, param=param, code=answer.code or code)
+    return OpenAIError(error=body).model_dump()
 
 
 SERVICE = ErrorShape("service", _service_body, lambda status: {})

@@ -18,6 +18,7 @@ import numpy as np
 from flask import Flask
 
 from pipeline import spec
+from services.roles.gateway.endpoint_schemas import Embedding, EmbeddingList, EmbeddingUsage
 from services.roles.gateway.front import Front
 from services.server.answer_request import check_text
 from services.server.deadline import Deadline
@@ -78,11 +79,11 @@ def parse_embeddings_request(body: dict, max_inputs: int) -> tuple[list[str], st
 
 
 def embeddings_response(vectors: list[np.ndarray], encoding: str, prompt_tokens: int) -> dict[str, Any]:
-    data = []
+    data: list[Embedding] = []
     for i, vector in enumerate(vectors):
         values = np.asarray(vector, dtype="<f4")
         embedding: Any = base64.b64encode(values.tobytes()).decode("ascii") if encoding == "base64" \
             else values.tolist()
-        data.append({"object": "embedding", "index": i, "embedding": embedding})
-    return {"object": "list", "data": data, "model": EMBEDDING_MODEL,
-            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}}
+        data.append(Embedding(object="embedding", index=i, embedding=embedding))
+    return EmbeddingList(object="list", data=data, model=EMBEDDING_MODEL,
+                         usage=EmbeddingUsage(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens)).model_dump()

@@ -16,6 +16,7 @@ from flask import Flask, jsonify
 
 from pipeline import spec
 from services.roles.gateway import openai_api as oa
+from services.roles.gateway.endpoint_schemas import Model, ModelList
 from services.roles.gateway.front import Front
 from services.roles.gateway.openai_choices import (
     choice_chunks,
@@ -46,7 +47,7 @@ TEXT_PARAMS = {"query": "prompt"}
 def register_openai_routes(app: Flask, front: Front, default_temperature: float, max_tokens_cap: int) -> None:
     @app.get("/v1/models")
     def models():
-        return jsonify({"object": "list", "data": [_model_object(m) for m in SERVED_MODELS]})
+        return jsonify(ModelList(object="list", data=[_model(m) for m in SERVED_MODELS]).model_dump())
 
     @app.get("/v1/models/<path:model_id>")
     def model(model_id: str):
@@ -120,7 +121,11 @@ def register_openai_routes(app: Flask, front: Front, default_temperature: float,
 
 
 def _model_object(model_id: str) -> dict:
-    return {"id": model_id, "object": "model", "created": STARTED_AT, "owned_by": "rag-service"}
+    return _model(model_id).model_dump()
+
+
+def _model(model_id: str) -> Model:
+    return Model(id=model_id, object="model", created=STARTED_AT, owned_by="rag-service")
 
 
 def _chat_completion(id: str, created: int, reply: dict) -> dict:

@@ -27,6 +27,14 @@ from typing import Any
 from flask import Flask
 
 from pipeline import spec
+from services.roles.gateway.endpoint_schemas import (
+    ModerationResponse,
+    ModerationResult,
+    RerankDocument,
+    RerankResponse,
+    RerankResult,
+    RerankUsage,
+)
 from services.roles.gateway.front import Front
 from services.roles.worker.request_path import Worker
 from services.roles.worker.stage_clock import collect_stage_times
@@ -175,15 +183,16 @@ def relevance(logit: float) -> float:
 def rerank_response(scores: Sequence[float], documents: Sequence[str], top_n: int | None, return_documents: bool,
                     total_tokens: int) -> dict[str, Any]:
     ranked = sorted(range(len(scores)), key=lambda i: -scores[i])[:top_n]  # stable: ties in the documents' order
-    results = [{"index": i, "relevance_score": relevance(scores[i]),
-                **({"document": {"text": documents[i]}} if return_documents else {})} for i in ranked]
-    return {"id": f"rerank-{uuid.uuid4().hex}", "model": RERANKER_MODEL, "usage": {"total_tokens": total_tokens},
-            "results": results}
+    results = [RerankResult(index=i, relevance_score=relevance(scores[i]),
+                            document=RerankDocument(text=documents[i]) if return_documents else None) for i in ranked]
+    return RerankResponse(id=f"rerank-{uuid.uuid4().hex}", model=RERANKER_MODEL,
+                          usage=RerankUsage(total_tokens=total_tokens), results=results).model_dump(exclude_none=True)
 
 
 def moderation_response(scores: Sequence[dict[str, float]]) -> dict[str, Any]:
-    def result(labels: dict[str, float]) -> dict[str, Any]:
-        return {"flagged": spec.is_toxic_flag(max(labels.values())) == "true",
-                "categories": {label: spec.is_toxic_flag(p) == "true" for label, p in labels.items()},
-                "category_scores": dict(labels)}
-    return {"id": f"modr-{uuid.uuid4().hex}", "model": MODERATION_MODEL, "results": [result(s) for s in scores]}
+    def result(labels: dict[str, float]) -> ModerationResult:
+        return ModerationResult(flagged=spec.is_toxic_flag(max(labels.values())) == "true",
+                                categories={label: spec.is_toxic_flag(p) == "true" for label, p in labels.items()},
+                                category_scores=dict(labels))
+    return ModerationResponse(id=f"modr-{uuid.uuid4().hex}", model=MODERATION_MODEL,
+                              results=[result(s) for s in scores]).model_dump()

@@ -1,5 +1,6 @@
 """What node 0's public endpoints get beyond their routes: API keys, CORS, /v1/embeddings,
-/v1/rerank and /v1/moderations (node 0's own worker's stages), and the static /openapi.json that describes them. (Their errors take OpenAI's shape under /v1 by the one
+/v1/rerank and /v1/moderations (node 0's own worker's stages), and /openapi.json, built from the
+routes' pydantic models (openapi.py). (Their errors take OpenAI's shape under /v1 by the one
 table of error shapes, services/server/error_shapes.py.)
 
 Public paths are /query, /tokenize, /detokenize and everything under /v1/: API keys and CORS apply to
@@ -8,31 +9,20 @@ them alone (the tokenizer's routes cost a slot as the others do), so
 """
 from __future__ import annotations
 
-import json
-from functools import cache
-from pathlib import Path
-from typing import Any
-
 from flask import Flask, jsonify
 
 from pipeline.config.sections import ApiSettings
 from services.roles.gateway.front import Front
 from services.roles.gateway.openai_embeddings import register_openai_embeddings
 from services.roles.gateway.openai_scoring import register_openai_scoring
+from services.roles.gateway.openapi import openapi_document
 from services.roles.worker.role import WorkerRole
 from services.server.auth import ApiKeys, install_api_keys
 from services.server.cors import install_cors
 
-OPENAPI_FILE = Path(__file__).with_name("openapi.json")
-
 
 def is_public(path: str) -> bool:
     return path in ("/query", "/tokenize", "/detokenize", "/v1") or path.startswith("/v1/")
-
-
-@cache
-def openapi_document() -> dict[str, Any]:
-    return json.loads(OPENAPI_FILE.read_text(encoding="utf-8"))
 
 
 def register_public_api(app: Flask, api: ApiSettings, front: Front, worker: WorkerRole, node: int) -> None:
@@ -42,6 +32,8 @@ def register_public_api(app: Flask, api: ApiSettings, front: Front, worker: Work
     register_openai_embeddings(app, front, worker.embed, node)
     register_openai_scoring(app, front, lambda: worker.worker.require(), node)
 
+    document = openapi_document()  # built at start-up: a model that cannot be described fails here
+
     @app.get("/openapi.json")
     def openapi():
-        return jsonify(openapi_document())
+        return jsonify(document)

@@ -26,6 +26,7 @@ from flask import Flask
 
 from pipeline import spec
 from pipeline.prompt_tokens import PromptTokenizer
+from services.roles.gateway.endpoint_schemas import DetokenizeResponse, TokenizeResponse
 from services.roles.gateway.front import Front
 from services.roles.gateway.openai_messages import SYSTEM_ROLES, TURN_ROLES, message_text
 from services.server.answer_request import Bounds, check_text
@@ -89,7 +90,7 @@ def register_tokenize_routes(app: Flask, front: Front, loaded: Callable[[], Toke
                 if bad is not None:
                     raise ApiError(400, f"'tokens[{bad}]' = {ids[bad]} is not a token id: the vocabulary has "
                                         f"{model.vocab_size}", field=f"tokens[{bad}]")
-                yield {"prompt": model.tokens.decode(ids, skip_special_tokens=False)}
+                yield DetokenizeResponse(prompt=model.tokens.decode(ids, skip_special_tokens=False)).model_dump()
             return front.gateway.require().admitted(computed)
         return Call(answer)
 
@@ -176,4 +177,4 @@ def parse_detokenize_request(body: dict, max_tokens: int) -> list[int]:
 
 
 def tokenize_response(ids: list[int], max_model_len: int | None) -> dict[str, Any]:
-    return {"count": len(ids), "max_model_len": max_model_len, "tokens": ids, "token_strs": None}
+    return TokenizeResponse(count=len(ids), max_model_len=max_model_len, tokens=ids, token_strs=None).model_dump()
