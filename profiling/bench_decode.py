@@ -224,8 +224,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", action="store_true", help="torch.profiler top operators per size")
     p.add_argument("--profile-steps", type=positive(int), default=3, help="decode steps --profile records")
     p.add_argument("--top", type=positive(int), default=15, help="operators listed by --profile")
-    p.add_argument("--precisions", type=comma_list(str, example="bfloat16,int4-weight"), default=[],
-                   help="load the LLM in each of these variants in turn (empty: GENERATE_PRECISION or PRECISION's choice)")
+    p.add_argument("--precisions", type=comma_list(str, example="bfloat16,int4-weight"), default=None,
+                   help="load the LLM in each of these variants in turn; unset: as GENERATE_PRECISION or PRECISION places it")
     p.add_argument("--bandwidth-mib", type=positive(int), default=1024,
                    help="MiB of the buffer read to measure the memory bandwidth (many times the last-level cache)")
     p.add_argument("--kernels-baseline", action="store_true",
@@ -240,7 +240,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     steps = args.repeat + (args.profile_steps if args.profile else 0)
     if steps + 2 > spec.MAX_NEW_TOKENS:
         p.error(f"--repeat + --profile-steps must leave room within {spec.MAX_NEW_TOKENS} new tokens")
-    unknown = [v for v in args.precisions if v not in PRECISION_VARIANTS]
+    unknown = [v for v in args.precisions or [] if v not in PRECISION_VARIANTS]
     if unknown:
         p.error(f"--precisions: {', '.join(unknown)} unknown (expected some of {', '.join(PRECISION_VARIANTS)})")
     return args

@@ -43,6 +43,7 @@ def int4_case() -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor, torch.Te
     scale = torch.randint(1, 3, (2, 80), generator=generator).float()
     offset = torch.randint(-4, 5, (2, 80), generator=generator).float()
     params = torch.stack([scale, offset], dim=2).to(torch.bfloat16)
-    weight = (codes.double() - 8) * scale.t().double().repeat_interleave(32, 1) + offset.t().double().repeat_interleave(32, 1)
+    per_column = [t.t().double().repeat_interleave(32, dim=1) for t in (scale, offset)]  # (80, 64) each
+    weight = (codes.double() - 8) * per_column[0] + per_column[1]
     rows = torch.randint(-1, 2, (5, 64), generator=generator).double()
     return codes, params, 32, rows.to(torch.bfloat16), (rows @ weight.t()).to(torch.bfloat16)

@@ -30,8 +30,8 @@ from packaging.version import InvalidVersion, Version
 from pipeline.config import ConfigError
 from pipeline.cpu_features import onednn_isa_problem
 
-# torch, per device the kernels run on. CPU: 2.12.0 and 2.13.0 (int4-weight: 2.13.0 only, tests/unit/test_int4_kernels.py;
-# tests/unit/test_int8_kernels.py,
+# torch, per device the kernels run on. CPU: 2.12.0 and 2.13.0 (int4-weight: 2.13.0 only,
+# tests/unit/test_int4_kernels.py; tests/unit/test_int8_kernels.py,
 # test_fused_int8.py, test_kernel_versions.py, test_precision.py, test_continuous.py, test_stages.py and
 # test_chunked_attention.py pass with each). Not 2.11.0 there: its oneDNN float32 product gives a row other
 # bits from 17 rows up, so float32 Linears are not row-invariant (test_precision.py's float32 cases fail).
