@@ -36,6 +36,7 @@ CUDA cases run only where a GPU is.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 
@@ -45,7 +46,7 @@ from pipeline.kernels.int8 import Int8DynamicLinear, Int8WeightLinear, convert_l
 from pipeline.kernels.versions import check_kernel_versions
 
 # The quantized variants: what each converts a model's nn.Linears to.
-QUANTIZED = {"int8-dynamic": Int8DynamicLinear, "int8-weight": Int8WeightLinear, "int4-weight": int4_or_int8_weight}
+QUANTIZED: dict[str, Callable[..., torch.nn.Module]] = {"int8-dynamic": Int8DynamicLinear, "int8-weight": Int8WeightLinear, "int4-weight": int4_or_int8_weight}
 
 
 def apply_precision(model, precision: str, **int8_options):
