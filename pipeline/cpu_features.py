@@ -28,6 +28,9 @@ VNNI_CPU_FLAGS = frozenset({"avx512_vnni", "avx_vnni"})
 # oneDNN packs a bfloat16 weight (what a row-invariant bfloat16 Linear multiplies) only with these
 # (torch's mkldnn_reorder_linear_weight: "avx_ne_convert or avx512bw, avx512vl and avx512dq").
 BF16_PACKING_CPU_FLAGS = frozenset({"avx512bw", "avx512vl", "avx512dq"})
+# torch's packed int4 product (pipeline.kernels.int4) has AVX2 and AVX-512 kernels; without AVX2 and FMA
+# it runs a scalar loop, far slower than any other variant.
+INT4_CPU_FLAGS = frozenset({"avx2", "fma"})
 
 # oneDNN's instruction-set levels (its ONEDNN_MAX_CPU_ISA values), lowest first, each with the CPU
 # flags it adds to the one before; a level's aliases share its flags.
@@ -111,6 +114,12 @@ def cpu_sums_int8_exactly(flags: Iterable[str] | None = None) -> bool:
     """Whether an int8 kernel can sum exactly here: the CPU has VNNI (its own flags, since fbgemm does
     not follow oneDNN's hold). pipeline.kernels.int8 checks the kernels themselves at load."""
     return bool(VNNI_CPU_FLAGS & _own(flags))
+
+
+def cpu_runs_int4(flags: Iterable[str] | None = None) -> bool:
+    """Whether torch's packed int4 product has a vector kernel here (the CPU's own flags: it is ATen's
+    kernel, not oneDNN's)."""
+    return INT4_CPU_FLAGS <= _own(flags)
 
 
 def onednn_isas_here(flags: Iterable[str] | None = None) -> list[str]:

@@ -42,7 +42,7 @@ def placement_for(settings: Settings, stage: str, **detectors) -> Placement:
     variant = resolve_variant(
         settings.stage_precision(stage), stage, device, settings.stage_precision_variable(stage),
         bf16_cpu=detectors.get("bf16_cpu", cpu_supports_bf16),
-        **{k: v for k, v in detectors.items() if k in ("cuda_bf16", "int8_cpu", "packs_bf16")})
+        **{k: v for k, v in detectors.items() if k in ("cuda_bf16", "int8_cpu", "packs_bf16", "int4_cpu")})
     return Placement(device, LOAD_DTYPE[variant], variant)
 
 

@@ -15,6 +15,11 @@
   activations, ``torch._weight_int8pack_mm``. Meant for CPUs with bf16 (avx512_bf16/AMX); on a
   CPU without bf16 it runs, but bfloat16 arithmetic is emulated there and slow. CUDA is offered
   neither int8 variant.
+* ``int4-weight``: weight-only, as int8-weight but with group-wise 4-bit weights (a bfloat16 scale and
+  offset per 128 input columns): every ``nn.Linear`` the packed int4 kernel takes becomes
+  :class:`~pipeline.kernels.int4.Int4WeightLinear` (`torch.ops.aten._weight_int4pack_mm_for_cpu`),
+  the others (label and score heads) :class:`~pipeline.kernels.int8.Int8WeightLinear`. A quarter of
+  bfloat16's weight bytes: what a decode step at its memory floor reads. CPU only.
 
 Which variant a stage runs (``PRECISION``: ``auto``, ``fast`` or a variant by name) is decided
 by :mod:`pipeline.precision_policy`, without torch. Conversion happens once at load, layer by layer, and drops each float weight
@@ -31,21 +36,23 @@ CUDA cases run only where a GPU is.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 
 from pipeline.kernels.batch_invariance import make_batch_invariant
+from pipeline.kernels.int4 import int4_or_int8_weight
 from pipeline.kernels.int8 import Int8DynamicLinear, Int8WeightLinear, convert_linears, untie_output_embeddings
 from pipeline.kernels.versions import check_kernel_versions
 
-# The int8 variants: the Linear each converts a model's nn.Linears to.
-QUANTIZED = {"int8-dynamic": Int8DynamicLinear, "int8-weight": Int8WeightLinear}
+# The quantized variants: what each converts a model's nn.Linears to.
+QUANTIZED: dict[str, Callable[..., torch.nn.Module]] = {"int8-dynamic": Int8DynamicLinear, "int8-weight": Int8WeightLinear, "int4-weight": int4_or_int8_weight}
 
 
 def apply_precision(model, precision: str, **int8_options):
     """The model in `precision`, batch-invariant: float variants are the dtype it was loaded in;
-    int8 ones convert its Linears (the model must have been loaded in LOAD_DTYPE[precision]);
-    `int8_options` go to each int8 Linear (Int8DynamicLinear's kernel and fused: profiling/real_fidelity.py
+    quantized ones convert its Linears (the model must have been loaded in LOAD_DTYPE[precision]);
+    `int8_options` go to each int8-dynamic Linear (Int8DynamicLinear's kernel and fused: profiling/real_fidelity.py
     measures every kernel; serving passes none).
     Then its attention and its remaining float Linears are made batch-invariant
     (:func:`~pipeline.kernels.batch_invariance.make_batch_invariant`), whatever the variant.
@@ -61,7 +68,8 @@ def apply_precision(model, precision: str, **int8_options):
 
 
 def model_nbytes(module) -> int:
-    """A model's weight bytes: parameters, buffers, and the fbgemm-packed int8 weights."""
+    """A model's weight bytes: parameters, buffers (the int4 packed weights among them), and the fbgemm-packed
+    int8 weights."""
     tensors = list(module.parameters()) + list(module.buffers())
     packed = sum(m.packed_nbytes() for m in module.modules() if isinstance(m, Int8DynamicLinear))
     return sum(t.numel() * t.element_size() for t in tensors) + packed

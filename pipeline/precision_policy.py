@@ -3,7 +3,7 @@ without torch or a model (so `./run.sh settings` can print it); the variants the
 pipeline/precision.py.
 
 ``PRECISION`` (per stage ``<STAGE>_PRECISION``) names what a stage computes in: a variant
-(``float32``, ``bfloat16``, ``float16``, ``int8-dynamic``, ``int8-weight``) or a policy:
+(``float32``, ``bfloat16``, ``float16``, ``int8-dynamic``, ``int8-weight``, ``int4-weight``) or a policy:
 ``auto`` = bfloat16 on a CPU with avx512_bf16 or AMX and on a GPU with bf16, float32 on other
 CPUs, float16 on a GPU without bf16; ``fast`` = the per-hardware table :data:`FAST`.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pipeline.config import CUDA_ONLY_VARIANTS, PRECISION_POLICIES, PRECISION_VARIANTS, ConfigError
-from pipeline.cpu_features import cpu_packs_bf16, cpu_sums_int8_exactly
+from pipeline.cpu_features import cpu_packs_bf16, cpu_runs_int4, cpu_sums_int8_exactly
 
 # A CPU with AMX is of the cpu-bf16 kind: oneDNN is held below AMX there (pipeline.cpu_features).
 CPU_BF16, CPU_PLAIN, CUDA = "cpu-bf16", "cpu", "cuda"
@@ -52,7 +52,7 @@ FAST: dict[str, dict[str, str]] = {
 }
 # The dtype a variant's model is loaded in before its Linears are converted.
 LOAD_DTYPE = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "int8-dynamic": "float32",
-              "int8-weight": "bfloat16"}
+              "int8-weight": "bfloat16", "int4-weight": "bfloat16"}
 # How each hardware kind reads in a sentence.
 HARDWARE_WORDS = {CPU_BF16: "a CPU with avx512_bf16 (or AMX, held below it)",
                   CPU_PLAIN: "a CPU without avx512_bf16 or AMX", CUDA: "a CUDA GPU"}
@@ -71,12 +71,14 @@ def _cuda_bf16() -> bool:
 
 def supported_variants(device: str, *, cuda_bf16: Callable[[], bool] = _cuda_bf16,
                        int8_cpu: Callable[[], bool] = cpu_sums_int8_exactly,
-                       packs_bf16: Callable[[], bool] = cpu_packs_bf16) -> tuple[str, ...]:
+                       packs_bf16: Callable[[], bool] = cpu_packs_bf16,
+                       int4_cpu: Callable[[], bool] = cpu_runs_int4) -> tuple[str, ...]:
     """What this device is offered. A CPU: every variant but float16 (bf16 ones slowly without
     avx512_bf16; float16 is several times slower than float32 there), int8-dynamic only with
     VNNI (without it fbgemm's and oneDNN's int8 sums saturate: they would be wrong, not only slow),
     bfloat16 only where oneDNN packs its weights (AVX-512 BW/VL/DQ or avx_ne_convert: not on an
-    AVX2-only CPU). CUDA: bfloat16 (where the
+    AVX2-only CPU), int4-weight only where torch's int4 kernel has a vector path (AVX2 and FMA: else
+    a scalar loop). CUDA: bfloat16 (where the
     GPU has it) and float16, the two whose every stage gives a row the same bits alone and batched
     there (tests/unit/test_precision.py's CUDA cases, H100). Not float32: its embeddings and
     chunked attention change with batch-mates on CUDA. Not int8: its decode step was slower than
@@ -85,6 +87,7 @@ def supported_variants(device: str, *, cuda_bf16: Callable[[], bool] = _cuda_bf1
     if device != "cuda":
         left_out = {"int8-dynamic"} - ({"int8-dynamic"} if int8_cpu() else set())
         left_out |= set() if packs_bf16() else {"bfloat16"}
+        left_out |= set() if int4_cpu() else {"int4-weight"}
         return tuple(v for v in PRECISION_VARIANTS if v not in left_out)
     return ("bfloat16", *CUDA_ONLY_VARIANTS) if cuda_bf16() else CUDA_ONLY_VARIANTS
 

@@ -1,6 +1,8 @@
-"""Where a continuous-batching decode step's time goes, at 1 and more running sequences.
+"""Where a continuous-batching decode step's time goes, at 1 and more running sequences, and how far it is
+from this machine's memory floor.
 
     python -m profiling.bench_decode [--sequences 1,16] [--repeat 8] [--profile]
+                                     [--precisions bfloat16,int8-dynamic,int4-weight]
                                      [--kernels-baseline] [--out runs/bench_decode]
 
 Fills the continuous engine with N running sequences (the SPEC prompt over
@@ -14,21 +16,31 @@ runner and the attention kernel change together). `--kernels-baseline` also meas
 same model, int8-dynamic's per-row glue as torch ops instead of fused
 (pipeline/kernels/fused_int8.py; the same bits). The model and precision come
 from the environment (MODEL_SOURCE, STANDIN_PROFILE, PRECISION or
-GENERATE_PRECISION, TORCH_THREADS).
+GENERATE_PRECISION, TORCH_THREADS); `--precisions` loads the LLM in each
+variant named instead, one after the other.
+
+Every step is printed against its floor (profiling/lib/decode_floor.py): the
+bytes it must read (every Linear weight once, the KV cache of its sequences)
+over the read bandwidth measured here first, a streaming read of a buffer of
+`--bandwidth-mib` at one thread and at torch's thread count (the step's).
 """
 from __future__ import annotations
 
 import argparse
+import gc
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
 
 from pipeline import spec
+from pipeline.config import PRECISION_VARIANTS, Settings
 from pipeline.continuous import ContinuousEngine
 from pipeline.generator import GenerationRequest, Generator
+from profiling.lib import decode_floor
 from profiling.lib.cli import add_out, comma_list, make_parser, positive
 from profiling.lib.inputs import cycled, document_pool, spec_queries
-from profiling.lib.models import decode_full_length, worker_generator
+from profiling.lib.models import decode_full_length, worker_generator, worker_settings
 from profiling.lib.provenance import local_record
 from profiling.lib.report import run_folder, write_json
 
@@ -152,7 +164,8 @@ def summary(variant: Variant, n: int) -> dict:
             "step_ms": round(1000 * medians["total"], 2),
             "step_ms_min": round(1000 * min(step["total"] for step in variant.steps), 2),
             "phases_ms": {key: round(1000 * medians[key], 2) for key in PHASES},
-            "longest_row": max(row.length for row in variant.engine.runner.table.rows), "tokens": tokens,
+            "longest_row": max(row.length for row in variant.engine.runner.table.rows),
+            "context_tokens": sum(row.length for row in variant.engine.runner.table.rows), "tokens": tokens,
             "cuda_graphs": None if variant.engine.runner.graphs is None else variant.engine.runner.graphs.recorded}
 
 
@@ -211,6 +224,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", action="store_true", help="torch.profiler top operators per size")
     p.add_argument("--profile-steps", type=positive(int), default=3, help="decode steps --profile records")
     p.add_argument("--top", type=positive(int), default=15, help="operators listed by --profile")
+    p.add_argument("--precisions", type=comma_list(str, example="bfloat16,int4-weight"), default=None,
+                   help="load the LLM in each of these variants in turn; unset: as GENERATE_PRECISION or PRECISION places it")
+    p.add_argument("--bandwidth-mib", type=positive(int), default=1024,
+                   help="MiB of the buffer read to measure the memory bandwidth (many times the last-level cache)")
     p.add_argument("--kernels-baseline", action="store_true",
                    help="also measure int8-dynamic's per-row glue as torch ops (unfused), interleaved")
     add_out(p, "bench_decode")
@@ -223,6 +240,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     steps = args.repeat + (args.profile_steps if args.profile else 0)
     if steps + 2 > spec.MAX_NEW_TOKENS:
         p.error(f"--repeat + --profile-steps must leave room within {spec.MAX_NEW_TOKENS} new tokens")
+    unknown = [v for v in args.precisions or [] if v not in PRECISION_VARIANTS]
+    if unknown:
+        p.error(f"--precisions: {', '.join(unknown)} unknown (expected some of {', '.join(PRECISION_VARIANTS)})")
     return args
 
 
@@ -238,27 +258,83 @@ def run_size(generator: Generator, n: int, args: argparse.Namespace) -> tuple[li
     return rows, profiles
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def measure_bandwidth(mib: int) -> dict[str, float]:
+    """Read bandwidth (bytes/s) at one thread, torch's thread count (the steps') and every core, keyed by the
+    count; warns where the buffer is too small to leave the cache."""
     import torch
-    generator, source, placement = worker_generator()
+    problem = decode_floor.buffer_problem(mib * 2 ** 20, decode_floor.last_level_cache_bytes())
+    if problem:
+        print(f"WARNING: {problem}; raise --bandwidth-mib", flush=True)
+    counts = sorted({1, torch.get_num_threads(), os.cpu_count() or 1})
+    return {str(n): decode_floor.read_bandwidth(mib, n) for n in counts}
+
+
+def load_generator(precision: str | None) -> tuple[Generator, object, object]:
+    """The LLM as a worker places it, in `precision` where given (refused as the service refuses it)."""
+    if precision is None:
+        return worker_generator()
+    from pipeline.device import placement_for
+    _, source = worker_settings()
+    placement = placement_for(Settings.from_env({**os.environ, "GENERATE_PRECISION": precision}), "generate")
+    return Generator.load(source, placement), source, placement
+
+
+def add_floors(rows: list[dict], generator: Generator, bandwidth: float) -> None:
+    """Each row's floor columns (decode_floor.floor_fields), from the model's weight bytes and its KV width."""
+    model = generator.model
+    weights = decode_floor.weight_bytes(model)
+    element = next(model.parameters()).element_size()  # the KV cache is kept in the model's dtype
+    per_token = decode_floor.kv_bytes_per_token(model.config, element)
+    for row in rows:
+        floor = decode_floor.step_floor(weights, [row["context_tokens"]], per_token, bandwidth)
+        row.update(decode_floor.floor_fields(floor, row["step_ms"]))
+
+
+def run_precision(precision: str | None, args: argparse.Namespace, bandwidth: dict[str, float]) -> dict:
+    import torch
+    generator, source, placement = load_generator(precision)
     rows, profiles, same = [], {}, {}
     for n in args.sequences:
         size_rows, profiles[str(n)] = run_size(generator, n, args)
         same[str(n)] = len({str(r["tokens"]) for r in size_rows}) == 1
         rows += size_rows
+    add_floors(rows, generator, bandwidth[str(torch.get_num_threads())])
+    for row in rows:
+        row["precision"] = placement.precision
     print(f"\n[{placement.precision}, {torch.get_num_threads()} threads, {source.describe()}] median per step:")
     print(format_rows(rows))
     report = {"settings": {"sequences": args.sequences, "repeat": args.repeat, "dtype": placement.dtype,
                            "torch_threads": torch.get_num_threads(), "model_source": source.describe(),
                            "kernels_baseline": args.kernels_baseline,
                            "precision": placement.precision},
+              "bandwidth_gb_s": {k: round(v / 1e9, 2) for k, v in bandwidth.items()},
               "ratio_most_vs_fewest": ratios(rows), "same_tokens_across_runners": same,
               "rows": rows, "profiles": profiles}
     print("step ratio:", report["ratio_most_vs_fewest"])
     report["provenance"] = local_record()
     path = write_json(run_folder("bench_decode", args.out) / f"bench_decode_{placement.precision}.json", report)
     print(f"results in {path}")
+    del generator
+    gc.collect()
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    worker_settings()  # torch on the worker's threads before the bandwidth is read at that count
+    args.out = run_folder("bench_decode", args.out)  # one folder for every precision's file
+    bandwidth = measure_bandwidth(args.bandwidth_mib)
+    print("read bandwidth: " + ", ".join(f"{v / 1e9:.1f} GB/s at {k} thread(s)" for k, v in bandwidth.items()))
+    reports = [run_precision(p, args, bandwidth) for p in (args.precisions or [None])]
+    rows = [r for report in reports for r in report["rows"] if r["runner"] == CURRENT]
+    print("\neach step against its memory floor (weights + KV cache read / read bandwidth):")
+    print(decode_floor.format_floor_rows(rows))
+    floors = {"bandwidth_gb_s": reports[0]["bandwidth_gb_s"], "bandwidth_mib": args.bandwidth_mib,
+              "rows": [{k: r[k] for k in ("precision", "sequences", "step_ms", "floor_ms", "step_over_floor",
+                                          "weight_mb", "kv_mb", "context_tokens")} for r in rows],
+              "provenance": local_record()}
+    path = write_json(args.out / "bench_decode_floor.json", floors)
+    print(f"floor table in {path}")
     return 0
 
 

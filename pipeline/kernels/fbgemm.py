@@ -6,7 +6,7 @@ import warnings
 
 import torch
 
-from pipeline.kernels.exact_check import full_range_case
+from pipeline.kernels.exact_check import sums_int8_exactly
 
 
 class AnchoredFbgemm:
@@ -48,8 +48,4 @@ class AnchoredFbgemm:
 def fbgemm_is_exact() -> bool:
     """Whether this CPU's fbgemm sums int8 exactly (checked once, on the worst case: without
     VNNI its 16-bit pair sums saturate at full-range codes), so the anchored path may be used."""
-    try:
-        qweight, scale, codes, expected = full_range_case()
-        return torch.equal(AnchoredFbgemm(qweight, scale).sums(codes.float()), expected)
-    except (RuntimeError, AttributeError):  # a torch without fbgemm or the quantized ops
-        return False
+    return sums_int8_exactly(lambda qweight, scale, codes: AnchoredFbgemm(qweight, scale).sums(codes.float()))

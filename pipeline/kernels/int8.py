@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 
 from pipeline.config import ConfigError
-from pipeline.kernels.exact_check import full_range_case
+from pipeline.kernels.exact_check import sums_int8_exactly
 from pipeline.kernels.fbgemm import AnchoredFbgemm, fbgemm_is_exact
 from pipeline.kernels.fused_int8 import fused_ops
 
@@ -39,8 +39,7 @@ def quantize_per_channel(weight):
 def int_mm_is_exact() -> bool:
     """Whether `torch._int_mm` sums int8 exactly here (checked once, on the worst case: oneDNN's
     kernels without VNNI saturate 16-bit pair sums there, as fbgemm's do)."""
-    qweight, scale, codes, expected = full_range_case()
-    return torch.equal(torch._int_mm(codes, qweight.t()).float() * scale, expected)
+    return sums_int8_exactly(lambda qweight, scale, codes: torch._int_mm(codes, qweight.t()).float() * scale)
 
 
 def row_codes(x):

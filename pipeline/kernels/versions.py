@@ -5,7 +5,9 @@ minor release:
 
 * torch: `torch._int_mm`, `torch._weight_int8pack_mm`, `torch._make_per_channel_quantized_tensor`,
   `torch.ops.quantized.linear_prepack` / `linear_dynamic` / `linear_unpack` (pipeline.kernels.int8,
-  pipeline.kernels.fbgemm), `torch.ops.mkldnn._linear_pointwise`,
+  pipeline.kernels.fbgemm), `torch.ops.aten._convert_weight_to_int4pack_for_cpu` and
+  `_weight_int4pack_mm_for_cpu` (pipeline.kernels.int4: its packing, group layout and offset of 8, checked
+  at load by `int4_is_exact`), `torch.ops.mkldnn._linear_pointwise`,
   `torch.ops.aten._scaled_dot_product_flash_attention_for_cpu` and its log-sum-exp
   (pipeline.kernels.chunked_attention), and the row-count-dependent summation of the float GEMMs
   and of SDPA's CPU kernel that pipeline.kernels.batch_invariance works around.
@@ -28,7 +30,8 @@ from packaging.version import InvalidVersion, Version
 from pipeline.config import ConfigError
 from pipeline.cpu_features import onednn_isa_problem
 
-# torch, per device the kernels run on. CPU: 2.12.0 and 2.13.0 (tests/unit/test_int8_kernels.py,
+# torch, per device the kernels run on. CPU: 2.12.0 and 2.13.0 (int4-weight: 2.13.0 only,
+# tests/unit/test_int4_kernels.py; tests/unit/test_int8_kernels.py,
 # test_fused_int8.py, test_kernel_versions.py, test_precision.py, test_continuous.py, test_stages.py and
 # test_chunked_attention.py pass with each). Not 2.11.0 there: its oneDNN float32 product gives a row other
 # bits from 17 rows up, so float32 Linears are not row-invariant (test_precision.py's float32 cases fail).

@@ -176,7 +176,7 @@ class PrecisionCost:
     """Where a precision variant (pipeline/precision.py) computes and how wide what it reads is."""
     linear_peak: str  # the PEAK_KINDS the Linears run at
     attention_peak: str
-    weight_bytes: int  # per Linear weight
+    weight_bytes: float  # per Linear weight (int4: half a byte and its group's share of a scale and offset)
     float_bytes: int  # per embedding or KV-cache element
 
 
@@ -185,10 +185,12 @@ PRECISION_COSTS = {
     "bfloat16": PrecisionCost("bfloat16", "bfloat16", 2, 2),
     "int8-dynamic": PrecisionCost("int8", "float32", 1, 4),  # int8 x int8 Linears, the rest float32
     "int8-weight": PrecisionCost("bfloat16", "bfloat16", 1, 2),  # int8 weights widened to bfloat16
+    # 4-bit codes and a bfloat16 scale and offset per 128 weights (pipeline/kernels/int4.py), widened to float32
+    "int4-weight": PrecisionCost("bfloat16", "bfloat16", 0.5 + 4 / 128, 2),
 }
 
 
-def bytes_read(work: Work, precision: str) -> int:
+def bytes_read(work: Work, precision: str) -> float:
     cost = PRECISION_COSTS[precision]
     return work.weights * cost.weight_bytes + (work.embedding_reads + work.kv_reads) * cost.float_bytes
 

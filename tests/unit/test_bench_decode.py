@@ -14,7 +14,7 @@ def test_bench_decode_times_steps_by_phase_and_profiles(tmp_path, model_source, 
     for name, value in TEST_ENV.items():
         monkeypatch.setenv(name, value)
     assert bench_decode.main(["--sequences", "1,3", "--repeat", "2", "--profile", "--profile-steps", "1",
-                              "--top", "5", "--out", str(tmp_path)]) == 0
+                              "--top", "5", "--bandwidth-mib", "16", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "bench_decode_float32.json").read_text())
     assert {(r["runner"], r["sequences"]) for r in report["rows"]} == {("current", 1), ("current", 3)}
     assert all(r["steps"] == 2 and r["step_ms"] > 0 and set(r["phases_ms"]) == set(bench_decode.PHASES)
@@ -36,7 +36,8 @@ def test_kernels_baseline_times_both_glues_and_they_choose_the_same_tokens(tmp_p
     from profiling import bench_decode
     for name, value in {**TEST_ENV, "GENERATE_PRECISION": "int8-dynamic"}.items():
         monkeypatch.setenv(name, value)
-    assert bench_decode.main(["--sequences", "1,3", "--repeat", "2", "--kernels-baseline", "--out", str(tmp_path)]) == 0
+    assert bench_decode.main(["--sequences", "1,3", "--repeat", "2", "--kernels-baseline", "--bandwidth-mib", "16",
+                              "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "bench_decode_int8-dynamic.json").read_text())
     assert report["settings"]["precision"] == "int8-dynamic" and report["settings"]["kernels_baseline"]
     before = f"{bench_decode.CURRENT} {bench_decode.KERNELS_BEFORE}"
@@ -63,3 +64,32 @@ def test_use_kernels_switches_every_int8_dynamic_linear_and_nothing_else():
     fused_out = model(x)
     bench_decode.use_kernels(model, before=True)
     assert torch.equal(model(x), fused_out)  # fused or not, the same bits
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.usefixtures("tool_commit")
+def test_each_precisions_steps_are_printed_against_the_memory_floor(tmp_path, model_source, monkeypatch, capsys):
+    from profiling import bench_decode
+    for name, value in TEST_ENV.items():
+        monkeypatch.setenv(name, value)
+    assert bench_decode.main(["--sequences", "1,2", "--repeat", "2", "--precisions", "float32,int4-weight",
+                              "--bandwidth-mib", "16", "--out", str(tmp_path)]) == 0
+    floors = json.loads((tmp_path / "bench_decode_floor.json").read_text())
+    assert {(r["precision"], r["sequences"]) for r in floors["rows"]} == {
+        (p, n) for p in ("float32", "int4-weight") for n in (1, 2)}
+    assert set(floors["bandwidth_gb_s"]) >= {"1"} and all(v > 0 for v in floors["bandwidth_gb_s"].values())
+    weights = {r["precision"]: r["weight_mb"] for r in floors["rows"]}
+    assert weights["int4-weight"] < 0.3 * weights["float32"]  # 4-bit codes against float32's 32 bits, and scales
+    for row in floors["rows"]:
+        assert row["floor_ms"] > 0 and row["step_over_floor"] == pytest.approx(row["step_ms"] / row["floor_ms"], rel=0.02)
+    two = {r["precision"]: r for r in floors["rows"] if r["sequences"] == 2}
+    one = {r["precision"]: r for r in floors["rows"] if r["sequences"] == 1}
+    assert all(two[p]["kv_mb"] > one[p]["kv_mb"] for p in two)  # two sequences' caches against one's
+    assert (tmp_path / "bench_decode_int4-weight.json").is_file() and (tmp_path / "bench_decode_float32.json").is_file()
+    assert "against its memory floor" in capsys.readouterr().out
+
+
+def test_an_unknown_precision_is_refused():
+    from profiling import bench_decode
+    with pytest.raises(SystemExit):
+        bench_decode.parse_args(["--precisions", "int3"])

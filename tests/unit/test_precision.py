@@ -17,13 +17,14 @@ from pipeline.device import Placement, placement_for
 from pipeline.docstore import Document
 from pipeline.generator import GenerationRequest
 from pipeline.kernels.batch_invariance import BATCH_INVARIANT_ATTENTION, RowInvariantLinear
+from pipeline.kernels.int4 import Int4WeightLinear
 from pipeline.kernels.int8 import Int8DynamicLinear, Int8WeightLinear, quantize_rows
 from pipeline.precision_policy import FAST, LOAD_DTYPE
 from pipeline.reranker import RerankRequest
 from tests.helpers import run_joining
 
 # Every variant the policy may pick on a CPU; alone and batched must agree to the last bit in each.
-VARIANTS = ("float32", "bfloat16", "int8-dynamic", "int8-weight")
+VARIANTS = ("float32", "bfloat16", "int8-dynamic", "int8-weight", "int4-weight")
 QUERIES = list(spec.REFERENCE_QUERIES)
 TEXTS = ["ok", "Answer: you can return it within 30 days for a refund.",
          "Answer: " + "the package is delayed because of the weather and the carrier. " * 20]
@@ -42,7 +43,7 @@ PLACEMENTS = [pytest.param(("cpu", v), id=v, marks=[BF16_CPU] if v == "bfloat16"
 def _placement(env: dict, stage: str, bf16: bool = True, **detectors) -> Placement:
     """A stage's placement on a CPU described by `bf16` and `detectors` (a CPU that packs bfloat16 and
     sums int8 exactly unless they say otherwise), not on this one."""
-    machine = {"packs_bf16": lambda: True, "int8_cpu": lambda: True}
+    machine = {"packs_bf16": lambda: True, "int8_cpu": lambda: True, "int4_cpu": lambda: True}
     return placement_for(Settings.from_env(env), stage, bf16_cpu=lambda: bf16, **{**CPU, **machine, **detectors})
 
 
@@ -73,10 +74,10 @@ def test_per_stage_precision_overrides_precision():
 
 def test_bad_precision_values_are_one_line_errors_naming_the_variable():
     with pytest.raises(ConfigError, match=r"^PRECISION='int8' is not valid: expected one of auto, fast, float32, "
-                                          r"bfloat16, float16, int8-dynamic, int8-weight$"):
+                                          r"bfloat16, float16, int8-dynamic, int8-weight, int4-weight$"):
         Settings.from_env({"PRECISION": "int8"})
     with pytest.raises(ConfigError, match=r"^GENERATE_PRECISION='float16' is not valid on the CPU: expected auto, "
-                                          r"fast, float32, bfloat16, int8-dynamic, int8-weight$"):
+                                          r"fast, float32, bfloat16, int8-dynamic, int8-weight, int4-weight$"):
         _placement({"GENERATE_PRECISION": "float16"}, "generate")
 
 
@@ -100,7 +101,7 @@ def test_a_variant_the_device_cannot_run_is_refused_at_startup():
                                           r"expected auto, fast, float16$"):
         placement_for(s, "generate", bf16_cpu=lambda: True, **gpu)
     # CUDA is offered neither float32 (not batch-invariant there) nor int8 (slower than bfloat16 there)
-    for variant in ("float32", "int8-dynamic", "int8-weight"):
+    for variant in ("float32", "int8-dynamic", "int8-weight", "int4-weight"):
         with pytest.raises(ConfigError, match=rf"^PRECISION='{variant}' is not valid on this CUDA device: "
                                               r"expected auto, fast, bfloat16, float16$"):
             placement_for(Settings.from_env({"PRECISION": variant}), "rerank", bf16_cpu=lambda: True,
@@ -181,16 +182,18 @@ def test_every_linear_is_converted_and_the_lm_head_untied(stages):
     for stage in ("embed", "rerank", "generate", "sentiment", "toxicity"):
         model = stages[stage].model
         linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-        quantized = [m for m in model.modules() if isinstance(m, (Int8DynamicLinear, Int8WeightLinear))]
-        assert (not linears and quantized) if variant.startswith("int8") else (linears and not quantized), stage
+        quantized = [m for m in model.modules() if isinstance(m, (Int8DynamicLinear, Int8WeightLinear, Int4WeightLinear))]
+        assert (not linears and quantized) if variant.startswith("int") else (linears and not quantized), stage
+        if variant == "int4-weight":  # int4 wherever the kernel takes the shape, int8 weight-only elsewhere
+            assert any(isinstance(m, Int4WeightLinear) for m in quantized), stage
         assert all(type(m) is RowInvariantLinear for m in linears), stage
         params = {p.dtype for p in model.parameters()}
         assert params == {getattr(torch, LOAD_DTYPE[variant])}, stage
         configs = [m.config for m in model.modules() if hasattr(m, "config") and hasattr(m.config, "_attn_implementation")]
         assert configs and {c._attn_implementation for c in configs} == {BATCH_INVARIANT_ATTENTION}, stage
     llm = stages["generate"].model
-    if variant.startswith("int8"):
-        assert isinstance(llm.lm_head, (Int8DynamicLinear, Int8WeightLinear))
+    if variant.startswith("int"):
+        assert isinstance(llm.lm_head, (Int8DynamicLinear, Int8WeightLinear, Int4WeightLinear))
         assert llm.lm_head.out_features == llm.config.vocab_size
         assert not llm.config.tie_word_embeddings
     assert stages["generate"].placement.precision == variant
@@ -351,3 +354,12 @@ def test_bfloat16_is_offered_on_the_cpu_only_where_onednn_packs_its_weights():
     with pytest.raises(ConfigError, match="PRECISION='bfloat16' is not valid on the CPU"):
         _placement({"PRECISION": "bfloat16"}, "embed", bf16=False, packs_bf16=lambda: False)
     assert _placement({"PRECISION": "int8-weight"}, "embed", bf16=False, packs_bf16=lambda: False).precision == "int8-weight"
+
+
+def test_int4_weight_is_offered_on_the_cpu_only_where_its_kernel_has_a_vector_path():
+    from pipeline.cpu_features import cpu_runs_int4
+    assert cpu_runs_int4({"avx2", "fma", "avx512f"}) and not cpu_runs_int4({"sse4_1", "avx"})
+    with pytest.raises(ConfigError, match=r"^GENERATE_PRECISION='int4-weight' is not valid on the CPU: expected "
+                                          r"auto, fast, float32, bfloat16, int8-dynamic, int8-weight$"):
+        _placement({"GENERATE_PRECISION": "int4-weight"}, "generate", int4_cpu=lambda: False)
+    assert _placement({"GENERATE_PRECISION": "int4-weight"}, "generate") == Placement("cpu", "bfloat16", "int4-weight")

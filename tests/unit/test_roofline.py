@@ -82,6 +82,7 @@ def test_bytes_per_precision():
     assert bytes_read(work, "bfloat16") == 2 * 130
     assert bytes_read(work, "int8-dynamic") == 100 + 4 * 30  # int8 weights, float32 activations and cache
     assert bytes_read(work, "int8-weight") == 100 + 2 * 30
+    assert bytes_read(work, "int4-weight") == 100 * (0.5 + 4 / 128) + 2 * 30  # codes, a scale and offset per 128
 
 
 # ------------------------------------------------------------------------- against the model classes
@@ -225,7 +226,8 @@ def test_cli_end_to_end_on_the_tiny_standins(tmp_path, capsys):
     assert code == 0
     assert time.perf_counter() - started < 60  # seconds on an idle machine; generous for a shared one
     result = json.loads((tmp_path / "roofline.json").read_text())
-    assert [p["name"] for p in result["plans"]] == ["float32", "bfloat16", "int8-dynamic", "int8-weight", "fast"]
+    assert [p["name"] for p in result["plans"]] == ["float32", "bfloat16", "int8-dynamic", "int8-weight", "int4-weight",
+                                                    "fast"]
     assert result["model_source"] == "standin:tiny"
     tokens = result["tokens"]
     assert len(tokens["rerank"]) == 10 and all(n > 2 for n in tokens["rerank"])

@@ -162,3 +162,16 @@ def test_cli_on_tiny_standins_writes_the_table_and_an_env_file(tmp_path, model_s
     assert any("what real weights showed" in line for line in lines)
     assert rows[("embed", "float32")]["fidelity"]["cosine_min"] == pytest.approx(1.0)  # the reference itself
     assert (run / "select_variants.csv").read_text().startswith("stage,variant,one_ms")
+
+
+def test_int4_weight_is_a_default_candidate_where_the_cpu_runs_its_kernel(monkeypatch):
+    from pipeline.config import Settings
+    from pipeline.cpu_features import cpu_runs_int4
+    from pipeline.precision_policy import supported_variants
+    env = {**TEST_ENV, "ONLY_CPU": "true"}
+    p = select_variants.parser()
+    args = select_variants.resolve_args(p, p.parse_args(["--stages", "generate", "--real-fidelity", ""]),
+                                        Settings.from_env(env))
+    assert args.variants[0] == "float32" and set(args.variants) == set(supported_variants("cpu"))
+    assert ("int4-weight" in args.variants) is cpu_runs_int4()
+    assert "int4-weight" not in supported_variants("cpu", int4_cpu=lambda: False)

@@ -1,0 +1,138 @@
+"""int4 weight-only Linears: group-wise 4-bit weights, bfloat16 activations, torch's packed int4 product.
+
+Each output row's weights are cut into groups of `group` input columns (128 where the width allows, else
+64 or 32); a group keeps its own bfloat16 scale and offset (asymmetric, round to nearest: the group's
+minimum to maximum in 16 steps), so a weight is (code - 8) x scale + offset, code in 0..15. About 0.53
+bytes a weight against bfloat16's 2: a decode step reads a quarter of the bytes.
+
+The product is `torch.ops.aten._weight_int4pack_mm_for_cpu` on the weight packed once by
+`_convert_weight_to_int4pack_for_cpu` (its tinygemm kernel: AVX-512 or AVX2, a scalar loop elsewhere).
+It computes each output element on its own, dequantizing as it goes and summing its row's products in
+one float32 accumulator in input order, whatever the row count, the rows beside it and the thread
+count (it splits work by tiles of rows and columns, never along a sum), so a row's bits never depend on
+its batch-mates (tests/unit/test_int4_kernels.py: 1..64 rows and more, 1, 2 and 8 threads).
+
+A Linear the kernel cannot take (its output width not a multiple of 16, its input width not one of 32:
+a classifier's label head, a score head) becomes an int8 weight-only Linear instead
+(:func:`int4_or_int8_weight`), row-invariant too. Conversion is refused (ConfigError) where the kernel
+does not give :func:`int4_is_exact`'s case exactly.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from pipeline.config import ConfigError
+from pipeline.kernels.exact_check import int4_case
+from pipeline.kernels.int8 import Int8WeightLinear
+
+# The group widths tried, widest first (the kernel takes 32, 64, 128 and 256; 128 is AWQ's and GPTQ's).
+GROUP_SIZES = (128, 64, 32)
+# Output columns per kernel tile: the packed layout needs a multiple of this.
+COLUMN_MULTIPLE = 16
+# The packing's K-tile count: the CPU packing ignores it (one layout), the signature asks for it.
+INNER_K_TILES = 8
+# Rows quantized at a time at load: bounds the float copies (lm_head is 151936 x 896).
+_QUANTIZE_ROWS = 8192
+
+
+def int4_group(in_features: int, out_features: int) -> int | None:
+    """The group width a Linear of this shape gets, None where the kernel cannot take it."""
+    if out_features % COLUMN_MULTIPLE:
+        return None
+    return next((g for g in GROUP_SIZES if in_features % g == 0), None)
+
+
+def quantize_groups(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, in) float weight -> (codes, scales_and_offsets): int32 codes 0..15 of the same shape, and
+    (in / group, out, 2) bfloat16 [scale, offset] per group, as the kernel reads them. The codes are
+    rounded against the bfloat16 scale and offset the kernel will use, not the float ones."""
+    out_features, in_features = weight.shape
+    codes = torch.empty(weight.shape, dtype=torch.int32)
+    params = torch.empty(in_features // group, out_features, 2, dtype=torch.bfloat16)
+    for start in range(0, out_features, _QUANTIZE_ROWS):
+        rows = weight[start:start + _QUANTIZE_ROWS].float()
+        groups = rows.reshape(rows.shape[0], -1, group)
+        low, high = groups.amin(dim=2, keepdim=True), groups.amax(dim=2, keepdim=True)
+        scale = ((high - low) / 15).clamp(min=1e-6).to(torch.bfloat16).float()
+        offset = (low + 8 * scale).to(torch.bfloat16).float()  # the weight at code 8
+        q = ((groups - offset) / scale + 8).round().clamp(0, 15)
+        codes[start:start + _QUANTIZE_ROWS] = q.reshape(rows.shape).to(torch.int32)
+        params[:, start:start + _QUANTIZE_ROWS] = torch.cat([scale, offset], dim=2).transpose(0, 1).to(torch.bfloat16)
+    return codes, params
+
+
+def dequantize(codes: torch.Tensor, params: torch.Tensor, group: int) -> torch.Tensor:
+    """The float32 (out, in) weight the kernel multiplies by: (code - 8) x scale + offset, per group."""
+    out_features, in_features = codes.shape
+    scale = params[..., 0].float().t().repeat_interleave(group, dim=1)
+    offset = params[..., 1].float().t().repeat_interleave(group, dim=1)
+    return (codes.float() - 8) * scale + offset
+
+
+def pack(codes: torch.Tensor) -> torch.Tensor:
+    """int32 (out, in) codes -> the kernel's packed uint8 (out, in / 2)."""
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.contiguous(), INNER_K_TILES)
+
+
+def packed_product(rows: torch.Tensor, packed: torch.Tensor, group: int, params: torch.Tensor) -> torch.Tensor:
+    """(n, in) bfloat16 rows x the packed weight -> (n, out) bfloat16."""
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(rows, packed, group, params)
+
+
+@functools.cache
+def int4_is_exact() -> bool:
+    """Whether this torch's int4 kernel reads the packing as :func:`dequantize` does (checked once, on a case
+    whose every sum is exact in float32: a changed layout, offset or code order gives other numbers)."""
+    try:
+        codes, params, group, rows, expected = int4_case()
+        return torch.equal(packed_product(rows, pack(codes), group, params), expected)
+    except (RuntimeError, AttributeError):  # a torch without the op, or one with another signature
+        return False
+
+
+class Int4WeightLinear(torch.nn.Module):
+    """Group-wise int4 weights, bfloat16 activations and bias (module docstring). CPU only."""
+
+    packed: torch.Tensor  # registered buffers
+    scales_and_offsets: torch.Tensor
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        group = int4_group(self.in_features, self.out_features)
+        if group is None:
+            raise ValueError(f"int4 needs out_features % {COLUMN_MULTIPLE} == 0 and in_features % "
+                             f"{GROUP_SIZES[-1]} == 0, got {self.out_features} x {self.in_features}")
+        if not int4_is_exact():
+            raise ConfigError("int4-weight needs torch's packed int4 product "
+                              "(aten._weight_int4pack_mm_for_cpu) as pipeline/kernels/int4.py reads it, and this "
+                              "torch's differs or lacks it: choose bfloat16 or int8-weight for this stage")
+        self.group = group
+        codes, params = quantize_groups(linear.weight.detach(), group)
+        self.register_buffer("packed", pack(codes))
+        self.register_buffer("scales_and_offsets", params)
+        bias = None if linear.bias is None else linear.bias.detach().to(torch.bfloat16)
+        self.register_buffer("bias", bias)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, group={self.group}, "
+                f"bias={self.bias is not None}")
+
+    def forward(self, x):
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()
+        if rows.shape[0] == 0:
+            out = rows.new_zeros((0, self.out_features))
+        else:
+            out = packed_product(rows, self.packed, self.group, self.scales_and_offsets)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def int4_or_int8_weight(linear: torch.nn.Linear) -> torch.nn.Module:
+    """The int4-weight variant's Linear: int4 where the kernel takes the shape, else int8 weight-only."""
+    if int4_group(linear.in_features, linear.out_features) is None:
+        return Int8WeightLinear(linear)
+    return Int4WeightLinear(linear)

@@ -1,0 +1,124 @@
+"""A decode step against its memory floor: the bytes one step must read over the bandwidth this machine
+reads memory at, measured here (profiling/bench_decode.py prints every step beside it).
+
+A decode step multiplies every Linear's whole weight once (half a GB and more does not stay in cache
+from one step to the next) and reads each sequence's keys and values so far; the embedding table is
+only gathered (a row per sequence), so it is not counted, nor are activations, norms and the like
+(well under 1 % at one sequence). Floor = (weight bytes + KV bytes) / read bandwidth at the thread
+count the step ran on: no step on this machine can be faster, whatever its kernels.
+
+The bandwidth is a streaming read (a sum) of a float32 buffer many times the last-level cache, the
+median of a few rounds, at one thread and at all of torch's."""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+# The buffer must be at least this many times the last-level cache, or the read is partly the cache's.
+CACHE_MULTIPLE = 8
+
+
+def last_level_cache_bytes(cache_dir: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
+    """The largest cache this CPU reports (sysfs `size`, e.g. "32768K"), None where none is readable."""
+    sizes = []
+    for size_file in cache_dir.glob("index*/size"):
+        text = size_file.read_text().strip().upper()
+        unit = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30}.get(text[-1:], 1)
+        digits = text[:-1] if text[-1:] in "KMG" else text
+        if digits.isdigit():
+            sizes.append(int(digits) * unit)
+    return max(sizes) if sizes else None
+
+
+def buffer_problem(buffer_bytes: int, cache_bytes: int | None) -> str | None:
+    """Why a buffer of `buffer_bytes` would measure the cache rather than memory, or None where it is large enough."""
+    if cache_bytes is None or buffer_bytes >= CACHE_MULTIPLE * cache_bytes:
+        return None
+    return (f"the bandwidth buffer ({buffer_bytes / 2 ** 20:.0f} MiB) is under {CACHE_MULTIPLE}x the last-level "
+            f"cache ({cache_bytes / 2 ** 20:.0f} MiB): the read is partly the cache's")
+
+
+def read_bandwidth(mib: int, threads: int, rounds: int = 5) -> float:
+    """Bytes/s of a streaming read (a sum) of a float32 buffer of `mib` MiB on `threads` torch threads
+    (torch's thread count restored): the median of `rounds` after one untimed read."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        buffer = torch.ones(mib * 2 ** 20 // 4)
+        buffer.sum()
+        times = []
+        for _ in range(rounds):
+            started = time.perf_counter()
+            buffer.sum()
+            times.append(time.perf_counter() - started)
+    finally:
+        torch.set_num_threads(before)
+    return buffer.numel() * buffer.element_size() / statistics.median(times)
+
+
+def weight_bytes(model: Any) -> int:
+    """The bytes a forward reads in full: every module's own parameters and buffers but the embedding
+    tables' (gathered a row at a time), and fbgemm's packed int8 weights (outside buffers())."""
+    import torch
+    total = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.Embedding):
+            continue
+        own = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+        total += sum(t.numel() * t.element_size() for t in own)
+        packed = getattr(module, "packed_nbytes", None)
+        total += packed() if callable(packed) else 0
+    return total
+
+
+def kv_bytes_per_token(config: Any, element_size: int) -> int:
+    """Bytes of one token's keys and values over every layer (a Qwen2-style config: grouped-query heads)."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return config.num_hidden_layers * 2 * config.num_key_value_heads * head_dim * element_size
+
+
+@dataclass(frozen=True)
+class StepFloor:
+    """One decode step's least time on this machine."""
+    weight_bytes: int
+    kv_bytes: int  # every sequence's keys and values so far
+    bandwidth: float  # bytes/s, at the step's thread count
+
+    @property
+    def bytes(self) -> int:
+        return self.weight_bytes + self.kv_bytes
+
+    @property
+    def floor_s(self) -> float:
+        return self.bytes / self.bandwidth
+
+    def times_floor(self, step_s: float) -> float:
+        """How many floors a measured step is (1.0: at the floor)."""
+        return step_s / self.floor_s
+
+
+def step_floor(weights: int, context_lengths: Iterable[int], kv_per_token: int, bandwidth: float) -> StepFloor:
+    """The floor of a step of the sequences whose contexts (keys each reads) are `context_lengths`."""
+    if bandwidth <= 0:
+        raise ValueError(f"bandwidth must be positive, got {bandwidth}")
+    return StepFloor(weights, sum(context_lengths) * kv_per_token, bandwidth)
+
+
+def floor_fields(floor: StepFloor, step_ms: float) -> dict[str, float]:
+    """A result row's floor columns: MB read, floor in ms, the step's multiple of it."""
+    return {"weight_mb": round(floor.weight_bytes / 1e6, 1), "kv_mb": round(floor.kv_bytes / 1e6, 2),
+            "floor_ms": round(1e3 * floor.floor_s, 2), "step_over_floor": round(floor.times_floor(step_ms / 1e3), 2)}
+
+
+def format_floor_rows(rows: Sequence[dict]) -> str:
+    """precision, sequences, step ms, floor ms, step / floor, MB read (weights + KV), one line per row."""
+    header = f"{'precision':<14}{'seqs':>5}{'step ms':>10}{'floor ms':>10}{'x floor':>9}{'weights MB':>12}{'KV MB':>8}"
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        lines.append(f"{r['precision']:<14}{r['sequences']:>5}{r['step_ms']:>10.1f}{r['floor_ms']:>10.2f}"
+                     f"{r['step_over_floor']:>9.2f}{r['weight_mb']:>12.1f}{r['kv_mb']:>8.2f}")
+    return "\n".join(lines)

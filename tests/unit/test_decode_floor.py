@@ -1,0 +1,59 @@
+"""A decode step's memory floor (profiling/lib/decode_floor.py): the bytes it must read, the bandwidth it is
+divided by, and what a step's multiple of it says."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from profiling.lib import decode_floor as df
+
+
+def test_the_floor_is_weights_plus_every_sequences_kv_over_the_bandwidth():
+    floor = df.step_floor(10 ** 9, [100, 200, 300], kv_per_token=1000, bandwidth=20e9)
+    assert (floor.weight_bytes, floor.kv_bytes, floor.bytes) == (10 ** 9, 600_000, 1_000_600_000)
+    assert floor.floor_s == pytest.approx(1_000_600_000 / 20e9)
+    assert floor.times_floor(2 * floor.floor_s) == pytest.approx(2.0)
+    fields = df.floor_fields(floor, step_ms=75.0)
+    assert fields == {"weight_mb": 1000.0, "kv_mb": 0.6, "floor_ms": 50.03, "step_over_floor": 1.5}
+    with pytest.raises(ValueError, match="bandwidth must be positive"):
+        df.step_floor(1, [1], 1, 0.0)
+
+
+def test_one_tokens_kv_bytes_for_qwen_0_5b():
+    from transformers import Qwen2Config
+    config = Qwen2Config(hidden_size=896, num_attention_heads=14, num_key_value_heads=2, num_hidden_layers=24)
+    assert df.kv_bytes_per_token(config, 2) == 24 * 2 * 2 * 64 * 2  # layers x (K, V) x kv heads x head_dim x bf16
+
+
+def test_weight_bytes_count_every_linear_and_not_the_gathered_embedding():
+    from pipeline.kernels.int4 import Int4WeightLinear
+    from pipeline.kernels.int8 import Int8DynamicLinear
+    model = torch.nn.Sequential(torch.nn.Embedding(1000, 64), torch.nn.Linear(64, 32))
+    assert df.weight_bytes(model) == (64 * 32 + 32) * 4  # float32 weight and bias; the table is left out
+    int8 = Int8DynamicLinear(torch.nn.Linear(64, 32))  # fbgemm's packed copy (where used) is outside buffers()
+    assert df.weight_bytes(int8) == 64 * 32 + 4 * 32 + 4 * 32  # int8 weight, float32 scales and bias
+    int4 = Int4WeightLinear(torch.nn.Linear(256, 32, bias=False))
+    assert df.weight_bytes(int4) == 256 * 32 // 2 + 2 * 32 * 2 * 2  # two codes a byte; a bf16 scale and offset per group
+
+
+def test_the_largest_cache_is_read_from_sysfs_and_a_buffer_below_eight_of_it_is_refused(tmp_path):
+    for index, size in (("index0", "32K"), ("index2", "1024K"), ("index3", "32768K")):
+        (tmp_path / index).mkdir()
+        (tmp_path / index / "size").write_text(size + "\n")
+    assert df.last_level_cache_bytes(tmp_path) == 32 * 2 ** 20
+    assert df.last_level_cache_bytes(tmp_path / "absent") is None
+    assert df.buffer_problem(2 ** 30, 32 * 2 ** 20) is None and df.buffer_problem(2 ** 30, None) is None
+    assert "under 8x the last-level cache (32 MiB)" in df.buffer_problem(64 * 2 ** 20, 32 * 2 ** 20)
+
+
+def test_the_bandwidth_is_a_positive_rate_and_torchs_thread_count_is_restored():
+    before = torch.get_num_threads()
+    assert df.read_bandwidth(16, threads=1, rounds=2) > 1e8  # any machine reads more than 100 MB/s
+    assert torch.get_num_threads() == before
+
+
+def test_the_floor_table_has_a_line_per_row():
+    rows = [{"precision": "int4-weight", "sequences": 8, "step_ms": 30.0, "floor_ms": 12.5, "step_over_floor": 2.4,
+             "weight_mb": 260.1, "kv_mb": 24.5}]
+    lines = df.format_floor_rows(rows).splitlines()
+    assert len(lines) == 3 and lines[2].split() == ["int4-weight", "8", "30.0", "12.50", "2.40", "260.1", "24.50"]
