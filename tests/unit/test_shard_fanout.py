@@ -9,8 +9,13 @@ import numpy as np
 import pytest
 
 from builders.data import build_course
+from builders.recall import RecallOptions
 from profiling import shard_fanout
 from profiling.lib.shard_sim import count_load, scaled, shard_shares
+
+# Uniform course vectors are under the recall floor at a small nprobe; what is tested here is
+# equality with the unsharded index at the same nprobe, not recall.
+LOW_RECALL_ACCEPTED = RecallOptions(accept_low=True)
 
 
 def test_hash_shards_are_all_asked_and_centroid_shards_only_for_their_lists():
@@ -56,7 +61,7 @@ def test_the_simulation_keeps_the_full_nlist_divided_and_scales_the_vectors():
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_the_tool_at_a_small_size(tmp_path, capsys):
-    build_course(tmp_path / "v1", 1500, nlist=32, nprobe=8, dim=16, progress=False)
+    build_course(tmp_path / "v1", 1500, nlist=32, nprobe=8, dim=16, progress=False, recall=LOW_RECALL_ACCEPTED)
     assert shard_fanout.main(["--data", str(tmp_path / "v1"), "--shards", "2,4", "--queries", "60", "--check", "30",
                               "--nprobe", "4", "--simulate", "--scale", "1e-5", "--sim-nlist-div", "2048",
                               "--sim-shards", "2", "--dim", "16", "--out", str(tmp_path / "out")]) == 0
