@@ -119,12 +119,15 @@ def run_tree(tree: Path, args, out: Path, data_env: dict[str, str], log) -> dict
            # 128 clients in flight at once: admitted, none refused for the gateway's bound.
            "GATEWAY_MAX_IN_FLIGHT": str(max(96, 2 * max(args.clients)))}
     log_dir = out / "nodes"
-    asked = queries(sum(max(args.min_requests, c * args.requests_per_client) for c in args.clients))
+    counts = [max(args.min_requests, c * args.requests_per_client) for c in args.clients]
+    asked = queries(sum(counts))
     levels = []
     with null_cluster(tree, env, log_dir, log) as (url, nodes, health):
-        for clients in args.clients:
+        for n, (clients, count) in enumerate(zip(args.clients, counts)):
             print(f"[{TOOL}] {clients} clients", flush=True)
-            levels.append(run_level(url, nodes, log_dir, clients, args, asked))
+            # Each level its own queries: one level's would hit the embedding cache the one before filled.
+            first = sum(counts[:n])
+            levels.append(run_level(url, nodes, log_dir, clients, args, asked[first:first + count]))
     return {"model_source": health.get("model_source"), "device": health.get("device"), "levels": levels}
 
 

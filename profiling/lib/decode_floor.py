@@ -111,7 +111,8 @@ def step_floor(weights: int, context_lengths: Iterable[int], kv_per_token: int, 
 def floor_fields(floor: StepFloor, step_ms: float) -> dict[str, float]:
     """A result row's floor columns: MB read, floor in ms, the step's multiple of it."""
     return {"weight_mb": round(floor.weight_bytes / 1e6, 1), "kv_mb": round(floor.kv_bytes / 1e6, 2),
-            "floor_ms": round(1e3 * floor.floor_s, 2), "step_over_floor": round(floor.times_floor(step_ms / 1e3), 2)}
+            # four significant figures: a tiny model's floor is hundredths of a millisecond
+            "floor_ms": float(f"{1e3 * floor.floor_s:.4g}"), "step_over_floor": round(floor.times_floor(step_ms / 1e3), 2)}
 
 
 def format_floor_rows(rows: Sequence[dict]) -> str:

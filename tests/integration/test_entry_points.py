@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.config import REPO_ROOT, Settings
 from pipeline.cpu_features import cpu_supports_bf16
-from pipeline.models import ALL_MODELS
+from pipeline.models import ALL_MODELS, MODEL_REVISIONS
 from pipeline.spec import MODEL_STAGES
 
 pytestmark = pytest.mark.slow
@@ -126,8 +126,10 @@ def test_run_sh_models_lists_each_missing_model_with_the_command_that_fetches_it
     assert f"Hugging Face cache: {tmp_path / 'hf' / 'hub'}" in proc.stdout
     assert "5 of 5 models missing" in proc.stdout
     for name in ALL_MODELS:  # each on a line of its own, the command alone after the list, to copy
-        assert re.search(rf"^  missing  {re.escape(name)} .*download {re.escape(name)}$", proc.stdout, re.M)
-        assert re.search(rf"^  \S*(hf|huggingface-cli) download {re.escape(name)}$", proc.stdout, re.M)
+        # each at the commit the nodes load it at (pipeline/models.py's MODEL_REVISIONS)
+        pinned = rf"download {re.escape(name)} --revision {MODEL_REVISIONS[name]}$"
+        assert re.search(rf"^  missing  {re.escape(name)} .*{pinned}", proc.stdout, re.M)
+        assert re.search(rf"^  \S*(hf|huggingface-cli) {pinned}", proc.stdout, re.M)
 
 
 def test_run_sh_settings_prints_the_effective_values_with_secrets_hidden_and_warns_of_a_misspelling():

@@ -195,11 +195,11 @@ def test_a_changed_setting_renames_the_settings_in_every_pod_so_they_roll(tmp_pa
     copy = tmp_path / "k8s"
     shutil.copytree(K8S, copy)
     env = copy / "settings.env"
-    env.write_text(env.read_text().replace("\nNPROBE=64\n", "\nNPROBE=32\n"))
+    env.write_text(env.read_text().replace("\nFAISS_MMAP=true\n", "\nFAISS_MMAP=false\n"))
     after = kubectl_render(copy)
     assert after is not None
     old, new = settings_map(before)["metadata"]["name"], settings_map(after)["metadata"]["name"]
-    assert old != new and settings_data(after)["NPROBE"] == "32"
+    assert old != new and settings_data(after)["FAISS_MMAP"] == "false"
     for obj_before, obj_after in zip(serving(before), serving(after)):
         refs = lambda obj: [r["configMapRef"]["name"] for c in pod_spec(obj)["containers"] + pod_spec(obj)["initContainers"]  # noqa: E731
                             for r in c.get("envFrom", []) if "configMapRef" in r]
