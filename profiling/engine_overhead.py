@@ -24,9 +24,9 @@ from pathlib import Path
 from pipeline.config import Settings
 from profiling.lib import engine_step
 from profiling.lib.cli import add_out, comma_list, make_parser, positive
-from profiling.lib.provenance import REPO_ROOT, git_commit
-from profiling.lib.report import run_folder, text_table, write_json
-from profiling.lib.revisions import checkout
+from profiling.lib.provenance import REPO_ROOT
+from profiling.lib.report import run_folder, text_table
+from profiling.lib.revisions import checkout, write_compared
 
 TOOL = "engine_overhead"
 STEP_SCRIPT = Path(engine_step.__file__).resolve()
@@ -119,9 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             for rows, r in by_rows.items():
                 top = ", ".join(f"{name} {n}" for name, n in r["top_ops"])
                 print(f"{label} {kind} {rows} rows: top ops per step: {top}")
-    record = {"args": {k: v for k, v in vars(args).items() if k != "out"}, "commit": git_commit(),
-              "compared": args.compare or None, "results": results}
-    print(f"results in {write_json(out / f'{TOOL}.json', record)}")
+    print(f"results in {write_compared(out, TOOL, args, results)}")
     return 0
 
 

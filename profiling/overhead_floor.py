@@ -29,9 +29,9 @@ from profiling.lib.cli import add_out, comma_list, make_parser, positive
 from profiling.lib.floor_breakdown import breakdown, parse_completions
 from profiling.lib.load import ClosedGroup, LoadTarget, run_closed
 from profiling.lib.prometheus import Node, scrape_nodes
-from profiling.lib.provenance import REPO_ROOT, git_commit
-from profiling.lib.report import run_folder, run_stats, write_json
-from profiling.lib.revisions import checkout
+from profiling.lib.provenance import REPO_ROOT
+from profiling.lib.report import run_folder, run_stats
+from profiling.lib.revisions import checkout, write_compared
 from services.cluster.health_wait import wait_healthy
 
 TOOL = "overhead_floor"
@@ -162,9 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{TOOL}: {exc} (logs in {out})", file=sys.stderr)
             return 1
     print_table(results)
-    record = {"args": {k: v for k, v in vars(args).items() if k != "out"}, "commit": git_commit(),
-              "compared": args.compare or None, "results": results}
-    print(f"results in {write_json(out / f'{TOOL}.json', record)}")
+    print(f"results in {write_compared(out, TOOL, args, results)}")
     return 0
 
 

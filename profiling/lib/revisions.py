@@ -32,3 +32,13 @@ def checkout(rev: str) -> Iterator[Path]:
         with tarfile.open(fileobj=io.BytesIO(done.stdout)) as archive:
             archive.extractall(folder, filter=_safe)
         yield Path(folder)
+
+
+def write_compared(out: Path, tool: str, args, results: dict) -> Path:
+    """A compared run's record: its arguments, this checkout's commit, the commit compared (or None) and
+    the results by label, as `out/<tool>.json`."""
+    from profiling.lib.provenance import git_commit
+    from profiling.lib.report import write_json
+    record = {"args": {k: v for k, v in vars(args).items() if k != "out"}, "commit": git_commit(),
+              "compared": args.compare or None, "results": results}
+    return write_json(out / f"{tool}.json", record)
