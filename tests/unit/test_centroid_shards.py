@@ -141,3 +141,17 @@ def test_an_incremental_update_of_centroid_shards_is_refused(built, tmp_path):
         update_version(built[0], tmp_path / "v9", Changes(upserts=(), deletes=()), lambda texts: None,
                        random_vectors(DIM))
     assert not (tmp_path / "v9").exists()
+
+
+def test_the_reference_searching_every_centroid_shard_gets_the_unsharded_top_10(built):
+    # Each shard keeps the whole quantizer and probes the same nearest lists, of which only its own hold
+    # entries: searched one by one and merged (pipeline.vector_index.ShardedVectorIndex, the reference's
+    # way), the shards give the unsharded index's top 10; they are only all visited.
+    from pipeline.vector_index import ShardedVectorIndex, VectorIndex
+    _version_dir, index_path, whole = built
+    queries = np.random.default_rng(3).standard_normal((300, DIM)).astype(np.float32)
+    shards = ShardedVectorIndex.load([shard_path(index_path, s, 3) for s in range(3)], nprobe=NPROBE)
+    expected_d, expected_i = VectorIndex.load(whole, nprobe=NPROBE).search(queries, 10)
+    got_d, got_i = shards.search(queries, 10)
+    np.testing.assert_array_equal(got_d, expected_d)
+    np.testing.assert_array_equal(got_i, expected_i)
