@@ -30,7 +30,7 @@ class SequenceClassifier:
         self.placement = placement
         # transformers' __call__ changes padding and truncation on the shared Rust tokenizer
         # (huggingface/transformers#47085), so request threads count with a copy set once and only read.
-        self._counter: Any = _counting_copy(tokenizer) if self.counts_tokens and tokenizer is not None else None
+        self._counter: Any = _counting_copy(tokenizer) if self.counts_tokens else None
 
     @classmethod
     def load(cls, source: ModelSource, placement: Placement):

@@ -109,14 +109,18 @@ def identity(settings: Settings, source: ModelSource, precision: str | None = No
 class Embedder:
     stage = spec.Stage.EMBED
 
-    def __init__(self, model, placement: Placement, normalize: bool = True, name: str = spec.EMBEDDER_MODEL):
+    def __init__(self, model, placement: Placement, normalize: bool = True, name: str = spec.EMBEDDER_MODEL,
+                 dim: int | None = None):
+        """`dim`: the vectors' width; None reads it from the model."""
         self.model = model
         self.placement = placement
         self.normalize = normalize
         self.name = name
-        # get_embedding_dimension since sentence-transformers 6 (the older name warns there)
-        dimension = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
-        self.dim = int(dimension())
+        if dim is None:
+            # get_embedding_dimension since sentence-transformers 6 (the older name warns there)
+            dimension = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+            dim = int(dimension())
+        self.dim = dim
 
     @classmethod
     def load(cls, source: ModelSource, placement: Placement, name: str = spec.EMBEDDER_MODEL,

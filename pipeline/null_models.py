@@ -49,8 +49,7 @@ def null_placement(placement: Placement) -> Placement:
 class NullEmbedder(Embedder):
     def __init__(self, placement: Placement, dim: int = spec.EMBED_DIM):
         # No model to read a dimension from: the contract's (a course build's vectors).
-        self.model, self.placement, self.normalize, self.name, self.dim = (
-            None, null_placement(placement), True, spec.EMBEDDER_MODEL, dim)
+        super().__init__(None, null_placement(placement), dim=dim)
         rng = np.random.default_rng(0)
         self.table = unit_rows(rng.standard_normal((EMBED_TABLE_ROWS, dim)).astype(np.float32))
 
@@ -60,7 +59,7 @@ class NullEmbedder(Embedder):
 
 
 class NullReranker(Reranker):
-    def __init__(self, placement: Placement, tokenizer=None):
+    def __init__(self, placement: Placement, tokenizer):
         # The stand-in's tokenizer: /v1/rerank bounds its documents in it.
         super().__init__(tokenizer, None, null_placement(placement))
 
@@ -80,7 +79,7 @@ class NullSentiment(SentimentClassifier):
 
 
 class NullToxicity(ToxicityClassifier):
-    def __init__(self, placement: Placement, tokenizer=None):
+    def __init__(self, placement: Placement, tokenizer):
         # The stand-in's tokenizer: /v1/moderations bounds its texts in it.
         super().__init__(tokenizer, None, null_placement(placement))
 
