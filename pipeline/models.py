@@ -198,20 +198,23 @@ def build_standins_command(settings: Settings) -> str:
 
 def standin_source(settings: Settings) -> ModelSource:
     """The stand-ins built beforehand; ModelsMissing naming the build command when there are none."""
-    home, profile = settings.standin_dir, settings.models.standin_profile
-    if not standins_built(home, profile):
-        raise ModelsMissing(f"MODEL_SOURCE=standin: no {profile} stand-in models in {home}; a serving node does "
-                            f"not build them: build them with: {build_standins_command(settings)}")
-    return ModelSource("standin", home / "hub", True, profile)
+    return _built_standins(settings, "standin", lambda profile, home: f"no {profile} stand-in models in {home}; "
+                                                                      "a serving node does not build them")
 
 
 def null_source(settings: Settings) -> ModelSource:
     """The null models (pipeline/null_models.py): the stand-ins' tokenizers and configs, no weights read."""
+    return _built_standins(settings, "null", lambda profile, home: f"the null models read the {profile} "
+                                                                   f"stand-ins' tokenizers, and none are built in {home}")
+
+
+def _built_standins(settings: Settings, kind: str, missing: Callable[[str, Path], str]) -> ModelSource:
+    """A `kind` source over the stand-ins' folder; ModelsMissing saying `missing` and the build command."""
     home, profile = settings.standin_dir, settings.models.standin_profile
     if not standins_built(home, profile):
-        raise ModelsMissing(f"MODEL_SOURCE=null: the null models read the {profile} stand-ins' tokenizers, and none "
-                            f"are built in {home}: build them with: {build_standins_command(settings)}")
-    return ModelSource("null", home / "hub", True, profile)
+        raise ModelsMissing(f"MODEL_SOURCE={kind}: {missing(profile, home)}: build them with: "
+                            f"{build_standins_command(settings)}")
+    return ModelSource(kind, home / "hub", True, profile)
 
 
 def resolve_model_source(settings: Settings, *, missing: Callable[[], list[str]] | None = None,

@@ -121,11 +121,12 @@ class CentroidRouters:
         manifest = load_version(directory)
         router = None
         if is_centroid(manifest.sharding):
+            # The nprobe the index nodes serve: the setting where set, else what the build measured recall at.
+            nprobe, _ = serving_params(manifest, self.nprobe, None)
+            if nprobe is None:
+                raise DataVersionError(f"data version {name!r} is in centroid shards, but its manifest records no "
+                                       "nprobe and NPROBE is not set: set NPROBE")
             try:
-                # The nprobe the index nodes serve: the setting where set, else what the build measured recall at.
-                nprobe, _ = serving_params(manifest, self.nprobe, None)
-                if nprobe is None:
-                    raise KeyError("its manifest records no nprobe and NPROBE is not set")
                 router = CentroidRouter.load(directory, self.index_name, manifest.sharding, nprobe)
             except (OSError, RuntimeError, KeyError, ValueError) as exc:
                 raise DataVersionError(f"data version {name!r} is in centroid shards, but its router cannot be "
