@@ -8,22 +8,15 @@ from __future__ import annotations
 import sys
 import time
 
-from pipeline import spec
-from pipeline.continuous.scheduler import Scheduler
 from services import node
+from tests.support.scripted_tokens import before_each_token, generator_tokenizer
 
 MARKER = "zzslowlyzz"
 STEP_S = 0.25  # 128 tokens take 32 s: the stop comes long before the end
 
 
 def marker_ids() -> list[int]:
-    from transformers import AutoTokenizer
-
-    from pipeline.config import Settings
-    from pipeline.models import resolve_model_source
-    tokenizer = AutoTokenizer.from_pretrained(spec.GENERATOR_MODEL,
-                                              **resolve_model_source(Settings.from_env()).hf_kwargs())
-    return tokenizer.encode(f" {MARKER}", add_special_tokens=False)
+    return generator_tokenizer().encode(f" {MARKER}", add_special_tokens=False)
 
 
 def holds(ids: list[int], part: list[int]) -> bool:
@@ -33,14 +26,13 @@ def holds(ids: list[int], part: list[int]) -> bool:
 def write_slowly() -> None:
     """Every Scheduler of this process waits after each token of a sequence whose prompt holds MARKER."""
     part = marker_ids()
-    append = Scheduler._append
 
-    def slow_append(self, seq, token, appended):
+    def slowly(seq, token: int) -> int:
         if holds(seq.prompt_ids, part):
             time.sleep(STEP_S)
-        append(self, seq, token, appended)
+        return token
 
-    Scheduler._append = slow_append  # type: ignore[method-assign]
+    before_each_token(slowly)
 
 
 def main() -> int:

@@ -13,9 +13,8 @@ from __future__ import annotations
 import json
 import sys
 
-from pipeline import spec
-from pipeline.continuous.scheduler import Scheduler
 from services import node
+from tests.support.scripted_tokens import before_each_token, generator_tokenizer
 
 CALL = {"name": "get_order_status", "arguments": {"order_id": "ABC123"}}
 TEMPLATE_CALL_TOKENS = 2  # `<tool_call>`s in the tools' instructions of Qwen2.5's template
@@ -23,12 +22,7 @@ TEMPLATE_CALL_TOKENS = 2  # `<tool_call>`s in the tools' instructions of Qwen2.5
 
 def script() -> tuple[int, list[int]]:
     """The `<tool_call>` token's id and the ids the model writes for CALL, its end-of-turn last."""
-    from transformers import AutoTokenizer
-
-    from pipeline.config import Settings
-    from pipeline.models import resolve_model_source
-    tokenizer = AutoTokenizer.from_pretrained(spec.GENERATOR_MODEL,
-                                              **resolve_model_source(Settings.from_env()).hf_kwargs())
+    tokenizer = generator_tokenizer()
     ids = tokenizer.encode(f"<tool_call>\n{json.dumps(CALL)}\n</tool_call>", add_special_tokens=False)
     return ids[0], [*ids, tokenizer.convert_tokens_to_ids("<|im_end|>")]
 
@@ -36,14 +30,13 @@ def script() -> tuple[int, list[int]]:
 def call_tools() -> None:
     """Every Scheduler of this process appends the script's tokens to a sequence that should call."""
     open_id, written = script()
-    append = Scheduler._append
 
-    def scripted_append(self, seq, token, appended):
+    def scripted(seq, token: int) -> int:
         if seq.prompt_ids.count(open_id) == TEMPLATE_CALL_TOKENS and len(seq.generated) < len(written):
-            token = written[len(seq.generated)]
-        append(self, seq, token, appended)
+            return written[len(seq.generated)]
+        return token
 
-    Scheduler._append = scripted_append  # type: ignore[method-assign]
+    before_each_token(scripted)
 
 
 def main() -> int:
