@@ -17,7 +17,6 @@ import re
 import shlex
 import shutil
 import subprocess
-import time
 
 import pytest
 
@@ -25,8 +24,8 @@ from pipeline.config import REPO_ROOT
 from pipeline.kernels.versions import TORCH_VERIFIED
 from tests.support.containers import (
     BASE_IMAGE,
-    CA_BUNDLE,
     DOCKER,
+    build,
     clean_checkout,
     docker,
     why_not,
@@ -55,16 +54,9 @@ def gpu_image(tmp_path_factory):
                           text=True, timeout=1200, env={**os.environ, "DOCKER": DOCKER})
     assert made.returncode == 0, made.stderr[-3000:]
     context = clean_checkout(tmp_path_factory.mktemp("checkout"))
-    args = ["build", "--network", "host", "--progress", "plain", "-f", "deploy/Dockerfile", "-t", GPU_IMAGE,
-            "--build-arg", f"BASE_IMAGE={BASE_IMAGE}", "--build-arg", "TORCH_BUILD=cuda"]
-    if CA_BUNDLE.is_file():
-        args += ["--secret", f"id=pip_ca,src={CA_BUNDLE}"]
-    started = time.monotonic()
-    built = subprocess.run([DOCKER, *args, "."], cwd=context, capture_output=True, text=True, timeout=3000,
-                           env={**os.environ, "DOCKER_BUILDKIT": "1"})
-    assert built.returncode == 0, built.stderr[-6000:]
+    seconds, _log = build(context, None, tag=GPU_IMAGE, build_args=("TORCH_BUILD=cuda",), timeout_s=3000)
     size = int(docker("image", "inspect", "-f", "{{.Size}}", GPU_IMAGE).stdout)
-    print(f"\n[gpu image] built in {time.monotonic() - started:.0f} s, {size / 2**30:.1f} GiB")
+    print(f"\n[gpu image] built in {seconds:.0f} s, {size / 2**30:.1f} GiB")
     return GPU_IMAGE
 
 

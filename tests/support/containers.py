@@ -107,15 +107,19 @@ def clean_checkout(dest: Path) -> Path:
     return dest
 
 
-def build(context: Path, wheels: WheelServer | None) -> tuple[float, str]:
-    args = ["build", "--network", "host", "--progress", "plain", "-f", "deploy/Dockerfile", "-t", IMAGE,
+def build(context: Path, wheels: WheelServer | None, *, tag: str = IMAGE, build_args: tuple[str, ...] = (),
+          timeout_s: float = 1800) -> tuple[float, str]:
+    """deploy/Dockerfile built into `tag` (more `--build-arg`s: `build_args`); its seconds and log."""
+    args = ["build", "--network", "host", "--progress", "plain", "-f", "deploy/Dockerfile", "-t", tag,
             "--build-arg", f"BASE_IMAGE={BASE_IMAGE}"]
+    for arg in build_args:
+        args += ["--build-arg", arg]
     if wheels is not None:  # torch from the local folder, its dependencies from PyPI
         args += ["--build-arg", "TORCH_INDEX_URL=https://pypi.org/simple", "--build-arg", f"PIP_FIND_LINKS={wheels.url}"]
     if CA_BUNDLE.is_file():
         args += ["--secret", f"id=pip_ca,src={CA_BUNDLE}"]
     started = time.monotonic()
-    result = subprocess.run([DOCKER, *args, "."], cwd=context, capture_output=True, text=True, timeout=1800,
+    result = subprocess.run([DOCKER, *args, "."], cwd=context, capture_output=True, text=True, timeout=timeout_s,
                             env={**os.environ, "DOCKER_BUILDKIT": "1"})
     assert result.returncode == 0, result.stderr[-6000:]
     return time.monotonic() - started, result.stderr
