@@ -89,6 +89,12 @@ class Topology:
         self._gateways = Membership(gateway_source, cluster.discovery_interval_s)
         self._workers = all_workers(cluster, resolver)
         self._shards = shard_replicas(cluster, resolver)
+        self.cluster = cluster
+
+    def node(self, number: int) -> Node:
+        """Node `number` at its NODE_<n>_IP (a static member, always listed)."""
+        (member,) = _members(Membership(StaticSource({number: self.cluster.node_address(number)}), 0))
+        return member
 
     def gateways(self) -> list[Node]:
         """Node 0: every gateway the `gateways` name lists, else NODE_0_IP."""
