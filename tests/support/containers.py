@@ -21,6 +21,7 @@ import requests
 import yaml
 
 from pipeline.config import REPO_ROOT
+from tests.support.otlp_receiver import OtlpReceiver
 
 # The Debian package's client: the daemon's own version, whose built-in BuildKit builds the secret
 # mounts (a newer client without the buildx plugin falls back to the classic builder, which cannot).
@@ -125,21 +126,59 @@ def build(context: Path, wheels: WheelServer | None, *, tag: str = IMAGE, build_
     return time.monotonic() - started, result.stderr
 
 
+def write_folder(folder: Path, files: dict[str, str]) -> Path:
+    """`files` (relative path: text) written under `folder`, readable by the containers' user (10001;
+    pytest's folders are 0700)."""
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    for path in (folder, *folder.rglob("*")):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return folder
+
+
+def bridge_gateway() -> str:
+    """The host's address on Docker's default bridge, which a container on any bridge network reaches."""
+    return docker("network", "inspect", "bridge", "-f", "{{(index .IPAM.Config 0).Gateway}}").stdout.strip()
+
+
+class BridgeOtlpReceiver(OtlpReceiver):
+    """The tests' OTLP receiver, listening on the host's bridge address (`bridge_gateway()`) instead of
+    127.0.0.1, which a container on a compose network cannot reach."""
+
+    def __init__(self, host: str):
+        super().__init__()
+        handler = self.server.RequestHandlerClass
+        self.server.server_close()
+        self.server = http.server.ThreadingHTTPServer((host, 0), handler)
+        self.url = f"http://{host}:{self.server.server_port}"
+
+
 class Compose:
     """deploy/compose.yaml as project `name`, with the test's override (float32 so answers match
-    the reference, one thread per node on 2 cores, fast worker probes)."""
+    the reference, one thread per node on 2 cores, fast worker probes). `knowledge`: the folder the
+    `data` service ingests (None: an empty one, so the demo corpus); `standins`: a built stand-ins
+    folder of the host (tiny profile) mounted read-only over the `standins` volume, so no container
+    builds them; `environment`: more variables for every node."""
 
-    def __init__(self, name: str, workdir: Path, port: int):
+    def __init__(self, name: str, workdir: Path, port: int, *, knowledge: Path | None = None,
+                 standins: Path | None = None, environment: dict[str, str] | None = None):
         self.name, self.port = name, port
-        override = {"services": {service: {"environment": {
-            "PRECISION": "float32", "ONLY_CPU": "true", "TORCH_THREADS": "1", "FAISS_THREADS": "1",
-            "HEALTH_INTERVAL_S": "0.5"}} for service in NODE_SERVICES}}
+        nodes = {"PRECISION": "float32", "ONLY_CPU": "true", "TORCH_THREADS": "1", "FAISS_THREADS": "1",
+                 "HEALTH_INTERVAL_S": "0.5", **(environment or {})}
+        services: dict[str, dict] = {service: {"environment": dict(nodes)} for service in NODE_SERVICES}
+        services["data"] = {"environment": {}}
+        if standins is not None:  # the same target as the volume's, so it replaces that mount
+            for service in services.values():
+                service["environment"]["STANDIN_HOME"] = "/standins"
+                service["volumes"] = [f"{standins}:/standins:ro"]
         self.override = workdir / "compose.test.yaml"
-        self.override.write_text(yaml.safe_dump(override))
-        # An empty knowledge folder of the test's own: the demo corpus, whatever ./knowledge holds here
-        # (and Docker makes no root-owned folder in the checkout).
-        knowledge = workdir / "knowledge"
-        knowledge.mkdir(exist_ok=True)
+        self.override.write_text(yaml.safe_dump({"services": services}))
+        if knowledge is None:
+            # An empty knowledge folder of the test's own: the demo corpus, whatever ./knowledge holds
+            # here (and Docker makes no root-owned folder in the checkout).
+            knowledge = workdir / "knowledge"
+            knowledge.mkdir(exist_ok=True)
         self.env = {**os.environ, "CLUSTER_TOKEN": TOKEN, "RAG_IMAGE": IMAGE, "RAG_PUBLISH_PORT": str(port),
                     "MODEL_SOURCE": "standin", "STANDIN_PROFILE": "tiny", "DEMO_DOCS": str(DOCS),
                     "RAG_KNOWLEDGE_DIR": str(knowledge)}
