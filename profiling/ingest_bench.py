@@ -16,6 +16,7 @@ table and writes ingest_bench.json (figures, files read, the commit and settings
 """
 from __future__ import annotations
 
+import hashlib
 import shutil
 import sys
 import tempfile
@@ -23,9 +24,11 @@ import time
 from collections.abc import Sequence
 from itertools import chain, zip_longest
 from pathlib import Path
+from typing import Any
 
 from builders.build_files import BuildError
 from builders.ingest.build import BuildOptions, full_build
+from builders.ingest.documents import SourceDocument
 from builders.ingest.embedding import DEFAULT_BATCH, configured
 from builders.ingest.sources import ReadOptions, SourceFile, expand, read_sources
 from builders.ingest.splitter import SplitSettings
@@ -51,9 +54,22 @@ def parser():
     return p
 
 
-def take_in_turn(per_source: Sequence[Sequence[SourceFile]], limit: int) -> list[SourceFile]:
-    """At most `limit` files: the first of each source, then the second of each, and so on."""
-    return [f for f in chain.from_iterable(zip_longest(*per_source)) if f is not None][:limit]
+def take_in_turn(per_source: Sequence[Sequence[SourceFile]], limit: int) -> tuple[list[SourceFile], int]:
+    """At most `limit` files: the first of each source, then the second of each, and so on, a file
+    whose bytes an earlier one has left out (r-doc-pdf ships refman.pdf twice); and how many were."""
+    chosen, seen, repeats = [], set(), 0
+    for file in chain.from_iterable(zip_longest(*per_source)):
+        if file is None:
+            continue
+        digest = hashlib.sha256(file.path.read_bytes()).digest()
+        if digest in seen:
+            repeats += 1
+            continue
+        seen.add(digest)
+        chosen.append(file)
+        if len(chosen) == limit:
+            break
+    return chosen, repeats
 
 
 def file_format(file: SourceFile) -> str:
@@ -64,9 +80,13 @@ def run(args, progress=print) -> dict:
     sources = [str(s) for s in args.sources] or [str(s) for s in DEFAULT_SOURCES if s.exists()]
     if not sources:
         raise BuildError("none of the default sources is installed (apt-get install python3-doc r-doc-pdf): name SOURCEs")
-    files = take_in_turn([expand([source])[0] for source in sources], args.max_docs)
+    files, repeats = take_in_turn([expand([source])[0] for source in sources], args.max_docs)
+    if repeats:
+        progress(f"left out {repeats} file(s) the same as one taken before")
     options = ReadOptions(max_file_bytes=int(args.max_file_mb * 1e6))
-    reading, documents, skipped = [], [], []
+    reading: list[dict[str, Any]] = []
+    documents: list[SourceDocument] = []
+    skipped: list[tuple[str, str]] = []
     for fmt in sorted({file_format(f) for f in files}):
         chosen = [f for f in files if file_format(f) == fmt]
         started = time.perf_counter()
@@ -74,7 +94,8 @@ def run(args, progress=print) -> dict:
         seconds = time.perf_counter() - started
         size = sum(f.path.stat().st_size for f in chosen)
         reading.append({"format": fmt, "files": len(chosen), "documents": len(read.documents), "bytes": size,
-                        "seconds": seconds, "documents_per_s": len(read.documents) / seconds if seconds else 0.0})
+                        "seconds": seconds, "documents_per_s": len(read.documents) / seconds if seconds else 0.0,
+                        "mb_per_s": size / 1e6 / seconds if seconds else 0.0})
         documents += read.documents
         skipped += [(where, str(skip)) for where, skip in read.skipped]
         progress(f"read {len(read.documents)} {fmt} documents of {len(chosen)} files in {seconds:.1f} s")
@@ -94,7 +115,8 @@ def run(args, progress=print) -> dict:
         shutil.rmtree(out.parent, ignore_errors=True)
     read_s = sum(r["seconds"] for r in reading)
     return {
-        "sources": sources, "files": [str(f.path) for f in files], "skipped": skipped, "reading": reading,
+        "sources": sources, "files": [str(f.path) for f in files], "repeats_left_out": repeats, "skipped": skipped,
+        "reading": reading,
         "documents": len(documents), "read_seconds": read_s,
         "documents_per_s": len(documents) / read_s if read_s else 0.0,
         "embedder": {"model": embedder.identity.model, "source": embedder.identity.source,
@@ -108,9 +130,9 @@ def run(args, progress=print) -> dict:
 
 def format_report(result: dict) -> str:
     rows = [(r["format"], r["files"], r["documents"], f"{r['bytes'] / 1e6:.1f}", f"{r['seconds']:.1f}",
-             f"{r['documents_per_s']:.1f}") for r in result["reading"]]
+             f"{r['documents_per_s']:.1f}", f"{r['mb_per_s']:.2f}") for r in result["reading"]]
     table = text_table([("format", "<8"), ("files", ">7"), ("documents", ">11"), ("MB", ">8"), ("read s", ">9"),
-                        ("documents/s", ">13")], rows)
+                        ("documents/s", ">13"), ("MB/s", ">8")], rows)
     e = result["embedder"]
     return "\n".join([
         table,

@@ -16,11 +16,15 @@ from tests.support.pdfs import write_pdf
 PAGES = ("bisect.html", "heapq.html", "fnmatch.html")
 
 
-def test_files_are_taken_in_turn_from_each_source():
-    html = [SourceFile(Path("h"), Path(f"h/{n}.html")) for n in range(3)]
-    pdf = [SourceFile(Path("p"), Path("p/0.pdf"))]
-    assert ingest_bench.take_in_turn([html, pdf], 3) == [html[0], pdf[0], html[1]]
-    assert ingest_bench.take_in_turn([html, pdf], 10) == [html[0], pdf[0], html[1], html[2]]
+def test_files_are_taken_in_turn_from_each_source_leaving_out_repeated_bytes(tmp_path):
+    for name, text in {"h/0.html": "a", "h/1.html": "b", "h/2.html": "c", "p/0.pdf": "d", "p/1.pdf": "a"}.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    html = [SourceFile(tmp_path / "h", tmp_path / f"h/{n}.html") for n in range(3)]
+    pdf = [SourceFile(tmp_path / "p", tmp_path / f"p/{n}.pdf") for n in range(2)]
+    assert ingest_bench.take_in_turn([html, pdf], 3) == ([html[0], pdf[0], html[1]], 0)
+    # p/1.pdf holds h/0.html's bytes: left out, and counted.
+    assert ingest_bench.take_in_turn([html, pdf], 10) == ([html[0], pdf[0], html[1], html[2]], 1)
 
 
 @pytest.fixture
@@ -45,7 +49,7 @@ def test_it_reads_each_format_and_reports_documents_and_passages_per_second(sour
     # In turn: the first page, the PDF, the second page; never the third (--max-docs 3).
     assert [Path(f).name for f in result["files"]] == ["bisect.html", "manual.pdf", "fnmatch.html"]
     assert [(r["format"], r["files"], r["documents"]) for r in result["reading"]] == [("html", 2, 2), ("pdf", 1, 1)]
-    assert all(r["documents_per_s"] > 0 and r["bytes"] > 0 for r in result["reading"])
+    assert all(r["documents_per_s"] > 0 and r["mb_per_s"] > 0 and r["bytes"] > 0 for r in result["reading"])
     assert result["documents"] == 3 and result["passages"] > 3 and result["passages_per_s"] > 0
     assert result["embedder"]["source"] == "standin:tiny" and result["record"]["settings"]["MODEL_SOURCE"] == "standin"
     assert result["record"]["tool"] == tool_commit
