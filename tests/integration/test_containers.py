@@ -31,6 +31,7 @@ import yaml
 
 from pipeline import spec
 from pipeline.config import Settings
+from pipeline.vector_index import ShardedVectorIndex
 from tests.helpers import wait_until
 from tests.support.containers import (
     DOCKER,
@@ -40,6 +41,7 @@ from tests.support.containers import (
     Compose,
     bridge_gateway,
     build,
+    build_steps,
     built_image,
     docker,
     write_folder,
@@ -88,8 +90,7 @@ def test_a_code_change_rebuilds_neither_torch_nor_the_compiler(built):
     changed = built["context"] / "services" / "node.py"
     changed.write_text(changed.read_text() + "\n# a code change\n")
     seconds, log = build(built["context"], built["wheels"])
-    steps = {n: name for n, name in re.findall(r"^#(\d+) \[[^\]]+\] (.*)$", log, flags=re.M)}
-    cached = set(re.findall(r"^#(\d+) CACHED$", log, flags=re.M))
+    steps, cached = build_steps(log)
     for step in ("torch==2.13.0", "-r /tmp/requirements.txt", "install -y --no-install-recommends g++",
                  "python -m pipeline.kernels.fused_int8"):
         numbers = [n for n, name in steps.items() if step in name]
@@ -134,15 +135,20 @@ def data_volume(cluster, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reference_answers(data_volume, tiny_settings):
-    """The reference pipeline over the data the nodes serve, with the stand-ins they mount."""
+def reference_answers(data_volume, tiny_settings, embedder, reranker, generator, sentiment, toxicity):
+    """The reference pipeline over the data the nodes serve, with the models of the stand-ins they mount
+    (the session's, loaded in float32 as the nodes are told to run)."""
+    from pipeline.docstore import DocumentStore
     from pipeline.reference import ReferencePipeline
     settings = Settings.from_env({
         "MODEL_SOURCE": "standin", "STANDIN_PROFILE": "tiny", "STANDIN_HOME": str(tiny_settings.standin_dir),
         "PRECISION": "float32", "ONLY_CPU": "true", "TOTAL_NODES": "4", "INDEX_NODES": "2,3", "INDEX_SHARDS": "2",
         "FAISS_INDEX_PATH": str(data_volume / "current" / "faiss_index.bin"),
         "DOCUMENTS_DIR": str(data_volume / "current" / "documents")})
-    reference = ReferencePipeline.from_settings(settings)
+    reference = ReferencePipeline(
+        embedder=embedder, index=ShardedVectorIndex.load(settings.require_index_files(), nprobe=settings.index.nprobe),
+        store=DocumentStore(settings.require_documents()), reranker=reranker, generator=generator,
+        sentiment=sentiment, toxicity=toxicity)
     return {query: reference.answer(query, "") for query in QUERIES}
 
 

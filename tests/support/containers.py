@@ -1,12 +1,14 @@
 """Docker helpers for tests/integration/test_containers.py: the client and Compose binaries, the
-image build from a clean checkout (torch from this machine's wheel folder over HTTP), and
-deploy/compose.yaml run as a named project with the test's override."""
+image build from a clean checkout (torch from this machine's wheel folder over HTTP),
+deploy/compose.yaml run as a named project with the test's override (a mounted folder to ingest, the
+host's stand-ins), and an OTLP receiver the containers reach."""
 from __future__ import annotations
 
 import contextlib
 import functools
 import http.server
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -154,6 +156,12 @@ class BridgeOtlpReceiver(OtlpReceiver):
         self.url = f"http://{host}:{self.server.server_port}"
 
 
+def build_steps(log: str) -> tuple[dict[str, str], set[str]]:
+    """A plain-progress build log's Dockerfile steps (number: instruction) and the numbers of those cached."""
+    steps = {n: name for n, name in re.findall(r"^#(\d+) \[[^\]]+\] (.*)$", log, flags=re.M)}
+    return steps, set(re.findall(r"^#(\d+) CACHED$", log, flags=re.M))
+
+
 class Compose:
     """deploy/compose.yaml as project `name`, with the test's override (float32 so answers match
     the reference, one thread per node on 2 cores, fast worker probes). `knowledge`: the folder the
@@ -241,7 +249,11 @@ def built_image(checkout: Path) -> Iterator[dict]:
     context = clean_checkout(checkout)
     try:
         build_s, log = build(context, wheels)
-        print(f"\n[containers] base image {base_s:.0f} s, image build {build_s:.0f} s")
+        steps, cached = build_steps(log)
+        torch = "cached" if any("torch==" in name and n in cached for n, name in steps.items()) else "installed"
+        # Which steps ran says why a build was slow (a pruned cache installs torch again).
+        print(f"\n[containers] base image {base_s:.0f} s, image build {build_s:.0f} s "
+              f"({len(set(steps) - cached)} of {len(steps)} steps run, torch {torch})")
         yield {"context": context, "wheels": wheels, "log": log}
     finally:
         if wheels:
