@@ -42,6 +42,14 @@ def random_vectors(dim: int) -> EmbedderInfo:
     return EmbedderInfo(model=RANDOM_VECTORS, source="seeded", revision=None, precision="float32", dim=dim)
 
 
+def mixture_vectors(dim: int) -> EmbedderInfo:
+    """The 'embedder' of a ``--vectors mixture`` course build: seeded draws of builders.mixture_vectors's model
+    (named by its file's hash). Random vectors still: any embedder of the dimension may search them."""
+    from builders.mixture_vectors import MODEL_PATH, model_sha256
+    return EmbedderInfo(model=RANDOM_VECTORS, source=f"seeded mixture {MODEL_PATH.name} sha256:{model_sha256()[:16]}",
+                        revision=None, precision="float32", dim=dim)
+
+
 def configured_embedder(dim: int | None = None) -> EmbedderInfo:
     """The embedder the environment configures (what `builders.data build --kind support` embeds with),
     giving `dim`-wide vectors (default: the width its files say)."""
