@@ -81,3 +81,19 @@ def test_the_tool_at_a_small_size(tmp_path, capsys):
         assert sum(c["queries"] for c in run["per_shard"]) == pytest.approx(run["shards_per_query_mean"] * 60)
         assert sum(c["lists"] for c in run["per_shard"]) == 60 * sim["nprobe"]
     assert "shard processes" in capsys.readouterr().out
+
+
+def test_a_query_asks_fewer_centroid_shards_of_a_mixture_course_build(tmp_path):
+    # measured at this size (4 shards, nprobe 8 of 205 lists): kmeans-balanced centroid shards asked 2.0 a
+    # query on mixture vectors, 3.3 on uniform ones; the top 10 equal the unsharded index's either way
+    asked = {}
+    for vectors in ("uniform", "mixture"):
+        out = tmp_path / vectors
+        assert shard_fanout.main(["--docs", "8000", "--vectors", vectors, "--course-dim", "32", "--shards", "4",
+                                  "--nprobe", "8", "--queries", "200", "--check", "20", "--out", str(out)]) == 0
+        course = json.loads((out / "shard_fanout.json").read_text())["course"]
+        assert course["source"] == vectors
+        kmeans = next(row for row in course["rows"] if row["layout"] == "centroid/kmeans")
+        assert kmeans["top10_equal"] == kmeans["top10_checked"] == 20
+        asked[vectors] = kmeans["shards_per_query_mean"]
+    assert asked["mixture"] < 2.6 and asked["uniform"] > 3.0, asked
