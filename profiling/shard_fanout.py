@@ -15,7 +15,8 @@ queries' top 10 equal the unsharded index's (ids and distances).
 
 --simulate: the plan's 100 M and 1 B vectors of 768 floats (docs/scaling.md) with their nlist (65,536 and
 262,144, divided by --sim-nlist-div) and nprobe, the vectors scaled down by --scale, drawn from a mixture
-of unit-vector clumps (profiling.lib.shard_sim) rather than the course's uniform cube, the centroids drawn
+of unit-vector clumps (profiling.lib.shard_sim; --sim-vectors mixture: builders.mixture_vectors' draws)
+rather than the course's uniform cube, the centroids drawn
 from the same mixture (not trained), split in --sim-shards centroid shards, one process each, searched
 through the router with the top 10 checked against the unsharded index. Which shards a query visits
 depends on the centroids and the owners, not on how full the lists are, so the fan-out is the full
@@ -33,7 +34,7 @@ import faiss
 import numpy as np
 
 from builders.centroid_shards import list_sizes, split_index
-from builders.mixture_vectors import VECTOR_SOURCES
+from builders.mixture_vectors import VECTOR_SOURCES, course_vector_batches
 from pipeline.centroid_routing import METHODS, CentroidRouter, assign_lists
 from pipeline.centroid_search import CentroidShardedIndex
 from pipeline.spec import EMBED_DIM
@@ -74,6 +75,9 @@ def _parser():
                         help="the simulation's nlist: the full-size one divided by this (each shard process holds "
                              "every centroid: 1 B's 262,144 take 805 MB per process)")
     parser.add_argument("--dim", type=positive(int), default=768, help="the simulation's dimension")
+    parser.add_argument("--sim-vectors", choices=("clumps", "mixture"), default="clumps",
+                        help="the simulation's vectors: 256 random clumps on the sphere (profiling.lib.shard_sim), or "
+                             "the mixture fitted to real embeddings (builders.mixture_vectors)")
     add_out(parser, "shard_fanout")
     return parser
 
@@ -132,7 +136,9 @@ def simulation(args) -> list[dict[str, Any]]:
     results = []
     for scenario in SCENARIOS:
         n, nlist = scaled(scenario, args.scale, args.sim_nlist_div)
-        drawn = mixture_vectors(n + args.queries + nlist, args.dim, args.seed)
+        drawn = (mixture_vectors(n + args.queries + nlist, args.dim, args.seed) if args.sim_vectors == "clumps" else
+                 next(course_vector_batches(n + args.queries + nlist, args.dim, args.seed, n + args.queries + nlist,
+                                            "mixture")))
         # Held out from the index: the queries and the centroids.
         vectors, queries, centroids = drawn[:n], drawn[n:n + args.queries], drawn[n + args.queries:]
         index = sampled_ivf(vectors, centroids, args.nprobe)
@@ -143,7 +149,7 @@ def simulation(args) -> list[dict[str, Any]]:
             counted = count_load("centroid/kmeans", probed, shard_shares(index, shards, owners), owners).row()
             hashed = count_load("hash", probed, shard_shares(index, shards, None), None).row()
             run = simulate(index, owners, queries)
-            results.append({"scenario": scenario, "full_size_vectors": SCENARIOS[scenario][0],
+            results.append({"scenario": scenario, "vectors_drawn": args.sim_vectors, "full_size_vectors": SCENARIOS[scenario][0],
                             "full_size_nlist": SCENARIOS[scenario][1], "vectors": n, "nlist": nlist,
                             "nprobe": index.nprobe, "dim": args.dim, "scale": args.scale, "centroid": counted,
                             "hash": hashed, "processes": run})
@@ -167,7 +173,6 @@ def main(argv: list[str] | None = None) -> int:
     out = run_folder("shard_fanout", args.out)
     faiss.omp_set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     index = course_index(args, out)
-    from builders.data import course_vector_batches
     queries = next(course_vector_batches(args.queries, index.d, args.seed + 1, args.queries, vector_source(args)))
     report: dict[str, Any] = {"course": {"vectors": int(index.ntotal), "source": vector_source(args), "nlist": int(index.nlist),
                                          "nprobe": int(index.nprobe), "queries": args.queries,
