@@ -61,8 +61,9 @@ def index_bytes(spec: str, count: int, dim: int, nlist: int) -> int:
 
 def build_estimate_s(count: int, dim: int, nlist: int, queries: int, cores: int) -> float:
     """Seconds for one build on `cores` busy cores: k-means on 39 points per list (10 rounds), the list
-    assignment, the recall check's exhaustive search, and drawing the vectors three times."""
-    macs = 10 * 39 * nlist * nlist * dim + count * nlist * dim + count * queries * dim + 3 * count * dim * dim
+    assignment, the recall check's exhaustive search, and drawing the vectors four times (the writer's two
+    passes, the recall check's two)."""
+    macs = 10 * 39 * nlist * nlist * dim + count * nlist * dim + count * queries * dim + 4 * count * dim * dim
     return macs / (MACS_PER_CORE_S * cores)
 
 
