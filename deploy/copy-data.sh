@@ -6,9 +6,12 @@
 #   DATA_STORE (/versions)  the shared store, mounted read-only: <store>/<version> as the Job built it,
 #                           and <store>/.standins, the stand-in models it embedded with.
 #   DATA_VERSION (v1)       the version this pod serves. Unless <root>/DATA_VERSION is complete (its
-#                           manifest loads), it is copied from the store once the store's copy is
-#                           complete (the Job writes the manifest last), waiting for it up to
-#                           DATA_WAIT_S seconds (3600: the Job may still be ingesting; then exit 1).
+#                           manifest loads and every file it names is there), it is copied from the
+#                           store once the store's copy is complete (the Job writes the manifest last),
+#                           waiting for it up to DATA_WAIT_S seconds (3600: the Job may still be
+#                           ingesting; then exit 1). The copy is checked against the manifest's sha256
+#                           of every index file (the quantizer of centroid shards included) before it
+#                           is renamed into place: a copy that differs is removed and the pod fails.
 #   DATA_CURRENT (set)      set: <root>/current names DATA_VERSION (the serving container cannot move
 #                           the link, so the settings say which version a starting pod serves);
 #                           keep: a link that exists stays (an in-place copy beside the served version).
@@ -31,16 +34,24 @@ case "${DATA_CURRENT:-set}" in
   *) echo "copy-data: DATA_CURRENT='$DATA_CURRENT' is not valid: expected keep or set" >&2; exit 2 ;;
 esac
 
-complete() {
-  python -c 'import sys; from pipeline.data_version import load_version; load_version(sys.argv[1])' "$1" \
-    2>/dev/null
+complete() {  # the manifest loads and names files that are all there (no hashing: polled)
+  python -m builders.manifest verify --no-hashes "$1" 2>/dev/null
 }
 
-copy_whole() {  # $1 to $2, under a temporary name renamed at the end
-  partial="$(dirname "$2")/.$(basename "$2").partial"
-  rm -rf "$partial"
+copy_whole() {  # $1 to $2, under a temporary folder renamed at the end; $3 = verify: the copy checked first
+  # The copy keeps its own name inside the temporary folder: a version lies in a folder of its name.
+  scratch="$(dirname "$2")/.partial-$(basename "$2")"
+  partial="$scratch/$(basename "$2")"
+  rm -rf "$scratch"
+  mkdir -p "$scratch"
   cp -R "$1" "$partial"
+  if [ "${3:-}" = verify ] && ! python -m builders.manifest verify "$partial"; then
+    rm -rf "$scratch"
+    echo "copy-data: the copy of $1 is not the version its manifest describes (above); nothing copied" >&2
+    exit 1
+  fi
   mv -T "$partial" "$2"
+  rmdir "$scratch"
 }
 
 waited=0
@@ -62,7 +73,7 @@ if complete "$root/$version"; then
   echo "copy-data: $version is already here"
 else
   rm -rf "${root:?}/$version"  # an incomplete copy from an older store's version of the same name
-  copy_whole "$store/$version" "$root/$version"
+  copy_whole "$store/$version" "$root/$version" verify
   echo "copy-data: copied $version from $store"
 fi
 

@@ -30,7 +30,7 @@ from packaging.version import Version
 from pipeline.config import REPO_ROOT, Settings
 from pipeline.data_version import load_version
 from pipeline.kernels.versions import TORCH_VERIFIED
-from tests.support.data_versions import manifest_only_version
+from tests.support.data_versions import manifest_only_version, version_with_files
 from tools.render_settings import parse_env
 
 compose_spec = pytest.importorskip("compose_spec")
@@ -498,8 +498,7 @@ def copy_data(root: Path, store: Path, **env: str) -> subprocess.CompletedProces
 def test_copy_data_copies_the_version_and_the_stand_ins_the_job_built_and_links_it(tmp_path):
     store, root = tmp_path / "versions", tmp_path / "data"
     root.mkdir()
-    manifest_only_version(store, "v1")
-    (store / "v1" / "faiss_index.bin").write_bytes(b"the index the Job built")
+    version_with_files(store, "v1", {"faiss_index.bin": b"the index the Job built"})
     (store / ".standins" / "home").mkdir(parents=True)
     (store / ".standins" / "home" / "weights").write_bytes(b"stand-in")
     standins = tmp_path / "standins" / "home"
@@ -511,7 +510,7 @@ def test_copy_data_copies_the_version_and_the_stand_ins_the_job_built_and_links_
     assert (standins / "weights").read_bytes() == b"stand-in"
     assert sorted(p.name for p in root.iterdir()) == ["current", "v1"]  # no partial copy left behind
     # A pod restarted on the same volume copies nothing again; keep leaves a link a rollout moved.
-    manifest_only_version(store, "v2")
+    version_with_files(store, "v2", {})
     again = copy_data(root, store, DATA_VERSION="v2", DATA_CURRENT="keep")
     assert again.returncode == 0 and os.readlink(root / "current") == "v1" and load_version(root / "v2")
     assert "already here" in copy_data(root, store, DATA_VERSION="v2").stdout
@@ -530,6 +529,27 @@ def test_copy_data_waits_for_the_job_and_never_builds_a_missing_version(tmp_path
     assert list(root.iterdir()) == [] and not (tmp_path / "standins").exists()  # nothing built nor copied
     refused = copy_data(root, store, DATA_CURRENT="sometimes")
     assert refused.returncode == 2 and "DATA_CURRENT='sometimes'" in refused.stderr
+
+
+@pytest.mark.slow  # runs deploy/copy-data.sh
+def test_copy_data_waits_for_every_index_file_and_refuses_a_copy_whose_bytes_differ(tmp_path):
+    store, root = tmp_path / "versions", tmp_path / "data"
+    root.mkdir()
+    names = {"faiss_index.bin.shard0": b"shard 0", "faiss_index.bin.shard1": b"shard 1", "quantizer.bin": b"q"}
+    version_with_files(store, "v1", names)
+    (store / "v1" / "quantizer.bin").unlink()  # the manifest loads, a file it names is not there yet
+    waited = copy_data(root, store, DATA_WAIT_S="0")
+    assert waited.returncode == 1 and "rag-ingest Job" in waited.stderr and list(root.iterdir()) == []
+    (store / "v1" / "faiss_index.bin.shard1").write_bytes(b"shard 1, but not as built")
+    (store / "v1" / "quantizer.bin").write_bytes(b"q")
+    refused = copy_data(root, store, DATA_WAIT_S="0")
+    assert refused.returncode == 1, refused.stderr
+    assert "faiss_index.bin.shard1 is not the file the build wrote" in refused.stderr
+    assert list(root.iterdir()) == []  # neither the version nor its partial copy
+    (store / "v1" / "faiss_index.bin.shard1").write_bytes(b"shard 1")
+    copied = copy_data(root, store, DATA_WAIT_S="0")
+    assert copied.returncode == 0, copied.stderr
+    assert (root / "v1" / "quantizer.bin").read_bytes() == b"q" and os.readlink(root / "current") == "v1"
 
 
 @pytest.mark.slow
