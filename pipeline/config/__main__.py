@@ -1,6 +1,8 @@
 """`python -m pipeline.config` (`./run.sh settings`): every setting's effective value and whether
 it is the default, then what each model stage computes in on this machine (resolved as a node
-resolves it, without loading a model); a warning per misspelt variable; exit 2 listing every bad value."""
+resolves it, without loading a model), then the data version FAISS_INDEX_PATH lies in (its index, sharding
+and the recall@10 its build measured per shard); a warning per misspelt variable; exit 2 listing every
+bad value."""
 from __future__ import annotations
 
 import argparse
@@ -27,6 +29,33 @@ def describe(settings: Settings, env: Mapping[str, str]) -> list[str]:
     return lines
 
 
+def describe_data_version(settings: Settings) -> list[str]:
+    """The version FAISS_INDEX_PATH lies in, as its manifest says: what an operator checks before serving it."""
+    from pipeline.data_version import DataVersionError, load_version, version_dir_of
+    version_dir = version_dir_of(settings.index.faiss_index_path)
+    try:
+        manifest = load_version(version_dir)
+    except DataVersionError as exc:
+        return [f"# no data version at FAISS_INDEX_PATH's folder {version_dir}: {exc}"]
+    index = manifest.index
+    recall = index.get("recall") or {}
+    sharding = manifest.sharding.get("kind", "centroid") if manifest.sharding else "hash (doc_id % shards)"
+    lines = [f"# data version {manifest.version} ({manifest.kind}, {manifest.documents} documents) in {version_dir}:",
+             f"#   index {index.get('spec', index.get('kind', 'IVF-Flat'))}, {manifest.shards} shard(s), "
+             f"sharding {sharding}, embedder {manifest.embedder.model} ({manifest.embedder.dim} dims)"]
+    if recall:
+        params = ", ".join(f"{k} {v}" for k, v in (recall.get("params") or {}).items()) or "its build's parameters"
+        shards = " ".join(f"{n}:{r:.4f}" for n, r in enumerate(recall.get("shards") or []))
+        floor = recall.get("floor")
+        lines.append(f"#   recall@{recall.get('at', 10)} {recall.get('overall', float('nan')):.4f} overall at {params}"
+                     f" on {recall.get('queries')} queries; per shard {shards or '-'}"
+                     + (f"; floor {floor:g}" + (" (accepted below it)" if recall.get("accepted_below_floor") else "")
+                        if floor is not None else ""))
+    else:
+        lines.append("#   recall@10 not measured (a build before recall was recorded)")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m pipeline.config` (`./run.sh settings`): the effective settings; exit 2 on bad values."""
     from pipeline.device import describe_placement  # pipeline.device reads pipeline.config: not at import
@@ -47,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.non_default:
         lines = [line for line in lines if "# set (default" in line] or ["# every setting is at its default"]
     if not args.non_default:
-        lines += ["# what each model stage computes in here:", *resolved]
+        lines += ["# what each model stage computes in here:", *resolved, *describe_data_version(settings)]
     print("\n".join(lines))
     return 0
 

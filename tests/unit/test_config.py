@@ -222,8 +222,8 @@ def test_python_m_pipeline_config_prints_each_variable_and_whether_it_is_the_def
     assert len([line for line in out if not line.startswith("#")]) == len(Settings.variables())
     lines = {line.split("=")[0]: line for line in out}
     # Then what each model stage computes in, resolved as a node resolves it (no model loaded).
-    assert out[-6:-5] == ["# what each model stage computes in here:"]
-    assert [line.split(":")[0] for line in out[-5:]] == [f"# {stage}" for stage in MODEL_STAGES]
+    stages = out.index("# what each model stage computes in here:")
+    assert [line.split(":")[0] for line in out[stages + 1:stages + 6]] == [f"# {stage}" for stage in MODEL_STAGES]
     assert re.fullmatch(r"EMBED_MAX_BATCH=8 +# set \(default: 16\)", lines["EMBED_MAX_BATCH"])
     assert re.fullmatch(r"FAISS_MMAP=true +# set, equal to the default", lines["FAISS_MMAP"])
     assert re.fullmatch(r"TOTAL_NODES=3 +# default", lines["TOTAL_NODES"])
@@ -234,6 +234,27 @@ def test_python_m_pipeline_config_prints_each_variable_and_whether_it_is_the_def
         monkeypatch.delenv(name)
     assert config.main(["--non-default"]) == 0
     assert capsys.readouterr().out == "# every setting is at its default\n"
+
+
+def test_python_m_pipeline_config_shows_the_served_versions_index_and_recall_per_shard(monkeypatch, capsys, tmp_path):
+    from builders.data import build_course
+    from pipeline.config import __main__ as config
+    for name in Settings.variables():
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("FAISS_INDEX_PATH", str(tmp_path / "v1" / "faiss_index.bin"))
+    assert config.main([]) == 0
+    assert f"# no data version at FAISS_INDEX_PATH's folder {tmp_path / 'v1'}" in capsys.readouterr().out
+    manifest = build_course(tmp_path / "v1", 3000, seed=0, progress=False, batch_size=1000, shards=2).manifest
+    recall = manifest.index["recall"]
+    assert config.main([]) == 0
+    out = capsys.readouterr().out.splitlines()
+    shown = out[out.index(f"# data version v1 (course, 3000 documents) in {tmp_path / 'v1'}:") + 1:]
+    assert shown[0].startswith(f"#   index {manifest.index['spec']}, 2 shard(s), sharding hash")
+    per_shard = " ".join(f"{n}:{r:.4f}" for n, r in enumerate(recall["shards"]))
+    assert len(recall["shards"]) == 2
+    assert shown[1] == (f"#   recall@10 {recall['overall']:.4f} overall at nprobe {recall['params']['nprobe']} "
+                        f"on {recall['queries']} queries; per shard {per_shard}; floor {recall['floor']:g}"
+                        + (" (accepted below it)" if recall["accepted_below_floor"] else ""))
 
 
 def test_python_m_pipeline_config_prints_every_problem_and_exits_2(monkeypatch, capsys):
