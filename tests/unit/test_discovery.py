@@ -12,6 +12,7 @@ from pipeline.config import ConfigError, Settings
 from pipeline.config.parsers import Address
 from services.cluster.discovery import HostsFileResolver, Membership, resolver_for
 from services.roles.gateway.routing import DiscoveredWorkers, Router, WorkerTarget
+from services.server.answer import FinalAnswer
 from services.server.answer_request import AnswerRequest
 from services.server.deadline import Deadline
 from services.server.errors import PeerUnavailable
@@ -54,7 +55,7 @@ class Worker:
         if self.gate is not None:
             assert self.gate.wait(10), "test gate never opened"
         self.served.append(request.request_id)
-        yield {"request_id": request.request_id, "generated_response": str(self.address)}
+        yield FinalAnswer(request.request_id, str(self.address), "neutral", "false")
 
     def target(self) -> WorkerTarget:
         def close():
@@ -78,7 +79,7 @@ def local_router() -> tuple[Router, Worker]:
 
 
 def ask(router: Router, request_id: str) -> dict:
-    return collect(router.forward(AnswerRequest(request_id, "where is my order?"), Deadline.after(10)))
+    return collect(router.forward(AnswerRequest(request_id, "where is my order?"), Deadline.after(10))).wire()
 
 
 def test_a_membership_reports_each_change_of_its_names_addresses_at_its_port():

@@ -12,10 +12,15 @@ from pipeline import spec
 from pipeline.spec import Stage
 from services.server.answer_request import AnswerRequest
 from services.server.deadline import Deadline
-from services.server.stream_response import collect
+from services.server.stream_response import collect as collect_answer
 from tests.unit.test_request_path import QUERY, worker  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.timeout(600)
+
+
+def collect(events) -> dict:
+    """The final answer of a worker's stream, as JSON."""
+    return collect_answer(events).wire()
 
 
 def test_rerank_gives_each_documents_score_in_the_documents_order_through_the_rerank_stage(worker, reranker):  # noqa: F811

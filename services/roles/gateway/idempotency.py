@@ -20,10 +20,11 @@ from collections.abc import Callable
 
 from services.roles.caches import LruCache, ResponseCache
 from services.roles.single_flight import Entry, Flight, SingleFlight
+from services.server.answer import AnswerStream, FinalAnswer
 from services.server.answer_request import AnswerRequest
 from services.server.deadline import Deadline
 from services.server.errors import Overloaded, RequestIdConflict, RequestTimeout, ServiceClosed
-from services.server.stream_response import AnswerStream, relay, replay
+from services.server.stream_response import relay, replay
 
 # Retry-After bounds for a full gateway: no hammering, and no minutes-long hint from a slow average.
 MIN_RETRY_AFTER_S, MAX_RETRY_AFTER_S = 1.0, 30.0
@@ -85,7 +86,7 @@ class Idempotency:
         yield from relay(lambda: compute(deadline), failed=failed,
                          landed=lambda reply: self._land(entry, key, digest, reply, started))
 
-    def _known_or_joined(self, entry: Entry, deadline: float) -> dict:
+    def _known_or_joined(self, entry: Entry, deadline: float) -> FinalAnswer:
         """A reply already known, or the one of the computation joined (the same id and query)."""
         if entry.value is not None:
             return entry.value
@@ -94,10 +95,10 @@ class Idempotency:
         except TimeoutError:  # our wait, or the computation's own timeout
             raise RequestTimeout("request timed out") from None
 
-    def _land(self, entry: Entry, key: ScopedId, digest: str, reply: dict, started: float) -> None:
+    def _land(self, entry: Entry, key: ScopedId, digest: str, reply: FinalAnswer, started: float) -> None:
         """Cache a successful reply (never a failure), then hand it to the joiners."""
         now = time.monotonic()
-        if not reply.get("cached"):  # a reply-cache hit says nothing about how long a computation takes
+        if not reply.cached:  # a reply-cache hit says nothing about how long a computation takes
             with self._lock:
                 self._latency_ema_s = 0.8 * self._latency_ema_s + 0.2 * (now - started) if self._latency_ema_s \
                     else now - started
@@ -106,7 +107,7 @@ class Idempotency:
 
     # ------------------------------------------------------------------ the rules, run under the flights' lock
 
-    def _completed_reply(self, key: ScopedId, digest: str) -> dict | None:
+    def _completed_reply(self, key: ScopedId, digest: str) -> FinalAnswer | None:
         """A recently completed reply for this caller's id; expired entries are dropped on the way."""
         self.completed.purge_expired()
         entry = self.completed.get(key)
@@ -136,7 +137,7 @@ class Idempotency:
         raise Overloaded(f"too many callers waiting on a request_id in flight ({limit})",
                          retry_after_s=self._retry_after_s(time.monotonic() - flight.started))
 
-    def _admit_leader(self, request: AnswerRequest, digest: str, in_flight: int) -> dict | None:
+    def _admit_leader(self, request: AnswerRequest, digest: str, in_flight: int) -> FinalAnswer | None:
         """A reply-cache hit (now the id's answer: it takes no capacity), else a free slot or a refusal.
         The reply cache holds only the question's own answer (greedy, uncapped, no stop strings)."""
         cache = self.response_cache
@@ -144,8 +145,9 @@ class Idempotency:
                         conversation=request.conversation_key) \
             if cache is not None and request.is_the_questions_answer else None
         if hit is not None:
-            self.completed.put(scoped_id(request), (digest, hit))
-            return hit
+            answer = FinalAnswer.from_wire(hit)  # the cache holds its JSON
+            self.completed.put(scoped_id(request), (digest, answer))
+            return answer
         self._admit(in_flight)
         return None
 
