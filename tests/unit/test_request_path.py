@@ -24,9 +24,9 @@ from pipeline.vector_index import VectorIndex
 from services.roles.versioned_data import VersionedData
 from services.roles.worker.request_path import Worker
 from services.roles.worker.role import worker_config
+from services.server.answer import AnswerPiece, FinalAnswer
 from services.server.answer_request import AnswerRequest
 from services.server.deadline import Deadline
-from services.server.answer import AnswerPiece, FinalAnswer
 from services.server.stream_response import collect as collect_answer
 from tests.helpers import TEST_ENV, data_env
 

@@ -55,3 +55,15 @@ def test_an_answers_log_probabilities_are_the_same_alone_and_among_7_others(work
     with ThreadPoolExecutor(len(others)) as pool:
         replies = list(pool.map(lambda request: collect(worker.answer(request, Deadline.after(300))), others))
     assert replies[0]["logprobs"] == content and replies[0]["generated_response"] == alone["generated_response"]
+
+
+def test_a_streamed_answers_pieces_carry_the_log_probabilities_of_their_own_tokens(worker):  # noqa: F811
+    from services.server.answer import AnswerPiece, FinalAnswer
+    events = list(worker.answer(AnswerRequest("lp-pieces", QUERY, max_new_tokens=12, logprobs=2), Deadline.after(300)))
+    *pieces, final = events
+    assert isinstance(final, FinalAnswer) and all(isinstance(p, AnswerPiece) for p in pieces)
+    given = [item for piece in pieces for item in piece.logprobs]
+    assert tuple(given) == final.logprobs and len(given) == final.usage.completion_tokens
+    assert all(piece.logprobs for piece in pieces if piece.text) and len([p for p in pieces if p.text]) > 1
+    plain = list(worker.answer(AnswerRequest("lp-no-pieces", QUERY, max_new_tokens=12), Deadline.after(300)))
+    assert all(not piece.logprobs for piece in plain[:-1]) and plain[-1].logprobs is None
