@@ -5,7 +5,7 @@ and probing), its own in-process and the others over HTTP.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from pipeline.config.sections import GatewaySettings
@@ -38,9 +38,19 @@ class Gateway:
         """Replies by request_id (metered; never cleared: a retried request must get the reply it got)."""
         return self.ids.completed
 
-    def answer(self, request: AnswerRequest, deadline: Deadline) -> AnswerStream:
-        """The request's answer stream: the request_id rules first, then _compute."""
-        return self.ids.answer(request, deadline, lambda deadline: self._compute(request, deadline))
+    def answer(self, request: AnswerRequest, deadline: Deadline, *, admitted: bool = False) -> AnswerStream:
+        """The request's answer stream: the request_id rules first, then _compute; `admitted`: on a slot
+        its request holds already (one of n choices)."""
+        return self.ids.answer(request, deadline, lambda deadline: self._compute(request, deadline), admitted=admitted)
+
+    def choices(self, requests: Sequence[AnswerRequest], deadline: Deadline,
+                combine: Callable[[list[Callable[[], AnswerStream]]], AnswerStream]) -> AnswerStream:
+        """n choices of one request (openai_choices.py) on one admission slot, as vLLM admits them: a full
+        gateway refuses the request once, whole; each choice keeps its own request_id rules.
+        `combine`: the choices' streams as the request's."""
+        def stream(one: AnswerRequest) -> Callable[[], AnswerStream]:
+            return lambda: self.answer(one, deadline, admitted=True)
+        return self.ids.admitted(lambda: combine([stream(one) for one in requests]))
 
     def admitted(self, work: Callable[[], AnswerStream]) -> AnswerStream:
         """Work that is no answer (embeddings) under the same admission: a slot of GATEWAY_MAX_IN_FLIGHT."""

@@ -63,28 +63,47 @@ class Idempotency:
         self._lock = threading.Lock()
         self._latency_ema_s = 0.0  # of successful computations, for the Retry-After hint
         self._rejected = self._rejected_joiners = self._conflicts = 0
+        self._riders = 0  # computations in flight on a slot their request holds (n choices): not counted again
 
-    def answer(self, request: AnswerRequest, deadline: Deadline,
-               compute: Callable[[Deadline], AnswerStream]) -> AnswerStream:
+    def answer(self, request: AnswerRequest, deadline: Deadline, compute: Callable[[Deadline], AnswerStream], *,
+               admitted: bool = False) -> AnswerStream:
         """The id's answer stream: a completed or joined reply replayed, else `compute(deadline)`'s
-        events as they come; its reply is then the id's, its failure its joiners' too (not kept)."""
+        events as they come; its reply is then the id's, its failure its joiners' too (not kept).
+        `admitted`: it computes on a slot its request holds already (`admitted`, one per n choices)."""
         started = time.monotonic()
         request_id, digest = request.request_id, request_digest(request)
         key = scoped_id(request)
-        entry = self.flights.enter(
-            key, meta=digest, lookup=lambda: self._completed_reply(key, digest),
-            admit_joiner=lambda flight, joining: self._admit_joiner(request_id, digest, flight, joining),
-            admit_leader=lambda in_flight: self._admit_leader(request, digest, in_flight))
-        if not entry.leads:
-            yield from replay(self._known_or_joined(entry, deadline))
-            return
+        riding = [admitted]  # counted in _riders until its flight is about to end (or it leads none)
 
-        def failed(exc: BaseException) -> None:
-            self.flights.fail(entry.held, exc if isinstance(exc, Exception) else
-                              ServiceClosed(f"the caller streaming request_id {request_id!r} left before its answer"))
+        def alight() -> None:
+            with self._lock:
+                self._riders -= riding[0]
+            riding[0] = False
 
-        yield from relay(lambda: compute(deadline), failed=failed,
-                         landed=lambda reply: self._land(entry, key, digest, reply, started))
+        with self._lock:
+            self._riders += admitted  # before its flight exists: an admission meanwhile does not count it
+        try:
+            entry = self.flights.enter(
+                key, meta=digest, lookup=lambda: self._completed_reply(key, digest),
+                admit_joiner=lambda flight, joining: self._admit_joiner(request_id, digest, flight, joining),
+                admit_leader=lambda in_flight: self._admit_leader(request, digest, in_flight, admitted))
+            if not entry.leads:
+                alight()
+                yield from replay(self._known_or_joined(entry, deadline))
+                return
+
+            def failed(exc: BaseException) -> None:
+                alight()
+                self.flights.fail(entry.held, exc if isinstance(exc, Exception) else
+                                  ServiceClosed(f"the caller streaming request_id {request_id!r} left before its answer"))
+
+            def landed(reply: FinalAnswer) -> None:
+                alight()
+                self._land(entry, key, digest, reply, started)
+
+            yield from relay(lambda: compute(deadline), failed=failed, landed=landed)
+        finally:
+            alight()
 
     def _known_or_joined(self, entry: Entry, deadline: float) -> FinalAnswer:
         """A reply already known, or the one of the computation joined (the same id and query)."""
@@ -137,9 +156,10 @@ class Idempotency:
         raise Overloaded(f"too many callers waiting on a request_id in flight ({limit})",
                          retry_after_s=self._retry_after_s(time.monotonic() - flight.started))
 
-    def _admit_leader(self, request: AnswerRequest, digest: str, in_flight: int) -> FinalAnswer | None:
-        """A reply-cache hit (now the id's answer: it takes no capacity), else a free slot or a refusal.
-        The reply cache holds only the question's own answer (greedy, uncapped, no stop strings)."""
+    def _admit_leader(self, request: AnswerRequest, digest: str, in_flight: int, admitted: bool) -> FinalAnswer | None:
+        """A reply-cache hit (now the id's answer: it takes no capacity), else a free slot (or the one
+        its request holds: `admitted`) or a refusal. The reply cache holds only the question's own
+        answer (greedy, uncapped, no stop strings)."""
         cache = self.response_cache
         hit = cache.get(request.request_id, request.query, caller=request.caller,
                         conversation=request.conversation_key) \
@@ -148,20 +168,23 @@ class Idempotency:
             answer = FinalAnswer.from_wire(hit)  # the cache holds its JSON
             self.completed.put(scoped_id(request), (digest, answer))
             return answer
-        self._admit(in_flight)
+        if not admitted:
+            self._admit(in_flight)
         return None
 
     def _admit(self, in_flight: int) -> None:
-        """A free slot, or a refusal at once."""
-        if in_flight >= self.max_in_flight:
+        """A free slot, or a refusal at once (the flights riding on their request's slot do not count)."""
+        with self._lock:
+            riders = self._riders
+        if in_flight - riders >= self.max_in_flight:
             with self._lock:
                 self._rejected += 1
             raise Overloaded(f"the gateway is at capacity ({self.max_in_flight} requests in flight)",
                              retry_after_s=self._retry_after_s())
 
     def admitted(self, open_stream: Callable[[], AnswerStream]) -> AnswerStream:
-        """Work with no request_id (an embeddings request) under the same capacity: it holds one of the
-        max_in_flight slots while it runs, and is refused at once when none is free."""
+        """Work with no request_id of its own (an embeddings request, n choices) under the same capacity:
+        it holds one of the max_in_flight slots while it runs, and is refused at once when none is free."""
         entry = self.flights.enter(object(), admit_leader=self._admit)  # a key of its own: never joined
         yield from relay(open_stream, landed=lambda reply: self.flights.finish(entry.held, None),
                          failed=lambda exc: self.flights.fail(entry.held, exc))

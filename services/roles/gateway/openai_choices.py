@@ -1,7 +1,8 @@
 """`n` > 1 on /v1/chat/completions and /v1/completions: n answers to one request.
 
-Each choice is an AnswerRequest of its own through the gateway (its own admission slot, its own
-engine slot, request id `<id>-<i>`), all run at once, each on a thread of its own. A sampled
+Each choice is an AnswerRequest of its own through the gateway (its own engine slot, request id
+`<id>-<i>`), all run at once, each on a thread of its own, on one admission slot of the gateway's
+(a full gateway refuses the request once, whole, as vLLM admits n; MAX_N bounds the work). A sampled
 request's choice i decodes with seed + i (the request's `seed`, or one drawn here for them all, and
 returned as the reply's `seed`), so choice 0 is the answer n = 1 gets and any choice is reproduced
 alone by asking for its seed; a greedy request's choices are the one greedy answer n times. A choice

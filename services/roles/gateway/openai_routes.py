@@ -73,13 +73,9 @@ def register_openai_routes(app: Flask, front: Front, default_temperature: float,
                               "logprobs": v1.logprobs, "parallel_tool_calls": v1.parallel_tool_calls})
 
     def choices(v1: oa.V1Request, asked: AnswerRequest) -> Callable[[Deadline], AnswerStream]:
-        """The n choices' answers at once (openai_choices.py): merged as they come if streamed, else collected."""
-        answers = [front.answer(choice) for choice in choice_requests(asked, v1.n)]
-
-        def answer(deadline: Deadline) -> AnswerStream:
-            streams = [lambda one=one: one(deadline) for one in answers]
-            return merged(streams) if v1.stream else collected(streams)
-        return answer
+        """The n choices' answers at once on one admission slot (openai_choices.py): merged as they come
+        if streamed, else collected."""
+        return front.choices(choice_requests(asked, v1.n), merged if v1.stream else collected)
 
     def call(v1: oa.V1Request, asked: AnswerRequest, shape: Callable[[FinalAnswer], dict],
              chunks: Callable[[], oa.ChatChunks | oa.TextChunks]) -> Call:
