@@ -6,7 +6,7 @@ that text came from, a tool call's name and the next characters of its arguments
 labels, usage, finish reason, calls, log probabilities, data version and sources; the worker's role:
 which node computed it and its stage times; the reply cache: `cached`). No layer strips another's
 fields; each route's edge picks what its clients see (`query_reply` for /query, the OpenAI spec in
-services/roles/gateway/openai_api.py for /v1).
+services/roles/gateway/openai_responses.py for /v1).
 
 The worker→gateway hop carries it as Server-Sent Events by one serializer/parser pair: `sse_events`
 writes an event (a piece as a `token` event, the final answer as the `reply` event) and `from_sse` reads

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from pipeline import spec
-from services.roles.gateway import openai_api as api
+from services.roles.gateway import openai_responses as out
 from services.roles.gateway.openai_api import V1Request, parse_chat_request, parse_text_request
 from services.server import sse
 from services.server.answer import AnswerPiece, FinalAnswer, from_relay
@@ -250,20 +250,20 @@ def test_a_field_that_is_no_body_parameter_has_a_null_param_and_a_code_of_the_er
 
 def stream_objects(text_pieces: list[str], include_usage: bool) -> list[dict]:
     reply = {**REPLY, "finish_reason": "length", "usage": {"prompt_tokens": 300, "completion_tokens": 7}}
-    return list(api.stream_chunks("chatcmpl-1", 1700000000, MODEL, typed([*text_pieces, reply]),
+    return list(out.stream_chunks("chatcmpl-1", 1700000000, MODEL, typed([*text_pieces, reply]),
                                   include_usage=include_usage))
 
 
 def test_completion_is_a_valid_openai_chat_completion():
     from openai.types.chat import ChatCompletion
     counted = {**REPLY, "usage": {"prompt_tokens": 300, "completion_tokens": 12}}
-    obj = api.completion("chatcmpl-1", 1700000000, MODEL, FinalAnswer.from_wire(counted))
+    obj = out.completion("chatcmpl-1", 1700000000, MODEL, FinalAnswer.from_wire(counted))
     parsed = ChatCompletion.model_validate(obj)
     assert parsed.choices[0].message.content == REPLY["generated_response"]
     assert parsed.choices[0].message.role == "assistant" and parsed.choices[0].finish_reason == "stop"
     assert parsed.usage is not None and parsed.usage.total_tokens == 312
     assert parsed.model_extra == {"rag": {"sentiment": "positive", "is_toxic": "false", "request_id": "r-1"}}
-    assert api.completion("c", 1, MODEL, FinalAnswer.from_wire({**REPLY, "finish_reason": "length"}))["choices"][0][
+    assert out.completion("c", 1, MODEL, FinalAnswer.from_wire({**REPLY, "finish_reason": "length"}))["choices"][0][
         "finish_reason"] == "length"
     with pytest.raises(ValueError):  # FinishReason is OpenAI's three (pipeline/continuous/output.py)
         FinalAnswer.from_wire({**REPLY, "finish_reason": "content_filter"})
@@ -291,11 +291,11 @@ def test_chunks_are_valid_openai_chunks(include_usage):
 def test_text_completions_and_their_chunks_are_valid_openai_completions(include_usage):
     from openai.types import Completion
     reply = {**REPLY, "finish_reason": "length", "usage": {"prompt_tokens": 300, "completion_tokens": 7}, "seed": 3}
-    whole = Completion.model_validate(api.text_completion("cmpl-1", 1700000000, MODEL, FinalAnswer.from_wire(reply)))
+    whole = Completion.model_validate(out.text_completion("cmpl-1", 1700000000, MODEL, FinalAnswer.from_wire(reply)))
     assert whole.choices[0].text == REPLY["generated_response"] and whole.choices[0].finish_reason == "length"
     assert whole.usage is not None and whole.usage.total_tokens == 307 and whole.model_extra["seed"] == 3
     pieces = ["Answer", ": within 30 days 😀"]
-    objects = list(api.text_chunks("cmpl-1", 1700000000, MODEL, typed([*pieces, reply]), include_usage=include_usage))
+    objects = list(out.text_chunks("cmpl-1", 1700000000, MODEL, typed([*pieces, reply]), include_usage=include_usage))
     # A piece's finish_reason is null, as OpenAI's own stream sends it (the SDK reads chunks unvalidated).
     chunks = [Completion.model_validate(obj) if not obj["choices"] or obj["choices"][0]["finish_reason"]
               else Completion.model_construct(**obj) for obj in objects]
@@ -330,10 +330,10 @@ class FakeOpenAIServer:
                     return self._send(error.status, json.dumps(error_body(error)).encode(), "application/json")
                 if not request.stream:
                     counted = {**REPLY, "usage": {"prompt_tokens": 300, "completion_tokens": 12}}
-                    obj = api.completion("chatcmpl-1", 1700000000, MODEL, FinalAnswer.from_wire(counted))
+                    obj = out.completion("chatcmpl-1", 1700000000, MODEL, FinalAnswer.from_wire(counted))
                     return self._send(200, json.dumps(obj).encode(), "application/json")
                 events = [sse.event(obj) for obj in stream_objects(["Answer", ": ok"], request.include_usage)]
-                self._send(200, b"".join(events) + sse.event(api.DONE), sse.HEADERS["Content-Type"])
+                self._send(200, b"".join(events) + sse.event(out.DONE), sse.HEADERS["Content-Type"])
 
             def _send(self, status: int, data: bytes, kind: str):
                 self.send_response(status)
@@ -403,7 +403,7 @@ def test_log_probabilities_are_read_by_openais_rules_on_each_route():
 
 
 def test_the_workers_log_probabilities_take_each_routes_shape_chunk_by_chunk_in_a_stream():
-    from services.roles.gateway.openai_api import completion, stream_chunks, text_chunks, text_completion
+    from services.roles.gateway.openai_responses import completion, stream_chunks, text_chunks, text_completion
     items = [{"token": "Re", "logprob": -0.5, "bytes": [82, 101], "top_logprobs": [
                  {"token": "Re", "logprob": -0.5, "bytes": [82, 101]}, {"token": "We", "logprob": -1.5, "bytes": [87, 101]}]},
              {"token": "funds", "logprob": -0.25, "bytes": list(b"funds"), "top_logprobs": [

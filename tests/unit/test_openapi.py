@@ -15,9 +15,10 @@ import pytest
 
 from pipeline import spec
 from pipeline.tool_calls import ToolCall, ToolCallDelta
-from services.roles.gateway.openai_api import ROUTE_FIELDS, stream_chunks, text_chunks
+from services.roles.gateway.openai_api import ROUTE_FIELDS
 from services.roles.gateway.openai_embeddings import FIELDS as EMBEDDING_FIELDS
 from services.roles.gateway.openai_embeddings import embeddings_response
+from services.roles.gateway.openai_responses import stream_chunks, text_chunks
 from services.roles.gateway.openai_scoring import (
     MODERATION_FIELDS,
     RERANK_FIELDS,

@@ -109,7 +109,7 @@ def summed_usage(answers: Sequence[FinalAnswer]) -> FinalAnswer:
 
 def choice_chunks(events: Iterator[Any], streams: Sequence[Any]) -> Iterator[dict]:
     """A merged stream (`Choice`s, where the edge passes an answer stream) as one stream's chunks, each
-    choice's by its own chunk writer (`streams`, openai_api's ChatChunks or TextChunks) with its index:
+    choice's by its own chunk writer (`streams`, openai_responses' ChatChunks or TextChunks) with its index:
     each choice's opening chunks, then each event's, then with include_usage one chunk of the summed usage."""
     for i, stream in enumerate(streams):
         yield from (indexed(obj, i) for obj in stream.opening())

@@ -16,6 +16,7 @@ from flask import Flask, jsonify
 
 from pipeline import spec
 from services.roles.gateway import openai_api as oa
+from services.roles.gateway import openai_responses as out
 from services.roles.gateway.endpoint_schemas import Model, ModelList
 from services.roles.gateway.front import Front
 from services.roles.gateway.openai_choices import (
@@ -64,7 +65,7 @@ def register_openai_routes(app: Flask, front: Front, default_temperature: float,
 
     def request(v1: oa.V1Request, prefix: str) -> AnswerRequest:
         """The /v1 request as the service's one request."""
-        return front.request({"request_id": v1.request_id or oa.completion_id(prefix), "query": v1.query,
+        return front.request({"request_id": v1.request_id or out.completion_id(prefix), "query": v1.query,
                               # None: exactly /query's answer
                               "max_new_tokens": v1.max_tokens if v1.max_tokens != spec.MAX_NEW_TOKENS else None,
                               "stream": v1.stream, "temperature": default_temperature, **v1.sampling,
@@ -78,29 +79,29 @@ def register_openai_routes(app: Flask, front: Front, default_temperature: float,
         return front.choices(choice_requests(asked, v1.n), merged if v1.stream else collected)
 
     def call(v1: oa.V1Request, asked: AnswerRequest, shape: Callable[[FinalAnswer], dict],
-             chunks: Callable[[], oa.ChatChunks | oa.TextChunks]) -> Call:
+             chunks: Callable[[], out.ChatChunks | out.TextChunks]) -> Call:
         """The route's Call: one answer, or n choices (each its own chunk writer when streamed)."""
         if v1.n > 1:
             return Call(choices(v1, asked), stream=v1.stream, reply=lambda reply: _several(reply, shape),
                         events=_openai_events(lambda events: choice_chunks(events, [chunks() for _ in range(v1.n)])))
         return Call(front.answer(asked), stream=v1.stream, reply=shape,
-                    events=_openai_events(lambda events: oa.write_chunks(chunks(), events)))  # type: ignore[arg-type]
+                    events=_openai_events(lambda events: out.write_chunks(chunks(), events)))  # type: ignore[arg-type]
 
     def chat(body: dict) -> Call:
         v1 = oa.parse_chat_request(body, max_tokens_limit=max_tokens_cap, model_id=MODEL_ID,
                                    default_max_tokens=spec.MAX_NEW_TOKENS)
         asked = request(v1, "chatcmpl")
         id, created = _completion_id("chatcmpl", asked.request_id), int(time.time())
-        return call(v1, asked, lambda answer: oa.completion(id, created, MODEL_ID, answer),
-                    lambda: oa.ChatChunks(id, created, MODEL_ID, include_usage=v1.include_usage))
+        return call(v1, asked, lambda answer: out.completion(id, created, MODEL_ID, answer),
+                    lambda: out.ChatChunks(id, created, MODEL_ID, include_usage=v1.include_usage))
 
     def text(body: dict) -> Call:
         v1 = oa.parse_text_request(body, max_tokens_limit=max_tokens_cap, model_id=MODEL_ID,
                                    default_max_tokens=spec.MAX_NEW_TOKENS)
         asked = request(v1, "cmpl")
         id, created = _completion_id("cmpl", asked.request_id), int(time.time())
-        return call(v1, asked, lambda answer: oa.text_completion(id, created, MODEL_ID, answer),
-                    lambda: oa.TextChunks(id, created, MODEL_ID, include_usage=v1.include_usage))
+        return call(v1, asked, lambda answer: out.text_completion(id, created, MODEL_ID, answer),
+                    lambda: out.TextChunks(id, created, MODEL_ID, include_usage=v1.include_usage))
 
     front.edge.add(app, "/v1/chat/completions", chat, params=CHAT_PARAMS)
     front.edge.add(app, "/v1/completions", text, params=TEXT_PARAMS)
@@ -115,7 +116,7 @@ def _several(reply: Choices, one: Callable[[FinalAnswer], dict]) -> dict:
     once), the `rag` field and `seed` of choice 0 (choice i's seed is seed + i)."""
     objects = [one(answer) for answer in reply.answers]
     return {**objects[0], "choices": [indexed(obj, i)["choices"][0] for i, obj in enumerate(objects)],
-            "usage": oa.reply_usage(summed_usage(reply.answers))}
+            "usage": out.reply_usage(summed_usage(reply.answers))}
 
 
 def _openai_events(objects: Callable[[AnswerStream], Iterator[dict]]) -> Callable[[AnswerStream], Iterator[bytes]]:
@@ -125,7 +126,7 @@ def _openai_events(objects: Callable[[AnswerStream], Iterator[dict]]) -> Callabl
         try:
             for obj in objects(events):
                 yield sse.event(obj)
-            yield sse.event(oa.DONE)
+            yield sse.event(out.DONE)
         except Exception as exc:  # noqa: BLE001 - told to the reader; a disconnect (GeneratorExit) is not
             yield sse.event(OPENAI.body(error_answer(exc), None))
         finally:

@@ -161,12 +161,9 @@ class Worker:
 
     def answer(self, request: AnswerRequest, deadline: Deadline) -> AnswerStream:
         """The answer in pieces as the LLM produces them (never half a character, nor the start of a stop
-        string; where asked, each with the log probabilities of the tokens it came from; a tool call's
-        name and arguments as they are generated), then the final answer (services/server/answer.py):
-        the labels, usage, finish reason, the calls made, where asked every answer token's log
-        probabilities, with a history how many of its oldest turns the prompt left out, a sampled
-        answer's seed, the data version read and the sources given. Pieces, text, calls and finish
-        reason all from the sequence's output processor. Closing the stream early cancels the generation."""
+        string; each with its tokens' log probabilities where asked; a tool call's name and arguments as
+        they are generated), then the final answer (services/server/answer.py), all from the sequence's
+        output processor. Closing the stream early cancels the generation."""
         clock, trace = self._begin(request.request_id)
         generation: StageVisit | None = None
         with self._lock:
@@ -287,7 +284,7 @@ class Worker:
         return data.version, tuple(r.document for r in ranked)
 
     def _classify(self, clock: StageClock, request_id: str, response: str, deadline: float) -> dict:
-        """The contract's reply: the answer with its sentiment and toxicity."""
+        """The answer with its sentiment and toxicity."""
         # Sentiment and toxicity depend only on the answer: both are queued before either is awaited.
         sentiment = self._enter(clock, Stage.SENTIMENT, response)
         toxicity = self._enter(clock, Stage.TOXICITY, response)
