@@ -8,9 +8,12 @@ which node computed it and its stage times; the reply cache: `cached`). No layer
 fields; each route's edge picks what its clients see (`query_reply` for /query, the OpenAI spec in
 services/roles/gateway/openai_responses.py for /v1).
 
-The worker→gateway hop carries it as Server-Sent Events by one serializer/parser pair: `sse_events`
+The worker→gateway hop carries it as Server-Sent Events by one serializer/parser pair: `sse_event`
 writes an event (a piece as a `token` event, the final answer as the `reply` event) and `from_sse` reads
-it back; `from_relay` reads what a relay gives as decoded JSON (a piece's text, or a reply body).
+it back. `from_relay` reads an event as a relay may give it, decoded: WorkerClient
+(services/cluster/clients.py) gives a piece's text alone and the reply's JSON, so a remote worker's
+log probabilities and tool calls reach the stream with its final answer (the OpenAI chunks send what
+the pieces did not bring with the last choice chunk).
 `n` > 1 on /v1 answers with `Choice`s (one choice's event, with its index) or `Choices` (every choice's
 final answer, collected); a route that gives no answer (embeddings, scores) with one `Computed`.
 """
