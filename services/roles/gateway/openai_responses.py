@@ -122,7 +122,8 @@ class ChatChunks:
             logprobs = event.logprobs or None
             if event.tool_call is not None:
                 return [self._chunk({"tool_calls": [self._call_delta(event.tool_call)]}, logprobs=logprobs)]
-            return [self._chunk({"content": event.text}, logprobs=logprobs)]
+            # A piece with nothing in it (a relayed call's delta, which the relay did not carry) is no chunk.
+            return [self._chunk({"content": event.text}, logprobs=logprobs)] if event.text or logprobs else []
         calls = [self._call_delta(ToolCallDelta(i, call.name, call.arguments))
                  for i, call in enumerate(event.tool_calls) if i not in self._call_ids]
         rest = (event.logprobs or ())[self._logprobs:]
