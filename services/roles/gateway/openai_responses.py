@@ -13,6 +13,7 @@ from typing import Any
 
 from pipeline.continuous.output import FinishReason
 from pipeline.tool_calls import ToolCallDelta
+from services.roles.gateway import openai_schemas as schemas
 from services.roles.gateway.openai_logprobs import chat_choice_logprobs, text_choice_logprobs
 from services.roles.gateway.openai_tools import call_id, message_tool_calls
 from services.server.answer import AnswerPiece, FinalAnswer, Usage
@@ -54,28 +55,30 @@ def _reason(answer: FinalAnswer) -> FinishReason:
 
 
 def completion(id: str, created: int, model: str, answer: FinalAnswer) -> dict[str, Any]:
-    """A `chat.completion` object of the answer (its usage, its tool calls, and its labels in `rag`).
-    With tool calls, a text of only whitespace is no content (null), as OpenAI's."""
+    """A `chat.completion` object of the answer (its usage, its tool calls, and its labels in `rag`),
+    built by its schema (openai_schemas.py). With tool calls, a text of only whitespace is no content
+    (null), as OpenAI's."""
     text = answer.generated_response
-    calls = message_tool_calls(answer.tool_calls)
-    message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
-    if calls:
-        message = {**message, "content": text if text.strip() else None, "tool_calls": calls}
-    return {
-        "id": id, "object": "chat.completion", "created": created, "model": model,
-        "choices": [{"index": 0, "message": message, "logprobs": chat_choice_logprobs(answer.logprobs),
-                     "finish_reason": _reason(answer)}],
-        "usage": reply_usage(answer),
-        "rag": rag_fields(answer), **seed_field(answer),
-    }
+    calls = [schemas.ToolCall.model_validate(call) for call in message_tool_calls(answer.tool_calls)]
+    message = schemas.AssistantMessage(role="assistant", content=text if not calls or text.strip() else None,
+                                       refusal=None, **({"tool_calls": calls} if calls else {}))
+    choice = schemas.ChatChoice(index=0, message=message, logprobs=chat_choice_logprobs(answer.logprobs),
+                                finish_reason=_reason(answer))
+    return schemas.ChatCompletion(id=id, object="chat.completion", created=created, model=model, choices=[choice],
+                                  usage=schemas.Usage(**reply_usage(answer)), rag=rag_fields(answer),
+                                  **seed_field(answer)).model_dump(exclude_unset=True)
 
 
 def text_completion(id: str, created: int, model: str, answer: FinalAnswer) -> dict[str, Any]:
-    """A `text_completion` object of the answer."""
-    return {"id": id, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": answer.generated_response,
-                         "logprobs": text_choice_logprobs(answer.logprobs), "finish_reason": _reason(answer)}],
-            "usage": reply_usage(answer), "rag": rag_fields(answer), **seed_field(answer)}
+    """A `text_completion` object of the answer, built by its schema (openai_schemas.py)."""
+    reason = _reason(answer)
+    if reason == "tool_calls":  # the route offers no tools
+        raise ValueError("a text completion makes no tool calls")
+    choice = schemas.TextChoice(index=0, text=answer.generated_response,
+                                logprobs=text_choice_logprobs(answer.logprobs), finish_reason=reason)
+    return schemas.TextCompletion(id=id, object="text_completion", created=created, model=model, choices=[choice],
+                                  usage=schemas.Usage(**reply_usage(answer)), rag=rag_fields(answer),
+                                  **seed_field(answer)).model_dump(exclude_unset=True)
 
 
 def chunk(id: str, created: int, model: str, delta: Mapping[str, Any], finish_reason: FinishReason | None = None,

@@ -194,11 +194,12 @@ class Usage(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"]
     content: str | None = Field(description="null with tool_calls and no other text")
+    refusal: None = None
     tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
-    """streamed, each tool call is one delta (delta.tool_calls: [{index, id, type, function}]) before the last chunk"""
+    """streamed, a tool call is deltas: its index, id, type and name first, then its arguments in pieces"""
     index: int
     message: AssistantMessage
     finish_reason: FinishReason
