@@ -55,13 +55,17 @@ def collect(events: AnswerStream) -> Any:
     return reply
 
 
-def replay(known: FinalAnswer | Mapping[str, Any]) -> AnswerStream:
-    """A final answer already known (or its JSON, as the reply cache holds it) as a stream: its whole
-    text as one piece, then the answer."""
-    reply = known if isinstance(known, FinalAnswer) else FinalAnswer.from_wire(known)
-    if reply.generated_response:
-        yield AnswerPiece(reply.generated_response, logprobs=reply.logprobs or ())
-    yield reply
+def replay(known: FinalAnswer | Mapping[str, Any]) -> Iterator[Any]:
+    """A final answer already known as a stream: its whole text as one piece, then the answer; one kept
+    as JSON (the reply cache's) replays as a relay gives it, its text then its JSON (`from_relay` reads them)."""
+    if not isinstance(known, FinalAnswer):
+        if known.get("generated_response"):
+            yield known["generated_response"]
+        yield known
+        return
+    if known.generated_response:
+        yield AnswerPiece(known.generated_response, logprobs=known.logprobs or ())
+    yield known
 
 
 def relay(open_stream: Callable[[], AnswerStream], *, landed: Callable[[Any], None],
