@@ -1,6 +1,6 @@
 """Build the document database and FAISS index that the service reads, as a data version.
 
-    python -m builders.data build --out DIR --kind {course,support} [--docs N] [--index SPEC|auto]
+    python -m builders.data build --out DIR --kind {course,support} [--docs N] [--index SPEC|auto] [--vectors mixture]
         [--nlist N] [--nprobe 64] [--seed 0] [--shards 1] [--force] [--batch-size B]
         [--min-recall F] [--accept-low-recall] [--tune] [--recall-queries 1000]
     python -m builders.data update --from DIR_N --out DIR_N+1 --changes FILE.jsonl   (builders.incremental)
@@ -14,7 +14,9 @@ writes ``DIR/documents/documents.db`` and an index (L2, 768-d; ``--index``: buil
 k holding the doc_ids with ``doc_id % N == k``. Shards share the quantizer the unsharded build would
 train, so a merged search over them equals the unsharded one (:mod:`pipeline.shards`).
 
-* ``course``: the course rows (``Document {i}``) over seeded uniform-random vectors.
+* ``course``: the course rows (``Document {i}``) over seeded random vectors: uniform in the cube
+  (``--vectors uniform``, the course's), or ``--vectors mixture``, drawn like real embeddings
+  (builders.mixture_vectors; IVF recall and centroid-shard fan-out then behave as on real data).
 * ``support``: the articles of :mod:`builders.corpus`, their ``content`` embedded with the configured
   embedder.
 
@@ -75,10 +77,12 @@ from builders.manifest import (
     configured_embedder,
     configured_embedder_fn,
     index_parameters,
+    mixture_vectors,
     random_vectors,
     version_of,
     write_build_manifest,
 )
+from builders.mixture_vectors import MIXTURE, UNIFORM, VECTOR_SOURCES, course_vector_batches
 from builders.recall import RecallOptions, add_recall_arguments, measure_build, recall_options
 from pipeline.data_version import EmbedderInfo, Manifest
 from pipeline.spec import EMBED_DIM
@@ -94,7 +98,8 @@ SUPPORT_DOCS = 5_000
 DEFAULT_NPROBE = 64
 COURSE_BATCH = 65_536
 SUPPORT_BATCH = 256
-__all__ = ["InvalidBuildArgument", "MAX_NLIST", "POINTS_PER_LIST", "default_nlist", "build_course", "build_support"]
+__all__ = ["InvalidBuildArgument", "MAX_NLIST", "POINTS_PER_LIST", "default_nlist", "build_course", "build_support",
+           "course_vector_batches"]
 # builders.ingest and the tests build through these names
 _ivf_params, _row_batches, _sample_rows, _train_index = ivf_params, row_batches, sample_rows, train_ivfflat
 _IvfParams = IvfParams
@@ -138,19 +143,6 @@ class BuildResult:
         return sum(path.stat().st_size for path in self.index_files)
 
 
-def course_vector_batches(
-    n: int, dim: int = EMBED_DIM, seed: int = 0, batch_size: int = COURSE_BATCH
-) -> Iterator[np.ndarray]:
-    """Vectors 0..n-1 of the course index: uniform [0, 1) float32 from one seeded stream.
-
-    Consecutive draws continue the same stream, so the values do not depend on
-    ``batch_size``.
-    """
-    rng = np.random.default_rng(seed)
-    for start in range(0, n, batch_size):
-        yield rng.random((min(batch_size, n - start), dim), dtype=np.float32)
-
-
 def write_index(paths: list[Path], spec: str, params: IvfParams, sample: np.ndarray, batches: Batches, n: int,
                 progress: bool, recall: RecallOptions, seed: int) -> dict:
     """The index files of one build, of kind ``spec`` (``auto``: builders.auto_index's choice), and the
@@ -184,8 +176,10 @@ def build_course(
     shards: int = 1,
     index: str = DEFAULT_INDEX,
     recall: RecallOptions | None = None,
+    vectors: str = UNIFORM,
 ) -> BuildResult:
-    """Course rows and an index of seeded random vectors (or ``shards`` of them), streamed in batches."""
+    """Course rows and an index of seeded random vectors (or ``shards`` of them), streamed in batches:
+    ``vectors`` uniform in the cube or drawn from the embedding-shaped mixture (course_vector_batches)."""
     params = ivf_params(n_docs, nlist, nprobe, train_size, batch_size, shards, _kind(index, dim))
     version_of(out_dir, None)
     started = time.perf_counter()
@@ -195,10 +189,11 @@ def build_course(
             for chunk in chunks(rows, batch_size, n_docs, "documents", progress):
                 insert(chunk)
         # The stream is i.i.d., so its first vectors are a fair training sample.
-        sample = next(course_vector_batches(params.train_size, dim, seed, params.train_size))
-        vectors = partial(course_vector_batches, n_docs, dim, seed, batch_size)
-        kind = write_index(index_tmps, index, params, sample, vectors, n_docs, progress, recall or RecallOptions(), seed)
-    manifest = write_build_manifest(out_dir, kind="course", embedder=random_vectors(dim), documents=n_docs,
+        sample = next(course_vector_batches(params.train_size, dim, seed, params.train_size, vectors))
+        batches = partial(course_vector_batches, n_docs, dim, seed, batch_size, vectors)
+        kind = write_index(index_tmps, index, params, sample, batches, n_docs, progress, recall or RecallOptions(), seed)
+    identity = mixture_vectors(dim) if vectors == MIXTURE else random_vectors(dim)
+    manifest = write_build_manifest(out_dir, kind="course", embedder=identity, documents=n_docs,
                                     index=index_parameters(params, seed, dim, kind), shards=shards)
     return _result("course", out_dir, n_docs, dim, params, seed, started, shards, manifest)
 
@@ -270,6 +265,9 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--index", default=DEFAULT_INDEX,
                        help="index kind, a faiss index_factory string: IVF{n},Flat (default; n from --nlist), "
                             "IVF{n},SQ8, IVF{n},PQ{m}, OPQ{m},IVF{n},PQ{m}, HNSW{M},Flat; or auto (builders.auto_index)")
+    build.add_argument("--vectors", choices=VECTOR_SOURCES, default=UNIFORM,
+                       help="course vectors: uniform in [0, 1) (the course's own), or mixture: unit vectors drawn like "
+                            "real embeddings' (builders.mixture_vectors)")
     build.add_argument("--nlist", type=int, help=f"IVF lists (default: clamp(docs // {POINTS_PER_LIST}, 1, {MAX_NLIST}))")
     build.add_argument("--nprobe", type=int, default=DEFAULT_NPROBE, help="nprobe stored in the index")
     build.add_argument("--seed", type=int, default=0)
@@ -305,7 +303,9 @@ def _run_build(args: argparse.Namespace) -> BuildResult:
         common["batch_size"] = args.batch_size
     n_docs = (COURSE_DOCS if args.kind == "course" else SUPPORT_DOCS) if args.docs is None else args.docs
     if args.kind == "course":
-        return build_course(args.out, n_docs, **common)
+        return build_course(args.out, n_docs, vectors=args.vectors, **common)
+    if args.vectors != UNIFORM:
+        raise InvalidBuildArgument("--vectors is for --kind course: support builds embed their articles")
     ivf_params(n_docs, args.nlist, args.nprobe, None, common.get("batch_size", SUPPORT_BATCH), args.shards,
                _kind(args.index, EMBED_DIM))
     version_of(args.out, None)

@@ -42,6 +42,14 @@ def random_vectors(dim: int) -> EmbedderInfo:
     return EmbedderInfo(model=RANDOM_VECTORS, source="seeded", revision=None, precision="float32", dim=dim)
 
 
+def mixture_vectors(dim: int) -> EmbedderInfo:
+    """The 'embedder' of a ``--vectors mixture`` course build: seeded draws of builders.mixture_vectors's model
+    (named by its file's hash). Random vectors still: any embedder of the dimension may search them."""
+    from builders.mixture_vectors import MODEL_PATH, model_sha256
+    return EmbedderInfo(model=RANDOM_VECTORS, source=f"seeded mixture {MODEL_PATH.name} sha256:{model_sha256()[:16]}",
+                        revision=None, precision="float32", dim=dim)
+
+
 def configured_embedder(dim: int | None = None) -> EmbedderInfo:
     """The embedder the environment configures (what `builders.data build --kind support` embeds with),
     giving `dim`-wide vectors (default: the width its files say)."""
@@ -97,3 +105,50 @@ def file_sha256(path: Path) -> str:
         while chunk := f.read(1 << 22):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def file_problems(version_dir: str | Path, hashes: bool = True) -> list[str]:
+    """What is wrong with a version's files against its manifest: each index file it names (the shards and,
+    for centroid shards, the quantizer file the workers route with) missing, or (``hashes``) not the bytes
+    the build wrote; the documents missing. Empty: every file is the build's. A copy of a version is checked
+    with this, not only by its manifest loading (which the manifest, copied first or last, says nothing of)."""
+    from pipeline.data_version import load_version
+    version_dir = Path(version_dir)
+    manifest = load_version(version_dir)
+    db_path, _ = output_paths(version_dir)
+    problems = [] if db_path.is_file() else [f"{db_path} is missing"]
+    names = list(dict.fromkeys([*manifest.index_files, *manifest.index_sha256]))
+    quantizer = (manifest.sharding or {}).get("quantizer")
+    if quantizer and quantizer not in names:
+        names.append(quantizer)
+    for name in names:
+        path = version_dir / name
+        if not path.is_file():
+            problems.append(f"{path} is missing")
+        elif hashes and name in manifest.index_sha256 and file_sha256(path) != manifest.index_sha256[name]:
+            problems.append(f"{path} is not the file the build wrote (sha256 differs from the manifest's)")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m builders.manifest verify DIR [--no-hashes]``: exit 1, naming each problem, unless every file
+    of the version in DIR is the build's."""
+    import argparse
+    import sys
+    parser = argparse.ArgumentParser(prog="python -m builders.manifest", description=main.__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    verify = sub.add_parser("verify", help="check a version's files against its manifest")
+    verify.add_argument("version_dir", type=Path)
+    verify.add_argument("--no-hashes", action="store_true", help="only that every file is there (no sha256)")
+    args = parser.parse_args(argv)
+    try:
+        problems = file_problems(args.version_dir, hashes=not args.no_hashes)
+    except (OSError, ValueError) as exc:  # DataVersionError: no complete manifest
+        problems = [str(exc)]
+    for problem in problems:
+        print(f"verify: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

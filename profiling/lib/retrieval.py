@@ -1,13 +1,15 @@
 """Retrieval quality on an ingested data version: queries from its section headings (the relevant passages
-are the section's own), hit@1, hit@10 and MRR@10 of any search function, and the other index kinds built
-with faiss.index_factory on the version's own vectors.
+are the section's own), hit@1, hit@10 and MRR@10 of any search function, the version rebuilt as another
+index kind by the project's own builder (:func:`kind_version`), and an exact faiss index of its vectors.
 
 A section is one (document, heading path) of the ``passages`` table (pipeline/knowledge.py). Its query is
 its last heading, numbering and pilcrows dropped; a heading that names more than one section ("Examples",
 "Notes") is no query, since no search could tell which section it means."""
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -105,6 +107,37 @@ def ivf_vectors(index_path: str | Path) -> tuple[np.ndarray, np.ndarray]:
             rows.append(codes.view(np.float32).reshape(size, index.d))
     order = np.argsort(np.concatenate(ids))
     return np.concatenate(ids)[order].astype(np.int64), np.ascontiguousarray(np.concatenate(rows)[order])
+
+
+def kind_version(source: Path, out: Path, spec: str, *, nprobe: int, seed: int = 0, batch: int = 1024):
+    """The ingested version in `source` rebuilt as index kind `spec` (``--index``, builders/index_kinds.py) into
+    the version `out`: the same documents (linked), the vectors read back from its IVF-Flat index and written
+    by builders.data's own writer (its recall measured, its manifest last), so an index node serves it as any
+    build. The writer numbers vectors by row; returns the manifest and the ids of the rows, in order."""
+    from functools import partial
+
+    from builders.build_files import output_paths
+    from builders.data import write_index
+    from builders.index_kinds import ivf_params, parse_index_spec, row_batches, sample_rows
+    from builders.manifest import index_parameters, write_build_manifest
+    from builders.recall import RecallOptions
+    from pipeline.data_version import load_version
+    parent = load_version(source)
+    (source_db, source_index), (db, index_path) = output_paths(source), output_paths(out)
+    ids, vectors = ivf_vectors(source_index)
+    n, dim = vectors.shape
+    params = ivf_params(n, int(parent.index["nlist"]), nprobe, None, batch, 1, parse_index_spec(spec, dim))
+    shutil.rmtree(out, ignore_errors=True)
+    db.parent.mkdir(parents=True)
+    try:
+        os.link(source_db, db)
+    except OSError:  # another file system
+        shutil.copyfile(source_db, db)
+    record = write_index([index_path], spec, params, vectors[sample_rows(n, params.train_size, seed)],
+                         partial(row_batches, vectors, batch), n, False, RecallOptions(accept_low=True), seed)
+    manifest = write_build_manifest(out, kind=parent.kind, embedder=parent.embedder, documents=parent.documents,
+                                    index=index_parameters(params, seed, dim, record), shards=1, ingest=parent.ingest)
+    return manifest, ids
 
 
 def kind_spec(kind: str, nlist: int, dim: int) -> str:

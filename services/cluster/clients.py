@@ -113,7 +113,7 @@ class IndexClient:
     until it (max_attempts bounds calls without one). Given up on: ShardUnavailable while the shard
     is down (unreachable, 503, 5xx, no replica known), DeadlineExceeded while it is only slow.
 
-    `allow_none`: the replicas are discovered (set_replicas), so none may be known for a while."""
+    `allow_none`: the replicas come from a membership (set_replicas), so none may be known for a while."""
 
     def __init__(self, base_urls: str | Sequence[str], *, connect_timeout_s: float, read_timeout_s: float,
                  token: str = "", name: str = "index server", pool_size: int = 16, max_attempts: int = 5,
@@ -175,10 +175,10 @@ class IndexClient:
         while True:
             if deadline is not None and deadline - time.monotonic() < MIN_ATTEMPT_S:
                 raise self._given_up(attempt, error)
-            base_urls = self.base_urls  # read once: discovery may replace the list meanwhile
+            base_urls = self.base_urls  # read once: the membership may replace the list meanwhile
             replicas = len(base_urls)
             attempt += 1
-            if not base_urls:  # discovered, and none known now: a round with nobody to ask
+            if not base_urls:  # none known now (a DNS name listing nobody): a round with nobody to ask
                 error = NodeUnreachable(f"{self.name}: no replica known")
             else:
                 try:

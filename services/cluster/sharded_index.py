@@ -17,12 +17,12 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.centroid_routing import CentroidRouter, Route, is_centroid, merge_routed
-from pipeline.config.parsers import Address
 from pipeline.config.sections import ClusterSettings
 from pipeline.data_version import DataVersionError, data_root_of, load_version, serving_params, version_dir_of
 from pipeline.shards import merge_batch
 from services.cluster.clients import IndexClient
-from services.cluster.discovery import Membership, Resolver, resolver_for
+from services.cluster.discovery import Resolver
+from services.cluster.membership import Member, Membership, shard_replicas
 
 
 class ShardedIndexClient:
@@ -34,24 +34,22 @@ class ShardedIndexClient:
             raise ValueError("an index needs at least one shard")
         self.shards = list(shards)
         self.routers = routers  # a data version's centroid router, None for a hash-sharded one
-        self.memberships = list(memberships)  # the shards' replicas, when discovered (closed with us)
+        self.memberships = list(memberships)  # the shards' replicas (closed with us)
         # One thread per shard beyond the caller's own: the search stage runs one batch at a time.
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(self.shards) - 1), thread_name_prefix="shard")
 
     @classmethod
     def from_cluster(cls, cluster: ClusterSettings, *, read_timeout_s: float, resolver: Resolver | None = None,
                      routers: Callable[[str | None], CentroidRouter | None] | None = None) -> ShardedIndexClient:
-        """One client per shard over its replicas, as the cluster section places them: INDEX_NODES'
-        addresses, or (INDEX_DISCOVERY) whoever each shard's name lists, kept current."""
-        count, discovered = cluster.index_shards, bool(cluster.index_discovery)
-        shards = [IndexClient([] if discovered else [cluster.node_address(n).url for n in cluster.replicas(shard)],
-                              connect_timeout_s=cluster.connect_timeout_s, read_timeout_s=read_timeout_s,
-                              token=cluster.cluster_token, allow_none=discovered,
+        """One client per shard over its replicas: each shard's membership (INDEX_NODES' addresses, or
+        whoever INDEX_DISCOVERY's name for it lists), kept current."""
+        count = cluster.index_shards
+        shards = [IndexClient([], connect_timeout_s=cluster.connect_timeout_s, read_timeout_s=read_timeout_s,
+                              token=cluster.cluster_token, allow_none=True,
                               name="index server" if count == 1 else f"index shard {shard} of {count}")
                   for shard in range(count)]
-        resolver = resolver or resolver_for(cluster)
-        memberships = [Membership(name, resolver, cluster.discovery_interval_s, _replicas_of(shard)).start()
-                       for name, shard in zip(cluster.index_discovery, shards)]
+        memberships = [membership.subscribe(_replicas_of(shard)).start()
+                       for membership, shard in zip(shard_replicas(cluster, resolver), shards)]
         return cls(shards, memberships, routers)
 
     def search(self, vectors: np.ndarray, k: int, deadline: float | None = None, request_ids: Sequence[str] = (),
@@ -97,7 +95,7 @@ class ShardedIndexClient:
             shard.close()
 
 
-def _replicas_of(shard: IndexClient) -> Callable[[list[Address]], None]:
+def _replicas_of(shard: IndexClient) -> Callable[[list[Member]], None]:
     """What a shard's membership calls with its replicas' addresses."""
     return lambda members: shard.set_replicas([member.url for member in members])
 

@@ -77,6 +77,7 @@ class GenerationStats(GenerationCounters, EngineStats):
     """A consistent snapshot of the generate stage: its batches, its decoding and what its engine holds."""
     name: str = ""
     max_batch: int = 0  # GENERATE_MAX_BATCH: sequences holding a slot at once
+    kv_tokens_capacity: int = 0  # GENERATE_KV_CACHE_TOKENS: the columns every slot takes together
     max_queue: int = 0
     batching: BatchingStats = field(default_factory=BatchingStats)
 
@@ -101,6 +102,7 @@ class ContinuousGenerationService:
         self.name = name
         self.engine = engine
         self.max_batch = engine.scheduler.max_batch
+        self.kv_tokens_capacity = engine.scheduler.slots.kv_cache_tokens
         self.max_wait_ms = 0.0
         self.max_queue = max_queue
         self._owner = f"generation service {name!r}"
@@ -153,7 +155,7 @@ class ContinuousGenerationService:
             counters = {f.name: getattr(self._counters, f.name) for f in fields(GenerationCounters)}
             counters["step_sequences_counts"] = dict(self._counters.step_sequences_counts)
             return GenerationStats(**counters, **vars(self._gauges), name=self.name, max_batch=self.max_batch,
-                                   max_queue=self.max_queue, batching=batching)
+                                   kv_tokens_capacity=self.kv_tokens_capacity, max_queue=self.max_queue, batching=batching)
 
     # ------------------------------------------------------------------ the loop
 

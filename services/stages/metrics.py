@@ -103,11 +103,13 @@ def _generation_families(snapshots: list[GenerationStats]):
                      lambda st: st.step_sequences_counts)
     for kind, name, doc, attribute in _GENERATION_FAMILIES:
         yield _per_stage(kind, name, doc, snapshots, attribute)
-    kv = GaugeMetricFamily("rag_generate_kv_tokens", "KV-cache tokens in use (padding included) or reserved",
-                           labels=["stage", "state"])
+    # With the capacity beside them, in_use / capacity is the KV cache's use (vLLM's kv_cache_usage_perc).
+    kv = GaugeMetricFamily("rag_generate_kv_tokens", "KV-cache tokens in use (padding included), reserved, or the "
+                           "cache's capacity (GENERATE_KV_CACHE_TOKENS)", labels=["stage", "state"])
     for st in snapshots:
         kv.add_metric([st.name, "in_use"], st.kv_tokens_in_use)
         kv.add_metric([st.name, "reserved"], st.kv_tokens_reserved)
+        kv.add_metric([st.name, "capacity"], st.kv_tokens_capacity)
     yield kv
     graphs = GaugeMetricFamily("rag_generate_cuda_graphs", "Decode-step shapes replayed from a CUDA graph, or whose "
                                "recording failed twice (they run eagerly)", labels=["stage", "state"])

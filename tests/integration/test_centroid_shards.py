@@ -80,7 +80,7 @@ def test_routed_searches_equal_the_unsharded_top_10(cluster, version):
     finally:
         client.close()
     health = requests.get(f"{cluster.url(2)}/health", timeout=5).json()
-    assert (health["shard"], health["shards"]) == (1, 2)
+    assert (health["shard"], health["shards"], health["sharding"]) == (1, 2, "centroid")
 
 
 def test_bad_lists_are_a_400_naming_the_field(cluster, version):

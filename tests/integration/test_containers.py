@@ -1,10 +1,14 @@
 """The image and the compose topology, for real: deploy/Dockerfile builds from a clean checkout
 (the base made offline by deploy/make-base-image.sh, torch from this machine's wheel folder),
-then deploy/compose.yaml's nodes (the gateway, the `worker` service's two containers, two index
-shards) come up with tiny stand-ins, answer the eight client queries as the reference pipeline
-does, scale the workers 2 -> 1 -> 3 -> 1 under a steady load answering every request, lose no
-accepted request when a worker and then an index shard are killed under load, and drain on
-`down`. A configuration error is not restarted forever.
+then `docker compose up` on deploy/compose.yaml serves one's own documents (issue 48): its one-shot
+`data` service ingests a mounted folder of Markdown, text and HTML as two index shards, and the
+nodes (the gateway, the `worker` service's two containers, two index shards) come up with the
+host's tiny stand-ins mounted read-only, answer the eight client queries as the reference pipeline
+does with every source a file of that folder, send their spans where the OTEL_* variables say,
+scale the workers 2 -> 1 -> 3 -> 1 under a steady load answering every request, lose no accepted
+request when a worker and then an index shard are killed under load, and drain on `down`. A
+configuration error is not restarted forever. (The demo corpus, which the `data` service builds
+from an empty folder, is fill-data.sh's other branch: tests/unit/test_deploy_manifests.py.)
 
 Needs a Docker daemon (./run.sh test starts one as root: deploy/install-container-tools.sh),
 debootstrap or the base image, and Docker Compose (the test extra); skips, saying why, without.
@@ -27,20 +31,38 @@ import yaml
 
 from pipeline import spec
 from pipeline.config import Settings
+from pipeline.vector_index import ShardedVectorIndex
 from tests.helpers import wait_until
 from tests.support.containers import (
     DOCKER,
     IMAGE,
     START_S,
+    BridgeOtlpReceiver,
     Compose,
+    bridge_gateway,
     build,
+    build_steps,
     built_image,
     docker,
+    write_folder,
 )
 from tests.support.steady_load import SteadyLoad, unanswered
 from tools.local import free_ports
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
+
+# The mounted folder the `data` service ingests: one file of each kind the ingest reads as text.
+DOCUMENTS = {
+    "returns/blender.md": "# Returning the Zephyr blender\n\nA Zephyr blender may be returned within 45 days "
+                          "of delivery.\n\n## Refunds\n\nRefunds for a returned blender reach the card in five days.\n",
+    "shipping.txt": "Parcels to Iceland travel by sea and take three weeks to arrive.\n",
+    "warranty.html": "<html><head><title>Kettle warranty</title><script>var x = 1;</script></head><body>"
+                     "<nav>Home | Shop</nav><main><h1>Warranty</h1><p>Every kettle carries a two-year "
+                     "warranty.</p></main></body></html>",
+}
+TITLES = {"returns/blender.md": "Returning the Zephyr blender", "shipping.txt": "shipping.txt",
+          "warranty.html": "Kettle warranty"}
+QUERIES = (*spec.REFERENCE_QUERIES, "How do I return my blender?")  # the client's, and one for the folder
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +90,7 @@ def test_a_code_change_rebuilds_neither_torch_nor_the_compiler(built):
     changed = built["context"] / "services" / "node.py"
     changed.write_text(changed.read_text() + "\n# a code change\n")
     seconds, log = build(built["context"], built["wheels"])
-    steps = {n: name for n, name in re.findall(r"^#(\d+) \[[^\]]+\] (.*)$", log, flags=re.M)}
-    cached = set(re.findall(r"^#(\d+) CACHED$", log, flags=re.M))
+    steps, cached = build_steps(log)
     for step in ("torch==2.13.0", "-r /tmp/requirements.txt", "install -y --no-install-recommends g++",
                  "python -m pipeline.kernels.fused_int8"):
         numbers = [n for n, name in steps.items() if step in name]
@@ -81,8 +102,18 @@ def test_a_code_change_rebuilds_neither_torch_nor_the_compiler(built):
 # ---------------------------------------------------------------- compose
 
 @pytest.fixture(scope="module")
-def cluster(built, tmp_path_factory):
-    compose = Compose(f"ragtest{os.getpid()}", tmp_path_factory.mktemp("compose"), free_ports(1)[0])
+def receiver(built):
+    with BridgeOtlpReceiver(bridge_gateway()) as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="module")
+def cluster(built, receiver, tiny_settings, model_source, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("compose")
+    tracing = {"TRACING": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
+               "OTEL_SERVICE_NAME": "rag-in-a-container", "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=ci"}
+    compose = Compose(f"ragtest{os.getpid()}", workdir, free_ports(1)[0], environment=tracing,
+                      knowledge=write_folder(workdir / "knowledge", DOCUMENTS), standins=tiny_settings.standin_dir)
     started = time.monotonic()
     try:
         compose("up", "-d", "--no-build", timeout=START_S)
@@ -96,20 +127,29 @@ def cluster(built, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reference_answers(cluster, tmp_path_factory):
-    """The reference pipeline over what the one-shot `data` service wrote (data and stand-ins)."""
+def data_volume(cluster, tmp_path_factory):
+    """A copy of what the one-shot `data` service wrote (/data/current -> v1)."""
+    out = tmp_path_factory.mktemp("volumes") / "data"
+    docker("cp", f"{cluster.container('data')}:/data", str(out))
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference_answers(data_volume, tiny_settings, embedder, reranker, generator, sentiment, toxicity):
+    """The reference pipeline over the data the nodes serve, with the models of the stand-ins they mount
+    (the session's, loaded in float32 as the nodes are told to run)."""
+    from pipeline.docstore import DocumentStore
     from pipeline.reference import ReferencePipeline
-    out = tmp_path_factory.mktemp("volumes")
-    data = cluster.container("data")
-    docker("cp", f"{data}:/data", str(out / "data"))
-    docker("cp", f"{data}:/standins", str(out / "standins"))
     settings = Settings.from_env({
-        "MODEL_SOURCE": "standin", "STANDIN_PROFILE": "tiny", "STANDIN_HOME": str(out / "standins" / "home"),
+        "MODEL_SOURCE": "standin", "STANDIN_PROFILE": "tiny", "STANDIN_HOME": str(tiny_settings.standin_dir),
         "PRECISION": "float32", "ONLY_CPU": "true", "TOTAL_NODES": "4", "INDEX_NODES": "2,3", "INDEX_SHARDS": "2",
-        "FAISS_INDEX_PATH": str(out / "data" / "current" / "faiss_index.bin"),
-        "DOCUMENTS_DIR": str(out / "data" / "current" / "documents")})
-    reference = ReferencePipeline.from_settings(settings)
-    return {query: reference.answer(query, "") for query in spec.REFERENCE_QUERIES}
+        "FAISS_INDEX_PATH": str(data_volume / "current" / "faiss_index.bin"),
+        "DOCUMENTS_DIR": str(data_volume / "current" / "documents")})
+    reference = ReferencePipeline(
+        embedder=embedder, index=ShardedVectorIndex.load(settings.require_index_files(), nprobe=settings.index.nprobe),
+        store=DocumentStore(settings.require_documents()), reranker=reranker, generator=generator,
+        sentiment=sentiment, toxicity=toxicity)
+    return {query: reference.answer(query, "") for query in QUERIES}
 
 
 def post(url: str, request_id: str, query: str) -> requests.Response:
@@ -130,14 +170,55 @@ def check_answer(response: requests.Response, query: str, reference_answers: dic
         {k: v for k, v in expected.items() if k != "request_id"}, f"{query!r} differs from the reference"
 
 
-def test_the_eight_client_queries_answer_as_the_reference(cluster, reference_answers):
-    queries = list(spec.REFERENCE_QUERIES)
+def test_the_data_service_ingests_the_mounted_folder(cluster, data_volume):
+    output = cluster("logs", "--no-color", "data").stdout
+    ingested = re.search(rf"ingested {len(DOCUMENTS)} documents into (\d+) passages: data version v1$", output,
+                         flags=re.M)
+    assert ingested, output[-3000:]
+    manifest = json.loads((data_volume / "current" / "manifest.json").read_text())
+    assert (manifest["version"], manifest["kind"], manifest["shards"]) == ("v1", "ingest", 2), manifest
+    assert (manifest["ingest"]["documents"], manifest["ingest"]["passages"], manifest["ingest"]["formats"]) == \
+        (len(DOCUMENTS), int(ingested.group(1)), {"html": 1, "markdown": 1, "text": 1}), manifest["ingest"]
+    assert sorted(p.name for p in (data_volume / "v1").glob("faiss_index.shard-*.bin")) == \
+        ["faiss_index.shard-0-of-2.bin", "faiss_index.shard-1-of-2.bin"]
+
+
+def check_sources(reply: requests.Response) -> None:
+    """Every passage the answer was given is one of the mounted folder's files, with its title."""
+    sources = reply.json()["sources"]
+    assert sources, reply.json()
+    for source in sources:
+        assert source["document"] in DOCUMENTS and source["title"] == TITLES[source["document"]], source
+
+
+def test_the_client_queries_answer_as_the_reference_citing_the_mounted_files(cluster, reference_answers):
+    queries = list(QUERIES)
     with ThreadPoolExecutor(len(queries)) as pool:
         replies = list(pool.map(lambda iq: post(cluster.url, f"ref-{iq[0]}", iq[1]), enumerate(queries)))
     for query, reply in zip(queries, replies):
         assert reply.status_code == 200, reply.text[:300]
         assert spec.validate_reply(reply.json(), reply.json()["request_id"]) == []
+        check_sources(reply)
         check_answer(reply, query, reference_answers)
+
+
+def test_the_nodes_send_their_spans_where_the_otel_variables_say(cluster, receiver):
+    reply = requests.post(f"{cluster.url}/query", json={"request_id": "traced-1", "query": "Is my kettle covered?"},
+                          headers={"X-Request-ID": "traced-in-a-container"}, timeout=300)
+    assert reply.status_code == 200, reply.text[:500]
+
+    def traced() -> list:
+        return [(r, s) for r, s in receiver.spans() if s.name == "POST /query"
+                and any(a.key == "rag.request_id" and a.value.string_value == "traced-in-a-container"
+                        for a in s.attributes)]
+
+    wait_until(traced, 30, "node 0's span of the request did not reach the receiver", poll_s=0.2)
+    (resource, span), = traced()
+    assert resource["service.name"] == "rag-in-a-container" and resource["deployment.environment"] == "ci"
+    assert resource["rag.node"] == 0
+    # The trace crossed into both index shards' containers: each one's /search server span is in it.
+    wait_until(lambda: {r["rag.node"] for r, s in receiver.spans() if s.trace_id == span.trace_id} >= {2, 3}, 30,
+               "the index containers' spans of the request did not arrive", poll_s=0.2)
 
 
 # A worker container serves (answers a forwarded request) within this many seconds of its /ready

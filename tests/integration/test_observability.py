@@ -9,6 +9,7 @@ import pytest
 import requests
 
 from pipeline import spec
+from pipeline.config import Settings
 from services.server import sse
 from tests.helpers import uid, wait_until
 
@@ -128,11 +129,14 @@ def test_new_metric_families_appear(cluster):
     from prometheus_client.parser import text_string_to_metric_families
     request_id = uid("metrics-obs")
     assert ask(cluster, request_id, request_id, "Where is my parcel?").status_code == 200
-    families = {n: {f.name for f in text_string_to_metric_families(requests.get(f"{cluster.url(n)}/metrics",
-                                                                                 timeout=10).text)}
-                for n in (0, 1, 2)}
+    scraped = {n: list(text_string_to_metric_families(requests.get(f"{cluster.url(n)}/metrics", timeout=10).text))
+               for n in (0, 1, 2)}
+    families = {n: {f.name for f in found} for n, found in scraped.items()}
+    budget = Settings.from_env(cluster.env).generate.kv_cache_tokens
     for node in (0, 1):
         assert {"rag_batch_queue_wait_seconds", "rag_generate_tpot_seconds", "rag_node_info"} <= families[node]
+        kv = {s.labels["state"]: s.value for f in scraped[node] if f.name == "rag_generate_kv_tokens" for s in f.samples}
+        assert kv["capacity"] == budget and 0 <= kv["in_use"] <= budget, kv  # in_use / capacity: the cache's use
     assert {"rag_gateway_routed", "rag_gateway_in_flight", "rag_gateway_rejected", "rag_gateway_joined",
             "rag_gateway_conflicts"} <= families[0]
     assert "rag_node_info" in families[2] and "rag_batch_queue_wait_seconds" in families[2]

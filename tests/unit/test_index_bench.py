@@ -18,3 +18,17 @@ def test_index_bench_reports_each_kind_and_parameter(tmp_path, capsys):
     assert all(r["p50_ms_b1"] > 0 and r["p99_ms_b8"] >= r["p50_ms_b8"] and r["disk_mb"] > 0 for r in rows)
     assert (tmp_path / "index_bench.png").stat().st_size > 0
     assert "IVF30,Flat" in capsys.readouterr().out
+
+
+def test_mixture_vectors_are_benchmarked_at_the_width_asked_and_ivf_finds_their_neighbours(tmp_path):
+    # measured at this size: recall@10 0.75 (mixture) against 0.41 (uniform) at nprobe 4 of 205 lists
+    recalls = {}
+    for vectors in ("uniform", "mixture"):
+        out = tmp_path / vectors
+        assert index_bench.main(["--docs", "8000", "--vectors", vectors, "--dim", "32", "--index", "IVF,Flat",
+                                 "--nprobe", "4", "--batches", "1", "--repeat", "2", "--queries", "100",
+                                 "--out", str(out)]) == 0
+        report = json.loads((out / "index_bench.json").read_text())
+        assert (report["vectors"], report["dim"]) == (vectors, 32)
+        recalls[vectors] = report["rows"][0]["recall"]
+    assert recalls["mixture"] > 0.6 > 0.5 > recalls["uniform"], recalls

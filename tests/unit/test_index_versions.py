@@ -76,6 +76,7 @@ def test_health_and_metrics_show_the_recall_each_version_was_built_with(index_no
     assert body["recall_at_10"] == shard_recall(manifest, 0) == manifest.index["recall"]["shards"][0]
     assert body["recall_at_10_overall"] == manifest.index["recall"]["overall"]
     assert body["recall_params"] == {"nprobe": body["nprobe"]} and body["index_kind"] == manifest.index["spec"]
+    assert body["sharding"] == "hash"  # a centroid version says "centroid" (tests/integration/test_centroid_shards.py)
     client.post("/data/load", json={"version": "v2"})
     metrics = client.get("/metrics").get_data(as_text=True)
     lines = [line for line in metrics.splitlines() if line.startswith("rag_index_recall_at_10{")]

@@ -1,11 +1,13 @@
 """deploy/k8s beyond Kubernetes' own kinds, and its optional parts, as rendered: a PodMonitor per role
 scraping the port the node serves /metrics on, admitted by the network policies; the PrometheusRule is
-the alert rules file; the custom resources validate against their CRDs' schemas (written here: no
+the alert rules file; no pod carries prometheus.io/* annotations beside them (a Prometheus reading both
+would scrape each pod twice) unless the prometheus-annotations component swaps the PodMonitors for them;
+the custom resources validate against their CRDs' schemas (written here: no
 CRD can be fetched offline, so each is the subset of the CRD's OpenAPI schema these manifests use,
 closed to unknown fields, as the API server's structural schemas are); the adapter rule is written
 once; KEDA's ScaledObject replaces the HPA with the HPA's own numbers, in any overlay; a changed
 setting renames the settings ConfigMap in every pod (the pods roll); the trial's gateway can be
-drained; the components (API keys, Ingress, collector egress) and the GPU overlay render as their
+drained; the components (API keys, Ingress, collector egress, annotation scraping) and the GPU overlay render as their
 files say.
 
 kubectl renders the overlays and the components (a process: those tests are slow, and skip without it).
@@ -116,6 +118,33 @@ def test_the_default_has_a_pod_monitor_per_role_on_the_port_that_serves_metrics(
         assert monitor["spec"]["jobLabel"] in labels  # job: a label every pod carries
         assert "namespaceSelector" not in monitor["spec"]  # its own namespace, the pods'
     assert sorted(role_of(m) for m in monitors.values()) == sorted(ROLES)
+
+
+SCRAPE_ANNOTATIONS = "prometheus.io/"
+
+
+def scrape_annotations(obj: dict) -> dict[str, str]:
+    notes = obj["spec"]["template"]["metadata"].get("annotations", {})
+    return {k: v for k, v in notes.items() if k.startswith(SCRAPE_ANNOTATIONS)}
+
+
+def test_the_default_pods_carry_no_scrape_annotations_beside_the_pod_monitors():
+    assert by_kind("PodMonitor")
+    assert {obj["metadata"]["name"]: scrape_annotations(obj) for obj in serving()} == \
+        {obj["metadata"]["name"]: {} for obj in serving()}
+
+
+@SLOW
+def test_the_annotations_component_scrapes_every_pod_by_annotation_instead_of_the_pod_monitors(tmp_path):
+    objects = rendered_with(tmp_path, [K8S], [COMPONENTS / "prometheus-annotations"])
+    assert {obj["kind"] for obj in objects} & {"PodMonitor", "PrometheusRule"} == set()  # no Operator CRD needed
+    assert sorted(role_of(obj) for obj in serving(objects)) == sorted(role_of(obj) for obj in serving())
+    for obj in serving(objects):
+        ports = {p["name"]: p["containerPort"] for p in node_container(obj)["ports"]}
+        assert scrape_annotations(obj) == {"prometheus.io/scrape": "true", "prometheus.io/port": str(ports["http"]),
+                                           "prometheus.io/path": "/metrics"}, obj["metadata"]["name"]
+        kubernetes_validate.validate(obj, VERSIONS[-1], strict=True)
+    assert [obj for obj in objects if obj["kind"] == "Job" and scrape_annotations(obj)] == []
 
 
 def test_the_monitoring_namespace_may_reach_every_role():

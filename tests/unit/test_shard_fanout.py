@@ -60,11 +60,13 @@ def test_the_simulation_keeps_the_full_nlist_divided_and_scales_the_vectors():
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_the_tool_at_a_small_size(tmp_path, capsys):
+@pytest.mark.parametrize("sim_vectors", ["clumps", "mixture"])
+def test_the_tool_at_a_small_size(tmp_path, capsys, sim_vectors):
     build_course(tmp_path / "v1", 1500, nlist=32, nprobe=8, dim=16, progress=False, recall=LOW_RECALL_ACCEPTED)
     assert shard_fanout.main(["--data", str(tmp_path / "v1"), "--shards", "2,4", "--queries", "60", "--check", "30",
                               "--nprobe", "4", "--simulate", "--scale", "1e-5", "--sim-nlist-div", "2048",
-                              "--sim-shards", "2", "--dim", "16", "--out", str(tmp_path / "out")]) == 0
+                              "--sim-shards", "2", "--dim", "16", "--sim-vectors", sim_vectors,
+                              "--out", str(tmp_path / "out")]) == 0
     report = json.loads((tmp_path / "out" / "shard_fanout.json").read_text())
     rows = report["course"]["rows"]
     assert [(r["layout"], r["shards"]) for r in rows][:4] == [("hash", 2), ("centroid/kmeans", 2),
@@ -75,9 +77,27 @@ def test_the_tool_at_a_small_size(tmp_path, capsys):
         else:
             assert row["top10_equal"] == 30 and row["lists_per_query_all_shards"] == 4
             assert 1 <= row["shards_per_query_mean"] <= row["shards"]
+    assert report["course"]["source"] == "uniform"  # what the version's manifest says it was built from
     for sim in report["simulation"]:
+        assert sim["vectors_drawn"] == sim_vectors
         run = sim["processes"]
         assert run["processes"] == 2 and run["top10_equal_to_unsharded"] == run["queries"] == 60
         assert sum(c["queries"] for c in run["per_shard"]) == pytest.approx(run["shards_per_query_mean"] * 60)
         assert sum(c["lists"] for c in run["per_shard"]) == 60 * sim["nprobe"]
     assert "shard processes" in capsys.readouterr().out
+
+
+def test_a_query_asks_fewer_centroid_shards_of_a_mixture_course_build(tmp_path):
+    # measured at this size (4 shards, nprobe 8 of 205 lists): kmeans-balanced centroid shards asked 2.0 a
+    # query on mixture vectors, 3.3 on uniform ones; the top 10 equal the unsharded index's either way
+    asked = {}
+    for vectors in ("uniform", "mixture"):
+        out = tmp_path / vectors
+        assert shard_fanout.main(["--docs", "8000", "--vectors", vectors, "--course-dim", "32", "--shards", "4",
+                                  "--nprobe", "8", "--queries", "200", "--check", "20", "--out", str(out)]) == 0
+        course = json.loads((out / "shard_fanout.json").read_text())["course"]
+        assert course["source"] == vectors
+        kmeans = next(row for row in course["rows"] if row["layout"] == "centroid/kmeans")
+        assert kmeans["top10_equal"] == kmeans["top10_checked"] == 20
+        asked[vectors] = kmeans["shards_per_query_mean"]
+    assert asked["mixture"] < 2.6 and asked["uniform"] > 3.0, asked

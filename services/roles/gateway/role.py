@@ -8,8 +8,7 @@ from typing import Any
 from flask import Flask, request
 
 from pipeline.config import ConfigError, Settings
-from services.cluster.clients import WorkerClient
-from services.cluster.discovery import Membership, resolver_for
+from services.cluster.membership import Member, Membership, gateway_workers
 from services.roles.base import SPARE_HTTP_THREADS, Role
 from services.roles.caches import ResponseCache
 from services.roles.gateway.chat_page import register_chat_page
@@ -18,7 +17,7 @@ from services.roles.gateway.gateway import Gateway
 from services.roles.gateway.metrics import GatewayCollector
 from services.roles.gateway.openai_routes import register_openai_routes
 from services.roles.gateway.public_api import register_public_api
-from services.roles.gateway.routing import DiscoveredWorkers, WorkerTarget, discovered_target, remote_target
+from services.roles.gateway.routing import MemberTargets, WorkerTarget, remote_worker
 from services.roles.gateway.tokenize_routes import Tokenizing, register_tokenize_routes
 from services.roles.loaded import Loaded
 from services.roles.worker.role import WorkerRole, worker_bounds
@@ -49,7 +48,7 @@ class GatewayRole(Role):
                                             self.settings.gateway.response_cache_ttl_s)
         bounds = worker_bounds(self.settings, lambda query: self.count_query_tokens(query))
         self.front = Front(Edge(self.lifecycle, self.settings.limits), bounds, self.gateway)
-        self.discovery: Membership | None = None  # WORKER_DISCOVERY's, once loaded
+        self.workers: Membership | None = None  # the workers routed to, once loaded
 
     @property
     def model_source(self) -> str:
@@ -70,13 +69,9 @@ class GatewayRole(Role):
 
     def load(self) -> None:
         self.worker_role.load()
-        gateway = Gateway(self._targets(), self.settings.gateway, response_cache=self.response_cache)
-        cluster = self.settings.cluster
-        if cluster.worker_discovery is not None:  # the remote workers are whoever its name lists now
-            workers = DiscoveredWorkers(gateway.router, lambda address: discovered_target(
-                address, connect_timeout_s=cluster.connect_timeout_s, token=cluster.cluster_token))
-            self.discovery = Membership(cluster.worker_discovery, resolver_for(cluster), cluster.discovery_interval_s,
-                                        workers.on_change).start()
+        gateway = Gateway([], self.settings.gateway, response_cache=self.response_cache)
+        self.workers = gateway_workers(self.settings.cluster, self.node)
+        self.workers.subscribe(MemberTargets(gateway.router, self._target).on_change).start()
         self.gateway.set(gateway)
 
     def count_query_tokens(self, query: str) -> int:
@@ -87,18 +82,12 @@ class GatewayRole(Role):
         generator = self.worker_role.worker.require().stages.generator
         return Tokenizing(generator.tokens, getattr(generator.model.config, "max_position_embeddings", None))
 
-    def _targets(self) -> list[WorkerTarget]:
-        targets = []
-        for node in self.settings.cluster.rotation:
-            if node == self.node:  # our own worker: an in-process call, no HTTP hop
-                targets.append(WorkerTarget(node=node, answer=self.worker_role.answer, local=True,
-                                            probe=lambda: self.lifecycle.readiness.state in LOCAL_SERVING))
-            elif self.settings.cluster.worker_discovery is None:
-                client = WorkerClient(self.settings.node_address(node).url,
-                                      connect_timeout_s=self.settings.cluster.connect_timeout_s,
-                                      token=self.settings.cluster.cluster_token)
-                targets.append(remote_target(node, client))
-        return targets
+    def _target(self, member: Member) -> WorkerTarget:
+        if member.name == self.node:  # our own worker: an in-process call, no HTTP hop
+            return WorkerTarget(node=self.node, answer=self.worker_role.answer, local=True,
+                                probe=lambda: self.lifecycle.readiness.state in LOCAL_SERVING)
+        cluster = self.settings.cluster
+        return remote_worker(member, connect_timeout_s=cluster.connect_timeout_s, token=cluster.cluster_token)
 
     def collectors(self):
         return (*super().collectors(), GatewayCollector(lambda: self.gateway.value))
@@ -129,8 +118,8 @@ class GatewayRole(Role):
         return fields
 
     def stop(self) -> None:
-        if self.discovery is not None:
-            self.discovery.close()
+        if self.workers is not None:
+            self.workers.close()
         if self.gateway.value is not None:
             self.gateway.value.close()
 

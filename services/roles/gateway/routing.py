@@ -6,9 +6,10 @@ the caller has read a piece of its answer; a worker unreachable, refusing our cl
 answering 503 leaves the rotation until a health probe sees it ready. A request a worker failed
 (a 500) is that request's error alone: the worker stays.
 
-The workers are a fixed list (NODE_<n>_IP), or change while the gateway runs (WORKER_DISCOVERY:
-DiscoveredWorkers): one that appears joins out of the rotation until its probe finds it ready; one
-that vanishes is routed nothing more, and its client closes once its last forward has ended.
+The workers are a membership's members (services.cluster.membership: the NODE_<n>_IP list, or a DNS
+name), kept in the router by MemberTargets: one that appears joins out of the rotation until its
+probe finds it ready; one that vanishes is routed nothing more, and its client closes once its last
+forward has ended.
 """
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pipeline.config.parsers import Address
 from services.cluster.clients import WorkerClient
+from services.cluster.membership import Member
 from services.server import completion
 from services.server.answer import AnswerStream, FinalAnswer, from_relay
 from services.server.answer_request import AnswerRequest
@@ -47,7 +48,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class WorkerTarget:
     """One worker the gateway can send a request to, and what it did with them."""
-    node: int | str  # its node number, or the address it was discovered at
+    node: int | str  # its member name: its node number, or the address it was discovered at
     answer: Callable[[AnswerRequest, Deadline], AnswerStream]  # (request, deadline) -> its answer stream
     probe: Callable[[], bool]  # is it ready to serve?
     # Answer every call waiting on it now with make_error() (the node is past its grace period).
@@ -72,7 +73,7 @@ class Router:
     """Sends each request to one worker, the next in turn among those up, and fails over."""
 
     def __init__(self, targets: list[WorkerTarget]):
-        # Empty only while discovered workers are awaited (WORKER_NODES without node 0): a 503 meanwhile.
+        # Empty until the membership names a worker: a 503 meanwhile.
         self.targets = list(targets)  # replaced, never changed in place: readers may hold the old list
         self._turn = itertools.count()
         self._lock = threading.Lock()  # the targets' fields and the turn
@@ -229,29 +230,28 @@ class Router:
                      "failures": t.failures} for t in self.targets]
 
 
-class DiscoveredWorkers:
-    """Keeps the router's remote workers equal to a membership's addresses (on_change): each new
-    address a target (make_target) that joins, is probed at once and serves when ready; each address
+class MemberTargets:
+    """Keeps the router's workers equal to a membership's members (subscribed as on_change): each new
+    member a target (make_target) that joins, is probed at once and serves when ready; each member
     gone, its target leaves."""
 
-    def __init__(self, router: Router, make_target: Callable[[Address], WorkerTarget]):
+    def __init__(self, router: Router, make_target: Callable[[Member], WorkerTarget]):
         self.router = router
         self.make_target = make_target
-        self.by_address: dict[Address, WorkerTarget] = {}
+        self.by_member: dict[Member, WorkerTarget] = {}
 
-    def on_change(self, members: list[Address]) -> None:
-        for address in [a for a in self.by_address if a not in members]:
-            self.router.leave(self.by_address.pop(address))
-        for address in [a for a in members if a not in self.by_address]:
-            target = self.by_address[address] = self.make_target(address)
+    def on_change(self, members: list[Member]) -> None:
+        for member in [m for m in self.by_member if m not in members]:
+            self.router.leave(self.by_member.pop(member))
+        for member in [m for m in members if m not in self.by_member]:
+            target = self.by_member[member] = self.make_target(member)
             self.router.join(target)
             self.router.probe(target)
 
 
-def discovered_target(address: Address, *, connect_timeout_s: float, token: str) -> WorkerTarget:
-    """A remote worker found at `address`, named by it; its client closes once it has left."""
-    client = WorkerClient(address.url, connect_timeout_s=connect_timeout_s, token=token)
-    target = remote_target(str(address), client)
+def remote_worker(member: Member, *, connect_timeout_s: float, token: str) -> WorkerTarget:
+    """A worker on another node, named as its member is; its client closes once it has left."""
+    client = WorkerClient(member.url, connect_timeout_s=connect_timeout_s, token=token)
+    target = remote_target(member.name, client)
     target.close = client.close
     return target
-

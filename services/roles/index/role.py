@@ -12,6 +12,7 @@ from typing import Any
 
 from flask import Flask, jsonify
 
+from pipeline.centroid_routing import is_centroid
 from pipeline.config import Settings
 from pipeline.data_version import DataVersionError, Manifest, overall_recall, serving_params, shard_recall
 from pipeline.shards import shard_path
@@ -98,7 +99,9 @@ class IndexRole(Role):
                 fields.update(ntotal=index.ntotal, dim=index.dim, nprobe=index.nprobe, ef_search=index.ef_search,
                               mmap=index.is_mmap)
                 if manifest is not None:
-                    fields.update(index_kind=manifest.index.get("spec", manifest.index.get("type")),
+                    # hash: every query asks every shard; centroid: only the shards owning its nearest lists
+                    fields.update(sharding="centroid" if is_centroid(manifest.sharding) else "hash",
+                                  index_kind=manifest.index.get("spec", manifest.index.get("type")),
                                   recall_at_10=shard_recall(manifest, fields["shard"]),
                                   recall_at_10_overall=overall_recall(manifest),
                                   recall_params=(manifest.index.get("recall") or {}).get("params"))
