@@ -6,7 +6,8 @@ character, nor any part of a stop string: pipeline/detokenize.py, pipeline/stop_
 aborts the sequence in the engine when a stop string lands, and gives the final text and finish
 reason. Where the request offered tools, a Qwen2.5 tool call (its `<tool_call>` ... `</tool_call>`
 token ids, pipeline/tool_calls.py) is held back from the text and becomes a `ToolCall`; one that does not
-parse is given as text. A worker's streamed pieces and its reply's text both come from it, and the reference
+parse is given as text. While a call is generated its name and the arguments written so far are ready
+as deltas (`take_call_deltas`), for a stream to send in pieces. A worker's streamed pieces and its reply's text both come from it, and the reference
 runs its whole sequences through the same processor (`complete`), so they agree by construction.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any, Literal, get_args
 from pipeline.continuous.sampling import TokenLogprob
 from pipeline.detokenize import Decoder, IncrementalDetokenizer
 from pipeline.stop_strings import StopStringFilter
-from pipeline.tool_calls import ToolCall, ToolCallTokens, parse_call
+from pipeline.tool_calls import CallReader, ToolCall, ToolCallDelta, ToolCallTokens, parse_call
 
 # OpenAI's: "stop" (an end-of-sequence token or a stop string), "length" (the cap, and neither of those),
 # "tool_calls" (the model called a tool: at least one call, and the sequence ended by an end-of-sequence
@@ -67,6 +68,8 @@ class OutputProcessor:
         self._pieces: list[str] = []
         self._call_tokens = tool_calls
         self._call: list[int] | None = None  # the ids of the call being generated, after its `<tool_call>`
+        self._reader: CallReader | None = None  # that call's name and arguments as they come
+        self._deltas: list[ToolCallDelta] = []  # the calls' progress not taken yet
         self.tool_calls: list[ToolCall] = []
         self._max_calls = max_calls
         self.token_count = 0
@@ -94,21 +97,35 @@ class OutputProcessor:
         self.token_count += 1
         calls = self._call_tokens
         if calls is not None and self._call is None and token_id == calls.open_id:
-            self._call = []
+            self._call, self._reader = [], CallReader()
             return ""
-        if calls is not None and self._call is not None:
+        if calls is not None and self._call is not None and self._reader is not None:
+            index = len(self.tool_calls)
             if token_id != calls.close_id:
                 self._call.append(token_id)
+                name, arguments = self._reader.read(self._decoder.decode(self._call, skip_special_tokens=False))
+                if name is not None or arguments:
+                    self._deltas.append(ToolCallDelta(index, name, arguments))
                 return ""
-            body, self._call = self._call, None
+            (body, self._call), reader = (self._call, None), self._reader
             call = parse_call(self._decoder.decode(body, skip_special_tokens=False))
             if call is not None:
                 self.tool_calls.append(call)
+                # What the stream has not had of it yet: all of it, where it was not written in Qwen's order.
+                named = reader.name == call.name and call.arguments.startswith(reader.arguments)
+                rest = call.arguments[len(reader.arguments):] if named else call.arguments
+                if not named or rest:
+                    self._deltas.append(ToolCallDelta(index, None if named else call.name, rest))
                 if self._calls_done and self._abort is not None:
                     self._abort()
                 return ""
             return self._as_text([calls.open_id, *body, calls.close_id])
         return self._as_text([token_id])
+
+    def take_call_deltas(self) -> list[ToolCallDelta]:
+        """The calls' progress since the last take: each new name, each run of new argument characters."""
+        deltas, self._deltas = self._deltas, []
+        return deltas
 
     def _as_text(self, token_ids: Sequence[int]) -> str:
         """The text these ids add to the answer, through the detokenizer and the stop strings."""

@@ -1,19 +1,17 @@
 """What one request's completion line says beyond its status and latency: which worker computed it
-and how long it waited on each stage. The edge opens the record and notes the reply's `served_by`;
-below it, the worker notes the stage times of a request computed on this node, and the gateway's
-router those a worker on another node sent back with its reply (taken off the reply there)."""
+and how long it waited on each stage. The edge opens the record and notes the final answer's
+`served_by` (services/server/answer.py); below it, the worker notes the stage times of a request
+computed on this node (a failure's too), and the gateway's router those of a final answer another
+node computed for it (not those of an answer replayed: it computed nothing)."""
 from __future__ import annotations
 
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
-# A worker's reply field: its stage times, which the gateway takes off the reply and notes here.
-STAGES_FIELD = "stages_ms"
-
 
 @dataclass
 class Completion:
-    served_by: int | None = None
+    served_by: int | str | None = None
     stages_ms: dict[str, float] = field(default_factory=dict)
     # From the reply, for the metrics (services/server/metrics.py): the prompt's tokens and why
     # generation stopped, where the reply says.

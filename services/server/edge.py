@@ -17,16 +17,18 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from flask import Flask, Response, g, jsonify, request
 
 from pipeline.config.sections import LimitsSettings
 from services.server import completion
+from services.server.answer import AnswerStream, Computed, final_of
 from services.server.app import ERROR_PARAMS
 from services.server.body import read_json_object
 from services.server.deadline import Deadline
 from services.server.lifecycle import Lifecycle
-from services.server.stream_response import AnswerStream, close, collect, query_events, sse_response, started
+from services.server.stream_response import close, collect, query_events, sse_response, started
 
 # One line per request per node, in a logger of its own so it can be routed on its own.
 request_log = logging.getLogger("services.requests")
@@ -34,8 +36,9 @@ request_log = logging.getLogger("services.requests")
 EDGE_ROUTE = "edge_route"
 
 
-def _as_is(reply: dict) -> dict:
-    return reply
+def _as_json(reply: Any) -> dict:
+    """A final answer as the hop's JSON (every field it knows)."""
+    return reply.wire()
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,7 @@ class Call:
     """One request as its route parsed it, ready to be answered."""
     answer: Callable[[Deadline], AnswerStream]  # its answer stream, by the deadline
     stream: bool = False  # streamed as `events` writes it, else the reply collected as JSON (`reply`)
-    reply: Callable[[dict], dict] = _as_is
+    reply: Callable[[Any], dict] = _as_json  # the collected final answer (or n choices') as the route's JSON
     events: Callable[[AnswerStream], Iterator[bytes]] = query_events
     timeout_s: float | None = None  # a deadline nearer than REQUEST_TIMEOUT_S (a forward's time left)
 
@@ -79,18 +82,18 @@ class Edge:
 
 
 def _noting_served_by(events: AnswerStream, record: completion.Completion) -> AnswerStream:
-    """The stream as it is, its reply's `served_by` noted for the completion line, its prompt tokens
-    and finish reason for the metrics."""
+    """The stream as it is, its final answer's `served_by` noted for the completion line, its prompt
+    tokens and finish reason for the metrics (n choices: the first choice's to land)."""
     try:
         for event in events:
-            if isinstance(event, dict):
-                if event.get("served_by") is not None:
-                    record.served_by = event["served_by"]
-                usage = event.get("usage")
-                if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
-                    record.prompt_tokens = usage["prompt_tokens"]
-                if isinstance(event.get("finish_reason"), str):
-                    record.finish_reason = event["finish_reason"]
+            final = final_of(event)
+            if isinstance(event, Computed):
+                record.served_by = event.served_by
+            elif final is not None and record.served_by is None:
+                record.served_by = final.served_by
+                if final.usage is not None:
+                    record.prompt_tokens = final.usage.prompt_tokens
+                record.finish_reason = final.finish_reason
             yield event
     finally:
         close(events)

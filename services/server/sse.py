@@ -16,7 +16,7 @@ The /query stream (`"stream": true`, or `Accept: text/event-stream`):
 
 The token events' pieces, joined, equal the reply's generated_response; comment lines
 (keep-alives) may come between events. The OpenAI-compatible stream is unnamed events instead,
-closed by `data: [DONE]` (services/roles/gateway/openai_api.py).
+closed by `data: [DONE]` (services/roles/gateway/openai_responses.py).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Answer streams: what every layer of the request path returns, and the route's edge that sends one.
 
-An answer stream is text pieces (str) closed by the reply (a dict), whose `generated_response`
-is the pieces joined. A blocking reply is the stream collected (`collect`); a streamed one is
+An answer stream is pieces closed by the final answer (services/server/answer.py), whose
+`generated_response` is the pieces' text joined. A blocking reply is the stream collected (`collect`); a streamed one is
 Server-Sent Events (`sse_response`), its first event taken first (`started`), so that an early
 failure is an ordinary HTTP error and a later one an `error` event. A reader that disconnects
 closes the stream, which cancels what it was waiting on.
@@ -13,17 +13,18 @@ line are written after that (the request's teardown, when the server closes the 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from flask import Response, g, has_request_context
 from flask.globals import request_ctx
 
 from services.server import sse
+from services.server.answer import AnswerPiece, AnswerStream, FinalAnswer, sse_event
 from services.server.errors import HttpAnswer, http_answer
 
 log = logging.getLogger(__name__)
 
-AnswerStream = Iterator["str | dict"]
 # What an error the errors table does not know is told as: a bug, logged with its traceback.
 INTERNAL_ERROR = HttpAnswer(500, "internal error")
 # A stream whose reader went away before its end is counted under nginx's "client closed request".
@@ -39,12 +40,13 @@ def close(events: AnswerStream) -> None:
         end()
 
 
-def collect(events: AnswerStream) -> dict:
-    """The blocking reply: the stream read to its end, and its reply (which holds the text)."""
-    reply: dict | None = None
+def collect(events: AnswerStream) -> Any:
+    """The blocking reply: the stream read to its end, and its last event that is no piece (a final
+    answer, which holds the text, or n choices' answers)."""
+    reply: Any = None
     try:
         for event in events:
-            if isinstance(event, dict):
+            if not isinstance(event, AnswerPiece):
                 reply = event
     finally:
         close(events)
@@ -53,23 +55,29 @@ def collect(events: AnswerStream) -> dict:
     return reply
 
 
-def replay(reply: dict) -> AnswerStream:
-    """A reply already known as a stream: its whole text as one piece, then the reply."""
-    if reply.get("generated_response"):
-        yield reply["generated_response"]
-    yield reply
+def replay(known: FinalAnswer | Mapping[str, Any]) -> Iterator[Any]:
+    """A final answer already known as a stream: its whole text as one piece, then the answer; one kept
+    as JSON (the reply cache's) replays as a relay gives it, its text then its JSON (`from_relay` reads them)."""
+    if not isinstance(known, FinalAnswer):
+        if known.get("generated_response"):
+            yield known["generated_response"]
+        yield known
+        return
+    if known.generated_response:
+        yield AnswerPiece(known.generated_response, logprobs=known.logprobs or ())
+    yield known
 
 
-def relay(open_stream: Callable[[], AnswerStream], *, landed: Callable[[dict], None],
+def relay(open_stream: Callable[[], AnswerStream], *, landed: Callable[[Any], None],
           failed: Callable[[BaseException], None]) -> AnswerStream:
-    """The events of `open_stream()` passed on, then `landed(reply)`; any failure on the way (a
-    reader gone included) goes to `failed` before it goes up."""
-    reply: dict | None = None
+    """The events of `open_stream()` passed on, then `landed(reply)` (its last event that is no piece);
+    any failure on the way (a reader gone included) goes to `failed` before it goes up."""
+    reply: Any = None
     events: AnswerStream | None = None
     try:
         events = open_stream()
         for event in events:
-            if isinstance(event, dict):
+            if not isinstance(event, AnswerPiece):
                 reply = event
             yield event
         if reply is None:
@@ -150,9 +158,20 @@ def _noting_end(body: Iterator[bytes]) -> Iterator[bytes]:
 
 def query_events(events: AnswerStream) -> Iterator[bytes]:
     """The /query stream format (services/server/sse.py)."""
+    return _sse_answer(events, lambda event: sse.token_event(event.text) if isinstance(event, AnswerPiece)
+                       else sse.reply_event(event.query_reply(streamed=True)))
+
+
+def internal_events(events: AnswerStream) -> Iterator[bytes]:
+    """The worker→gateway hop's stream: every field of each piece and of the final answer (the hop's
+    serializer, services/server/answer.py), in /query's event names."""
+    return _sse_answer(events, sse_event)
+
+
+def _sse_answer(events: AnswerStream, encode: Callable[[Any], bytes]) -> Iterator[bytes]:
     try:
         for event in events:
-            yield sse.token_event(event) if isinstance(event, str) else sse.reply_event(event)
+            yield encode(event)
     except Exception as exc:  # noqa: BLE001 - told to the reader; a disconnect (GeneratorExit) is not
         answer = error_answer(exc)
         yield sse.error_event(answer.message, answer.status)

@@ -250,8 +250,10 @@ def test_a_worker_refuses_to_load_a_version_built_by_another_embedder_naming_bot
 
 
 def test_the_openai_rag_field_names_the_data_version_that_answered():
-    from services.roles.gateway.openai_api import rag_fields
+    from services.roles.gateway.openai_responses import rag_fields
+    from services.server.answer import FinalAnswer
     reply = {"request_id": "r", "generated_response": "a", "sentiment": "neutral", "is_toxic": "false",
              "data_version": "v2", "sources": [4, 1]}
-    assert rag_fields(reply) == {"sentiment": "neutral", "is_toxic": "false", "request_id": "r", "data_version": "v2"}
-    assert "data_version" not in rag_fields({k: v for k, v in reply.items() if k != "data_version"})
+    assert rag_fields(FinalAnswer.from_wire(reply)) == {"sentiment": "neutral", "is_toxic": "false", "request_id": "r",
+                                                        "data_version": "v2"}
+    assert "data_version" not in rag_fields(FinalAnswer.from_wire({k: v for k, v in reply.items() if k != "data_version"}))

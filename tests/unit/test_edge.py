@@ -4,6 +4,7 @@ served_by and stage times, streamed or not; the deadline made once; the error sh
 /v1/embeddings under the gateway's admission; what /v1 refuses; /settings for operators only."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -296,3 +297,31 @@ def test_answers_sent_whole_count_their_prompt_tokens_and_finish_reason_streamed
     chat = (("endpoint", "/v1/chat/completions"),)
     assert scraped(client) == {("rag_prompt_tokens_total", chat): 80.0,
                                ("rag_request_success_total", chat + (("finished_reason", "stop"),)): 2.0}
+
+
+def test_a_workers_internal_stream_carries_every_field_of_its_answer_to_the_gateway():
+    from pipeline.tool_calls import ToolCallDelta
+    from services.roles.worker.role import WorkerRole
+    from services.server.answer import AnswerPiece, FinalAnswer, Usage, from_sse
+    from services.server.lifecycle import Readiness
+    item = {"token": "ok", "logprob": -0.1, "bytes": [111, 107], "top_logprobs": []}
+
+    class Worker:
+        def answer(self, request, deadline):
+            yield AnswerPiece("ok", (item,))
+            yield AnswerPiece(tool_call=ToolCallDelta(0, "refund", "{}"))
+            yield FinalAnswer(request.request_id, "ok", "neutral", "false", finish_reason="tool_calls",
+                              usage=Usage(9, 2), logprobs=(item,))
+
+    lifecycle = Lifecycle("node 1", 0.0, exit=lambda code: None)
+    role = WorkerRole(Settings.from_env({}), 1, lifecycle)
+    role.worker.set(Worker())  # type: ignore[arg-type]
+    role.count_query_tokens = len  # type: ignore[method-assign]
+    role.bounds = dataclasses.replace(role.bounds, count_tokens=len)
+    lifecycle.readiness.set(Readiness.READY)
+    response = build_app(role, lifecycle).test_client().post(
+        "/internal/answer", json={"request_id": "w-1", "query": "q", "stream": True, "logprobs": 0})
+    events = [from_sse(e) for e in sse.iter_events(response.get_data().splitlines(keepends=True))]
+    assert events[:2] == [AnswerPiece("ok", (item,)), AnswerPiece(tool_call=ToolCallDelta(0, "refund", "{}"))]
+    final = events[2]
+    assert isinstance(final, FinalAnswer) and (final.served_by, final.logprobs, final.usage) == (1, (item,), Usage(9, 2))

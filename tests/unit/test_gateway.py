@@ -12,6 +12,7 @@ from pipeline.config import Settings
 from pipeline.config.sections import GatewaySettings
 from services.roles.gateway.gateway import Gateway
 from services.roles.gateway.routing import WorkerTarget, remote_target
+from services.server.answer import AnswerPiece, FinalAnswer
 from services.server.answer_request import AnswerRequest
 from services.server.deadline import Deadline
 from services.server.errors import (
@@ -52,22 +53,22 @@ class FakeWorker:
         if self.gate is not None:
             assert self.gate.wait(10), "test gate never opened"
         return {"request_id": request.request_id, "generated_response": f"answer to {request.query}",
-                "served_by": self.node}
+                "sentiment": "neutral", "is_toxic": "false", "served_by": self.node}
 
     def answer(self, request: AnswerRequest, deadline: Deadline):
         """Its text word by word, then the reply (errors come before any event), which names its node."""
         reply = self.reply(request, deadline)
         words = reply["generated_response"].split(" ")
-        yield from (word if i == 0 else f" {word}" for i, word in enumerate(words))
-        yield reply
+        yield from (AnswerPiece(word if i == 0 else f" {word}") for i, word in enumerate(words))
+        yield FinalAnswer.from_wire(reply)
 
     def target(self, *, up: bool = True, local: bool = False, probe=lambda: True) -> WorkerTarget:
         return WorkerTarget(node=self.node, answer=self.answer, probe=probe, up=up, local=local)
 
 
 def ask(gw: Gateway, request_id: str, query: str, timeout_s: float, **fields) -> dict:
-    """The gateway's answer collected, as node 0's /query collects it for a plain reply."""
-    return collect(gw.answer(AnswerRequest(request_id, query, **fields), Deadline.after(timeout_s)))
+    """The gateway's final answer collected, as node 0's /query collects it for a plain reply (as JSON)."""
+    return collect(gw.answer(AnswerRequest(request_id, query, **fields), Deadline.after(timeout_s))).wire()
 
 
 def gateway_settings(**kwargs) -> GatewaySettings:
@@ -222,7 +223,7 @@ def test_a_worker_failing_mid_answer_is_failed_over_unless_the_caller_read_piece
     streamed: list = []
     with pytest.raises(NodeUnreachable):  # a streamed one: "partial" was read, and cannot be taken back
         streamed.extend(gw.answer(AnswerRequest("m-2", "q", stream=True), Deadline.after(10)))
-    assert streamed == ["partial"] and len(second.calls) == 1
+    assert streamed == [AnswerPiece("partial")] and len(second.calls) == 1
 
 
 def test_no_worker_available_when_all_fail_to_take_it():
@@ -269,7 +270,7 @@ def test_the_completed_cache_keeps_a_hash_of_the_query_not_its_text():
     gw = gateway(FakeWorker(0).target(local=True))
     ask(gw, "h", "my card number is 4111", 10)
     digest, reply = gw.completed.get((None, "h"))  # (caller, request_id): no API keys here
-    assert len(digest) == 64 and "4111" not in digest and reply["request_id"] == "h"
+    assert len(digest) == 64 and "4111" not in digest and reply.request_id == "h"
 
 
 def test_a_joiner_with_another_query_gets_409_and_the_computation_is_untouched():

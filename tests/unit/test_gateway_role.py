@@ -8,6 +8,7 @@ import pytest
 
 from services.roles.gateway.routing import WorkerTarget
 from services.server import sse
+from services.server.answer import AnswerPiece, FinalAnswer
 from services.server.errors import (
     NoWorkerAvailable,
     Overloaded,
@@ -32,11 +33,11 @@ class Outcomes:
         outcome = self.outcomes.pop(0)
         if isinstance(outcome, BaseException):
             raise outcome
-        reply = {**outcome, "request_id": request.request_id}
+        reply = {"sentiment": "neutral", "is_toxic": "false", **outcome, "request_id": request.request_id}
         words = reply["generated_response"].split(" ")
-        yield from (word if i == 0 else f" {word}" for i, word in enumerate(words))
-        yield {**reply, "usage": {"prompt_tokens": 40, "completion_tokens": len(words)}, "finish_reason": "stop",
-               "served_by": 0}
+        yield from (AnswerPiece(word if i == 0 else f" {word}") for i, word in enumerate(words))
+        yield FinalAnswer.from_wire({**reply, "usage": {"prompt_tokens": 40, "completion_tokens": len(words)},
+                                     "finish_reason": "stop", "served_by": 0})
 
 
 def query_app(outcomes, **env):

@@ -25,6 +25,7 @@ from services.cluster.membership import (
 )
 from services.cluster.sharded_index import ShardedIndexClient
 from services.roles.gateway.routing import MemberTargets, Router, WorkerTarget
+from services.server.answer import FinalAnswer
 from services.server.answer_request import AnswerRequest
 from services.server.deadline import Deadline
 from services.server.errors import PeerUnavailable
@@ -67,7 +68,7 @@ class Worker:
         if self.gate is not None:
             assert self.gate.wait(10), "test gate never opened"
         self.served.append(request.request_id)
-        yield {"request_id": request.request_id, "generated_response": str(self.member.address)}
+        yield FinalAnswer(request.request_id, str(self.member.address), "neutral", "false")
 
     def target(self) -> WorkerTarget:
         def close():
@@ -101,7 +102,7 @@ def local_router() -> tuple[Router, Worker]:
 
 
 def ask(router: Router, request_id: str) -> dict:
-    return collect(router.forward(AnswerRequest(request_id, "where is my order?"), Deadline.after(10)))
+    return collect(router.forward(AnswerRequest(request_id, "where is my order?"), Deadline.after(10))).wire()
 
 
 # ---------------------------------------------------------------- the membership and its sources

@@ -16,6 +16,7 @@ from services.roles.gateway.gateway import Gateway
 from services.roles.gateway.metrics import GatewayCollector
 from services.roles.worker.stage_clock import collect_stage_times
 from services.server import completion
+from services.server.answer import AnswerPiece, FinalAnswer
 from services.server.app import make_app
 from services.server.edge import install_completion_log
 from services.server.errors import Overloaded, RequestIdConflict
@@ -89,9 +90,9 @@ def test_a_streamed_answers_completion_line_comes_when_its_stream_ends_with_ever
         completion.note_stages({"embed": 1.0})
 
         def events():  # the later stages end while the stream is written
-            yield "piece"
+            yield AnswerPiece("piece")
             completion.note_stages({"generate": 2.0})
-            yield {"request_id": "s"}
+            yield FinalAnswer("s", "piece", "neutral", "false")
         return sse_response(events())
 
     with caplog.at_level(logging.INFO, logger="services.requests"):

@@ -3,6 +3,7 @@ objects checked with the real `openai` package's types, and the real client agai
 from them; OpenAI's row of the error shapes."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -10,9 +11,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from pipeline import spec
-from services.roles.gateway import openai_api as api
+from services.roles.gateway import openai_responses as out
 from services.roles.gateway.openai_api import V1Request, parse_chat_request, parse_text_request
 from services.server import sse
+from services.server.answer import AnswerPiece, FinalAnswer, from_relay
 from services.server.error_shapes import OPENAI
 from services.server.errors import ApiError, HttpAnswer, http_answer
 
@@ -20,6 +22,11 @@ MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
 LIMIT = 128
 REPLY = {"request_id": "r-1", "generated_response": "Answer: within 30 days 😀", "sentiment": "positive",
          "is_toxic": "false", "served_by": 0}
+
+
+def typed(events: list) -> list:
+    """Pieces (text) and a reply (JSON) as the answer type (services/server/answer.py)."""
+    return [from_relay(event) for event in events]
 
 
 def body(**fields) -> dict:
@@ -243,23 +250,23 @@ def test_a_field_that_is_no_body_parameter_has_a_null_param_and_a_code_of_the_er
 
 def stream_objects(text_pieces: list[str], include_usage: bool) -> list[dict]:
     reply = {**REPLY, "finish_reason": "length", "usage": {"prompt_tokens": 300, "completion_tokens": 7}}
-    return list(api.stream_chunks("chatcmpl-1", 1700000000, MODEL, [*text_pieces, reply],
+    return list(out.stream_chunks("chatcmpl-1", 1700000000, MODEL, typed([*text_pieces, reply]),
                                   include_usage=include_usage))
 
 
 def test_completion_is_a_valid_openai_chat_completion():
     from openai.types.chat import ChatCompletion
     counted = {**REPLY, "usage": {"prompt_tokens": 300, "completion_tokens": 12}}
-    obj = api.completion("chatcmpl-1", 1700000000, MODEL, REPLY["generated_response"], counted)
+    obj = out.completion("chatcmpl-1", 1700000000, MODEL, FinalAnswer.from_wire(counted))
     parsed = ChatCompletion.model_validate(obj)
     assert parsed.choices[0].message.content == REPLY["generated_response"]
     assert parsed.choices[0].message.role == "assistant" and parsed.choices[0].finish_reason == "stop"
     assert parsed.usage is not None and parsed.usage.total_tokens == 312
     assert parsed.model_extra == {"rag": {"sentiment": "positive", "is_toxic": "false", "request_id": "r-1"}}
-    assert api.completion("c", 1, MODEL, "t", REPLY, finish_reason="length")["choices"][0][
+    assert out.completion("c", 1, MODEL, FinalAnswer.from_wire({**REPLY, "finish_reason": "length"}))["choices"][0][
         "finish_reason"] == "length"
-    with pytest.raises(ValueError):
-        api.completion("c", 1, MODEL, "t", REPLY, finish_reason="content_filter")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):  # FinishReason is OpenAI's three (pipeline/continuous/output.py)
+        FinalAnswer.from_wire({**REPLY, "finish_reason": "content_filter"})
 
 
 @pytest.mark.parametrize("include_usage", [False, True])
@@ -284,11 +291,11 @@ def test_chunks_are_valid_openai_chunks(include_usage):
 def test_text_completions_and_their_chunks_are_valid_openai_completions(include_usage):
     from openai.types import Completion
     reply = {**REPLY, "finish_reason": "length", "usage": {"prompt_tokens": 300, "completion_tokens": 7}, "seed": 3}
-    whole = Completion.model_validate(api.text_completion("cmpl-1", 1700000000, MODEL, reply))
+    whole = Completion.model_validate(out.text_completion("cmpl-1", 1700000000, MODEL, FinalAnswer.from_wire(reply)))
     assert whole.choices[0].text == REPLY["generated_response"] and whole.choices[0].finish_reason == "length"
     assert whole.usage is not None and whole.usage.total_tokens == 307 and whole.model_extra["seed"] == 3
     pieces = ["Answer", ": within 30 days 😀"]
-    objects = list(api.text_chunks("cmpl-1", 1700000000, MODEL, [*pieces, reply], include_usage=include_usage))
+    objects = list(out.text_chunks("cmpl-1", 1700000000, MODEL, typed([*pieces, reply]), include_usage=include_usage))
     # A piece's finish_reason is null, as OpenAI's own stream sends it (the SDK reads chunks unvalidated).
     chunks = [Completion.model_validate(obj) if not obj["choices"] or obj["choices"][0]["finish_reason"]
               else Completion.model_construct(**obj) for obj in objects]
@@ -323,10 +330,10 @@ class FakeOpenAIServer:
                     return self._send(error.status, json.dumps(error_body(error)).encode(), "application/json")
                 if not request.stream:
                     counted = {**REPLY, "usage": {"prompt_tokens": 300, "completion_tokens": 12}}
-                    obj = api.completion("chatcmpl-1", 1700000000, MODEL, REPLY["generated_response"], counted)
+                    obj = out.completion("chatcmpl-1", 1700000000, MODEL, FinalAnswer.from_wire(counted))
                     return self._send(200, json.dumps(obj).encode(), "application/json")
                 events = [sse.event(obj) for obj in stream_objects(["Answer", ": ok"], request.include_usage)]
-                self._send(200, b"".join(events) + sse.event(api.DONE), sse.HEADERS["Content-Type"])
+                self._send(200, b"".join(events) + sse.event(out.DONE), sse.HEADERS["Content-Type"])
 
             def _send(self, status: int, data: bytes, kind: str):
                 self.send_response(status)
@@ -395,24 +402,34 @@ def test_log_probabilities_are_read_by_openais_rules_on_each_route():
     assert parse_text_request(text, max_tokens_limit=LIMIT, model_id=MODEL).logprobs is None
 
 
-def test_the_workers_log_probabilities_take_each_routes_shape_and_a_streams_last_choice_chunk():
-    from services.roles.gateway.openai_api import completion, stream_chunks, text_chunks, text_completion
+def test_the_workers_log_probabilities_take_each_routes_shape_chunk_by_chunk_in_a_stream():
+    from services.roles.gateway.openai_responses import completion, stream_chunks, text_chunks, text_completion
     items = [{"token": "Re", "logprob": -0.5, "bytes": [82, 101], "top_logprobs": [
                  {"token": "Re", "logprob": -0.5, "bytes": [82, 101]}, {"token": "We", "logprob": -1.5, "bytes": [87, 101]}]},
              {"token": "funds", "logprob": -0.25, "bytes": list(b"funds"), "top_logprobs": [
                  {"token": "funds", "logprob": -0.25, "bytes": list(b"funds")}]}]
-    reply = {"request_id": "r", "generated_response": "Refunds", "sentiment": "neutral", "is_toxic": "false",
-             "logprobs": items,
-             "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
-    chat_choice = completion("c", 0, MODEL, "Refunds", reply)["choices"][0]
+    reply = FinalAnswer.from_wire({"request_id": "r", "generated_response": "Refunds", "sentiment": "neutral",
+                                   "is_toxic": "false", "logprobs": items,
+                                   "usage": {"prompt_tokens": 3, "completion_tokens": 2}})
+    chat_choice = completion("c", 0, MODEL, reply)["choices"][0]
     assert chat_choice["logprobs"] == {"content": items, "refusal": None}
-    assert completion("c", 0, MODEL, "x", {k: v for k, v in reply.items() if k != "logprobs"})["choices"][0]["logprobs"] is None
+    assert completion("c", 0, MODEL, dataclasses.replace(reply, logprobs=None))["choices"][0]["logprobs"] is None
     legacy = text_completion("t", 0, MODEL, reply)["choices"][0]["logprobs"]
     assert legacy == {"tokens": ["Re", "funds"], "token_logprobs": [-0.5, -0.25],
                       "top_logprobs": [{"Re": -0.5, "We": -1.5}, {"funds": -0.25}], "text_offset": [0, 2]}
-    chunks = list(stream_chunks("c", 0, MODEL, ["Re", "funds", reply]))
+    # Each piece with the tokens it came from (OpenAI's stream): the last choice chunk has none left to give.
+    pieces = [AnswerPiece("Re", (items[0],)), AnswerPiece("funds", (items[1],)), reply]
+    chunks = list(stream_chunks("c", 0, MODEL, pieces))
+    assert [c["choices"][0]["logprobs"] for c in chunks] == [
+        None, {"content": [items[0]], "refusal": None}, {"content": [items[1]], "refusal": None}, None]
+    texts = list(text_chunks("t", 0, MODEL, pieces))
+    assert [c["choices"][0]["logprobs"] for c in texts] == [
+        {"tokens": ["Re"], "token_logprobs": [-0.5], "top_logprobs": [{"Re": -0.5, "We": -1.5}], "text_offset": [0]},
+        {"tokens": ["funds"], "token_logprobs": [-0.25], "top_logprobs": [{"funds": -0.25}], "text_offset": [2]}, None]
+    # Pieces that did not bring them (a replayed answer): the last choice chunk gives them all.
+    chunks = list(stream_chunks("c", 0, MODEL, [AnswerPiece("Re"), AnswerPiece("funds"), reply]))
     assert [c["choices"][0]["logprobs"] for c in chunks] == [None, None, None, {"content": items, "refusal": None}]
-    texts = list(text_chunks("t", 0, MODEL, ["Re", "funds", reply]))
+    texts = list(text_chunks("t", 0, MODEL, [AnswerPiece("Re"), AnswerPiece("funds"), reply]))
     assert [c["choices"][0]["logprobs"] for c in texts] == [None, None, legacy]
 
 

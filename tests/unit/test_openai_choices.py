@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -48,10 +49,46 @@ class SeedWorker:
                "finish_reason": "stop", "served_by": 0, **({"seed": request.seed} if request.seed is not None else {})}
 
 
-def app(worker: SeedWorker):
+def app(worker: SeedWorker, **gateway_kwargs):
     role, client = query_app([])
-    role.gateway.set(gateway(WorkerTarget(node=0, answer=worker.answer, probe=lambda: True, local=True)))
+    role.gateway.set(gateway(WorkerTarget(node=0, answer=worker.answer, probe=lambda: True, local=True),
+                             **gateway_kwargs))
     return client
+
+
+def test_n_choices_take_one_admission_slot_and_a_full_gateway_refuses_the_whole_request_once():
+    worker = SeedWorker(together=3)
+    client = app(worker, max_in_flight=1)
+    r = client.post("/v1/chat/completions", json={**CHAT, "n": 3, "temperature": 0.8, "seed": 1})
+    assert r.status_code == 200 and len(r.get_json()["choices"]) == 3, r.get_data(as_text=True)
+    gate, started = threading.Event(), threading.Event()
+
+    def held(request, deadline):  # one request holding the only slot until the gate opens
+        started.set()
+        assert gate.wait(10), "test gate never opened"
+        yield from SeedWorker().answer(request, deadline)
+
+    role, client = query_app([])
+    role.gateway.set(gateway(WorkerTarget(node=0, answer=held, probe=lambda: True, local=True), max_in_flight=1))
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(client.post, "/v1/chat/completions", json=CHAT)
+        assert started.wait(10)
+        refused = client.post("/v1/chat/completions", json={**CHAT, "n": 2, "temperature": 0.5, "stream": True})
+        assert refused.status_code == 503 and refused.get_json()["error"]["code"] == "service_unavailable"
+        assert role.gateway.require().stats()["rejected"] == 1  # one refusal: the request's, not each choice's
+        gate.set()
+        assert first.result(10).status_code == 200
+    assert role.gateway.require().stats()["in_flight"] == 0
+
+
+def test_a_streamed_n_requests_completion_line_names_the_worker(caplog):
+    import logging
+    with caplog.at_level(logging.INFO, logger="services.requests"):
+        r = app(SeedWorker()).post("/v1/chat/completions", json={**CHAT, "n": 2, "temperature": 0.5, "stream": True})
+        assert r.status_code == 200 and r.get_data(as_text=True).endswith("data: [DONE]\n\n")
+        r.close()  # as the server closes it once sent: the line is written then
+    (line,) = [record.fields for record in caplog.records if record.name == "services.requests"]
+    assert (line["endpoint"], line["status"], line["served_by"]) == ("/v1/chat/completions", 200, 0)
 
 
 def test_n_choices_run_at_once_each_with_its_id_and_seed_plus_i_and_usage_summed():

@@ -13,7 +13,9 @@ from pipeline.config import Settings
 from pipeline.conversation import Turn
 from pipeline.tool_calls import ToolCall
 from services.roles.gateway import openai_api as api
+from services.roles.gateway import openai_responses as out
 from services.roles.gateway.openai_api import parse_chat_request
+from services.server.answer import AnswerPiece, FinalAnswer
 from services.server.answer_request import AnswerRequest, Bounds, read_request
 from services.server.errors import ApiError
 
@@ -130,8 +132,7 @@ def test_tools_and_a_tool_round_are_bounded_by_max_history_tokens():
 
 def test_a_reply_with_calls_is_a_chat_completion_with_tool_calls():
     from openai.types.chat import ChatCompletion
-    obj = api.completion("chatcmpl-1", 1700000000, MODEL, REPLY["generated_response"], REPLY,
-                         finish_reason="tool_calls")
+    obj = out.completion("chatcmpl-1", 1700000000, MODEL, FinalAnswer.from_wire(REPLY))
     parsed = ChatCompletion.model_validate(obj)
     choice = parsed.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None  # only whitespace besides
@@ -139,14 +140,16 @@ def test_a_reply_with_calls_is_a_chat_completion_with_tool_calls():
     assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
         ("get_order_status", {"id": "ABC123"}), ("refund", {})]
     assert len({c.id for c in calls}) == 2 and all(c.id.startswith("call_") and c.type == "function" for c in calls)
-    plain = api.completion("c", 1, MODEL, "text", {**REPLY, "tool_calls": None})
+    plain = out.completion("c", 1, MODEL, FinalAnswer.from_wire({**REPLY, "generated_response": "text",
+                                                                 "tool_calls": None, "finish_reason": "stop"}))
     assert "tool_calls" not in plain["choices"][0]["message"] and plain["choices"][0]["message"]["content"] == "text"
 
 
 def test_a_streamed_reply_with_calls_is_tool_call_deltas_a_client_accumulates():
     from openai.types.chat import ChatCompletionChunk
     chunks = [ChatCompletionChunk.model_validate(obj)
-              for obj in api.stream_chunks("chatcmpl-1", 1, MODEL, ["\n", REPLY], include_usage=True)]
+              for obj in out.stream_chunks("chatcmpl-1", 1, MODEL, [AnswerPiece("\n"), FinalAnswer.from_wire(REPLY)],
+                                           include_usage=True)]
     calls: dict[int, dict] = {}
     for chunk in chunks:
         for delta in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:

@@ -4,6 +4,7 @@ against the request schemas, the routes' objects and errors valid against the re
 docs/api.md's list of paths the document's."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -13,9 +14,11 @@ import numpy as np
 import pytest
 
 from pipeline import spec
-from services.roles.gateway.openai_api import ROUTE_FIELDS, stream_chunks, text_chunks
+from pipeline.tool_calls import ToolCall, ToolCallDelta
+from services.roles.gateway.openai_api import ROUTE_FIELDS
 from services.roles.gateway.openai_embeddings import FIELDS as EMBEDDING_FIELDS
 from services.roles.gateway.openai_embeddings import embeddings_response
+from services.roles.gateway.openai_responses import stream_chunks, text_chunks
 from services.roles.gateway.openai_scoring import (
     MODERATION_FIELDS,
     RERANK_FIELDS,
@@ -25,6 +28,7 @@ from services.roles.gateway.openai_scoring import (
 from services.roles.gateway.openapi import openapi_document
 from services.roles.gateway.role import QUERY_FIELDS
 from services.roles.gateway.tokenize_routes import CHAT_FIELDS, DETOKENIZE_FIELDS, PROMPT_FIELDS, tokenize_response
+from services.server.answer import AnswerPiece, FinalAnswer
 from tests.unit.test_gateway_role import query_app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,7 +93,7 @@ def test_accepted_bodies_are_valid(path, body):
     ("/v1/chat/completions", {**CHAT, "store": True}),
     ("/v1/completions", {"model": spec.GENERATOR_MODEL, "prompt": "q", "tools": []}),
     ("/v1/chat/completions", {"model": "m", "messages": []}),
-    ("/v1/embeddings", {"model": spec.EMBEDDER_MODEL, "input": "a", "dimensions": 512}),
+    ("/v1/embeddings", {"model": spec.EMBEDDER_MODEL, "input": "a", "dimensions": "768"}),  # its value: the route's
     ("/v1/rerank", {"query": "q", "documents": [], "model": spec.RERANKER_MODEL}),
     ("/tokenize", {"prompt": "hi", "return_token_strs": True}),
     ("/detokenize", {"tokens": [-1]}),
@@ -114,7 +118,7 @@ def test_the_routes_objects_and_errors_are_valid_against_the_response_schemas():
     check(refused.get_json(), "/query", "post", "response", str(refused.status_code))
     vector = np.ones(spec.EMBED_DIM, np.float32)
     for encoding in ("float", "base64"):
-        check(embeddings_response([vector], encoding, 2), "/v1/embeddings", "post", "response")
+        check(embeddings_response([vector], encoding, 2, spec.EMBEDDER_MODEL), "/v1/embeddings", "post", "response")
     check(rerank_response([0.5, -1.0], ["a", "b"], None, True, 7), "/v1/rerank", "post", "response")
     check(moderation_response([{"toxic": 0.2, "insult": 0.7}]), "/v1/moderations", "post", "response")
     check(tokenize_response([1, 2], 32768), "/tokenize", "post", "response")
@@ -123,13 +127,19 @@ def test_the_routes_objects_and_errors_are_valid_against_the_response_schemas():
 
 @pytest.mark.parametrize("include_usage", [False, True])
 def test_streamed_chunks_are_valid_against_the_event_stream_schemas(include_usage):
-    reply = {**REPLY, "request_id": "r", "seed": 3, "finish_reason": "tool_calls",
-             "usage": {"prompt_tokens": 5, "completion_tokens": 2}, "tool_calls": [{"name": "f", "arguments": "{}"}]}
-    chunks = list(stream_chunks("c", 0, spec.GENERATOR_MODEL, ["Re", "funds", reply], include_usage=include_usage))
-    assert any(c["choices"] and "tool_calls" in c["choices"][0]["delta"] for c in chunks)
+    reply = FinalAnswer.from_wire({**REPLY, "request_id": "r", "seed": 3, "finish_reason": "tool_calls",
+                                   "usage": {"prompt_tokens": 5, "completion_tokens": 2},
+                                   "tool_calls": [{"name": "f", "arguments": '{"a": 1}'}]})
+    # A call streamed in pieces (its name, then its arguments), and one given whole with the last chunk.
+    streamed = [AnswerPiece("Re"), AnswerPiece(tool_call=ToolCallDelta(0, "g", '{"b"')),
+                AnswerPiece(tool_call=ToolCallDelta(0, None, ": 2}")), AnswerPiece("funds"),
+                dataclasses.replace(reply, tool_calls=(ToolCall("g", '{"b": 2}'), *reply.tool_calls))]
+    chunks = list(stream_chunks("c", 0, spec.GENERATOR_MODEL, streamed, include_usage=include_usage))
+    assert sum(1 for c in chunks if c["choices"] and "tool_calls" in c["choices"][0]["delta"]) == 3
     for obj in chunks:
         check(obj, "/v1/chat/completions", "post", "response", media="text/event-stream")
-    texts = text_chunks("t", 0, spec.GENERATOR_MODEL, ["Re", "funds", {**reply, "finish_reason": "length"}],
+    texts = text_chunks("t", 0, spec.GENERATOR_MODEL, [AnswerPiece("Re"), AnswerPiece("funds"),
+                                                       dataclasses.replace(reply, finish_reason="length")],
                         include_usage=include_usage)
     for obj in texts:
         check(obj, "/v1/completions", "post", "response", media="text/event-stream")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from pipeline import spec
-from services.roles.gateway.openai_embeddings import embeddings_response, parse_embeddings_request
+from services.roles.gateway.openai_embeddings import EmbedderModel, embeddings_response, parse_embeddings_request
 from services.roles.gateway.public_api import openapi_document
 from services.roles.gateway.routing import WorkerTarget
 from services.server.errors import ApiError, Overloaded
@@ -175,22 +175,53 @@ def test_a_sampled_request_is_not_the_questions_answer_in_the_reply_cache_nor_un
 
 # ---------------------------------------------------------------- /v1/embeddings' request and response
 
+EMBEDDER = EmbedderModel(spec.EMBEDDER_MODEL, lambda: spec.EMBED_DIM)
+
+
 def test_embeddings_request_rules():
     model = spec.EMBEDDER_MODEL
-    assert parse_embeddings_request({"model": model, "input": "hi"}, 8) == (["hi"], "float")
-    assert parse_embeddings_request({"model": model, "input": ["a", "b"], "encoding_format": "base64"}, 8)[1] == "base64"
+    assert parse_embeddings_request({"model": model, "input": "hi"}, 8, EMBEDDER) == (["hi"], "float")
+    assert parse_embeddings_request({"model": model, "input": ["a", "b"], "encoding_format": "base64"}, 8,
+                                    EMBEDDER)[1] == "base64"
     for body, status, param in (({"model": "x", "input": "a"}, 404, "model"), ({"model": model, "input": [[1, 2]]}, 400, "input"),
                                 ({"model": model, "input": []}, 400, "input"), ({"model": model, "input": ["a"] * 9}, 400, "input"),
                                 ({"model": model, "input": "a", "encoding_format": "int8"}, 400, "encoding_format")):
         with pytest.raises(ApiError) as info:
-            parse_embeddings_request(body, 8)
+            parse_embeddings_request(body, 8, EMBEDDER)
         assert (info.value.status, info.value.field) == (status, param)
 
 
 def test_embeddings_response_float_and_base64_carry_the_same_vector():
     vector = np.linspace(-1, 1, spec.EMBED_DIM, dtype=np.float32)
-    floats = embeddings_response([vector], "float", 3)
-    packed = embeddings_response([vector], "base64", 3)
+    floats = embeddings_response([vector], "float", 3, spec.EMBEDDER_MODEL)
+    packed = embeddings_response([vector], "base64", 3, spec.EMBEDDER_MODEL)
     assert floats["usage"] == {"prompt_tokens": 3, "total_tokens": 3}
     decoded = np.frombuffer(base64.b64decode(packed["data"][0]["embedding"]), dtype="<f4")
     assert np.array_equal(decoded, vector) and np.array_equal(np.array(floats["data"][0]["embedding"], np.float32), vector)
+
+
+class NarrowEmbedder:
+    """Node 0's own worker with a 384-d embedder (EMBEDDER_MODEL is a setting: its dimension is the model's)."""
+
+    def __init__(self, dim: int = 384):
+        self.stages = type("Stages", (), {"embedder": type("Embedder", (), {"dim": dim})()})()
+
+    def embed(self, texts, deadline):
+        return [np.full(self.stages.embedder.dim, 0.25, dtype=np.float32) for _ in texts]
+
+
+def test_embeddings_and_models_name_the_configured_embedder_and_its_own_dimension():
+    role, client = query_app([], EMBEDDER_MODEL="acme/embed-small")
+    role.worker_role.worker.set(NarrowEmbedder())  # type: ignore[arg-type]
+    ids = [m["id"] for m in client.get("/v1/models").get_json()["data"]]
+    assert ids == [MODEL, "acme/embed-small", spec.RERANKER_MODEL, spec.TOXICITY_MODEL]
+    assert client.get("/v1/models/acme/embed-small").status_code == 200
+    assert client.get(f"/v1/models/{spec.EMBEDDER_MODEL}").status_code == 404
+    body = {"model": "acme/embed-small", "input": ["a", "b"]}
+    reply = client.post("/v1/embeddings", json=body).get_json()
+    assert reply["model"] == "acme/embed-small" and [len(d["embedding"]) for d in reply["data"]] == [384, 384]
+    assert client.post("/v1/embeddings", json={**body, "dimensions": 384}).status_code == 200
+    refused = client.post("/v1/embeddings", json={**body, "dimensions": spec.EMBED_DIM}).get_json()["error"]
+    assert refused["param"] == "dimensions" and "384" in refused["message"]
+    other = client.post("/v1/embeddings", json={**body, "model": spec.EMBEDDER_MODEL})
+    assert other.status_code == 404 and "acme/embed-small" in other.get_json()["error"]["message"]

@@ -24,9 +24,10 @@ from pipeline.vector_index import VectorIndex
 from services.roles.versioned_data import VersionedData
 from services.roles.worker.request_path import Worker
 from services.roles.worker.role import worker_config
+from services.server.answer import AnswerPiece, FinalAnswer
 from services.server.answer_request import AnswerRequest
 from services.server.deadline import Deadline
-from services.server.stream_response import collect
+from services.server.stream_response import collect as collect_answer
 from tests.helpers import TEST_ENV, data_env
 
 
@@ -42,6 +43,11 @@ class InProcessIndex:
 
     def close(self) -> None:
         pass
+
+
+def collect(events) -> dict:
+    """The final answer of a worker's stream, as JSON."""
+    return collect_answer(events).wire()
 
 
 @pytest.fixture
@@ -97,10 +103,10 @@ QUERY = "How do I return an item?"
 
 
 def answer(worker, request: AnswerRequest) -> tuple[str, dict]:
-    """The streamed pieces joined, and the reply."""
+    """The streamed pieces' text joined, and the final answer as JSON."""
     events = list(worker.answer(request, Deadline.after(120)))
-    assert all(isinstance(e, str) for e in events[:-1]) and isinstance(events[-1], dict)
-    return "".join(events[:-1]), events[-1]
+    assert all(isinstance(e, AnswerPiece) for e in events[:-1]) and isinstance(events[-1], FinalAnswer)
+    return "".join(e.text for e in events[:-1]), events[-1].wire()
 
 
 def greedy_ids(reference, generator, query: str, new: int) -> tuple[tuple, list[int]]:
@@ -234,7 +240,7 @@ def test_the_concurrency_gauge_counts_a_request_from_its_arrival_to_its_answers_
     first = next(stream)  # the first piece: the request is in the generate stage now
     assert first and gauge() == 1
     rest = list(stream)
-    assert isinstance(rest[-1], dict) and gauge() == 0
+    assert isinstance(rest[-1], FinalAnswer) and gauge() == 0
     closed_early = worker.answer(AnswerRequest("held-2", "Where is my order?", max_new_tokens=4), Deadline.after(120))
     next(closed_early)
     closed_early.close()  # a caller gone early: no longer held

@@ -26,7 +26,7 @@ ALICE, BOB = "sha256:" + "a" * 64, "sha256:" + "b" * 64
 
 
 def ask(gw, caller: str | None, request_id: str, query: str, **fields) -> dict:
-    return collect(gw.answer(AnswerRequest(request_id, query, caller=caller, **fields), Deadline.after(10)))
+    return collect(gw.answer(AnswerRequest(request_id, query, caller=caller, **fields), Deadline.after(10))).wire()
 
 
 # ---------------------------------------------------------------- the request object and the keys

@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.config import HttpServerConfig
 from services.server import completion
+from services.server.answer import AnswerPiece, FinalAnswer
 from services.server.app import make_app
 from services.server.edge import install_completion_log
 from services.server.errors import Overloaded
@@ -82,10 +83,10 @@ def clock(monkeypatch) -> Clock:
 
 def test_a_ten_second_stream_records_ten_seconds_once_when_it_ends(clock):
     def events():
-        yield "piece"
+        yield AnswerPiece("piece")
         clock.now += 10.0  # the rest of the answer takes ten seconds
-        yield "more"
-        yield {"request_id": "s", "generated_response": "piecemore"}
+        yield AnswerPiece("more")
+        yield FinalAnswer("s", "piecemore", "neutral", "false")
 
     app, metrics = stream_app(events)
     response = app.test_client().post("/stream", buffered=False)
@@ -103,7 +104,7 @@ def test_a_ten_second_stream_records_ten_seconds_once_when_it_ends(clock):
                                            (RuntimeError("a bug"), "500")])
 def test_a_stream_ending_in_an_error_event_is_counted_with_its_status(clock, caplog, error, status):
     def events():
-        yield "piece"
+        yield AnswerPiece("piece")
         clock.now += 2.0
         raise error
 
@@ -139,10 +140,10 @@ def test_a_reader_that_leaves_mid_stream_is_counted_once_as_499_over_real_http()
 
     def events():
         try:
-            yield "piece"
+            yield AnswerPiece("piece")
             left.wait(20)
             while True:  # writes until the server finds the reader gone and closes the stream
-                yield "x" * 65536
+                yield AnswerPiece("x" * 65536)
         finally:
             ended.set()
 

@@ -58,7 +58,8 @@ def test_the_tokenizer_encodes_a_call_with_the_added_tokens(hf_tokenizer, tokens
 def test_a_generated_call_becomes_a_tool_call_and_no_text(hf_tokenizer, tokens):
     output, pieces = run(tokens, [*generated(hf_tokenizer, call_text(CALL)), EOS])
     completion = output.completion()
-    assert completion.tool_calls == (ToolCall("get_order_status", json.dumps(CALL["arguments"], ensure_ascii=False)),)
+    # Its arguments as the model wrote them (a stream's pieces join to them).
+    assert completion.tool_calls == (ToolCall("get_order_status", json.dumps(CALL["arguments"])),)
     assert json.loads(completion.tool_calls[0].arguments) == CALL["arguments"]
     assert completion.text == "" and not any(pieces)
     assert completion.finish_reason == "tool_calls"
@@ -71,6 +72,44 @@ def test_text_before_and_two_calls_stream_only_the_text(hf_tokenizer, tokens):
     assert "".join(pieces) == output.text == "Let me check.\n\n"
     assert [call.name for call in output.tool_calls] == ["get_order_status", "refund"]
     assert output.finish_reason == "tool_calls"
+
+
+def deltas_of(tokens, ids, finish=Finish.EOS, max_calls=None) -> tuple[OutputProcessor, list[list]]:
+    """The processor fed `ids`, and the call deltas it had ready after each token (and after finish)."""
+    output = OutputProcessor(tokens, tool_calls=tokens.tool_call_tokens, max_calls=max_calls)
+    taken = []
+    for i in ids:
+        output.push(i)
+        taken.append(output.take_call_deltas())
+    output.finish(finish)
+    taken.append(output.take_call_deltas())
+    return output, taken
+
+
+def test_a_calls_name_then_its_arguments_come_as_deltas_while_it_is_generated(hf_tokenizer, tokens):
+    other = {"name": "refund", "arguments": {"amount": 3, "items": [{"sku": "a}b\\\"c"}]}}
+    ids = generated(hf_tokenizer, f"Let me check.\n{call_text(CALL)}\n{call_text(other)}")
+    output, taken = deltas_of(tokens, [*ids, EOS])
+    flat = [delta for deltas in taken for delta in deltas]
+    for index, call in enumerate(output.tool_calls):
+        mine = [delta for delta in flat if delta.index == index]
+        assert mine[0].name == call.name and all(delta.name is None for delta in mine[1:])
+        assert "".join(delta.arguments for delta in mine) == call.arguments  # the pieces join to the arguments
+        assert len(mine) > 3  # in pieces, not whole
+    closes = [at for at, i in enumerate(ids) if i == tokens.tool_call_tokens.close_id]
+    first_args = [at for at, deltas in enumerate(taken) if any(d.index == 0 and d.arguments for d in deltas)]
+    assert first_args[0] < closes[0] - 3  # arguments streamed well before the call closes
+    assert json.loads(output.tool_calls[1].arguments) == other["arguments"]
+
+
+def test_a_call_in_another_order_comes_whole_when_it_closes(hf_tokenizer, tokens):
+    ids = generated(hf_tokenizer, '<tool_call>\n{"arguments": {"order_id": "A1"}, "name": "get_order_status"}\n</tool_call>')
+    output, taken = deltas_of(tokens, [*ids, EOS])
+    *before, at_close, at_eos, at_finish = taken
+    assert not any(before) and not at_eos and not at_finish  # nothing until it closes, then all of it
+    (delta,) = at_close
+    assert (delta.index, delta.name, json.loads(delta.arguments)) == (0, "get_order_status", {"order_id": "A1"})
+    assert delta.arguments == output.tool_calls[0].arguments
 
 
 def test_without_tools_offered_a_call_is_text(hf_tokenizer, tokens):

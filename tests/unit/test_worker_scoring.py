@@ -12,10 +12,15 @@ from pipeline import spec
 from pipeline.spec import Stage
 from services.server.answer_request import AnswerRequest
 from services.server.deadline import Deadline
-from services.server.stream_response import collect
+from services.server.stream_response import collect as collect_answer
 from tests.unit.test_request_path import QUERY, worker  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.timeout(600)
+
+
+def collect(events) -> dict:
+    """The final answer of a worker's stream, as JSON."""
+    return collect_answer(events).wire()
 
 
 def test_rerank_gives_each_documents_score_in_the_documents_order_through_the_rerank_stage(worker, reranker):  # noqa: F811
@@ -50,3 +55,15 @@ def test_an_answers_log_probabilities_are_the_same_alone_and_among_7_others(work
     with ThreadPoolExecutor(len(others)) as pool:
         replies = list(pool.map(lambda request: collect(worker.answer(request, Deadline.after(300))), others))
     assert replies[0]["logprobs"] == content and replies[0]["generated_response"] == alone["generated_response"]
+
+
+def test_a_streamed_answers_pieces_carry_the_log_probabilities_of_their_own_tokens(worker):  # noqa: F811
+    from services.server.answer import AnswerPiece, FinalAnswer
+    events = list(worker.answer(AnswerRequest("lp-pieces", QUERY, max_new_tokens=12, logprobs=2), Deadline.after(300)))
+    *pieces, final = events
+    assert isinstance(final, FinalAnswer) and all(isinstance(p, AnswerPiece) for p in pieces)
+    given = [item for piece in pieces for item in piece.logprobs]
+    assert tuple(given) == final.logprobs and len(given) == final.usage.completion_tokens
+    assert all(piece.logprobs for piece in pieces if piece.text) and len([p for p in pieces if p.text]) > 1
+    plain = list(worker.answer(AnswerRequest("lp-no-pieces", QUERY, max_new_tokens=12), Deadline.after(300)))
+    assert all(not piece.logprobs for piece in plain[:-1]) and plain[-1].logprobs is None

@@ -17,7 +17,7 @@ class EmbeddingRequest(Closed):
     model: str
     input: str | list[str]
     encoding_format: Literal["float", "base64"] | None = None
-    dimensions: Literal[768] | None = None  # spec.EMBED_DIM
+    dimensions: int | None = Field(None, description="the embedder's own dimension only (EMBEDDER_MODEL's)")
     user: Any = Field(None, description=NOT_ACTED_ON)
 
 

@@ -2,16 +2,16 @@
 parser and the gateway. Each route reads its body into one AnswerRequest and gets one answer stream."""
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from services.roles.gateway.gateway import Gateway
 from services.roles.loaded import Loaded
+from services.server.answer import AnswerStream
 from services.server.answer_request import ALL_FIELDS, AnswerRequest, Bounds, read_request
 from services.server.deadline import Deadline
 from services.server.edge import Edge
-from services.server.stream_response import AnswerStream
 
 
 @dataclass(frozen=True)
@@ -28,3 +28,8 @@ class Front:
     def answer(self, request: AnswerRequest) -> Callable[[Deadline], AnswerStream]:
         """The request's answer stream through the gateway, by the deadline the edge gives it."""
         return lambda deadline: self.gateway.require().answer(request, deadline)
+
+    def choices(self, requests: Sequence[AnswerRequest], combine: Callable[[list[Callable[[], AnswerStream]]],
+                                                                           AnswerStream]) -> Callable[[Deadline], AnswerStream]:
+        """n choices' answer streams on one admission slot, combined as `combine` says (merged or collected)."""
+        return lambda deadline: self.gateway.require().choices(requests, deadline, combine)

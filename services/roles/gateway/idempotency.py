@@ -20,10 +20,11 @@ from collections.abc import Callable
 
 from services.roles.caches import LruCache, ResponseCache
 from services.roles.single_flight import Entry, Flight, SingleFlight
+from services.server.answer import AnswerStream, FinalAnswer
 from services.server.answer_request import AnswerRequest
 from services.server.deadline import Deadline
 from services.server.errors import Overloaded, RequestIdConflict, RequestTimeout, ServiceClosed
-from services.server.stream_response import AnswerStream, relay, replay
+from services.server.stream_response import relay, replay
 
 # Retry-After bounds for a full gateway: no hammering, and no minutes-long hint from a slow average.
 MIN_RETRY_AFTER_S, MAX_RETRY_AFTER_S = 1.0, 30.0
@@ -62,30 +63,49 @@ class Idempotency:
         self._lock = threading.Lock()
         self._latency_ema_s = 0.0  # of successful computations, for the Retry-After hint
         self._rejected = self._rejected_joiners = self._conflicts = 0
+        self._riders = 0  # computations in flight on a slot their request holds (n choices): not counted again
 
-    def answer(self, request: AnswerRequest, deadline: Deadline,
-               compute: Callable[[Deadline], AnswerStream]) -> AnswerStream:
+    def answer(self, request: AnswerRequest, deadline: Deadline, compute: Callable[[Deadline], AnswerStream], *,
+               admitted: bool = False) -> AnswerStream:
         """The id's answer stream: a completed or joined reply replayed, else `compute(deadline)`'s
-        events as they come; its reply is then the id's, its failure its joiners' too (not kept)."""
+        events as they come; its reply is then the id's, its failure its joiners' too (not kept).
+        `admitted`: it computes on a slot its request holds already (`admitted`, one per n choices)."""
         started = time.monotonic()
         request_id, digest = request.request_id, request_digest(request)
         key = scoped_id(request)
-        entry = self.flights.enter(
-            key, meta=digest, lookup=lambda: self._completed_reply(key, digest),
-            admit_joiner=lambda flight, joining: self._admit_joiner(request_id, digest, flight, joining),
-            admit_leader=lambda in_flight: self._admit_leader(request, digest, in_flight))
-        if not entry.leads:
-            yield from replay(self._known_or_joined(entry, deadline))
-            return
+        riding = [admitted]  # counted in _riders until its flight is about to end (or it leads none)
 
-        def failed(exc: BaseException) -> None:
-            self.flights.fail(entry.held, exc if isinstance(exc, Exception) else
-                              ServiceClosed(f"the caller streaming request_id {request_id!r} left before its answer"))
+        def alight() -> None:
+            with self._lock:
+                self._riders -= riding[0]
+            riding[0] = False
 
-        yield from relay(lambda: compute(deadline), failed=failed,
-                         landed=lambda reply: self._land(entry, key, digest, reply, started))
+        with self._lock:
+            self._riders += admitted  # before its flight exists: an admission meanwhile does not count it
+        try:
+            entry = self.flights.enter(
+                key, meta=digest, lookup=lambda: self._completed_reply(key, digest),
+                admit_joiner=lambda flight, joining: self._admit_joiner(request_id, digest, flight, joining),
+                admit_leader=lambda in_flight: self._admit_leader(request, digest, in_flight, admitted))
+            if not entry.leads:
+                alight()
+                yield from replay(self._known_or_joined(entry, deadline))
+                return
 
-    def _known_or_joined(self, entry: Entry, deadline: float) -> dict:
+            def failed(exc: BaseException) -> None:
+                alight()
+                self.flights.fail(entry.held, exc if isinstance(exc, Exception) else
+                                  ServiceClosed(f"the caller streaming request_id {request_id!r} left before its answer"))
+
+            def landed(reply: FinalAnswer) -> None:
+                alight()
+                self._land(entry, key, digest, reply, started)
+
+            yield from relay(lambda: compute(deadline), failed=failed, landed=landed)
+        finally:
+            alight()
+
+    def _known_or_joined(self, entry: Entry, deadline: float) -> FinalAnswer:
         """A reply already known, or the one of the computation joined (the same id and query)."""
         if entry.value is not None:
             return entry.value
@@ -94,10 +114,10 @@ class Idempotency:
         except TimeoutError:  # our wait, or the computation's own timeout
             raise RequestTimeout("request timed out") from None
 
-    def _land(self, entry: Entry, key: ScopedId, digest: str, reply: dict, started: float) -> None:
+    def _land(self, entry: Entry, key: ScopedId, digest: str, reply: FinalAnswer, started: float) -> None:
         """Cache a successful reply (never a failure), then hand it to the joiners."""
         now = time.monotonic()
-        if not reply.get("cached"):  # a reply-cache hit says nothing about how long a computation takes
+        if not reply.cached:  # a reply-cache hit says nothing about how long a computation takes
             with self._lock:
                 self._latency_ema_s = 0.8 * self._latency_ema_s + 0.2 * (now - started) if self._latency_ema_s \
                     else now - started
@@ -106,7 +126,7 @@ class Idempotency:
 
     # ------------------------------------------------------------------ the rules, run under the flights' lock
 
-    def _completed_reply(self, key: ScopedId, digest: str) -> dict | None:
+    def _completed_reply(self, key: ScopedId, digest: str) -> FinalAnswer | None:
         """A recently completed reply for this caller's id; expired entries are dropped on the way."""
         self.completed.purge_expired()
         entry = self.completed.get(key)
@@ -136,30 +156,35 @@ class Idempotency:
         raise Overloaded(f"too many callers waiting on a request_id in flight ({limit})",
                          retry_after_s=self._retry_after_s(time.monotonic() - flight.started))
 
-    def _admit_leader(self, request: AnswerRequest, digest: str, in_flight: int) -> dict | None:
-        """A reply-cache hit (now the id's answer: it takes no capacity), else a free slot or a refusal.
-        The reply cache holds only the question's own answer (greedy, uncapped, no stop strings)."""
+    def _admit_leader(self, request: AnswerRequest, digest: str, in_flight: int, admitted: bool) -> FinalAnswer | None:
+        """A reply-cache hit (now the id's answer: it takes no capacity), else a free slot (or the one
+        its request holds: `admitted`) or a refusal. The reply cache holds only the question's own
+        answer (greedy, uncapped, no stop strings)."""
         cache = self.response_cache
         hit = cache.get(request.request_id, request.query, caller=request.caller,
                         conversation=request.conversation_key) \
             if cache is not None and request.is_the_questions_answer else None
         if hit is not None:
-            self.completed.put(scoped_id(request), (digest, hit))
-            return hit
-        self._admit(in_flight)
+            answer = FinalAnswer.from_wire(hit)  # the cache holds its JSON
+            self.completed.put(scoped_id(request), (digest, answer))
+            return answer
+        if not admitted:
+            self._admit(in_flight)
         return None
 
     def _admit(self, in_flight: int) -> None:
-        """A free slot, or a refusal at once."""
-        if in_flight >= self.max_in_flight:
+        """A free slot, or a refusal at once (the flights riding on their request's slot do not count)."""
+        with self._lock:
+            riders = self._riders
+        if in_flight - riders >= self.max_in_flight:
             with self._lock:
                 self._rejected += 1
             raise Overloaded(f"the gateway is at capacity ({self.max_in_flight} requests in flight)",
                              retry_after_s=self._retry_after_s())
 
     def admitted(self, open_stream: Callable[[], AnswerStream]) -> AnswerStream:
-        """Work with no request_id (an embeddings request) under the same capacity: it holds one of the
-        max_in_flight slots while it runs, and is refused at once when none is free."""
+        """Work with no request_id of its own (an embeddings request, n choices) under the same capacity:
+        it holds one of the max_in_flight slots while it runs, and is refused at once when none is free."""
         entry = self.flights.enter(object(), admit_leader=self._admit)  # a key of its own: never joined
         yield from relay(open_stream, landed=lambda reply: self.flights.finish(entry.held, None),
                          failed=lambda exc: self.flights.fail(entry.held, exc))

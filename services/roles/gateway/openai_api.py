@@ -16,37 +16,30 @@ into a `V1Request`, or raise an ApiError naming the field. What is refused, neve
   client's instructions, added after the service's system prompt, never in its place (one that is
   exactly the contract's system prompt adds nothing). /v1/completions' `prompt` is the question.
 - Tools (openai_tools.py): `tools` are rendered by Qwen2.5's chat template as `tool_choice` says, and
-  the model's calls come back as `tool_calls` (`finish_reason` "tool_calls"), streamed as deltas.
+  the model's calls come back as `tool_calls` (`finish_reason` "tool_calls"), streamed as deltas: each
+  call's name, then its arguments in pieces as the model writes them.
 - The decoding fields (temperature, top_p, top_k, seed, stop) pass on to the service's own rules
   (services/server/answer_request.py); `max_tokens` is clamped to OPENAI_MAX_TOKENS_CAP.
 
-Replies and stream chunks carry the sentiment and toxicity in an extra top-level `rag` field that
-OpenAI clients ignore, and a sampled answer's seed in a `seed` field.
+The response objects: openai_responses.py.
 """
 from __future__ import annotations
 
 import dataclasses
-import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.continuous.output import FINISH_REASONS, FinishReason
 from services.roles.gateway.openai_choices import read_n
 from services.roles.gateway.openai_logprobs import (
-    chat_choice_logprobs,
     chat_logprobs,
-    text_choice_logprobs,
     text_logprobs,
 )
 from services.roles.gateway.openai_messages import chat_conversation
-from services.roles.gateway.openai_tools import message_tool_calls, shown_tools, tool_call_deltas
+from services.roles.gateway.openai_tools import shown_tools
 from services.server.errors import ApiError
 from services.server.fields import FieldRules
 
-DONE = "[DONE]"  # the data of the last event of a stream
-RAG_FIELDS = ("sentiment", "is_toxic", "request_id")  # what the extra `rag` field holds
-HISTORY_DROPPED = "history_turns_dropped"  # the reply's count of turns left out, in `usage`
 # The decoding fields the service's own rules read (services/server/answer_request.py).
 SAMPLING = ("temperature", "top_p", "top_k", "seed", "stop")
 _PENALTY = "the model's own repetition penalty (its generation config) applies to every answer"
@@ -203,130 +196,3 @@ def _prompt(prompt: object) -> str:
         raise _invalid("'prompt' must be a string (one question; token arrays and several prompts are not "
                        "supported)", "prompt", "unsupported_value")
     return prompt
-
-
-# ---------------------------------------------------------------- responses
-
-def completion_id(prefix: str = "chatcmpl") -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
-
-
-def reply_usage(reply: Mapping[str, Any]) -> dict[str, int]:
-    """The usage of the service's reply; with a history, how many of its oldest turns the prompt left
-    out (`history_turns_dropped`, an extension field)."""
-    dropped = {HISTORY_DROPPED: reply[HISTORY_DROPPED]} if HISTORY_DROPPED in reply else {}
-    return {**usage(*usage_counts(reply)), **dropped}
-
-
-def rag_fields(extra: Mapping[str, Any]) -> dict[str, Any]:
-    """The extra `rag` field: sentiment, is_toxic and request_id from the service's reply."""
-    # The data version that answered (services/roles/worker/request_path.py), where the reply names one.
-    return {key: extra[key] for key in (*RAG_FIELDS, "data_version") if key in extra or key in RAG_FIELDS}
-
-
-def completion(id: str, created: int, model: str, text: str, extra: Mapping[str, Any], *,
-               finish_reason: FinishReason = "stop") -> dict[str, Any]:
-    """A `chat.completion` object; `extra` is the service's reply (its usage, its tool calls, and its
-    RAG_FIELDS in `rag`). With tool calls, a text of only whitespace is no content (null), as OpenAI's."""
-    _check_finish_reason(finish_reason)
-    calls = message_tool_calls(extra.get("tool_calls") or ())
-    message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
-    if calls:
-        message = {**message, "content": text if text.strip() else None, "tool_calls": calls}
-    return {
-        "id": id, "object": "chat.completion", "created": created, "model": model,
-        "choices": [{"index": 0, "message": message, "logprobs": chat_choice_logprobs(extra),
-                     "finish_reason": finish_reason}],
-        "usage": reply_usage(extra),
-        "rag": rag_fields(extra),
-    }
-
-
-def text_completion(id: str, created: int, model: str, reply: Mapping[str, Any]) -> dict[str, Any]:
-    """A `text_completion` object of the service's reply."""
-    finish_reason = reply.get("finish_reason", "stop")
-    _check_finish_reason(finish_reason)
-    return {"id": id, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": reply["generated_response"], "logprobs": text_choice_logprobs(reply),
-                         "finish_reason": finish_reason}],
-            "usage": reply_usage(reply), "rag": rag_fields(reply), **seed_field(reply)}
-
-
-def chunk(id: str, created: int, model: str, delta: Mapping[str, Any], finish_reason: FinishReason | None = None,
-          *, include_usage: bool = False, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """A `chat.completion.chunk` with one choice; `usage: null` with include_usage (as OpenAI's); with
-    `extra` (the service's reply: the last choice chunk) its `rag` field and log probabilities."""
-    if finish_reason is not None:
-        _check_finish_reason(finish_reason)
-    obj: dict[str, Any] = {
-        "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-        "choices": [{"index": 0, "delta": dict(delta), "logprobs": None if extra is None else chat_choice_logprobs(extra),
-                     "finish_reason": finish_reason}],
-    }
-    if include_usage:
-        obj["usage"] = None
-    if extra is not None:
-        obj["rag"] = rag_fields(extra)
-    return obj
-
-
-def stream_chunks(id: str, created: int, model: str, events: Iterable[str | dict], *,
-                  include_usage: bool = False) -> Iterator[dict[str, Any]]:
-    """An answer stream (text pieces, then the service's reply) as chunks: the assistant's role and
-    empty content, one per piece, one per tool call the model made (its whole call in one delta:
-    index, id, type, name and arguments), the last choice chunk (an empty delta, why the answer ended,
-    the `rag` field and a sampled answer's `seed`), then with include_usage one with no choices and the usage."""
-    yield chunk(id, created, model, {"role": "assistant", "content": ""}, include_usage=include_usage)
-    for event in events:
-        if isinstance(event, str):
-            yield chunk(id, created, model, {"content": event}, include_usage=include_usage)
-            continue
-        for delta in tool_call_deltas(event.get("tool_calls") or ()):
-            yield chunk(id, created, model, {"tool_calls": [delta]}, include_usage=include_usage)
-        yield {**chunk(id, created, model, {}, event.get("finish_reason", "stop"), include_usage=include_usage,
-                       extra=event), **seed_field(event)}
-        if include_usage:
-            yield {"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [],
-                   "usage": reply_usage(event)}
-
-
-def text_chunks(id: str, created: int, model: str, events: Iterable[str | dict], *,
-                include_usage: bool = False) -> Iterator[dict[str, Any]]:
-    """An answer stream as `text_completion` chunks: one per piece, the last with why the answer
-    ended (and the `rag` and `seed` fields), then with include_usage one with no choices and the usage."""
-    def text_chunk(text: str, finish_reason: str | None, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
-        obj = {"id": id, "object": "text_completion", "created": created, "model": model,
-               "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}]}
-        return {**obj, "usage": None} if include_usage else obj
-
-    for event in events:
-        if isinstance(event, str):
-            yield text_chunk(event, None)
-            continue
-        reason = event.get("finish_reason", "stop")
-        _check_finish_reason(reason)
-        yield {**text_chunk("", reason, text_choice_logprobs(event)), "rag": rag_fields(event), **seed_field(event)}
-        if include_usage:
-            yield {"id": id, "object": "text_completion", "created": created, "model": model, "choices": [],
-                   "usage": reply_usage(event)}
-
-
-def usage_counts(reply: Mapping[str, Any]) -> tuple[int, int]:
-    """The prompt and completion tokens of the service's reply."""
-    counts = reply.get("usage") or {}
-    return int(counts.get("prompt_tokens", 0)), int(counts.get("completion_tokens", 0))
-
-
-def seed_field(reply: Mapping[str, Any]) -> dict[str, Any]:
-    """The `seed` extension field of a sampled answer: the seed that gives it again."""
-    return {"seed": reply["seed"]} if "seed" in reply else {}
-
-
-def _check_finish_reason(reason: str) -> None:
-    if reason not in FINISH_REASONS:
-        raise ValueError(f"finish_reason is one of {', '.join(FINISH_REASONS)}, got {reason!r}")

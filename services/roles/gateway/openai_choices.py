@@ -1,7 +1,8 @@
 """`n` > 1 on /v1/chat/completions and /v1/completions: n answers to one request.
 
-Each choice is an AnswerRequest of its own through the gateway (its own admission slot, its own
-engine slot, request id `<id>-<i>`), all run at once, each on a thread of its own. A sampled
+Each choice is an AnswerRequest of its own through the gateway (its own engine slot, request id
+`<id>-<i>`), all run at once, each on a thread of its own, on one admission slot of the gateway's
+(a full gateway refuses the request once, whole, as vLLM admits n; MAX_N bounds the work). A sampled
 request's choice i decodes with seed + i (the request's `seed`, or one drawn here for them all, and
 returned as the reply's `seed`), so choice 0 is the answer n = 1 gets and any choice is reproduced
 alone by asking for its seed; a greedy request's choices are the one greedy answer n times. A choice
@@ -20,9 +21,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from pipeline.sampling_params import MAX_SEED
+from services.server.answer import AnswerStream, Choice, Choices, FinalAnswer, Usage
 from services.server.answer_request import AnswerRequest
 from services.server.errors import ApiError
-from services.server.stream_response import AnswerStream, close
+from services.server.stream_response import close
 
 MAX_N = 8  # choices a request may ask for: each is a whole answer's work
 _END = object()
@@ -48,7 +50,7 @@ def _wrapped(seed: int) -> int:
     return (seed + MAX_SEED + 1) % (2 * (MAX_SEED + 1)) - MAX_SEED - 1
 
 
-def merged(streams: Sequence[Callable[[], AnswerStream]]) -> Iterator[tuple[int, str | dict]]:
+def merged(streams: Sequence[Callable[[], AnswerStream]]) -> Iterator[Choice]:
     """Each choice's events as they come, with its index; a choice's error is raised here (the others
     then end at their next event). Closing it early ends them the same way."""
     events: queue.Queue = queue.Queue()
@@ -81,45 +83,43 @@ def merged(streams: Sequence[Callable[[], AnswerStream]]) -> Iterator[tuple[int,
             if event is _END:
                 ended += 1
                 continue
-            yield i, event
+            yield Choice(i, event)
     finally:
         stop.set()
 
 
 def collected(streams: Sequence[Callable[[], AnswerStream]]) -> AnswerStream:
-    """The choices run at once, as one reply: {"choices": [each choice's reply], "served_by"}."""
-    replies: dict[int, dict] = {}
-    for i, event in merged(streams):
-        if isinstance(event, dict):
-            replies[i] = event
+    """The choices run at once, as one answer: each choice's final answer, in order."""
+    replies: dict[int, FinalAnswer] = {}
+    for choice in merged(streams):
+        if isinstance(choice.event, FinalAnswer):
+            replies[choice.index] = choice.event
     if len(replies) != len(streams):
-        raise RuntimeError("a choice's answer stream ended without its reply")
-    yield {"choices": [replies[i] for i in range(len(streams))], "served_by": replies[0].get("served_by")}
+        raise RuntimeError("a choice's answer stream ended without its final answer")
+    yield Choices(tuple(replies[i] for i in range(len(streams))))
 
 
-def summed_usage(replies: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The choices' replies as one reply's usage: the prompt's tokens once (one prompt), the choices'
-    completion tokens summed, as OpenAI and vLLM count them."""
-    counts = [reply.get("usage") or {} for reply in replies]
-    return {**replies[0], "usage": {"prompt_tokens": int(counts[0].get("prompt_tokens", 0)),
-                                    "completion_tokens": sum(int(c.get("completion_tokens", 0)) for c in counts)}}
+def summed_usage(answers: Sequence[FinalAnswer]) -> FinalAnswer:
+    """The choices' answers as one answer's usage (choice 0's otherwise): the prompt's tokens once (one
+    prompt), the choices' completion tokens summed, as OpenAI and vLLM count them."""
+    counts = [answer.usage or Usage(0, 0) for answer in answers]
+    return dataclasses.replace(answers[0], usage=Usage(counts[0].prompt_tokens,
+                                                       sum(c.completion_tokens for c in counts)))
 
 
-def choice_chunks(events: Iterator[Any], n: int, opening: Callable[[], list[dict]],
-                  chunks_of: Callable[[str | dict], list[dict]], usage_chunk: Callable[[dict], dict] | None
-                  ) -> Iterator[dict]:
-    """A merged stream ((index, event) pairs, where the edge passes an answer stream) as one stream's chunks: each choice's opening chunks, then each event's chunks
-    (`chunks_of`, one choice's) with its choice's index, then with include_usage (`usage_chunk`) one
-    chunk of the summed usage."""
-    for i in range(n):
-        yield from (indexed(obj, i) for obj in opening())
-    replies: dict[int, dict] = {}
-    for i, event in events:
-        if isinstance(event, dict):
-            replies[i] = event
-        yield from (indexed(obj, i) for obj in chunks_of(event))
-    if usage_chunk is not None and len(replies) == n:
-        yield usage_chunk(summed_usage([replies[i] for i in range(n)]))
+def choice_chunks(events: Iterator[Any], streams: Sequence[Any]) -> Iterator[dict]:
+    """A merged stream (`Choice`s, where the edge passes an answer stream) as one stream's chunks, each
+    choice's by its own chunk writer (`streams`, openai_responses' ChatChunks or TextChunks) with its index:
+    each choice's opening chunks, then each event's, then with include_usage one chunk of the summed usage."""
+    for i, stream in enumerate(streams):
+        yield from (indexed(obj, i) for obj in stream.opening())
+    replies: dict[int, FinalAnswer] = {}
+    for choice in events:
+        if isinstance(choice.event, FinalAnswer):
+            replies[choice.index] = choice.event
+        yield from (indexed(obj, choice.index) for obj in streams[choice.index].of(choice.event))
+    if streams[0].include_usage and len(replies) == len(streams):
+        yield streams[0].usage(summed_usage([replies[i] for i in range(len(streams))]))
 
 
 def indexed(obj: dict[str, Any], i: int) -> dict[str, Any]:

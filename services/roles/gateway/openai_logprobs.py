@@ -5,13 +5,14 @@ the engine from its own logits, pipeline/continuous/sampling.py) in each route's
 A chat asks with `logprobs: true` and `top_logprobs` (0 to 20 alternatives per token; only with
 `logprobs` true, as OpenAI's); a completion with `logprobs` (0 to 20, as vLLM; OpenAI's legacy
 route allows 5). A chat's choice gets `{"content": [...], "refusal": null}`; a completion's the
-legacy `{"tokens", "token_logprobs", "top_logprobs", "text_offset"}`. A stream carries them all in
-its last choice chunk (the one with `finish_reason`): its text pieces are cut by the detokenizer and
-the stop strings, not by tokens.
+legacy `{"tokens", "token_logprobs", "top_logprobs", "text_offset"}`. A stream carries them chunk by
+chunk, each with the tokens its piece of text came from (the pieces are cut by the detokenizer and
+the stop strings: a piece may hold several tokens; the tokens that gave no text, a stop string's or
+an end-of-sequence token, come with the last choice chunk).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pipeline.sampling_params import MAX_TOP_LOGPROBS
@@ -42,18 +43,17 @@ def text_logprobs(fields: Mapping[str, Any]) -> int | None:
     return None if value is None else _count(value, "logprobs")
 
 
-def chat_choice_logprobs(reply: Mapping[str, Any]) -> dict[str, Any] | None:
-    """A chat choice's `logprobs`: null where none were asked for."""
-    return {"content": list(reply[FIELD]), "refusal": None} if FIELD in reply else None
+def chat_choice_logprobs(content: Sequence[dict[str, Any]] | None) -> dict[str, Any] | None:
+    """A chat choice's (or chunk's) `logprobs` of these tokens (OpenAI's content items): null where none."""
+    return {"content": list(content), "refusal": None} if content is not None else None
 
 
-def text_choice_logprobs(reply: Mapping[str, Any]) -> dict[str, Any] | None:
-    """A completion choice's legacy `logprobs`: the tokens, their log probabilities, each one's
-    alternatives by text, and where each token starts in the text."""
-    if FIELD not in reply:
+def text_choice_logprobs(content: Sequence[dict[str, Any]] | None, offset: int = 0) -> dict[str, Any] | None:
+    """A completion choice's (or chunk's) legacy `logprobs`: the tokens, their log probabilities, each
+    one's alternatives by text, and where each token starts in the text (the first at `offset`)."""
+    if content is None:
         return None
-    content = reply[FIELD]
-    offsets, at = [], 0
+    offsets, at = [], offset
     for item in content:
         offsets.append(at)
         at += len(item["token"])

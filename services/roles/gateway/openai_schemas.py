@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pipeline.continuous.output import FinishReason
+
 NOT_ACTED_ON = "accepted, logged by name and not acted on: it cannot change the answer"
 SEED = "a sampled request without one gets a drawn seed, returned in the response's seed field"
 MAX_TOKENS = "clamped to OPENAI_MAX_TOKENS_CAP; absent: 128"
@@ -192,14 +194,15 @@ class Usage(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"]
     content: str | None = Field(description="null with tool_calls and no other text")
+    refusal: None = None
     tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
-    """streamed, each tool call is one delta (delta.tool_calls: [{index, id, type, function}]) before the last chunk"""
+    """streamed, a tool call is deltas: its index, id, type and name first, then its arguments in pieces"""
     index: int
     message: AssistantMessage
-    finish_reason: Literal["stop", "length", "tool_calls"]
+    finish_reason: FinishReason
     logprobs: dict[str, Any] | None = None
 
 
@@ -236,21 +239,30 @@ class TextCompletion(BaseModel):
 
 # ---------------------------------------------------------------- streamed chunks (text/event-stream, closed by data: [DONE])
 
-class ToolCallDelta(ToolCall):
+class ToolCallFunctionDelta(BaseModel):
+    name: str | None = Field(None, description="on the call's first delta")
+    arguments: str | None = Field(None, description="the next characters of its arguments (JSON text)")
+
+
+class ToolCallDelta(BaseModel):
+    """a call as it is generated: its index, id, type and name first, then its arguments in pieces"""
     index: int
+    id: str | None = Field(None, description="on the call's first delta: call_ and 24 hex digits")
+    type: Literal["function"] | None = None
+    function: ToolCallFunctionDelta
 
 
 class ChunkDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
-    tool_calls: list[ToolCallDelta] | None = Field(None, description="one call whole per delta")
+    tool_calls: list[ToolCallDelta] | None = Field(None, description="each call's name, then its arguments in pieces")
 
 
 class ChatChunkChoice(BaseModel):
     index: int
     delta: ChunkDelta
     logprobs: dict[str, Any] | None
-    finish_reason: Literal["stop", "length", "tool_calls"] | None
+    finish_reason: FinishReason | None
 
 
 class ChatCompletionChunk(BaseModel):

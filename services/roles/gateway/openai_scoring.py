@@ -39,6 +39,7 @@ from services.roles.gateway.front import Front
 from services.roles.worker.request_path import Worker
 from services.roles.worker.stage_clock import collect_stage_times
 from services.server import completion
+from services.server.answer import Computed
 from services.server.answer_request import Bounds, check_text
 from services.server.deadline import Deadline
 from services.server.edge import Call
@@ -60,10 +61,9 @@ def register_openai_scoring(app: Flask, front: Front, worker: Callable[[], Worke
 
         def answer(deadline: Deadline):
             def computed():
-                yield {"scores": _noting_stages(lambda: worker().rerank(query, documents, deadline)),
-                       "served_by": node}
+                yield Computed(_noting_stages(lambda: worker().rerank(query, documents, deadline)), node)
             return front.gateway.require().admitted(computed)
-        return Call(answer, reply=lambda reply: rerank_response(reply["scores"], documents, top_n, return_documents,
+        return Call(answer, reply=lambda reply: rerank_response(reply.value, documents, top_n, return_documents,
                                                                 sum(tokens)))
 
     def moderations(body: dict) -> Call:
@@ -74,9 +74,9 @@ def register_openai_scoring(app: Flask, front: Front, worker: Callable[[], Worke
 
         def answer(deadline: Deadline):
             def computed():
-                yield {"scores": _noting_stages(lambda: worker().moderate(texts, deadline)), "served_by": node}
+                yield Computed(_noting_stages(lambda: worker().moderate(texts, deadline)), node)
             return front.gateway.require().admitted(computed)
-        return Call(answer, reply=lambda reply: moderation_response(reply["scores"]))
+        return Call(answer, reply=lambda reply: moderation_response(reply.value))
 
     front.edge.add(app, "/v1/rerank", rerank)
     front.edge.add(app, "/v1/moderations", moderations)

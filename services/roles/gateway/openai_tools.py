@@ -12,9 +12,10 @@ A call's `id` (`call_` and 24 hex digits) is made here, where the call becomes O
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
+from pipeline.tool_calls import ToolCall
 from services.server.errors import ApiError
 
 
@@ -51,16 +52,11 @@ def _named(tool_choice: object) -> str:
     return name
 
 
-def _call_id() -> str:
+def call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def message_tool_calls(calls: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The reply's calls (name, arguments) as a message's `tool_calls`."""
-    return [{"id": _call_id(), "type": "function",
-             "function": {"name": call["name"], "arguments": call["arguments"]}} for call in calls]
-
-
-def tool_call_deltas(calls: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The reply's calls as stream deltas' `tool_calls` items: each whole, with its index."""
-    return [{"index": i, **call} for i, call in enumerate(message_tool_calls(calls))]
+def message_tool_calls(calls: Sequence[ToolCall]) -> list[dict[str, Any]]:
+    """The answer's calls (name, arguments) as a message's `tool_calls`."""
+    return [{"id": call_id(), "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+            for call in calls]

@@ -13,7 +13,7 @@ from flask import Flask, jsonify
 
 from pipeline.config.sections import ApiSettings
 from services.roles.gateway.front import Front
-from services.roles.gateway.openai_embeddings import register_openai_embeddings
+from services.roles.gateway.openai_embeddings import EmbedderModel, register_openai_embeddings
 from services.roles.gateway.openai_scoring import register_openai_scoring
 from services.roles.gateway.openapi import openapi_document
 from services.roles.worker.role import WorkerRole
@@ -29,7 +29,8 @@ def register_public_api(app: Flask, api: ApiSettings, front: Front, worker: Work
     install_cors(app, api.cors_allowed_origins, is_public)  # first: a preflight is answered before any key check
     if api.api_keys_file is not None:
         install_api_keys(app, ApiKeys.from_file(api.api_keys_file), is_public)
-    register_openai_embeddings(app, front, worker.embed, node)
+    embedder = EmbedderModel(worker.settings.embed.model, lambda: worker.worker.require().stages.embedder.dim)
+    register_openai_embeddings(app, front, worker.embed, embedder, node)
     register_openai_scoring(app, front, lambda: worker.worker.require(), node)
 
     document = openapi_document()  # built at start-up: a model that cannot be described fails here

@@ -34,8 +34,6 @@ LOCAL_SERVING = (Readiness.STARTING, Readiness.READY, Readiness.STOPPING)
 # What /query's body may ask for (a cap on the answer is the /v1 API's; the contract fixes /query's): an
 # optional `history` of earlier turns (pipeline/conversation.py).
 QUERY_FIELDS = ("request_id", "query", "stream", "history")
-# Reply fields only a stream's reply event carries: /query's plain reply is the contract's.
-STREAM_ONLY = ("usage", "finish_reason")
 
 
 class GatewayRole(Role):
@@ -137,7 +135,8 @@ class GatewayRole(Role):
         self.front.edge.add(app, "/query", self.query)
         self.worker_role.register_data_routes(app)  # a rollout switches node 0's own worker too
         api = self.settings.api
-        register_openai_routes(app, self.front, api.default_temperature, api.max_tokens_cap)
+        register_openai_routes(app, self.front, api.default_temperature, api.max_tokens_cap,
+                               embedder_model=self.settings.embed.model)
         register_public_api(app, api, self.front, self.worker_role, self.node)
         register_tokenize_routes(app, self.front, lambda: self.tokenizing())
         register_chat_page(app, api_keys_on=api.api_keys_file is not None)
@@ -149,8 +148,5 @@ class GatewayRole(Role):
         if sse.MEDIA_TYPE in request.headers.get("Accept", ""):
             asked = dataclasses.replace(asked, stream=True)
         log.debug("query request_id=%r", asked.request_id)  # repr: an id cannot forge log lines
-        return Call(self.front.answer(asked), stream=asked.stream, reply=_contract_reply)
-
-
-def _contract_reply(reply: dict) -> dict:
-    return {k: v for k, v in reply.items() if k not in STREAM_ONLY}
+        return Call(self.front.answer(asked), stream=asked.stream,
+                    reply=lambda answer: answer.query_reply(streamed=False))

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from services.cluster.clients import WorkerClient
 from services.cluster.membership import Member
 from services.server import completion
+from services.server.answer import AnswerStream, FinalAnswer, from_relay
 from services.server.answer_request import AnswerRequest
 from services.server.deadline import Deadline
 from services.server.errors import (
@@ -39,7 +40,7 @@ from services.server.errors import (
     StageFailed,
     WorkerFailed,
 )
-from services.server.stream_response import AnswerStream, close
+from services.server.stream_response import close
 
 log = logging.getLogger(__name__)
 
@@ -118,8 +119,9 @@ class Router:
 
     def forward(self, request: AnswerRequest, deadline: Deadline) -> AnswerStream:
         """The answer stream of the first worker in turn that takes the request by `deadline`, failing
-        over unless the caller has read pieces of the answer already. The worker's reply says who
-        computed it (`served_by`); its stage times go to the completion line, not further up."""
+        over unless the caller has read pieces of the answer already. Each worker's events are read as
+        the one answer type (services/server/answer.py); the stage times of the final answer it computed
+        for this request go to the completion line."""
         candidates = self.rotation() or list(self.targets)  # everyone looks down: try them all once
         if not candidates:
             raise NoWorkerAvailable("no worker is known yet")
@@ -135,10 +137,10 @@ class Router:
             try:
                 events = target.answer(request, deadline)
                 try:
-                    for event in events:
-                        if isinstance(event, dict):
-                            completion.note_stages(event.get(completion.STAGES_FIELD) or {})
-                            event = {k: v for k, v in event.items() if k != completion.STAGES_FIELD}
+                    for relayed in events:
+                        event = from_relay(relayed)
+                        if isinstance(event, FinalAnswer):
+                            completion.note_stages(dict(event.stages_ms))
                             with self._lock:
                                 target.forwarded += 1
                         shown = request.stream

@@ -29,6 +29,7 @@ from pipeline.prompt_tokens import PromptTokenizer
 from services.roles.gateway.endpoint_schemas import DetokenizeResponse, TokenizeResponse
 from services.roles.gateway.front import Front
 from services.roles.gateway.openai_messages import SYSTEM_ROLES, TURN_ROLES, message_text
+from services.server.answer import Computed
 from services.server.answer_request import Bounds, check_text
 from services.server.deadline import Deadline
 from services.server.edge import Call
@@ -67,6 +68,10 @@ class TokenizeRequest:
     messages: tuple[dict, ...]  # a chat's messages ({role, content}), as the template reads them
 
 
+def _value(computed: Computed) -> dict:
+    return computed.value
+
+
 def register_tokenize_routes(app: Flask, front: Front, loaded: Callable[[], Tokenizing]) -> None:
     def tokenize(body: dict) -> Call:
         asked = parse_tokenize_request(body, front.bounds)
@@ -76,9 +81,9 @@ def register_tokenize_routes(app: Flask, front: Front, loaded: Callable[[], Toke
                 model = loaded()
                 ids = model.text_ids(asked.prompt) if asked.prompt is not None else model.tokens.chat_ids(
                     asked.messages)
-                yield tokenize_response(ids, model.max_model_len)
+                yield Computed(tokenize_response(ids, model.max_model_len), served_by=None)  # node 0's tokenizer
             return front.gateway.require().admitted(computed)
-        return Call(answer)
+        return Call(answer, reply=_value)
 
     def detokenize(body: dict) -> Call:
         ids = parse_detokenize_request(body, detokenize_limit(front.bounds))
@@ -90,9 +95,10 @@ def register_tokenize_routes(app: Flask, front: Front, loaded: Callable[[], Toke
                 if bad is not None:
                     raise ApiError(400, f"'tokens[{bad}]' = {ids[bad]} is not a token id: the vocabulary has "
                                         f"{model.vocab_size}", field=f"tokens[{bad}]")
-                yield DetokenizeResponse(prompt=model.tokens.decode(ids, skip_special_tokens=False)).model_dump()
+                yield Computed(DetokenizeResponse(prompt=model.tokens.decode(ids, skip_special_tokens=False)).model_dump(),
+                               served_by=None)
             return front.gateway.require().admitted(computed)
-        return Call(answer)
+        return Call(answer, reply=_value)
 
     front.edge.add(app, "/tokenize", tokenize)
     front.edge.add(app, "/detokenize", detokenize)

@@ -14,7 +14,7 @@ import time
 from concurrent.futures import CancelledError, Future
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -35,6 +35,7 @@ from services.roles.caches import LruCache
 from services.roles.versioned_data import VersionedData
 from services.roles.worker.stage_clock import StageClock, StageVisit
 from services.server import stage_spans
+from services.server.answer import AnswerPiece, AnswerStream, FinalAnswer, Usage
 from services.server.answer_request import AnswerRequest
 from services.server.deadline import Deadline
 from services.server.errors import (
@@ -46,7 +47,6 @@ from services.server.errors import (
     StageFailed,
 )
 from services.server.request_ids import current_request_id
-from services.server.stream_response import AnswerStream
 from services.stages.batching import BatchingService
 from services.stages.continuous import ContinuousGenerationService
 from services.stages.protocol import StageService, StageStats
@@ -160,13 +160,10 @@ class Worker:
             raise StageFailed(stage, exc) from exc
 
     def answer(self, request: AnswerRequest, deadline: Deadline) -> AnswerStream:
-        """The answer's text in pieces as the LLM produces them (never half a character, nor the start
-        of a stop string), then the reply with its `usage`, `finish_reason`, with a history how many of
-        its oldest turns the prompt left out (`history_turns_dropped`), the tool calls the model made
-        (`tool_calls`: name and arguments, JSON text), where asked each answer token's log
-        probabilities (`logprobs`, OpenAI's content items) and, when sampled, its `seed`:
-        pieces, text and finish reason all from the sequence's output processor. Closing the stream
-        early cancels the generation."""
+        """The answer in pieces as the LLM produces them (never half a character, nor the start of a stop
+        string; each with its tokens' log probabilities where asked; a tool call's name and arguments as
+        they are generated), then the final answer (services/server/answer.py), all from the sequence's
+        output processor. Closing the stream early cancels the generation."""
         clock, trace = self._begin(request.request_id)
         generation: StageVisit | None = None
         with self._lock:
@@ -191,23 +188,20 @@ class Worker:
             output = generator.output(request.stop, abort=partial(self._generation.stop, generation.future),
                                       tools_offered=bool(request.tools),
                                       max_calls=None if request.parallel_tool_calls else 1)
+            pieces = _Pieces(generator.tokens, logprobs if request.logprobs is not None else None)
             for token in tokens.read(deadline):
-                piece = output.push(token)
-                if piece:
-                    yield piece
-            rest = output.finish(clock.wait(generation, deadline))
-            if rest:
-                yield rest
-            reply = self._classify(clock, request.request_id, output.text, deadline)
-            seed = {"seed": sampling.seed} if sampling is not None and not sampling.greedy else {}
-            # How many of the oldest turns the prompt left out, where a history was sent.
-            dropped = {"history_turns_dropped": fitted.dropped} if request.history else {}
-            calls = {"tool_calls": [call.as_dict() for call in output.tool_calls]} if output.tool_calls else {}
-            if request.logprobs is not None:  # the answer's tokens': none past the one that completed a stop string
-                calls["logprobs"] = logprob_content(generator.tokens, logprobs[:output.token_count])
-            yield {**reply, **calls, "data_version": version, "sources": [document.as_source() for document in documents],
-                   "usage": {"prompt_tokens": len(prompt), "completion_tokens": output.token_count},
-                   "finish_reason": output.finish_reason, **dropped, **seed}
+                yield from pieces.of(output, output.push(token))
+            yield from pieces.of(output, output.finish(clock.wait(generation, deadline)), last=True)
+            labels = self._classify(clock, request.request_id, output.text, deadline)
+            yield FinalAnswer(
+                request_id=request.request_id, generated_response=output.text, sentiment=labels["sentiment"],
+                is_toxic=labels["is_toxic"], finish_reason=output.finish_reason,
+                usage=Usage(len(prompt), output.token_count), tool_calls=tuple(output.tool_calls),
+                # The answer's tokens': none past the one that completed a stop string.
+                logprobs=None if request.logprobs is None else pieces.given,
+                data_version=version, sources=tuple(document.as_source() for document in documents),
+                history_turns_dropped=fitted.dropped if request.history else None,
+                seed=sampling.seed if sampling is not None and not sampling.greedy else None)
         finally:
             if generation is not None:
                 generation.future.cancel()  # a no-op once it ended; frees the slot of a reader gone early
@@ -290,7 +284,7 @@ class Worker:
         return data.version, tuple(r.document for r in ranked)
 
     def _classify(self, clock: StageClock, request_id: str, response: str, deadline: float) -> dict:
-        """The reply: the answer with its sentiment and toxicity."""
+        """The answer with its sentiment and toxicity."""
         # Sentiment and toxicity depend only on the answer: both are queued before either is awaited.
         sentiment = self._enter(clock, Stage.SENTIMENT, response)
         toxicity = self._enter(clock, Stage.TOXICITY, response)
@@ -318,6 +312,34 @@ class Worker:
         for svc in self.services.values():
             svc.close(timeout)
         self.index.close()
+
+
+class _Pieces:
+    """One answer's pieces as its output processor gives them: each with the log probabilities (where
+    asked) of the tokens pushed since the previous piece, and the tool-call deltas it has ready."""
+
+    def __init__(self, decoder, logprobs: list | None):
+        self._decoder = decoder
+        self._logprobs = logprobs  # the engine's records, one per token; None: not asked
+        self.given: tuple[dict[str, Any], ...] = ()  # the log probabilities given so far, in order
+
+    def of(self, output, text: str, *, last: bool = False) -> Iterator[AnswerPiece]:
+        """The pieces `text` and the calls' progress make; `last`: the answer's end, where the tokens
+        that gave no text (a stop string's, an end-of-sequence token) give their log probabilities."""
+        deltas = output.take_call_deltas()
+        records = self._pending(output.token_count) if text or deltas or last else ()
+        if text or (records and not deltas):
+            yield AnswerPiece(text, logprobs=records)
+            records = ()
+        for i, delta in enumerate(deltas):
+            yield AnswerPiece(tool_call=delta, logprobs=records if i == 0 else ())
+
+    def _pending(self, token_count: int) -> tuple[dict[str, Any], ...]:
+        if self._logprobs is None or len(self.given) >= token_count:
+            return ()
+        items = tuple(logprob_content(self._decoder, self._logprobs[len(self.given):token_count]))
+        self.given += items
+        return items
 
 
 def _grouped(items: list, key: Callable[[Any], object]) -> dict[object, list[int]]:

@@ -1,6 +1,6 @@
 """Node 1's role (and what node 0's role holds): load and warm the models, serve /internal/answer
 through the edge (services/server/edge.py), and the worker's answer and embeddings as this node
-tells them: each reply says which node computed it and how long it waited on each stage."""
+tells them: each final answer says which node computed it and how long it waited on each stage."""
 from __future__ import annotations
 
 import dataclasses
@@ -29,11 +29,12 @@ from services.roles.worker.metrics import WorkerCollector
 from services.roles.worker.request_path import ContinuousConfig, Worker, WorkerConfig
 from services.roles.worker.stage_clock import collect_stage_times
 from services.server import completion
+from services.server.answer import AnswerStream, FinalAnswer
 from services.server.answer_request import AnswerRequest, Bounds, read_request
 from services.server.deadline import Deadline
 from services.server.edge import Call, Edge
 from services.server.errors import ApiError
-from services.server.stream_response import AnswerStream, close
+from services.server.stream_response import close, internal_events
 from services.server.token import internal_endpoint
 
 log = logging.getLogger(__name__)
@@ -164,20 +165,21 @@ class WorkerRole(Role):
 
     def internal_call(self, body: dict) -> Call:
         """A forward from the gateway (which always asks for the stream, with its time left), or a
-        direct caller's request: streamed with `"stream": true`, else one JSON reply."""
+        direct caller's request: streamed with `"stream": true` (every field of the answer: the hop's
+        serializer), else one JSON reply."""
         request = read_request(body, self.bounds, also=("timeout_s",))
         return Call(lambda deadline: self.answer(request, deadline), stream=request.stream,
-                    timeout_s=internal_timeout(body, self.settings))
+                    events=internal_events, timeout_s=internal_timeout(body, self.settings))
 
     def answer(self, request: AnswerRequest, deadline: Deadline) -> AnswerStream:
-        """The worker's answer stream, its reply stamped with this node (`served_by`) and its stage
+        """The worker's answer stream, its final answer naming this node (`served_by`) and its stage
         times, which are also noted for this node's completion line (a failure's too)."""
         times = collect_stage_times()
         events = self.worker.require().answer(request, deadline)
         try:
             for event in events:
-                yield {**event, "served_by": self.node, completion.STAGES_FIELD: dict(times)} if isinstance(event, dict) \
-                    else event
+                yield dataclasses.replace(event, served_by=self.node, stages_ms=dict(times)) \
+                    if isinstance(event, FinalAnswer) else event
         finally:
             close(events)
             completion.note_stages(times)
