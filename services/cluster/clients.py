@@ -18,6 +18,7 @@ from requests.adapters import HTTPAdapter
 
 from services.cluster.abortable import AbortableCalls
 from services.server import sse, tracing
+from services.server.answer import FinalAnswer, from_sse
 from services.server.answer_request import AnswerRequest
 from services.server.errors import (
     SHARD_UNAVAILABLE_REASON,
@@ -236,14 +237,14 @@ class WorkerClient:
     def _relay(self, response: requests.Response) -> AnswerStream:
         try:
             for event in sse.iter_events(sse.iter_lines(response.iter_content(chunk_size=None))):
-                data = event.json()
-                if event.name == sse.TOKEN:
-                    yield data["text"]
-                elif event.name == sse.REPLY:
-                    yield data
-                    return
-                elif event.name == sse.ERROR:
+                if event.name == sse.ERROR:
+                    data = event.json()
                     raise status_error(int(data["status"]), str(data["error"]), data.get("reason"))
+                answer = from_sse(event)  # the hop's one parser: pieces whole, then the final answer
+                if answer is not None:
+                    yield answer
+                    if isinstance(answer, FinalAnswer):
+                        return
             raise PeerFailed(502, f"the stream of the worker at {self.base_url} ended without its reply")
         except (requests.RequestException, OSError, ValueError) as exc:
             aborted = self._calls.aborted()

@@ -48,9 +48,9 @@ def test_log_probabilities_are_the_same_alone_and_among_7_others(client):
         replies = list(pool.map(lambda body: client.chat.completions.create(**body), [ask, *others]))
     assert replies[0].choices[0].logprobs.content == content
     carrying = []  # per stream: how many chunks carried log probabilities
-    for _ in range(2):  # round robin: one of them is node 0's own worker's
+    for _ in range(2):  # round robin: one node 0's own worker's, one relayed from node 1's
         chunks = [c for c in client.chat.completions.create(stream=True, **ask) if c.choices]
         streamed = [item for c in chunks if c.choices[0].logprobs for item in c.choices[0].logprobs.content]
         assert streamed == content  # every token's, once, in order
         carrying.append(sum(1 for c in chunks if c.choices[0].logprobs))
-    assert max(carrying) > 1  # chunk by chunk, not all in the last one
+    assert min(carrying) > 1  # chunk by chunk on both workers, not all in the last one

@@ -168,15 +168,17 @@ class Recorder(BaseHTTPRequestHandler):
     """A tiny HTTP node: answers per `plan` (a list of statuses, then 200) and records what it got."""
     plan: list[int] = []
     seen: list[tuple[dict, dict]] = []
+    pieces: list[bytes] = []  # token events an /internal/answer stream sends before its reply
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).seen.append((dict(self.headers), body))
         status = type(self).plan.pop(0) if type(self).plan else 200
         reply = ({"ids": [[1, 2]], "distances": [[0.0, 0.1]]} if self.path == "/search"
-                 else {"request_id": body.get("request_id")}) if status == 200 else {"error": "nope"}
+                 else {"request_id": body.get("request_id"), "generated_response": "Hello", "sentiment": "neutral",
+                       "is_toxic": False}) if status == 200 else {"error": "nope"}
         streamed = status == 200 and self.path == "/internal/answer"  # a worker's answer: always a stream
-        data = sse.reply_event(reply) if streamed else json.dumps(reply).encode()
+        data = b"".join(type(self).pieces) + sse.reply_event(reply) if streamed else json.dumps(reply).encode()
         self.send_response(status)
         self.send_header("Content-Type", sse.MEDIA_TYPE if streamed else "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -189,7 +191,7 @@ class Recorder(BaseHTTPRequestHandler):
 
 @pytest.fixture()
 def node():
-    Recorder.plan, Recorder.seen = [], []
+    Recorder.plan, Recorder.seen, Recorder.pieces = [], [], []
     server = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
@@ -199,10 +201,24 @@ def node():
 
 def test_worker_client_sends_token_and_the_time_left(node):
     client = WorkerClient(node, connect_timeout_s=1, token=TOKEN)
-    assert collect(client.answer(AnswerRequest("r1", "q"), 12.5)) == {"request_id": "r1"}
+    reply = collect(client.answer(AnswerRequest("r1", "q"), 12.5))
+    assert (reply.request_id, reply.generated_response) == ("r1", "Hello")
     headers, body = Recorder.seen[0]
     assert headers[TOKEN_HEADER] == TOKEN
     assert body == {"request_id": "r1", "query": "q", "stream": True, "timeout_s": 12.5}  # always the stream
+
+
+def test_worker_client_relays_each_piece_whole_its_log_probabilities_and_call_deltas_included(node):
+    from services.server.answer import AnswerPiece, FinalAnswer, sse_event
+    from pipeline.tool_calls import ToolCallDelta
+    pieces = [AnswerPiece("Hel", logprobs=({"token": "Hel", "logprob": -0.5, "bytes": [72, 101, 108],
+                                              "top_logprobs": []},)),
+              AnswerPiece("", tool_call=ToolCallDelta(0, "lookup", '{"order": ')),
+              AnswerPiece("", tool_call=ToolCallDelta(0, None, '"ABC123"}'))]
+    Recorder.pieces = [sse_event(piece) for piece in pieces]
+    events = list(WorkerClient(node, connect_timeout_s=1).answer(AnswerRequest("r1", "q"), 5))
+    assert events[:-1] == pieces
+    assert isinstance(events[-1], FinalAnswer) and events[-1].request_id == "r1"
 
 
 @pytest.mark.parametrize("status,error", [(503, PeerUnavailable), (401, PeerRejectedToken), (504, PeerTimedOut),
