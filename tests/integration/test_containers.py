@@ -48,6 +48,7 @@ from tests.support.containers import (
 )
 from tests.support.steady_load import SteadyLoad, unanswered
 from tools.local import free_ports
+from tools.render_settings import COMPOSE_TOPOLOGY
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
@@ -176,11 +177,12 @@ def test_the_data_service_ingests_the_mounted_folder(cluster, data_volume):
                          flags=re.M)
     assert ingested, output[-3000:]
     manifest = json.loads((data_volume / "current" / "manifest.json").read_text())
-    assert (manifest["version"], manifest["kind"], manifest["shards"]) == ("v1", "ingest", 2), manifest
+    shards = COMPOSE_TOPOLOGY.shards
+    assert (manifest["version"], manifest["kind"], manifest["shards"]) == ("v1", "ingest", shards), manifest
     assert (manifest["ingest"]["documents"], manifest["ingest"]["passages"], manifest["ingest"]["formats"]) == \
         (len(DOCUMENTS), int(ingested.group(1)), {"html": 1, "markdown": 1, "text": 1}), manifest["ingest"]
     assert sorted(p.name for p in (data_volume / "v1").glob("faiss_index.shard-*.bin")) == \
-        ["faiss_index.shard-0-of-2.bin", "faiss_index.shard-1-of-2.bin"]
+        [f"faiss_index.shard-{shard}-of-{shards}.bin" for shard in range(shards)]
 
 
 def check_sources(reply: requests.Response) -> None:
@@ -216,8 +218,9 @@ def test_the_nodes_send_their_spans_where_the_otel_variables_say(cluster, receiv
     (resource, span), = traced()
     assert resource["service.name"] == "rag-in-a-container" and resource["deployment.environment"] == "ci"
     assert resource["rag.node"] == 0
-    # The trace crossed into both index shards' containers: each one's /search server span is in it.
-    wait_until(lambda: {r["rag.node"] for r, s in receiver.spans() if s.trace_id == span.trace_id} >= {2, 3}, 30,
+    # The trace crossed into every index shard's container: each one's /search server span is in it.
+    shards = set(COMPOSE_TOPOLOGY.index_nodes())
+    wait_until(lambda: {r["rag.node"] for r, s in receiver.spans() if s.trace_id == span.trace_id} >= shards, 30,
                "the index containers' spans of the request did not arrive", poll_s=0.2)
 
 
@@ -402,10 +405,11 @@ def test_killing_a_worker_then_an_index_shard_under_load_loses_no_request(cluste
         docker("kill", worker)  # a worker
         after_worker = len(results)
         answered(after_worker + 4)
-        docker("kill", cluster.container("node3"))  # index shard 1, its only replica here
+        last_shard = COMPOSE_TOPOLOGY.index_names()[-1]
+        docker("kill", cluster.container(last_shard))  # an index shard, its only replica here
         # Back at once, as a restarted pod would be: the searches in flight retry until it answers
         # (a shard still down at the request's deadline would be a clear 503).
-        docker("start", cluster.container("node3"))
+        docker("start", cluster.container(last_shard))
         answered(len(results) + 4)
     finally:
         stop.set()

@@ -24,6 +24,7 @@ import yaml
 
 from pipeline.config import REPO_ROOT
 from tests.support.otlp_receiver import OtlpReceiver
+from tools.render_settings import COMPOSE_TOPOLOGY
 
 # The Debian package's client: the daemon's own version, whose built-in BuildKit builds the secret
 # mounts (a newer client without the buildx plugin falls back to the classic builder, which cannot).
@@ -34,7 +35,7 @@ IMAGE = "rag-service:test"
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 TOKEN = uuid.uuid4().hex
 # deploy/compose.yaml's services that run a node (`worker`: every worker container but node 0's).
-NODE_SERVICES = ("node0", "worker", "node2", "node3")
+NODE_SERVICES = (COMPOSE_TOPOLOGY.gateway, COMPOSE_TOPOLOGY.worker, *COMPOSE_TOPOLOGY.index_names())
 START_S = 600  # build-free start of five nodes on 2 cores, with margin (SPEC: 5 minutes per node)
 DOCS = 400
 
