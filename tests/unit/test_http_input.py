@@ -209,8 +209,8 @@ def test_worker_client_sends_token_and_the_time_left(node):
 
 
 def test_worker_client_relays_each_piece_whole_its_log_probabilities_and_call_deltas_included(node):
-    from services.server.answer import AnswerPiece, FinalAnswer, sse_event
     from pipeline.tool_calls import ToolCallDelta
+    from services.server.answer import AnswerPiece, FinalAnswer, sse_event
     pieces = [AnswerPiece("Hel", logprobs=({"token": "Hel", "logprob": -0.5, "bytes": [72, 101, 108],
                                               "top_logprobs": []},)),
               AnswerPiece("", tool_call=ToolCallDelta(0, "lookup", '{"order": ')),
