@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.roles.single_flight import Entry, SingleFlight
+from services.server.answer import FinalAnswer
 from services.server.deadline import Deadline
 from services.server.errors import RequestTimeout
 from services.server.stream_response import AnswerStream, relay, replay
@@ -109,8 +110,9 @@ def normalise_query(query: str) -> str:
 
 
 class ResponseCache:
-    """Replies by caller, normalised query and the conversation before it (its `conversation` key,
-    AnswerRequest.conversation_key: "" without one), a hit re-addressed to the new request_id. A question
+    """Final answers by caller, normalised query and the conversation before it (its `conversation` key,
+    AnswerRequest.conversation_key: "" without one), a hit re-addressed to the new request_id (each entry
+    is one answer, kept as the worker gave it: RESPONSE_CACHE_SIZE bounds them by count). A question
     asked again by the same caller while it is computed joins that computation (single flight); a
     failure is never shared. The caller is the API key's identity (None without keys): one key never
     reads, joins nor learns of (a `cached` reply) another's question."""
@@ -121,12 +123,12 @@ class ResponseCache:
         self._flights = SingleFlight()  # by (caller, normalised query, conversation)
 
     def get(self, request_id: str, query: str, *, caller: str | None = None, conversation: str = "",
-            count_miss: bool = True) -> dict | None:
+            count_miss: bool = True) -> FinalAnswer | None:
         reply = self.cache.get(_key(caller, query, conversation), count_miss=count_miss)
         return None if reply is None else _readdress(reply, request_id)
 
-    def put(self, query: str, reply: dict, *, caller: str | None = None, conversation: str = "") -> None:
-        self.cache.put(_key(caller, query, conversation), _unaddressed(reply))
+    def put(self, query: str, reply: FinalAnswer, *, caller: str | None = None, conversation: str = "") -> None:
+        self.cache.put(_key(caller, query, conversation), reply)
 
     def answer(self, request_id: str, query: str, compute: Callable[[], AnswerStream], deadline: Deadline, *,
                caller: str | None = None, conversation: str = "", looked_up: bool = False) -> AnswerStream:
@@ -156,20 +158,19 @@ class ResponseCache:
                                    lookup=lambda: self.get(request_id, query, caller=caller, conversation=conversation,
                                                            count_miss=not looked_up))
 
-    def finish(self, entry: Entry, reply: dict) -> None:
+    def finish(self, entry: Entry, reply: FinalAnswer) -> None:
         """The leader's reply: cached, then handed to the joiners. Nothing for a non-leader."""
         if not entry.leads:
             return
-        shared = _unaddressed(reply)
-        self.cache.put(entry.held.key, shared)  # before the flight lands: a new asker finds one or the other
-        self._flights.finish(entry.held, shared)
+        self.cache.put(entry.held.key, reply)  # before the flight lands: a new asker finds one or the other
+        self._flights.finish(entry.held, reply)
 
     def fail(self, entry: Entry, error: BaseException) -> None:
         """The leader failed: its joiners are told (and compute their own). Nothing for a non-leader."""
         if entry.leads:
             self._flights.fail(entry.held, error)
 
-    def joined_reply(self, entry: Entry, request_id: str, deadline: Deadline) -> dict | None:
+    def joined_reply(self, entry: Entry, request_id: str, deadline: Deadline) -> FinalAnswer | None:
         """The leader's reply for this request, None if the leader failed; RequestTimeout past the deadline."""
         try:
             ended = self._flights.wait(entry.held, deadline.left())
@@ -193,9 +194,6 @@ def _key(caller: str | None, query: str, conversation: str) -> tuple[str | None,
     return caller, normalise_query(query), conversation
 
 
-def _unaddressed(reply: dict) -> dict:
-    return {k: v for k, v in reply.items() if k != "request_id"}
-
-
-def _readdress(reply: dict, request_id: str) -> dict:
-    return {**reply, "request_id": request_id, "cached": True}
+def _readdress(reply: FinalAnswer, request_id: str) -> FinalAnswer:
+    # The entry keeps its leader's request_id; every reader gets its own.
+    return dataclasses.replace(reply, request_id=request_id, cached=True)

@@ -13,7 +13,7 @@ line are written after that (the request's teardown, when the server closes the 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from flask import Response, g, has_request_context
@@ -55,14 +55,8 @@ def collect(events: AnswerStream) -> Any:
     return reply
 
 
-def replay(known: FinalAnswer | Mapping[str, Any]) -> Iterator[Any]:
-    """A final answer already known as a stream: its whole text as one piece, then the answer; one kept
-    as JSON (the reply cache's) replays as a relay gives it, its text then its JSON (`from_relay` reads them)."""
-    if not isinstance(known, FinalAnswer):
-        if known.get("generated_response"):
-            yield known["generated_response"]
-        yield known
-        return
+def replay(known: FinalAnswer) -> Iterator[AnswerPiece | FinalAnswer]:
+    """A final answer already known as a stream: its whole text as one piece, then the answer."""
     if known.generated_response:
         yield AnswerPiece(known.generated_response, logprobs=known.logprobs or ())
     yield known

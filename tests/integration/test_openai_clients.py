@@ -1,8 +1,9 @@
 """The clients front-ends use, at their usual arguments, against a real three-node cluster on
 127.0.0.1: the `openai` package (chat and completions plain and streamed with temperature, seed,
 stop and max_tokens; embeddings; what is refused rather than ignored; each error status as its SDK
-exception), `langchain-openai` (ChatOpenAI invoke and stream, OpenAIEmbeddings) and `litellm`; and
-two keys' request ids kept apart.
+exception), `langchain-openai` (ChatOpenAI invoke and stream, OpenAIEmbeddings) and `litellm`; every
+client body kept in tests/fixtures/client_requests/ (Open WebUI's included) sent as it is; and two
+keys' request ids kept apart.
 
 Two shared clusters (tests/support/shared_cluster.py): what needs API keys and CORS runs on
 KEYED_CACHE (the load generator, which the plain cluster also serves, sends no key), the rest on the
@@ -10,6 +11,7 @@ plain one, which ignores the key the clients send."""
 from __future__ import annotations
 
 import base64
+import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,6 +22,7 @@ import requests
 
 from pipeline import spec
 from tests.helpers import uid
+from tests.support.client_requests import FIXTURES
 from tests.support.shared_cluster import KEY, ORIGIN, OTHER_KEY
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -287,6 +290,29 @@ def test_neither_key_can_detect_nor_replay_the_others_request_id(keyed, keyed_cl
 
 
 # ---------------------------------------------------------------- langchain-openai
+
+@pytest.mark.parametrize("path", sorted(FIXTURES.glob("*.json")), ids=lambda path: path.stem)
+def test_each_client_body_kept_as_a_fixture_is_answered(cluster, path):
+    recorded = json.loads(path.read_text())
+    body = recorded["body"]
+    with requests.post(f"{cluster.url(0)}{recorded['path']}", json=body, stream=bool(body.get("stream")),
+                       headers={"Authorization": f"Bearer {KEY}"}, timeout=300) as response:
+        assert response.status_code == 200, response.text
+        if not body.get("stream"):
+            choice = response.json()["choices"][0]
+            assert choice["message"]["content"] and choice["finish_reason"] in ("stop", "length")
+            return
+        events = [line.removeprefix("data: ") for line in response.iter_lines(decode_unicode=True)
+                  if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    if (body.get("stream_options") or {}).get("include_usage"):  # a usage chunk, with no choice, closes it
+        *chunks, usage = chunks
+        assert usage["usage"]["completion_tokens"] > 0 and not usage["choices"]
+    assert all(c["choices"] for c in chunks)
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+
 
 def test_langchain_chat_openai_invoke_and_stream(cluster):
     from langchain_openai import ChatOpenAI

@@ -3,7 +3,8 @@ ChatOpenAI, LiteLLM) holds the same conversation with a recording server on 127.
 each body and answers a minimal chat completion (or stream). `python -m tests.support.client_requests
 --write` records them into tests/fixtures/client_requests/ (the clients' pinned versions:
 constraints.txt); tests/unit/test_client_requests.py records them again and checks both that they
-are what the fixtures hold and that the service accepts them."""
+are what the fixtures hold and that the service accepts them. Open WebUI's bodies (`OPEN_WEBUI`) are
+derived from its source, not recorded: their provenance is tests/fixtures/client_requests/README.md."""
 from __future__ import annotations
 
 import argparse
@@ -113,6 +114,12 @@ CALLS: dict[str, tuple[str, Callable[[str], None]]] = {
     "litellm_completion": ("litellm", lambda base: _litellm(base, stream=False)),
     "litellm_stream": ("litellm", lambda base: _litellm(base, stream=True)),
 }
+
+
+# Open WebUI's bodies (derived from its 0.12.4 source), each with what it asks: "chat" is the
+# conversation above; "task" is one of its background tasks, a single question over that chat.
+OPEN_WEBUI = {"open_webui_chat_stream": "chat", "open_webui_chat_params": "chat", "open_webui_title": "task",
+              "open_webui_tags": "task", "open_webui_follow_ups": "task"}
 
 
 def record(name: str) -> dict:

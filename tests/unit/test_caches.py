@@ -1,10 +1,12 @@
 """The LRU caches: eviction order, time to live, counters, thread safety, query normalisation, single flight."""
+import dataclasses
 import threading
 
 import pytest
 
 from services.roles.caches import LruCache, ResponseCache, normalise_query
 from services.roles.single_flight import Entry
+from services.server.answer import AnswerPiece, FinalAnswer
 from services.server.deadline import Deadline
 from services.server.stream_response import collect
 from tests.helpers import ManualClock
@@ -78,15 +80,18 @@ def test_concurrent_use_keeps_the_bound_and_the_counts():
 
 def test_response_cache_normalises_and_readdresses():
     cache = ResponseCache(4, ttl_s=0)
-    cache.put("What is your  refund policy?", {"request_id": "r1", "generated_response": "A", "sentiment": "neutral",
-                                                "is_toxic": "false"})
+    cache.put("What is your  refund policy?", FinalAnswer("r1", "A", "neutral", "false"))
     hit = cache.get("r2", "  what IS your refund policy? ")
-    assert hit["request_id"] == "r2" and hit["generated_response"] == "A" and hit["cached"] is True
+    assert hit == FinalAnswer("r2", "A", "neutral", "false", cached=True)
     assert cache.get("r3", "What is your refund policy") is None  # punctuation changes the question
     assert normalise_query(" A\tb  C ") == "a b c"
 
 
-REPLY = {"request_id": "lead", "generated_response": "A", "sentiment": "neutral", "is_toxic": "false"}
+REPLY = FinalAnswer("lead", "A", "neutral", "false", finish_reason="stop", served_by=1, stages_ms={"generate": 9.0})
+
+
+def addressed(request_id: str, **changes) -> FinalAnswer:
+    return dataclasses.replace(REPLY, request_id=request_id, **changes)
 
 
 def test_a_repeat_in_flight_joins_the_first_computation():
@@ -100,9 +105,9 @@ def test_a_repeat_in_flight_joins_the_first_computation():
     assert other.leads and other.flight.key == (None, "something else", "")
     cache.finish(lead, REPLY)
     joined = cache.joined_reply(follow, "r2", Deadline.after(5))
-    assert joined == {**REPLY, "request_id": "r2", "cached": True}
+    assert joined == addressed("r2", cached=True)
     hit = cache.enter("r4", "Where is my order?")
-    assert hit.value["request_id"] == "r4" and hit.value["generated_response"] == "A"
+    assert hit.value == addressed("r4", cached=True)
     st = cache.stats()
     assert (st.hits, st.misses, st.joined, st.entries) == (1, 3, 1, 1)
     assert cache.in_flight() == 1  # "something else" is still being computed
@@ -117,7 +122,7 @@ def test_the_same_question_in_another_conversation_neither_joins_nor_hits_the_fi
     cache.finish(lead, REPLY)
     assert cache.get("r4", "and to Canada?", conversation="laptops") is None
     assert cache.get("r5", "and to Canada?") is None
-    assert cache.get("r6", "And to  Canada?", conversation="norway")["generated_response"] == "A"
+    assert cache.get("r6", "And to  Canada?", conversation="norway") == addressed("r6", cached=True)
 
 
 def test_a_failed_computation_is_not_shared_nor_cached():
@@ -143,13 +148,13 @@ def test_with_the_cache_off_nothing_is_shared():
 def test_answer_computes_a_question_once_and_never_caches_a_failure():
     # (Joiners of a failed leader computing their own answer: tests/unit/test_single_flight.py.)
     cache = ResponseCache(4, ttl_s=0)
-    assert collect(cache.answer("r1", "Q", lambda: iter([{**REPLY, "request_id": "r1"}]), Deadline.after(5))) == \
-        {**REPLY, "request_id": "r1"}
+    computed = [AnswerPiece("A"), addressed("r1")]
+    assert collect(cache.answer("r1", "Q", lambda: iter(computed), Deadline.after(5))) == addressed("r1")
     hit = list(cache.answer("r2", "q", lambda: pytest.fail("a hit computes nothing"), Deadline.after(5)))
-    assert hit == [REPLY["generated_response"], {**REPLY, "request_id": "r2", "cached": True}]  # a hit replayed
+    assert hit == [AnswerPiece("A"), addressed("r2", cached=True)]  # a hit replayed, its text one piece
 
     def failing():
-        yield "partial"
+        yield AnswerPiece("partial")
         raise RuntimeError("worker failed")
 
     with pytest.raises(RuntimeError, match="worker failed"):
@@ -168,7 +173,7 @@ def test_many_askers_of_one_question_compute_it_once():
         claimed.wait(timeout=30)  # nobody finishes before everyone has asked
         if entry.leads:
             computed.append(i)
-            cache.finish(entry, {**REPLY, "request_id": f"r{i}", "generated_response": f"by {i}"})
+            cache.finish(entry, dataclasses.replace(REPLY, request_id=f"r{i}", generated_response=f"by {i}"))
             replies[i] = f"by {i}"
         else:
             replies[i] = cache.joined_reply(entry, f"r{i}", Deadline.after(30))
@@ -182,5 +187,5 @@ def test_many_askers_of_one_question_compute_it_once():
     leader_text = replies[computed[0]]
     for i in range(askers):
         if i != computed[0]:
-            assert replies[i]["request_id"] == f"r{i}" and replies[i]["generated_response"] == leader_text
+            assert replies[i].request_id == f"r{i}" and replies[i].generated_response == leader_text
     assert cache.stats().joined == askers - 1 and cache.in_flight() == 0

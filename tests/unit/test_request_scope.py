@@ -11,6 +11,7 @@ import pytest
 
 from services.roles.caches import ResponseCache
 from services.roles.gateway.idempotency import request_digest
+from services.server.answer import FinalAnswer
 from services.server.answer_request import RULES, AnswerRequest
 from services.server.auth import ApiKeys
 from services.server.deadline import Deadline
@@ -113,9 +114,9 @@ def test_the_reply_cache_answers_a_caller_only_with_its_own_replies():
 
 def test_the_reply_cache_neither_hands_nor_joins_across_callers():
     cache = ResponseCache(8, 0)
-    cache.put("Q", {"request_id": "x", "generated_response": "alice's"}, caller=ALICE)
+    cache.put("Q", FinalAnswer("x", "alice's", "neutral", "false"), caller=ALICE)
     assert cache.get("y", "q", caller=BOB) is None and cache.get("y", "q") is None
-    assert cache.get("y", "q", caller=ALICE)["generated_response"] == "alice's"
+    assert cache.get("y", "q", caller=ALICE) == FinalAnswer("y", "alice's", "neutral", "false", cached=True)
     leading = cache.enter("b1", "other", caller=ALICE)
     assert leading.leads
     assert cache.enter("b2", "Other", caller=BOB).leads  # Bob leads his own: no wait on Alice's

@@ -10,6 +10,7 @@ import pytest
 
 from services.roles.caches import ResponseCache
 from services.roles.single_flight import Entry, SingleFlight
+from services.server.answer import FinalAnswer
 from services.server.deadline import Deadline
 from services.server.stream_response import collect
 
@@ -203,7 +204,7 @@ def test_32_threads_on_4_questions_through_the_reply_cache_recompute_after_a_fai
                 raise RuntimeError(f"leader of {question} failed")
         else:
             computed[(r, i)] = "recomputed"
-        return {"request_id": f"r{r}-{i}", "generated_response": f"{question} by {i}"}
+        return FinalAnswer(f"r{r}-{i}", f"{question} by {i}", "neutral", "false")
 
     def caller(i):
         try:
@@ -230,13 +231,12 @@ def test_32_threads_on_4_questions_through_the_reply_cache_recompute_after_a_fai
         leader = _leaders[(r, k)]
         if i == leader:
             assert computed[(r, i)] == "led"
-            assert isinstance(outcome, RuntimeError) if fails[(r, k)] else outcome["generated_response"].endswith(
+            assert isinstance(outcome, RuntimeError) if fails[(r, k)] else outcome.generated_response.endswith(
                 f"by {i}")
         elif fails[(r, k)]:  # its leader failed: it computed its own answer, and got it
-            assert computed[(r, i)] == "recomputed" and outcome["generated_response"] == f"q{r}-{k} by {i}"
+            assert computed[(r, i)] == "recomputed" and outcome.generated_response == f"q{r}-{k} by {i}"
         else:  # the leader's answer, addressed to this request
             assert (r, i) not in computed
-            assert outcome == {"request_id": f"r{r}-{i}", "generated_response": f"q{r}-{k} by {leader}",
-                               "cached": True}
+            assert outcome == FinalAnswer(f"r{r}-{i}", f"q{r}-{k} by {leader}", "neutral", "false", cached=True)
     assert cache.in_flight() == 0 and cache.stats().joined == rounds * (threads - keys)
     assert cache.stats().entries == sum(not failed for failed in fails.values())  # failures are not cached

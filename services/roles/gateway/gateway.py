@@ -5,17 +5,15 @@ and probing), its own in-process and the others over HTTP.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from pipeline.config.sections import GatewaySettings
 from services.roles.caches import LruCache, ResponseCache
 from services.roles.gateway.idempotency import Idempotency
 from services.roles.gateway.routing import Router, WorkerTarget
-from services.server.answer import AnswerStream, FinalAnswer, from_relay
+from services.server.answer import AnswerStream
 from services.server.answer_request import AnswerRequest
 from services.server.deadline import Deadline
-from services.server.stream_response import close
 
 
 class Gateway:
@@ -62,11 +60,9 @@ class Gateway:
         cache = self.response_cache
         if cache is None or not request.is_the_questions_answer:
             return self.router.forward(request, deadline)
-        # looked_up: the request_id rules have just counted this question's miss. The cache keeps and
-        # re-addresses final answers as their JSON (services/roles/caches.py).
-        json_answers: Callable[[], Any] = lambda: _as_json(self.router.forward(request, deadline))  # noqa: E731
-        return _typed(cache.answer(request.request_id, request.query, json_answers, deadline,
-                                   caller=request.caller, conversation=request.conversation_key, looked_up=True))
+        # looked_up: the request_id rules have just counted this question's miss.
+        return cache.answer(request.request_id, request.query, lambda: self.router.forward(request, deadline),
+                            deadline, caller=request.caller, conversation=request.conversation_key, looked_up=True)
 
     def status(self) -> list[dict]:
         return self.router.status()
@@ -88,20 +84,3 @@ class Gateway:
     def close(self) -> None:
         self._closed.set()
 
-
-def _as_json(events: AnswerStream) -> Iterator[object]:
-    """The stream with its final answer as JSON (the reply cache's form)."""
-    try:
-        for event in events:
-            yield event.wire() if isinstance(event, FinalAnswer) else event
-    finally:
-        close(events)
-
-
-def _typed(events: Iterator) -> AnswerStream:
-    """The reply cache's stream read back as the answer type."""
-    try:
-        for event in events:
-            yield from_relay(event)
-    finally:
-        close(events)

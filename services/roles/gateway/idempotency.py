@@ -165,9 +165,8 @@ class Idempotency:
                         conversation=request.conversation_key) \
             if cache is not None and request.is_the_questions_answer else None
         if hit is not None:
-            answer = FinalAnswer.from_wire(hit)  # the cache holds its JSON
-            self.completed.put(scoped_id(request), (digest, answer))
-            return answer
+            self.completed.put(scoped_id(request), (digest, hit))
+            return hit
         if not admitted:
             self._admit(in_flight)
         return None
