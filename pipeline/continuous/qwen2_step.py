@@ -12,7 +12,7 @@ compares it with the model's own forward in every precision), and does once what
   table's buffers (they stay valid: the buffers are never reallocated);
 * per layer only the arithmetic: RMSNorm's ops without its no-op casts, the Linears called on 2-d rows
   (a RowInvariantLinear straight into oneDNN), the rotary half-swap as one `roll` against a sign-folded
-  sin ((-x2) * s and x2 * (-s) round alike), each new key and value written by one `index_put_`, one
+  sin ((-x2) * s and x2 * (-s) round alike), each new key and value written by one `index_copy_`, one
   flash call per key chunk and the chunks merged as flash_chunked_attention merges them.
 
 Only where it computes what the model's forward computes: a Qwen2ForCausalLM made batch-invariant
@@ -30,6 +30,44 @@ from pipeline.kernels.chunked_attention import CHUNK, sum_in_order
 
 # Chunk views kept per (rows, width, slots, capacity): a few layouts and widths at a time.
 _VIEW_SETS = 64
+_LOWEST, _TINY = torch.finfo(torch.float32).min, torch.finfo(torch.float32).tiny
+
+
+def chunk_masks(visible, dtype):
+    """Per key chunk, the additive mask flash_chunked_attention gives SDPA's flash kernel for a bool `visible`
+    (rows, 1, 1, whole chunks) of one query a row; and which chunks each row sees nothing of, (chunks, rows,
+    1, 1), or None where every row sees every chunk (filling nothing changes nothing: one row always sees all)."""
+    width = visible.shape[-1]
+    bias = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))
+    unseen = torch.stack([~visible[..., c:c + CHUNK].any(dim=-1) for c in range(0, width, CHUNK)])
+    return [bias[..., c:c + CHUNK] for c in range(0, width, CHUNK)], unseen if bool(unseen.any()) else None
+
+
+def decode_attention(q, key_chunks, value_chunks, biases, unseen, scaling: float):
+    """flash_chunked_attention's result for one query a row, (rows, kv heads, group, head size) in q's dtype,
+    over chunks cut and masked once a step (:func:`chunk_masks`): one flash call per chunk, merged as it merges
+    them (weights exp(lse - the row's largest), sums in chunk order in float64)."""
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    outs, lses = [], []
+    for kc, vc, mask in zip(key_chunks, value_chunks, biases):
+        out, lse = flash(q, kc, vc, attn_mask=mask, scale=scaling)
+        outs.append(out)
+        lses.append(lse)
+    lse = torch.stack(lses)
+    if unseen is not None:
+        lse.masked_fill_(unseen, float("-inf"))
+    # Where the merge there fills -inf tops with 0 and zero totals with 1, one clamp each gives the same bits:
+    # a -inf top has only -inf beside it (-inf - x is -inf for any finite x), and a total is 0 (every weight 0:
+    # its parts are +-0, and +-0 / tiny is +-0 as +-0 / 1) or at least the top chunk's exp(0).
+    top = lse.amax(dim=0).clamp_min_(_LOWEST)
+    weights = lse.sub_(top).exp_().unsqueeze(-1)
+    total = weights.cumsum(0)[-1].clamp_min_(_TINY)  # = sum_in_order: the CPU's cumsum adds in order in float64
+    if q.dtype == torch.float32:
+        parts = [o * w for o, w in zip(outs, weights)]
+    else:
+        parts = [o.float() * w for o, w in zip(outs, weights)]
+    out = sum_in_order(parts).div_(total)
+    return out if q.dtype == torch.float32 else out.to(q.dtype)
 
 
 def qwen2_decode_step(model, table) -> "Qwen2DecodeStep | None":
@@ -68,9 +106,7 @@ class Qwen2DecodeStep:
         self.group = self.heads // self.kv_heads
         self.scaling = first.scaling
         self.rotary = inner.rotary_emb
-        self._views: dict[tuple[int, int, bool, int, int], list[tuple[list[Any], list[Any]]]] = {}
-        self._kv_head_index = torch.arange(self.kv_heads)[None, :]
-        self._slot_0 = torch.zeros((2, 1), dtype=torch.long)  # a pair's rows both write slot 0 (the same values)
+        self._views: dict[tuple[int, int, bool, int, int], tuple[Any, list[tuple[Any, ...]]]] = {}
 
     # ------------------------------------------------------------------ pieces, each as the model's module computes it
 
@@ -104,24 +140,28 @@ class Qwen2DecodeStep:
         half = self.head_dim // 2
         return cos, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
-    def _chunk_views(self, rows: int, width: int, pair: bool):
-        """Per layer, its keys' and values' chunks (rows, kv heads, CHUNK, head size) of slots [0, rows) over
-        columns [0, width): the views flash_chunked_attention cuts from the cache view the model attends over
-        (a pair: slot 0's, twice)."""
+    def _cache_views(self, rows: int, width: int, pair: bool):
+        """The step's views of the slot table's buffers: the (rows, kv heads) offset of each row's head in a
+        layer's flat (slots x kv heads x capacity, head size) buffer, and per layer that flat buffer for keys
+        and for values and their chunks (rows, kv heads, CHUNK, head size) of slots [0, rows) over columns
+        [0, width), the views flash_chunked_attention cuts from the cache view the model attends over (a
+        pair: slot 0's, twice)."""
         table = self.table
         key = (rows, width, pair, table.slots, table.capacity)
         views = self._views.get(key)
         if views is None:
             if len(self._views) >= _VIEW_SETS:
                 self._views.clear()
-            views = []
+            slots = torch.zeros(rows, dtype=torch.long) if pair else torch.arange(rows)
+            offsets = (slots[:, None] * self.kv_heads + torch.arange(self.kv_heads)[None, :]) * table.capacity
+            layers = []
             for layer in range(len(self.layers)):
-                pair_of = []
+                per: list[Any] = []
                 for buffer in (table.keys[layer], table.values[layer]):
                     held = buffer[:1].expand(2, -1, -1, -1) if pair else buffer[:rows]
-                    pair_of.append([held[:, :, c:c + CHUNK] for c in range(0, width, CHUNK)])
-                views.append((pair_of[0], pair_of[1]))
-            self._views[key] = views
+                    per += [buffer.view(-1, self.head_dim), [held[:, :, c:c + CHUNK] for c in range(0, width, CHUNK)]]
+                layers.append(tuple(per))
+            views = self._views[key] = (offsets, layers)
         return views
 
     # ------------------------------------------------------------------ the step
@@ -143,44 +183,23 @@ class Qwen2DecodeStep:
         dtype = hidden.dtype
         cos, sin = self._rotary(columns, dtype)
         # The attention's mask, as flash_chunked_attention builds it from the runner's `visible` (one query a row).
-        visible = (torch.arange(width) <= columns[:, None])[:, None, None, :]
-        bias = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))
-        biases = [bias[..., c:c + CHUNK] for c in range(0, width, CHUNK)]
-        unseen = torch.stack([~visible[..., c:c + CHUNK].any(dim=-1) for c in range(0, width, CHUNK)])
-        # Filling nothing is no change: where every row sees every chunk (one row always does) it is left out.
-        unseen_any = bool(unseen.any())
-        written = ((self._slot_0 if pair else torch.arange(rows)[:, None]), self._kv_head_index, columns[:, None])
-        views = self._chunk_views(rows, width, pair)
+        biases, unseen = chunk_masks((torch.arange(width) <= columns[:, None])[:, None, None, :], dtype)
+        offsets, views = self._cache_views(rows, width, pair)
+        written = (offsets + columns[:, None]).view(-1)  # each row's new column of each kv head; a pair's twice
         heads, kv_heads, group, dim, half = self.heads, self.kv_heads, self.group, self.head_dim, self.head_dim // 2
-        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-        keys, values = self.table.keys, self.table.values
         for index, layer in enumerate(self.layers):
             attn = layer.self_attn
             x = self._rms_norm(layer.input_layernorm, hidden)
             q = self._linear(attn.q_proj, x).view(rows, heads, dim)
             k = self._linear(attn.k_proj, x).view(rows, kv_heads, dim)
-            v = self._linear(attn.v_proj, x).view(rows, kv_heads, dim)
+            v = self._linear(attn.v_proj, x)
             q = q * cos + torch.roll(q, half, -1) * sin
             k = k * cos + torch.roll(k, half, -1) * sin
-            keys[index].index_put_(written, k)
-            values[index].index_put_(written, v)
-            q = q.view(rows, kv_heads, group, dim)
-            outs, lses = [], []
-            for kc, vc, mask in zip(*views[index], biases):
-                out, lse = flash(q, kc, vc, attn_mask=mask, scale=self.scaling)
-                outs.append(out)
-                lses.append(lse)
-            # flash_chunked_attention's merge: weights exp(lse - the row's largest), sums in chunk order in float64.
-            lse = torch.stack(lses)
-            if unseen_any:
-                lse.masked_fill_(unseen, float("-inf"))
-            top = lse.amax(dim=0)
-            weights = lse.sub_(top.masked_fill_(top == float("-inf"), 0.0)).exp_().unsqueeze(-1)
-            total = weights.cumsum(0)[-1]  # = sum_in_order: the CPU's cumsum adds in order in float64
-            parts = [o * w for o, w in zip(outs, weights)] if dtype == torch.float32 else \
-                [o.float() * w for o, w in zip(outs, weights)]
-            out = sum_in_order(parts).div_(total.masked_fill_(total == 0, 1.0))
-            out = (out if dtype == torch.float32 else out.to(dtype)).view(rows, heads * dim)
+            keys, key_chunks, values, value_chunks = views[index]
+            keys.index_copy_(0, written, k.reshape(-1, dim))  # a pair writes the same values twice
+            values.index_copy_(0, written, v.reshape(-1, dim))
+            out = decode_attention(q.view(rows, kv_heads, group, dim), key_chunks, value_chunks, biases, unseen,
+                                   self.scaling).view(rows, heads * dim)
             hidden = hidden + self._linear(attn.o_proj, out)
             mlp = layer.mlp
             x = self._rms_norm(layer.post_attention_layernorm, hidden)

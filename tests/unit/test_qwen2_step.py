@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 import torch
 
-from pipeline.continuous.qwen2_step import Qwen2DecodeStep, qwen2_decode_step
+from pipeline.continuous.qwen2_step import Qwen2DecodeStep, chunk_masks, decode_attention, qwen2_decode_step
 from pipeline.continuous.runner import ModelRunner
 from pipeline.continuous.scheduler import SequenceState
 from pipeline.continuous.slots import SlotRule, chunks_for
-from pipeline.kernels.chunked_attention import CHUNK
+from pipeline.kernels.chunked_attention import CHUNK, flash_chunked_attention
 from pipeline.precision import apply_precision
 from pipeline.precision_policy import LOAD_DTYPE
 from tests.unit.test_batch_invariance import BF16_CPU, QWEN_05B
@@ -88,3 +88,22 @@ def test_the_runner_takes_the_fast_step_only_for_a_batch_invariant_qwen2_on_the_
     from transformers import Qwen2Config, Qwen2ForCausalLM
     plain = Qwen2ForCausalLM(Qwen2Config(**TINY, num_hidden_layers=1, vocab_size=VOCAB)).eval()
     assert qwen2_decode_step(plain, ModelRunner(plain, SlotRule(2, 2 * CHUNK, CHUNK)).table) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=BF16_CPU)])
+def test_the_steps_attention_gives_flash_chunked_attentions_bits_even_where_a_row_sees_nothing(dtype):
+    rows, kv_heads, group, dim, width = 5, 2, 3, 16, 3 * CHUNK
+    stream = torch.Generator().manual_seed(3)
+    q = torch.randn(rows, kv_heads * group, 1, dim, generator=stream).to(dtype)
+    key, value = (torch.randn(rows, kv_heads, width, dim, generator=stream).to(dtype) for _ in range(2))
+    value[3, :, 5] = float("nan")  # a row that sees a NaN: NaN out, with the same bits
+    ends = torch.tensor([width - 1, 0, CHUNK + 3, 40, -1])  # the last row sees no key at all
+    visible = (torch.arange(width) <= ends[:, None])[:, None, None, :]
+    expected = flash_chunked_attention(q, key, value, visible, scaling=dim ** -0.5)
+    biases, unseen = chunk_masks(visible, dtype)
+    key_chunks, value_chunks = ([t[:, :, c:c + CHUNK] for c in range(0, width, CHUNK)] for t in (key, value))
+    got = decode_attention(q.view(rows, kv_heads, group, dim), key_chunks, value_chunks, biases, unseen, dim ** -0.5)
+    bits = torch.int32 if dtype == torch.float32 else torch.int16
+    assert torch.equal(got.reshape(expected.shape).view(bits), expected.view(bits))
+    assert got[4].eq(0).all() and got[3].isnan().any() and got[:3].isfinite().all()
+    assert chunk_masks(visible[:1], dtype)[1] is None  # the longest row sees every chunk: nothing to fill
