@@ -27,13 +27,9 @@ class TokenLogprob:
     top: tuple[tuple[int, float], ...] = ()
 
 
-# A vocabulary is searched in blocks of at most this many logits (a divisor of its size; Qwen2's 151,936 is
-# 128 x 1,187): the largest of each block, then argmax within the first block holding the row's largest.
-_ARGMAX_BLOCK = 2048
-
-
-def _argmax_block(vocab: int) -> int:
-    return next((size for size in range(min(_ARGMAX_BLOCK, vocab), 1, -1) if vocab % size == 0), vocab)
+# A vocabulary is searched in blocks of this many logits (the last one shorter where the size is not a
+# multiple): the largest of each block by amax, then argmax within the first block holding the row's largest.
+_ARGMAX_BLOCK = 1024
 
 
 def first_argmax(logits):
@@ -42,14 +38,18 @@ def first_argmax(logits):
     vectorized amax, so the vocabulary is reduced by amax in blocks and argmax runs over one block a row."""
     import torch
     rows, vocab = logits.shape
-    size = _argmax_block(vocab)
-    if size in (1, vocab) or not logits.is_contiguous() or not logits.is_cpu:  # CUDA's argmax is not the cost
+    size = _ARGMAX_BLOCK
+    whole = vocab // size * size
+    if whole < 2 * size or logits.stride(-1) != 1 or not logits.is_cpu:  # CUDA's argmax is not the cost
         return logits.argmax(dim=-1)
-    blocks = logits.view(rows, vocab // size, size)
-    largest = blocks.amax(dim=-1)  # a block with a NaN has NaN here (amax propagates it)
+    largest = logits[:, :whole].unflatten(1, (whole // size, size)).amax(dim=-1)  # NaN where a block has one
+    if whole < vocab:
+        largest = torch.cat([largest, logits[:, whole:].amax(dim=-1, keepdim=True)], dim=1)
     holds = (largest == largest.amax(dim=-1, keepdim=True)) | largest.isnan()
-    first = holds.to(torch.uint8).argmax(dim=-1)  # the first block holding the largest (or a NaN)
-    return blocks[torch.arange(rows, device=logits.device), first].argmax(dim=-1).add_(first * size)
+    first = holds.to(torch.uint8).argmax(dim=-1).mul_(size)  # where the first block holding it starts
+    # The block's columns; past the last column the last one again, after it: argmax's first hit is real.
+    columns = (first[:, None] + torch.arange(size, device=logits.device)).clamp_(max=vocab - 1)
+    return logits.gather(1, columns).argmax(dim=-1).add_(first)
 
 
 class TokenChooser:

@@ -141,7 +141,7 @@ def test_the_engine_never_decodes(generator, monkeypatch):
     assert any(length == 6 for length, _ in ends), ends  # one answer at least had room for its stop strings
 
 
-@pytest.mark.parametrize("vocab", [151_936, 4096, 1009, 7])
+@pytest.mark.parametrize("vocab", [151_936, 151_665, 4096, 2049, 1009, 7])
 def test_the_greedy_token_is_torchs_argmax_with_ties_nans_and_infinities(vocab):
     import torch
     stream = torch.Generator().manual_seed(vocab)
