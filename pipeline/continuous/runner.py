@@ -29,6 +29,7 @@ class ModelRunner:
     def __init__(self, model, rule: SlotRule, *, repetition_penalty: float = 1.0, device: str = "cpu"):
         import torch
 
+        from pipeline.continuous.qwen2_step import qwen2_decode_step
         from pipeline.kernels.versions import check_kernel_versions
         check_kernel_versions(device)
         self.torch = torch
@@ -38,6 +39,8 @@ class ModelRunner:
         self.chooser = TokenChooser()
         self.table = SlotTable(rule, device)
         self.graphs = DecodeGraphs(self._forward) if device.startswith("cuda") else None
+        # On the CPU a Qwen2 decoder's decode step skips transformers' per-layer glue (same bits).
+        self.fast_step = qwen2_decode_step(model, self.table) if self.graphs is None else None
 
     def execute(self, plan: SchedulerOutput) -> RunnerOutput:
         """Give the admitted their slots, decode the running batch, then run the prompt chunks.
@@ -143,6 +146,13 @@ class ModelRunner:
     def _forward(self, ids, columns, width: int):
         """The model over rows [0, len(ids)) of the slot table: (rows, 1) ids at (rows,) columns -> (rows, vocab)
         logits. No host synchronisation: on CUDA this is what a graph records."""
+        if self.fast_step is not None and self.fast_step.ready():
+            return self.fast_step(ids, columns, width)
+        return self.model_forward(ids, columns, width)
+
+    def model_forward(self, ids, columns, width: int):
+        """:meth:`_forward` by the model's own forward (transformers' glue): on CUDA (recorded once, replayed),
+        for a model :mod:`pipeline.continuous.qwen2_step` does not take, and as the fast step's yardstick."""
         table = self.table
         table.begin_step(columns, width)
         visible = table.visible(columns, width)

@@ -10,6 +10,7 @@ import pytest
 
 from pipeline.continuous import ContinuousEngine
 from pipeline.continuous.output import Finish
+from pipeline.continuous.sampling import first_argmax
 from pipeline.cpu_features import cpu_supports_bf16
 from pipeline.device import Placement
 from pipeline.docstore import Document
@@ -138,3 +139,24 @@ def test_the_engine_never_decodes(generator, monkeypatch):
     ends = [(len(seq.generated), seq.generated[-1] in engine.eos_ids) for seq in seqs]
     assert all(length == 6 or (length < 6 and eos) for length, eos in ends), ends
     assert any(length == 6 for length, _ in ends), ends  # one answer at least had room for its stop strings
+
+
+@pytest.mark.parametrize("vocab", [151_936, 151_665, 4096, 2049, 1009, 7])
+def test_the_greedy_token_is_torchs_argmax_with_ties_nans_and_infinities(vocab):
+    import torch
+    stream = torch.Generator().manual_seed(vocab)
+    for trial in range(24):
+        rows = 1 + trial % 9
+        x = torch.randn(rows, vocab, generator=stream)
+        if trial % 3 == 0:
+            x = x.round()  # many ties: the first largest wins
+        if trial % 4 == 1:
+            x[0, int(torch.randint(0, vocab, (1,), generator=stream))] = float("nan")  # the first NaN wins
+            x[-1, -1] = float("nan")
+        if trial % 6 == 2:
+            x[0] = float("-inf")
+            x[-1, vocab // 2:] = float("inf")
+        if trial % 8 == 3:
+            x[0] = 1.0
+        assert torch.equal(first_argmax(x), x.argmax(dim=-1)), f"vocab {vocab}, trial {trial}"
+    assert torch.equal(first_argmax(x[:, ::2]), x[:, ::2].argmax(dim=-1))  # not contiguous: torch's own

@@ -1,0 +1,209 @@
+"""A Qwen2 decoder's decode step over the slot table on the CPU, in a fraction of transformers' ops.
+
+transformers' forward spends a step's host time on glue, not on arithmetic: at one row and tiny widths
+Qwen2's 24 layers dispatch about 3,970 aten ops (profiling/engine_overhead.py), most of them views,
+no-op casts and the attention's mask work, the same for every layer of a step. This step computes the
+same numbers with the same kernels in the same order (so the same bits: tests/unit/test_qwen2_step.py
+compares it with the model's own forward in every precision), and does once what can be done once:
+
+* per step: the rotary cos/sin, the attention's additive mask per key chunk and which chunks each row
+  sees (the chunked attention's `_visible`/`bias`/`any` work, pipeline/kernels/chunked_attention.py);
+* per (rows, width, slot layout), kept across steps: each layer's key/value chunk views of the slot
+  table's buffers (they stay valid: the buffers are never reallocated);
+* per layer only the arithmetic: RMSNorm's ops without its no-op casts, the Linears called on 2-d rows
+  (a RowInvariantLinear straight into oneDNN), the rotary half-swap as one `roll` against a sign-folded
+  sin ((-x2) * s and x2 * (-s) round alike), each new key and value written by one `index_copy_`, one
+  flash call per key chunk and the chunks merged as flash_chunked_attention merges them.
+
+Only where it computes what the model's forward computes: a Qwen2ForCausalLM made batch-invariant
+(pipeline.kernels.batch_invariance), full attention in every layer, the default rotary embedding, on
+the CPU; otherwise :func:`qwen2_decode_step` returns None and the runner keeps the model's forward.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from pipeline.kernels.batch_invariance import BATCH_INVARIANT_ATTENTION, RowInvariantLinear, RowInvariantRMSNorm
+from pipeline.kernels.chunked_attention import CHUNK, sum_in_order
+
+# Chunk views kept per (rows, width, slots, capacity): a few layouts and widths at a time.
+_VIEW_SETS = 64
+_LOWEST, _TINY = torch.finfo(torch.float32).min, torch.finfo(torch.float32).tiny
+
+
+def chunk_masks(visible, dtype):
+    """Per key chunk, the additive mask flash_chunked_attention gives SDPA's flash kernel for a bool `visible`
+    (rows, 1, 1, whole chunks) of one query a row; and which chunks each row sees nothing of, (chunks, rows,
+    1, 1), or None where every row sees every chunk (filling nothing changes nothing: one row always sees all)."""
+    width = visible.shape[-1]
+    bias = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))
+    unseen = torch.stack([~visible[..., c:c + CHUNK].any(dim=-1) for c in range(0, width, CHUNK)])
+    return [bias[..., c:c + CHUNK] for c in range(0, width, CHUNK)], unseen if bool(unseen.any()) else None
+
+
+def decode_attention(q, key_chunks, value_chunks, biases, unseen, scaling: float):
+    """flash_chunked_attention's result for one query a row, (rows, kv heads, group, head size) in q's dtype,
+    over chunks cut and masked once a step (:func:`chunk_masks`): one flash call per chunk, merged as it merges
+    them (weights exp(lse - the row's largest), sums in chunk order in float64)."""
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    outs, lses = [], []
+    for kc, vc, mask in zip(key_chunks, value_chunks, biases):
+        out, lse = flash(q, kc, vc, attn_mask=mask, scale=scaling)
+        outs.append(out)
+        lses.append(lse)
+    lse = torch.stack(lses)
+    if unseen is not None:
+        lse.masked_fill_(unseen, float("-inf"))
+    # Where the merge there fills -inf tops with 0 and zero totals with 1, one clamp each gives the same bits:
+    # a -inf top has only -inf beside it (-inf - x is -inf for any finite x), and a total is 0 (every weight 0:
+    # its parts are +-0, and +-0 / tiny is +-0 as +-0 / 1) or at least the top chunk's exp(0).
+    top = lse.amax(dim=0).clamp_min_(_LOWEST)
+    weights = lse.sub_(top).exp_().unsqueeze(-1)
+    total = weights.cumsum(0)[-1].clamp_min_(_TINY)  # = sum_in_order: the CPU's cumsum adds in order in float64
+    if q.dtype == torch.float32:
+        parts = [o * w for o, w in zip(outs, weights)]
+    else:
+        parts = [o.float() * w for o, w in zip(outs, weights)]
+    out = sum_in_order(parts).div_(total)
+    return out if q.dtype == torch.float32 else out.to(q.dtype)
+
+
+def qwen2_decode_step(model, table) -> "Qwen2DecodeStep | None":
+    """The fast decode step for `model` over `table`, or None where it would not compute exactly what the
+    model's forward does (another architecture or configuration, another device, not batch-invariant)."""
+    from transformers import Qwen2ForCausalLM
+    if type(model) is not Qwen2ForCausalLM or table.device != "cpu" or model.training:
+        return None
+    config, inner = model.config, model.model
+    if (config._attn_implementation != BATCH_INVARIANT_ATTENTION
+            or any(kind != "full_attention" for kind in (config.layer_types or [])[:config.num_hidden_layers])
+            or inner.rotary_emb.rope_type != "default"
+            or next(model.parameters()).device.type != "cpu"):
+        return None
+    norms = [inner.norm] + [n for layer in inner.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
+    if any(type(norm) is not RowInvariantRMSNorm for norm in norms):
+        return None
+    return Qwen2DecodeStep(model, table)
+
+
+class Qwen2DecodeStep:
+    """`step(ids, columns, width)` -> logits: the runner's eager decode step (ModelRunner._forward's contract:
+    (rows, 1) ids at (rows,) columns of slots [0, rows), reading columns [0, width) -> (rows, vocab))."""
+
+    def __init__(self, model, table):
+        inner = model.model
+        self.table = table
+        self.embed = inner.embed_tokens.weight
+        self.layers = list(inner.layers[:model.config.num_hidden_layers])
+        self.norm = inner.norm
+        self.lm_head = model.lm_head
+        first = self.layers[0].self_attn
+        self.head_dim = first.head_dim
+        self.heads = model.config.num_attention_heads
+        self.kv_heads = model.config.num_key_value_heads
+        self.group = self.heads // self.kv_heads
+        self.scaling = first.scaling
+        self.rotary = inner.rotary_emb
+        self._views: dict[tuple[int, int, bool, int, int], tuple[Any, list[tuple[Any, ...]]]] = {}
+
+    # ------------------------------------------------------------------ pieces, each as the model's module computes it
+
+    @staticmethod
+    def _linear(linear, x):
+        """`linear` over 2-d rows x: a RowInvariantLinear's oneDNN call itself (rows >= 2; its forward for one
+        row), any other Linear (int8, int4) by its forward."""
+        if type(linear) is RowInvariantLinear and x.shape[0] >= 2:
+            return torch.ops.mkldnn._linear_pointwise(x, linear.weight, linear.bias, "none", [None], "")
+        return linear(x)
+
+    @staticmethod
+    def _rms_norm(norm, x):
+        """RowInvariantRMSNorm.forward on the CPU (per_row reduces at once there), the no-op casts left out."""
+        dtype = x.dtype
+        h = x if dtype == torch.float32 else x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+        return norm.weight * (h if dtype == torch.float32 else h.to(dtype))
+
+    def _rotary(self, columns, dtype):
+        """Qwen2RotaryEmbedding's cos and sin at each row's position, (rows, 1, head size), and the sin with its
+        first half negated: rotate_half(x) * sin == roll(x, half) * that."""
+        rotary = self.rotary
+        freqs = columns[:, None, None].float() * rotary.inv_freq.to(dtype=torch.float)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos(), emb.sin()
+        if rotary.attention_scaling != 1.0:  # x * 1.0 is x: left out where it is 1
+            cos, sin = cos * rotary.attention_scaling, sin * rotary.attention_scaling
+        if dtype != torch.float32:
+            cos, sin = cos.to(dtype), sin.to(dtype)
+        half = self.head_dim // 2
+        return cos, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+    def _cache_views(self, rows: int, width: int, pair: bool):
+        """The step's views of the slot table's buffers: the (rows, kv heads) offset of each row's head in a
+        layer's flat (slots x kv heads x capacity, head size) buffer, and per layer that flat buffer for keys
+        and for values and their chunks (rows, kv heads, CHUNK, head size) of slots [0, rows) over columns
+        [0, width), the views flash_chunked_attention cuts from the cache view the model attends over (a
+        pair: slot 0's, twice)."""
+        table = self.table
+        key = (rows, width, pair, table.slots, table.capacity)
+        views = self._views.get(key)
+        if views is None:
+            if len(self._views) >= _VIEW_SETS:
+                self._views.clear()
+            slots = torch.zeros(rows, dtype=torch.long) if pair else torch.arange(rows)
+            offsets = (slots[:, None] * self.kv_heads + torch.arange(self.kv_heads)[None, :]) * table.capacity
+            layers = []
+            for layer in range(len(self.layers)):
+                per: list[Any] = []
+                for buffer in (table.keys[layer], table.values[layer]):
+                    held = buffer[:1].expand(2, -1, -1, -1) if pair else buffer[:rows]
+                    per += [buffer.view(-1, self.head_dim), [held[:, :, c:c + CHUNK] for c in range(0, width, CHUNK)]]
+                layers.append(tuple(per))
+            views = self._views[key] = (offsets, layers)
+        return views
+
+    # ------------------------------------------------------------------ the step
+
+    def ready(self) -> bool:
+        """Whether every layer's K/V buffers exist (the first prefill allocates them)."""
+        return len(self.table.keys) >= len(self.layers)
+
+    def __call__(self, ids, columns, width: int):
+        if width % CHUNK:
+            raise ValueError(f"a decode step reads whole chunks of {CHUNK} columns, not {width}")
+        # A lone row runs as two copies of itself (both reading and writing slot 0): a RowInvariantLinear
+        # widens one row to two anyway, so the pair saves its widening and slicing at every Linear.
+        pair = ids.shape[0] == 1
+        if pair:
+            ids, columns = ids.expand(2, 1), columns.expand(2)
+        rows = ids.shape[0]
+        hidden = torch.nn.functional.embedding(ids.reshape(rows), self.embed)
+        dtype = hidden.dtype
+        cos, sin = self._rotary(columns, dtype)
+        # The attention's mask, as flash_chunked_attention builds it from the runner's `visible` (one query a row).
+        biases, unseen = chunk_masks((torch.arange(width) <= columns[:, None])[:, None, None, :], dtype)
+        offsets, views = self._cache_views(rows, width, pair)
+        written = (offsets + columns[:, None]).view(-1)  # each row's new column of each kv head; a pair's twice
+        heads, kv_heads, group, dim, half = self.heads, self.kv_heads, self.group, self.head_dim, self.head_dim // 2
+        for index, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            x = self._rms_norm(layer.input_layernorm, hidden)
+            q = self._linear(attn.q_proj, x).view(rows, heads, dim)
+            k = self._linear(attn.k_proj, x).view(rows, kv_heads, dim)
+            v = self._linear(attn.v_proj, x)
+            q = q * cos + torch.roll(q, half, -1) * sin
+            k = k * cos + torch.roll(k, half, -1) * sin
+            keys, key_chunks, values, value_chunks = views[index]
+            keys.index_copy_(0, written, k.reshape(-1, dim))  # a pair writes the same values twice
+            values.index_copy_(0, written, v.reshape(-1, dim))
+            out = decode_attention(q.view(rows, kv_heads, group, dim), key_chunks, value_chunks, biases, unseen,
+                                   self.scaling).view(rows, heads * dim)
+            hidden = hidden + self._linear(attn.o_proj, out)
+            mlp = layer.mlp
+            x = self._rms_norm(layer.post_attention_layernorm, hidden)
+            x = mlp.act_fn(self._linear(mlp.gate_proj, x)) * self._linear(mlp.up_proj, x)
+            hidden = hidden + self._linear(mlp.down_proj, x)
+        logits = self._linear(self.lm_head, self._rms_norm(self.norm, hidden))
+        return logits[:1] if pair else logits

@@ -1,0 +1,109 @@
+"""pipeline/continuous/qwen2_step.py: the CPU decode step gives the model's own forward's bits (logits and the
+keys and values it writes) in every CPU precision, at one row (run as a pair) and at several with rows of
+other lengths and an idle prefilling row among them, across a chunk boundary, at Qwen2.5-0.5B's layer
+layout (tiny widths) and at its real width (one layer); the runner takes it only where it computes that."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from pipeline.continuous.qwen2_step import Qwen2DecodeStep, chunk_masks, decode_attention, qwen2_decode_step
+from pipeline.continuous.runner import ModelRunner
+from pipeline.continuous.scheduler import SequenceState
+from pipeline.continuous.slots import SlotRule, chunks_for
+from pipeline.kernels.chunked_attention import CHUNK, flash_chunked_attention
+from pipeline.precision import apply_precision
+from pipeline.precision_policy import LOAD_DTYPE
+from tests.unit.test_batch_invariance import BF16_CPU, QWEN_05B
+
+VOCAB = 512
+TINY: dict[str, Any] = {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 64,
+        "rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "tie_word_embeddings": True}
+CPU_VARIANTS = [pytest.param("float32"), pytest.param("bfloat16", marks=BF16_CPU), pytest.param("int8-dynamic"),
+                pytest.param("int8-weight", marks=BF16_CPU), pytest.param("int4-weight", marks=BF16_CPU)]
+
+
+def qwen2(variant: str, shape: dict[str, Any], layers: int):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(0)
+    config = Qwen2Config(**shape, num_hidden_layers=layers, vocab_size=VOCAB, max_position_embeddings=4096)
+    model = Qwen2ForCausalLM(config).to(getattr(torch, LOAD_DTYPE[variant])).eval()
+    return apply_precision(model, variant)
+
+
+def steps_agree(model, lengths: list[int], slots: int, steps: int = 3) -> None:
+    """Prefill `lengths` into slots of a runner (with more than two, the second's prompt only half: it rides
+    idle between decoding rows, fed token 0 as the runner feeds it), then per step: the fast step's logits
+    and written keys and values equal the model forward's on the same table."""
+    runner = ModelRunner(model, SlotRule(slots, slots * 3 * CHUNK, CHUNK))
+    assert isinstance(runner.fast_step, Qwen2DecodeStep)
+    table, stream = runner.table, torch.Generator().manual_seed(1)
+    with torch.inference_mode():
+        seqs = [SequenceState(i, torch.randint(1, VOCAB, (n,), generator=stream).tolist(), 8)
+                for i, n in enumerate(lengths)]
+        for seq in seqs:
+            table.join(seq.seq_id, seq.prompt_ids, seq.budget_tokens, seq.sampling)
+            first = runner.prefill_chunk(seq, 0, seq.prompt_len)
+            assert first is not None
+            seq.generated.append(first)
+        idle = 1 if len(lengths) > 2 else None
+        if idle is not None:
+            table.rows[idle].length = lengths[idle] // 2
+        for _ in range(steps):
+            rows = len(seqs)
+            columns = torch.tensor([row.length for row in table.rows[:rows]])
+            ids = torch.tensor([[0 if i == idle else seq.generated[-1]] for i, seq in enumerate(seqs)])
+            width = chunks_for(int(columns.max()) + 1)
+            fast = runner.fast_step(ids, columns, width).clone()
+            written = [t.clone() for t in (*table.keys.values(), *table.values.values())]
+            slow = runner.model_forward(ids, columns, width)
+            assert fast.shape == slow.shape == (rows, VOCAB)
+            assert torch.equal(fast, slow), f"rows {lengths} at columns {columns.tolist()}"
+            assert all(torch.equal(a, b) for a, b in zip(written, (*table.keys.values(), *table.values.values())))
+            for i, (seq, row, token) in enumerate(zip(seqs, table.rows, fast.argmax(-1).tolist())):
+                if i != idle:
+                    seq.generated.append(token)
+                    row.length += 1
+
+
+@pytest.mark.parametrize("variant", CPU_VARIANTS)
+def test_the_fast_step_gives_the_model_forwards_bits_in_every_cpu_precision(variant):
+    model = qwen2(variant, TINY, layers=24)
+    steps_agree(model, [7], slots=4)  # one row: run as a pair
+    steps_agree(model, [CHUNK - 2], slots=1)  # one row, one slot; its keys cross into a second chunk
+    steps_agree(model, [2 * CHUNK + 40, 3, CHUNK - 1, 90], slots=4)  # chunks some rows do not see, an idle row
+
+
+@pytest.mark.parametrize("variant", CPU_VARIANTS)
+def test_the_fast_step_gives_the_model_forwards_bits_at_qwen_05b_width(variant):
+    model = qwen2(variant, QWEN_05B, layers=1)
+    steps_agree(model, [5], slots=2, steps=2)
+    steps_agree(model, [CHUNK + 9, 4, 30], slots=4, steps=2)
+
+
+def test_the_runner_takes_the_fast_step_only_for_a_batch_invariant_qwen2_on_the_cpu(generator):
+    assert isinstance(ModelRunner(generator.model, SlotRule(2, 2 * CHUNK, CHUNK)).fast_step, Qwen2DecodeStep)
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    plain = Qwen2ForCausalLM(Qwen2Config(**TINY, num_hidden_layers=1, vocab_size=VOCAB)).eval()
+    assert qwen2_decode_step(plain, ModelRunner(plain, SlotRule(2, 2 * CHUNK, CHUNK)).table) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=BF16_CPU)])
+def test_the_steps_attention_gives_flash_chunked_attentions_bits_even_where_a_row_sees_nothing(dtype):
+    rows, kv_heads, group, dim, width = 5, 2, 3, 16, 3 * CHUNK
+    stream = torch.Generator().manual_seed(3)
+    q = torch.randn(rows, kv_heads * group, 1, dim, generator=stream).to(dtype)
+    key, value = (torch.randn(rows, kv_heads, width, dim, generator=stream).to(dtype) for _ in range(2))
+    value[3, :, 5] = float("nan")  # a row that sees a NaN: NaN out, with the same bits
+    ends = torch.tensor([width - 1, 0, CHUNK + 3, 40, -1])  # the last row sees no key at all
+    visible = (torch.arange(width) <= ends[:, None])[:, None, None, :]
+    expected = flash_chunked_attention(q, key, value, visible, scaling=dim ** -0.5)
+    biases, unseen = chunk_masks(visible, dtype)
+    key_chunks, value_chunks = ([t[:, :, c:c + CHUNK] for c in range(0, width, CHUNK)] for t in (key, value))
+    got = decode_attention(q.view(rows, kv_heads, group, dim), key_chunks, value_chunks, biases, unseen, dim ** -0.5)
+    bits = torch.int32 if dtype == torch.float32 else torch.int16
+    assert torch.equal(got.reshape(expected.shape).view(bits), expected.view(bits))
+    assert got[4].eq(0).all() and got[3].isnan().any() and got[:3].isfinite().all()
+    assert chunk_masks(visible[:1], dtype)[1] is None  # the longest row sees every chunk: nothing to fill
