@@ -48,7 +48,7 @@ from tests.support.containers import (
 )
 from tests.support.steady_load import SteadyLoad, unanswered
 from tools.local import free_ports
-from tools.render_settings import COMPOSE_TOPOLOGY
+from tools.topology import COMPOSE_TOPOLOGY
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 

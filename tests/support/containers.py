@@ -24,7 +24,7 @@ import yaml
 
 from pipeline.config import REPO_ROOT
 from tests.support.otlp_receiver import OtlpReceiver
-from tools.render_settings import COMPOSE_TOPOLOGY
+from tools.topology import COMPOSE_TOPOLOGY
 
 # The Debian package's client: the daemon's own version, whose built-in BuildKit builds the secret
 # mounts (a newer client without the buildx plugin falls back to the classic builder, which cannot).

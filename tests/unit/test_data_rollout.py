@@ -14,7 +14,7 @@ from pipeline.config import Settings
 from pipeline.config.parsers import Address
 from tests.support.data_versions import manifest_only_version
 from tools.data_rollout import Rollout, RolloutFailed, Topology
-from tools.render_settings import COMPOSE_TOPOLOGY
+from tools.topology import COMPOSE_TOPOLOGY
 
 pytestmark = pytest.mark.timeout(60)
 

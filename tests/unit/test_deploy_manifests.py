@@ -31,7 +31,8 @@ from pipeline.config import REPO_ROOT, Settings
 from pipeline.data_version import load_version
 from pipeline.kernels.versions import TORCH_VERIFIED
 from tests.support.data_versions import manifest_only_version, version_with_files
-from tools.render_settings import COMPOSE_TOPOLOGY, parse_env
+from tools.render_settings import parse_env
+from tools.topology import COMPOSE_TOPOLOGY
 
 compose_spec = pytest.importorskip("compose_spec")
 

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 import tools.render_settings as rs
+import tools.topology as topo
 from pipeline.config import REPO_ROOT, Settings
 
 
@@ -111,7 +112,7 @@ def test_a_value_an_env_file_cannot_carry_is_refused(monkeypatch):
 def test_the_index_shards_and_the_wiring_come_from_one_count():
     """Three shards instead of two: three StatefulSets, Services and budgets, each shard's pods the node
     that serves it by the settings the same count writes."""
-    three = rs.K8S_TOPOLOGY._replace(shards=3)
+    three = topo.K8S_TOPOLOGY._replace(shards=3)
     objects = [doc for doc in yaml.safe_load_all(rs.render_index(topology=three)) if doc]
     env = {name: wiring.value for name, wiring in rs.k8s_topology_wiring(three).items()}
     cluster = Settings.from_env({**rs.parse_env(rs.render_configmap()), **env, "CLUSTER_TOKEN": "t"}).cluster
@@ -137,7 +138,7 @@ def compose_nodes(compose: dict) -> dict[str, dict]:
 
 @pytest.mark.parametrize("shards", [1, 2, 3])
 def test_compose_has_a_service_per_index_shard_and_every_node_the_topology_that_names_it(shards):
-    topology = rs.COMPOSE_TOPOLOGY._replace(shards=shards)
+    topology = topo.COMPOSE_TOPOLOGY._replace(shards=shards)
     compose = yaml.safe_load(rs.render_compose(topology=topology))
     nodes = compose_nodes(compose)
     index = [f"node{2 + shard}" for shard in range(shards)]
@@ -173,7 +174,7 @@ def test_compose_has_a_service_per_index_shard_and_every_node_the_topology_that_
 def test_the_committed_compose_files_are_the_default_topologys_and_keep_their_template_whole():
     assert rs.render_compose() == (REPO_ROOT / "deploy/compose.yaml").read_text()
     assert rs.render_compose_prometheus() == (REPO_ROOT / "deploy/compose/prometheus.yml").read_text()
-    assert rs.COMPOSE_TOPOLOGY.shards == rs.K8S_TOPOLOGY.shards == rs.INDEX_SHARDS  # one count, both targets
+    assert topo.COMPOSE_TOPOLOGY.shards == topo.K8S_TOPOLOGY.shards == topo.INDEX_SHARDS  # one count, both targets
     template = (REPO_ROOT / rs.COMPOSE_TEMPLATE).read_text()
     rendered = rs.render_compose()
     # Every template line but its notes is in the file as written: only the @{...} parts are generated.
@@ -192,7 +193,7 @@ def test_compose_itself_reads_three_shards_as_five_nodes_of_one_topology(tmp_pat
     """`docker-compose config` (no daemon) resolves the anchors and merges as `up` would."""
     (tmp_path / "deploy").mkdir()
     shutil.copy(REPO_ROOT / "env.example", tmp_path / "env.example")  # the nodes' env_file
-    (tmp_path / "deploy/compose.yaml").write_text(rs.render_compose(topology=rs.COMPOSE_TOPOLOGY._replace(shards=3)))
+    (tmp_path / "deploy/compose.yaml").write_text(rs.render_compose(topology=topo.COMPOSE_TOPOLOGY._replace(shards=3)))
     config = subprocess.run([str(COMPOSE), "-f", "deploy/compose.yaml", "config", "--format", "json"], cwd=tmp_path,
                             env={"CLUSTER_TOKEN": "t", "PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
                             timeout=60)
