@@ -12,10 +12,6 @@ FIRST_INDEX_NODE = 2  # node 0 the gateways, node 1 every worker, then one node 
 PORT = 8000  # every node's (the image's), in each address below
 
 
-def and_list(items: list[str]) -> str:
-    return " and ".join([", ".join(items[:-1]), items[-1]] if len(items) > 1 else items)
-
-
 class Topology(NamedTuple):
     """Who one target's nodes are, by the names they are found by: node 0's, the one every worker
     (node 1) answers to, and each index shard's (a format of its `shard` and `node` numbers)."""
