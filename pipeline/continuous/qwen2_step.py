@@ -11,7 +11,8 @@ compares it with the model's own forward in every precision), and does once what
 * per (rows, width, slot layout), kept across steps: each layer's key/value chunk views of the slot
   table's buffers (they stay valid: the buffers are never reallocated);
 * per layer only the arithmetic: RMSNorm's ops without its no-op casts, the Linears called on 2-d rows
-  (a RowInvariantLinear straight into oneDNN), the rotary half-swap as one `roll` against a sign-folded
+  (a RowInvariantLinear straight into oneDNN; q/k/v and gate/up one product each where they are fused,
+  pipeline.kernels.fused_linears), the rotary half-swap as one `roll` against a sign-folded
   sin ((-x2) * s and x2 * (-s) round alike), each new key and value written by one `index_copy_`, one
   flash call over all key chunks (each chunk one of the kernel's heads: each chunk's bits as its own
   call gives them) and the chunks merged as flash_chunked_attention merges them. A lone row runs as a
@@ -29,6 +30,7 @@ import torch
 
 from pipeline.kernels.batch_invariance import BATCH_INVARIANT_ATTENTION, RowInvariantLinear, RowInvariantRMSNorm
 from pipeline.kernels.chunked_attention import CHUNK
+from pipeline.kernels.fused_linears import FusedPart, fused_product
 
 # Chunk views kept per (rows, width, slots, capacity): a few layouts and widths at a time.
 _VIEW_SETS = 64
@@ -125,6 +127,16 @@ class Qwen2DecodeStep:
             return torch.ops.mkldnn._linear_pointwise(x, linear.weight, linear.bias, "none", [None], "")
         return linear(x)
 
+    @classmethod
+    def _linears(cls, module, names, x):
+        """The Linears `names` of `module` over 2-d rows x: one product split into each one's columns where they
+        are fused (pipeline.kernels.fused_linears), else each by :meth:`_linear`."""
+        first = getattr(module, names[0])
+        if type(first) is FusedPart:
+            fused = first.fused
+            return fused_product(x, fused.weight, fused.bias).split(fused.sizes, dim=-1)
+        return [cls._linear(getattr(module, name), x) for name in names]
+
     @staticmethod
     def _rms_norm(norm, x):
         """RowInvariantRMSNorm.forward on the CPU (per_row reduces at once there), the no-op casts left out."""
@@ -200,9 +212,8 @@ class Qwen2DecodeStep:
         for index, layer in enumerate(self.layers):
             attn = layer.self_attn
             x = self._rms_norm(layer.input_layernorm, hidden)
-            q = self._linear(attn.q_proj, x).view(rows, heads, dim)
-            k = self._linear(attn.k_proj, x).view(rows, kv_heads, dim)
-            v = self._linear(attn.v_proj, x)
+            q, k, v = self._linears(attn, ("q_proj", "k_proj", "v_proj"), x)
+            q, k = q.view(rows, heads, dim), k.view(rows, kv_heads, dim)
             q = q * cos + torch.roll(q, half, -1) * sin
             k = k * cos + torch.roll(k, half, -1) * sin
             keys, key_chunks, values, value_chunks = views[index]
@@ -215,7 +226,8 @@ class Qwen2DecodeStep:
             hidden = hidden + self._linear(attn.o_proj, out)
             mlp = layer.mlp
             x = self._rms_norm(layer.post_attention_layernorm, hidden)
-            x = mlp.act_fn(self._linear(mlp.gate_proj, x)) * self._linear(mlp.up_proj, x)
+            gate, up = self._linears(mlp, ("gate_proj", "up_proj"), x)
+            x = mlp.act_fn(gate) * up
             hidden = hidden + self._linear(mlp.down_proj, x)
         logits = self._linear(self.lm_head, self._rms_norm(self.norm, hidden))
         return logits[:1] if pair else logits
