@@ -30,7 +30,7 @@ import torch
 
 from pipeline.kernels.batch_invariance import BATCH_INVARIANT_ATTENTION, RowInvariantLinear, RowInvariantRMSNorm
 from pipeline.kernels.chunked_attention import CHUNK
-from pipeline.kernels.fused_linears import FusedPart, fused_product
+from pipeline.kernels.fused_linears import FusedPart
 
 # Chunk views kept per (rows, width, slots, capacity): a few layouts and widths at a time.
 _VIEW_SETS = 64
@@ -133,8 +133,7 @@ class Qwen2DecodeStep:
         are fused (pipeline.kernels.fused_linears), else each by :meth:`_linear`."""
         first = getattr(module, names[0])
         if type(first) is FusedPart:
-            fused = first.fused
-            return fused_product(x, fused.weight, fused.bias).split(fused.sizes, dim=-1)
+            return cls._linear(first.fused.linear, x).split(first.fused.sizes, dim=-1)
         return [cls._linear(getattr(module, name), x) for name in names]
 
     @staticmethod
