@@ -13,10 +13,12 @@ compares it with the model's own forward in every precision), and does once what
 * per layer only the arithmetic: RMSNorm's ops without its no-op casts, the Linears called on 2-d rows
   (a RowInvariantLinear straight into oneDNN; q/k/v and gate/up one product each where they are fused,
   pipeline.kernels.fused_linears), the rotary half-swap as one `roll` against a sign-folded
-  sin ((-x2) * s and x2 * (-s) round alike), each new key and value written by one `index_copy_`, one
-  flash call over all key chunks (each chunk one of the kernel's heads: each chunk's bits as its own
-  call gives them) and the chunks merged as flash_chunked_attention merges them. A lone row runs as a
-  pair through the Linears but attends once.
+  sin ((-x2) * s and x2 * (-s) round alike) over q's and k's heads at once (side by side in the fused
+  product), each new key and value written by one `index_copy_`, one flash call over all key chunks
+  (each chunk one of the kernel's heads: each chunk's bits as its own call gives them) and the chunks
+  merged as flash_chunked_attention merges them; in place where a result is the op's own fresh tensor
+  (an in-place op rounds as its out-of-place twin). A lone row runs as a pair through the Linears (a
+  RowInvariantLinear's own widening) but is rotated and attends once.
 
 Only where it computes what the model's forward computes: a Qwen2ForCausalLM made batch-invariant
 (pipeline.kernels.batch_invariance), full attention in every layer, the default rotary embedding, on
@@ -40,13 +42,13 @@ _LOWEST, _TINY = torch.finfo(torch.float32).min, torch.finfo(torch.float32).tiny
 def chunk_masks(visible, dtype, kv_heads: int):
     """flash_chunked_attention's additive mask for a bool `visible` (rows, 1, 1, whole chunks) of one query a
     row, cut into chunks for :func:`decode_attention`: (rows x kv heads, chunks, 1, CHUNK), each row's repeated
-    for its kv heads; and which chunks each row sees nothing of, (rows, 1, chunks, 1), or None where every row
-    sees every chunk (filling nothing changes nothing: one row always sees all)."""
+    for its kv heads; and which chunks each row sees nothing of, (rows, 1, chunks, 1, 1), or None where every
+    row sees every chunk (filling nothing changes nothing: one row always sees all)."""
     rows, chunks = visible.shape[0], visible.shape[-1] // CHUNK
     by_chunk = visible.view(rows, 1, chunks, 1, CHUNK)
     bias = torch.zeros(by_chunk.shape, dtype=dtype).masked_fill_(~by_chunk, float("-inf"))
     bias = bias.expand(rows, kv_heads, chunks, 1, CHUNK).reshape(rows * kv_heads, chunks, 1, CHUNK)
-    unseen = ~by_chunk.any(dim=-1)  # (rows, 1, chunks, 1)
+    unseen = ~by_chunk.any(dim=-1, keepdim=True)
     return bias, unseen if bool(unseen.any()) else None
 
 
@@ -64,14 +66,14 @@ def decode_attention(q, keys, values, bias, unseen, scaling: float):
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     queries = q.reshape(rows * kv_heads, 1, group, dim).expand(-1, chunks, -1, -1)
     out, lse = flash(queries, keys, values, attn_mask=bias, scale=scaling)[:2]
-    lse = lse.view(rows, kv_heads, chunks, group)
+    lse = lse.view(rows, kv_heads, chunks, group, 1)
     if unseen is not None:
         lse.masked_fill_(unseen, float("-inf"))
     # Where the merge there fills -inf tops with 0 and zero totals with 1, one clamp each gives the same bits:
     # a -inf top has only -inf beside it (-inf - x is -inf for any finite x), and a total is 0 (every weight 0:
     # its parts are +-0, and +-0 / tiny is +-0 as +-0 / 1) or at least the top chunk's exp(0).
     top = lse.amax(dim=2, keepdim=True).clamp_min_(_LOWEST)
-    weights = lse.sub_(top).exp_().unsqueeze(-1)  # (rows, kv heads, chunks, group, 1)
+    weights = lse.sub_(top).exp_()
     total = weights.cumsum(2)[:, :, -1].clamp_min_(_TINY)
     parts = out.view(rows, kv_heads, chunks, group, dim)
     parts = parts * weights if q.dtype == torch.float32 else parts.float() * weights
@@ -127,22 +129,31 @@ class Qwen2DecodeStep:
             return torch.ops.mkldnn._linear_pointwise(x, linear.weight, linear.bias, "none", [None], "")
         return linear(x)
 
-    @classmethod
-    def _linears(cls, module, names, x):
-        """The Linears `names` of `module` over 2-d rows x: one product split into each one's columns where they
-        are fused (pipeline.kernels.fused_linears), else each by :meth:`_linear`."""
-        first = getattr(module, names[0])
-        if type(first) is FusedPart:
-            return cls._linear(first.fused.linear, x).split(first.fused.sizes, dim=-1)
-        return [cls._linear(getattr(module, name), x) for name in names]
+    def _query_key_value(self, attn, x, rows: int):
+        """q_proj's and k_proj's columns side by side for the first `rows` rows, (rows, heads + kv heads, head
+        size), and v_proj's (rows, kv heads x head size): where they are fused (pipeline.kernels.fused_linears)
+        one product, q's and k's columns already side by side in it."""
+        if type(attn.q_proj) is FusedPart:
+            fused = attn.q_proj.fused
+            qk, v = self._linear(fused.linear, x).split((fused.sizes[0] + fused.sizes[1], fused.sizes[2]), dim=-1)
+        else:
+            qk, v = torch.cat((self._linear(attn.q_proj, x), self._linear(attn.k_proj, x)), dim=-1), self._linear(attn.v_proj, x)
+        return qk[:rows].view(rows, self.heads + self.kv_heads, self.head_dim), v[:rows]
+
+    def _gate_up(self, mlp, x):
+        """gate_proj's and up_proj's products: one, split, where they are fused."""
+        if type(mlp.gate_proj) is FusedPart:
+            fused = mlp.gate_proj.fused
+            return self._linear(fused.linear, x).split(fused.sizes, dim=-1)
+        return self._linear(mlp.gate_proj, x), self._linear(mlp.up_proj, x)
 
     @staticmethod
     def _rms_norm(norm, x):
         """RowInvariantRMSNorm.forward on the CPU (per_row reduces at once there), the no-op casts left out."""
         dtype = x.dtype
         h = x if dtype == torch.float32 else x.to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-        return norm.weight * (h if dtype == torch.float32 else h.to(dtype))
+        h = h * h.pow(2).mean(-1, keepdim=True).add_(norm.variance_epsilon).rsqrt_()  # x itself left as it is
+        return (h if dtype == torch.float32 else h.to(dtype)).mul_(norm.weight)  # w * h == h * w
 
     def _rotary(self, columns, dtype):
         """Qwen2RotaryEmbedding's cos and sin at each row's position, (rows, 1, head size), and the sin with its
@@ -199,10 +210,10 @@ class Qwen2DecodeStep:
         rows = ids.shape[0]
         hidden = torch.nn.functional.embedding(ids.reshape(rows), self.embed)
         dtype = hidden.dtype
-        cos, sin = self._rotary(columns, dtype)
-        # The attention's mask, as flash_chunked_attention builds it from the runner's `visible` (one query a row).
-        # A pair's rows are one row twice: it attends once, over slot 0, and its output serves both.
+        # A pair's rows are one row twice: it is rotated and attends once, over slot 0, its output serving both.
         attending = 1 if pair else rows
+        cos, sin = self._rotary(columns[:attending], dtype)
+        # The attention's mask, as flash_chunked_attention builds it from the runner's `visible` (one query a row).
         bias, unseen = chunk_masks((torch.arange(width) <= columns[:attending, None])[:, None, None, :], dtype,
                                    self.kv_heads)
         offsets, views = self._cache_views(attending, width)
@@ -211,22 +222,20 @@ class Qwen2DecodeStep:
         for index, layer in enumerate(self.layers):
             attn = layer.self_attn
             x = self._rms_norm(layer.input_layernorm, hidden)
-            q, k, v = self._linears(attn, ("q_proj", "k_proj", "v_proj"), x)
-            q, k = q.view(rows, heads, dim), k.view(rows, kv_heads, dim)
-            q = q * cos + torch.roll(q, half, -1) * sin
-            k = k * cos + torch.roll(k, half, -1) * sin
+            qk, v = self._query_key_value(attn, x, attending)
+            qk = (qk * cos).add_(torch.roll(qk, half, -1).mul_(sin))  # every q and k head rotated in one pass
             keys, key_chunks, values, value_chunks = views[index]
-            keys.index_copy_(0, written, k[:attending].reshape(-1, dim))
-            values.index_copy_(0, written, v[:attending].reshape(-1, dim))
-            out = decode_attention(q[:attending].view(attending, kv_heads, group, dim), key_chunks, value_chunks,
+            keys.index_copy_(0, written, qk[:, heads:].reshape(-1, dim))
+            values.index_copy_(0, written, v.reshape(-1, dim))
+            out = decode_attention(qk[:, :heads].view(attending, kv_heads, group, dim), key_chunks, value_chunks,
                                    bias, unseen, self.scaling).view(attending, heads * dim)
             if pair:
                 out = out.expand(2, -1)
-            hidden = hidden + self._linear(attn.o_proj, out)
+            hidden.add_(self._linear(attn.o_proj, out))
             mlp = layer.mlp
             x = self._rms_norm(layer.post_attention_layernorm, hidden)
-            gate, up = self._linears(mlp, ("gate_proj", "up_proj"), x)
-            x = mlp.act_fn(gate) * up
-            hidden = hidden + self._linear(mlp.down_proj, x)
+            gate, up = self._gate_up(mlp, x)
+            x = mlp.act_fn(gate).mul_(up)
+            hidden.add_(self._linear(mlp.down_proj, x))
         logits = self._linear(self.lm_head, self._rms_norm(self.norm, hidden))
         return logits[:1] if pair else logits

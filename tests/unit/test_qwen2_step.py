@@ -83,6 +83,16 @@ def test_the_fast_step_gives_the_model_forwards_bits_at_qwen_05b_width(variant):
     steps_agree(model, [CHUNK + 9, 4, 30], slots=4, steps=2)
 
 
+def test_the_fast_step_gives_the_model_forwards_bits_with_its_linears_unfused(monkeypatch):
+    from pipeline import precision
+    from pipeline.kernels.batch_invariance import RowInvariantLinear
+    monkeypatch.setattr(precision, "fuse_linears", lambda model: 0)  # as make_batch_invariant alone leaves a model
+    model = qwen2("float32", TINY, layers=2)
+    assert type(model.model.layers[0].self_attn.q_proj) is RowInvariantLinear
+    steps_agree(model, [7], slots=4)
+    steps_agree(model, [CHUNK + 9, 4, 30], slots=4)
+
+
 def test_the_runner_takes_the_fast_step_only_for_a_batch_invariant_qwen2_on_the_cpu(generator):
     assert isinstance(ModelRunner(generator.model, SlotRule(2, 2 * CHUNK, CHUNK)).fast_step, Qwen2DecodeStep)
     from transformers import Qwen2Config, Qwen2ForCausalLM
