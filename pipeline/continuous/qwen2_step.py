@@ -58,9 +58,12 @@ def decode_attention(q, keys, values, bias, unseen, scaling: float):
 
     One flash call for every chunk: the chunks ride as the kernel's heads (q repeated along them by a 0
     stride), and the kernel computes each (batch, head) on its own in the shape one chunk's call has, so each
-    chunk's output and log-sum-exp are the bits its own call gives. They are merged as flash_chunked_attention
-    merges them: weights exp(lse - the row's largest), sums in chunk order in float64 (the CPU's cumsum adds
-    in order in a float64 accumulator along any dimension, as sum_in_order does)."""
+    chunk's output and log-sum-exp are the bits its own call gives (its blocking follows the query and key
+    counts, the same per chunk; batch and head counts only weigh its AMX packing, which needs 64 queries or
+    more, torch's FlashAttentionKernel.cpp: a decode step's are the group's). They are merged as
+    flash_chunked_attention merges them: weights exp(lse - the row's largest), sums in chunk order in
+    float64 (the CPU's cumsum adds in order in a float64 accumulator along any dimension, as sum_in_order
+    does)."""
     rows, kv_heads, group, dim = q.shape
     chunks = keys.shape[1]
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
