@@ -41,6 +41,7 @@ from collections.abc import Callable
 import torch
 
 from pipeline.kernels.batch_invariance import make_batch_invariant
+from pipeline.kernels.fused_linears import fuse_linears
 from pipeline.kernels.int4 import int4_or_int8_weight
 from pipeline.kernels.int8 import Int8DynamicLinear, Int8WeightLinear, convert_linears, untie_output_embeddings
 from pipeline.kernels.versions import check_kernel_versions
@@ -55,11 +56,14 @@ def apply_precision(model, precision: str, **int8_options):
     `int8_options` go to each int8-dynamic Linear (Int8DynamicLinear's kernel and fused: profiling/real_fidelity.py
     measures every kernel; serving passes none).
     Then its attention and its remaining float Linears are made batch-invariant
-    (:func:`~pipeline.kernels.batch_invariance.make_batch_invariant`), whatever the variant.
+    (:func:`~pipeline.kernels.batch_invariance.make_batch_invariant`), whatever the variant. First, on the
+    CPU, a Qwen2 layer's Linears of one input are fused into one (:func:`~pipeline.kernels.fused_linears.fuse_linears`:
+    the same bits in every variant), which the variant then converts.
     Raises ConfigError where torch or transformers is outside the versions the kernels were
     verified against on the model's device (pipeline.kernels.versions)."""
     check_kernel_versions(next(model.parameters()).device.type)
     untie_output_embeddings(model)  # the output layer gets its own int8 (or, on the CPU, packed) weight
+    fuse_linears(model)  # on the CPU a Qwen2 layer's q/k/v and gate/up become one Linear each (the same bits)
     if precision in QUANTIZED:
         with torch.no_grad():
             convert_linears(model, functools.partial(QUANTIZED[precision], **int8_options))

@@ -11,9 +11,14 @@ compares it with the model's own forward in every precision), and does once what
 * per (rows, width, slot layout), kept across steps: each layer's key/value chunk views of the slot
   table's buffers (they stay valid: the buffers are never reallocated);
 * per layer only the arithmetic: RMSNorm's ops without its no-op casts, the Linears called on 2-d rows
-  (a RowInvariantLinear straight into oneDNN), the rotary half-swap as one `roll` against a sign-folded
-  sin ((-x2) * s and x2 * (-s) round alike), each new key and value written by one `index_copy_`, one
-  flash call per key chunk and the chunks merged as flash_chunked_attention merges them.
+  (a RowInvariantLinear straight into oneDNN; q/k/v and gate/up one product each where they are fused,
+  pipeline.kernels.fused_linears), the rotary half-swap as one `roll` against a sign-folded
+  sin ((-x2) * s and x2 * (-s) round alike) over q's and k's heads at once (side by side in the fused
+  product), each new key and value written by one `index_copy_`, one flash call over all key chunks
+  (each chunk one of the kernel's heads: each chunk's bits as its own call gives them) and the chunks
+  merged as flash_chunked_attention merges them; in place where a result is the op's own fresh tensor
+  (an in-place op rounds as its out-of-place twin). A lone row runs as a pair through the Linears (a
+  RowInvariantLinear's own widening) but is rotated and attends once.
 
 Only where it computes what the model's forward computes: a Qwen2ForCausalLM made batch-invariant
 (pipeline.kernels.batch_invariance), full attention in every layer, the default rotary embedding, on
@@ -26,48 +31,57 @@ from typing import Any
 import torch
 
 from pipeline.kernels.batch_invariance import BATCH_INVARIANT_ATTENTION, RowInvariantLinear, RowInvariantRMSNorm
-from pipeline.kernels.chunked_attention import CHUNK, sum_in_order
+from pipeline.kernels.chunked_attention import CHUNK
+from pipeline.kernels.fused_linears import FusedPart
 
 # Chunk views kept per (rows, width, slots, capacity): a few layouts and widths at a time.
 _VIEW_SETS = 64
 _LOWEST, _TINY = torch.finfo(torch.float32).min, torch.finfo(torch.float32).tiny
 
 
-def chunk_masks(visible, dtype):
-    """Per key chunk, the additive mask flash_chunked_attention gives SDPA's flash kernel for a bool `visible`
-    (rows, 1, 1, whole chunks) of one query a row; and which chunks each row sees nothing of, (chunks, rows,
-    1, 1), or None where every row sees every chunk (filling nothing changes nothing: one row always sees all)."""
-    width = visible.shape[-1]
-    bias = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))
-    unseen = torch.stack([~visible[..., c:c + CHUNK].any(dim=-1) for c in range(0, width, CHUNK)])
-    return [bias[..., c:c + CHUNK] for c in range(0, width, CHUNK)], unseen if bool(unseen.any()) else None
+def chunk_masks(visible, dtype, kv_heads: int):
+    """flash_chunked_attention's additive mask for a bool `visible` (rows, 1, 1, whole chunks) of one query a
+    row, cut into chunks for :func:`decode_attention`: (rows x kv heads, chunks, 1, CHUNK), each row's repeated
+    for its kv heads; and which chunks each row sees nothing of, (rows, 1, chunks, 1, 1), or None where every
+    row sees every chunk (filling nothing changes nothing: one row always sees all)."""
+    rows, chunks = visible.shape[0], visible.shape[-1] // CHUNK
+    by_chunk = visible.view(rows, 1, chunks, 1, CHUNK)
+    bias = torch.zeros(by_chunk.shape, dtype=dtype).masked_fill_(~by_chunk, float("-inf"))
+    bias = bias.expand(rows, kv_heads, chunks, 1, CHUNK).reshape(rows * kv_heads, chunks, 1, CHUNK)
+    unseen = ~by_chunk.any(dim=-1, keepdim=True)
+    return bias, unseen if bool(unseen.any()) else None
 
 
-def decode_attention(q, key_chunks, value_chunks, biases, unseen, scaling: float):
+def decode_attention(q, keys, values, bias, unseen, scaling: float):
     """flash_chunked_attention's result for one query a row, (rows, kv heads, group, head size) in q's dtype,
-    over chunks cut and masked once a step (:func:`chunk_masks`): one flash call per chunk, merged as it merges
-    them (weights exp(lse - the row's largest), sums in chunk order in float64)."""
+    over keys and values (rows x kv heads, chunks, CHUNK, head size) masked once a step (:func:`chunk_masks`).
+
+    One flash call for every chunk: the chunks ride as the kernel's heads (q repeated along them by a 0
+    stride), and the kernel computes each (batch, head) on its own in the shape one chunk's call has, so each
+    chunk's output and log-sum-exp are the bits its own call gives (its blocking follows the query and key
+    counts, the same per chunk; batch and head counts only weigh its AMX packing, which needs 64 queries or
+    more, torch's FlashAttentionKernel.cpp: a decode step's are the group's). They are merged as
+    flash_chunked_attention merges them: weights exp(lse - the row's largest), sums in chunk order in
+    float64 (the CPU's cumsum adds in order in a float64 accumulator along any dimension, as sum_in_order
+    does)."""
+    rows, kv_heads, group, dim = q.shape
+    chunks = keys.shape[1]
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    outs, lses = [], []
-    for kc, vc, mask in zip(key_chunks, value_chunks, biases):
-        out, lse = flash(q, kc, vc, attn_mask=mask, scale=scaling)
-        outs.append(out)
-        lses.append(lse)
-    lse = torch.stack(lses)
+    queries = q.reshape(rows * kv_heads, 1, group, dim).expand(-1, chunks, -1, -1)
+    out, lse = flash(queries, keys, values, attn_mask=bias, scale=scaling)[:2]
+    lse = lse.view(rows, kv_heads, chunks, group, 1)
     if unseen is not None:
         lse.masked_fill_(unseen, float("-inf"))
     # Where the merge there fills -inf tops with 0 and zero totals with 1, one clamp each gives the same bits:
     # a -inf top has only -inf beside it (-inf - x is -inf for any finite x), and a total is 0 (every weight 0:
     # its parts are +-0, and +-0 / tiny is +-0 as +-0 / 1) or at least the top chunk's exp(0).
-    top = lse.amax(dim=0).clamp_min_(_LOWEST)
-    weights = lse.sub_(top).exp_().unsqueeze(-1)
-    total = weights.cumsum(0)[-1].clamp_min_(_TINY)  # = sum_in_order: the CPU's cumsum adds in order in float64
-    if q.dtype == torch.float32:
-        parts = [o * w for o, w in zip(outs, weights)]
-    else:
-        parts = [o.float() * w for o, w in zip(outs, weights)]
-    out = sum_in_order(parts).div_(total)
-    return out if q.dtype == torch.float32 else out.to(q.dtype)
+    top = lse.amax(dim=2, keepdim=True).clamp_min_(_LOWEST)
+    weights = lse.sub_(top).exp_()
+    total = weights.cumsum(2)[:, :, -1].clamp_min_(_TINY)
+    parts = out.view(rows, kv_heads, chunks, group, dim)
+    parts = parts * weights if q.dtype == torch.float32 else parts.float() * weights
+    summed = parts.cumsum(2)[:, :, -1] / total  # a fresh, contiguous result
+    return summed if q.dtype == torch.float32 else summed.to(q.dtype)
 
 
 def qwen2_decode_step(model, table) -> "Qwen2DecodeStep | None":
@@ -118,13 +132,31 @@ class Qwen2DecodeStep:
             return torch.ops.mkldnn._linear_pointwise(x, linear.weight, linear.bias, "none", [None], "")
         return linear(x)
 
+    def _query_key_value(self, attn, x, rows: int):
+        """q_proj's and k_proj's columns side by side for the first `rows` rows, (rows, heads + kv heads, head
+        size), and v_proj's (rows, kv heads x head size): where they are fused (pipeline.kernels.fused_linears)
+        one product, q's and k's columns already side by side in it."""
+        if type(attn.q_proj) is FusedPart:
+            fused = attn.q_proj.fused
+            qk, v = self._linear(fused.linear, x).split((fused.sizes[0] + fused.sizes[1], fused.sizes[2]), dim=-1)
+        else:
+            qk, v = torch.cat((self._linear(attn.q_proj, x), self._linear(attn.k_proj, x)), dim=-1), self._linear(attn.v_proj, x)
+        return qk[:rows].view(rows, self.heads + self.kv_heads, self.head_dim), v[:rows]
+
+    def _gate_up(self, mlp, x):
+        """gate_proj's and up_proj's products: one, split, where they are fused."""
+        if type(mlp.gate_proj) is FusedPart:
+            fused = mlp.gate_proj.fused
+            return self._linear(fused.linear, x).split(fused.sizes, dim=-1)
+        return self._linear(mlp.gate_proj, x), self._linear(mlp.up_proj, x)
+
     @staticmethod
     def _rms_norm(norm, x):
         """RowInvariantRMSNorm.forward on the CPU (per_row reduces at once there), the no-op casts left out."""
         dtype = x.dtype
         h = x if dtype == torch.float32 else x.to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-        return norm.weight * (h if dtype == torch.float32 else h.to(dtype))
+        h = h * h.pow(2).mean(-1, keepdim=True).add_(norm.variance_epsilon).rsqrt_()  # x itself left as it is
+        return (h if dtype == torch.float32 else h.to(dtype)).mul_(norm.weight)  # w * h == h * w
 
     def _rotary(self, columns, dtype):
         """Qwen2RotaryEmbedding's cos and sin at each row's position, (rows, 1, head size), and the sin with its
@@ -140,26 +172,26 @@ class Qwen2DecodeStep:
         half = self.head_dim // 2
         return cos, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
-    def _cache_views(self, rows: int, width: int, pair: bool):
+    def _cache_views(self, rows: int, width: int):
         """The step's views of the slot table's buffers: the (rows, kv heads) offset of each row's head in a
         layer's flat (slots x kv heads x capacity, head size) buffer, and per layer that flat buffer for keys
-        and for values and their chunks (rows, kv heads, CHUNK, head size) of slots [0, rows) over columns
-        [0, width), the views flash_chunked_attention cuts from the cache view the model attends over (a
-        pair: slot 0's, twice)."""
+        and for values and their chunks of slots [0, rows) over columns [0, width), (rows x kv heads, chunks,
+        CHUNK, head size): the chunks flash_chunked_attention cuts from the cache view the model attends
+        over (a slot's kv heads are one capacity apart, the slots too)."""
         table = self.table
-        key = (rows, width, pair, table.slots, table.capacity)
+        key = (rows, width, table.slots, table.capacity)
         views = self._views.get(key)
         if views is None:
             if len(self._views) >= _VIEW_SETS:
                 self._views.clear()
-            slots = torch.zeros(rows, dtype=torch.long) if pair else torch.arange(rows)
-            offsets = (slots[:, None] * self.kv_heads + torch.arange(self.kv_heads)[None, :]) * table.capacity
+            offsets = (torch.arange(rows)[:, None] * self.kv_heads + torch.arange(self.kv_heads)[None, :]) * table.capacity
             layers = []
             for layer in range(len(self.layers)):
                 per: list[Any] = []
                 for buffer in (table.keys[layer], table.values[layer]):
-                    held = buffer[:1].expand(2, -1, -1, -1) if pair else buffer[:rows]
-                    per += [buffer.view(-1, self.head_dim), [held[:, :, c:c + CHUNK] for c in range(0, width, CHUNK)]]
+                    flat = buffer.view(-1, self.head_dim)
+                    heads = buffer[:rows].view(rows * self.kv_heads, table.capacity, self.head_dim)
+                    per += [flat, heads[:, :width].unflatten(1, (width // CHUNK, CHUNK))]
                 layers.append(tuple(per))
             views = self._views[key] = (offsets, layers)
         return views
@@ -181,29 +213,32 @@ class Qwen2DecodeStep:
         rows = ids.shape[0]
         hidden = torch.nn.functional.embedding(ids.reshape(rows), self.embed)
         dtype = hidden.dtype
-        cos, sin = self._rotary(columns, dtype)
+        # A pair's rows are one row twice: it is rotated and attends once, over slot 0, its output serving both.
+        attending = 1 if pair else rows
+        cos, sin = self._rotary(columns[:attending], dtype)
         # The attention's mask, as flash_chunked_attention builds it from the runner's `visible` (one query a row).
-        biases, unseen = chunk_masks((torch.arange(width) <= columns[:, None])[:, None, None, :], dtype)
-        offsets, views = self._cache_views(rows, width, pair)
-        written = (offsets + columns[:, None]).view(-1)  # each row's new column of each kv head; a pair's twice
+        bias, unseen = chunk_masks((torch.arange(width) <= columns[:attending, None])[:, None, None, :], dtype,
+                                   self.kv_heads)
+        offsets, views = self._cache_views(attending, width)
+        written = (offsets + columns[:attending, None]).view(-1)  # each row's new column of each kv head
         heads, kv_heads, group, dim, half = self.heads, self.kv_heads, self.group, self.head_dim, self.head_dim // 2
         for index, layer in enumerate(self.layers):
             attn = layer.self_attn
             x = self._rms_norm(layer.input_layernorm, hidden)
-            q = self._linear(attn.q_proj, x).view(rows, heads, dim)
-            k = self._linear(attn.k_proj, x).view(rows, kv_heads, dim)
-            v = self._linear(attn.v_proj, x)
-            q = q * cos + torch.roll(q, half, -1) * sin
-            k = k * cos + torch.roll(k, half, -1) * sin
+            qk, v = self._query_key_value(attn, x, attending)
+            qk = (qk * cos).add_(torch.roll(qk, half, -1).mul_(sin))  # every q and k head rotated in one pass
             keys, key_chunks, values, value_chunks = views[index]
-            keys.index_copy_(0, written, k.reshape(-1, dim))  # a pair writes the same values twice
+            keys.index_copy_(0, written, qk[:, heads:].reshape(-1, dim))
             values.index_copy_(0, written, v.reshape(-1, dim))
-            out = decode_attention(q.view(rows, kv_heads, group, dim), key_chunks, value_chunks, biases, unseen,
-                                   self.scaling).view(rows, heads * dim)
-            hidden = hidden + self._linear(attn.o_proj, out)
+            out = decode_attention(qk[:, :heads].view(attending, kv_heads, group, dim), key_chunks, value_chunks,
+                                   bias, unseen, self.scaling).view(attending, heads * dim)
+            if pair:
+                out = out.expand(2, -1)
+            hidden.add_(self._linear(attn.o_proj, out))
             mlp = layer.mlp
             x = self._rms_norm(layer.post_attention_layernorm, hidden)
-            x = mlp.act_fn(self._linear(mlp.gate_proj, x)) * self._linear(mlp.up_proj, x)
-            hidden = hidden + self._linear(mlp.down_proj, x)
+            gate, up = self._gate_up(mlp, x)
+            x = mlp.act_fn(gate).mul_(up)
+            hidden.add_(self._linear(mlp.down_proj, x))
         logits = self._linear(self.lm_head, self._rms_norm(self.norm, hidden))
         return logits[:1] if pair else logits

@@ -8,7 +8,7 @@ an EPYC with avx512_bf16 too.
 
 The tests run at each level (INVARIANCE): a row alone against the same row among others, for the float,
 int8 and int4 Linears, an encoder layer, the decode step at Qwen2.5-0.5B's width in every CPU variant (and
-the CPU's fast decode step against the model's forward there), the per-row reductions and the attention
+the CPU's fast decode step against the model's forward there, fused Linears against their parts), the per-row reductions and the attention
 kernels; not the whole-model cases (stand-ins to build)."""
 from __future__ import annotations
 
@@ -25,10 +25,11 @@ from pipeline.cpu_features import ONEDNN_ISA_VARIABLES, onednn_checked_level, on
 ROOT = Path(__file__).resolve().parents[2]
 INVARIANCE = ["tests/unit/test_batch_invariance.py", "tests/unit/test_chunked_attention.py",
               "tests/unit/test_precision.py", "tests/unit/test_int8_kernels.py", "tests/unit/test_int4_kernels.py",
-              "tests/unit/test_qwen2_step.py", "-k",
+              "tests/unit/test_qwen2_step.py", "tests/unit/test_fused_linears.py", "-k",
               "row_invariant_linear or encoders_row_alone or decode_logits_alone or reduces_each_row or float_linear_gives"
               " or quantized_linear or row_alone_equals_the_row_in_a_padded or first_to_last or int8_kernels"
-              " or int4_kernels or model_forwards_bits_at_qwen_05b_width or where_a_row_sees_nothing"]
+              " or int4_kernels or model_forwards_bits_at_qwen_05b_width or where_a_row_sees_nothing"
+              " or each_parts_own_bits or unfused_forwards_bits"]
 # torch's and MKL's names for each oneDNN level's kind of vector unit.
 ATEN_CAPABILITY = {"AVX2": "avx2", "AVX512_CORE": "avx512", "AVX512_CORE_BF16": "avx512"}
 MKL_INSTRUCTIONS = {"AVX2": "AVX2", "AVX512_CORE": "AVX512", "AVX512_CORE_BF16": "AVX512"}

@@ -83,6 +83,16 @@ def test_the_fast_step_gives_the_model_forwards_bits_at_qwen_05b_width(variant):
     steps_agree(model, [CHUNK + 9, 4, 30], slots=4, steps=2)
 
 
+def test_the_fast_step_gives_the_model_forwards_bits_with_its_linears_unfused(monkeypatch):
+    from pipeline import precision
+    from pipeline.kernels.batch_invariance import RowInvariantLinear
+    monkeypatch.setattr(precision, "fuse_linears", lambda model: 0)  # as make_batch_invariant alone leaves a model
+    model = qwen2("float32", TINY, layers=2)
+    assert type(model.model.layers[0].self_attn.q_proj) is RowInvariantLinear
+    steps_agree(model, [7], slots=4)
+    steps_agree(model, [CHUNK + 9, 4, 30], slots=4)
+
+
 def test_the_runner_takes_the_fast_step_only_for_a_batch_invariant_qwen2_on_the_cpu(generator):
     assert isinstance(ModelRunner(generator.model, SlotRule(2, 2 * CHUNK, CHUNK)).fast_step, Qwen2DecodeStep)
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -100,10 +110,33 @@ def test_the_steps_attention_gives_flash_chunked_attentions_bits_even_where_a_ro
     ends = torch.tensor([width - 1, 0, CHUNK + 3, 40, -1])  # the last row sees no key at all
     visible = (torch.arange(width) <= ends[:, None])[:, None, None, :]
     expected = flash_chunked_attention(q, key, value, visible, scaling=dim ** -0.5)
-    biases, unseen = chunk_masks(visible, dtype)
-    key_chunks, value_chunks = ([t[:, :, c:c + CHUNK] for c in range(0, width, CHUNK)] for t in (key, value))
-    got = decode_attention(q.view(rows, kv_heads, group, dim), key_chunks, value_chunks, biases, unseen, dim ** -0.5)
+    bias, unseen = chunk_masks(visible, dtype, kv_heads)
+    # as the step cuts them from the slot table: a slot's kv heads one capacity (here width) apart
+    keys, values = (t.view(rows * kv_heads, width // CHUNK, CHUNK, dim) for t in (key, value))
+    got = decode_attention(q.view(rows, kv_heads, group, dim), keys, values, bias, unseen, dim ** -0.5)
     bits = torch.int32 if dtype == torch.float32 else torch.int16
     assert torch.equal(got.reshape(expected.shape).view(bits), expected.view(bits))
     assert got[4].eq(0).all() and got[3].isnan().any() and got[:3].isfinite().all()
-    assert chunk_masks(visible[:1], dtype)[1] is None  # the longest row sees every chunk: nothing to fill
+    assert chunk_masks(visible[:1], dtype, kv_heads)[1] is None  # the longest row sees every chunk: nothing to fill
+
+
+def flash_calls(step, ids, columns, width: int) -> int:
+    """How many calls of SDPA's CPU flash kernel one step makes."""
+    from profiling.lib.engine_step import OpCounter
+    counter = OpCounter()
+    with torch.inference_mode(), counter.mode:
+        step(ids, columns, width)
+    return counter.counts["_scaled_dot_product_flash_attention_for_cpu"]
+
+
+def test_the_step_attends_over_every_chunk_in_one_flash_call_a_layer():
+    model = qwen2("float32", TINY, layers=3)
+    runner = ModelRunner(model, SlotRule(2, 2 * 4 * CHUNK, CHUNK))
+    with torch.inference_mode():
+        for slot, n in enumerate([3 * CHUNK + 5, 20]):
+            seq = SequenceState(slot, [1 + i % (VOCAB - 1) for i in range(n)], 8)
+            runner.table.join(slot, seq.prompt_ids, seq.budget_tokens, seq.sampling)
+            runner.prefill_chunk(seq, 0, n)
+    columns = torch.tensor([3 * CHUNK + 5, 20])
+    assert flash_calls(runner.fast_step, torch.ones(2, 1, dtype=torch.long), columns, 4 * CHUNK) == 3
+    assert flash_calls(runner.fast_step, torch.ones(1, 1, dtype=torch.long), columns[:1], 4 * CHUNK) == 3
