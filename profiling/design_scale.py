@@ -133,8 +133,9 @@ def latency(client, queries: np.ndarray, batches: list[int], repeat: int, until:
 
 
 def serve_point(index_path: Path, log: Path, nprobe: int, queries: np.ndarray, exact: np.ndarray, args,
-                timed_from: float, until: float) -> dict[str, Any]:
-    """One node started at `nprobe`: its recall@10, and its latency when that recall is at least `timed_from`."""
+                timed_from: float, share_s: float) -> dict[str, Any]:
+    """One node started at `nprobe`: its recall@10, and its latency (`share_s` seconds at most, past the
+    least calls) when that recall is at least `timed_from`."""
     from services.cluster.clients import IndexClient
     with serving_process(index_path, log, {**os.environ, "NPROBE": str(nprobe)}) as (url, node):
         point: dict[str, Any] = {"nprobe": served_nprobe(url), "memory_loaded": node_memory(node.pid)}
@@ -145,7 +146,7 @@ def serve_point(index_path: Path, log: Path, nprobe: int, queries: np.ndarray, e
                               for i in range(0, len(queries), 32)])
         point["recall"] = round(recall_at(ids, exact), 4)
         if point["recall"] >= timed_from:
-            point["latency"] = latency(client, queries, args.batches, args.repeat, until)
+            point["latency"] = latency(client, queries, args.batches, args.repeat, time.monotonic() + share_s)
         point["memory_serving"] = node_memory(node.pid)
     return point
 
@@ -171,13 +172,14 @@ def run_kind(spec: str, position: int, args, work: Path, queries: np.ndarray, ex
     rows: list[dict[str, Any]] = []
     rungs: list[dict[str, Any]] = []
     for i, nprobe in enumerate(nprobes):
-        # Each timed point left (this kind's, one per later kind) gets half of an equal share of the time left.
+        # Each timed point left (this kind's, one per later kind): its latency loops get half of an equal share
+        # of the time left past the later builds; the other half is for its node start and recall searches.
         points_left = (len(nprobes) - i if target is None else 1) + len(args.index) - position - 1
         share = max(MIN_LATENCY_S, (until - time.monotonic() - later_builds) / (2 * points_left))
         last = i == len(nprobes) - 1
         timed_from = 0.0 if target is None or last else target.recall
         point = serve_point(result.index_path, work / f"v{position}-index-node.log", nprobe, queries, exact, args,
-                            timed_from, time.monotonic() + share)
+                            timed_from, share)
         print(f"{built['spec']} nprobe {nprobe}: recall@10 {point['recall']}", flush=True)
         if target is None:
             rows.append({**built, "role": "sweep", **point})

@@ -20,11 +20,12 @@ rather than the course's uniform cube, the centroids drawn
 from the same mixture (not trained), split in --sim-shards centroid shards, one process each, searched
 through the router with the top 10 checked against the unsharded index. Which shards a query visits
 depends on the centroids and the owners, not on how full the lists are, so the fan-out is the full
-size's for these centroids; the vectors scanned are scale times the full size's. Counts only, no timings:
-the fan-out, the queries, lists and vectors each shard is asked for; and computed from the counts (marked
-so), each node's vectors at the full size and their bytes as IVF-Flat. The course build's progress bars (on
-a terminal) show its elapsed time and rate: the build's, not the fan-out's. Writes shard_fanout.json into
---out or a fresh runs/shard_fanout-<UTC time>/.
+size's for these centroids; the vectors scanned are the full size's times scale x --sim-nlist-div (as
+many lists probed, of that many times fewer, each holding scale x div times a full-size list's vectors).
+Counts only, no timings: the fan-out, the queries, lists and vectors each shard is asked for; and computed
+from the counts (marked so), each node's vectors at the full size and their bytes as IVF-Flat. The course
+build's progress bars (on a terminal) show its elapsed time and rate: the build's, not the fan-out's.
+Writes shard_fanout.json into --out or a fresh runs/shard_fanout-<UTC time>/.
 """
 from __future__ import annotations
 
@@ -194,7 +195,9 @@ def main(argv: list[str] | None = None) -> int:
             run = sim["processes"]
             print(f"\n{sim['scenario']} ({sim['full_size_vectors']:,} vectors, nlist {sim['full_size_nlist']:,}) "
                   f"scaled to {sim['vectors']:,} vectors, nlist {sim['nlist']}, nprobe {sim['nprobe']}, "
-                  f"{sim['dim']}-d {sim['vectors_drawn']} vectors; counted (no timings): {run['processes']} shard "
+                  f"{sim['dim']}-d {sim['vectors_drawn']} vectors (those scanned: the full size's x "
+                  f"{sim['vectors'] * sim['full_size_nlist'] / (sim['full_size_vectors'] * sim['nlist']):.2g}); "
+                  f"counted (no timings): {run['processes']} shard "
                   f"processes, {run['shards_per_query_mean']:.2f} shards/query, top 10 equal for "
                   f"{run['top10_equal_to_unsharded']}/{run['queries']}")
             print(_table([sim["hash"], sim["centroid"]]))
