@@ -23,9 +23,10 @@ over the vectors. Then per ``--index`` kind (IVF kinds: nprobe is what is swept)
    The first kind at every ``--nprobe`` (the sweep). Each later kind on a ladder that starts at the least
    swept nprobe whose recall met the floor (``--min-recall``, default INDEX_MIN_RECALL) and doubles up to
    nlist, stopped at the first rung that meets it; when no swept nprobe met the floor, the target is the
-   best swept recall less ``--recall-tolerance``, from that nprobe. So the kinds are compared at the same
-   recall. Quantized codes do not beat the full vectors at the same nprobe, so no rung below the start
-   is tried.
+   best swept recall less ``--recall-tolerance``, from the least swept nprobe meeting that. So the kinds are
+   compared at the same recall. No rung below the start is tried: with the same lists (a course build's
+   kinds train the same coarse quantizer: the same sample, faiss's same seeded k-means), quantized codes
+   can only lose neighbours the full vectors find in them.
 3. measured at every swept nprobe and at a later kind's last rung: recall@10 of the node's answers against
    the exact top 10; latency p50/p99 at each ``--batches`` size (``--repeat`` calls each, cut short at the
    point's share of the budget); the node's resident memory (anonymous and file-backed: the mapped lists it
@@ -102,11 +103,12 @@ class Target:
 
 
 def tuning_target(swept: list[dict[str, Any]], floor: float, tolerance: float) -> Target:
-    reaching = [r["nprobe"] for r in swept if r["recall"] >= floor]
-    if reaching:
-        return Target(floor, min(reaching), min(reaching))
-    best = max(swept, key=lambda r: (r["recall"], -r["nprobe"]))
-    return Target(max(0.0, best["recall"] - tolerance), best["nprobe"], None)
+    """The floor where a swept nprobe met it, else the best swept recall less `tolerance`; the ladder starts at
+    the least swept nprobe meeting that target (below it the full vectors miss it, and codes do no better)."""
+    reached = [r["nprobe"] for r in swept if r["recall"] >= floor]
+    recall = floor if reached else max(0.0, max(r["recall"] for r in swept) - tolerance)
+    start = min(r["nprobe"] for r in swept if r["recall"] >= recall)
+    return Target(recall, start, min(reached) if reached else None)
 
 
 def ladder(start: int, nlist: int) -> list[int]:
