@@ -34,9 +34,11 @@ over the vectors. Then per ``--index`` kind (IVF kinds: nprobe is what is swept)
    rungs: recall only.
 4. removed (unless ``--keep``) before the next kind is built, so the disk holds one kind at a time.
 
-``--time-budget`` seconds bound the run (the default fits the design size on 2 quiet cores): a kind whose
-estimated build would not fit in what is left is skipped (and said so), and each point's latency loop stops
-at its share of what is left once the later kinds' builds are set aside. Refuses to start when ``--work``'s
+``--time-budget`` seconds bound the run (the default, 35 min, holds the design size's exact search, two builds
+and their serving on 2 quiet cores by build_estimate_s and exact_estimate_s, ~23 min of it before serving): a
+kind whose estimated build would not fit in what is left is skipped (and said so), and each point's latency
+loop stops at its share of what is left once the later kinds' builds are set aside, so the latency loops take
+what the builds leave. Refuses to start when ``--work``'s
 disk cannot hold the largest kind, or the budget is short of the exact search and one build. Writes
 design_scale.json and design_scale.png (recall against p50 latency per batch size, bytes on disk and
 resident per kind) under --out.
