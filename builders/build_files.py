@@ -1,5 +1,6 @@
-"""The files of a data build, written crash-safely: ``DIR/documents/documents.db`` and the index file(s);
-its manifest (builders.manifest) comes after them.
+"""The files of a data build, written crash-safely: ``DIR/documents/documents.db``, the index file(s) and
+the recall check's queries (``recall_queries.npz``: builders.recall_queries); its manifest
+(builders.manifest) comes after them.
 
 Crash safety. Every file is written under a temporary name next to its final
 place (``documents/.documents.db.partial``, ``.faiss_index.bin.partial``, one per
@@ -29,6 +30,7 @@ from pipeline.spec import DOCUMENTS_COLUMNS, DOCUMENTS_DB, DOCUMENTS_SCHEMA, DOC
 
 DOCS_SUBDIR = "documents"
 INDEX_FILENAME = "faiss_index.bin"
+QUERIES_FILENAME = "recall_queries.npz"
 PARTIAL_SUFFIX = ".partial"
 INSERT = (f"INSERT INTO {DOCUMENTS_TABLE} ({', '.join(DOCUMENTS_COLUMNS)}) "
           f"VALUES ({', '.join('?' * len(DOCUMENTS_COLUMNS))})")
@@ -78,19 +80,25 @@ def _partial(path: Path) -> Path:
     return path.with_name(f".{path.name}{PARTIAL_SUFFIX}")
 
 
+def staged_queries(out_dir: str | Path) -> Path:
+    """Where a build in :func:`staged_outputs` writes its recall queries (builders.recall.measure_build's
+    ``keep``): renamed into place with the index files."""
+    return _partial(Path(out_dir) / QUERIES_FILENAME)
+
+
 @contextmanager
 def staged_outputs(out_dir: str | Path, force: bool, shards: int = 1) -> Iterator[tuple[Path, list[Path]]]:
-    """Yield temporary paths for (db, [index files]); rename them into place on success, then
-    remove the index files of another shard count."""
+    """Yield temporary paths for (db, [index files]); rename them into place on success (with the recall
+    queries, if :func:`staged_queries` was written), then remove the index files of another shard count."""
     check_outputs(out_dir, force, shards)
     db_path, index_path = output_paths(out_dir)
-    finals = [db_path, *index_files(index_path, shards)]
+    finals = [db_path, *index_files(index_path, shards), Path(out_dir) / QUERIES_FILENAME]
     created_dir = not db_path.parent.exists()
     db_path.parent.mkdir(parents=True, exist_ok=True)
     temps = [_partial(path) for path in finals]
     _remove(temps)  # leftovers of a build that was killed
     try:
-        yield temps[0], temps[1:]
+        yield temps[0], temps[1:-1]
         # The directory stops being a version before any of its files is replaced; the caller writes
         # the new manifest last (builders.manifest), so a build killed anywhere leaves none.
         remove_manifest(out_dir)
@@ -108,8 +116,11 @@ def staged_outputs(out_dir: str | Path, force: bool, shards: int = 1) -> Iterato
 
 def _commit(temps: list[Path], finals: list[Path]) -> None:
     try:
-        for temp, final in zip(temps, finals):  # database first, index files last
-            os.replace(temp, final)
+        for temp, final in zip(temps, finals):  # database first, index files and recall queries last
+            if final.name == QUERIES_FILENAME and not temp.exists():
+                final.unlink(missing_ok=True)  # an earlier build's: its queries' answers are not this index's
+            else:
+                os.replace(temp, final)
     except BaseException:
         _remove(finals)  # never leave a new database beside a stale index
         raise

@@ -26,7 +26,8 @@ memory: the training sample plus one batch), byte-identical to ``faiss.write_ind
 vectors in memory, and :mod:`builders.build_files` renames every file into place only after a
 complete build. Every build measures its recall@10 against an exact search (builders.recall) before
 its manifest is written, and fails under the floor (INDEX_MIN_RECALL, ``--min-recall``) unless told to
-accept it (``--accept-low-recall``); ``--tune`` first raises nprobe / efSearch to the floor.
+accept it (``--accept-low-recall``); ``--tune`` first raises nprobe / efSearch to the floor. Its queries
+are kept in ``DIR/recall_queries.npz``, so ``python -m builders.recall tune DIR`` can re-tune it later.
 """
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ from builders.build_files import (
     index_files,
     output_paths,
     staged_outputs,
+    staged_queries,
 )
 from builders.corpus import course_document, support_documents
 from builders.embedding import write_and_embed
@@ -144,9 +146,9 @@ class BuildResult:
 
 
 def write_index(paths: list[Path], spec: str, params: IvfParams, sample: np.ndarray, batches: Batches, n: int,
-                progress: bool, recall: RecallOptions, seed: int) -> dict:
+                progress: bool, recall: RecallOptions, seed: int, keep: Path | None = None) -> dict:
     """The index files of one build, of kind ``spec`` (``auto``: builders.auto_index's choice), and the
-    manifest's record of them with their measured recall (LowRecall under the floor)."""
+    manifest's record of them with their measured recall (LowRecall under the floor; ``keep``: measure_build's)."""
     auto = None
     if spec == AUTO:
         spec, auto = choose_index(sample, n, recall.min_recall, recall.latency_budget_ms, seed)
@@ -156,7 +158,7 @@ def write_index(paths: list[Path], spec: str, params: IvfParams, sample: np.ndar
         write_ivfflat(paths, train_ivfflat(sample, params), batches, n, progress)
     else:
         write_in_memory(paths, trained_index(kind, sample, params), batches, n)
-    report = measure_build(paths, batches, n, recall, seed)
+    report = measure_build(paths, batches, n, recall, seed, keep=keep)
     # report.params: the serving parameters measured (what --tune chose, if it ran)
     return {**kind_record(kind, params), **report.params, "recall": report.to_json(), **({"auto": auto} if auto else {})}
 
@@ -191,7 +193,8 @@ def build_course(
         # The stream is i.i.d., so its first vectors are a fair training sample.
         sample = next(course_vector_batches(params.train_size, dim, seed, params.train_size, vectors))
         batches = partial(course_vector_batches, n_docs, dim, seed, batch_size, vectors)
-        kind = write_index(index_tmps, index, params, sample, batches, n_docs, progress, recall or RecallOptions(), seed)
+        kind = write_index(index_tmps, index, params, sample, batches, n_docs, progress, recall or RecallOptions(), seed,
+                           staged_queries(out_dir))
     identity = mixture_vectors(dim) if vectors == MIXTURE else random_vectors(dim)
     manifest = write_build_manifest(out_dir, kind="course", embedder=identity, documents=n_docs,
                                     index=index_parameters(params, seed, dim, kind), shards=shards)
@@ -231,7 +234,7 @@ def build_support(
         params = ivf_params(n_docs, nlist, nprobe, train_size, batch_size, shards, _kind(index, vectors.shape[1]))
         kind = write_index(index_tmps, index, params, vectors[sample_rows(n_docs, params.train_size, seed)],
                               partial(row_batches, vectors, batch_size), n_docs, progress,
-                              recall or RecallOptions(), seed)
+                              recall or RecallOptions(), seed, staged_queries(out_dir))
     dim = vectors.shape[1]
     identity = dataclasses.replace(embedder or configured_embedder(dim), dim=dim)
     manifest = write_build_manifest(out_dir, kind="support", embedder=identity, documents=n_docs,

@@ -24,7 +24,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from builders.build_files import INSERT, BuildError, fsync_path, output_paths, staged_outputs
+from builders.build_files import INSERT, BuildError, fsync_path, output_paths, staged_outputs, staged_queries
 from builders.manifest import version_of, write_build_manifest
 from builders.recall import RecallOptions, measure_build, stored_batches
 from pipeline.data_version import DataVersionError, EmbedderInfo, Manifest, embedder_mismatch, load_version
@@ -100,7 +100,8 @@ def update_version(from_dir: str | Path, out_dir: str | Path, changes: Changes, 
     For builders.ingest: `vectors` are the upserts' embeddings when already computed (then `embed_fn` is
     not called); `more_sql(connection)` runs in the documents' transaction (its other tables); `index` and
     `ingest` replace the parent's manifest entries. The new version's recall is measured as a build's
-    (builders.recall, `recall`'s floor) at the parent's serving parameters, against its files' own vectors."""
+    (builders.recall, `recall`'s floor) at the parent's serving parameters, against its files' own vectors;
+    its queries are kept with it, as a build's (builders.recall_queries)."""
     started = time.perf_counter()
     try:
         parent = load_version(from_dir)
@@ -136,7 +137,7 @@ def update_version(from_dir: str | Path, out_dir: str | Path, changes: Changes, 
                          vectors)
         stored, ids = stored_batches(index_tmps)
         report = measure_build(index_tmps, stored, len(ids), recall or RecallOptions(), ids_of=_slicer(ids),
-                               nprobe=parent.index.get("nprobe"))
+                               nprobe=parent.index.get("nprobe"), keep=staged_queries(out_dir))
     delta = {"added": len(changes.upserts) - replaced, "replaced": replaced, "deleted": len(changes.deletes)}
     recorded = {**(parent.index if index is None else index), "recall": report.to_json()}
     manifest = write_build_manifest(out_dir, kind=parent.kind, embedder=parent.embedder, documents=documents,

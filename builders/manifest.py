@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from builders.build_files import BuildError, index_files, output_paths
+from builders.build_files import QUERIES_FILENAME, BuildError, index_files, output_paths
 from pipeline.data_version import (
     RANDOM_VECTORS,
     EmbedderInfo,
@@ -86,15 +86,19 @@ def configured_embedder_fn() -> tuple[Callable[[list[str]], np.ndarray], Embedde
 def write_build_manifest(out_dir: str | Path, *, kind: str, embedder: EmbedderInfo, documents: int,
                          index: dict, shards: int, parent: str | None = None,
                          changes: dict[str, int] | None = None, ingest: dict | None = None) -> Manifest:
-    """Hash the committed documents and write the manifest: from here on the directory is a version."""
+    """Hash the committed documents and write the manifest: from here on the directory is a version. The
+    recall queries are named if the build kept them (builders.build_files renames them in, or removes an
+    earlier build's)."""
     db_path, index_path = output_paths(out_dir)
+    queries = Path(out_dir) / QUERIES_FILENAME
     manifest = Manifest(
         version=version_of(out_dir, None), content_hash=content_hash(db_path), documents=documents,
         embedder=embedder, index=index, shards=shards,
         index_files=[path.name for path in index_files(index_path, shards)],
         index_sha256={path.name: file_sha256(path) for path in index_files(index_path, shards)},
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"), kind=kind, parent=parent,
-        changes=dict(changes or {}), ingest=dict(ingest or {}))
+        changes=dict(changes or {}), ingest=dict(ingest or {}),
+        recall_queries={"file": queries.name, "sha256": file_sha256(queries)} if queries.is_file() else {})
     write_manifest(out_dir, manifest)
     return manifest
 
@@ -109,15 +113,18 @@ def file_sha256(path: Path) -> str:
 
 def file_problems(version_dir: str | Path, hashes: bool = True) -> list[str]:
     """What is wrong with a version's files against its manifest: each index file it names (the shards and,
-    for centroid shards, the quantizer file the workers route with) missing, or (``hashes``) not the bytes
-    the build wrote; the documents missing. Empty: every file is the build's. A copy of a version is checked
+    for centroid shards, the quantizer file the workers route with) and the recall queries it names
+    missing, or (``hashes``) not the bytes the build wrote; the documents missing. Empty: every file is the build's. A copy of a version is checked
     with this, not only by its manifest loading (which the manifest, copied first or last, says nothing of)."""
     from pipeline.data_version import load_version
     version_dir = Path(version_dir)
     manifest = load_version(version_dir)
     db_path, _ = output_paths(version_dir)
     problems = [] if db_path.is_file() else [f"{db_path} is missing"]
-    names = list(dict.fromkeys([*manifest.index_files, *manifest.index_sha256]))
+    hashes_of = dict(manifest.index_sha256)
+    if manifest.recall_queries:
+        hashes_of[manifest.recall_queries["file"]] = manifest.recall_queries["sha256"]
+    names = list(dict.fromkeys([*manifest.index_files, *hashes_of]))
     quantizer = (manifest.sharding or {}).get("quantizer")
     if quantizer and quantizer not in names:
         names.append(quantizer)
@@ -125,7 +132,7 @@ def file_problems(version_dir: str | Path, hashes: bool = True) -> list[str]:
         path = version_dir / name
         if not path.is_file():
             problems.append(f"{path} is missing")
-        elif hashes and name in manifest.index_sha256 and file_sha256(path) != manifest.index_sha256[name]:
+        elif hashes and name in hashes_of and file_sha256(path) != hashes_of[name]:
             problems.append(f"{path} is not the file the build wrote (sha256 differs from the manifest's)")
     return problems
 

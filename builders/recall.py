@@ -8,7 +8,9 @@ the index node runs: the written files, opened as :class:`pipeline.vector_index.
 serving nprobe / efSearch, and for several shards their results merged (pipeline.shards).
 
 recall@10 of one query = |served top 10 ∩ exact top 10| / |exact top 10|; a figure is the mean over
-the queries. A build under its floor fails with :class:`LowRecall` unless told to accept it.
+the queries. A build under its floor fails with :class:`LowRecall` unless told to accept it. A build
+keeps the queries and their exact top 10 in its version (builders.recall_queries), so that
+``python -m builders.recall tune DIR`` re-tunes it later, of any kind, without its vectors.
 """
 from __future__ import annotations
 
@@ -21,7 +23,9 @@ from typing import Any
 import faiss
 import numpy as np
 
-from builders.build_files import BuildError
+from builders.build_files import QUERIES_FILENAME, BuildError
+from builders.recall_queries import Hits, Queries, kept_queries, save_queries, shard_files
+from pipeline.data_version import Manifest, load_version, write_manifest
 from pipeline.shards import merge_arrays
 from pipeline.vector_index import VectorIndex
 
@@ -30,20 +34,10 @@ DEFAULT_QUERIES = 1000
 DEFAULT_NOISE = 0.1
 DEFAULT_MIN_RECALL = 0.95
 Batches = Callable[[], Iterable[np.ndarray]]  # replayable: vectors 0..n-1 (ids = row numbers) in order
-Hits = tuple[np.ndarray, np.ndarray]  # (ids (q, k), distances (q, k))
 
 
 class LowRecall(BuildError):
     """A build whose measured recall@10 is under the floor."""
-
-
-@dataclass(frozen=True)
-class Queries:
-    vectors: np.ndarray
-    rows: np.ndarray  # the documents perturbed, in order (extra queries follow them)
-    noise: float
-    seed: int
-    extra: int = 0
 
 
 @dataclass(frozen=True)
@@ -128,10 +122,13 @@ def recall_at(served: np.ndarray, exact: np.ndarray) -> float:
 
 
 def served_recall(indexes: Sequence[VectorIndex], queries: Queries, exact: Sequence[Hits], k: int = K) -> Recall:
-    """The indexes' recall as they are configured now (their nprobe / efSearch)."""
+    """The indexes' recall as they are configured now (their nprobe / efSearch). ``exact``: one answer per
+    index, or one for them all (centroid shards, measured as the unsharded index they were split from:
+    their merged search is its search), whose figure is then the only shard's."""
     served = [index.search(queries.vectors, k) for index in indexes]
-    per_shard = [recall_at(got[0], want[0]) for got, want in zip(served, exact)]
     overall = recall_at(merge_arrays(served, k)[0], merge_arrays(list(exact), k)[0])
+    per_shard = [recall_at(got[0], want[0]) for got, want in zip(served, exact)] if len(exact) == len(served) \
+        else [overall]
     return Recall(overall, per_shard, len(queries.vectors), queries.noise, queries.seed, serving_params(indexes[0]),
                   k=k, extra_queries=queries.extra)
 
@@ -208,13 +205,16 @@ class RecallOptions:
 
 def measure_build(paths: Sequence[Path], batches: Batches, n: int, options: RecallOptions, seed: int = 0,
                   ids_of: Callable[[int, int], np.ndarray] | None = None, nprobe: int | None = None,
-                  ef_search: int | None = None) -> Recall:
+                  ef_search: int | None = None, keep: Path | None = None) -> Recall:
     """The recall of the files a build wrote (one per shard, doc_id % len(paths)), tuned if asked, checked
-    against the floor; served at ``nprobe`` / ``ef_search`` (None: the files' stored values)."""
+    against the floor; served at ``nprobe`` / ``ef_search`` (None: the files' stored values). ``keep``: where
+    the queries and their exact answers are written (builders.build_files.staged_queries)."""
     if n == 0:  # an update that deleted everything: nothing to miss
         return replace(Recall(1.0, [1.0] * len(paths), 0, options.noise, seed, {}), floor=options.min_recall)
     queries = sample_queries(batches, n, options.queries, seed, options.noise, options.extra)
     exact = exact_top_k(queries.vectors, batches, len(paths), K, ids_of)
+    if keep is not None:
+        save_queries(keep, queries, exact)
     indexes = open_shards(paths, nprobe, ef_search)
     report = tune(indexes, queries, exact, options.min_recall) if options.tune else \
         served_recall(indexes, queries, exact)
@@ -244,7 +244,8 @@ def recall_options(args: argparse.Namespace) -> RecallOptions:
 
 def stored_batches(paths: Sequence[Path]) -> tuple[Batches, np.ndarray]:
     """The vectors an IVF-Flat version's files hold, list by list (memory-mapped, replayable), and their ids
-    in that order: what an update (builders.incremental) measures its recall against."""
+    in that order: what an update (builders.incremental), and the tuning of a version that kept no recall
+    queries (builders.recall_queries), measure recall against."""
     indexes = [VectorIndex.load(path, nprobe=None, mmap=True) for path in paths]
     lists = []
     for vi in indexes:
@@ -270,17 +271,35 @@ def stored_batches(paths: Sequence[Path]) -> tuple[Batches, np.ndarray]:
 
 
 def tune_version(version_dir: Path, options: RecallOptions) -> Recall:
-    """Tune a built IVF-Flat version's nprobe to the floor against its own stored vectors, without a
-    rebuild, and record it (and the recall measured at it) in its manifest: what its nodes then serve."""
-    from pipeline.data_version import load_version, write_manifest
+    """Tune a built version's nprobe (IVF) / efSearch (HNSW) to the floor, without a rebuild, against the
+    recall queries its build kept (builders.recall_queries; any kind, no vectors needed), and record it
+    (and the recall measured at it) in its manifest: what its nodes then serve. A version that kept none
+    is measured on --recall-queries new queries from the vectors its IVF-Flat lists hold."""
+    version_dir = Path(version_dir)
     manifest = load_version(version_dir)
-    paths = [Path(version_dir) / name for name in manifest.index_files]
-    stored, ids = stored_batches(paths)
-    tuned = replace(options, tune=True)
-    report = measure_build(paths, stored, len(ids), tuned, ids_of=lambda start, count: ids[start : start + count])
-    index = {**manifest.index, **report.params, "recall": report.to_json()}
-    write_manifest(version_dir, replace(manifest, index=index))
+    paths = shard_files(version_dir, manifest)
+    kept = kept_queries(version_dir, manifest)
+    queries, exact = kept if kept is not None else _from_stored_vectors(version_dir, manifest, paths, options)
+    indexes = open_shards(paths)
+    if len(exact) not in (1, len(paths)) or queries.vectors.shape[1] != indexes[0].dim:
+        raise BuildError(f"{version_dir}: its recall queries ({len(exact)} shards' answers, "
+                         f"{queries.vectors.shape[1]}-d) do not match its index ({len(paths)} shards, {indexes[0].dim}-d)")
+    report = check_floor(tune(indexes, queries, exact, options.min_recall), options.min_recall, options.accept_low)
+    write_manifest(version_dir, replace(manifest, index={**manifest.index, **report.params, "recall": report.to_json()}))
     return report
+
+
+def _from_stored_vectors(version_dir: Path, manifest: Manifest, paths: list[Path],
+                         options: RecallOptions) -> tuple[Queries, list[Hits]]:
+    kind = manifest.index.get("kind", "IVF-Flat")
+    if kind != "IVF-Flat":
+        raise BuildError(f"{version_dir}: its manifest names no recall queries ({QUERIES_FILENAME}: a build before "
+                         f"they were kept) and its {manifest.index.get('spec', kind)} index cannot give its vectors "
+                         "back (only IVF-Flat's lists hold them whole): rebuild it with --tune")
+    stored, ids = stored_batches(paths)
+    queries = sample_queries(stored, len(ids), options.queries, 0, options.noise, options.extra)
+    shards = 1 if manifest.sharding else len(paths)  # centroid shards: one answer over all (served_recall)
+    return queries, exact_top_k(queries.vectors, stored, shards, K, lambda start, count: ids[start : start + count])
 
 
 def main(argv: list[str] | None = None) -> int:

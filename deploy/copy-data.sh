@@ -10,8 +10,9 @@
 #                           store once the store's copy is complete (the Job writes the manifest last),
 #                           waiting for it up to DATA_WAIT_S seconds (3600: the Job may still be
 #                           ingesting; then exit 1). The copy is checked against the manifest's sha256
-#                           of every index file (the quantizer of centroid shards included) before it
-#                           is renamed into place: a copy that differs is removed and the pod fails.
+#                           of every index file (the quantizer of centroid shards and the recall
+#                           queries included) before it is renamed into place: a copy that differs
+#                           is removed and the pod fails.
 #   DATA_CURRENT (set)      set: <root>/current names DATA_VERSION (the serving container cannot move
 #                           the link, so the settings say which version a starting pod serves);
 #                           keep: a link that exists stays (an in-place copy beside the served version).

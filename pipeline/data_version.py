@@ -1,7 +1,8 @@
 """A data version: one build's documents and index, named by the manifest written beside them.
 
-A version directory holds ``manifest.json``, ``documents/documents.db`` and the index file(s)
-(``faiss_index.bin``, or one per shard: pipeline.shards). The builder writes the manifest last (and
+A version directory holds ``manifest.json``, ``documents/documents.db``, the index file(s)
+(``faiss_index.bin``, or one per shard: pipeline.shards) and the queries its recall was measured on
+(``recall_queries.npz``). The builder writes the manifest last (and
 removes an old one first when it rebuilds in place), so a directory with a manifest is a complete
 build and one without is not, whatever killed the build. Versions live side by side in one folder, the
 data root (``DATA/v1``, ``DATA/v2``), which may also hold a link (``DATA/current -> v2``) that
@@ -98,6 +99,9 @@ class Manifest:
     ingest: dict[str, Any] = field(default_factory=dict)
     # How the shards split the index: empty for doc_id % N; a centroid layout's owners (pipeline.centroid_routing).
     sharding: dict[str, Any] = field(default_factory=dict)
+    # The recall check's queries and their exact answers kept beside the index (builders.recall_queries):
+    # {"file": name, "sha256": hex}; empty for a version built before they were kept.
+    recall_queries: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -110,7 +114,7 @@ class Manifest:
                    created=str(data["created"]), kind=str(data["kind"]), parent=data.get("parent"),
                    changes=dict(data.get("changes") or {}), index_sha256=dict(data.get("index_sha256") or {}),
                    format=int(data.get("format", MANIFEST_FORMAT)), ingest=dict(data.get("ingest") or {}),
-                   sharding=dict(data.get("sharding") or {}))
+                   sharding=dict(data.get("sharding") or {}), recall_queries=dict(data.get("recall_queries") or {}))
 
 
 def manifest_path(version_dir: str | Path) -> Path:

@@ -13,6 +13,7 @@ from pipeline import spec
 from pipeline.config import ConfigError, Settings
 from pipeline.continuous.output import Completion
 from pipeline.conversation import HISTORY_TOKENS, NONE, Conversation, fit, retrieval_query
+from pipeline.data_version import manifest_path, read_manifest, serving_params, version_dir_of
 from pipeline.docstore import DocumentStore
 from pipeline.generator import GenerationRequest
 from pipeline.models import ModelSource, resolve_model_source
@@ -20,6 +21,17 @@ from pipeline.reranker import RerankRequest
 from pipeline.sampling_params import Sampling
 from pipeline.stages import Stages
 from pipeline.vector_index import ShardedVectorIndex, VectorIndex
+
+
+def open_index(settings: Settings) -> VectorIndex | ShardedVectorIndex:
+    """The whole index as the index nodes serve it: every shard's file, at NPROBE / EF_SEARCH where set, else
+    at the values its data version's manifest records (what its recall was measured or tuned at)."""
+    nprobe, ef_search = settings.index.nprobe, settings.index.ef_search
+    directory = version_dir_of(settings.index.faiss_index_path)
+    if manifest_path(directory).is_file():
+        nprobe, ef_search = serving_params(read_manifest(directory), nprobe, ef_search)
+    return ShardedVectorIndex.load(settings.require_index_files(), nprobe=nprobe, mmap=settings.index.faiss_mmap,
+                                   ef_search=ef_search)
 
 
 @dataclass
@@ -33,8 +45,7 @@ class ReferencePipeline(Stages):
     @classmethod
     def from_settings(cls, settings: Settings, source: ModelSource | None = None) -> "ReferencePipeline":
         source = source or resolve_model_source(settings)
-        index = ShardedVectorIndex.load(settings.require_index_files(), nprobe=settings.index.nprobe,
-                                        mmap=settings.index.faiss_mmap)
+        index = open_index(settings)
         store = DocumentStore(settings.require_documents())
         stages = Stages.load(settings, source)  # the service's placement_for, per stage
         return cls(index=index, store=store, history_tokens=settings.limits.max_history_tokens,

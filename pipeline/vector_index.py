@@ -193,9 +193,10 @@ class ShardedVectorIndex:
         self.shards = list(shards)
 
     @staticmethod
-    def load(paths: Sequence[str | Path], nprobe: int | None = 64, mmap: bool = True) -> VectorIndex | ShardedVectorIndex:
+    def load(paths: Sequence[str | Path], nprobe: int | None = 64, mmap: bool = True,
+             ef_search: int | None = None) -> VectorIndex | ShardedVectorIndex:
         """One file: that VectorIndex itself; several: their ShardedVectorIndex, in shard order."""
-        indexes = [VectorIndex.load(path, nprobe=nprobe, mmap=mmap) for path in paths]
+        indexes = [VectorIndex.load(path, nprobe=nprobe, mmap=mmap, ef_search=ef_search) for path in paths]
         return indexes[0] if len(indexes) == 1 else ShardedVectorIndex(indexes)
 
     def search(self, embeddings: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

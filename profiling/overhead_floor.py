@@ -26,7 +26,7 @@ from pipeline import spec
 from pipeline.config import Settings
 from profiling.lib import local_cluster
 from profiling.lib.cli import add_out, comma_list, make_parser, positive
-from profiling.lib.floor_breakdown import breakdown, parse_completions
+from profiling.lib.floor_breakdown import breakdown, parse_completions, unlogged
 from profiling.lib.load import ClosedGroup, LoadTarget, run_closed
 from profiling.lib.prometheus import Node, scrape_nodes
 from profiling.lib.provenance import REPO_ROOT
@@ -96,15 +96,12 @@ def read_completions(logs: list[Path], offsets: list[int]) -> list[list]:
 
 
 def logged_completions(logs: list[Path], offsets: list[int], answered: set[str], wait_s: float = 10.0) -> list[list]:
-    """Node 0's and node 1's completion lines since `offsets`, once every answered request has its own:
-    a node writes the line after the reply's last byte, so the client can hold its answer first."""
+    """Node 0's and node 1's completion lines since `offsets`, once every answered request has its own
+    (or after `wait_s`)."""
     until = time.monotonic() + wait_s
     while True:
-        node0, node1 = lines = read_completions(logs, offsets)
-        front = {line.request_id: line for line in node0 if line.endpoint == "/query"}
-        relayed = {line.request_id for line in node1 if line.endpoint == "/internal/answer"}
-        missing = [rid for rid in answered
-                   if rid not in front or (front[rid].served_by == 1 and rid not in relayed)]
+        lines = read_completions(logs, offsets)
+        missing = unlogged(answered, *lines)
         if not missing or time.monotonic() >= until:
             if missing:
                 print(f"[{TOOL}] {len(missing)} answered requests have no completion line after {wait_s:.0f}s "

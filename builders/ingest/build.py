@@ -23,7 +23,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from builders.build_files import BuildError, check_outputs, fsync_path, output_paths, staged_outputs
+from builders.build_files import BuildError, check_outputs, fsync_path, output_paths, staged_outputs, staged_queries
 from builders.data import _ivf_params, _row_batches, _sample_rows, _train_index
 from builders.incremental import Changes, update_version
 from builders.ingest.documents import Passage, SourceDocument
@@ -116,7 +116,7 @@ def full_build(out_dir: str | Path, documents: Sequence[SourceDocument], embedde
         index = _train_index(vectors[_sample_rows(n, params.train_size, options.seed)], params)
         batches = partial(_row_batches, vectors, options.batch_size)
         write_ivfflat(index_tmps, index, batches, n, options.progress)
-        recall = measure_build(index_tmps, batches, n, options.recall, options.seed)
+        recall = measure_build(index_tmps, batches, n, options.recall, options.seed, keep=staged_queries(out_dir))
     index_record = {**index_parameters(params, options.seed, embedder.identity.dim), "trained_vectors": n,
                     "changed_since_training": 0, "recall": recall.to_json()}
     record = {**record, "documents": len(documents), "passages": n, "embedded_passages": n}

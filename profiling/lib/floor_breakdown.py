@@ -99,12 +99,27 @@ def http_mean_ms(before: MetricsSnapshot, after: MetricsSnapshot, endpoint: str)
     return _per(total, count)
 
 
+def answered_lines(node0: Sequence[CompletionLine], node1: Sequence[CompletionLine]
+                   ) -> tuple[dict[str, CompletionLine], dict[str, CompletionLine]]:
+    """By request id: node 0's answered /query lines, and node 1's answered /internal/answer lines (the
+    requests node 0 relayed to it)."""
+    front = {line.request_id: line for line in node0 if line.endpoint == "/query" and line.status == 200}
+    relayed = {line.request_id: line for line in node1 if line.endpoint == "/internal/answer" and line.status == 200}
+    return front, relayed
+
+
+def unlogged(answered: Iterable[str], node0: Sequence[CompletionLine], node1: Sequence[CompletionLine]) -> list[str]:
+    """The answered request ids whose completion lines (node 0's, and node 1's for a relayed one) are not yet
+    written: a node writes its line after the reply's last byte, so a client can hold its answer first."""
+    front, relayed = answered_lines(node0, node1)
+    return [rid for rid in answered if rid not in front or (front[rid].served_by == 1 and rid not in relayed)]
+
+
 def breakdown(client_ms: Mapping[str, float], node0: Sequence[CompletionLine], node1: Sequence[CompletionLine],
               before: Sequence[MetricsSnapshot], after: Sequence[MetricsSnapshot], index_node: int = 2) -> dict:
     """{component: mean ms per request} of one level: `client_ms` by request id (successful requests),
     node 0's and node 1's completion lines, every node's /metrics before and after (by node number)."""
-    front = {line.request_id: line for line in node0 if line.endpoint == "/query" and line.status == 200}
-    relayed = {line.request_id: line for line in node1 if line.endpoint == "/internal/answer" and line.status == 200}
+    front, relayed = answered_lines(node0, node1)
     rows = [(rid, ms, front[rid]) for rid, ms in client_ms.items() if rid in front]
     out: dict[str, float] = {"requests (count)": float(len(rows)),
                              "served by node 1 (count)": float(sum(1 for _, _, f in rows if f.served_by == 1))}

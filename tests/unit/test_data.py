@@ -148,7 +148,7 @@ def test_refuses_to_overwrite_without_force(tmp_path):
     assert (first.index_path.read_bytes(), first.db_path.read_bytes()) == before
     forced = build_course(tmp_path, 300, seed=5, force=True, progress=False)
     assert forced.index_path.read_bytes() != before[0]
-    assert sorted(p.name for p in leftovers(tmp_path)) == ["documents.db", "faiss_index.bin", "manifest.json"]
+    assert sorted(p.name for p in leftovers(tmp_path)) == ["documents.db", "faiss_index.bin", "manifest.json", "recall_queries.npz"]
 
 
 def failing_vectors(fail_on_call: int, exc: BaseException):
@@ -186,7 +186,7 @@ def test_interrupted_forced_rebuild_keeps_previous_build(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError):
         build_course(tmp_path, 500, seed=9, force=True, batch_size=100, progress=False)
     assert (first.index_path.read_bytes(), rows(first.db_path)) == before
-    assert sorted(p.name for p in leftovers(tmp_path)) == ["documents.db", "faiss_index.bin", "manifest.json"]
+    assert sorted(p.name for p in leftovers(tmp_path)) == ["documents.db", "faiss_index.bin", "manifest.json", "recall_queries.npz"]
 
 
 def test_failure_between_renames_removes_both(tmp_path, monkeypatch):
@@ -208,7 +208,7 @@ def test_stale_partials_are_cleaned(tmp_path):
     (tmp_path / "documents" / ".documents.db.partial").write_bytes(b"junk")
     (tmp_path / ".faiss_index.bin.partial").write_bytes(b"junk")
     build_course(tmp_path, 300, progress=False)
-    assert sorted(p.name for p in leftovers(tmp_path)) == ["documents.db", "faiss_index.bin", "manifest.json"]
+    assert sorted(p.name for p in leftovers(tmp_path)) == ["documents.db", "faiss_index.bin", "manifest.json", "recall_queries.npz"]
 
 
 # ---------------------------------------------------------------- shards
@@ -241,7 +241,7 @@ def test_sharded_build_layout(sharded):
     unsharded, three = sharded
     assert sorted(p.name for p in leftovers(three.index_path.parent)) == [
         "documents.db", "faiss_index.shard-0-of-3.bin", "faiss_index.shard-1-of-3.bin", "faiss_index.shard-2-of-3.bin",
-        "manifest.json"]
+        "manifest.json", "recall_queries.npz"]
     assert not three.index_path.exists() and three.shards == 3 and len(three.index_files) == 3
     assert rows(three.db_path) == rows(unsharded.db_path)
     assert three.index_bytes > 0 and "3 shards" in data._describe(three)
@@ -315,7 +315,7 @@ def test_rebuild_with_another_shard_count_needs_force_and_removes_the_old_files(
     assert sorted(p.name for p in leftovers(tmp_path) if "shard" in p.name) == [
         f"faiss_index.shard-{k}-of-4.bin" for k in range(4)]
     build_course(tmp_path, 200, progress=False, force=True)
-    assert sorted(p.name for p in leftovers(tmp_path)) == ["documents.db", "faiss_index.bin", "manifest.json"]
+    assert sorted(p.name for p in leftovers(tmp_path)) == ["documents.db", "faiss_index.bin", "manifest.json", "recall_queries.npz"]
 
 
 def test_interrupted_sharded_build_leaves_nothing(tmp_path, monkeypatch):

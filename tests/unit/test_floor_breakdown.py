@@ -9,7 +9,7 @@ import math
 import pytest
 from flask import Flask, g
 
-from profiling.lib.floor_breakdown import breakdown, critical_path_ms, parse_completions
+from profiling.lib.floor_breakdown import breakdown, critical_path_ms, parse_completions, unlogged
 from profiling.lib.prometheus import MetricsSnapshot
 from services.server import completion
 from services.server.edge import EDGE_ROUTE, install_completion_log
@@ -42,6 +42,20 @@ def test_a_line_without_stages_parses_with_none():
     [line] = parse_completions("request done id='x' request_id=None /internal/answer status=503 latency_ms=2.0 "
                                "served_by=None stages_ms=-")
     assert (line.request_id, line.status, line.served_by, line.stages_ms) == ("None", 503, None, {})
+
+
+def test_an_answered_request_is_unlogged_until_each_node_it_passed_wrote_its_answered_line():
+    def line(rid: str, endpoint: str, status: int = 200, served_by: int | None = None) -> str:
+        return (f"request done id='x' request_id={rid!r} {endpoint} status={status} latency_ms=2.0 "
+                f"served_by={served_by} stages_ms=-")
+
+    node0 = parse_completions("\n".join([line("own", "/query", served_by=0), line("relayed", "/query", served_by=1),
+                                         line("failed-here", "/query", status=503, served_by=0)]))
+    asked = ["own", "relayed", "failed-here", "unseen"]
+    assert unlogged(asked, node0, []) == ["relayed", "failed-here", "unseen"]
+    node1 = parse_completions(line("relayed", "/internal/answer"))
+    assert unlogged(asked, node0, node1) == ["failed-here", "unseen"]
+    assert unlogged(["own", "relayed"], node0, node1) == []
 
 
 def test_the_critical_path_takes_the_longer_classifier():

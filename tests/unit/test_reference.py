@@ -41,3 +41,23 @@ def test_reference_loads_each_model_as_the_service_would(support_data):
     assert pipeline.devices() == {**{str(s): "cpu/float32" for s in spec.MODEL_STAGES},
                                   "generate": "cpu/int8-dynamic"}
     _check(pipeline.answer(spec.REFERENCE_QUERIES[0], "p"), "p")
+
+
+def test_the_reference_searches_a_tuned_version_at_the_manifests_values_as_the_index_node_does(tmp_path):
+    """A version tuned after its build (builders.recall tune) keeps nprobe 1 in its file and the tuned nprobe in
+    its manifest; the index node serves the manifest's, so the oracle must search at it too."""
+    from builders.data import build_course
+    from builders.recall import RecallOptions, tune_version
+    from pipeline.config import Settings
+    from pipeline.data_version import read_manifest
+    from pipeline.reference import open_index
+    from tests.helpers import TEST_ENV, data_env
+
+    result = build_course(tmp_path / "v1", 1500, dim=16, nlist=16, nprobe=1, progress=False, batch_size=1500,
+                          recall=RecallOptions(accept_low=True, queries=100))
+    tune_version(tmp_path / "v1", RecallOptions(min_recall=0.95, queries=100))
+    tuned = read_manifest(tmp_path / "v1").index["nprobe"]
+    assert tuned > 1 and VectorIndex.load(result.index_path, nprobe=None).nprobe == 1
+    env = {k: v for k, v in TEST_ENV.items() if k not in ("NPROBE", "EF_SEARCH")}
+    assert open_index(Settings.from_env({**env, **data_env(result)})).nprobe == tuned
+    assert open_index(Settings.from_env({**env, **data_env(result), "NPROBE": "3"})).nprobe == 3
