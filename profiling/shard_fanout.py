@@ -20,7 +20,11 @@ rather than the course's uniform cube, the centroids drawn
 from the same mixture (not trained), split in --sim-shards centroid shards, one process each, searched
 through the router with the top 10 checked against the unsharded index. Which shards a query visits
 depends on the centroids and the owners, not on how full the lists are, so the fan-out is the full
-size's for these centroids; the vectors scanned are scale times the full size's. Counts only, no timings.
+size's for these centroids; the vectors scanned are the full size's times scale x --sim-nlist-div (as
+many lists probed, of that many times fewer, each holding scale x div times a full-size list's vectors).
+Counts only, no timings: the fan-out, the queries, lists and vectors each shard is asked for; and computed
+from the counts (marked so), each node's vectors at the full size and their bytes as IVF-Flat. The course
+build's progress bars (on a terminal) show its elapsed time and rate: the build's, not the fan-out's.
 Writes shard_fanout.json into --out or a fresh runs/shard_fanout-<UTC time>/.
 """
 from __future__ import annotations
@@ -43,6 +47,7 @@ from profiling.lib.report import run_folder, text_table, write_json
 from profiling.lib.shard_sim import (
     SCENARIOS,
     count_load,
+    full_size_nodes,
     mixture_vectors,
     sampled_ivf,
     scaled,
@@ -146,13 +151,17 @@ def simulation(args) -> list[dict[str, Any]]:
         sizes = list_sizes(index)
         for shards in args.sim_shards:
             owners = assign_lists(centroids, sizes, min(shards, nlist), "kmeans")
-            counted = count_load("centroid/kmeans", probed, shard_shares(index, shards, owners), owners).row()
-            hashed = count_load("hash", probed, shard_shares(index, shards, None), None).row()
+            shares = {"centroid": shard_shares(index, shards, owners), "hash": shard_shares(index, shards, None)}
+            counted = count_load("centroid/kmeans", probed, shares["centroid"], owners).row()
+            hashed = count_load("hash", probed, shares["hash"], None).row()
             run = simulate(index, owners, queries)
-            results.append({"scenario": scenario, "vectors_drawn": args.sim_vectors, "full_size_vectors": SCENARIOS[scenario][0],
-                            "full_size_nlist": SCENARIOS[scenario][1], "vectors": n, "nlist": nlist,
+            full_vectors, full_nlist = SCENARIOS[scenario]
+            results.append({"scenario": scenario, "vectors_drawn": args.sim_vectors, "full_size_vectors": full_vectors,
+                            "full_size_nlist": full_nlist, "vectors": n, "nlist": nlist,
                             "nprobe": index.nprobe, "dim": args.dim, "scale": args.scale, "centroid": counted,
-                            "hash": hashed, "processes": run})
+                            "hash": hashed, "processes": run,
+                            "full_size_computed": {layout: full_size_nodes(share, n, full_vectors, full_nlist, args.dim)
+                                                   for layout, share in shares.items()}})
     return results
 
 
@@ -186,11 +195,18 @@ def main(argv: list[str] | None = None) -> int:
             run = sim["processes"]
             print(f"\n{sim['scenario']} ({sim['full_size_vectors']:,} vectors, nlist {sim['full_size_nlist']:,}) "
                   f"scaled to {sim['vectors']:,} vectors, nlist {sim['nlist']}, nprobe {sim['nprobe']}, "
-                  f"{sim['dim']}-d mixture; {run['processes']} shard processes: {run['shards_per_query_mean']:.2f} "
-                  f"shards/query, top 10 equal for {run['top10_equal_to_unsharded']}/{run['queries']}")
+                  f"{sim['dim']}-d {sim['vectors_drawn']} vectors (those scanned: the full size's x "
+                  f"{sim['vectors'] * sim['full_size_nlist'] / (sim['full_size_vectors'] * sim['nlist']):.2g}); "
+                  f"counted (no timings): {run['processes']} shard "
+                  f"processes, {run['shards_per_query_mean']:.2f} shards/query, top 10 equal for "
+                  f"{run['top10_equal_to_unsharded']}/{run['queries']}")
             print(_table([sim["hash"], sim["centroid"]]))
-            print("  per process (queries, lists, vectors scanned): " + ", ".join(
+            print("  per process, counted (queries, lists, vectors scanned): " + ", ".join(
                 f"{c['queries']}/{c['lists']}/{c['vectors']}" for c in run["per_shard"]))
+            print("  computed for the full size (not measured): vectors per node " + "; ".join(
+                f"{layout} {nodes['vectors_per_node_min'] / 1e6:,.1f}-{nodes['vectors_per_node_max'] / 1e6:,.1f} M, "
+                f"the fullest {nodes['ivf_flat_bytes_per_node_max'] / 1e9:,.1f} GB as IVF-Flat with every centroid"
+                for layout, nodes in sim["full_size_computed"].items()))
     path = write_json(out / "shard_fanout.json", report)
     print(f"\nwrote {path}")
     return 0

@@ -43,6 +43,24 @@ def serving_process(index_path: str | Path, log_path: Path,
         stop(node)
 
 
+def node_memory(pid: int) -> dict[str, int]:
+    """A process's resident bytes: all, anonymous (its heap) and file-backed (for a node, the mapped index it
+    touched)."""
+    fields = {"VmRSS": "rss", "RssAnon": "anon", "RssFile": "file"}
+    found: dict[str, int] = {}
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            name = line.split(":", 1)[0]
+            if name in fields:
+                found[fields[name]] = int(line.split()[1]) * 1024
+    return found
+
+
+def served_nprobe(url: str) -> int | None:
+    """The nprobe the node serves with, as its /health reports it (NPROBE where set, else the manifest's)."""
+    return requests.get(f"{url}/health", timeout=10).json().get("nprobe")
+
+
 def wait_ready(url: str, node: subprocess.Popen, log_path: Path, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
     until = time.monotonic() + timeout_s
     while time.monotonic() < until:

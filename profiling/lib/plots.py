@@ -99,3 +99,39 @@ def index_bench_plot(path: Path, rows: Sequence[dict]) -> Path:
         ax.grid(alpha=0.3)
     left.legend(fontsize=7)
     return _save(fig, path)
+
+
+def design_scale_plot(path: Path, rows: Sequence[dict], floor: float) -> Path:
+    """profiling.design_scale: recall@10 against p50 search time, one colour per index kind and one marker per
+    batch size, each point one nprobe (the floor dashed); and each kind's bytes on disk and resident in the node
+    after its searches (all, and anonymous: the node's own heap)."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=FIGSIZE)
+    kinds = list(dict.fromkeys(r["spec"] for r in rows))
+    colours = {spec: f"C{i}" for i, spec in enumerate(kinds)}
+    batches = sorted({int(key[1:]) for r in rows for key in r["latency"]})
+    for spec in kinds:
+        mine = sorted((r for r in rows if r["spec"] == spec), key=lambda r: r["nprobe"])
+        for batch, marker in zip(batches, "os^vDP*X"):
+            left.plot([r["latency"][f"b{batch}"]["p50_ms"] for r in mine], [r["recall"] for r in mine],
+                      marker=marker, color=colours[spec], label=f"{spec}, batch {batch}")
+        for r in mine:  # each point's nprobe, beside its largest batch's
+            left.annotate(str(r["nprobe"]), (r["latency"][f"b{batches[-1]}"]["p50_ms"], r["recall"]),
+                          textcoords="offset points", xytext=(4, -8), fontsize=6)
+    left.axhline(floor, color="grey", linestyle="--", linewidth=1)
+    left.set_xscale("log")
+    left.set(xlabel="search ms through the node (p50)", ylabel="recall@10",
+             title=f"recall against latency (floor {floor:g} dashed)")
+    left.legend(fontsize=6)
+    width = 0.27
+    for offset, (label, value) in enumerate((
+            ("on disk", lambda mine: mine[0]["disk_bytes"]),
+            ("resident after searches", lambda mine: max(r["memory_serving"].get("rss", 0) for r in mine)),
+            ("of which anonymous", lambda mine: max(r["memory_serving"].get("anon", 0) for r in mine)))):
+        heights = [value([r for r in rows if r["spec"] == spec]) / 1e9 for spec in kinds]
+        right.bar([i + (offset - 1) * width for i in range(len(kinds))], heights, width, label=label)
+    right.set_xticks(range(len(kinds)), kinds, fontsize=7)
+    right.set(ylabel="GB", title="index bytes: disk and node memory")
+    right.legend(fontsize=7)
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+    return _save(fig, path)

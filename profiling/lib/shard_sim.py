@@ -2,7 +2,8 @@
 and centroid shards (pipeline.centroid_routing), and a scaled-down run with one process per shard.
 
 Counts, not timings: shards asked per query, queries and IVF lists each shard is asked for, and the
-vectors it scans (the sizes of its part of those lists).
+vectors it scans (the sizes of its part of those lists); and, computed from them, each node's vectors and
+bytes at the full size.
 """
 from __future__ import annotations
 
@@ -77,6 +78,15 @@ def count_load(layout: str, probed: np.ndarray, shares: np.ndarray, owners: np.n
     vectors = (shares[lists] * valid[:, :, None]).sum(axis=1)  # (queries, shards)
     return Load(layout, shards, queries, asked.sum(axis=1), asked.sum(axis=0), lists_per.sum(axis=0),
                 vectors.sum(axis=0))
+
+
+def full_size_nodes(shares: np.ndarray, vectors: int, full_vectors: int, full_nlist: int, dim: int) -> dict[str, Any]:
+    """Computed, not measured: each node's vectors at the full size (its share of the simulation's `vectors`,
+    scaled up) and the bytes they take as IVF-Flat (float32 codes and int64 ids) with every centroid, which
+    each node holds (the router's and the lists' own)."""
+    held = shares.sum(axis=0) * (full_vectors / vectors)
+    return {"vectors_per_node_max": int(held.max()), "vectors_per_node_min": int(held.min()),
+            "ivf_flat_bytes_per_node_max": int(held.max() * (4 * dim + 8) + full_nlist * dim * 4)}
 
 
 def mixture_vectors(n: int, dim: int, seed: int, clusters: int = 256, spread: float = 0.6) -> np.ndarray:

@@ -11,7 +11,7 @@ import pytest
 from builders.data import build_course
 from builders.recall import RecallOptions
 from profiling import shard_fanout
-from profiling.lib.shard_sim import count_load, scaled, shard_shares
+from profiling.lib.shard_sim import count_load, full_size_nodes, scaled, shard_shares
 
 # Uniform course vectors are under the recall floor at a small nprobe; what is tested here is
 # equality with the unsharded index at the same nprobe, not recall.
@@ -58,6 +58,13 @@ def test_the_simulation_keeps_the_full_nlist_divided_and_scales_the_vectors():
     assert scaled("100M", 1e-9, 1_000_000) == (1000, 2)
 
 
+def test_each_nodes_full_size_vectors_and_bytes_are_computed_from_its_share():
+    shares = np.array([[3, 1], [1, 0]])  # 2 lists on 2 nodes: node 0 holds 4 of the 5 simulated vectors
+    nodes = full_size_nodes(shares, 5, 1000, 8, 4)
+    assert (nodes["vectors_per_node_min"], nodes["vectors_per_node_max"]) == (200, 800)
+    assert nodes["ivf_flat_bytes_per_node_max"] == 800 * (4 * 4 + 8) + 8 * 4 * 4  # its vectors and ids, every centroid
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("sim_vectors", ["clumps", "mixture"])
@@ -84,7 +91,11 @@ def test_the_tool_at_a_small_size(tmp_path, capsys, sim_vectors):
         assert run["processes"] == 2 and run["top10_equal_to_unsharded"] == run["queries"] == 60
         assert sum(c["queries"] for c in run["per_shard"]) == pytest.approx(run["shards_per_query_mean"] * 60)
         assert sum(c["lists"] for c in run["per_shard"]) == 60 * sim["nprobe"]
-    assert "shard processes" in capsys.readouterr().out
+        hashed = sim["full_size_computed"]["hash"]  # doc_id % 2: half the full size's vectors a node
+        assert hashed["vectors_per_node_max"] == pytest.approx(sim["full_size_vectors"] / 2, rel=0.01)
+        assert sim["full_size_computed"]["centroid"]["vectors_per_node_max"] >= hashed["vectors_per_node_max"]
+    out = capsys.readouterr().out
+    assert "counted (no timings): 2 shard processes" in out and "computed for the full size (not measured)" in out
 
 
 def test_a_query_asks_fewer_centroid_shards_of_a_mixture_course_build(tmp_path):
