@@ -43,9 +43,9 @@ class FusedLinears(torch.nn.Module):
         if biases[0] is not None:
             whole.bias = torch.nn.Parameter(torch.cat([b.detach() for b in biases]), requires_grad=False)
         self.linear = whole
-        self._input: torch.Tensor | None = None
-        self._output: torch.Tensor | None = None
-        self._untaken: set[int] = set()
+        # (input, its product, the parts yet to take their columns) or None; replaced whole, never mutated, so a
+        # thread reads one consistent snapshot (a race costs a product computed again, never another's columns).
+        self._kept: tuple[torch.Tensor, torch.Tensor, frozenset[int]] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The whole product: (..., sum of out features)."""
@@ -54,14 +54,13 @@ class FusedLinears(torch.nn.Module):
     def part(self, index: int, x: torch.Tensor) -> torch.Tensor:
         """Part `index`'s columns of the product over `x`: the product is kept until every part has taken its
         columns from it (then dropped), and computed afresh for another input or a part taken twice."""
-        if x is not self._input or index not in self._untaken:
-            self._input, self._output, self._untaken = x, self.forward(x), set(range(len(self.sizes)))
-        out = self._output
-        self._untaken.discard(index)
-        if not self._untaken:
-            self._input = self._output = None
+        kept = self._kept
+        if kept is None or kept[0] is not x or index not in kept[2]:
+            kept = (x, self.forward(x), frozenset(range(len(self.sizes))))
+        untaken = kept[2] - {index}
+        self._kept = (kept[0], kept[1], untaken) if untaken else None
         start, end = self.bounds[index]
-        return out[..., start:end]
+        return kept[1][..., start:end]
 
 
 class FusedPart(torch.nn.Module):

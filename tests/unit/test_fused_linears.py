@@ -91,4 +91,41 @@ def test_a_part_called_on_another_input_computes_its_own_product():
         assert torch.equal(q(x[:1])[0], linears[0](x[:1])[0])  # one row, as the row-invariant Linear runs it
         parts = [part(y) for part in (q, k, v)]
         assert all(torch.equal(got, linear(y)) for got, linear in zip(parts, linears))
-    assert fused._output is None and fused._input is None  # nothing kept once every part has taken its columns
+    assert fused._kept is None  # nothing kept once every part has taken its columns
+
+
+def test_parts_called_from_two_threads_on_their_own_inputs_each_get_their_own_products_columns():
+    """Two threads taking the parts of one FusedLinears in turn on their own inputs, interleaved: each part
+    returns its columns of its own input's product (a shared kept product must never leak across)."""
+    import sys
+    import threading
+    torch.manual_seed(0)
+    linears = [torch.nn.Linear(32, n) for n in (16, 8, 8)]
+    fused = FusedLinears(linears)
+    parts = [FusedPart(fused, i) for i in range(3)]
+    inputs = [torch.randn(3, 32) for _ in range(2)]
+    with torch.inference_mode():
+        expected = [[linear(x) for linear in linears] for x in inputs]
+    wrong: list[tuple[int, int, int]] = []
+    start = threading.Barrier(2)
+
+    def run(who: int) -> None:
+        start.wait()
+        with torch.inference_mode():
+            for round_ in range(2000):
+                for index, part in enumerate(parts):
+                    if not torch.equal(part(inputs[who]), expected[who][index]):
+                        wrong.append((who, round_, index))
+
+    threads = [threading.Thread(target=run, args=(who,)) for who in range(2)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # the interpreter switches threads between almost any two bytecodes
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+    finally:
+        sys.setswitchinterval(interval)
+    assert not any(thread.is_alive() for thread in threads)
+    assert wrong == []
