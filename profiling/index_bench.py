@@ -47,7 +47,7 @@ import numpy as np
 from builders.auto_index import pick
 from builders.build_files import BuildError
 from builders.data import build_course, course_vector_batches
-from builders.index_kinds import SharedTraining, shared_training
+from builders.index_kinds import InvalidBuildArgument, SharedTraining, parse_index_spec, shared_training
 from builders.mixture_vectors import VECTOR_SOURCES
 from builders.recall import RecallOptions, exact_top_k, open_shards, sample_queries, served_recall
 from pipeline.data_version import write_manifest
@@ -95,8 +95,8 @@ def bench_kind(spec: str, args, out: Path, queries, exact, shared: SharedTrainin
             setattr(index, name, value)
             recall = served_recall([index], queries, exact).overall
             row = {"spec": result.manifest.index["spec"], "nlist": index.nlist, name: getattr(index, name),
-                   "recall": round(recall, 4), "build_s": round(result.seconds + train_reused_s, 1),
-                   "train_reused_s": round(train_reused_s, 1), "disk_mb": round(result.index_bytes / 1e6, 1),
+                   "recall": round(recall, 4), "build_s": round(result.seconds + train_reused_s, 3),
+                   "train_reused_s": round(train_reused_s, 3), "disk_mb": round(result.index_bytes / 1e6, 1),
                    "disk_bytes": result.index_bytes}
             for batch in args.batches:
                 row[f"p50_ms_b{batch}"], row[f"p99_ms_b{batch}"] = latency_ms(service, queries.vectors, batch,
@@ -183,6 +183,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.auto and AUTO_BATCH not in args.batches:
         parser.error(f"--auto weighs the search of a batch of {AUTO_BATCH}: --batches must include it")
+    kinds = args.index or DEFAULT_INDEXES
+    for spec in kinds:  # every spec checked before the first build, not after minutes of it
+        try:
+            parse_index_spec(spec, args.dim)
+        except InvalidBuildArgument as exc:
+            parser.error(str(exc))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")  # the builds' stages
     out = run_folder("index_bench", args.out)
     started = time.perf_counter()
@@ -193,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                               "reference_s": round(time.perf_counter() - started, 1), "rows": []}
     code = 0
     with shared_training() as shared:
-        for spec in args.index or DEFAULT_INDEXES:
+        for spec in kinds:
             rows = bench_kind(spec, args, out, queries, exact, shared)
             report["rows"] += rows
             write_report(out, report)
