@@ -17,7 +17,10 @@ builders.index_kinds.shared_training, so IVF-Flat, SQ8 and PQ (the same nlist on
 sample) run the coarse quantizer's k-means once; a build that reuses it has that k-means' measured
 seconds added to its ``build_s`` (``train_reused_s`` says how much), so ``build_s`` is what the build
 alone takes. OPQ trains its own (on the rotated vectors), bounded as every build bounds it
-(index_kinds.OPQ_NITER). Every build still measures its own recall, as a build does.
+(index_kinds.OPQ_NITER). Every build measures its files' recall, as a build does, against the queries
+and exact answers computed once here (the same seed, count and noise a build draws; builders.recall
+``RecallOptions.reference``), and has the seconds they took (``reference_s``) added to its ``build_s``
+too.
 
 ``--auto``: ``--index auto``'s rule (builders.auto_index.pick) applied to what was measured here, on
 the full index: per kind the least nprobe / efSearch whose recall meets ``--min-recall`` (else its
@@ -80,12 +83,14 @@ def latency_ms(service: IndexService, queries: np.ndarray, batch: int, repeat: i
     return p50, p99
 
 
-def bench_kind(spec: str, args, out: Path, queries, exact, shared: SharedTraining) -> list[dict]:
+def bench_kind(spec: str, args, out: Path, queries, exact, shared: SharedTraining, reference_s: float) -> list[dict]:
     before, reused = resident_bytes(), shared.reused_s
     result = build_course(out / f"build-{len(list(out.glob('build-*')))}", args.docs, index=spec, progress=False,
-                          force=True, recall=RecallOptions(accept_low=True, queries=args.queries),
+                          force=True, recall=RecallOptions(accept_low=True, queries=args.queries,
+                                                           reference=(queries, exact)),
                           vectors=args.vectors, dim=args.dim)
     train_reused_s = shared.reused_s - reused
+    build_s = result.seconds + train_reused_s + reference_s  # what the build alone takes (the module's docstring)
     index = open_shards(result.index_files)[0]
     service = IndexService(index, max_size=max(args.batches), max_wait_ms=1.0, max_queue=4 * max(args.batches))
     name, values = ("nprobe", args.nprobe) if index.nlist is not None else ("ef_search", args.ef_search)
@@ -95,7 +100,7 @@ def bench_kind(spec: str, args, out: Path, queries, exact, shared: SharedTrainin
             setattr(index, name, value)
             recall = served_recall([index], queries, exact).overall
             row = {"spec": result.manifest.index["spec"], "nlist": index.nlist, name: getattr(index, name),
-                   "recall": round(recall, 4), "build_s": round(result.seconds + train_reused_s, 3),
+                   "recall": round(recall, 4), "build_s": round(build_s, 3),
                    "train_reused_s": round(train_reused_s, 3), "disk_mb": round(result.index_bytes / 1e6, 1),
                    "disk_bytes": result.index_bytes}
             for batch in args.batches:
@@ -121,7 +126,7 @@ def measured_candidates(rows: list[dict], floor: float) -> list[dict[str, Any]]:
     return found
 
 
-def build_auto(args, out: Path, rows: list[dict], shared: SharedTraining) -> dict[str, Any]:
+def build_auto(args, out: Path, rows: list[dict], shared: SharedTraining, reference, reference_s: float) -> dict[str, Any]:
     """--index auto's pick among the kinds measured here, built (tuned to the floor); its manifest's record."""
     chosen, record = pick(measured_candidates(rows, args.min_recall), args.min_recall, args.latency_budget_ms,
                           size="bytes")
@@ -131,11 +136,12 @@ def build_auto(args, out: Path, rows: list[dict], shared: SharedTraining) -> dic
                              "the index service, bytes on disk")
     result = build_course(out / "auto", args.docs, index=chosen["spec"], nprobe=chosen.get("nprobe", 64),
                           progress=False, force=True, vectors=args.vectors, dim=args.dim,
-                          recall=RecallOptions(min_recall=args.min_recall, tune=True, queries=args.queries))
+                          recall=RecallOptions(min_recall=args.min_recall, tune=True, queries=args.queries,
+                                               reference=reference))
     manifest = result.manifest
     write_manifest(out / "auto", dataclasses.replace(manifest, index={**manifest.index, "auto": record}))
     return {**record, "built": {"spec": manifest.index["spec"], "recall": manifest.index["recall"]["overall"],
-                                "params": manifest.index["recall"]["params"], "build_s": round(result.seconds + shared.reused_s - reused, 1),
+                                "params": manifest.index["recall"]["params"], "build_s": round(result.seconds + shared.reused_s - reused + reference_s, 1),
                                 "version": manifest.version}}
 
 
@@ -200,13 +206,13 @@ def main(argv: list[str] | None = None) -> int:
     code = 0
     with shared_training() as shared:
         for spec in kinds:
-            rows = bench_kind(spec, args, out, queries, exact, shared)
+            rows = bench_kind(spec, args, out, queries, exact, shared, report["reference_s"])
             report["rows"] += rows
             write_report(out, report)
             print(table(rows, args.batches), flush=True)
         if args.auto:
             try:
-                report["auto"] = build_auto(args, out, report["rows"], shared)
+                report["auto"] = build_auto(args, out, report["rows"], shared, (queries, exact), report["reference_s"])
                 built = report["auto"]["built"]
                 print(f"--index auto's rule picked {built['spec']}: built, recall@10 {built['recall']} "
                       f"({built['params']})")

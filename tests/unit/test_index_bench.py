@@ -3,9 +3,12 @@ as each kind finishes), --auto's pick built."""
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import pytest
 
+from builders.data import build_course, course_vector_batches
+from builders.recall import RecallOptions, exact_top_k, sample_queries
 from pipeline.data_version import load_version
 from profiling import index_bench
 
@@ -88,3 +91,15 @@ def test_a_bad_spec_is_refused_before_any_build(tmp_path):
         index_bench.main(["--docs", "1200", "--dim", "32", "--index", "IVF,Flat", "--index", "IVF,PQ5",
                           "--out", str(tmp_path)])
     assert exit_.value.code == 2 and not list(tmp_path.glob("build-*"))
+
+
+def test_a_build_given_the_bench_reference_records_the_recall_it_measures_itself(tmp_path):
+    vectors = partial(course_vector_batches, 3000, 32, 0, source="mixture")
+    queries = sample_queries(vectors, 3000, 80, seed=0)
+    reference = (queries, exact_top_k(queries.vectors, vectors))
+    recalls = []
+    for name, given in (("own", None), ("given", reference)):
+        result = build_course(tmp_path / name, 3000, index="IVF,SQ8", nprobe=3, progress=False, vectors="mixture",
+                              dim=32, recall=RecallOptions(accept_low=True, queries=80, reference=given))
+        recalls.append(result.manifest.index["recall"])
+    assert recalls[0] == recalls[1] and 0 < recalls[0]["overall"] < 1  # nprobe 3 of 76 lists: not exhaustive
