@@ -15,13 +15,15 @@ IVF's.
 Training, and what bounds it: the coarse quantizer is faiss's own k-means (its ``cp``: 10 iterations,
 its fixed seed) on the build's sample of 39 points a list, the least faiss accepts without a warning;
 PQ's codebooks train on at most 256 points a centroid (65,536), faiss's own bound. OPQ's rotation
-trains on faiss's 65,536 points but with ``OPQ_NITER`` alternations instead of faiss's 50, the first
-one's codebooks trained ``OPQ_NITER_PQ_0`` k-means iterations instead of 40: at 200,000 × 768 with
-faiss's defaults the OPQ build took 282 s alone against plain PQ's 92, the difference the rotation's
-training. Its objective (the codes' squared error) on 16,384 of the 768-d mixture vectors: 0.245 at
-the random start, 0.066 after 20 alternations, 0.062 after 32, still falling slowly; 10 or 40 first
-iterations give the same descent (0.205 against 0.206 after 2 alternations): they refine codebooks for
-a random rotation that the next alternation replaces.
+trains on ``OPQ_TRAIN_POINTS`` (64 a codebook centroid, over faiss's 39; faiss: 65,536) with
+``OPQ_NITER`` alternations instead of faiss's 50, the first one's codebooks trained
+``OPQ_NITER_PQ_0`` k-means iterations instead of 40. Every alternation retrains 96 codebooks and
+rotates the whole sample, so its cost is the sample's size times the alternations: at 200,000 × 768
+with faiss's defaults the OPQ build took 282 s alone against plain PQ's 92, the difference the
+rotation's training. Its objective (the codes' squared error) on 16,384 of the 768-d mixture vectors:
+0.245 at the random start, 0.066 after 20 alternations, 0.062 after 32, still falling slowly; 10 or
+40 first iterations give the same descent (0.205 against 0.206 after 2 alternations): they refine
+codebooks for a random rotation that the next alternation replaces.
 
 :func:`shared_training` lets a process that builds several kinds over the same vectors
 (profiling.index_bench) train each coarse quantizer once: the k-means is deterministic, so the
@@ -54,6 +56,7 @@ DEFAULT_EF_SEARCH = 64
 REFINE_FACTOR = 4  # PQ kinds re-rank k * 4 candidates exactly
 OPQ_NITER = 20  # OPQ's rotation/codebook alternations (faiss: 50); see the module's docstring
 OPQ_NITER_PQ_0 = 10  # k-means iterations of the first alternation's codebooks (faiss: 40)
+OPQ_TRAIN_POINTS = 64 * PQ_CENTROIDS  # the rotation's training sample (faiss: 65,536)
 
 _FORMS = "IVF{n},Flat | IVF{n},SQ8 | IVF{n},PQ{m} | OPQ{m},IVF{n},PQ{m} | HNSW{M},Flat | auto"
 
@@ -239,7 +242,7 @@ def trained_index(kind: IndexKind, sample: np.ndarray, params: IvfParams,
         x = np.ascontiguousarray(sample, dtype=np.float32)
         opq = _opq_matrix(index)
         if opq is not None:
-            opq.niter, opq.niter_pq_0 = OPQ_NITER, OPQ_NITER_PQ_0
+            opq.niter, opq.niter_pq_0, opq.max_train_points = OPQ_NITER, OPQ_NITER_PQ_0, OPQ_TRAIN_POINTS
             opq.train(x)  # the pre-transform's own train then skips it and trains the IVF on the rotated sample
             log.info("OPQ rotation: %d alternations in %.1f s", opq.niter, time.perf_counter() - started)
         if ivf is not None:

@@ -8,6 +8,7 @@ import pytest
 from builders.index_kinds import (
     OPQ_NITER,
     OPQ_NITER_PQ_0,
+    OPQ_TRAIN_POINTS,
     REFINE_FACTOR,
     ivf_params,
     parse_index_spec,
@@ -36,7 +37,7 @@ def _faiss_trained(spec: str, x: np.ndarray) -> faiss.Index:
         faiss.downcast_index(index).k_factor = REFINE_FACTOR
     if kind.family == "OPQ-IVF-PQ":
         opq = faiss.downcast_VectorTransform(faiss.downcast_index(faiss.downcast_index(index).base_index).chain.at(0))
-        opq.niter, opq.niter_pq_0 = OPQ_NITER, OPQ_NITER_PQ_0
+        opq.niter, opq.niter_pq_0, opq.max_train_points = OPQ_NITER, OPQ_NITER_PQ_0, OPQ_TRAIN_POINTS
     index.train(x)
     ivf.nprobe = 8
     return index
