@@ -23,7 +23,9 @@ with faiss's defaults the OPQ build took 282 s alone against plain PQ's 92, the 
 rotation's training. Its objective (the codes' squared error) on 16,384 of the 768-d mixture vectors:
 0.245 at the random start, 0.066 after 20 alternations, 0.062 after 32, still falling slowly; 10 or
 40 first iterations give the same descent (0.205 against 0.206 after 2 alternations): they refine
-codebooks for a random rotation that the next alternation replaces.
+codebooks for a random rotation that the next alternation replaces. Recall@10 of
+``OPQ96,IVF1282,PQ96`` over 50,000 of those vectors (profiling.index_bench, 500 queries), these bounds
+against faiss's defaults: 0.9330 against 0.9338 at nprobe 64, 0.9894 against 0.9908 at 256.
 
 :func:`shared_training` lets a process that builds several kinds over the same vectors
 (profiling.index_bench) train each coarse quantizer once: the k-means is deterministic, so the

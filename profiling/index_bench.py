@@ -123,7 +123,7 @@ def measured_candidates(rows: list[dict], floor: float) -> list[dict[str, Any]]:
     ``floor`` (else the kind's best), its p50 at batch 32 and its bytes on disk."""
     found = []
     for spec in dict.fromkeys(r["spec"] for r in rows):
-        mine = sorted((r for r in rows if r["spec"] == spec), key=lambda r: r.get("nprobe") or r.get("ef_search"))
+        mine = sorted((r for r in rows if r["spec"] == spec), key=lambda r: r.get("nprobe", r.get("ef_search", 0)))
         row = next((r for r in mine if r["recall"] >= floor), max(mine, key=lambda r: r["recall"]))
         param = {name: row[name] for name in ("nprobe", "ef_search") if name in row}
         found.append({"spec": spec, "recall": row["recall"], **param,
@@ -146,6 +146,7 @@ def build_auto(args, out: Path, rows: list[dict], shared: SharedTraining, refere
                                                reference=reference))
     build_s = result.seconds + shared.reused_s - reused + reference_s  # as bench_kind's
     manifest = result.manifest
+    assert manifest is not None  # a build that returns has written its manifest
     write_manifest(out / "auto", dataclasses.replace(manifest, index={**manifest.index, "auto": record}))
     return {**record, "built": {"spec": manifest.index["spec"], "recall": manifest.index["recall"]["overall"],
                                 "params": manifest.index["recall"]["params"], "build_s": round(build_s, 1),
