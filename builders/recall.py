@@ -195,6 +195,9 @@ class RecallOptions:
     noise: float = DEFAULT_NOISE
     extra: np.ndarray | None = None  # real queries' vectors, where the corpus has them
     latency_budget_ms: float = 50.0  # --index auto's (builders.auto_index): a batch of 32 searched within it
+    # The queries and their exact answers when the caller has them for these very vectors (the same seed,
+    # count and noise): profiling.index_bench builds several kinds over one stream and computes them once.
+    reference: tuple[Queries, list[Hits]] | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_recall <= 1.0:
@@ -211,8 +214,11 @@ def measure_build(paths: Sequence[Path], batches: Batches, n: int, options: Reca
     the queries and their exact answers are written (builders.build_files.staged_queries)."""
     if n == 0:  # an update that deleted everything: nothing to miss
         return replace(Recall(1.0, [1.0] * len(paths), 0, options.noise, seed, {}), floor=options.min_recall)
-    queries = sample_queries(batches, n, options.queries, seed, options.noise, options.extra)
-    exact = exact_top_k(queries.vectors, batches, len(paths), K, ids_of)
+    if options.reference is not None:
+        queries, exact = options.reference
+    else:
+        queries = sample_queries(batches, n, options.queries, seed, options.noise, options.extra)
+        exact = exact_top_k(queries.vectors, batches, len(paths), K, ids_of)
     if keep is not None:
         save_queries(keep, queries, exact)
     indexes = open_shards(paths, nprobe, ef_search)
