@@ -120,7 +120,7 @@ class Qwen2DecodeStep:
         self.group = self.heads // self.kv_heads
         self.scaling = first.scaling
         self.rotary = inner.rotary_emb
-        self._views: dict[tuple[int, int, bool, int, int], tuple[Any, list[tuple[Any, ...]]]] = {}
+        self._views: dict[tuple[int, int, int, int], tuple[Any, list[tuple[Any, ...]]]] = {}
 
     # ------------------------------------------------------------------ pieces, each as the model's module computes it
 

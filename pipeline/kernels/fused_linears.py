@@ -67,6 +67,8 @@ class FusedPart(torch.nn.Module):
     """One of a FusedLinears' parts in its Linear's place: its columns of the shared product. The FusedLinears
     is held outside the module tree (its owner holds it), so its weight is counted and converted once."""
 
+    fused: FusedLinears
+
     def __init__(self, fused: FusedLinears, index: int):
         super().__init__()
         self.index = index
