@@ -198,3 +198,23 @@ def recording_tool_commit() -> Iterator[dict]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(provenance, "git_commit", lambda cwd=None: dict(TOOL_COMMIT))
         yield TOOL_COMMIT
+
+
+@contextlib.contextmanager
+def index_node_app(faiss_index_path: Path) -> Iterator[tuple]:
+    """Node 2's role and a Flask test client of its app, in this process, serving the data version whose
+    index file is `faiss_index_path` (its manifest's serving values), ready; the index closed after."""
+    from pipeline.config import Settings
+    from services.roles.index.role import IndexRole
+    from services.server.lifecycle import Lifecycle, Readiness
+    from services.server.routes import build_app
+    settings = Settings.from_env({"FAISS_INDEX_PATH": str(faiss_index_path), "NODE_NUMBER": "2"})
+    lifecycle = Lifecycle("node 2", 0.0, exit=lambda code: None)
+    role = IndexRole(settings, 2, lifecycle)
+    app = build_app(role, lifecycle)
+    role.load()
+    lifecycle.readiness.set(Readiness.READY)
+    try:
+        yield role, app.test_client()
+    finally:
+        role.data.require().close()

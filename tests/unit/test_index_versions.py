@@ -8,11 +8,8 @@ import pytest
 from builders.data import build_course
 from builders.incremental import Changes, update_version
 from builders.manifest import random_vectors
-from pipeline.config import Settings
 from pipeline.docstore import Document
-from services.roles.index.role import IndexRole
-from services.server.lifecycle import Lifecycle, Readiness
-from services.server.routes import build_app
+from tests.helpers import index_node_app
 
 DIM = 16
 
@@ -23,14 +20,8 @@ def index_node(tmp_path):
     vector = {5000: np.full(DIM, 7.0, dtype=np.float32)}  # far from every random vector in [0, 1)
     update_version(tmp_path / "v1", tmp_path / "v2", Changes((Document(5000, "t", "c", "g"),), (0,)),
                    lambda texts: np.stack([vector[5000]] * len(texts)), random_vectors(DIM))
-    settings = Settings.from_env({"FAISS_INDEX_PATH": str(tmp_path / "v1" / "faiss_index.bin"), "NODE_NUMBER": "2"})
-    lifecycle = Lifecycle("node 2", 0.0, exit=lambda code: None)
-    role = IndexRole(settings, 2, lifecycle)
-    app = build_app(role, lifecycle)
-    role.load()
-    lifecycle.readiness.set(Readiness.READY)
-    yield role, app.test_client(), vector[5000]
-    role.data.require().close()
+    with index_node_app(tmp_path / "v1" / "faiss_index.bin") as (role, client):
+        yield role, client, vector[5000]
 
 
 def search(client, vector, version=None):

@@ -77,23 +77,12 @@ def test_every_kind_is_tuned_to_the_floor_from_its_kept_queries(tmp_path, no_vec
 
 
 def test_the_index_node_serves_the_tuned_ef_search_and_shows_its_recall(tmp_path, no_vectors):
-    from pipeline.config import Settings
-    from services.roles.index.role import IndexRole
-    from services.server.lifecycle import Lifecycle, Readiness
-    from services.server.routes import build_app
+    from tests.helpers import index_node_app
     build_course(tmp_path / "v1", N, dim=DIM, progress=False, index="HNSW4,Flat", recall=LOW)
     assert _tune(tmp_path / "v1") == 0
     tuned = load_version(tmp_path / "v1").index
-    settings = Settings.from_env({"FAISS_INDEX_PATH": str(tmp_path / "v1" / "faiss_index.bin"), "NODE_NUMBER": "2"})
-    lifecycle = Lifecycle("node 2", 0.0, exit=lambda code: None)
-    role = IndexRole(settings, 2, lifecycle)
-    app = build_app(role, lifecycle)
-    role.load()
-    lifecycle.readiness.set(Readiness.READY)
-    try:
-        health = app.test_client().get("/health").get_json()
-    finally:
-        role.data.require().close()
+    with index_node_app(tmp_path / "v1" / "faiss_index.bin") as (_, client):
+        health = client.get("/health").get_json()
     assert health["ef_search"] == tuned["ef_search"] > 64
     assert health["recall_at_10"] == tuned["recall"]["shards"][0] >= FLOOR
     assert health["recall_params"] == {"ef_search": tuned["ef_search"]}
