@@ -19,10 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from builders.build_files import INDEX_FILENAME, BuildError, fsync_path
+from builders.build_files import INDEX_FILENAME, BuildError, fsync_path, index_files
 from builders.manifest import file_sha256
 from pipeline.data_version import Manifest
-from pipeline.shards import shard_path
 
 Hits = tuple[np.ndarray, np.ndarray]  # (ids (q, k), distances (q, k))
 
@@ -75,4 +74,4 @@ def kept_queries(version_dir: Path, manifest: Manifest) -> tuple[Queries, list[H
 
 def shard_files(version_dir: Path, manifest: Manifest) -> list[Path]:
     """The version's index files, one per shard (a centroid layout's quantizer, also named, is not one)."""
-    return [shard_path(version_dir / INDEX_FILENAME, shard, manifest.shards) for shard in range(manifest.shards)]
+    return index_files(version_dir / INDEX_FILENAME, manifest.shards)
