@@ -44,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import sys
 import time
 from functools import partial
@@ -52,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from builders.auto_index import pick
+from builders.auto_index import LATENCY_BATCH, pick
 from builders.build_files import BuildError
 from builders.data import build_course, course_vector_batches
 from builders.index_kinds import InvalidBuildArgument, SharedTraining, parse_index_spec, shared_training
@@ -61,20 +62,12 @@ from builders.recall import RecallOptions, exact_top_k, open_shards, sample_quer
 from pipeline.data_version import write_manifest
 from pipeline.spec import EMBED_DIM
 from profiling.lib.cli import add_out, comma_list, make_parser
+from profiling.lib.index_node import node_memory
 from profiling.lib.plots import index_bench_plot
 from profiling.lib.report import percentiles, run_folder, text_table
 from services.roles.index.search import IndexService
 
 DEFAULT_INDEXES = ("IVF,Flat", "IVF,SQ8", "OPQ96,IVF,PQ96", "HNSW32,Flat")  # IVF,PQ96: the module's docstring
-AUTO_BATCH = 32  # the batch --index auto's latency budget is for (builders.auto_index.LATENCY_BATCH)
-
-
-def resident_bytes() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def latency_ms(service: IndexService, queries: np.ndarray, batch: int, repeat: int) -> tuple[float, float]:
@@ -89,7 +82,7 @@ def latency_ms(service: IndexService, queries: np.ndarray, batch: int, repeat: i
 
 
 def bench_kind(spec: str, args, out: Path, queries, exact, shared: SharedTraining, reference_s: float) -> list[dict]:
-    before, reused = resident_bytes(), shared.reused_s
+    before, reused = node_memory(os.getpid())["rss"], shared.reused_s
     result = build_course(out / f"build-{len(list(out.glob('build-*')))}", args.docs, index=spec, progress=False,
                           force=True, recall=RecallOptions(accept_low=True, queries=args.queries,
                                                            reference=(queries, exact)),
@@ -111,7 +104,7 @@ def bench_kind(spec: str, args, out: Path, queries, exact, shared: SharedTrainin
             for batch in args.batches:
                 row[f"p50_ms_b{batch}"], row[f"p99_ms_b{batch}"] = latency_ms(service, queries.vectors, batch,
                                                                               args.repeat)
-            row["resident_mb"] = round((resident_bytes() - before) / 1e6, 1)
+            row["resident_mb"] = round((node_memory(os.getpid())["rss"] - before) / 1e6, 1)
             rows.append(row)
     finally:
         service.close(5.0)
@@ -127,7 +120,7 @@ def measured_candidates(rows: list[dict], floor: float) -> list[dict[str, Any]]:
         row = next((r for r in mine if r["recall"] >= floor), max(mine, key=lambda r: r["recall"]))
         param = {name: row[name] for name in ("nprobe", "ef_search") if name in row}
         found.append({"spec": spec, "recall": row["recall"], **param,
-                      "search_ms_batch32": round(row[f"p50_ms_b{AUTO_BATCH}"], 3), "bytes": row["disk_bytes"]})
+                      "search_ms_batch32": round(row[f"p50_ms_b{LATENCY_BATCH}"], 3), "bytes": row["disk_bytes"]})
     return found
 
 
@@ -195,8 +188,8 @@ def _parser():
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.auto and AUTO_BATCH not in args.batches:
-        parser.error(f"--auto weighs the search of a batch of {AUTO_BATCH}: --batches must include it")
+    if args.auto and LATENCY_BATCH not in args.batches:
+        parser.error(f"--auto weighs the search of a batch of {LATENCY_BATCH}: --batches must include it")
     kinds = args.index or DEFAULT_INDEXES
     for spec in kinds:  # every spec checked before the first build, not after minutes of it
         try:
