@@ -3,8 +3,10 @@
 At 1, 8 and 32 rows (all decoding), for the `null` model (fixed logits: the engine alone: scheduler,
 slots, runner, token choice) and the `qwen` one (the real Qwen2 decoder with the faithful layer count and
 every width tiny, in --precision's variant: the model's glue, its non-matmul ops): host ms per step (the
-mean of --steps steps, best of --rounds rounds) and the aten ops one step dispatches (counted by a
-TorchDispatchMode), with the most frequent ones.
+mean of --steps steps, best of --rounds rounds), of which its products (every op that multiplies by a
+weight, engine_step.PRODUCT_OPS: one step's recorded and replayed alone, best of --rounds; the output
+layer's over the real vocabulary is no tiny matmul) and the rest, outside the products; and the aten ops
+one step dispatches (counted by a TorchDispatchMode), with the most frequent ones.
 
 --compare REV measures commit REV too, side by side in the same run: REV is checked out into a
 temporary folder (git archive) and measured by this checkout's code (profiling/lib/engine_step.py run there),
@@ -71,10 +73,16 @@ def merge(rounds: list[dict]) -> dict:
     return merged
 
 
+def outside_products_ms(r: dict) -> float:
+    """A step's host ms outside its products (its best round less its products replayed alone)."""
+    return min(r["host_ms_per_step"]) - r.get("products_ms_per_step", 0.0)
+
+
 def table(labelled: dict[str, dict]) -> str:
     columns = [("model", "<7"), ("rows", ">5")]
     for label in labelled:
-        columns += [(f"  {label[:12]} ms/step", ">22.3f"), (f"  {label[:12]} ops/step", ">22")]
+        columns += [(f"  {label[:12]} ms/step", ">22.3f"), ("  products ms", ">13.3f"),
+                    ("  outside ms", ">12.3f"), (f"  {label[:12]} ops/step", ">22")]
     first = next(iter(labelled.values()))
     lines = []
     for kind, by_rows in first.items():
@@ -82,7 +90,8 @@ def table(labelled: dict[str, dict]) -> str:
             cells: list = [kind, rows]
             for result in labelled.values():
                 r = result[kind][rows]
-                cells += [min(r["host_ms_per_step"]), r["ops_per_step"]]
+                cells += [min(r["host_ms_per_step"]), r.get("products_ms_per_step", 0.0), outside_products_ms(r),
+                          r["ops_per_step"]]
             lines.append(cells)
     return text_table(columns, lines)
 

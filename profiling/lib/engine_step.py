@@ -28,6 +28,41 @@ QWEN_TINY: dict[str, Any] = {"hidden_size": 32, "num_attention_heads": 4, "num_k
 QWEN_LAYERS = 24
 
 
+# The ops that multiply by a weight matrix, per CPU variant: a step's products (the rest is its glue).
+PRODUCT_OPS = frozenset({"_linear_pointwise", "linear_dynamic", "_weight_int4pack_mm_for_cpu", "_weight_int8pack_mm",
+                         "_int_mm", "mm", "addmm", "bmm", "linear"})
+
+
+class ProductRecorder:
+    """A TorchDispatchMode keeping each product op (PRODUCT_OPS) dispatched while it is on with its
+    arguments, so the products of one step can be replayed alone: their time, the step's matmul time."""
+
+    def __init__(self) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+        calls: list[tuple[Any, tuple, dict]] = []
+        self.calls = calls
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if str(func.overloadpacket.__name__) in PRODUCT_OPS:
+                    calls.append((func, args, kwargs or {}))
+                return func(*args, **(kwargs or {}))
+
+        self.mode = Mode()
+
+    def replay_ms(self, rounds: int, repeats: int) -> float:
+        """ms the recorded products take in a row, best of `rounds` rounds of `repeats` replays (warm
+        caches, unlike inside the step: the figure errs low, the glue's remainder high)."""
+        best = float("inf")
+        for _ in range(rounds):
+            started = time.perf_counter()
+            for _ in range(repeats):
+                for func, args, kwargs in self.calls:
+                    func(*args, **kwargs)
+            best = min(best, (time.perf_counter() - started) * 1000 / repeats)
+        return best
+
+
 class OpCounter:
     """A TorchDispatchMode counting every aten op dispatched while it is on, by name."""
 
@@ -118,11 +153,17 @@ def _measure_rows(generator, rows: int, spec_: dict, engine_class, request_class
         for _ in range(count_steps):
             engine.step()
     ops = {name: n // count_steps for name, n in counter.counts.items()}
+    products = ProductRecorder()
+    with products.mode:
+        engine.step()
     import torch
-    with torch.inference_mode():  # older commits move K/V rows in place only there
+    with torch.inference_mode():
+        products_ms = products.replay_ms(rounds, steps)
+        # older commits move K/V rows in place only in inference mode
         for seq in engine.sequences():
             engine.cancel(seq)
     return {"host_ms_per_step": per_round, "ops_per_step": sum(ops.values()),
+            "products_per_step": len(products.calls), "products_ms_per_step": products_ms,
             "top_ops": sorted(ops.items(), key=lambda kv: (-kv[1], kv[0]))[:int(spec_.get("top", 12))]}
 
 

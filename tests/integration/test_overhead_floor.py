@@ -58,3 +58,9 @@ def test_the_engine_tool_counts_a_steps_ops_beside_another_commit(tmp_path, stan
                 assert sum(n for _, n in r["top_ops"]) <= r["ops_per_step"]
         # The Qwen decoder's layers dispatch far more than the engine alone.
         assert result["qwen"]["1"]["ops_per_step"] > 3 * result["null"]["1"]["ops_per_step"]
+        # Its products are recorded and replayed: q/k/v, o, gate/up and down a layer (2 layers), the output
+        # layer's; the engine alone multiplies by no weight.
+        for rows in ("1", "4"):
+            assert result["qwen"][rows]["products_per_step"] == 4 * 2 + 1
+            assert 0 < result["qwen"][rows]["products_ms_per_step"] < min(result["qwen"][rows]["host_ms_per_step"])
+            assert result["null"][rows]["products_per_step"] == 0
