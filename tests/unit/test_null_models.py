@@ -92,6 +92,19 @@ def test_a_null_lm_row_does_not_depend_on_its_batch_mates(null_stages):
     assert run(spec.REFERENCE_QUERIES[:4])[0] == alone
 
 
+def test_null_lm_logits_are_each_rows_one_hot_answer_token_in_a_fresh_tensor():
+    import torch
+    lm = NullCausalLM([5, 2, 9], vocab_size=16, generation_config=None)
+    positions = torch.tensor([[0, 1], [3, 4], [7, 8]])  # last positions 1, 4, 8: answer tokens 2, 2, 9
+    first = lm(input_ids=None, position_ids=positions).logits
+    assert first.shape == (3, 1, 16) and first.dtype == torch.float32
+    expected = torch.zeros(3, 1, 16)
+    expected[[0, 1, 2], 0, [2, 2, 9]] = 1.0
+    assert torch.equal(first, expected)
+    first.fill_(7.0)  # the engine penalizes logits in place: the next call must not see it
+    assert torch.equal(lm(input_ids=None, position_ids=positions).logits, expected)
+
+
 def test_null_lm_refuses_answer_ids_outside_its_vocabulary():
     with pytest.raises(ValueError, match="below the vocabulary"):
         NullCausalLM([1, 70], vocab_size=64, generation_config=None)
