@@ -238,13 +238,18 @@ def add_recall_arguments(parser: argparse.ArgumentParser, with_tune: bool = True
                             help="raise nprobe / efSearch until recall@10 meets the floor; the manifest records it")
 
 
+def recall_floor(given: float | None) -> float:
+    """The recall floor a command holds a build to: `given` (its --min-recall), else INDEX_MIN_RECALL."""
+    if given is not None:
+        return given
+    from pipeline.config import Settings
+    return Settings.from_env().index.min_recall
+
+
 def recall_options(args: argparse.Namespace) -> RecallOptions:
-    """The recall rules of a build's command line (the floor: --min-recall, else INDEX_MIN_RECALL)."""
-    floor = args.min_recall
-    if floor is None:
-        from pipeline.config import Settings
-        floor = Settings.from_env().index.min_recall
-    return RecallOptions(min_recall=floor, accept_low=args.accept_low_recall, tune=getattr(args, "tune", False),
+    """The recall rules of a build's command line (the floor: :func:`recall_floor`)."""
+    return RecallOptions(min_recall=recall_floor(args.min_recall), accept_low=args.accept_low_recall,
+                         tune=getattr(args, "tune", False),
                          queries=args.recall_queries, latency_budget_ms=args.latency_budget_ms)
 
 

@@ -57,7 +57,7 @@ import numpy as np
 
 from builders.data import COURSE_BATCH, build_course, course_vector_batches
 from builders.index_kinds import default_nlist, parse_index_spec
-from builders.recall import K, RecallOptions, exact_top_k, recall_at, sample_queries
+from builders.recall import K, RecallOptions, exact_top_k, recall_at, recall_floor, sample_queries
 from profiling.lib.cli import comma_list, make_parser, positive
 from profiling.lib.index_node import node_memory, served_nprobe, serving_process
 from profiling.lib.report import percentiles, run_folder, text_table, write_json
@@ -197,11 +197,6 @@ def run_kind(spec: str, position: int, args, work: Path, queries: np.ndarray, ex
     return rows
 
 
-def _floor_setting() -> float:
-    from pipeline.config import Settings
-    return Settings.from_env().index.min_recall
-
-
 def _parser():
     parser = make_parser("python -m profiling.design_scale", __doc__.split("\n\n")[0])
     parser.add_argument("--count", type=positive(int), default=DESIGN_COUNT, help="vectors (and documents)")
@@ -240,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     not_ivf = [spec for spec in args.index if not parse_index_spec(spec, args.dim).is_ivf]
     if not_ivf:
         parser.error(f"--index {not_ivf[0]}: the sweep and the ladder set nprobe, an IVF kind's")
-    floor = args.min_recall if args.min_recall is not None else _floor_setting()
+    floor = recall_floor(args.min_recall)
     started = time.monotonic()
     until = started + args.time_budget
     out = run_folder("design_scale", args.out)
