@@ -81,6 +81,20 @@ def uid(prefix: str) -> str:
     return f"{prefix}-{time.time_ns()}"
 
 
+class InProcessIndex:
+    """What a worker asks of node 2 (ShardedIndexClient.search), answered by the index itself."""
+
+    def __init__(self, index):
+        self.index = index
+
+    def search(self, vectors, k, **_context):
+        ids, distances = self.index.search(vectors, k)
+        return ids.tolist(), distances.tolist()
+
+    def close(self) -> None:
+        pass
+
+
 def wait_until(condition: Callable[[], object], timeout_s: float, what: str | Callable[[], str],
                poll_s: float = 0.05) -> None:
     """Poll `condition` until it holds; fail with `what` past timeout_s (a bound, not a pace). `what`
