@@ -215,14 +215,15 @@ def recording_tool_commit() -> Iterator[dict]:
 
 
 @contextlib.contextmanager
-def index_node_app(faiss_index_path: Path) -> Iterator[tuple]:
+def index_node_app(faiss_index_path: Path, **env: str) -> Iterator[tuple]:
     """Node 2's role and a Flask test client of its app, in this process, serving the data version whose
-    index file is `faiss_index_path` (its manifest's serving values), ready; the index closed after."""
+    index file is `faiss_index_path` (its manifest's serving values; `env`: more settings), ready; the
+    index closed after."""
     from pipeline.config import Settings
     from services.roles.index.role import IndexRole
     from services.server.lifecycle import Lifecycle, Readiness
     from services.server.routes import build_app
-    settings = Settings.from_env({"FAISS_INDEX_PATH": str(faiss_index_path), "NODE_NUMBER": "2"})
+    settings = Settings.from_env({"FAISS_INDEX_PATH": str(faiss_index_path), "NODE_NUMBER": "2", **env})
     lifecycle = Lifecycle("node 2", 0.0, exit=lambda code: None)
     role = IndexRole(settings, 2, lifecycle)
     app = build_app(role, lifecycle)
