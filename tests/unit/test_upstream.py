@@ -114,3 +114,55 @@ def test_stress_many_requests_passing_skipping_and_ending_leave_every_count_at_z
     assert not out_of_range.is_set()
     assert counts(upstream) == {stage: 0 for stage in WORKER_STAGES}
     assert all(woken[stage] >= 1 for stage in WORKER_STAGES)
+
+
+def test_stress_batching_services_with_ten_minute_windows_close_every_batch_by_the_count_alone():
+    """Three stage services on one Upstream, windows of ten minutes: every batch closes because it
+    filled up or nobody could join it any more; a lost wake (or a lock taken in both orders) would
+    leave a caller waiting on the window and fail its result's bound."""
+    from services.stages.batching import BatchingService
+    upstream = Upstream()
+    stages = ("a", "b", "c")
+    sizes: Counter = Counter()
+    sizes_lock = threading.Lock()
+
+    def batch_fn(items):
+        with sizes_lock:
+            sizes[len(items)] += 1
+        return [item * 2 for item in items]
+
+    services = {stage: BatchingService(stage, batch_fn, max_size=8, max_wait_ms=600_000, upstream=upstream)
+                for stage in stages}
+    n_threads, per_thread = 12, 60
+    start = threading.Barrier(n_threads)
+    errors: list[BaseException] = []
+
+    def request_thread(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            start.wait()
+            for n in range(per_thread):
+                with upstream.begin(stages) as route:
+                    for stage in stages:
+                        if rng.random() < 0.2:
+                            continue  # skipped: the next wait (or the end) passes it
+                        items = [seed * 1000 + n] * rng.randint(1, 3)  # several items, one request
+                        futures = [services[stage].submit(item) for item in items]
+                        route.passed(stage)  # as StageClock.wait: all its items are in
+                        assert [future.result(timeout=60) for future in futures] == [item * 2 for item in items]
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=request_thread, args=(seed,)) for seed in range(n_threads)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(300)
+        assert not any(thread.is_alive() for thread in threads), "requests hung"
+        assert not errors, errors[:3]
+    finally:
+        for service in services.values():
+            service.close(timeout=30)
+    assert {stage: upstream.may_join(stage) for stage in stages} == {stage: 0 for stage in stages}
+    assert max(sizes) > 3, "no request shared a batch with another"
