@@ -2,9 +2,11 @@
 is already in has nobody left to wait for, so it closes at once (services/stages/batch_queue.py).
 
 A request begins with its route, the stages it may enter in their order (an answer's: all of
-spec.WORKER_STAGES; /v1/rerank's: rerank alone). Once it has submitted to a stage it has *passed*
-it and every stage before it on its route (stages are entered in order; one it skipped, an embed
-cache hit, is behind it too); ending, by its answer, an error or a deadline, passes the rest.
+spec.WORKER_STAGES; /v1/rerank's: rerank alone). Once it has submitted all it will to a stage (a
+worker's request: when it first waits on it, services/roles/worker/stage_clock.py; a /search call:
+once its vectors are queued) it has *passed* it and every stage before it on its route (stages are
+entered in order; one it skipped, an embed cache hit, is behind it too); ending, by its answer, an
+error or a deadline, passes the rest.
 Stages are keyed by name (a Stage is its own name): a stage service watches its own name.
 """
 from __future__ import annotations

@@ -13,7 +13,6 @@ import numpy as np
 from pipeline import spec
 from pipeline.centroid_search import ProbedSearch
 from pipeline.data_version import Manifest
-from pipeline.spec import Stage
 from pipeline.vector_index import VectorIndex
 from services.server import stage_spans
 from services.server.errors import ApiError
@@ -73,7 +72,7 @@ class IndexService:
         try:
             futures = self.batcher.submit_many(items)  # parse_search_body kept the count within the queue
             if route is not None:
-                route.passed(Stage.INDEX)  # all its vectors are in: the batch need not wait for this call
+                route.passed(spec.Stage.INDEX)  # all its vectors are in: the batch need not wait for this call
             results = results_by(futures, started + timeout_s, ApiError(504, "search timed out"))
         except BaseException as exc:
             error = exc
