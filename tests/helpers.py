@@ -81,6 +81,20 @@ def uid(prefix: str) -> str:
     return f"{prefix}-{time.time_ns()}"
 
 
+class InProcessIndex:
+    """What a worker asks of node 2 (ShardedIndexClient.search), answered by the index itself."""
+
+    def __init__(self, index):
+        self.index = index
+
+    def search(self, vectors, k, **_context):
+        ids, distances = self.index.search(vectors, k)
+        return ids.tolist(), distances.tolist()
+
+    def close(self) -> None:
+        pass
+
+
 def wait_until(condition: Callable[[], object], timeout_s: float, what: str | Callable[[], str],
                poll_s: float = 0.05) -> None:
     """Poll `condition` until it holds; fail with `what` past timeout_s (a bound, not a pace). `what`
@@ -201,14 +215,15 @@ def recording_tool_commit() -> Iterator[dict]:
 
 
 @contextlib.contextmanager
-def index_node_app(faiss_index_path: Path) -> Iterator[tuple]:
+def index_node_app(faiss_index_path: Path, **env: str) -> Iterator[tuple]:
     """Node 2's role and a Flask test client of its app, in this process, serving the data version whose
-    index file is `faiss_index_path` (its manifest's serving values), ready; the index closed after."""
+    index file is `faiss_index_path` (its manifest's serving values; `env`: more settings), ready; the
+    index closed after."""
     from pipeline.config import Settings
     from services.roles.index.role import IndexRole
     from services.server.lifecycle import Lifecycle, Readiness
     from services.server.routes import build_app
-    settings = Settings.from_env({"FAISS_INDEX_PATH": str(faiss_index_path), "NODE_NUMBER": "2"})
+    settings = Settings.from_env({"FAISS_INDEX_PATH": str(faiss_index_path), "NODE_NUMBER": "2", **env})
     lifecycle = Lifecycle("node 2", 0.0, exit=lambda code: None)
     role = IndexRole(settings, 2, lifecycle)
     app = build_app(role, lifecycle)

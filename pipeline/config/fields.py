@@ -28,7 +28,8 @@ def max_batch(stage: str, size: int, why: str) -> Any:
 
 def max_wait(stage: str, wait_ms: int) -> Any:
     return var(f"{stage.upper()}_MAX_WAIT_MS", p.non_negative_float, str(wait_ms),
-               f"how long the {stage} stage's oldest item may wait for a fuller batch (ms)")
+               f"how long the {stage} stage's oldest item may wait for a fuller batch (ms); not at all when no "
+               "request in flight on the node may still join it")
 
 
 def precision(stage: str, model: str) -> Any:

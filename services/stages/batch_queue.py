@@ -1,5 +1,6 @@
 """A stage's pending items and when a batch closes: at ``max_size`` items, ``max_wait_ms`` after
-its oldest item arrived, or at once when closing. Items are taken in arrival order. The policy
+its oldest item arrived, at once when closing, or at once when no request that may still submit
+to the stage is left outside it (``may_join``). Items are taken in arrival order. The policy
 (``due_in``, ``take``) reads an injectable clock, so it is tested with no thread and no sleep.
 """
 from __future__ import annotations
@@ -53,16 +54,22 @@ def validate_max_wait_ms(value: Any) -> float:
 
 class BatchQueue:
     """One lock guards the items, the closing flag and the counters (so snapshots are consistent);
-    it is never held while user code runs: a done-callback calling ``put()`` would deadlock."""
+    it is never held while user code runs: a done-callback calling ``put()`` would deadlock.
+
+    ``may_join()``: how many requests may still submit to this stage beyond those queued (None: not
+    known, every batch waits out its window). It is called under this lock, so it may take only a
+    lock that is never held while calling into a queue (services.stages.upstream's: a leaf); whoever
+    lowers it calls ``wake()`` after releasing its own lock."""
 
     def __init__(self, name: str, *, max_size: int, max_wait_ms: float, max_queue: int,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, may_join: Callable[[], int] | None = None):
         self.name = name
         self.max_size = validate_positive_int("max_size", max_size)
         self.max_wait_ms = validate_max_wait_ms(max_wait_ms)
         self.max_queue = validate_positive_int("max_queue", max_queue)
         self._max_wait_s = self.max_wait_ms / 1000.0
         self._clock = clock
+        self._may_join = may_join
         self._cond = threading.Condition(threading.Lock())
         # By future: a cancelled item leaves in O(1); the first entry, the oldest, sets the deadline.
         self._pending: OrderedDict[Future, PendingItem] = OrderedDict()
@@ -130,6 +137,8 @@ class BatchQueue:
             return None
         if len(self._pending) >= self.max_size or self._closing:
             return 0.0
+        if self._may_join is not None and self._may_join() <= 0:
+            return 0.0  # nobody else can join: waiting would only delay the ones here
         oldest = next(iter(self._pending.values()))
         return max(0.0, oldest.enqueued_at + self._max_wait_s - self._clock())
 
@@ -177,6 +186,11 @@ class BatchQueue:
             while not self._pending and not self._closing:
                 self._cond.wait()
             return bool(self._pending)
+
+    def wake(self) -> None:
+        """Have the worker look at its deadline again: ``may_join`` fell (a request left or passed by)."""
+        with self._cond:
+            self._cond.notify_all()
 
     # ------------------------------------------------------------ shutdown
 

@@ -2,7 +2,8 @@
 ``batch_fn(items)``, each caller holding a Future for its own result.
 
 As Ray Serve's ``serve.batch``: ``BatchQueue`` decides when a batch closes (``max_size`` items,
-or ``max_wait_ms`` after its oldest item), this module runs it on one daemon thread per service,
+``max_wait_ms`` after its oldest item, or at once when no request in flight may still join it: the
+node's ``Upstream``, watched under the service's name), this module runs it on one daemon thread per service,
 and each way a future ends has one helper in ``services.stages.futures``.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
+from functools import partial
 from typing import Any
 
 from services.server.errors import BatchSizeMismatch
@@ -19,6 +21,7 @@ from services.stages.batch_queue import BatchQueue, PendingItem
 from services.stages.batch_stats import BatchingStats
 from services.stages.futures import set_exception, set_result
 from services.stages.holdings import Holdings
+from services.stages.upstream import Upstream
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +39,7 @@ class BatchingService:
     """``batch_fn(items) -> results``, one per item in order, runs on the service's thread only."""
 
     def __init__(self, name: str, batch_fn: Callable[[list], list], *, max_size: int, max_wait_ms: float,
-                 max_queue: int = 1024, retry_individually: bool = True):
+                 max_queue: int = 1024, retry_individually: bool = True, upstream: Upstream | None = None):
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty str, got {name!r}")
         if not callable(batch_fn):
@@ -44,7 +47,11 @@ class BatchingService:
         self._name = name
         self._owner = f"batching service {name!r}"
         self._batch_fn = batch_fn
-        self._queue = BatchQueue(name, max_size=max_size, max_wait_ms=max_wait_ms, max_queue=max_queue)
+        self._upstream = upstream
+        self._queue = BatchQueue(name, max_size=max_size, max_wait_ms=max_wait_ms, max_queue=max_queue,
+                                 may_join=partial(upstream.may_join, name) if upstream is not None else None)
+        if upstream is not None:
+            upstream.watch(name, self._queue.wake)
         self._retry_individually = bool(retry_individually)
         # The batch inside batch_fn now: abort() and a dying thread fail it.
         self._holdings = Holdings(self._queue, self._owner)
@@ -88,6 +95,8 @@ class BatchingService:
         if not self._queue.closing:
             logger.debug("%s closing", self._owner)
         self._queue.close()
+        if self._upstream is not None:
+            self._upstream.unwatch(self._name, self._queue.wake)
         if threading.current_thread() is self._thread:
             # close() from inside batch_fn: joining ourselves would deadlock.
             # The loop exits after the current batch once the queue is empty.

@@ -28,21 +28,7 @@ from services.server.answer import AnswerPiece, FinalAnswer
 from services.server.answer_request import AnswerRequest
 from services.server.deadline import Deadline
 from services.server.stream_response import collect as collect_answer
-from tests.helpers import TEST_ENV, data_env
-
-
-class InProcessIndex:
-    """What a worker asks of node 2 (ShardedIndexClient.search), answered by the index itself."""
-
-    def __init__(self, index: VectorIndex):
-        self.index = index
-
-    def search(self, vectors, k, **_context):
-        ids, distances = self.index.search(vectors, k)
-        return ids.tolist(), distances.tolist()
-
-    def close(self) -> None:
-        pass
+from tests.helpers import TEST_ENV, InProcessIndex, data_env
 
 
 def collect(events) -> dict:

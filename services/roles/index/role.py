@@ -31,6 +31,7 @@ from services.roles.loaded import Loaded
 from services.roles.versioned_data import VersionedData
 from services.server.body import read_json_object
 from services.server.token import internal_endpoint
+from services.stages.upstream import Upstream
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,8 @@ class IndexRole(Role):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.data: Loaded[VersionedData[IndexService]] = Loaded(f"node {self.node} is still loading its index")
+        # The /search calls received and not yet queued: a batch none of them may join closes at once.
+        self.upstream = Upstream()
 
     @staticmethod
     def check_settings(settings: Settings) -> None:
@@ -80,7 +83,8 @@ class IndexRole(Role):
                  "recall@10 %s", path, manifest.version, time.monotonic() - started, index.ntotal, index.dim,
                  index.nprobe, index.ef_search, index.is_mmap, shard_recall(manifest, cluster.served_shard(self.node)))
         return IndexService(index, max_size=cfg.max_batch, max_wait_ms=cfg.max_wait_ms, max_queue=cfg.max_queue,
-                            manifest=manifest, owned_lists=owned_lists_of(manifest, cluster.served_shard(self.node)))
+                            manifest=manifest, owned_lists=owned_lists_of(manifest, cluster.served_shard(self.node)),
+                            upstream=self.upstream)
 
     def batching_services(self):
         data = self.data.value
@@ -119,21 +123,24 @@ class IndexRole(Role):
         @app.post("/search")
         @internal_endpoint(self.settings.cluster.cluster_token)
         def search():
-            self.lifecycle.require_ready("index server")
-            data = self.data.require()
-            with data.versions.use() as current:  # the body's limits: every version has the one dimension
-                dim, max_queue = current.value.index.dim, current.value.max_queue
-            body = read_json_object(MAX_SEARCH_BODY_BYTES, max_values=max_search_values(dim))
-            version = parse_search_version(body)
-            vectors, k = parse_search_body(body, dim, max_queue)
-            # A version not held but complete on disk is loaded: a node restarted during a rollout catches up.
-            lease = data.acquire(version, load_missing=True)
-            try:
-                where = f"index shard {cluster.served_shard(self.node)} of {cluster.index_shards}"
-                lists = parse_probe_lists(body, len(vectors), lease.value.index.nlist or 0, lease.value.owned_lists, where)
-                ids, distances = lease.value.search(vectors, k, timeout_s, lists)
-            finally:
-                lease.release()
+            # Counted from here (every version's batch may wait for it) until queued, refused or failed.
+            with self.upstream.begin((Stage.INDEX,)) as route:
+                self.lifecycle.require_ready("index server")
+                data = self.data.require()
+                with data.versions.use() as current:  # the body's limits: every version has the one dimension
+                    dim, max_queue = current.value.index.dim, current.value.max_queue
+                body = read_json_object(MAX_SEARCH_BODY_BYTES, max_values=max_search_values(dim))
+                version = parse_search_version(body)
+                vectors, k = parse_search_body(body, dim, max_queue)
+                # A version not held but complete on disk is loaded: a node restarted during a rollout catches up.
+                lease = data.acquire(version, load_missing=True)
+                try:
+                    where = f"index shard {cluster.served_shard(self.node)} of {cluster.index_shards}"
+                    lists = parse_probe_lists(body, len(vectors), lease.value.index.nlist or 0,
+                                              lease.value.owned_lists, where)
+                    ids, distances = lease.value.search(vectors, k, timeout_s, lists, route)
+                finally:
+                    lease.release()
             return jsonify({"ids": ids, "distances": distances, "version": lease.version})
 
         register_data_routes(app, self.data, self.lifecycle, self.settings.cluster.cluster_token)

@@ -1,5 +1,6 @@
 """Node 2's search service: the FAISS index behind a BatchingService of single vectors (faiss's
 per-query cost falls with batch size), and the /search body's rules. Ids go back, never documents.
+A batch closes at once when no other /search call received may still join it (the role's Upstream).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from services.server.errors import ApiError
 from services.server.request_ids import current_request_id
 from services.stages.batching import BatchingService
 from services.stages.futures import results_by
+from services.stages.upstream import Route, Upstream
 
 MAX_SEARCH_VECTORS = 1024
 MAX_K = 1024
@@ -38,14 +40,15 @@ class IndexQuery:
 
 class IndexService:
     def __init__(self, index: VectorIndex, *, max_size: int, max_wait_ms: float, max_queue: int,
-                 manifest: Manifest | None = None, owned_lists: frozenset[int] | None = None):
+                 manifest: Manifest | None = None, owned_lists: frozenset[int] | None = None,
+                 upstream: Upstream | None = None):
         self.index = index
         self.manifest = manifest  # the data version's: its recall, for /health and the metrics
         self.owned_lists = owned_lists  # a centroid shard's lists; None for a hash shard
         self.probed = ProbedSearch(index.index) if owned_lists is not None else None
         self.max_queue = max_queue
         self.batcher = BatchingService("index", stage_spans.noting_batches(self._search_batch), max_size=max_size,
-                                       max_wait_ms=max_wait_ms, max_queue=max_queue)
+                                       max_wait_ms=max_wait_ms, max_queue=max_queue, upstream=upstream)
 
     def _search_batch(self, items: list[IndexQuery]) -> list[tuple[list[int], list[float]]]:
         k = max(item.k for item in items)
@@ -57,7 +60,8 @@ class IndexService:
         return [(ids[i, :item.k].tolist(), distances[i, :item.k].tolist()) for i, item in enumerate(items)]
 
     def search(self, vectors: np.ndarray, k: int, timeout_s: float,
-               lists: list[list[int]] | None = None) -> tuple[list, list]:
+               lists: list[list[int]] | None = None, route: Route | None = None) -> tuple[list, list]:
+        """The ids and distances of each vector's `k` nearest; `route`: the call's, passed once it is queued."""
         started = time.monotonic()
         # Tracing on: the call's span in the index stage; its first vector reports the batch.
         span = stage_spans.start_stage("index", current_request_id.get())
@@ -66,9 +70,10 @@ class IndexService:
             items[0] = stage_spans.noted(span, items[0])
         error: BaseException | None = None
         try:
-            # parse_search_body kept the count within the queue
-            results = results_by(self.batcher.submit_many(items), started + timeout_s,
-                                 ApiError(504, "search timed out"))
+            futures = self.batcher.submit_many(items)  # parse_search_body kept the count within the queue
+            if route is not None:
+                route.passed(spec.Stage.INDEX)  # all its vectors are in: the batch need not wait for this call
+            results = results_by(futures, started + timeout_s, ApiError(504, "search timed out"))
         except BaseException as exc:
             error = exc
             raise

@@ -51,6 +51,7 @@ from services.stages.batching import BatchingService
 from services.stages.continuous import ContinuousGenerationService
 from services.stages.protocol import StageService, StageStats
 from services.stages.token_stream import TokenStream
+from services.stages.upstream import Upstream
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,7 @@ class Worker:
         self._holding = 0  # requests between their arrival here and their answer's end
         self._lock = threading.Lock()
         self.embed_cache = LruCache("embedding", config.embed_cache_size)
+        self.upstream = Upstream()  # a batch nobody else in flight may join closes at once
         batch_fns: dict[Stage, Callable[[list], list]] = {
             Stage.EMBED: stages.embedder,
             Stage.SEARCH: self._search_batch,
@@ -121,7 +123,7 @@ class Worker:
             # Each batch tells its requests' stage spans (tracing on) its size and when it started.
             self.services[stage] = BatchingService(stage, stage_spans.noting_batches(batch_fns[stage]),
                                                    max_size=cfg.max_batch, max_wait_ms=cfg.max_wait_ms,
-                                                   max_queue=cfg.max_queue)
+                                                   max_queue=cfg.max_queue, upstream=self.upstream)
 
     def _search_batch(self, items: list[PendingSearch]) -> list[list[int]]:
         # One HTTP call to each index shard per data version in the batch (one but while a switch is
@@ -164,7 +166,7 @@ class Worker:
         string; each with its tokens' log probabilities where asked; a tool call's name and arguments as
         they are generated), then the final answer (services/server/answer.py), all from the sequence's
         output processor. Closing the stream early cancels the generation."""
-        clock, trace = self._begin(request.request_id)
+        clock, trace = self._begin(request.request_id, spec.WORKER_STAGES)
         generation: StageVisit | None = None
         with self._lock:
             self._holding += 1
@@ -236,9 +238,8 @@ class Worker:
         return self._items(Stage.TOXICITY, [ModerationText(text) for text in texts], deadline, "moderations")
 
     def _items(self, stage: Stage, items: Sequence, deadline: Deadline, label: str) -> list:
-        """The stage's results for `items` submitted at once; closing early or failing takes the
-        unstarted ones off its queue."""
-        clock, _trace = self._begin(current_request_id.get() or label)
+        """The stage's results for `items`, queued at once; an early close or a failure takes back those not started."""
+        clock, _trace = self._begin(current_request_id.get() or label, (stage,))
         visits: list[StageVisit] = []
         try:
             for item in items:
@@ -249,21 +250,20 @@ class Worker:
                 visit.future.cancel()  # a no-op once it ran
             clock.close()
 
-    def _begin(self, request_id: str) -> tuple[StageClock, str]:
-        """The request's clock and trace id; StageDown at once if a stage is down."""
+    def _begin(self, request_id: str, route: Sequence[Stage]) -> tuple[StageClock, str]:
+        """The request's clock, on `route`'s stages, and trace id; StageDown at once if a stage is down."""
         for stage, svc in self.services.items():
             if svc.failure is not None:
                 raise StageDown(stage, svc.failure)
         trace = current_request_id.get() or request_id
-        return StageClock.for_this_thread(trace, self._wait), trace
+        return StageClock.for_this_thread(trace, self._wait, self.upstream.begin(route)), trace
 
     def _enter(self, clock: StageClock, stage: Stage, item) -> StageVisit:
         return clock.enter(stage).submit(self.services[stage], item)
 
     def _retrieve(self, clock: StageClock, trace: str, query: str, deadline: float) -> tuple[str, tuple]:
-        """The data version read and the documents for `query` (the retrieval query) from it, reranked,
-        best first: embed, search, fetch (one version: held from before the search until the fetch
-        ends), rerank."""
+        """The data version read and the documents for `query` (the retrieval query) from it, reranked, best
+        first: embed, search, fetch (one version: held from before the search until the fetch ends), rerank."""
         def run(stage: Stage, item):
             return clock.wait(self._enter(clock, stage, item), deadline)
 

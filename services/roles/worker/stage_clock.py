@@ -1,5 +1,5 @@
 """A request's time in each stage, measured once: the completion line's stages_ms and, with
-tracing on, the stage's span."""
+tracing on, the stage's span; and, on the node's Upstream, the stages it may still submit to."""
 from __future__ import annotations
 
 import time
@@ -10,6 +10,7 @@ from typing import Any, Callable
 from pipeline.spec import Stage
 from services.server import stage_spans
 from services.stages.protocol import StageService
+from services.stages.upstream import Route
 
 # Where Worker.answer records how long the request waited on each stage, for the node's completion
 # log line: kept out of the reply, whose fields are the contract. Per thread (one request each).
@@ -46,18 +47,23 @@ class StageVisit:
 
 class StageClock:
     """Times one request's stages once: its stages_ms entry on the completion line and, with tracing
-    on, its stage span (a child of the request's server span)."""
+    on, its stage span (a child of the request's server span). Its route passes a stage when the
+    request first waits on it: all its items are in by then (a /v1/embeddings request's several
+    texts), and a batch closing before that would leave some of them to the next one."""
 
-    def __init__(self, times: dict[str, float] | None, request_id: str, wait: Callable[[str, Future, float], Any]):
+    def __init__(self, times: dict[str, float] | None, request_id: str, wait: Callable[[str, Future, float], Any],
+                 route: Route | None = None):
         self.times = times
         self.request_id = request_id
         self._wait = wait  # Worker._wait: the stage's result by the deadline, errors mapped
+        self._route = route
         self._open: list[StageVisit] = []
 
     @classmethod
-    def for_this_thread(cls, request_id: str, wait: Callable[[str, Future, float], Any]) -> StageClock:
+    def for_this_thread(cls, request_id: str, wait: Callable[[str, Future, float], Any],
+                        route: Route | None = None) -> StageClock:
         """A clock filling the dict collect_stage_times gave this thread (none: times are not kept)."""
-        return cls(_stage_times.get(), request_id, wait)
+        return cls(_stage_times.get(), request_id, wait, route)
 
     def enter(self, stage: Stage) -> StageVisit:
         visit = StageVisit(stage, stage_spans.start_stage(stage, self.request_id))
@@ -65,6 +71,8 @@ class StageClock:
         return visit
 
     def wait(self, visit: StageVisit, deadline: float):
+        if self._route is not None:  # through the furthest stage entered: sentiment's wait passes toxicity too
+            self._route.passed(*(open_visit.stage for open_visit in self._open))
         error: BaseException | None = None
         try:
             return self._wait(visit.stage, visit.future, deadline)
@@ -82,7 +90,9 @@ class StageClock:
             visit.span.end(elapsed_s, error)
 
     def close(self) -> None:
-        """End the spans of stages the request left unawaited (not in stages_ms)."""
+        """End the spans of stages the request left unawaited (not in stages_ms), and its route."""
+        if self._route is not None:
+            self._route.end()
         for visit in list(self._open):
             self._open.remove(visit)
             if visit.span is not None:
