@@ -208,12 +208,14 @@ RUNS_DIR = Path("runs")
 def run_folder(tool: str, out: Path | str | None = None, *, now: float | None = None,
                runs_dir: Path = RUNS_DIR) -> Path:
     """Where a run writes: `out` when the user chose one, else a fresh runs/<tool>-<UTC time>/
-    (made here; -2, -3... when two runs start in the same second), so no run overwrites another."""
+    (made here; -2, -3... when two runs start in the same second), so no run overwrites another.
+    Absolute: tools hand it to processes they start in other folders (a --compare commit's checkout)."""
     if out is not None:
-        path = Path(out)
+        path = Path(out).resolve()
         path.mkdir(parents=True, exist_ok=True)
         return path
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
+    runs_dir = runs_dir.resolve()
     runs_dir.mkdir(parents=True, exist_ok=True)
     for n in range(1, 1000):
         path = runs_dir / (f"{tool}-{stamp}" if n == 1 else f"{tool}-{stamp}-{n}")

@@ -280,6 +280,13 @@ def test_output_folders_are_fresh_per_run(tmp_path):
     assert chosen == tmp_path / "mine" and chosen.is_dir()  # --out: exactly where the user said
 
 
+def test_an_output_folder_given_relative_is_returned_absolute(tmp_path, monkeypatch):
+    # Tools hand it to processes started in another folder (a --compare commit's checkout).
+    monkeypatch.chdir(tmp_path)
+    chosen = report.run_folder("overhead_floor", "runs/mine")
+    assert chosen.is_absolute() and chosen == tmp_path / "runs" / "mine" and chosen.is_dir()
+
+
 def test_loadgen_sweep_records_warnings_settings_and_a_fresh_folder(tmp_path, monkeypatch, capsys, tool_commit):
     from tests.fake_node import FakeNode
     monkeypatch.chdir(tmp_path)  # no --out: runs/loadgen-<UTC time>/ under the working directory
@@ -290,7 +297,7 @@ def test_loadgen_sweep_records_warnings_settings_and_a_fresh_folder(tmp_path, mo
     (out,) = (tmp_path / "runs").iterdir()
     assert out.name.startswith("loadgen-") and out.name.endswith("Z")
     printed = capsys.readouterr()
-    assert f"results in runs/{out.name}" in printed.out
+    assert f"results in {out}" in printed.out  # the absolute folder: runs/ under the working directory
     assert "too few successful requests to judge the knee at c=1,2" in printed.out and "(tentative" in printed.out
     assert "min s" in printed.out and "stdev s" in printed.out
     summary = json.loads((out / "loadgen_s.json").read_text())
