@@ -16,6 +16,7 @@ into --out (default: a fresh runs/overhead_floor-<UTC time>/).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import subprocess
 import sys
@@ -115,9 +116,11 @@ def run_level(url: str, nodes: list[Node], log_dir: Path, clients: int, args, as
     logs = [log_dir / f"node{n}.log" for n in (0, 1)]
     offsets = [path.stat().st_size for path in logs]
     before = scrape_nodes(nodes)
+    client_cpu = time.process_time()  # this process: the load's clients
     target = LoadTarget(url, asked, args.timeout, time.monotonic() + args.level_s + args.timeout,
                         id_prefix=f"floor{clients}")
     records = run_closed(target, ClosedGroup(f"c{clients}", count, clients, args.level_s))
+    client_cpu = time.process_time() - client_cpu
     lines = logged_completions(logs, offsets, {r.request_id for r in records if r.ok})
     after = scrape_nodes(nodes)
     stats = run_stats(f"c{clients}", count, records)
@@ -126,7 +129,8 @@ def run_level(url: str, nodes: list[Node], log_dir: Path, clients: int, args, as
             "requests_per_minute": stats.throughput_rpm,
             "latency_ms": {"p50": stats.latency.p50_s * 1000, "p95": stats.latency.p95_s * 1000,
                            "p99": stats.latency.p99_s * 1000},
-            "components_ms": breakdown(client_ms, lines[0], lines[1], before, after)}
+            "components_ms": {**breakdown(client_ms, lines[0], lines[1], before, after),
+                              "load generator: CPU ms per request": 1000 * client_cpu / len(records) if records else math.nan}}
 
 
 def run_tree(tree: Path, args, out: Path, data_env: dict[str, str], log) -> dict:

@@ -37,7 +37,9 @@ def test_the_floor_tool_answers_every_request_of_a_null_cluster_and_times_each_c
         assert parts["requests (count)"] == 4 and 1 <= parts["served by node 1 (count)"] <= 3  # round robin
         for name in ("client and HTTP to node 0", "node 0: edge and routing (own worker's requests)",
                      "relay to node 1", "node 1: edge and worker outside stages", "index call: node 2 /search",
-                     "index call: node 2 faiss batch", "generate: engine step (mean)"):
+                     "index call: node 2 faiss batch", "generate: engine step (mean)",
+                     "node 0: CPU ms per request", "node 1: CPU ms per request", "node 2: CPU ms per request",
+                     "load generator: CPU ms per request"):
             assert math.isfinite(parts[name]) and parts[name] > 0, name
         for stage in ("embed", "search", "fetch", "rerank", "generate", "sentiment", "toxicity"):
             assert parts[f"{stage}: in stage"] > 0 and parts[f"{stage}: queue wait"] >= 0, stage

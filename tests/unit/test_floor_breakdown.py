@@ -96,3 +96,14 @@ def test_components_are_the_lines_and_counters_differences():
     assert out["generate: steps per request"] == pytest.approx(100)
     assert out["generate: handoff"] == pytest.approx(100 - 1 - 50)
     assert math.isnan(out["rerank: queue wait"])  # no counters: unknown, not zero
+
+
+def test_each_nodes_cpu_per_request_is_its_process_cpu_seconds_over_the_level_per_request_sent():
+    def cpu(seconds: float) -> MetricsSnapshot:
+        return MetricsSnapshot("m", {("process_cpu_seconds_total", ()): seconds})
+
+    out = breakdown({"a": 10.0, "b": 12.0}, [], [], [cpu(1.0), cpu(1.0), cpu(0.5)], [cpu(1.3), cpu(1.2), cpu(0.6)])
+    assert [out[f"node {n}: CPU ms per request"] for n in range(3)] == pytest.approx([150, 100, 50])
+    assert out["nodes: CPU ms per request"] == pytest.approx(300)
+    unknown = breakdown({"a": 10.0}, [], [], [_snapshot()] * 3, [_snapshot()] * 3)  # no such counter: unknown
+    assert math.isnan(unknown["node 0: CPU ms per request"]) and math.isnan(unknown["nodes: CPU ms per request"])
