@@ -17,12 +17,17 @@ counts), so the penalty is one batched gather/scatter.
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any, Sequence
 
 from pipeline.continuous.cuda_graphs import DecodeGraphs, bucket, row_buckets
 from pipeline.continuous.sampling import TokenChooser
 from pipeline.continuous.scheduler import PrefillChunk, RunnerOutput, SchedulerOutput, SequenceState
 from pipeline.continuous.slots import SlotRule, SlotTable, chunks_for
+
+# A prefilling slot among the decoding ones, to the token chooser: greedy, no log probabilities (its own
+# sampling and random stream stay untouched).
+_IDLE_ROW = SimpleNamespace(sampling=None, logprob=None)
 
 
 class ModelRunner:
@@ -127,8 +132,8 @@ class ModelRunner:
         # One small tensor a step, not one per list: row 0 the fed ids, row 1 the columns (views of it).
         packed = torch.tensor([fed, columns], device=self.device)
         ids, at = packed[0].unsqueeze(1), packed[1]
-        in_order = slots == list(range(n))  # every row decodes, in slot order: no gather
-        if in_order:
+        every_row = len(slots) == n  # every row below n decodes (slots are compact: in some order)
+        if every_row:
             table.seen[:n].scatter_(1, at[:n, None], ids[:n])  # now prompt + generated
         else:
             order = torch.tensor(slots, device=self.device)
@@ -139,9 +144,11 @@ class ModelRunner:
             logits = self.graphs.run(ids, at, width, layout=table.capacity)
         for slot in slots:
             table.rows[slot].length += 1
-        if in_order:
-            return self._choose(logits[:n], table.seen[:n, :width], table.rows[:n])
-        return self._choose(logits[order], table.seen[order, :width], [table.rows[slot] for slot in slots])
+        # Chosen in slot order, a prefilling row among them as an idle greedy one (its token unread): each row's
+        # choice is its own, and gathering the decoding rows' logits would copy them (rows x vocabulary) a step.
+        chosen = self._choose(logits[:n], table.seen[:n, :width],
+                              [row if row.decoding else _IDLE_ROW for row in table.rows[:n]])
+        return [chosen[slot] for slot in slots]
 
     def _forward(self, ids, columns, width: int):
         """The model over rows [0, len(ids)) of the slot table: (rows, 1) ids at (rows,) columns -> (rows, vocab)

@@ -160,3 +160,24 @@ def test_the_greedy_token_is_torchs_argmax_with_ties_nans_and_infinities(vocab):
             x[0] = 1.0
         assert torch.equal(first_argmax(x), x.argmax(dim=-1)), f"vocab {vocab}, trial {trial}"
     assert torch.equal(first_argmax(x[:, ::2]), x[:, ::2].argmax(dim=-1))  # not contiguous: torch's own
+
+
+def test_a_seeded_request_still_prefilling_in_a_slot_below_decoding_rows_gets_its_tokens_as_alone(generator):
+    # A finishes early and its slot takes the last row, the seeded one, still prefilling its long prompt
+    # (chunks of 8 tokens): the decode steps then run that slot below a decoding one; its random
+    # stream must not be drawn from before its own first token.
+    engine = ContinuousEngine(generator, max_batch=3, kv_cache_tokens=4096, prefill_chunk=8)
+    target = GenerationRequest(QUERIES[2], DOCS, NEW, sampling=sampled(seed=11))
+    [alone] = run(engine, [target])
+    seqs = [engine.add(ask(0, None, 2)), engine.add(ask(1, None, 3 * NEW))]
+    while not all(engine.runner.table.rows[s].decoding for s in range(2) if s < len(engine.runner.table.rows)):
+        assert not engine.step().failed
+    seqs.append(engine.add(target))
+    idle_below_decoding = 0
+    while engine.has_work():
+        rows = engine.runner.table.rows
+        decoding = [s for s, row in enumerate(rows) if row.decoding]
+        idle_below_decoding += any(not row.decoding and s < max(decoding, default=-1) for s, row in enumerate(rows))
+        assert not engine.step().failed
+    assert idle_below_decoding > 0  # the layout this test is about did occur
+    assert seqs[2].generated == alone
