@@ -18,7 +18,7 @@ from requests.adapters import HTTPAdapter
 
 from services.cluster.abortable import AbortableCalls
 from services.server import sse, tracing
-from services.server.answer import FinalAnswer, from_sse
+from services.server.answer import PIECES_HEADER, FinalAnswer, from_sse
 from services.server.answer_request import AnswerRequest
 from services.server.errors import (
     SHARD_UNAVAILABLE_REASON,
@@ -258,8 +258,8 @@ class WorkerClient:
 
     def _post(self, request: AnswerRequest, timeout_s: float) -> requests.Response:
         """The POST, its status checked, its body (the answer stream) left unread."""
-        # Always the stream (a blocking caller collects it); the time left goes along, so node 1
-        # gives up when we do.
+        # Always the stream (a blocking caller collects it, and asks for the final answer alone); the
+        # time left goes along, so node 1 gives up when we do.
         body = {**request.wire(), "stream": True, "timeout_s": max(0.001, timeout_s)}
         # UTF-8 as the client sent it, not JSON's \u escapes (which triple most non-Latin text): a body
         # within node 0's MAX_BODY_BYTES stays within node 1's (plus FORWARD_SLACK_BYTES).
@@ -269,7 +269,7 @@ class WorkerClient:
         url = f"{self.base_url}/internal/answer"
         with tracing.client_span("POST /internal/answer", url, attributes={tracing.REQUEST_ID: trace}) as call:
             headers = {"Content-Type": "application/json", **({REQUEST_ID_HEADER: trace} if trace else {}),
-                       **call.headers}
+                       **({} if request.stream else {PIECES_HEADER: "none"}), **call.headers}
             return post(self.session, url, f"worker at {self.base_url}", call,
                         f"did not answer within {timeout_s:.1f}s", data=data, headers=headers, stream=True,
                         timeout=(self.connect_timeout_s, timeout_s + WORKER_REPLY_GRACE_S))

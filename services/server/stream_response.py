@@ -162,6 +162,20 @@ def internal_events(events: AnswerStream) -> Iterator[bytes]:
     return _sse_answer(events, sse_event)
 
 
+def internal_reply_events(events: AnswerStream) -> Iterator[bytes]:
+    """The hop's stream without its pieces, for a gateway whose caller collects the reply (PIECES_HEADER)."""
+    return _sse_answer(_without_pieces(events), sse_event)
+
+
+def _without_pieces(events: AnswerStream) -> AnswerStream:
+    try:
+        for event in events:
+            if not isinstance(event, AnswerPiece):
+                yield event
+    finally:
+        close(events)  # a reader gone early cancels what the stream waits on, as with its pieces
+
+
 def _sse_answer(events: AnswerStream, encode: Callable[[Any], bytes]) -> Iterator[bytes]:
     try:
         for event in events:

@@ -17,7 +17,7 @@ from services.server.answer import (
     from_relay,
     from_sse,
 )
-from services.server.stream_response import internal_events, query_events
+from services.server.stream_response import internal_events, internal_reply_events, query_events
 
 ITEM = {"token": "Re", "logprob": -0.5, "bytes": [82, 101], "top_logprobs": []}
 FINAL = FinalAnswer("r-1", "Refunds", "neutral", "false", finish_reason="tool_calls", usage=Usage(40, 3),
@@ -64,3 +64,22 @@ def test_the_final_answer_an_event_holds():
     assert final_of(FINAL) is FINAL and final_of(Choice(1, other)) is other and final_of(Choices((other, FINAL))) is other
     assert final_of(AnswerPiece("x")) is None and final_of(Choice(0, AnswerPiece("x"))) is None
     assert final_of(Computed([1.0], 0)) is None
+
+
+def test_the_hops_reply_only_stream_sends_the_final_answer_alone_and_closing_it_closes_the_answer():
+    closed = []
+
+    def answer():
+        try:
+            yield AnswerPiece("Hel")
+            yield AnswerPiece("lo")
+            yield FinalAnswer("r1", "Hello", "neutral", "false")
+        finally:
+            closed.append(True)
+
+    [event] = list(sse.iter_events(b"".join(internal_reply_events(answer())).splitlines(keepends=True)))
+    assert from_sse(event) == FinalAnswer("r1", "Hello", "neutral", "false") and closed == [True]
+    reader = internal_reply_events(answer())
+    next(reader)
+    reader.close()  # a reader gone before the stream's end: the answer is closed at once, not left suspended
+    assert closed == [True, True]

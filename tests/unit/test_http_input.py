@@ -15,6 +15,7 @@ from pipeline.config import Settings
 from services.cluster.clients import IndexClient, WorkerClient
 from services.roles.index.search import max_search_values, parse_search_body
 from services.server import sse
+from services.server.answer import PIECES_HEADER
 from services.server.answer_request import AnswerRequest
 from services.server.app import make_app
 from services.server.body import read_json_object, require_string
@@ -206,6 +207,10 @@ def test_worker_client_sends_token_and_the_time_left(node):
     headers, body = Recorder.seen[0]
     assert headers[TOKEN_HEADER] == TOKEN
     assert body == {"request_id": "r1", "query": "q", "stream": True, "timeout_s": 12.5}  # always the stream
+    assert headers[PIECES_HEADER] == "none"  # its caller collects the reply: the final answer alone
+    collect(client.answer(AnswerRequest("r2", "q", stream=True), 12.5))
+    headers, body = Recorder.seen[1]
+    assert body["stream"] is True and headers.get(PIECES_HEADER) is None  # its caller reads the pieces
 
 
 def test_worker_client_relays_each_piece_whole_its_log_probabilities_and_call_deltas_included(node):

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 from flask import Flask
+from flask import request as http_request
 
 from pipeline import spec
 from pipeline.config import Settings
@@ -29,12 +30,12 @@ from services.roles.worker.metrics import WorkerCollector
 from services.roles.worker.request_path import ContinuousConfig, Worker, WorkerConfig
 from services.roles.worker.stage_clock import collect_stage_times
 from services.server import completion
-from services.server.answer import AnswerStream, FinalAnswer
+from services.server.answer import PIECES_HEADER, AnswerStream, FinalAnswer
 from services.server.answer_request import AnswerRequest, Bounds, read_request
 from services.server.deadline import Deadline
 from services.server.edge import Call, Edge
 from services.server.errors import ApiError
-from services.server.stream_response import close, internal_events
+from services.server.stream_response import close, internal_events, internal_reply_events
 from services.server.token import internal_endpoint
 
 log = logging.getLogger(__name__)
@@ -164,12 +165,14 @@ class WorkerRole(Role):
                                                        guard=internal_endpoint(self.settings.cluster.cluster_token))
 
     def internal_call(self, body: dict) -> Call:
-        """A forward from the gateway (which always asks for the stream, with its time left), or a
-        direct caller's request: streamed with `"stream": true` (every field of the answer: the hop's
-        serializer), else one JSON reply."""
+        """A forward from the gateway (which always asks for the stream, with its time left; its pieces
+        only where its caller reads them: PIECES_HEADER), or a direct caller's request: streamed with
+        `"stream": true` (every field of the answer: the hop's serializer), else one JSON reply."""
         request = read_request(body, self.bounds, also=("timeout_s",))
+        pieces = http_request.headers.get(PIECES_HEADER, "").lower() != "none"
         return Call(lambda deadline: self.answer(request, deadline), stream=request.stream,
-                    events=internal_events, timeout_s=internal_timeout(body, self.settings))
+                    events=internal_events if pieces else internal_reply_events,
+                    timeout_s=internal_timeout(body, self.settings))
 
     def answer(self, request: AnswerRequest, deadline: Deadline) -> AnswerStream:
         """The worker's answer stream, its final answer naming this node (`served_by`) and its stage
