@@ -258,7 +258,7 @@ class WorkerClient:
 
     def _post(self, request: AnswerRequest, timeout_s: float) -> requests.Response:
         """The POST, its status checked, its body (the answer stream) left unread."""
-        # Always the stream (a blocking caller collects it, and asks for the final answer alone); the
+        # Always the stream (a blocking caller collects it, and asks for no pieces past the first); the
         # time left goes along, so node 1 gives up when we do.
         body = {**request.wire(), "stream": True, "timeout_s": max(0.001, timeout_s)}
         # UTF-8 as the client sent it, not JSON's \u escapes (which triple most non-Latin text): a body

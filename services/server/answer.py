@@ -14,9 +14,10 @@ it back. `from_relay` reads an event as a relay may give it, decoded: WorkerClie
 (services/cluster/clients.py) gives a piece's text alone and the reply's JSON, so a remote worker's
 log probabilities and tool calls reach the stream with its final answer (the OpenAI chunks send what
 the pieces did not bring with the last choice chunk).
-A gateway whose caller collects the reply asks the worker for the final answer alone (`PIECES_HEADER`:
-`none`): its pieces would cross the hop, an event each, only to be dropped; a worker that does not
-know the header sends them all, which the gateway reads as before.
+A gateway whose caller collects the reply asks the worker for no pieces but the first (`PIECES_HEADER`:
+`none`): they would cross the hop, an event each, only to be dropped; the first starts the response
+as the whole stream's does. A worker that does not know the header sends them all, which the gateway
+reads as before.
 `n` > 1 on /v1 answers with `Choice`s (one choice's event, with its index) or `Choices` (every choice's
 final answer, collected); a route that gives no answer (embeddings, scores) with one `Computed`.
 """
@@ -151,7 +152,8 @@ class Computed:
     served_by: int | str | None
 
 
-# The worker→gateway hop's header: `none` when the gateway's caller reads the final answer only.
+# The worker→gateway hop's header: `none` when the gateway's caller reads the final answer only (the
+# worker then sends the first piece and the final answer).
 PIECES_HEADER = "X-Answer-Pieces"
 
 AnswerEvent = Union[AnswerPiece, FinalAnswer]

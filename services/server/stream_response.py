@@ -163,14 +163,19 @@ def internal_events(events: AnswerStream) -> Iterator[bytes]:
 
 
 def internal_reply_events(events: AnswerStream) -> Iterator[bytes]:
-    """The hop's stream without its pieces, for a gateway whose caller collects the reply (PIECES_HEADER)."""
-    return _sse_answer(_without_pieces(events), sse_event)
+    """The hop's stream for a gateway whose caller collects the reply (PIECES_HEADER): the first piece, then
+    the final answer. The first piece still goes so that the response starts when the answer does, as the
+    whole stream's: an error before it is an ordinary HTTP error, and the gateway's wait for the
+    response to start overlaps the generation instead of following it."""
+    return _sse_answer(_first_piece_only(events), sse_event)
 
 
-def _without_pieces(events: AnswerStream) -> AnswerStream:
+def _first_piece_only(events: AnswerStream) -> AnswerStream:
+    first = True
     try:
         for event in events:
-            if not isinstance(event, AnswerPiece):
+            if not isinstance(event, AnswerPiece) or first:
+                first = False
                 yield event
     finally:
         close(events)  # a reader gone early cancels what the stream waits on, as with its pieces

@@ -66,7 +66,7 @@ def test_the_final_answer_an_event_holds():
     assert final_of(Computed([1.0], 0)) is None
 
 
-def test_the_hops_reply_only_stream_sends_the_final_answer_alone_and_closing_it_closes_the_answer():
+def test_the_hops_reply_stream_sends_the_first_piece_and_the_final_answer_and_closing_it_closes_the_answer():
     closed = []
 
     def answer():
@@ -77,9 +77,10 @@ def test_the_hops_reply_only_stream_sends_the_final_answer_alone_and_closing_it_
         finally:
             closed.append(True)
 
-    [event] = list(sse.iter_events(b"".join(internal_reply_events(answer())).splitlines(keepends=True)))
-    assert from_sse(event) == FinalAnswer("r1", "Hello", "neutral", "false") and closed == [True]
+    events = list(sse.iter_events(b"".join(internal_reply_events(answer())).splitlines(keepends=True)))
+    assert [from_sse(e) for e in events] == [AnswerPiece("Hel"), FinalAnswer("r1", "Hello", "neutral", "false")]
+    assert closed == [True]
     reader = internal_reply_events(answer())
     next(reader)
-    reader.close()  # a reader gone before the stream's end: the answer is closed at once, not left suspended
+    reader.close()  # a reader gone after the first piece: the answer is closed at once, not left suspended
     assert closed == [True, True]

@@ -207,7 +207,7 @@ def test_worker_client_sends_token_and_the_time_left(node):
     headers, body = Recorder.seen[0]
     assert headers[TOKEN_HEADER] == TOKEN
     assert body == {"request_id": "r1", "query": "q", "stream": True, "timeout_s": 12.5}  # always the stream
-    assert headers[PIECES_HEADER] == "none"  # its caller collects the reply: the final answer alone
+    assert headers[PIECES_HEADER] == "none"  # its caller collects the reply: no pieces past the first
     collect(client.answer(AnswerRequest("r2", "q", stream=True), 12.5))
     headers, body = Recorder.seen[1]
     assert body["stream"] is True and headers.get(PIECES_HEADER) is None  # its caller reads the pieces
