@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import http.server
+import ipaddress
+import json
 import os
 import re
 import shutil
@@ -142,7 +144,16 @@ def write_folder(folder: Path, files: dict[str, str]) -> Path:
 
 def bridge_gateway() -> str:
     """The host's address on Docker's default bridge, which a container on any bridge network reaches."""
-    return docker("network", "inspect", "bridge", "-f", "{{(index .IPAM.Config 0).Gateway}}").stdout.strip()
+    return gateway_of(json.loads(docker("network", "inspect", "bridge", "-f", "{{json .IPAM.Config}}").stdout))
+
+
+def gateway_of(ipam_config: list[dict]) -> str:
+    """A bridge network's gateway from its IPAM config: the one it names, else its subnet's first address,
+    which Docker gives the bridge where the daemon was not told another (Docker 20.10 names none then)."""
+    first = ipam_config[0]
+    if first.get("Gateway"):
+        return first["Gateway"]
+    return str(next(ipaddress.ip_network(first["Subnet"], strict=False).hosts()))
 
 
 class BridgeOtlpReceiver(OtlpReceiver):
