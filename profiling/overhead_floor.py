@@ -130,7 +130,9 @@ def run_level(url: str, nodes: list[Node], log_dir: Path, clients: int, args, as
             "latency_ms": {"p50": stats.latency.p50_s * 1000, "p95": stats.latency.p95_s * 1000,
                            "p99": stats.latency.p99_s * 1000},
             "components_ms": {**breakdown(client_ms, lines[0], lines[1], before, after),
-                              "load generator: CPU ms per request": 1000 * client_cpu / len(records) if records else math.nan}}
+                              # per answered request, as the nodes' figures in breakdown
+                              "load generator: CPU ms per request":
+                                  1000 * client_cpu / len(client_ms) if client_ms else math.nan}}
 
 
 def run_tree(tree: Path, args, out: Path, data_env: dict[str, str], log) -> dict:

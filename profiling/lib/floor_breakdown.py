@@ -15,7 +15,7 @@ Components, each a mean over the requests of one load level, in ms:
   (its handoff then holds the tokens' way to the request's thread too);
 * the index call's share of search: node 2's /search handling time, of which its own queue and faiss;
 * the host CPU a request costs each node (its process's CPU seconds over the level, `process_cpu_seconds_total`,
-  per request sent): what the service's own code costs, whatever the device, where the times above on a
+  per request answered): what the service's own code costs, whatever the device, where the times above on a
   machine whose cores the nodes and the load share also hold the waits for a core.
 """
 from __future__ import annotations
@@ -150,12 +150,12 @@ def breakdown(client_ms: Mapping[str, float], node0: Sequence[CompletionLine], n
             ran = counters["batch_run_ms"]
             out[f"{stage}: batch run"] = ran
         out[f"{stage}: handoff"] = total - counters["queue_wait_ms"] - ran
-    sent = len(client_ms)
+    answered = len(client_ms)
     cpu = [counter_delta(b, a, "process_cpu_seconds_total") for b, a in zip(before, after)]
     for node, seconds in enumerate(cpu):
-        out[f"node {node}: CPU ms per request"] = _per(seconds, sent)
+        out[f"node {node}: CPU ms per request"] = _per(seconds, answered)
     known = [c for c in cpu if c is not None]
-    out["nodes: CPU ms per request"] = _per(sum(known), sent) if known else math.nan
+    out["nodes: CPU ms per request"] = _per(sum(known), answered) if known else math.nan
     if index_node < len(after):
         b, a = before[index_node], after[index_node]
         index = stage_counters([b], [a], "index")

@@ -98,7 +98,7 @@ def test_components_are_the_lines_and_counters_differences():
     assert math.isnan(out["rerank: queue wait"])  # no counters: unknown, not zero
 
 
-def test_each_nodes_cpu_per_request_is_its_process_cpu_seconds_over_the_level_per_request_sent():
+def test_each_nodes_cpu_per_request_is_its_process_cpu_seconds_over_the_level_per_request_answered():
     def cpu(seconds: float) -> MetricsSnapshot:
         return MetricsSnapshot("m", {("process_cpu_seconds_total", ()): seconds})
 
