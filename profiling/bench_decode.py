@@ -22,7 +22,11 @@ variant named instead, one after the other.
 Every step is printed against its floor (profiling/lib/decode_floor.py): the
 bytes it must read (every Linear weight once, the KV cache of its sequences)
 over the read bandwidth measured here first, a streaming read of a buffer of
-`--bandwidth-mib` at one thread and at torch's thread count (the step's).
+`--bandwidth-mib` at one thread and at torch's thread count (the step's). The
+step is also split where the gap lies: its products (every op multiplying by a
+weight, profiling/lib/engine_step.py's PRODUCT_OPS: one step's recorded, then
+replayed alone, best of a few) against the weights' floor alone, and the rest
+(attention, norms, rotary, token choice, the engine).
 """
 from __future__ import annotations
 
@@ -39,12 +43,14 @@ from pipeline.continuous import ContinuousEngine
 from pipeline.generator import GenerationRequest, Generator
 from profiling.lib import decode_floor
 from profiling.lib.cli import add_out, comma_list, make_parser, positive
+from profiling.lib.engine_step import ProductRecorder
 from profiling.lib.inputs import cycled, document_pool, spec_queries
 from profiling.lib.models import decode_full_length, worker_generator, worker_settings
 from profiling.lib.provenance import local_record
 from profiling.lib.report import run_folder, write_json
 
 PHASES = ("forward", "choose", "decode_other", "engine_other")
+PRODUCT_REPLAYS = 5  # replays of one step's products; the best is its products' time
 CURRENT = "current"
 KERNELS_BEFORE = "unfused-int8"  # int8-dynamic's per-row glue as torch ops
 
@@ -130,6 +136,7 @@ class Variant:
     phases: dict[str, float]
     kernels_before: bool = False
     steps: list[dict[str, float]] = field(default_factory=list)
+    products_ms: float | None = None
 
 
 def build_variants(generator: Generator, n: int, kernels_baseline: bool = False) -> list[Variant]:
@@ -157,6 +164,19 @@ def measure(variants: list[Variant], repeat: int) -> None:
         use_kernels(variants[0].engine.generator.model, False)
 
 
+def time_products(variant: Variant) -> None:
+    """One more step with its products recorded, then replayed alone: the step's time in its products.
+    Half a GB of weights and more does not stay in cache between replays, so each reads them as the step does."""
+    import torch
+    use_kernels(variant.engine.generator.model, variant.kernels_before)
+    recorder = ProductRecorder()
+    with recorder.mode:
+        timed_step(variant.engine, variant.phases)
+    with torch.inference_mode():
+        variant.products_ms = recorder.replay_ms(PRODUCT_REPLAYS, 1)
+    use_kernels(variant.engine.generator.model, False)
+
+
 def summary(variant: Variant, n: int) -> dict:
     medians = {key: statistics.median(step[key] for step in variant.steps) for key in ("total", *PHASES)}
     tokens = [list(s.generated) for s in variant.engine.scheduler.running]
@@ -164,6 +184,7 @@ def summary(variant: Variant, n: int) -> dict:
             "step_ms": round(1000 * medians["total"], 2),
             "step_ms_min": round(1000 * min(step["total"] for step in variant.steps), 2),
             "phases_ms": {key: round(1000 * medians[key], 2) for key in PHASES},
+            "products_ms": None if variant.products_ms is None else round(variant.products_ms, 2),
             "longest_row": max(row.length for row in variant.engine.runner.table.rows),
             "context_tokens": sum(row.length for row in variant.engine.runner.table.rows), "tokens": tokens,
             "cuda_graphs": None if variant.engine.runner.graphs is None else variant.engine.runner.graphs.recorded}
@@ -238,7 +259,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = parser()
     args = p.parse_args(argv)
     steps = args.repeat + (args.profile_steps if args.profile else 0)
-    if steps + 2 > spec.MAX_NEW_TOKENS:
+    if steps + 3 > spec.MAX_NEW_TOKENS:
         p.error(f"--repeat + --profile-steps must leave room within {spec.MAX_NEW_TOKENS} new tokens")
     unknown = [v for v in args.precisions or [] if v not in PRECISION_VARIANTS]
     if unknown:
@@ -249,6 +270,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def run_size(generator: Generator, n: int, args: argparse.Namespace) -> tuple[list, list]:
     variants = build_variants(generator, n, args.kernels_baseline)
     measure(variants, args.repeat)
+    for variant in variants:
+        time_products(variant)
     rows = [summary(v, n) for v in variants]
     if len({str(r["tokens"]) for r in rows}) != 1:
         print(f"WARNING: runners chose different tokens at {n} sequences", flush=True)
@@ -287,7 +310,7 @@ def add_floors(rows: list[dict], generator: Generator, bandwidth: float) -> None
     per_token = decode_floor.kv_bytes_per_token(model.config, element)
     for row in rows:
         floor = decode_floor.step_floor(weights, [row["context_tokens"]], per_token, bandwidth)
-        row.update(decode_floor.floor_fields(floor, row["step_ms"]))
+        row.update(decode_floor.floor_fields(floor, row["step_ms"], row["products_ms"]))
 
 
 def run_precision(precision: str | None, args: argparse.Namespace, bandwidth: dict[str, float]) -> dict:
@@ -331,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     print(decode_floor.format_floor_rows(rows))
     floors = {"bandwidth_gb_s": reports[0]["bandwidth_gb_s"], "bandwidth_mib": args.bandwidth_mib,
               "rows": [{k: r[k] for k in ("precision", "sequences", "step_ms", "floor_ms", "step_over_floor",
+                                          "products_ms", "weights_floor_ms", "products_over_floor", "outside_ms",
                                           "weight_mb", "kv_mb", "context_tokens")} for r in rows],
               "provenance": local_record()}
     path = write_json(args.out / "bench_decode_floor.json", floors)

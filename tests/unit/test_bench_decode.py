@@ -25,8 +25,10 @@ def test_bench_decode_times_steps_by_phase_and_profiles(tmp_path, model_source, 
 
 def test_bench_decode_refuses_more_steps_than_an_answer_has():
     from profiling import bench_decode
+    # Warm-up, the timed steps and the products' step, within one answer's new tokens.
+    assert bench_decode.parse_args(["--repeat", str(bench_decode.spec.MAX_NEW_TOKENS - 3)]).repeat == 125
     with pytest.raises(SystemExit):
-        bench_decode.parse_args(["--repeat", "127"])
+        bench_decode.parse_args(["--repeat", str(bench_decode.spec.MAX_NEW_TOKENS - 2)])
     assert bench_decode.parse_args(["--sequences", "16,1,16"]).sequences == [1, 16]
 
 
@@ -82,6 +84,11 @@ def test_each_precisions_steps_are_printed_against_the_memory_floor(tmp_path, mo
     assert weights["int4-weight"] < 0.3 * weights["float32"]  # 4-bit codes against float32's 32 bits, and scales
     for row in floors["rows"]:
         assert row["floor_ms"] > 0 and row["step_over_floor"] == pytest.approx(row["step_ms"] / row["floor_ms"], rel=0.02)
+        # The products' floor is the weights' alone, under the step's (which adds the KV cache); the rest is
+        # the step less its products (timed apart, so its sign is not asserted).
+        assert 0 < row["weights_floor_ms"] < row["floor_ms"] and row["products_ms"] > 0
+        assert row["products_over_floor"] == pytest.approx(row["products_ms"] / row["weights_floor_ms"], rel=0.02)
+        assert row["outside_ms"] == pytest.approx(row["step_ms"] - row["products_ms"], abs=0.02)
     two = {r["precision"]: r for r in floors["rows"] if r["sequences"] == 2}
     one = {r["precision"]: r for r in floors["rows"] if r["sequences"] == 1}
     assert all(two[p]["kv_mb"] > one[p]["kv_mb"] for p in two)  # two sequences' caches against one's

@@ -13,8 +13,10 @@ def test_the_floor_is_weights_plus_every_sequences_kv_over_the_bandwidth():
     assert (floor.weight_bytes, floor.kv_bytes, floor.bytes) == (10 ** 9, 600_000, 1_000_600_000)
     assert floor.floor_s == pytest.approx(1_000_600_000 / 20e9)
     assert floor.times_floor(2 * floor.floor_s) == pytest.approx(2.0)
-    fields = df.floor_fields(floor, step_ms=75.0)
-    assert fields == {"weight_mb": 1000.0, "kv_mb": 0.6, "floor_ms": 50.03, "step_over_floor": 1.5}
+    fields = df.floor_fields(floor, step_ms=75.0, products_ms=60.0)
+    # The products read the weights alone: 10**9 bytes at 20 GB/s, 50 ms; the rest of the step is outside them.
+    assert fields == {"weight_mb": 1000.0, "kv_mb": 0.6, "floor_ms": 50.03, "step_over_floor": 1.5,
+                      "weights_floor_ms": 50.0, "products_over_floor": 1.2, "outside_ms": 15.0}
     with pytest.raises(ValueError, match="bandwidth must be positive"):
         df.step_floor(1, [1], 1, 0.0)
 
@@ -54,6 +56,8 @@ def test_the_bandwidth_is_a_positive_rate_and_torchs_thread_count_is_restored():
 
 def test_the_floor_table_has_a_line_per_row():
     rows = [{"precision": "int4-weight", "sequences": 8, "step_ms": 30.0, "floor_ms": 12.5, "step_over_floor": 2.4,
+             "products_ms": 18.0, "weights_floor_ms": 11.5, "products_over_floor": 1.57, "outside_ms": 12.0,
              "weight_mb": 260.1, "kv_mb": 24.5}]
     lines = df.format_floor_rows(rows).splitlines()
-    assert len(lines) == 3 and lines[2].split() == ["int4-weight", "8", "30.0", "12.50", "2.40", "260.1", "24.50"]
+    assert len(lines) == 3 and lines[2].split() == ["int4-weight", "8", "30.0", "12.50", "2.40", "18.0", "11.50", "1.57",
+                                                    "12.0", "260.1", "24.50"]
