@@ -184,7 +184,8 @@ def summary(variant: Variant, n: int) -> dict:
             "step_ms": round(1000 * medians["total"], 2),
             "step_ms_min": round(1000 * min(step["total"] for step in variant.steps), 2),
             "phases_ms": {key: round(1000 * medians[key], 2) for key in PHASES},
-            "products_ms": None if variant.products_ms is None else round(variant.products_ms, 2),
+            # four significant figures: a tiny model's products take hundredths of a millisecond
+            "products_ms": None if variant.products_ms is None else float(f"{variant.products_ms:.4g}"),
             "longest_row": max(row.length for row in variant.engine.runner.table.rows),
             "context_tokens": sum(row.length for row in variant.engine.runner.table.rows), "tokens": tokens,
             "cuda_graphs": None if variant.engine.runner.graphs is None else variant.engine.runner.graphs.recorded}
@@ -281,17 +282,6 @@ def run_size(generator: Generator, n: int, args: argparse.Namespace) -> tuple[li
     return rows, profiles
 
 
-def measure_bandwidth(mib: int) -> dict[str, float]:
-    """Read bandwidth (bytes/s) at one thread, torch's thread count (the steps') and every core, keyed by the
-    count; warns where the buffer is too small to leave the cache."""
-    import torch
-    problem = decode_floor.buffer_problem(mib * 2 ** 20, decode_floor.last_level_cache_bytes())
-    if problem:
-        print(f"WARNING: {problem}; raise --bandwidth-mib", flush=True)
-    counts = sorted({1, torch.get_num_threads(), os.cpu_count() or 1})
-    return {str(n): decode_floor.read_bandwidth(mib, n) for n in counts}
-
-
 def load_generator(precision: str | None) -> tuple[Generator, object, object]:
     """The LLM as a worker places it, in `precision` where given (refused as the service refuses it)."""
     if precision is None:
@@ -302,17 +292,6 @@ def load_generator(precision: str | None) -> tuple[Generator, object, object]:
     return Generator.load(source, placement), source, placement
 
 
-def add_floors(rows: list[dict], generator: Generator, bandwidth: float) -> None:
-    """Each row's floor columns (decode_floor.floor_fields), from the model's weight bytes and its KV width."""
-    model = generator.model
-    weights = decode_floor.weight_bytes(model)
-    element = next(model.parameters()).element_size()  # the KV cache is kept in the model's dtype
-    per_token = decode_floor.kv_bytes_per_token(model.config, element)
-    for row in rows:
-        floor = decode_floor.step_floor(weights, [row["context_tokens"]], per_token, bandwidth)
-        row.update(decode_floor.floor_fields(floor, row["step_ms"], row["products_ms"]))
-
-
 def run_precision(precision: str | None, args: argparse.Namespace, bandwidth: dict[str, float]) -> dict:
     import torch
     generator, source, placement = load_generator(precision)
@@ -321,7 +300,7 @@ def run_precision(precision: str | None, args: argparse.Namespace, bandwidth: di
         size_rows, profiles[str(n)] = run_size(generator, n, args)
         same[str(n)] = len({str(r["tokens"]) for r in size_rows}) == 1
         rows += size_rows
-    add_floors(rows, generator, bandwidth[str(torch.get_num_threads())])
+    decode_floor.add_floors(rows, generator.model, bandwidth[str(torch.get_num_threads())])
     for row in rows:
         row["precision"] = placement.precision
     print(f"\n[{placement.precision}, {torch.get_num_threads()} threads, {source.describe()}] median per step:")
@@ -346,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     worker_settings()  # torch on the worker's threads before the bandwidth is read at that count
     args.out = run_folder("bench_decode", args.out)  # one folder for every precision's file
-    bandwidth = measure_bandwidth(args.bandwidth_mib)
+    bandwidth = decode_floor.measure_bandwidths(args.bandwidth_mib)
     print("read bandwidth: " + ", ".join(f"{v / 1e9:.1f} GB/s at {k} thread(s)" for k, v in bandwidth.items()))
     reports = [run_precision(p, args, bandwidth) for p in (args.precisions or [None])]
     rows = [r for report in reports for r in report["rows"] if r["runner"] == CURRENT]

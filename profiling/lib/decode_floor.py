@@ -60,6 +60,19 @@ def read_bandwidth(mib: int, threads: int, rounds: int = 5) -> float:
     return buffer.numel() * buffer.element_size() / statistics.median(times)
 
 
+def measure_bandwidths(mib: int) -> dict[str, float]:
+    """Read bandwidth (bytes/s) at one thread, torch's thread count (a step's) and every core, keyed by the
+    count; warns where a buffer of `mib` MiB is too small to leave the cache."""
+    import os
+
+    import torch
+    problem = buffer_problem(mib * 2 ** 20, last_level_cache_bytes())
+    if problem:
+        print(f"WARNING: {problem}; raise --bandwidth-mib", flush=True)
+    counts = sorted({1, torch.get_num_threads(), os.cpu_count() or 1})
+    return {str(n): read_bandwidth(mib, n) for n in counts}
+
+
 def weight_bytes(model: Any) -> int:
     """The bytes a forward reads in full: every module's own parameters and buffers but the embedding
     tables' (gathered a row at a time), and fbgemm's packed int8 weights (outside buffers())."""
@@ -116,7 +129,7 @@ def floor_fields(floor: StepFloor, step_ms: float, products_ms: float) -> dict[s
             # four significant figures: a tiny model's floor is hundredths of a millisecond
             "floor_ms": float(f"{1e3 * floor.floor_s:.4g}"), "step_over_floor": round(floor.times_floor(step_ms / 1e3), 2),
             "weights_floor_ms": float(f"{weights_floor_ms:.4g}"),
-            "products_over_floor": round(products_ms / weights_floor_ms, 2),
+            "products_over_floor": float(f"{products_ms / weights_floor_ms:.3g}"),
             "outside_ms": round(step_ms - products_ms, 2)}
 
 
@@ -131,3 +144,14 @@ def format_floor_rows(rows: Sequence[dict]) -> str:
                      f"{r['step_over_floor']:>9.2f}{r['products_ms']:>13.1f}{r['weights_floor_ms']:>15.2f}"
                      f"{r['products_over_floor']:>9.2f}{r['outside_ms']:>12.1f}{r['weight_mb']:>12.1f}{r['kv_mb']:>8.2f}")
     return "\n".join(lines)
+
+
+def add_floors(rows: list[dict], model: Any, bandwidth: float) -> None:
+    """Each result row's floor columns (:func:`floor_fields`), from `model`'s weight bytes and its KV width; a
+    row holds step_ms, products_ms and context_tokens (every sequence's keys)."""
+    weights = weight_bytes(model)
+    element = next(model.parameters()).element_size()  # the KV cache is kept in the model's dtype
+    per_token = kv_bytes_per_token(model.config, element)
+    for row in rows:
+        floor = step_floor(weights, [row["context_tokens"]], per_token, bandwidth)
+        row.update(floor_fields(floor, row["step_ms"], row["products_ms"]))
