@@ -29,8 +29,11 @@ CPU_BF16, CPU_PLAIN, CUDA = "cpu-bf16", "cpu", "cuda"
 #             docs/real_fidelity.json). Scaled so, int8-dynamic's 0.9989 becomes about 0.986 < 0.99, and
 #             select_variants (which now scales the stand-ins' embed cosines so) picks bfloat16.
 #   rerank    bfloat16 1.77x; int8-dynamic 1.93x but top-3 agreement 0.875 < 0.9 on random weights
-#   sentiment int8-dynamic 1.76x (bfloat16 1.56x), labels 8/8
+#   sentiment bfloat16 1.96x and 2.03x, int8-dynamic 1.48x and 1.38x (two runs alone, 2 + 1 rounds, commit 44dae42,
+#             2026-12-02; at f48b607 int8-dynamic had led, 1.76x against 1.56x), labels 8/8
 #   toxicity  bfloat16 1.95x vs int8-dynamic 1.85x (within noise), labels 8/8
+#   int4-weight: slower than float32 in every encoder stage (0.70-0.86x at 44dae42) and far from it in
+#             embed and rerank (all-MiniLM-L6-v2's real cosine min 0.89): no entry
 #   generate  STILL PROVISIONAL: on random-weight stand-ins no cheaper variant keeps greedy answers
 #             equal to float32 (near-tied logits), so the rule picks float32 there; int8-dynamic is
 #             kept for speed (the whole-service runs in docs/performance.md); every variant is
@@ -44,7 +47,7 @@ CPU_BF16, CPU_PLAIN, CUDA = "cpu-bf16", "cpu", "cuda"
 # The CUDA row is bfloat16, the fastest variant CUDA is offered (supported_variants).
 FAST: dict[str, dict[str, str]] = {
     CPU_BF16: {"embed": "bfloat16", "rerank": "bfloat16", "generate": "int8-dynamic",
-               "sentiment": "int8-dynamic", "toxicity": "bfloat16"},
+               "sentiment": "bfloat16", "toxicity": "bfloat16"},
     CPU_PLAIN: {"embed": "float32", "rerank": "int8-dynamic", "generate": "int8-dynamic",
                 "sentiment": "int8-dynamic", "toxicity": "int8-dynamic"},
     CUDA: {"embed": "bfloat16", "rerank": "bfloat16", "generate": "bfloat16",
