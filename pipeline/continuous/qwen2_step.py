@@ -18,7 +18,7 @@ compares it with the model's own forward in every precision), and does once what
   (each chunk one of the kernel's heads: each chunk's bits as its own call gives them) and the chunks
   merged as flash_chunked_attention merges them; in place where a result is the op's own fresh tensor
   (an in-place op rounds as its out-of-place twin). A lone row runs as a pair through the Linears (a
-  RowInvariantLinear's own widening) but is rotated and attends once.
+  RowInvariantLinear's own widening; any other Linear multiplies it once) but is rotated and attends once.
 
 Only where it computes what the model's forward computes: a Qwen2ForCausalLM made batch-invariant
 (pipeline.kernels.batch_invariance), full attention in every layer, the default rotary embedding, on
@@ -125,30 +125,35 @@ class Qwen2DecodeStep:
     # ------------------------------------------------------------------ pieces, each as the model's module computes it
 
     @staticmethod
-    def _linear(linear, x):
+    def _linear(linear, x, pair: bool):
         """`linear` over 2-d rows x: a RowInvariantLinear's oneDNN call itself (rows >= 2; its forward for one
-        row), any other Linear (int8, int4) by its forward."""
+        row), any other Linear (int8, int4) by its forward; where x is a lone row's `pair`, such a Linear
+        multiplies the row once (it gives a row the same bits alone: per-row scales, per-element sums), its
+        result seen twice."""
         if type(linear) is RowInvariantLinear and x.shape[0] >= 2:
             return torch.ops.mkldnn._linear_pointwise(x, linear.weight, linear.bias, "none", [None], "")
+        if pair:
+            return linear(x[:1]).expand(2, -1)
         return linear(x)
 
-    def _query_key_value(self, attn, x, rows: int):
+    def _query_key_value(self, attn, x, rows: int, pair: bool):
         """q_proj's and k_proj's columns side by side for the first `rows` rows, (rows, heads + kv heads, head
         size), and v_proj's (rows, kv heads x head size): where they are fused (pipeline.kernels.fused_linears)
         one product, q's and k's columns already side by side in it."""
         if type(attn.q_proj) is FusedPart:
             fused = attn.q_proj.fused
-            qk, v = self._linear(fused.linear, x).split((fused.sizes[0] + fused.sizes[1], fused.sizes[2]), dim=-1)
+            qk, v = self._linear(fused.linear, x, pair).split((fused.sizes[0] + fused.sizes[1], fused.sizes[2]), dim=-1)
         else:
-            qk, v = torch.cat((self._linear(attn.q_proj, x), self._linear(attn.k_proj, x)), dim=-1), self._linear(attn.v_proj, x)
+            qk = torch.cat((self._linear(attn.q_proj, x, pair), self._linear(attn.k_proj, x, pair)), dim=-1)
+            v = self._linear(attn.v_proj, x, pair)
         return qk[:rows].view(rows, self.heads + self.kv_heads, self.head_dim), v[:rows]
 
-    def _gate_up(self, mlp, x):
+    def _gate_up(self, mlp, x, pair: bool):
         """gate_proj's and up_proj's products: one, split, where they are fused."""
         if type(mlp.gate_proj) is FusedPart:
             fused = mlp.gate_proj.fused
-            return self._linear(fused.linear, x).split(fused.sizes, dim=-1)
-        return self._linear(mlp.gate_proj, x), self._linear(mlp.up_proj, x)
+            return self._linear(fused.linear, x, pair).split(fused.sizes, dim=-1)
+        return self._linear(mlp.gate_proj, x, pair), self._linear(mlp.up_proj, x, pair)
 
     @staticmethod
     def _rms_norm(norm, x):
@@ -225,7 +230,7 @@ class Qwen2DecodeStep:
         for index, layer in enumerate(self.layers):
             attn = layer.self_attn
             x = self._rms_norm(layer.input_layernorm, hidden)
-            qk, v = self._query_key_value(attn, x, attending)
+            qk, v = self._query_key_value(attn, x, attending, pair)
             qk = (qk * cos).add_(torch.roll(qk, half, -1).mul_(sin))  # every q and k head rotated in one pass
             keys, key_chunks, values, value_chunks = views[index]
             keys.index_copy_(0, written, qk[:, heads:].reshape(-1, dim))
@@ -234,11 +239,11 @@ class Qwen2DecodeStep:
                                    bias, unseen, self.scaling).view(attending, heads * dim)
             if pair:
                 out = out.expand(2, -1)
-            hidden.add_(self._linear(attn.o_proj, out))
+            hidden.add_(self._linear(attn.o_proj, out, pair))
             mlp = layer.mlp
             x = self._rms_norm(layer.post_attention_layernorm, hidden)
-            gate, up = self._gate_up(mlp, x)
+            gate, up = self._gate_up(mlp, x, pair)
             x = mlp.act_fn(gate).mul_(up)
-            hidden.add_(self._linear(mlp.down_proj, x))
-        logits = self._linear(self.lm_head, self._rms_norm(self.norm, hidden))
+            hidden.add_(self._linear(mlp.down_proj, x, pair))
+        logits = self._linear(self.lm_head, self._rms_norm(self.norm, hidden), pair)
         return logits[:1] if pair else logits

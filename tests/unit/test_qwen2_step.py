@@ -76,6 +76,27 @@ def test_the_fast_step_gives_the_model_forwards_bits_in_every_cpu_precision(vari
     steps_agree(model, [2 * CHUNK + 40, 3, CHUNK - 1, 90], slots=4)  # chunks some rows do not see, an idle row
 
 
+@pytest.mark.parametrize("variant", ["int8-dynamic", pytest.param("int4-weight", marks=BF16_CPU)])
+def test_a_lone_row_goes_once_through_linears_that_give_a_row_its_bits_alone(variant):
+    """A RowInvariantLinear widens one row to two, so a lone row runs as a pair; a quantized Linear gives a
+    row the same bits alone, so it multiplies the row once (steps_agree: the same logits as the forward)."""
+    model = qwen2(variant, TINY, layers=2)
+    rows_seen: list[int] = []
+    quantized = [m for m in model.modules() if type(m).__name__ in ("Int8DynamicLinear", "Int4WeightLinear")]
+    assert len(quantized) >= 2 * 4 + 1  # q/k/v, o, gate/up and down a layer (fused), the output layer
+    hooks = [m.register_forward_pre_hook(lambda _, args: rows_seen.append(args[0].shape[0])) for m in quantized]
+    try:
+        steps_agree(model, [7], slots=2, steps=1)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    # Each Linear once for the prompt's prefill, once in the fast step, once in the model's forward it is
+    # compared with (one row there too).
+    count = len(quantized)
+    assert len(rows_seen) == 3 * count
+    assert rows_seen[count:2 * count] == [1] * count
+
+
 @pytest.mark.parametrize("variant", CPU_VARIANTS)
 def test_the_fast_step_gives_the_model_forwards_bits_at_qwen_05b_width(variant):
     model = qwen2(variant, QWEN_05B, layers=1)
