@@ -17,8 +17,9 @@ compares it with the model's own forward in every precision), and does once what
   product), each new key and value written by one `index_copy_`, one flash call over all key chunks
   (each chunk one of the kernel's heads: each chunk's bits as its own call gives them) and the chunks
   merged as flash_chunked_attention merges them; in place where a result is the op's own fresh tensor
-  (an in-place op rounds as its out-of-place twin). A lone row runs as a pair through the Linears (a
-  RowInvariantLinear's own widening; any other Linear multiplies it once) but is rotated and attends once.
+  (an in-place op rounds as its out-of-place twin). A lone row runs as a pair through the Linears where
+  they are RowInvariantLinears (their own widening; a quantized Linear takes it alone) but is rotated and
+  attends once.
 
 Only where it computes what the model's forward computes: a Qwen2ForCausalLM made batch-invariant
 (pipeline.kernels.batch_invariance), full attention in every layer, the default rotary embedding, on
@@ -120,40 +121,37 @@ class Qwen2DecodeStep:
         self.group = self.heads // self.kv_heads
         self.scaling = first.scaling
         self.rotary = inner.rotary_emb
+        # Whether a lone row runs as a pair: only a RowInvariantLinear widens one row to two itself.
+        self._pairs = any(type(m) is RowInvariantLinear for m in (*inner.layers.modules(), model.lm_head))
         self._views: dict[tuple[int, int, int, int], tuple[Any, list[tuple[Any, ...]]]] = {}
 
     # ------------------------------------------------------------------ pieces, each as the model's module computes it
 
     @staticmethod
-    def _linear(linear, x, pair: bool):
+    def _linear(linear, x):
         """`linear` over 2-d rows x: a RowInvariantLinear's oneDNN call itself (rows >= 2; its forward for one
-        row), any other Linear (int8, int4) by its forward; where x is a lone row's `pair`, such a Linear
-        multiplies the row once (it gives a row the same bits alone: per-row scales, per-element sums), its
-        result seen twice."""
+        row), any other Linear (int8, int4) by its forward."""
         if type(linear) is RowInvariantLinear and x.shape[0] >= 2:
             return torch.ops.mkldnn._linear_pointwise(x, linear.weight, linear.bias, "none", [None], "")
-        if pair:
-            return linear(x[:1]).expand(2, -1)
         return linear(x)
 
-    def _query_key_value(self, attn, x, rows: int, pair: bool):
+    def _query_key_value(self, attn, x, rows: int):
         """q_proj's and k_proj's columns side by side for the first `rows` rows, (rows, heads + kv heads, head
         size), and v_proj's (rows, kv heads x head size): where they are fused (pipeline.kernels.fused_linears)
         one product, q's and k's columns already side by side in it."""
         if type(attn.q_proj) is FusedPart:
             fused = attn.q_proj.fused
-            qk, v = self._linear(fused.linear, x, pair).split((fused.sizes[0] + fused.sizes[1], fused.sizes[2]), dim=-1)
+            qk, v = self._linear(fused.linear, x).split((fused.sizes[0] + fused.sizes[1], fused.sizes[2]), dim=-1)
         else:
-            qk = torch.cat((self._linear(attn.q_proj, x, pair), self._linear(attn.k_proj, x, pair)), dim=-1)
-            v = self._linear(attn.v_proj, x, pair)
+            qk, v = torch.cat((self._linear(attn.q_proj, x), self._linear(attn.k_proj, x)), dim=-1), self._linear(attn.v_proj, x)
         return qk[:rows].view(rows, self.heads + self.kv_heads, self.head_dim), v[:rows]
 
-    def _gate_up(self, mlp, x, pair: bool):
+    def _gate_up(self, mlp, x):
         """gate_proj's and up_proj's products: one, split, where they are fused."""
         if type(mlp.gate_proj) is FusedPart:
             fused = mlp.gate_proj.fused
-            return self._linear(fused.linear, x, pair).split(fused.sizes, dim=-1)
-        return self._linear(mlp.gate_proj, x, pair), self._linear(mlp.up_proj, x, pair)
+            return self._linear(fused.linear, x).split(fused.sizes, dim=-1)
+        return self._linear(mlp.gate_proj, x), self._linear(mlp.up_proj, x)
 
     @staticmethod
     def _rms_norm(norm, x):
@@ -210,9 +208,9 @@ class Qwen2DecodeStep:
     def __call__(self, ids, columns, width: int):
         if width % CHUNK:
             raise ValueError(f"a decode step reads whole chunks of {CHUNK} columns, not {width}")
-        # A lone row runs as two copies of itself (both reading and writing slot 0): a RowInvariantLinear
-        # widens one row to two anyway, so the pair saves its widening and slicing at every Linear.
-        pair = ids.shape[0] == 1
+        # A lone row runs as two copies of itself (both reading and writing slot 0) where a RowInvariantLinear
+        # is among the Linears: it widens one row to two anyway, so the pair saves its widening and slicing.
+        pair = ids.shape[0] == 1 and self._pairs
         if pair:
             ids, columns = ids.expand(2, 1), columns.expand(2)
         rows = ids.shape[0]
@@ -230,7 +228,7 @@ class Qwen2DecodeStep:
         for index, layer in enumerate(self.layers):
             attn = layer.self_attn
             x = self._rms_norm(layer.input_layernorm, hidden)
-            qk, v = self._query_key_value(attn, x, attending, pair)
+            qk, v = self._query_key_value(attn, x, attending)
             qk = (qk * cos).add_(torch.roll(qk, half, -1).mul_(sin))  # every q and k head rotated in one pass
             keys, key_chunks, values, value_chunks = views[index]
             keys.index_copy_(0, written, qk[:, heads:].reshape(-1, dim))
@@ -239,11 +237,11 @@ class Qwen2DecodeStep:
                                    bias, unseen, self.scaling).view(attending, heads * dim)
             if pair:
                 out = out.expand(2, -1)
-            hidden.add_(self._linear(attn.o_proj, out, pair))
+            hidden.add_(self._linear(attn.o_proj, out))
             mlp = layer.mlp
             x = self._rms_norm(layer.post_attention_layernorm, hidden)
-            gate, up = self._gate_up(mlp, x, pair)
+            gate, up = self._gate_up(mlp, x)
             x = mlp.act_fn(gate).mul_(up)
-            hidden.add_(self._linear(mlp.down_proj, x, pair))
-        logits = self._linear(self.lm_head, self._rms_norm(self.norm, hidden), pair)
+            hidden.add_(self._linear(mlp.down_proj, x))
+        logits = self._linear(self.lm_head, self._rms_norm(self.norm, hidden))
         return logits[:1] if pair else logits
