@@ -59,7 +59,7 @@ from builders.data import COURSE_BATCH, build_course, course_vector_batches
 from builders.index_kinds import default_nlist, parse_index_spec
 from builders.recall import K, RecallOptions, exact_top_k, recall_at, recall_floor, sample_queries
 from profiling.lib.cli import comma_list, make_parser, positive
-from profiling.lib.index_node import node_memory, served_nprobe, serving_process
+from profiling.lib.index_node import node_memory, search_latencies_ms, served_nprobe, serving_process
 from profiling.lib.report import percentiles, run_folder, text_table, write_json
 
 DEFAULT_INDEXES = ("IVF,Flat", "IVF,SQ8")
@@ -123,14 +123,7 @@ def latency(client, queries: np.ndarray, batches: list[int], repeat: int, until:
     found: dict[str, Any] = {}
     for position, batch in enumerate(batches):
         deadline = time.monotonic() + (until - time.monotonic()) / (len(batches) - position)
-        times: list[float] = []
-        for i in range(repeat):
-            if time.monotonic() > deadline and len(times) >= 2:
-                break
-            start = (i * batch) % max(1, len(queries) - batch)
-            t0 = time.perf_counter()
-            client.search(queries[start : start + batch], K)
-            times.append((time.perf_counter() - t0) * 1000)
+        times = search_latencies_ms(lambda q: client.search(q, K), queries, batch, repeat, deadline)
         p50, p99 = percentiles(times, (50, 99))
         found[f"b{batch}"] = {"p50_ms": round(p50, 2), "p99_ms": round(p99, 2), "calls": len(times)}
     return found

@@ -62,7 +62,7 @@ from builders.recall import RecallOptions, exact_top_k, open_shards, sample_quer
 from pipeline.data_version import write_manifest
 from pipeline.spec import EMBED_DIM
 from profiling.lib.cli import add_out, comma_list, make_parser
-from profiling.lib.index_node import node_memory
+from profiling.lib.index_node import node_memory, search_latencies_ms
 from profiling.lib.plots import index_bench_plot
 from profiling.lib.report import percentiles, run_folder, text_table
 from services.roles.index.search import IndexService
@@ -71,13 +71,8 @@ DEFAULT_INDEXES = ("IVF,Flat", "IVF,SQ8", "OPQ96,IVF,PQ96", "HNSW32,Flat")  # IV
 
 
 def latency_ms(service: IndexService, queries: np.ndarray, batch: int, repeat: int) -> tuple[float, float]:
-    times = []
-    for i in range(repeat):
-        start = (i * batch) % max(1, len(queries) - batch)
-        t0 = time.perf_counter()
-        service.search(queries[start : start + batch], 10, 60.0)
-        times.append((time.perf_counter() - t0) * 1000)
-    p50, p99 = percentiles(times, (50, 99))
+    """p50 and p99 ms of `repeat` in-process searches of `batch` queries."""
+    p50, p99 = percentiles(search_latencies_ms(lambda q: service.search(q, 10, 60.0), queries, batch, repeat), (50, 99))
     return p50, p99
 
 

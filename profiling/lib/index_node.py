@@ -71,3 +71,17 @@ def wait_ready(url: str, node: subprocess.Popen, log_path: Path, timeout_s: floa
                 return
         time.sleep(0.2)
     raise TimeoutError(f"the index node at {url} was not ready within {timeout_s:.0f}s; its log: {log_path}")
+
+
+def search_latencies_ms(search, queries, batch: int, repeat: int, deadline: float | None = None) -> list[float]:
+    """ms of each of `repeat` calls `search(batch of queries)`, the batches taken in turn through `queries`;
+    past `deadline` (time.monotonic()) it stops once two calls are timed."""
+    times: list[float] = []
+    for i in range(repeat):
+        if deadline is not None and time.monotonic() > deadline and len(times) >= 2:
+            break
+        start = (i * batch) % max(1, len(queries) - batch)
+        started = time.perf_counter()
+        search(queries[start : start + batch])
+        times.append((time.perf_counter() - started) * 1000)
+    return times

@@ -103,3 +103,18 @@ def test_a_build_given_the_bench_reference_records_the_recall_it_measures_itself
                               dim=32, recall=RecallOptions(accept_low=True, queries=80, reference=given))
         recalls.append(result.manifest.index["recall"])
     assert recalls[0] == recalls[1] and 0 < recalls[0]["overall"] < 1  # nprobe 3 of 76 lists: not exhaustive
+
+
+def test_search_latencies_take_the_batches_in_turn_and_stop_past_the_deadline_after_two():
+    import time
+
+    import numpy as np
+
+    from profiling.lib.index_node import search_latencies_ms
+    queries = np.arange(10)[:, None]
+    firsts: list[int] = []
+    times = search_latencies_ms(lambda q: firsts.append(int(q[0, 0])) or len(q), queries, 3, 5)
+    assert firsts == [0, 3, 6, 2, 5] and len(times) == 5 and all(ms >= 0 for ms in times)
+    firsts.clear()
+    assert len(search_latencies_ms(lambda q: firsts.append(len(q)), queries, 3, 5, time.monotonic() - 1)) == 2
+    assert firsts == [3, 3]
