@@ -121,28 +121,32 @@ def step_floor(weights: int, context_lengths: Iterable[int], kv_per_token: int, 
     return StepFloor(weights, sum(context_lengths) * kv_per_token, bandwidth)
 
 
-def floor_fields(floor: StepFloor, step_ms: float, products_ms: float) -> dict[str, float]:
+def floor_fields(floor: StepFloor, step_ms: float, products_ms: float | None) -> dict[str, float | None]:
     """A result row's floor columns: MB read, the step's floor in ms and its multiple of it; the step's
-    products (`products_ms`, replayed alone) against the weights' floor alone, and the step outside them."""
+    products (`products_ms`, replayed alone; None where not timed) against the weights' floor alone, and the
+    step outside them."""
     weights_floor_ms = 1e3 * floor.weight_bytes / floor.bandwidth
     return {"weight_mb": round(floor.weight_bytes / 1e6, 1), "kv_mb": round(floor.kv_bytes / 1e6, 2),
             # four significant figures: a tiny model's floor is hundredths of a millisecond
             "floor_ms": float(f"{1e3 * floor.floor_s:.4g}"), "step_over_floor": round(floor.times_floor(step_ms / 1e3), 2),
             "weights_floor_ms": float(f"{weights_floor_ms:.4g}"),
-            "products_over_floor": float(f"{products_ms / weights_floor_ms:.3g}"),
-            "outside_ms": round(step_ms - products_ms, 2)}
+            "products_over_floor": None if products_ms is None else float(f"{products_ms / weights_floor_ms:.3g}"),
+            "outside_ms": None if products_ms is None else round(step_ms - products_ms, 2)}
 
 
 def format_floor_rows(rows: Sequence[dict]) -> str:
     """precision, sequences, step ms, floor ms, step / floor; products ms, their floor (the weights'), their
-    multiple of it, the step outside them; MB read (weights + KV); one line per row."""
+    multiple of it, the step outside them ("-" where the products were not timed); MB read (weights + KV);
+    one line per row."""
     header = (f"{'precision':<14}{'seqs':>5}{'step ms':>10}{'floor ms':>10}{'x floor':>9}{'products ms':>13}"
               f"{'weights floor':>15}{'x floor':>9}{'outside ms':>12}{'weights MB':>12}{'KV MB':>8}")
     lines = [header, "-" * len(header)]
     for r in rows:
+        products = (f"{'-':>13}{r['weights_floor_ms']:>15.2f}{'-':>9}{'-':>12}" if r["products_ms"] is None else
+                    f"{r['products_ms']:>13.1f}{r['weights_floor_ms']:>15.2f}{r['products_over_floor']:>9.2f}"
+                    f"{r['outside_ms']:>12.1f}")
         lines.append(f"{r['precision']:<14}{r['sequences']:>5}{r['step_ms']:>10.1f}{r['floor_ms']:>10.2f}"
-                     f"{r['step_over_floor']:>9.2f}{r['products_ms']:>13.1f}{r['weights_floor_ms']:>15.2f}"
-                     f"{r['products_over_floor']:>9.2f}{r['outside_ms']:>12.1f}{r['weight_mb']:>12.1f}{r['kv_mb']:>8.2f}")
+                     f"{r['step_over_floor']:>9.2f}{products}{r['weight_mb']:>12.1f}{r['kv_mb']:>8.2f}")
     return "\n".join(lines)
 
 

@@ -61,3 +61,12 @@ def test_the_floor_table_has_a_line_per_row():
     lines = df.format_floor_rows(rows).splitlines()
     assert len(lines) == 3 and lines[2].split() == ["int4-weight", "8", "30.0", "12.50", "2.40", "18.0", "11.50", "1.57",
                                                     "12.0", "260.1", "24.50"]
+
+
+def test_a_step_whose_products_were_not_timed_has_no_split_and_prints_dashes():
+    floor = df.step_floor(10 ** 9, [100], kv_per_token=1000, bandwidth=20e9)
+    fields = df.floor_fields(floor, step_ms=75.0, products_ms=None)  # a GPU's step: its products run async
+    assert (fields["products_over_floor"], fields["outside_ms"], fields["weights_floor_ms"]) == (None, None, 50.0)
+    row = {"precision": "bfloat16", "sequences": 8, "step_ms": 75.0, "products_ms": None, **fields}
+    assert df.format_floor_rows([row]).splitlines()[2].split() == ["bfloat16", "8", "75.0", "50.01", "1.50", "-",
+                                                                  "50.00", "-", "-", "1000.0", "0.10"]
