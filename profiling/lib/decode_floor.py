@@ -11,6 +11,7 @@ The bandwidth is a streaming read (a sum) of a float32 buffer many times the las
 median of a few rounds, at one thread and at all of torch's."""
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -63,8 +64,6 @@ def read_bandwidth(mib: int, threads: int, rounds: int = 5) -> float:
 def measure_bandwidths(mib: int) -> dict[str, float]:
     """Read bandwidth (bytes/s) at one thread, torch's thread count (a step's) and every core, keyed by the
     count; warns where a buffer of `mib` MiB is too small to leave the cache."""
-    import os
-
     import torch
     problem = buffer_problem(mib * 2 ** 20, last_level_cache_bytes())
     if problem:

@@ -14,6 +14,8 @@ from pipeline.continuous.runner import ModelRunner
 from pipeline.continuous.scheduler import SequenceState
 from pipeline.continuous.slots import SlotRule, chunks_for
 from pipeline.kernels.chunked_attention import CHUNK, flash_chunked_attention
+from pipeline.kernels.int4 import Int4WeightLinear
+from pipeline.kernels.int8 import Int8DynamicLinear
 from pipeline.precision import apply_precision
 from pipeline.precision_policy import LOAD_DTYPE
 from tests.unit.test_batch_invariance import BF16_CPU, QWEN_05B
@@ -82,7 +84,7 @@ def test_a_lone_row_goes_once_through_linears_that_give_a_row_its_bits_alone(var
     row the same bits alone, so it multiplies the row once (steps_agree: the same logits as the forward)."""
     model = qwen2(variant, TINY, layers=2)
     rows_seen: list[int] = []
-    quantized = [m for m in model.modules() if type(m).__name__ in ("Int8DynamicLinear", "Int4WeightLinear")]
+    quantized = [m for m in model.modules() if isinstance(m, (Int8DynamicLinear, Int4WeightLinear))]
     assert len(quantized) >= 2 * 4 + 1  # q/k/v, o, gate/up and down a layer (fused), the output layer
     hooks = [m.register_forward_pre_hook(lambda _, args: rows_seen.append(args[0].shape[0])) for m in quantized]
     try:
