@@ -99,7 +99,7 @@ setup_plan() {
     echo "venv     $VENV: pip install --no-deps $(torch_pip_args "$build")"
     echo "venv     $VENV: pip install -c constraints.txt -e .[$extras]"
   fi
-  echo "kernel   pipeline/kernels/fused_int8.py, compiled with g++ once per source version (without g++: torch's ops)"
+  echo "kernel   pipeline/kernels/compiled.py's C++ kernels (int8 glue, ordered attention), compiled with g++ once per source version (without g++: torch's ops)"
   if [[ "${1:-}" == test ]]; then
     echo "tools    deploy/install-test-tools.sh: checkov (its own venv), Debian's prometheus and python3-doc (root with apt)"
     echo "tools    deploy/install-container-tools.sh: Debian's docker.io (dockerd started) and debootstrap (root with apt)"
@@ -110,12 +110,13 @@ setup_plan() {
 }
 
 build_kernels() {
-  # int8-dynamic's fused per-row glue (pipeline/kernels/fused_int8.py), compiled once per source
-  # version into torch's extension cache (about 40 s; a later call finds it built without importing
-  # torch, in well under a second). Without a C++ compiler the torch ops run instead, with the same
-  # results, slower.
-  "$PY" -m pipeline.kernels.fused_int8 >/dev/null 2>&1 \
-    || log "the fused int8 kernels could not be built (is g++ installed?): int8-dynamic runs the unfused torch ops (same results)"
+  # The C++ kernels (pipeline/kernels/compiled.py: int8-dynamic's fused glue, the CPU's ordered
+  # attention), compiled once per source version into torch's extension cache (about 40 s each; a
+  # later call finds them built without importing torch, in well under a second). Without a C++
+  # compiler torch's ops run instead: the int8 glue's give the same results, the attention's (flash
+  # in chunks) other bits, slower.
+  "$PY" -m pipeline.kernels.compiled >/dev/null 2>&1 \
+    || log "the C++ kernels could not be built (is g++ installed?): torch's ops run instead (attention: other bits, slower)"
 }
 
 setup_test_tools() {

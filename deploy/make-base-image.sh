@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Makes a local stand-in for the public Python slim image where no image registry can be reached:
 # a minimal Debian bookworm (Python 3.11, as python:3.11-slim) with python3, python3-venv and the
-# Python headers (python3-dev: torch's inline C++ build of pipeline/kernels/fused_int8.py needs
+# Python headers (python3-dev: torch's inline C++ build of pipeline/kernels/compiled.py's kernels needs
 # them), built by debootstrap from the Debian mirror apt already uses and loaded as IMAGE.
 #   deploy/make-base-image.sh [IMAGE]          # as root; default IMAGE rag-base:bookworm
 #   docker build -f deploy/Dockerfile --build-arg BASE_IMAGE=rag-base:bookworm .

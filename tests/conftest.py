@@ -23,6 +23,21 @@ for _name, _value in TEST_ENV.items():
     os.environ.setdefault(_name, _value)
 
 
+# ----------------------------------------------------------------------------- the compiled kernels, before any test
+def pytest_configure(config):
+    """Build the C++ kernels (pipeline.kernels.compiled) once, in the controller before any worker starts, so
+    that every test, in-process reference and node started sees one build state: the ordered attention sets
+    a CPU's bits where it is built. Found built (./run.sh test builds them first), this reads a folder."""
+    if hasattr(config, "workerinput"):
+        return
+    from pipeline.kernels.compiled import build_all
+    try:
+        build_all()
+    except Exception as error:  # no compiler: the torch ops run everywhere in this session
+        import warnings
+        warnings.warn(f"the C++ kernels could not be built ({error}): the torch ops run instead", stacklevel=1)
+
+
 # ----------------------------------------------------------------------------- the fast subset starts no process
 # `-m "not slow"` is the subset that starts no process (setup.cfg's marker): a test not marked slow
 # fails if it, its fixtures (setup and teardown) or any thread meanwhile starts one, and a test

@@ -6,17 +6,20 @@ no-op casts and the attention's mask work, the same for every layer of a step. T
 same numbers with the same kernels in the same order (so the same bits: tests/unit/test_qwen2_step.py
 compares it with the model's own forward in every precision), and does once what can be done once:
 
-* per step: the rotary cos/sin, the attention's additive mask per key chunk and which chunks each row
-  sees (the chunked attention's `_visible`/`bias`/`any` work, pipeline/kernels/chunked_attention.py);
+* per step: the rotary cos/sin and each row's key count (the ordered kernel), or the attention's additive
+  mask per key chunk and which chunks each row sees (the chunked attention's `_visible`/`bias`/`any` work,
+  pipeline/kernels/chunked_attention.py);
 * per (rows, width, slot layout), kept across steps: each layer's key/value chunk views of the slot
   table's buffers (they stay valid: the buffers are never reallocated);
 * per layer only the arithmetic: RMSNorm's ops without its no-op casts, the Linears called on 2-d rows
   (a RowInvariantLinear straight into oneDNN; q/k/v and gate/up one product each where they are fused,
   pipeline.kernels.fused_linears), the rotary half-swap as one `roll` against a sign-folded
   sin ((-x2) * s and x2 * (-s) round alike) over q's and k's heads at once (side by side in the fused
-  product), each new key and value written by one `index_copy_`, one flash call over all key chunks
-  (each chunk one of the kernel's heads: each chunk's bits as its own call gives them) and the chunks
-  merged as flash_chunked_attention merges them; in place where a result is the op's own fresh tensor
+  product), each new key and value written by one `index_copy_`, and one attention call: where
+  pipeline.kernels.ordered_attention is built, that kernel over each row's own keys (up to its column,
+  read in place from the slot table), else one flash call over all key chunks (each chunk one of the
+  kernel's heads: each chunk's bits as its own call gives them) and the chunks merged as
+  flash_chunked_attention merges them; in place where a result is the op's own fresh tensor
   (an in-place op rounds as its out-of-place twin). A lone row runs as a pair through the Linears where
   they are RowInvariantLinears (their own widening; a quantized Linear takes it alone) but is rotated and
   attends once.
@@ -32,7 +35,7 @@ from typing import Any
 import torch
 
 from pipeline.kernels.batch_invariance import BATCH_INVARIANT_ATTENTION, RowInvariantLinear, RowInvariantRMSNorm
-from pipeline.kernels.chunked_attention import CHUNK
+from pipeline.kernels.chunked_attention import CHUNK, ORDERED, ordered_attention_runs
 from pipeline.kernels.fused_linears import FusedPart
 
 # Chunk views kept per (rows, width, slots, capacity): a few layouts and widths at a time.
@@ -194,7 +197,7 @@ class Qwen2DecodeStep:
                 for buffer in (table.keys[layer], table.values[layer]):
                     flat = buffer.view(-1, self.head_dim)
                     heads = buffer[:rows].view(rows * self.kv_heads, table.capacity, self.head_dim)
-                    per += [flat, heads[:, :width].unflatten(1, (width // CHUNK, CHUNK))]
+                    per += [flat, heads[:, :width].unflatten(1, (width // CHUNK, CHUNK)), buffer[:rows]]
                 layers.append(tuple(per))
             views = self._views[key] = (offsets, layers)
         return views
@@ -219,9 +222,14 @@ class Qwen2DecodeStep:
         # A pair's rows are one row twice: it is rotated and attends once, over slot 0, its output serving both.
         attending = 1 if pair else rows
         cos, sin = self._rotary(columns[:attending], dtype)
-        # The attention's mask, as flash_chunked_attention builds it from the runner's `visible` (one query a row).
-        bias, unseen = chunk_masks((torch.arange(width) <= columns[:attending, None])[:, None, None, :], dtype,
-                                   self.kv_heads)
+        # The ordered kernel reads each row's keys up to its own column; the chunked one needs masks per chunk
+        # (as flash_chunked_attention builds them from the runner's `visible`, one query a row).
+        ordered = ORDERED.ops() if ordered_attention_runs(hidden) else None
+        if ordered is not None:
+            lengths = columns[:attending] + 1
+        else:
+            bias, unseen = chunk_masks((torch.arange(width) <= columns[:attending, None])[:, None, None, :], dtype,
+                                       self.kv_heads)
         offsets, views = self._cache_views(attending, width)
         written = (offsets + columns[:attending, None]).view(-1)  # each row's new column of each kv head
         heads, kv_heads, group, dim, half = self.heads, self.kv_heads, self.group, self.head_dim, self.head_dim // 2
@@ -230,11 +238,15 @@ class Qwen2DecodeStep:
             x = self._rms_norm(layer.input_layernorm, hidden)
             qk, v = self._query_key_value(attn, x, attending)
             qk = (qk * cos).add_(torch.roll(qk, half, -1).mul_(sin))  # every q and k head rotated in one pass
-            keys, key_chunks, values, value_chunks = views[index]
+            keys, key_chunks, key_slots, values, value_chunks, value_slots = views[index]
             keys.index_copy_(0, written, qk[:, heads:].reshape(-1, dim))
             values.index_copy_(0, written, v.reshape(-1, dim))
-            out = decode_attention(qk[:, :heads].view(attending, kv_heads, group, dim), key_chunks, value_chunks,
-                                   bias, unseen, self.scaling).view(attending, heads * dim)
+            if ordered is not None:
+                out = ordered.ordered_attention(qk[:, :heads].unsqueeze(2), key_slots, value_slots, None, lengths, True,
+                                                self.scaling).view(attending, heads * dim)
+            else:
+                out = decode_attention(qk[:, :heads].view(attending, kv_heads, group, dim), key_chunks, value_chunks,
+                                       bias, unseen, self.scaling).view(attending, heads * dim)
             if pair:
                 out = out.expand(2, -1)
             hidden.add_(self._linear(attn.o_proj, out))

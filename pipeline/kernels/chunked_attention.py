@@ -1,5 +1,8 @@
 """Attention over a padded batch in one pass, each row's result independent of the others and of padding.
 
+On a CPU where it is built, :func:`chunked_attention` runs pipeline.kernels.ordered_attention (each
+query's keys summed first to last, no chunks); the chunked kernels below serve CUDA and a CPU without it.
+
 Every row's keys start at column 0 (padding, if any, after its last key). The key axis is cut into
 chunks of :data:`CHUNK` keys, a size fixed whatever the batch and the padded width, counted from
 column 0: a row alone and the same row in a batch meet the same chunks holding the same keys at
@@ -36,6 +39,9 @@ query rows against it.
 from __future__ import annotations
 
 import torch
+
+from pipeline.kernels.ordered_attention import EXTENSION as ORDERED
+from pipeline.kernels.ordered_attention import ordered_attention
 
 CHUNK = 256  # keys per chunk: a multiple of 64 (whole vectors for every kernel); 2 to 5 chunks a decode step
 # Rows per launch of matmul_chunked_attention: one tile for every decode bucket up to 32 rows
@@ -169,10 +175,19 @@ def chunked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     row's keys from column 0; `mask` None or bool broadcastable to (rows, 1, queries, keys), True
     where a query sees a key; `is_causal` (with no mask): query i is key keys - queries + i and sees
     the keys up to it. Returns (rows, heads, queries, head size) in the query's dtype; a query that
-    sees no key gets zeros. On the CPU :func:`flash_chunked_attention`, elsewhere
-    :func:`matmul_chunked_attention` (their results differ in rounding: one device, one kernel)."""
+    sees no key gets zeros. On the CPU pipeline.kernels.ordered_attention where it is built, else
+    :func:`flash_chunked_attention`; elsewhere :func:`matmul_chunked_attention` (their results differ in
+    rounding: one device and build, one kernel)."""
+    if ordered_attention_runs(query):
+        return ordered_attention(query, key, value, mask, scaling=scaling, is_causal=is_causal)
     attend = flash_chunked_attention if query.device.type == "cpu" else matmul_chunked_attention
     return attend(query, key, value, mask, scaling=scaling, is_causal=is_causal, chunk=chunk)
+
+
+def ordered_attention_runs(query: torch.Tensor) -> bool:
+    """Whether :func:`chunked_attention` runs pipeline.kernels.ordered_attention for `query`: on the CPU,
+    where that extension is built."""
+    return query.device.type == "cpu" and ORDERED.ops() is not None
 
 
 def keys_moved_to_column_0(key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor):
@@ -198,7 +213,8 @@ def chunked_attention_forward(module, query, key, value, attention_mask, scaling
     heads, head size), None) like transformers' sdpa_attention_forward."""
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     causal = attention_mask is None and getattr(module, "is_causal", True)
-    if attention_mask is not None and not keys_start_at_column_0:
+    # The ordered kernel skips a row's unseen keys wherever they lie: only the chunks need column 0.
+    if attention_mask is not None and not keys_start_at_column_0 and not ordered_attention_runs(query):
         key, value, attention_mask = keys_moved_to_column_0(key, value, attention_mask)
     out = chunked_attention(query, key, value, attention_mask, scaling=scale, is_causal=causal)
     return out.transpose(1, 2).contiguous(), None

@@ -9,23 +9,13 @@ activation gives NaN there and clamped codes here): the scale is max|x| clamped 
 reciprocal); the output is sums x row scale, then + bias, two roundings (compiled with
 -ffp-contract=off: no fused multiply-add).
 
-The extension is compiled once per source version into torch's extension cache
-(``$TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``) by
-``python -m pipeline.kernels.fused_int8`` (about 40 s with g++ on 2 cores). :func:`fused_ops`
-only loads what is already built: a model load never waits for a compiler, and where nothing is
-built (or no x86-64-v3 CPU) the torch ops run, with the same results.
+The extension is compiled once per source version by ``python -m pipeline.kernels.compiled``
+(pipeline.kernels.compiled; about 40 s with g++ on 2 cores). :data:`fused_ops` only loads what is
+already built: where nothing is built (or no x86-64-v3 CPU) the torch ops run, with the same results.
 """
 from __future__ import annotations
 
-import functools
-import hashlib
-import importlib.machinery
-import importlib.metadata
-import importlib.util
-import os
-import sys
-from pathlib import Path
-from types import ModuleType
+from pipeline.kernels.compiled import CompiledExtension
 
 _SOURCE = r'''
 #include <torch/extension.h>
@@ -111,85 +101,7 @@ _FUNCTIONS = ["anchored_row_codes", "rescale_rows"]
 # x86-64-v3 (AVX2, SSE4.1 rounding) lets g++ vectorize both loops; no FMA contraction: the
 # multiply and the add round separately, as torch's separate ops do.
 _CFLAGS = ["-O3", "-mavx2", "-ffp-contract=off", "-fno-fast-math"]
-_CPU_FLAGS = frozenset({"avx2", "sse4_1"})
-_VERSION = hashlib.sha256((_SOURCE + " ".join(_CFLAGS)).encode()).hexdigest()[:12]
-NAME = f"rag_int8_fused_{_VERSION}"
-
-
-def build_directory(torch_version: str | None = None) -> Path:
-    """Where this source version is (or would be) built: torch's extension cache, one folder per version
-    (of this source and of torch: the imported one's unless given)."""
-    if torch_version is None:
-        import torch
-        torch_version = torch.__version__
-    root = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(Path.home(), ".cache", "torch_extensions")
-    return Path(root) / f"py{sys.version_info.major}{sys.version_info.minor}_cpu_torch{torch_version}" / NAME
-
-
-def _installed_torch_version() -> str | None:
-    """torch's version as installed, read without importing torch (about 1.5 s of CPU)."""
-    try:
-        return importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _library(directory: Path) -> Path | None:
-    found = [p for p in directory.glob(f"{NAME}*.so") if p.is_file()] if directory.is_dir() else []
-    return found[0] if found else None
-
-
-def build() -> str:
-    """Compile the extension into :func:`build_directory`; raises where there is no compiler.
-    :func:`fused_ops` loads it from then on. Nothing to do, and no compiler or lock needed (the
-    cache may be read-only, as in the image), where this version is built, or where this CPU lacks
-    AVX2 (nothing would load it). Returns what it did, in words.
-
-    Built means its library is in the folder of the installed torch's version, found without importing
-    torch (every `./run.sh` start asks), or else that it loads."""
-    if not _cpu_supported():
-        return f"nothing to build: this CPU lacks {', '.join(sorted(_CPU_FLAGS))}; int8-dynamic runs torch's own ops"
-    installed = _installed_torch_version()
-    if installed is not None and _library(found := build_directory(installed)) is not None:
-        return f"{NAME} is built in {found}"
-    if fused_ops() is not None:
-        return f"{NAME} is built in {build_directory()}"
-    from torch.utils.cpp_extension import load_inline
-    directory = build_directory()
-    directory.mkdir(parents=True, exist_ok=True)
-    load_inline(NAME, cpp_sources=_SOURCE, functions=_FUNCTIONS, extra_cflags=_CFLAGS,
-                build_directory=str(directory), verbose=False)
-    fused_ops.cache_clear()
-    return f"built {NAME} in {directory}"
-
-
-def _cpu_supported() -> bool:
-    from pipeline.cpu_features import cpu_flags
-    return _CPU_FLAGS <= cpu_flags()
-
-
-@functools.cache
-def fused_ops() -> ModuleType | None:
-    """The built extension (anchored_row_codes, rescale_rows), or None where it is not built for
-    this source version and torch, does not load, or this CPU lacks AVX2. Never compiles."""
-    library = _library(build_directory())
-    if library is None or not _cpu_supported():
-        return None
-    import torch  # noqa: F401  (the extension links against torch's libraries, loaded by this import)
-    loader = importlib.machinery.ExtensionFileLoader(NAME, str(library))
-    spec = importlib.util.spec_from_file_location(NAME, str(library), loader=loader)
-    if spec is None:
-        return None
-    try:
-        module = importlib.util.module_from_spec(spec)  # dlopen happens here
-        loader.exec_module(module)
-    except (ImportError, OSError):  # a half-written or foreign library: the torch ops give the same bits
-        return None
-    return module
-
-
-if __name__ == "__main__":
-    import time
-    started = time.perf_counter()
-    done = build()
-    print(f"{done} ({time.perf_counter() - started:.1f} s)")
+EXTENSION = CompiledExtension("rag_int8_fused", _SOURCE, _FUNCTIONS, _CFLAGS, frozenset({"avx2", "sse4_1"}))
+# The built extension (anchored_row_codes, rescale_rows), or None where it is not built for this source
+# version and torch, does not load, or this CPU lacks AVX2. Never compiles.
+fused_ops = EXTENSION.ops

@@ -77,7 +77,8 @@ def test_the_image_runs_as_a_numeric_user_with_the_kernel_and_no_compiler(built)
     assert config["User"] == "10001:10001"
     assert config["Healthcheck"]["Test"][:2] == ["CMD", "python"]
     probe = ("import os, shutil, services.node; from pipeline.kernels.fused_int8 import fused_ops; "
-             "assert fused_ops() is not None, 'kernel not built'; "
+             "from pipeline.kernels.ordered_attention import EXTENSION; "
+             "assert fused_ops() is not None and EXTENSION.ops() is not None, 'kernel not built'; "
              "assert os.path.isfile(services.node.__cached__), 'the code is not compiled'; "
              "assert not any(map(shutil.which, ('g++', 'gcc', 'c++'))), 'a compiler is left'; print('ok')")
     run = docker("run", "--rm", "--network", "none", "--entrypoint", "python", IMAGE, "-c", probe)
@@ -93,7 +94,7 @@ def test_a_code_change_rebuilds_neither_torch_nor_the_compiler(built):
     seconds, log = build(built["context"], built["wheels"])
     steps, cached = build_steps(log)
     for step in ("torch==2.13.0", "-r /tmp/requirements.txt", "install -y --no-install-recommends g++",
-                 "python -m pipeline.kernels.fused_int8"):
+                 "python -m pipeline.kernels.compiled"):
         numbers = [n for n, name in steps.items() if step in name]
         assert numbers and set(numbers) <= cached, f"{step!r} ran again:\n{log[-4000:]}"
     assert set(steps) - cached, "the code change rebuilt nothing"

@@ -55,7 +55,7 @@ def test_setup_installs_serving_only_and_test_adds_the_test_extra_and_tools(chec
     (torch, project) = pip_installs(calls)
     assert "--no-deps torch==" in torch
     assert project.endswith("-c constraints.txt -e .[tracing]")  # the project and OpenTelemetry, no [test]
-    assert "python -m pipeline.kernels.fused_int8" in calls
+    assert "python -m pipeline.kernels.compiled" in calls
     assert not [c for c in calls if c.startswith(("install-test-tools", "install-container-tools", "install-browser", "ruff", "mypy"))]
     assert (checkout / ".venv" / ".installed").read_text().split()[1] == "tracing"
     assert pip_installs(run(checkout, "setup")) == []  # a second setup installs nothing

@@ -10,6 +10,8 @@ from pipeline.kernels.chunked_attention import (
     matmul_chunked_attention,
     sum_in_order,
 )
+from pipeline.kernels.ordered_attention import EXTENSION as ORDERED
+from pipeline.kernels.ordered_attention import ordered_attention
 
 HEADS, KV_HEADS, DIM, SCALING = 14, 2, 64, 0.125
 LENGTHS = [1, 37, CHUNK, CHUNK + 1, 300, 3 * CHUNK + 9]  # inside, at and across chunk boundaries
@@ -21,12 +23,15 @@ def matmul_in_tiles_of_2(*args, **kwargs):
     return matmul_chunked_attention(*args, tile_rows=2, **kwargs)
 
 
-KERNELS = [flash_chunked_attention, matmul_in_tiles_of_2]
+ORDERED_BUILT = pytest.mark.skipif(ORDERED.ops() is None, reason="the ordered attention is not built for this CPU")
+KERNELS = [flash_chunked_attention, matmul_in_tiles_of_2, pytest.param(ordered_attention, marks=ORDERED_BUILT)]
 ON_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here: runs where torch sees one")
 # (kernel, device, dtype): the flash kernel is the CPU's; the matrix-product kernel runs on CUDA too, in
 # the dtypes CUDA is offered in (float32 is not: pipeline/precision_policy.py).
 PLACED = [pytest.param((attend, "cpu", dtype), id=f"{attend.__name__.split('_')[0]}-cpu-{str(dtype)[6:]}")
-          for attend in KERNELS for dtype in (torch.float32, torch.bfloat16)] + [
+          for attend in (flash_chunked_attention, matmul_in_tiles_of_2) for dtype in (torch.float32, torch.bfloat16)] + [
+    pytest.param((ordered_attention, "cpu", dtype), id=f"ordered-cpu-{str(dtype)[6:]}", marks=ORDERED_BUILT)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16)] + [
     pytest.param((matmul_chunked_attention, "cuda", dtype), id=f"matmul-cuda-{str(dtype)[6:]}", marks=ON_CUDA)
     for dtype in (torch.bfloat16, torch.float16)]
 
@@ -102,9 +107,16 @@ def test_counted_from_the_first_key_a_prompt_cut_into_pieces_gives_the_same_rows
             assert torch.equal(piece, whole[:, :, a:b]), f"queries {a}..{b}"
 
 
+BUILT_OR_NOT = [pytest.param(True, marks=ORDERED_BUILT), False]
+
+
+@pytest.mark.parametrize("built", BUILT_OR_NOT, ids=["ordered-built", "not-built"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_left_padded_decode_step_equals_each_row_alone_in_the_transformers_form(dtype):
-    """transformers' generate pads on the left: each row is moved to column 0 and gets its bits alone."""
+def test_a_left_padded_decode_step_equals_each_row_alone_in_the_transformers_form(dtype, built, monkeypatch):
+    """transformers' generate pads on the left: each row gets its bits alone (the chunked kernels' rows moved
+    to column 0 first; the ordered kernel skips the padding where it lies)."""
+    if not built:
+        monkeypatch.setattr(ORDERED, "ops", lambda: None)
     query, key, value, key_mask = padded_batch(LENGTHS, 1, dtype, "left", seed=3)
     out, weights = chunked_attention_forward(torch.nn.Module(), query, key, value, key_mask[:, None, None, :],
                                              scaling=SCALING)
@@ -116,14 +128,19 @@ def test_a_left_padded_decode_step_equals_each_row_alone_in_the_transformers_for
         assert torch.equal(out[row], alone[0].transpose(0, 1)), f"row of {length} keys"
 
 
-def test_the_cpu_runs_the_flash_chunks_and_the_transformers_form_is_transposed():
+@pytest.mark.parametrize("built", BUILT_OR_NOT, ids=["ordered-built", "not-built"])
+def test_the_cpu_runs_the_ordered_kernel_where_built_else_the_flash_chunks(built, monkeypatch):
+    if not built:
+        monkeypatch.setattr(ORDERED, "ops", lambda: None)
     query, key, value, key_mask = padded_batch([300, 40], 1, torch.bfloat16, "right")
     mask = key_mask[:, None, None, :]
-    want = flash_chunked_attention(query, key, value, mask, scaling=SCALING)
+    want = (ordered_attention if built else flash_chunked_attention)(query, key, value, mask, scaling=SCALING)
     assert torch.equal(chunked_attention(query, key, value, mask, scaling=SCALING), want)
     out, weights = chunked_attention_forward(torch.nn.Module(), query, key, value, mask, scaling=SCALING,
                                              keys_start_at_column_0=True)
     assert weights is None and torch.equal(out, want.transpose(1, 2))
+    if built:  # the two kernels round differently: which one runs is seen in the bits
+        assert not torch.equal(want, flash_chunked_attention(query, key, value, mask, scaling=SCALING))
 
 
 # Rows of 7, 11, 13-15 chunks and more: where a tree-shaped sum over the chunks (CUDA's scan) would

@@ -326,7 +326,7 @@ def test_dockerfile_layers_base_user_and_entry():
     # torch, then the dependencies from setup.cfg, then the kernel's compiler, and the code last:
     # a code change rebuilds neither torch nor the compiler (test_containers proves it on a build).
     order = ["torch==2.13.0", "COPY setup.cfg pyproject.toml", "install -y --no-install-recommends g++",
-             "python -m pipeline.kernels.fused_int8", "COPY . /app"]
+             "python -m pipeline.kernels.compiled", "COPY . /app"]
     assert [text.index(step) for step in order] == sorted(text.index(step) for step in order)
     assert "ENV PATH=/app/.venv/bin:$PATH" in text  # torch's inline build finds the venv's ninja
     assert re.search(r"^USER 10001:10001$", text, flags=re.M) and 'ENTRYPOINT ["./run.sh"]' in text
@@ -381,10 +381,11 @@ def test_the_kernel_compiles_only_for_x86_64_and_other_architectures_use_torchs_
         assert "g++" in (tmp_path / "installed").read_text().split()
     assert (tmp_path / "compiled").is_file() == compiled
     if compiled:
-        assert (tmp_path / "compiled").read_text().split() == ["-m", "pipeline.kernels.fused_int8"]
+        assert (tmp_path / "compiled").read_text().split() == ["-m", "pipeline.kernels.compiled"]
     else:  # the stage's output folder exists for the image's COPY, empty
         assert (tmp_path / "ext").is_dir() and "torch's own ops" in result.stdout
-    assert "-mavx2" in (REPO_ROOT / "pipeline" / "kernels" / "fused_int8.py").read_text()  # why x86-64 only
+    for kernel in ("fused_int8.py", "ordered_attention.py"):  # why x86-64 only
+        assert "-mavx2" in (REPO_ROOT / "pipeline" / "kernels" / kernel).read_text()
 
 
 @pytest.mark.slow  # runs hadolint

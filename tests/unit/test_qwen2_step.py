@@ -14,6 +14,7 @@ from pipeline.continuous.runner import ModelRunner
 from pipeline.continuous.scheduler import SequenceState
 from pipeline.continuous.slots import SlotRule, chunks_for
 from pipeline.kernels.chunked_attention import CHUNK, flash_chunked_attention
+from pipeline.kernels.ordered_attention import EXTENSION as ORDERED
 from pipeline.kernels.int4 import Int4WeightLinear
 from pipeline.kernels.int8 import Int8DynamicLinear
 from pipeline.precision import apply_precision
@@ -70,8 +71,20 @@ def steps_agree(model, lengths: list[int], slots: int, steps: int = 3) -> None:
                     row.length += 1
 
 
+ORDERED_BUILT = pytest.mark.skipif(ORDERED.ops() is None, reason="the ordered attention is not built for this CPU")
+# Which attention kernel the CPU runs: the ordered one where built, else the flash chunks (ORDERED.ops None).
+ATTENTION = [pytest.param("ordered", marks=ORDERED_BUILT), "chunked"]
+
+
+def attention_kernel(kind: str, monkeypatch) -> None:
+    if kind == "chunked":
+        monkeypatch.setattr(ORDERED, "ops", lambda: None)
+
+
+@pytest.mark.parametrize("attention", ATTENTION)
 @pytest.mark.parametrize("variant", CPU_VARIANTS)
-def test_the_fast_step_gives_the_model_forwards_bits_in_every_cpu_precision(variant):
+def test_the_fast_step_gives_the_model_forwards_bits_in_every_cpu_precision(variant, attention, monkeypatch):
+    attention_kernel(attention, monkeypatch)
     model = qwen2(variant, TINY, layers=24)
     steps_agree(model, [7], slots=4)  # one row: run as a pair
     steps_agree(model, [CHUNK - 2], slots=1)  # one row, one slot; its keys cross into a second chunk
@@ -152,7 +165,10 @@ def flash_calls(step, ids, columns, width: int) -> int:
     return counter.counts["_scaled_dot_product_flash_attention_for_cpu"]
 
 
-def test_the_step_attends_over_every_chunk_in_one_flash_call_a_layer():
+@pytest.mark.parametrize("attention", ATTENTION)
+def test_the_step_attends_over_every_chunk_in_one_flash_call_a_layer_or_runs_the_ordered_kernel(attention, monkeypatch):
+    attention_kernel(attention, monkeypatch)
+    calls = 3 if attention == "chunked" else 0  # the ordered kernel is no aten op: none counted
     model = qwen2("float32", TINY, layers=3)
     runner = ModelRunner(model, SlotRule(2, 2 * 4 * CHUNK, CHUNK))
     with torch.inference_mode():
@@ -161,5 +177,29 @@ def test_the_step_attends_over_every_chunk_in_one_flash_call_a_layer():
             runner.table.join(slot, seq.prompt_ids, seq.budget_tokens, seq.sampling)
             runner.prefill_chunk(seq, 0, n)
     columns = torch.tensor([3 * CHUNK + 5, 20])
-    assert flash_calls(runner.fast_step, torch.ones(2, 1, dtype=torch.long), columns, 4 * CHUNK) == 3
-    assert flash_calls(runner.fast_step, torch.ones(1, 1, dtype=torch.long), columns[:1], 4 * CHUNK) == 3
+    assert flash_calls(runner.fast_step, torch.ones(2, 1, dtype=torch.long), columns, 4 * CHUNK) == calls
+    assert flash_calls(runner.fast_step, torch.ones(1, 1, dtype=torch.long), columns[:1], 4 * CHUNK) == calls
+
+
+@ORDERED_BUILT
+@pytest.mark.parametrize("variant", ["float32", pytest.param("bfloat16", marks=BF16_CPU)])
+def test_the_ordered_step_reads_no_key_past_a_rows_own_column(variant):
+    """Each row attends over its own keys only, however wide the step: NaN in every slot-table column past a
+    row's column (another row's longer keys, a wider bucket) changes none of its bits."""
+    model = qwen2(variant, TINY, layers=2)
+    runner = ModelRunner(model, SlotRule(2, 2 * 4 * CHUNK, CHUNK))
+    lengths = [3 * CHUNK + 5, 20]
+    with torch.inference_mode():
+        for slot, n in enumerate(lengths):
+            seq = SequenceState(slot, [1 + i % (VOCAB - 1) for i in range(n)], 8)
+            runner.table.join(slot, seq.prompt_ids, seq.budget_tokens, seq.sampling)
+            runner.prefill_chunk(seq, 0, n)
+        columns, ids = torch.tensor(lengths), torch.ones(2, 1, dtype=torch.long)
+        saved = [t.clone() for t in (*runner.table.keys.values(), *runner.table.values.values())]
+        clean = runner.fast_step(ids, columns, 4 * CHUNK).clone()
+        for buffer, copy in zip((*runner.table.keys.values(), *runner.table.values.values()), saved):
+            buffer.copy_(copy)
+            for slot, n in enumerate(lengths):
+                buffer[slot, :, n + 1:] = float("nan")  # past the key this step writes at column n
+        noisy = runner.fast_step(ids, columns, 4 * CHUNK)
+    assert clean.isfinite().all() and torch.equal(noisy, clean)

@@ -1,0 +1,246 @@
+"""Attention on the CPU with each query's keys summed in order, first to last: a row's bits by construction.
+
+Every (row, head, query) is computed on its own from its own query and its row's keys, in one order
+fixed by those keys alone:
+
+* a score is q . k_j over the head size in eight lanes (lane l sums dimensions l, l + 8, ... in order)
+  added as ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)), times the scaling;
+* the row's largest visible score is subtracted (a maximum is exact in any order) and each visible
+  key's weight is exp(score - largest) by one polynomial (Cephes' expf; 0 below e^-87), plain float
+  operations;
+* the weights and the weighted values are summed key after key, first to last, skipping a key of
+  weight 0 (an unseen key is never added, not even as a zero), and the sum divided by the weights'.
+
+Nothing in it depends on the other rows, the padding after or before a row's keys, how many queries
+came in one call (a prompt whole or in pieces, or a decode step), the thread count, or the machine:
+the source is compiled with -ffp-contract=off (no fused multiply-add) and without fast-math, so the
+compiler vectorizes those loops without reordering a sum, and every x86-64 CPU with AVX2 (AVX2-only,
+AVX-512, AMX alike) gives the same bits. It reads a row's keys up to its last visible one and no
+further: a decode step's cost follows each row's own length, not the batch's widest
+(docs/performance.md, "Ordered attention").
+
+`pipeline.kernels.chunked_attention.chunked_attention` runs it on a CPU where it is built (``python -m
+pipeline.kernels.compiled``) and torch's flash kernel in chunks elsewhere: the two round differently, so
+the bits a CPU gives depend on whether it is built, as on which device runs (the reference oracle runs
+in the same process, with the same kernel).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pipeline.kernels.compiled import CompiledExtension
+
+if TYPE_CHECKING:  # imported by `python -m pipeline.kernels.compiled`, which finds a build without torch
+    import torch
+
+_SOURCE = r'''
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr int64_t QUERY_BLOCK = 8;  // queries per task (times the kv head's query heads)
+constexpr float NO_KEY = -std::numeric_limits<float>::infinity();
+
+// exp(x) for x <= 0 (Cephes' expf): 2^n * p(r), r = x - n ln 2; 0 below -87 (under 1.7e-38 of the top).
+inline float exp_nonpositive(float x) {
+  const float big = 12582912.0f;  // 1.5 * 2^23: adding and subtracting it rounds to an integer, half to even
+  const float t = x < -87.0f ? -87.0f : x;
+  const float n = (t * 1.44269504088896341f + big) - big;
+  float r = t - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r;
+  p = p + 1.0f;
+  const float e = p * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+  return x < -87.0f ? 0.0f : e;
+}
+
+// a . b over `dim` values (DIM where it is known at compile time, for unrolled loops; the same order).
+template <int64_t DIM>
+inline float dot(const float* __restrict a, const float* __restrict b, int64_t runtime_dim) {
+  const int64_t dim = DIM ? DIM : runtime_dim;
+  float lane[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  int64_t d = 0;
+  for (; d + 8 <= dim; d += 8)
+    for (int l = 0; l < 8; ++l) lane[l] = lane[l] + a[d + l] * b[d + l];
+  for (int l = 0; d + l < dim; ++l) lane[l] = lane[l] + a[d + l] * b[d + l];
+  return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+}
+
+// The largest of s[0, n), NO_KEY for none.
+inline float largest(const float* __restrict s, int64_t n) {
+  float lane[16];
+  for (int l = 0; l < 16; ++l) lane[l] = NO_KEY;
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16)
+    for (int l = 0; l < 16; ++l) lane[l] = s[j + l] > lane[l] ? s[j + l] : lane[l];
+  float top = NO_KEY;
+  for (; j < n; ++j) top = s[j] > top ? s[j] : top;
+  for (int l = 0; l < 16; ++l) top = lane[l] > top ? lane[l] : top;
+  return top;
+}
+
+template <typename T, int64_t DIM>
+void attend(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
+            const c10::optional<torch::Tensor>& mask, const c10::optional<torch::Tensor>& lengths,
+            bool causal, float scaling, torch::Tensor& out) {
+  const int64_t rows = query.size(0), heads = query.size(1), queries = query.size(2);
+  const int64_t dim = DIM ? DIM : query.size(3);
+  const int64_t kv_heads = key.size(1), keys = key.size(2), group = heads / kv_heads;
+  const int64_t blocks = (queries + QUERY_BLOCK - 1) / QUERY_BLOCK;
+  const T* q = query.data_ptr<T>();
+  const T* k = key.data_ptr<T>();
+  const T* v = value.data_ptr<T>();
+  T* o = out.data_ptr<T>();
+  const int64_t qs0 = query.stride(0), qs1 = query.stride(1), qs2 = query.stride(2);
+  const int64_t ks0 = key.stride(0), ks1 = key.stride(1), ks2 = key.stride(2);
+  const int64_t vs0 = value.stride(0), vs1 = value.stride(1), vs2 = value.stride(2);
+  const int64_t os0 = out.stride(0), os1 = out.stride(1), os2 = out.stride(2);
+  const bool* m = mask.has_value() ? mask->data_ptr<bool>() : nullptr;
+  const int64_t ms0 = m ? mask->stride(0) : 0, ms2 = m ? mask->stride(2) : 0, ms3 = m ? mask->stride(3) : 0;
+  const int64_t* len = lengths.has_value() ? lengths->data_ptr<int64_t>() : nullptr;
+  at::parallel_for(0, rows * kv_heads * blocks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf, weights, kf(dim), vf(dim), sums, totals;
+    std::vector<int64_t> ends;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t r = task / (kv_heads * blocks), h = (task / blocks) % kv_heads, b = task % blocks;
+      const int64_t i0 = b * QUERY_BLOCK, i1 = std::min(queries, i0 + QUERY_BLOCK), span = i1 - i0;
+      const int64_t n = span * group, limit = len ? std::clamp<int64_t>(len[r], 0, keys) : keys;
+      // The task's query rows: row g * span + (i - i0) is query i of head h * group + g; `ends`: its keys' end.
+      ends.assign(n, limit);
+      qf.resize(n * dim);
+      int64_t widest = 0;
+      for (int64_t g = 0; g < group; ++g)
+        for (int64_t i = i0; i < i1; ++i) {
+          const int64_t row = g * span + (i - i0);
+          const T* src = q + r * qs0 + (h * group + g) * qs1 + i * qs2;
+          for (int64_t d = 0; d < dim; ++d) qf[row * dim + d] = static_cast<float>(src[d]);
+          if (causal) ends[row] = std::clamp<int64_t>(limit - queries + i + 1, 0, limit);
+          widest = std::max(widest, ends[row]);
+        }
+      // Scores, key after key (its values made float once for every row).
+      weights.resize(n * widest);
+      for (int64_t j = 0; j < widest; ++j) {
+        const T* kr = k + r * ks0 + h * ks1 + j * ks2;
+        for (int64_t d = 0; d < dim; ++d) kf[d] = static_cast<float>(kr[d]);
+        for (int64_t row = 0; row < n; ++row)
+          if (j < ends[row]) weights[row * widest + j] = dot<DIM>(qf.data() + row * dim, kf.data(), dim) * scaling;
+      }
+      // Each row's weights in place of its scores: exp(score - the row's largest) where it sees the key, else 0.
+      for (int64_t g = 0; g < group; ++g)
+        for (int64_t i = i0; i < i1; ++i) {
+          const int64_t row = g * span + (i - i0), stop = ends[row];
+          float* s = weights.data() + row * widest;
+          if (m) {
+            const bool* sees = m + r * ms0 + i * ms2;
+            for (int64_t j = 0; j < stop; ++j) s[j] = sees[j * ms3] ? s[j] : NO_KEY;
+          }
+          const float top = largest(s, stop);
+          if (top == NO_KEY) std::fill(s, s + stop, 0.0f);
+          else for (int64_t j = 0; j < stop; ++j) s[j] = exp_nonpositive(s[j] - top);
+          std::fill(s + stop, s + widest, 0.0f);
+        }
+      // Each row's weighted values and weights, summed key after key; a key of weight 0 is skipped.
+      sums.assign(n * dim, 0.0f);
+      totals.assign(n, 0.0f);
+      for (int64_t j = 0; j < widest; ++j) {
+        const T* vr = v + r * vs0 + h * vs1 + j * vs2;
+        for (int64_t d = 0; d < dim; ++d) vf[d] = static_cast<float>(vr[d]);
+        for (int64_t row = 0; row < n; ++row) {
+          const float p = weights[row * widest + j];
+          if (p == 0.0f) continue;
+          totals[row] = totals[row] + p;
+          float* a = sums.data() + row * dim;
+          for (int64_t d = 0; d < dim; ++d) a[d] = a[d] + p * vf[d];
+        }
+      }
+      for (int64_t g = 0; g < group; ++g)
+        for (int64_t i = i0; i < i1; ++i) {
+          const int64_t row = g * span + (i - i0);
+          const float total = totals[row];
+          const float* a = sums.data() + row * dim;
+          T* dst = o + r * os0 + (h * group + g) * os1 + i * os2;
+          for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<T>(total > 0.0f ? a[d] / total : 0.0f);
+        }
+    }
+  });
+}
+
+template <typename T>
+void attend_any_size(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
+                     const c10::optional<torch::Tensor>& mask, const c10::optional<torch::Tensor>& lengths,
+                     bool causal, float scaling, torch::Tensor& out) {
+  switch (query.size(3)) {  // the head sizes of the models served, unrolled; any other size, the same sums
+    case 64: attend<T, 64>(query, key, value, mask, lengths, causal, scaling, out); break;
+    case 32: attend<T, 32>(query, key, value, mask, lengths, causal, scaling, out); break;
+    default: attend<T, 0>(query, key, value, mask, lengths, causal, scaling, out);
+  }
+}
+
+}  // namespace
+
+torch::Tensor ordered_attention(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
+                                const c10::optional<torch::Tensor>& mask, const c10::optional<torch::Tensor>& lengths,
+                                bool causal, double scaling) {
+  TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4, "ordered_attention: 4-d query, key and value");
+  TORCH_CHECK(key.sizes() == value.sizes() && key.size(0) == query.size(0) && key.size(3) == query.size(3)
+              && key.size(1) > 0 && query.size(1) % key.size(1) == 0, "ordered_attention: shapes do not match");
+  TORCH_CHECK(key.scalar_type() == query.scalar_type() && value.scalar_type() == query.scalar_type(),
+              "ordered_attention: query, key and value in one dtype");
+  TORCH_CHECK(query.stride(3) == 1 && key.stride(3) == 1 && value.stride(3) == 1,
+              "ordered_attention: each head's values contiguous");
+  if (mask.has_value())
+    TORCH_CHECK(mask->scalar_type() == at::kBool && mask->dim() == 4 && mask->size(0) == query.size(0)
+                && mask->size(2) == query.size(2) && mask->size(3) == key.size(2),
+                "ordered_attention: a bool mask (rows, 1, queries, keys)");
+  if (lengths.has_value())
+    TORCH_CHECK(lengths->scalar_type() == at::kLong && lengths->dim() == 1 && lengths->size(0) == query.size(0)
+                && lengths->is_contiguous(), "ordered_attention: int64 lengths, one per row");
+  auto out = torch::empty(query.sizes(), query.options());
+  const float s = static_cast<float>(scaling);
+  switch (query.scalar_type()) {
+    case at::kFloat: attend_any_size<float>(query, key, value, mask, lengths, causal, s, out); break;
+    case at::kBFloat16: attend_any_size<c10::BFloat16>(query, key, value, mask, lengths, causal, s, out); break;
+    case at::kHalf: attend_any_size<c10::Half>(query, key, value, mask, lengths, causal, s, out); break;
+    default: TORCH_CHECK(false, "ordered_attention: float32, bfloat16 or float16");
+  }
+  return out;
+}
+'''
+# -ffp-contract=off: no fused multiply-add (a product and a sum round apart, on every CPU);
+# -fno-trapping-math: lets g++ vectorize the selects (a mask, exp's underflow) without changing a result;
+# -fopenmp: at::parallel_for's OpenMP loop is compiled into the extension (without it, one thread).
+_CFLAGS = ["-O3", "-std=c++20", "-mavx2", "-ffp-contract=off", "-fno-fast-math", "-fno-trapping-math", "-fopenmp"]
+EXTENSION = CompiledExtension("rag_ordered_attention", _SOURCE, ["ordered_attention"], _CFLAGS,
+                              frozenset({"avx2"}), ldflags=("-fopenmp",))
+
+
+def ordered_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None = None,
+                      *, scaling: float, is_causal: bool = False, lengths: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of `query` (rows, heads, queries, head size) over `key`/`value` (rows, kv heads, keys, head size),
+    kv head j serving query heads j * g .. j * g + g - 1 (g = heads / kv heads); any strides but the head size's.
+
+    Which keys a query sees: those a bool `mask` (broadcastable to (rows, 1, queries, keys)) marks, below the
+    row's `lengths` (int64 (rows,); all keys where None), and with `is_causal` up to the query's own key
+    (query i is key length - queries + i): all three where given. A query that sees no key gets zeros.
+    Returns (rows, heads, queries, head size) in the query's dtype. Needs the built extension
+    (:data:`EXTENSION`)."""
+    ops = EXTENSION.ops()
+    if ops is None:
+        raise RuntimeError(f"{EXTENSION.name} is not built: python -m pipeline.kernels.compiled")
+    if mask is not None:
+        mask = mask.expand(query.shape[0], 1, query.shape[2], key.shape[2])
+    return ops.ordered_attention(query, key, value, mask, lengths, is_causal, scaling)
