@@ -3,7 +3,7 @@ from this machine's memory floor.
 
     python -m profiling.bench_decode [--sequences 1,16] [--repeat 8] [--profile]
                                      [--precisions bfloat16,int8-dynamic,int4-weight]
-                                     [--kernels-baseline] [--out runs/bench_decode]
+                                     [--baselines unfused-int8,chunked-attention] [--out runs/bench_decode]
 
 Fills the continuous engine with N running sequences (the SPEC prompt over
 support documents, ~250 tokens each), then times engine steps that are pure
@@ -12,9 +12,9 @@ choice (repetition penalty + argmax), the runner's other decode work (ids,
 positions, mask, cache and seen-token bookkeeping) and the engine's own Python
 (plan, update, release). `--profile` adds torch.profiler's top operators by
 self CPU time over a few steps. To compare commits, run each tree in turn (the
-runner and the attention kernel change together). `--kernels-baseline` also measures, interleaved the same way on the
-same model, int8-dynamic's per-row glue as torch ops instead of fused
-(pipeline/kernels/fused_int8.py; the same bits). The model and precision come
+runner and the attention kernel change together). `--baselines` also measures, interleaved the same way on the
+same model, kernels switched back to their baselines (profiling/lib/kernel_baselines.py: int8-dynamic's glue
+as torch ops, the same bits; the CPU's attention as flash chunks, other bits). The model and precision come
 from the environment (MODEL_SOURCE, STANDIN_PROFILE, PRECISION or
 GENERATE_PRECISION, TORCH_THREADS); `--precisions` loads the LLM in each
 variant named instead, one after the other.
@@ -45,6 +45,7 @@ from profiling.lib import decode_floor
 from profiling.lib.cli import add_out, comma_list, make_parser, positive
 from profiling.lib.engine_step import ProductRecorder
 from profiling.lib.inputs import cycled, document_pool, spec_queries
+from profiling.lib.kernel_baselines import BASELINES, running
 from profiling.lib.models import decode_full_length, worker_generator, worker_settings
 from profiling.lib.provenance import local_record
 from profiling.lib.report import run_folder, write_json
@@ -52,7 +53,6 @@ from profiling.lib.report import run_folder, write_json
 PHASES = ("forward", "choose", "decode_other", "engine_other")
 PRODUCT_REPLAYS = 5  # replays of one step's products; the best is its products' time
 CURRENT = "current"
-KERNELS_BEFORE = "unfused-int8"  # int8-dynamic's per-row glue as torch ops
 
 
 # ------------------------------------------------------------------------- timing one step by phase
@@ -121,32 +121,26 @@ def filled_engine(generator: Generator, n: int) -> ContinuousEngine:
     return engine
 
 
-def use_kernels(model, before: bool) -> None:
-    """Switch `model`'s int8-dynamic Linears between fused glue and torch ops (KERNELS_BEFORE)."""
-    from pipeline.kernels.int8 import Int8DynamicLinear
-    for module in model.modules():
-        if isinstance(module, Int8DynamicLinear):
-            module.fused = not before
-
-
 @dataclass
 class Variant:
     name: str
     engine: ContinuousEngine
     phases: dict[str, float]
-    kernels_before: bool = False
+    baseline: str | None = None  # profiling.lib.kernel_baselines' name; None: the current kernels
     steps: list[dict[str, float]] = field(default_factory=list)
     products_ms: float | None = None
 
+    def kernels(self):
+        """Within: the model runs this variant's kernels."""
+        return running(self.engine.generator.model, self.baseline)
 
-def build_variants(generator: Generator, n: int, kernels_baseline: bool = False) -> list[Variant]:
+
+def build_variants(generator: Generator, n: int, baselines: list[str]) -> list[Variant]:
     variants = []
-    for before in (True, False) if kernels_baseline else (False,):
-        use_kernels(generator.model, before)
-        engine = filled_engine(generator, n)
-        label = f"{CURRENT} {KERNELS_BEFORE}" if before else CURRENT
-        variants.append(Variant(label, engine, instrument(engine), before))
-    use_kernels(generator.model, False)
+    for baseline in [*baselines, None]:
+        with running(generator.model, baseline):
+            engine = filled_engine(generator, n)
+        variants.append(Variant(f"{CURRENT} {baseline}" if baseline else CURRENT, engine, instrument(engine), baseline))
     return variants
 
 
@@ -154,14 +148,10 @@ def build_variants(generator: Generator, n: int, kernels_baseline: bool = False)
 
 def measure(variants: list[Variant], repeat: int) -> None:
     """repeat steps per variant, interleaved (the order flips each round: both see the same cache growth)."""
-    switching = len({v.kernels_before for v in variants}) > 1
     for round_ in range(repeat):
         for variant in (variants if round_ % 2 == 0 else variants[::-1]):
-            if switching:
-                use_kernels(variant.engine.generator.model, variant.kernels_before)
-            variant.steps.append(timed_step(variant.engine, variant.phases))
-    if switching:
-        use_kernels(variants[0].engine.generator.model, False)
+            with variant.kernels():
+                variant.steps.append(timed_step(variant.engine, variant.phases))
 
 
 def time_products(variant: Variant) -> None:
@@ -171,13 +161,11 @@ def time_products(variant: Variant) -> None:
     import torch
     if variant.engine.runner.table.device != "cpu":
         return
-    use_kernels(variant.engine.generator.model, variant.kernels_before)
     recorder = ProductRecorder()
-    with recorder.mode:
+    with variant.kernels(), recorder.mode:
         timed_step(variant.engine, variant.phases)
     with torch.inference_mode():
         variant.products_ms = recorder.replay_ms(PRODUCT_REPLAYS, 1)
-    use_kernels(variant.engine.generator.model, False)
 
 
 def summary(variant: Variant, n: int) -> dict:
@@ -197,11 +185,9 @@ def summary(variant: Variant, n: int) -> dict:
 def profile_steps(variant: Variant, steps: int, top: int) -> dict:
     """torch.profiler (CPU) over a few steps: the top operators by self CPU time."""
     from torch.profiler import ProfilerActivity, profile
-    use_kernels(variant.engine.generator.model, variant.kernels_before)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with variant.kernels(), profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             timed_step(variant.engine, variant.phases)
-    use_kernels(variant.engine.generator.model, False)
     events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     total = sum(e.self_cpu_time_total for e in events) or 1
     rows = [{"op": e.key, "calls": e.count, "self_ms_per_step": round(e.self_cpu_time_total / 1000 / steps, 2),
@@ -226,6 +212,13 @@ def format_profile(prof: dict, n: int) -> str:
     lines += [f"  {r['op'][:43]:<44}{r['calls']:>7}{r['self_ms_per_step']:>10.2f}{r['share']:>8.1%}"
               for r in prof["top_ops"]]
     return "\n".join(lines)
+
+
+def same_tokens(rows: list[dict]) -> bool:
+    """Whether the runners whose kernels give the current bits chose the same tokens (a baseline of other bits
+    may choose others)."""
+    kept = [r for r in rows if BASELINES.get(r["runner"].removeprefix(f"{CURRENT} "), True)]
+    return len({str(r["tokens"]) for r in kept}) == 1
 
 
 def ratios(rows: list[dict]) -> dict[str, float]:
@@ -253,8 +246,8 @@ def parser() -> argparse.ArgumentParser:
                    help="load the LLM in each of these variants in turn; unset: as GENERATE_PRECISION or PRECISION places it")
     p.add_argument("--bandwidth-mib", type=positive(int), default=1024,
                    help="MiB of the buffer read to measure the memory bandwidth (many times the last-level cache)")
-    p.add_argument("--kernels-baseline", action="store_true",
-                   help="also measure int8-dynamic's per-row glue as torch ops (unfused), interleaved")
+    p.add_argument("--baselines", type=comma_list(str, example="chunked-attention"), default=[],
+                   help=f"also measure, interleaved, kernels switched back to these baselines: {', '.join(BASELINES)}")
     add_out(p, "bench_decode")
     return p
 
@@ -268,17 +261,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = [v for v in args.precisions or [] if v not in PRECISION_VARIANTS]
     if unknown:
         p.error(f"--precisions: {', '.join(unknown)} unknown (expected some of {', '.join(PRECISION_VARIANTS)})")
+    unknown = [b for b in args.baselines if b not in BASELINES]
+    if unknown:
+        p.error(f"--baselines: {', '.join(unknown)} unknown (expected some of {', '.join(BASELINES)})")
     return args
 
 
 def run_size(generator: Generator, n: int, args: argparse.Namespace) -> tuple[list, list]:
-    variants = build_variants(generator, n, args.kernels_baseline)
+    variants = build_variants(generator, n, args.baselines)
     measure(variants, args.repeat)
     for variant in variants:
         time_products(variant)
     rows = [summary(v, n) for v in variants]
-    if len({str(r["tokens"]) for r in rows}) != 1:
-        print(f"WARNING: runners chose different tokens at {n} sequences", flush=True)
+    if not same_tokens(rows):
+        print(f"WARNING: runners of the same bits chose different tokens at {n} sequences", flush=True)
     profiles = [profile_steps(v, args.profile_steps, args.top) for v in variants] if args.profile else []
     for prof in profiles:
         print(format_profile(prof, n), flush=True)
@@ -301,7 +297,7 @@ def run_precision(precision: str | None, args: argparse.Namespace, bandwidth: di
     rows, profiles, same = [], {}, {}
     for n in args.sequences:
         size_rows, profiles[str(n)] = run_size(generator, n, args)
-        same[str(n)] = len({str(r["tokens"]) for r in size_rows}) == 1
+        same[str(n)] = same_tokens(size_rows)
         rows += size_rows
     decode_floor.add_floors(rows, generator.model, bandwidth[str(torch.get_num_threads())])
     for row in rows:
@@ -310,7 +306,7 @@ def run_precision(precision: str | None, args: argparse.Namespace, bandwidth: di
     print(format_rows(rows))
     report = {"settings": {"sequences": args.sequences, "repeat": args.repeat, "dtype": placement.dtype,
                            "torch_threads": torch.get_num_threads(), "model_source": source.describe(),
-                           "kernels_baseline": args.kernels_baseline,
+                           "baselines": args.baselines,
                            "precision": placement.precision},
               "bandwidth_gb_s": {k: round(v / 1e9, 2) for k, v in bandwidth.items()},
               "ratio_most_vs_fewest": ratios(rows), "same_tokens_across_runners": same,

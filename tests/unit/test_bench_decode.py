@@ -1,5 +1,5 @@
 """The decode-step benchmark (profiling/bench_decode) runs end to end on tiny stand-ins and reports what it
-promises; --kernels-baseline times int8-dynamic's fused and unfused glue, interleaved on one model."""
+promises; --baselines times kernels switched back to their baselines, interleaved on one model."""
 import json
 
 import pytest
@@ -34,38 +34,53 @@ def test_bench_decode_refuses_more_steps_than_an_answer_has():
 
 @pytest.mark.timeout(600)
 @pytest.mark.usefixtures("tool_commit")
-def test_kernels_baseline_times_both_glues_and_they_choose_the_same_tokens(tmp_path, model_source, monkeypatch):
+def test_baselines_are_timed_beside_the_current_kernels_and_the_same_bits_choose_the_same_tokens(
+        tmp_path, model_source, monkeypatch):
     from profiling import bench_decode
     for name, value in {**TEST_ENV, "GENERATE_PRECISION": "int8-dynamic"}.items():
         monkeypatch.setenv(name, value)
-    assert bench_decode.main(["--sequences", "1,3", "--repeat", "2", "--kernels-baseline", "--bandwidth-mib", "16",
-                              "--out", str(tmp_path)]) == 0
+    assert bench_decode.main(["--sequences", "1,3", "--repeat", "2", "--baselines", "unfused-int8,chunked-attention",
+                              "--bandwidth-mib", "16", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "bench_decode_int8-dynamic.json").read_text())
-    assert report["settings"]["precision"] == "int8-dynamic" and report["settings"]["kernels_baseline"]
-    before = f"{bench_decode.CURRENT} {bench_decode.KERNELS_BEFORE}"
-    assert {(r["runner"], r["sequences"]) for r in report["rows"]} == {
-        (runner, n) for runner in (before, bench_decode.CURRENT) for n in (1, 3)}
+    assert report["settings"]["precision"] == "int8-dynamic"
+    assert report["settings"]["baselines"] == ["unfused-int8", "chunked-attention"]
+    runners = [bench_decode.CURRENT] + [f"{bench_decode.CURRENT} {b}" for b in ("unfused-int8", "chunked-attention")]
+    assert {(r["runner"], r["sequences"]) for r in report["rows"]} == {(runner, n) for runner in runners for n in (1, 3)}
     assert all(r["steps"] == 2 and r["step_ms"] > 0 for r in report["rows"])
-    # the same bits either way (where the extension is built; otherwise both are the torch ops)
+    # the unfused glue gives the same bits (where the extension is built; otherwise both are the torch ops)
     assert report["same_tokens_across_runners"] == {"1": True, "3": True}
+    tokens = {(r["runner"], r["sequences"]): r["tokens"] for r in report["rows"]}
+    assert all(tokens[(runners[1], n)] == tokens[(runners[0], n)] for n in (1, 3))
 
 
-def test_use_kernels_switches_every_int8_dynamic_linear_and_nothing_else():
+def test_bench_decode_refuses_an_unknown_baseline():
+    from profiling import bench_decode
+    with pytest.raises(SystemExit):
+        bench_decode.parse_args(["--baselines", "unfused-int8,fast-attention"])
+
+
+def test_a_baseline_switches_its_kernels_within_and_restores_them_after_an_error_too():
     import torch
 
     from pipeline.kernels.int8 import Int8DynamicLinear
-    from profiling import bench_decode
+    from pipeline.kernels.ordered_attention import EXTENSION
+    from profiling.lib.kernel_baselines import running
     model = torch.nn.Sequential(Int8DynamicLinear(torch.nn.Linear(16, 8)), torch.nn.Linear(8, 4),
                                 Int8DynamicLinear(torch.nn.Linear(4, 4)))
-    bench_decode.use_kernels(model, before=True)
-    assert [m.fused for m in model if isinstance(m, Int8DynamicLinear)] == [False, False]
-    bench_decode.use_kernels(model, before=False)
-    assert [m.fused for m in model if isinstance(m, Int8DynamicLinear)] == [True, True]
-    assert not hasattr(model[1], "fused")
+    built = EXTENSION.ops()
     x = torch.randn(3, 16)
     fused_out = model(x)
-    bench_decode.use_kernels(model, before=True)
-    assert torch.equal(model(x), fused_out)  # fused or not, the same bits
+    with running(model, "unfused-int8"):
+        assert [m.fused for m in model if isinstance(m, Int8DynamicLinear)] == [False, False]
+        assert not hasattr(model[1], "fused")
+        assert torch.equal(model(x), fused_out)  # fused or not, the same bits
+    assert [m.fused for m in model if isinstance(m, Int8DynamicLinear)] == [True, True]
+    with pytest.raises(KeyError), running(model, "chunked-attention"):
+        assert EXTENSION.ops() is None  # the attention runs the flash chunks
+        raise KeyError("a failing step")
+    assert EXTENSION.ops() is built
+    with pytest.raises(ValueError, match="unknown baseline"), running(model, "fast-attention"):
+        pass
 
 
 @pytest.mark.timeout(600)
