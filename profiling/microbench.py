@@ -8,7 +8,10 @@ MODEL_SOURCE=standin` gives the real models' timings offline.
 Inputs are realistic for each stage (profiling/lib/inputs.py). Every batch size gets its own warm-up: a new input
 shape costs one-off work (oneDNN primitives, allocator growth, cold index pages) that is not the steady state.
 
-Writes microbench_<stage>.csv (one row per batch size), microbench_<stage>.png and microbench_settings.json (the git
+`--baseline NAME` also times each batch with kernels switched back to a baseline (profiling/lib/kernel_baselines.py:
+unfused-int8, chunked-attention), the two interleaved round by round on the same inputs, and prints the ratios.
+
+Writes microbench_<stage>.csv (one row per batch size and kernels), microbench_<stage>.png and microbench_settings.json (the git
 commit and the settings this process ran with) into --out, or a fresh runs/microbench-<UTC time>/ folder, and prints
 a summary table."""
 from __future__ import annotations
@@ -31,12 +34,14 @@ from pipeline.config import ConfigError, Settings
 from pipeline.docstore import DocumentStoreError
 from pipeline.vector_index import VectorIndexError
 from profiling.lib.cli import add_out, comma_list, make_parser, positive
+from profiling.lib.kernel_baselines import BASELINES, running
 from profiling.lib.models import BUILDERS, BenchContext, MemoryProbe
 from profiling.lib.plots import microbench_plot
 from profiling.lib.provenance import local_record
 from profiling.lib.report import run_folder, text_table, write_csv, write_json
 
 STAGES = tuple(map(str, spec.WORKER_STAGES))  # plain names: argparse shows choices with repr()
+CURRENT = "current"
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,7 @@ class BenchRow:
     threads: int
     model_source: str
     detail: str  # stage-specific facts that explain the numbers (nprobe, tokens, ...)
+    kernels: str = CURRENT  # or the baseline's name (profiling.lib.kernel_baselines)
 
     @classmethod
     def columns(cls) -> list[str]:
@@ -67,12 +73,20 @@ class BenchRow:
 
 
 def format_table(rows: Sequence[BenchRow]) -> str:
-    columns = [("stage", "<10"), ("batch", ">6"), ("batch med s", ">13.4f"), ("min s", ">10.4f"), ("max s", ">10.4f"),
-               ("item med ms", ">13.2f"), ("items/s", ">10.1f"), ("peak MiB", ">10.0f"), ("  dtype", "<11"),
-               ("threads", ">8"), ("  source", "")]
-    return text_table(columns, [(r.stage, r.batch_size, r.batch_s_median, r.batch_s_min, r.batch_s_max,
+    columns = [("stage", "<10"), ("kernels", "<19"), ("batch", ">6"), ("batch med s", ">13.4f"), ("min s", ">10.4f"),
+               ("max s", ">10.4f"), ("item med ms", ">13.2f"), ("items/s", ">10.1f"), ("peak MiB", ">10.0f"),
+               ("  dtype", "<11"), ("threads", ">8"), ("  source", "")]
+    return text_table(columns, [(r.stage, r.kernels, r.batch_size, r.batch_s_median, r.batch_s_min, r.batch_s_max,
                                  r.item_s_median * 1e3, r.items_per_s, r.peak_rss_mib, "  " + r.dtype, r.threads,
                                  "  " + r.model_source) for r in rows])
+
+
+def baseline_ratios(rows: Sequence[BenchRow]) -> list[str]:
+    """Per stage and batch size where a baseline ran beside the current kernels: its median over the current's."""
+    current = {(r.stage, r.batch_size): r for r in rows if r.kernels == CURRENT}
+    return [f"{r.stage} batch {r.batch_size}: {r.kernels} / {CURRENT} = "
+            f"{r.batch_s_median / current[(r.stage, r.batch_size)].batch_s_median:.2f}"
+            for r in rows if r.kernels != CURRENT and (r.stage, r.batch_size) in current]
 
 
 def run_stage(ctx: BenchContext, stage: str, memory: MemoryProbe, progress: bool) -> list[BenchRow]:
@@ -82,20 +96,26 @@ def run_stage(ctx: BenchContext, stage: str, memory: MemoryProbe, progress: bool
     with tqdm(total=len(args.batch_sizes) * (args.repeat + args.warmup), desc=stage, unit="batch",
               disable=not progress, file=sys.stderr) as bar:
         for n in args.batch_sizes:
-            times = []
+            kernels = [CURRENT] + ([args.baseline] if args.baseline else [])
+            times: dict[str, list[float]] = {k: [] for k in kernels}
             for r in range(-args.warmup, args.repeat):  # negative rounds untimed: warm-up inputs differ from timed
                 inputs = bench.make_inputs(n, r)
-                started = time.perf_counter()
-                bench.run(inputs)
-                if r >= 0:
-                    times.append(time.perf_counter() - started)
+                for k in (kernels if r % 2 == 0 else kernels[::-1]):  # the order flips each round
+                    with running(bench.model, None if k == CURRENT else k):
+                        started = time.perf_counter()
+                        bench.run(inputs)
+                        elapsed = time.perf_counter() - started
+                    if r >= 0:
+                        times[k].append(elapsed)
                 bar.update()
-            median, lo, hi = statistics.median(times), min(times), max(times)
-            rows.append(BenchRow(stage, n, args.repeat, args.warmup, median, lo, hi, median / n, lo / n, hi / n,
-                                 n / median if median > 0 else float("inf"), memory.peak_mib(), memory.current_mib(),
-                                 bench.dtype, bench.device, bench.threads, bench.model_source, bench.describe()))
+            for k, timed in times.items():
+                median, lo, hi = statistics.median(timed), min(timed), max(timed)
+                rows.append(BenchRow(stage, n, args.repeat, args.warmup, median, lo, hi, median / n, lo / n, hi / n,
+                                     n / median if median > 0 else float("inf"), memory.peak_mib(),
+                                     memory.current_mib(), bench.dtype, bench.device, bench.threads,
+                                     bench.model_source, bench.describe(), k))
     write_csv(args.out / f"microbench_{stage}.csv", rows, BenchRow.columns())
-    microbench_plot(args.out / f"microbench_{stage}.png", rows)
+    microbench_plot(args.out / f"microbench_{stage}.png", [r for r in rows if r.kernels == CURRENT])
     del bench  # free the model before the next stage loads its own
     gc.collect()
     return rows
@@ -120,6 +140,8 @@ def parser() -> argparse.ArgumentParser:
                    help="let generation stop at EOS (off: always decode --max-new-tokens tokens)")
     p.add_argument("--search-vectors", choices=("embedded", "random"), default="embedded",
                    help="search queries: the SPEC queries embedded by the configured embedder, or random unit vectors")
+    p.add_argument("--baseline", choices=tuple(BASELINES), default=None,
+                   help="also time each batch with kernels switched back to this baseline, interleaved")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -148,7 +170,10 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         except (ConfigError, OSError, DocumentStoreError, VectorIndexError) as exc:
             print(f"{stage}: cannot run: {exc}", file=sys.stderr)
             return 2
-    print(format_table([row for rows in results.values() for row in rows]))
+    every_row = [row for rows in results.values() for row in rows]
+    print(format_table(every_row))
+    for line in baseline_ratios(every_row):
+        print(line)
     for stage, rows in results.items():
         print(f"{stage}: {rows[0].detail}\n  wrote {args.out}/microbench_{stage}.csv and microbench_{stage}.png")
     print(f"results in {args.out}")

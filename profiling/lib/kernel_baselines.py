@@ -17,13 +17,13 @@ BASELINES = {"unfused-int8": True, "chunked-attention": False}
 
 @contextlib.contextmanager
 def running(model, baseline: str | None) -> Iterator[None]:
-    """Within: `model` runs `baseline`'s kernels (None: the current ones); the current ones are back after,
-    an exception included."""
+    """Within: `model` (a torch module, or None for a stage without one) runs `baseline`'s kernels (None: the
+    current ones); the current ones are back after, an exception included."""
     from pipeline.kernels.int8 import Int8DynamicLinear
     from pipeline.kernels.ordered_attention import EXTENSION
     if baseline is not None and baseline not in BASELINES:
         raise ValueError(f"unknown baseline {baseline!r} (expected one of {', '.join(BASELINES)})")
-    int8 = [m for m in model.modules() if isinstance(m, Int8DynamicLinear)]
+    int8 = [] if model is None else [m for m in model.modules() if isinstance(m, Int8DynamicLinear)]
     fused = [m.fused for m in int8]
     built = EXTENSION.ops
     try:

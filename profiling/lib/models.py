@@ -100,6 +100,7 @@ class StageBench:
     threads: int
     model_source: str
     details: dict = field(default_factory=dict)
+    model: Any = None  # the stage's model (profiling.lib.kernel_baselines switches its kernels); None: no model
 
     def describe(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.details.items())
@@ -131,7 +132,8 @@ class BenchContext:
         placement = placement_for(self.settings, stage)
         model = model_class(stage).load(self.source, placement)
         return StageBench(stage, run(model), make_inputs(model), placement.device, placement.dtype,
-                          thread_budget(self.settings.models.torch_threads), self.source.describe(), details)
+                          thread_budget(self.settings.models.torch_threads), self.source.describe(), details,
+                          getattr(model, "model", None))
 
 
 def build_embed(ctx: BenchContext) -> StageBench:

@@ -94,3 +94,25 @@ def test_bad_batch_sizes_are_refused():
     with pytest.raises(SystemExit) as exc:
         microbench.main(["--stage", "embed", "--batch-sizes", "0,2"])
     assert exc.value.code == 2
+
+
+def test_a_baseline_is_timed_beside_the_current_kernels_on_the_same_batches(tmp_path, capsys):
+    from pipeline.kernels.ordered_attention import EXTENSION
+    built = EXTENSION.ops
+    with recording_tool_commit():
+        code = microbench.main(["--stage", "embed", "--batch-sizes", "1,2", "--repeat", "2", "--warmup", "1",
+                                "--baseline", "chunked-attention", "--out", str(tmp_path), "--no-progress"],
+                               env={**os.environ, **TEST_ENV})
+    assert code == 0 and EXTENSION.ops == built  # the current kernels are back
+    _, rows = read_rows(tmp_path / "microbench_embed.csv")
+    assert [(r["kernels"], int(r["batch_size"])) for r in rows] == [
+        ("current", 1), ("chunked-attention", 1), ("current", 2), ("chunked-attention", 2)]
+    assert all(int(r["repeat"]) == 2 and float(r["batch_s_median"]) > 0 for r in rows)
+    printed = capsys.readouterr().out
+    assert "embed batch 1: chunked-attention / current = " in printed and "embed batch 2:" in printed
+
+
+def test_an_unknown_baseline_is_refused():
+    with pytest.raises(SystemExit) as exc:
+        microbench.main(["--stage", "embed", "--baseline", "fast-attention"])
+    assert exc.value.code == 2
