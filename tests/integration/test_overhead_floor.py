@@ -58,8 +58,9 @@ def test_the_engine_tool_counts_a_steps_ops_beside_another_commit(tmp_path, stan
                 r = result[model][rows]
                 assert r["ops_per_step"] > 0 and all(ms > 0 for ms in r["host_ms_per_step"])
                 assert sum(n for _, n in r["top_ops"]) <= r["ops_per_step"]
-        # The Qwen decoder's layers dispatch far more than the engine alone.
-        assert result["qwen"]["1"]["ops_per_step"] > 3 * result["null"]["1"]["ops_per_step"]
+        # Each of the Qwen decoder's 2 layers dispatches tens of ops (norms, products, rotary, cache writes,
+        # attention) beyond the engine alone.
+        assert result["qwen"]["1"]["ops_per_step"] > result["null"]["1"]["ops_per_step"] + 2 * 25
         # Its products are recorded and replayed: q/k/v, o, gate/up and down a layer (2 layers), the output
         # layer's; the engine alone multiplies by no weight.
         for rows in ("1", "4"):
