@@ -82,3 +82,20 @@ def test_fused_linear_equals_the_unfused_linear_bit_for_bit(ops, shape, bias):
             assert torch.equal(fused(x), unfused(x)), n
         x3 = _rows(12, shape[0]).reshape(3, 4, shape[0])  # (batch, tokens, features), as models call it
         assert torch.equal(fused(x3), unfused(x3)) and fused(x3).shape == (3, 4, shape[1])
+
+
+@pytest.mark.slow  # compiles the extension on a machine that has not built it yet
+def test_the_passes_give_the_same_bits_at_any_thread_count(ops):
+    """Rows and column chunks are the OpenMP tasks, each computed whole by one thread."""
+    x, anchor = _rows(40, 768), torch.zeros(1, 768)
+    sums, scale, bias = torch.randn(41, 9000) * 1e3, torch.rand(40, 1) / 127, torch.randn(9000)
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for n in (1, 3):
+            torch.set_num_threads(n)
+            results.append((*ops.anchored_row_codes(x, anchor), ops.rescale_rows(sums, 1, scale, bias)))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+    assert torch.equal(results[0][2], sums[1:] * scale + bias)
