@@ -5,7 +5,7 @@
 * :mod:`pipeline.kernels.fbgemm`: fbgemm's dynamic linear made to return `torch._int_mm`'s exact sums.
 * :mod:`pipeline.kernels.fused_int8`: int8-dynamic's per-row quantize and rescale as two C++ passes
   (same bits), used where the extension has been built.
-* :mod:`pipeline.kernels.ordered_attention`: the CPU's attention where it is built, each query's keys
+* :mod:`pipeline.kernels.ordered_attention`: the CPU's decode-step attention where it is built, each query's keys
   summed first to last in C++ (a row's bits by construction).
 * :mod:`pipeline.kernels.compiled`: builds and loads those C++ extensions (``python -m
   pipeline.kernels.compiled``).

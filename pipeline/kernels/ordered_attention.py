@@ -19,8 +19,9 @@ AVX-512, AMX alike) gives the same bits. It reads a row's keys up to its last vi
 further: a decode step's cost follows each row's own length, not the batch's widest
 (docs/performance.md, "Ordered attention").
 
-`pipeline.kernels.chunked_attention.chunked_attention` runs it on a CPU where it is built (``python -m
-pipeline.kernels.compiled``) and torch's flash kernel in chunks elsewhere: the two round differently, so
+`pipeline.kernels.chunked_attention.chunked_attention` (every decode step's attention; a prefill and the
+encoders run SDPA row by row, pipeline.kernels.batch_invariance) runs it on a CPU where it is built
+(``python -m pipeline.kernels.compiled``) and torch's flash kernel in chunks elsewhere: the two round differently, so
 the bits a CPU gives depend on whether it is built, as on which device runs (the reference oracle runs
 in the same process, with the same kernel).
 """
