@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from pipeline.kernels.batch_invariance import BATCH_INVARIANT_ATTENTION, RowInvariantLinear, RowInvariantRMSNorm
-from pipeline.kernels.chunked_attention import CHUNK, ORDERED, ordered_attention_runs
+from pipeline.kernels.chunked_attention import CHUNK, ORDERED
 from pipeline.kernels.fused_linears import FusedPart
 
 # Chunk views kept per (rows, width, slots, capacity): a few layouts and widths at a time.
@@ -183,7 +183,8 @@ class Qwen2DecodeStep:
         layer's flat (slots x kv heads x capacity, head size) buffer, and per layer that flat buffer for keys
         and for values and their chunks of slots [0, rows) over columns [0, width), (rows x kv heads, chunks,
         CHUNK, head size): the chunks flash_chunked_attention cuts from the cache view the model attends
-        over (a slot's kv heads are one capacity apart, the slots too)."""
+        over (a slot's kv heads are one capacity apart, the slots too), and the buffer's slots [0, rows)
+        themselves, (rows, kv heads, capacity, head size), what the ordered kernel reads."""
         table = self.table
         key = (rows, width, table.slots, table.capacity)
         views = self._views.get(key)
@@ -224,7 +225,7 @@ class Qwen2DecodeStep:
         cos, sin = self._rotary(columns[:attending], dtype)
         # The ordered kernel reads each row's keys up to its own column; the chunked one needs masks per chunk
         # (as flash_chunked_attention builds them from the runner's `visible`, one query a row).
-        ordered = ORDERED.ops() if ordered_attention_runs(hidden) else None
+        ordered = ORDERED.ops()  # the step runs on the CPU only (qwen2_decode_step), as chunked_attention's choice
         if ordered is not None:
             lengths = columns[:attending] + 1
         else:

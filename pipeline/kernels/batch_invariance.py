@@ -168,8 +168,9 @@ def _batch_invariant_sdpa(module, query, key, value, attention_mask, **kwargs):
     outside a row's run are padding: they keep zeros, and nothing reads them.
 
     A decoder's decode step (one query per row) is one call for the whole batch instead:
-    pipeline.kernels.chunked_attention over fixed chunks counted from each row's first key, as a
-    row alone has them."""
+    pipeline.kernels.chunked_attention, which on a CPU where it is built runs
+    pipeline.kernels.ordered_attention (each query's keys in order) and elsewhere fixed chunks counted
+    from each row's first key, as a row alone has them."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     if query.shape[2] == 1 and getattr(module, "is_causal", False) and (
             attention_mask is None or attention_mask.dtype == torch.bool):
