@@ -156,6 +156,17 @@ def test_the_steps_attention_gives_flash_chunked_attentions_bits_even_where_a_ro
     assert chunk_masks(visible[:1], dtype, kv_heads)[1] is None  # the longest row sees every chunk: nothing to fill
 
 
+def prefilled_runner(model, lengths: list[int]) -> ModelRunner:
+    """A runner of len(lengths) slots of up to 4 chunks, slot i prefilled with a prompt of lengths[i] tokens."""
+    runner = ModelRunner(model, SlotRule(len(lengths), len(lengths) * 4 * CHUNK, CHUNK))
+    with torch.inference_mode():
+        for slot, n in enumerate(lengths):
+            seq = SequenceState(slot, [1 + i % (VOCAB - 1) for i in range(n)], 8)
+            runner.table.join(slot, seq.prompt_ids, seq.budget_tokens, seq.sampling)
+            runner.prefill_chunk(seq, 0, n)
+    return runner
+
+
 def flash_calls(step, ids, columns, width: int) -> int:
     """How many calls of SDPA's CPU flash kernel one step makes."""
     from profiling.lib.engine_step import OpCounter
@@ -170,12 +181,7 @@ def test_the_step_attends_over_every_chunk_in_one_flash_call_a_layer_or_runs_the
     attention_kernel(attention, monkeypatch)
     calls = 3 if attention == "chunked" else 0  # the ordered kernel is no aten op: none counted
     model = qwen2("float32", TINY, layers=3)
-    runner = ModelRunner(model, SlotRule(2, 2 * 4 * CHUNK, CHUNK))
-    with torch.inference_mode():
-        for slot, n in enumerate([3 * CHUNK + 5, 20]):
-            seq = SequenceState(slot, [1 + i % (VOCAB - 1) for i in range(n)], 8)
-            runner.table.join(slot, seq.prompt_ids, seq.budget_tokens, seq.sampling)
-            runner.prefill_chunk(seq, 0, n)
+    runner = prefilled_runner(model, [3 * CHUNK + 5, 20])
     columns = torch.tensor([3 * CHUNK + 5, 20])
     assert flash_calls(runner.fast_step, torch.ones(2, 1, dtype=torch.long), columns, 4 * CHUNK) == calls
     assert flash_calls(runner.fast_step, torch.ones(1, 1, dtype=torch.long), columns[:1], 4 * CHUNK) == calls
@@ -187,13 +193,9 @@ def test_the_ordered_step_reads_no_key_past_a_rows_own_column(variant):
     """Each row attends over its own keys only, however wide the step: NaN in every slot-table column past a
     row's column (another row's longer keys, a wider bucket) changes none of its bits."""
     model = qwen2(variant, TINY, layers=2)
-    runner = ModelRunner(model, SlotRule(2, 2 * 4 * CHUNK, CHUNK))
     lengths = [3 * CHUNK + 5, 20]
+    runner = prefilled_runner(model, lengths)
     with torch.inference_mode():
-        for slot, n in enumerate(lengths):
-            seq = SequenceState(slot, [1 + i % (VOCAB - 1) for i in range(n)], 8)
-            runner.table.join(slot, seq.prompt_ids, seq.budget_tokens, seq.sampling)
-            runner.prefill_chunk(seq, 0, n)
         columns, ids = torch.tensor(lengths), torch.ones(2, 1, dtype=torch.long)
         saved = [t.clone() for t in (*runner.table.keys.values(), *runner.table.values.values())]
         clean = runner.fast_step(ids, columns, 4 * CHUNK).clone()
