@@ -20,9 +20,10 @@ import os
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 # The extensions' modules, each defining EXTENSION: what `python -m pipeline.kernels.compiled` builds.
-EXTENSIONS = ("pipeline.kernels.fused_int8", "pipeline.kernels.ordered_attention")
+EXTENSIONS = ("pipeline.kernels.fused_int8", "pipeline.kernels.ordered_attention", "pipeline.kernels.vnni_int8")
 
 
 class CompiledExtension:
@@ -70,10 +71,20 @@ class CompiledExtension:
         from torch.utils.cpp_extension import load_inline
         directory = self.build_directory()
         directory.mkdir(parents=True, exist_ok=True)
-        load_inline(self.name, cpp_sources=self.source, functions=self.functions, extra_cflags=self.cflags,
+        # EXTENSION_NAMESPACE: where a source registers ops with torch's dispatcher (TORCH_LIBRARY), one per version
+        load_inline(self.name, cpp_sources=self.source, functions=self.functions,
+                    extra_cflags=[*self.cflags, f"-DEXTENSION_NAMESPACE={self.name}"],
                     extra_ldflags=self.ldflags, build_directory=str(directory), verbose=False)
         self.ops.cache_clear()
         return f"built {self.name} in {directory}"
+
+    def registered(self, op: str) -> Any:
+        """`op` as the source registers it with torch's dispatcher (``TORCH_LIBRARY(EXTENSION_NAMESPACE, m)``:
+        profilers and dispatch modes see it, unlike a function of :meth:`ops`), or None where not loaded."""
+        if self.ops() is None:
+            return None
+        import torch
+        return getattr(getattr(torch.ops, self.name), op)
 
     def _load(self) -> ModuleType | None:
         """The built extension, or None where it is not built for this source version and torch, does not

@@ -1,8 +1,8 @@
 """int8 Linears: per-output-channel int8 weights, and the in-place conversion of a model's nn.Linears.
 
 * :class:`Int8DynamicLinear`: int8 activations quantized per row at run time, int32 accumulation
-  (fbgemm where exact, else `torch._int_mm` where exact; neither is without VNNI, and there int8-dynamic
-  is refused), float32 in and out. A row's output does not depend on its batch-mates.
+  (the project's VNNI kernel where built, else fbgemm where exact, else `torch._int_mm` where exact; none
+  is without VNNI, and there int8-dynamic is refused), float32 in and out. A row's output does not depend on its batch-mates.
 * :class:`Int8WeightLinear`: bfloat16 activations, `torch._weight_int8pack_mm`.
 
 Conversion drops each float weight as soon as its int8 copy exists.
@@ -15,6 +15,7 @@ from typing import Any, Callable
 import torch
 
 from pipeline.config import ConfigError
+from pipeline.kernels import vnni_int8
 from pipeline.kernels.exact_check import sums_int8_exactly
 from pipeline.kernels.fbgemm import AnchoredFbgemm, fbgemm_is_exact
 from pipeline.kernels.fused_int8 import fused_ops
@@ -58,7 +59,7 @@ def quantize_rows(x):
 class _QuantizedLinear(torch.nn.Module):
     """What both int8 Linears share: the int8 (out, in) weight, its scales, the bias."""
     scale_dtype = torch.float32
-    qweight: Any  # a registered buffer: the int8 weight, or None once fbgemm holds a packed copy
+    qweight: Any  # a registered buffer: the int8 weight, or None once a packed copy replaces it
     weight_scale: torch.Tensor  # a registered buffer: one scale per output channel
 
     def __init__(self, linear: torch.nn.Linear):
@@ -83,68 +84,119 @@ class _QuantizedLinear(torch.nn.Module):
         return out.reshape(*x_shape[:-1], self.out_features)
 
 
+def _usable(kernel: str, in_features: int) -> bool:
+    if kernel == "vnni":
+        return vnni_int8.EXTENSION.ops() is not None
+    if kernel == "fbgemm":
+        return in_features >= 2 and fbgemm_is_exact()  # the anchor row takes two columns
+    return int_mm_is_exact()
+
+
+def auto_kernel(in_features: int = 2) -> str | None:
+    """The kernel ``kernel="auto"`` multiplies with here, for Linears of `in_features` inputs: the first of
+    :data:`Int8DynamicLinear.ORDER` this machine can run, None where none sums exactly."""
+    return next((k for k in Int8DynamicLinear.ORDER if _usable(k, in_features)), None)
+
+
 class Int8DynamicLinear(_QuantizedLinear):
     """int8 weights (per output channel) x int8 activations (per row), int32 accumulation.
 
-    Two kernels give the same bits (``kernel``; ``"auto"`` takes the first this machine can use):
+    Three kernels give the same bits (an int32 sum of int8 products is exact in any order); ``kernel``
+    names the first to try, ``"auto"`` the first of :data:`ORDER` this machine can use:
 
-    * ``"fbgemm"``: :class:`AnchoredFbgemm`, where :func:`fbgemm_is_exact`;
+    * ``"vnni"``: :mod:`pipeline.kernels.vnni_int8`, the whole product in one C++ call, where that
+      extension is built and the CPU has AVX-512 VNNI;
+    * ``"fbgemm"``: :class:`AnchoredFbgemm`, where :func:`fbgemm_is_exact`; its per-row quantization and
+      rescale + bias run as the C++ passes of :mod:`pipeline.kernels.fused_int8` where built (same bits;
+      ``fused=False`` keeps the torch ops);
     * ``"int_mm"``: `torch._int_mm`, which on the CPU takes any shape (torch 2.13: M=1, K=7, N=5).
       The weight is passed as the transposed view of its (out, in) rows: as fast as a row-major
       copy or faster here, and no second copy.
 
-    CPU only: CUDA is not offered int8 (pipeline/precision_policy.py).
+    CPU only: CUDA is not offered int8 (pipeline/precision_policy.py). A packed copy replaces the plain
+    weight (:meth:`use_kernel`)."""
 
-    A packed copy replaces the plain weight (no extra memory). The per-row quantization and the
-    rescale + bias run as the C++ passes of :mod:`pipeline.kernels.fused_int8` where that
-    extension is built (same bits; ``fused=False`` keeps the torch ops)."""
-
-    KERNELS = ("auto", "fbgemm", "int_mm")
+    KERNELS = ("auto", "vnni", "fbgemm", "int_mm")
+    ORDER = ("vnni", "fbgemm", "int_mm")  # fastest first (docs/performance.md, "int8 in one call")
 
     def __init__(self, linear: torch.nn.Linear, *, kernel: str = "auto", fused: bool = True):
         super().__init__(linear)
-        if kernel not in self.KERNELS:
-            raise ValueError(f"kernel must be one of {', '.join(self.KERNELS)}, got {kernel!r}")
         self.fused = fused
-        self._fbgemm: AnchoredFbgemm | None = None
-        if kernel in ("auto", "fbgemm") and self.in_features >= 2 and fbgemm_is_exact():
-            self._fbgemm = AnchoredFbgemm(self.qweight, self.weight_scale)
-            self.qweight = None  # the packed copy is the weight now
-        elif not int_mm_is_exact():
-            raise ConfigError("int8-dynamic needs an int8 product that sums exactly, and neither fbgemm nor "
-                              "torch._int_mm does on this CPU (no VNNI: their 16-bit pair sums saturate): "
-                              "choose float32 or bfloat16 for this stage")
+        # kernel -> its copy of the weight: vnni_int8.pack's pair, an AnchoredFbgemm, or the plain int8 weight
+        self._weights: dict[str, Any] = {"int_mm": self.qweight}
+        self._kernel = "int_mm"
+        self.use_kernel(kernel)
 
     @property
     def kernel(self) -> str:
-        """The kernel this Linear multiplies with: fbgemm or int_mm."""
-        return "fbgemm" if self._fbgemm is not None else "int_mm"
+        """The kernel this Linear multiplies with: vnni, fbgemm or int_mm."""
+        return self._kernel
+
+    def use_kernel(self, kernel: str, *, keep: bool = False) -> str:
+        """Multiply with `kernel` (one of :data:`KERNELS`) from now on, or, where this machine cannot, with the
+        next of :data:`ORDER` that it can; returns the kernel taken. Its copy of the weight replaces the
+        others, or joins them with `keep` (a benchmark switching kernels back and forth packs each once).
+        Raises ConfigError where no kernel left sums exactly."""
+        if kernel not in self.KERNELS:
+            raise ValueError(f"kernel must be one of {', '.join(self.KERNELS)}, got {kernel!r}")
+        tried = self.ORDER if kernel == "auto" else self.ORDER[self.ORDER.index(kernel):]
+        chosen = next((k for k in tried if _usable(k, self.in_features)), None)
+        if chosen is None:
+            raise ConfigError("int8-dynamic needs an int8 product that sums exactly, and neither fbgemm nor "
+                              "torch._int_mm does on this CPU (no VNNI: their 16-bit pair sums saturate): "
+                              "choose float32 or bfloat16 for this stage")
+        if chosen not in self._weights:
+            weight = self.int8_weight()
+            self._weights[chosen] = (self._vnni_copy(weight) if chosen == "vnni" else
+                                     AnchoredFbgemm(weight, self.weight_scale) if chosen == "fbgemm" else weight)
+        if not keep:
+            self._weights = {chosen: self._weights[chosen]}
+        self._kernel = chosen
+        self.qweight = self._weights.get("int_mm")  # a registered buffer only while int_mm's copy is kept
+        return chosen
+
+    @staticmethod
+    def _vnni_copy(weight) -> tuple[Any, ...]:
+        """The kernel's op (its extension loaded: _usable checked it) and the weight packed for it."""
+        return (vnni_int8.EXTENSION.registered("vnni_linear"), *vnni_int8.pack(weight))
 
     def int8_weight(self):
         """The (out, in) int8 weight."""
-        return self.qweight if self._fbgemm is None else self._fbgemm.unpacked()
+        kernel, weight = next(iter(self._weights.items()))
+        if kernel == "vnni":
+            return vnni_int8.unpack(weight[1], self.out_features, self.in_features)
+        return weight.unpacked() if kernel == "fbgemm" else weight
 
     def packed_nbytes(self) -> int:
-        """Bytes of a packed int8 weight, which buffers() does not see (0 without one)."""
-        return 0 if self.qweight is not None else self.in_features * self.out_features
+        """Bytes of the packed copy this Linear multiplies with, which buffers() does not see (0 for the plain
+        int8 weight, a buffer); copies a benchmark keeps beside it are not counted."""
+        weight = self._weights[self._kernel]
+        if self._kernel == "vnni":
+            return sum(t.numel() * t.element_size() for t in weight[1:])
+        return self.in_features * self.out_features if self._kernel == "fbgemm" else 0
 
     def forward(self, x):
         rows = x.reshape(-1, self.in_features).float()
         n = rows.shape[0]
         if n == 0:
             return self._finish(rows.new_zeros((0, self.out_features)), x.shape).to(x.dtype)
-        ops = fused_ops() if self.fused and self.qweight is None else None
-        if self._fbgemm is not None:
+        weight = self._weights[self._kernel]
+        if self._kernel == "vnni":
+            linear, packed, offsets = weight
+            out = linear(rows, packed, offsets, self.weight_scale, self.bias)
+            return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        if self._kernel == "fbgemm":
+            ops = fused_ops() if self.fused else None
             if ops is not None:
-                codes, row_scale = ops.anchored_row_codes(rows, self._fbgemm.anchor)
-                out = ops.rescale_rows(self._fbgemm.anchored_sums(codes), 1, row_scale, self.bias)
+                codes, row_scale = ops.anchored_row_codes(rows, weight.anchor)
+                out = ops.rescale_rows(weight.anchored_sums(codes), 1, row_scale, self.bias)
                 return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
             codes, row_scale = row_codes(rows)
-            sums = self._fbgemm.sums(codes)
+            sums = weight.sums(codes)
         else:
             xq, row_scale = quantize_rows(rows)
             # Channel scale first, as fbgemm applies it: both paths round alike.
-            sums = torch._int_mm(xq, self.qweight.t()).float() * self.weight_scale
+            sums = torch._int_mm(xq, weight.t()).float() * self.weight_scale
         return self._finish(sums * row_scale, x.shape).to(x.dtype)
 
 

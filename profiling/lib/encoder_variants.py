@@ -24,11 +24,12 @@ class Variant:
 
 
 def _serving_int8() -> tuple[str, bool]:
-    """(kernel, fused) that Int8DynamicLinear's defaults pick on this CPU (for Linears of 2+ inputs)."""
-    from pipeline.kernels.fbgemm import fbgemm_is_exact
+    """(kernel, fused) that Int8DynamicLinear's defaults pick on this CPU (for Linears of 2+ inputs); fused
+    (fbgemm's glue in C++) only means something for fbgemm."""
     from pipeline.kernels.fused_int8 import fused_ops
-    kernel = "fbgemm" if fbgemm_is_exact() else "int_mm"
-    return kernel, kernel != "int_mm" and fused_ops() is not None
+    from pipeline.kernels.int8 import auto_kernel
+    kernel = auto_kernel() or "int_mm"  # None: none exact, and int8-dynamic is refused
+    return kernel, kernel == "fbgemm" and fused_ops() is not None
 
 
 def _int8_name(kernel: str, fused: bool) -> str:
@@ -36,13 +37,15 @@ def _int8_name(kernel: str, fused: bool) -> str:
 
 
 def int8_kernels() -> list[Variant]:
-    """int8-dynamic on each other kernel this CPU can run, fused glue and not (the same bits by design:
-    here measured on real weights): fbgemm where exact, torch._int_mm always."""
+    """int8-dynamic on each other kernel this CPU can run (the same bits by design: here measured on real
+    weights): the VNNI kernel where built, fbgemm where exact with its glue fused and not, torch._int_mm always."""
+    from pipeline.kernels import vnni_int8
     from pipeline.kernels.fbgemm import fbgemm_is_exact
     from pipeline.kernels.fused_int8 import fused_ops
-    packed = ["fbgemm"] if fbgemm_is_exact() else []
-    glue = [True, False] if fused_ops() is not None else [False]
-    combos = [(k, f) for k in packed for f in glue] + [("int_mm", False)]
+    combos = [("vnni", False)] if vnni_int8.EXTENSION.ops() is not None else []
+    if fbgemm_is_exact():
+        combos += [("fbgemm", f) for f in ([True, False] if fused_ops() is not None else [False])]
+    combos.append(("int_mm", False))
     return [Variant(_int8_name(k, f), "int8-dynamic", (("kernel", k), ("fused", f)))
             for k, f in combos if (k, f) != _serving_int8()]
 

@@ -1,8 +1,9 @@
 """The kernels a benchmark can switch back to their baselines, measured side by side with the current ones
 on one loaded model (profiling/bench_decode.py's `--baselines`).
 
-* ``unfused-int8``: int8-dynamic's per-row glue as torch ops, not pipeline/kernels/fused_int8.py's C++
-  passes (the same bits).
+* ``fbgemm-int8``: int8-dynamic's products through fbgemm with pipeline/kernels/fused_int8.py's C++ glue,
+  not pipeline/kernels/vnni_int8.py's one call (the same bits);
+* ``unfused-int8``: through fbgemm with the glue as torch ops (the same bits).
 * ``chunked-attention``: the CPU's attention as torch's flash kernel in chunks, not
   pipeline/kernels/ordered_attention.py (other bits: the tokens may differ).
 """
@@ -12,7 +13,7 @@ import contextlib
 from collections.abc import Iterator
 
 # name -> whether it gives the current kernels' bits
-BASELINES = {"unfused-int8": True, "chunked-attention": False}
+BASELINES = {"fbgemm-int8": True, "unfused-int8": True, "chunked-attention": False}
 
 
 @contextlib.contextmanager
@@ -24,16 +25,18 @@ def running(model, baseline: str | None) -> Iterator[None]:
     if baseline is not None and baseline not in BASELINES:
         raise ValueError(f"unknown baseline {baseline!r} (expected one of {', '.join(BASELINES)})")
     int8 = [] if model is None else [m for m in model.modules() if isinstance(m, Int8DynamicLinear)]
-    fused = [m.fused for m in int8]
+    kernels, fused = [m.kernel for m in int8], [m.fused for m in int8]
     built = EXTENSION.ops
     try:
-        if baseline == "unfused-int8":
+        if baseline in ("fbgemm-int8", "unfused-int8"):
             for module in int8:
-                module.fused = False
+                module.use_kernel("fbgemm", keep=True)  # packed once, kept for the next switch
+                module.fused = baseline == "fbgemm-int8"
         elif baseline == "chunked-attention":
             EXTENSION.ops = lambda: None  # chunked_attention and the decode step ask it at every call
         yield
     finally:
-        for module, was in zip(int8, fused):
+        for module, kernel, was in zip(int8, kernels, fused):
+            module.use_kernel(kernel, keep=True)
             module.fused = was
         EXTENSION.ops = built

@@ -39,18 +39,20 @@ def test_baselines_are_timed_beside_the_current_kernels_and_the_same_bits_choose
     from profiling import bench_decode
     for name, value in {**TEST_ENV, "GENERATE_PRECISION": "int8-dynamic"}.items():
         monkeypatch.setenv(name, value)
-    assert bench_decode.main(["--sequences", "1,3", "--repeat", "2", "--baselines", "unfused-int8,chunked-attention",
+    baselines = ("fbgemm-int8", "unfused-int8", "chunked-attention")
+    assert bench_decode.main(["--sequences", "1,3", "--repeat", "2", "--baselines", ",".join(baselines),
                               "--bandwidth-mib", "16", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "bench_decode_int8-dynamic.json").read_text())
     assert report["settings"]["precision"] == "int8-dynamic"
-    assert report["settings"]["baselines"] == ["unfused-int8", "chunked-attention"]
-    runners = [bench_decode.CURRENT] + [f"{bench_decode.CURRENT} {b}" for b in ("unfused-int8", "chunked-attention")]
+    assert report["settings"]["baselines"] == list(baselines)
+    runners = [bench_decode.CURRENT] + [f"{bench_decode.CURRENT} {b}" for b in baselines]
     assert {(r["runner"], r["sequences"]) for r in report["rows"]} == {(runner, n) for runner in runners for n in (1, 3)}
     assert all(r["steps"] == 2 and r["step_ms"] > 0 for r in report["rows"])
-    # the unfused glue gives the same bits (where the extension is built; otherwise both are the torch ops)
+    # fbgemm, its glue fused or not, gives the current kernel's bits (where the kernels are built; otherwise
+    # every runner multiplies alike)
     assert report["same_tokens_across_runners"] == {"1": True, "3": True}
     tokens = {(r["runner"], r["sequences"]): r["tokens"] for r in report["rows"]}
-    assert all(tokens[(runners[1], n)] == tokens[(runners[0], n)] for n in (1, 3))
+    assert all(tokens[(runner, n)] == tokens[(runners[0], n)] for runner in runners[1:3] for n in (1, 3))
 
 
 def test_bench_decode_refuses_an_unknown_baseline():
@@ -62,19 +64,23 @@ def test_bench_decode_refuses_an_unknown_baseline():
 def test_a_baseline_switches_its_kernels_within_and_restores_them_after_an_error_too():
     import torch
 
-    from pipeline.kernels.int8 import Int8DynamicLinear
+    from pipeline.kernels.fbgemm import fbgemm_is_exact
+    from pipeline.kernels.int8 import Int8DynamicLinear, auto_kernel
     from pipeline.kernels.ordered_attention import EXTENSION
     from profiling.lib.kernel_baselines import running
     model = torch.nn.Sequential(Int8DynamicLinear(torch.nn.Linear(16, 8)), torch.nn.Linear(8, 4),
                                 Int8DynamicLinear(torch.nn.Linear(4, 4)))
+    int8 = [m for m in model if isinstance(m, Int8DynamicLinear)]
     built = EXTENSION.ops()
     x = torch.randn(3, 16)
-    fused_out = model(x)
-    with running(model, "unfused-int8"):
-        assert [m.fused for m in model if isinstance(m, Int8DynamicLinear)] == [False, False]
-        assert not hasattr(model[1], "fused")
-        assert torch.equal(model(x), fused_out)  # fused or not, the same bits
-    assert [m.fused for m in model if isinstance(m, Int8DynamicLinear)] == [True, True]
+    current = model(x)
+    fbgemm = "fbgemm" if fbgemm_is_exact() else "int_mm"  # where fbgemm is not exact, the next kernel runs
+    for baseline, fused in (("fbgemm-int8", True), ("unfused-int8", False)):
+        with running(model, baseline):
+            assert [(m.kernel, m.fused) for m in int8] == [(fbgemm, fused)] * 2
+            assert not hasattr(model[1], "fused")
+            assert torch.equal(model(x), current)  # every kernel, glue fused or not: the same bits
+        assert [(m.kernel, m.fused) for m in int8] == [(auto_kernel(), True)] * 2
     with pytest.raises(KeyError), running(model, "chunked-attention"):
         assert EXTENSION.ops() is None  # the attention runs the flash chunks
         raise KeyError("a failing step")

@@ -1,20 +1,27 @@
-"""int8-dynamic's packed kernel (fbgemm) gives torch._int_mm's bits, so it may replace it, and it is
-dropped for _int_mm where a check at load finds it inexact."""
+"""int8-dynamic's packed kernels (the project's VNNI kernel, fbgemm) give torch._int_mm's bits, so they may
+replace it; fbgemm is dropped for _int_mm where a check at load finds it inexact, and a kernel this machine
+cannot run for the next one."""
 import pytest
 import torch
 
+from pipeline.kernels import vnni_int8
 from pipeline.kernels.fbgemm import AnchoredFbgemm, fbgemm_is_exact
-from pipeline.kernels.int8 import Int8DynamicLinear
+from pipeline.kernels.int8 import Int8DynamicLinear, auto_kernel
 from pipeline.precision import model_nbytes
 
-# Each packed kernel, the check that says this CPU may use it, and its class (whose sums a test falsifies).
-KERNELS = {"fbgemm": (fbgemm_is_exact, AnchoredFbgemm)}
+
+def _vnni_runs() -> bool:
+    return vnni_int8.EXTENSION.ops() is not None
+
+
+# Each packed kernel and the check that says this CPU may use it.
+KERNELS = {"vnni": _vnni_runs, "fbgemm": fbgemm_is_exact}
 
 
 @pytest.fixture(params=list(KERNELS))
 def kernel(request):
-    if not KERNELS[request.param][0]():
-        pytest.skip(f"{request.param} is not used on this CPU (no VNNI)")
+    if not KERNELS[request.param]():
+        pytest.skip(f"{request.param} is not used on this CPU (no VNNI, or for vnni no AVX-512 or no build)")
     return request.param
 
 
@@ -58,18 +65,35 @@ def test_a_rows_result_does_not_depend_on_its_batch_mates(kernel):
 def test_the_packed_copy_replaces_the_plain_weight(kernel):
     packed, plain = _pair(kernel)
     assert packed.qweight is None and "qweight" not in dict(packed.named_buffers())
-    assert model_nbytes(packed) == model_nbytes(plain)  # packed int8 counted once, as the plain int8 was
+    # counted once, as the plain int8 was; vnni's copy with its padding (40 channels to 64) and offsets
+    extra = (64 - 40) * 96 + 64 * 4 if kernel == "vnni" else 0
+    assert model_nbytes(packed) == model_nbytes(plain) + extra
     assert torch.equal(packed.int8_weight(), plain.int8_weight())
 
 
-def test_auto_prefers_fbgemm_then_int_mm():
-    expected = "fbgemm" if fbgemm_is_exact() else "int_mm"
-    assert Int8DynamicLinear(torch.nn.Linear(32, 8)).kernel == expected
+def test_a_benchmark_switches_kernels_keeping_each_copy_and_the_bits(kernel):
+    packed, plain = _pair(kernel)
+    x = _rows(5)
+    expected = plain(x)
+    assert packed.use_kernel("int_mm", keep=True) == "int_mm" and torch.equal(packed(x), expected)
+    assert packed.use_kernel(kernel, keep=True) == kernel and torch.equal(packed(x), expected)
+    assert packed.qweight is not None  # int_mm's copy kept beside the packed one
+    assert packed.use_kernel(kernel) == kernel and packed.qweight is None  # the others dropped
+    assert torch.equal(packed(x), expected) and torch.equal(packed.int8_weight(), plain.int8_weight())
 
 
-@pytest.mark.parametrize("name", list(KERNELS))
-def test_an_inexact_kernel_is_detected_and_another_used(monkeypatch, request, name):
-    check, packed_class = KERNELS[name]
+def test_auto_prefers_vnni_then_fbgemm_then_int_mm():
+    expected = "vnni" if _vnni_runs() else "fbgemm" if fbgemm_is_exact() else "int_mm"
+    assert Int8DynamicLinear(torch.nn.Linear(32, 8)).kernel == expected == auto_kernel(32)
+
+
+def test_a_kernel_this_machine_cannot_run_gives_way_to_the_next(monkeypatch):
+    monkeypatch.setattr(vnni_int8.EXTENSION, "ops", lambda: None)  # as where it is not built, or no AVX-512 VNNI
+    assert Int8DynamicLinear(torch.nn.Linear(32, 8), kernel="vnni").kernel == auto_kernel(32) != "vnni"
+
+
+def test_an_inexact_kernel_is_detected_and_another_used(monkeypatch, request):
+    name, check, packed_class = "fbgemm", fbgemm_is_exact, AnchoredFbgemm
     real_sums = packed_class.sums
     monkeypatch.setattr(packed_class, "sums", lambda self, codes: real_sums(self, codes) + 1.0)
     check.cache_clear()  # forget the cached verdict, here and after this test
