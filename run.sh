@@ -99,7 +99,7 @@ setup_plan() {
     echo "venv     $VENV: pip install --no-deps $(torch_pip_args "$build")"
     echo "venv     $VENV: pip install -c constraints.txt -e .[$extras]"
   fi
-  echo "kernel   pipeline/kernels/compiled.py's C++ kernels (int8 glue, ordered attention), compiled with g++ once per source version (without g++: torch's ops)"
+  echo "kernel   pipeline/kernels/compiled.py's C++ kernels (VNNI int8 product, int8 glue, ordered attention), compiled with g++ once per source version (without g++: torch's ops)"
   if [[ "${1:-}" == test ]]; then
     echo "tools    deploy/install-test-tools.sh: checkov (its own venv), Debian's prometheus and python3-doc (root with apt)"
     echo "tools    deploy/install-container-tools.sh: Debian's docker.io (dockerd started) and debootstrap (root with apt)"
@@ -110,11 +110,11 @@ setup_plan() {
 }
 
 build_kernels() {
-  # The C++ kernels (pipeline/kernels/compiled.py: int8-dynamic's fused glue, the CPU's ordered
-  # attention), compiled once per source version into torch's extension cache (about 40 s each; a
-  # later call finds them built without importing torch, in well under a second). Without a C++
-  # compiler torch's ops run instead: the int8 glue's give the same results, the attention's (flash
-  # in chunks) other bits, slower.
+  # The C++ kernels (pipeline/kernels/compiled.py: int8-dynamic's one-call VNNI product and its fused
+  # glue around fbgemm, the CPU's ordered attention), compiled once per source version into torch's
+  # extension cache (20-40 s each; a later call finds them built without importing torch, in well under
+  # a second). Without a C++ compiler torch's ops and fbgemm run instead: the int8 products give the
+  # same results, the attention's (flash in chunks) other bits, all slower.
   "$PY" -m pipeline.kernels.compiled >/dev/null 2>&1 \
     || log "the C++ kernels could not be built (is g++ installed?): torch's ops run instead (attention: other bits, slower)"
 }

@@ -28,10 +28,12 @@ CPU_BF16, CPU_PLAIN, CUDA = "cpu-bf16", "cpu", "cuda"
 #             same-shape stand-in's, bfloat16's about 3-5x (docs/performance.md, "Fidelity on real weights";
 #             docs/real_fidelity.json). Scaled so, int8-dynamic's 0.9989 becomes about 0.986 < 0.99, and
 #             select_variants (which now scales the stand-ins' embed cosines so) picks bfloat16.
-#   rerank    bfloat16 1.77x; int8-dynamic 1.93x but top-3 agreement 0.875 < 0.9 on random weights
-#   sentiment bfloat16 1.96x and 2.03x, int8-dynamic 1.48x and 1.38x (two runs alone, 2 + 1 rounds, commit 44dae42,
-#             2026-12-02; at f48b607 int8-dynamic had led, 1.76x against 1.56x), labels 8/8
-#   toxicity  bfloat16 1.95x vs int8-dynamic 1.85x (within noise), labels 8/8
+#   rerank    bfloat16 1.77x; int8-dynamic 1.93x but top-3 agreement 0.875 < 0.9 on random weights. With the VNNI
+#             kernel (pipeline/kernels/vnni_int8.py): bfloat16 1.66x, int8-dynamic 2.36x, top-3 0.917, just over
+#             the bar on random weights, where real weights drift about 10x more (embed, above): bfloat16 kept
+#   sentiment bfloat16 1.56x, int8-dynamic 2.11x; toxicity bfloat16 2.13x, int8-dynamic 2.33x; labels 8/8 (2 rounds
+#             alone with the VNNI kernel, 2026-12-02; before it, at 44dae42, bfloat16 had led sentiment 1.96x
+#             against 1.48x and toxicity was within noise)
 #   int4-weight: slower than float32 in every encoder stage (0.70-0.86x at 44dae42) and far from it in
 #             embed and rerank (all-MiniLM-L6-v2's real cosine min 0.89): no entry
 #   generate  STILL PROVISIONAL: on random-weight stand-ins no cheaper variant keeps greedy answers
@@ -47,7 +49,7 @@ CPU_BF16, CPU_PLAIN, CUDA = "cpu-bf16", "cpu", "cuda"
 # The CUDA row is bfloat16, the fastest variant CUDA is offered (supported_variants).
 FAST: dict[str, dict[str, str]] = {
     CPU_BF16: {"embed": "bfloat16", "rerank": "bfloat16", "generate": "int8-dynamic",
-               "sentiment": "bfloat16", "toxicity": "bfloat16"},
+               "sentiment": "int8-dynamic", "toxicity": "int8-dynamic"},
     CPU_PLAIN: {"embed": "float32", "rerank": "int8-dynamic", "generate": "int8-dynamic",
                 "sentiment": "int8-dynamic", "toxicity": "int8-dynamic"},
     CUDA: {"embed": "bfloat16", "rerank": "bfloat16", "generate": "bfloat16",

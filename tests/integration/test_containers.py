@@ -77,8 +77,9 @@ def test_the_image_runs_as_a_numeric_user_with_the_kernel_and_no_compiler(built)
     assert config["User"] == "10001:10001"
     assert config["Healthcheck"]["Test"][:2] == ["CMD", "python"]
     probe = ("import os, shutil, services.node; from pipeline.kernels.fused_int8 import fused_ops; "
-             "from pipeline.kernels.ordered_attention import EXTENSION; "
+             "from pipeline.kernels.ordered_attention import EXTENSION; from pipeline.kernels import vnni_int8; "
              "assert fused_ops() is not None and EXTENSION.ops() is not None, 'kernel not built'; "
+             "assert vnni_int8.EXTENSION.ops() is not None or not vnni_int8.EXTENSION.cpu_supported(), 'no vnni'; "
              "assert os.path.isfile(services.node.__cached__), 'the code is not compiled'; "
              "assert not any(map(shutil.which, ('g++', 'gcc', 'c++'))), 'a compiler is left'; print('ok')")
     run = docker("run", "--rm", "--network", "none", "--entrypoint", "python", IMAGE, "-c", probe)
