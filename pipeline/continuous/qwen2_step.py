@@ -11,11 +11,13 @@ compares it with the model's own forward in every precision), and does once what
   pipeline/kernels/chunked_attention.py);
 * per (rows, width, slot layout), kept across steps: each layer's key/value chunk views of the slot
   table's buffers (they stay valid: the buffers are never reallocated);
-* per layer only the arithmetic: RMSNorm's ops without its no-op casts, the Linears called on 2-d rows
+* per layer only the arithmetic: RMSNorm's ops without its no-op casts (where pipeline.kernels.decode_glue is
+  built, everything after the mean of squares one call), the Linears called on 2-d rows
   (a RowInvariantLinear straight into oneDNN; q/k/v and gate/up one product each where they are fused,
   pipeline.kernels.fused_linears), the rotary half-swap as one `roll` against a sign-folded
   sin ((-x2) * s and x2 * (-s) round alike) over q's and k's heads at once (side by side in the fused
-  product), each new key and value written by one `index_copy_`, and one attention call: where
+  product), each new key and value written by one `index_copy_` (where decode_glue is built, the rotary
+  and both writes one call, the same bits), and one attention call: where
   pipeline.kernels.ordered_attention is built, that kernel over each row's own keys (up to its column,
   read in place from the slot table), else one flash call over all key chunks (each chunk one of the
   kernel's heads: each chunk's bits as its own call gives them) and the chunks merged as
@@ -36,6 +38,7 @@ import torch
 
 from pipeline.kernels.batch_invariance import BATCH_INVARIANT_ATTENTION, RowInvariantLinear, RowInvariantRMSNorm
 from pipeline.kernels.chunked_attention import CHUNK, ORDERED
+from pipeline.kernels.decode_glue import EXTENSION as GLUE
 from pipeline.kernels.fused_linears import FusedPart
 
 # Chunk views kept per (rows, width, slots, capacity): a few layouts and widths at a time.
@@ -157,10 +160,13 @@ class Qwen2DecodeStep:
         return self._linear(mlp.gate_proj, x), self._linear(mlp.up_proj, x)
 
     @staticmethod
-    def _rms_norm(norm, x):
-        """RowInvariantRMSNorm.forward on the CPU (per_row reduces at once there), the no-op casts left out."""
+    def _rms_norm(norm, x, scale=None):
+        """RowInvariantRMSNorm.forward on the CPU (per_row reduces at once there), the no-op casts left out;
+        after the mean of squares, decode_glue's `scale` where given (the same bits)."""
         dtype = x.dtype
         h = x if dtype == torch.float32 else x.to(torch.float32)
+        if scale is not None:
+            return scale(x, h.pow(2).mean(-1, keepdim=True), norm.weight, norm.variance_epsilon)
         h = h * h.pow(2).mean(-1, keepdim=True).add_(norm.variance_epsilon).rsqrt_()  # x itself left as it is
         return (h if dtype == torch.float32 else h.to(dtype)).mul_(norm.weight)  # w * h == h * w
 
@@ -226,6 +232,7 @@ class Qwen2DecodeStep:
         # The ordered kernel reads each row's keys up to its own column; the chunked one needs masks per chunk
         # (as flash_chunked_attention builds them from the runner's `visible`, one query a row).
         ordered = ORDERED.ops()  # the step runs on the CPU only (qwen2_decode_step), as chunked_attention's choice
+        rotate, scale = GLUE.registered("rotate_and_store"), GLUE.registered("rms_scale")  # None where not built
         if ordered is not None:
             lengths = columns[:attending] + 1
         else:
@@ -236,25 +243,29 @@ class Qwen2DecodeStep:
         heads, kv_heads, group, dim, half = self.heads, self.kv_heads, self.group, self.head_dim, self.head_dim // 2
         for index, layer in enumerate(self.layers):
             attn = layer.self_attn
-            x = self._rms_norm(layer.input_layernorm, hidden)
+            x = self._rms_norm(layer.input_layernorm, hidden, scale)
             qk, v = self._query_key_value(attn, x, attending)
-            qk = (qk * cos).add_(torch.roll(qk, half, -1).mul_(sin))  # every q and k head rotated in one pass
             keys, key_chunks, key_slots, values, value_chunks, value_slots = views[index]
-            keys.index_copy_(0, written, qk[:, heads:].reshape(-1, dim))
-            values.index_copy_(0, written, v.reshape(-1, dim))
+            if rotate is not None:  # q returned rotated, (rows, heads, 1, head size); k and v written
+                q = rotate(qk, v, cos, sin, keys, values, written, heads)
+            else:
+                qk = (qk * cos).add_(torch.roll(qk, half, -1).mul_(sin))  # every q and k head rotated in one pass
+                keys.index_copy_(0, written, qk[:, heads:].reshape(-1, dim))
+                values.index_copy_(0, written, v.reshape(-1, dim))
+                q = qk[:, :heads].unsqueeze(2)
             if ordered is not None:
-                out = ordered.ordered_attention(qk[:, :heads].unsqueeze(2), key_slots, value_slots, None, lengths, True,
+                out = ordered.ordered_attention(q, key_slots, value_slots, None, lengths, True,
                                                 self.scaling).view(attending, heads * dim)
             else:
-                out = decode_attention(qk[:, :heads].view(attending, kv_heads, group, dim), key_chunks, value_chunks,
+                out = decode_attention(q.view(attending, kv_heads, group, dim), key_chunks, value_chunks,
                                        bias, unseen, self.scaling).view(attending, heads * dim)
             if pair:
                 out = out.expand(2, -1)
             hidden.add_(self._linear(attn.o_proj, out))
             mlp = layer.mlp
-            x = self._rms_norm(layer.post_attention_layernorm, hidden)
+            x = self._rms_norm(layer.post_attention_layernorm, hidden, scale)
             gate, up = self._gate_up(mlp, x)
             x = mlp.act_fn(gate).mul_(up)
             hidden.add_(self._linear(mlp.down_proj, x))
-        logits = self._linear(self.lm_head, self._rms_norm(self.norm, hidden))
+        logits = self._linear(self.lm_head, self._rms_norm(self.norm, hidden, scale))
         return logits[:1] if pair else logits

@@ -23,7 +23,8 @@ from types import ModuleType
 from typing import Any
 
 # The extensions' modules, each defining EXTENSION: what `python -m pipeline.kernels.compiled` builds.
-EXTENSIONS = ("pipeline.kernels.fused_int8", "pipeline.kernels.ordered_attention", "pipeline.kernels.vnni_int8")
+EXTENSIONS = ("pipeline.kernels.fused_int8", "pipeline.kernels.ordered_attention", "pipeline.kernels.vnni_int8",
+              "pipeline.kernels.decode_glue")
 
 
 class CompiledExtension:

@@ -29,6 +29,7 @@ from packaging.version import Version
 
 from pipeline.config import REPO_ROOT, Settings
 from pipeline.data_version import load_version
+from pipeline.kernels.compiled import EXTENSIONS
 from pipeline.kernels.versions import TORCH_VERIFIED
 from tests.support.data_versions import manifest_only_version, version_with_files
 from tools.render_settings import parse_env
@@ -384,8 +385,17 @@ def test_the_kernel_compiles_only_for_x86_64_and_other_architectures_use_torchs_
         assert (tmp_path / "compiled").read_text().split() == ["-m", "pipeline.kernels.compiled"]
     else:  # the stage's output folder exists for the image's COPY, empty
         assert (tmp_path / "ext").is_dir() and "torch's own ops" in result.stdout
-    for kernel in ("fused_int8.py", "ordered_attention.py"):  # why x86-64 only
-        assert "-mavx2" in (REPO_ROOT / "pipeline" / "kernels" / kernel).read_text()
+    for module in EXTENSIONS:  # why x86-64 only
+        assert re.search(r'"-mavx(2|512\w+)"', (REPO_ROOT / (module.replace(".", "/") + ".py")).read_text()), module
+
+
+def test_the_kernel_stage_copies_the_source_of_every_extension_it_builds():
+    text = (DEPLOY / "Dockerfile").read_text()
+    copy = re.search(r"^COPY (pipeline/kernels/__init__\.py .*?) pipeline/kernels/$", text, flags=re.M | re.S)
+    assert copy, "the kernel stage's COPY of pipeline/kernels"
+    copied = set(copy.group(1).replace("\\\n", " ").split())
+    needed = {"pipeline/kernels/__init__.py", "pipeline/kernels/compiled.py"}
+    assert copied == needed | {module.replace(".", "/") + ".py" for module in EXTENSIONS}
 
 
 @pytest.mark.slow  # runs hadolint

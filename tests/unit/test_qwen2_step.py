@@ -16,6 +16,7 @@ from pipeline.continuous.slots import SlotRule, chunks_for
 from pipeline.kernels.chunked_attention import CHUNK, flash_chunked_attention
 from pipeline.kernels.int4 import Int4WeightLinear
 from pipeline.kernels.int8 import Int8DynamicLinear
+from pipeline.kernels.decode_glue import EXTENSION as GLUE
 from pipeline.kernels.ordered_attention import EXTENSION as ORDERED
 from pipeline.precision import apply_precision
 from pipeline.precision_policy import LOAD_DTYPE
@@ -76,15 +77,27 @@ ORDERED_BUILT = pytest.mark.skipif(ORDERED.ops() is None, reason="the ordered at
 ATTENTION = [pytest.param("ordered", marks=ORDERED_BUILT), "chunked"]
 
 
+GLUE_BUILT = pytest.mark.skipif(GLUE.ops() is None, reason="the decode glue is not built for this CPU")
+# The step's kernels: as built here (ordered attention, the glue in C++), the glue as torch ops, neither.
+KERNELS = [pytest.param("ordered", "glue", marks=[ORDERED_BUILT, GLUE_BUILT]),
+           pytest.param("ordered", "torch", marks=ORDERED_BUILT), ("chunked", "torch")]
+
+
 def attention_kernel(kind: str, monkeypatch) -> None:
     if kind == "chunked":
         monkeypatch.setattr(ORDERED, "ops", lambda: None)
 
 
-@pytest.mark.parametrize("attention", ATTENTION)
+def glue_kernel(kind: str, monkeypatch) -> None:
+    if kind == "torch":
+        monkeypatch.setattr(GLUE, "ops", lambda: None)
+
+
+@pytest.mark.parametrize("attention, glue", KERNELS)
 @pytest.mark.parametrize("variant", CPU_VARIANTS)
-def test_the_fast_step_gives_the_model_forwards_bits_in_every_cpu_precision(variant, attention, monkeypatch):
+def test_the_fast_step_gives_the_model_forwards_bits_in_every_cpu_precision(variant, attention, glue, monkeypatch):
     attention_kernel(attention, monkeypatch)
+    glue_kernel(glue, monkeypatch)
     model = qwen2(variant, TINY, layers=24)
     steps_agree(model, [7], slots=4)  # one row: run as a pair
     steps_agree(model, [CHUNK - 2], slots=1)  # one row, one slot; its keys cross into a second chunk
@@ -205,3 +218,20 @@ def test_the_ordered_step_reads_no_key_past_a_rows_own_column(variant):
                 buffer[slot, :, n + 1:] = float("nan")  # past the key this step writes at column n
         noisy = runner.fast_step(ids, columns, 4 * CHUNK)
     assert clean.isfinite().all() and torch.equal(noisy, clean)
+
+
+@GLUE_BUILT
+@pytest.mark.parametrize("glue", ["glue", "torch"])
+def test_the_glue_is_one_call_a_norm_and_one_a_layers_rotary_and_cache_writes(glue, monkeypatch):
+    glue_kernel(glue, monkeypatch)
+    from profiling.lib.engine_step import OpCounter
+    layers = 3
+    runner = prefilled_runner(qwen2("bfloat16", TINY, layers=layers), [CHUNK + 5, 20])
+    counter = OpCounter()
+    with torch.inference_mode(), counter.mode:
+        runner.fast_step(torch.ones(2, 1, dtype=torch.long), torch.tensor([CHUNK + 5, 20]), 2 * CHUNK)
+    ops = counter.counts
+    glued = glue == "glue"
+    assert (ops["rms_scale"], ops["rotate_and_store"]) == ((2 * layers + 1, layers) if glued else (0, 0))
+    # the torch ops they replace: the rsqrt, the rotary's roll, the cache writes
+    assert (ops["rsqrt_"], ops["roll"], ops["index_copy_"]) == ((0, 0, 0) if glued else (2 * layers + 1, layers, 2 * layers))

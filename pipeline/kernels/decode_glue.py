@@ -1,0 +1,163 @@
+"""A decode step's per-layer glue in single C++ calls, each giving the bits of the torch ops it replaces.
+
+The CPU decode step (pipeline/continuous/qwen2_step.py) runs, around each layer's products, a dozen
+small torch ops per norm and per rotary embedding: each a dispatch, an allocation and a pass over a
+few kilobytes. At one row those are most of a step's time outside the products. Two calls do the same
+arithmetic, element by element in the same order, each result rounded to the tensor's dtype where a
+torch op would round it (compiled with -ffp-contract=off: no fused multiply-add), so the step keeps
+the model's forward's bits (tests/unit/test_decode_glue.py, tests/unit/test_qwen2_step.py):
+
+* ``rotate_and_store``: q's and k's heads rotated as ``(x * cos) + (roll(x, half) * sin)`` with the
+  sign folded into sin (``rotate_half(x) * sin``'s bits: (-a) * s and a * (-s) round alike), the new
+  keys and values written into the slot table's flat buffers at their rows, and q returned in the
+  layout the attention reads;
+* ``rms_scale``: RMSNorm after its mean of squares (which torch computes, so its sum keeps torch's
+  order): ``(x * rsqrt(variance + eps))`` rounded to x's dtype, times the weight.
+
+Built by ``python -m pipeline.kernels.compiled``; where it is not (no g++, no AVX2), the step runs the
+torch ops, with the same results.
+"""
+from __future__ import annotations
+
+from pipeline.kernels.compiled import CompiledExtension
+
+_SOURCE = r'''
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <cmath>
+#include <cstdint>
+
+namespace {
+
+// The value torch stores for a float result in a tensor of type T (round to nearest even; float: as is).
+template <typename T>
+inline float rounded(float x) { return static_cast<float>(static_cast<T>(x)); }
+
+template <typename T>
+void rotate_rows(const torch::Tensor& qk, const torch::Tensor& v, const torch::Tensor& cos,
+                 const torch::Tensor& sin, const torch::Tensor& keys, const torch::Tensor& values,
+                 const torch::Tensor& written, int64_t heads, torch::Tensor& q) {
+  const int64_t rows = qk.size(0), all_heads = qk.size(1), dim = qk.size(2), half = dim / 2;
+  const int64_t kv_heads = all_heads - heads;
+  const T* src = qk.data_ptr<T>();
+  const T* vs = v.data_ptr<T>();
+  const T* c = cos.data_ptr<T>();
+  const T* s = sin.data_ptr<T>();
+  T* kd = keys.data_ptr<T>();
+  T* vd = values.data_ptr<T>();
+  T* qd = q.data_ptr<T>();
+  const int64_t* at_row = written.data_ptr<int64_t>();
+  const int64_t qs0 = qk.stride(0), qs1 = qk.stride(1), vs0 = v.stride(0);
+  at::parallel_for(0, rows * all_heads, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t r = task / all_heads, h = task % all_heads;
+      const T* x = src + r * qs0 + h * qs1;
+      const T* cr = c + r * dim;
+      const T* sr = s + r * dim;
+      T* out = h < heads ? qd + (r * heads + h) * dim : kd + at_row[r * kv_heads + (h - heads)] * dim;
+      for (int64_t d = 0; d < dim; ++d) {
+        const float a = rounded<T>(static_cast<float>(x[d]) * static_cast<float>(cr[d]));
+        const float b = rounded<T>(static_cast<float>(x[(d + half) % dim]) * static_cast<float>(sr[d]));
+        out[d] = static_cast<T>(a + b);
+      }
+      if (h >= heads) {  // this kv head's value, as written: a copy
+        const T* vr = vs + r * vs0 + (h - heads) * dim;
+        T* vo = vd + at_row[r * kv_heads + (h - heads)] * dim;
+        for (int64_t d = 0; d < dim; ++d) vo[d] = vr[d];
+      }
+    }
+  });
+}
+
+template <typename T>
+void scale_rows(const torch::Tensor& x, const torch::Tensor& variance, const torch::Tensor& weight, float eps,
+                torch::Tensor& out) {
+  const int64_t rows = x.size(0), width = x.size(1), xs0 = x.stride(0);
+  const T* xd = x.data_ptr<T>();
+  const float* var = variance.data_ptr<float>();
+  const T* w = weight.data_ptr<T>();
+  T* o = out.data_ptr<T>();
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float inv = 1.0f / std::sqrt(var[r] + eps);  // torch's add_ then rsqrt_: two roundings
+      const T* xr = xd + r * xs0;
+      T* orow = o + r * width;
+      for (int64_t j = 0; j < width; ++j)
+        orow[j] = static_cast<T>(rounded<T>(static_cast<float>(xr[j]) * inv) * static_cast<float>(w[j]));
+    }
+  });
+}
+
+}  // namespace
+
+// qk (rows, heads + kv heads, head size), v (rows, kv heads x head size), cos and sin (rows, 1, head size)
+// contiguous, keys/values (slots x ..., head size) flat buffers, written (rows x kv heads) their rows.
+// Returns q rotated, (rows, heads, 1, head size).
+torch::Tensor rotate_and_store(const torch::Tensor& qk, const torch::Tensor& v, const torch::Tensor& cos,
+                               const torch::Tensor& sin, const torch::Tensor& keys, const torch::Tensor& values,
+                               const torch::Tensor& written, int64_t heads) {
+  TORCH_CHECK(qk.dim() == 3 && qk.stride(2) == 1 && qk.size(2) % 2 == 0 && heads > 0 && heads < qk.size(1),
+              "rotate_and_store: qk (rows, heads + kv heads, even head size), each head contiguous");
+  const int64_t rows = qk.size(0), kv_heads = qk.size(1) - heads, dim = qk.size(2);
+  TORCH_CHECK(qk.stride(1) == dim, "rotate_and_store: qk's heads side by side");
+  TORCH_CHECK(v.dim() == 2 && v.size(0) == rows && v.size(1) == kv_heads * dim && v.stride(1) == 1,
+              "rotate_and_store: v (rows, kv heads x head size), each row contiguous");
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.numel() == rows * dim && sin.numel() == rows * dim,
+              "rotate_and_store: contiguous cos and sin of (rows, 1, head size)");
+  TORCH_CHECK(keys.dim() == 2 && values.dim() == 2 && keys.is_contiguous() && values.is_contiguous()
+              && keys.size(1) == dim && values.size(1) == dim && keys.size(0) == values.size(0),
+              "rotate_and_store: contiguous flat key and value buffers of (n, head size)");
+  TORCH_CHECK(written.scalar_type() == at::kLong && written.is_contiguous() && written.numel() == rows * kv_heads,
+              "rotate_and_store: int64 rows to write, one per (row, kv head)");
+  const auto type = qk.scalar_type();
+  TORCH_CHECK(v.scalar_type() == type && cos.scalar_type() == type && sin.scalar_type() == type
+              && keys.scalar_type() == type && values.scalar_type() == type, "rotate_and_store: one dtype");
+  const int64_t* at_row = written.data_ptr<int64_t>();
+  for (int64_t i = 0; i < written.numel(); ++i)
+    TORCH_CHECK(at_row[i] >= 0 && at_row[i] < keys.size(0), "rotate_and_store: row ", at_row[i], " outside the buffers");
+  auto q = torch::empty({rows, heads, 1, dim}, qk.options());
+  switch (type) {
+    case at::kFloat: rotate_rows<float>(qk, v, cos, sin, keys, values, written, heads, q); break;
+    case at::kBFloat16: rotate_rows<c10::BFloat16>(qk, v, cos, sin, keys, values, written, heads, q); break;
+    case at::kHalf: rotate_rows<c10::Half>(qk, v, cos, sin, keys, values, written, heads, q); break;
+    default: TORCH_CHECK(false, "rotate_and_store: float32, bfloat16 or float16");
+  }
+  return q;
+}
+
+// x (rows, width) with contiguous rows, variance (rows, 1) float32 (x's mean of squares), weight (width,).
+torch::Tensor rms_scale(const torch::Tensor& x, const torch::Tensor& variance, const torch::Tensor& weight,
+                        double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "rms_scale: x (rows, width), each row contiguous");
+  TORCH_CHECK(variance.scalar_type() == at::kFloat && variance.is_contiguous() && variance.numel() == x.size(0),
+              "rms_scale: one float32 variance per row");
+  TORCH_CHECK(weight.scalar_type() == x.scalar_type() && weight.is_contiguous() && weight.numel() == x.size(1),
+              "rms_scale: a weight of x's dtype, one value per column");
+  auto out = torch::empty({x.size(0), x.size(1)}, x.options());
+  const float e = static_cast<float>(eps);
+  switch (x.scalar_type()) {
+    case at::kFloat: scale_rows<float>(x, variance, weight, e, out); break;
+    case at::kBFloat16: scale_rows<c10::BFloat16>(x, variance, weight, e, out); break;
+    case at::kHalf: scale_rows<c10::Half>(x, variance, weight, e, out); break;
+    default: TORCH_CHECK(false, "rms_scale: float32, bfloat16 or float16");
+  }
+  return out;
+}
+
+TORCH_LIBRARY(EXTENSION_NAMESPACE, m) {
+  m.def("rotate_and_store(Tensor qk, Tensor v, Tensor cos, Tensor sin, Tensor(a!) keys, Tensor(b!) values, "
+        "Tensor written, int heads) -> Tensor");
+  m.def("rms_scale(Tensor x, Tensor variance, Tensor weight, float eps) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(EXTENSION_NAMESPACE, CPU, m) {
+  m.impl("rotate_and_store", &rotate_and_store);
+  m.impl("rms_scale", &rms_scale);
+}
+'''
+# -ffp-contract=off: each product and sum rounds on its own, as torch's separate ops round them.
+_CFLAGS = ["-O3", "-std=c++17", "-mavx2", "-ffp-contract=off", "-fno-fast-math", "-fopenmp"]
+EXTENSION = CompiledExtension("rag_decode_glue", _SOURCE, ["rotate_and_store", "rms_scale"], _CFLAGS,
+                              frozenset({"avx2"}), ldflags=("-fopenmp",))

@@ -1,0 +1,90 @@
+"""pipeline.kernels.decode_glue: each call gives, bit for bit, what the torch ops it replaces give (the decode
+step against the model's forward with it and without it: tests/unit/test_qwen2_step.py)."""
+import pytest
+import torch
+
+from pipeline.kernels import decode_glue
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+@pytest.fixture(scope="module")
+def ops():
+    """The extension, built here where it is not yet (tests/conftest.py builds it for a whole session)."""
+    if not decode_glue.EXTENSION.cpu_supported():
+        pytest.skip("no AVX2: the decode step runs torch's ops on this CPU")
+    if decode_glue.EXTENSION.ops() is None:
+        decode_glue.EXTENSION.build()
+    return decode_glue.EXTENSION.ops()
+
+
+def _rotary(rows, dim, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    angles = torch.rand(rows, 1, dim // 2, generator=g) * 3000
+    emb = torch.cat((angles, angles), dim=-1)
+    cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+    half = dim // 2
+    return cos, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows, heads, kv_heads, dim", [(1, 14, 2, 64), (5, 4, 2, 8), (3, 2, 1, 20)])
+def test_rotate_and_store_gives_the_torch_ops_bits_and_writes_each_kv_head_at_its_row(ops, dtype, rows, heads,
+                                                                                     kv_heads, dim):
+    g = torch.Generator().manual_seed(1)
+    # q, k and v side by side in one product's rows (the fused Linear's output), split as the step splits it
+    fused = (torch.randn(rows, (heads + 2 * kv_heads) * dim, generator=g) * 30).to(dtype)
+    qk = fused[:, :(heads + kv_heads) * dim].view(rows, heads + kv_heads, dim)
+    v = fused[:, (heads + kv_heads) * dim:]
+    cos, sin = _rotary(rows, dim, dtype)
+    slots = 40
+    written = torch.randperm(slots, generator=g)[:rows * kv_heads]
+    keys, values = torch.zeros(slots, dim, dtype=dtype), torch.zeros(slots, dim, dtype=dtype)
+    expected_keys, expected_values = keys.clone(), values.clone()
+    rotated = (qk * cos).add_(torch.roll(qk, dim // 2, -1).mul_(sin))  # the step's torch ops
+    expected_keys.index_copy_(0, written, rotated[:, heads:].reshape(-1, dim))
+    expected_values.index_copy_(0, written, v.reshape(-1, dim))
+    op = decode_glue.EXTENSION.registered("rotate_and_store")
+    q = op(qk, v, cos, sin, keys, values, written, heads)
+    assert q.shape == (rows, heads, 1, dim) and q.is_contiguous()
+    assert torch.equal(q, rotated[:, :heads].unsqueeze(2))
+    assert torch.equal(keys, expected_keys) and torch.equal(values, expected_values)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows, width", [(1, 896), (2, 896), (7, 40), (3, 13)])
+def test_rms_scale_gives_the_norms_torch_ops_bits(ops, dtype, rows, width):
+    g = torch.Generator().manual_seed(2)
+    x = (torch.randn(rows, width, generator=g) * torch.logspace(-3, 3, rows)[:, None]).to(dtype)
+    if rows > 2:
+        x[1] = 0  # a zero row: rsqrt(eps)
+    weight = torch.randn(width, generator=g).to(dtype)
+    eps = 1e-6
+    h = x.to(torch.float32)
+    variance = h.pow(2).mean(-1, keepdim=True)
+    expected = (h * variance.clone().add_(eps).rsqrt_()).to(dtype).mul_(weight)  # the step's torch ops
+    op = decode_glue.EXTENSION.registered("rms_scale")
+    assert torch.equal(op(x, variance, weight, eps), expected)
+    wide = torch.zeros(rows, width + 5, dtype=dtype)
+    wide[:, :width] = x  # rows of a wider tensor: any row stride
+    assert torch.equal(op(wide[:, :width], variance, weight, eps), expected)
+
+
+def test_a_wrong_argument_is_refused_by_name(ops):
+    dim, heads = 8, 2
+    qk, v = torch.randn(2, 3, dim), torch.randn(2, dim)
+    cos, sin = _rotary(2, dim, torch.float32)
+    keys, values = torch.zeros(10, dim), torch.zeros(10, dim)
+    written = torch.tensor([0, 1])
+    op = decode_glue.EXTENSION.registered("rotate_and_store")
+    cases = [((qk, v, cos, sin, keys, values, written, 3), "qk \\(rows, heads \\+ kv heads"),
+             ((qk, v, cos, sin, keys, values, torch.tensor([0, 10]), heads), "row 10 outside the buffers"),
+             ((qk, v, cos, sin, keys, values, written.int(), heads), "int64 rows to write"),
+             ((qk, v.double(), cos, sin, keys, values, written, heads), "one dtype"),
+             ((qk, v, cos[:1], sin, keys, values, written, heads), "contiguous cos and sin")]
+    for args, message in cases:
+        with pytest.raises(RuntimeError, match=message):
+            op(*args)
+    scale = decode_glue.EXTENSION.registered("rms_scale")
+    with pytest.raises(RuntimeError, match="one float32 variance per row"):
+        scale(torch.randn(2, 8), torch.ones(3, 1), torch.ones(8), 1e-6)
