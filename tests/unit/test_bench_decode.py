@@ -85,6 +85,12 @@ def test_a_baseline_switches_its_kernels_within_and_restores_them_after_an_error
         assert EXTENSION.ops() is None  # the attention runs the flash chunks
         raise KeyError("a failing step")
     assert EXTENSION.ops() is built
+    from pipeline.kernels.decode_glue import EXTENSION as GLUE
+    glue = GLUE.ops()
+    with pytest.raises(KeyError), running(model, "torch-glue"):
+        assert GLUE.ops() is None and EXTENSION.ops() is built  # the decode step runs the torch ops
+        raise KeyError("a failing step")
+    assert GLUE.ops() is glue
     with pytest.raises(ValueError, match="unknown baseline"), running(model, "fast-attention"):
         pass
 

@@ -14,9 +14,9 @@ from pipeline.continuous.runner import ModelRunner
 from pipeline.continuous.scheduler import SequenceState
 from pipeline.continuous.slots import SlotRule, chunks_for
 from pipeline.kernels.chunked_attention import CHUNK, flash_chunked_attention
+from pipeline.kernels.decode_glue import EXTENSION as GLUE
 from pipeline.kernels.int4 import Int4WeightLinear
 from pipeline.kernels.int8 import Int8DynamicLinear
-from pipeline.kernels.decode_glue import EXTENSION as GLUE
 from pipeline.kernels.ordered_attention import EXTENSION as ORDERED
 from pipeline.precision import apply_precision
 from pipeline.precision_policy import LOAD_DTYPE
