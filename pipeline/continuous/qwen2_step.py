@@ -231,7 +231,8 @@ class Qwen2DecodeStep:
         cos, sin = self._rotary(columns[:attending], dtype)
         # The ordered kernel reads each row's keys up to its own column; the chunked one needs masks per chunk
         # (as flash_chunked_attention builds them from the runner's `visible`, one query a row).
-        ordered = ORDERED.ops()  # the step runs on the CPU only (qwen2_decode_step), as chunked_attention's choice
+        # the step runs on the CPU only (qwen2_decode_step): the kernel where built, as chunked_attention chooses
+        ordered = ORDERED.registered("ordered_attention")
         rotate, scale = GLUE.registered("rotate_and_store"), GLUE.registered("rms_scale")  # None where not built
         if ordered is not None:
             lengths = columns[:attending] + 1
@@ -254,8 +255,7 @@ class Qwen2DecodeStep:
                 values.index_copy_(0, written, v.reshape(-1, dim))
                 q = qk[:, :heads].unsqueeze(2)
             if ordered is not None:
-                out = ordered.ordered_attention(q, key_slots, value_slots, None, lengths, True,
-                                                self.scaling).view(attending, heads * dim)
+                out = ordered(q, key_slots, value_slots, None, lengths, True, self.scaling).view(attending, heads * dim)
             else:
                 out = decode_attention(q.view(attending, kv_heads, group, dim), key_chunks, value_chunks,
                                        bias, unseen, self.scaling).view(attending, heads * dim)

@@ -17,7 +17,8 @@ the source is compiled with -ffp-contract=off (no fused multiply-add) and withou
 compiler vectorizes those loops without reordering a sum, and every x86-64 CPU with AVX2 (AVX2-only,
 AVX-512, AMX alike) gives the same bits. It reads a row's keys up to its last visible one and no
 further: a decode step's cost follows each row's own length, not the batch's widest
-(docs/performance.md, "Ordered attention").
+(docs/performance.md, "Ordered attention"). It is registered with torch's dispatcher
+(``EXTENSION.registered("ordered_attention")``): profilers and op counts see it.
 
 `pipeline.kernels.chunked_attention.chunked_attention` (every decode step's attention; a prefill and the
 encoders run SDPA row by row, pipeline.kernels.batch_invariance) runs it on a CPU where it is built
@@ -220,6 +221,13 @@ torch::Tensor ordered_attention(const torch::Tensor& query, const torch::Tensor&
   }
   return out;
 }
+
+TORCH_LIBRARY(EXTENSION_NAMESPACE, m) {
+  m.def("ordered_attention(Tensor query, Tensor key, Tensor value, Tensor? mask, Tensor? lengths, bool causal, "
+        "float scaling) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(EXTENSION_NAMESPACE, CPU, m) { m.impl("ordered_attention", &ordered_attention); }
 '''
 # -ffp-contract=off: no fused multiply-add (a product and a sum round apart, on every CPU);
 # -fno-trapping-math: lets g++ vectorize the selects (a mask, exp's underflow) without changing a result;
@@ -239,9 +247,9 @@ def ordered_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     (query i is key length - queries + i): all three where given. A query that sees no key gets zeros.
     Returns (rows, heads, queries, head size) in the query's dtype. Needs the built extension
     (:data:`EXTENSION`)."""
-    ops = EXTENSION.ops()
-    if ops is None:
+    op = EXTENSION.registered("ordered_attention")
+    if op is None:
         raise RuntimeError(f"{EXTENSION.name} is not built: python -m pipeline.kernels.compiled")
     if mask is not None:
         mask = mask.expand(query.shape[0], 1, query.shape[2], key.shape[2])
-    return ops.ordered_attention(query, key, value, mask, lengths, is_causal, scaling)
+    return op(query, key, value, mask, lengths, is_causal, scaling)

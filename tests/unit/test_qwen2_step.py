@@ -180,24 +180,24 @@ def prefilled_runner(model, lengths: list[int]) -> ModelRunner:
     return runner
 
 
-def flash_calls(step, ids, columns, width: int) -> int:
-    """How many calls of SDPA's CPU flash kernel one step makes."""
+def attention_calls(step, ids, columns, width: int) -> tuple[int, int]:
+    """How many calls of SDPA's CPU flash kernel and of the ordered kernel one step makes."""
     from profiling.lib.engine_step import OpCounter
     counter = OpCounter()
     with torch.inference_mode(), counter.mode:
         step(ids, columns, width)
-    return counter.counts["_scaled_dot_product_flash_attention_for_cpu"]
+    return counter.counts["_scaled_dot_product_flash_attention_for_cpu"], counter.counts["ordered_attention"]
 
 
 @pytest.mark.parametrize("attention", ATTENTION)
 def test_the_step_attends_over_every_chunk_in_one_flash_call_a_layer_or_runs_the_ordered_kernel(attention, monkeypatch):
     attention_kernel(attention, monkeypatch)
-    calls = 3 if attention == "chunked" else 0  # the ordered kernel is no aten op: none counted
+    expected = (3, 0) if attention == "chunked" else (0, 3)  # one call a layer: flash's, or the ordered kernel's
     model = qwen2("float32", TINY, layers=3)
     runner = prefilled_runner(model, [3 * CHUNK + 5, 20])
     columns = torch.tensor([3 * CHUNK + 5, 20])
-    assert flash_calls(runner.fast_step, torch.ones(2, 1, dtype=torch.long), columns, 4 * CHUNK) == calls
-    assert flash_calls(runner.fast_step, torch.ones(1, 1, dtype=torch.long), columns[:1], 4 * CHUNK) == calls
+    assert attention_calls(runner.fast_step, torch.ones(2, 1, dtype=torch.long), columns, 4 * CHUNK) == expected
+    assert attention_calls(runner.fast_step, torch.ones(1, 1, dtype=torch.long), columns[:1], 4 * CHUNK) == expected
 
 
 @ORDERED_BUILT
