@@ -42,7 +42,7 @@ from pipeline.config import PRECISION_VARIANTS, Settings
 from pipeline.continuous import ContinuousEngine
 from pipeline.generator import GenerationRequest, Generator
 from profiling.lib import decode_floor
-from profiling.lib.cli import add_out, comma_list, make_parser, positive
+from profiling.lib.cli import add_out, choice_list, comma_list, make_parser, positive
 from profiling.lib.engine_step import ProductRecorder
 from profiling.lib.inputs import cycled, document_pool, spec_queries
 from profiling.lib.kernel_baselines import BASELINES, running
@@ -242,11 +242,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", action="store_true", help="torch.profiler top operators per size")
     p.add_argument("--profile-steps", type=positive(int), default=3, help="decode steps --profile records")
     p.add_argument("--top", type=positive(int), default=15, help="operators listed by --profile")
-    p.add_argument("--precisions", type=comma_list(str, example="bfloat16,int4-weight"), default=None,
+    p.add_argument("--precisions", type=choice_list(PRECISION_VARIANTS, "precisions", "bfloat16,int4-weight"), default=None,
                    help="load the LLM in each of these variants in turn; unset: as GENERATE_PRECISION or PRECISION places it")
     p.add_argument("--bandwidth-mib", type=positive(int), default=1024,
                    help="MiB of the buffer read to measure the memory bandwidth (many times the last-level cache)")
-    p.add_argument("--baselines", type=comma_list(str, example="chunked-attention"), default=[],
+    p.add_argument("--baselines", type=choice_list(tuple(BASELINES), "baselines", "chunked-attention"), default=[],
                    help=f"also measure, interleaved, kernels switched back to these baselines: {', '.join(BASELINES)}")
     add_out(p, "bench_decode")
     return p
@@ -258,12 +258,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     steps = args.repeat + (args.profile_steps if args.profile else 0)
     if steps + 3 > spec.MAX_NEW_TOKENS:
         p.error(f"--repeat + --profile-steps must leave room within {spec.MAX_NEW_TOKENS} new tokens")
-    unknown = [v for v in args.precisions or [] if v not in PRECISION_VARIANTS]
-    if unknown:
-        p.error(f"--precisions: {', '.join(unknown)} unknown (expected some of {', '.join(PRECISION_VARIANTS)})")
-    unknown = [b for b in args.baselines if b not in BASELINES]
-    if unknown:
-        p.error(f"--baselines: {', '.join(unknown)} unknown (expected some of {', '.join(BASELINES)})")
     return args
 
 

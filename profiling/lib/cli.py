@@ -69,15 +69,20 @@ def comma_list(kind: Callable[[str], T], *, minimum: T | None = None, sort_uniqu
     return parse
 
 
+def choice_list(allowed: Sequence[str], what: str, example: str) -> Callable[[str], list[str]]:
+    """An argparse `type`: a comma-separated list of `what` out of `allowed`, in the order given, repeats dropped."""
+    def parse(raw: str) -> list[str]:
+        names = comma_list(str, what=what, example=example)(raw)
+        unknown = [s for s in names if s not in allowed]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {what} {', '.join(unknown)}: expected some of {', '.join(allowed)}")
+        return list(dict.fromkeys(names))
+    return parse
+
+
 def stage_list(allowed: Sequence[str]) -> Callable[[str], list[str]]:
     """An argparse `type`: a comma-separated list of stages out of `allowed`, repeats dropped."""
-    def parse(raw: str) -> list[str]:
-        stages = comma_list(str, what="stages", example="embed,rerank")(raw)
-        unknown = [s for s in stages if s not in allowed]
-        if unknown:
-            raise argparse.ArgumentTypeError(f"unknown stage(s) {', '.join(unknown)}: expected {', '.join(allowed)}")
-        return list(dict.fromkeys(stages))
-    return parse
+    return choice_list(allowed, "stages", "embed,rerank")
 
 
 def positive(kind: Callable[[str], T]) -> Callable[[str], T]:
