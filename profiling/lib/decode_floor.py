@@ -7,12 +7,14 @@ only gathered (a row per sequence), so it is not counted, nor are activations, n
 (well under 1 % at one sequence). Floor = (weight bytes + KV bytes) / read bandwidth at the thread
 count the step ran on: no step on this machine can be faster, whatever its kernels.
 
-The bandwidth is a streaming read (a sum) of a float32 buffer many times the last-level cache, the
-median of a few rounds, at one thread and at all of torch's."""
+The bandwidth is a streaming read of a float32 buffer many times the last-level cache, summed whole (one
+stream a thread) and as eight rows (eight streams, as a product reads blocks of a weight side by side): the
+fastest of a few rounds of either, at one thread and at all of torch's. A floor should not be beaten: the
+median of plain sums, which this was, read 10-30 % slower than the int8 products on this shared machine
+(docs/performance.md, section 19)."""
 from __future__ import annotations
 
 import os
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,22 +45,26 @@ def buffer_problem(buffer_bytes: int, cache_bytes: int | None) -> str | None:
 
 
 def read_bandwidth(mib: int, threads: int, rounds: int = 5) -> float:
-    """Bytes/s of a streaming read (a sum) of a float32 buffer of `mib` MiB on `threads` torch threads
-    (torch's thread count restored): the median of `rounds` after one untimed read."""
+    """Bytes/s of a streaming read of a float32 buffer of `mib` MiB on `threads` torch threads (torch's thread
+    count restored): the fastest of `rounds` rounds of each read, summed whole and as eight rows, after one
+    untimed read of each."""
     import torch
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        buffer = torch.ones(mib * 2 ** 20 // 4)
-        buffer.sum()
-        times = []
+        buffer = torch.ones(mib * 2 ** 20 // 4 // 8 * 8)
+        reads = (buffer.sum, lambda: buffer.view(8, -1).sum(1))
+        for read in reads:
+            read()
+        fastest = float("inf")
         for _ in range(rounds):
-            started = time.perf_counter()
-            buffer.sum()
-            times.append(time.perf_counter() - started)
+            for read in reads:
+                started = time.perf_counter()
+                read()
+                fastest = min(fastest, time.perf_counter() - started)
     finally:
         torch.set_num_threads(before)
-    return buffer.numel() * buffer.element_size() / statistics.median(times)
+    return buffer.numel() * buffer.element_size() / fastest
 
 
 def measure_bandwidths(mib: int) -> dict[str, float]:
