@@ -44,6 +44,7 @@ _SOURCE = r'''
 #include <bit>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -95,6 +96,35 @@ inline float largest(const float* __restrict s, int64_t n) {
   return top;
 }
 
+// sum over keys j < n (first to last, a weight of 0 skipped) of w[j] * values[j], into out (dim values);
+// returns the sum of the weights. DIM where known at compile time: the sums held in registers.
+template <int64_t DIM>
+inline float weighted_sum(const float* __restrict w, int64_t n, const float* __restrict values, int64_t stride,
+                          int64_t runtime_dim, float* __restrict out) {
+  float total = 0.0f;
+  if constexpr (DIM > 0) {
+    float acc[DIM];
+    for (int64_t d = 0; d < DIM; ++d) acc[d] = 0.0f;
+    for (int64_t j = 0; j < n; ++j) {
+      const float p = w[j];
+      if (p == 0.0f) continue;
+      total = total + p;
+      const float* vr = values + j * stride;
+      for (int64_t d = 0; d < DIM; ++d) acc[d] = acc[d] + p * vr[d];
+    }
+    for (int64_t d = 0; d < DIM; ++d) out[d] = acc[d];
+  } else {
+    for (int64_t j = 0; j < n; ++j) {
+      const float p = w[j];
+      if (p == 0.0f) continue;
+      total = total + p;
+      const float* vr = values + j * stride;
+      for (int64_t d = 0; d < runtime_dim; ++d) out[d] = out[d] + p * vr[d];
+    }
+  }
+  return total;
+}
+
 template <typename T, int64_t DIM>
 void attend(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
             const c10::optional<torch::Tensor>& mask, const c10::optional<torch::Tensor>& lengths,
@@ -115,7 +145,7 @@ void attend(const torch::Tensor& query, const torch::Tensor& key, const torch::T
   const int64_t ms0 = m ? mask->stride(0) : 0, ms2 = m ? mask->stride(2) : 0, ms3 = m ? mask->stride(3) : 0;
   const int64_t* len = lengths.has_value() ? lengths->data_ptr<int64_t>() : nullptr;
   at::parallel_for(0, rows * kv_heads * blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf, weights, kf(dim), vf(dim), sums, totals;
+    std::vector<float> qf, weights, kf, vf, sums, totals;
     std::vector<int64_t> ends;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t r = task / (kv_heads * blocks), h = (task / blocks) % kv_heads, b = task % blocks;
@@ -133,13 +163,26 @@ void attend(const torch::Tensor& query, const torch::Tensor& key, const torch::T
           if (causal) ends[row] = std::clamp<int64_t>(limit - queries + i + 1, 0, limit);
           widest = std::max(widest, ends[row]);
         }
-      // Scores, key after key (its values made float once for every row).
+      // Scores, a row at a time over the task's keys made float once (float keys read in place).
       weights.resize(n * widest);
-      for (int64_t j = 0; j < widest; ++j) {
-        const T* kr = k + r * ks0 + h * ks1 + j * ks2;
-        for (int64_t d = 0; d < dim; ++d) kf[d] = static_cast<float>(kr[d]);
-        for (int64_t row = 0; row < n; ++row)
-          if (j < ends[row]) weights[row * widest + j] = dot<DIM>(qf.data() + row * dim, kf.data(), dim) * scaling;
+      const float* keys_f;
+      int64_t keys_stride;
+      if constexpr (std::is_same_v<T, float>) {
+        keys_f = k + r * ks0 + h * ks1;
+        keys_stride = ks2;
+      } else {
+        kf.resize(widest * dim);
+        for (int64_t j = 0; j < widest; ++j) {
+          const T* kr = k + r * ks0 + h * ks1 + j * ks2;
+          for (int64_t d = 0; d < dim; ++d) kf[j * dim + d] = static_cast<float>(kr[d]);
+        }
+        keys_f = kf.data();
+        keys_stride = dim;
+      }
+      for (int64_t row = 0; row < n; ++row) {
+        const float* qr = qf.data() + row * dim;
+        float* sr = weights.data() + row * widest;
+        for (int64_t j = 0; j < ends[row]; ++j) sr[j] = dot<DIM>(qr, keys_f + j * keys_stride, dim) * scaling;
       }
       // Each row's weights in place of its scores: exp(score - the row's largest) where it sees the key, else 0.
       for (int64_t g = 0; g < group; ++g)
@@ -155,20 +198,27 @@ void attend(const torch::Tensor& query, const torch::Tensor& key, const torch::T
           else for (int64_t j = 0; j < stop; ++j) s[j] = exp_nonpositive(s[j] - top);
           std::fill(s + stop, s + widest, 0.0f);
         }
-      // Each row's weighted values and weights, summed key after key; a key of weight 0 is skipped.
+      // Each row's weighted values and weights, summed key after key; a key of weight 0 is skipped. A row at a
+      // time over the task's values made float once (float values read in place): its sums stay in registers.
       sums.assign(n * dim, 0.0f);
       totals.assign(n, 0.0f);
-      for (int64_t j = 0; j < widest; ++j) {
-        const T* vr = v + r * vs0 + h * vs1 + j * vs2;
-        for (int64_t d = 0; d < dim; ++d) vf[d] = static_cast<float>(vr[d]);
-        for (int64_t row = 0; row < n; ++row) {
-          const float p = weights[row * widest + j];
-          if (p == 0.0f) continue;
-          totals[row] = totals[row] + p;
-          float* a = sums.data() + row * dim;
-          for (int64_t d = 0; d < dim; ++d) a[d] = a[d] + p * vf[d];
+      const float* values_f;
+      int64_t values_stride;
+      if constexpr (std::is_same_v<T, float>) {
+        values_f = v + r * vs0 + h * vs1;
+        values_stride = vs2;
+      } else {
+        vf.resize(widest * dim);
+        for (int64_t j = 0; j < widest; ++j) {
+          const T* vr = v + r * vs0 + h * vs1 + j * vs2;
+          for (int64_t d = 0; d < dim; ++d) vf[j * dim + d] = static_cast<float>(vr[d]);
         }
+        values_f = vf.data();
+        values_stride = dim;
       }
+      for (int64_t row = 0; row < n; ++row)
+        totals[row] = weighted_sum<DIM>(weights.data() + row * widest, ends[row], values_f, values_stride, dim,
+                                        sums.data() + row * dim);
       for (int64_t g = 0; g < group; ++g)
         for (int64_t i = i0; i < i1; ++i) {
           const int64_t row = g * span + (i - i0);
