@@ -17,24 +17,36 @@ from __future__ import annotations
 
 from pipeline.kernels.compiled import CompiledExtension
 
-_SOURCE = r'''
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
-#include <algorithm>
-#include <cmath>
-
-// One row's scale (max |x| clamped to 1e-12, / 127) and its codes x / scale rounded half to even.
-template <typename T>
-static float quantize_row(const float* row, int64_t k, T* out) {
-  float lane[16] = {0.f};  // max is exact in any order: lanes let the compiler vectorize
+# int8-dynamic's per-row quantization in C++ (torch's row_codes' arithmetic): this extension's and
+# pipeline.kernels.vnni_int8's, one text.
+ROW_CODES_CPP = r'''
+// One row's scale: max |x| clamped to 1e-12, / 127 (a maximum is exact in any order: lanes let g++ vectorize).
+inline float row_scale(const float* row, int64_t k) {
+  float lane[16] = {0.f};
   int64_t i = 0;
   for (; i + 16 <= k; i += 16)
     for (int l = 0; l < 16; ++l) { const float a = std::fabs(row[i + l]); lane[l] = a > lane[l] ? a : lane[l]; }
   float amax = 0.f;
   for (; i < k; ++i) { const float a = std::fabs(row[i]); amax = a > amax ? a : amax; }
   for (int l = 0; l < 16; ++l) amax = lane[l] > amax ? lane[l] : amax;
-  const float s = std::max(amax, 1e-12f) / 127.0f;
-  for (int64_t j = 0; j < k; ++j) out[j] = static_cast<T>(std::min(127.0f, std::max(-127.0f, std::nearbyint(row[j] / s))));
+  return std::max(amax, 1e-12f) / 127.0f;
+}
+
+// A value's code: x / scale rounded half to even, clamped to +-127.
+inline float row_code(float x, float scale) { return std::min(127.0f, std::max(-127.0f, std::nearbyint(x / scale))); }
+'''
+
+_SOURCE = r'''
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <algorithm>
+#include <cmath>
+''' + ROW_CODES_CPP + r'''
+// One row's scale and its codes.
+template <typename T>
+static float quantize_row(const float* row, int64_t k, T* out) {
+  const float s = row_scale(row, k);
+  for (int64_t j = 0; j < k; ++j) out[j] = static_cast<T>(row_code(row[j], s));
   return s;
 }
 

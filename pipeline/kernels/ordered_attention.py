@@ -45,6 +45,7 @@ _SOURCE = r'''
 #include <cstdint>
 #include <limits>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -125,6 +126,21 @@ inline float weighted_sum(const float* __restrict w, int64_t n, const float* __r
   return total;
 }
 
+// `count` rows of `dim` values, `stride` apart, as float rows: float ones in place, others converted into
+// `buffer` once. Returns the first row and the rows' stride.
+template <typename T>
+inline std::pair<const float*, int64_t> as_float(const T* rows, int64_t stride, int64_t count, int64_t dim,
+                                                 std::vector<float>& buffer) {
+  if constexpr (std::is_same_v<T, float>) {
+    return {rows, stride};
+  } else {
+    buffer.resize(count * dim);
+    for (int64_t j = 0; j < count; ++j)
+      for (int64_t d = 0; d < dim; ++d) buffer[j * dim + d] = static_cast<float>(rows[j * stride + d]);
+    return {buffer.data(), dim};
+  }
+}
+
 template <typename T, int64_t DIM>
 void attend(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
             const c10::optional<torch::Tensor>& mask, const c10::optional<torch::Tensor>& lengths,
@@ -165,20 +181,7 @@ void attend(const torch::Tensor& query, const torch::Tensor& key, const torch::T
         }
       // Scores, a row at a time over the task's keys made float once (float keys read in place).
       weights.resize(n * widest);
-      const float* keys_f;
-      int64_t keys_stride;
-      if constexpr (std::is_same_v<T, float>) {
-        keys_f = k + r * ks0 + h * ks1;
-        keys_stride = ks2;
-      } else {
-        kf.resize(widest * dim);
-        for (int64_t j = 0; j < widest; ++j) {
-          const T* kr = k + r * ks0 + h * ks1 + j * ks2;
-          for (int64_t d = 0; d < dim; ++d) kf[j * dim + d] = static_cast<float>(kr[d]);
-        }
-        keys_f = kf.data();
-        keys_stride = dim;
-      }
+      const auto [keys_f, keys_stride] = as_float(k + r * ks0 + h * ks1, ks2, widest, dim, kf);
       for (int64_t row = 0; row < n; ++row) {
         const float* qr = qf.data() + row * dim;
         float* sr = weights.data() + row * widest;
@@ -202,20 +205,7 @@ void attend(const torch::Tensor& query, const torch::Tensor& key, const torch::T
       // time over the task's values made float once (float values read in place): its sums stay in registers.
       sums.assign(n * dim, 0.0f);
       totals.assign(n, 0.0f);
-      const float* values_f;
-      int64_t values_stride;
-      if constexpr (std::is_same_v<T, float>) {
-        values_f = v + r * vs0 + h * vs1;
-        values_stride = vs2;
-      } else {
-        vf.resize(widest * dim);
-        for (int64_t j = 0; j < widest; ++j) {
-          const T* vr = v + r * vs0 + h * vs1 + j * vs2;
-          for (int64_t d = 0; d < dim; ++d) vf[j * dim + d] = static_cast<float>(vr[d]);
-        }
-        values_f = vf.data();
-        values_stride = dim;
-      }
+      const auto [values_f, values_stride] = as_float(v + r * vs0 + h * vs1, vs2, widest, dim, vf);
       for (int64_t row = 0; row < n; ++row)
         totals[row] = weighted_sum<DIM>(weights.data() + row * widest, ends[row], values_f, values_stride, dim,
                                         sums.data() + row * dim);

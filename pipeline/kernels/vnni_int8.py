@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pipeline.kernels.compiled import CompiledExtension
+from pipeline.kernels.fused_int8 import ROW_CODES_CPP
 
 if TYPE_CHECKING:  # imported by `python -m pipeline.kernels.compiled`, which finds a build without torch
     import torch
@@ -41,23 +42,15 @@ _SOURCE = r'''
 #include <cstdint>
 #include <cstring>
 #include <vector>
-
+''' + ROW_CODES_CPP + r'''
 namespace {
 
 constexpr int64_t BLOCK = 16, QUAD = 4, GROUP = 64, ROWS = 8;
 
-// One row's scale (max |x| clamped to 1e-12, / 127) and its codes x / scale rounded half to even, + 128.
+// One row's scale and its codes + 128 (unsigned: vpdpbusd's first operand).
 float quantize_row(const float* row, int64_t k, int64_t padded, uint8_t* out) {
-  float lane[16] = {0.f};  // max is exact in any order: lanes let the compiler vectorize
-  int64_t i = 0;
-  for (; i + 16 <= k; i += 16)
-    for (int l = 0; l < 16; ++l) { const float a = std::fabs(row[i + l]); lane[l] = a > lane[l] ? a : lane[l]; }
-  float amax = 0.f;
-  for (; i < k; ++i) { const float a = std::fabs(row[i]); amax = a > amax ? a : amax; }
-  for (int l = 0; l < 16; ++l) amax = lane[l] > amax ? lane[l] : amax;
-  const float s = std::max(amax, 1e-12f) / 127.0f;
-  for (int64_t j = 0; j < k; ++j)
-    out[j] = static_cast<uint8_t>(std::min(127.0f, std::max(-127.0f, std::nearbyint(row[j] / s))) + 128.0f);
+  const float s = row_scale(row, k);
+  for (int64_t j = 0; j < k; ++j) out[j] = static_cast<uint8_t>(row_code(row[j], s) + 128.0f);
   std::fill(out + k, out + padded, uint8_t(128));  // code 0 against a zero weight
   return s;
 }

@@ -4,18 +4,14 @@ import pytest
 import torch
 
 from pipeline.kernels import decode_glue
+from tests.support.extensions import built_ops
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
 @pytest.fixture(scope="module")
 def ops():
-    """The extension, built here where it is not yet (tests/conftest.py builds it for a whole session)."""
-    if not decode_glue.EXTENSION.cpu_supported():
-        pytest.skip("no AVX2: the decode step runs torch's ops on this CPU")
-    if decode_glue.EXTENSION.ops() is None:
-        decode_glue.EXTENSION.build()
-    return decode_glue.EXTENSION.ops()
+    return built_ops(decode_glue.EXTENSION, "no AVX2: the decode step runs torch's ops on this CPU")
 
 
 def _rotary(rows, dim, dtype, seed=0):

@@ -6,6 +6,7 @@ import torch
 from pipeline.kernels import fused_int8
 from pipeline.kernels.fbgemm import fbgemm_is_exact
 from pipeline.kernels.int8 import Int8DynamicLinear, row_codes
+from tests.support.extensions import built_ops
 
 
 @pytest.fixture
@@ -27,11 +28,7 @@ def ops():
     """The extension, built here where it is not yet (about 40 s of g++ once per machine and source version)."""
     if not fbgemm_is_exact():
         pytest.skip("fbgemm is not exact on this CPU: int8-dynamic uses torch._int_mm, which is not fused")
-    if not fused_int8.EXTENSION.cpu_supported():
-        pytest.skip("no AVX2: the extension is not used on this CPU")
-    if fused_int8.fused_ops() is None:
-        fused_int8.EXTENSION.build()
-    return fused_int8.fused_ops()
+    return built_ops(fused_int8.EXTENSION, "no AVX2: the extension is not used on this CPU")
 
 
 def _rows(n, k, seed=0):

@@ -6,16 +6,12 @@ import torch
 
 from pipeline.kernels import vnni_int8
 from pipeline.kernels.int8 import quantize_per_channel, row_codes
+from tests.support.extensions import built_ops
 
 
 @pytest.fixture(scope="module")
 def ops():
-    """The extension, built here where it is not yet (tests/conftest.py builds it for a whole session)."""
-    if not vnni_int8.EXTENSION.cpu_supported():
-        pytest.skip("no AVX-512 VNNI: the kernel is not used on this CPU (fbgemm or torch._int_mm runs)")
-    if vnni_int8.EXTENSION.ops() is None:
-        vnni_int8.EXTENSION.build()
-    return vnni_int8.EXTENSION.ops()
+    return built_ops(vnni_int8.EXTENSION, "no AVX-512 VNNI: the kernel is not used on this CPU (fbgemm or _int_mm runs)")
 
 
 def _rows(n, k, seed=0):
