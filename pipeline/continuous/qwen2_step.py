@@ -12,7 +12,7 @@ compares it with the model's own forward in every precision), and does once what
 * per (rows, width, slot layout), kept across steps: each layer's key/value chunk views of the slot
   table's buffers (they stay valid: the buffers are never reallocated);
 * per layer only the arithmetic: RMSNorm's ops without its no-op casts (where pipeline.kernels.decode_glue is
-  built, everything after the mean of squares one call), the Linears called on 2-d rows
+  built, one call), the Linears called on 2-d rows
   (a RowInvariantLinear straight into oneDNN; q/k/v and gate/up one product each where they are fused,
   pipeline.kernels.fused_linears), the rotary half-swap as one `roll` against a sign-folded
   sin ((-x2) * s and x2 * (-s) round alike) over q's and k's heads at once (side by side in the fused
@@ -40,6 +40,7 @@ from pipeline.kernels.batch_invariance import BATCH_INVARIANT_ATTENTION, RowInva
 from pipeline.kernels.chunked_attention import CHUNK, ORDERED
 from pipeline.kernels.decode_glue import EXTENSION as GLUE
 from pipeline.kernels.fused_linears import FusedPart
+from pipeline.kernels.int8 import Int8DynamicLinear
 
 # Chunk views kept per (rows, width, slots, capacity): a few layouts and widths at a time.
 _VIEW_SETS = 64
@@ -136,9 +137,12 @@ class Qwen2DecodeStep:
     @staticmethod
     def _linear(linear, x):
         """`linear` over 2-d rows x: a RowInvariantLinear's oneDNN call itself (rows >= 2; its forward for one
-        row), any other Linear (int8, int4) by its forward."""
-        if type(linear) is RowInvariantLinear and x.shape[0] >= 2:
+        row), an int8-dynamic Linear's product over float32 rows itself, any other (int4) by its forward."""
+        kind = type(linear)
+        if kind is RowInvariantLinear and x.shape[0] >= 2:
             return torch.ops.mkldnn._linear_pointwise(x, linear.weight, linear.bias, "none", [None], "")
+        if kind is Int8DynamicLinear and x.dtype == torch.float32:
+            return linear.multiply(x)
         return linear(x)
 
     def _query_key_value(self, attn, x, rows: int):
@@ -150,7 +154,9 @@ class Qwen2DecodeStep:
             qk, v = self._linear(fused.linear, x).split((fused.sizes[0] + fused.sizes[1], fused.sizes[2]), dim=-1)
         else:
             qk, v = torch.cat((self._linear(attn.q_proj, x), self._linear(attn.k_proj, x)), dim=-1), self._linear(attn.v_proj, x)
-        return qk[:rows].view(rows, self.heads + self.kv_heads, self.head_dim), v[:rows]
+        if rows < x.shape[0]:  # a pair's second row: the same as its first
+            qk, v = qk[:rows], v[:rows]
+        return qk.view(rows, self.heads + self.kv_heads, self.head_dim), v
 
     def _gate_up(self, mlp, x):
         """gate_proj's and up_proj's products: one, split, where they are fused."""
@@ -160,13 +166,13 @@ class Qwen2DecodeStep:
         return self._linear(mlp.gate_proj, x), self._linear(mlp.up_proj, x)
 
     @staticmethod
-    def _rms_norm(norm, x, scale=None):
+    def _rms_norm(norm, x, glued=None):
         """RowInvariantRMSNorm.forward on the CPU (per_row reduces at once there), the no-op casts left out;
-        after the mean of squares, decode_glue's `scale` where given (the same bits)."""
+        decode_glue's `rms_norm` where given (one call, the same bits)."""
+        if glued is not None:
+            return glued(x, norm.weight, norm.variance_epsilon)
         dtype = x.dtype
         h = x if dtype == torch.float32 else x.to(torch.float32)
-        if scale is not None:
-            return scale(x, h.pow(2).mean(-1, keepdim=True), norm.weight, norm.variance_epsilon)
         h = h * h.pow(2).mean(-1, keepdim=True).add_(norm.variance_epsilon).rsqrt_()  # x itself left as it is
         return (h if dtype == torch.float32 else h.to(dtype)).mul_(norm.weight)  # w * h == h * w
 
@@ -233,7 +239,7 @@ class Qwen2DecodeStep:
         # (as flash_chunked_attention builds them from the runner's `visible`, one query a row).
         # the step runs on the CPU only (qwen2_decode_step): the kernel where built, as chunked_attention chooses
         ordered = ORDERED.registered("ordered_attention")
-        rotate, scale = GLUE.registered("rotate_and_store"), GLUE.registered("rms_scale")  # None where not built
+        rotate, rms = GLUE.registered("rotate_and_store"), GLUE.registered("rms_norm")  # None where not built
         if ordered is not None:
             lengths = columns[:attending] + 1
         else:
@@ -244,7 +250,7 @@ class Qwen2DecodeStep:
         heads, kv_heads, group, dim, half = self.heads, self.kv_heads, self.group, self.head_dim, self.head_dim // 2
         for index, layer in enumerate(self.layers):
             attn = layer.self_attn
-            x = self._rms_norm(layer.input_layernorm, hidden, scale)
+            x = self._rms_norm(layer.input_layernorm, hidden, rms)
             qk, v = self._query_key_value(attn, x, attending)
             keys, key_chunks, key_slots, values, value_chunks, value_slots = views[index]
             if rotate is not None:  # q returned rotated, (rows, heads, 1, head size); k and v written
@@ -263,9 +269,9 @@ class Qwen2DecodeStep:
                 out = out.expand(2, -1)
             hidden.add_(self._linear(attn.o_proj, out))
             mlp = layer.mlp
-            x = self._rms_norm(layer.post_attention_layernorm, hidden, scale)
+            x = self._rms_norm(layer.post_attention_layernorm, hidden, rms)
             gate, up = self._gate_up(mlp, x)
             x = mlp.act_fn(gate).mul_(up)
             hidden.add_(self._linear(mlp.down_proj, x))
-        logits = self._linear(self.lm_head, self._rms_norm(self.norm, hidden, scale))
+        logits = self._linear(self.lm_head, self._rms_norm(self.norm, hidden, rms))
         return logits[:1] if pair else logits

@@ -11,8 +11,9 @@ the model's forward's bits (tests/unit/test_decode_glue.py, tests/unit/test_qwen
   sign folded into sin (``rotate_half(x) * sin``'s bits: (-a) * s and a * (-s) round alike), the new
   keys and values written into the slot table's flat buffers at their rows, and q returned in the
   layout the attention reads;
-* ``rms_scale``: RMSNorm after its mean of squares (which torch computes, so its sum keeps torch's
-  order): ``(x * rsqrt(variance + eps))`` rounded to x's dtype, times the weight.
+* ``rms_norm``: RMSNorm, its mean of squares by torch's own ``pow`` and ``mean`` called from C++ (the same
+  kernels: the sum keeps torch's order), then ``(x * rsqrt(variance + eps))`` rounded to x's dtype, times
+  the weight.
 
 Built by ``python -m pipeline.kernels.compiled``; where it is not (no g++, no AVX2), the step runs the
 torch ops, with the same results.
@@ -127,21 +128,21 @@ torch::Tensor rotate_and_store(const torch::Tensor& qk, const torch::Tensor& v, 
   return q;
 }
 
-// x (rows, width) with contiguous rows, variance (rows, 1) float32 (x's mean of squares), weight (width,).
-torch::Tensor rms_scale(const torch::Tensor& x, const torch::Tensor& variance, const torch::Tensor& weight,
-                        double eps) {
-  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "rms_scale: x (rows, width), each row contiguous");
-  TORCH_CHECK(variance.scalar_type() == at::kFloat && variance.is_contiguous() && variance.numel() == x.size(0),
-              "rms_scale: one float32 variance per row");
+// x (rows, width) with contiguous rows, weight (width,): RMSNorm's ops after the cast to float32 (a no-op for
+// float32 x), its mean of squares by torch's own pow and mean (their sums in torch's order).
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "rms_norm: x (rows, width), each row contiguous");
   TORCH_CHECK(weight.scalar_type() == x.scalar_type() && weight.is_contiguous() && weight.numel() == x.size(1),
-              "rms_scale: a weight of x's dtype, one value per column");
+              "rms_norm: a weight of x's dtype, one value per column");
+  const auto h = x.scalar_type() == at::kFloat ? x : x.to(at::kFloat);
+  const auto variance = h.pow(2).mean(-1, true);
   auto out = torch::empty({x.size(0), x.size(1)}, x.options());
   const float e = static_cast<float>(eps);
   switch (x.scalar_type()) {
     case at::kFloat: scale_rows<float>(x, variance, weight, e, out); break;
     case at::kBFloat16: scale_rows<c10::BFloat16>(x, variance, weight, e, out); break;
     case at::kHalf: scale_rows<c10::Half>(x, variance, weight, e, out); break;
-    default: TORCH_CHECK(false, "rms_scale: float32, bfloat16 or float16");
+    default: TORCH_CHECK(false, "rms_norm: float32, bfloat16 or float16");
   }
   return out;
 }
@@ -149,15 +150,15 @@ torch::Tensor rms_scale(const torch::Tensor& x, const torch::Tensor& variance, c
 TORCH_LIBRARY(EXTENSION_NAMESPACE, m) {
   m.def("rotate_and_store(Tensor qk, Tensor v, Tensor cos, Tensor sin, Tensor(a!) keys, Tensor(b!) values, "
         "Tensor written, int heads) -> Tensor");
-  m.def("rms_scale(Tensor x, Tensor variance, Tensor weight, float eps) -> Tensor");
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(EXTENSION_NAMESPACE, CPU, m) {
   m.impl("rotate_and_store", &rotate_and_store);
-  m.impl("rms_scale", &rms_scale);
+  m.impl("rms_norm", &rms_norm);
 }
 '''
 # -ffp-contract=off: each product and sum rounds on its own, as torch's separate ops round them.
 _CFLAGS = ["-O3", "-std=c++17", "-mavx2", "-ffp-contract=off", "-fno-fast-math", "-fopenmp"]
-EXTENSION = CompiledExtension("rag_decode_glue", _SOURCE, ["rotate_and_store", "rms_scale"], _CFLAGS,
+EXTENSION = CompiledExtension("rag_decode_glue", _SOURCE, ["rotate_and_store", "rms_norm"], _CFLAGS,
                               frozenset({"avx2"}), ldflags=("-fopenmp",))

@@ -167,6 +167,14 @@ class Int8DynamicLinear(_QuantizedLinear):
             return vnni_int8.unpack(weight[1], self.out_features, self.in_features)
         return weight.unpacked() if kernel == "fbgemm" else weight
 
+    def multiply(self, rows):
+        """(n, in) float32 rows, n >= 1 -> (n, out) float32: the product without forward's reshapes and casts
+        (a decode step's rows are already so), by the VNNI kernel where it is the one in use, else forward."""
+        if self._kernel != "vnni":
+            return self.forward(rows)
+        linear, packed, offsets = self._weights["vnni"]
+        return linear(rows, packed, offsets, self.weight_scale, self.bias)
+
     def packed_nbytes(self) -> int:
         """Bytes of the packed copy this Linear multiplies with, which buffers() does not see (0 for the plain
         int8 weight, a buffer); copies a benchmark keeps beside it are not counted."""
@@ -180,11 +188,9 @@ class Int8DynamicLinear(_QuantizedLinear):
         n = rows.shape[0]
         if n == 0:
             return self._finish(rows.new_zeros((0, self.out_features)), x.shape).to(x.dtype)
-        weight = self._weights[self._kernel]
         if self._kernel == "vnni":
-            linear, packed, offsets = weight
-            out = linear(rows, packed, offsets, self.weight_scale, self.bias)
-            return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+            return self.multiply(rows).reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        weight = self._weights[self._kernel]
         if self._kernel == "fbgemm":
             ops = fused_ops() if self.fused else None
             if ops is not None:

@@ -3,7 +3,10 @@ step against the model's forward with it and without it: tests/unit/test_qwen2_s
 import pytest
 import torch
 
+from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
+
 from pipeline.kernels import decode_glue
+from pipeline.kernels.batch_invariance import make_norms_row_invariant
 from tests.support.extensions import built_ops
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -49,7 +52,7 @@ def test_rotate_and_store_gives_the_torch_ops_bits_and_writes_each_kv_head_at_it
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows, width", [(1, 896), (2, 896), (7, 40), (3, 13)])
-def test_rms_scale_gives_the_norms_torch_ops_bits(ops, dtype, rows, width):
+def test_rms_norm_gives_the_norms_torch_ops_bits(ops, dtype, rows, width):
     g = torch.Generator().manual_seed(2)
     x = (torch.randn(rows, width, generator=g) * torch.logspace(-3, 3, rows)[:, None]).to(dtype)
     if rows > 2:
@@ -57,13 +60,17 @@ def test_rms_scale_gives_the_norms_torch_ops_bits(ops, dtype, rows, width):
     weight = torch.randn(width, generator=g).to(dtype)
     eps = 1e-6
     h = x.to(torch.float32)
-    variance = h.pow(2).mean(-1, keepdim=True)
-    expected = (h * variance.clone().add_(eps).rsqrt_()).to(dtype).mul_(weight)  # the step's torch ops
-    op = decode_glue.EXTENSION.registered("rms_scale")
-    assert torch.equal(op(x, variance, weight, eps), expected)
+    expected = (h * h.pow(2).mean(-1, keepdim=True).add_(eps).rsqrt_()).to(dtype).mul_(weight)  # the step's torch ops
+    module = Qwen2RMSNorm(width, eps=eps).to(dtype)
+    module.weight.data.copy_(weight)
+    make_norms_row_invariant(module)
+    with torch.no_grad():
+        assert torch.equal(module(x), expected)  # the model's own norm
+    op = decode_glue.EXTENSION.registered("rms_norm")
+    assert torch.equal(op(x, weight, eps), expected)
     wide = torch.zeros(rows, width + 5, dtype=dtype)
     wide[:, :width] = x  # rows of a wider tensor: any row stride
-    assert torch.equal(op(wide[:, :width], variance, weight, eps), expected)
+    assert torch.equal(op(wide[:, :width], weight, eps), expected)
 
 
 def test_a_wrong_argument_is_refused_by_name(ops):
@@ -81,6 +88,8 @@ def test_a_wrong_argument_is_refused_by_name(ops):
     for args, message in cases:
         with pytest.raises(RuntimeError, match=message):
             op(*args)
-    scale = decode_glue.EXTENSION.registered("rms_scale")
-    with pytest.raises(RuntimeError, match="one float32 variance per row"):
-        scale(torch.randn(2, 8), torch.ones(3, 1), torch.ones(8), 1e-6)
+    norm = decode_glue.EXTENSION.registered("rms_norm")
+    with pytest.raises(RuntimeError, match="a weight of x's dtype, one value per column"):
+        norm(torch.randn(2, 8), torch.ones(7), 1e-6)
+    with pytest.raises(RuntimeError, match="each row contiguous"):
+        norm(torch.randn(8, 2).t(), torch.ones(8), 1e-6)

@@ -48,6 +48,7 @@ def test_the_packed_path_equals_int_mm_bit_for_bit_at_every_row_count(kernel, fu
         for n in (1, 2, 3, 16, 17, 64, 300):
             x = _rows(n)
             assert torch.equal(packed(x), plain(x)), n
+            assert torch.equal(packed.multiply(x), plain(x)), n  # the decode step's call over 2-d float32 rows
         x3 = _rows(12).reshape(3, 4, 96)  # (batch, tokens, features) as the models call it
         assert torch.equal(packed(x3), plain(x3)) and packed(x3).shape == (3, 4, 40)
 
