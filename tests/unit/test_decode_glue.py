@@ -2,7 +2,6 @@
 step against the model's forward with it and without it: tests/unit/test_qwen2_step.py)."""
 import pytest
 import torch
-
 from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm
 
 from pipeline.kernels import decode_glue
