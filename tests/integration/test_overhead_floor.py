@@ -58,9 +58,9 @@ def test_the_engine_tool_counts_a_steps_ops_beside_another_commit(tmp_path, stan
                 r = result[model][rows]
                 assert r["ops_per_step"] > 0 and all(ms > 0 for ms in r["host_ms_per_step"])
                 assert sum(n for _, n in r["top_ops"]) <= r["ops_per_step"]
-        # Each of the Qwen decoder's 2 layers dispatches tens of ops (norms, products, rotary, cache writes,
-        # attention) beyond the engine alone.
-        assert result["qwen"]["1"]["ops_per_step"] > result["null"]["1"]["ops_per_step"] + 2 * 25
+        # Beyond the engine alone, each of the Qwen decoder's 2 layers dispatches at least its 4 products, 2
+        # norms and its attention, and the step its last norm and output layer (more where a kernel is not built).
+        assert result["qwen"]["1"]["ops_per_step"] >= result["null"]["1"]["ops_per_step"] + 2 * 7 + 2
         # Its products are recorded and replayed: q/k/v, o, gate/up and down a layer (2 layers), the output
         # layer's; the engine alone multiplies by no weight.
         for rows in ("1", "4"):
