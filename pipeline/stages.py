@@ -81,3 +81,17 @@ class Stages:
     def devices(self) -> dict[str, str]:
         return {str(stage): f"{model.placement.device}/{model.placement.precision}"
                 for stage, model in self.models().items()}
+
+    def numerics(self) -> dict[str, object]:
+        """What decides a reply's bits here besides the request, the models' weights and the documents: torch's
+        version, each stage's device and precision, oneDNN's instruction-set level (its AVX2 and AVX-512 kernels
+        sum a product differently) and whether the CPU's decode attention is pipeline.kernels.ordered_attention
+        (built) or torch's flash kernel in chunks (other roundings). The int8 kernels are left out: they give
+        the same bits wherever they run. Two workers whose numerics are equal give a request the same reply."""
+        import torch
+
+        from pipeline.cpu_features import onednn_checked_level
+        from pipeline.kernels.ordered_attention import EXTENSION as ORDERED
+        return {"torch": torch.__version__, "stages": self.devices(),
+                "onednn_isa": onednn_checked_level() or "unchecked",
+                "cpu_decode_attention": "ordered" if ORDERED.ops() is not None else "flash-chunks"}

@@ -9,7 +9,8 @@ import pytest
 import requests
 
 from pipeline import spec
-from tests.helpers import health, post_query, uid
+from tests.helpers import health, post_query, uid, wait_until
+from tests.support.second_gateway import second_gateway
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -33,6 +34,28 @@ def test_health_reports_role_source_and_device(cluster):
     assert (h2["status"], h2["node"], h2["role"]) == ("healthy", 2, "index")
     assert h0["model_source"] == h1["model_source"] == "standin:tiny"
     assert h1["device"]["generate"] == "cpu/float32"
+
+
+def test_a_gateway_names_a_worker_that_computes_with_other_numerics(cluster, tmp_path):
+    """A node 0 whose LLM runs in another precision than node 1's: its /health names node 1's difference
+    (node 1 stays in the rotation: a mixed deployment may be meant), and its log warns of it."""
+    from pipeline.cpu_features import cpu_runs_int4, cpu_supports_bf16
+    numerics = health(cluster, 1)["numerics"]
+    assert numerics["stages"]["generate"] == "cpu/float32" and numerics["models"] == "standin:tiny"
+    assert set(numerics) >= {"torch", "stages", "onednn_isa", "cpu_decode_attention"}
+    other = "bfloat16" if cpu_supports_bf16() else "int4-weight" if cpu_runs_int4() else None
+    if other is None:
+        pytest.skip("this CPU runs the LLM in float32 only")
+    with second_gateway(cluster, tmp_path / "logs", GENERATE_PRECISION=other) as gateway:
+        def workers():
+            return {w["node"]: w for w in health(gateway, 0)["workers"]}
+        # compared at node 1's first probe after node 0's own worker joined (at the latest, one health interval on)
+        wait_until(lambda: workers()[1]["numerics_differ"], 60, "node 0 never compared node 1's numerics")
+        seen = workers()
+        assert seen[1]["up"] and seen[0]["numerics_differ"] == {}
+        assert seen[1]["numerics_differ"] == {"stages.generate": {"here": f"cpu/{other}", "there": "cpu/float32"}}
+        log = gateway.log_path(0).read_text(errors="replace")
+        assert "worker node 1 computes with other numerics than this node" in log, log[-2000:]
 
 
 def test_replies_valid_and_equal_to_reference(cluster, reference_answer):

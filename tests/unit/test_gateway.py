@@ -11,7 +11,7 @@ import pytest
 from pipeline.config import Settings
 from pipeline.config.sections import GatewaySettings
 from services.roles.gateway.gateway import Gateway
-from services.roles.gateway.routing import WorkerTarget, remote_target
+from services.roles.gateway.routing import WorkerTarget, numerics_differences, remote_target
 from services.server.answer import AnswerPiece, FinalAnswer
 from services.server.answer_request import AnswerRequest
 from services.server.deadline import Deadline
@@ -263,6 +263,50 @@ def test_remote_worker_is_out_of_rotation_until_its_probe_says_ready():
     client.ready = True
     wait_until(lambda: remote.up, 10, "the probe never found node 1 ready")
     assert {ask(gw, f"q-{i}", "q", 10)["served_by"] for i in range(4)} == {0, 1}
+    gw.close()
+
+
+NUMERICS = {"torch": "2.13.0+cpu", "stages": {"generate": "cpu/bfloat16", "rerank": "cpu/bfloat16"},
+            "cpu_decode_attention": "ordered"}
+
+
+def test_numerics_differences_name_each_nested_key_that_differs_or_is_missing():
+    other = {**NUMERICS, "stages": {"generate": "cpu/float32", "rerank": "cpu/bfloat16"}, "onednn_isa": "AVX2"}
+    assert numerics_differences(NUMERICS, NUMERICS) == {}
+    assert numerics_differences(NUMERICS, other) == {"onednn_isa": {"here": None, "there": "AVX2"},
+                                                     "stages.generate": {"here": "cpu/bfloat16", "there": "cpu/float32"}}
+
+
+def test_a_worker_computing_with_other_numerics_is_named_and_warned_about_once_but_still_served(caplog):
+    class Client:
+        numerics = {**NUMERICS, "cpu_decode_attention": "flash-chunks"}
+
+        def answer(self, request, timeout_s):
+            return FakeWorker(1).answer(request, Deadline.after(timeout_s))
+
+        def health(self):
+            return {"status": "healthy", "numerics": self.numerics}
+
+        def abort(self, make_error):
+            raise AssertionError("not abandoned in this test")
+
+    def warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "other numerics" in r.getMessage()]
+
+    client, local = Client(), FakeWorker(0)
+    here = dataclasses.replace(local.target(local=True), numerics=NUMERICS)
+    caplog.set_level("WARNING", logger="services.roles.gateway.routing")
+    gw = gateway(here, remote_target(1, client))
+    wait_until(warnings, 10, "no warning of node 1's numerics")  # the first probe round's, from the gateway's thread
+    gw.router.probe_once()  # a second look at the same numerics: no second warning
+    status = {w["node"]: w for w in gw.status()}
+    assert status[1]["up"] and status[0]["numerics_differ"] == {}
+    assert status[1]["numerics_differ"] == {"cpu_decode_attention": {"here": "ordered", "there": "flash-chunks"}}
+    assert len(warnings()) == 1 and "cpu_decode_attention: here ordered, there flash-chunks" in warnings()[0]
+    assert {ask(gw, f"n-{i}", "q", 10)["served_by"] for i in range(4)} == {0, 1}  # still in the rotation
+    client.numerics = NUMERICS  # rebuilt alike
+    gw.router.probe_once()
+    assert {w["node"]: w["numerics_differ"] for w in gw.status()}[1] == {}
     gw.close()
 
 

@@ -85,7 +85,8 @@ class GatewayRole(Role):
     def _target(self, member: Member) -> WorkerTarget:
         if member.name == self.node:  # our own worker: an in-process call, no HTTP hop
             return WorkerTarget(node=self.node, answer=self.worker_role.answer, local=True,
-                                probe=lambda: self.lifecycle.readiness.state in LOCAL_SERVING)
+                                probe=lambda: self.lifecycle.readiness.state in LOCAL_SERVING,
+                                numerics=self.worker_role.numerics())
         cluster = self.settings.cluster
         return remote_worker(member, connect_timeout_s=cluster.connect_timeout_s, token=cluster.cluster_token)
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from services.cluster.clients import WorkerClient
 from services.cluster.membership import Member
@@ -60,13 +61,40 @@ class WorkerTarget:
     failures: int = 0  # times it left the rotation
     forwarding: int = 0  # forwards in progress
     gone: bool = False  # left the membership: never routed to again
+    # What decides its replies' bits (services.roles.worker: WorkerRole.numerics), as its last probe said
+    # (set at creation for the local worker), and where it differs from the local worker's.
+    numerics: dict[str, Any] | None = None
+    differs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def remote_target(node: int | str, client: WorkerClient) -> WorkerTarget:
     # Out of the rotation until the first probe finds it ready: never route to a starting node.
     # The other node is sent the time left: its clock is not ours.
-    return WorkerTarget(node=node, answer=lambda request, deadline: client.answer(request, deadline.left()),
-                        probe=lambda: client.health() is not None, abort=client.abort, up=False)
+    target = WorkerTarget(node=node, answer=lambda request, deadline: client.answer(request, deadline.left()),
+                          probe=lambda: False, abort=client.abort, up=False)
+
+    def probe() -> bool:
+        """Ready when its /health says so; what it says of its numerics is kept."""
+        body = client.health()
+        if body is not None:
+            target.numerics = body.get("numerics")
+        return body is not None
+
+    target.probe = probe
+    return target
+
+
+def numerics_differences(here: Mapping[str, Any], there: Mapping[str, Any], prefix: str = "") -> dict[str, dict]:
+    """Where two workers' numerics differ: {"stages.generate": {"here": ..., "there": ...}, ...}, a nested
+    mapping's keys joined by dots; a key one side lacks counts as a difference (value None there)."""
+    found: dict[str, dict] = {}
+    for key in sorted(set(here) | set(there)):
+        a, b = here.get(key), there.get(key)
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            found.update(numerics_differences(a, b, f"{prefix}{key}."))
+        elif a != b:
+            found[f"{prefix}{key}"] = {"here": a, "there": b}
+    return found
 
 
 class Router:
@@ -215,19 +243,36 @@ class Router:
             self.probe(target)
 
     def probe(self, target: WorkerTarget) -> None:
-        """Ask one worker whether it is ready; move it if its answer differs from its place."""
+        """Ask one worker whether it is ready; move it if its answer differs from its place. A worker whose
+        numerics differ from the local worker's stays in the rotation (a GPU worker beside CPU ones is a
+        deployment's choice) but is named in a warning and in status(): a request's reply then depends on
+        the worker it is routed to."""
         try:
             ok = bool(target.probe())
         except Exception:  # a probe must never kill the prober
             ok = False
         if ok != target.up:
             self.mark(target, ok, "health probe")
+        if ok:
+            self._compare_numerics(target)
+
+    def _compare_numerics(self, target: WorkerTarget) -> None:
+        local = next((t for t in self.targets if t.local), None)
+        if target.local or local is None or local.numerics is None or target.numerics is None:
+            return
+        differs = numerics_differences(local.numerics, target.numerics)
+        with self._lock:
+            changed, target.differs = differs != target.differs, differs
+        if changed and differs:
+            log.warning("worker node %s computes with other numerics than this node (%s): a request's reply "
+                        "can differ with the worker it is routed to", target.node,
+                        "; ".join(f"{key}: here {d['here']}, there {d['there']}" for key, d in differs.items()))
 
     def status(self) -> list[dict]:
         """Each worker: whether it is in the rotation, and what it was sent."""
         with self._lock:
             return [{"node": t.node, "up": t.up, "local": t.local, "forwarded": t.forwarded,
-                     "failures": t.failures} for t in self.targets]
+                     "failures": t.failures, "numerics_differ": dict(t.differs)} for t in self.targets]
 
 
 class MemberTargets:

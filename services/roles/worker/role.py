@@ -140,6 +140,12 @@ class WorkerRole(Role):
         worker = self.worker.value
         return worker.services.values() if worker is not None else ()
 
+    def numerics(self) -> dict[str, Any] | None:
+        """What decides a reply's bits on this worker (pipeline.stages.Stages.numerics, and where its models came
+        from), None until its models are loaded: the gateway compares its workers' with its own."""
+        worker = self.worker.value
+        return None if worker is None else {**worker.stages.numerics(), "models": self._model_source}
+
     def health_fields(self) -> dict[str, Any]:
         fields: dict[str, Any] = {"model_source": self._model_source}
         data = self.data.value
@@ -149,6 +155,7 @@ class WorkerRole(Role):
         worker = self.worker.value
         if worker is not None:
             fields["device"] = worker.stages.devices()
+            fields["numerics"] = self.numerics()
             fields["served"] = worker.served
             fields["stages"] = {str(stage): st.summary() for stage, st in worker.stats().items()}
         return fields
