@@ -11,6 +11,7 @@ import pytest
 from pipeline.config import Settings
 from pipeline.config.sections import GatewaySettings
 from services.roles.gateway.gateway import Gateway
+from services.roles.gateway.metrics import GatewayCollector
 from services.roles.gateway.routing import WorkerTarget, numerics_differences, remote_target
 from services.server.answer import AnswerPiece, FinalAnswer
 from services.server.answer_request import AnswerRequest
@@ -303,6 +304,8 @@ def test_a_worker_computing_with_other_numerics_is_named_and_warned_about_once_b
     assert status[1]["up"] and status[0]["numerics_differ"] == {}
     assert status[1]["numerics_differ"] == {"cpu_decode_attention": {"here": "ordered", "there": "flash-chunks"}}
     assert len(warnings()) == 1 and "cpu_decode_attention: here ordered, there flash-chunks" in warnings()[0]
+    differ = next(f for f in GatewayCollector(lambda: gw).collect() if f.name == "rag_gateway_worker_numerics_differ")
+    assert {s.labels["worker"]: s.value for s in differ.samples} == {"0": 0, "1": 1}
     assert {ask(gw, f"n-{i}", "q", 10)["served_by"] for i in range(4)} == {0, 1}  # still in the rotation
     client.numerics = NUMERICS  # rebuilt alike
     gw.router.probe_once()

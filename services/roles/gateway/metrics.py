@@ -29,13 +29,17 @@ class GatewayCollector:
         forwarded = CounterMetricFamily("rag_gateway_forwarded", "Requests answered by a worker over HTTP "
                                         "(node 0's in-process calls are not forwards)", labels=["worker"])
         up = GaugeMetricFamily("rag_gateway_worker_up", "1 if the worker is in the rotation", labels=["worker"])
+        differ = GaugeMetricFamily("rag_gateway_worker_numerics_differ", "How many of the worker's numerics differ "
+                                   "from node 0's own worker's (0: it computes a reply's bits alike)",
+                                   labels=["worker"])
         for status in statuses:
             worker = str(status["node"])
             routed.add_metric([worker, "true" if status["local"] else "false"], status["forwarded"])
             if not status["local"]:
                 forwarded.add_metric([worker], status["forwarded"])
             up.add_metric([worker], 1 if status["up"] else 0)
-        yield from (routed, forwarded, up)
+            differ.add_metric([worker], len(status["numerics_differ"]))
+        yield from (routed, forwarded, up, differ)
 
     @staticmethod
     def _admission(st: dict):
