@@ -87,6 +87,7 @@ class WorkerRole(Role):
         self.worker: Loaded[Worker] = Loaded(f"node {self.node} is still loading its models")
         self.data: Loaded[VersionedData[DocumentStore]] = Loaded(f"node {self.node} is still loading its data")
         self._model_source = "loading"
+        self._numerics: dict[str, Any] | None = None  # fixed once the models are loaded (numerics())
         # What a request body is checked against (the query's tokens: by the loaded LLM's tokenizer).
         self.bounds = worker_bounds(self.settings, lambda query: self.worker.require().count_query_tokens(query))
 
@@ -125,6 +126,9 @@ class WorkerRole(Role):
                                   settings.index.nprobe)
         index = ShardedIndexClient.from_cluster(settings.cluster, read_timeout_s=settings.search.timeout_s,
                                                 routers=routers)
+        # Read once: the CPU's flags and the kernels' builds do not change while the node runs, and /health
+        # is polled often.
+        self._numerics = {**stages.numerics(), "models": self._model_source}
         self.worker.set(Worker(worker_config(settings), stages, index, documents))
         log.info("node %d loaded and warmed its models in %.1fs (%s)", self.node, time.monotonic() - started,
                  self._model_source)
@@ -143,8 +147,7 @@ class WorkerRole(Role):
     def numerics(self) -> dict[str, Any] | None:
         """What decides a reply's bits on this worker (pipeline.stages.Stages.numerics, and where its models came
         from), None until its models are loaded: the gateway compares its workers' with its own."""
-        worker = self.worker.value
-        return None if worker is None else {**worker.stages.numerics(), "models": self._model_source}
+        return self._numerics
 
     def health_fields(self) -> dict[str, Any]:
         fields: dict[str, Any] = {"model_source": self._model_source}
