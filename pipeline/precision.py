@@ -20,6 +20,12 @@
   :class:`~pipeline.kernels.int4.Int4WeightLinear` (`torch.ops.aten._weight_int4pack_mm_for_cpu`),
   the others (label and score heads) :class:`~pipeline.kernels.int8.Int8WeightLinear`. A quarter of
   bfloat16's weight bytes: what a decode step at its memory floor reads. CPU only.
+* ``int4-dynamic``: int4-weight's 4-bit codes, scales and offsets, with int8-dynamic's activations: each row
+  quantized to int8 at run time, each group's code x code sums exact (VNNI), then per group scale and offset
+  in float32 in one fixed order (:class:`~pipeline.kernels.int4.Int4DynamicLinear`,
+  :mod:`pipeline.kernels.vnni_int4`); a Linear whose input width no group divides becomes int8-dynamic.
+  Loaded in float32 like int8-dynamic; half its weight bytes, without widening each weight to a float (what
+  keeps int4-weight's product above its memory floor). Offered where int8-dynamic is. CPU only.
 
 Which variant a stage runs (``PRECISION``: ``auto``, ``fast`` or a variant by name) is decided
 by :mod:`pipeline.precision_policy`, without torch. Conversion happens once at load, layer by layer, and drops each float weight
@@ -42,12 +48,13 @@ import torch
 
 from pipeline.kernels.batch_invariance import make_batch_invariant
 from pipeline.kernels.fused_linears import fuse_linears
-from pipeline.kernels.int4 import int4_or_int8_weight
+from pipeline.kernels.int4 import int4_or_int8_dynamic, int4_or_int8_weight
 from pipeline.kernels.int8 import Int8DynamicLinear, Int8WeightLinear, convert_linears, untie_output_embeddings
 from pipeline.kernels.versions import check_kernel_versions
 
 # The quantized variants: what each converts a model's nn.Linears to.
-QUANTIZED: dict[str, Callable[..., torch.nn.Module]] = {"int8-dynamic": Int8DynamicLinear, "int8-weight": Int8WeightLinear, "int4-weight": int4_or_int8_weight}
+QUANTIZED: dict[str, Callable[..., torch.nn.Module]] = {"int8-dynamic": Int8DynamicLinear, "int8-weight": Int8WeightLinear,
+                                                        "int4-dynamic": int4_or_int8_dynamic, "int4-weight": int4_or_int8_weight}
 
 
 def apply_precision(model, precision: str, **int8_options):

@@ -3,7 +3,7 @@ without torch or a model (so `./run.sh settings` can print it); the variants the
 pipeline/precision.py.
 
 ``PRECISION`` (per stage ``<STAGE>_PRECISION``) names what a stage computes in: a variant
-(``float32``, ``bfloat16``, ``float16``, ``int8-dynamic``, ``int8-weight``, ``int4-weight``) or a policy:
+(``float32``, ``bfloat16``, ``float16``, ``int8-dynamic``, ``int8-weight``, ``int4-dynamic``, ``int4-weight``) or a policy:
 ``auto`` = bfloat16 on a CPU with avx512_bf16 or AMX and on a GPU with bf16, float32 on other
 CPUs, float16 on a GPU without bf16; ``fast`` = the per-hardware table :data:`FAST`.
 """
@@ -57,7 +57,7 @@ FAST: dict[str, dict[str, str]] = {
 }
 # The dtype a variant's model is loaded in before its Linears are converted.
 LOAD_DTYPE = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16", "int8-dynamic": "float32",
-              "int8-weight": "bfloat16", "int4-weight": "bfloat16"}
+              "int8-weight": "bfloat16", "int4-dynamic": "float32", "int4-weight": "bfloat16"}
 # How each hardware kind reads in a sentence.
 HARDWARE_WORDS = {CPU_BF16: "a CPU with avx512_bf16 (or AMX, held below it)",
                   CPU_PLAIN: "a CPU without avx512_bf16 or AMX", CUDA: "a CUDA GPU"}
@@ -80,7 +80,8 @@ def supported_variants(device: str, *, cuda_bf16: Callable[[], bool] = _cuda_bf1
                        int4_cpu: Callable[[], bool] = cpu_runs_int4) -> tuple[str, ...]:
     """What this device is offered. A CPU: every variant but float16 (bf16 ones slowly without
     avx512_bf16; float16 is several times slower than float32 there), int8-dynamic only with
-    VNNI (without it fbgemm's and oneDNN's int8 sums saturate: they would be wrong, not only slow),
+    VNNI (without it fbgemm's and oneDNN's int8 sums saturate: they would be wrong, not only slow), int4-dynamic
+    likewise (its kernel needs AVX-512 VNNI; on an AVX-VNNI-only CPU torch's ops give its bits, slower),
     bfloat16 only where oneDNN packs its weights (AVX-512 BW/VL/DQ or avx_ne_convert: not on an
     AVX2-only CPU), int4-weight only where torch's int4 kernel has a vector path (AVX2 and FMA: else
     a scalar loop). CUDA: bfloat16 (where the
@@ -90,7 +91,7 @@ def supported_variants(device: str, *, cuda_bf16: Callable[[], bool] = _cuda_bf1
     bfloat16's on an H100 (52 / 52 / 46 ms against 30 / 32 / 34 at 1 / 8 / 32 sequences,
     docs/performance.md)."""
     if device != "cuda":
-        left_out = {"int8-dynamic"} - ({"int8-dynamic"} if int8_cpu() else set())
+        left_out = set() if int8_cpu() else {"int8-dynamic", "int4-dynamic"}
         left_out |= set() if packs_bf16() else {"bfloat16"}
         left_out |= set() if int4_cpu() else {"int4-weight"}
         return tuple(v for v in PRECISION_VARIANTS if v not in left_out)

@@ -12,7 +12,7 @@ from typing import Any, Callable, TypeVar
 # that picks one per stage from the hardware: auto = bfloat16 where the CPU or GPU has it, else
 # float32 (float16 on a GPU without bf16); fast = the per-hardware table FAST.
 PRECISION_POLICIES = ("auto", "fast")
-PRECISION_VARIANTS = ("float32", "bfloat16", "int8-dynamic", "int8-weight", "int4-weight")  # the CPU's (CUDA: bfloat16 of these)
+PRECISION_VARIANTS = ("float32", "bfloat16", "int8-dynamic", "int8-weight", "int4-dynamic", "int4-weight")  # the CPU's (CUDA: bfloat16 of these)
 CUDA_ONLY_VARIANTS = ("float16",)  # several times slower than float32 on a CPU: refused there
 PRECISION_CHOICES = PRECISION_POLICIES + PRECISION_VARIANTS[:2] + CUDA_ONLY_VARIANTS + PRECISION_VARIANTS[2:]
 # A value no longer accepted -> what to set instead (the old name would otherwise be refused

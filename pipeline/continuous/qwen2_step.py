@@ -40,6 +40,7 @@ from pipeline.kernels.batch_invariance import BATCH_INVARIANT_ATTENTION, RowInva
 from pipeline.kernels.chunked_attention import CHUNK, ORDERED
 from pipeline.kernels.decode_glue import EXTENSION as GLUE
 from pipeline.kernels.fused_linears import FusedPart
+from pipeline.kernels.int4 import Int4DynamicLinear
 from pipeline.kernels.int8 import Int8DynamicLinear
 
 # Chunk views kept per (rows, width, slots, capacity): a few layouts and widths at a time.
@@ -137,11 +138,12 @@ class Qwen2DecodeStep:
     @staticmethod
     def _linear(linear, x):
         """`linear` over 2-d rows x: a RowInvariantLinear's oneDNN call itself (rows >= 2; its forward for one
-        row), an int8-dynamic Linear's product over float32 rows itself, any other (int4) by its forward."""
+        row), an int8-dynamic or int4-dynamic Linear's product over float32 rows itself, any other (int4-weight)
+        by its forward."""
         kind = type(linear)
         if kind is RowInvariantLinear and x.shape[0] >= 2:
             return torch.ops.mkldnn._linear_pointwise(x, linear.weight, linear.bias, "none", [None], "")
-        if kind is Int8DynamicLinear and x.dtype == torch.float32:
+        if (kind is Int8DynamicLinear or kind is Int4DynamicLinear) and x.dtype == torch.float32:
             return linear.multiply(x)
         return linear(x)
 

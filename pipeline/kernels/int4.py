@@ -1,4 +1,5 @@
-"""int4 weight-only Linears: group-wise 4-bit weights, bfloat16 activations, torch's packed int4 product.
+"""int4 Linears: group-wise 4-bit weights, with bfloat16 activations (int4-weight, torch's packed int4
+product) or int8 activations quantized per row (int4-dynamic, pipeline.kernels.vnni_int4's product).
 
 Each output row's weights are cut into groups of `group` input columns (128 where the width allows, else
 64 or 32); a group keeps its own bfloat16 scale and offset (asymmetric, round to nearest: the group's
@@ -11,6 +12,10 @@ It computes each output element on its own, dequantizing as it goes and summing 
 one float32 accumulator in input order, whatever the row count, the rows beside it and the thread
 count (it splits work by tiles of rows and columns, never along a sum), so a row's bits never depend on
 its batch-mates (tests/unit/test_int4_kernels.py: 1..64 rows and more, 1, 2 and 8 threads).
+
+int4-dynamic (:class:`Int4DynamicLinear`) keeps the same codes, scales and offsets, but quantizes each row
+of activations to int8 as int8-dynamic does and sums code x code exactly per group (VNNI): a decode step at a
+few rows reads half of int8-dynamic's bytes without widening every weight to a float.
 
 A Linear the kernel cannot take (its output width not a multiple of 16, its input width not one of 32:
 a classifier's label head, a score head) becomes an int8 weight-only Linear instead
@@ -25,7 +30,8 @@ import torch
 
 from pipeline.config import ConfigError
 from pipeline.kernels.exact_check import int4_case
-from pipeline.kernels.int8 import Int8WeightLinear
+from pipeline.kernels import vnni_int4
+from pipeline.kernels.int8 import Int8DynamicLinear, Int8WeightLinear
 
 # The group widths tried, widest first (the kernel takes 32, 64, 128 and 256; 128 is AWQ's and GPTQ's).
 GROUP_SIZES = (128, 64, 32)
@@ -136,3 +142,60 @@ def int4_or_int8_weight(linear: torch.nn.Linear) -> torch.nn.Module:
     if int4_group(linear.in_features, linear.out_features) is None:
         return Int8WeightLinear(linear)
     return Int4WeightLinear(linear)
+
+
+class Int4DynamicLinear(torch.nn.Module):
+    """Group-wise int4 weights (:func:`quantize_groups`'s, widened to float32 scales and offsets) x int8
+    activations quantized per row, float32 in and out: pipeline.kernels.vnni_int4's arithmetic, by its
+    AVX-512 VNNI kernel where built for this CPU, else by :func:`~pipeline.kernels.vnni_int4.reference_product`
+    (torch's ops, the same bits, slower). CPU only."""
+
+    packed: torch.Tensor  # registered buffers: vnni_int4.pack's pair
+    params: torch.Tensor
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        group = vnni_int4.group_width(self.in_features)
+        if group is None:
+            raise ValueError(f"int4-dynamic needs in_features % {vnni_int4.GROUP_SIZES[-1]} == 0, "
+                             f"got {self.in_features}")
+        self.group = group
+        codes, params = quantize_groups(linear.weight.detach(), group)
+        scale, offset = (params[..., i].float().t().contiguous() for i in (0, 1))
+        packed, kernel_params = vnni_int4.pack(codes, scale, offset)
+        self.register_buffer("packed", packed)
+        self.register_buffer("params", kernel_params)
+        bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
+        self.register_buffer("bias", bias)
+        # The kernel's op, or None where it is not built for this CPU: then torch's ops, on the weight unpacked
+        # once, when first needed.
+        self._kernel = vnni_int4.EXTENSION.registered("vnni_int4_linear")
+        self._unpacked: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, group={self.group}, "
+                f"bias={self.bias is not None}")
+
+    def multiply(self, rows: torch.Tensor) -> torch.Tensor:
+        """(n, in) float32 rows, n >= 1 -> (n, out) float32, without forward's reshapes and casts."""
+        if self._kernel is not None:
+            return self._kernel(rows, self.packed, self.params, self.out_features, self.bias)
+        if self._unpacked is None:
+            self._unpacked = vnni_int4.unpack(self.packed, self.params, self.out_features)
+        return vnni_int4.reference_product(rows, *self._unpacked, self.bias)
+
+    def forward(self, x):
+        rows = x.reshape(-1, self.in_features).float()
+        if rows.shape[0] == 0:
+            out = rows.new_zeros((0, self.out_features))
+        else:
+            out = self.multiply(rows.contiguous())
+        return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+
+def int4_or_int8_dynamic(linear: torch.nn.Linear) -> torch.nn.Module:
+    """The int4-dynamic variant's Linear: int4 where a group width divides the inputs, else int8-dynamic."""
+    if vnni_int4.group_width(linear.in_features) is None:
+        return Int8DynamicLinear(linear)
+    return Int4DynamicLinear(linear)

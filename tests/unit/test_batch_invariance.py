@@ -36,6 +36,7 @@ PLACED = [pytest.param(("cpu", "float32"), id="cpu-float32"),
           pytest.param(("cpu", "bfloat16"), id="cpu-bfloat16", marks=BF16_CPU),
           pytest.param(("cpu", "int8-dynamic"), id="cpu-int8-dynamic"),
           pytest.param(("cpu", "int8-weight"), id="cpu-int8-weight", marks=BF16_CPU),
+          pytest.param(("cpu", "int4-dynamic"), id="cpu-int4-dynamic"),
           pytest.param(("cpu", "int4-weight"), id="cpu-int4-weight", marks=BF16_CPU),
           pytest.param(("cuda", "bfloat16"), id="cuda-bfloat16", marks=ON_CUDA),
           pytest.param(("cuda", "float16"), id="cuda-float16", marks=ON_CUDA)]

@@ -17,14 +17,15 @@ from pipeline.device import Placement, placement_for
 from pipeline.docstore import Document
 from pipeline.generator import GenerationRequest
 from pipeline.kernels.batch_invariance import BATCH_INVARIANT_ATTENTION, RowInvariantLinear
-from pipeline.kernels.int4 import Int4WeightLinear
+from pipeline.kernels.int4 import Int4DynamicLinear, Int4WeightLinear
 from pipeline.kernels.int8 import Int8DynamicLinear, Int8WeightLinear, quantize_rows
 from pipeline.precision_policy import FAST, LOAD_DTYPE
 from pipeline.reranker import RerankRequest
 from tests.helpers import run_joining
 
 # Every variant the policy may pick on a CPU; alone and batched must agree to the last bit in each.
-VARIANTS = ("float32", "bfloat16", "int8-dynamic", "int8-weight", "int4-weight")
+QUANTIZED_LINEARS = (Int8DynamicLinear, Int8WeightLinear, Int4DynamicLinear, Int4WeightLinear)
+VARIANTS = ("float32", "bfloat16", "int8-dynamic", "int8-weight", "int4-dynamic", "int4-weight")
 QUERIES = list(spec.REFERENCE_QUERIES)
 TEXTS = ["ok", "Answer: you can return it within 30 days for a refund.",
          "Answer: " + "the package is delayed because of the weather and the carrier. " * 20]
@@ -74,10 +75,10 @@ def test_per_stage_precision_overrides_precision():
 
 def test_bad_precision_values_are_one_line_errors_naming_the_variable():
     with pytest.raises(ConfigError, match=r"^PRECISION='int8' is not valid: expected one of auto, fast, float32, "
-                                          r"bfloat16, float16, int8-dynamic, int8-weight, int4-weight$"):
+                                          r"bfloat16, float16, int8-dynamic, int8-weight, int4-dynamic, int4-weight$"):
         Settings.from_env({"PRECISION": "int8"})
     with pytest.raises(ConfigError, match=r"^GENERATE_PRECISION='float16' is not valid on the CPU: expected auto, "
-                                          r"fast, float32, bfloat16, int8-dynamic, int8-weight, int4-weight$"):
+                                          r"fast, float32, bfloat16, int8-dynamic, int8-weight, int4-dynamic, int4-weight$"):
         _placement({"GENERATE_PRECISION": "float16"}, "generate")
 
 
@@ -101,7 +102,7 @@ def test_a_variant_the_device_cannot_run_is_refused_at_startup():
                                           r"expected auto, fast, float16$"):
         placement_for(s, "generate", bf16_cpu=lambda: True, **gpu)
     # CUDA is offered neither float32 (not batch-invariant there) nor int8 (slower than bfloat16 there)
-    for variant in ("float32", "int8-dynamic", "int8-weight", "int4-weight"):
+    for variant in ("float32", "int8-dynamic", "int8-weight", "int4-dynamic", "int4-weight"):
         with pytest.raises(ConfigError, match=rf"^PRECISION='{variant}' is not valid on this CUDA device: "
                                               r"expected auto, fast, bfloat16, float16$"):
             placement_for(Settings.from_env({"PRECISION": variant}), "rerank", bf16_cpu=lambda: True,
@@ -182,10 +183,12 @@ def test_every_linear_is_converted_and_the_lm_head_untied(stages):
     for stage in ("embed", "rerank", "generate", "sentiment", "toxicity"):
         model = stages[stage].model
         linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-        quantized = [m for m in model.modules() if isinstance(m, (Int8DynamicLinear, Int8WeightLinear, Int4WeightLinear))]
+        quantized = [m for m in model.modules() if isinstance(m, QUANTIZED_LINEARS)]
         assert (not linears and quantized) if variant.startswith("int") else (linears and not quantized), stage
         if variant == "int4-weight":  # int4 wherever the kernel takes the shape, int8 weight-only elsewhere
             assert any(isinstance(m, Int4WeightLinear) for m in quantized), stage
+        if variant == "int4-dynamic":  # int4 wherever a group divides the inputs, int8-dynamic elsewhere
+            assert any(isinstance(m, Int4DynamicLinear) for m in quantized), stage
         assert all(type(m) is RowInvariantLinear for m in linears), stage
         params = {p.dtype for p in model.parameters()}
         assert params == {getattr(torch, LOAD_DTYPE[variant])}, stage
@@ -193,7 +196,7 @@ def test_every_linear_is_converted_and_the_lm_head_untied(stages):
         assert configs and {c._attn_implementation for c in configs} == {BATCH_INVARIANT_ATTENTION}, stage
     llm = stages["generate"].model
     if variant.startswith("int"):
-        assert isinstance(llm.lm_head, (Int8DynamicLinear, Int8WeightLinear, Int4WeightLinear))
+        assert isinstance(llm.lm_head, QUANTIZED_LINEARS)
         assert llm.lm_head.out_features == llm.config.vocab_size
         assert not llm.config.tie_word_embeddings
     assert stages["generate"].placement.precision == variant
@@ -342,6 +345,11 @@ def test_int8_dynamic_is_offered_on_the_cpu_only_where_it_sums_exactly():
     plain = {"bf16": False, "int8_cpu": lambda: False}
     with pytest.raises(ConfigError, match="EMBED_PRECISION='int8-dynamic' is not valid on the CPU"):
         _placement({"EMBED_PRECISION": "int8-dynamic"}, "embed", **plain)
+    # int4-dynamic's activations are int8-dynamic's: offered with it or not at all
+    with pytest.raises(ConfigError, match=r"^GENERATE_PRECISION='int4-dynamic' is not valid on the CPU: expected auto, "
+                                          r"fast, float32, bfloat16, int8-weight, int4-weight$"):
+        _placement({"GENERATE_PRECISION": "int4-dynamic"}, "generate", **plain)
+    assert _placement({"GENERATE_PRECISION": "int4-dynamic"}, "generate") == Placement("cpu", "float32", "int4-dynamic")
     # fast's int8 entries fall back to auto's choice there: float32 on a CPU without bf16
     assert {_placement({"PRECISION": "fast"}, s, **plain).precision for s in FAST["cpu"]} <= {"float32", "int8-weight"}
     assert _placement({"PRECISION": "fast"}, "generate", bf16=False, int8_cpu=lambda: True).precision == "int8-dynamic"
@@ -360,6 +368,6 @@ def test_int4_weight_is_offered_on_the_cpu_only_where_its_kernel_has_a_vector_pa
     from pipeline.cpu_features import cpu_runs_int4
     assert cpu_runs_int4({"avx2", "fma", "avx512f"}) and not cpu_runs_int4({"sse4_1", "avx"})
     with pytest.raises(ConfigError, match=r"^GENERATE_PRECISION='int4-weight' is not valid on the CPU: expected "
-                                          r"auto, fast, float32, bfloat16, int8-dynamic, int8-weight$"):
+                                          r"auto, fast, float32, bfloat16, int8-dynamic, int8-weight, int4-dynamic$"):
         _placement({"GENERATE_PRECISION": "int4-weight"}, "generate", int4_cpu=lambda: False)
     assert _placement({"GENERATE_PRECISION": "int4-weight"}, "generate") == Placement("cpu", "bfloat16", "int4-weight")

@@ -15,7 +15,7 @@ from pipeline.continuous.scheduler import SequenceState
 from pipeline.continuous.slots import SlotRule, chunks_for
 from pipeline.kernels.chunked_attention import CHUNK, flash_chunked_attention
 from pipeline.kernels.decode_glue import EXTENSION as GLUE
-from pipeline.kernels.int4 import Int4WeightLinear
+from pipeline.kernels.int4 import Int4DynamicLinear, Int4WeightLinear
 from pipeline.kernels.int8 import Int8DynamicLinear
 from pipeline.kernels.ordered_attention import EXTENSION as ORDERED
 from pipeline.precision import apply_precision
@@ -23,10 +23,12 @@ from pipeline.precision_policy import LOAD_DTYPE
 from tests.unit.test_batch_invariance import BF16_CPU, QWEN_05B
 
 VOCAB = 512
+QUANTIZED_LINEARS = (Int8DynamicLinear, Int4DynamicLinear, Int4WeightLinear)
 TINY: dict[str, Any] = {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 64,
         "rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "tie_word_embeddings": True}
 CPU_VARIANTS = [pytest.param("float32"), pytest.param("bfloat16", marks=BF16_CPU), pytest.param("int8-dynamic"),
-                pytest.param("int8-weight", marks=BF16_CPU), pytest.param("int4-weight", marks=BF16_CPU)]
+                pytest.param("int8-weight", marks=BF16_CPU), pytest.param("int4-dynamic"),
+                pytest.param("int4-weight", marks=BF16_CPU)]
 
 
 def qwen2(variant: str, shape: dict[str, Any], layers: int):
@@ -104,18 +106,18 @@ def test_the_fast_step_gives_the_model_forwards_bits_in_every_cpu_precision(vari
     steps_agree(model, [2 * CHUNK + 40, 3, CHUNK - 1, 90], slots=4)  # chunks some rows do not see, an idle row
 
 
-@pytest.mark.parametrize("variant", ["int8-dynamic", pytest.param("int4-weight", marks=BF16_CPU)])
+@pytest.mark.parametrize("variant", ["int8-dynamic", "int4-dynamic", pytest.param("int4-weight", marks=BF16_CPU)])
 def test_a_lone_row_goes_once_through_linears_that_give_a_row_its_bits_alone(variant, monkeypatch):
     """A RowInvariantLinear widens one row to two, so a lone row runs as a pair; a quantized Linear gives a
     row the same bits alone, so the step multiplies the row once (steps_agree: the same logits as the forward)."""
     model = qwen2(variant, TINY, layers=2)
-    quantized = [m for m in model.modules() if isinstance(m, (Int8DynamicLinear, Int4WeightLinear))]
+    quantized = [m for m in model.modules() if isinstance(m, QUANTIZED_LINEARS)]
     assert len(quantized) >= 2 * 4 + 1  # q/k/v, o, gate/up and down a layer (fused), the output layer
     step_rows: list[int] = []
     product = Qwen2DecodeStep._linear
 
     def recorded(linear, x):
-        if isinstance(linear, (Int8DynamicLinear, Int4WeightLinear)):
+        if isinstance(linear, QUANTIZED_LINEARS):
             step_rows.append(x.shape[0])
         return product(linear, x)
 

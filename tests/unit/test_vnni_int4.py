@@ -1,0 +1,165 @@
+"""pipeline.kernels.vnni_int4: int4-dynamic's product gives integer arithmetic's group sums and its fixed float
+steps, for every row at any row count, thread count and shape, in the kernel and in torch's reference alike;
+Int4DynamicLinear runs it, the kernel where built, and gives the same bits either way."""
+import pytest
+import torch
+
+from pipeline.kernels import vnni_int4
+from pipeline.kernels.int4 import Int4DynamicLinear, int4_or_int8_dynamic, quantize_groups
+from pipeline.kernels.int8 import Int8DynamicLinear, auto_kernel, row_codes
+from tests.support.extensions import built_ops
+
+
+@pytest.fixture(scope="module")
+def ops():
+    return built_ops(vnni_int4.EXTENSION, "no AVX-512 VNNI: the kernel is not used on this CPU (torch's ops run it)")
+
+
+def _rows(n, k, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, k, generator=g) * torch.logspace(-6, 6, max(n, 1))[:n, None]  # quiet rows and loud ones
+    if n > 2:
+        x[1] = 0  # an all-zero row: the 1e-12 scale floor
+        x[2, ::3] = 0.5 * x[2].abs().amax() / 127  # exact halves of the scale: round half to even
+    return x
+
+
+def _layer(k, out, bias, seed=1):
+    """(codes, scale, offset, bias) as Int4DynamicLinear keeps them, from a random float weight."""
+    g = torch.Generator().manual_seed(seed)
+    codes, params = quantize_groups(torch.randn(out, k, generator=g), vnni_int4.group_width(k))
+    scale, offset = (params[..., i].float().t().contiguous() for i in (0, 1))
+    return codes, scale, offset, (torch.randn(out, generator=g) if bias else None)
+
+
+def _integer_reference(x, codes, scale, offset, bias):
+    """The arithmetic the module docstring states: int64 group sums (exact), then float32 ops one at a time."""
+    n, k = x.shape
+    out, groups = scale.shape
+    q, row_scale = row_codes(x)
+    q = q.to(torch.int64).view(n, groups, k // groups)
+    sums = torch.einsum("ngw,ogw->gno", q, codes.to(torch.int64).view(out, groups, k // groups))
+    qsum = q.sum(dim=2).t()[:, :, None]  # (groups, n, 1)
+    acc = torch.zeros(n, out)
+    for g in range(groups):
+        acc = acc + (scale[:, g] * (sums[g] - 8 * qsum[g]).float() + offset[:, g] * qsum[g].float())
+    result = acc * row_scale
+    return result if bias is None else result + bias
+
+
+SHAPES = [(32, 5), (64, 70), (96, 130), (256, 64), (896, 1152), (4864, 64)]
+
+
+@pytest.mark.parametrize("k, out", SHAPES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_kernel_equals_integer_arithmetic_bit_for_bit(ops, k, out, bias):
+    codes, scale, offset, b = _layer(k, out, bias)
+    packed, params = vnni_int4.pack(codes, scale, offset)
+    for n in (1, 2, 3, 4, 5, 8, 9, 17):
+        x = _rows(n, k)
+        assert torch.equal(ops.vnni_int4_linear(x, packed, params, out, b), _integer_reference(x, codes, scale, offset, b)), n
+
+
+@pytest.mark.parametrize("k, out", SHAPES[:4])
+def test_torchs_reference_equals_integer_arithmetic_bit_for_bit(k, out):
+    codes, scale, offset, b = _layer(k, out, True)
+    for n in (1, 3, 8):
+        x = _rows(n, k)
+        assert torch.equal(vnni_int4.reference_product(x, codes, scale, offset, b),
+                           _integer_reference(x, codes, scale, offset, b)), n
+
+
+def test_full_range_group_sums_are_exact(ops):
+    """Codes of 15 and 0 against row codes of +-127 over 4,864 inputs in groups of 128: every group's sums at
+    their extremes, and the float steps on large integers."""
+    k, out = 4864, 64
+    codes = torch.full((out, k), 15, dtype=torch.int32)
+    codes[1::2] = 0
+    scale = torch.full((out, k // 128), 0.37)
+    offset = torch.full((out, k // 128), -1.3)
+    x = torch.ones(3, k)
+    x[1] = -1.0
+    x[2, ::2] = -1.0
+    packed, params = vnni_int4.pack(codes, scale, offset)
+    expected = _integer_reference(x, codes, scale, offset, None)
+    assert torch.equal(ops.vnni_int4_linear(x, packed, params, out, None), expected)
+    assert torch.equal(vnni_int4.reference_product(x, codes, scale, offset, None), expected)
+
+
+def test_a_rows_result_does_not_depend_on_its_batch_mates_or_the_thread_count(ops):
+    codes, scale, offset, b = _layer(896, 1152, True)
+    packed, params = vnni_int4.pack(codes, scale, offset)
+    x = _rows(11, 896)
+    together = ops.vnni_int4_linear(x, packed, params, 1152, b)
+    alone = torch.cat([ops.vnni_int4_linear(x[i:i + 1], packed, params, 1152, b) for i in range(11)])
+    louder = ops.vnni_int4_linear(torch.cat([x, 1e6 * torch.ones(1, 896)]), packed, params, 1152, b)[:11]
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = ops.vnni_int4_linear(x, packed, params, 1152, b)
+        torch.set_num_threads(3)
+        three = ops.vnni_int4_linear(x, packed, params, 1152, b)
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(together, other) for other in (alone, louder, one, three))
+
+
+def test_packing_pads_and_unpacks_to_the_same_codes_scales_and_offsets():
+    codes, scale, offset, _ = _layer(96, 70, False)
+    packed, params = vnni_int4.pack(codes, scale, offset)
+    assert packed.shape == (2, 96 // 8, 4, 16, 4) and packed.dtype == torch.uint8 and packed.is_contiguous()
+    assert params.shape == (2, 3, 4, 2, 16) and params.dtype == torch.float32
+    back_codes, back_scale, back_offset = vnni_int4.unpack(packed, params, 70)
+    assert torch.equal(back_codes.int(), codes) and torch.equal(back_scale, scale) and torch.equal(back_offset, offset)
+    # task 1, pair 2, block 0, channel 3: channel 64 + 3's inputs 16..19 low, 20..23 high
+    byte = packed[1, 2, 0, 3]
+    assert torch.equal((byte & 0x0F).int(), codes[67, 16:20]) and torch.equal((byte >> 4).int(), codes[67, 20:24])
+    assert not packed[1, :, 0, 6:].any() and not params[1, :, 0, :, 6:].any()  # channels 70.. are padding
+
+
+def test_a_wrong_argument_is_refused_by_name(ops):
+    codes, scale, offset, b = _layer(64, 64, True)
+    packed, params = vnni_int4.pack(codes, scale, offset)
+    x = torch.randn(2, 64)
+    cases = [((x.double(), packed, params, 64, b), "2-d float32 rows"),
+             ((torch.randn(2, 72), packed, params, 64, b), "rows of 64 values, not 72"),
+             ((x, packed[0], params, 64, b), "a weight packed by vnni_int4.pack"),
+             ((x, packed, params.double(), 64, b), r"float32 \(tasks, groups, 4, 2, 16\)"),
+             ((x, packed, params, 65, b), "65 channels do not fit 1 packed tasks"),
+             ((x, packed, params, 64, b[:3]), "a float32 bias of one value per output channel")]
+    for args, message in cases:
+        with pytest.raises(RuntimeError, match=message):
+            ops.vnni_int4_linear(*args)
+
+
+def test_the_linear_gives_the_kernels_bits_with_it_and_without_it(ops):
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(256, 96)
+    layer = Int4DynamicLinear(linear)
+    x = _rows(6, 256).view(2, 3, 256)
+    with_kernel = layer(x)
+    layer._kernel = None  # as where the extension is not built
+    without = layer(x)
+    codes, scale, offset = vnni_int4.unpack(layer.packed, layer.params, 96)
+    expected = _integer_reference(x.view(6, 256), codes, scale, offset, linear.bias.detach()).view(2, 3, 96)
+    assert torch.equal(with_kernel, expected) and torch.equal(without, expected)
+    assert layer(torch.empty(0, 256)).shape == (0, 96)
+    assert layer(x.to(torch.bfloat16)).dtype == torch.bfloat16  # float32 inside, the caller's dtype out
+
+
+def test_the_variant_keeps_int8_dynamic_where_no_group_divides_the_inputs():
+    if auto_kernel(37) is None:
+        pytest.skip("no exact int8 product on this CPU (no VNNI): int8-dynamic, and so int4-dynamic, is not offered")
+    assert type(int4_or_int8_dynamic(torch.nn.Linear(37, 8))) is Int8DynamicLinear
+    assert int4_or_int8_dynamic(torch.nn.Linear(96, 8)).group == 32
+    with pytest.raises(ValueError, match="in_features % 32 == 0, got 37"):
+        Int4DynamicLinear(torch.nn.Linear(37, 8))
+
+
+def test_int4_dynamic_runs_it_as_an_op_that_profilers_and_dispatch_modes_see(ops):
+    from profiling.lib.engine_step import ProductRecorder
+    layer = Int4DynamicLinear(torch.nn.Linear(64, 64))
+    recorder = ProductRecorder()
+    with recorder.mode:
+        layer(torch.randn(2, 64))
+    assert [str(f.overloadpacket.__name__) for f, _, _ in recorder.calls] == ["vnni_int4_linear"]
