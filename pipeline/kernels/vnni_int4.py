@@ -69,21 +69,9 @@ float quantize_row(const float* row, int64_t k, int64_t group, int8_t* out, int3
   return s;
 }
 
-// A task's codes one to a byte, for each input pair and block the low nibbles' vector then the high ones': with
-// more rows than one pass takes, the nibbles are split once a call instead of once a pass (prefill's 256 rows:
-// 0.89x the time).
-inline void widen_task(const uint8_t* w, int64_t pairs, uint8_t* wide) {
-  const __m512i low = _mm512_set1_epi8(0x0F);
-  for (int64_t i = 0; i < pairs * BLOCKS; ++i) {
-    const __m512i v = _mm512_loadu_si512(w + i * BLOCK * PAIR / 2);
-    _mm512_storeu_si512(wide + 2 * i * BLOCK * PAIR / 2, _mm512_and_si512(v, low));
-    _mm512_storeu_si512(wide + (2 * i + 1) * BLOCK * PAIR / 2, _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
-  }
-}
-
-// One task's 64 channels (four blocks of 16, their bytes interleaved by input pair: one stream) for R rows, from
-// the packed nibbles or (WIDE) from widen_task's bytes: the float sums over every group into `acc` (R x GROUP).
-template <int R, bool WIDE>
+// One task's 64 channels (four blocks of 16, their bytes interleaved by input pair: one stream) for R rows: the
+// float sums over every group into `acc` (R x GROUP floats).
+template <int R>
 inline void task(const int8_t* codes, int64_t stride, const int32_t* qsums, int64_t groups, const uint8_t* w,
                  const float* params, int64_t group_pairs, float* acc) {
   const __m512i low = _mm512_set1_epi8(0x0F);
@@ -97,17 +85,11 @@ inline void task(const int8_t* codes, int64_t stride, const int32_t* qsums, int6
       __m512i lo[BLOCKS], hi[BLOCKS];
 #pragma GCC unroll 4
       for (int b = 0; b < BLOCKS; ++b) {
-        if constexpr (WIDE) {
-          const uint8_t* line = w + 2 * (p * BLOCKS + b) * BLOCK * PAIR / 2;
-          lo[b] = _mm512_loadu_si512(line);
-          hi[b] = _mm512_loadu_si512(line + BLOCK * PAIR / 2);
-        } else {
-          const uint8_t* line = w + (p * BLOCKS + b) * BLOCK * PAIR / 2;
-          _mm_prefetch(reinterpret_cast<const char*>(line) + PREFETCH, _MM_HINT_T0);
-          const __m512i v = _mm512_loadu_si512(line);
-          lo[b] = _mm512_and_si512(v, low);
-          hi[b] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-        }
+        const uint8_t* line = w + (p * BLOCKS + b) * BLOCK * PAIR / 2;
+        _mm_prefetch(reinterpret_cast<const char*>(line) + PREFETCH, _MM_HINT_T0);
+        const __m512i v = _mm512_loadu_si512(line);
+        lo[b] = _mm512_and_si512(v, low);
+        hi[b] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
       }
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
@@ -140,14 +122,13 @@ inline void task(const int8_t* codes, int64_t stride, const int32_t* qsums, int6
   }
 }
 
-template <bool WIDE>
 void any_rows(int64_t rows, const int8_t* codes, int64_t stride, const int32_t* qsums, int64_t groups,
               const uint8_t* w, const float* params, int64_t group_pairs, float* acc) {
   switch (rows) {
-    case 1: task<1, WIDE>(codes, stride, qsums, groups, w, params, group_pairs, acc); break;
-    case 2: task<2, WIDE>(codes, stride, qsums, groups, w, params, group_pairs, acc); break;
-    case 3: task<3, WIDE>(codes, stride, qsums, groups, w, params, group_pairs, acc); break;
-    default: task<4, WIDE>(codes, stride, qsums, groups, w, params, group_pairs, acc);
+    case 1: task<1>(codes, stride, qsums, groups, w, params, group_pairs, acc); break;
+    case 2: task<2>(codes, stride, qsums, groups, w, params, group_pairs, acc); break;
+    case 3: task<3>(codes, stride, qsums, groups, w, params, group_pairs, acc); break;
+    default: task<4>(codes, stride, qsums, groups, w, params, group_pairs, acc);
   }
 }
 
@@ -187,21 +168,17 @@ torch::Tensor vnni_int4_linear(const torch::Tensor& x, const torch::Tensor& pack
   const float* pr = params.data_ptr<float>();
   const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   float* dst = out.data_ptr<float>();
-  const bool wide = n > ROWS;
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     alignas(64) float acc[ROWS * GROUP];
-    std::vector<uint8_t> widened(wide ? pairs * GROUP * PAIR : 0);
     for (int64_t t = begin; t < end; ++t) {
       const uint8_t* wt = w + t * pairs * GROUP * PAIR / 2;
       const float* pt = pr + t * groups * BLOCKS * 2 * BLOCK;
       const int64_t c0 = t * GROUP, c1 = std::min(channels, c0 + GROUP);
-      if (wide) widen_task(wt, pairs, widened.data());
       // Four rows at a time: past the first four, the task's weights come from the core's cache.
       for (int64_t r0 = 0; r0 < n; r0 += ROWS) {
         const int64_t rows = std::min(ROWS, n - r0);
         std::fill(acc, acc + ROWS * GROUP, 0.0f);
-        if (wide) any_rows<true>(rows, codes.data() + r0 * k, k, qsums.data() + r0 * groups, groups, widened.data(), pt, group_pairs, acc);
-        else any_rows<false>(rows, codes.data() + r0 * k, k, qsums.data() + r0 * groups, groups, wt, pt, group_pairs, acc);
+        any_rows(rows, codes.data() + r0 * k, k, qsums.data() + r0 * groups, groups, wt, pt, group_pairs, acc);
         for (int64_t r = 0; r < rows; ++r) {
           const float rs = row_scale[r0 + r];
           float* o = dst + (r0 + r) * channels;
