@@ -29,8 +29,8 @@ import functools
 import torch
 
 from pipeline.config import ConfigError
-from pipeline.kernels.exact_check import int4_case
 from pipeline.kernels import vnni_int4
+from pipeline.kernels.exact_check import int4_case
 from pipeline.kernels.int8 import Int8DynamicLinear, Int8WeightLinear
 
 # The group widths tried, widest first (the kernel takes 32, 64, 128 and 256; 128 is AWQ's and GPTQ's).
@@ -150,8 +150,9 @@ class Int4DynamicLinear(torch.nn.Module):
     AVX-512 VNNI kernel where built for this CPU, else by :func:`~pipeline.kernels.vnni_int4.reference_product`
     (torch's ops, the same bits, slower). CPU only."""
 
-    packed: torch.Tensor  # registered buffers: vnni_int4.pack's pair
+    packed: torch.Tensor  # registered buffers: vnni_int4.pack's pair, and the float32 bias or None
     params: torch.Tensor
+    bias: torch.Tensor | None
 
     def __init__(self, linear: torch.nn.Linear):
         super().__init__()
