@@ -226,8 +226,8 @@ def test_cli_end_to_end_on_the_tiny_standins(tmp_path, capsys):
     assert code == 0
     assert time.perf_counter() - started < 60  # seconds on an idle machine; generous for a shared one
     result = json.loads((tmp_path / "roofline.json").read_text())
-    assert [p["name"] for p in result["plans"]] == ["float32", "bfloat16", "int8-dynamic", "int8-weight", "int4-weight",
-                                                    "fast"]
+    assert [p["name"] for p in result["plans"]] == ["float32", "bfloat16", "int8-dynamic", "int8-weight", "int4-dynamic",
+                                                    "int4-weight", "fast"]
     assert result["model_source"] == "standin:tiny"
     tokens = result["tokens"]
     assert len(tokens["rerank"]) == 10 and all(n > 2 for n in tokens["rerank"])
