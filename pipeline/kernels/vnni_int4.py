@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pipeline.kernels import vnni_int8
 from pipeline.kernels.compiled import CompiledExtension
 from pipeline.kernels.fused_int8 import ROW_CODES_CPP
 
@@ -199,11 +200,9 @@ TORCH_LIBRARY(EXTENSION_NAMESPACE, m) {
 
 TORCH_LIBRARY_IMPL(EXTENSION_NAMESPACE, CPU, m) { m.impl("vnni_int4_linear", &vnni_int4_linear); }
 '''
-# -ffp-contract=off: each multiply and add rounds on its own, as torch's separate ops (reference_product) do.
-_CFLAGS = ["-O3", "-std=c++17", "-mavx512f", "-mavx512bw", "-mavx512vnni", "-ffp-contract=off", "-fno-fast-math",
-           "-fopenmp"]
-EXTENSION = CompiledExtension("rag_vnni_int4", _SOURCE, ["vnni_int4_linear"], _CFLAGS,
-                              frozenset({"avx512f", "avx512bw", "avx512_vnni"}), ldflags=("-fopenmp",))
+# vnni_int8's flags: each multiply and add rounds on its own, as torch's separate ops (reference_product) do.
+EXTENSION = CompiledExtension("rag_vnni_int4", _SOURCE, ["vnni_int4_linear"], vnni_int8.CFLAGS, vnni_int8.CPU_FLAGS,
+                              ldflags=("-fopenmp",))
 
 
 def group_width(in_features: int) -> int | None:

@@ -179,11 +179,12 @@ TORCH_LIBRARY(EXTENSION_NAMESPACE, m) {
 
 TORCH_LIBRARY_IMPL(EXTENSION_NAMESPACE, CPU, m) { m.impl("vnni_linear", &vnni_linear); }
 '''
-# -ffp-contract=off: the rescale's products and the bias round one at a time, as torch's separate ops do.
-_CFLAGS = ["-O3", "-std=c++17", "-mavx512f", "-mavx512bw", "-mavx512vnni", "-ffp-contract=off", "-fno-fast-math",
-           "-fopenmp"]
-EXTENSION = CompiledExtension("rag_vnni_int8", _SOURCE, ["vnni_linear"], _CFLAGS,
-                              frozenset({"avx512f", "avx512bw", "avx512_vnni"}), ldflags=("-fopenmp",))
+# The VNNI kernels' flags (this one's and pipeline.kernels.vnni_int4's). -ffp-contract=off: the float products and
+# sums round one at a time, as torch's separate ops do.
+CFLAGS = ["-O3", "-std=c++17", "-mavx512f", "-mavx512bw", "-mavx512vnni", "-ffp-contract=off", "-fno-fast-math",
+          "-fopenmp"]
+CPU_FLAGS = frozenset({"avx512f", "avx512bw", "avx512_vnni"})
+EXTENSION = CompiledExtension("rag_vnni_int8", _SOURCE, ["vnni_linear"], CFLAGS, CPU_FLAGS, ldflags=("-fopenmp",))
 
 
 def pack(qweight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

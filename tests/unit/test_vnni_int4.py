@@ -8,20 +8,12 @@ from pipeline.kernels import vnni_int4
 from pipeline.kernels.int4 import Int4DynamicLinear, int4_or_int8_dynamic, quantize_groups
 from pipeline.kernels.int8 import Int8DynamicLinear, auto_kernel, row_codes
 from tests.support.extensions import built_ops
+from tests.support.quantized_rows import quiet_and_loud_rows
 
 
 @pytest.fixture(scope="module")
 def ops():
     return built_ops(vnni_int4.EXTENSION, "no AVX-512 VNNI: the kernel is not used on this CPU (torch's ops run it)")
-
-
-def _rows(n, k, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, k, generator=g) * torch.logspace(-6, 6, max(n, 1))[:n, None]  # quiet rows and loud ones
-    if n > 2:
-        x[1] = 0  # an all-zero row: the 1e-12 scale floor
-        x[2, ::3] = 0.5 * x[2].abs().amax() / 127  # exact halves of the scale: round half to even
-    return x
 
 
 def _layer(k, out, bias, seed=1):
@@ -56,7 +48,7 @@ def test_the_kernel_equals_integer_arithmetic_bit_for_bit(ops, k, out, bias):
     codes, scale, offset, b = _layer(k, out, bias)
     packed, params = vnni_int4.pack(codes, scale, offset)
     for n in (1, 2, 3, 4, 5, 8, 9, 17):
-        x = _rows(n, k)
+        x = quiet_and_loud_rows(n, k)
         assert torch.equal(ops.vnni_int4_linear(x, packed, params, out, b), _integer_reference(x, codes, scale, offset, b)), n
 
 
@@ -64,7 +56,7 @@ def test_the_kernel_equals_integer_arithmetic_bit_for_bit(ops, k, out, bias):
 def test_torchs_reference_equals_integer_arithmetic_bit_for_bit(k, out):
     codes, scale, offset, b = _layer(k, out, True)
     for n in (1, 3, 8):
-        x = _rows(n, k)
+        x = quiet_and_loud_rows(n, k)
         assert torch.equal(vnni_int4.reference_product(x, codes, scale, offset, b),
                            _integer_reference(x, codes, scale, offset, b)), n
 
@@ -89,7 +81,7 @@ def test_full_range_group_sums_are_exact(ops):
 def test_a_rows_result_does_not_depend_on_its_batch_mates_or_the_thread_count(ops):
     codes, scale, offset, b = _layer(896, 1152, True)
     packed, params = vnni_int4.pack(codes, scale, offset)
-    x = _rows(11, 896)
+    x = quiet_and_loud_rows(11, 896)
     together = ops.vnni_int4_linear(x, packed, params, 1152, b)
     alone = torch.cat([ops.vnni_int4_linear(x[i:i + 1], packed, params, 1152, b) for i in range(11)])
     louder = ops.vnni_int4_linear(torch.cat([x, 1e6 * torch.ones(1, 896)]), packed, params, 1152, b)[:11]
@@ -136,7 +128,7 @@ def test_the_linear_gives_the_kernels_bits_with_it_and_without_it(ops):
     torch.manual_seed(0)
     linear = torch.nn.Linear(256, 96)
     layer = Int4DynamicLinear(linear)
-    x = _rows(6, 256).view(2, 3, 256)
+    x = quiet_and_loud_rows(6, 256).view(2, 3, 256)
     with_kernel = layer(x)
     layer._kernel = None  # as where the extension is not built
     without = layer(x)

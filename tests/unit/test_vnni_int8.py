@@ -7,20 +7,12 @@ import torch
 from pipeline.kernels import vnni_int8
 from pipeline.kernels.int8 import quantize_per_channel, row_codes
 from tests.support.extensions import built_ops
+from tests.support.quantized_rows import quiet_and_loud_rows
 
 
 @pytest.fixture(scope="module")
 def ops():
     return built_ops(vnni_int8.EXTENSION, "no AVX-512 VNNI: the kernel is not used on this CPU (fbgemm or _int_mm runs)")
-
-
-def _rows(n, k, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, k, generator=g) * torch.logspace(-6, 6, max(n, 1))[:n, None]  # quiet rows and loud ones
-    if n > 2:
-        x[1] = 0  # an all-zero row: the 1e-12 scale floor
-        x[2, ::3] = 0.5 * x[2].abs().amax() / 127  # exact halves of the scale: round half to even
-    return x
 
 
 def _layer(k, out, bias, seed=1):
@@ -44,11 +36,11 @@ def test_the_product_equals_integer_arithmetic_bit_for_bit(ops, k, out, bias):
     qweight, scale, b = _layer(k, out, bias)
     packed, offsets = vnni_int8.pack(qweight)
     for n in (1, 2, 5, 8, 9, 17, 40):
-        x = _rows(n, k)
+        x = quiet_and_loud_rows(n, k)
         assert torch.equal(ops.vnni_linear(x, packed, offsets, scale, b), _integer_reference(x, qweight, scale, b)), n
 
 
-def test_no_rows_give_no_rows(ops):
+def test_no_rows_give_noquiet_and_loud_rows(ops):
     qweight, scale, _ = _layer(16, 8, False)
     assert ops.vnni_linear(torch.empty(0, 16), *vnni_int8.pack(qweight), scale, None).shape == (0, 8)
 
@@ -71,7 +63,7 @@ def test_full_range_sums_are_exact_where_16_bit_pair_sums_would_saturate(ops):
 def test_a_rows_result_does_not_depend_on_its_batch_mates_or_the_thread_count(ops):
     qweight, scale, b = _layer(896, 1152, True)
     packed, offsets = vnni_int8.pack(qweight)
-    x = _rows(11, 896)
+    x = quiet_and_loud_rows(11, 896)
     together = ops.vnni_linear(x, packed, offsets, scale, b)
     alone = torch.cat([ops.vnni_linear(x[i:i + 1], packed, offsets, scale, b) for i in range(11)])
     louder = ops.vnni_linear(torch.cat([x, 1e6 * torch.ones(1, 896)]), packed, offsets, scale, b)[:11]
