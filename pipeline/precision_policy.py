@@ -38,7 +38,9 @@ CPU_BF16, CPU_PLAIN, CUDA = "cpu-bf16", "cpu", "cuda"
 #             embed and rerank (all-MiniLM-L6-v2's real cosine min 0.89): no entry
 #   int4-dynamic: the LLM's decode step 0.61-0.75x int8-dynamic's, a whole answer level with it (slower
 #             prefill), but 4-bit rounding's drift: teacher-forced top-1 0.25 vs int8-dynamic's 0.86 on random
-#             weights (docs/performance.md section 21): no entry
+#             weights (docs/performance.md section 21): no entry. In the encoders 1.9-2.8x float32 (one round,
+#             d93ea7e): below the bars in embed and rerank; the rule picked it for sentiment by a margin within
+#             the noise (408 vs 457 ms), where 4-bit's real-weights drift is unbounded by 8 labels: not taken
 #   generate  STILL PROVISIONAL: on random-weight stand-ins no cheaper variant keeps greedy answers
 #             equal to float32 (near-tied logits), so the rule picks float32 there; int8-dynamic is
 #             kept for speed (the whole-service runs in docs/performance.md); every variant is
