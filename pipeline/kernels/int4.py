@@ -43,11 +43,16 @@ INNER_K_TILES = 8
 _QUANTIZE_ROWS = 8192
 
 
+def group_width(in_features: int) -> int | None:
+    """The widest of :data:`GROUP_SIZES` that divides `in_features` (int4-dynamic's group), None where none does."""
+    return next((g for g in GROUP_SIZES if in_features % g == 0), None)
+
+
 def int4_group(in_features: int, out_features: int) -> int | None:
-    """The group width a Linear of this shape gets, None where the kernel cannot take it."""
+    """The group width a Linear of this shape gets in int4-weight, None where torch's kernel cannot take it."""
     if out_features % COLUMN_MULTIPLE:
         return None
-    return next((g for g in GROUP_SIZES if in_features % g == 0), None)
+    return group_width(in_features)
 
 
 def quantize_groups(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,9 +162,9 @@ class Int4DynamicLinear(torch.nn.Module):
     def __init__(self, linear: torch.nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        group = vnni_int4.group_width(self.in_features)
+        group = group_width(self.in_features)
         if group is None:
-            raise ValueError(f"int4-dynamic needs in_features % {vnni_int4.GROUP_SIZES[-1]} == 0, "
+            raise ValueError(f"int4-dynamic needs in_features % {GROUP_SIZES[-1]} == 0, "
                              f"got {self.in_features}")
         self.group = group
         codes, params = quantize_groups(linear.weight.detach(), group)
@@ -197,6 +202,6 @@ class Int4DynamicLinear(torch.nn.Module):
 
 def int4_or_int8_dynamic(linear: torch.nn.Linear) -> torch.nn.Module:
     """The int4-dynamic variant's Linear: int4 where a group width divides the inputs, else int8-dynamic."""
-    if vnni_int4.group_width(linear.in_features) is None:
+    if group_width(linear.in_features) is None:
         return Int8DynamicLinear(linear)
     return Int4DynamicLinear(linear)

@@ -35,8 +35,6 @@ if TYPE_CHECKING:  # imported by `python -m pipeline.kernels.compiled`, which fi
 # Output channels per packed block (one AVX-512 register of int32 sums), inputs per packed byte row (two
 # quads of four: one in the low nibbles, one in the high), output channels per task (the padding unit).
 BLOCK, PAIR, GROUP = 16, 8, 64
-# The group widths a Linear may have, widest first: they divide its input width (pipeline.kernels.int4's).
-GROUP_SIZES = (128, 64, 32)
 # Output columns the torch path computes at a time: bounds its (groups, rows, columns) sums.
 _REFERENCE_COLUMNS = 8192
 
@@ -203,11 +201,6 @@ TORCH_LIBRARY_IMPL(EXTENSION_NAMESPACE, CPU, m) { m.impl("vnni_int4_linear", &vn
 # vnni_int8's flags: each multiply and add rounds on its own, as torch's separate ops (reference_product) do.
 EXTENSION = CompiledExtension("rag_vnni_int4", _SOURCE, ["vnni_int4_linear"], vnni_int8.CFLAGS, vnni_int8.CPU_FLAGS,
                               ldflags=("-fopenmp",))
-
-
-def group_width(in_features: int) -> int | None:
-    """The group width a Linear of `in_features` inputs gets, None where none of :data:`GROUP_SIZES` divides it."""
-    return next((g for g in GROUP_SIZES if in_features % g == 0), None)
 
 
 def pack(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

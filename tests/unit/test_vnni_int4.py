@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from pipeline.kernels import vnni_int4
-from pipeline.kernels.int4 import Int4DynamicLinear, int4_or_int8_dynamic, quantize_groups
+from pipeline.kernels.int4 import Int4DynamicLinear, group_width, int4_or_int8_dynamic, quantize_groups
 from pipeline.kernels.int8 import Int8DynamicLinear, auto_kernel, row_codes
 from tests.support.extensions import built_ops
 from tests.support.quantized_rows import quiet_and_loud_rows
@@ -19,7 +19,7 @@ def ops():
 def _layer(k, out, bias, seed=1):
     """(codes, scale, offset, bias) as Int4DynamicLinear keeps them, from a random float weight."""
     g = torch.Generator().manual_seed(seed)
-    codes, params = quantize_groups(torch.randn(out, k, generator=g), vnni_int4.group_width(k))
+    codes, params = quantize_groups(torch.randn(out, k, generator=g), group_width(k))
     scale, offset = (params[..., i].float().t().contiguous() for i in (0, 1))
     return codes, scale, offset, (torch.randn(out, generator=g) if bias else None)
 
