@@ -150,7 +150,7 @@ def int4_or_int8_weight(linear: torch.nn.Linear) -> torch.nn.Module:
 
 
 class Int4DynamicLinear(torch.nn.Module):
-    """Group-wise int4 weights (:func:`quantize_groups`'s, widened to float32 scales and offsets) x int8
+    """Group-wise int4 weights (:func:`quantize_groups`'s codes, bfloat16 scales and offsets) x int8
     activations quantized per row, float32 in and out: pipeline.kernels.vnni_int4's arithmetic, by its
     AVX-512 VNNI kernel where built for this CPU, else by :func:`~pipeline.kernels.vnni_int4.reference_product`
     (torch's ops, the same bits, slower). CPU only."""

@@ -7,7 +7,8 @@ read. Quantizing the activations as int8-dynamic does (one scale per row) lets V
 64 codes an instruction instead: weights' codes (0..15, unsigned) x the row's codes (-127..127, signed).
 
 The arithmetic, a weight being (code - 8) x scale + offset in its group of `group` inputs (the 4-bit codes,
-scales and offsets of :func:`pipeline.kernels.int4.quantize_groups`, the same as int4-weight's):
+scales and offsets of :func:`pipeline.kernels.int4.quantize_groups`, the same as int4-weight's, kept in bfloat16 as
+made and widened to float32 exactly):
 
 * each row quantized as pipeline.kernels.fused_int8 does (scale max|x| clamped to 1e-12, / 127; codes
   x / scale rounded half to even), and each group's sum Q of its codes;
@@ -56,6 +57,12 @@ constexpr int64_t BLOCK = 16, PAIR = 8, GROUP = 64, BLOCKS = GROUP / BLOCK, ROWS
 // with the requests, level from two rows; 4 KB ahead beat 0.5-2 KB at four and eight rows).
 constexpr int64_t PREFETCH = 4096;
 
+// 16 bfloat16 values as float32 (exact: a bfloat16 is a float32's upper half).
+inline __m512 widened(const uint16_t* v) {
+  const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+}
+
 // One row's scale, its codes (signed: vpdpbusd's second operand) and each group's sum of them.
 float quantize_row(const float* row, int64_t k, int64_t group, int8_t* out, int32_t* group_sums) {
   const float s = row_scale(row, k);
@@ -72,7 +79,7 @@ float quantize_row(const float* row, int64_t k, int64_t group, int8_t* out, int3
 // float sums over every group into `acc` (R x GROUP floats).
 template <int R>
 inline void task(const int8_t* codes, int64_t stride, const int32_t* qsums, int64_t groups, const uint8_t* w,
-                 const float* params, int64_t group_pairs, float* acc) {
+                 const uint16_t* params, int64_t group_pairs, float* acc) {
   const __m512i low = _mm512_set1_epi8(0x0F);
   for (int64_t g = 0; g < groups; ++g) {
     __m512i sums[R][BLOCKS];
@@ -110,10 +117,9 @@ inline void task(const int8_t* codes, int64_t stride, const int32_t* qsums, int6
       const __m512 qf = _mm512_set1_ps(static_cast<float>(q));
 #pragma GCC unroll 4
       for (int b = 0; b < BLOCKS; ++b) {
-        const float* scale = params + (g * BLOCKS + b) * 2 * BLOCK;
+        const uint16_t* scale = params + (g * BLOCKS + b) * 2 * BLOCK;
         const __m512 x = _mm512_cvtepi32_ps(_mm512_sub_epi32(sums[r][b], eight_q));
-        const __m512 term = _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(scale), x),
-                                          _mm512_mul_ps(_mm512_loadu_ps(scale + BLOCK), qf));
+        const __m512 term = _mm512_add_ps(_mm512_mul_ps(widened(scale), x), _mm512_mul_ps(widened(scale + BLOCK), qf));
         float* a = acc + r * GROUP + b * BLOCK;
         _mm512_storeu_ps(a, _mm512_add_ps(_mm512_loadu_ps(a), term));
       }
@@ -122,7 +128,7 @@ inline void task(const int8_t* codes, int64_t stride, const int32_t* qsums, int6
 }
 
 void any_rows(int64_t rows, const int8_t* codes, int64_t stride, const int32_t* qsums, int64_t groups,
-              const uint8_t* w, const float* params, int64_t group_pairs, float* acc) {
+              const uint8_t* w, const uint16_t* params, int64_t group_pairs, float* acc) {
   switch (rows) {
     case 1: task<1>(codes, stride, qsums, groups, w, params, group_pairs, acc); break;
     case 2: task<2>(codes, stride, qsums, groups, w, params, group_pairs, acc); break;
@@ -142,10 +148,10 @@ torch::Tensor vnni_int4_linear(const torch::Tensor& x, const torch::Tensor& pack
               "vnni_int4_linear: a weight packed by vnni_int4.pack");
   const int64_t tasks = packed.size(0), pairs = packed.size(1), k = pairs * PAIR, n = x.size(0);
   TORCH_CHECK(x.size(1) == k, "vnni_int4_linear: rows of ", k, " values, not ", x.size(1));
-  TORCH_CHECK(params.dim() == 5 && params.scalar_type() == at::kFloat && params.is_contiguous()
+  TORCH_CHECK(params.dim() == 5 && params.scalar_type() == at::kBFloat16 && params.is_contiguous()
               && params.size(0) == tasks && params.size(2) == BLOCKS && params.size(3) == 2 && params.size(4) == BLOCK
               && params.size(1) >= 1 && k % params.size(1) == 0 && (k / params.size(1)) % PAIR == 0,
-              "vnni_int4_linear: float32 (tasks, groups, 4, 2, 16) scales and offsets from vnni_int4.pack");
+              "vnni_int4_linear: bfloat16 (tasks, groups, 4, 2, 16) scales and offsets from vnni_int4.pack");
   const int64_t groups = params.size(1), group = k / groups, group_pairs = group / PAIR;
   TORCH_CHECK(channels >= 1 && channels <= tasks * GROUP && tasks * GROUP - channels < GROUP,
               "vnni_int4_linear: ", channels, " channels do not fit ", tasks, " packed tasks of ", GROUP);
@@ -164,14 +170,14 @@ torch::Tensor vnni_int4_linear(const torch::Tensor& x, const torch::Tensor& pack
       row_scale[r] = quantize_row(src + r * k, k, group, codes.data() + r * k, qsums.data() + r * groups);
   });
   const uint8_t* w = packed.data_ptr<uint8_t>();
-  const float* pr = params.data_ptr<float>();
+  const uint16_t* pr = reinterpret_cast<const uint16_t*>(params.data_ptr<at::BFloat16>());
   const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
   float* dst = out.data_ptr<float>();
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
     alignas(64) float acc[ROWS * GROUP];
     for (int64_t t = begin; t < end; ++t) {
       const uint8_t* wt = w + t * pairs * GROUP * PAIR / 2;
-      const float* pt = pr + t * groups * BLOCKS * 2 * BLOCK;
+      const uint16_t* pt = pr + t * groups * BLOCKS * 2 * BLOCK;
       const int64_t c0 = t * GROUP, c1 = std::min(channels, c0 + GROUP);
       // Four rows at a time: past the first four, the task's weights come from the core's cache.
       for (int64_t r0 = 0; r0 < n; r0 += ROWS) {
@@ -204,12 +210,16 @@ EXTENSION = CompiledExtension("rag_vnni_int4", _SOURCE, ["vnni_int4_linear"], vn
 
 
 def pack(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, in) codes 0..15 and (out, groups) float32 scales and offsets -> the kernel's (packed, params), a task
+    """(out, in) codes 0..15 and (out, groups) float32 scales and offsets, each a bfloat16 value (quantize_groups'
+    are: the kernel keeps them in bfloat16, half the bytes; ValueError otherwise) -> the kernel's (packed, params), a task
     (GROUP channels, four blocks of BLOCK) in one run of memory each: packed (tasks, in / PAIR, 4, BLOCK,
     PAIR / 2) uint8, where byte (t, p, b, c, i) holds channel t x 64 + b x 16 + c's code at input 8p + i in
-    its low nibble and at 8p + 4 + i in its high one; params (tasks, groups, 4, 2, BLOCK) float32, each
+    its low nibble and at 8p + 4 + i in its high one; params (tasks, groups, 4, 2, BLOCK) bfloat16, each
     block's 16 scales then 16 offsets per group. Padded channels get code 0 and a zero scale and offset."""
     import torch
+    for name, values in (("scale", scale), ("offset", offset)):
+        if not torch.equal(values.to(torch.bfloat16).float(), values):
+            raise ValueError(f"vnni_int4.pack: every {name} must be a bfloat16 value (quantize_groups' are)")
     out, k = codes.shape
     rows = -(-out // GROUP) * GROUP
     padded = torch.zeros(rows, k, dtype=torch.uint8)
@@ -217,7 +227,7 @@ def pack(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> tupl
     # (task, block, channel, pair, half, i) -> (task, pair, block, channel, half, i)
     halves = padded.view(rows // GROUP, GROUP // BLOCK, BLOCK, k // PAIR, 2, PAIR // 2).permute(0, 3, 1, 2, 4, 5)
     packed = (halves[..., 0, :] | (halves[..., 1, :] << 4)).contiguous()
-    params = torch.zeros(rows, scale.shape[1], 2, dtype=torch.float32)
+    params = torch.zeros(rows, scale.shape[1], 2, dtype=torch.bfloat16)
     params[:out, :, 0], params[:out, :, 1] = scale, offset
     # (task, block, channel, group, 2) -> (task, group, block, 2, channel)
     params = params.view(rows // GROUP, GROUP // BLOCK, BLOCK, -1, 2).permute(0, 3, 1, 4, 2).contiguous()
@@ -230,7 +240,7 @@ def unpack(packed: torch.Tensor, params: torch.Tensor, out: int) -> tuple[torch.
     tasks, pairs = packed.shape[:2]
     halves = torch.stack([packed & 0x0F, packed >> 4], dim=4)  # (task, pair, block, channel, half, i)
     codes = halves.permute(0, 2, 3, 1, 4, 5).reshape(tasks * GROUP, pairs * PAIR)[:out]
-    per_channel = params.permute(0, 2, 4, 1, 3).reshape(tasks * GROUP, params.shape[1], 2)[:out]
+    per_channel = params.permute(0, 2, 4, 1, 3).reshape(tasks * GROUP, params.shape[1], 2)[:out].float()
     return codes.contiguous(), per_channel[..., 0].contiguous(), per_channel[..., 1].contiguous()
 
 

@@ -187,8 +187,8 @@ PRECISION_COSTS = {
     "int8-weight": PrecisionCost("bfloat16", "bfloat16", 1, 2),  # int8 weights widened to bfloat16
     # 4-bit codes and a bfloat16 scale and offset per 128 weights (pipeline/kernels/int4.py), widened to float32
     "int4-weight": PrecisionCost("bfloat16", "bfloat16", 0.5 + 4 / 128, 2),
-    # the same codes, a float32 scale and offset per 128 weights (pipeline/kernels/vnni_int4.py), int8 x int4 products
-    "int4-dynamic": PrecisionCost("int8", "float32", 0.5 + 8 / 128, 4),
+    # the same codes, scales and offsets (pipeline/kernels/vnni_int4.py), int8 x int4 products
+    "int4-dynamic": PrecisionCost("int8", "float32", 0.5 + 4 / 128, 4),
 }
 
 

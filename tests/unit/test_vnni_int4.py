@@ -67,8 +67,8 @@ def test_full_range_group_sums_are_exact(ops):
     k, out = 4864, 64
     codes = torch.full((out, k), 15, dtype=torch.int32)
     codes[1::2] = 0
-    scale = torch.full((out, k // 128), 0.37)
-    offset = torch.full((out, k // 128), -1.3)
+    scale = torch.full((out, k // 128), 0.37).bfloat16().float()  # bfloat16 values, as quantize_groups makes
+    offset = torch.full((out, k // 128), -1.3).bfloat16().float()
     x = torch.ones(3, k)
     x[1] = -1.0
     x[2, ::2] = -1.0
@@ -100,13 +100,22 @@ def test_packing_pads_and_unpacks_to_the_same_codes_scales_and_offsets():
     codes, scale, offset, _ = _layer(96, 70, False)
     packed, params = vnni_int4.pack(codes, scale, offset)
     assert packed.shape == (2, 96 // 8, 4, 16, 4) and packed.dtype == torch.uint8 and packed.is_contiguous()
-    assert params.shape == (2, 3, 4, 2, 16) and params.dtype == torch.float32
+    assert params.shape == (2, 3, 4, 2, 16) and params.dtype == torch.bfloat16
     back_codes, back_scale, back_offset = vnni_int4.unpack(packed, params, 70)
     assert torch.equal(back_codes.int(), codes) and torch.equal(back_scale, scale) and torch.equal(back_offset, offset)
     # task 1, pair 2, block 0, channel 3: channel 64 + 3's inputs 16..19 low, 20..23 high
     byte = packed[1, 2, 0, 3]
     assert torch.equal((byte & 0x0F).int(), codes[67, 16:20]) and torch.equal((byte >> 4).int(), codes[67, 20:24])
     assert not packed[1, :, 0, 6:].any() and not params[1, :, 0, :, 6:].any()  # channels 70.. are padding
+
+
+def test_pack_refuses_a_scale_or_offset_that_bfloat16_does_not_hold():
+    """The kernel keeps scales and offsets in bfloat16: a value it would round is refused, not changed."""
+    codes, scale, offset, _ = _layer(128, 64, False)
+    for bad_scale, name in ((scale + 1e-4, "scale"), (scale, "offset")):
+        bad_offset = offset if name == "scale" else offset + 1e-4
+        with pytest.raises(ValueError, match=f"every {name} must be a bfloat16 value"):
+            vnni_int4.pack(codes, bad_scale, bad_offset)
 
 
 def test_a_wrong_argument_is_refused_by_name(ops):
@@ -116,7 +125,7 @@ def test_a_wrong_argument_is_refused_by_name(ops):
     cases = [((x.double(), packed, params, 64, b), "2-d float32 rows"),
              ((torch.randn(2, 72), packed, params, 64, b), "rows of 64 values, not 72"),
              ((x, packed[0], params, 64, b), "a weight packed by vnni_int4.pack"),
-             ((x, packed, params.double(), 64, b), r"float32 \(tasks, groups, 4, 2, 16\)"),
+             ((x, packed, params.float(), 64, b), r"bfloat16 \(tasks, groups, 4, 2, 16\)"),
              ((x, packed, params, 65, b), "65 channels do not fit 1 packed tasks"),
              ((x, packed, params, 64, b[:3]), "a float32 bias of one value per output channel")]
     for args, message in cases:
