@@ -15,8 +15,10 @@ Nothing in it depends on the other rows, the padding after or before a row's key
 came in one call (a prompt whole or in pieces, or a decode step), the thread count, or the machine:
 the source is compiled with -ffp-contract=off (no fused multiply-add) and without fast-math, so the
 compiler vectorizes those loops without reordering a sum, and every x86-64 CPU with AVX2 (AVX2-only,
-AVX-512, AMX alike) gives the same bits. It reads a row's keys up to its last visible one and no
-further: a decode step's cost follows each row's own length, not the batch's widest
+AVX-512, AMX alike) gives the same bits. A task (one row's kv head, up to eight queries) reads its keys
+and its values once each, every query's sums running over a block of them before the next block (a
+decode step's seven query heads a kv head share one pass over memory). It reads up to the row's last
+visible key and no further: a decode step's cost follows each row's own length, not the batch's widest
 (docs/performance.md, "Ordered attention"). It is registered with torch's dispatcher
 (``EXTENSION.registered("ordered_attention")``): profilers and op counts see it.
 
@@ -43,6 +45,7 @@ _SOURCE = r'''
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <immintrin.h>
 #include <limits>
 #include <type_traits>
 #include <utility>
@@ -52,6 +55,8 @@ namespace {
 
 constexpr int64_t QUERY_BLOCK = 8;  // queries per task (times the kv head's query heads)
 constexpr float NO_KEY = -std::numeric_limits<float>::infinity();
+constexpr int64_t AHEAD = 16;      // keys (or values) ahead of the block in use asked for from memory
+constexpr int64_t VALUE_TILE = 64;  // values summed for every query row before the next ones are read
 
 // exp(x) for x <= 0 (Cephes' expf): 2^n * p(r), r = x - n ln 2; 0 below -87 (under 1.7e-38 of the top).
 inline float exp_nonpositive(float x) {
@@ -84,6 +89,56 @@ inline float dot(const float* __restrict a, const float* __restrict b, int64_t r
   return ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
 }
 
+// Eight keys' lane vectors to their eight dot products, in key order, each key's lanes added as dot adds
+// them: ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)).
+inline __m256 reduce_eight(const __m256 (&lane)[8]) {
+  // per key: [0 + 4, 1 + 5, 2 + 6, 3 + 7], keys i and i + 4 side by side
+  const __m256 a04 = _mm256_add_ps(_mm256_permute2f128_ps(lane[0], lane[4], 0x20),
+                                   _mm256_permute2f128_ps(lane[0], lane[4], 0x31));
+  const __m256 a15 = _mm256_add_ps(_mm256_permute2f128_ps(lane[1], lane[5], 0x20),
+                                   _mm256_permute2f128_ps(lane[1], lane[5], 0x31));
+  const __m256 a26 = _mm256_add_ps(_mm256_permute2f128_ps(lane[2], lane[6], 0x20),
+                                   _mm256_permute2f128_ps(lane[2], lane[6], 0x31));
+  const __m256 a37 = _mm256_add_ps(_mm256_permute2f128_ps(lane[3], lane[7], 0x20),
+                                   _mm256_permute2f128_ps(lane[3], lane[7], 0x31));
+  // per key: [(0 + 4) + (2 + 6), (1 + 5) + (3 + 7)]
+  const __m256 b0145 = _mm256_add_ps(_mm256_shuffle_ps(a04, a15, 0x44), _mm256_shuffle_ps(a04, a15, 0xEE));
+  const __m256 b2367 = _mm256_add_ps(_mm256_shuffle_ps(a26, a37, 0x44), _mm256_shuffle_ps(a26, a37, 0xEE));
+  return _mm256_add_ps(_mm256_shuffle_ps(b0145, b2367, 0x88), _mm256_shuffle_ps(b0145, b2367, 0xDD));
+}
+
+// Every query row's scores over keys [0, widest): out[row * widest + j] = (q_row . key j) x scaling, each dot in
+// dot's order. Where the head size is a known multiple of 8, eight keys at a time for all rows (a key block
+// read from memory once, the next ones asked for ahead; eight independent sums a row, reduced together).
+template <int64_t DIM>
+inline void scores(const float* __restrict q, int64_t n, const float* __restrict keys, int64_t stride,
+                   int64_t widest, int64_t runtime_dim, float scaling, float* __restrict out) {
+  int64_t j = 0;
+  if constexpr (DIM > 0 && DIM % 8 == 0) {
+    const __m256 scale = _mm256_set1_ps(scaling);
+    for (; j + 8 <= widest; j += 8) {
+      if (j + 8 + AHEAD <= widest)
+        for (int i = 0; i < 8; ++i)
+          for (int64_t d = 0; d < DIM; d += 16)
+            _mm_prefetch(reinterpret_cast<const char*>(keys + (j + AHEAD + i) * stride + d), _MM_HINT_T0);
+      for (int64_t row = 0; row < n; ++row) {
+        const float* qr = q + row * DIM;
+        __m256 lane[8];
+        for (int i = 0; i < 8; ++i) lane[i] = _mm256_setzero_ps();
+        for (int64_t d = 0; d < DIM; d += 8) {
+          const __m256 qd = _mm256_loadu_ps(qr + d);
+          for (int i = 0; i < 8; ++i)
+            lane[i] = _mm256_add_ps(lane[i], _mm256_mul_ps(qd, _mm256_loadu_ps(keys + (j + i) * stride + d)));
+        }
+        _mm256_storeu_ps(out + row * widest + j, _mm256_mul_ps(reduce_eight(lane), scale));
+      }
+    }
+  }
+  for (; j < widest; ++j)
+    for (int64_t row = 0; row < n; ++row)
+      out[row * widest + j] = dot<DIM>(q + row * runtime_dim, keys + j * stride, runtime_dim) * scaling;
+}
+
 // The largest of s[0, n), NO_KEY for none.
 inline float largest(const float* __restrict s, int64_t n) {
   float lane[16];
@@ -97,33 +152,48 @@ inline float largest(const float* __restrict s, int64_t n) {
   return top;
 }
 
-// sum over keys j < n (first to last, a weight of 0 skipped) of w[j] * values[j], into out (dim values);
-// returns the sum of the weights. DIM where known at compile time: the sums held in registers.
+// For every query row: the sum over keys j < widest (first to last, a weight of 0 skipped: a row's weights past
+// its last key are 0) of w[row * widest + j] x values[j] into sums[row] (dim values), and of its weights into
+// totals[row]. Where the head size is known at compile time, VALUE_TILE keys at a time for all rows (a tile read
+// from memory once, the next one asked for ahead), each row's sums in registers over a tile.
 template <int64_t DIM>
-inline float weighted_sum(const float* __restrict w, int64_t n, const float* __restrict values, int64_t stride,
-                          int64_t runtime_dim, float* __restrict out) {
-  float total = 0.0f;
+inline void weighted_sums(const float* __restrict w, int64_t n, int64_t widest, const float* __restrict values,
+                          int64_t stride, int64_t runtime_dim, float* __restrict sums, float* __restrict totals) {
   if constexpr (DIM > 0) {
-    float acc[DIM];
-    for (int64_t d = 0; d < DIM; ++d) acc[d] = 0.0f;
-    for (int64_t j = 0; j < n; ++j) {
-      const float p = w[j];
-      if (p == 0.0f) continue;
-      total = total + p;
-      const float* vr = values + j * stride;
-      for (int64_t d = 0; d < DIM; ++d) acc[d] = acc[d] + p * vr[d];
+    for (int64_t j0 = 0; j0 < widest; j0 += VALUE_TILE) {
+      const int64_t j1 = std::min(widest, j0 + VALUE_TILE);
+      for (int64_t j = j1; j < std::min(widest, j1 + AHEAD); ++j)
+        for (int64_t d = 0; d < DIM; d += 16)
+          _mm_prefetch(reinterpret_cast<const char*>(values + j * stride + d), _MM_HINT_T0);
+      for (int64_t row = 0; row < n; ++row) {
+        const float* wr = w + row * widest;
+        float acc[DIM];
+        for (int64_t d = 0; d < DIM; ++d) acc[d] = sums[row * DIM + d];
+        float total = totals[row];
+        for (int64_t j = j0; j < j1; ++j) {
+          const float p = wr[j];
+          if (p == 0.0f) continue;
+          total = total + p;
+          const float* vr = values + j * stride;
+          for (int64_t d = 0; d < DIM; ++d) acc[d] = acc[d] + p * vr[d];
+        }
+        for (int64_t d = 0; d < DIM; ++d) sums[row * DIM + d] = acc[d];
+        totals[row] = total;
+      }
     }
-    for (int64_t d = 0; d < DIM; ++d) out[d] = acc[d];
   } else {
-    for (int64_t j = 0; j < n; ++j) {
-      const float p = w[j];
-      if (p == 0.0f) continue;
-      total = total + p;
-      const float* vr = values + j * stride;
-      for (int64_t d = 0; d < runtime_dim; ++d) out[d] = out[d] + p * vr[d];
+    for (int64_t row = 0; row < n; ++row) {
+      const float* wr = w + row * widest;
+      float* out = sums + row * runtime_dim;
+      for (int64_t j = 0; j < widest; ++j) {
+        const float p = wr[j];
+        if (p == 0.0f) continue;
+        totals[row] = totals[row] + p;
+        const float* vr = values + j * stride;
+        for (int64_t d = 0; d < runtime_dim; ++d) out[d] = out[d] + p * vr[d];
+      }
     }
   }
-  return total;
 }
 
 // `count` rows of `dim` values, `stride` apart, as float rows: float ones in place, others converted into
@@ -179,14 +249,11 @@ void attend(const torch::Tensor& query, const torch::Tensor& key, const torch::T
           if (causal) ends[row] = std::clamp<int64_t>(limit - queries + i + 1, 0, limit);
           widest = std::max(widest, ends[row]);
         }
-      // Scores, a row at a time over the task's keys made float once (float keys read in place).
+      // Scores of every row over the widest row's keys (past a row's own end they are overwritten below), the
+      // task's keys made float once (float keys read in place).
       weights.resize(n * widest);
       const auto [keys_f, keys_stride] = as_float(k + r * ks0 + h * ks1, ks2, widest, dim, kf);
-      for (int64_t row = 0; row < n; ++row) {
-        const float* qr = qf.data() + row * dim;
-        float* sr = weights.data() + row * widest;
-        for (int64_t j = 0; j < ends[row]; ++j) sr[j] = dot<DIM>(qr, keys_f + j * keys_stride, dim) * scaling;
-      }
+      scores<DIM>(qf.data(), n, keys_f, keys_stride, widest, dim, scaling, weights.data());
       // Each row's weights in place of its scores: exp(score - the row's largest) where it sees the key, else 0.
       for (int64_t g = 0; g < group; ++g)
         for (int64_t i = i0; i < i1; ++i) {
@@ -201,14 +268,12 @@ void attend(const torch::Tensor& query, const torch::Tensor& key, const torch::T
           else for (int64_t j = 0; j < stop; ++j) s[j] = exp_nonpositive(s[j] - top);
           std::fill(s + stop, s + widest, 0.0f);
         }
-      // Each row's weighted values and weights, summed key after key; a key of weight 0 is skipped. A row at a
-      // time over the task's values made float once (float values read in place): its sums stay in registers.
+      // Each row's weighted values and weights, summed key after key; a key of weight 0 is skipped. Over the
+      // task's values made float once (float values read in place).
       sums.assign(n * dim, 0.0f);
       totals.assign(n, 0.0f);
       const auto [values_f, values_stride] = as_float(v + r * vs0 + h * vs1, vs2, widest, dim, vf);
-      for (int64_t row = 0; row < n; ++row)
-        totals[row] = weighted_sum<DIM>(weights.data() + row * widest, ends[row], values_f, values_stride, dim,
-                                        sums.data() + row * dim);
+      weighted_sums<DIM>(weights.data(), n, widest, values_f, values_stride, dim, sums.data(), totals.data());
       for (int64_t g = 0; g < group; ++g)
         for (int64_t i = i0; i < i1; ++i) {
           const int64_t row = g * span + (i - i0);

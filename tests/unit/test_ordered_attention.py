@@ -100,6 +100,16 @@ def test_the_kernel_computes_each_querys_keys_in_order_bit_for_bit(dtype, dim, c
         assert not got[0, :, 3].any()  # saw nothing: zeros
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_decode_steps_shape_over_several_blocks_of_keys_bit_for_bit(dtype):
+    """Qwen2.5-0.5B's heads at one query a row, each row's own length: key blocks of eight and tiles of values
+    cut at other places in every row (lengths 1 to 300, past a tile of 64 keys and the keys asked for ahead)."""
+    query, key, value = inputs(5, 14, 2, 1, 300, 64, dtype, seed=3)
+    lengths = torch.tensor([300, 1, 64, 65, 203])
+    got = ordered_attention(query, key, value, scaling=0.125, is_causal=True, lengths=lengths)
+    assert same_bits(got, twin(query, key, value, None, 0.125, True, lengths))
+
+
 def test_far_below_the_top_a_weight_is_0_and_its_key_is_skipped():
     """Scores spread over a wide range: weights underflow (exp below -87 is 0) and their keys add nothing."""
     query, key, value = inputs(2, 4, 2, 3, 70, 64, torch.float32, seed=5)
