@@ -12,9 +12,9 @@ compares it with the model's own forward in every precision), and does once what
 * per (rows, width, slot layout), kept across steps: each layer's key/value chunk views of the slot
   table's buffers (they stay valid: the buffers are never reallocated);
 * per layer only the arithmetic: RMSNorm's ops without its no-op casts (where pipeline.kernels.decode_glue is
-  built, one call), the Linears called on 2-d rows
+  built, one call with the residual add before it), the Linears called on 2-d rows
   (a RowInvariantLinear straight into oneDNN; q/k/v and gate/up one product each where they are fused,
-  pipeline.kernels.fused_linears), the rotary half-swap as one `roll` against a sign-folded
+  pipeline.kernels.fused_linears; where gate and up are, silu(gate) x up one glue call), the rotary half-swap as one `roll` against a sign-folded
   sin ((-x2) * s and x2 * (-s) round alike) over q's and k's heads at once (side by side in the fused
   product), each new key and value written by one `index_copy_` (where decode_glue is built, the rotary
   and both writes one call, the same bits), and one attention call: where
@@ -131,6 +131,9 @@ class Qwen2DecodeStep:
         self.rotary = inner.rotary_emb
         # Whether a lone row runs as a pair: only a RowInvariantLinear widens one row to two itself.
         self._pairs = any(type(m) is RowInvariantLinear for m in (*inner.layers.modules(), model.lm_head))
+        # Whether the MLP's activation is torch's silu (decode_glue's `silu_mul` calls it).
+        from transformers.activations import SiLUActivation
+        self._silu = all(type(layer.mlp.act_fn) in (torch.nn.SiLU, SiLUActivation) for layer in self.layers)
         self._views: dict[tuple[int, int, int, int], tuple[Any, list[tuple[Any, ...]]]] = {}
 
     # ------------------------------------------------------------------ pieces, each as the model's module computes it
@@ -177,6 +180,17 @@ class Qwen2DecodeStep:
         h = x if dtype == torch.float32 else x.to(torch.float32)
         h = h * h.pow(2).mean(-1, keepdim=True).add_(norm.variance_epsilon).rsqrt_()  # x itself left as it is
         return (h if dtype == torch.float32 else h.to(dtype)).mul_(norm.weight)  # w * h == h * w
+
+    @classmethod
+    def _add_rms_norm(cls, norm, hidden, delta, glued=None, glued_add=None):
+        """hidden += delta in place (where delta is not None), then the norm of hidden: decode_glue's
+        `add_rms_norm` where given (one call, the same bits)."""
+        if delta is None:
+            return cls._rms_norm(norm, hidden, glued)
+        if glued_add is not None:
+            return glued_add(hidden, delta, norm.weight, norm.variance_epsilon)
+        hidden.add_(delta)
+        return cls._rms_norm(norm, hidden, glued)
 
     def _rotary(self, columns, dtype):
         """Qwen2RotaryEmbedding's cos and sin at each row's position, (rows, 1, head size), and the sin with its
@@ -242,6 +256,7 @@ class Qwen2DecodeStep:
         # the step runs on the CPU only (qwen2_decode_step): the kernel where built, as chunked_attention chooses
         ordered = ORDERED.registered("ordered_attention")
         rotate, rms = GLUE.registered("rotate_and_store"), GLUE.registered("rms_norm")  # None where not built
+        add_rms, silu_mul = GLUE.registered("add_rms_norm"), GLUE.registered("silu_mul")
         if ordered is not None:
             lengths = columns[:attending] + 1
         else:
@@ -250,9 +265,10 @@ class Qwen2DecodeStep:
         offsets, views = self._cache_views(attending, width)
         written = (offsets + columns[:attending, None]).view(-1)  # each row's new column of each kv head
         heads, kv_heads, group, dim, half = self.heads, self.kv_heads, self.group, self.head_dim, self.head_dim // 2
+        delta = None  # what the residual stream adds before the next norm (none before the first layer's)
         for index, layer in enumerate(self.layers):
             attn = layer.self_attn
-            x = self._rms_norm(layer.input_layernorm, hidden, rms)
+            x = self._add_rms_norm(layer.input_layernorm, hidden, delta, rms, add_rms)
             qk, v = self._query_key_value(attn, x, attending)
             keys, key_chunks, key_slots, values, value_chunks, value_slots = views[index]
             if rotate is not None:  # q returned rotated, (rows, heads, 1, head size); k and v written
@@ -269,11 +285,13 @@ class Qwen2DecodeStep:
                                        bias, unseen, self.scaling).view(attending, heads * dim)
             if pair:
                 out = out.expand(2, -1)
-            hidden.add_(self._linear(attn.o_proj, out))
+            x = self._add_rms_norm(layer.post_attention_layernorm, hidden, self._linear(attn.o_proj, out), rms, add_rms)
             mlp = layer.mlp
-            x = self._rms_norm(layer.post_attention_layernorm, hidden, rms)
-            gate, up = self._gate_up(mlp, x)
-            x = mlp.act_fn(gate).mul_(up)
-            hidden.add_(self._linear(mlp.down_proj, x))
-        logits = self._linear(self.lm_head, self._rms_norm(self.norm, hidden, rms))
+            if silu_mul is not None and self._silu and type(mlp.gate_proj) is FusedPart:  # one product, one call
+                x = silu_mul(self._linear(mlp.gate_proj.fused.linear, x))
+            else:
+                gate, up = self._gate_up(mlp, x)
+                x = mlp.act_fn(gate).mul_(up)
+            delta = self._linear(mlp.down_proj, x)
+        logits = self._linear(self.lm_head, self._add_rms_norm(self.norm, hidden, delta, rms, add_rms))
         return logits[:1] if pair else logits

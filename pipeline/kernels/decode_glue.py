@@ -2,7 +2,7 @@
 
 The CPU decode step (pipeline/continuous/qwen2_step.py) runs, around each layer's products, a dozen
 small torch ops per norm and per rotary embedding: each a dispatch, an allocation and a pass over a
-few kilobytes. At one row those are most of a step's time outside the products. Two calls do the same
+few kilobytes. At one row those are most of a step's time outside the products. These calls do the same
 arithmetic, element by element in the same order, each result rounded to the tensor's dtype where a
 torch op would round it (compiled with -ffp-contract=off: no fused multiply-add), so the step keeps
 the model's forward's bits (tests/unit/test_decode_glue.py, tests/unit/test_qwen2_step.py):
@@ -13,7 +13,10 @@ the model's forward's bits (tests/unit/test_decode_glue.py, tests/unit/test_qwen
   layout the attention reads;
 * ``rms_norm``: RMSNorm, its mean of squares by torch's own ``pow`` and ``mean`` called from C++ (the same
   kernels: the sum keeps torch's order), then ``(x * rsqrt(variance + eps))`` rounded to x's dtype, times
-  the weight.
+  the weight;
+* ``add_rms_norm``: the residual add before a norm (torch's ``add_``, in place on the stream) and the norm;
+* ``silu_mul``: silu of the fused gate and up product's gate half times its up half (torch's ``silu`` and ``mul_``
+  called from C++: one call for three).
 
 Built by ``python -m pipeline.kernels.compiled``; where it is not (no g++, no AVX2), the step runs the
 torch ops, with the same results.
@@ -147,18 +150,37 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
   return out;
 }
 
+// hidden += delta in place (torch's add_), then rms_norm(hidden): a layer's residual add and the norm after it.
+torch::Tensor add_rms_norm(torch::Tensor hidden, const torch::Tensor& delta, const torch::Tensor& weight, double eps) {
+  hidden.add_(delta);
+  return rms_norm(hidden, weight, eps);
+}
+
+// silu(gate) * up for gate_up = [gate | up] (rows, 2 x width), the fused gate and up product's output: torch's
+// silu, then its mul_ in place on silu's fresh result.
+torch::Tensor silu_mul(const torch::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0, "silu_mul: gate_up (rows, 2 x width)");
+  const int64_t width = gate_up.size(1) / 2;
+  auto out = at::silu(gate_up.narrow(1, 0, width));
+  return out.mul_(gate_up.narrow(1, width, width));
+}
+
 TORCH_LIBRARY(EXTENSION_NAMESPACE, m) {
   m.def("rotate_and_store(Tensor qk, Tensor v, Tensor cos, Tensor sin, Tensor(a!) keys, Tensor(b!) values, "
         "Tensor written, int heads) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("add_rms_norm(Tensor(a!) hidden, Tensor delta, Tensor weight, float eps) -> Tensor");
+  m.def("silu_mul(Tensor gate_up) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(EXTENSION_NAMESPACE, CPU, m) {
   m.impl("rotate_and_store", &rotate_and_store);
   m.impl("rms_norm", &rms_norm);
+  m.impl("add_rms_norm", &add_rms_norm);
+  m.impl("silu_mul", &silu_mul);
 }
 '''
 # -ffp-contract=off: each product and sum rounds on its own, as torch's separate ops round them.
 _CFLAGS = ["-O3", "-std=c++17", "-mavx2", "-ffp-contract=off", "-fno-fast-math", "-fopenmp"]
-EXTENSION = CompiledExtension("rag_decode_glue", _SOURCE, ["rotate_and_store", "rms_norm"], _CFLAGS,
+EXTENSION = CompiledExtension("rag_decode_glue", _SOURCE, ["rotate_and_store", "rms_norm", "add_rms_norm", "silu_mul"], _CFLAGS,
                               frozenset({"avx2"}), ldflags=("-fopenmp",))

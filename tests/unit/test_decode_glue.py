@@ -72,6 +72,32 @@ def test_rms_norm_gives_the_norms_torch_ops_bits(ops, dtype, rows, width):
     assert torch.equal(op(wide[:, :width], weight, eps), expected)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 2, 5])
+def test_add_rms_norm_adds_in_place_then_gives_the_norms_bits(ops, dtype, rows):
+    g = torch.Generator().manual_seed(3)
+    hidden = (torch.randn(rows, 896, generator=g) * 40).to(dtype)
+    delta = (torch.randn(rows, 896, generator=g) * 3).to(dtype)
+    weight = torch.randn(896, generator=g).to(dtype)
+    expected_hidden = hidden.clone().add_(delta)  # the step's torch ops
+    expected = decode_glue.EXTENSION.registered("rms_norm")(expected_hidden, weight, 1e-6)
+    got = decode_glue.EXTENSION.registered("add_rms_norm")(hidden, delta, weight, 1e-6)
+    assert torch.equal(hidden, expected_hidden) and torch.equal(got, expected)  # the stream itself updated
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows, width", [(1, 4864), (3, 40), (2, 7)])
+def test_silu_mul_gives_silu_of_the_gate_times_the_up_half(ops, dtype, rows, width):
+    g = torch.Generator().manual_seed(4)
+    gate_up = (torch.randn(rows, 2 * width, generator=g) * 6).to(dtype)
+    gate, up = gate_up.split(width, dim=-1)
+    expected = torch.nn.functional.silu(gate).mul_(up)  # the step's torch ops
+    got = decode_glue.EXTENSION.registered("silu_mul")(gate_up)
+    assert got.shape == (rows, width) and torch.equal(got, expected)
+    with pytest.raises(RuntimeError, match=r"gate_up \(rows, 2 x width\)"):
+        decode_glue.EXTENSION.registered("silu_mul")(gate_up[:, :-1])
+
+
 def test_a_wrong_argument_is_refused_by_name(ops):
     dim, heads = 8, 2
     qk, v = torch.randn(2, 3, dim), torch.randn(2, dim)

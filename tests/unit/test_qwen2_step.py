@@ -223,7 +223,8 @@ def test_the_ordered_step_reads_no_key_past_a_rows_own_column(variant):
 
 @GLUE_BUILT
 @pytest.mark.parametrize("glue", ["glue", "torch"])
-def test_the_glue_is_one_call_a_norm_and_one_a_layers_rotary_and_cache_writes(glue, monkeypatch):
+def test_the_glue_is_one_call_a_norm_with_the_add_before_it_one_a_layers_rotary_and_cache_writes_and_one_its_silu(
+        glue, monkeypatch):
     glue_kernel(glue, monkeypatch)
     from profiling.lib.engine_step import OpCounter
     layers = 3
@@ -233,6 +234,9 @@ def test_the_glue_is_one_call_a_norm_and_one_a_layers_rotary_and_cache_writes(gl
         runner.fast_step(torch.ones(2, 1, dtype=torch.long), torch.tensor([CHUNK + 5, 20]), 2 * CHUNK)
     ops = counter.counts
     glued = glue == "glue"
-    assert (ops["rms_norm"], ops["rotate_and_store"]) == ((2 * layers + 1, layers) if glued else (0, 0))
-    # the torch ops they replace: the rsqrt, the rotary's roll, the cache writes
+    # the first norm alone, every other one with the residual add before it (the final norm's too)
+    assert (ops["rms_norm"], ops["add_rms_norm"], ops["rotate_and_store"], ops["silu_mul"]) == (
+        (1, 2 * layers, layers, layers) if glued else (0, 0, 0, 0))
+    # the torch ops they replace: the rsqrt, the rotary's roll, the cache writes, the gate and up split
     assert (ops["rsqrt_"], ops["roll"], ops["index_copy_"]) == ((0, 0, 0) if glued else (2 * layers + 1, layers, 2 * layers))
+    assert ops["split_with_sizes"] == (layers if glued else 2 * layers)  # q, k and v's split stays
