@@ -93,14 +93,11 @@ inline float dot(const float* __restrict a, const float* __restrict b, int64_t r
 // them: ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)).
 inline __m256 reduce_eight(const __m256 (&lane)[8]) {
   // per key: [0 + 4, 1 + 5, 2 + 6, 3 + 7], keys i and i + 4 side by side
-  const __m256 a04 = _mm256_add_ps(_mm256_permute2f128_ps(lane[0], lane[4], 0x20),
-                                   _mm256_permute2f128_ps(lane[0], lane[4], 0x31));
-  const __m256 a15 = _mm256_add_ps(_mm256_permute2f128_ps(lane[1], lane[5], 0x20),
-                                   _mm256_permute2f128_ps(lane[1], lane[5], 0x31));
-  const __m256 a26 = _mm256_add_ps(_mm256_permute2f128_ps(lane[2], lane[6], 0x20),
-                                   _mm256_permute2f128_ps(lane[2], lane[6], 0x31));
-  const __m256 a37 = _mm256_add_ps(_mm256_permute2f128_ps(lane[3], lane[7], 0x20),
-                                   _mm256_permute2f128_ps(lane[3], lane[7], 0x31));
+  const auto halves = [&](int i) {  // key i's low lanes + its high ones, beside key i + 4's
+    return _mm256_add_ps(_mm256_permute2f128_ps(lane[i], lane[i + 4], 0x20),
+                         _mm256_permute2f128_ps(lane[i], lane[i + 4], 0x31));
+  };
+  const __m256 a04 = halves(0), a15 = halves(1), a26 = halves(2), a37 = halves(3);
   // per key: [(0 + 4) + (2 + 6), (1 + 5) + (3 + 7)]
   const __m256 b0145 = _mm256_add_ps(_mm256_shuffle_ps(a04, a15, 0x44), _mm256_shuffle_ps(a04, a15, 0xEE));
   const __m256 b2367 = _mm256_add_ps(_mm256_shuffle_ps(a26, a37, 0x44), _mm256_shuffle_ps(a26, a37, 0xEE));
@@ -154,43 +151,35 @@ inline float largest(const float* __restrict s, int64_t n) {
 
 // For every query row: the sum over keys j < widest (first to last, a weight of 0 skipped: a row's weights past
 // its last key are 0) of w[row * widest + j] x values[j] into sums[row] (dim values), and of its weights into
-// totals[row]. Where the head size is known at compile time, VALUE_TILE keys at a time for all rows (a tile read
-// from memory once, the next one asked for ahead), each row's sums in registers over a tile.
+// totals[row]. VALUE_TILE keys at a time for all rows (a tile read from memory once, the next one asked for
+// ahead); where the head size is known at compile time, each row's sums in registers over a tile.
 template <int64_t DIM>
 inline void weighted_sums(const float* __restrict w, int64_t n, int64_t widest, const float* __restrict values,
                           int64_t stride, int64_t runtime_dim, float* __restrict sums, float* __restrict totals) {
-  if constexpr (DIM > 0) {
-    for (int64_t j0 = 0; j0 < widest; j0 += VALUE_TILE) {
-      const int64_t j1 = std::min(widest, j0 + VALUE_TILE);
-      for (int64_t j = j1; j < std::min(widest, j1 + AHEAD); ++j)
-        for (int64_t d = 0; d < DIM; d += 16)
-          _mm_prefetch(reinterpret_cast<const char*>(values + j * stride + d), _MM_HINT_T0);
-      for (int64_t row = 0; row < n; ++row) {
-        const float* wr = w + row * widest;
-        float acc[DIM];
-        for (int64_t d = 0; d < DIM; ++d) acc[d] = sums[row * DIM + d];
-        float total = totals[row];
+  const int64_t dim = DIM ? DIM : runtime_dim;
+  for (int64_t j0 = 0; j0 < widest; j0 += VALUE_TILE) {
+    const int64_t j1 = std::min(widest, j0 + VALUE_TILE);
+    for (int64_t j = j1; j < std::min(widest, j1 + AHEAD); ++j)
+      for (int64_t d = 0; d < dim; d += 16) _mm_prefetch(reinterpret_cast<const char*>(values + j * stride + d), _MM_HINT_T0);
+    for (int64_t row = 0; row < n; ++row) {
+      const float* wr = w + row * widest;
+      const auto tile = [&](float* __restrict acc, float total) {
         for (int64_t j = j0; j < j1; ++j) {
           const float p = wr[j];
           if (p == 0.0f) continue;
           total = total + p;
           const float* vr = values + j * stride;
-          for (int64_t d = 0; d < DIM; ++d) acc[d] = acc[d] + p * vr[d];
+          for (int64_t d = 0; d < dim; ++d) acc[d] = acc[d] + p * vr[d];
         }
-        for (int64_t d = 0; d < DIM; ++d) sums[row * DIM + d] = acc[d];
-        totals[row] = total;
-      }
-    }
-  } else {
-    for (int64_t row = 0; row < n; ++row) {
-      const float* wr = w + row * widest;
-      float* out = sums + row * runtime_dim;
-      for (int64_t j = 0; j < widest; ++j) {
-        const float p = wr[j];
-        if (p == 0.0f) continue;
-        totals[row] = totals[row] + p;
-        const float* vr = values + j * stride;
-        for (int64_t d = 0; d < runtime_dim; ++d) out[d] = out[d] + p * vr[d];
+        return total;
+      };
+      if constexpr (DIM > 0) {  // the row's sums in registers over the tile
+        float acc[DIM];
+        std::copy(sums + row * DIM, sums + (row + 1) * DIM, acc);
+        totals[row] = tile(acc, totals[row]);
+        std::copy(acc, acc + DIM, sums + row * DIM);
+      } else {
+        totals[row] = tile(sums + row * dim, totals[row]);
       }
     }
   }
