@@ -14,9 +14,9 @@ compares it with the model's own forward in every precision), and does once what
 * per layer only the arithmetic: RMSNorm's ops without its no-op casts (where pipeline.kernels.decode_glue is
   built, one call with the residual add before it), the Linears called on 2-d rows
   (a RowInvariantLinear straight into oneDNN; q/k/v and gate/up one product each where they are fused,
-  pipeline.kernels.fused_linears; where gate and up are, silu(gate) x up one glue call), the rotary half-swap as one `roll` against a sign-folded
-  sin ((-x2) * s and x2 * (-s) round alike) over q's and k's heads at once (side by side in the fused
-  product), each new key and value written by one `index_copy_` (where decode_glue is built, the rotary
+  pipeline.kernels.fused_linears; where gate and up are, silu(gate) x up one glue call), the rotary
+  half-swap as one `roll` against a sign-folded sin ((-x2) * s and x2 * (-s) round alike) over q's and
+  k's heads at once (side by side in the fused product), each new key and value written by one `index_copy_` (where decode_glue is built, the rotary
   and both writes one call, the same bits), and one attention call: where
   pipeline.kernels.ordered_attention is built, that kernel over each row's own keys (up to its column,
   read in place from the slot table), else one flash call over all key chunks (each chunk one of the
