@@ -32,7 +32,7 @@ the CPU; otherwise :func:`qwen2_decode_step` returns None and the runner keeps t
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -93,6 +93,39 @@ def decode_attention(q, keys, values, bias, unseen, scaling: float):
     return summed if q.dtype == torch.float32 else summed.to(q.dtype)
 
 
+class _Norm(NamedTuple):
+    """What a norm's arithmetic reads (RowInvariantRMSNorm's names), looked up once: nn.Module's own attribute
+    lookup costs about a microsecond each time, hundreds of times a step."""
+    weight: torch.Tensor
+    variance_epsilon: float
+
+
+class _Layer(NamedTuple):
+    """A decoder layer's parts as the step calls them, looked up once (as :class:`_Norm`)."""
+    input_norm: _Norm
+    attn: Any
+    qkv: Any  # where q/k/v are fused (pipeline.kernels.fused_linears): the one Linear; else None (attn's own)
+    qk_width: int  # q's and k's output columns together
+    o_proj: Any
+    post_norm: _Norm
+    mlp: Any
+    gate_up: Any  # where gate/up are fused: the one Linear; else None (mlp's own)
+    down: Any
+
+    @classmethod
+    def of(cls, layer) -> "_Layer":
+        attn, mlp = layer.self_attn, layer.mlp
+        qkv = attn.q_proj.fused if type(attn.q_proj) is FusedPart else None
+        gate_up = mlp.gate_proj.fused.linear if type(mlp.gate_proj) is FusedPart else None
+        return cls(_norm(layer.input_layernorm), attn, qkv.linear if qkv is not None else None,
+                   qkv.sizes[0] + qkv.sizes[1] if qkv else attn.q_proj.out_features + attn.k_proj.out_features,
+                   attn.o_proj, _norm(layer.post_attention_layernorm), mlp, gate_up, mlp.down_proj)
+
+
+def _norm(norm) -> _Norm:
+    return _Norm(norm.weight, norm.variance_epsilon)
+
+
 def qwen2_decode_step(model, table) -> "Qwen2DecodeStep | None":
     """The fast decode step for `model` over `table`, or None where it would not compute exactly what the
     model's forward does (another architecture or configuration, another device, not batch-invariant)."""
@@ -120,8 +153,9 @@ class Qwen2DecodeStep:
         self.table = table
         self.embed = inner.embed_tokens.weight
         self.layers = list(inner.layers[:model.config.num_hidden_layers])
-        self.norm = inner.norm
+        self.norm = _norm(inner.norm)
         self.lm_head = model.lm_head
+        self._plan = [_Layer.of(layer) for layer in self.layers]
         first = self.layers[0].self_attn
         self.head_dim = first.head_dim
         self.heads = model.config.num_attention_heads
@@ -145,30 +179,33 @@ class Qwen2DecodeStep:
         by its forward."""
         kind = type(linear)
         if kind is RowInvariantLinear and x.shape[0] >= 2:
-            return torch.ops.mkldnn._linear_pointwise(x, linear.weight, linear.bias, "none", [None], "")
+            parameters = linear._parameters  # read directly: nn.Module's attribute lookup costs ~1 µs a time
+            return torch.ops.mkldnn._linear_pointwise(x, parameters["weight"], parameters["bias"], "none", [None], "")
         if (kind is Int8DynamicLinear or kind is Int4DynamicLinear) and x.dtype == torch.float32:
             return linear.multiply(x)
         return linear(x)
 
-    def _query_key_value(self, attn, x, rows: int):
+    def _query_key_value(self, layer: _Layer, x, rows: int):
         """q_proj's and k_proj's columns side by side for the first `rows` rows, (rows, heads + kv heads, head
         size), and v_proj's (rows, kv heads x head size): where they are fused (pipeline.kernels.fused_linears)
         one product, q's and k's columns already side by side in it."""
-        if type(attn.q_proj) is FusedPart:
-            fused = attn.q_proj.fused
-            qk, v = self._linear(fused.linear, x).split((fused.sizes[0] + fused.sizes[1], fused.sizes[2]), dim=-1)
+        if layer.qkv is not None:
+            qkv = self._linear(layer.qkv, x)
+            qk, v = qkv.split((layer.qk_width, qkv.shape[1] - layer.qk_width), dim=-1)
         else:
+            attn = layer.attn
             qk, v = torch.cat((self._linear(attn.q_proj, x), self._linear(attn.k_proj, x)), dim=-1), self._linear(attn.v_proj, x)
         if rows < x.shape[0]:  # a pair's second row: the same as its first
             qk, v = qk[:rows], v[:rows]
         return qk.view(rows, self.heads + self.kv_heads, self.head_dim), v
 
-    def _gate_up(self, mlp, x):
-        """gate_proj's and up_proj's products: one, split, where they are fused."""
-        if type(mlp.gate_proj) is FusedPart:
-            fused = mlp.gate_proj.fused
-            return self._linear(fused.linear, x).split(fused.sizes, dim=-1)
-        return self._linear(mlp.gate_proj, x), self._linear(mlp.up_proj, x)
+    def _gate_up(self, layer: _Layer, x):
+        """gate_proj's and up_proj's products: one, split in halves, where they are fused."""
+        if layer.gate_up is not None:
+            gate_up = self._linear(layer.gate_up, x)
+            width = gate_up.shape[1] // 2
+            return gate_up.split((width, width), dim=-1)
+        return self._linear(layer.mlp.gate_proj, x), self._linear(layer.mlp.up_proj, x)
 
     @staticmethod
     def _rms_norm(norm, x, glued=None):
@@ -266,10 +303,9 @@ class Qwen2DecodeStep:
         written = (offsets + columns[:attending, None]).view(-1)  # each row's new column of each kv head
         heads, kv_heads, group, dim, half = self.heads, self.kv_heads, self.group, self.head_dim, self.head_dim // 2
         delta = None  # what the residual stream adds before the next norm (none before the first layer's)
-        for index, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            x = self._add_rms_norm(layer.input_layernorm, hidden, delta, rms, add_rms)
-            qk, v = self._query_key_value(attn, x, attending)
+        for index, layer in enumerate(self._plan):
+            x = self._add_rms_norm(layer.input_norm, hidden, delta, rms, add_rms)
+            qk, v = self._query_key_value(layer, x, attending)
             keys, key_chunks, key_slots, values, value_chunks, value_slots = views[index]
             if rotate is not None:  # q returned rotated, (rows, heads, 1, head size); k and v written
                 q = rotate(qk, v, cos, sin, keys, values, written, heads)
@@ -285,13 +321,12 @@ class Qwen2DecodeStep:
                                        bias, unseen, self.scaling).view(attending, heads * dim)
             if pair:
                 out = out.expand(2, -1)
-            x = self._add_rms_norm(layer.post_attention_layernorm, hidden, self._linear(attn.o_proj, out), rms, add_rms)
-            mlp = layer.mlp
-            if silu_mul is not None and self._silu and type(mlp.gate_proj) is FusedPart:  # one product, one call
-                x = silu_mul(self._linear(mlp.gate_proj.fused.linear, x))
+            x = self._add_rms_norm(layer.post_norm, hidden, self._linear(layer.o_proj, out), rms, add_rms)
+            if silu_mul is not None and self._silu and layer.gate_up is not None:  # one product, one call
+                x = silu_mul(self._linear(layer.gate_up, x))
             else:
-                gate, up = self._gate_up(mlp, x)
-                x = mlp.act_fn(gate).mul_(up)
-            delta = self._linear(mlp.down_proj, x)
+                gate, up = self._gate_up(layer, x)
+                x = layer.mlp.act_fn(gate).mul_(up)
+            delta = self._linear(layer.down, x)
         logits = self._linear(self.lm_head, self._add_rms_norm(self.norm, hidden, delta, rms, add_rms))
         return logits[:1] if pair else logits

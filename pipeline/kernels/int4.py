@@ -186,7 +186,8 @@ class Int4DynamicLinear(torch.nn.Module):
     def multiply(self, rows: torch.Tensor) -> torch.Tensor:
         """(n, in) float32 rows, n >= 1 -> (n, out) float32, without forward's reshapes and casts."""
         if self._kernel is not None:
-            return self._kernel(rows, self.packed, self.params, self.out_features, self.bias)
+            buffers = self._buffers  # read directly: nn.Module's attribute lookup costs ~1 µs, ~300 times a decode step
+            return self._kernel(rows, buffers["packed"], buffers["params"], self.out_features, buffers["bias"])
         if self._unpacked is None:
             self._unpacked = vnni_int4.unpack(self.packed, self.params, self.out_features)
         return vnni_int4.reference_product(rows, *self._unpacked, self.bias)
