@@ -40,7 +40,6 @@ HIDDEN, HEADS, KV_HEADS, HEAD_SIZE, MLP, VOCABULARY, LAYERS = 896, 14, 2, 64, 48
 # A layer's products, (inputs, outputs): q/k/v fused, o, gate/up fused, down.
 LAYER_PRODUCTS = ((HIDDEN, (HEADS + 2 * KV_HEADS) * HEAD_SIZE), (HIDDEN, HIDDEN), (HIDDEN, 2 * MLP), (MLP, HIDDEN))
 KERNELS = {"attention": "ordered_attention", "int8-dynamic": "vnni_int8", "int4-dynamic": "vnni_int4"}
-INT4_GROUP = 128  # int4-dynamic's group width at these shapes (pipeline.kernels.int4.group_width)
 
 
 def parser():
@@ -94,6 +93,8 @@ def products_case(module, kernel: str, rows: int, args) -> tuple[Callable[[int],
     """(a step's products, one after the other -> the first one's output; 1 call a round) at `rows` rows,
     on weights drawn from one seed (the same for every commit) and packed by `module`'s own pack."""
     import torch
+
+    from pipeline.kernels.int4 import group_width
     g = torch.Generator().manual_seed(0)
     calls = []
     for k, n in product_shapes(args.layers):
@@ -103,7 +104,7 @@ def products_case(module, kernel: str, rows: int, args) -> tuple[Callable[[int],
             packed, offsets = module.pack(torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8))
             calls.append((module.EXTENSION.registered("vnni_linear"), (x, packed, offsets, scale, None)))
         else:
-            groups = k // INT4_GROUP
+            groups = k // group_width(k)  # int4-dynamic's groups, as Int4DynamicLinear cuts them
             codes = torch.randint(0, 16, (n, k), generator=g, dtype=torch.int32)
             group_scale = (torch.rand(n, groups, generator=g) / 50).to(torch.bfloat16).float()
             offset = (torch.randn(n, groups, generator=g) / 100).to(torch.bfloat16).float()

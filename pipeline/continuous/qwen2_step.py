@@ -16,9 +16,9 @@ compares it with the model's own forward in every precision), and does once what
   (a RowInvariantLinear straight into oneDNN; q/k/v and gate/up one product each where they are fused,
   pipeline.kernels.fused_linears; where gate and up are, silu(gate) x up one glue call), the rotary
   half-swap as one `roll` against a sign-folded sin ((-x2) * s and x2 * (-s) round alike) over q's and
-  k's heads at once (side by side in the fused product), each new key and value written by one `index_copy_` (where decode_glue is built, the rotary
-  and both writes one call, the same bits), and one attention call: where
-  pipeline.kernels.ordered_attention is built, that kernel over each row's own keys (up to its column,
+  k's heads at once (side by side in the fused product), each new key and value written by one
+  `index_copy_` (where decode_glue is built, the rotary and both writes one call, the same bits), and one
+  attention call: where pipeline.kernels.ordered_attention is built, that kernel over each row's own keys (up to its column,
   read in place from the slot table), else one flash call over all key chunks (each chunk one of the
   kernel's heads: each chunk's bits as its own call gives them) and the chunks merged as
   flash_chunked_attention merges them; in place where a result is the op's own fresh tensor
@@ -105,7 +105,6 @@ class _Layer(NamedTuple):
     input_norm: _Norm
     attn: Any
     qkv: Any  # where q/k/v are fused (pipeline.kernels.fused_linears): the one Linear; else None (attn's own)
-    qk_width: int  # q's and k's output columns together
     o_proj: Any
     post_norm: _Norm
     mlp: Any
@@ -115,11 +114,10 @@ class _Layer(NamedTuple):
     @classmethod
     def of(cls, layer) -> "_Layer":
         attn, mlp = layer.self_attn, layer.mlp
-        qkv = attn.q_proj.fused if type(attn.q_proj) is FusedPart else None
+        qkv = attn.q_proj.fused.linear if type(attn.q_proj) is FusedPart else None
         gate_up = mlp.gate_proj.fused.linear if type(mlp.gate_proj) is FusedPart else None
-        return cls(_norm(layer.input_layernorm), attn, qkv.linear if qkv is not None else None,
-                   qkv.sizes[0] + qkv.sizes[1] if qkv else attn.q_proj.out_features + attn.k_proj.out_features,
-                   attn.o_proj, _norm(layer.post_attention_layernorm), mlp, gate_up, mlp.down_proj)
+        return cls(_norm(layer.input_layernorm), attn, qkv, attn.o_proj, _norm(layer.post_attention_layernorm), mlp,
+                   gate_up, mlp.down_proj)
 
 
 def _norm(norm) -> _Norm:
@@ -191,7 +189,8 @@ class Qwen2DecodeStep:
         one product, q's and k's columns already side by side in it."""
         if layer.qkv is not None:
             qkv = self._linear(layer.qkv, x)
-            qk, v = qkv.split((layer.qk_width, qkv.shape[1] - layer.qk_width), dim=-1)
+            qk_width = (self.heads + self.kv_heads) * self.head_dim
+            qk, v = qkv.split((qk_width, qkv.shape[1] - qk_width), dim=-1)
         else:
             attn = layer.attn
             qk, v = torch.cat((self._linear(attn.q_proj, x), self._linear(attn.k_proj, x)), dim=-1), self._linear(attn.v_proj, x)
