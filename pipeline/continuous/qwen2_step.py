@@ -24,7 +24,9 @@ compares it with the model's own forward in every precision), and does once what
   flash_chunked_attention merges them; in place where a result is the op's own fresh tensor
   (an in-place op rounds as its out-of-place twin). A lone row runs as a pair through the Linears where
   they are RowInvariantLinears (their own widening; a quantized Linear takes it alone) but is rotated and
-  attends once.
+  attends once;
+* every layer in one C++ call where those kernels are built and the products are ones it calls
+  (pipeline.kernels.decode_layers: the same ops in the same order, none of Python's ~4 µs a custom op call).
 
 Only where it computes what the model's forward computes: a Qwen2ForCausalLM made batch-invariant
 (pipeline.kernels.batch_invariance), full attention in every layer, the default rotary embedding, on
@@ -35,9 +37,11 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from pipeline.kernels import decode_layers, vnni_int4, vnni_int8
 from pipeline.kernels.batch_invariance import BATCH_INVARIANT_ATTENTION, RowInvariantLinear, RowInvariantRMSNorm
-from pipeline.kernels.chunked_attention import CHUNK, ORDERED
+from pipeline.kernels.chunked_attention import CHUNK, ORDERED, chunk_masks, decode_attention
 from pipeline.kernels.decode_glue import EXTENSION as GLUE
 from pipeline.kernels.fused_linears import FusedPart
 from pipeline.kernels.int4 import Int4DynamicLinear
@@ -45,52 +49,6 @@ from pipeline.kernels.int8 import Int8DynamicLinear
 
 # Chunk views kept per (rows, width, slots, capacity): a few layouts and widths at a time.
 _VIEW_SETS = 64
-_LOWEST, _TINY = torch.finfo(torch.float32).min, torch.finfo(torch.float32).tiny
-
-
-def chunk_masks(visible, dtype, kv_heads: int):
-    """flash_chunked_attention's additive mask for a bool `visible` (rows, 1, 1, whole chunks) of one query a
-    row, cut into chunks for :func:`decode_attention`: (rows x kv heads, chunks, 1, CHUNK), each row's repeated
-    for its kv heads; and which chunks each row sees nothing of, (rows, 1, chunks, 1, 1), or None where every
-    row sees every chunk (filling nothing changes nothing: one row always sees all)."""
-    rows, chunks = visible.shape[0], visible.shape[-1] // CHUNK
-    by_chunk = visible.view(rows, 1, chunks, 1, CHUNK)
-    bias = torch.zeros(by_chunk.shape, dtype=dtype).masked_fill_(~by_chunk, float("-inf"))
-    bias = bias.expand(rows, kv_heads, chunks, 1, CHUNK).reshape(rows * kv_heads, chunks, 1, CHUNK)
-    unseen = ~by_chunk.any(dim=-1, keepdim=True)
-    return bias, unseen if bool(unseen.any()) else None
-
-
-def decode_attention(q, keys, values, bias, unseen, scaling: float):
-    """flash_chunked_attention's result for one query a row, (rows, kv heads, group, head size) in q's dtype,
-    over keys and values (rows x kv heads, chunks, CHUNK, head size) masked once a step (:func:`chunk_masks`).
-
-    One flash call for every chunk: the chunks ride as the kernel's heads (q repeated along them by a 0
-    stride), and the kernel computes each (batch, head) on its own in the shape one chunk's call has, so each
-    chunk's output and log-sum-exp are the bits its own call gives (its blocking follows the query and key
-    counts, the same per chunk; batch and head counts only weigh its AMX packing, which needs 64 queries or
-    more, torch's FlashAttentionKernel.cpp: a decode step's are the group's). They are merged as
-    flash_chunked_attention merges them: weights exp(lse - the row's largest), sums in chunk order in
-    float64 (the CPU's cumsum adds in order in a float64 accumulator along any dimension, as sum_in_order
-    does)."""
-    rows, kv_heads, group, dim = q.shape
-    chunks = keys.shape[1]
-    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    queries = q.reshape(rows * kv_heads, 1, group, dim).expand(-1, chunks, -1, -1)
-    out, lse = flash(queries, keys, values, attn_mask=bias, scale=scaling)[:2]
-    lse = lse.view(rows, kv_heads, chunks, group, 1)
-    if unseen is not None:
-        lse.masked_fill_(unseen, float("-inf"))
-    # Where the merge there fills -inf tops with 0 and zero totals with 1, one clamp each gives the same bits:
-    # a -inf top has only -inf beside it (-inf - x is -inf for any finite x), and a total is 0 (every weight 0:
-    # its parts are +-0, and +-0 / tiny is +-0 as +-0 / 1) or at least the top chunk's exp(0).
-    top = lse.amax(dim=2, keepdim=True).clamp_min_(_LOWEST)
-    weights = lse.sub_(top).exp_()
-    total = weights.cumsum(2)[:, :, -1].clamp_min_(_TINY)
-    parts = out.view(rows, kv_heads, chunks, group, dim)
-    parts = parts * weights if q.dtype == torch.float32 else parts.float() * weights
-    summed = parts.cumsum(2)[:, :, -1] / total  # a fresh, contiguous result
-    return summed if q.dtype == torch.float32 else summed.to(q.dtype)
 
 
 class _Norm(NamedTuple):
@@ -166,7 +124,44 @@ class Qwen2DecodeStep:
         # Whether the MLP's activation is torch's silu (decode_glue's `silu_mul` calls it).
         from transformers.activations import SiLUActivation
         self._silu = all(type(layer.mlp.act_fn) in (torch.nn.SiLU, SiLUActivation) for layer in self.layers)
-        self._views: dict[tuple[int, int, int, int], tuple[Any, list[tuple[Any, ...]]]] = {}
+        self._views: dict[tuple[int, int, int, int], tuple[Any, list[tuple[Any, ...]], list[Any]]] = {}
+        self._compiled = self._compiled_layers()
+
+    @property
+    def layers_in_one_call(self) -> bool:
+        """Whether a step runs every layer in one call (pipeline.kernels.decode_layers) rather than in Python:
+        where its layers are what that call computes and it and every op it calls are built (asked at every
+        step, as the other kernels are)."""
+        return self._one_call() is not None
+
+    def _one_call(self) -> Any:
+        """decode_layers' op where a step runs its layers in one call, else None (:attr:`layers_in_one_call`)."""
+        if self._compiled is None or ORDERED.registered("ordered_attention") is None:
+            return None
+        if any(GLUE.registered(op) is None for op in ("rotate_and_store", "rms_norm", "add_rms_norm", "silu_mul")):
+            return None
+        return decode_layers.EXTENSION.registered("decode_layers")
+
+    def _compiled_layers(self) -> tuple[list[int], list[int], list[float], str, list[list[Any]]] | None:
+        """What pipeline.kernels.decode_layers needs to run every layer in one call (each product's kind and
+        channels, the norms' epsilons, the ops' namespaces, each layer's products' tensors), or None where a
+        layer is not what it computes (q/k/v or gate/up unfused, an activation other than silu, a product it
+        does not call)."""
+        if not self._silu:
+            return None
+        kinds, channels, eps, products = [], [], [], []
+        for layer in self._plan:
+            maybe = [decode_layers.product(linear, self.embed.dtype)
+                     for linear in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
+            found = [one for one in maybe if one is not None]
+            if len(found) < len(maybe):
+                return None
+            kinds += [one[0] for one in found]
+            channels += [one[1] for one in found]
+            eps += [layer.input_norm.variance_epsilon, layer.post_norm.variance_epsilon]
+            products.append([part for one in found for part in one[2]])
+        quantized = (e.name if e.ops() is not None else "" for e in (vnni_int8.EXTENSION, vnni_int4.EXTENSION))
+        return kinds, channels, eps, ";".join((GLUE.name, ORDERED.name, *quantized)), products
 
     # ------------------------------------------------------------------ pieces, each as the model's module computes it
 
@@ -248,7 +243,8 @@ class Qwen2DecodeStep:
         and for values and their chunks of slots [0, rows) over columns [0, width), (rows x kv heads, chunks,
         CHUNK, head size): the chunks flash_chunked_attention cuts from the cache view the model attends
         over (a slot's kv heads are one capacity apart, the slots too), and the buffer's slots [0, rows)
-        themselves, (rows, kv heads, capacity, head size), what the ordered kernel reads."""
+        themselves, (rows, kv heads, capacity, head size), what the ordered kernel reads; and where the layers
+        run in one call, its parts list (pipeline.kernels.decode_layers.PER_LAYER a layer)."""
         table = self.table
         key = (rows, width, table.slots, table.capacity)
         views = self._views.get(key)
@@ -264,7 +260,11 @@ class Qwen2DecodeStep:
                     heads = buffer[:rows].view(rows * self.kv_heads, table.capacity, self.head_dim)
                     per += [flat, heads[:, :width].unflatten(1, (width // CHUNK, CHUNK)), buffer[:rows]]
                 layers.append(tuple(per))
-            views = self._views[key] = (offsets, layers)
+            parts: list[Any] = []
+            if self._compiled is not None:
+                for plan, cached, products in zip(self._plan, layers, self._compiled[-1]):
+                    parts += [plan.input_norm.weight, plan.post_norm.weight, *cached[0:4:2], *cached[3:6:2], *products]
+            views = self._views[key] = (offsets, layers, parts)
         return views
 
     # ------------------------------------------------------------------ the step
@@ -298,34 +298,43 @@ class Qwen2DecodeStep:
         else:
             bias, unseen = chunk_masks((torch.arange(width) <= columns[:attending, None])[:, None, None, :], dtype,
                                        self.kv_heads)
-        offsets, views = self._cache_views(attending, width)
+        offsets, views, flat = self._cache_views(attending, width)
         written = (offsets + columns[:attending, None]).view(-1)  # each row's new column of each kv head
         heads, kv_heads, group, dim, half = self.heads, self.kv_heads, self.group, self.head_dim, self.head_dim // 2
-        delta = None  # what the residual stream adds before the next norm (none before the first layer's)
-        for index, layer in enumerate(self._plan):
-            x = self._add_rms_norm(layer.input_norm, hidden, delta, rms, add_rms)
-            qk, v = self._query_key_value(layer, x, attending)
-            keys, key_chunks, key_slots, values, value_chunks, value_slots = views[index]
-            if rotate is not None:  # q returned rotated, (rows, heads, 1, head size); k and v written
-                q = rotate(qk, v, cos, sin, keys, values, written, heads)
-            else:
-                qk = (qk * cos).add_(torch.roll(qk, half, -1).mul_(sin))  # every q and k head rotated in one pass
-                keys.index_copy_(0, written, qk[:, heads:].reshape(-1, dim))
-                values.index_copy_(0, written, v.reshape(-1, dim))
-                q = qk[:, :heads].unsqueeze(2)
-            if ordered is not None:
-                out = ordered(q, key_slots, value_slots, None, lengths, True, self.scaling).view(attending, heads * dim)
-            else:
-                out = decode_attention(q.view(attending, kv_heads, group, dim), key_chunks, value_chunks,
-                                       bias, unseen, self.scaling).view(attending, heads * dim)
-            if pair:
-                out = out.expand(2, -1)
-            x = self._add_rms_norm(layer.post_norm, hidden, self._linear(layer.o_proj, out), rms, add_rms)
-            if silu_mul is not None and self._silu and layer.gate_up is not None:  # one product, one call
-                x = silu_mul(self._linear(layer.gate_up, x))
-            else:
-                gate, up = self._gate_up(layer, x)
-                x = layer.mlp.act_fn(gate).mul_(up)
-            delta = self._linear(layer.down, x)
+        # every layer in one call (the same ops in the same order), but where a dispatch mode is on (a profiling
+        # tool recording or counting ops), which would see the one call as one op in inference mode
+        one_call = self._one_call()
+        if one_call is not None and self._compiled is not None and _get_current_dispatch_mode() is None:
+            kinds, channels, eps, names, _ = self._compiled
+            delta = one_call(
+                hidden, None, flat, kinds, channels, eps, names, cos, sin, written, lengths, attending, heads,
+                kv_heads, self.scaling)
+        else:
+            delta = None  # what the residual stream adds before the next norm (none before the first layer's)
+            for index, layer in enumerate(self._plan):
+                x = self._add_rms_norm(layer.input_norm, hidden, delta, rms, add_rms)
+                qk, v = self._query_key_value(layer, x, attending)
+                keys, key_chunks, key_slots, values, value_chunks, value_slots = views[index]
+                if rotate is not None:  # q returned rotated, (rows, heads, 1, head size); k and v written
+                    q = rotate(qk, v, cos, sin, keys, values, written, heads)
+                else:
+                    qk = (qk * cos).add_(torch.roll(qk, half, -1).mul_(sin))  # every q and k head rotated in one pass
+                    keys.index_copy_(0, written, qk[:, heads:].reshape(-1, dim))
+                    values.index_copy_(0, written, v.reshape(-1, dim))
+                    q = qk[:, :heads].unsqueeze(2)
+                if ordered is not None:
+                    out = ordered(q, key_slots, value_slots, None, lengths, True, self.scaling).view(attending, heads * dim)
+                else:
+                    out = decode_attention(q.view(attending, kv_heads, group, dim), key_chunks, value_chunks,
+                                           bias, unseen, self.scaling).view(attending, heads * dim)
+                if pair:
+                    out = out.expand(2, -1)
+                x = self._add_rms_norm(layer.post_norm, hidden, self._linear(layer.o_proj, out), rms, add_rms)
+                if silu_mul is not None and self._silu and layer.gate_up is not None:  # one product, one call
+                    x = silu_mul(self._linear(layer.gate_up, x))
+                else:
+                    gate, up = self._gate_up(layer, x)
+                    x = layer.mlp.act_fn(gate).mul_(up)
+                delta = self._linear(layer.down, x)
         logits = self._linear(self.lm_head, self._add_rms_norm(self.norm, hidden, delta, rms, add_rms))
         return logits[:1] if pair else logits

@@ -218,3 +218,52 @@ def chunked_attention_forward(module, query, key, value, attention_mask, scaling
         key, value, attention_mask = keys_moved_to_column_0(key, value, attention_mask)
     out = chunked_attention(query, key, value, attention_mask, scaling=scale, is_causal=causal)
     return out.transpose(1, 2).contiguous(), None
+
+
+# A decode step's chunked attention (pipeline/continuous/qwen2_step.py): its masks once a step, its chunks in one call.
+_LOWEST, _TINY = torch.finfo(torch.float32).min, torch.finfo(torch.float32).tiny
+
+
+def chunk_masks(visible, dtype, kv_heads: int):
+    """flash_chunked_attention's additive mask for a bool `visible` (rows, 1, 1, whole chunks) of one query a
+    row, cut into chunks for :func:`decode_attention`: (rows x kv heads, chunks, 1, CHUNK), each row's repeated
+    for its kv heads; and which chunks each row sees nothing of, (rows, 1, chunks, 1, 1), or None where every
+    row sees every chunk (filling nothing changes nothing: one row always sees all)."""
+    rows, chunks = visible.shape[0], visible.shape[-1] // CHUNK
+    by_chunk = visible.view(rows, 1, chunks, 1, CHUNK)
+    bias = torch.zeros(by_chunk.shape, dtype=dtype).masked_fill_(~by_chunk, float("-inf"))
+    bias = bias.expand(rows, kv_heads, chunks, 1, CHUNK).reshape(rows * kv_heads, chunks, 1, CHUNK)
+    unseen = ~by_chunk.any(dim=-1, keepdim=True)
+    return bias, unseen if bool(unseen.any()) else None
+
+
+def decode_attention(q, keys, values, bias, unseen, scaling: float):
+    """flash_chunked_attention's result for one query a row, (rows, kv heads, group, head size) in q's dtype,
+    over keys and values (rows x kv heads, chunks, CHUNK, head size) masked once a step (:func:`chunk_masks`).
+
+    One flash call for every chunk: the chunks ride as the kernel's heads (q repeated along them by a 0
+    stride), and the kernel computes each (batch, head) on its own in the shape one chunk's call has, so each
+    chunk's output and log-sum-exp are the bits its own call gives (its blocking follows the query and key
+    counts, the same per chunk; batch and head counts only weigh its AMX packing, which needs 64 queries or
+    more, torch's FlashAttentionKernel.cpp: a decode step's are the group's). They are merged as
+    flash_chunked_attention merges them: weights exp(lse - the row's largest), sums in chunk order in
+    float64 (the CPU's cumsum adds in order in a float64 accumulator along any dimension, as sum_in_order
+    does)."""
+    rows, kv_heads, group, dim = q.shape
+    chunks = keys.shape[1]
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    queries = q.reshape(rows * kv_heads, 1, group, dim).expand(-1, chunks, -1, -1)
+    out, lse = flash(queries, keys, values, attn_mask=bias, scale=scaling)[:2]
+    lse = lse.view(rows, kv_heads, chunks, group, 1)
+    if unseen is not None:
+        lse.masked_fill_(unseen, float("-inf"))
+    # Where the merge there fills -inf tops with 0 and zero totals with 1, one clamp each gives the same bits:
+    # a -inf top has only -inf beside it (-inf - x is -inf for any finite x), and a total is 0 (every weight 0:
+    # its parts are +-0, and +-0 / tiny is +-0 as +-0 / 1) or at least the top chunk's exp(0).
+    top = lse.amax(dim=2, keepdim=True).clamp_min_(_LOWEST)
+    weights = lse.sub_(top).exp_()
+    total = weights.cumsum(2)[:, :, -1].clamp_min_(_TINY)
+    parts = out.view(rows, kv_heads, chunks, group, dim)
+    parts = parts * weights if q.dtype == torch.float32 else parts.float() * weights
+    summed = parts.cumsum(2)[:, :, -1] / total  # a fresh, contiguous result
+    return summed if q.dtype == torch.float32 else summed.to(q.dtype)

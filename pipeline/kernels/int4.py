@@ -192,6 +192,14 @@ class Int4DynamicLinear(torch.nn.Module):
             self._unpacked = vnni_int4.unpack(self.packed, self.params, self.out_features)
         return vnni_int4.reference_product(rows, *self._unpacked, self.bias)
 
+    def kernel_parts(self) -> tuple[torch.Tensor | None, ...] | None:
+        """What :meth:`multiply` passes the kernel besides the rows and channels (packed, params, bias), or None
+        where the kernel is not built."""
+        if self._kernel is None:
+            return None
+        buffers = self._buffers
+        return buffers["packed"], buffers["params"], buffers["bias"]
+
     def forward(self, x):
         rows = x.reshape(-1, self.in_features).float()
         if rows.shape[0] == 0:

@@ -176,6 +176,14 @@ class Int8DynamicLinear(_QuantizedLinear):
         buffers = self._buffers  # read directly: nn.Module's attribute lookup costs ~1 µs, ~200 times a decode step
         return linear(rows, packed, offsets, buffers["weight_scale"], buffers["bias"])
 
+    def vnni_parts(self) -> tuple[Any, ...] | None:
+        """What :meth:`multiply` passes the VNNI kernel besides the rows (packed weight, offsets, weight scale,
+        bias), or None where another kernel is in use."""
+        if self._kernel != "vnni":
+            return None
+        buffers = self._buffers
+        return (*self._weights["vnni"][1:], buffers["weight_scale"], buffers["bias"])
+
     def packed_nbytes(self) -> int:
         """Bytes of the packed copy this Linear multiplies with, which buffers() does not see (0 for the plain
         int8 weight, a buffer); copies a benchmark keeps beside it are not counted."""

@@ -7,7 +7,9 @@ on one loaded model (profiling/bench_decode.py's `--baselines`).
 * ``chunked-attention``: the CPU's attention as torch's flash kernel in chunks, not
   pipeline/kernels/ordered_attention.py (other bits: the tokens may differ);
 * ``torch-glue``: the CPU decode step's norms, rotary and cache writes as torch ops, not
-  pipeline/kernels/decode_glue.py's calls (the same bits).
+  pipeline/kernels/decode_glue.py's calls (the same bits);
+* ``python-layers``: the CPU decode step's layers looped in Python, not pipeline/kernels/decode_layers.py's
+  one call (the same ops: the same bits).
 """
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ import contextlib
 from collections.abc import Iterator
 
 # name -> whether it gives the current kernels' bits
-BASELINES = {"fbgemm-int8": True, "unfused-int8": True, "chunked-attention": False, "torch-glue": True}
+BASELINES = {"fbgemm-int8": True, "unfused-int8": True, "chunked-attention": False, "torch-glue": True,
+             "python-layers": True}
 
 
 @contextlib.contextmanager
@@ -23,13 +26,14 @@ def running(model, baseline: str | None) -> Iterator[None]:
     """Within: `model` (a torch module, or None for a stage without one) runs `baseline`'s kernels (None: the
     current ones); the current ones are back after, an exception included."""
     from pipeline.kernels.decode_glue import EXTENSION as GLUE
+    from pipeline.kernels.decode_layers import EXTENSION as LAYERS
     from pipeline.kernels.int8 import Int8DynamicLinear
     from pipeline.kernels.ordered_attention import EXTENSION
     if baseline is not None and baseline not in BASELINES:
         raise ValueError(f"unknown baseline {baseline!r} (expected one of {', '.join(BASELINES)})")
     int8 = [] if model is None else [m for m in model.modules() if isinstance(m, Int8DynamicLinear)]
     kernels, fused = [m.kernel for m in int8], [m.fused for m in int8]
-    built, glue = EXTENSION.ops, GLUE.ops
+    built, glue, layers = EXTENSION.ops, GLUE.ops, LAYERS.ops
     try:
         if baseline in ("fbgemm-int8", "unfused-int8"):
             for module in int8:
@@ -39,9 +43,11 @@ def running(model, baseline: str | None) -> Iterator[None]:
             EXTENSION.ops = lambda: None  # chunked_attention and the decode step ask it at every call
         elif baseline == "torch-glue":
             GLUE.ops = lambda: None  # the decode step asks it at every step
+        elif baseline == "python-layers":
+            LAYERS.ops = lambda: None  # the decode step asks it at every step
         yield
     finally:
         for module, kernel, was in zip(int8, kernels, fused):
             module.use_kernel(kernel, keep=True)
             module.fused = was
-        EXTENSION.ops, GLUE.ops = built, glue
+        EXTENSION.ops, GLUE.ops, LAYERS.ops = built, glue, layers

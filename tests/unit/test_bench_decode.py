@@ -91,6 +91,12 @@ def test_a_baseline_switches_its_kernels_within_and_restores_them_after_an_error
         assert GLUE.ops() is None and EXTENSION.ops() is built  # the decode step runs the torch ops
         raise KeyError("a failing step")
     assert GLUE.ops() is glue
+    from pipeline.kernels.decode_layers import EXTENSION as LAYERS
+    layers = LAYERS.ops()
+    with pytest.raises(KeyError), running(model, "python-layers"):
+        assert LAYERS.ops() is None and GLUE.ops() is glue  # the decode step loops its layers in Python
+        raise KeyError("a failing step")
+    assert LAYERS.ops() is layers
     with pytest.raises(ValueError, match="unknown baseline"), running(model, "fast-attention"):
         pass
 

@@ -9,12 +9,14 @@ from typing import Any
 import pytest
 import torch
 
-from pipeline.continuous.qwen2_step import Qwen2DecodeStep, chunk_masks, decode_attention, qwen2_decode_step
+from pipeline.continuous.qwen2_step import Qwen2DecodeStep, qwen2_decode_step
 from pipeline.continuous.runner import ModelRunner
 from pipeline.continuous.scheduler import SequenceState
 from pipeline.continuous.slots import SlotRule, chunks_for
-from pipeline.kernels.chunked_attention import CHUNK, flash_chunked_attention
+from pipeline.kernels import vnni_int8
+from pipeline.kernels.chunked_attention import CHUNK, chunk_masks, decode_attention, flash_chunked_attention
 from pipeline.kernels.decode_glue import EXTENSION as GLUE
+from pipeline.kernels.decode_layers import EXTENSION as LAYERS
 from pipeline.kernels.int4 import Int4DynamicLinear, Int4WeightLinear
 from pipeline.kernels.int8 import Int8DynamicLinear
 from pipeline.kernels.ordered_attention import EXTENSION as ORDERED
@@ -39,12 +41,14 @@ def qwen2(variant: str, shape: dict[str, Any], layers: int):
     return apply_precision(model, variant)
 
 
-def steps_agree(model, lengths: list[int], slots: int, steps: int = 3) -> None:
+def steps_agree(model, lengths: list[int], slots: int, steps: int = 3, one_call: bool | None = None) -> None:
     """Prefill `lengths` into slots of a runner (with more than two, the second's prompt only half: it rides
     idle between decoding rows, fed token 0 as the runner feeds it), then per step: the fast step's logits
-    and written keys and values equal the model forward's on the same table."""
+    and written keys and values equal the model forward's on the same table. `one_call`: whether the step
+    must run its layers in one call (pipeline.kernels.decode_layers), where given."""
     runner = ModelRunner(model, SlotRule(slots, slots * 3 * CHUNK, CHUNK))
     assert isinstance(runner.fast_step, Qwen2DecodeStep)
+    assert one_call is None or runner.fast_step.layers_in_one_call is one_call
     table, stream = runner.table, torch.Generator().manual_seed(1)
     with torch.inference_mode():
         seqs = [SequenceState(i, torch.randint(1, VOCAB, (n,), generator=stream).tolist(), 8)
@@ -80,9 +84,12 @@ ATTENTION = [pytest.param("ordered", marks=ORDERED_BUILT), "chunked"]
 
 
 GLUE_BUILT = pytest.mark.skipif(GLUE.ops() is None, reason="the decode glue is not built for this CPU")
-# The step's kernels: as built here (ordered attention, the glue in C++), the glue as torch ops, neither.
-KERNELS = [pytest.param("ordered", "glue", marks=[ORDERED_BUILT, GLUE_BUILT]),
-           pytest.param("ordered", "torch", marks=ORDERED_BUILT), ("chunked", "torch")]
+LAYERS_BUILT = pytest.mark.skipif(LAYERS.ops() is None, reason="the one-call decode layers are not built")
+# The step's kernels: as built here (ordered attention, the glue in C++, the layers in one call), the layers
+# looped in Python, the glue as torch ops, neither.
+KERNELS = [pytest.param("ordered", "glue", "one call", marks=[ORDERED_BUILT, GLUE_BUILT, LAYERS_BUILT]),
+           pytest.param("ordered", "glue", "python", marks=[ORDERED_BUILT, GLUE_BUILT]),
+           pytest.param("ordered", "torch", "python", marks=ORDERED_BUILT), ("chunked", "torch", "python")]
 
 
 def attention_kernel(kind: str, monkeypatch) -> None:
@@ -95,35 +102,81 @@ def glue_kernel(kind: str, monkeypatch) -> None:
         monkeypatch.setattr(GLUE, "ops", lambda: None)
 
 
-@pytest.mark.parametrize("attention, glue", KERNELS)
+def layers_loop(kind: str, monkeypatch) -> None:
+    if kind == "python":
+        monkeypatch.setattr(LAYERS, "ops", lambda: None)
+
+
+def one_call_expected(variant: str, loop: str) -> bool:
+    """Whether the step runs its layers in one call: where built, over products it calls (oneDNN's
+    row-invariant one, the VNNI int8 and int4 kernels); int8-weight and int4-weight loop in Python."""
+    vnni = vnni_int8.EXTENSION.ops() is not None
+    return loop == "one call" and (variant in ("float32", "bfloat16") or
+                                   (variant in ("int8-dynamic", "int4-dynamic") and vnni))
+
+
+@pytest.mark.parametrize("attention, glue, loop", KERNELS)
 @pytest.mark.parametrize("variant", CPU_VARIANTS)
-def test_the_fast_step_gives_the_model_forwards_bits_in_every_cpu_precision(variant, attention, glue, monkeypatch):
+def test_the_fast_step_gives_the_model_forwards_bits_in_every_cpu_precision(variant, attention, glue, loop,
+                                                                             monkeypatch):
     attention_kernel(attention, monkeypatch)
     glue_kernel(glue, monkeypatch)
+    layers_loop(loop, monkeypatch)
     model = qwen2(variant, TINY, layers=24)
-    steps_agree(model, [7], slots=4)  # one row: run as a pair
+    steps_agree(model, [7], slots=4, one_call=one_call_expected(variant, loop))  # one row: run as a pair
     steps_agree(model, [CHUNK - 2], slots=1)  # one row, one slot; its keys cross into a second chunk
     steps_agree(model, [2 * CHUNK + 40, 3, CHUNK - 1, 90], slots=4)  # chunks some rows do not see, an idle row
 
 
+def profiled_ops(step, ids, columns, width: int) -> list[tuple[str, list]]:
+    """Each op one step dispatches, as the profiler records it (ops called from C++ too): its name without the
+    namespace, its inputs' shapes."""
+    from torch.profiler import ProfilerActivity, profile
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU], record_shapes=True) as recorded:
+        step(ids, columns, width)
+    return [(event.name.split("::")[-1], event.input_shapes) for event in recorded.events()]
+
+
+@pytest.mark.parametrize("loop", [pytest.param("one call", marks=LAYERS_BUILT), "python"])
 @pytest.mark.parametrize("variant", ["int8-dynamic", "int4-dynamic", pytest.param("int4-weight", marks=BF16_CPU)])
-def test_a_lone_row_goes_once_through_linears_that_give_a_row_its_bits_alone(variant, monkeypatch):
+def test_a_lone_row_goes_once_through_linears_that_give_a_row_its_bits_alone(variant, loop, monkeypatch):
     """A RowInvariantLinear widens one row to two, so a lone row runs as a pair; a quantized Linear gives a
     row the same bits alone, so the step multiplies the row once (steps_agree: the same logits as the forward)."""
+    from profiling.lib.engine_step import PRODUCT_OPS
+    layers_loop(loop, monkeypatch)
     model = qwen2(variant, TINY, layers=2)
     quantized = [m for m in model.modules() if isinstance(m, QUANTIZED_LINEARS)]
     assert len(quantized) >= 2 * 4 + 1  # q/k/v, o, gate/up and down a layer (fused), the output layer
-    step_rows: list[int] = []
-    product = Qwen2DecodeStep._linear
+    runner = prefilled_runner(model, [7])
+    assert runner.fast_step.layers_in_one_call is one_call_expected(variant, loop)
+    ops = profiled_ops(runner.fast_step, torch.ones(1, 1, dtype=torch.long), torch.tensor([7]), CHUNK)
+    assert [shapes[0][0] for name, shapes in ops if name in PRODUCT_OPS] == [1] * len(quantized)  # each once, 1 row
+    steps_agree(model, [7], slots=2, steps=1, one_call=one_call_expected(variant, loop))
 
-    def recorded(linear, x):
-        if isinstance(linear, QUANTIZED_LINEARS):
-            step_rows.append(x.shape[0])
-        return product(linear, x)
 
-    monkeypatch.setattr(Qwen2DecodeStep, "_linear", staticmethod(recorded))
-    steps_agree(model, [7], slots=2, steps=1)
-    assert step_rows == [1] * len(quantized)  # every quantized Linear once, over the one row
+@LAYERS_BUILT
+@pytest.mark.parametrize("variant", ["float32", pytest.param("bfloat16", marks=BF16_CPU), "int8-dynamic",
+                                     "int4-dynamic"])
+def test_the_one_call_layers_dispatch_the_python_loops_ops_and_a_dispatch_mode_sees_them_all(variant, monkeypatch):
+    """The one call's ops, as the profiler sees them, are the Python loop's (names and input shapes, in order);
+    while a dispatch mode is on (profiling's op counter), the step loops in Python, so the mode sees them too."""
+    from profiling.lib.engine_step import OpCounter
+    model = qwen2(variant, TINY, layers=3)
+    lengths = [CHUNK + 5, 20]
+    step = [prefilled_runner(model, lengths).fast_step for _ in range(2)]  # the same state in each
+    args = torch.ones(2, 1, dtype=torch.long), torch.tensor(lengths), 2 * CHUNK
+    custom = {"rms_norm", "add_rms_norm", "rotate_and_store", "silu_mul", "ordered_attention", "_linear_pointwise",
+              "vnni_linear", "vnni_int4_linear"}
+    assert step[0].layers_in_one_call
+    one_call = [op for op in profiled_ops(step[0], *args) if op[0] in custom]
+    counter = OpCounter()
+    with torch.inference_mode(), counter.mode:
+        step[1](*args)
+    monkeypatch.setattr(LAYERS, "ops", lambda: None)
+    assert not step[1].layers_in_one_call
+    looped = [op for op in profiled_ops(step[1], *args) if op[0] in custom]
+    assert one_call == looped and len(looped) >= 3 * 8
+    assert sum(counter.counts[name] for name in custom) == len(looped)
 
 
 @pytest.mark.parametrize("variant", CPU_VARIANTS)
