@@ -21,8 +21,10 @@ variant named instead, one after the other.
 
 Every step is printed against its floor (profiling/lib/decode_floor.py): the
 bytes it must read (every Linear weight once, the KV cache of its sequences)
-over the read bandwidth measured here first, a streaming read of a buffer of
-`--bandwidth-mib` at one thread and at torch's thread count (the step's). The
+over the read bandwidth, a streaming read of a buffer of `--bandwidth-mib`
+measured here first (at one thread and at torch's thread count, the step's)
+and again between every round of steps: the fastest read of either, per
+precision (printed beside its floor: a shared host's bandwidth moves). The
 step is also split where the gap lies: its products (every op multiplying by a
 weight, profiling/lib/engine_step.py's PRODUCT_OPS: one step's recorded, then
 replayed alone, best of a few) against the weights' floor alone, and the rest
@@ -146,12 +148,14 @@ def build_variants(generator: Generator, n: int, baselines: list[str]) -> list[V
 
 # ------------------------------------------------------------------------- measuring
 
-def measure(variants: list[Variant], repeat: int) -> None:
-    """repeat steps per variant, interleaved (the order flips each round: both see the same cache growth)."""
+def measure(variants: list[Variant], repeat: int, probe: decode_floor.BandwidthProbe) -> None:
+    """repeat steps per variant, interleaved (the order flips each round: both see the same cache growth), the
+    memory's read bandwidth sampled after each round."""
     for round_ in range(repeat):
         for variant in (variants if round_ % 2 == 0 else variants[::-1]):
             with variant.kernels():
                 variant.steps.append(timed_step(variant.engine, variant.phases))
+        probe.sample()
 
 
 def time_products(variant: Variant) -> None:
@@ -261,9 +265,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def run_size(generator: Generator, n: int, args: argparse.Namespace) -> tuple[list, list]:
+def run_size(generator: Generator, n: int, args: argparse.Namespace,
+             probe: decode_floor.BandwidthProbe) -> tuple[list, list]:
     variants = build_variants(generator, n, args.baselines)
-    measure(variants, args.repeat)
+    measure(variants, args.repeat, probe)
     for variant in variants:
         time_products(variant)
     rows = [summary(v, n) for v in variants]
@@ -289,13 +294,17 @@ def run_precision(precision: str | None, args: argparse.Namespace, bandwidth: di
     import torch
     generator, source, placement = load_generator(precision)
     rows, profiles, same = [], {}, {}
+    probe = decode_floor.BandwidthProbe(args.bandwidth_mib)
     for n in args.sequences:
-        size_rows, profiles[str(n)] = run_size(generator, n, args)
+        size_rows, profiles[str(n)] = run_size(generator, n, args, probe)
         same[str(n)] = same_tokens(size_rows)
         rows += size_rows
-    decode_floor.add_floors(rows, generator.model, bandwidth[str(torch.get_num_threads())])
+    floor_bandwidth = max(bandwidth[str(torch.get_num_threads())], probe.fastest() or 0.0)
+    del probe
+    decode_floor.add_floors(rows, generator.model, floor_bandwidth)
     for row in rows:
         row["precision"] = placement.precision
+        row["floor_gb_s"] = round(floor_bandwidth / 1e9, 2)
     print(f"\n[{placement.precision}, {torch.get_num_threads()} threads, {source.describe()}] median per step:")
     print(format_rows(rows))
     report = {"settings": {"sequences": args.sequences, "repeat": args.repeat, "dtype": placement.dtype,
@@ -325,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\neach step against its memory floor (weights + KV cache read / read bandwidth):")
     print(decode_floor.format_floor_rows(rows))
     floors = {"bandwidth_gb_s": reports[0]["bandwidth_gb_s"], "bandwidth_mib": args.bandwidth_mib,
-              "rows": [{k: r[k] for k in ("precision", "sequences", "step_ms", "floor_ms", "step_over_floor",
+              "rows": [{k: r[k] for k in ("precision", "sequences", "step_ms", "floor_gb_s", "floor_ms", "step_over_floor",
                                           "products_ms", "weights_floor_ms", "products_over_floor", "outside_ms",
                                           "weight_mb", "kv_mb", "context_tokens")} for r in rows],
               "provenance": local_record()}

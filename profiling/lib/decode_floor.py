@@ -11,7 +11,10 @@ The bandwidth is a streaming read of a float32 buffer many times the last-level 
 stream a thread) and as eight rows (eight streams, as a product reads blocks of a weight side by side): the
 fastest of a few rounds of either, at one thread and at all of torch's. A floor should not be beaten: the
 median of plain sums, which this was, read 10-30 % slower than the int8 products on this shared machine
-(docs/performance.md, section 19)."""
+(docs/performance.md, section 19). Nor is a probe before the steps enough: a shared host's bandwidth moves
+by up to 2x within minutes (products once read at 1.2x the bandwidth probed minutes before them), so a
+:class:`BandwidthProbe` also reads between a benchmark's rounds of steps, and the floor takes the fastest
+read of either."""
 from __future__ import annotations
 
 import os
@@ -65,6 +68,31 @@ def read_bandwidth(mib: int, threads: int, rounds: int = 5) -> float:
     finally:
         torch.set_num_threads(before)
     return buffer.numel() * buffer.element_size() / fastest
+
+
+class BandwidthProbe:
+    """Read bandwidth at torch's thread count, sampled between a benchmark's rounds (one read a :meth:`sample`,
+    the two reads of :func:`read_bandwidth` in turn): the fastest seen while the steps ran. Holds its buffer of
+    `mib` MiB until dropped."""
+
+    def __init__(self, mib: int):
+        import torch
+        buffer = torch.ones(mib * 2 ** 20 // 4 // 8 * 8)
+        self.bytes = buffer.numel() * buffer.element_size()
+        self._reads = (buffer.sum, lambda: buffer.view(8, -1).sum(1))
+        for read in self._reads:  # untimed: the buffer's pages touched once
+            read()
+        self.samples: list[float] = []  # seconds a read took, in order
+
+    def sample(self) -> None:
+        read = self._reads[len(self.samples) % 2]
+        started = time.perf_counter()
+        read()
+        self.samples.append(time.perf_counter() - started)
+
+    def fastest(self) -> float | None:
+        """Bytes/s of the fastest read sampled, None before any."""
+        return self.bytes / min(self.samples) if self.samples else None
 
 
 def measure_bandwidths(mib: int) -> dict[str, float]:
@@ -140,17 +168,18 @@ def floor_fields(floor: StepFloor, step_ms: float, products_ms: float | None) ->
 
 
 def format_floor_rows(rows: Sequence[dict]) -> str:
-    """precision, sequences, step ms, floor ms, step / floor; products ms, their floor (the weights'), their
+    """precision, sequences, step ms, the bandwidth its floor is read at, floor ms, step / floor; products ms, their floor (the weights'), their
     multiple of it, the step outside them ("-" where the products were not timed); MB read (weights + KV);
     one line per row."""
-    header = (f"{'precision':<14}{'seqs':>5}{'step ms':>10}{'floor ms':>10}{'x floor':>9}{'products ms':>13}"
+    header = (f"{'precision':<14}{'seqs':>5}{'step ms':>10}{'GB/s':>7}{'floor ms':>10}{'x floor':>9}{'products ms':>13}"
               f"{'weights floor':>15}{'x floor':>9}{'outside ms':>12}{'weights MB':>12}{'KV MB':>8}")
     lines = [header, "-" * len(header)]
     for r in rows:
         products = (f"{'-':>13}{r['weights_floor_ms']:>15.2f}{'-':>9}{'-':>12}" if r["products_ms"] is None else
                     f"{r['products_ms']:>13.1f}{r['weights_floor_ms']:>15.2f}{r['products_over_floor']:>9.2f}"
                     f"{r['outside_ms']:>12.1f}")
-        lines.append(f"{r['precision']:<14}{r['sequences']:>5}{r['step_ms']:>10.1f}{r['floor_ms']:>10.2f}"
+        bandwidth = f"{r['floor_gb_s']:>7.1f}" if r.get("floor_gb_s") is not None else f"{'-':>7}"
+        lines.append(f"{r['precision']:<14}{r['sequences']:>5}{r['step_ms']:>10.1f}{bandwidth}{r['floor_ms']:>10.2f}"
                      f"{r['step_over_floor']:>9.2f}{products}{r['weight_mb']:>12.1f}{r['kv_mb']:>8.2f}")
     return "\n".join(lines)
 

@@ -56,13 +56,35 @@ def test_the_bandwidth_is_a_positive_rate_and_torchs_thread_count_is_restored():
     assert torch.get_num_threads() == before
 
 
+def test_the_probe_between_rounds_keeps_each_read_and_gives_the_fastest_as_the_bandwidth(monkeypatch):
+    probe = df.BandwidthProbe(16)
+    assert probe.fastest() is None and probe.bytes == 16 * 2 ** 20
+    reads = []
+    probe._reads = (lambda: reads.append("whole"), lambda: reads.append("rows"))  # the two reads, in turn
+    clock = iter([0.0, 0.004, 1.0, 1.002, 2.0, 2.003])  # reads of 4, 2 and 3 ms
+    monkeypatch.setattr(df.time, "perf_counter", lambda: next(clock))
+    for _ in range(3):
+        probe.sample()
+    assert reads == ["whole", "rows", "whole"] and probe.samples == pytest.approx([0.004, 0.002, 0.003])
+    assert probe.fastest() == pytest.approx(16 * 2 ** 20 / 0.002)
+
+
+def test_a_real_probe_reads_at_a_positive_rate():
+    probe = df.BandwidthProbe(16)
+    probe.sample()
+    probe.sample()
+    assert len(probe.samples) == 2 and probe.fastest() > 1e8
+
+
 def test_the_floor_table_has_a_line_per_row():
     rows = [{"precision": "int4-weight", "sequences": 8, "step_ms": 30.0, "floor_ms": 12.5, "step_over_floor": 2.4,
              "products_ms": 18.0, "weights_floor_ms": 11.5, "products_over_floor": 1.57, "outside_ms": 12.0,
              "weight_mb": 260.1, "kv_mb": 24.5}]
     lines = df.format_floor_rows(rows).splitlines()
-    assert len(lines) == 3 and lines[2].split() == ["int4-weight", "8", "30.0", "12.50", "2.40", "18.0", "11.50", "1.57",
-                                                    "12.0", "260.1", "24.50"]
+    assert len(lines) == 3 and lines[2].split() == ["int4-weight", "8", "30.0", "-", "12.50", "2.40", "18.0", "11.50",
+                                                    "1.57", "12.0", "260.1", "24.50"]
+    rows[0]["floor_gb_s"] = 21.3  # the bandwidth the floor was read at, where the benchmark gives it
+    assert df.format_floor_rows(rows).splitlines()[2].split()[3] == "21.3"
 
 
 def test_a_step_whose_products_were_not_timed_has_no_split_and_prints_dashes():
@@ -70,5 +92,5 @@ def test_a_step_whose_products_were_not_timed_has_no_split_and_prints_dashes():
     fields = df.floor_fields(floor, step_ms=75.0, products_ms=None)  # a GPU's step: its products run async
     assert (fields["products_over_floor"], fields["outside_ms"], fields["weights_floor_ms"]) == (None, None, 50.0)
     row = {"precision": "bfloat16", "sequences": 8, "step_ms": 75.0, "products_ms": None, **fields}
-    assert df.format_floor_rows([row]).splitlines()[2].split() == ["bfloat16", "8", "75.0", "50.01", "1.50", "-",
+    assert df.format_floor_rows([row]).splitlines()[2].split() == ["bfloat16", "8", "75.0", "-", "50.01", "1.50", "-",
                                                                   "50.00", "-", "-", "1000.0", "0.10"]
