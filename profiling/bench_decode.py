@@ -24,7 +24,8 @@ bytes it must read (every Linear weight once, the KV cache of its sequences)
 over the read bandwidth, a streaming read of a buffer of `--bandwidth-mib`
 measured here first (at one thread and at torch's thread count, the step's)
 and again between every round of steps: the fastest read of either, per
-precision (printed beside its floor: a shared host's bandwidth moves). The
+precision (printed beside its floor: a shared host's bandwidth moves), and the
+step against the floor at the median read between its rounds too. The
 step is also split where the gap lies: its products (every op multiplying by a
 weight, profiling/lib/engine_step.py's PRODUCT_OPS: one step's recorded, then
 replayed alone, best of a few) against the weights' floor alone, and the rest
@@ -300,11 +301,14 @@ def run_precision(precision: str | None, args: argparse.Namespace, bandwidth: di
         same[str(n)] = same_tokens(size_rows)
         rows += size_rows
     floor_bandwidth = max(bandwidth[str(torch.get_num_threads())], probe.fastest() or 0.0)
+    median_bandwidth = probe.median() or floor_bandwidth
     del probe
     decode_floor.add_floors(rows, generator.model, floor_bandwidth)
     for row in rows:
         row["precision"] = placement.precision
-        row["floor_gb_s"] = round(floor_bandwidth / 1e9, 2)
+        row["floor_gb_s"], row["median_gb_s"] = round(floor_bandwidth / 1e9, 2), round(median_bandwidth / 1e9, 2)
+        # the step against the floor at the bandwidth its rounds typically had (not a floor: reads vary)
+        row["step_over_median_floor"] = round(row["step_over_floor"] * median_bandwidth / floor_bandwidth, 2)
     print(f"\n[{placement.precision}, {torch.get_num_threads()} threads, {source.describe()}] median per step:")
     print(format_rows(rows))
     report = {"settings": {"sequences": args.sequences, "repeat": args.repeat, "dtype": placement.dtype,
@@ -334,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\neach step against its memory floor (weights + KV cache read / read bandwidth):")
     print(decode_floor.format_floor_rows(rows))
     floors = {"bandwidth_gb_s": reports[0]["bandwidth_gb_s"], "bandwidth_mib": args.bandwidth_mib,
-              "rows": [{k: r[k] for k in ("precision", "sequences", "step_ms", "floor_gb_s", "floor_ms", "step_over_floor",
+              "rows": [{k: r[k] for k in ("precision", "sequences", "step_ms", "floor_gb_s", "median_gb_s", "floor_ms", "step_over_floor", "step_over_median_floor",
                                           "products_ms", "weights_floor_ms", "products_over_floor", "outside_ms",
                                           "weight_mb", "kv_mb", "context_tokens")} for r in rows],
               "provenance": local_record()}

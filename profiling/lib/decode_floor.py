@@ -94,6 +94,11 @@ class BandwidthProbe:
         """Bytes/s of the fastest read sampled, None before any."""
         return self.bytes / min(self.samples) if self.samples else None
 
+    def median(self) -> float | None:
+        """Bytes/s of the median read sampled (the bandwidth the steps typically had), None before any."""
+        import statistics
+        return self.bytes / statistics.median(self.samples) if self.samples else None
+
 
 def measure_bandwidths(mib: int) -> dict[str, float]:
     """Read bandwidth (bytes/s) at one thread, torch's thread count (a step's) and every core, keyed by the
@@ -168,10 +173,12 @@ def floor_fields(floor: StepFloor, step_ms: float, products_ms: float | None) ->
 
 
 def format_floor_rows(rows: Sequence[dict]) -> str:
-    """precision, sequences, step ms, the bandwidth its floor is read at, floor ms, step / floor; products ms, their floor (the weights'), their
+    """precision, sequences, step ms, the bandwidth its floor is read at, floor ms, step / floor, step / the floor
+    at the median read between its rounds (where given); products ms, their floor (the weights'), their
     multiple of it, the step outside them ("-" where the products were not timed); MB read (weights + KV);
     one line per row."""
-    header = (f"{'precision':<14}{'seqs':>5}{'step ms':>10}{'GB/s':>7}{'floor ms':>10}{'x floor':>9}{'products ms':>13}"
+    header = (f"{'precision':<14}{'seqs':>5}{'step ms':>10}{'GB/s':>7}{'floor ms':>10}{'x floor':>9}{'x median':>10}"
+              f"{'products ms':>13}"
               f"{'weights floor':>15}{'x floor':>9}{'outside ms':>12}{'weights MB':>12}{'KV MB':>8}")
     lines = [header, "-" * len(header)]
     for r in rows:
@@ -179,8 +186,9 @@ def format_floor_rows(rows: Sequence[dict]) -> str:
                     f"{r['products_ms']:>13.1f}{r['weights_floor_ms']:>15.2f}{r['products_over_floor']:>9.2f}"
                     f"{r['outside_ms']:>12.1f}")
         bandwidth = f"{r['floor_gb_s']:>7.1f}" if r.get("floor_gb_s") is not None else f"{'-':>7}"
+        at_median = r.get("step_over_median_floor")
         lines.append(f"{r['precision']:<14}{r['sequences']:>5}{r['step_ms']:>10.1f}{bandwidth}{r['floor_ms']:>10.2f}"
-                     f"{r['step_over_floor']:>9.2f}{products}{r['weight_mb']:>12.1f}{r['kv_mb']:>8.2f}")
+                     f"{r['step_over_floor']:>9.2f}{'-' if at_median is None else f'{at_median:.2f}':>10}{products}{r['weight_mb']:>12.1f}{r['kv_mb']:>8.2f}")
     return "\n".join(lines)
 
 

@@ -119,6 +119,8 @@ def test_each_precisions_steps_are_printed_against_the_memory_floor(tmp_path, mo
     for row in floors["rows"]:
         # the floor's bandwidth: the fastest of the probe before the steps and the reads between their rounds
         assert row["floor_gb_s"] >= floors["bandwidth_gb_s"][str(torch.get_num_threads())] - 0.01
+        assert 0 < row["median_gb_s"] <= row["floor_gb_s"] and row["step_over_median_floor"] == pytest.approx(
+            row["step_over_floor"] * row["median_gb_s"] / row["floor_gb_s"], rel=0.02)
         assert row["floor_ms"] > 0 and row["step_over_floor"] == pytest.approx(row["step_ms"] / row["floor_ms"], rel=0.02)
         # The products' floor is the weights' alone, under the step's (which adds the KV cache); the rest is
         # the step less its products (timed apart, so its sign is not asserted).

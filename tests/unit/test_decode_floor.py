@@ -67,6 +67,7 @@ def test_the_probe_between_rounds_keeps_each_read_and_gives_the_fastest_as_the_b
         probe.sample()
     assert reads == ["whole", "rows", "whole"] and probe.samples == pytest.approx([0.004, 0.002, 0.003])
     assert probe.fastest() == pytest.approx(16 * 2 ** 20 / 0.002)
+    assert probe.median() == pytest.approx(16 * 2 ** 20 / 0.003)
 
 
 def test_a_real_probe_reads_at_a_positive_rate():
@@ -81,10 +82,11 @@ def test_the_floor_table_has_a_line_per_row():
              "products_ms": 18.0, "weights_floor_ms": 11.5, "products_over_floor": 1.57, "outside_ms": 12.0,
              "weight_mb": 260.1, "kv_mb": 24.5}]
     lines = df.format_floor_rows(rows).splitlines()
-    assert len(lines) == 3 and lines[2].split() == ["int4-weight", "8", "30.0", "-", "12.50", "2.40", "18.0", "11.50",
-                                                    "1.57", "12.0", "260.1", "24.50"]
-    rows[0]["floor_gb_s"] = 21.3  # the bandwidth the floor was read at, where the benchmark gives it
-    assert df.format_floor_rows(rows).splitlines()[2].split()[3] == "21.3"
+    assert len(lines) == 3 and lines[2].split() == ["int4-weight", "8", "30.0", "-", "12.50", "2.40", "-", "18.0",
+                                                    "11.50", "1.57", "12.0", "260.1", "24.50"]
+    # the bandwidth the floor was read at, and the step against the floor at the median read, where given
+    rows[0].update(floor_gb_s=21.3, step_over_median_floor=1.87)
+    assert df.format_floor_rows(rows).splitlines()[2].split()[3:7] == ["21.3", "12.50", "2.40", "1.87"]
 
 
 def test_a_step_whose_products_were_not_timed_has_no_split_and_prints_dashes():
@@ -92,5 +94,5 @@ def test_a_step_whose_products_were_not_timed_has_no_split_and_prints_dashes():
     fields = df.floor_fields(floor, step_ms=75.0, products_ms=None)  # a GPU's step: its products run async
     assert (fields["products_over_floor"], fields["outside_ms"], fields["weights_floor_ms"]) == (None, None, 50.0)
     row = {"precision": "bfloat16", "sequences": 8, "step_ms": 75.0, "products_ms": None, **fields}
-    assert df.format_floor_rows([row]).splitlines()[2].split() == ["bfloat16", "8", "75.0", "-", "50.01", "1.50", "-",
+    assert df.format_floor_rows([row]).splitlines()[2].split() == ["bfloat16", "8", "75.0", "-", "50.01", "1.50", "-", "-",
                                                                   "50.00", "-", "-", "1000.0", "0.10"]
