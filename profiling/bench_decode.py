@@ -302,7 +302,6 @@ def run_precision(precision: str | None, args: argparse.Namespace, bandwidth: di
         rows += size_rows
     floor_bandwidth = max(bandwidth[str(torch.get_num_threads())], probe.fastest() or 0.0)
     median_bandwidth = probe.median() or floor_bandwidth
-    del probe
     decode_floor.add_floors(rows, generator.model, floor_bandwidth)
     for row in rows:
         row["precision"] = placement.precision
@@ -322,7 +321,7 @@ def run_precision(precision: str | None, args: argparse.Namespace, bandwidth: di
     report["provenance"] = local_record()
     path = write_json(run_folder("bench_decode", args.out) / f"bench_decode_{placement.precision}.json", report)
     print(f"results in {path}")
-    del generator
+    del generator, probe
     gc.collect()
     return report
 
