@@ -126,6 +126,9 @@ class Qwen2DecodeStep:
         self._silu = all(type(layer.mlp.act_fn) in (torch.nn.SiLU, SiLUActivation) for layer in self.layers)
         self._views: dict[tuple[int, int, int, int], tuple[Any, list[tuple[Any, ...]], list[Any]]] = {}
         self._compiled = self._compiled_layers()
+        # the one call multiplies by their VNNI copies: where one is switched to another kernel, Python loops
+        self._int8 = [m for layer in self._plan for m in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)
+                      if type(m) is Int8DynamicLinear]
 
     @property
     def layers_in_one_call(self) -> bool:
@@ -137,6 +140,8 @@ class Qwen2DecodeStep:
     def _one_call(self) -> Any:
         """decode_layers' op where a step runs its layers in one call, else None (:attr:`layers_in_one_call`)."""
         if self._compiled is None or ORDERED.registered("ordered_attention") is None:
+            return None
+        if any(m.kernel != "vnni" for m in self._int8):
             return None
         if any(GLUE.registered(op) is None for op in ("rotate_and_store", "rms_norm", "add_rms_norm", "silu_mul")):
             return None

@@ -179,6 +179,24 @@ def test_the_one_call_layers_dispatch_the_python_loops_ops_and_a_dispatch_mode_s
     assert sum(counter.counts[name] for name in custom) == len(looped)
 
 
+@LAYERS_BUILT
+def test_int8_linears_switched_to_another_kernel_loop_in_python_and_back():
+    """The one call multiplies by the VNNI kernel's copies; a benchmark switching the int8 Linears to fbgemm
+    (profiling's `fbgemm-int8` baseline) gets the Python loop, which calls their forward, and the one call back
+    after."""
+    if vnni_int8.EXTENSION.ops() is None:
+        pytest.skip("the VNNI int8 kernel is not built for this CPU")
+    model = qwen2("int8-dynamic", TINY, layers=2)
+    runner = prefilled_runner(model, [7])
+    int8 = [m for m in model.modules() if isinstance(m, Int8DynamicLinear)]
+    assert runner.fast_step.layers_in_one_call and {m.kernel for m in int8} == {"vnni"}
+    int8[0].use_kernel("int_mm", keep=True)
+    assert not runner.fast_step.layers_in_one_call
+    steps_agree(model, [7], slots=2, steps=1, one_call=False)
+    int8[0].use_kernel("vnni", keep=True)
+    assert runner.fast_step.layers_in_one_call
+
+
 @pytest.mark.parametrize("variant", CPU_VARIANTS)
 def test_the_fast_step_gives_the_model_forwards_bits_at_qwen_05b_width(variant):
     model = qwen2(variant, QWEN_05B, layers=1)
