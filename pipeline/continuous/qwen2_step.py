@@ -78,6 +78,15 @@ class _Layer(NamedTuple):
                    gate_up, mlp.down_proj)
 
 
+class _OneCall(NamedTuple):
+    """What pipeline.kernels.decode_layers takes besides a step's tensors, built once (four products a layer)."""
+    kinds: list[int]
+    channels: list[int]
+    eps: list[float]
+    names: str
+    products: list[list[Any]]
+
+
 def _norm(norm) -> _Norm:
     return _Norm(norm.weight, norm.variance_epsilon)
 
@@ -139,19 +148,15 @@ class Qwen2DecodeStep:
 
     def _one_call(self) -> Any:
         """decode_layers' op where a step runs its layers in one call, else None (:attr:`layers_in_one_call`)."""
-        if self._compiled is None or ORDERED.registered("ordered_attention") is None:
-            return None
-        if any(m.kernel != "vnni" for m in self._int8):
-            return None
-        if any(GLUE.registered(op) is None for op in ("rotate_and_store", "rms_norm", "add_rms_norm", "silu_mul")):
+        glue = ("rotate_and_store", "rms_norm", "add_rms_norm", "silu_mul")
+        if (self._compiled is None or ORDERED.registered("ordered_attention") is None
+                or any(m.kernel != "vnni" for m in self._int8) or any(GLUE.registered(op) is None for op in glue)):
             return None
         return decode_layers.EXTENSION.registered("decode_layers")
 
-    def _compiled_layers(self) -> tuple[list[int], list[int], list[float], str, list[list[Any]]] | None:
-        """What pipeline.kernels.decode_layers needs to run every layer in one call (each product's kind and
-        channels, the norms' epsilons, the ops' namespaces, each layer's products' tensors), or None where a
-        layer is not what it computes (q/k/v or gate/up unfused, an activation other than silu, a product it
-        does not call)."""
+    def _compiled_layers(self) -> _OneCall | None:
+        """What pipeline.kernels.decode_layers needs to run every layer in one call, or None where a layer is not
+        what it computes (q/k/v or gate/up unfused, an activation other than silu, a product it does not call)."""
         if not self._silu:
             return None
         kinds, channels, eps, products = [], [], [], []
@@ -166,7 +171,7 @@ class Qwen2DecodeStep:
             eps += [layer.input_norm.variance_epsilon, layer.post_norm.variance_epsilon]
             products.append([part for one in found for part in one[2]])
         quantized = (e.name if e.ops() is not None else "" for e in (vnni_int8.EXTENSION, vnni_int4.EXTENSION))
-        return kinds, channels, eps, ";".join((GLUE.name, ORDERED.name, *quantized)), products
+        return _OneCall(kinds, channels, eps, ";".join((GLUE.name, ORDERED.name, *quantized)), products)
 
     # ------------------------------------------------------------------ pieces, each as the model's module computes it
 
@@ -267,7 +272,7 @@ class Qwen2DecodeStep:
                 layers.append(tuple(per))
             parts: list[Any] = []
             if self._compiled is not None:
-                for plan, cached, products in zip(self._plan, layers, self._compiled[-1]):
+                for plan, cached, products in zip(self._plan, layers, self._compiled.products):
                     parts += [plan.input_norm.weight, plan.post_norm.weight, *cached[0:4:2], *cached[3:6:2], *products]
             views = self._views[key] = (offsets, layers, parts)
         return views
@@ -310,10 +315,9 @@ class Qwen2DecodeStep:
         # tool recording or counting ops), which would see the one call as one op in inference mode
         one_call = self._one_call()
         if one_call is not None and self._compiled is not None and _get_current_dispatch_mode() is None:
-            kinds, channels, eps, names, _ = self._compiled
-            delta = one_call(
-                hidden, None, flat, kinds, channels, eps, names, cos, sin, written, lengths, attending, heads,
-                kv_heads, self.scaling)
+            plan = self._compiled
+            delta = one_call(hidden, None, flat, plan.kinds, plan.channels, plan.eps, plan.names, cos, sin, written,
+                             lengths, attending, heads, kv_heads, self.scaling)
         else:
             delta = None  # what the residual stream adds before the next norm (none before the first layer's)
             for index, layer in enumerate(self._plan):
