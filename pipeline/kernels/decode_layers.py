@@ -116,7 +116,11 @@ Tensor decode_layers(Tensor hidden, const Opt& delta_before, const Parts& parts,
   Opt delta = delta_before;
   for (int64_t l = 0; l < layers; ++l) {
     const int64_t at = l * PER_LAYER;
-    const auto part = [&](int64_t i) { return *parts.get(at + i); };
+    const auto part = [&](int64_t i) {
+      const Opt found = parts.get(at + i);
+      TORCH_CHECK(found.has_value(), "decode_layers: layer ", l, " lacks part ", i);
+      return *found;
+    };
     const auto multiply = [&](int64_t which, const Tensor& x) {
       return product(o, kinds[4 * l + which], channels[4 * l + which], parts, at + LAYER_HEAD + which * PRODUCT_PARTS, x);
     };

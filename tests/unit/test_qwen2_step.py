@@ -180,6 +180,19 @@ def test_the_one_call_layers_dispatch_the_python_loops_ops_and_a_dispatch_mode_s
 
 
 @LAYERS_BUILT
+def test_the_one_call_refuses_a_part_it_lacks_by_layer_and_place():
+    from pipeline.kernels.decode_layers import PER_LAYER
+    any_tensor = torch.zeros(2, 8)
+    parts = [any_tensor] * PER_LAYER
+    parts[2] = None  # layer 0's keys
+    with pytest.raises(RuntimeError, match="layer 0 lacks part 2"):
+        LAYERS.registered("decode_layers")(any_tensor, None, parts, [0] * 4, [8] * 4, [1e-6] * 2,
+                                           f"{GLUE.name};{ORDERED.name};;", any_tensor, any_tensor,
+                                           torch.zeros(2, dtype=torch.long), torch.ones(2, dtype=torch.long), 2, 1, 1,
+                                           1.0)
+
+
+@LAYERS_BUILT
 def test_int8_linears_switched_to_another_kernel_loop_in_python_and_back():
     """The one call multiplies by the VNNI kernel's copies; a benchmark switching the int8 Linears to fbgemm
     (profiling's `fbgemm-int8` baseline) gets the Python loop, which calls their forward, and the one call back
