@@ -48,8 +48,8 @@ constexpr int64_t PER_LAYER = LAYER_HEAD + 4 * PRODUCT_PARTS;
 // The ops a step calls, found by qualified name (the extensions' namespaces carry their source's version) and
 // called boxed: through their schemas, whatever their kernels' C++ signatures.
 struct Ops {
-  c10::OperatorHandle rms_norm, add_rms_norm, rotate_and_store, silu_mul, attention, onednn;
-  std::optional<c10::OperatorHandle> int8, int4;
+  c10::OperatorHandle rms_norm, add_rms_norm, rotate_and_store, silu_mul, attention;
+  std::optional<c10::OperatorHandle> onednn, int8, int4;  // where registered (named)
 };
 
 // names: "glue namespace;attention namespace;int8 namespace;int4 namespace" (the last two may be empty).
@@ -67,8 +67,8 @@ const Ops& ops_named(const std::string& names) {
   TORCH_CHECK(ns.size() == 4, "decode_layers: four namespaces, glue;attention;int8;int4");
   const auto op = [](const std::string& name) { return c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), ""); };
   Ops o{op(ns[0] + "::rms_norm"), op(ns[0] + "::add_rms_norm"), op(ns[0] + "::rotate_and_store"),
-        op(ns[0] + "::silu_mul"), op(ns[1] + "::ordered_attention"), op("mkldnn::_linear_pointwise"),
-        std::nullopt, std::nullopt};
+        op(ns[0] + "::silu_mul"), op(ns[1] + "::ordered_attention"),
+        c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""}), std::nullopt, std::nullopt};
   if (!ns[2].empty()) o.int8 = op(ns[2] + "::vnni_linear");
   if (!ns[3].empty()) o.int4 = op(ns[3] + "::vnni_int4_linear");
   return found.emplace(names, std::move(o)).first->second;
@@ -84,10 +84,11 @@ Tensor product(const Ops& o, int64_t kind, int64_t channels, const Parts& parts,
   const auto part = [&](int64_t i) -> c10::IValue { return parts.get(at + i); };
   switch (kind) {
     case ONEDNN: {
+      TORCH_CHECK(o.onednn.has_value(), "decode_layers: a oneDNN product in a torch without oneDNN");
       TORCH_CHECK(x.size(0) >= 2, "decode_layers: oneDNN's row-invariant product needs two rows or more");
       c10::List<std::optional<c10::Scalar>> scalars;
       scalars.push_back(std::nullopt);
-      return call(o.onednn, {x, part(0), part(1), "none", scalars, ""});
+      return call(*o.onednn, {x, part(0), part(1), "none", scalars, ""});
     }
     case VNNI_INT8:
       TORCH_CHECK(o.int8.has_value(), "decode_layers: an int8 product without its extension");
