@@ -337,8 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\neach step against its memory floor (weights + KV cache read / read bandwidth):")
     print(decode_floor.format_floor_rows(rows))
     floors = {"bandwidth_gb_s": reports[0]["bandwidth_gb_s"], "bandwidth_mib": args.bandwidth_mib,
-              "rows": [{k: r[k] for k in ("precision", "sequences", "step_ms", "floor_gb_s", "median_gb_s", "floor_ms", "step_over_floor", "step_over_median_floor",
-                                          "products_ms", "weights_floor_ms", "products_over_floor", "outside_ms",
+              "rows": [{k: r[k] for k in ("precision", "sequences", "step_ms", "floor_gb_s", "median_gb_s", "floor_ms",
+                                          "step_over_floor", "step_over_median_floor", "products_ms", "weights_floor_ms", "products_over_floor", "outside_ms",
                                           "weight_mb", "kv_mb", "context_tokens")} for r in rows],
               "provenance": local_record()}
     path = write_json(args.out / "bench_decode_floor.json", floors)

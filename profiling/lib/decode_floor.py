@@ -47,33 +47,10 @@ def buffer_problem(buffer_bytes: int, cache_bytes: int | None) -> str | None:
             f"cache ({cache_bytes / 2 ** 20:.0f} MiB): the read is partly the cache's")
 
 
-def read_bandwidth(mib: int, threads: int, rounds: int = 5) -> float:
-    """Bytes/s of a streaming read of a float32 buffer of `mib` MiB on `threads` torch threads (torch's thread
-    count restored): the fastest of `rounds` rounds of each read, summed whole and as eight rows, after one
-    untimed read of each."""
-    import torch
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        buffer = torch.ones(mib * 2 ** 20 // 4 // 8 * 8)
-        reads = (buffer.sum, lambda: buffer.view(8, -1).sum(1))
-        for read in reads:
-            read()
-        fastest = float("inf")
-        for _ in range(rounds):
-            for read in reads:
-                started = time.perf_counter()
-                read()
-                fastest = min(fastest, time.perf_counter() - started)
-    finally:
-        torch.set_num_threads(before)
-    return buffer.numel() * buffer.element_size() / fastest
-
-
 class BandwidthProbe:
-    """Read bandwidth at torch's thread count, sampled between a benchmark's rounds (one read a :meth:`sample`,
-    the two reads of :func:`read_bandwidth` in turn): the fastest seen while the steps ran. Holds its buffer of
-    `mib` MiB until dropped."""
+    """Read bandwidth at torch's thread count: a float32 buffer of `mib` MiB summed whole and as eight rows, one
+    read a :meth:`sample`, the two in turn (a benchmark samples between its rounds: the fastest seen while its
+    steps ran). Holds its buffer until dropped."""
 
     def __init__(self, mib: int):
         import torch
@@ -98,6 +75,22 @@ class BandwidthProbe:
         """Bytes/s of the median read sampled (the bandwidth the steps typically had), None before any."""
         import statistics
         return self.bytes / statistics.median(self.samples) if self.samples else None
+
+
+def read_bandwidth(mib: int, threads: int, rounds: int = 5) -> float:
+    """Bytes/s of a streaming read of a float32 buffer of `mib` MiB on `threads` torch threads (torch's thread
+    count restored): the fastest of `rounds` rounds of each read, summed whole and as eight rows, after one
+    untimed read of each."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        probe = BandwidthProbe(mib)
+        for _ in range(2 * rounds):
+            probe.sample()
+    finally:
+        torch.set_num_threads(before)
+    return probe.fastest() or 0.0  # no rounds: nothing read
 
 
 def measure_bandwidths(mib: int) -> dict[str, float]:
