@@ -49,6 +49,7 @@ from pipeline.kernels.int8 import Int8DynamicLinear
 
 # Chunk views kept per (rows, width, slots, capacity): a few layouts and widths at a time.
 _VIEW_SETS = 64
+_GLUE_OPS = ("rotate_and_store", "rms_norm", "add_rms_norm", "silu_mul")  # decode_glue's, as the step calls them
 
 
 class _Norm(NamedTuple):
@@ -144,13 +145,13 @@ class Qwen2DecodeStep:
         """Whether a step runs every layer in one call (pipeline.kernels.decode_layers) rather than in Python:
         where its layers are what that call computes and it and every op it calls are built (asked at every
         step, as the other kernels are)."""
-        return self._one_call() is not None
+        kernels = (ORDERED.registered("ordered_attention"), *(GLUE.registered(op) for op in _GLUE_OPS))
+        return self._one_call(None not in kernels) is not None
 
-    def _one_call(self) -> Any:
-        """decode_layers' op where a step runs its layers in one call, else None (:attr:`layers_in_one_call`)."""
-        glue = ("rotate_and_store", "rms_norm", "add_rms_norm", "silu_mul")
-        if (self._compiled is None or ORDERED.registered("ordered_attention") is None
-                or any(m.kernel != "vnni" for m in self._int8) or any(GLUE.registered(op) is None for op in glue)):
+    def _one_call(self, kernels_built: bool) -> Any:
+        """decode_layers' op where a step runs its layers in one call, else None (:attr:`layers_in_one_call`);
+        `kernels_built`: whether the ordered attention and every glue op it calls are."""
+        if not kernels_built or self._compiled is None or any(m.kernel != "vnni" for m in self._int8):
             return None
         return decode_layers.EXTENSION.registered("decode_layers")
 
@@ -313,10 +314,10 @@ class Qwen2DecodeStep:
         heads, kv_heads, group, dim, half = self.heads, self.kv_heads, self.group, self.head_dim, self.head_dim // 2
         # every layer in one call (the same ops in the same order), but where a dispatch mode is on (a profiling
         # tool recording or counting ops), which would see the one call as one op in inference mode
-        one_call = self._one_call()
+        one_call = self._one_call(None not in (ordered, rotate, rms, add_rms, silu_mul))
         if one_call is not None and self._compiled is not None and _get_current_dispatch_mode() is None:
             plan = self._compiled
-            delta = one_call(hidden, None, flat, plan.kinds, plan.channels, plan.eps, plan.names, cos, sin, written,
+            delta = one_call(hidden, flat, plan.kinds, plan.channels, plan.eps, plan.names, cos, sin, written,
                              lengths, attending, heads, kv_heads, self.scaling)
         else:
             delta = None  # what the residual stream adds before the next norm (none before the first layer's)

@@ -105,7 +105,7 @@ Tensor product(const Ops& o, int64_t kind, int64_t channels, const Parts& parts,
 // Every layer of the step after the embedding: the residual stream `hidden` (rows, width) updated in place,
 // the last layer's down product returned (the final norm adds it). `attending` rows attend (1 for a lone
 // row run as a pair: its second row is the first's copy); kinds and channels: four a layer; eps: two.
-Tensor decode_layers(Tensor hidden, const Opt& delta_before, const Parts& parts, at::IntArrayRef kinds,
+Tensor decode_layers(Tensor hidden, const Parts& parts, at::IntArrayRef kinds,
                      at::IntArrayRef channels, at::ArrayRef<double> eps, c10::string_view names, const Tensor& cos,
                      const Tensor& sin, const Tensor& written, const Tensor& lengths, int64_t attending,
                      int64_t heads, int64_t kv_heads, double scaling) {
@@ -114,7 +114,7 @@ Tensor decode_layers(Tensor hidden, const Opt& delta_before, const Parts& parts,
               && channels.size() == 4 * layers && eps.size() == 2 * layers, "decode_layers: parts of whole layers");
   const Ops& o = ops_named(std::string(names));
   const int64_t rows = hidden.size(0);
-  Opt delta = delta_before;
+  Opt delta;  // what the residual stream adds before the next norm (none before the first layer's)
   for (int64_t l = 0; l < layers; ++l) {
     const int64_t at = l * PER_LAYER;
     const auto part = [&](int64_t i) {
@@ -141,12 +141,12 @@ Tensor decode_layers(Tensor hidden, const Opt& delta_before, const Parts& parts,
     x = call(o.silu_mul, {multiply(2, x)});
     delta = multiply(3, x);
   }
-  TORCH_CHECK(delta.has_value(), "decode_layers: no layers and no delta");
+  TORCH_CHECK(delta.has_value(), "decode_layers: no layers");
   return *delta;
 }
 
 TORCH_LIBRARY(EXTENSION_NAMESPACE, m) {
-  m.def("decode_layers(Tensor(a!) hidden, Tensor? delta, Tensor?[] parts, int[] kinds, int[] channels, "
+  m.def("decode_layers(Tensor(a!) hidden, Tensor?[] parts, int[] kinds, int[] channels, "
         "float[] eps, str names, Tensor cos, Tensor sin, Tensor written, Tensor lengths, int attending, int heads, "
         "int kv_heads, float scaling) -> Tensor");
 }

@@ -186,7 +186,7 @@ def test_the_one_call_refuses_a_part_it_lacks_by_layer_and_place():
     parts = [any_tensor] * PER_LAYER
     parts[2] = None  # layer 0's keys
     with pytest.raises(RuntimeError, match="layer 0 lacks part 2"):
-        LAYERS.registered("decode_layers")(any_tensor, None, parts, [0] * 4, [8] * 4, [1e-6] * 2,
+        LAYERS.registered("decode_layers")(any_tensor, parts, [0] * 4, [8] * 4, [1e-6] * 2,
                                            f"{GLUE.name};{ORDERED.name};;", any_tensor, any_tensor,
                                            torch.zeros(2, dtype=torch.long), torch.ones(2, dtype=torch.long), 2, 1, 1,
                                            1.0)
