@@ -127,9 +127,9 @@ inline void task(const int8_t* codes, int64_t stride, const int32_t* qsums, int6
   }
 }
 
-// Per group, its first two blocks for all R rows, then its last two (read again from the core's first cache):
-// each weight nibble split once for eight rows, not once per four, with eight rows x two blocks of sums in
-// registers (x four would not fit). A task's products at eight rows 0.92-0.93x the two passes of four.
+// Per group, its first two blocks for all R rows, then its last two: each weight nibble split once for eight
+// rows, not once per four, with eight rows x two blocks of sums in registers (x four would not fit). A task's
+// products at eight rows 0.92-0.93x the two passes of four.
 template <int R>
 inline void halves(const int8_t* codes, int64_t stride, const int32_t* qsums, int64_t groups, const uint8_t* w,
                    const uint16_t* params, int64_t group_pairs, float* acc) {
