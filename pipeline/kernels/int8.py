@@ -170,18 +170,17 @@ class Int8DynamicLinear(_QuantizedLinear):
     def multiply(self, rows):
         """(n, in) float32 rows, n >= 1 -> (n, out) float32: the product without forward's reshapes and casts
         (a decode step's rows are already so), by the VNNI kernel where it is the one in use, else forward."""
-        if self._kernel != "vnni":
+        parts = self.vnni_parts()
+        if parts is None:
             return self.forward(rows)
-        linear, packed, offsets = self._weights["vnni"]
-        buffers = self._buffers  # read directly: nn.Module's attribute lookup costs ~1 µs, ~200 times a decode step
-        return linear(rows, packed, offsets, buffers["weight_scale"], buffers["bias"])
+        return self._weights["vnni"][0](rows, *parts)
 
     def vnni_parts(self) -> tuple[Any, ...] | None:
         """What :meth:`multiply` passes the VNNI kernel besides the rows (packed weight, offsets, weight scale,
         bias), or None where another kernel is in use."""
         if self._kernel != "vnni":
             return None
-        buffers = self._buffers
+        buffers = self._buffers  # read directly: nn.Module's attribute lookup costs ~1 µs, ~200 times a decode step
         return (*self._weights["vnni"][1:], buffers["weight_scale"], buffers["bias"])
 
     def packed_nbytes(self) -> int:
