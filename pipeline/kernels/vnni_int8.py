@@ -15,7 +15,7 @@ rescale and bias): at a decode step's few rows most of that is not the product. 
 An int32 sum of int8 products is exact in any order, so the result is the fbgemm and ``_int_mm``
 paths' bits for every row at any row count (tests/unit/test_vnni_int8.py): a machine where this is
 not built, or whose CPU lacks AVX-512 VNNI, runs fbgemm with the same results. The work per call
-follows the rows: the weight is read once per eight rows, the activations once per 64 output channels.
+follows the rows: the weight is read from memory once a call, the activations once per 64 output channels.
 It is registered with torch's dispatcher (``EXTENSION.registered("vnni_linear")``): profilers see it.
 """
 from __future__ import annotations
@@ -46,13 +46,10 @@ _SOURCE = r'''
 namespace {
 
 constexpr int64_t BLOCK = 16, QUAD = 4, GROUP = 64, ROWS = 8;
-// Bytes ahead of each block's load asked for at two rows and more: a block's run of weights is short (a few
-// KB), and with two rows' dot products and more between loads the hardware's prefetcher falls behind; asked for
-// ahead, the weight streams in while the sums run (the decode step 0.82x at 8 rows, 0.94x at 2; at one row the
-// hardware keeps up alone and the requests cost ~5 %). Past a block's end it asks for the next block's first
-// lines, the next read. Past four rows (two blocks a pass) twice as far ahead: a step's products 0.86x at eight
-// rows against 1 KB there, while at two and four rows 2 KB was 1.01-1.05x slower than 1 KB.
-constexpr int64_t PREFETCH = 1024, PREFETCH_PAST_FOUR_ROWS = 2048;
+// Bytes ahead of each line's load asked for at two rows and more (16 quads of the group's one run of weights):
+// with two rows' dot products and more between loads the hardware's prefetcher falls behind; asked for ahead, the
+// weight streams in while the sums run. At one row the hardware keeps up alone (asking cost 1.04-1.06x there).
+constexpr int64_t PREFETCH = 16 * GROUP * QUAD;
 
 // One row's scale and its codes + 128 (unsigned: vpdpbusd's first operand).
 float quantize_row(const float* row, int64_t k, int64_t padded, uint8_t* out) {
@@ -62,7 +59,8 @@ float quantize_row(const float* row, int64_t k, int64_t padded, uint8_t* out) {
   return s;
 }
 
-// Sums of R rows of codes (stride `stride`) against B packed blocks starting at `w`, each `quads` x 64 bytes.
+// Sums of R rows of codes (stride `stride`) against B packed blocks starting at `w`: a group's blocks lie
+// interleaved, quad by quad (GROUP x QUAD bytes a quad), so a group's weights are one run of memory.
 template <int R, int B>
 inline void sums(const uint8_t* codes, int64_t stride, const int8_t* w, int64_t quads, int32_t* out) {
   __m512i acc[R][B];
@@ -72,11 +70,12 @@ inline void sums(const uint8_t* codes, int64_t stride, const int8_t* w, int64_t 
     for (int b = 0; b < B; ++b) acc[r][b] = _mm512_setzero_si512();
   for (int64_t q = 0; q < quads; ++q) {
     __m512i wv[B];
+    const int8_t* quad = w + q * GROUP * QUAD;
 #pragma GCC unroll 4
     for (int b = 0; b < B; ++b) {
-      const int8_t* line = w + (b * quads + q) * BLOCK * QUAD;
+      const int8_t* line = quad + b * BLOCK * QUAD;
       if constexpr (R > 1)
-        _mm_prefetch(reinterpret_cast<const char*>(line) + (R > 4 ? PREFETCH_PAST_FOUR_ROWS : PREFETCH), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(line) + PREFETCH, _MM_HINT_T0);
       wv[b] = _mm512_loadu_si512(line);
     }
 #pragma GCC unroll 8
@@ -94,14 +93,15 @@ inline void sums(const uint8_t* codes, int64_t stride, const int8_t* w, int64_t 
     for (int b = 0; b < B; ++b) _mm512_storeu_si512(out + r * GROUP + b * BLOCK, acc[r][b]);
 }
 
-// One group of GROUP channels for `rows` (<= ROWS) rows: four blocks at once for up to four rows, else two.
+// One group of GROUP channels for `rows` (<= ROWS) rows, four rows at a time: four rows' sums of four blocks fill
+// 16 of the 32 registers; past four rows the second pass reads the group's weights again from the cache.
 template <int R>
 inline void group_sums(const uint8_t* codes, int64_t stride, const int8_t* w, int64_t quads, int32_t* out) {
   if constexpr (R <= 4) {
     sums<R, 4>(codes, stride, w, quads, out);
   } else {
-    sums<R, 2>(codes, stride, w, quads, out);
-    sums<R, 2>(codes, stride, w + 2 * quads * BLOCK * QUAD, quads, out + 2 * BLOCK);
+    sums<4, 4>(codes, stride, w, quads, out);
+    sums<R - 4, 4>(codes + 4 * stride, stride, w, quads, out + 4 * GROUP);
   }
 }
 
@@ -124,10 +124,10 @@ void any_rows(int64_t rows, const uint8_t* codes, int64_t stride, const int8_t* 
 torch::Tensor vnni_linear(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& offsets,
                           const torch::Tensor& scale, const c10::optional<torch::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "vnni_linear: 2-d float32 rows");
-  TORCH_CHECK(packed.dim() == 4 && packed.scalar_type() == at::kChar && packed.is_contiguous()
-              && packed.size(2) == BLOCK && packed.size(3) == QUAD && packed.size(0) % (GROUP / BLOCK) == 0,
+  TORCH_CHECK(packed.dim() == 5 && packed.scalar_type() == at::kChar && packed.is_contiguous()
+              && packed.size(2) == GROUP / BLOCK && packed.size(3) == BLOCK && packed.size(4) == QUAD,
               "vnni_linear: a weight packed by vnni_int8.pack");
-  const int64_t channels = scale.numel(), padded_out = packed.size(0) * BLOCK, quads = packed.size(1);
+  const int64_t channels = scale.numel(), padded_out = packed.size(0) * GROUP, quads = packed.size(1);
   const int64_t k = x.size(1), padded = quads * QUAD, n = x.size(0);
   TORCH_CHECK(k <= padded && padded - k < QUAD, "vnni_linear: rows of ", padded - QUAD + 1, " to ", padded,
               " values, not ", k);
@@ -190,18 +190,19 @@ EXTENSION = CompiledExtension("rag_vnni_int8", _SOURCE, ["vnni_linear"], CFLAGS,
 
 
 def pack(qweight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """An (out, in) int8 weight as the kernel reads it: (out padded to GROUP / BLOCK, in padded to QUAD / QUAD,
-    BLOCK, QUAD) int8, zeros in the padding, and each packed channel's 128 x its weights' sum (int32): what
-    the codes' + 128 adds to its sums."""
+    """An (out, in) int8 weight as the kernel reads it: (out padded to GROUP / GROUP, in padded to QUAD / QUAD,
+    GROUP / BLOCK, BLOCK, QUAD) int8, a group's four blocks interleaved quad by quad (one run of memory a task),
+    zeros in the padding, and each packed channel's 128 x its weights' sum (int32): what the codes' + 128 adds
+    to its sums."""
     import torch
     out, k = qweight.shape
     padded = torch.zeros(-(-out // GROUP) * GROUP, -(-k // QUAD) * QUAD, dtype=torch.int8)
     padded[:out, :k] = qweight
     offsets = padded.sum(dim=1, dtype=torch.int32).mul_(128)
-    blocks = padded.view(padded.shape[0] // BLOCK, BLOCK, padded.shape[1] // QUAD, QUAD).permute(0, 2, 1, 3)
-    return blocks.contiguous(), offsets
+    groups = padded.view(padded.shape[0] // GROUP, GROUP // BLOCK, BLOCK, padded.shape[1] // QUAD, QUAD)
+    return groups.permute(0, 3, 1, 2, 4).contiguous(), offsets
 
 
 def unpack(packed: torch.Tensor, out: int, k: int) -> torch.Tensor:
     """:func:`pack`'s (out, in) int8 weight back."""
-    return packed.permute(0, 2, 1, 3).reshape(packed.shape[0] * BLOCK, packed.shape[1] * QUAD)[:out, :k].contiguous()
+    return packed.permute(0, 2, 3, 1, 4).reshape(packed.shape[0] * GROUP, packed.shape[1] * QUAD)[:out, :k].contiguous()

@@ -81,11 +81,13 @@ def test_a_rows_result_does_not_depend_on_its_batch_mates_or_the_thread_count(op
 def test_packing_pads_and_unpacks_to_the_same_weight():
     qweight, _, _ = _layer(37, 65, False)
     packed, offsets = vnni_int8.pack(qweight)
-    assert packed.shape == (128 // 16, 40 // 4, 16, 4) and packed.dtype == torch.int8 and packed.is_contiguous()
+    assert packed.shape == (128 // 64, 40 // 4, 4, 16, 4) and packed.dtype == torch.int8 and packed.is_contiguous()
     assert torch.equal(vnni_int8.unpack(packed, 65, 37), qweight)
     assert torch.equal(offsets[:65], 128 * qweight.sum(dim=1, dtype=torch.int32)) and not offsets[65:].any()
-    # block b, quad q holds channels 16b.. and inputs 4q..: lane-major, as one register's int32 sums
-    assert torch.equal(packed[1, 2, 3], qweight[16 + 3, 8:12])
+    # group g, quad q, block b holds channels 64g + 16b.. and inputs 4q..: lane-major, as one register's int32
+    # sums; a group's four blocks follow one another quad by quad
+    assert torch.equal(packed[0, 2, 1, 3], qweight[16 + 3, 8:12])
+    assert torch.equal(packed[1, 9, 0, 0, :1], qweight[64, 36:37])
 
 
 def test_a_wrong_argument_is_refused_by_name(ops):
