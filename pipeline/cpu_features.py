@@ -23,8 +23,11 @@ from pathlib import Path
 
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "amx_tile"})
 AMX_CPU_FLAGS = frozenset({"amx_bf16", "amx_tile"})  # both: AMX's bf16 matrix tiles
-# int8 x int8 summed in 32 bits at once; without these the int8 kernels' 16-bit pair sums saturate.
+# int8 x int8 summed in 32 bits at once; without these fbgemm's and oneDNN's 16-bit pair sums saturate.
 VNNI_CPU_FLAGS = frozenset({"avx512_vnni", "avx_vnni"})
+# The project's AVX2 int8 kernel (pipeline.kernels.avx2_int8) sums exactly without VNNI: |w| x signed code pairs
+# never reach the 16-bit limit.
+EXACT_INT8_CPU_FLAGS = VNNI_CPU_FLAGS | {"avx2"}
 # oneDNN packs a bfloat16 weight (what a row-invariant bfloat16 Linear multiplies) only with these
 # (torch's mkldnn_reorder_linear_weight: "avx_ne_convert or avx512bw, avx512vl and avx512dq").
 BF16_PACKING_CPU_FLAGS = frozenset({"avx512bw", "avx512vl", "avx512dq"})
@@ -111,9 +114,10 @@ def cpu_packs_bf16(flags: Iterable[str] | None = None) -> bool:
 
 
 def cpu_sums_int8_exactly(flags: Iterable[str] | None = None) -> bool:
-    """Whether an int8 kernel can sum exactly here: the CPU has VNNI (its own flags, since fbgemm does
-    not follow oneDNN's hold). pipeline.kernels.int8 checks the kernels themselves at load."""
-    return bool(VNNI_CPU_FLAGS & _own(flags))
+    """Whether an int8 kernel can sum exactly here: the CPU has VNNI (fbgemm, the project's VNNI kernel) or
+    AVX2 (the project's AVX2 kernel, built by setup), by its own flags (fbgemm does not follow oneDNN's hold).
+    pipeline.kernels.int8 checks the kernels themselves at load."""
+    return bool(EXACT_INT8_CPU_FLAGS & _own(flags))
 
 
 def cpu_runs_int4(flags: Iterable[str] | None = None) -> bool:

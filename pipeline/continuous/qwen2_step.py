@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from pipeline.kernels import decode_layers, vnni_int4, vnni_int8
+from pipeline.kernels import decode_layers
 from pipeline.kernels.batch_invariance import BATCH_INVARIANT_ATTENTION, RowInvariantLinear, RowInvariantRMSNorm
 from pipeline.kernels.chunked_attention import CHUNK, ORDERED, chunk_masks, decode_attention
 from pipeline.kernels.decode_glue import EXTENSION as GLUE
@@ -151,7 +151,7 @@ class Qwen2DecodeStep:
     def _one_call(self, kernels_built: bool) -> Any:
         """decode_layers' op where a step runs its layers in one call, else None (:attr:`layers_in_one_call`);
         `kernels_built`: whether the ordered attention and every glue op it calls are."""
-        if not kernels_built or self._compiled is None or any(m.kernel != "vnni" for m in self._int8):
+        if not kernels_built or self._compiled is None or any(m.kernel not in ("vnni", "avx2") for m in self._int8):
             return None
         return decode_layers.EXTENSION.registered("decode_layers")
 
@@ -171,8 +171,7 @@ class Qwen2DecodeStep:
             channels += [one[1] for one in found]
             eps += [layer.input_norm.variance_epsilon, layer.post_norm.variance_epsilon]
             products.append([part for one in found for part in one[2]])
-        quantized = (e.name if e.ops() is not None else "" for e in (vnni_int8.EXTENSION, vnni_int4.EXTENSION))
-        return _OneCall(kinds, channels, eps, ";".join((GLUE.name, ORDERED.name, *quantized)), products)
+        return _OneCall(kinds, channels, eps, decode_layers.op_namespaces(), products)
 
     # ------------------------------------------------------------------ pieces, each as the model's module computes it
 

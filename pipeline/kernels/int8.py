@@ -1,8 +1,8 @@
 """int8 Linears: per-output-channel int8 weights, and the in-place conversion of a model's nn.Linears.
 
 * :class:`Int8DynamicLinear`: int8 activations quantized per row at run time, int32 accumulation
-  (the project's VNNI kernel where built, else fbgemm where exact, else `torch._int_mm` where exact; none
-  is without VNNI, and there int8-dynamic is refused), float32 in and out. A row's output does not depend on its batch-mates.
+  (the project's VNNI kernel where built, else fbgemm where exact, else the project's AVX2 kernel where built,
+  else `torch._int_mm` where exact), float32 in and out. A row's output does not depend on its batch-mates.
 * :class:`Int8WeightLinear`: bfloat16 activations, `torch._weight_int8pack_mm`.
 
 Conversion drops each float weight as soon as its int8 copy exists.
@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 
 from pipeline.config import ConfigError
-from pipeline.kernels import vnni_int8
+from pipeline.kernels import avx2_int8, vnni_int8
 from pipeline.kernels.exact_check import sums_int8_exactly
 from pipeline.kernels.fbgemm import AnchoredFbgemm, fbgemm_is_exact
 from pipeline.kernels.fused_int8 import fused_ops
@@ -84,9 +84,13 @@ class _QuantizedLinear(torch.nn.Module):
         return out.reshape(*x_shape[:-1], self.out_features)
 
 
+# The kernels that multiply by vnni_int8.pack's copy of the weight in one C++ call: its extension, its op.
+_PACKED = {"vnni": (vnni_int8.EXTENSION, "vnni_linear"), "avx2": (avx2_int8.EXTENSION, "avx2_linear")}
+
+
 def _usable(kernel: str, in_features: int) -> bool:
-    if kernel == "vnni":
-        return vnni_int8.EXTENSION.ops() is not None
+    if kernel in _PACKED:
+        return _PACKED[kernel][0].ops() is not None
     if kernel == "fbgemm":
         return in_features >= 2 and fbgemm_is_exact()  # the anchor row takes two columns
     return int_mm_is_exact()
@@ -101,7 +105,7 @@ def auto_kernel(in_features: int = 2) -> str | None:
 class Int8DynamicLinear(_QuantizedLinear):
     """int8 weights (per output channel) x int8 activations (per row), int32 accumulation.
 
-    Three kernels give the same bits (an int32 sum of int8 products is exact in any order); ``kernel``
+    Four kernels give the same bits (an int32 sum of int8 products is exact in any order); ``kernel``
     names the first to try, ``"auto"`` the first of :data:`ORDER` this machine can use:
 
     * ``"vnni"``: :mod:`pipeline.kernels.vnni_int8`, the whole product in one C++ call, where that
@@ -109,6 +113,8 @@ class Int8DynamicLinear(_QuantizedLinear):
     * ``"fbgemm"``: :class:`AnchoredFbgemm`, where :func:`fbgemm_is_exact`; its per-row quantization and
       rescale + bias run as the C++ passes of :mod:`pipeline.kernels.fused_int8` where built (same bits;
       ``fused=False`` keeps the torch ops);
+    * ``"avx2"``: :mod:`pipeline.kernels.avx2_int8`, vnni_int8's one call without VNNI (four instructions
+      for its one, no 16-bit sum that saturates), where built: what an AVX2-only CPU multiplies with;
     * ``"int_mm"``: `torch._int_mm`, which on the CPU takes any shape (torch 2.13: M=1, K=7, N=5).
       The weight is passed as the transposed view of its (out, in) rows: as fast as a row-major
       copy or faster here, and no second copy.
@@ -116,20 +122,21 @@ class Int8DynamicLinear(_QuantizedLinear):
     CPU only: CUDA is not offered int8 (pipeline/precision_policy.py). A packed copy replaces the plain
     weight (:meth:`use_kernel`)."""
 
-    KERNELS = ("auto", "vnni", "fbgemm", "int_mm")
-    ORDER = ("vnni", "fbgemm", "int_mm")  # fastest first (docs/performance.md, "int8 in one call")
+    KERNELS = ("auto", "vnni", "fbgemm", "avx2", "int_mm")
+    ORDER = ("vnni", "fbgemm", "avx2", "int_mm")  # fastest first (docs/performance.md, "int8 in one call")
 
     def __init__(self, linear: torch.nn.Linear, *, kernel: str = "auto", fused: bool = True):
         super().__init__(linear)
         self.fused = fused
-        # kernel -> its copy of the weight: vnni_int8.pack's pair, an AnchoredFbgemm, or the plain int8 weight
+        # kernel -> its copy of the weight: its op and vnni_int8.pack's packed weight (and offsets, vnni's), an
+        # AnchoredFbgemm, or the plain int8 weight
         self._weights: dict[str, Any] = {"int_mm": self.qweight}
         self._kernel = "int_mm"
         self.use_kernel(kernel)
 
     @property
     def kernel(self) -> str:
-        """The kernel this Linear multiplies with: vnni, fbgemm or int_mm."""
+        """The kernel this Linear multiplies with: vnni, fbgemm, avx2 or int_mm."""
         return self._kernel
 
     def use_kernel(self, kernel: str, *, keep: bool = False) -> str:
@@ -143,11 +150,12 @@ class Int8DynamicLinear(_QuantizedLinear):
         chosen = next((k for k in tried if _usable(k, self.in_features)), None)
         if chosen is None:
             raise ConfigError("int8-dynamic needs an int8 product that sums exactly, and neither fbgemm nor "
-                              "torch._int_mm does on this CPU (no VNNI: their 16-bit pair sums saturate): "
+                              "torch._int_mm does on this CPU (no VNNI: their 16-bit pair sums saturate), and the "
+                              "project's AVX2 kernel is not built (python -m pipeline.kernels.compiled): "
                               "choose float32 or bfloat16 for this stage")
         if chosen not in self._weights:
             weight = self.int8_weight()
-            self._weights[chosen] = (self._vnni_copy(weight) if chosen == "vnni" else
+            self._weights[chosen] = (self._packed_copy(chosen, weight) if chosen in _PACKED else
                                      AnchoredFbgemm(weight, self.weight_scale) if chosen == "fbgemm" else weight)
         if not keep:
             self._weights = {chosen: self._weights[chosen]}
@@ -156,38 +164,42 @@ class Int8DynamicLinear(_QuantizedLinear):
         return chosen
 
     @staticmethod
-    def _vnni_copy(weight) -> tuple[Any, ...]:
-        """The kernel's op (its extension loaded: _usable checked it) and the weight packed for it."""
-        return (vnni_int8.EXTENSION.registered("vnni_linear"), *vnni_int8.pack(weight))
+    def _packed_copy(kernel: str, weight) -> tuple[Any, ...]:
+        """A packed kernel's op (its extension loaded: _usable checked it) and the weight packed for it (vnni's
+        offsets too: its codes are unsigned, + 128)."""
+        extension, op = _PACKED[kernel]
+        packed, offsets = vnni_int8.pack(weight)
+        return (extension.registered(op), packed, offsets) if kernel == "vnni" else (extension.registered(op), packed)
 
     def int8_weight(self):
         """The (out, in) int8 weight."""
         kernel, weight = next(iter(self._weights.items()))
-        if kernel == "vnni":
+        if kernel in _PACKED:
             return vnni_int8.unpack(weight[1], self.out_features, self.in_features)
         return weight.unpacked() if kernel == "fbgemm" else weight
 
     def multiply(self, rows):
         """(n, in) float32 rows, n >= 1 -> (n, out) float32: the product without forward's reshapes and casts
-        (a decode step's rows are already so), by the VNNI kernel where it is the one in use, else forward."""
-        parts = self.vnni_parts()
+        (a decode step's rows are already so), by a packed kernel (vnni, avx2) where it is the one in use, else
+        forward."""
+        parts = self.kernel_parts()
         if parts is None:
             return self.forward(rows)
-        return self._weights["vnni"][0](rows, *parts)
+        return self._weights[self._kernel][0](rows, *parts)
 
-    def vnni_parts(self) -> tuple[Any, ...] | None:
-        """What :meth:`multiply` passes the VNNI kernel besides the rows (packed weight, offsets, weight scale,
-        bias), or None where another kernel is in use."""
-        if self._kernel != "vnni":
+    def kernel_parts(self) -> tuple[Any, ...] | None:
+        """What :meth:`multiply` passes the packed kernel in use besides the rows (packed weight, vnni's offsets,
+        weight scale, bias), or None where fbgemm or int_mm is in use."""
+        if self._kernel not in _PACKED:
             return None
         buffers = self._buffers  # read directly: nn.Module's attribute lookup costs ~1 µs, ~200 times a decode step
-        return (*self._weights["vnni"][1:], buffers["weight_scale"], buffers["bias"])
+        return (*self._weights[self._kernel][1:], buffers["weight_scale"], buffers["bias"])
 
     def packed_nbytes(self) -> int:
         """Bytes of the packed copy this Linear multiplies with, which buffers() does not see (0 for the plain
         int8 weight, a buffer); copies a benchmark keeps beside it are not counted."""
         weight = self._weights[self._kernel]
-        if self._kernel == "vnni":
+        if self._kernel in _PACKED:
             return sum(t.numel() * t.element_size() for t in weight[1:])
         return self.in_features * self.out_features if self._kernel == "fbgemm" else 0
 
@@ -196,7 +208,7 @@ class Int8DynamicLinear(_QuantizedLinear):
         n = rows.shape[0]
         if n == 0:
             return self._finish(rows.new_zeros((0, self.out_features)), x.shape).to(x.dtype)
-        if self._kernel == "vnni":
+        if self._kernel in _PACKED:
             return self.multiply(rows).reshape(*x.shape[:-1], self.out_features).to(x.dtype)
         weight = self._weights[self._kernel]
         if self._kernel == "fbgemm":

@@ -13,7 +13,7 @@ rescale and bias): at a decode step's few rows most of that is not the product. 
   ``torch._int_mm(...).float() * weight_scale`` and fused_int8's rescale round them.
 
 An int32 sum of int8 products is exact in any order, so the result is the fbgemm and ``_int_mm``
-paths' bits for every row at any row count (tests/unit/test_vnni_int8.py): a machine where this is
+paths' bits for every row at any row count (tests/unit/test_packed_int8.py): a machine where this is
 not built, or whose CPU lacks AVX-512 VNNI, runs fbgemm with the same results. The work per call
 follows the rows: the weight is read from memory once a call, the activations once per 64 output channels.
 It is registered with torch's dispatcher (``EXTENSION.registered("vnni_linear")``): profilers see it.

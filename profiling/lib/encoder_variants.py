@@ -38,13 +38,15 @@ def _int8_name(kernel: str, fused: bool) -> str:
 
 def int8_kernels() -> list[Variant]:
     """int8-dynamic on each other kernel this CPU can run (the same bits by design: here measured on real
-    weights): the VNNI kernel where built, fbgemm where exact with its glue fused and not, torch._int_mm always."""
-    from pipeline.kernels import vnni_int8
+    weights): the VNNI kernel where built, fbgemm where exact with its glue fused and not, the AVX2 kernel where
+    built, torch._int_mm always."""
+    from pipeline.kernels import avx2_int8, vnni_int8
     from pipeline.kernels.fbgemm import fbgemm_is_exact
     from pipeline.kernels.fused_int8 import fused_ops
     combos = [("vnni", False)] if vnni_int8.EXTENSION.ops() is not None else []
     if fbgemm_is_exact():
         combos += [("fbgemm", f) for f in ([True, False] if fused_ops() is not None else [False])]
+    combos += [("avx2", False)] if avx2_int8.EXTENSION.ops() is not None else []
     combos.append(("int_mm", False))
     return [Variant(_int8_name(k, f), "int8-dynamic", (("kernel", k), ("fused", f)))
             for k, f in combos if (k, f) != _serving_int8()]

@@ -3,7 +3,9 @@ on one loaded model (profiling/bench_decode.py's `--baselines`).
 
 * ``fbgemm-int8``: int8-dynamic's products through fbgemm with pipeline/kernels/fused_int8.py's C++ glue,
   not pipeline/kernels/vnni_int8.py's one call (the same bits);
-* ``unfused-int8``: through fbgemm with the glue as torch ops (the same bits).
+* ``unfused-int8``: through fbgemm with the glue as torch ops (the same bits);
+* ``avx2-int8``: int8-dynamic's products through pipeline/kernels/avx2_int8.py, what an AVX2 CPU without VNNI
+  runs (the same bits);
 * ``chunked-attention``: the CPU's attention as torch's flash kernel in chunks, not
   pipeline/kernels/ordered_attention.py (other bits: the tokens may differ);
 * ``torch-glue``: the CPU decode step's norms, rotary and cache writes as torch ops, not
@@ -17,8 +19,8 @@ import contextlib
 from collections.abc import Iterator
 
 # name -> whether it gives the current kernels' bits
-BASELINES = {"fbgemm-int8": True, "unfused-int8": True, "chunked-attention": False, "torch-glue": True,
-             "python-layers": True}
+BASELINES = {"fbgemm-int8": True, "unfused-int8": True, "avx2-int8": True, "chunked-attention": False,
+             "torch-glue": True, "python-layers": True}
 
 
 @contextlib.contextmanager
@@ -39,6 +41,9 @@ def running(model, baseline: str | None) -> Iterator[None]:
             for module in int8:
                 module.use_kernel("fbgemm", keep=True)  # packed once, kept for the next switch
                 module.fused = baseline == "fbgemm-int8"
+        elif baseline == "avx2-int8":
+            for module in int8:
+                module.use_kernel("avx2", keep=True)
         elif baseline == "chunked-attention":
             EXTENSION.ops = lambda: None  # chunked_attention and the decode step ask it at every call
         elif baseline == "torch-glue":

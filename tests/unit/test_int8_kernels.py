@@ -1,10 +1,10 @@
-"""int8-dynamic's packed kernels (the project's VNNI kernel, fbgemm) give torch._int_mm's bits, so they may
+"""int8-dynamic's packed kernels (the project's VNNI and AVX2 kernels, fbgemm) give torch._int_mm's bits, so they may
 replace it; fbgemm is dropped for _int_mm where a check at load finds it inexact, and a kernel this machine
 cannot run for the next one."""
 import pytest
 import torch
 
-from pipeline.kernels import vnni_int8
+from pipeline.kernels import avx2_int8, vnni_int8
 from pipeline.kernels.fbgemm import AnchoredFbgemm, fbgemm_is_exact
 from pipeline.kernels.int8 import Int8DynamicLinear, auto_kernel
 from pipeline.precision import model_nbytes
@@ -14,14 +14,18 @@ def _vnni_runs() -> bool:
     return vnni_int8.EXTENSION.ops() is not None
 
 
+def _avx2_runs() -> bool:
+    return avx2_int8.EXTENSION.ops() is not None
+
+
 # Each packed kernel and the check that says this CPU may use it.
-KERNELS = {"vnni": _vnni_runs, "fbgemm": fbgemm_is_exact}
+KERNELS = {"vnni": _vnni_runs, "fbgemm": fbgemm_is_exact, "avx2": _avx2_runs}
 
 
 @pytest.fixture(params=list(KERNELS))
 def kernel(request):
     if not KERNELS[request.param]():
-        pytest.skip(f"{request.param} is not used on this CPU (no VNNI, or for vnni no AVX-512 or no build)")
+        pytest.skip(f"{request.param} is not used on this CPU (no VNNI, or for vnni no AVX-512, or no build)")
     return request.param
 
 
@@ -66,8 +70,8 @@ def test_a_rows_result_does_not_depend_on_its_batch_mates(kernel):
 def test_the_packed_copy_replaces_the_plain_weight(kernel):
     packed, plain = _pair(kernel)
     assert packed.qweight is None and "qweight" not in dict(packed.named_buffers())
-    # counted once, as the plain int8 was; vnni's copy with its padding (40 channels to 64) and offsets
-    extra = (64 - 40) * 96 + 64 * 4 if kernel == "vnni" else 0
+    # counted once, as the plain int8 was; vnni's and avx2's copy with its padding (40 channels to 64), vnni's offsets
+    extra = (64 - 40) * 96 + (64 * 4 if kernel == "vnni" else 0) if kernel in ("vnni", "avx2") else 0
     assert model_nbytes(packed) == model_nbytes(plain) + extra
     assert torch.equal(packed.int8_weight(), plain.int8_weight())
 
@@ -92,16 +96,37 @@ def _kernel_taken(kernel: str = "auto") -> str | None:
         return None
 
 
-def test_auto_prefers_vnni_then_fbgemm_then_int_mm():
+def test_auto_prefers_vnni_then_fbgemm_then_avx2_then_int_mm():
     from pipeline.kernels.int8 import int_mm_is_exact
-    expected = ("vnni" if _vnni_runs() else "fbgemm" if fbgemm_is_exact() else "int_mm" if int_mm_is_exact()
-                else None)  # a CPU without VNNI: no exact kernel, refused
+    expected = ("vnni" if _vnni_runs() else "fbgemm" if fbgemm_is_exact() else "avx2" if _avx2_runs()
+                else "int_mm" if int_mm_is_exact() else None)  # no exact kernel (no VNNI, no build): refused
     assert _kernel_taken() == expected == auto_kernel(32)
 
 
 def test_a_kernel_this_machine_cannot_run_gives_way_to_the_next(monkeypatch):
     monkeypatch.setattr(vnni_int8.EXTENSION, "ops", lambda: None)  # as where it is not built, or no AVX-512 VNNI
     assert _kernel_taken("vnni") == auto_kernel(32) != "vnni"
+
+
+def test_a_cpu_without_vnni_multiplies_with_the_avx2_kernel_or_refuses_naming_its_build(monkeypatch):
+    """As on an AVX2-only CPU: no VNNI kernel, fbgemm's and _int_mm's pair sums saturate; the AVX2 kernel sums
+    exactly, with _int_mm's bits where this machine can check them; without its build int8-dynamic is refused."""
+    from pipeline.config import ConfigError
+    from pipeline.kernels import int8
+    if not _avx2_runs():
+        pytest.skip("the AVX2 int8 kernel is not built here")
+    linear = torch.nn.Linear(96, 40)
+    x = _rows(9)
+    with torch.inference_mode():
+        expected = Int8DynamicLinear(linear, kernel="auto")(x)  # whichever exact kernel this machine has first
+        monkeypatch.setattr(vnni_int8.EXTENSION, "ops", lambda: None)
+        monkeypatch.setattr(int8, "fbgemm_is_exact", lambda: False)
+        monkeypatch.setattr(int8, "int_mm_is_exact", lambda: False)
+        layer = Int8DynamicLinear(linear, kernel="auto")
+        assert layer.kernel == "avx2" and auto_kernel(96) == "avx2" and torch.equal(layer(x), expected)
+        monkeypatch.setattr(avx2_int8.EXTENSION, "ops", lambda: None)
+        with pytest.raises(ConfigError, match=r"AVX2 kernel is not built \(python -m pipeline.kernels.compiled\)"):
+            Int8DynamicLinear(linear, kernel="auto")
 
 
 def test_an_inexact_kernel_is_detected_and_another_used(monkeypatch, request):

@@ -166,7 +166,7 @@ def test_the_one_call_layers_dispatch_the_python_loops_ops_and_a_dispatch_mode_s
     step = [prefilled_runner(model, lengths).fast_step for _ in range(2)]  # the same state in each
     args = torch.ones(2, 1, dtype=torch.long), torch.tensor(lengths), 2 * CHUNK
     custom = {"rms_norm", "add_rms_norm", "rotate_and_store", "silu_mul", "ordered_attention", "_linear_pointwise",
-              "vnni_linear", "vnni_int4_linear"}
+              "vnni_linear", "avx2_linear", "vnni_int4_linear"}
     assert step[0].layers_in_one_call
     one_call = [op for op in profiled_ops(step[0], *args) if op[0] in custom]
     counter = OpCounter()
@@ -187,7 +187,7 @@ def test_the_one_call_refuses_a_part_it_lacks_by_layer_and_place():
     parts[2] = None  # layer 0's keys
     with pytest.raises(RuntimeError, match="layer 0 lacks part 2"):
         LAYERS.registered("decode_layers")(any_tensor, parts, [0] * 4, [8] * 4, [1e-6] * 2,
-                                           f"{GLUE.name};{ORDERED.name};;", any_tensor, any_tensor,
+                                           f"{GLUE.name};{ORDERED.name};;;", any_tensor, any_tensor,
                                            torch.zeros(2, dtype=torch.long), torch.ones(2, dtype=torch.long), 2, 1, 1,
                                            1.0)
 
@@ -208,6 +208,24 @@ def test_int8_linears_switched_to_another_kernel_loop_in_python_and_back():
     steps_agree(model, [7], slots=2, steps=1, one_call=False)
     int8[0].use_kernel("vnni", keep=True)
     assert runner.fast_step.layers_in_one_call
+
+
+@LAYERS_BUILT
+def test_int8_linears_on_the_avx2_kernel_run_in_the_one_call_with_the_model_forwards_bits():
+    """As on an AVX2-only CPU: every int8 Linear multiplies with pipeline.kernels.avx2_int8, and the one call
+    calls that op (the profiler sees it) and gives the model forward's bits."""
+    from pipeline.kernels import avx2_int8
+    if avx2_int8.EXTENSION.ops() is None:
+        pytest.skip("the AVX2 int8 kernel is not built here")
+    model = qwen2("int8-dynamic", TINY, layers=2)
+    for module in model.modules():
+        if isinstance(module, Int8DynamicLinear):
+            assert module.use_kernel("avx2") == "avx2"
+    steps_agree(model, [7, 12], slots=2, steps=2, one_call=True)
+    runner = prefilled_runner(model, [7, 12])
+    ops = [op[0] for op in profiled_ops(runner.fast_step, torch.ones(2, 1, dtype=torch.long), torch.tensor([7, 12]),
+                                        2 * CHUNK)]
+    assert ops.count("avx2_linear") == 2 * 4 + 1 and "vnni_linear" not in ops  # four products a layer, the output layer
 
 
 @pytest.mark.parametrize("variant", CPU_VARIANTS)
