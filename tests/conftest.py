@@ -25,9 +25,15 @@ for _name, _value in TEST_ENV.items():
 
 # ----------------------------------------------------------------------------- the compiled kernels, before any test
 def pytest_configure(config):
-    """Build the C++ kernels (pipeline.kernels.compiled) once, in the controller before any worker starts, so
+    """matplotlib's font list made in every process (below); then the C++ kernels (pipeline.kernels.compiled)
+    built once, in the controller before any worker starts, so
     that every test, in-process reference and node started sees one build state: the ordered attention sets
     a CPU's bits where it is built. Found built (./run.sh test builds them first), this reads a folder."""
+    # matplotlib lists the system's fonts (`fc-list`, a process) the first time it is imported on a machine;
+    # importing it here, in every process, keeps that out of the collection, where a started process fails.
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.font_manager  # noqa: F401
     if hasattr(config, "workerinput"):
         return
     from pipeline.kernels.compiled import build_all

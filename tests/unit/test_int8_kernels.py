@@ -137,8 +137,11 @@ def test_an_inexact_kernel_is_detected_and_another_used(monkeypatch, request):
     request.addfinalizer(check.cache_clear)
     assert check() is False
     from pipeline.kernels.int8 import int_mm_is_exact
-    if not int_mm_is_exact():  # no exact product is left (oneDNN held below VNNI): refused, not wrong
+    if not int_mm_is_exact():  # oneDNN held below VNNI: the AVX2 kernel where built, else refused, not wrong
         from pipeline.config import ConfigError
+        if _avx2_runs():
+            assert Int8DynamicLinear(torch.nn.Linear(96, 40), kernel=name).kernel == "avx2"
+            return
         with pytest.raises(ConfigError, match="sums exactly"):
             Int8DynamicLinear(torch.nn.Linear(96, 40), kernel=name)
         return
