@@ -86,8 +86,8 @@ def supported_variants(device: str, *, cuda_bf16: Callable[[], bool] = _cuda_bf1
     """What this device is offered. A CPU: every variant but float16 (bf16 ones slowly without
     avx512_bf16; float16 is several times slower than float32 there), int8-dynamic only with
     VNNI or AVX2 (fbgemm's and oneDNN's int8 sums saturate without VNNI: wrong, not only slow; the project's
-    AVX2 kernel sums exactly there), int4-dynamic likewise (its kernel needs AVX-512 VNNI; without it torch's
-    ops give its bits, slower),
+    AVX2 kernel sums exactly there), int4-dynamic likewise (its kernels: AVX-512 VNNI's, or AVX2's; torch's ops
+    give its bits where neither is built, slower),
     bfloat16 only where oneDNN packs its weights (AVX-512 BW/VL/DQ or avx_ne_convert: not on an
     AVX2-only CPU), int4-weight only where torch's int4 kernel has a vector path (AVX2 and FMA: else
     a scalar loop). CUDA: bfloat16 (where the

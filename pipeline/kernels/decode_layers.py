@@ -14,7 +14,7 @@ mode, in inference mode, sees only the one call, so the step loops in Python whi
 A layer's parts travel as one flat list (:data:`PER_LAYER` entries a layer, built once per slot layout by the
 step): its two norms' weights, its keys' and values' flat buffers and slot views, then four products (q/k/v
 fused, o, gate/up fused, down), each a kind (:data:`ONEDNN`, :data:`VNNI_INT8`, :data:`VNNI_INT4`,
-:data:`AVX2_INT8`) and up to
+:data:`AVX2_INT8`, :data:`AVX2_INT4`) and up to
 :data:`PRODUCT_PARTS` tensors (:func:`product`).
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 from pipeline.kernels.compiled import CompiledExtension
 
-ONEDNN, VNNI_INT8, VNNI_INT4, AVX2_INT8 = 0, 1, 2, 3  # a product's kind, as the C++ source numbers them
+ONEDNN, VNNI_INT8, VNNI_INT4, AVX2_INT8, AVX2_INT4 = 0, 1, 2, 3, 4  # a product's kind, as the C++ source numbers them
 PRODUCT_PARTS = 4
 LAYER_HEAD = 6  # input norm, post-attention norm, keys' flat buffer, key slots, values' flat buffer, value slots
 PER_LAYER = LAYER_HEAD + 4 * PRODUCT_PARTS
@@ -43,18 +43,19 @@ using at::Tensor;
 using Opt = std::optional<Tensor>;
 using Parts = c10::List<Opt>;
 
-constexpr int64_t ONEDNN = 0, VNNI_INT8 = 1, VNNI_INT4 = 2, AVX2_INT8 = 3, PRODUCT_PARTS = 4, LAYER_HEAD = 6;
+constexpr int64_t ONEDNN = 0, VNNI_INT8 = 1, VNNI_INT4 = 2, AVX2_INT8 = 3, AVX2_INT4 = 4, PRODUCT_PARTS = 4;
+constexpr int64_t LAYER_HEAD = 6;
 constexpr int64_t PER_LAYER = LAYER_HEAD + 4 * PRODUCT_PARTS;
 
 // The ops a step calls, found by qualified name (the extensions' namespaces carry their source's version) and
 // called boxed: through their schemas, whatever their kernels' C++ signatures.
 struct Ops {
   c10::OperatorHandle rms_norm, add_rms_norm, rotate_and_store, silu_mul, attention;
-  std::optional<c10::OperatorHandle> onednn, int8, int4, avx2_int8;  // where registered (named)
+  std::optional<c10::OperatorHandle> onednn, int8, int4, avx2_int8, avx2_int4;  // where registered (named)
 };
 
-// names: "glue namespace;attention namespace;int8 namespace;int4 namespace;AVX2 int8 namespace" (the last three
-// may be empty).
+// names: "glue namespace;attention namespace;int8 namespace;int4 namespace;AVX2 int8 namespace;AVX2 int4
+// namespace" (the last four may be empty).
 const Ops& ops_named(const std::string& names) {
   static std::mutex lock;
   static std::unordered_map<std::string, Ops> found;
@@ -66,15 +67,16 @@ const Ops& ops_named(const std::string& names) {
   for (size_t end; (end = names.find(';', start)) != std::string::npos; start = end + 1)
     ns.push_back(names.substr(start, end - start));
   ns.push_back(names.substr(start));
-  TORCH_CHECK(ns.size() == 5, "decode_layers: five namespaces, glue;attention;int8;int4;avx2 int8");
+  TORCH_CHECK(ns.size() == 6, "decode_layers: six namespaces, glue;attention;int8;int4;avx2 int8;avx2 int4");
   const auto op = [](const std::string& name) { return c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), ""); };
   Ops o{op(ns[0] + "::rms_norm"), op(ns[0] + "::add_rms_norm"), op(ns[0] + "::rotate_and_store"),
         op(ns[0] + "::silu_mul"), op(ns[1] + "::ordered_attention"),
         c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""}), std::nullopt, std::nullopt,
-        std::nullopt};
+        std::nullopt, std::nullopt};
   if (!ns[2].empty()) o.int8 = op(ns[2] + "::vnni_linear");
   if (!ns[3].empty()) o.int4 = op(ns[3] + "::vnni_int4_linear");
   if (!ns[4].empty()) o.avx2_int8 = op(ns[4] + "::avx2_linear");
+  if (!ns[5].empty()) o.avx2_int4 = op(ns[5] + "::avx2_int4_linear");
   return found.emplace(names, std::move(o)).first->second;
 }
 
@@ -103,6 +105,9 @@ Tensor product(const Ops& o, int64_t kind, int64_t channels, const Parts& parts,
     case AVX2_INT8:
       TORCH_CHECK(o.avx2_int8.has_value(), "decode_layers: an AVX2 int8 product without its extension");
       return call(*o.avx2_int8, {x, part(0), part(1), part(2)});
+    case AVX2_INT4:
+      TORCH_CHECK(o.avx2_int4.has_value(), "decode_layers: an AVX2 int4 product without its extension");
+      return call(*o.avx2_int4, {x, part(0), part(1), channels, part(2)});
     default: TORCH_CHECK(false, "decode_layers: product kind ", kind);
   }
 }
@@ -168,10 +173,10 @@ EXTENSION = CompiledExtension("rag_decode_layers", _SOURCE, ["decode_layers"], _
 
 def op_namespaces() -> str:
     """The namespaces :func:`decode_layers` finds the ops it calls in, as its `names` argument: decode_glue's,
-    ordered_attention's, then vnni_int8's, vnni_int4's and avx2_int8's (each empty where not built)."""
-    from pipeline.kernels import avx2_int8, decode_glue, ordered_attention, vnni_int4, vnni_int8
+    ordered_attention's, then vnni_int8's, vnni_int4's, avx2_int8's and avx2_int4's (each empty where not built)."""
+    from pipeline.kernels import avx2_int4, avx2_int8, decode_glue, ordered_attention, vnni_int4, vnni_int8
     quantized = (e.name if e.ops() is not None else "" for e in (vnni_int8.EXTENSION, vnni_int4.EXTENSION,
-                                                                  avx2_int8.EXTENSION))
+                                                                  avx2_int8.EXTENSION, avx2_int4.EXTENSION))
     return ";".join((decode_glue.EXTENSION.name, ordered_attention.EXTENSION.name, *quantized))
 
 
@@ -190,7 +195,7 @@ def product(linear: Any, dtype: Any) -> tuple[int, int, list[Any]] | None:
     elif kind is Int8DynamicLinear and dtype == torch.float32 and (int8 := linear.kernel_parts()) is not None:
         found = VNNI_INT8 if linear.kernel == "vnni" else AVX2_INT8, list(int8)
     elif kind is Int4DynamicLinear and dtype == torch.float32 and (int4 := linear.kernel_parts()) is not None:
-        found = VNNI_INT4, list(int4)
+        found = VNNI_INT4 if linear.kernel == "vnni" else AVX2_INT4, list(int4)
     else:
         return None
     kind_code, parts = found

@@ -25,11 +25,12 @@ does not give :func:`int4_is_exact`'s case exactly.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 
 from pipeline.config import ConfigError
-from pipeline.kernels import vnni_int4
+from pipeline.kernels import avx2_int4, vnni_int4
 from pipeline.kernels.exact_check import int4_case
 from pipeline.kernels.int8 import Int8DynamicLinear, Int8WeightLinear
 
@@ -152,8 +153,11 @@ def int4_or_int8_weight(linear: torch.nn.Linear) -> torch.nn.Module:
 class Int4DynamicLinear(torch.nn.Module):
     """Group-wise int4 weights (:func:`quantize_groups`'s codes, bfloat16 scales and offsets) x int8
     activations quantized per row, float32 in and out: pipeline.kernels.vnni_int4's arithmetic, by its
-    AVX-512 VNNI kernel where built for this CPU, else by :func:`~pipeline.kernels.vnni_int4.reference_product`
-    (torch's ops, the same bits, slower). CPU only."""
+    AVX-512 VNNI kernel where built for this CPU, else by pipeline.kernels.avx2_int4's where built, else by
+    :func:`~pipeline.kernels.vnni_int4.reference_product` (torch's ops); the same bits from each. CPU only."""
+
+    KERNELS = ("vnni", "avx2", "torch")  # fastest first; the first this machine runs is taken
+    _OPS = {"vnni": (vnni_int4.EXTENSION, "vnni_int4_linear"), "avx2": (avx2_int4.EXTENSION, "avx2_int4_linear")}
 
     packed: torch.Tensor  # registered buffers: vnni_int4.pack's pair, and the float32 bias or None
     params: torch.Tensor
@@ -174,10 +178,22 @@ class Int4DynamicLinear(torch.nn.Module):
         self.register_buffer("params", kernel_params)
         bias = None if linear.bias is None else linear.bias.detach().float().contiguous()
         self.register_buffer("bias", bias)
-        # The kernel's op, or None where it is not built for this CPU: then torch's ops, on the weight unpacked
-        # once, when first needed.
-        self._kernel = vnni_int4.EXTENSION.registered("vnni_int4_linear")
+        # The kernel's op, or None for torch's ops, on the weight unpacked once, when first needed.
+        self._kernel: Any = None
         self._unpacked: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self.kernel = self.use_kernel(self.KERNELS[0])
+
+    def use_kernel(self, kernel: str) -> str:
+        """Multiply with `kernel` (one of :data:`KERNELS`) from now on, or, where this machine cannot, with the next
+        that it can (torch's ops always can); returns the kernel taken."""
+        if kernel not in self.KERNELS:
+            raise ValueError(f"kernel must be one of {', '.join(self.KERNELS)}, got {kernel!r}")
+        for name in self.KERNELS[self.KERNELS.index(kernel):]:  # the last, torch, runs anywhere
+            op = self._OPS[name][0].registered(self._OPS[name][1]) if name in self._OPS else None
+            if op is not None or name not in self._OPS:
+                break
+        self._kernel, self.kernel = op, name
+        return name
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, group={self.group}, "
@@ -194,8 +210,8 @@ class Int4DynamicLinear(torch.nn.Module):
         return vnni_int4.reference_product(rows, *self._unpacked, self.bias)
 
     def kernel_parts(self) -> tuple[torch.Tensor | None, ...] | None:
-        """What :meth:`multiply` passes the kernel besides the rows and channels (packed, params, bias), or None
-        where the kernel is not built."""
+        """What :meth:`multiply` passes the kernel (vnni, avx2) besides the rows and channels (packed, params,
+        bias), or None where torch's ops run."""
         if self._kernel is None:
             return None
         buffers = self._buffers  # read directly: nn.Module's attribute lookup costs ~1 µs, ~300 times a decode step

@@ -4,8 +4,8 @@ on one loaded model (profiling/bench_decode.py's `--baselines`).
 * ``fbgemm-int8``: int8-dynamic's products through fbgemm with pipeline/kernels/fused_int8.py's C++ glue,
   not pipeline/kernels/vnni_int8.py's one call (the same bits);
 * ``unfused-int8``: through fbgemm with the glue as torch ops (the same bits);
-* ``avx2-int8``: int8-dynamic's products through pipeline/kernels/avx2_int8.py, what an AVX2 CPU without VNNI
-  runs (the same bits);
+* ``avx2-kernels``: int8-dynamic's and int4-dynamic's products through pipeline/kernels/avx2_int8.py and
+  avx2_int4.py, what an AVX2 CPU without VNNI runs (the same bits);
 * ``chunked-attention``: the CPU's attention as torch's flash kernel in chunks, not
   pipeline/kernels/ordered_attention.py (other bits: the tokens may differ);
 * ``torch-glue``: the CPU decode step's norms, rotary and cache writes as torch ops, not
@@ -19,7 +19,7 @@ import contextlib
 from collections.abc import Iterator
 
 # name -> whether it gives the current kernels' bits
-BASELINES = {"fbgemm-int8": True, "unfused-int8": True, "avx2-int8": True, "chunked-attention": False,
+BASELINES = {"fbgemm-int8": True, "unfused-int8": True, "avx2-kernels": True, "chunked-attention": False,
              "torch-glue": True, "python-layers": True}
 
 
@@ -29,21 +29,26 @@ def running(model, baseline: str | None) -> Iterator[None]:
     current ones); the current ones are back after, an exception included."""
     from pipeline.kernels.decode_glue import EXTENSION as GLUE
     from pipeline.kernels.decode_layers import EXTENSION as LAYERS
+    from pipeline.kernels.int4 import Int4DynamicLinear
     from pipeline.kernels.int8 import Int8DynamicLinear
     from pipeline.kernels.ordered_attention import EXTENSION
     if baseline is not None and baseline not in BASELINES:
         raise ValueError(f"unknown baseline {baseline!r} (expected one of {', '.join(BASELINES)})")
     int8 = [] if model is None else [m for m in model.modules() if isinstance(m, Int8DynamicLinear)]
     kernels, fused = [m.kernel for m in int8], [m.fused for m in int8]
+    int4 = [] if model is None else [m for m in model.modules() if isinstance(m, Int4DynamicLinear)]
+    int4_kernels = [m.kernel for m in int4]
     built, glue, layers = EXTENSION.ops, GLUE.ops, LAYERS.ops
     try:
         if baseline in ("fbgemm-int8", "unfused-int8"):
             for module in int8:
                 module.use_kernel("fbgemm", keep=True)  # packed once, kept for the next switch
                 module.fused = baseline == "fbgemm-int8"
-        elif baseline == "avx2-int8":
+        elif baseline == "avx2-kernels":
             for module in int8:
                 module.use_kernel("avx2", keep=True)
+            for module in int4:
+                module.use_kernel("avx2")
         elif baseline == "chunked-attention":
             EXTENSION.ops = lambda: None  # chunked_attention and the decode step ask it at every call
         elif baseline == "torch-glue":
@@ -55,4 +60,6 @@ def running(model, baseline: str | None) -> Iterator[None]:
         for module, kernel, was in zip(int8, kernels, fused):
             module.use_kernel(kernel, keep=True)
             module.fused = was
+        for module, kernel in zip(int4, int4_kernels):
+            module.use_kernel(kernel)
         EXTENSION.ops, GLUE.ops, LAYERS.ops = built, glue, layers

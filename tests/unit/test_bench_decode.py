@@ -81,11 +81,16 @@ def test_a_baseline_switches_its_kernels_within_and_restores_them_after_an_error
             assert not hasattr(model[1], "fused")
             assert torch.equal(model(x), current)  # every kernel, glue fused or not: the same bits
         assert [(m.kernel, m.fused) for m in int8] == [(auto_kernel(), True)] * 2
+    from pipeline.kernels.avx2_int4 import EXTENSION as AVX2_INT4
     from pipeline.kernels.avx2_int8 import EXTENSION as AVX2
-    with running(model, "avx2-int8"):
+    from pipeline.kernels.int4 import Int4DynamicLinear
+    quantized = torch.nn.Sequential(model, torch.nn.Linear(4, 32), Int4DynamicLinear(torch.nn.Linear(32, 64)))
+    int4_before, current4 = quantized[2].kernel, quantized(x)
+    with running(quantized, "avx2-kernels"):
         assert [m.kernel for m in int8] == ["avx2" if AVX2.ops() is not None else "int_mm"] * 2
-        assert torch.equal(model(x), current)
-    assert [m.kernel for m in int8] == [auto_kernel()] * 2
+        assert quantized[2].kernel == ("avx2" if AVX2_INT4.ops() is not None else "torch")
+        assert torch.equal(quantized(x), current4)
+    assert [m.kernel for m in int8] == [auto_kernel()] * 2 and quantized[2].kernel == int4_before
     with pytest.raises(KeyError), running(model, "chunked-attention"):
         assert EXTENSION.ops() is None  # the attention runs the flash chunks
         raise KeyError("a failing step")

@@ -187,7 +187,7 @@ def test_the_one_call_refuses_a_part_it_lacks_by_layer_and_place():
     parts[2] = None  # layer 0's keys
     with pytest.raises(RuntimeError, match="layer 0 lacks part 2"):
         LAYERS.registered("decode_layers")(any_tensor, parts, [0] * 4, [8] * 4, [1e-6] * 2,
-                                           f"{GLUE.name};{ORDERED.name};;;", any_tensor, any_tensor,
+                                           f"{GLUE.name};{ORDERED.name};;;;", any_tensor, any_tensor,
                                            torch.zeros(2, dtype=torch.long), torch.ones(2, dtype=torch.long), 2, 1, 1,
                                            1.0)
 
@@ -211,21 +211,23 @@ def test_int8_linears_switched_to_another_kernel_loop_in_python_and_back():
 
 
 @LAYERS_BUILT
-def test_int8_linears_on_the_avx2_kernel_run_in_the_one_call_with_the_model_forwards_bits():
-    """As on an AVX2-only CPU: every int8 Linear multiplies with pipeline.kernels.avx2_int8, and the one call
-    calls that op (the profiler sees it) and gives the model forward's bits."""
-    from pipeline.kernels import avx2_int8
-    if avx2_int8.EXTENSION.ops() is None:
-        pytest.skip("the AVX2 int8 kernel is not built here")
-    model = qwen2("int8-dynamic", TINY, layers=2)
+@pytest.mark.parametrize("variant", ["int8-dynamic", "int4-dynamic"])
+def test_quantized_linears_on_the_avx2_kernels_run_in_the_one_call_with_the_model_forwards_bits(variant):
+    """As on an AVX2-only CPU: every quantized Linear multiplies with pipeline.kernels.avx2_int8 or avx2_int4, and
+    the one call calls those ops (the profiler sees them) and gives the model forward's bits."""
+    from pipeline.kernels import avx2_int4, avx2_int8
+    if avx2_int8.EXTENSION.ops() is None or avx2_int4.EXTENSION.ops() is None:
+        pytest.skip("the AVX2 kernels are not built here")
+    model = qwen2(variant, TINY, layers=2)
     for module in model.modules():
-        if isinstance(module, Int8DynamicLinear):
+        if isinstance(module, (Int8DynamicLinear, Int4DynamicLinear)):
             assert module.use_kernel("avx2") == "avx2"
     steps_agree(model, [7, 12], slots=2, steps=2, one_call=True)
     runner = prefilled_runner(model, [7, 12])
     ops = [op[0] for op in profiled_ops(runner.fast_step, torch.ones(2, 1, dtype=torch.long), torch.tensor([7, 12]),
                                         2 * CHUNK)]
-    assert ops.count("avx2_linear") == 2 * 4 + 1 and "vnni_linear" not in ops  # four products a layer, the output layer
+    avx2 = [op for op in ops if op in ("avx2_linear", "avx2_int4_linear")]
+    assert len(avx2) == 2 * 4 + 1 and not {"vnni_linear", "vnni_int4_linear"} & set(ops)  # four a layer, the output
 
 
 @pytest.mark.parametrize("variant", CPU_VARIANTS)

@@ -1,19 +1,34 @@
-"""pipeline.kernels.vnni_int4: int4-dynamic's product gives integer arithmetic's group sums and its fixed float
-steps, for every row at any row count, thread count and shape, in the kernel and in torch's reference alike;
-Int4DynamicLinear runs it, the kernel where built, and gives the same bits either way."""
+"""pipeline.kernels.vnni_int4 and pipeline.kernels.avx2_int4: int4-dynamic's product gives integer arithmetic's
+group sums and its fixed float steps, for every row at any row count, thread count and shape, in either kernel and
+in torch's reference alike; Int4DynamicLinear runs it, a kernel where built, and gives the same bits every way."""
 import pytest
 import torch
 
-from pipeline.kernels import vnni_int4
+from pipeline.kernels import avx2_int4, vnni_int4
 from pipeline.kernels.int4 import Int4DynamicLinear, group_width, int4_or_int8_dynamic, quantize_groups
 from pipeline.kernels.int8 import Int8DynamicLinear, auto_kernel, row_codes
 from tests.support.extensions import built_ops
 from tests.support.quantized_rows import quiet_and_loud_rows
 
 
-@pytest.fixture(scope="module")
-def ops():
-    return built_ops(vnni_int4.EXTENSION, "no AVX-512 VNNI: the kernel is not used on this CPU (torch's ops run it)")
+@pytest.fixture(scope="module", params=["vnni", "avx2"])
+def product(request):
+    """A kernel's op, (rows, packed, params, channels, bias) -> rows, with the name Int4DynamicLinear knows it by."""
+    if request.param == "vnni":
+        ops = built_ops(vnni_int4.EXTENSION, "no AVX-512 VNNI: the kernel is not used on this CPU")
+        call = ops.vnni_int4_linear
+    else:
+        ops = built_ops(avx2_int4.EXTENSION, "no AVX2: the kernel is not used on this CPU (torch's ops run it)")
+        call = ops.avx2_int4_linear
+    return _Product(request.param, call)
+
+
+class _Product:
+    def __init__(self, kernel, call):
+        self.kernel, self._call = kernel, call
+
+    def __call__(self, x, packed, params, channels, bias):
+        return self._call(x, packed, params, channels, bias)
 
 
 def _layer(k, out, bias, seed=1):
@@ -44,12 +59,12 @@ SHAPES = [(32, 5), (64, 70), (96, 130), (256, 64), (896, 1152), (4864, 64)]
 
 @pytest.mark.parametrize("k, out", SHAPES)
 @pytest.mark.parametrize("bias", [False, True])
-def test_the_kernel_equals_integer_arithmetic_bit_for_bit(ops, k, out, bias):
+def test_the_kernel_equals_integer_arithmetic_bit_for_bit(product, k, out, bias):
     codes, scale, offset, b = _layer(k, out, bias)
     packed, params = vnni_int4.pack(codes, scale, offset)
     for n in (1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17):  # eight at once (two blocks at a time), four, the rest
         x = quiet_and_loud_rows(n, k)
-        assert torch.equal(ops.vnni_int4_linear(x, packed, params, out, b), _integer_reference(x, codes, scale, offset, b)), n
+        assert torch.equal(product(x, packed, params, out, b), _integer_reference(x, codes, scale, offset, b)), n
 
 
 @pytest.mark.parametrize("k, out", SHAPES[:4])
@@ -61,7 +76,7 @@ def test_torchs_reference_equals_integer_arithmetic_bit_for_bit(k, out):
                            _integer_reference(x, codes, scale, offset, b)), n
 
 
-def test_full_range_group_sums_are_exact(ops):
+def test_full_range_group_sums_are_exact(product):
     """Codes of 15 and 0 against row codes of +-127 over 4,864 inputs in groups of 128: every group's sums at
     their extremes, and the float steps on large integers."""
     k, out = 4864, 64
@@ -74,23 +89,23 @@ def test_full_range_group_sums_are_exact(ops):
     x[2, ::2] = -1.0
     packed, params = vnni_int4.pack(codes, scale, offset)
     expected = _integer_reference(x, codes, scale, offset, None)
-    assert torch.equal(ops.vnni_int4_linear(x, packed, params, out, None), expected)
+    assert torch.equal(product(x, packed, params, out, None), expected)
     assert torch.equal(vnni_int4.reference_product(x, codes, scale, offset, None), expected)
 
 
-def test_a_rows_result_does_not_depend_on_its_batch_mates_or_the_thread_count(ops):
+def test_a_rows_result_does_not_depend_on_its_batch_mates_or_the_thread_count(product):
     codes, scale, offset, b = _layer(896, 1152, True)
     packed, params = vnni_int4.pack(codes, scale, offset)
     x = quiet_and_loud_rows(11, 896)
-    together = ops.vnni_int4_linear(x, packed, params, 1152, b)
-    alone = torch.cat([ops.vnni_int4_linear(x[i:i + 1], packed, params, 1152, b) for i in range(11)])
-    louder = ops.vnni_int4_linear(torch.cat([x, 1e6 * torch.ones(1, 896)]), packed, params, 1152, b)[:11]
+    together = product(x, packed, params, 1152, b)
+    alone = torch.cat([product(x[i:i + 1], packed, params, 1152, b) for i in range(11)])
+    louder = product(torch.cat([x, 1e6 * torch.ones(1, 896)]), packed, params, 1152, b)[:11]
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = ops.vnni_int4_linear(x, packed, params, 1152, b)
+        one = product(x, packed, params, 1152, b)
         torch.set_num_threads(3)
-        three = ops.vnni_int4_linear(x, packed, params, 1152, b)
+        three = product(x, packed, params, 1152, b)
     finally:
         torch.set_num_threads(threads)
     assert all(torch.equal(together, other) for other in (alone, louder, one, three))
@@ -118,7 +133,7 @@ def test_pack_refuses_a_scale_or_offset_that_bfloat16_does_not_hold():
             vnni_int4.pack(codes, bad_scale, bad_offset)
 
 
-def test_a_wrong_argument_is_refused_by_name(ops):
+def test_a_wrong_argument_is_refused_by_name(product):
     codes, scale, offset, b = _layer(64, 64, True)
     packed, params = vnni_int4.pack(codes, scale, offset)
     x = torch.randn(2, 64)
@@ -130,16 +145,17 @@ def test_a_wrong_argument_is_refused_by_name(ops):
              ((x, packed, params, 64, b[:3]), "a float32 bias of one value per output channel")]
     for args, message in cases:
         with pytest.raises(RuntimeError, match=message):
-            ops.vnni_int4_linear(*args)
+            product(*args)
 
 
-def test_the_linear_gives_the_kernels_bits_with_it_and_without_it(ops):
+def test_the_linear_gives_the_kernels_bits_with_it_and_without_it(product):
     torch.manual_seed(0)
     linear = torch.nn.Linear(256, 96)
     layer = Int4DynamicLinear(linear)
+    assert layer.use_kernel(product.kernel) == product.kernel
     x = quiet_and_loud_rows(6, 256).view(2, 3, 256)
     with_kernel = layer(x)
-    layer._kernel = None  # as where the extension is not built
+    assert layer.use_kernel("torch") == "torch" and layer.kernel_parts() is None  # as where none is built
     without = layer(x)
     codes, scale, offset = vnni_int4.unpack(layer.packed, layer.params, 96)
     expected = _integer_reference(x.view(6, 256), codes, scale, offset, linear.bias.detach()).view(2, 3, 96)
@@ -157,10 +173,11 @@ def test_the_variant_keeps_int8_dynamic_where_no_group_divides_the_inputs():
         Int4DynamicLinear(torch.nn.Linear(37, 8))
 
 
-def test_int4_dynamic_runs_it_as_an_op_that_profilers_and_dispatch_modes_see(ops):
+def test_int4_dynamic_runs_it_as_an_op_that_profilers_and_dispatch_modes_see(product):
     from profiling.lib.engine_step import ProductRecorder
     layer = Int4DynamicLinear(torch.nn.Linear(64, 64))
+    layer.use_kernel(product.kernel)
     recorder = ProductRecorder()
     with recorder.mode:
         layer(torch.randn(2, 64))
-    assert [str(f.overloadpacket.__name__) for f, _, _ in recorder.calls] == ["vnni_int4_linear"]
+    assert [str(f.overloadpacket.__name__) for f, _, _ in recorder.calls] == [f"{product.kernel}_int4_linear"]
