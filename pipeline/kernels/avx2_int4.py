@@ -19,6 +19,7 @@ from __future__ import annotations
 from pipeline.kernels import avx2_int8
 from pipeline.kernels.compiled import CompiledExtension
 from pipeline.kernels.fused_int8 import ROW_CODES_CPP
+from pipeline.kernels.vnni_int4 import LINEAR_CPP, QUANTIZE_ROW_CPP
 
 _SOURCE = r'''
 #include <torch/extension.h>
@@ -29,7 +30,7 @@ _SOURCE = r'''
 #include <cstdint>
 #include <cstring>
 #include <vector>
-''' + ROW_CODES_CPP + r'''
+''' + ROW_CODES_CPP + QUANTIZE_ROW_CPP + r'''
 namespace {
 
 // vnni_int4.pack's layout: per task (GROUP channels), per pair of four-input quads, BLOCKS blocks of BLOCK
@@ -40,18 +41,6 @@ constexpr int64_t BLOCK = 16, PAIR = 8, GROUP = 64, BLOCKS = GROUP / BLOCK, HALV
 inline __m256 widened(const uint16_t* v) {
   const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(v));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
-}
-
-// One row's scale, its codes (signed) and each group's sum of them: vnni_int4's.
-float quantize_row(const float* row, int64_t k, int64_t group, int8_t* out, int32_t* group_sums) {
-  const float s = row_scale(row, k);
-  for (int64_t j = 0; j < k; ++j) out[j] = static_cast<int8_t>(row_code(row[j], s));
-  for (int64_t g = 0; g < k / group; ++g) {
-    int32_t sum = 0;
-    for (int64_t j = g * group; j < (g + 1) * group; ++j) sum += out[j];
-    group_sums[g] = sum;
-  }
-  return s;
 }
 
 // R rows' float sums over every group for registers [first, first + H) of a task into `acc` (R x GROUP floats).
@@ -126,69 +115,8 @@ void any_rows(int64_t rows, const int8_t* codes, int64_t stride, const int32_t* 
 
 }  // namespace
 
-// (n, k) float32 rows x a weight packed by pipeline.kernels.vnni_int4.pack -> (n, channels) float32.
-torch::Tensor avx2_int4_linear(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& params,
-                               int64_t channels, const c10::optional<torch::Tensor>& bias) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "avx2_int4_linear: 2-d float32 rows");
-  TORCH_CHECK(packed.dim() == 5 && packed.scalar_type() == at::kByte && packed.is_contiguous()
-              && packed.size(2) == BLOCKS && packed.size(3) == BLOCK && packed.size(4) == PAIR / 2,
-              "avx2_int4_linear: a weight packed by vnni_int4.pack");
-  const int64_t tasks = packed.size(0), pairs = packed.size(1), k = pairs * PAIR, n = x.size(0);
-  TORCH_CHECK(x.size(1) == k, "avx2_int4_linear: rows of ", k, " values, not ", x.size(1));
-  TORCH_CHECK(params.dim() == 5 && params.scalar_type() == at::kBFloat16 && params.is_contiguous()
-              && params.size(0) == tasks && params.size(2) == BLOCKS && params.size(3) == 2 && params.size(4) == BLOCK
-              && params.size(1) >= 1 && k % params.size(1) == 0 && (k / params.size(1)) % PAIR == 0,
-              "avx2_int4_linear: bfloat16 (tasks, groups, 4, 2, 16) scales and offsets from vnni_int4.pack");
-  const int64_t groups = params.size(1), group = k / groups, group_pairs = group / PAIR;
-  TORCH_CHECK(channels >= 1 && channels <= tasks * GROUP && tasks * GROUP - channels < GROUP,
-              "avx2_int4_linear: ", channels, " channels do not fit ", tasks, " packed tasks of ", GROUP);
-  if (bias.has_value())
-    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == channels,
-                "avx2_int4_linear: a float32 bias of one value per output channel");
-  const auto xc = x.contiguous();
-  auto out = torch::empty({n, channels}, xc.options());
-  if (n == 0) return out;
-  std::vector<int8_t> codes(n * k);
-  std::vector<int32_t> qsums(n * groups);
-  std::vector<float> row_scale(n);
-  const float* src = xc.data_ptr<float>();
-  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r)
-      row_scale[r] = quantize_row(src + r * k, k, group, codes.data() + r * k, qsums.data() + r * groups);
-  });
-  const uint8_t* w = packed.data_ptr<uint8_t>();
-  const uint16_t* pr = reinterpret_cast<const uint16_t*>(params.data_ptr<at::BFloat16>());
-  const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
-  float* dst = out.data_ptr<float>();
-  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-    alignas(32) float acc[ROWS * GROUP];
-    for (int64_t t = begin; t < end; ++t) {
-      const uint8_t* wt = w + t * pairs * GROUP * PAIR / 2;
-      const uint16_t* pt = pr + t * groups * BLOCKS * 2 * BLOCK;
-      const int64_t c0 = t * GROUP, c1 = std::min(channels, c0 + GROUP);
-      for (int64_t r0 = 0; r0 < n; r0 += ROWS) {
-        const int64_t rows = std::min(ROWS, n - r0);
-        std::fill(acc, acc + ROWS * GROUP, 0.0f);
-        any_rows(rows, codes.data() + r0 * k, k, qsums.data() + r0 * groups, groups, wt, pt, group_pairs, acc);
-        for (int64_t r = 0; r < rows; ++r) {
-          const float rs = row_scale[r0 + r];
-          float* o = dst + (r0 + r) * channels;
-          const float* a = acc + r * GROUP;
-          // x row scale, + bias: each rounded on its own (no contraction)
-          if (b) { for (int64_t c = c0; c < c1; ++c) { const float v = a[c - c0] * rs; o[c] = v + b[c]; } }
-          else { for (int64_t c = c0; c < c1; ++c) o[c] = a[c - c0] * rs; }
-        }
-      }
-    }
-  });
-  return out;
-}
-
-TORCH_LIBRARY(EXTENSION_NAMESPACE, m) {
-  m.def("avx2_int4_linear(Tensor x, Tensor packed, Tensor params, int channels, Tensor? bias) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(EXTENSION_NAMESPACE, CPU, m) { m.impl("avx2_int4_linear", &avx2_int4_linear); }
-'''
+#define OP_FUNCTION avx2_int4_linear
+#define OP "avx2_int4_linear"
+''' + LINEAR_CPP
 EXTENSION = CompiledExtension("rag_avx2_int4", _SOURCE, ["avx2_int4_linear"], avx2_int8.CFLAGS, frozenset({"avx2"}),
                               ldflags=("-fopenmp",))

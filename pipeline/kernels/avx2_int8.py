@@ -15,6 +15,9 @@ pipeline.kernels.vnni_int8's for every row at any row count, bit for bit (tests/
   channels one run of memory, quad by quad; eight channels a 256-bit register);
 * the output float(sum) x channel scale x row scale (+ bias), each product rounded on its own, as vnni_int8's.
 
+It takes vnni_int8's arguments and runs vnni_int8's op around its own sums (``vnni_int8.LINEAR_CPP``); the
+channels' offsets (what vnni_int8's codes + 128 add to its sums) are checked and not used: its codes are signed.
+
 Four instructions a register of products where VNNI takes one: at a decode step's rows the read still
 dominates at one row, the arithmetic past it. Built with ``-mavx2`` alone, it runs on every CPU kind seen
 (AVX2-only, AVX-512, AMX); :class:`pipeline.kernels.int8.Int8DynamicLinear` takes it where vnni_int8 is not
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 from pipeline.kernels.compiled import CompiledExtension
 from pipeline.kernels.fused_int8 import ROW_CODES_CPP
+from pipeline.kernels.vnni_int8 import LINEAR_CPP
 
 _SOURCE = r'''
 #include <torch/extension.h>
@@ -39,7 +43,12 @@ namespace {
 
 // vnni_int8.pack's layout: per group of GROUP channels, per quad of inputs, GROUP x QUAD bytes (channel-major
 // within a quad: eight channels' four bytes fill one 256-bit register, HALVES registers a quad).
-constexpr int64_t QUAD = 4, GROUP = 64, HALVES = GROUP / 8, ROWS = 8;
+constexpr int64_t BLOCK = 16, QUAD = 4, GROUP = 64, HALVES = GROUP / 8, ROWS = 8;
+
+using Code = int8_t;  // signed: |w| x (code x sign(w)) never saturates a 16-bit pair sum
+
+// The kernel's sums are code x weight already: the channel's offset (what vnni_int8's codes + 128 add) is not used.
+inline int32_t exact_sum(int32_t sum, int32_t) { return sum; }
 
 // One row's scale and its codes (signed), zeros in the padding (code 0 against a zero weight).
 float quantize_row(const float* row, int64_t k, int64_t padded, int8_t* out) {
@@ -109,63 +118,9 @@ void any_rows(int64_t rows, const int8_t* codes, int64_t stride, const int8_t* w
 
 }  // namespace
 
-// (n, k) float32 rows x a weight packed by pipeline.kernels.vnni_int8.pack -> (n, out) float32.
-torch::Tensor avx2_linear(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& scale,
-                          const c10::optional<torch::Tensor>& bias) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "avx2_linear: 2-d float32 rows");
-  TORCH_CHECK(packed.dim() == 5 && packed.scalar_type() == at::kChar && packed.is_contiguous()
-              && packed.size(2) * packed.size(3) == GROUP && packed.size(4) == QUAD,
-              "avx2_linear: a weight packed by vnni_int8.pack");
-  const int64_t channels = scale.numel(), padded_out = packed.size(0) * GROUP, quads = packed.size(1);
-  const int64_t k = x.size(1), padded = quads * QUAD, n = x.size(0);
-  TORCH_CHECK(k <= padded && padded - k < QUAD, "avx2_linear: rows of ", padded - QUAD + 1, " to ", padded,
-              " values, not ", k);
-  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && channels <= padded_out
-              && padded_out - channels < GROUP, "avx2_linear: one float32 scale per output channel");
-  if (bias.has_value())
-    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == channels,
-                "avx2_linear: a float32 bias of one value per output channel");
-  const auto xc = x.contiguous();
-  auto out = torch::empty({n, channels}, xc.options());
-  if (n == 0) return out;
-  std::vector<int8_t> codes(n * padded);
-  std::vector<float> row_scale(n);
-  const float* src = xc.data_ptr<float>();
-  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) row_scale[r] = quantize_row(src + r * k, k, padded, codes.data() + r * padded);
-  });
-  const int8_t* w = packed.data_ptr<int8_t>();
-  const float* cs = scale.data_ptr<float>();
-  const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
-  float* dst = out.data_ptr<float>();
-  at::parallel_for(0, padded_out / GROUP, 1, [&](int64_t begin, int64_t end) {
-    alignas(32) int32_t acc[ROWS * GROUP];
-    for (int64_t g = begin; g < end; ++g) {
-      const int8_t* wg = w + g * GROUP * padded;
-      const int64_t c0 = g * GROUP, c1 = std::min(channels, c0 + GROUP);
-      for (int64_t r0 = 0; r0 < n; r0 += ROWS) {
-        const int64_t rows = std::min(ROWS, n - r0);
-        any_rows(rows, codes.data() + r0 * padded, padded, wg, quads, acc);
-        for (int64_t r = 0; r < rows; ++r) {
-          const float rs = row_scale[r0 + r];
-          float* o = dst + (r0 + r) * channels;
-          const int32_t* a = acc + r * GROUP;
-          // float(sum) x channel scale, x row scale, + bias: each rounded on its own (no contraction)
-          if (b) { for (int64_t c = c0; c < c1; ++c) { const float v = static_cast<float>(a[c - c0]) * cs[c] * rs; o[c] = v + b[c]; } }
-          else { for (int64_t c = c0; c < c1; ++c) o[c] = static_cast<float>(a[c - c0]) * cs[c] * rs; }
-        }
-      }
-    }
-  });
-  return out;
-}
-
-TORCH_LIBRARY(EXTENSION_NAMESPACE, m) {
-  m.def("avx2_linear(Tensor x, Tensor packed, Tensor scale, Tensor? bias) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(EXTENSION_NAMESPACE, CPU, m) { m.impl("avx2_linear", &avx2_linear); }
-'''
+#define OP_FUNCTION avx2_linear
+#define OP "avx2_linear"
+''' + LINEAR_CPP
 # -ffp-contract=off: the float products and sums round one at a time, as vnni_int8's and torch's separate ops do.
 CFLAGS = ["-O3", "-std=c++17", "-mavx2", "-ffp-contract=off", "-fno-fast-math", "-fopenmp"]
 EXTENSION = CompiledExtension("rag_avx2_int8", _SOURCE, ["avx2_linear"], CFLAGS, frozenset({"avx2"}),

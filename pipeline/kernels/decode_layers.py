@@ -104,7 +104,7 @@ Tensor product(const Ops& o, int64_t kind, int64_t channels, const Parts& parts,
       return call(*o.int4, {x, part(0), part(1), channels, part(2)});
     case AVX2_INT8:
       TORCH_CHECK(o.avx2_int8.has_value(), "decode_layers: an AVX2 int8 product without its extension");
-      return call(*o.avx2_int8, {x, part(0), part(1), part(2)});
+      return call(*o.avx2_int8, {x, part(0), part(1), part(2), part(3)});
     case AVX2_INT4:
       TORCH_CHECK(o.avx2_int4.has_value(), "decode_layers: an AVX2 int4 product without its extension");
       return call(*o.avx2_int4, {x, part(0), part(1), channels, part(2)});

@@ -128,8 +128,8 @@ class Int8DynamicLinear(_QuantizedLinear):
     def __init__(self, linear: torch.nn.Linear, *, kernel: str = "auto", fused: bool = True):
         super().__init__(linear)
         self.fused = fused
-        # kernel -> its copy of the weight: its op and vnni_int8.pack's packed weight (and offsets, vnni's), an
-        # AnchoredFbgemm, or the plain int8 weight
+        # kernel -> its copy of the weight: its op and vnni_int8.pack's pair, an AnchoredFbgemm, or the plain int8
+        # weight
         self._weights: dict[str, Any] = {"int_mm": self.qweight}
         self._kernel = "int_mm"
         self.use_kernel(kernel)
@@ -165,11 +165,9 @@ class Int8DynamicLinear(_QuantizedLinear):
 
     @staticmethod
     def _packed_copy(kernel: str, weight) -> tuple[Any, ...]:
-        """A packed kernel's op (its extension loaded: _usable checked it) and the weight packed for it (vnni's
-        offsets too: its codes are unsigned, + 128)."""
+        """A packed kernel's op (its extension loaded: _usable checked it) and the weight packed for it."""
         extension, op = _PACKED[kernel]
-        packed, offsets = vnni_int8.pack(weight)
-        return (extension.registered(op), packed, offsets) if kernel == "vnni" else (extension.registered(op), packed)
+        return (extension.registered(op), *vnni_int8.pack(weight))
 
     def int8_weight(self):
         """The (out, in) int8 weight."""
@@ -188,8 +186,8 @@ class Int8DynamicLinear(_QuantizedLinear):
         return self._weights[self._kernel][0](rows, *parts)
 
     def kernel_parts(self) -> tuple[Any, ...] | None:
-        """What :meth:`multiply` passes the packed kernel in use besides the rows (packed weight, vnni's offsets,
-        weight scale, bias), or None where fbgemm or int_mm is in use."""
+        """What :meth:`multiply` passes the packed kernel in use besides the rows (packed weight, offsets, weight
+        scale, bias), or None where fbgemm or int_mm is in use."""
         if self._kernel not in _PACKED:
             return None
         buffers = self._buffers  # read directly: nn.Module's attribute lookup costs ~1 µs, ~200 times a decode step

@@ -33,6 +33,71 @@ BLOCK, QUAD = 16, 4
 # Output channels per task: the packed weight's rows are padded to a multiple of it.
 GROUP = 64
 
+# int8-dynamic's op around a kernel's `Code`, `quantize_row`, `any_rows` and `exact_sum` (OP_FUNCTION, OP: the op's
+# C++ function and its name, defined before): this kernel's and pipeline.kernels.avx2_int8's, one text.
+LINEAR_CPP = r'''
+// (n, k) float32 rows x a weight packed by pipeline.kernels.vnni_int8.pack -> (n, out) float32.
+torch::Tensor OP_FUNCTION(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& offsets,
+                          const torch::Tensor& scale, const c10::optional<torch::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, OP ": 2-d float32 rows");
+  TORCH_CHECK(packed.dim() == 5 && packed.scalar_type() == at::kChar && packed.is_contiguous()
+              && packed.size(2) == GROUP / BLOCK && packed.size(3) == BLOCK && packed.size(4) == QUAD,
+              OP ": a weight packed by vnni_int8.pack");
+  const int64_t channels = scale.numel(), padded_out = packed.size(0) * GROUP, quads = packed.size(1);
+  const int64_t k = x.size(1), padded = quads * QUAD, n = x.size(0);
+  TORCH_CHECK(k <= padded && padded - k < QUAD, OP ": rows of ", padded - QUAD + 1, " to ", padded,
+              " values, not ", k);
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && channels <= padded_out
+              && padded_out - channels < GROUP, OP ": one float32 scale per output channel");
+  TORCH_CHECK(offsets.scalar_type() == at::kInt && offsets.is_contiguous() && offsets.numel() == padded_out,
+              OP ": one int32 offset per packed channel");
+  if (bias.has_value())
+    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == channels,
+                OP ": a float32 bias of one value per output channel");
+  const auto xc = x.contiguous();
+  auto out = torch::empty({n, channels}, xc.options());
+  if (n == 0) return out;
+  std::vector<Code> codes(n * padded);
+  std::vector<float> row_scale(n);
+  const float* src = xc.data_ptr<float>();
+  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) row_scale[r] = quantize_row(src + r * k, k, padded, codes.data() + r * padded);
+  });
+  const int8_t* w = packed.data_ptr<int8_t>();
+  const int32_t* off = offsets.data_ptr<int32_t>();
+  const float* cs = scale.data_ptr<float>();
+  const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
+  float* dst = out.data_ptr<float>();
+  const int64_t groups = padded_out / GROUP;
+  at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+    alignas(64) int32_t acc[ROWS * GROUP];
+    for (int64_t g = begin; g < end; ++g) {
+      const int8_t* wg = w + g * GROUP * padded;
+      const int64_t c0 = g * GROUP, c1 = std::min(channels, c0 + GROUP);
+      for (int64_t r0 = 0; r0 < n; r0 += ROWS) {
+        const int64_t rows = std::min(ROWS, n - r0);
+        any_rows(rows, codes.data() + r0 * padded, padded, wg, quads, acc);
+        for (int64_t r = 0; r < rows; ++r) {
+          const float rs = row_scale[r0 + r];
+          float* o = dst + (r0 + r) * channels;
+          const int32_t* a = acc + r * GROUP;
+          // float(sum) x channel scale, x row scale, + bias: each rounded on its own (no contraction)
+          if (b) { for (int64_t c = c0; c < c1; ++c) { const float v = static_cast<float>(exact_sum(a[c - c0], off[c])) * cs[c] * rs; o[c] = v + b[c]; } }
+          else { for (int64_t c = c0; c < c1; ++c) o[c] = static_cast<float>(exact_sum(a[c - c0], off[c])) * cs[c] * rs; }
+        }
+      }
+    }
+  });
+  return out;
+}
+
+TORCH_LIBRARY(EXTENSION_NAMESPACE, m) {
+  m.def(OP "(Tensor x, Tensor packed, Tensor offsets, Tensor scale, Tensor? bias) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(EXTENSION_NAMESPACE, CPU, m) { m.impl(OP, &OP_FUNCTION); }
+'''
+
 _SOURCE = r'''
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -51,7 +116,12 @@ constexpr int64_t BLOCK = 16, QUAD = 4, GROUP = 64, ROWS = 8;
 // weight streams in while the sums run. At one row the hardware keeps up alone (asking cost 1.04-1.06x there).
 constexpr int64_t PREFETCH = 16 * GROUP * QUAD;
 
-// One row's scale and its codes + 128 (unsigned: vpdpbusd's first operand).
+using Code = uint8_t;  // a row's codes + 128: vpdpbusd's first operand is unsigned
+
+// The sum of code x weight from the kernel's sum of (code + 128) x weight and the channel's offset, 128 x its weights.
+inline int32_t exact_sum(int32_t shifted, int32_t offset) { return shifted - offset; }
+
+// One row's scale and its codes + 128.
 float quantize_row(const float* row, int64_t k, int64_t padded, uint8_t* out) {
   const float s = row_scale(row, k);
   for (int64_t j = 0; j < k; ++j) out[j] = static_cast<uint8_t>(row_code(row[j], s) + 128.0f);
@@ -120,67 +190,9 @@ void any_rows(int64_t rows, const uint8_t* codes, int64_t stride, const int8_t* 
 
 }  // namespace
 
-// (n, k) float32 rows x a weight packed by pipeline.kernels.vnni_int8.pack -> (n, out) float32.
-torch::Tensor vnni_linear(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& offsets,
-                          const torch::Tensor& scale, const c10::optional<torch::Tensor>& bias) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "vnni_linear: 2-d float32 rows");
-  TORCH_CHECK(packed.dim() == 5 && packed.scalar_type() == at::kChar && packed.is_contiguous()
-              && packed.size(2) == GROUP / BLOCK && packed.size(3) == BLOCK && packed.size(4) == QUAD,
-              "vnni_linear: a weight packed by vnni_int8.pack");
-  const int64_t channels = scale.numel(), padded_out = packed.size(0) * GROUP, quads = packed.size(1);
-  const int64_t k = x.size(1), padded = quads * QUAD, n = x.size(0);
-  TORCH_CHECK(k <= padded && padded - k < QUAD, "vnni_linear: rows of ", padded - QUAD + 1, " to ", padded,
-              " values, not ", k);
-  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && channels <= padded_out
-              && padded_out - channels < GROUP, "vnni_linear: one float32 scale per output channel");
-  TORCH_CHECK(offsets.scalar_type() == at::kInt && offsets.is_contiguous() && offsets.numel() == padded_out,
-              "vnni_linear: one int32 offset per packed channel");
-  if (bias.has_value())
-    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == channels,
-                "vnni_linear: a float32 bias of one value per output channel");
-  const auto xc = x.contiguous();
-  auto out = torch::empty({n, channels}, xc.options());
-  if (n == 0) return out;
-  std::vector<uint8_t> codes(n * padded);
-  std::vector<float> row_scale(n);
-  const float* src = xc.data_ptr<float>();
-  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) row_scale[r] = quantize_row(src + r * k, k, padded, codes.data() + r * padded);
-  });
-  const int8_t* w = packed.data_ptr<int8_t>();
-  const int32_t* off = offsets.data_ptr<int32_t>();
-  const float* cs = scale.data_ptr<float>();
-  const float* b = bias.has_value() ? bias->data_ptr<float>() : nullptr;
-  float* dst = out.data_ptr<float>();
-  const int64_t groups = padded_out / GROUP;
-  at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
-    alignas(64) int32_t acc[ROWS * GROUP];
-    for (int64_t g = begin; g < end; ++g) {
-      const int8_t* wg = w + g * GROUP * padded;
-      const int64_t c0 = g * GROUP, c1 = std::min(channels, c0 + GROUP);
-      for (int64_t r0 = 0; r0 < n; r0 += ROWS) {
-        const int64_t rows = std::min(ROWS, n - r0);
-        any_rows(rows, codes.data() + r0 * padded, padded, wg, quads, acc);
-        for (int64_t r = 0; r < rows; ++r) {
-          const float rs = row_scale[r0 + r];
-          float* o = dst + (r0 + r) * channels;
-          const int32_t* a = acc + r * GROUP;
-          // float(sum) x channel scale, x row scale, + bias: each rounded on its own (no contraction)
-          if (b) { for (int64_t c = c0; c < c1; ++c) { const float v = static_cast<float>(a[c - c0] - off[c]) * cs[c] * rs; o[c] = v + b[c]; } }
-          else { for (int64_t c = c0; c < c1; ++c) o[c] = static_cast<float>(a[c - c0] - off[c]) * cs[c] * rs; }
-        }
-      }
-    }
-  });
-  return out;
-}
-
-TORCH_LIBRARY(EXTENSION_NAMESPACE, m) {
-  m.def("vnni_linear(Tensor x, Tensor packed, Tensor offsets, Tensor scale, Tensor? bias) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(EXTENSION_NAMESPACE, CPU, m) { m.impl("vnni_linear", &vnni_linear); }
-'''
+#define OP_FUNCTION vnni_linear
+#define OP "vnni_linear"
+''' + LINEAR_CPP
 # The VNNI kernels' flags (this one's and pipeline.kernels.vnni_int4's). -ffp-contract=off: the float products and
 # sums round one at a time, as torch's separate ops do.
 CFLAGS = ["-O3", "-std=c++17", "-mavx512f", "-mavx512bw", "-mavx512vnni", "-ffp-contract=off", "-fno-fast-math",

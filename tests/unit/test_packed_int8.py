@@ -12,23 +12,10 @@ from tests.support.quantized_rows import quiet_and_loud_rows
 
 @pytest.fixture(scope="module", params=["vnni", "avx2"])
 def product(request):
-    """The kernel's op as one signature: (rows, packed weight, offsets, scale, bias); avx2's codes are signed, so it
-    takes no offsets."""
+    """The kernel's op: (rows, packed weight, offsets, scale, bias) -> rows."""
     if request.param == "vnni":
-        ops = built_ops(vnni_int8.EXTENSION, "no AVX-512 VNNI: the kernel is not used on this CPU (fbgemm or _int_mm runs)")
-        call = ops.vnni_linear
-    else:
-        ops = built_ops(avx2_int8.EXTENSION, "no AVX2: the kernel is not used on this CPU")
-        call = ops.avx2_linear
-    return _Product(request.param, call)
-
-
-class _Product:
-    def __init__(self, kernel, call):
-        self.kernel, self._call = kernel, call
-
-    def __call__(self, x, packed, offsets, scale, bias):
-        return self._call(x, packed, offsets, scale, bias) if self.kernel == "vnni" else self._call(x, packed, scale, bias)
+        return built_ops(vnni_int8.EXTENSION, "no AVX-512 VNNI: the kernel is not used on this CPU").vnni_linear
+    return built_ops(avx2_int8.EXTENSION, "no AVX2: the kernel is not used on this CPU").avx2_linear
 
 
 def _layer(k, out, bias, seed=1):
@@ -114,8 +101,7 @@ def test_a_wrong_argument_is_refused_by_name(product):
     cases = [((x.double(), packed, offsets, scale, b), "2-d float32 rows"),
              ((torch.randn(2, 36), packed, offsets, scale, b), "rows of 29 to 32 values, not 36"),
              ((x, qweight, offsets, scale, b), "a weight packed by vnni_int8.pack"),
-             *([((x, packed, offsets[:10], scale, b), "one int32 offset per packed channel")]
-               if product.kernel == "vnni" else []),
+             ((x, packed, offsets[:10], scale, b), "one int32 offset per packed channel"),
              ((x, packed, offsets, scale.double(), b), "one float32 scale per output channel"),
              ((x, packed, offsets, scale, b[:3]), "a float32 bias of one value per output channel")]
     for args, message in cases:
@@ -123,12 +109,13 @@ def test_a_wrong_argument_is_refused_by_name(product):
             product(*args)
 
 
-def test_int8_dynamic_runs_it_as_an_op_that_profilers_and_dispatch_modes_see(product):
+def test_int8_dynamic_runs_it_as_an_op_that_profilers_and_dispatch_modes_see(product, request):
     from pipeline.kernels.int8 import Int8DynamicLinear
     from profiling.lib.engine_step import ProductRecorder
-    layer = Int8DynamicLinear(torch.nn.Linear(32, 64), kernel=product.kernel)
+    kernel = request.node.callspec.params["product"]
+    layer = Int8DynamicLinear(torch.nn.Linear(32, 64), kernel=kernel)
     recorder = ProductRecorder()
     with recorder.mode:
         layer(torch.randn(2, 32))
-    assert layer.kernel == product.kernel
-    assert [str(f.overloadpacket.__name__) for f, _, _ in recorder.calls] == [f"{product.kernel}_linear"]
+    assert layer.kernel == kernel
+    assert [str(f.overloadpacket.__name__) for f, _, _ in recorder.calls] == [f"{kernel}_linear"]

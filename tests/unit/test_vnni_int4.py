@@ -13,22 +13,15 @@ from tests.support.quantized_rows import quiet_and_loud_rows
 
 @pytest.fixture(scope="module", params=["vnni", "avx2"])
 def product(request):
-    """A kernel's op, (rows, packed, params, channels, bias) -> rows, with the name Int4DynamicLinear knows it by."""
+    """A kernel's op: (rows, packed, params, channels, bias) -> rows."""
     if request.param == "vnni":
-        ops = built_ops(vnni_int4.EXTENSION, "no AVX-512 VNNI: the kernel is not used on this CPU")
-        call = ops.vnni_int4_linear
-    else:
-        ops = built_ops(avx2_int4.EXTENSION, "no AVX2: the kernel is not used on this CPU (torch's ops run it)")
-        call = ops.avx2_int4_linear
-    return _Product(request.param, call)
+        return built_ops(vnni_int4.EXTENSION, "no AVX-512 VNNI: the kernel is not used on this CPU").vnni_int4_linear
+    return built_ops(avx2_int4.EXTENSION, "no AVX2: the kernel is not used on this CPU (torch's ops run it)").avx2_int4_linear
 
 
-class _Product:
-    def __init__(self, kernel, call):
-        self.kernel, self._call = kernel, call
-
-    def __call__(self, x, packed, params, channels, bias):
-        return self._call(x, packed, params, channels, bias)
+def _kernel(request) -> str:
+    """The kernel the test's `product` is, by Int4DynamicLinear's name for it."""
+    return request.node.callspec.params["product"]
 
 
 def _layer(k, out, bias, seed=1):
@@ -148,11 +141,11 @@ def test_a_wrong_argument_is_refused_by_name(product):
             product(*args)
 
 
-def test_the_linear_gives_the_kernels_bits_with_it_and_without_it(product):
+def test_the_linear_gives_the_kernels_bits_with_it_and_without_it(product, request):
     torch.manual_seed(0)
     linear = torch.nn.Linear(256, 96)
     layer = Int4DynamicLinear(linear)
-    assert layer.use_kernel(product.kernel) == product.kernel
+    assert layer.use_kernel(_kernel(request)) == _kernel(request)
     x = quiet_and_loud_rows(6, 256).view(2, 3, 256)
     with_kernel = layer(x)
     assert layer.use_kernel("torch") == "torch" and layer.kernel_parts() is None  # as where none is built
@@ -173,11 +166,11 @@ def test_the_variant_keeps_int8_dynamic_where_no_group_divides_the_inputs():
         Int4DynamicLinear(torch.nn.Linear(37, 8))
 
 
-def test_int4_dynamic_runs_it_as_an_op_that_profilers_and_dispatch_modes_see(product):
+def test_int4_dynamic_runs_it_as_an_op_that_profilers_and_dispatch_modes_see(product, request):
     from profiling.lib.engine_step import ProductRecorder
     layer = Int4DynamicLinear(torch.nn.Linear(64, 64))
-    layer.use_kernel(product.kernel)
+    layer.use_kernel(_kernel(request))
     recorder = ProductRecorder()
     with recorder.mode:
         layer(torch.randn(2, 64))
-    assert [str(f.overloadpacket.__name__) for f, _, _ in recorder.calls] == [f"{product.kernel}_int4_linear"]
+    assert [str(f.overloadpacket.__name__) for f, _, _ in recorder.calls] == [f"{_kernel(request)}_int4_linear"]
