@@ -45,7 +45,7 @@ from pipeline.kernels.chunked_attention import CHUNK, ORDERED, chunk_masks, deco
 from pipeline.kernels.decode_glue import EXTENSION as GLUE
 from pipeline.kernels.fused_linears import FusedPart
 from pipeline.kernels.int4 import Int4DynamicLinear
-from pipeline.kernels.int8 import Int8DynamicLinear
+from pipeline.kernels.int8 import PACKED_KERNELS, Int8DynamicLinear
 
 # Chunk views kept per (rows, width, slots, capacity): a few layouts and widths at a time.
 _VIEW_SETS = 64
@@ -151,7 +151,7 @@ class Qwen2DecodeStep:
     def _one_call(self, kernels_built: bool) -> Any:
         """decode_layers' op where a step runs its layers in one call, else None (:attr:`layers_in_one_call`);
         `kernels_built`: whether the ordered attention and every glue op it calls are."""
-        if not kernels_built or self._compiled is None or any(m.kernel not in ("vnni", "avx2") for m in self._int8):
+        if not kernels_built or self._compiled is None or any(m.kernel not in PACKED_KERNELS for m in self._int8):
             return None
         return decode_layers.EXTENSION.registered("decode_layers")
 

@@ -7,7 +7,7 @@ their int8 sums are wrong, and int8-dynamic was not offered there (pipeline/prec
 product is taken as ``|w| x (code x sign(w))`` (``vpsignb`` twice): |w| <= 128 unsigned, the signed code
 |code x sign(w)| <= 127, so a pair is at most 2 x 128 x 127 = 32,512 and never saturates; ``vpmaddwd`` by ones
 then adds the pairs to 32 bits. The integer sum of code x weight is exact, in any order, so the result is
-pipeline.kernels.vnni_int8's for every row at any row count, bit for bit (tests/unit/test_avx2_int8.py):
+pipeline.kernels.vnni_int8's for every row at any row count, bit for bit (tests/unit/test_packed_int8.py):
 
 * each row quantized as pipeline.kernels.fused_int8 does (scale max|x| clamped to 1e-12, / 127; codes
   x / scale rounded half to even), kept as signed bytes;

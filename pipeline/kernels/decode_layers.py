@@ -43,19 +43,22 @@ using at::Tensor;
 using Opt = std::optional<Tensor>;
 using Parts = c10::List<Opt>;
 
-constexpr int64_t ONEDNN = 0, VNNI_INT8 = 1, VNNI_INT4 = 2, AVX2_INT8 = 3, AVX2_INT4 = 4, PRODUCT_PARTS = 4;
-constexpr int64_t LAYER_HEAD = 6;
+constexpr int64_t ONEDNN = 0, VNNI_INT8 = 1, VNNI_INT4 = 2, AVX2_INT8 = 3, AVX2_INT4 = 4, KINDS = 5;
+constexpr int64_t PRODUCT_PARTS = 4, LAYER_HEAD = 6;
+// Each quantized kind's op in its extension's namespace (ONEDNN's is torch's own, mkldnn::_linear_pointwise).
+constexpr const char* QUANTIZED_OPS[KINDS] = {nullptr, "::vnni_linear", "::vnni_int4_linear", "::avx2_linear",
+                                              "::avx2_int4_linear"};
 constexpr int64_t PER_LAYER = LAYER_HEAD + 4 * PRODUCT_PARTS;
 
 // The ops a step calls, found by qualified name (the extensions' namespaces carry their source's version) and
 // called boxed: through their schemas, whatever their kernels' C++ signatures.
 struct Ops {
   c10::OperatorHandle rms_norm, add_rms_norm, rotate_and_store, silu_mul, attention;
-  std::optional<c10::OperatorHandle> onednn, int8, int4, avx2_int8, avx2_int4;  // where registered (named)
+  std::optional<c10::OperatorHandle> products[KINDS];  // each product kind's op, where registered (named)
 };
 
-// names: "glue namespace;attention namespace;int8 namespace;int4 namespace;AVX2 int8 namespace;AVX2 int4
-// namespace" (the last four may be empty).
+// names: "glue namespace;attention namespace;" then each quantized kind's namespace in kind order, VNNI_INT8 to
+// AVX2_INT4 (empty where not built).
 const Ops& ops_named(const std::string& names) {
   static std::mutex lock;
   static std::unordered_map<std::string, Ops> found;
@@ -67,16 +70,13 @@ const Ops& ops_named(const std::string& names) {
   for (size_t end; (end = names.find(';', start)) != std::string::npos; start = end + 1)
     ns.push_back(names.substr(start, end - start));
   ns.push_back(names.substr(start));
-  TORCH_CHECK(ns.size() == 6, "decode_layers: six namespaces, glue;attention;int8;int4;avx2 int8;avx2 int4");
+  TORCH_CHECK(ns.size() == 1 + KINDS, "decode_layers: six namespaces, glue;attention;int8;int4;avx2 int8;avx2 int4");
   const auto op = [](const std::string& name) { return c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), ""); };
   Ops o{op(ns[0] + "::rms_norm"), op(ns[0] + "::add_rms_norm"), op(ns[0] + "::rotate_and_store"),
-        op(ns[0] + "::silu_mul"), op(ns[1] + "::ordered_attention"),
-        c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""}), std::nullopt, std::nullopt,
-        std::nullopt, std::nullopt};
-  if (!ns[2].empty()) o.int8 = op(ns[2] + "::vnni_linear");
-  if (!ns[3].empty()) o.int4 = op(ns[3] + "::vnni_int4_linear");
-  if (!ns[4].empty()) o.avx2_int8 = op(ns[4] + "::avx2_linear");
-  if (!ns[5].empty()) o.avx2_int4 = op(ns[5] + "::avx2_int4_linear");
+        op(ns[0] + "::silu_mul"), op(ns[1] + "::ordered_attention"), {}};
+  o.products[ONEDNN] = c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""});
+  for (int64_t kind = VNNI_INT8; kind < KINDS; ++kind)
+    if (!ns[1 + kind].empty()) o.products[kind] = op(ns[1 + kind] + QUANTIZED_OPS[kind]);
   return found.emplace(names, std::move(o)).first->second;
 }
 
@@ -88,28 +88,21 @@ Tensor call(const c10::OperatorHandle& op, std::vector<c10::IValue> stack) {
 // One product over rows x, its parts at parts[at ..]: the call the step's Python makes for this kind.
 Tensor product(const Ops& o, int64_t kind, int64_t channels, const Parts& parts, int64_t at, const Tensor& x) {
   const auto part = [&](int64_t i) -> c10::IValue { return parts.get(at + i); };
-  switch (kind) {
-    case ONEDNN: {
-      TORCH_CHECK(o.onednn.has_value(), "decode_layers: a oneDNN product in a torch without oneDNN");
-      TORCH_CHECK(x.size(0) >= 2, "decode_layers: oneDNN's row-invariant product needs two rows or more");
-      c10::List<std::optional<c10::Scalar>> scalars;
-      scalars.push_back(std::nullopt);
-      return call(*o.onednn, {x, part(0), part(1), "none", scalars, ""});
-    }
-    case VNNI_INT8:
-      TORCH_CHECK(o.int8.has_value(), "decode_layers: an int8 product without its extension");
-      return call(*o.int8, {x, part(0), part(1), part(2), part(3)});
-    case VNNI_INT4:
-      TORCH_CHECK(o.int4.has_value(), "decode_layers: an int4 product without its extension");
-      return call(*o.int4, {x, part(0), part(1), channels, part(2)});
-    case AVX2_INT8:
-      TORCH_CHECK(o.avx2_int8.has_value(), "decode_layers: an AVX2 int8 product without its extension");
-      return call(*o.avx2_int8, {x, part(0), part(1), part(2), part(3)});
-    case AVX2_INT4:
-      TORCH_CHECK(o.avx2_int4.has_value(), "decode_layers: an AVX2 int4 product without its extension");
-      return call(*o.avx2_int4, {x, part(0), part(1), channels, part(2)});
-    default: TORCH_CHECK(false, "decode_layers: product kind ", kind);
+  TORCH_CHECK(kind >= 0 && kind < KINDS, "decode_layers: product kind ", kind);
+  const auto& op = o.products[kind];
+  if (kind == ONEDNN) {
+    TORCH_CHECK(op.has_value(), "decode_layers: a oneDNN product in a torch without oneDNN");
+    TORCH_CHECK(x.size(0) >= 2, "decode_layers: oneDNN's row-invariant product needs two rows or more");
+    c10::List<std::optional<c10::Scalar>> scalars;
+    scalars.push_back(std::nullopt);
+    return call(*op, {x, part(0), part(1), "none", scalars, ""});
   }
+  TORCH_CHECK(op.has_value(), "decode_layers: a product of kind ", kind, " (", QUANTIZED_OPS[kind] + 2,
+              ") without its extension");
+  // vnni_int8 and avx2_int8 take (x, packed, offsets, scale, bias); vnni_int4 and avx2_int4 (x, packed, params,
+  // channels, bias)
+  if (kind == VNNI_INT8 || kind == AVX2_INT8) return call(*op, {x, part(0), part(1), part(2), part(3)});
+  return call(*op, {x, part(0), part(1), channels, part(2)});
 }
 
 }  // namespace

@@ -86,6 +86,7 @@ class _QuantizedLinear(torch.nn.Module):
 
 # The kernels that multiply by vnni_int8.pack's copy of the weight in one C++ call: its extension, its op.
 _PACKED = {"vnni": (vnni_int8.EXTENSION, "vnni_linear"), "avx2": (avx2_int8.EXTENSION, "avx2_linear")}
+PACKED_KERNELS = frozenset(_PACKED)
 
 
 def _usable(kernel: str, in_features: int) -> bool:
