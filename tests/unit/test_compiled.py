@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from pipeline.kernels import compiled
+from tests.support.extensions import forget_every_load
 
 EXTENSIONS = [pytest.param(importlib.import_module(name).EXTENSION, id=name.rsplit(".", 1)[1])
               for name in compiled.EXTENSIONS]
@@ -15,11 +16,7 @@ EXTENSIONS = [pytest.param(importlib.import_module(name).EXTENSION, id=name.rspl
 @pytest.fixture
 def clean_cache(request):
     """Each extension's cached load forgotten before and after (the test may point it at another folder)."""
-    def forget():
-        for param in EXTENSIONS:
-            param.values[0].ops.cache_clear()
-    forget()
-    request.addfinalizer(forget)
+    forget_every_load(request)
 
 
 @pytest.mark.parametrize("extension", EXTENSIONS)

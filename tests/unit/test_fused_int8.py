@@ -6,13 +6,16 @@ import torch
 from pipeline.kernels import fused_int8
 from pipeline.kernels.fbgemm import fbgemm_is_exact
 from pipeline.kernels.int8 import Int8DynamicLinear, row_codes
-from tests.support.extensions import built_ops
+from tests.support.extensions import built_ops, forget_every_load
 
 
 @pytest.fixture
 def clean_cache(request):
+    """fused_ops' and every extension's cached load forgotten before and after: the test points
+    TORCH_EXTENSIONS_DIR at an empty folder."""
     fused_int8.fused_ops.cache_clear()
     request.addfinalizer(fused_int8.fused_ops.cache_clear)
+    forget_every_load(request)
 
 
 def test_nothing_built_means_int8_dynamic_runs_the_torch_ops(tmp_path, monkeypatch, clean_cache):
