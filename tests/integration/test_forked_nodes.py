@@ -76,3 +76,63 @@ def test_an_environment_the_preloaded_libraries_read_otherwise_gets_a_plain_proc
     proc, log = _launch(tmp_path, "hub", HF_HUB_OFFLINE="0" if os.environ.get("HF_HUB_OFFLINE") == "1" else "1")
     assert isinstance(proc, subprocess.Popen)
     assert proc.wait(timeout=60) == 0
+
+
+NS_LAST_PID = "/proc/sys/kernel/ns_last_pid"
+
+
+def _fork_http_server(server: forked_nodes.ForkServer, log):
+    return server.fork([sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1"], dict(os.environ),
+                       log.parent, log)
+
+
+@pytest.mark.skipif(not os.access(NS_LAST_PID, os.W_OK), reason=f"{NS_LAST_PID} is not writable here (root only)")
+def test_a_node_given_an_exited_nodes_pid_is_not_seen_as_exited(tmp_path):
+    """A long run forks enough processes to wrap the kernel's pids: a node that got the pid of one that had
+    exited was read as exited (code 0, empty log) at once. Here the kernel is asked for that pid again."""
+    server = forked_nodes.server()
+    for attempt in range(20):  # another process on the machine may take the pid first
+        first, _ = _launch(tmp_path, f"first{attempt}")
+        assert first.wait(timeout=60) == 0
+        with open(NS_LAST_PID, "w") as last_pid:
+            last_pid.write(str(first.pid - 1))
+        second = _fork_http_server(server, tmp_path / f"second{attempt}.log")
+        if second.pid == first.pid:
+            break
+        second.kill()
+        second.wait(timeout=30)
+    else:
+        pytest.skip("the kernel never gave the pid again in 20 tries")
+    try:
+        assert second.poll() is None and second.returncode is None
+        with pytest.raises(subprocess.TimeoutExpired):
+            second.wait(timeout=0.5)
+        assert first.returncode == 0
+    finally:
+        second.kill()
+    assert second.wait(timeout=30) == -signal.SIGKILL and first.returncode == 0
+
+
+# A fork server that reports two children with one pid, as a server whose first child exited and whose
+# pid the kernel then gave to its second does: deterministic where ns_last_pid cannot be written.
+PID_REUSING_SERVER = """
+import json, sys
+def send(message):
+    print(json.dumps(message), flush=True)
+send({"ready": 1})
+sys.stdin.readline(); send({"pid": 4242})
+sys.stdin.readline(); send({"exited": 0, "code": 0}); send({"pid": 4242})
+sys.stdin.read()
+"""
+
+
+def test_the_client_names_children_by_request_so_a_reused_pid_shows_only_its_own_exit(tmp_path):
+    server = forked_nodes.ForkServer(os.environ, server_command=("-c", PID_REUSING_SERVER))
+    try:
+        first = server.fork([sys.executable, "-m", "x"], dict(os.environ), tmp_path, tmp_path / "first.log")
+        second = server.fork([sys.executable, "-m", "x"], dict(os.environ), tmp_path, tmp_path / "second.log")
+        assert first.pid == second.pid == 4242
+        assert first.wait(timeout=30) == 0
+        assert second.poll() is None
+    finally:
+        server.close()

@@ -5,8 +5,11 @@ those imports cost (tests start about sixty nodes on two cores). The node then r
 
 Started and spoken to by tests/support/forked_nodes.py; one JSON line per message on stdin and stdout:
   in:  {"argv": ["-m", module, *args], "env": {...}, "cwd": ..., "log": path}
-  out: {"pid": n}                 for each request, in order
-       {"exited": n, "code": c}   when a child exits (c as Popen.returncode: -signal when killed)
+  out: {"pid": p}                 for each request, in order
+       {"exited": n, "code": c}   when the child of request n (0, 1, ... in request order) exits
+                                  (c as Popen.returncode: -signal when killed)
+A child is named by its request's number, not its pid: the kernel gives a reaped child's pid to a later
+process, and a long run forks enough to wrap it.
 It exits when stdin closes (its parent died or let it go); its children then get SIGTERM
 (PR_SET_PDEATHSIG), as nodes LocalCluster starts do when the launcher dies.
 
@@ -82,7 +85,8 @@ def _send(message: dict) -> None:
     sys.stdout.flush()
 
 
-def _reap() -> None:
+def _reap(children: dict[int, int]) -> None:
+    """Report every child that has exited, by its request's number (`children`: pid -> number)."""
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -90,7 +94,7 @@ def _reap() -> None:
             return
         if pid == 0:
             return
-        _send({"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+        _send({"exited": children.pop(pid), "code": os.waitstatus_to_exitcode(status)})
 
 
 def main() -> None:
@@ -99,9 +103,11 @@ def main() -> None:
     _send({"ready": os.getpid()})
     stdin = sys.stdin.buffer
     pending = b""
+    children: dict[int, int] = {}
+    requests = 0
     while True:
         readable, _, _ = select.select([stdin], [], [], 0.05)
-        _reap()
+        _reap(children)
         if not readable:
             continue
         chunk = os.read(stdin.fileno(), 65536)
@@ -114,6 +120,8 @@ def main() -> None:
             pid = os.fork()
             if pid == 0:
                 _child(request)
+            children[pid] = requests
+            requests += 1
             _send({"pid": pid})
 
 

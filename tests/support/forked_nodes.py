@@ -37,18 +37,20 @@ SET_BY_THE_LIBRARIES = {"KMP_INIT_AT_FORK", "KMP_DUPLICATE_LIB_OK", "TORCHINDUCT
 class ForkedNode:
     """A forked node, seen as subprocess.Popen shows a child: pid, poll, wait, returncode, signals."""
 
-    def __init__(self, server: "ForkServer", pid: int, args: list[str]):
-        self._server, self.pid, self.args = server, pid, args
+    def __init__(self, server: "ForkServer", number: int, pid: int, args: list[str]):
+        # `number`: the server's name for this child (its request's place in order); a pid can name
+        # a later process once this one has exited.
+        self._server, self._number, self.pid, self.args = server, number, pid, args
 
     @property
     def returncode(self) -> int | None:
-        return self._server.exit_code(self.pid)
+        return self._server.exit_code(self._number)
 
     def poll(self) -> int | None:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        code = self._server.wait_exit(self.pid, timeout)
+        code = self._server.wait_exit(self._number, timeout)
         if code is None:
             raise subprocess.TimeoutExpired(self.args, timeout or 0)
         return code
@@ -65,14 +67,15 @@ class ForkedNode:
 
 
 class ForkServer:
-    def __init__(self, env: Mapping[str, str], python: str = sys.executable):
+    def __init__(self, env: Mapping[str, str], python: str = sys.executable,
+                 server_command: Sequence[str] = ("-m", "tests.support.fork_server")):
         self.env, self.python = dict(env), python
-        self._proc = subprocess.Popen([python, "-m", "tests.support.fork_server"], env=self.env,
+        self._proc = subprocess.Popen([python, *server_command], env=self.env,
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
         self._lock = threading.Lock()  # one request at a time: replies come in request order
         self._changed = threading.Condition()
-        self._pids: list[int] = []
-        self._exits: dict[int, int] = {}
+        self._pids: list[int] = []  # by request number
+        self._exits: dict[int, int] = {}  # request number -> exit code
         self._ready = threading.Event()
         self.closed = False  # the server exited (its children with it)
         self._reader = threading.Thread(target=self._read, name="fork-server-reader", daemon=True)
@@ -115,16 +118,16 @@ class ForkServer:
                 raise RuntimeError("the fork server did not fork")
             if self.closed:
                 raise RuntimeError("the fork server exited")
-            return ForkedNode(self, self._pids[seen], list(command))
+            return ForkedNode(self, seen, self._pids[seen], list(command))
 
-    def exit_code(self, pid: int) -> int | None:
+    def exit_code(self, number: int) -> int | None:
         with self._changed:
-            return self._exits.get(pid)
+            return self._exits.get(number)
 
-    def wait_exit(self, pid: int, timeout: float | None) -> int | None:
+    def wait_exit(self, number: int, timeout: float | None) -> int | None:
         with self._changed:
-            self._changed.wait_for(lambda: pid in self._exits or self.closed, timeout)
-            return self._exits.get(pid)
+            self._changed.wait_for(lambda: number in self._exits or self.closed, timeout)
+            return self._exits.get(number)
 
     def close(self) -> None:
         if self._proc.poll() is None:
