@@ -1,6 +1,8 @@
 """A row's result independent of its batch-mates: Linears, norms and SDPA attention over padded batches.
 
-* :class:`RowInvariantLinear` (via :func:`make_linears_row_invariant`): a float32 or bfloat16
+* :class:`PackedBf16Linear` (via :func:`make_linears_row_invariant`): a bfloat16 Linear on a CPU with
+  AVX-512 BF16 through pipeline.kernels.avx512_bf16, each row summed in one fixed order by construction.
+* :class:`RowInvariantLinear` (via :func:`make_linears_row_invariant`): any other float32 or bfloat16
   Linear on the CPU through oneDNN, a lone row run as a batch of two, the way every batch runs.
 * :class:`RowInvariantRMSNorm` (via :func:`make_norms_row_invariant`): a decoder's RMSNorm whose
   mean of squares is :func:`per_row`'s: on CUDA in launches of one shape.
@@ -17,6 +19,9 @@ Qwen-0.5B and toy shapes), and at 1 row often not. That holds for oneDNN's AVX2 
 for its AMX kernels, which it picks by the row count (on an Intel Xeon with AMX, bfloat16 rows among
 64 got other bits than alone): on a CPU with AMX oneDNN is held below AMX for the whole process
 (pipeline.cpu_features, set when the pipeline package is imported; a hold at AMX is refused at load).
+A bfloat16 Linear on a CPU with AVX-512 BF16 (every CPU with AMX has it) does not rest on that
+measurement: it runs pipeline.kernels.avx512_bf16, whose sums are per row in one order by construction;
+oneDNN takes the float32 Linears, and the bfloat16 ones where that kernel is not built.
 
 Reductions along a row (a norm's mean, a vector's length): torch's CPU kernels reduce each row in
 one thread in one order, splitting the work across threads only by rows (one row of 32,768
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import torch
 
+from pipeline.kernels import avx512_bf16
 from pipeline.kernels.chunked_attention import chunked_attention_forward
 from pipeline.kernels.versions import check_kernel_versions
 
@@ -126,19 +132,40 @@ class RowInvariantLinear(torch.nn.Linear):
         return out[:n].reshape(*x.shape[:-1], self.out_features)
 
 
+class PackedBf16Linear(torch.nn.Linear):
+    """A bfloat16 Linear on a CPU with AVX-512 BF16: pipeline.kernels.avx512_bf16's product, every row summed in
+    one fixed order whatever its batch-mates (one row included), over its weight packed once for it (the
+    ``weight`` parameter holds the packed copy). At a decode step's rows it reads its weight at 1.4-1.8x
+    oneDNN's pace; at encoder and prefill sizes it is level with oneDNN (docs/performance.md, section 25)."""
+
+    def forward(self, x):
+        product = avx512_bf16.EXTENSION.registered("bf16_linear")
+        parameters = self._parameters  # read directly: nn.Module's attribute lookup costs ~1 µs a time
+        out = product(x.reshape(-1, self.in_features), parameters["weight"], self.out_features, parameters["bias"])
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+
 def make_linears_row_invariant(model) -> int:
-    """Swap the class of every nn.Linear in a dtype of ROW_INVARIANT_DTYPES[its device]; on the CPU
-    its weight is replaced by oneDNN's packed copy. An output layer tied to the input embedding
-    gets its own packed copy (the lookups keep the plain one): the model's output embeddings
-    must be untied first (pipeline.kernels.int8.untie_output_embeddings). Returns how many
+    """Swap the class of every nn.Linear in a dtype of ROW_INVARIANT_DTYPES[its device]. On the CPU a
+    bfloat16 one becomes a PackedBf16Linear where pipeline.kernels.avx512_bf16 is built for this CPU, any
+    other a RowInvariantLinear; its weight is replaced by the kernel's packed copy. An output layer tied
+    to the input embedding gets its own packed copy (the lookups keep the plain one): the model's output
+    embeddings must be untied first (pipeline.kernels.int8.untie_output_embeddings). Returns how many
     Linears were swapped."""
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear
                and m.weight.dtype in ROW_INVARIANT_DTYPES.get(m.weight.device.type, ())]
     for linear in linears:
-        linear.__class__ = RowInvariantLinear
-        if not linear.weight.is_cuda:
-            packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), PACKED_FOR_ROWS)
-            linear.weight = torch.nn.Parameter(packed, requires_grad=False)
+        weight = linear.weight.detach()
+        if weight.is_cuda:
+            linear.__class__ = RowInvariantLinear
+            continue
+        if weight.dtype == torch.bfloat16 and avx512_bf16.EXTENSION.registered("bf16_linear") is not None:
+            linear.__class__ = PackedBf16Linear
+            packed = avx512_bf16.pack(weight)
+        else:
+            linear.__class__ = RowInvariantLinear
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACKED_FOR_ROWS)
+        linear.weight = torch.nn.Parameter(packed, requires_grad=False)
     return len(linears)
 
 

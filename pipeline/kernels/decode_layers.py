@@ -14,7 +14,7 @@ mode, in inference mode, sees only the one call, so the step loops in Python whi
 A layer's parts travel as one flat list (:data:`PER_LAYER` entries a layer, built once per slot layout by the
 step): its two norms' weights, its keys' and values' flat buffers and slot views, then four products (q/k/v
 fused, o, gate/up fused, down), each a kind (:data:`ONEDNN`, :data:`VNNI_INT8`, :data:`VNNI_INT4`,
-:data:`AVX2_INT8`, :data:`AVX2_INT4`) and up to
+:data:`AVX2_INT8`, :data:`AVX2_INT4`, :data:`AVX512_BF16`) and up to
 :data:`PRODUCT_PARTS` tensors (:func:`product`).
 """
 from __future__ import annotations
@@ -23,7 +23,8 @@ from typing import Any
 
 from pipeline.kernels.compiled import CompiledExtension
 
-ONEDNN, VNNI_INT8, VNNI_INT4, AVX2_INT8, AVX2_INT4 = 0, 1, 2, 3, 4  # a product's kind, as the C++ source numbers them
+# a product's kind, as the C++ source numbers them
+ONEDNN, VNNI_INT8, VNNI_INT4, AVX2_INT8, AVX2_INT4, AVX512_BF16 = 0, 1, 2, 3, 4, 5
 PRODUCT_PARTS = 4
 LAYER_HEAD = 6  # input norm, post-attention norm, keys' flat buffer, key slots, values' flat buffer, value slots
 PER_LAYER = LAYER_HEAD + 4 * PRODUCT_PARTS
@@ -43,11 +44,11 @@ using at::Tensor;
 using Opt = std::optional<Tensor>;
 using Parts = c10::List<Opt>;
 
-constexpr int64_t ONEDNN = 0, VNNI_INT8 = 1, VNNI_INT4 = 2, AVX2_INT8 = 3, AVX2_INT4 = 4, KINDS = 5;
+constexpr int64_t ONEDNN = 0, VNNI_INT8 = 1, VNNI_INT4 = 2, AVX2_INT8 = 3, AVX2_INT4 = 4, AVX512_BF16 = 5, KINDS = 6;
 constexpr int64_t PRODUCT_PARTS = 4, LAYER_HEAD = 6;
-// Each quantized kind's op in its extension's namespace (ONEDNN's is torch's own, mkldnn::_linear_pointwise).
-constexpr const char* QUANTIZED_OPS[KINDS] = {nullptr, "::vnni_linear", "::vnni_int4_linear", "::avx2_linear",
-                                              "::avx2_int4_linear"};
+// Each kind's op in its extension's namespace (ONEDNN's is torch's own, mkldnn::_linear_pointwise).
+constexpr const char* EXTENSION_OPS[KINDS] = {nullptr, "::vnni_linear", "::vnni_int4_linear", "::avx2_linear",
+                                              "::avx2_int4_linear", "::bf16_linear"};
 constexpr int64_t PER_LAYER = LAYER_HEAD + 4 * PRODUCT_PARTS;
 
 // The ops a step calls, found by qualified name (the extensions' namespaces carry their source's version) and
@@ -57,8 +58,8 @@ struct Ops {
   std::optional<c10::OperatorHandle> products[KINDS];  // each product kind's op, where registered (named)
 };
 
-// names: "glue namespace;attention namespace;" then each quantized kind's namespace in kind order, VNNI_INT8 to
-// AVX2_INT4 (empty where not built).
+// names: "glue namespace;attention namespace;" then each extension kind's namespace in kind order, VNNI_INT8 to
+// AVX512_BF16 (empty where not built).
 const Ops& ops_named(const std::string& names) {
   static std::mutex lock;
   static std::unordered_map<std::string, Ops> found;
@@ -70,13 +71,14 @@ const Ops& ops_named(const std::string& names) {
   for (size_t end; (end = names.find(';', start)) != std::string::npos; start = end + 1)
     ns.push_back(names.substr(start, end - start));
   ns.push_back(names.substr(start));
-  TORCH_CHECK(ns.size() == 1 + KINDS, "decode_layers: six namespaces, glue;attention;int8;int4;avx2 int8;avx2 int4");
+  TORCH_CHECK(ns.size() == 1 + KINDS,
+              "decode_layers: seven namespaces, glue;attention;int8;int4;avx2 int8;avx2 int4;avx512 bf16");
   const auto op = [](const std::string& name) { return c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), ""); };
   Ops o{op(ns[0] + "::rms_norm"), op(ns[0] + "::add_rms_norm"), op(ns[0] + "::rotate_and_store"),
         op(ns[0] + "::silu_mul"), op(ns[1] + "::ordered_attention"), {}};
   o.products[ONEDNN] = c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""});
   for (int64_t kind = VNNI_INT8; kind < KINDS; ++kind)
-    if (!ns[1 + kind].empty()) o.products[kind] = op(ns[1 + kind] + QUANTIZED_OPS[kind]);
+    if (!ns[1 + kind].empty()) o.products[kind] = op(ns[1 + kind] + EXTENSION_OPS[kind]);
   return found.emplace(names, std::move(o)).first->second;
 }
 
@@ -97,11 +99,12 @@ Tensor product(const Ops& o, int64_t kind, int64_t channels, const Parts& parts,
     scalars.push_back(std::nullopt);
     return call(*op, {x, part(0), part(1), "none", scalars, ""});
   }
-  TORCH_CHECK(op.has_value(), "decode_layers: a product of kind ", kind, " (", QUANTIZED_OPS[kind] + 2,
+  TORCH_CHECK(op.has_value(), "decode_layers: a product of kind ", kind, " (", EXTENSION_OPS[kind] + 2,
               ") without its extension");
   // vnni_int8 and avx2_int8 take (x, packed, offsets, scale, bias); vnni_int4 and avx2_int4 (x, packed, params,
-  // channels, bias)
+  // channels, bias); bf16_linear (x, packed, channels, bias)
   if (kind == VNNI_INT8 || kind == AVX2_INT8) return call(*op, {x, part(0), part(1), part(2), part(3)});
+  if (kind == AVX512_BF16) return call(*op, {x, part(0), channels, part(1)});
   return call(*op, {x, part(0), part(1), channels, part(2)});
 }
 
@@ -166,11 +169,13 @@ EXTENSION = CompiledExtension("rag_decode_layers", _SOURCE, ["decode_layers"], _
 
 def op_namespaces() -> str:
     """The namespaces :func:`decode_layers` finds the ops it calls in, as its `names` argument: decode_glue's,
-    ordered_attention's, then vnni_int8's, vnni_int4's, avx2_int8's and avx2_int4's (each empty where not built)."""
-    from pipeline.kernels import avx2_int4, avx2_int8, decode_glue, ordered_attention, vnni_int4, vnni_int8
-    quantized = (e.name if e.ops() is not None else "" for e in (vnni_int8.EXTENSION, vnni_int4.EXTENSION,
-                                                                  avx2_int8.EXTENSION, avx2_int4.EXTENSION))
-    return ";".join((decode_glue.EXTENSION.name, ordered_attention.EXTENSION.name, *quantized))
+    ordered_attention's, then vnni_int8's, vnni_int4's, avx2_int8's, avx2_int4's and avx512_bf16's (each empty
+    where not built)."""
+    from pipeline.kernels import avx2_int4, avx2_int8, avx512_bf16, decode_glue, ordered_attention, vnni_int4, vnni_int8
+    products = (e.name if e.ops() is not None else "" for e in (vnni_int8.EXTENSION, vnni_int4.EXTENSION,
+                                                                 avx2_int8.EXTENSION, avx2_int4.EXTENSION,
+                                                                 avx512_bf16.EXTENSION))
+    return ";".join((decode_glue.EXTENSION.name, ordered_attention.EXTENSION.name, *products))
 
 
 def product(linear: Any, dtype: Any) -> tuple[int, int, list[Any]] | None:
@@ -179,12 +184,14 @@ def product(linear: Any, dtype: Any) -> tuple[int, int, list[Any]] | None:
     would call anything else (the layers then run in Python)."""
     import torch
 
-    from pipeline.kernels.batch_invariance import RowInvariantLinear
+    from pipeline.kernels.batch_invariance import PackedBf16Linear, RowInvariantLinear
     from pipeline.kernels.int4 import Int4DynamicLinear
     from pipeline.kernels.int8 import Int8DynamicLinear
     kind = type(linear)
     if kind is RowInvariantLinear:  # the step runs a lone row as a pair where these are: always >= 2 rows
         found = ONEDNN, [linear._parameters["weight"], linear._parameters["bias"]]
+    elif kind is PackedBf16Linear and dtype == torch.bfloat16:
+        found = AVX512_BF16, [linear._parameters["weight"], linear._parameters["bias"]]
     elif kind is Int8DynamicLinear and dtype == torch.float32 and (int8 := linear.kernel_parts()) is not None:
         found = VNNI_INT8 if linear.kernel == "vnni" else AVX2_INT8, list(int8)
     elif kind is Int4DynamicLinear and dtype == torch.float32 and (int4 := linear.kernel_parts()) is not None:

@@ -29,7 +29,7 @@ QWEN_LAYERS = 24
 
 
 # The ops that multiply by a weight matrix, per CPU variant: a step's products (the rest is its glue).
-PRODUCT_OPS = frozenset({"_linear_pointwise", "linear_dynamic", "vnni_linear", "avx2_linear", "vnni_int4_linear",
+PRODUCT_OPS = frozenset({"_linear_pointwise", "bf16_linear", "linear_dynamic", "vnni_linear", "avx2_linear", "vnni_int4_linear",
                          "avx2_int4_linear", "_weight_int4pack_mm_for_cpu", "_weight_int8pack_mm", "_int_mm", "mm",
                          "addmm", "bmm", "linear"})
 

@@ -18,6 +18,7 @@ from pipeline.continuous.slots import SlotRule
 from pipeline.cpu_features import cpu_supports_bf16
 from pipeline.kernels.batch_invariance import (
     CUDA_TILE_ROWS,
+    PackedBf16Linear,
     RowInvariantLinear,
     RowInvariantRMSNorm,
     make_linears_row_invariant,
@@ -28,6 +29,8 @@ from pipeline.kernels.chunked_attention import CHUNK, TILE_ROWS, matmul_chunked_
 from pipeline.precision import apply_precision
 from pipeline.precision_policy import LOAD_DTYPE
 
+# A float Linear made row-invariant: oneDNN's, or on a CPU with AVX-512 BF16 a bfloat16 one through the project's kernel.
+ROW_INVARIANT_LINEARS = (RowInvariantLinear, PackedBf16Linear)
 ON_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here: runs where torch sees one")
 BF16_CPU = pytest.mark.skipif(not cpu_supports_bf16(), reason="this CPU has no avx512_bf16 or AMX: bfloat16 is "
                                                               "emulated here, and PRECISION=auto picks float32")
@@ -204,7 +207,7 @@ def test_the_row_invariant_linear_at_1_2_and_8_threads(device, dtype):
             model = torch.nn.Sequential(torch.nn.Linear(k, n).to(dtype)).to(device)
             assert make_linears_row_invariant(model) == 1
             layer = model[0]
-            assert type(layer) is RowInvariantLinear
+            assert type(layer) in ROW_INVARIANT_LINEARS
             x = torch.randn(64, k, generator=g).to(dtype).to(device)
             for count in (1, 2, 8):
                 torch.set_num_threads(count)

@@ -16,7 +16,7 @@ from pipeline.cpu_features import cpu_supports_bf16
 from pipeline.device import Placement, placement_for
 from pipeline.docstore import Document
 from pipeline.generator import GenerationRequest
-from pipeline.kernels.batch_invariance import BATCH_INVARIANT_ATTENTION, RowInvariantLinear
+from pipeline.kernels.batch_invariance import BATCH_INVARIANT_ATTENTION, PackedBf16Linear, RowInvariantLinear
 from pipeline.kernels.int4 import Int4DynamicLinear, Int4WeightLinear
 from pipeline.kernels.int8 import Int8DynamicLinear, Int8WeightLinear, quantize_rows
 from pipeline.precision_policy import FAST, LOAD_DTYPE
@@ -189,7 +189,7 @@ def test_every_linear_is_converted_and_the_lm_head_untied(stages):
             assert any(isinstance(m, Int4WeightLinear) for m in quantized), stage
         if variant == "int4-dynamic":  # int4 wherever a group divides the inputs, int8-dynamic elsewhere
             assert any(isinstance(m, Int4DynamicLinear) for m in quantized), stage
-        assert all(type(m) is RowInvariantLinear for m in linears), stage
+        assert all(type(m) in (RowInvariantLinear, PackedBf16Linear) for m in linears), stage
         params = {p.dtype for p in model.parameters()}
         assert params == {getattr(torch, LOAD_DTYPE[variant])}, stage
         configs = [m.config for m in model.modules() if hasattr(m, "config") and hasattr(m.config, "_attn_implementation")]
@@ -326,7 +326,7 @@ def test_float_linear_gives_a_row_the_same_bits_at_any_row_count(dtype, k, n, de
     model = torch.nn.Sequential(torch.nn.Linear(k, n).to(dtype), torch.nn.Linear(4, 4).to(not_offered)).to(device)
     assert make_linears_row_invariant(model) == 1  # the Linear in a dtype the device is not offered in is left alone
     layer = model[0]
-    assert type(layer) is RowInvariantLinear and type(model[1]) is torch.nn.Linear
+    assert type(layer) in (RowInvariantLinear, PackedBf16Linear) and type(model[1]) is torch.nn.Linear
     x = torch.randn(600, k).to(dtype).to(device)
     with torch.no_grad():
         alone = torch.cat([layer(x[i:i + 1]) for i in range(40)])

@@ -13,7 +13,8 @@ from pipeline.continuous.qwen2_step import Qwen2DecodeStep, qwen2_decode_step
 from pipeline.continuous.runner import ModelRunner
 from pipeline.continuous.scheduler import SequenceState
 from pipeline.continuous.slots import SlotRule, chunks_for
-from pipeline.kernels import vnni_int8
+from pipeline.kernels import avx512_bf16, vnni_int8
+from pipeline.kernels.batch_invariance import PackedBf16Linear
 from pipeline.kernels.chunked_attention import CHUNK, chunk_masks, decode_attention, flash_chunked_attention
 from pipeline.kernels.decode_glue import EXTENSION as GLUE
 from pipeline.kernels.decode_layers import EXTENSION as LAYERS
@@ -85,6 +86,8 @@ ATTENTION = [pytest.param("ordered", marks=ORDERED_BUILT), "chunked"]
 
 GLUE_BUILT = pytest.mark.skipif(GLUE.ops() is None, reason="the decode glue is not built for this CPU")
 LAYERS_BUILT = pytest.mark.skipif(LAYERS.ops() is None, reason="the one-call decode layers are not built")
+BF16_KERNEL = pytest.mark.skipif(avx512_bf16.EXTENSION.ops() is None,
+                                 reason="pipeline.kernels.avx512_bf16 is not built for this CPU")
 # The step's kernels: as built here (ordered attention, the glue in C++, the layers in one call), the layers
 # looped in Python, the glue as torch ops, neither.
 KERNELS = [pytest.param("ordered", "glue", "one call", marks=[ORDERED_BUILT, GLUE_BUILT, LAYERS_BUILT]),
@@ -138,19 +141,22 @@ def profiled_ops(step, ids, columns, width: int) -> list[tuple[str, list]]:
 
 
 @pytest.mark.parametrize("loop", [pytest.param("one call", marks=LAYERS_BUILT), "python"])
-@pytest.mark.parametrize("variant", ["int8-dynamic", "int4-dynamic", pytest.param("int4-weight", marks=BF16_CPU)])
+@pytest.mark.parametrize("variant", ["int8-dynamic", "int4-dynamic", pytest.param("int4-weight", marks=BF16_CPU),
+                                     pytest.param("bfloat16", marks=[BF16_CPU, BF16_KERNEL])])
 def test_a_lone_row_goes_once_through_linears_that_give_a_row_its_bits_alone(variant, loop, monkeypatch):
-    """A RowInvariantLinear widens one row to two, so a lone row runs as a pair; a quantized Linear gives a
-    row the same bits alone, so the step multiplies the row once (steps_agree: the same logits as the forward)."""
+    """A RowInvariantLinear widens one row to two, so a lone row runs as a pair; a quantized Linear, or a
+    bfloat16 one through pipeline.kernels.avx512_bf16, gives a row the same bits alone, so the step multiplies
+    the row once (steps_agree: the same logits as the forward)."""
     from profiling.lib.engine_step import PRODUCT_OPS
     layers_loop(loop, monkeypatch)
     model = qwen2(variant, TINY, layers=2)
-    quantized = [m for m in model.modules() if isinstance(m, QUANTIZED_LINEARS)]
-    assert len(quantized) >= 2 * 4 + 1  # q/k/v, o, gate/up and down a layer (fused), the output layer
+    alone = [m for m in model.modules() if isinstance(m, (*QUANTIZED_LINEARS, PackedBf16Linear))]
+    assert len(alone) >= 2 * 4 + 1  # q/k/v, o, gate/up and down a layer (fused), the output layer
+    assert not [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m not in alone]
     runner = prefilled_runner(model, [7])
     assert runner.fast_step.layers_in_one_call is one_call_expected(variant, loop)
     ops = profiled_ops(runner.fast_step, torch.ones(1, 1, dtype=torch.long), torch.tensor([7]), CHUNK)
-    assert [shapes[0][0] for name, shapes in ops if name in PRODUCT_OPS] == [1] * len(quantized)  # each once, 1 row
+    assert [shapes[0][0] for name, shapes in ops if name in PRODUCT_OPS] == [1] * len(alone)  # each once, 1 row
     steps_agree(model, [7], slots=2, steps=1, one_call=one_call_expected(variant, loop))
 
 
@@ -166,7 +172,7 @@ def test_the_one_call_layers_dispatch_the_python_loops_ops_and_a_dispatch_mode_s
     step = [prefilled_runner(model, lengths).fast_step for _ in range(2)]  # the same state in each
     args = torch.ones(2, 1, dtype=torch.long), torch.tensor(lengths), 2 * CHUNK
     custom = {"rms_norm", "add_rms_norm", "rotate_and_store", "silu_mul", "ordered_attention", "_linear_pointwise",
-              "vnni_linear", "avx2_linear", "vnni_int4_linear"}
+              "vnni_linear", "avx2_linear", "vnni_int4_linear", "avx2_int4_linear", "bf16_linear"}
     assert step[0].layers_in_one_call
     one_call = [op for op in profiled_ops(step[0], *args) if op[0] in custom]
     counter = OpCounter()
@@ -187,7 +193,7 @@ def test_the_one_call_refuses_a_part_it_lacks_by_layer_and_place():
     parts[2] = None  # layer 0's keys
     with pytest.raises(RuntimeError, match="layer 0 lacks part 2"):
         LAYERS.registered("decode_layers")(any_tensor, parts, [0] * 4, [8] * 4, [1e-6] * 2,
-                                           f"{GLUE.name};{ORDERED.name};;;;", any_tensor, any_tensor,
+                                           f"{GLUE.name};{ORDERED.name};;;;;", any_tensor, any_tensor,
                                            torch.zeros(2, dtype=torch.long), torch.ones(2, dtype=torch.long), 2, 1, 1,
                                            1.0)
 
