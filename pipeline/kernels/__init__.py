@@ -7,6 +7,8 @@
   (same bits), used where the extension has been built.
 * :mod:`pipeline.kernels.ordered_attention`: the CPU's decode-step attention where it is built, each query's keys
   summed first to last in C++ (a row's bits by construction).
+* :mod:`pipeline.kernels.avx512_bf16`: a bfloat16 Linear's product on a CPU with AVX-512 BF16, each row summed in
+  one order (a row's bits by construction), where it is built.
 * :mod:`pipeline.kernels.compiled`: builds and loads those C++ extensions (``python -m
   pipeline.kernels.compiled``).
 * :mod:`pipeline.kernels.chunked_attention`: attention over fixed key chunks (CUDA's, and a CPU's where
