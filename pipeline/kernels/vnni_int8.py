@@ -111,10 +111,8 @@ _SOURCE = r'''
 namespace {
 
 constexpr int64_t BLOCK = 16, QUAD = 4, GROUP = 64, ROWS = 8;
-// Bytes ahead of each line's load asked for at two rows and more (16 quads of the group's one run of weights):
-// with two rows' dot products and more between loads the hardware's prefetcher falls behind; asked for ahead, the
-// weight streams in while the sums run. At one row the hardware keeps up alone (asking cost 1.04-1.06x there).
-constexpr int64_t PREFETCH = 16 * GROUP * QUAD;
+// No software prefetch: a group's weights are one run of memory, which the hardware's prefetcher follows; asking
+// for them ahead as well cost 1.08-1.24x at four and eight rows (docs/performance.md, section 25).
 
 using Code = uint8_t;  // a row's codes + 128: vpdpbusd's first operand is unsigned
 
@@ -144,8 +142,6 @@ inline void sums(const uint8_t* codes, int64_t stride, const int8_t* w, int64_t 
 #pragma GCC unroll 4
     for (int b = 0; b < B; ++b) {
       const int8_t* line = quad + b * BLOCK * QUAD;
-      if constexpr (R > 1)
-        _mm_prefetch(reinterpret_cast<const char*>(line) + PREFETCH, _MM_HINT_T0);
       wv[b] = _mm512_loadu_si512(line);
     }
 #pragma GCC unroll 8
