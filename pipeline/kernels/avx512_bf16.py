@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pipeline.kernels.compiled import CompiledExtension
+from pipeline.kernels.vnni_int8 import GROUP_ROWS_CPP
 
 if TYPE_CHECKING:  # imported by `python -m pipeline.kernels.compiled`, which finds a build without torch
     import torch
@@ -70,31 +71,7 @@ inline void sums(const uint16_t* x, int64_t stride, const uint16_t* w, int64_t p
     for (int b = 0; b < B; ++b) _mm512_storeu_ps(out + r * GROUP + b * BLOCK, acc[r][b]);
 }
 
-// One group for `rows` (<= ROWS) rows, four at a time (16 of the 32 registers); past four the second pass reads the
-// group's weights again from the cache.
-template <int R>
-inline void group_sums(const uint16_t* x, int64_t stride, const uint16_t* w, int64_t pairs, float* out) {
-  if constexpr (R <= 4) {
-    sums<R, 4>(x, stride, w, pairs, out);
-  } else {
-    sums<4, 4>(x, stride, w, pairs, out);
-    sums<R - 4, 4>(x + 4 * stride, stride, w, pairs, out + 4 * GROUP);
-  }
-}
-
-void any_rows(int64_t rows, const uint16_t* x, int64_t stride, const uint16_t* w, int64_t pairs, float* out) {
-  switch (rows) {
-    case 1: group_sums<1>(x, stride, w, pairs, out); break;
-    case 2: group_sums<2>(x, stride, w, pairs, out); break;
-    case 3: group_sums<3>(x, stride, w, pairs, out); break;
-    case 4: group_sums<4>(x, stride, w, pairs, out); break;
-    case 5: group_sums<5>(x, stride, w, pairs, out); break;
-    case 6: group_sums<6>(x, stride, w, pairs, out); break;
-    case 7: group_sums<7>(x, stride, w, pairs, out); break;
-    default: group_sums<8>(x, stride, w, pairs, out);
-  }
-}
-
+''' + GROUP_ROWS_CPP + r'''
 }  // namespace
 
 // (n, k) bfloat16 rows x a weight packed by pipeline.kernels.avx512_bf16.pack -> (n, channels) bfloat16.

@@ -34,6 +34,8 @@ size. Read from PyTorch's sources, not measured on a GPU.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from pipeline.kernels import avx512_bf16
@@ -138,10 +140,12 @@ class PackedBf16Linear(torch.nn.Linear):
     ``weight`` parameter holds the packed copy). At a decode step's rows it reads its weight at 1.4-1.8x
     oneDNN's pace; at encoder and prefill sizes it is level with oneDNN (docs/performance.md, section 25)."""
 
+    product: Any  # the kernel's op, given at conversion (make_linears_row_invariant)
+
     def forward(self, x):
-        product = avx512_bf16.EXTENSION.registered("bf16_linear")
         parameters = self._parameters  # read directly: nn.Module's attribute lookup costs ~1 µs a time
-        out = product(x.reshape(-1, self.in_features), parameters["weight"], self.out_features, parameters["bias"])
+        out = self.product(x.reshape(-1, self.in_features), parameters["weight"], self.out_features,
+                           parameters["bias"])
         return out.reshape(*x.shape[:-1], self.out_features)
 
 
@@ -154,13 +158,15 @@ def make_linears_row_invariant(model) -> int:
     Linears were swapped."""
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear
                and m.weight.dtype in ROW_INVARIANT_DTYPES.get(m.weight.device.type, ())]
+    bf16_product = avx512_bf16.EXTENSION.registered("bf16_linear")  # None where not built for this CPU
     for linear in linears:
         weight = linear.weight.detach()
         if weight.is_cuda:
             linear.__class__ = RowInvariantLinear
             continue
-        if weight.dtype == torch.bfloat16 and avx512_bf16.EXTENSION.registered("bf16_linear") is not None:
+        if weight.dtype == torch.bfloat16 and bf16_product is not None:
             linear.__class__ = PackedBf16Linear
+            linear.product = bf16_product
             packed = avx512_bf16.pack(weight)
         else:
             linear.__class__ = RowInvariantLinear

@@ -98,6 +98,37 @@ TORCH_LIBRARY(EXTENSION_NAMESPACE, m) {
 TORCH_LIBRARY_IMPL(EXTENSION_NAMESPACE, CPU, m) { m.impl(OP, &OP_FUNCTION); }
 '''
 
+# A group's sums for any row count (up to ROWS) from a kernel's `sums<R, B>` over B = 4 blocks of GROUP channels
+# (R rows of X values `stride` apart, W weights, `steps` input steps, S sums out; defined before): this kernel's and
+# pipeline.kernels.avx512_bf16's, one text.
+GROUP_ROWS_CPP = r'''
+// One group for `rows` (<= ROWS) rows, four rows at a time: four rows' sums of four blocks fill 16 of the 32
+// registers; past four rows the second pass reads the group's weights again from the cache.
+template <int R, typename X, typename W, typename S>
+inline void group_sums(const X* x, int64_t stride, const W* w, int64_t steps, S* out) {
+  if constexpr (R <= 4) {
+    sums<R, 4>(x, stride, w, steps, out);
+  } else {
+    sums<4, 4>(x, stride, w, steps, out);
+    sums<R - 4, 4>(x + 4 * stride, stride, w, steps, out + 4 * GROUP);
+  }
+}
+
+template <typename X, typename W, typename S>
+void any_rows(int64_t rows, const X* x, int64_t stride, const W* w, int64_t steps, S* out) {
+  switch (rows) {
+    case 1: group_sums<1>(x, stride, w, steps, out); break;
+    case 2: group_sums<2>(x, stride, w, steps, out); break;
+    case 3: group_sums<3>(x, stride, w, steps, out); break;
+    case 4: group_sums<4>(x, stride, w, steps, out); break;
+    case 5: group_sums<5>(x, stride, w, steps, out); break;
+    case 6: group_sums<6>(x, stride, w, steps, out); break;
+    case 7: group_sums<7>(x, stride, w, steps, out); break;
+    default: group_sums<8>(x, stride, w, steps, out);
+  }
+}
+'''
+
 _SOURCE = r'''
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -159,31 +190,7 @@ inline void sums(const uint8_t* codes, int64_t stride, const int8_t* w, int64_t 
     for (int b = 0; b < B; ++b) _mm512_storeu_si512(out + r * GROUP + b * BLOCK, acc[r][b]);
 }
 
-// One group of GROUP channels for `rows` (<= ROWS) rows, four rows at a time: four rows' sums of four blocks fill
-// 16 of the 32 registers; past four rows the second pass reads the group's weights again from the cache.
-template <int R>
-inline void group_sums(const uint8_t* codes, int64_t stride, const int8_t* w, int64_t quads, int32_t* out) {
-  if constexpr (R <= 4) {
-    sums<R, 4>(codes, stride, w, quads, out);
-  } else {
-    sums<4, 4>(codes, stride, w, quads, out);
-    sums<R - 4, 4>(codes + 4 * stride, stride, w, quads, out + 4 * GROUP);
-  }
-}
-
-void any_rows(int64_t rows, const uint8_t* codes, int64_t stride, const int8_t* w, int64_t quads, int32_t* out) {
-  switch (rows) {
-    case 1: group_sums<1>(codes, stride, w, quads, out); break;
-    case 2: group_sums<2>(codes, stride, w, quads, out); break;
-    case 3: group_sums<3>(codes, stride, w, quads, out); break;
-    case 4: group_sums<4>(codes, stride, w, quads, out); break;
-    case 5: group_sums<5>(codes, stride, w, quads, out); break;
-    case 6: group_sums<6>(codes, stride, w, quads, out); break;
-    case 7: group_sums<7>(codes, stride, w, quads, out); break;
-    default: group_sums<8>(codes, stride, w, quads, out);
-  }
-}
-
+''' + GROUP_ROWS_CPP + r'''
 }  // namespace
 
 #define OP_FUNCTION vnni_linear
