@@ -14,7 +14,8 @@ positions, mask, cache and seen-token bookkeeping) and the engine's own Python
 self CPU time over a few steps. To compare commits, run each tree in turn (the
 runner and the attention kernel change together). `--baselines` also measures, interleaved the same way on the
 same model, kernels switched back to their baselines (profiling/lib/kernel_baselines.py: int8-dynamic's glue
-as torch ops, the same bits; the CPU's attention as flash chunks, other bits). The model and precision come
+as torch ops, the same bits; the CPU's attention as flash chunks, other bits; the weights in 4 KB pages, the same
+bits). The model and precision come
 from the environment (MODEL_SOURCE, STANDIN_PROFILE, PRECISION or
 GENERATE_PRECISION, TORCH_THREADS); `--precisions` loads the LLM in each
 variant named instead, one after the other.
@@ -167,10 +168,11 @@ def time_products(variant: Variant) -> None:
     if variant.engine.runner.table.device != "cpu":
         return
     recorder = ProductRecorder()
-    with variant.kernels(), recorder.mode:
-        timed_step(variant.engine, variant.phases)
-    with torch.inference_mode():
-        variant.products_ms = recorder.replay_ms(PRODUCT_REPLAYS, 1)
+    with variant.kernels():  # the replay too: a baseline may hold its weights elsewhere
+        with recorder.mode:
+            timed_step(variant.engine, variant.phases)
+        with torch.inference_mode():
+            variant.products_ms = recorder.replay_ms(PRODUCT_REPLAYS, 1)
 
 
 def summary(variant: Variant, n: int) -> dict:

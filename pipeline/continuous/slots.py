@@ -28,6 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.kernels import huge_pages
+
 
 def chunk_tokens() -> int:
     """The attention's chunk of keys (pipeline.kernels.chunked_attention.CHUNK), imported on first use:
@@ -216,9 +218,17 @@ class SlotTable:
         inner = (like.shape[1], like.shape[3])
         size = self.rule.kv_cache_tokens * inner[0] * inner[1]
         self._inner[layer] = inner
-        self._storage[layer] = (like.new_zeros(size), like.new_zeros(size))
+        self._storage[layer] = (self._zeros(size, like), self._zeros(size, like))
         self.keys[layer] = self._view(self._storage[layer][0], inner)
         self.values[layer] = self._view(self._storage[layer][1], inner)
+
+    @staticmethod
+    def _zeros(size: int, like):
+        """A layer's flat keys or values, zeros: on the CPU in 2 MB pages where they are given (every step reads
+        each row's keys so far from memory)."""
+        if like.device.type != "cpu":
+            return like.new_zeros(size)
+        return huge_pages.empty((size,), like.dtype).zero_()
 
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
         """Write the pass's new keys and values of layer `layer_idx` into their slots and return what the

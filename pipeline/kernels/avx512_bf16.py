@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pipeline.kernels import huge_pages
 from pipeline.kernels.compiled import CompiledExtension
 from pipeline.kernels.vnni_int8 import GROUP_ROWS_CPP
 
@@ -134,13 +135,14 @@ EXTENSION = CompiledExtension("rag_avx512_bf16", _SOURCE, ["bf16_linear"], CFLAG
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
     """An (out, in) bfloat16 weight as the kernel reads it: (out padded to GROUP / GROUP, in padded to PAIR / PAIR,
-    GROUP / BLOCK, BLOCK, PAIR), a group's four blocks interleaved pair by pair, zeros in the padding."""
+    GROUP / BLOCK, BLOCK, PAIR), a group's four blocks interleaved pair by pair, zeros in the padding; in 2 MB
+    pages where :mod:`~pipeline.kernels.huge_pages` gives them."""
     import torch
     out, k = weight.shape
     padded = torch.zeros(-(-out // GROUP) * GROUP, -(-k // PAIR) * PAIR, dtype=torch.bfloat16)
     padded[:out, :k] = weight
     groups = padded.view(padded.shape[0] // GROUP, GROUP // BLOCK, BLOCK, padded.shape[1] // PAIR, PAIR)
-    return groups.permute(0, 3, 1, 2, 4).contiguous()
+    return huge_pages.contiguous(groups.permute(0, 3, 1, 2, 4))  # streamed whole at every decode step
 
 
 def unpack(packed: torch.Tensor, out: int, k: int) -> torch.Tensor:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pipeline.kernels import vnni_int8
+from pipeline.kernels import huge_pages, vnni_int8
 from pipeline.kernels.compiled import CompiledExtension
 from pipeline.kernels.fused_int8 import ROW_CODES_CPP
 
@@ -244,7 +244,8 @@ def pack(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> tupl
     (GROUP channels, four blocks of BLOCK) in one run of memory each: packed (tasks, in / PAIR, 4, BLOCK,
     PAIR / 2) uint8, where byte (t, p, b, c, i) holds channel t x 64 + b x 16 + c's code at input 8p + i in
     its low nibble and at 8p + 4 + i in its high one; params (tasks, groups, 4, 2, BLOCK) bfloat16, each
-    block's 16 scales then 16 offsets per group. Padded channels get code 0 and a zero scale and offset."""
+    block's 16 scales then 16 offsets per group. Padded channels get code 0 and a zero scale and offset. Both
+    lie in 2 MB pages where :mod:`~pipeline.kernels.huge_pages` gives them."""
     import torch
     for name, values in (("scale", scale), ("offset", offset)):
         if not torch.equal(values.to(torch.bfloat16).float(), values):
@@ -255,11 +256,11 @@ def pack(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> tupl
     padded[:out] = codes.to(torch.uint8)
     # (task, block, channel, pair, half, i) -> (task, pair, block, channel, half, i)
     halves = padded.view(rows // GROUP, GROUP // BLOCK, BLOCK, k // PAIR, 2, PAIR // 2).permute(0, 3, 1, 2, 4, 5)
-    packed = (halves[..., 0, :] | (halves[..., 1, :] << 4)).contiguous()
+    packed = huge_pages.contiguous(halves[..., 0, :] | (halves[..., 1, :] << 4))
     params = torch.zeros(rows, scale.shape[1], 2, dtype=torch.bfloat16)
     params[:out, :, 0], params[:out, :, 1] = scale, offset
     # (task, block, channel, group, 2) -> (task, group, block, 2, channel)
-    params = params.view(rows // GROUP, GROUP // BLOCK, BLOCK, -1, 2).permute(0, 3, 1, 4, 2).contiguous()
+    params = huge_pages.contiguous(params.view(rows // GROUP, GROUP // BLOCK, BLOCK, -1, 2).permute(0, 3, 1, 4, 2))
     return packed, params
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pipeline.kernels import huge_pages
 from pipeline.kernels.compiled import CompiledExtension
 from pipeline.kernels.fused_int8 import ROW_CODES_CPP
 
@@ -208,14 +209,14 @@ def pack(qweight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """An (out, in) int8 weight as the kernel reads it: (out padded to GROUP / GROUP, in padded to QUAD / QUAD,
     GROUP / BLOCK, BLOCK, QUAD) int8, a group's four blocks interleaved quad by quad (one run of memory a task),
     zeros in the padding, and each packed channel's 128 x its weights' sum (int32): what the codes' + 128 adds
-    to its sums."""
+    to its sums. The packed weight lies in 2 MB pages where :mod:`~pipeline.kernels.huge_pages` gives them."""
     import torch
     out, k = qweight.shape
     padded = torch.zeros(-(-out // GROUP) * GROUP, -(-k // QUAD) * QUAD, dtype=torch.int8)
     padded[:out, :k] = qweight
     offsets = padded.sum(dim=1, dtype=torch.int32).mul_(128)
     groups = padded.view(padded.shape[0] // GROUP, GROUP // BLOCK, BLOCK, padded.shape[1] // QUAD, QUAD)
-    return groups.permute(0, 3, 1, 2, 4).contiguous(), offsets
+    return huge_pages.contiguous(groups.permute(0, 3, 1, 2, 4)), offsets  # streamed whole at every decode step
 
 
 def unpack(packed: torch.Tensor, out: int, k: int) -> torch.Tensor:

@@ -7,7 +7,8 @@ only gathered (a row per sequence), so it is not counted, nor are activations, n
 (well under 1 % at one sequence). Floor = (weight bytes + KV bytes) / read bandwidth at the thread
 count the step ran on: no step on this machine can be faster, whatever its kernels.
 
-The bandwidth is a streaming read of a float32 buffer many times the last-level cache, summed whole (one
+The bandwidth is a streaming read of a float32 buffer many times the last-level cache, in 2 MB pages where the
+kernel gives them as the packed weights are (pipeline.kernels.huge_pages: 4 KB pages read slower), summed whole (one
 stream a thread) and as eight rows (eight streams, as a product reads blocks of a weight side by side): the
 fastest of a few rounds of either, at one thread and at all of torch's. A floor should not be beaten: the
 median of plain sums, which this was, read 10-30 % slower than the int8 products on this shared machine
@@ -22,6 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
+
+from pipeline.kernels import huge_pages
 
 # The buffer must be at least this many times the last-level cache, or the read is partly the cache's.
 CACHE_MULTIPLE = 8
@@ -54,7 +57,7 @@ class BandwidthProbe:
 
     def __init__(self, mib: int):
         import torch
-        buffer = torch.ones(mib * 2 ** 20 // 4 // 8 * 8)
+        buffer = huge_pages.empty((mib * 2 ** 20 // 4 // 8 * 8,), torch.float32).fill_(1.0)
         self.bytes = buffer.numel() * buffer.element_size()
         self._reads = (buffer.sum, lambda: buffer.view(8, -1).sum(1))
         for read in self._reads:  # untimed: the buffer's pages touched once

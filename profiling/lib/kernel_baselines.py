@@ -11,16 +11,38 @@ on one loaded model (profiling/bench_decode.py's `--baselines`).
 * ``torch-glue``: the CPU decode step's norms, rotary and cache writes as torch ops, not
   pipeline/kernels/decode_glue.py's calls (the same bits);
 * ``python-layers``: the CPU decode step's layers looped in Python, not pipeline/kernels/decode_layers.py's
-  one call (the same ops: the same bits).
+  one call (the same ops: the same bits);
+* ``small-pages``: every weight of 2 MB and more (packed ones included) in a copy in torch's own allocation (4 KB
+  pages), not pipeline/kernels/huge_pages.py's 2 MB ones (the same bits). The copies are made at the first switch
+  and kept for the next.
 """
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator
 
 # name -> whether it gives the current kernels' bits
 BASELINES = {"fbgemm-int8": True, "unfused-int8": True, "avx2-kernels": True, "chunked-attention": False,
-             "torch-glue": True, "python-layers": True}
+             "torch-glue": True, "python-layers": True, "small-pages": True}
+# model -> [(a weight, its own data, its copy in 4 KB pages)], for "small-pages"
+_SMALL_PAGE_COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _small_page_copies(model) -> list[tuple]:
+    """Every CPU weight of `model` of 2 MB and more (parameters, buffers, int8's packed weights) beside a copy of
+    its data in torch's allocation; made once a model."""
+    from pipeline.kernels.huge_pages import HUGE_PAGE
+    from pipeline.kernels.int8 import Int8DynamicLinear
+    if model not in _SMALL_PAGE_COPIES:
+        tensors = {}
+        for module in model.modules():
+            parts = module.kernel_parts() if isinstance(module, Int8DynamicLinear) else None
+            for tensor in [*module.parameters(recurse=False), *module.buffers(recurse=False), *(parts or ())]:
+                if tensor is not None and tensor.device.type == "cpu" and tensor.nbytes >= HUGE_PAGE:
+                    tensors[id(tensor)] = tensor
+        _SMALL_PAGE_COPIES[model] = [(t, t.data, t.data.clone()) for t in tensors.values()]
+    return _SMALL_PAGE_COPIES[model]
 
 
 @contextlib.contextmanager
@@ -39,6 +61,7 @@ def running(model, baseline: str | None) -> Iterator[None]:
     int4 = [] if model is None else [m for m in model.modules() if isinstance(m, Int4DynamicLinear)]
     int4_kernels = [m.kernel for m in int4]
     built, glue, layers = EXTENSION.ops, GLUE.ops, LAYERS.ops
+    weights = _small_page_copies(model) if baseline == "small-pages" and model is not None else []
     try:
         if baseline in ("fbgemm-int8", "unfused-int8"):
             for module in int8:
@@ -55,6 +78,8 @@ def running(model, baseline: str | None) -> Iterator[None]:
             GLUE.ops = lambda: None  # the decode step asks it at every step
         elif baseline == "python-layers":
             LAYERS.ops = lambda: None  # the decode step asks it at every step
+        for tensor, _, copy in weights:
+            tensor.data = copy  # the same tensor (the decode layers hold it) over other memory
         yield
     finally:
         for module, kernel, was in zip(int8, kernels, fused):
@@ -63,3 +88,5 @@ def running(model, baseline: str | None) -> Iterator[None]:
         for module, kernel in zip(int4, int4_kernels):
             module.use_kernel(kernel)
         EXTENSION.ops, GLUE.ops, LAYERS.ops = built, glue, layers
+        for tensor, own, _ in weights:
+            tensor.data = own

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from pipeline.kernels import huge_pages
+
 PEAK_KINDS = ("float32", "bfloat16", "int8")
 CPU_FLAGS = ("avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
 
@@ -70,10 +72,11 @@ def matmul_peak(kind: str, size: int, rounds: int, warmup: int) -> float:
 
 
 def bandwidths(mib: int, rounds: int, warmup: int) -> tuple[float, float]:
-    """(read, copy) bytes/s over a float32 tensor of `mib` MiB: a sum reads it, a copy reads and writes."""
+    """(read, copy) bytes/s over a float32 tensor of `mib` MiB: a sum reads it, a copy reads and writes; both
+    tensors in 2 MB pages where the kernel gives them, as the packed weights are."""
     import torch
-    x = torch.ones(mib * 2 ** 20 // 4)
-    y = torch.empty_like(x)
+    x = huge_pages.empty((mib * 2 ** 20 // 4,), torch.float32).fill_(1.0)
+    y = huge_pages.empty(x.shape, x.dtype)
     nbytes = x.numel() * x.element_size()
     read = nbytes / median_time(x.sum, rounds, warmup)
     copy = 2 * nbytes / median_time(lambda: y.copy_(x), rounds, warmup)

@@ -111,6 +111,31 @@ def test_a_baseline_switches_its_kernels_within_and_restores_them_after_an_error
         pass
 
 
+def test_the_small_pages_baseline_moves_each_large_weight_into_torchs_allocation_and_back():
+    import torch
+
+    from pipeline.kernels import huge_pages
+    from pipeline.kernels.int8 import Int8DynamicLinear
+    from profiling.lib.kernel_baselines import running
+    big = torch.nn.Linear(1024, 1024)  # 4 MB of float32: a copy; its 4 KB bias stays
+    quantized = Int8DynamicLinear(torch.nn.Linear(1024, 4096))  # its packed copy, where packed, 4 MB
+    model = torch.nn.Sequential(big, torch.nn.ReLU(), quantized)
+    big.weight.data = huge_pages.contiguous(big.weight.data)
+    large = [big.weight, *[t for t in (quantized.kernel_parts() or ()) if t.nbytes >= huge_pages.HUGE_PAGE]]
+    own = [t.data_ptr() for t in large]
+    small_bias, x = big.bias.data_ptr(), torch.randn(3, 1024)
+    current = model(x)
+    for _ in range(2):  # the copies are made once and kept
+        with pytest.raises(KeyError), running(model, "small-pages"):
+            moved = [t.data_ptr() for t in large]
+            assert all(m != o for m, o in zip(moved, own)) and big.bias.data_ptr() == small_bias
+            assert torch.equal(model(x), current)
+            raise KeyError("a failing step")
+        assert [t.data_ptr() for t in large] == own
+    with running(model, "small-pages"):
+        assert [t.data_ptr() for t in large] == moved
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.usefixtures("tool_commit")
 def test_each_precisions_steps_are_printed_against_the_memory_floor(tmp_path, model_source, monkeypatch, capsys):
