@@ -6,8 +6,10 @@ same bits among 2 to thousands of rows only as measured on the kernels it picks 
 at a decode step's one to eight rows it streams its packed weight at 11-16 GB/s where the machine reads 40
 (docs/performance.md, section 25). Here:
 
-* the weight packed once in groups of 64 output channels, each group one run of memory: for every pair of inputs,
-  four blocks of 16 channels x 2 inputs (one AVX-512 register);
+* the weight packed once in groups of 48 output channels, each group one run of memory: for every pair of inputs,
+  three blocks of 16 channels x 2 inputs (one AVX-512 register each);
+* up to eight rows in one pass over a group (8 x 3 sums: 24 of the 32 registers), so at a decode step's eight rows
+  the dot products overlap the weights' stream instead of a second pass over them following it;
 * each row's float32 sums by ``vdpbf16ps`` (two bfloat16 products a lane added to the lane's sum; products of
   bfloat16s are exact in float32), input pair after input pair from the first: the same operations in the same
   order for a row alone and among any number of rows, at any thread count (threads split output channels);
@@ -28,7 +30,7 @@ if TYPE_CHECKING:  # imported by `python -m pipeline.kernels.compiled`, which fi
     import torch
 
 # Output channels per packed block (one AVX-512 register of float32 sums), inputs per lane product, channels per task.
-BLOCK, PAIR, GROUP = 16, 2, 64
+BLOCK, PAIR, GROUP = 16, 2, 48
 
 _SOURCE = r'''
 #include <torch/extension.h>
@@ -41,7 +43,10 @@ _SOURCE = r'''
 
 namespace {
 
-constexpr int64_t BLOCK = 16, PAIR = 2, GROUP = 64, ROWS = 8;
+constexpr int64_t BLOCK = 16, PAIR = 2, GROUP = 48, ROWS = 8;
+// Every row in one pass: 8 x 3 sums in registers. Against groups of 64 read 4 rows a pass: 0.83-0.93x at eight rows,
+// level at one (docs/performance.md, section 26).
+constexpr int PASS_ROWS = 8;
 
 // Sums of R rows (bfloat16, `stride` apart) against B blocks of a group: the group's blocks lie interleaved pair by
 // pair (GROUP x PAIR values a pair), one run of memory.
@@ -135,7 +140,7 @@ EXTENSION = CompiledExtension("rag_avx512_bf16", _SOURCE, ["bf16_linear"], CFLAG
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
     """An (out, in) bfloat16 weight as the kernel reads it: (out padded to GROUP / GROUP, in padded to PAIR / PAIR,
-    GROUP / BLOCK, BLOCK, PAIR), a group's four blocks interleaved pair by pair, zeros in the padding; in 2 MB
+    GROUP / BLOCK, BLOCK, PAIR), a group's three blocks interleaved pair by pair, zeros in the padding; in 2 MB
     pages where :mod:`~pipeline.kernels.huge_pages` gives them."""
     import torch
     out, k = weight.shape

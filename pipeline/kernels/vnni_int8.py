@@ -99,19 +99,20 @@ TORCH_LIBRARY(EXTENSION_NAMESPACE, m) {
 TORCH_LIBRARY_IMPL(EXTENSION_NAMESPACE, CPU, m) { m.impl(OP, &OP_FUNCTION); }
 '''
 
-# A group's sums for any row count (up to ROWS) from a kernel's `sums<R, B>` over B = 4 blocks of GROUP channels
-# (R rows of X values `stride` apart, W weights, `steps` input steps, S sums out; defined before): this kernel's and
-# pipeline.kernels.avx512_bf16's, one text.
+# A group's sums for any row count (up to ROWS) from a kernel's `sums<R, B>` over the B = GROUP / BLOCK blocks of a
+# group (R rows of X values `stride` apart, W weights, `steps` input steps, S sums out) and its PASS_ROWS (all defined
+# before): this kernel's and pipeline.kernels.avx512_bf16's, one text.
 GROUP_ROWS_CPP = r'''
-// One group for `rows` (<= ROWS) rows, four rows at a time: four rows' sums of four blocks fill 16 of the 32
-// registers; past four rows the second pass reads the group's weights again from the cache.
+// One group for `rows` (<= ROWS) rows, PASS_ROWS rows a pass over the group's GROUP / BLOCK blocks (their sums held
+// in registers); past PASS_ROWS rows the second pass reads the group's weights again from the cache.
 template <int R, typename X, typename W, typename S>
 inline void group_sums(const X* x, int64_t stride, const W* w, int64_t steps, S* out) {
-  if constexpr (R <= 4) {
-    sums<R, 4>(x, stride, w, steps, out);
+  constexpr int BLOCKS = GROUP / BLOCK;
+  if constexpr (R <= PASS_ROWS) {
+    sums<R, BLOCKS>(x, stride, w, steps, out);
   } else {
-    sums<4, 4>(x, stride, w, steps, out);
-    sums<R - 4, 4>(x + 4 * stride, stride, w, steps, out + 4 * GROUP);
+    sums<PASS_ROWS, BLOCKS>(x, stride, w, steps, out);
+    sums<R - PASS_ROWS, BLOCKS>(x + PASS_ROWS * stride, stride, w, steps, out + PASS_ROWS * GROUP);
   }
 }
 
@@ -143,6 +144,7 @@ _SOURCE = r'''
 namespace {
 
 constexpr int64_t BLOCK = 16, QUAD = 4, GROUP = 64, ROWS = 8;
+constexpr int PASS_ROWS = 4;  // four rows' sums of four blocks: 16 of the 32 registers
 // No software prefetch: a group's weights are one run of memory, which the hardware's prefetcher follows; asking
 // for them ahead as well cost 1.08-1.24x at four and eight rows (docs/performance.md, section 25).
 

@@ -30,7 +30,7 @@ def _rows(n: int, k: int, seed: int = 2) -> torch.Tensor:
 def test_pack_then_unpack_is_the_weight(k, out):
     weight, _ = _layer(k, out, False)
     packed = avx512_bf16.pack(weight)
-    assert packed.shape == (-(-out // 64), -(-k // 2), 4, 16, 2)
+    assert packed.shape == (-(-out // 48), -(-k // 2), 3, 16, 2)
     assert torch.equal(avx512_bf16.unpack(packed, out, k), weight)
 
 
@@ -86,7 +86,7 @@ def test_no_rows_give_no_rows(product):
     ("float32 rows", "2-d bfloat16 rows"),
     ("plain weight", "a weight packed by avx512_bf16.pack"),
     ("wrong width", "rows of 63 to 64 values, not 62"),
-    ("too many channels", "65 output channels from a weight packed for 64"),
+    ("too many channels", "97 output channels from a weight packed for 96"),
     ("float32 bias", "a bfloat16 bias of one value per output channel"),
     ("short bias", "a bfloat16 bias of one value per output channel"),
 ])
@@ -95,7 +95,7 @@ def test_wrong_arguments_are_refused_naming_the_rule(product, case, message):
     packed = avx512_bf16.pack(weight)
     x = _rows(2, 64)
     args = {"float32 rows": (x.float(), packed, 60, b), "plain weight": (x, weight, 60, b),
-            "wrong width": (_rows(2, 62), packed, 60, b), "too many channels": (x, packed, 65, None),
+            "wrong width": (_rows(2, 62), packed, 60, b), "too many channels": (x, packed, 97, None),
             "float32 bias": (x, packed, 60, b.float()), "short bias": (x, packed, 60, b[:30])}[case]
     with pytest.raises(RuntimeError, match=message):
         product(*args)
