@@ -9,6 +9,8 @@
   summed first to last in C++ (a row's bits by construction).
 * :mod:`pipeline.kernels.avx512_bf16`: a bfloat16 Linear's product on a CPU with AVX-512 BF16, each row summed in
   one order (a row's bits by construction), where it is built.
+* :mod:`pipeline.kernels.huge_pages`: CPU tensors in 2 MB pages where Linux gives them (the packed weights, the KV
+  buffers).
 * :mod:`pipeline.kernels.compiled`: builds and loads those C++ extensions (``python -m
   pipeline.kernels.compiled``).
 * :mod:`pipeline.kernels.chunked_attention`: attention over fixed key chunks (CUDA's, and a CPU's where
