@@ -13,9 +13,8 @@ positions, mask, cache and seen-token bookkeeping) and the engine's own Python
 (plan, update, release). `--profile` adds torch.profiler's top operators by
 self CPU time over a few steps. To compare commits, run each tree in turn (the
 runner and the attention kernel change together). `--baselines` also measures, interleaved the same way on the
-same model, kernels switched back to their baselines (profiling/lib/kernel_baselines.py: int8-dynamic's glue
-as torch ops, the same bits; the CPU's attention as flash chunks, other bits; the weights in 4 KB pages, the same
-bits). The model and precision come
+same model, kernels switched back to their baselines (profiling/lib/kernel_baselines.py names each and whether
+it gives the same bits). The model and precision come
 from the environment (MODEL_SOURCE, STANDIN_PROFILE, PRECISION or
 GENERATE_PRECISION, TORCH_THREADS); `--precisions` loads the LLM in each
 variant named instead, one after the other.
@@ -314,8 +313,7 @@ def run_precision(precision: str | None, args: argparse.Namespace, bandwidth: di
     print(format_rows(rows))
     report = {"settings": {"sequences": args.sequences, "repeat": args.repeat, "dtype": placement.dtype,
                            "torch_threads": torch.get_num_threads(), "model_source": source.describe(),
-                           "baselines": args.baselines,
-                           "precision": placement.precision},
+                           "baselines": args.baselines, "precision": placement.precision},
               "bandwidth_gb_s": {k: round(v / 1e9, 2) for k, v in bandwidth.items()},
               "ratio_most_vs_fewest": ratios(rows), "same_tokens_across_runners": same,
               "rows": rows, "profiles": profiles}

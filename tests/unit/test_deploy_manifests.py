@@ -391,13 +391,35 @@ def test_the_kernel_compiles_only_for_x86_64_and_other_architectures_use_torchs_
         assert any(re.fullmatch(r"-mavx(2|512\w+)", flag) for flag in flags), module
 
 
-def test_the_kernel_stage_copies_the_source_of_every_extension_it_builds():
+def _kernel_imports(module: str) -> set[str]:
+    """The pipeline.kernels modules `module` imports when it is imported (its top-level imports, transitively; not
+    those under TYPE_CHECKING or inside functions), itself included."""
+    import ast
+    found, todo = set(), [module]
+    while todo:
+        name = todo.pop()
+        if name in found:
+            continue
+        found.add(name)
+        tree = ast.parse((REPO_ROOT / (name.replace(".", "/") + ".py")).read_text())
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom) and node.module == "pipeline.kernels":
+                todo += [f"pipeline.kernels.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pipeline.kernels."):
+                todo.append(node.module)
+            elif isinstance(node, ast.Import):
+                todo += [alias.name for alias in node.names if alias.name.startswith("pipeline.kernels.")]
+    return found
+
+
+def test_the_kernel_stage_copies_the_source_of_every_extension_it_builds_and_what_they_import():
     text = (DEPLOY / "Dockerfile").read_text()
     copy = re.search(r"^COPY (pipeline/kernels/__init__\.py .*?) pipeline/kernels/$", text, flags=re.M | re.S)
     assert copy, "the kernel stage's COPY of pipeline/kernels"
     copied = set(copy.group(1).replace("\\\n", " ").split())
-    needed = {"pipeline/kernels/__init__.py", "pipeline/kernels/compiled.py"}
-    assert copied == needed | {module.replace(".", "/") + ".py" for module in EXTENSIONS}
+    modules = set().union(*(_kernel_imports(m) for m in ("pipeline.kernels.compiled", *EXTENSIONS)))
+    assert "pipeline.kernels.huge_pages" in modules  # the packs' allocation: imported by the kernels' modules
+    assert copied == {"pipeline/kernels/__init__.py"} | {module.replace(".", "/") + ".py" for module in modules}
 
 
 @pytest.mark.slow  # runs hadolint
