@@ -144,7 +144,9 @@ _SOURCE = r'''
 namespace {
 
 constexpr int64_t BLOCK = 16, QUAD = 4, GROUP = 64, ROWS = 8;
-constexpr int PASS_ROWS = 4;  // four rows' sums of four blocks: 16 of the 32 registers
+// Six rows' sums of four blocks a pass: 24 of the 32 registers. Against four a pass: 0.86-0.94x at five and six
+// rows, level at seven and eight (docs/performance.md, section 26).
+constexpr int PASS_ROWS = 6;
 // No software prefetch: a group's weights are one run of memory, which the hardware's prefetcher follows; asking
 // for them ahead as well cost 1.08-1.24x at four and eight rows (docs/performance.md, section 25).
 
