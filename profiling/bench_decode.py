@@ -5,31 +5,26 @@ from this machine's memory floor.
                                      [--precisions bfloat16,int8-dynamic,int4-weight]
                                      [--baselines unfused-int8,chunked-attention] [--out runs/bench_decode]
 
-Fills the continuous engine with N running sequences (the SPEC prompt over
-support documents, ~250 tokens each), then times engine steps that are pure
-decode (no prefill in the plan). Each step is split into: model forward, token
-choice (repetition penalty + argmax), the runner's other decode work (ids,
-positions, mask, cache and seen-token bookkeeping) and the engine's own Python
-(plan, update, release). `--profile` adds torch.profiler's top operators by
-self CPU time over a few steps. To compare commits, run each tree in turn (the
-runner and the attention kernel change together). `--baselines` also measures, interleaved the same way on the
-same model, kernels switched back to their baselines (profiling/lib/kernel_baselines.py names each and whether
-it gives the same bits). The model and precision come
-from the environment (MODEL_SOURCE, STANDIN_PROFILE, PRECISION or
-GENERATE_PRECISION, TORCH_THREADS); `--precisions` loads the LLM in each
-variant named instead, one after the other.
+Fills the continuous engine with N running sequences (the SPEC prompt over support documents, ~250 tokens
+each), then times engine steps that are pure decode (no prefill in the plan). Each step is split into: model
+forward, token choice (repetition penalty + argmax), the runner's other decode work (ids, positions, mask, cache
+and seen-token bookkeeping) and the engine's own Python (plan, update, release). `--profile` adds torch.profiler's
+top operators by self CPU time over a few steps. To compare commits, run each tree in turn (the runner and the
+attention kernel change together). `--baselines` also measures, interleaved the same way on the same model,
+kernels switched back to their baselines (profiling/lib/kernel_baselines.py names each and whether it gives the
+same bits). The model and precision come from the environment (MODEL_SOURCE, STANDIN_PROFILE, PRECISION or
+GENERATE_PRECISION, TORCH_THREADS); `--precisions` loads the LLM in each variant named instead, one after the other.
 
-Every step is printed against its floor (profiling/lib/decode_floor.py): the
-bytes it must read (every Linear weight once, the KV cache of its sequences)
-over the read bandwidth, a streaming read of a buffer of `--bandwidth-mib`
-measured here first (at one thread and at torch's thread count, the step's)
-and again between every round of steps: the fastest read of either, per
-precision (printed beside its floor: a shared host's bandwidth moves), and the
-step against the floor at the median read between its rounds too. The
-step is also split where the gap lies: its products (every op multiplying by a
-weight, profiling/lib/engine_step.py's PRODUCT_OPS: one step's recorded, then
-replayed alone, best of a few) against the weights' floor alone, and the rest
-(attention, norms, rotary, token choice, the engine).
+Every step is printed against its floor (profiling/lib/decode_floor.py): the bytes it must read (every Linear
+weight once, the KV cache of its sequences) over the read bandwidth, a streaming read of a buffer of
+`--bandwidth-mib` measured here first (at one thread and at torch's thread count, the step's) and again between
+every round of steps: the fastest read of either, per precision (printed beside its floor: a shared host's
+bandwidth moves), and the step against the floor at the median read between its rounds too. The step is also
+split where the gap lies: its products (every op multiplying by a weight, profiling/lib/engine_step.py's
+PRODUCT_OPS: one step's recorded, then replayed alone, best of a few) against the weights' floor alone, and the
+rest (attention, norms, rotary, token choice, the engine). Beside the memory's floor, the products' arithmetic
+floor: their multiply-adds, counted as recorded, at the peak rate of each kernel's instruction measured here
+(profiling/lib/arithmetic_peaks.py; the project's kernels only), and the step against the larger of the two.
 """
 from __future__ import annotations
 
@@ -44,7 +39,7 @@ from pipeline import spec
 from pipeline.config import PRECISION_VARIANTS, Settings
 from pipeline.continuous import ContinuousEngine
 from pipeline.generator import GenerationRequest, Generator
-from profiling.lib import decode_floor
+from profiling.lib import arithmetic_peaks, decode_floor
 from profiling.lib.cli import add_out, choice_list, comma_list, make_parser, positive
 from profiling.lib.engine_step import ProductRecorder
 from profiling.lib.inputs import cycled, document_pool, spec_queries
@@ -132,6 +127,7 @@ class Variant:
     baseline: str | None = None  # profiling.lib.kernel_baselines' name; None: the current kernels
     steps: list[dict[str, float]] = field(default_factory=list)
     products_ms: float | None = None
+    product_macs: dict[str, int] | None = None  # per product op, one step's
 
     def kernels(self):
         """Within: the model runs this variant's kernels."""
@@ -171,7 +167,7 @@ def time_products(variant: Variant) -> None:
         with recorder.mode:
             timed_step(variant.engine, variant.phases)
         with torch.inference_mode():
-            variant.products_ms = recorder.replay_ms(PRODUCT_REPLAYS, 1)
+            variant.products_ms, variant.product_macs = recorder.replay_ms(PRODUCT_REPLAYS, 1), dict(recorder.macs)
 
 
 def summary(variant: Variant, n: int) -> dict:
@@ -183,6 +179,7 @@ def summary(variant: Variant, n: int) -> dict:
             "phases_ms": {key: round(1000 * medians[key], 2) for key in PHASES},
             # four significant figures: a tiny model's products take hundredths of a millisecond
             "products_ms": None if variant.products_ms is None else float(f"{variant.products_ms:.4g}"),
+            "product_macs": variant.product_macs,
             "longest_row": max(row.length for row in variant.engine.runner.table.rows),
             "context_tokens": sum(row.length for row in variant.engine.runner.table.rows), "tokens": tokens,
             "cuda_graphs": None if variant.engine.runner.graphs is None else variant.engine.runner.graphs.recorded}
@@ -292,7 +289,8 @@ def load_generator(precision: str | None) -> tuple[Generator, object, object]:
     return Generator.load(source, placement), source, placement
 
 
-def run_precision(precision: str | None, args: argparse.Namespace, bandwidth: dict[str, float]) -> dict:
+def run_precision(precision: str | None, args: argparse.Namespace, bandwidth: dict[str, float],
+                  rates: dict[str, float]) -> dict:
     import torch
     generator, source, placement = load_generator(precision)
     rows, profiles, same = [], {}, {}
@@ -303,7 +301,7 @@ def run_precision(precision: str | None, args: argparse.Namespace, bandwidth: di
         rows += size_rows
     floor_bandwidth = max(bandwidth[str(torch.get_num_threads())], probe.fastest() or 0.0)
     median_bandwidth = probe.median() or floor_bandwidth
-    decode_floor.add_floors(rows, generator.model, floor_bandwidth)
+    decode_floor.add_floors(rows, generator.model, floor_bandwidth, rates)
     for row in rows:
         row["precision"] = placement.precision
         row["floor_gb_s"], row["median_gb_s"] = round(floor_bandwidth / 1e9, 2), round(median_bandwidth / 1e9, 2)
@@ -331,15 +329,17 @@ def main(argv: list[str] | None = None) -> int:
     worker_settings()  # torch on the worker's threads before the bandwidth is read at that count
     args.out = run_folder("bench_decode", args.out)  # one folder for every precision's file
     bandwidth = decode_floor.measure_bandwidths(args.bandwidth_mib)
+    import torch
     print("read bandwidth: " + ", ".join(f"{v / 1e9:.1f} GB/s at {k} thread(s)" for k, v in bandwidth.items()))
-    reports = [run_precision(p, args, bandwidth) for p in (args.precisions or [None])]
+    rates = arithmetic_peaks.product_rates(torch.get_num_threads())
+    print("peak multiply-adds: " + (", ".join(f"{op} {v / 1e9:.0f} GMAC/s" for op, v in rates.items()) or "none measured"))
+    reports = [run_precision(p, args, bandwidth, rates) for p in (args.precisions or [None])]
     rows = [r for report in reports for r in report["rows"] if r["runner"] == CURRENT]
-    print("\neach step against its memory floor (weights + KV cache read / read bandwidth):")
+    print("\neach step against its memory floor (weights + KV cache read / read bandwidth) and its products' arithmetic:")
     print(decode_floor.format_floor_rows(rows))
     floors = {"bandwidth_gb_s": reports[0]["bandwidth_gb_s"], "bandwidth_mib": args.bandwidth_mib,
-              "rows": [{k: r[k] for k in ("precision", "sequences", "step_ms", "floor_gb_s", "median_gb_s", "floor_ms",
-                                          "step_over_floor", "step_over_median_floor", "products_ms", "weights_floor_ms", "products_over_floor", "outside_ms",
-                                          "weight_mb", "kv_mb", "context_tokens")} for r in rows],
+              "mac_rates_gmac_s": {op: round(v / 1e9, 1) for op, v in rates.items()},
+              "rows": [{k: r[k] for k in decode_floor.TABLE_KEYS} for r in rows],
               "provenance": local_record()}
     path = write_json(args.out / "bench_decode_floor.json", floors)
     print(f"floor table in {path}")

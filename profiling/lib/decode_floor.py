@@ -15,17 +15,27 @@ median of plain sums, which this was, read 10-30 % slower than the int8 products
 (docs/performance.md, section 19). Nor is a probe before the steps enough: a shared host's bandwidth moves
 by up to 2x within minutes (products once read at 1.2x the bandwidth probed minutes before them), so a
 :class:`BandwidthProbe` also reads between a benchmark's rounds of steps, and the floor takes the fastest
-read of either."""
+read of either.
+
+A step also cannot be faster than its products' multiply-adds at the peak rate of the instruction each
+kernel multiplies with (profiling/lib/arithmetic_peaks.py): at one sequence that arithmetic floor is far
+below the memory's; at eight rows it reaches it on a two-core machine (eight multiply-adds per weight read).
+The larger of the two is the step's bound."""
 from __future__ import annotations
 
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from pipeline.kernels import huge_pages
 
+# What a floor table keeps of each step's result (bench_decode_floor.json).
+TABLE_KEYS = ("precision", "sequences", "step_ms", "floor_gb_s", "median_gb_s", "floor_ms", "step_over_floor",
+              "step_over_median_floor", "arithmetic_floor_ms", "step_over_bound", "products_ms", "weights_floor_ms",
+              "products_over_floor", "products_over_bound", "outside_ms", "product_macs", "weight_mb", "kv_mb",
+              "context_tokens")
 # The buffer must be at least this many times the last-level cache, or the read is partly the cache's.
 CACHE_MULTIPLE = 8
 
@@ -155,45 +165,65 @@ def step_floor(weights: int, context_lengths: Iterable[int], kv_per_token: int, 
     return StepFloor(weights, sum(context_lengths) * kv_per_token, bandwidth)
 
 
-def floor_fields(floor: StepFloor, step_ms: float, products_ms: float | None) -> dict[str, float | None]:
+def arithmetic_floor_ms(macs: Mapping[str, int] | None, rates: Mapping[str, float]) -> float | None:
+    """ms a step's products take at least for their multiply-adds alone: each product op's `macs` over its
+    instruction's peak rate (profiling/lib/arithmetic_peaks.py's product_rates); None where an op's rate is
+    unknown (torch's and oneDNN's products) or the products were not counted."""
+    if not macs or any(op not in rates for op in macs):
+        return None
+    return 1e3 * sum(count / rates[op] for op, count in macs.items())
+
+
+def floor_fields(floor: StepFloor, step_ms: float, products_ms: float | None,
+                 arithmetic_ms: float | None = None) -> dict[str, float | None]:
     """A result row's floor columns: MB read, the step's floor in ms and its multiple of it; the step's
     products (`products_ms`, replayed alone; None where not timed) against the weights' floor alone, and the
-    step outside them."""
+    step outside them; the arithmetic floor (`arithmetic_ms`, :func:`arithmetic_floor_ms`) and the step and its
+    products against the larger of it and the memory's floor (the bound: None without an arithmetic floor)."""
     weights_floor_ms = 1e3 * floor.weight_bytes / floor.bandwidth
+    bound = None if arithmetic_ms is None else max(1e3 * floor.floor_s, arithmetic_ms)
+    products_bound = None if arithmetic_ms is None else max(weights_floor_ms, arithmetic_ms)
     return {"weight_mb": round(floor.weight_bytes / 1e6, 1), "kv_mb": round(floor.kv_bytes / 1e6, 2),
             # four significant figures: a tiny model's floor is hundredths of a millisecond
             "floor_ms": float(f"{1e3 * floor.floor_s:.4g}"), "step_over_floor": round(floor.times_floor(step_ms / 1e3), 2),
             "weights_floor_ms": float(f"{weights_floor_ms:.4g}"),
             "products_over_floor": None if products_ms is None else float(f"{products_ms / weights_floor_ms:.3g}"),
-            "outside_ms": None if products_ms is None else round(step_ms - products_ms, 2)}
+            "outside_ms": None if products_ms is None else round(step_ms - products_ms, 2),
+            "arithmetic_floor_ms": None if arithmetic_ms is None else float(f"{arithmetic_ms:.4g}"),
+            "step_over_bound": None if bound is None else round(step_ms / bound, 2),
+            "products_over_bound": None if products_bound is None or products_ms is None
+            else float(f"{products_ms / products_bound:.3g}")}
 
 
 def format_floor_rows(rows: Sequence[dict]) -> str:
     """precision, sequences, step ms, the bandwidth its floor is read at, floor ms, step / floor, step / the floor
-    at the median read between its rounds (where given); products ms, their floor (the weights'), their
-    multiple of it, the step outside them ("-" where the products were not timed); MB read (weights + KV);
-    one line per row."""
+    at the median read between its rounds (where given), the arithmetic floor and step / the larger floor
+    (where known); products ms, their floor (the weights'), their multiple of it, the step outside them
+    ("-" where the products were not timed); MB read (weights + KV); one line per row."""
+    def cell(value: float | None, width: int, digits: int) -> str:
+        return f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
+
     header = (f"{'precision':<14}{'seqs':>5}{'step ms':>10}{'GB/s':>7}{'floor ms':>10}{'x floor':>9}{'x median':>10}"
-              f"{'products ms':>13}"
+              f"{'arith ms':>10}{'x bound':>9}{'products ms':>13}"
               f"{'weights floor':>15}{'x floor':>9}{'outside ms':>12}{'weights MB':>12}{'KV MB':>8}")
     lines = [header, "-" * len(header)]
     for r in rows:
-        products = (f"{'-':>13}{r['weights_floor_ms']:>15.2f}{'-':>9}{'-':>12}" if r["products_ms"] is None else
-                    f"{r['products_ms']:>13.1f}{r['weights_floor_ms']:>15.2f}{r['products_over_floor']:>9.2f}"
-                    f"{r['outside_ms']:>12.1f}")
-        bandwidth = f"{r['floor_gb_s']:>7.1f}" if r.get("floor_gb_s") is not None else f"{'-':>7}"
-        at_median = r.get("step_over_median_floor")
-        lines.append(f"{r['precision']:<14}{r['sequences']:>5}{r['step_ms']:>10.1f}{bandwidth}{r['floor_ms']:>10.2f}"
-                     f"{r['step_over_floor']:>9.2f}{'-' if at_median is None else f'{at_median:.2f}':>10}{products}{r['weight_mb']:>12.1f}{r['kv_mb']:>8.2f}")
+        lines.append(f"{r['precision']:<14}{r['sequences']:>5}{r['step_ms']:>10.1f}{cell(r.get('floor_gb_s'), 7, 1)}"
+                     f"{r['floor_ms']:>10.2f}{r['step_over_floor']:>9.2f}{cell(r.get('step_over_median_floor'), 10, 2)}"
+                     f"{cell(r.get('arithmetic_floor_ms'), 10, 2)}{cell(r.get('step_over_bound'), 9, 2)}"
+                     f"{cell(r['products_ms'], 13, 1)}{r['weights_floor_ms']:>15.2f}{cell(r['products_over_floor'], 9, 2)}"
+                     f"{cell(r['outside_ms'], 12, 1)}{r['weight_mb']:>12.1f}{r['kv_mb']:>8.2f}")
     return "\n".join(lines)
 
 
-def add_floors(rows: list[dict], model: Any, bandwidth: float) -> None:
-    """Each result row's floor columns (:func:`floor_fields`), from `model`'s weight bytes and its KV width; a
-    row holds step_ms, products_ms and context_tokens (every sequence's keys)."""
+def add_floors(rows: list[dict], model: Any, bandwidth: float, rates: Mapping[str, float] | None = None) -> None:
+    """Each result row's floor columns (:func:`floor_fields`), from `model`'s weight bytes and its KV width, and
+    where `rates` (MAC/s per product op) are given the arithmetic floor of the row's product_macs; a row holds
+    step_ms, products_ms and context_tokens (every sequence's keys)."""
     weights = weight_bytes(model)
     element = next(model.parameters()).element_size()  # the KV cache is kept in the model's dtype
     per_token = kv_bytes_per_token(model.config, element)
     for row in rows:
         floor = step_floor(weights, [row["context_tokens"]], per_token, bandwidth)
-        row.update(floor_fields(floor, row["step_ms"], row["products_ms"]))
+        arithmetic = arithmetic_floor_ms(row.get("product_macs"), rates or {})
+        row.update(floor_fields(floor, row["step_ms"], row["products_ms"], arithmetic))

@@ -36,18 +36,23 @@ PRODUCT_OPS = frozenset({"_linear_pointwise", "bf16_linear", "linear_dynamic", "
 
 class ProductRecorder:
     """A TorchDispatchMode keeping each product op (PRODUCT_OPS) dispatched while it is on with its
-    arguments, so the products of one step can be replayed alone: their time, the step's matmul time."""
+    arguments, so the products of one step can be replayed alone: their time, the step's matmul time; and
+    the multiply-adds of each op's calls (`macs`, by op name: the output's values times the input's width)."""
 
     def __init__(self) -> None:
         from torch.utils._python_dispatch import TorchDispatchMode
         calls: list[tuple[Any, tuple, dict]] = []
-        self.calls = calls
+        macs: Counter[str] = Counter()
+        self.calls, self.macs = calls, macs
 
         class Mode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                if str(func.overloadpacket.__name__) in PRODUCT_OPS:
+                out = func(*args, **(kwargs or {}))
+                name = str(func.overloadpacket.__name__)
+                if name in PRODUCT_OPS:
                     calls.append((func, args, kwargs or {}))
-                return func(*args, **(kwargs or {}))
+                    macs[name] += out.numel() * args[1 if name == "addmm" else 0].shape[-1]  # addmm(bias, x, w)
+                return out
 
         self.mode = Mode()
 

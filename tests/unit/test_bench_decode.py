@@ -7,6 +7,7 @@ import pytest
 from tests.helpers import TEST_ENV
 
 
+@pytest.mark.slow  # main() builds the arithmetic probes with g++
 @pytest.mark.timeout(600)
 @pytest.mark.usefixtures("tool_commit")
 def test_bench_decode_times_steps_by_phase_and_profiles(tmp_path, model_source, monkeypatch):
@@ -32,6 +33,7 @@ def test_bench_decode_refuses_more_steps_than_an_answer_has():
     assert bench_decode.parse_args(["--sequences", "16,1,16"]).sequences == [1, 16]
 
 
+@pytest.mark.slow  # main() builds the arithmetic probes with g++
 @pytest.mark.timeout(600)
 @pytest.mark.usefixtures("tool_commit")
 def test_baselines_are_timed_beside_the_current_kernels_and_the_same_bits_choose_the_same_tokens(
@@ -136,17 +138,18 @@ def test_the_small_pages_baseline_moves_each_large_weight_into_torchs_allocation
         assert [t.data_ptr() for t in large] == moved
 
 
+@pytest.mark.slow  # main() builds the arithmetic probes with g++
 @pytest.mark.timeout(600)
 @pytest.mark.usefixtures("tool_commit")
 def test_each_precisions_steps_are_printed_against_the_memory_floor(tmp_path, model_source, monkeypatch, capsys):
     from profiling import bench_decode
     for name, value in TEST_ENV.items():
         monkeypatch.setenv(name, value)
-    assert bench_decode.main(["--sequences", "1,2", "--repeat", "2", "--precisions", "float32,int4-weight",
+    assert bench_decode.main(["--sequences", "1,2", "--repeat", "2", "--precisions", "float32,int4-weight,int8-dynamic",
                               "--bandwidth-mib", "16", "--out", str(tmp_path)]) == 0
     floors = json.loads((tmp_path / "bench_decode_floor.json").read_text())
     assert {(r["precision"], r["sequences"]) for r in floors["rows"]} == {
-        (p, n) for p in ("float32", "int4-weight") for n in (1, 2)}
+        (p, n) for p in ("float32", "int4-weight", "int8-dynamic") for n in (1, 2)}
     assert set(floors["bandwidth_gb_s"]) >= {"1"} and all(v > 0 for v in floors["bandwidth_gb_s"].values())
     weights = {r["precision"]: r["weight_mb"] for r in floors["rows"]}
     assert weights["int4-weight"] < 0.3 * weights["float32"]  # 4-bit codes against float32's 32 bits, and scales
@@ -167,6 +170,21 @@ def test_each_precisions_steps_are_printed_against_the_memory_floor(tmp_path, mo
     assert all(two[p]["kv_mb"] > one[p]["kv_mb"] for p in two)  # two sequences' caches against one's
     assert (tmp_path / "bench_decode_int4-weight.json").is_file() and (tmp_path / "bench_decode_float32.json").is_file()
     assert "against its memory floor" in capsys.readouterr().out
+    # The arithmetic floor where every product runs one of the project's kernels (int8-dynamic's, whose
+    # instruction every x86-64 CPU here has: VNNI's or AVX2's), none where torch's or oneDNN's run.
+    from profiling.lib.arithmetic_peaks import PRODUCT_INSTRUCTIONS
+    for row in floors["rows"]:
+        assert row["product_macs"] and all(count > 0 for count in row["product_macs"].values())
+        ours = set(row["product_macs"]) <= set(PRODUCT_INSTRUCTIONS)
+        assert ours is (row["arithmetic_floor_ms"] is not None) and ours is (row["precision"] == "int8-dynamic")
+        if ours:
+            rate = {op: floors["mac_rates_gmac_s"][op] * 1e9 for op in row["product_macs"]}
+            assert row["arithmetic_floor_ms"] == pytest.approx(
+                1e3 * sum(n / rate[op] for op, n in row["product_macs"].items()), rel=0.02)
+            assert row["step_over_bound"] == pytest.approx(
+                row["step_ms"] / max(row["floor_ms"], row["arithmetic_floor_ms"]), rel=0.02)
+    # a step of two rows makes twice the multiply-adds of one
+    assert sum(two["int8-dynamic"]["product_macs"].values()) == 2 * sum(one["int8-dynamic"]["product_macs"].values())
 
 
 def test_an_unknown_precision_is_refused():

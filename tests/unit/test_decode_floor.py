@@ -16,7 +16,8 @@ def test_the_floor_is_weights_plus_every_sequences_kv_over_the_bandwidth():
     fields = df.floor_fields(floor, step_ms=75.0, products_ms=60.0)
     # The products read the weights alone: 10**9 bytes at 20 GB/s, 50 ms; the rest of the step is outside them.
     assert fields == {"weight_mb": 1000.0, "kv_mb": 0.6, "floor_ms": 50.03, "step_over_floor": 1.5,
-                      "weights_floor_ms": 50.0, "products_over_floor": 1.2, "outside_ms": 15.0}
+                      "weights_floor_ms": 50.0, "products_over_floor": 1.2, "outside_ms": 15.0,
+                      "arithmetic_floor_ms": None, "step_over_bound": None, "products_over_bound": None}
     with pytest.raises(ValueError, match="bandwidth must be positive"):
         df.step_floor(1, [1], 1, 0.0)
 
@@ -82,11 +83,12 @@ def test_the_floor_table_has_a_line_per_row():
              "products_ms": 18.0, "weights_floor_ms": 11.5, "products_over_floor": 1.57, "outside_ms": 12.0,
              "weight_mb": 260.1, "kv_mb": 24.5}]
     lines = df.format_floor_rows(rows).splitlines()
-    assert len(lines) == 3 and lines[2].split() == ["int4-weight", "8", "30.0", "-", "12.50", "2.40", "-", "18.0",
-                                                    "11.50", "1.57", "12.0", "260.1", "24.50"]
-    # the bandwidth the floor was read at, and the step against the floor at the median read, where given
-    rows[0].update(floor_gb_s=21.3, step_over_median_floor=1.87)
-    assert df.format_floor_rows(rows).splitlines()[2].split()[3:7] == ["21.3", "12.50", "2.40", "1.87"]
+    assert len(lines) == 3 and lines[2].split() == ["int4-weight", "8", "30.0", "-", "12.50", "2.40", "-", "-", "-",
+                                                    "18.0", "11.50", "1.57", "12.0", "260.1", "24.50"]
+    # the bandwidth the floor was read at, the step against the floor at the median read, the arithmetic floor and
+    # the step against the larger floor, where given
+    rows[0].update(floor_gb_s=21.3, step_over_median_floor=1.87, arithmetic_floor_ms=15.0, step_over_bound=2.0)
+    assert df.format_floor_rows(rows).splitlines()[2].split()[3:9] == ["21.3", "12.50", "2.40", "1.87", "15.00", "2.00"]
 
 
 def test_a_step_whose_products_were_not_timed_has_no_split_and_prints_dashes():
@@ -95,4 +97,4 @@ def test_a_step_whose_products_were_not_timed_has_no_split_and_prints_dashes():
     assert (fields["products_over_floor"], fields["outside_ms"], fields["weights_floor_ms"]) == (None, None, 50.0)
     row = {"precision": "bfloat16", "sequences": 8, "step_ms": 75.0, "products_ms": None, **fields}
     assert df.format_floor_rows([row]).splitlines()[2].split() == ["bfloat16", "8", "75.0", "-", "50.01", "1.50", "-", "-",
-                                                                  "50.00", "-", "-", "1000.0", "0.10"]
+                                                                  "-", "-", "50.00", "-", "-", "1000.0", "0.10"]
