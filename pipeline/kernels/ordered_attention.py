@@ -77,6 +77,29 @@ inline float exp_nonpositive(float x) {
   return x < -87.0f ? 0.0f : e;
 }
 
+// `count` rows of `dim` (DIM where known) values, `stride` apart, as float rows: float ones in place, others
+// converted into `buffer` (exactly: every bfloat16 and half is a float). Returns the first row and the rows' stride.
+template <typename T, int64_t DIM>
+inline std::pair<const float*, int64_t> as_float(const T* __restrict rows, int64_t stride, int64_t count,
+                                                 int64_t runtime_dim, float* __restrict buffer) {
+  if constexpr (std::is_same_v<T, float>) {
+    return {rows, stride};
+  } else {
+    const int64_t dim = DIM ? DIM : runtime_dim;
+    for (int64_t j = 0; j < count; ++j)
+      for (int64_t d = 0; d < dim; ++d) buffer[j * dim + d] = static_cast<float>(rows[j * stride + d]);
+    return {buffer, dim};
+  }
+}
+
+// Asks for rows [j0, j1) of `rows` (`bytes` each, `stride` elements apart) into the cache `HINT` names.
+template <int HINT, typename T>
+inline void prefetch_rows(const T* rows, int64_t stride, int64_t j0, int64_t j1, int64_t bytes) {
+  for (int64_t j = j0; j < j1; ++j)
+    for (int64_t b = 0; b < bytes; b += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(rows + j * stride) + b, static_cast<_mm_hint>(HINT));
+}
+
 // a . b over `dim` values (DIM where it is known at compile time, for unrolled loops; the same order).
 template <int64_t DIM>
 inline float dot(const float* __restrict a, const float* __restrict b, int64_t runtime_dim) {
@@ -105,35 +128,41 @@ inline __m256 reduce_eight(const __m256 (&lane)[8]) {
 }
 
 // Every query row's scores over keys [0, widest): out[row * widest + j] = (q_row . key j) x scaling, each dot in
-// dot's order. Where the head size is a known multiple of 8, eight keys at a time for all rows (a key block
-// read from memory once, the next ones asked for ahead; eight independent sums a row, reduced together).
-template <int64_t DIM>
-inline void scores(const float* __restrict q, int64_t n, const float* __restrict keys, int64_t stride,
-                   int64_t widest, int64_t runtime_dim, float scaling, float* __restrict out) {
-  int64_t j = 0;
-  if constexpr (DIM > 0 && DIM % 8 == 0) {
-    const __m256 scale = _mm256_set1_ps(scaling);
-    for (; j + 8 <= widest; j += 8) {
-      if (j + 8 + AHEAD <= widest)
-        for (int i = 0; i < 8; ++i)
-          for (int64_t d = 0; d < DIM; d += 16)
-            _mm_prefetch(reinterpret_cast<const char*>(keys + (j + AHEAD + i) * stride + d), _MM_HINT_T0);
-      for (int64_t row = 0; row < n; ++row) {
-        const float* qr = q + row * DIM;
-        __m256 lane[8];
-        for (int i = 0; i < 8; ++i) lane[i] = _mm256_setzero_ps();
-        for (int64_t d = 0; d < DIM; d += 8) {
-          const __m256 qd = _mm256_loadu_ps(qr + d);
-          for (int i = 0; i < 8; ++i)
-            lane[i] = _mm256_add_ps(lane[i], _mm256_mul_ps(qd, _mm256_loadu_ps(keys + (j + i) * stride + d)));
+// dot's order. Eight keys at a time, made float into `buffer` (8 x dim floats; float keys read in place), for
+// all rows (a key block read from memory once, the next ones asked for ahead, the same keys' values asked into
+// the L2 cache for weighted_sums); where the head size is a known multiple of 8, eight independent sums a row,
+// reduced together.
+template <typename T, int64_t DIM>
+inline void scores(const float* __restrict q, int64_t n, const T* __restrict keys, int64_t stride,
+                   const T* __restrict values, int64_t value_stride, int64_t widest, int64_t runtime_dim, float scaling,
+                   float* __restrict out, float* __restrict buffer) {
+  const int64_t dim = DIM ? DIM : runtime_dim, bytes = dim * static_cast<int64_t>(sizeof(T));
+  const __m256 scale = _mm256_set1_ps(scaling);
+  for (int64_t j = 0; j < widest; j += 8) {
+    const int64_t count = std::min<int64_t>(8, widest - j);
+    prefetch_rows<_MM_HINT_T0>(keys, stride, std::min(widest, j + AHEAD), std::min(widest, j + AHEAD + 8), bytes);
+    prefetch_rows<_MM_HINT_T1>(values, value_stride, j, j + count, bytes);
+    const auto [block, block_stride] = as_float<T, DIM>(keys + j * stride, stride, count, dim, buffer);
+    if constexpr (DIM > 0 && DIM % 8 == 0) {
+      if (count == 8) {
+        for (int64_t row = 0; row < n; ++row) {
+          const float* qr = q + row * DIM;
+          __m256 lane[8];
+          for (int i = 0; i < 8; ++i) lane[i] = _mm256_setzero_ps();
+          for (int64_t d = 0; d < DIM; d += 8) {
+            const __m256 qd = _mm256_loadu_ps(qr + d);
+            for (int i = 0; i < 8; ++i)
+              lane[i] = _mm256_add_ps(lane[i], _mm256_mul_ps(qd, _mm256_loadu_ps(block + i * block_stride + d)));
+          }
+          _mm256_storeu_ps(out + row * widest + j, _mm256_mul_ps(reduce_eight(lane), scale));
         }
-        _mm256_storeu_ps(out + row * widest + j, _mm256_mul_ps(reduce_eight(lane), scale));
+        continue;
       }
     }
+    for (int64_t i = 0; i < count; ++i)
+      for (int64_t row = 0; row < n; ++row)
+        out[row * widest + j + i] = dot<DIM>(q + row * dim, block + i * block_stride, dim) * scaling;
   }
-  for (; j < widest; ++j)
-    for (int64_t row = 0; row < n; ++row)
-      out[row * widest + j] = dot<DIM>(q + row * runtime_dim, keys + j * stride, runtime_dim) * scaling;
 }
 
 // The largest of s[0, n), NO_KEY for none.
@@ -151,16 +180,18 @@ inline float largest(const float* __restrict s, int64_t n) {
 
 // For every query row: the sum over keys j < widest (first to last, a weight of 0 skipped: a row's weights past
 // its last key are 0) of w[row * widest + j] x values[j] into sums[row] (dim values), and of its weights into
-// totals[row]. VALUE_TILE keys at a time for all rows (a tile read from memory once, the next one asked for
-// ahead); where the head size is known at compile time, each row's sums in registers over a tile.
-template <int64_t DIM>
-inline void weighted_sums(const float* __restrict w, int64_t n, int64_t widest, const float* __restrict values,
-                          int64_t stride, int64_t runtime_dim, float* __restrict sums, float* __restrict totals) {
+// totals[row]. VALUE_TILE keys at a time for all rows (a tile made float into `buffer`, VALUE_TILE x dim floats,
+// float values read in place; the next tile asked for ahead); where the head size is known at compile time,
+// each row's sums in registers over a tile.
+template <typename T, int64_t DIM>
+inline void weighted_sums(const float* __restrict w, int64_t n, int64_t widest, const T* __restrict values,
+                          int64_t stride, int64_t runtime_dim, float* __restrict sums, float* __restrict totals,
+                          float* __restrict buffer) {
   const int64_t dim = DIM ? DIM : runtime_dim;
   for (int64_t j0 = 0; j0 < widest; j0 += VALUE_TILE) {
     const int64_t j1 = std::min(widest, j0 + VALUE_TILE);
-    for (int64_t j = j1; j < std::min(widest, j1 + AHEAD); ++j)
-      for (int64_t d = 0; d < dim; d += 16) _mm_prefetch(reinterpret_cast<const char*>(values + j * stride + d), _MM_HINT_T0);
+    prefetch_rows<_MM_HINT_T0>(values, stride, j1, std::min(widest, j1 + AHEAD), dim * static_cast<int64_t>(sizeof(T)));
+    const auto [tile_values, tile_stride] = as_float<T, DIM>(values + j0 * stride, stride, j1 - j0, dim, buffer);
     for (int64_t row = 0; row < n; ++row) {
       const float* wr = w + row * widest;
       const auto tile = [&](float* __restrict acc, float total) {
@@ -168,7 +199,7 @@ inline void weighted_sums(const float* __restrict w, int64_t n, int64_t widest, 
           const float p = wr[j];
           if (p == 0.0f) continue;
           total = total + p;
-          const float* vr = values + j * stride;
+          const float* vr = tile_values + (j - j0) * tile_stride;
           for (int64_t d = 0; d < dim; ++d) acc[d] = acc[d] + p * vr[d];
         }
         return total;
@@ -182,21 +213,6 @@ inline void weighted_sums(const float* __restrict w, int64_t n, int64_t widest, 
         totals[row] = tile(sums + row * dim, totals[row]);
       }
     }
-  }
-}
-
-// `count` rows of `dim` values, `stride` apart, as float rows: float ones in place, others converted into
-// `buffer` once. Returns the first row and the rows' stride.
-template <typename T>
-inline std::pair<const float*, int64_t> as_float(const T* rows, int64_t stride, int64_t count, int64_t dim,
-                                                 std::vector<float>& buffer) {
-  if constexpr (std::is_same_v<T, float>) {
-    return {rows, stride};
-  } else {
-    buffer.resize(count * dim);
-    for (int64_t j = 0; j < count; ++j)
-      for (int64_t d = 0; d < dim; ++d) buffer[j * dim + d] = static_cast<float>(rows[j * stride + d]);
-    return {buffer.data(), dim};
   }
 }
 
@@ -220,7 +236,7 @@ void attend(const torch::Tensor& query, const torch::Tensor& key, const torch::T
   const int64_t ms0 = m ? mask->stride(0) : 0, ms2 = m ? mask->stride(2) : 0, ms3 = m ? mask->stride(3) : 0;
   const int64_t* len = lengths.has_value() ? lengths->data_ptr<int64_t>() : nullptr;
   at::parallel_for(0, rows * kv_heads * blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf, weights, kf, vf, sums, totals;
+    std::vector<float> qf, weights, buffer(VALUE_TILE * dim), sums, totals;
     std::vector<int64_t> ends;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t r = task / (kv_heads * blocks), h = (task / blocks) % kv_heads, b = task % blocks;
@@ -238,11 +254,10 @@ void attend(const torch::Tensor& query, const torch::Tensor& key, const torch::T
           if (causal) ends[row] = std::clamp<int64_t>(limit - queries + i + 1, 0, limit);
           widest = std::max(widest, ends[row]);
         }
-      // Scores of every row over the widest row's keys (past a row's own end they are overwritten below), the
-      // task's keys made float once (float keys read in place).
+      // Scores of every row over the widest row's keys (past a row's own end they are overwritten below).
       weights.resize(n * widest);
-      const auto [keys_f, keys_stride] = as_float(k + r * ks0 + h * ks1, ks2, widest, dim, kf);
-      scores<DIM>(qf.data(), n, keys_f, keys_stride, widest, dim, scaling, weights.data());
+      scores<T, DIM>(qf.data(), n, k + r * ks0 + h * ks1, ks2, v + r * vs0 + h * vs1, vs2, widest, dim, scaling,
+                     weights.data(), buffer.data());
       // Each row's weights in place of its scores: exp(score - the row's largest) where it sees the key, else 0.
       for (int64_t g = 0; g < group; ++g)
         for (int64_t i = i0; i < i1; ++i) {
@@ -257,12 +272,11 @@ void attend(const torch::Tensor& query, const torch::Tensor& key, const torch::T
           else for (int64_t j = 0; j < stop; ++j) s[j] = exp_nonpositive(s[j] - top);
           std::fill(s + stop, s + widest, 0.0f);
         }
-      // Each row's weighted values and weights, summed key after key; a key of weight 0 is skipped. Over the
-      // task's values made float once (float values read in place).
+      // Each row's weighted values and weights, summed key after key; a key of weight 0 is skipped.
       sums.assign(n * dim, 0.0f);
       totals.assign(n, 0.0f);
-      const auto [values_f, values_stride] = as_float(v + r * vs0 + h * vs1, vs2, widest, dim, vf);
-      weighted_sums<DIM>(weights.data(), n, widest, values_f, values_stride, dim, sums.data(), totals.data());
+      weighted_sums<T, DIM>(weights.data(), n, widest, v + r * vs0 + h * vs1, vs2, dim, sums.data(), totals.data(),
+                            buffer.data());
       for (int64_t g = 0; g < group; ++g)
         for (int64_t i = i0; i < i1; ++i) {
           const int64_t row = g * span + (i - i0);
