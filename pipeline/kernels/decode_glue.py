@@ -32,12 +32,39 @@ _SOURCE = r'''
 #include <c10/util/Half.h>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 namespace {
 
+// x rounded to bfloat16 as c10::BFloat16 rounds it (to nearest, ties to even; NaN to 0x7FC0), as float bits: the
+// same arithmetic in plain integer operations without a branch, so g++ vectorizes the loops that call it.
+inline uint32_t bf16_bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  const uint32_t r = (u + (((u >> 16) & 1u) + 0x7FFFu)) & 0xFFFF0000u;
+  return x != x ? 0x7FC00000u : r;
+}
+
 // The value torch stores for a float result in a tensor of type T (round to nearest even; float: as is).
 template <typename T>
-inline float rounded(float x) { return static_cast<float>(static_cast<T>(x)); }
+inline float rounded(float x) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    const uint32_t r = bf16_bits(x);
+    float f;
+    std::memcpy(&f, &r, sizeof f);
+    return f;
+  } else {
+    return static_cast<float>(static_cast<T>(x));
+  }
+}
+
+// x stored in a tensor of type T: rounded<T>(x)'s bits.
+template <typename T>
+inline T stored(float x) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) return c10::BFloat16(static_cast<uint16_t>(bf16_bits(x) >> 16), c10::BFloat16::from_bits());
+  else return static_cast<T>(x);
+}
 
 template <typename T>
 void rotate_rows(const torch::Tensor& qk, const torch::Tensor& v, const torch::Tensor& cos,
@@ -61,11 +88,16 @@ void rotate_rows(const torch::Tensor& qk, const torch::Tensor& v, const torch::T
       const T* cr = c + r * dim;
       const T* sr = s + r * dim;
       T* out = h < heads ? qd + (r * heads + h) * dim : kd + at_row[r * kv_heads + (h - heads)] * dim;
-      for (int64_t d = 0; d < dim; ++d) {
-        const float a = rounded<T>(static_cast<float>(x[d]) * static_cast<float>(cr[d]));
-        const float b = rounded<T>(static_cast<float>(x[(d + half) % dim]) * static_cast<float>(sr[d]));
-        out[d] = static_cast<T>(a + b);
-      }
+      // x[d] x cos + x[(d + half) % dim] x sin, in two halves (no modulo: each half one vector loop)
+      const auto rotate = [&](int64_t d0, int64_t d1, int64_t other) {
+        for (int64_t d = d0; d < d1; ++d) {
+          const float a = rounded<T>(static_cast<float>(x[d]) * static_cast<float>(cr[d]));
+          const float b = rounded<T>(static_cast<float>(x[d + other]) * static_cast<float>(sr[d]));
+          out[d] = stored<T>(a + b);
+        }
+      };
+      rotate(0, half, half);
+      rotate(half, dim, -half);
       if (h >= heads) {  // this kv head's value, as written: a copy
         const T* vr = vs + r * vs0 + (h - heads) * dim;
         T* vo = vd + at_row[r * kv_heads + (h - heads)] * dim;
@@ -89,7 +121,7 @@ void scale_rows(const torch::Tensor& x, const torch::Tensor& variance, const tor
       const T* xr = xd + r * xs0;
       T* orow = o + r * width;
       for (int64_t j = 0; j < width; ++j)
-        orow[j] = static_cast<T>(rounded<T>(static_cast<float>(xr[j]) * inv) * static_cast<float>(w[j]));
+        orow[j] = stored<T>(rounded<T>(static_cast<float>(xr[j]) * inv) * static_cast<float>(w[j]));
     }
   });
 }

@@ -49,6 +49,31 @@ def test_rotate_and_store_gives_the_torch_ops_bits_and_writes_each_kv_head_at_it
     assert torch.equal(keys, expected_keys) and torch.equal(values, expected_values)
 
 
+def test_rotate_and_store_rounds_ties_overflow_and_nans_as_torchs_bfloat16_does(ops):
+    # cos and sin of ones: each output is rounded(x[d]) + rounded(x[d + half]), a float sum of two bfloat16 values
+    # stored in bfloat16: ties (to even, down and up), sums past the largest bfloat16 (to infinity), infinities
+    # and NaNs of either sign, subnormals
+    big, tiny, nan, inf = 3.3895e38, 1e-40, float("nan"), float("inf")
+    pairs = [(1.0, 2 ** -8), (1.0 + 2 ** -7, 2 ** -8), (-1.0, -2 ** -8), (big, big / 256), (big, 2 ** 119),
+             (inf, -inf), (nan, 1.0), (-nan, 1.0), (inf, 1.0), (tiny, tiny), (-0.0, 0.0), (3.0, -3.0),
+             (1.0, 2 ** -9), (-big, -big / 256), (2 ** -133, 2 ** -133), (65504.0, 1.0)]
+    half = len(pairs)
+    x = torch.tensor([p[0] for p in pairs] + [p[1] for p in pairs]).to(torch.bfloat16)
+    qk = torch.stack([x, x.flip(0)]).view(1, 2, 2 * half)  # a query head and a key head
+    v = torch.zeros(1, 2 * half, dtype=torch.bfloat16)
+    cos = torch.ones(1, 1, 2 * half, dtype=torch.bfloat16)
+    keys, values = torch.zeros(4, 2 * half, dtype=torch.bfloat16), torch.zeros(4, 2 * half, dtype=torch.bfloat16)
+    op = decode_glue.EXTENSION.registered("rotate_and_store")
+    q = op(qk, v, cos, cos.clone(), keys, values, torch.tensor([2]), 1)
+    rotated = (qk * cos).add_(torch.roll(qk, half, -1).mul_(cos))  # the step's torch ops
+    for got, expected in ((q.flatten(), rotated[0, 0]), (keys[2], rotated[0, 1])):
+        # A NaN is a NaN (torch's vector loops store 0xFFFF, its scalar ones and c10 0x7FC0); every other value
+        # the same bits
+        nan = expected.isnan()
+        assert torch.equal(got.isnan(), nan) and nan.sum() == 6
+        assert torch.equal(got[~nan].view(torch.int16), expected[~nan].view(torch.int16))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows, width", [(1, 896), (2, 896), (7, 40), (3, 13)])
 def test_rms_norm_gives_the_norms_torch_ops_bits(ops, dtype, rows, width):
