@@ -16,11 +16,11 @@ came in one call (a prompt whole or in pieces, or a decode step), the thread cou
 the source is compiled with -ffp-contract=off (no fused multiply-add) and without fast-math, so the
 compiler vectorizes those loops without reordering a sum, and every x86-64 CPU with AVX2 (AVX2-only,
 AVX-512, AMX alike) gives the same bits. A task (one row's kv head, up to eight queries) reads its keys
-and its values once each, every query's sums running over a block of them before the next block (a
-decode step's seven query heads a kv head share one pass over memory). It reads up to the row's last
-visible key and no further: a decode step's cost follows each row's own length, not the batch's widest
-(docs/performance.md, "Ordered attention"). It is registered with torch's dispatcher
-(``EXTENSION.registered("ordered_attention")``): profilers and op counts see it.
+and its values once each, a block at a time made float beside the sums that use it, every query's sums
+running over a block before the next (a decode step's seven query heads a kv head share one pass over
+memory; docs/performance.md, sections 18 and 27). It reads up to the row's last visible key and no further:
+a decode step's cost follows each row's own length, not the batch's widest. It is registered with torch's
+dispatcher (``EXTENSION.registered("ordered_attention")``): profilers and op counts see it.
 
 `pipeline.kernels.chunked_attention.chunked_attention` (every decode step's attention; a prefill and the
 encoders run SDPA row by row, pipeline.kernels.batch_invariance) runs it on a CPU where it is built
@@ -82,14 +82,11 @@ inline float exp_nonpositive(float x) {
 template <typename T, int64_t DIM>
 inline std::pair<const float*, int64_t> as_float(const T* __restrict rows, int64_t stride, int64_t count,
                                                  int64_t runtime_dim, float* __restrict buffer) {
-  if constexpr (std::is_same_v<T, float>) {
-    return {rows, stride};
-  } else {
-    const int64_t dim = DIM ? DIM : runtime_dim;
-    for (int64_t j = 0; j < count; ++j)
-      for (int64_t d = 0; d < dim; ++d) buffer[j * dim + d] = static_cast<float>(rows[j * stride + d]);
-    return {buffer, dim};
-  }
+  if constexpr (std::is_same_v<T, float>) return {rows, stride};
+  const int64_t dim = DIM ? DIM : runtime_dim;
+  for (int64_t j = 0; j < count; ++j)
+    for (int64_t d = 0; d < dim; ++d) buffer[j * dim + d] = static_cast<float>(rows[j * stride + d]);
+  return {buffer, dim};
 }
 
 // Asks for rows [j0, j1) of `rows` (`bytes` each, `stride` elements apart) into the cache `HINT` names.
@@ -143,21 +140,19 @@ inline void scores(const float* __restrict q, int64_t n, const T* __restrict key
     prefetch_rows<_MM_HINT_T0>(keys, stride, std::min(widest, j + AHEAD), std::min(widest, j + AHEAD + 8), bytes);
     prefetch_rows<_MM_HINT_T1>(values, value_stride, j, j + count, bytes);
     const auto [block, block_stride] = as_float<T, DIM>(keys + j * stride, stride, count, dim, buffer);
-    if constexpr (DIM > 0 && DIM % 8 == 0) {
-      if (count == 8) {
-        for (int64_t row = 0; row < n; ++row) {
-          const float* qr = q + row * DIM;
-          __m256 lane[8];
-          for (int i = 0; i < 8; ++i) lane[i] = _mm256_setzero_ps();
-          for (int64_t d = 0; d < DIM; d += 8) {
-            const __m256 qd = _mm256_loadu_ps(qr + d);
-            for (int i = 0; i < 8; ++i)
-              lane[i] = _mm256_add_ps(lane[i], _mm256_mul_ps(qd, _mm256_loadu_ps(block + i * block_stride + d)));
-          }
-          _mm256_storeu_ps(out + row * widest + j, _mm256_mul_ps(reduce_eight(lane), scale));
+    if (DIM > 0 && DIM % 8 == 0 && count == 8) {  // (compiled out for other head sizes)
+      for (int64_t row = 0; row < n; ++row) {
+        const float* qr = q + row * DIM;
+        __m256 lane[8];
+        for (int i = 0; i < 8; ++i) lane[i] = _mm256_setzero_ps();
+        for (int64_t d = 0; d + 8 <= DIM; d += 8) {
+          const __m256 qd = _mm256_loadu_ps(qr + d);
+          for (int i = 0; i < 8; ++i)
+            lane[i] = _mm256_add_ps(lane[i], _mm256_mul_ps(qd, _mm256_loadu_ps(block + i * block_stride + d)));
         }
-        continue;
+        _mm256_storeu_ps(out + row * widest + j, _mm256_mul_ps(reduce_eight(lane), scale));
       }
+      continue;
     }
     for (int64_t i = 0; i < count; ++i)
       for (int64_t row = 0; row < n; ++row)
@@ -167,12 +162,11 @@ inline void scores(const float* __restrict q, int64_t n, const T* __restrict key
 
 // The largest of s[0, n), NO_KEY for none.
 inline float largest(const float* __restrict s, int64_t n) {
-  float lane[16];
-  for (int l = 0; l < 16; ++l) lane[l] = NO_KEY;
+  float lane[16], top = NO_KEY;
+  std::fill(lane, lane + 16, NO_KEY);
   int64_t j = 0;
   for (; j + 16 <= n; j += 16)
     for (int l = 0; l < 16; ++l) lane[l] = s[j + l] > lane[l] ? s[j + l] : lane[l];
-  float top = NO_KEY;
   for (; j < n; ++j) top = s[j] > top ? s[j] : top;
   for (int l = 0; l < 16; ++l) top = lane[l] > top ? lane[l] : top;
   return top;
@@ -195,13 +189,11 @@ inline void weighted_sums(const float* __restrict w, int64_t n, int64_t widest, 
     for (int64_t row = 0; row < n; ++row) {
       const float* wr = w + row * widest;
       const auto tile = [&](float* __restrict acc, float total) {
-        for (int64_t j = j0; j < j1; ++j) {
-          const float p = wr[j];
-          if (p == 0.0f) continue;
-          total = total + p;
-          const float* vr = tile_values + (j - j0) * tile_stride;
-          for (int64_t d = 0; d < dim; ++d) acc[d] = acc[d] + p * vr[d];
-        }
+        for (int64_t j = j0; j < j1; ++j)
+          if (const float p = wr[j], *vr = tile_values + (j - j0) * tile_stride; p != 0.0f) {
+            total = total + p;
+            for (int64_t d = 0; d < dim; ++d) acc[d] = acc[d] + p * vr[d];
+          }
         return total;
       };
       if constexpr (DIM > 0) {  // the row's sums in registers over the tile
@@ -209,9 +201,7 @@ inline void weighted_sums(const float* __restrict w, int64_t n, int64_t widest, 
         std::copy(sums + row * DIM, sums + (row + 1) * DIM, acc);
         totals[row] = tile(acc, totals[row]);
         std::copy(acc, acc + DIM, sums + row * DIM);
-      } else {
-        totals[row] = tile(sums + row * dim, totals[row]);
-      }
+      } else totals[row] = tile(sums + row * dim, totals[row]);
     }
   }
 }
@@ -224,9 +214,7 @@ void attend(const torch::Tensor& query, const torch::Tensor& key, const torch::T
   const int64_t dim = DIM ? DIM : query.size(3);
   const int64_t kv_heads = key.size(1), keys = key.size(2), group = heads / kv_heads;
   const int64_t blocks = (queries + QUERY_BLOCK - 1) / QUERY_BLOCK;
-  const T* q = query.data_ptr<T>();
-  const T* k = key.data_ptr<T>();
-  const T* v = value.data_ptr<T>();
+  const T *q = query.data_ptr<T>(), *k = key.data_ptr<T>(), *v = value.data_ptr<T>();
   T* o = out.data_ptr<T>();
   const int64_t qs0 = query.stride(0), qs1 = query.stride(1), qs2 = query.stride(2);
   const int64_t ks0 = key.stride(0), ks1 = key.stride(1), ks2 = key.stride(2);
@@ -330,10 +318,8 @@ torch::Tensor ordered_attention(const torch::Tensor& query, const torch::Tensor&
   return out;
 }
 
-TORCH_LIBRARY(EXTENSION_NAMESPACE, m) {
-  m.def("ordered_attention(Tensor query, Tensor key, Tensor value, Tensor? mask, Tensor? lengths, bool causal, "
-        "float scaling) -> Tensor");
-}
+TORCH_LIBRARY(EXTENSION_NAMESPACE, m) { m.def("ordered_attention(Tensor query, Tensor key, Tensor value, Tensor? mask, "
+                                             "Tensor? lengths, bool causal, float scaling) -> Tensor"); }
 
 TORCH_LIBRARY_IMPL(EXTENSION_NAMESPACE, CPU, m) { m.impl("ordered_attention", &ordered_attention); }
 '''
