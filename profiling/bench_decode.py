@@ -34,6 +34,7 @@ import os
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pipeline import spec
 from pipeline.config import PRECISION_VARIANTS, Settings
@@ -41,7 +42,7 @@ from pipeline.continuous import ContinuousEngine
 from pipeline.generator import GenerationRequest, Generator
 from profiling.lib import arithmetic_peaks, decode_floor
 from profiling.lib.cli import add_out, choice_list, comma_list, make_parser, positive
-from profiling.lib.engine_step import ProductRecorder
+from profiling.lib.engine_step import ProductRecorder, profiled_steps
 from profiling.lib.inputs import cycled, document_pool, spec_queries
 from profiling.lib.kernel_baselines import BASELINES, running
 from profiling.lib.models import decode_full_length, worker_generator, worker_settings
@@ -185,17 +186,15 @@ def summary(variant: Variant, n: int) -> dict:
             "cuda_graphs": None if variant.engine.runner.graphs is None else variant.engine.runner.graphs.recorded}
 
 
-def profile_steps(variant: Variant, steps: int, top: int) -> dict:
-    """torch.profiler (CPU) over a few steps: the top operators by self CPU time."""
-    from torch.profiler import ProfilerActivity, profile
-    with variant.kernels(), profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(steps):
-            timed_step(variant.engine, variant.phases)
-    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
-    total = sum(e.self_cpu_time_total for e in events) or 1
-    rows = [{"op": e.key, "calls": e.count, "self_ms_per_step": round(e.self_cpu_time_total / 1000 / steps, 2),
-             "share": round(e.self_cpu_time_total / total, 3)} for e in events[:top]]
-    return {"runner": variant.name, "steps": steps, "top_ops": rows}
+def profile_steps(variant: Variant, steps: int, top: int, trace: Path) -> dict:
+    """torch.profiler over a few steps (the device's kernels too on CUDA): the top operators by self CPU time; the
+    chrome trace written to `trace`."""
+    with variant.kernels():
+        found = profiled_steps(lambda: timed_step(variant.engine, variant.phases), steps, trace,
+                               variant.engine.runner.table.device != "cpu")
+    total = sum(op["self_ms_per_step"] for op in found["ops"]) or 1
+    rows = [{**op, "share": round(op["self_ms_per_step"] / total, 3)} for op in found["ops"][:top]]
+    return {"runner": variant.name, "steps": steps, "top_ops": rows, "trace": found["trace"]}
 
 
 # ------------------------------------------------------------------------- report
@@ -211,15 +210,14 @@ def format_rows(rows: list[dict]) -> str:
 
 def format_profile(prof: dict, n: int) -> str:
     lines = [f"top ops by self CPU, {prof['runner']} at {n} sequences (per step over {prof['steps']} steps):",
-             f"  {'op':<44}{'calls':>7}{'ms/step':>10}{'share':>8}"]
-    lines += [f"  {r['op'][:43]:<44}{r['calls']:>7}{r['self_ms_per_step']:>10.2f}{r['share']:>8.1%}"
+             f"  {'op':<44}{'calls':>7}{'ms/step':>10}{'device ms':>11}{'share':>8}"]
+    lines += [f"  {r['op'][:43]:<44}{r['calls']:>7}{r['self_ms_per_step']:>10.2f}{r['device_ms_per_step']:>11.2f}{r['share']:>8.1%}"
               for r in prof["top_ops"]]
     return "\n".join(lines)
 
 
 def same_tokens(rows: list[dict]) -> bool:
-    """Whether the runners whose kernels give the current bits chose the same tokens (a baseline of other bits
-    may choose others)."""
+    """Whether the runners whose kernels give the current bits chose the same tokens (others' may differ)."""
     kept = [r for r in rows if BASELINES.get(r["runner"].removeprefix(f"{CURRENT} "), True)]
     return len({str(r["tokens"]) for r in kept}) == 1
 
@@ -230,8 +228,7 @@ def ratios(rows: list[dict]) -> dict[str, float]:
     for name in dict.fromkeys(r["runner"] for r in rows):
         mine = sorted((r for r in rows if r["runner"] == name), key=lambda r: r["sequences"])
         if len(mine) > 1:
-            out[f"{name}: {mine[-1]['sequences']} vs {mine[0]['sequences']}"] = round(
-                mine[-1]["step_ms"] / mine[0]["step_ms"], 2)
+            out[f"{name}: {mine[-1]['sequences']} vs {mine[0]['sequences']}"] = round(mine[-1]["step_ms"] / mine[0]["step_ms"], 2)
     return out
 
 
@@ -273,7 +270,9 @@ def run_size(generator: Generator, n: int, args: argparse.Namespace,
     rows = [summary(v, n) for v in variants]
     if not same_tokens(rows):
         print(f"WARNING: runners of the same bits chose different tokens at {n} sequences", flush=True)
-    profiles = [profile_steps(v, args.profile_steps, args.top) for v in variants] if args.profile else []
+    precision = generator.placement.precision
+    profiles = [profile_steps(v, args.profile_steps, args.top, args.out / f"trace_{precision}_{v.name.replace(' ', '_')}_{n}.json")
+                for v in variants] if args.profile else []
     for prof in profiles:
         print(format_profile(prof, n), flush=True)
     return rows, profiles

@@ -3,33 +3,40 @@
     python -m profiling.gpu_check [--precisions auto] [--budget-s 450] [--out DIR] [--results FILE] [--tiny]
 
 Builds the stand-ins and the support corpus, runs the test cases that need CUDA (CUDA_TESTS; their
-outcomes by test id), then per precision: `profiling.bench_decode` at 1, 8 and
-32 sequences (with the CUDA graphs its engine recorded: "-" where it decodes eagerly), and a local 3-node cluster (the launcher's command line) driven by `profiling.loadgen`:
-one request at a time (the idle request's median latency), then closed loops of 8 and 32 clients.
+outcomes by test id), then per precision: `profiling.bench_decode` at 1, 8 and 32 sequences (with the CUDA graphs
+its engine recorded: "-" where it decodes eagerly; a few steps of each profiled, the device's kernels with the
+host's ops, the top operators at 32 kept and that profile's chrome trace saved beside the results), and a local
+3-node cluster (the launcher's command line) driven by `profiling.loadgen`: one request at a time (the idle request's
+median latency), then closed loops of 8 and 32 clients, and under 32 each node's stages from its /metrics (items,
+mean batch, run time a batch and an item, each item's wait from submit to its batch: queue and batch formation).
 Every tool runs as a subprocess through its command line, with this interpreter (a GPU machine's
 torch, not .venv's). Phases past --budget-s (default: under 8 minutes in all) are skipped and shown
 as "-". `--tiny`: tiny stand-ins and a small corpus on the CPU, a few requests: the script's own check.
 
-The results (device, torch, commit, the figures, each CUDA test's outcome) go to --results as JSON:
-by default docs/gpu-check.json, the file committed beside docs/performance.md that the docs' claims
-about CUDA cite (with --tiny, into --out instead).
+The results (device, torch, commit, the figures, the breakdown under 32 clients, the engine's top operators, each
+CUDA test's outcome) go to --results as JSON: by default docs/gpu-check.json, the file committed beside
+docs/performance.md that the docs' claims about CUDA cite (with --tiny, into --out instead); the traces beside it
+(`<results>-trace-<precision>.json`).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
+from typing import Any
 
 from profiling.lib import local_cluster
 from profiling.lib.provenance import git_commit
 
 ROOT = local_cluster.ROOT
 SEQUENCES = (1, 8, 32)
+PROFILE_TOP = 25  # the engine's operators kept, by self host time
 RESULTS = ROOT / "docs" / "gpu-check.json"
 # The test modules with CUDA cases, and the expression that picks those cases (their ids name cuda).
 CUDA_TESTS = ["tests/unit/test_batch_invariance.py", "tests/unit/test_precision.py",
@@ -86,19 +93,23 @@ class Check:
             raise RuntimeError(f"the CUDA tests wrote no report: see {self.out / 'cuda-tests.log'}")
         return junit_outcomes(report.read_text())
 
-    def decode_steps(self, precision: str) -> dict[str, list]:
+    def decode_steps(self, precision: str) -> dict[str, Any]:
         """Median decode step (ms) and the CUDA graphs recorded (None: not on CUDA) at each of SEQUENCES
-        running sequences."""
+        running sequences; the top operators of a few profiled steps at the most, and their trace's file."""
         folder = self.out / f"bench_decode-{precision}"
         self.run(f"bench_decode-{precision}", ["profiling.bench_decode", "--sequences", ",".join(map(str, SEQUENCES)),
-                                               "--repeat", "3" if self.args.tiny else "8", "--out", str(folder)],
+                                               "--repeat", "3" if self.args.tiny else "8", "--profile", "--profile-steps",
+                                               "3", "--top", str(PROFILE_TOP), "--out", str(folder)],
                  {**self.env, "PRECISION": precision})
-        report = json.loads(next(folder.glob("bench_decode_*.json")).read_text())
+        report = decode_report(folder)
         rows = {row["sequences"]: row for row in report["rows"]}
-        return {"steps": [rows[n]["step_ms"] for n in SEQUENCES], "graphs": [rows[n]["cuda_graphs"] for n in SEQUENCES]}
+        (profile,) = report["profiles"][str(SEQUENCES[-1])]  # the current kernels' only (no baselines asked)
+        return {"steps": [rows[n]["step_ms"] for n in SEQUENCES], "graphs": [rows[n]["cuda_graphs"] for n in SEQUENCES],
+                "engine_profile": {"sequences": SEQUENCES[-1], "steps": profile["steps"], "top_ops": profile["top_ops"]},
+                "trace_file": str(folder / profile["trace"])}
 
-    def cluster(self, precision: str) -> dict[str, float]:
-        """Idle request latency (s) and the throughput (requests/min) at 8 and 32 clients."""
+    def cluster(self, precision: str) -> dict[str, Any]:
+        """Idle request latency (s), the throughput (requests/min) at 8 and 32 clients, and the stages under 32."""
         env = {**self.env, "PRECISION": precision}
         with open(self.out / f"cluster-{precision}.log", "w") as log:
             print(f"[gpu_check] cluster-{precision}: python -m {local_cluster.LAUNCHER}", flush=True)
@@ -115,9 +126,60 @@ class Check:
                 summary = json.loads((self.out / f"loadgen-{precision}" / f"loadgen_{name}.json").read_text())
                 overall = summary["overall"]
                 found[name] = overall["latency"]["p50_s"] if name == "idle" else overall["throughput_rpm"]
+                if name == "c32":
+                    found["c32_stages"] = stage_breakdown(summary)
             return found
         finally:
             local_cluster.stop(nodes)
+
+
+def decode_report(folder: Path) -> dict:
+    """The report bench_decode wrote into `folder` for the one precision it ran (bench_decode_<precision>.json),
+    not its floor table (bench_decode_floor.json, which the same pattern matches)."""
+    (report,) = [path for path in folder.glob("bench_decode_*.json") if path.name != "bench_decode_floor.json"]
+    return json.loads(report.read_text())
+
+
+def stage_breakdown(summary: dict) -> list[dict]:
+    """Each node's active stages over a loadgen phase (its /metrics deltas): items, mean batch, ms a batch runs,
+    the stage's run ms per item (its batches' run over their items) and each item's wait from submit to its batch
+    (queue and batch formation), ms."""
+    def ms(value: float | None) -> float | None:
+        return None if value is None or value != value else round(1000 * value, 2)  # NaN: no batch to divide by
+    rows = []
+    for node in summary.get("nodes", []):
+        for stage in node.get("stages", []):
+            if stage["batches"]:
+                run_s = stage["mean_batch_run_s"]
+                per_item = None if run_s is None or not stage["items"] else run_s * stage["batches"] / stage["items"]
+                rows.append({"node": node["url"], "stage": stage["stage"], "items": stage["items"],
+                             "mean_batch": None if stage["mean_batch_size"] is None else round(stage["mean_batch_size"], 2),
+                             "run_ms_per_batch": ms(run_s), "run_ms_per_item": ms(per_item),
+                             "wait_ms_per_item": ms(stage["mean_item_wait_s"])})
+    return rows
+
+
+def breakdown_table(rows: dict[str, dict]) -> str:
+    """Each precision's stages under 32 clients, one line each."""
+    lines = ["| precision | node | stage | items | mean batch | run ms a batch | run ms an item | wait ms an item |",
+             "|---|---|---|---|---|---|---|---|"]
+    for precision, r in rows.items():
+        for s in r.get("c32_stages") or []:
+            lines.append(f"| {precision} | {s['node']} | {s['stage']} | {s['items']:.0f} | {cell(s['mean_batch'], '.2f')} | "
+                         f"{cell(s['run_ms_per_batch'], '.1f')} | {cell(s['run_ms_per_item'], '.1f')} | "
+                         f"{cell(s['wait_ms_per_item'], '.1f')} |")
+    return "\n".join(lines)
+
+
+def save_traces(rows: dict[str, dict], results: Path) -> None:
+    """Each precision's engine trace copied beside the results file (`<results>-trace-<precision>.json`), the row
+    naming the copy instead of the run's folder."""
+    for precision, row in rows.items():
+        source = row.pop("trace_file", None)
+        if source and Path(source).exists():
+            target = results.with_name(f"{results.stem}-trace-{precision}.json")
+            shutil.copyfile(source, target)
+            row["engine_profile"]["trace"] = target.name
 
 
 def junit_outcomes(xml: str) -> dict[str, str]:
@@ -207,7 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     device = device_line()
     print(f"\n{device}; {check.env['STANDIN_PROFILE']} stand-ins; logs and reports in {check.out}\n")
     print(table(rows))
+    print("\nunder 32 clients:\n" + breakdown_table(rows))
     path = Path(args.results) if args.results else (check.out / "gpu-check.json" if args.tiny else RESULTS)
+    save_traces(rows, path)
     code = git_commit()  # the check's own code: HEAD, and whether the tree differed from it
     commit = code["commit"] + ("+changes" if code["dirty"] else "")
     found = results(rows, tests, device=device, commit=commit, profile=check.env["STANDIN_PROFILE"], failed=failed)

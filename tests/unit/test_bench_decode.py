@@ -22,6 +22,12 @@ def test_bench_decode_times_steps_by_phase_and_profiles(tmp_path, model_source, 
                and r["longest_row"] > 100 and len(r["tokens"]) == r["sequences"] for r in report["rows"])
     assert set(report["ratio_most_vs_fewest"]) == {"current: 3 vs 1"}
     assert all(len(p["top_ops"]) == 5 for size in report["profiles"].values() for p in size)
+    # each profile's chrome trace beside the report; on the CPU no device time
+    for n, (profile,) in report["profiles"].items():
+        assert profile["trace"] == f"trace_float32_current_{n}.json"
+        events = json.loads((tmp_path / profile["trace"]).read_text())["traceEvents"]
+        assert any(e.get("name", "").startswith("aten::") for e in events)
+        assert all(op["device_ms_per_step"] == 0 and op["self_ms_per_step"] >= 0 for op in profile["top_ops"])
 
 
 def test_bench_decode_refuses_more_steps_than_an_answer_has():

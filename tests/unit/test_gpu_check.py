@@ -48,3 +48,55 @@ def test_the_cuda_tests_outcomes_are_read_by_test_id_and_the_failures_listed():
     assert (found["device"], found["commit"], found["precisions"]) == ("torch 2.11.0 | NVIDIA H200", "abc",
                                                                       {"auto": {"idle": 1.5}})
     assert results({}, None, device="d", commit="c", profile="tiny", failed=True)["cuda_tests_failed"] is None
+
+
+SUMMARY = {"nodes": [
+    {"url": "http://127.0.0.1:8000/metrics", "error": "", "stages": [
+        {"stage": "embed", "batches": 10.0, "items": 40.0, "mean_batch_size": 4.0, "mean_batch_run_s": 0.02,
+         "mean_item_wait_s": 0.0153, "queue_depth_after": 0.0},
+        {"stage": "rerank", "batches": 0.0, "items": 0.0, "mean_batch_size": None, "mean_batch_run_s": None,
+         "mean_item_wait_s": None, "queue_depth_after": 0.0}]},
+    {"url": "http://127.0.0.1:8002/metrics", "error": "", "stages": [
+        {"stage": "search", "batches": 8.0, "items": 32.0, "mean_batch_size": 4.0, "mean_batch_run_s": 0.004,
+         "mean_item_wait_s": float("nan"), "queue_depth_after": 0.0}]},
+    {"url": "http://127.0.0.1:8001/metrics", "error": "connection refused", "stages": []}]}
+
+
+def test_the_breakdown_under_load_is_each_nodes_active_stages_in_ms():
+    from profiling.gpu_check import breakdown_table, stage_breakdown
+    rows = stage_breakdown(SUMMARY)
+    assert rows == [
+        {"node": "http://127.0.0.1:8000/metrics", "stage": "embed", "items": 40.0, "mean_batch": 4.0,
+         "run_ms_per_batch": 20.0, "run_ms_per_item": 5.0, "wait_ms_per_item": 15.3},
+        {"node": "http://127.0.0.1:8002/metrics", "stage": "search", "items": 32.0, "mean_batch": 4.0,
+         "run_ms_per_batch": 4.0, "run_ms_per_item": 1.0, "wait_ms_per_item": None}]  # NaN: none to say
+    assert stage_breakdown({}) == []
+    lines = breakdown_table({"auto": {"c32_stages": rows}, "float16": {}}).splitlines()
+    assert lines[2] == "| auto | http://127.0.0.1:8000/metrics | embed | 40 | 4.00 | 20.0 | 5.0 | 15.3 |"
+    assert lines[3].endswith("| search | 32 | 4.00 | 4.0 | 1.0 | - |") and len(lines) == 4
+
+
+def test_each_engine_trace_is_copied_beside_the_results_and_named_in_its_row(tmp_path):
+    from profiling.gpu_check import save_traces
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "trace_bfloat16_current_32.json").write_text('{"traceEvents": []}')
+    rows = {"auto": {"engine_profile": {"top_ops": []}, "trace_file": str(run / "trace_bfloat16_current_32.json")},
+            "float16": {"engine_profile": {"top_ops": []}, "trace_file": str(run / "absent.json")},
+            "int8": {}}
+    save_traces(rows, tmp_path / "gpu-check.json")
+    assert (tmp_path / "gpu-check-trace-auto.json").read_text() == '{"traceEvents": []}'
+    assert rows["auto"] == {"engine_profile": {"top_ops": [], "trace": "gpu-check-trace-auto.json"}}
+    assert rows["float16"] == {"engine_profile": {"top_ops": []}} and rows["int8"] == {}  # no file: nothing named
+    assert not (tmp_path / "gpu-check-trace-float16.json").exists()
+
+
+def test_the_decode_report_is_the_precisions_and_not_the_floor_table_beside_it(tmp_path):
+    import json
+
+    from profiling.gpu_check import decode_report
+    (tmp_path / "bench_decode_floor.json").write_text(json.dumps({"rows": [{"sequences": 1, "step_ms": 2.0}]}))
+    (tmp_path / "bench_decode_bfloat16.json").write_text(json.dumps({"rows": [{"sequences": 1, "cuda_graphs": 3}],
+                                                                     "profiles": {}}))
+    (tmp_path / "trace_bfloat16_current_1.json").write_text("{}")
+    assert decode_report(tmp_path) == {"rows": [{"sequences": 1, "cuda_graphs": 3}], "profiles": {}}
