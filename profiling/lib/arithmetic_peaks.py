@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.cpu_features import cpu_flags
+
 _SOURCE = r'''
 #include <immintrin.h>
 #include <cstdint>
@@ -121,16 +123,6 @@ INSTRUCTIONS = {
 # with; torch's and oneDNN's products are not here (their kernel, and so their instruction, is oneDNN's choice).
 PRODUCT_INSTRUCTIONS = {"bf16_linear": "vdpbf16ps", "vnni_linear": "vpdpbusd", "vnni_int4_linear": "vpdpbusd",
                         "avx2_linear": "vpmaddubsw", "avx2_int4_linear": "vpmaddubsw"}
-
-
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
-    try:
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("flags"):
-                return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
 
 
 @functools.cache

@@ -52,12 +52,6 @@ def test_without_a_compiler_no_rate_is_given(monkeypatch):
         peaks.library.cache_clear()
 
 
-def test_the_cpu_flags_are_read_from_cpuinfo(tmp_path):
-    (tmp_path / "cpuinfo").write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\n\nflags\t: other\n")
-    assert peaks.cpu_flags(tmp_path / "cpuinfo") == {"fpu", "avx2", "avx512f", "avx512_bf16"}
-    assert peaks.cpu_flags(tmp_path / "absent") == frozenset()
-
-
 def test_every_instruction_named_for_a_product_op_is_probed_and_the_op_is_a_product():
     from profiling.lib.engine_step import PRODUCT_OPS
     assert set(peaks.PRODUCT_INSTRUCTIONS.values()) <= set(peaks.INSTRUCTIONS)
@@ -124,3 +118,10 @@ def test_add_floors_takes_each_rows_counted_multiply_adds():
     df.add_floors(rows, model, 1e9, {"bf16_linear": 1e11})
     assert [r["arithmetic_floor_ms"] for r in rows] == [2.0, None, None]
     assert rows[0]["step_over_bound"] == pytest.approx(1.0 / max(2.0, rows[0]["floor_ms"]), abs=0.01)
+
+
+def test_the_flags_the_probes_need_are_read_from_cpuinfo(tmp_path):
+    from pipeline.cpu_features import cpu_flags
+    (tmp_path / "cpuinfo").write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\n\nflags\t: other\n")
+    assert cpu_flags(tmp_path / "cpuinfo") == {"fpu", "avx2", "avx512f", "avx512_bf16"}
+    assert cpu_flags(tmp_path / "absent") == frozenset()
