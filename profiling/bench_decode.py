@@ -9,8 +9,9 @@ Fills the continuous engine with N running sequences (the SPEC prompt over suppo
 each), then times engine steps that are pure decode (no prefill in the plan). Each step is split into: model
 forward, token choice (repetition penalty + argmax), the runner's other decode work (ids, positions, mask, cache
 and seen-token bookkeeping) and the engine's own Python (plan, update, release). `--profile` adds torch.profiler's
-top operators by self CPU time over a few steps. To compare commits, run each tree in turn (the runner and the
-attention kernel change together). `--baselines` also measures, interleaved the same way on the same model,
+top operators by self CPU time over a few steps (with their device time on CUDA), each profile's chrome trace
+beside the report (trace_<precision>_<runner>_<sequences>.json). To compare commits, run each tree in turn (the
+runner and the attention kernel change together). `--baselines` also measures, interleaved the same way on the same model,
 kernels switched back to their baselines (profiling/lib/kernel_baselines.py names each and whether it gives the
 same bits). The model and precision come from the environment (MODEL_SOURCE, STANDIN_PROFILE, PRECISION or
 GENERATE_PRECISION, TORCH_THREADS); `--precisions` loads the LLM in each variant named instead, one after the other.
