@@ -4,11 +4,11 @@
 
 Builds the stand-ins and the support corpus, runs the test cases that need CUDA (CUDA_TESTS; their
 outcomes by test id), then per precision: `profiling.bench_decode` at 1, 8 and 32 sequences (with the CUDA graphs
-its engine recorded: "-" where it decodes eagerly; a few steps of each profiled, the device's kernels with the
-host's ops, the top operators at 32 kept and that profile's chrome trace saved beside the results), and a local
-3-node cluster (the launcher's command line) driven by `profiling.loadgen`: one request at a time (the idle request's
-median latency), then closed loops of 8 and 32 clients, and under 32 each node's stages from its /metrics (items,
-mean batch, run time a batch and an item, each item's wait from submit to its batch: queue and batch formation).
+its engine recorded: "-" where it decodes eagerly), a local 3-node cluster (the launcher's command line) driven by
+`profiling.loadgen`: one request at a time (the idle request's median latency), then closed loops of 8 and 32
+clients, and under 32 each node's stages from its /metrics (items, mean batch, run time a batch and an item, each
+item's wait from submit to its batch: queue and batch formation); last, three decode steps at 32 sequences profiled
+(the device's kernels with the host's ops: the top operators kept, the chrome trace saved beside the results).
 Every tool runs as a subprocess through its command line, with this interpreter (a GPU machine's
 torch, not .venv's). Phases past --budget-s (default: under 8 minutes in all) are skipped and shown
 as "-". `--tiny`: tiny stand-ins and a small corpus on the CPU, a few requests: the script's own check.
@@ -95,17 +95,24 @@ class Check:
 
     def decode_steps(self, precision: str) -> dict[str, Any]:
         """Median decode step (ms) and the CUDA graphs recorded (None: not on CUDA) at each of SEQUENCES
-        running sequences; the top operators of a few profiled steps at the most, and their trace's file."""
+        running sequences."""
         folder = self.out / f"bench_decode-{precision}"
         self.run(f"bench_decode-{precision}", ["profiling.bench_decode", "--sequences", ",".join(map(str, SEQUENCES)),
-                                               "--repeat", "3" if self.args.tiny else "8", "--profile", "--profile-steps",
-                                               "3", "--top", str(PROFILE_TOP), "--out", str(folder)],
+                                               "--repeat", "3" if self.args.tiny else "8", "--out", str(folder)],
                  {**self.env, "PRECISION": precision})
-        report = decode_report(folder)
-        rows = {row["sequences"]: row for row in report["rows"]}
-        (profile,) = report["profiles"][str(SEQUENCES[-1])]  # the current kernels' only (no baselines asked)
-        return {"steps": [rows[n]["step_ms"] for n in SEQUENCES], "graphs": [rows[n]["cuda_graphs"] for n in SEQUENCES],
-                "engine_profile": {"sequences": SEQUENCES[-1], "steps": profile["steps"], "top_ops": profile["top_ops"]},
+        rows = {row["sequences"]: row for row in decode_report(folder)["rows"]}
+        return {"steps": [rows[n]["step_ms"] for n in SEQUENCES], "graphs": [rows[n]["cuda_graphs"] for n in SEQUENCES]}
+
+    def engine_profile(self, precision: str) -> dict[str, Any]:
+        """The top operators (host and device ms) of a few profiled decode steps at the most sequences, and their
+        chrome trace's file: a phase of its own, after the others, so a profiler that fails on a device loses
+        nothing else."""
+        folder, n = self.out / f"bench_decode-profile-{precision}", SEQUENCES[-1]
+        self.run(f"bench_decode-profile-{precision}", ["profiling.bench_decode", "--sequences", str(n), "--repeat", "1",
+                                                       "--profile", "--profile-steps", "3", "--top", str(PROFILE_TOP),
+                                                       "--out", str(folder)], {**self.env, "PRECISION": precision})
+        (profile,) = decode_report(folder)["profiles"][str(n)]  # the current kernels' only (no baselines asked)
+        return {"engine_profile": {"sequences": n, "steps": profile["steps"], "top_ops": profile["top_ops"]},
                 "trace_file": str(folder / profile["trace"])}
 
     def cluster(self, precision: str) -> dict[str, Any]:
@@ -254,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
             failed = True
             print(f"[gpu_check] CUDA tests: {exc}", flush=True)
         for precision, row in rows.items():
-            for key, phase in (("steps", check.decode_steps), ("cluster", check.cluster)):
+            for key, phase in (("steps", check.decode_steps), ("cluster", check.cluster),
+                               ("profile", check.engine_profile)):
                 try:
                     row.update(phase(precision))
                 except (RuntimeError, subprocess.TimeoutExpired) as exc:
