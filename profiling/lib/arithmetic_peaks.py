@@ -109,15 +109,14 @@ ACCUMULATORS = 12
 
 @dataclass(frozen=True)
 class Instruction:
-    name: str
     macs: int  # multiply-adds per instruction
     flags: frozenset[str]  # /proc/cpuinfo flags it needs
 
 
 INSTRUCTIONS = {
-    "vdpbf16ps": Instruction("vdpbf16ps", 32, frozenset({"avx512f", "avx512_bf16"})),
-    "vpdpbusd": Instruction("vpdpbusd", 64, frozenset({"avx512f", "avx512_vnni"})),
-    "vpmaddubsw": Instruction("vpmaddubsw", 32, frozenset({"avx2"})),
+    "vdpbf16ps": Instruction(32, frozenset({"avx512f", "avx512_bf16"})),
+    "vpdpbusd": Instruction(64, frozenset({"avx512f", "avx512_vnni"})),
+    "vpmaddubsw": Instruction(32, frozenset({"avx2"})),
 }
 # The instruction each of the project's product ops (profiling/lib/engine_step.py's PRODUCT_OPS) multiplies
 # with; torch's and oneDNN's products are not here (their kernel, and so their instruction, is oneDNN's choice).
@@ -127,15 +126,17 @@ PRODUCT_INSTRUCTIONS = {"bf16_linear": "vdpbf16ps", "vnni_linear": "vpdpbusd", "
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    """The loops, built by g++ into this process's temporary folder; None without g++."""
+    """The loops, built by g++ in a temporary folder (removed once the library is loaded: the process keeps its
+    mapping); None without g++."""
     compiler = shutil.which("g++")
     if compiler is None:
         return None
-    folder = Path(tempfile.mkdtemp(prefix="arithmetic_peaks-"))
-    (folder / "peaks.cpp").write_text(_SOURCE)
-    subprocess.run([compiler, "-O2", "-std=c++17", "-shared", "-fPIC", "-pthread", str(folder / "peaks.cpp"),
-                    "-o", str(folder / "peaks.so")], check=True, capture_output=True)
-    lib = ctypes.CDLL(str(folder / "peaks.so"))
+    with tempfile.TemporaryDirectory(prefix="arithmetic_peaks-") as name:
+        folder = Path(name)
+        (folder / "peaks.cpp").write_text(_SOURCE)
+        subprocess.run([compiler, "-O2", "-std=c++17", "-shared", "-fPIC", "-pthread", str(folder / "peaks.cpp"),
+                        "-o", str(folder / "peaks.so")], check=True, capture_output=True)
+        lib = ctypes.CDLL(str(folder / "peaks.so"))
     for name in INSTRUCTIONS:
         getattr(lib, name).restype = ctypes.c_double
         getattr(lib, name).argtypes = (ctypes.c_int64, ctypes.c_int)
@@ -159,7 +160,7 @@ def mac_rate(instruction: str, threads: int, seconds: float = 0.1, rounds: int =
     if not spec.flags <= cpu_flags() or library() is None:
         return None
     iterations = 100_000
-    while True:  # grow the loop to about `seconds` (at least 0.1 ms a round: the timer's and the threads' start)
+    while True:  # grow the loop until a run takes a quarter of `seconds` (the threads' start negligible beside it)
         started = time.perf_counter()
         run_loop(instruction, iterations, threads)
         elapsed = time.perf_counter() - started

@@ -125,3 +125,16 @@ def test_the_flags_the_probes_need_are_read_from_cpuinfo(tmp_path):
     (tmp_path / "cpuinfo").write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\n\nflags\t: other\n")
     assert cpu_flags(tmp_path / "cpuinfo") == {"fpu", "avx2", "avx512f", "avx512_bf16"}
     assert cpu_flags(tmp_path / "absent") == frozenset()
+
+
+@BUILDS
+@NEEDS_GXX
+def test_the_build_leaves_no_files_behind(tmp_path, monkeypatch):
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the build's temporary folder goes
+    peaks.library.cache_clear()
+    try:
+        assert peaks.run_loop("vpmaddubsw", 3, 1) == 3 * peaks.ACCUMULATORS * peaks.INSTRUCTIONS["vpmaddubsw"].macs
+        assert not list(tmp_path.iterdir())  # the loaded library outlives its file
+    finally:
+        peaks.library.cache_clear()
