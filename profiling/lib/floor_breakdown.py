@@ -14,8 +14,8 @@ Components, each a mean over the requests of one load level, in ms:
   generate's run is its decoding: the engine's mean iteration times the tokens a request generates
   (its handoff then holds the tokens' way to the request's thread too);
 * the index call's share of search: node 2's /search handling time, of which its own queue and faiss;
-* the host CPU a request costs each node (its process's CPU seconds over the level, `process_cpu_seconds_total`,
-  per request answered): what the service's own code costs, whatever the device, where the times above on a
+* the host CPU a request costs each node (its process's CPU seconds over the level, `rag_process_cpu_seconds_total`,
+  per request answered; a commit before it, `process_cpu_seconds_total`, in 10 ms ticks): what the service's own code costs, whatever the device, where the times above on a
   machine whose cores the nodes and the load share also hold the waits for a core.
 """
 from __future__ import annotations
@@ -151,7 +151,7 @@ def breakdown(client_ms: Mapping[str, float], node0: Sequence[CompletionLine], n
             out[f"{stage}: batch run"] = ran
         out[f"{stage}: handoff"] = total - counters["queue_wait_ms"] - ran
     answered = len(client_ms)
-    cpu = [counter_delta(b, a, "process_cpu_seconds_total") for b, a in zip(before, after)]
+    cpu = [counter_delta(b, a, "rag_process_cpu_seconds_total", "process_cpu_seconds_total") for b, a in zip(before, after)]
     for node, seconds in enumerate(cpu):
         out[f"node {node}: CPU ms per request"] = _per(seconds, answered)
     known = [c for c in cpu if c is not None]

@@ -100,7 +100,7 @@ def test_components_are_the_lines_and_counters_differences():
 
 def test_each_nodes_cpu_per_request_is_its_process_cpu_seconds_over_the_level_per_request_answered():
     def cpu(seconds: float) -> MetricsSnapshot:
-        return MetricsSnapshot("m", {("process_cpu_seconds_total", ()): seconds})
+        return MetricsSnapshot("m", {("rag_process_cpu_seconds_total", ()): seconds})
 
     out = breakdown({"a": 10.0, "b": 12.0}, [], [], [cpu(1.0), cpu(1.0), cpu(0.5)], [cpu(1.3), cpu(1.2), cpu(0.6)])
     assert [out[f"node {n}: CPU ms per request"] for n in range(3)] == pytest.approx([150, 100, 50])

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 
 import pytest
 from flask import Flask, g, jsonify
@@ -20,7 +21,7 @@ from services.server.answer import AnswerPiece, FinalAnswer
 from services.server.app import make_app
 from services.server.edge import install_completion_log
 from services.server.errors import Overloaded, RequestIdConflict
-from services.server.metrics import InfoCollector
+from services.server.metrics import InfoCollector, NodeMetrics
 from services.server.request_ids import (
     MAX_REQUEST_ID_HEADER_CHARS,
     batch_request_ids,
@@ -177,6 +178,21 @@ def test_node_info_is_one_with_its_labels():
                                        "precision": "auto", "version": "0.1.0"}))
     assert m[("rag_node_info", (("model_source", "standin:tiny"), ("node", "1"),
                                 ("precision", "auto"), ("role", "worker"), ("version", "0.1.0")))] == 1
+
+
+def test_the_process_cpu_counter_sees_a_few_milliseconds():
+    # The overhead floor divides a node's CPU over a handful of requests: a counter of 10 ms ticks reads 0 or 10.
+    registry = NodeMetrics().registry
+
+    def cpu_seconds() -> float:
+        return registry.get_sample_value("rag_process_cpu_seconds_total")
+
+    before = cpu_seconds()
+    start = time.process_time()
+    while time.process_time() - start < 0.003:
+        pass
+    grown = cpu_seconds() - before
+    assert 0.003 <= grown < 0.009
 
 
 def test_gateway_families_separate_local_work_from_forwards_and_count_admission():
