@@ -6,21 +6,24 @@ Builds the stand-ins and the support corpus, runs the test cases that need CUDA 
 outcomes by test id), then per precision: `profiling.bench_decode` at 1, 8 and 32 sequences (with the CUDA graphs
 its engine recorded: "-" where it decodes eagerly), a local 3-node cluster (the launcher's command line) driven by
 `profiling.loadgen`: one request at a time (the idle request's median latency), then closed loops of 8 and 32
-clients, and under 32 each node's stages from its /metrics (items, mean batch, run time a batch and an item, each
-item's wait from submit to its batch: queue and batch formation); last, three decode steps at 32 sequences profiled
-(the device's kernels with the host's ops: the top operators kept, the chrome trace saved beside the results).
+clients, then one at a time again (idle once every stage has run under load), and in each phase each node's stages
+from its /metrics (items, mean batch, run time a batch and an item, each item's wait from submit to its batch: queue
+and batch formation); then each batched stage's batch of one timed in-process (`profiling.microbench`), beside what
+the same batch took in the cluster alone; last, three decode steps at 32 sequences profiled (the device's kernels
+with the host's ops: the top operators kept, the chrome trace saved beside the results).
 Every tool runs as a subprocess through its command line, with this interpreter (a GPU machine's
 torch, not .venv's). Phases past --budget-s (default: under 8 minutes in all) are skipped and shown
 as "-". `--tiny`: tiny stand-ins and a small corpus on the CPU, a few requests: the script's own check.
 
-The results (device, torch, commit, the figures, the breakdown under 32 clients, the engine's top operators, each
-CUDA test's outcome) go to --results as JSON: by default docs/gpu-check.json, the file committed beside
-docs/performance.md that the docs' claims about CUDA cite (with --tiny, into --out instead); the traces beside it
-(`<results>-trace-<precision>.json`).
+The results (device, torch, commit, the figures, each phase's breakdown, the stages in-process, the engine's top
+operators, each CUDA test's outcome) go to --results as JSON: by default docs/gpu-check.json, the file committed
+beside docs/performance.md that the docs' claims about CUDA cite (with --tiny, into --out instead); the traces
+beside it (`<results>-trace-<precision>.json`).
 """
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import shutil
@@ -39,6 +42,9 @@ SEQUENCES = (1, 8, 32)
 PROFILE_TOP = 25  # the engine's operators kept, by self host time
 RESULTS = ROOT / "docs" / "gpu-check.json"
 # The test modules with CUDA cases, and the expression that picks those cases (their ids name cuda).
+# The stages whose cluster batch is one call of the batch function microbench times (generate's is an engine
+# iteration; search's in the cluster is node 2's HTTP call, in-process the index itself).
+IN_PROCESS_STAGES = ("embed", "search", "fetch", "rerank", "sentiment", "toxicity")
 CUDA_TESTS = ["tests/unit/test_batch_invariance.py", "tests/unit/test_precision.py",
               "tests/unit/test_chunked_attention.py", "-k", "cuda"]
 
@@ -103,6 +109,15 @@ class Check:
         rows = {row["sequences"]: row for row in decode_report(folder)["rows"]}
         return {"steps": [rows[n]["step_ms"] for n in SEQUENCES], "graphs": [rows[n]["cuda_graphs"] for n in SEQUENCES]}
 
+    def stages_in_process(self, precision: str) -> dict[str, Any]:
+        """Each of IN_PROCESS_STAGES' median ms for a batch of one, timed in-process on the device the workers use:
+        what the idle request's batches cost without the service around them."""
+        folder = self.out / f"microbench-{precision}"
+        self.run(f"microbench-{precision}", ["profiling.microbench", "--stage", ",".join(IN_PROCESS_STAGES),
+                                             "--batch-sizes", "1", "--repeat", "5", "--warmup", "2", "--no-progress",
+                                             "--out", str(folder)], {**self.env, "PRECISION": precision})
+        return {"in_process_ms": microbench_ms(folder)}
+
     def engine_profile(self, precision: str) -> dict[str, Any]:
         """The top operators (host and device ms) of a few profiled decode steps at the most sequences, and their
         chrome trace's file: a phase of its own, after the others, so a profiler that fails on a device loses
@@ -116,7 +131,8 @@ class Check:
                 "trace_file": str(folder / profile["trace"])}
 
     def cluster(self, precision: str) -> dict[str, Any]:
-        """Idle request latency (s), the throughput (requests/min) at 8 and 32 clients, and the stages under 32."""
+        """Idle request latency (s) right after start and after the loads, the throughput (requests/min) at 8 and
+        32 clients, and each phase's stages."""
         env = {**self.env, "PRECISION": precision}
         with open(self.out / f"cluster-{precision}.log", "w") as log:
             print(f"[gpu_check] cluster-{precision}: python -m {local_cluster.LAUNCHER}", flush=True)
@@ -124,7 +140,9 @@ class Check:
         try:
             found = {}
             small = self.args.tiny
-            for name, clients, count in (("idle", 1, 3), ("c8", 8, 16 if small else 64), ("c32", 32, 32 if small else 160)):
+            # idle: the first requests after start; idle_warm: the same once the loads have run every stage
+            for name, clients, count in (("idle", 1, 3), ("c8", 8, 16 if small else 64), ("c32", 32, 32 if small else 160),
+                                         ("idle_warm", 1, 3)):
                 loadgen = ["profiling.loadgen", "--url", f"http://127.0.0.1:{ports[0]}", "--concurrency", str(clients),
                            "--count", str(count), "--duration", str(min(60.0, self.left() - 5)), "--no-plots",
                            "--wait-health", str(min(300.0, self.left() - 5)), "--max-duration", str(self.left()),
@@ -132,12 +150,22 @@ class Check:
                 self.run(f"loadgen-{precision}-{name}", loadgen, env)
                 summary = json.loads((self.out / f"loadgen-{precision}" / f"loadgen_{name}.json").read_text())
                 overall = summary["overall"]
-                found[name] = overall["latency"]["p50_s"] if name == "idle" else overall["throughput_rpm"]
-                if name == "c32":
-                    found["c32_stages"] = stage_breakdown(summary)
+                found[name] = overall["latency"]["p50_s"] if clients == 1 else overall["throughput_rpm"]
+                found[f"{name}_stages"] = stage_breakdown(summary)
             return found
         finally:
             local_cluster.stop(nodes)
+
+
+def microbench_ms(folder: Path) -> dict[str, float]:
+    """{stage: median ms of a batch of one} from the microbench_<stage>.csv files microbench wrote into `folder`."""
+    found = {}
+    for path in sorted(folder.glob("microbench_*.csv")):
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                if row["batch_size"] == "1" and row["kernels"] == "current":
+                    found[row["stage"]] = round(1000 * float(row["batch_s_median"]), 2)
+    return found
 
 
 def decode_report(folder: Path) -> dict:
@@ -166,15 +194,20 @@ def stage_breakdown(summary: dict) -> list[dict]:
     return rows
 
 
-def breakdown_table(rows: dict[str, dict]) -> str:
-    """Each precision's stages under 32 clients, one line each."""
-    lines = ["| precision | node | stage | items | mean batch | run ms a batch | run ms an item | wait ms an item |",
-             "|---|---|---|---|---|---|---|---|"]
+def breakdown_table(rows: dict[str, dict], phase: str = "c32") -> str:
+    """Each precision's stages in one loadgen phase (`idle`, `c8`, `c32`, `idle_warm`), one line each; for the idle
+    ones, beside each stage its batch of one timed in-process (where the check timed it)."""
+    idle = phase.startswith("idle")
+    lines = ["| precision | node | stage | items | mean batch | run ms a batch | run ms an item | wait ms an item |"
+             + (" in-process ms a batch of one |" if idle else ""),
+             "|---|---|---|---|---|---|---|---|" + ("---|" if idle else "")]
     for precision, r in rows.items():
-        for s in r.get("c32_stages") or []:
+        in_process = r.get("in_process_ms") or {}
+        for s in r.get(f"{phase}_stages") or []:
             lines.append(f"| {precision} | {s['node']} | {s['stage']} | {s['items']:.0f} | {cell(s['mean_batch'], '.2f')} | "
                          f"{cell(s['run_ms_per_batch'], '.1f')} | {cell(s['run_ms_per_item'], '.1f')} | "
-                         f"{cell(s['wait_ms_per_item'], '.1f')} |")
+                         f"{cell(s['wait_ms_per_item'], '.1f')} |"
+                         + (f" {cell(in_process.get(s['stage']), '.1f')} |" if idle else ""))
     return "\n".join(lines)
 
 
@@ -222,12 +255,13 @@ def cell(value: float | None, form: str) -> str:
 
 
 def table(rows: dict[str, dict]) -> str:
-    lines = ["| | idle request | concurrency 8 | concurrency 32 | decode step, 1 / 8 / 32 sequences | CUDA graphs |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| | idle request | idle after the loads | concurrency 8 | concurrency 32 | decode step, 1 / 8 / 32 sequences "
+             "| CUDA graphs |", "|---|---|---|---|---|---|---|"]
     for precision, r in rows.items():
         steps = " / ".join(cell(s, ".1f") for s in r.get("steps") or [None] * len(SEQUENCES))
         graphs = " / ".join(cell(g, "d") for g in r.get("graphs") or [None] * len(SEQUENCES))
-        lines.append(f"| {precision} | {cell(r.get('idle'), '.2f')} s | {cell(r.get('c8'), '.1f')} req/min | "
+        lines.append(f"| {precision} | {cell(r.get('idle'), '.2f')} s | {cell(r.get('idle_warm'), '.2f')} s | "
+                     f"{cell(r.get('c8'), '.1f')} req/min | "
                      f"{cell(r.get('c32'), '.1f')} req/min | {steps} ms | {graphs} |")
     return "\n".join(lines)
 
@@ -262,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[gpu_check] CUDA tests: {exc}", flush=True)
         for precision, row in rows.items():
             for key, phase in (("steps", check.decode_steps), ("cluster", check.cluster),
-                               ("profile", check.engine_profile)):
+                               ("in_process", check.stages_in_process), ("profile", check.engine_profile)):
                 try:
                     row.update(phase(precision))
                 except (RuntimeError, subprocess.TimeoutExpired) as exc:
@@ -277,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     device = device_line()
     print(f"\n{device}; {check.env['STANDIN_PROFILE']} stand-ins; logs and reports in {check.out}\n")
     print(table(rows))
+    print("\none request alone, the first after start, beside each stage in-process:\n" + breakdown_table(rows, "idle"))
+    print("\none request alone after the loads:\n" + breakdown_table(rows, "idle_warm"))
     print("\nunder 32 clients:\n" + breakdown_table(rows))
     path = Path(args.results) if args.results else (check.out / "gpu-check.json" if args.tiny else RESULTS)
     save_traces(rows, path)

@@ -33,7 +33,7 @@ from pipeline import spec
 from pipeline.config import ConfigError, Settings
 from pipeline.docstore import DocumentStoreError
 from pipeline.vector_index import VectorIndexError
-from profiling.lib.cli import add_out, comma_list, make_parser, positive
+from profiling.lib.cli import add_out, comma_list, make_parser, positive, stage_list
 from profiling.lib.kernel_baselines import BASELINES, running
 from profiling.lib.models import BUILDERS, BenchContext, MemoryProbe
 from profiling.lib.plots import microbench_plot
@@ -124,9 +124,14 @@ def run_stage(ctx: BenchContext, stage: str, memory: MemoryProbe, progress: bool
 parse_batch_sizes = comma_list(int, minimum=1, sort_unique=True, what="batch sizes", example="1,2,4,8")
 
 
+def parse_stages(raw: str) -> list[str]:
+    return list(STAGES) if raw == "all" else stage_list(STAGES)(raw)
+
+
 def parser() -> argparse.ArgumentParser:
     p = make_parser("python -m profiling.microbench", __doc__)
-    p.add_argument("--stage", required=True, choices=STAGES + ("all",), help="the stage to time, or all")
+    p.add_argument("--stage", required=True, type=parse_stages,
+                   help=f"the stages to time, comma-separated, or all ({','.join(STAGES)})")
     p.add_argument("--batch-sizes", type=parse_batch_sizes, default=[1, 2, 4, 8, 16, 32], help="batch sizes timed")
     p.add_argument("--repeat", type=positive(int), default=5, help="timed runs per batch size")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs per batch size first")
@@ -162,9 +167,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     write_json(args.out / "microbench_settings.json", {"args": vars(args), "provenance": local_record(env)})
     ctx = BenchContext(settings, args)
     memory = MemoryProbe()
-    stages = STAGES if args.stage == "all" else (args.stage,)
     results = {}
-    for stage in stages:
+    for stage in args.stage:
         try:
             results[stage] = run_stage(ctx, stage, memory, progress=not args.no_progress)
         except (ConfigError, OSError, DocumentStoreError, VectorIndexError) as exc:

@@ -7,14 +7,17 @@ from profiling.gpu_check import Check, OverBudget, table
 
 
 def test_the_table_has_the_issues_columns_and_a_dash_for_what_was_not_measured():
-    rows = {"auto": {"idle": 1.234, "c8": 43.61, "c32": 97.5, "steps": [51.0, 220.04, 220.0], "graphs": [1, 2, 3]},
+    rows = {"auto": {"idle": 1.234, "idle_warm": 0.5, "c8": 43.61, "c32": 97.5, "steps": [51.0, 220.04, 220.0],
+                     "graphs": [1, 2, 3]},
             "int8-dynamic": {"idle": 5.6, "steps": [39.0, 80.0, 174.0], "graphs": [None, None, None]}}
     assert table(rows).splitlines() == [
-        "| | idle request | concurrency 8 | concurrency 32 | decode step, 1 / 8 / 32 sequences | CUDA graphs |",
-        "|---|---|---|---|---|---|",
-        "| auto | 1.23 s | 43.6 req/min | 97.5 req/min | 51.0 / 220.0 / 220.0 ms | 1 / 2 / 3 |",
-        "| int8-dynamic | 5.60 s | - req/min | - req/min | 39.0 / 80.0 / 174.0 ms | - / - / - |"]
-    assert table({"auto": {}}).splitlines()[-1] == "| auto | - s | - req/min | - req/min | - / - / - ms | - / - / - |"
+        "| | idle request | idle after the loads | concurrency 8 | concurrency 32 | decode step, 1 / 8 / 32 sequences "
+        "| CUDA graphs |",
+        "|---|---|---|---|---|---|---|",
+        "| auto | 1.23 s | 0.50 s | 43.6 req/min | 97.5 req/min | 51.0 / 220.0 / 220.0 ms | 1 / 2 / 3 |",
+        "| int8-dynamic | 5.60 s | - s | - req/min | - req/min | 39.0 / 80.0 / 174.0 ms | - / - / - |"]
+    assert table({"auto": {}}).splitlines()[-1] == ("| auto | - s | - s | - req/min | - req/min | - / - / - ms "
+                                                    "| - / - / - |")
 
 
 def test_a_phase_after_the_budget_is_spent_is_skipped(tmp_path):
@@ -100,3 +103,29 @@ def test_the_decode_report_is_the_precisions_and_not_the_floor_table_beside_it(t
                                                                      "profiles": {}}))
     (tmp_path / "trace_bfloat16_current_1.json").write_text("{}")
     assert decode_report(tmp_path) == {"rows": [{"sequences": 1, "cuda_graphs": 3}], "profiles": {}}
+
+
+def test_the_idle_breakdown_shows_each_stage_beside_its_batch_of_one_in_process(tmp_path):
+    from profiling.gpu_check import breakdown_table, microbench_ms, stage_breakdown
+    from profiling.lib.report import write_csv
+    from profiling.microbench import BenchRow
+
+    def row(stage: str, batch: int, median_s: float, kernels: str = "current") -> BenchRow:
+        return BenchRow(stage, batch, 5, 2, median_s, median_s, median_s, median_s / batch, median_s / batch,
+                        median_s / batch, batch / median_s, 10.0, 10.0, "bfloat16", "cuda", 1, "standin:faithful",
+                        "", kernels)
+    # what microbench writes: a CSV a stage, every batch size and kernel timed
+    write_csv(tmp_path / "microbench_rerank.csv", [row("rerank", 1, 0.0466), row("rerank", 1, 0.05, "chunked"),
+                                                   row("rerank", 2, 0.08)], BenchRow.columns())
+    write_csv(tmp_path / "microbench_embed.csv", [row("embed", 1, 0.004)], BenchRow.columns())
+    (tmp_path / "microbench_settings.json").write_text("{}")
+    in_process = microbench_ms(tmp_path)
+    assert in_process == {"embed": 4.0, "rerank": 46.6}
+    idle = stage_breakdown(SUMMARY)
+    lines = breakdown_table({"auto": {"idle_stages": idle, "in_process_ms": {"embed": 4.0}}}, "idle").splitlines()
+    assert lines[0].endswith("| wait ms an item | in-process ms a batch of one |")
+    assert lines[2] == "| auto | http://127.0.0.1:8000/metrics | embed | 40 | 4.00 | 20.0 | 5.0 | 15.3 | 4.0 |"
+    assert lines[3].endswith("| search | 32 | 4.00 | 4.0 | 1.0 | - | - |")  # not timed in-process: a dash
+    assert breakdown_table({"auto": {"idle_stages": idle}}, "idle").splitlines()[2].endswith("| 15.3 | - |")
+    assert "in-process" not in breakdown_table({"auto": {"c32_stages": idle}})
+    assert breakdown_table({"auto": {"idle_warm_stages": idle}}, "idle_warm").splitlines()[2].endswith("| 15.3 | - |")

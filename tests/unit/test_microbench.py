@@ -19,18 +19,17 @@ MAX_NEW_TOKENS = 4
 
 @pytest.fixture(scope="module")
 def bench_out(course_data, tmp_path_factory):
-    """Runs the CLI once per stage, in-process (a subprocess would pay torch's import each time)."""
+    """Runs the CLI once for every stage (a comma-separated list), in-process (a subprocess would pay torch's
+    import)."""
     out = tmp_path_factory.mktemp("microbench")
     env = {**os.environ, **TEST_ENV}
-    codes = {}
     with recording_tool_commit():
-        for stage in STAGES:
-            codes[stage] = microbench.main(
-                ["--stage", stage, "--batch-sizes", ",".join(map(str, BATCH_SIZES)), "--repeat", "2", "--warmup", "1",
-                 "--max-new-tokens", str(MAX_NEW_TOKENS), "--index", str(course_data.index_path),
-                 "--documents", str(course_data.db_path.parent), "--out", str(out), "--no-progress"],
-                env=env)
-    return out, codes
+        code = microbench.main(
+            ["--stage", ",".join(STAGES), "--batch-sizes", ",".join(map(str, BATCH_SIZES)), "--repeat", "2",
+             "--warmup", "1", "--max-new-tokens", str(MAX_NEW_TOKENS), "--index", str(course_data.index_path),
+             "--documents", str(course_data.db_path.parent), "--out", str(out), "--no-progress"],
+            env=env)
+    return out, {stage: code for stage in STAGES}
 
 
 def read_rows(path) -> tuple[list[str], list[dict]]:
@@ -88,6 +87,14 @@ def test_realistic_inputs():
     requests = inputs.rerank_inputs(pool, 3)
     assert [len(r.documents) for r in requests] == [10, 10, 10]
     assert inputs.spec_queries(10)[8] == inputs.spec_queries(1)[0]
+
+
+def test_stages_are_all_or_a_list_of_known_ones_in_the_order_given():
+    assert microbench.parse_stages("all") == list(microbench.STAGES)
+    assert microbench.parse_stages("rerank,embed,rerank") == ["rerank", "embed"]
+    with pytest.raises(SystemExit) as exc:
+        microbench.main(["--stage", "embed,rank"])
+    assert exc.value.code == 2
 
 
 def test_bad_batch_sizes_are_refused():
