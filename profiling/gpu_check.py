@@ -110,12 +110,16 @@ class Check:
         return {"steps": [rows[n]["step_ms"] for n in SEQUENCES], "graphs": [rows[n]["cuda_graphs"] for n in SEQUENCES]}
 
     def stages_in_process(self, precision: str) -> dict[str, Any]:
-        """Each of IN_PROCESS_STAGES' median ms for a batch of one, timed in-process on the device the workers use:
-        what the idle request's batches cost without the service around them."""
+        """Each of IN_PROCESS_STAGES' median ms for a batch of one, timed in-process on the device the workers use
+        with the threads the launcher gives each worker: what the idle request's batches cost without the service
+        around them."""
+        from tools.local import pinned_env
         folder = self.out / f"microbench-{precision}"
         self.run(f"microbench-{precision}", ["profiling.microbench", "--stage", ",".join(IN_PROCESS_STAGES),
                                              "--batch-sizes", "1", "--repeat", "5", "--warmup", "2", "--no-progress",
-                                             "--out", str(folder)], {**self.env, "PRECISION": precision})
+                                             # the documents the cluster serves, for rerank's pairs
+                                             "--documents", self.env["DOCUMENTS_DIR"], "--out", str(folder)],
+                 pinned_env({**self.env, "PRECISION": precision}))
         return {"in_process_ms": microbench_ms(folder)}
 
     def engine_profile(self, precision: str) -> dict[str, Any]:
