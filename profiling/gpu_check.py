@@ -41,10 +41,10 @@ ROOT = local_cluster.ROOT
 SEQUENCES = (1, 8, 32)
 PROFILE_TOP = 25  # the engine's operators kept, by self host time
 RESULTS = ROOT / "docs" / "gpu-check.json"
-# The test modules with CUDA cases, and the expression that picks those cases (their ids name cuda).
 # The stages whose cluster batch is one call of the batch function microbench times (generate's is an engine
 # iteration; search's in the cluster is node 2's HTTP call, in-process the index itself).
 IN_PROCESS_STAGES = ("embed", "search", "fetch", "rerank", "sentiment", "toxicity")
+# The test modules with CUDA cases, and the expression that picks those cases (their ids name cuda).
 CUDA_TESTS = ["tests/unit/test_batch_invariance.py", "tests/unit/test_precision.py",
               "tests/unit/test_chunked_attention.py", "-k", "cuda"]
 
