@@ -3,7 +3,8 @@
 For each request (sent only after the previous one is answered, so every stage runs a batch of one) it reads each
 node's /metrics before and after and reports every stage's run time on the worker that served it, their sum, the
 end-to-end latency, and the ratio of the two: the overhead of batching, queues and HTTP at low load (the performance
-target is <= 1.15).
+target is <= 1.15); and generate's own split: its time from submit to the first token (alone: the prompt's
+prefill) and its decode steps with their mean time (the engine's iterations over the steps it counted).
 
 A node whose /metrics (found from node 0's /health unless --metrics) cannot be read stops the tool, naming it (exit
 1). The caches are cleared before each request; a node that refuses (e.g. without --token) is warned about. Writes
@@ -31,6 +32,17 @@ TOOL = "latency_breakdown"
 def run_seconds(before: MetricsSnapshot, after: MetricsSnapshot, stage: str) -> float:
     """Seconds the stage's batches ran between the two snapshots (0 when not exported)."""
     return counter_delta(before, after, "rag_batch_run_seconds_total", stage=str(stage)) or 0.0
+
+
+def generate_split(before: MetricsSnapshot, after: MetricsSnapshot) -> dict[str, float]:
+    """The generate stage's time to first token (s), decode steps and mean ms an engine iteration between the two
+    snapshots of the worker that served one request (NaN where nothing was counted)."""
+    labels = {"stage": str(spec.Stage.GENERATE)}
+    firsts = counter_delta(before, after, "rag_generate_ttft_seconds_count", **labels) or 0.0
+    ttft = counter_delta(before, after, "rag_generate_ttft_seconds_sum", **labels) or 0.0
+    steps = counter_delta(before, after, "rag_generate_decode_steps_total", **labels) or 0.0
+    return {"first_token_s": ttft / firsts if firsts else float("nan"), "decode_steps": steps,
+            "step_ms": 1000 * run_seconds(before, after, spec.Stage.GENERATE) / steps if steps else float("nan")}
 
 
 def clear_caches(nodes: Sequence[Node], token: str, warnings: list[str]) -> None:
@@ -67,7 +79,8 @@ def breakdown(url: str, nodes: Sequence[Node], query: str, timeout_s: float, tok
     path = sum(v for k, v in stages.items() if k not in ("sentiment", "toxicity", "index (node 2)"))
     path += max(stages["sentiment"], stages["toxicity"])
     return {"query": query, "served_by": served_by, "latency_s": latency, "stages_s": stages,
-            "critical_path_s": path, "ratio": latency / path if path else float("nan")}
+            "critical_path_s": path, "ratio": latency / path if path else float("nan"),
+            "generate": generate_split(before[w], after[w])}
 
 
 def parser():
@@ -96,11 +109,14 @@ def main(argv: list[str] | None = None) -> int:
     except ClusterError as exc:
         print(f"latency_breakdown: {exc}", file=sys.stderr)
         return 1
-    header = ["latency"] + list(rows[0]["stages_s"]) + ["critical path", "latency / path"]
+    header = (["latency"] + list(rows[0]["stages_s"])
+              + ["critical path", "latency / path", "generate: first token", "decode steps", "ms a step"])
     print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
     for r in rows:
         cells = [f"{r['latency_s']:.3f}"] + [f"{v:.3f}" for v in r["stages_s"].values()]
-        print("| " + " | ".join(cells + [f"{r['critical_path_s']:.3f}", f"{r['ratio']:.3f}"]) + " |")
+        split = r["generate"]
+        print("| " + " | ".join(cells + [f"{r['critical_path_s']:.3f}", f"{r['ratio']:.3f}", f"{split['first_token_s']:.3f}",
+                                         f"{split['decode_steps']:.0f}", f"{split['step_ms']:.1f}"]) + " |")
     print(headline(provenance))
     for line in warnings:
         print(f"warning: {line}")

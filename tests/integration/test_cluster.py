@@ -241,6 +241,11 @@ def test_latency_breakdown_tool_against_the_cluster(cluster, tmp_path):
         assert row["served_by"] in (0, 1)
         assert all(row["stages_s"][s] > 0 for s in ("embed", "search", "rerank", "generate", "sentiment"))
         assert row["latency_s"] >= row["critical_path_s"] > 0  # stages are inside the request's time
+        # generate's split, from the serving worker's counters: one first token, then the answer's decode steps
+        split = row["generate"]
+        assert 0 < split["first_token_s"] <= row["stages_s"]["generate"]
+        # alone, the engine steps for this request only: its first token comes from the prefill
+        assert 1 <= split["decode_steps"] <= spec.MAX_NEW_TOKENS - 1 and split["step_ms"] > 0
 
 
 def test_embedding_cache_skips_the_embedder_and_clears(cluster):
