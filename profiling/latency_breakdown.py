@@ -34,15 +34,16 @@ def run_seconds(before: MetricsSnapshot, after: MetricsSnapshot, stage: str) -> 
     return counter_delta(before, after, "rag_batch_run_seconds_total", stage=str(stage)) or 0.0
 
 
-def generate_split(before: MetricsSnapshot, after: MetricsSnapshot) -> dict[str, float]:
-    """The generate stage's time to first token (s), decode steps and mean ms an engine iteration between the two
-    snapshots of the worker that served one request (NaN where nothing was counted)."""
+def generate_split(before: MetricsSnapshot, after: MetricsSnapshot, run_s: float) -> dict[str, float]:
+    """The generate stage's time to first token (s), decode steps and mean ms an engine iteration (its `run_s`
+    seconds over the steps) between the two snapshots of the worker that served one request (NaN where nothing
+    was counted)."""
     labels = {"stage": str(spec.Stage.GENERATE)}
     firsts = counter_delta(before, after, "rag_generate_ttft_seconds_count", **labels) or 0.0
     ttft = counter_delta(before, after, "rag_generate_ttft_seconds_sum", **labels) or 0.0
     steps = counter_delta(before, after, "rag_generate_decode_steps_total", **labels) or 0.0
     return {"first_token_s": ttft / firsts if firsts else float("nan"), "decode_steps": steps,
-            "step_ms": 1000 * run_seconds(before, after, spec.Stage.GENERATE) / steps if steps else float("nan")}
+            "step_ms": 1000 * run_s / steps if steps else float("nan")}
 
 
 def clear_caches(nodes: Sequence[Node], token: str, warnings: list[str]) -> None:
@@ -80,7 +81,7 @@ def breakdown(url: str, nodes: Sequence[Node], query: str, timeout_s: float, tok
     path += max(stages["sentiment"], stages["toxicity"])
     return {"query": query, "served_by": served_by, "latency_s": latency, "stages_s": stages,
             "critical_path_s": path, "ratio": latency / path if path else float("nan"),
-            "generate": generate_split(before[w], after[w])}
+            "generate": generate_split(before[w], after[w], stages[str(spec.Stage.GENERATE)])}
 
 
 def parser():

@@ -14,9 +14,10 @@ Components, each a mean over the requests of one load level, in ms:
   generate's run is its decoding: the engine's mean iteration times the tokens a request generates
   (its handoff then holds the tokens' way to the request's thread too);
 * the index call's share of search: node 2's /search handling time, of which its own queue and faiss;
-* the host CPU a request costs each node (its process's CPU seconds over the level, `rag_process_cpu_seconds_total`,
-  per request answered; a commit before it, `process_cpu_seconds_total`, in 10 ms ticks): what the service's own code costs, whatever the device, where the times above on a
-  machine whose cores the nodes and the load share also hold the waits for a core.
+* the host CPU a request costs each node (its process's CPU seconds over the level,
+  `rag_process_cpu_seconds_total`, per request answered; for a commit before it, `process_cpu_seconds_total`, in
+  10 ms ticks): what the service's own code costs, whatever the device, where the times above on a machine whose
+  cores the nodes and the load share also hold the waits for a core.
 """
 from __future__ import annotations
 

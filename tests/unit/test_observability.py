@@ -181,7 +181,7 @@ def test_node_info_is_one_with_its_labels():
 
 
 def test_the_process_cpu_counter_sees_a_few_milliseconds():
-    # The overhead floor divides a node's CPU over a handful of requests: a counter of 10 ms ticks reads 0 or 10.
+    # The overhead floor divides a node's CPU over a handful of requests, too few for a counter of 10 ms ticks.
     registry = NodeMetrics().registry
 
     def cpu_seconds() -> float:
