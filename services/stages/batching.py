@@ -39,7 +39,8 @@ class BatchingService:
     """``batch_fn(items) -> results``, one per item in order, runs on the service's thread only."""
 
     def __init__(self, name: str, batch_fn: Callable[[list], list], *, max_size: int, max_wait_ms: float,
-                 max_queue: int = 1024, retry_individually: bool = True, upstream: Upstream | None = None):
+                 max_queue: int = 1024, retry_individually: bool = True, upstream: Upstream | None = None,
+                 on_idle: Callable[[], None] | None = None):
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty str, got {name!r}")
         if not callable(batch_fn):
@@ -53,6 +54,9 @@ class BatchingService:
         if upstream is not None:
             upstream.watch(name, self._queue.wake)
         self._retry_individually = bool(retry_individually)
+        # On the service's thread whenever it finds nothing queued and is about to wait (a worker's
+        # stages hand back their OpenMP workers there: pipeline.openmp_workers).
+        self._on_idle = on_idle
         # The batch inside batch_fn now: abort() and a dying thread fail it.
         self._holdings = Holdings(self._queue, self._owner)
         # Daemon: a service someone forgot to close must not keep the process alive.
@@ -140,6 +144,8 @@ class BatchingService:
 
     def _serve(self) -> None:
         while True:
+            if self._on_idle is not None and not len(self._queue):
+                self._on_idle()  # an item queued meanwhile only finds it done: next_batch() takes it
             batch = self._queue.next_batch()
             if batch is None:
                 logger.debug("%s worker stopped", self._owner)

@@ -98,7 +98,8 @@ class GenerationTicket:
 
 
 class ContinuousGenerationService:
-    def __init__(self, name: str, engine: ContinuousEngine, *, max_queue: int):
+    def __init__(self, name: str, engine: ContinuousEngine, *, max_queue: int,
+                 on_idle: Callable[[], None] | None = None):
         self.name = name
         self.engine = engine
         self.max_batch = engine.scheduler.max_batch
@@ -115,6 +116,7 @@ class ContinuousGenerationService:
         self._holdings = Holdings(self._queue, self._owner)
         self._abort = False
         self._stopping: set[Future] = set()  # futures whose sequences their output side ended (under _lock)
+        self._on_idle = on_idle  # on the loop's thread before it waits with nothing to decode, as BatchingService's
         self._thread = threading.Thread(target=self._loop, name=f"continuous-{name}", daemon=True)
         self._thread.start()
 
@@ -170,8 +172,11 @@ class ContinuousGenerationService:
 
     def _serve(self) -> None:
         while not self._abort:
-            if not self.engine.has_work() and not self._queue.wait_for_items():
-                return  # closing, nothing queued, nothing running
+            if not self.engine.has_work():
+                if self._on_idle is not None and not len(self._queue):
+                    self._on_idle()
+                if not self._queue.wait_for_items():
+                    return  # closing, nothing queued, nothing running
             try:
                 self._iterate()
             except Exception:  # one failed iteration fails its sequences; the loop goes on

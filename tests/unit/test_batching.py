@@ -886,3 +886,44 @@ def test_a_batching_worker_whose_cleanup_fails_dies_loudly_and_fails_what_it_hol
     with pytest.raises(StageDown):
         svc.submit("c")
     svc.close(timeout=10)
+
+
+# ------------------------------------------------------------ on_idle
+
+
+class IdleCalls:
+    """An on_idle that records the thread and queue depth of each call (-1: before `svc` is known) and
+    signals every one."""
+
+    def __init__(self):
+        self.calls: list[tuple[str, int]] = []
+        self.svc: BatchingService | None = None
+        self._cond = threading.Condition()
+
+    def __call__(self):
+        with self._cond:
+            self.calls.append((threading.current_thread().name, self.svc.stats().queue_depth if self.svc else -1))
+            self._cond.notify_all()
+
+    def wait_calls(self, n: int) -> None:
+        with self._cond:
+            assert self._cond.wait_for(lambda: len(self.calls) >= n, RESULT_TIMEOUT), f"on_idle called {self.calls}"
+
+
+@pytest.mark.timeout(30)
+def test_on_idle_runs_on_the_worker_each_time_the_queue_drains_not_between_queued_batches(services):
+    idle = IdleCalls()
+    svc, rec = services(max_size=2, max_wait_ms=0, on_idle=idle)
+    idle.svc = svc
+    idle.wait_calls(1)  # at start: nothing queued
+    first = block_worker(svc, rec)
+    queued = svc.submit_many([1, 2, 3])  # wait behind the blocked batch: two batches more
+    rec.gate.set()
+    assert [f.result(timeout=RESULT_TIMEOUT) for f in [first, *queued]] == ["blockerblocker", 2, 4, 6]
+    idle.wait_calls(2)
+    assert rec.batches == [["blocker"], [1, 2], [3]]
+    # Once at start and once after [3], on the worker: never while [1, 2] or [3] waited their turn.
+    assert [name for name, _ in idle.calls] == [f"batching-{svc.name}"] * 2 and idle.calls[1][1] == 0
+    assert svc.submit(5).result(timeout=RESULT_TIMEOUT) == 10
+    idle.wait_calls(3)
+    assert len(idle.calls) == 3

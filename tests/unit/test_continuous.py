@@ -167,6 +167,35 @@ def test_requests_off_the_queue_count_against_max_queue_while_their_prompts_are_
         gen.close(timeout=10)
 
 
+@pytest.mark.timeout(30)
+def test_on_idle_runs_on_the_loop_when_nothing_decodes_not_between_steps():
+    engine = FakeEngine()
+    calls: list[tuple[str, int]] = []
+    idle = threading.Condition()
+
+    def on_idle():
+        with idle:
+            calls.append((threading.current_thread().name, len(engine.scheduler.active)))
+            idle.notify_all()
+
+    gen = ContinuousGenerationService("generate", engine, max_queue=8, on_idle=on_idle)
+    try:
+        with idle:
+            assert idle.wait_for(lambda: len(calls) == 1, 10)  # at start, with nothing to decode
+        engine.gate.clear()
+        first = gen.submit((5, 4))
+        assert engine.stepping.wait(10)
+        second = gen.submit((5, 4))  # joins while the first decodes: no idle between them
+        engine.gate.set()
+        assert [first.result(timeout=10), second.result(timeout=10)] == [Finish.LENGTH] * 2
+        with idle:
+            assert idle.wait_for(lambda: len(calls) == 2, 10)
+        assert gen.stats().decode_steps_total >= 3
+        assert calls == [("continuous-generate", 0)] * 2
+    finally:
+        gen.close(timeout=10)
+
+
 def test_service_overload_and_close():
     engine = FakeEngine(max_batch=1)
     engine.gate.clear()  # the first request's step waits until the third has been refused

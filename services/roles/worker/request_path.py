@@ -26,6 +26,7 @@ from pipeline.continuous.output import logprob_content
 from pipeline.conversation import HISTORY_TOKENS, fit, retrieval_query
 from pipeline.docstore import Document, DocumentStore
 from pipeline.generator import GenerationRequest
+from pipeline.openmp_workers import hand_back_openmp_workers
 from pipeline.reranker import RerankRequest
 from pipeline.sampling_params import MAX_SEED
 from pipeline.spec import Stage
@@ -116,14 +117,13 @@ class Worker:
         self.services: dict[Stage, StageService] = {}
         for stage in spec.WORKER_STAGES:
             if stage == Stage.GENERATE:
-                self.services[stage] = self._generation = ContinuousGenerationService(stage, engine,
-                                                                                      max_queue=c.max_queue)
+                self.services[stage] = self._generation = ContinuousGenerationService(
+                    stage, engine, max_queue=c.max_queue, on_idle=hand_back_openmp_workers)
                 continue
-            cfg = config.batching[stage]
-            # Each batch tells its requests' stage spans (tracing on) its size and when it started.
-            self.services[stage] = BatchingService(stage, stage_spans.noting_batches(batch_fns[stage]),
-                                                   max_size=cfg.max_batch, max_wait_ms=cfg.max_wait_ms,
-                                                   max_queue=cfg.max_queue, upstream=self.upstream)
+            cfg = config.batching[stage]  # each batch tells its requests' stage spans its size and start (tracing on)
+            self.services[stage] = BatchingService(
+                stage, stage_spans.noting_batches(batch_fns[stage]), max_size=cfg.max_batch, max_wait_ms=cfg.max_wait_ms,
+                max_queue=cfg.max_queue, upstream=self.upstream, on_idle=hand_back_openmp_workers)
 
     def _search_batch(self, items: list[PendingSearch]) -> list[list[int]]:
         # One HTTP call to each index shard per data version in the batch (one but while a switch is
