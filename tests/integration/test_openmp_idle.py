@@ -1,4 +1,4 @@
-"""A worker with two torch threads a stage holds no OpenMP workers once its requests are answered: each
+"""A worker with two torch threads holds no OpenMP workers once its requests are answered: each
 stage's thread hands its team back when it waits (pipeline.openmp_workers), so the team of the stage
 that runs is the only one and libgomp lets its workers spin (docs/performance.md, section 29). Without
 that, every stage that ran keeps a docked worker for good: a node's thread count grows by one a stage."""
