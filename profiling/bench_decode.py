@@ -18,7 +18,8 @@ GENERATE_PRECISION, TORCH_THREADS); `--precisions` loads the LLM in each variant
 
 Every step is printed against its floor (profiling/lib/decode_floor.py): the bytes it must read (every Linear
 weight once, the KV cache of its sequences) over the read bandwidth, a streaming read of a buffer of
-`--bandwidth-mib` measured here first (at one thread and at torch's thread count, the step's) and again between
+`--bandwidth-mib` measured here first (at one thread and at torch's thread count, the step's; on a GPU in the device's
+memory, which its steps read) and again between
 every round of steps: the fastest read of either, per precision (printed beside its floor: a shared host's
 bandwidth moves), and the step against the floor at the median read between its rounds too. The step is also
 split where the gap lies: its products (every op multiplying by a weight, profiling/lib/engine_step.py's
@@ -294,12 +295,12 @@ def run_precision(precision: str | None, args: argparse.Namespace, bandwidth: di
     import torch
     generator, source, placement = load_generator(precision)
     rows, profiles, same = [], {}, {}
-    probe = decode_floor.BandwidthProbe(args.bandwidth_mib)
+    probe = decode_floor.BandwidthProbe(args.bandwidth_mib, placement.device)
     for n in args.sequences:
         size_rows, profiles[str(n)] = run_size(generator, n, args, probe)
         same[str(n)] = same_tokens(size_rows)
         rows += size_rows
-    floor_bandwidth = max(bandwidth[str(torch.get_num_threads())], probe.fastest() or 0.0)
+    floor_bandwidth = max(bandwidth[decode_floor.bandwidth_key(placement.device)], probe.fastest() or 0.0)
     median_bandwidth = probe.median() or floor_bandwidth
     decode_floor.add_floors(rows, generator.model, floor_bandwidth, rates)
     for row in rows:
@@ -326,11 +327,13 @@ def run_precision(precision: str | None, args: argparse.Namespace, bandwidth: di
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    worker_settings()  # torch on the worker's threads before the bandwidth is read at that count
+    settings, _ = worker_settings()  # torch on the worker's threads before the bandwidth is read at that count
     args.out = run_folder("bench_decode", args.out)  # one folder for every precision's file
-    bandwidth = decode_floor.measure_bandwidths(args.bandwidth_mib)
+    from pipeline.device import placement_for
+    bandwidth = decode_floor.measure_bandwidths(args.bandwidth_mib, placement_for(settings, "generate").device)
     import torch
-    print("read bandwidth: " + ", ".join(f"{v / 1e9:.1f} GB/s at {k} thread(s)" for k, v in bandwidth.items()))
+    print("read bandwidth: " + ", ".join(f"{v / 1e9:.1f} GB/s " + (f"at {k} thread(s)" if k.isdigit() else f"on {k}")
+                                         for k, v in bandwidth.items()))
     rates = arithmetic_peaks.product_rates(torch.get_num_threads())
     print("peak multiply-adds: " + (", ".join(f"{op} {v / 1e9:.0f} GMAC/s" for op, v in rates.items()) or "none measured"))
     reports = [run_precision(p, args, bandwidth, rates) for p in (args.precisions or [None])]

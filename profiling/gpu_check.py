@@ -1,6 +1,6 @@
 """The GPU check (issue 30): decode steps and a 3-node cluster with faithful stand-ins, one table.
 
-    python -m profiling.gpu_check [--precisions auto] [--budget-s 450] [--out DIR] [--results FILE] [--tiny]
+    python -m profiling.gpu_check [--precisions auto] [--budget-s 450] [--phases LIST] [--out DIR] [--results FILE] [--tiny]
 
 Builds the stand-ins and the support corpus, runs the test cases that need CUDA (CUDA_TESTS; their
 outcomes by test id), then per precision: `profiling.bench_decode` at 1, 8 and 32 sequences (with the CUDA graphs
@@ -13,7 +13,9 @@ the same batch took in the cluster alone; last, three decode steps at 32 sequenc
 with the host's ops: the top operators kept, the chrome trace saved beside the results).
 Every tool runs as a subprocess through its command line, with this interpreter (a GPU machine's
 torch, not .venv's). Phases past --budget-s (default: under 8 minutes in all) are skipped and shown
-as "-". `--tiny`: tiny stand-ins and a small corpus on the CPU, a few requests: the script's own check.
+as "-" (a cluster's load phases done before are kept); `--phases` runs some of them only (PHASES: a GPU lent
+for minutes, the tests in one call and the cluster in the next). `--tiny`: tiny stand-ins and a small corpus on the
+CPU, a few requests: the script's own check.
 
 The results (device, torch, commit, the figures, each phase's breakdown, the stages in-process, the engine's top
 operators, each CUDA test's outcome) go to --results as JSON: by default docs/gpu-check.json, the file committed
@@ -31,6 +33,7 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ElementTree
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +49,12 @@ RESULTS = ROOT / "docs" / "gpu-check.json"
 IN_PROCESS_STAGES = ("embed", "search", "fetch", "rerank", "sentiment", "toxicity")
 # The test modules with CUDA cases, and the expression that picks those cases (their ids name cuda).
 CUDA_TESTS = ["tests/unit/test_batch_invariance.py", "tests/unit/test_precision.py",
-              "tests/unit/test_chunked_attention.py", "-k", "cuda"]
+              "tests/unit/test_chunked_attention.py", "tests/unit/test_decode_floor.py", "-k", "cuda"]
+
+
+# The check's phases in the order they run: the CUDA tests, then per precision the decode steps, the cluster, the
+# stages in-process and the engine's profile.
+PHASES = ("tests", "steps", "cluster", "in_process", "profile")
 
 
 class OverBudget(Exception):
@@ -134,15 +142,15 @@ class Check:
         return {"engine_profile": {"sequences": n, "steps": profile["steps"], "top_ops": profile["top_ops"]},
                 "trace_file": str(folder / profile["trace"])}
 
-    def cluster(self, precision: str) -> dict[str, Any]:
-        """Idle request latency (s) right after start and after the loads, the throughput (requests/min) at 8 and
-        32 clients, and each phase's stages."""
+    def cluster(self, precision: str, found: dict[str, Any]) -> None:
+        """Into `found` as each load phase ends (a budget spent midway keeps the phases before): idle request
+        latency (s) right after start and after the loads, the throughput (requests/min) at 8 and 32 clients, and
+        each phase's stages."""
         env = {**self.env, "PRECISION": precision}
         with open(self.out / f"cluster-{precision}.log", "w") as log:
             print(f"[gpu_check] cluster-{precision}: python -m {local_cluster.LAUNCHER}", flush=True)
             nodes, ports = local_cluster.start(env, self.out / f"nodes-{precision}", log)
         try:
-            found = {}
             small = self.args.tiny
             # idle: the first requests after start; idle_warm: the same once the loads have run every stage
             for name, clients, count in (("idle", 1, 3), ("c8", 8, 16 if small else 64), ("c32", 32, 32 if small else 160),
@@ -156,7 +164,6 @@ class Check:
                 overall = summary["overall"]
                 found[name] = overall["latency"]["p50_s"] if clients == 1 else overall["throughput_rpm"]
                 found[f"{name}_stages"] = stage_breakdown(summary)
-            return found
         finally:
             local_cluster.stop(nodes)
 
@@ -285,24 +292,33 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiny", action="store_true", help="tiny stand-ins on the CPU, a few requests: checks the script")
     p.add_argument("--results", default=None,
                    help=f"the results file (JSON); default {RESULTS.relative_to(ROOT)}, with --tiny OUT/gpu-check.json")
+    p.add_argument("--phases", default=",".join(PHASES),
+                   help=f"the phases run, comma-separated (default all: {','.join(PHASES)}); "
+                        "the stand-ins and the corpus are always built")
     args = p.parse_args(argv)
+    phases = args.phases.split(",")
+    if unknown := sorted(set(phases) - set(PHASES)):
+        p.error(f"--phases: unknown {', '.join(unknown)}; expected some of {', '.join(PHASES)}")
     check = Check(args)
     rows: dict[str, dict] = {precision: {} for precision in args.precisions.split(",")}
     tests: dict[str, str] | None = None
     failed = False
     try:
         check.prepare()
-        try:
-            tests = check.cuda_tests()
-            failed = any(v in ("failed", "error") for v in tests.values())
-        except (RuntimeError, subprocess.TimeoutExpired) as exc:
-            failed = True
-            print(f"[gpu_check] CUDA tests: {exc}", flush=True)
+        if "tests" in phases:
+            try:
+                tests = check.cuda_tests()
+                failed = any(v in ("failed", "error") for v in tests.values())
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                failed = True
+                print(f"[gpu_check] CUDA tests: {exc}", flush=True)
         for precision, row in rows.items():
-            for key, phase in (("steps", check.decode_steps), ("cluster", check.cluster),
+            for key, phase in (("steps", check.decode_steps), ("cluster", partial(check.cluster, found=row)),
                                ("in_process", check.stages_in_process), ("profile", check.engine_profile)):
+                if key not in phases:
+                    continue
                 try:
-                    row.update(phase(precision))
+                    row.update(phase(precision) or {})
                 except (RuntimeError, subprocess.TimeoutExpired) as exc:
                     failed = True
                     print(f"[gpu_check] {precision} {key}: {exc}", flush=True)

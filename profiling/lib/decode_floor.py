@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -61,23 +62,30 @@ def buffer_problem(buffer_bytes: int, cache_bytes: int | None) -> str | None:
 
 
 class BandwidthProbe:
-    """Read bandwidth at torch's thread count: a float32 buffer of `mib` MiB summed whole and as eight rows, one
-    read a :meth:`sample`, the two in turn (a benchmark samples between its rounds: the fastest seen while its
-    steps ran). Holds its buffer until dropped."""
+    """Read bandwidth of `device`'s memory (on the CPU at torch's thread count): a float32 buffer of `mib` MiB
+    summed whole and as eight rows, one read a :meth:`sample`, the two in turn (a benchmark samples between its
+    rounds: the fastest seen while its steps ran). Holds its buffer until dropped. On a GPU the buffer is in the
+    device's memory, which its steps read, and each read is timed to its end (the device synchronized)."""
 
-    def __init__(self, mib: int):
+    def __init__(self, mib: int, device: str = "cpu"):
         import torch
-        buffer = huge_pages.empty((mib * 2 ** 20 // 4 // 8 * 8,), torch.float32).fill_(1.0)
+        count = mib * 2 ** 20 // 4 // 8 * 8
+        on_cpu = device == "cpu"
+        buffer = (huge_pages.empty((count,), torch.float32) if on_cpu
+                  else torch.empty((count,), dtype=torch.float32, device=device)).fill_(1.0)
+        self._finish = (lambda: None) if on_cpu else partial(torch.cuda.synchronize, buffer.device)
         self.bytes = buffer.numel() * buffer.element_size()
         self._reads = (buffer.sum, lambda: buffer.view(8, -1).sum(1))
         for read in self._reads:  # untimed: the buffer's pages touched once
             read()
+        self._finish()
         self.samples: list[float] = []  # seconds a read took, in order
 
     def sample(self) -> None:
         read = self._reads[len(self.samples) % 2]
         started = time.perf_counter()
         read()
+        self._finish()
         self.samples.append(time.perf_counter() - started)
 
     def fastest(self) -> float | None:
@@ -90,15 +98,15 @@ class BandwidthProbe:
         return self.bytes / statistics.median(self.samples) if self.samples else None
 
 
-def read_bandwidth(mib: int, threads: int, rounds: int = 5) -> float:
-    """Bytes/s of a streaming read of a float32 buffer of `mib` MiB on `threads` torch threads (torch's thread
-    count restored): the fastest of `rounds` rounds of each read, summed whole and as eight rows, after one
-    untimed read of each."""
+def read_bandwidth(mib: int, threads: int, rounds: int = 5, device: str = "cpu") -> float:
+    """Bytes/s of a streaming read of a float32 buffer of `mib` MiB in `device`'s memory on `threads` torch threads
+    (torch's thread count restored): the fastest of `rounds` rounds of each read, summed whole and as eight rows,
+    after one untimed read of each."""
     import torch
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        probe = BandwidthProbe(mib)
+        probe = BandwidthProbe(mib, device)
         for _ in range(2 * rounds):
             probe.sample()
     finally:
@@ -106,15 +114,26 @@ def read_bandwidth(mib: int, threads: int, rounds: int = 5) -> float:
     return probe.fastest() or 0.0  # no rounds: nothing read
 
 
-def measure_bandwidths(mib: int) -> dict[str, float]:
+def measure_bandwidths(mib: int, device: str = "cpu") -> dict[str, float]:
     """Read bandwidth (bytes/s) at one thread, torch's thread count (a step's) and every core, keyed by the
-    count; warns where a buffer of `mib` MiB is too small to leave the cache."""
+    count, and on a GPU `device` its memory's too, keyed by :func:`bandwidth_key`; warns where a buffer of `mib`
+    MiB is too small to leave the CPU's cache."""
     import torch
     problem = buffer_problem(mib * 2 ** 20, last_level_cache_bytes())
     if problem:
         print(f"WARNING: {problem}; raise --bandwidth-mib", flush=True)
     counts = sorted({1, torch.get_num_threads(), os.cpu_count() or 1})
-    return {str(n): read_bandwidth(mib, n) for n in counts}
+    found = {str(n): read_bandwidth(mib, n) for n in counts}
+    if device != "cpu":
+        found[device] = read_bandwidth(mib, torch.get_num_threads(), device=device)
+    return found
+
+
+def bandwidth_key(device: str) -> str:
+    """The key of :func:`measure_bandwidths` that a step on `device` reads at: the GPU's, or the CPU's at torch's
+    thread count."""
+    import torch
+    return device if device != "cpu" else str(torch.get_num_threads())
 
 
 def weight_bytes(model: Any) -> int:

@@ -112,7 +112,7 @@ def test_a_rows_decode_logits_alone_equal_its_logits_in_mixed_bucketed_batches(p
         assert torch.equal(got[at], alone), f"{len(batch)} rows, the row at {at}"
 
 
-def test_the_steps_here_are_bucketed_as_on_cuda():
+def test_the_steps_here_are_bucketed_as_on_a_gpu():
     model = qwen_shaped_llm("int8-dynamic", "cpu")
     rows = [decode_step_logits(model, [_prompt(3 + i, seed=i) for i in range(n)], "cpu").shape for n in (1, 5, 9)]
     assert rows == [(1, VOCAB), (8, VOCAB), (16, VOCAB)]
@@ -233,7 +233,7 @@ def test_the_embedder_normalises_its_pooled_vectors_in_numpy_and_not_in_the_mode
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, rtol=1e-6)
 
 
-def test_an_encoders_linears_run_in_larger_cuda_tiles_than_a_decoders():
+def test_an_encoders_linears_run_in_larger_gpu_tiles_than_a_decoders():
     """An encoder's rows are its batch's tokens (hundreds to thousands), a decoder's decode step a few:
     each model's Linears get one tile size, so every launch of that model has one shape."""
     from transformers import BertConfig, BertModel

@@ -2,6 +2,8 @@
 divided by, and what a step's multiple of it says."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -76,6 +78,21 @@ def test_a_real_probe_reads_at_a_positive_rate():
     probe.sample()
     probe.sample()
     assert len(probe.samples) == 2 and probe.fastest() > 1e8
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device here"))])
+def test_a_step_on_a_gpu_is_held_to_the_gpus_memory_and_on_the_cpu_to_its_threads(device):
+    """A GPU's decode step reads its weights from the device's memory: the floor is that memory's bandwidth, not
+    the host's at torch's thread count."""
+    found = df.measure_bandwidths(16, device)
+    threads = str(torch.get_num_threads())
+    assert df.bandwidth_key(device) == (threads if device == "cpu" else device)
+    assert set(found) == {"1", threads, str(os.cpu_count())} | ({device} if device != "cpu" else set())
+    assert found[df.bandwidth_key(device)] > 1e8
+    probe = df.BandwidthProbe(16, device)
+    probe.sample()
+    assert probe.fastest() > 1e8
 
 
 def test_the_floor_table_has_a_line_per_row():

@@ -129,3 +129,37 @@ def test_the_idle_breakdown_shows_each_stage_beside_its_batch_of_one_in_process(
     assert breakdown_table({"auto": {"idle_stages": idle}}, "idle").splitlines()[2].endswith("| 15.3 | - |")
     assert "in-process" not in breakdown_table({"auto": {"c32_stages": idle}})
     assert breakdown_table({"auto": {"idle_warm_stages": idle}}, "idle_warm").splitlines()[2].endswith("| 15.3 | - |")
+
+
+def test_a_budget_spent_midway_through_the_cluster_keeps_its_finished_load_phases(tmp_path, monkeypatch):
+    import json
+
+    from profiling import gpu_check
+    monkeypatch.setattr(gpu_check.local_cluster, "start", lambda env, folder, log: ([], [8000]))
+    monkeypatch.setattr(gpu_check.local_cluster, "stop", lambda nodes: None)
+    check = Check(argparse.Namespace(budget_s=600.0, out=str(tmp_path), tiny=True))
+    ran = []
+
+    def run(name, argv, env=None):  # each loadgen phase writes its summary; the third finds the budget spent
+        ran.append(name)
+        if len(ran) == 3:
+            raise OverBudget()
+        phase = name.rsplit("-", 1)[1]
+        (tmp_path / "loadgen-auto").mkdir(exist_ok=True)
+        summary = {"overall": {"latency": {"p50_s": 1.5}, "throughput_rpm": 170.0}, **SUMMARY}
+        (tmp_path / "loadgen-auto" / f"loadgen_{phase}.json").write_text(json.dumps(summary))
+    monkeypatch.setattr(check, "run", run)
+    found = {}
+    with pytest.raises(OverBudget):
+        check.cluster("auto", found)
+    assert ran == ["loadgen-auto-idle", "loadgen-auto-c8", "loadgen-auto-c32"]
+    assert (found["idle"], found["c8"]) == (1.5, 170.0) and "c32" not in found
+    assert found["c8_stages"] == gpu_check.stage_breakdown(SUMMARY)
+
+
+def test_phases_outside_the_list_are_refused_by_name(capsys):
+    from profiling.gpu_check import main
+    with pytest.raises(SystemExit) as exit_:
+        main(["--phases", "cluster,warmup", "--tiny"])
+    assert exit_.value.code == 2
+    assert "--phases: unknown warmup; expected some of tests, steps, cluster, in_process, profile" in capsys.readouterr().err
