@@ -231,11 +231,24 @@ def _batch_invariant_sdpa(module, query, key, value, attention_mask, **kwargs):
     return output, None
 
 
+def attend_without_cudnn() -> None:
+    """SDPA on CUDA picks among FlashAttention, memory-efficient attention and cuDNN's; on Hopper torch tries
+    cuDNN's first, and cuDNN builds an execution plan for every new shape it meets (tens to hundreds of ms
+    each). :func:`_batch_invariant_sdpa` runs each row at its own length, so almost every request brings new
+    shapes: on an H200 an idle rerank took 433-467 ms in the cluster and 61-63 ms once its lengths had been
+    seen (docs/performance.md, section 30). FlashAttention and memory-efficient attention have no per-shape
+    plans. Process-wide: torch's switch is global, and a process serves its models on one device."""
+    torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def use_batch_invariant_attention(model) -> None:
-    """Make `model` (a transformers model) attend with :func:`_batch_invariant_sdpa`.
+    """Make `model` (a transformers model) attend with :func:`_batch_invariant_sdpa`; on CUDA, SDPA in this
+    process no longer takes cuDNN's kernel (:func:`attend_without_cudnn`).
 
     Raises ConfigError where torch or transformers is outside the versions this was verified against."""
     check_kernel_versions(model.device.type)
+    if model.device.type == "cuda":
+        attend_without_cudnn()
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
     AttentionInterface.register(BATCH_INVARIANT_ATTENTION, _batch_invariant_sdpa)

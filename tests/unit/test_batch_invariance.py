@@ -236,17 +236,55 @@ def test_the_embedder_normalises_its_pooled_vectors_in_numpy_and_not_in_the_mode
 def test_an_encoders_linears_run_in_larger_gpu_tiles_than_a_decoders():
     """An encoder's rows are its batch's tokens (hundreds to thousands), a decoder's decode step a few:
     each model's Linears get one tile size, so every launch of that model has one shape."""
-    from transformers import BertConfig, BertModel
-
     from pipeline.kernels.batch_invariance import ENCODER_CUDA_TILE_ROWS, make_batch_invariant
-    encoder = BertModel(BertConfig(hidden_size=64, num_attention_heads=2, intermediate_size=128, num_hidden_layers=1,
-                                   vocab_size=128, max_position_embeddings=64)).eval()
+    encoder = small_bert()
     make_batch_invariant(encoder)
     decoder = qwen_shaped_llm("float32", "cpu", layers=1)
     for model, tile in ((encoder, ENCODER_CUDA_TILE_ROWS), (decoder, CUDA_TILE_ROWS)):
         linears = [m for m in model.modules() if isinstance(m, RowInvariantLinear)]
         assert linears and {m.cuda_tile_rows for m in linears} == {tile}, type(model).__name__
     assert ENCODER_CUDA_TILE_ROWS > CUDA_TILE_ROWS
+
+
+@pytest.fixture
+def cudnn_attention_switch():
+    """torch's process-wide cuDNN attention switch, on before the test and as it was after."""
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    yield
+    torch.backends.cuda.enable_cudnn_sdp(before)
+
+
+def small_bert():
+    from transformers import BertConfig, BertModel
+    torch.manual_seed(0)
+    return BertModel(BertConfig(hidden_size=64, num_attention_heads=2, intermediate_size=128, num_hidden_layers=1,
+                                vocab_size=128, max_position_embeddings=64)).eval()
+
+
+def test_a_model_made_invariant_on_the_cpu_leaves_the_process_attention_backends_alone(cudnn_attention_switch):
+    from pipeline.kernels.batch_invariance import make_batch_invariant
+    make_batch_invariant(small_bert())
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+
+
+@ON_CUDA
+def test_an_encoder_on_cuda_attends_without_cudnn_which_builds_a_plan_per_new_shape(cudnn_attention_switch):
+    """Each row attends at its own length, so nearly every request brings a shape cuDNN has not planned for."""
+    from torch.autograd import DeviceType
+
+    from pipeline.kernels.batch_invariance import make_batch_invariant
+    encoder = small_bert().to(torch.bfloat16).cuda()
+    make_batch_invariant(encoder)
+    assert not torch.backends.cuda.cudnn_sdp_enabled()
+    ids = torch.randint(1, 128, (2, 53), generator=torch.Generator().manual_seed(3)).cuda()
+    mask = torch.ones_like(ids)
+    mask[0, 37:] = 0  # rows of 37 and 53 tokens
+    with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        encoder(input_ids=ids, attention_mask=mask)
+        torch.cuda.synchronize()
+    kernels = [e.name for e in prof.events() if e.device_type == DeviceType.CUDA]
+    assert kernels and not [k for k in kernels if "cudnn" in k.lower()]
 
 
 @ON_CUDA
