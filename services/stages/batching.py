@@ -40,7 +40,7 @@ class BatchingService:
 
     def __init__(self, name: str, batch_fn: Callable[[list], list], *, max_size: int, max_wait_ms: float,
                  max_queue: int = 1024, retry_individually: bool = True, upstream: Upstream | None = None,
-                 on_idle: Callable[[], None] | None = None):
+                 on_idle: Callable[[], None] | None = None, on_start: Callable[[], None] | None = None):
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty str, got {name!r}")
         if not callable(batch_fn):
@@ -57,6 +57,9 @@ class BatchingService:
         # On the service's thread whenever it finds nothing queued and is about to wait (a worker's
         # stages hand back their OpenMP workers there: pipeline.openmp_workers).
         self._on_idle = on_idle
+        # On the service's thread before its first batch (a worker's stages on a GPU take a CUDA stream of their
+        # own there: pipeline.cuda_streams); raising, it takes the stage down as a dying batch_fn would.
+        self._on_start = on_start
         # The batch inside batch_fn now: abort() and a dying thread fail it.
         self._holdings = Holdings(self._queue, self._owner)
         # Daemon: a service someone forgot to close must not keep the process alive.
@@ -136,6 +139,8 @@ class BatchingService:
 
     def _worker_loop(self) -> None:
         try:
+            if self._on_start is not None:
+                self._on_start()
             self._serve()
         except BaseException as exc:  # noqa: BLE001 - nothing may end this thread silently
             # batch_fn's KeyboardInterrupt or SystemExit (sys.exit() in a thread ends that thread),

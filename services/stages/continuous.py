@@ -99,7 +99,7 @@ class GenerationTicket:
 
 class ContinuousGenerationService:
     def __init__(self, name: str, engine: ContinuousEngine, *, max_queue: int,
-                 on_idle: Callable[[], None] | None = None):
+                 on_idle: Callable[[], None] | None = None, on_start: Callable[[], None] | None = None):
         self.name = name
         self.engine = engine
         self.max_batch = engine.scheduler.max_batch
@@ -117,6 +117,7 @@ class ContinuousGenerationService:
         self._abort = False
         self._stopping: set[Future] = set()  # futures whose sequences their output side ended (under _lock)
         self._on_idle = on_idle  # on the loop's thread before it waits with nothing to decode, as BatchingService's
+        self._on_start = on_start  # on the loop's thread before it serves, as BatchingService's
         self._thread = threading.Thread(target=self._loop, name=f"continuous-{name}", daemon=True)
         self._thread.start()
 
@@ -163,6 +164,8 @@ class ContinuousGenerationService:
 
     def _loop(self) -> None:
         try:
+            if self._on_start is not None:
+                self._on_start()
             self._serve()
             self._queue.fail_queued("the service stopped")
             self._end_active(lambda: ServiceClosed(f"{self._owner} shut down before this request finished"))

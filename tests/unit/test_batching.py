@@ -888,6 +888,27 @@ def test_a_batching_worker_whose_cleanup_fails_dies_loudly_and_fails_what_it_hol
     svc.close(timeout=10)
 
 
+# ------------------------------------------------------------ on_start
+
+def test_on_start_runs_once_on_the_worker_before_its_first_batch(services):
+    rec = Recorder()
+    seen = []
+    svc, _ = services(rec, max_size=2, max_wait_ms=0,
+                      on_start=lambda: seen.append((threading.current_thread().name, len(rec.batches))))
+    assert [f.result(timeout=RESULT_TIMEOUT) for f in svc.submit_many([1, 2, 3])] == [2, 4, 6]
+    assert svc.submit(4).result(timeout=RESULT_TIMEOUT) == 8
+    assert seen == [(f"batching-{svc.name}", 0)]
+
+
+def test_an_on_start_that_raises_takes_the_stage_down_with_its_reason(services):
+    def on_start():
+        raise RuntimeError("no CUDA stream")
+    svc, rec = services(on_start=on_start)
+    with pytest.raises(StageDown, match="stage stopped: RuntimeError: no CUDA stream"):
+        svc.submit(1).result(timeout=RESULT_TIMEOUT)  # refused at once, or failed where it was queued first
+    assert rec.batches == []
+
+
 # ------------------------------------------------------------ on_idle
 
 

@@ -196,6 +196,19 @@ def test_on_idle_runs_on_the_loop_when_nothing_decodes_not_between_steps():
         gen.close(timeout=10)
 
 
+def test_on_start_runs_on_the_loop_before_it_serves():
+    engine = FakeEngine()
+    seen = []
+    gen = ContinuousGenerationService("generate", engine, max_queue=8, on_start=lambda: seen.append(
+        (threading.current_thread().name, engine.stepping.is_set())))
+    try:
+        assert gen.submit((5, 4)).result(timeout=10) == Finish.LENGTH
+        assert gen.submit((5, 4)).result(timeout=10) == Finish.LENGTH
+        assert seen == [("continuous-generate", False)]  # once, before any step
+    finally:
+        gen.close(timeout=10)
+
+
 def test_service_overload_and_close():
     engine = FakeEngine(max_batch=1)
     engine.gate.clear()  # the first request's step waits until the third has been refused

@@ -24,6 +24,7 @@ from pipeline.config import BatchConfig
 from pipeline.continuous import ContinuousEngine
 from pipeline.continuous.output import logprob_content
 from pipeline.conversation import HISTORY_TOKENS, fit, retrieval_query
+from pipeline.cuda_streams import own_stream_starter
 from pipeline.docstore import Document, DocumentStore
 from pipeline.generator import GenerationRequest
 from pipeline.openmp_workers import hand_back_openmp_workers
@@ -115,19 +116,19 @@ class Worker:
                                   prefill_chunk=c.prefill_chunk)
         stages.warm_up(engine)  # before the generate service's thread owns the engine
         self.services: dict[Stage, StageService] = {}
+        on_start = own_stream_starter(stages.generator.placement.device)  # every stage's thread, as on_idle
         for stage in spec.WORKER_STAGES:
             if stage == Stage.GENERATE:
                 self.services[stage] = self._generation = ContinuousGenerationService(
-                    stage, engine, max_queue=c.max_queue, on_idle=hand_back_openmp_workers)
+                    stage, engine, max_queue=c.max_queue, on_idle=hand_back_openmp_workers, on_start=on_start)
                 continue
             cfg = config.batching[stage]  # each batch tells its requests' stage spans its size and start (tracing on)
             self.services[stage] = BatchingService(
                 stage, stage_spans.noting_batches(batch_fns[stage]), max_size=cfg.max_batch, max_wait_ms=cfg.max_wait_ms,
-                max_queue=cfg.max_queue, upstream=self.upstream, on_idle=hand_back_openmp_workers)
+                max_queue=cfg.max_queue, upstream=self.upstream, on_idle=hand_back_openmp_workers, on_start=on_start)
 
     def _search_batch(self, items: list[PendingSearch]) -> list[list[int]]:
-        # One HTTP call to each index shard per data version in the batch (one but while a switch is
-        # under way), retried until its latest deadline.
+        # One HTTP call per index shard and data version in the batch, retried until its latest deadline.
         results: list[list[int]] = [[] for _ in items]
         for rows in _grouped(items, lambda item: item.version).values():
             group = [items[row] for row in rows]
@@ -178,8 +179,7 @@ class Worker:
             version, documents = self._retrieve(clock, trace, searched, deadline)
             tokens = TokenStream()
             sampling = request.sampling(drawn_seed=secrets.randbelow(MAX_SEED + 1))
-            # Encoded once: the engine's and usage's.
-            prompt = tuple(generator.prompt_ids(request.query, documents, conversation))
+            prompt = tuple(generator.prompt_ids(request.query, documents, conversation))  # the engine's and usage's
             logprobs: list = []  # each token's, where asked: there before the token reaches `tokens`
             generating = GenerationRequest(request.query, documents, request.max_new_tokens, sampling,
                                            conversation=conversation, on_token=tokens.put, prompt_ids=prompt,
