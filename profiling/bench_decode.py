@@ -1,5 +1,4 @@
-"""Where a continuous-batching decode step's time goes, at 1 and more running sequences, and how far it is
-from this machine's memory floor.
+"""Where a continuous-batching decode step's time goes, at 1 and more sequences, and how far it is from the memory floor.
 
     python -m profiling.bench_decode [--sequences 1,16] [--repeat 8] [--profile]
                                      [--precisions bfloat16,int8-dynamic,int4-weight]
@@ -18,10 +17,10 @@ GENERATE_PRECISION, TORCH_THREADS); `--precisions` loads the LLM in each variant
 
 Every step is printed against its floor (profiling/lib/decode_floor.py): the bytes it must read (every Linear
 weight once, the KV cache of its sequences) over the read bandwidth, a streaming read of a buffer of
-`--bandwidth-mib` measured here first (at one thread and at torch's thread count, the step's; on a GPU in the device's
-memory, which its steps read) and again between
-every round of steps: the fastest read of either, per precision (printed beside its floor: a shared host's
-bandwidth moves), and the step against the floor at the median read between its rounds too. The step is also
+`--bandwidth-mib` measured here first (at one thread and at torch's thread count, the step's; on a GPU in the
+device's memory, which its steps read) and again between every round of steps: the fastest read of either, per
+precision (printed beside its floor: a shared host's bandwidth moves), and the step against the floor at the
+median read between its rounds too. The step is also
 split where the gap lies: its products (every op multiplying by a weight, profiling/lib/engine_step.py's
 PRODUCT_OPS: one step's recorded, then replayed alone, best of a few) against the weights' floor alone, and the
 rest (attention, norms, rotary, token choice, the engine). Beside the memory's floor, the products' arithmetic
@@ -41,6 +40,7 @@ from pathlib import Path
 from pipeline import spec
 from pipeline.config import PRECISION_VARIANTS, Settings
 from pipeline.continuous import ContinuousEngine
+from pipeline.device import placement_for
 from pipeline.generator import GenerationRequest, Generator
 from profiling.lib import arithmetic_peaks, decode_floor
 from profiling.lib.cli import add_out, choice_list, comma_list, make_parser, positive
@@ -284,7 +284,6 @@ def load_generator(precision: str | None) -> tuple[Generator, object, object]:
     """The LLM as a worker places it, in `precision` where given (refused as the service refuses it)."""
     if precision is None:
         return worker_generator()
-    from pipeline.device import placement_for
     _, source = worker_settings()
     placement = placement_for(Settings.from_env({**os.environ, "GENERATE_PRECISION": precision}), "generate")
     return Generator.load(source, placement), source, placement
@@ -329,11 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     settings, _ = worker_settings()  # torch on the worker's threads before the bandwidth is read at that count
     args.out = run_folder("bench_decode", args.out)  # one folder for every precision's file
-    from pipeline.device import placement_for
     bandwidth = decode_floor.measure_bandwidths(args.bandwidth_mib, placement_for(settings, "generate").device)
     import torch
-    print("read bandwidth: " + ", ".join(f"{v / 1e9:.1f} GB/s " + (f"at {k} thread(s)" if k.isdigit() else f"on {k}")
-                                         for k, v in bandwidth.items()))
+    print("read bandwidth: " + decode_floor.format_bandwidths(bandwidth))
     rates = arithmetic_peaks.product_rates(torch.get_num_threads())
     print("peak multiply-adds: " + (", ".join(f"{op} {v / 1e9:.0f} GMAC/s" for op, v in rates.items()) or "none measured"))
     reports = [run_precision(p, args, bandwidth, rates) for p in (args.precisions or [None])]

@@ -20,12 +20,13 @@ CPU, a few requests: the script's own check.
 The results (device, torch, commit, the figures, each phase's breakdown, the stages in-process, the engine's top
 operators, each CUDA test's outcome) go to --results as JSON: by default docs/gpu-check.json, the file committed
 beside docs/performance.md that the docs' claims about CUDA cite (with --tiny, into --out instead); the traces
-beside it (`<results>-trace-<precision>.json`).
+beside it (`<results>-trace-<precision>.json.gz`).
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import gzip
 import json
 import os
 import shutil
@@ -48,8 +49,8 @@ RESULTS = ROOT / "docs" / "gpu-check.json"
 # iteration; search's in the cluster is node 2's HTTP call, in-process the index itself).
 IN_PROCESS_STAGES = ("embed", "search", "fetch", "rerank", "sentiment", "toxicity")
 # The test modules with CUDA cases, and the expression that picks those cases (their ids name cuda).
-CUDA_TESTS = ["tests/unit/test_batch_invariance.py", "tests/unit/test_precision.py",
-              "tests/unit/test_chunked_attention.py", "tests/unit/test_decode_floor.py", "-k", "cuda"]
+CUDA_TESTS = ["tests/unit/test_batch_invariance.py", "tests/unit/test_precision.py", "tests/unit/test_chunked_attention.py",
+              "tests/unit/test_decode_floor.py", "tests/unit/test_cuda_streams.py", "-k", "cuda"]
 
 
 # The check's phases in the order they run: the CUDA tests, then per precision the decode steps, the cluster, the
@@ -223,13 +224,14 @@ def breakdown_table(rows: dict[str, dict], phase: str = "c32") -> str:
 
 
 def save_traces(rows: dict[str, dict], results: Path) -> None:
-    """Each precision's engine trace copied beside the results file (`<results>-trace-<precision>.json`), the row
-    naming the copy instead of the run's folder."""
+    """Each precision's engine trace gzipped beside the results file (`<results>-trace-<precision>.json.gz`: a
+    tenth of the size; Perfetto opens it as is), the row naming the copy instead of the run's folder."""
     for precision, row in rows.items():
         source = row.pop("trace_file", None)
         if source and Path(source).exists():
-            target = results.with_name(f"{results.stem}-trace-{precision}.json")
-            shutil.copyfile(source, target)
+            target = results.with_name(f"{results.stem}-trace-{precision}.json.gz")
+            with open(source, "rb") as trace, gzip.open(target, "wb") as packed:
+                shutil.copyfileobj(trace, packed)
             row["engine_profile"]["trace"] = target.name
 
 

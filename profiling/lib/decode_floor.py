@@ -129,6 +129,12 @@ def measure_bandwidths(mib: int, device: str = "cpu") -> dict[str, float]:
     return found
 
 
+def format_bandwidths(bandwidths: Mapping[str, float]) -> str:
+    """:func:`measure_bandwidths`' reads in words: "15.3 GB/s at 1 thread(s), ..., 4119.3 GB/s on cuda"."""
+    return ", ".join(f"{v / 1e9:.1f} GB/s " + (f"at {k} thread(s)" if k.isdigit() else f"on {k}")
+                     for k, v in bandwidths.items())
+
+
 def bandwidth_key(device: str) -> str:
     """The key of :func:`measure_bandwidths` that a step on `device` reads at: the GPU's, or the CPU's at torch's
     thread count."""

@@ -79,7 +79,7 @@ def test_the_breakdown_under_load_is_each_nodes_active_stages_in_ms():
     assert lines[3].endswith("| search | 32 | 4.00 | 4.0 | 1.0 | - |") and len(lines) == 4
 
 
-def test_each_engine_trace_is_copied_beside_the_results_and_named_in_its_row(tmp_path):
+def test_each_engine_trace_is_gzipped_beside_the_results_and_named_in_its_row(tmp_path):
     from profiling.gpu_check import save_traces
     run = tmp_path / "run"
     run.mkdir()
@@ -88,10 +88,11 @@ def test_each_engine_trace_is_copied_beside_the_results_and_named_in_its_row(tmp
             "float16": {"engine_profile": {"top_ops": []}, "trace_file": str(run / "absent.json")},
             "int8": {}}
     save_traces(rows, tmp_path / "gpu-check.json")
-    assert (tmp_path / "gpu-check-trace-auto.json").read_text() == '{"traceEvents": []}'
-    assert rows["auto"] == {"engine_profile": {"top_ops": [], "trace": "gpu-check-trace-auto.json"}}
+    import gzip
+    assert gzip.decompress((tmp_path / "gpu-check-trace-auto.json.gz").read_bytes()) == b'{"traceEvents": []}'
+    assert rows["auto"] == {"engine_profile": {"top_ops": [], "trace": "gpu-check-trace-auto.json.gz"}}
     assert rows["float16"] == {"engine_profile": {"top_ops": []}} and rows["int8"] == {}  # no file: nothing named
-    assert not (tmp_path / "gpu-check-trace-float16.json").exists()
+    assert not list(tmp_path.glob("gpu-check-trace-float16*"))
 
 
 def test_the_decode_report_is_the_precisions_and_not_the_floor_table_beside_it(tmp_path):
