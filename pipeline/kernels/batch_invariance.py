@@ -34,6 +34,8 @@ size. Read from PyTorch's sources, not measured on a GPU.
 """
 from __future__ import annotations
 
+import threading
+import weakref
 from typing import Any
 
 import torch
@@ -175,7 +177,25 @@ def make_linears_row_invariant(model) -> int:
     return len(linears)
 
 
+# The last mask's runs on each thread: transformers hands every layer of a forward the same mask, and reading
+# the runs back is three device syncs on a GPU (each draining the queue the host had run ahead with).
+_LAST_RUNS = threading.local()
+
+
 def _row_key_runs(attention_mask) -> list[tuple[int, int]] | None:
+    """:func:`_key_runs` of `attention_mask`, computed once per mask (the same tensor, unchanged since) on a thread.
+    An inference-mode tensor keeps no version count: there the same tensor is enough (transformers builds each
+    forward's mask anew and never changes it)."""
+    version = None if attention_mask.is_inference() else attention_mask._version
+    last = getattr(_LAST_RUNS, "mask", None)
+    if last is not None and last[0]() is attention_mask and last[1] == version:
+        return last[2]
+    runs = _key_runs(attention_mask)
+    _LAST_RUNS.mask = (weakref.ref(attention_mask), version, runs)
+    return runs
+
+
+def _key_runs(attention_mask) -> list[tuple[int, int]] | None:
     """Each row's visible keys as one run [start, end), or None where some row's are not one
     unbroken run (padding in the middle: neither left- nor right-padded)."""
     visible = attention_mask[:, 0].any(dim=1)  # (rows, keys): seen by any of the row's queries

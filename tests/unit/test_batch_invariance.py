@@ -262,6 +262,42 @@ def small_bert():
                                 vocab_size=128, max_position_embeddings=64)).eval()
 
 
+def test_a_forwards_layers_read_their_masks_key_runs_once(monkeypatch):
+    """Every layer gets the forward's one mask; its runs are read back once (device syncs on a GPU)."""
+    from transformers import BertConfig, BertModel
+
+    from pipeline.kernels import batch_invariance
+    from pipeline.kernels.batch_invariance import make_batch_invariant
+    torch.manual_seed(0)
+    encoder = BertModel(BertConfig(hidden_size=64, num_attention_heads=2, intermediate_size=128, num_hidden_layers=3,
+                                   vocab_size=128, max_position_embeddings=64)).eval()
+    make_batch_invariant(encoder)
+    computed = []
+    key_runs = batch_invariance._key_runs
+    monkeypatch.setattr(batch_invariance, "_key_runs", lambda mask: computed.append(mask) or key_runs(mask))
+    ids = torch.randint(1, 128, (3, 20), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[0, 7:] = 0
+    mask[2, 15:] = 0
+    with torch.inference_mode():  # as the stages serve: masks without a version count
+        batched = encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+        assert len(computed) == 1  # three layers, one read
+        alone = encoder(input_ids=ids[:1, :7], attention_mask=mask[:1, :7]).last_hidden_state
+        encoder(input_ids=ids, attention_mask=mask)
+    assert len(computed) == 2  # the next forward's mask is its own (the lone row needs none)
+    assert torch.equal(batched[0, :7], alone[0])
+
+
+def test_a_mask_changed_in_place_has_its_runs_read_again():
+    from pipeline.kernels.batch_invariance import _row_key_runs
+    mask = torch.ones(2, 1, 4, 6, dtype=torch.bool)
+    mask[0, ..., 4:] = False
+    assert _row_key_runs(mask) == [(0, 4), (0, 6)]
+    mask[1, ..., :2] = False  # left padding now: the same tensor, a new version
+    assert _row_key_runs(mask) == [(0, 4), (2, 6)]
+    assert _row_key_runs(mask.clone()) == [(0, 4), (2, 6)]
+
+
 def test_a_model_made_invariant_on_the_cpu_leaves_the_process_attention_backends_alone(cudnn_attention_switch):
     from pipeline.kernels.batch_invariance import make_batch_invariant
     make_batch_invariant(small_bert())
