@@ -116,6 +116,31 @@ def test_the_streamed_pieces_are_the_replys_text_and_the_references_answer_with_
     assert plain == reply["generated_response"] == full and reply["finish_reason"] == "length"
 
 
+def test_an_answer_read_whole_takes_its_tokens_after_the_generation_a_streamed_one_as_they_come(
+        worker, generator, monkeypatch):
+    """A reply read whole with nothing to end on early (no stream, stop strings or tools) is woken once, when its
+    generation ends, instead of once a token; the same text either way."""
+    visits = []
+    enter = worker._enter
+    monkeypatch.setattr(worker, "_enter", lambda clock, stage, item: visits.append(enter(clock, stage, item))
+                        or visits[-1])
+    output = generator.output
+    ended_at_push: list[bool] = []
+
+    def watched(*args, **kwargs):
+        processor = output(*args, **kwargs)
+        push = processor.push
+        generation = next(v for v in reversed(visits) if v.stage == Stage.GENERATE)
+        processor.push = lambda token: ended_at_push.append(generation.future.done()) or push(token)
+        return processor
+    monkeypatch.setattr(generator, "output", watched)
+    whole = collect(worker.answer(AnswerRequest("whole-1", QUERY, max_new_tokens=24), Deadline.after(120)))
+    assert len(ended_at_push) == 24 and all(ended_at_push)
+    ended_at_push.clear()
+    pieces, streamed = answer(worker, AnswerRequest("streamed-1", QUERY, max_new_tokens=24, stream=True))
+    assert len(ended_at_push) == 24 and pieces == streamed["generated_response"] == whole["generated_response"]
+
+
 def test_a_stop_string_completed_by_the_last_allowed_token_finishes_with_stop(worker, reference, generator):
     _, ids = greedy_ids(reference, generator, QUERY, 16)
     texts = [generator.completion(ids[:n]).text for n in range(len(ids) + 1)]

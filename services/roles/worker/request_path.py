@@ -11,10 +11,10 @@ from __future__ import annotations
 import secrets
 import threading
 import time
-from concurrent.futures import CancelledError, Future
+from concurrent.futures import CancelledError, Future, wait
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -22,7 +22,6 @@ from pipeline import spec
 from pipeline.classifiers import ModerationText
 from pipeline.config import BatchConfig
 from pipeline.continuous import ContinuousEngine
-from pipeline.continuous.output import logprob_content
 from pipeline.conversation import HISTORY_TOKENS, fit, retrieval_query
 from pipeline.cuda_streams import own_stream_starter
 from pipeline.docstore import Document, DocumentStore
@@ -35,9 +34,10 @@ from pipeline.stages import Stages
 from services.cluster.sharded_index import ShardedIndexClient
 from services.roles.caches import LruCache
 from services.roles.versioned_data import VersionedData
+from services.roles.worker.answer_pieces import AnswerPieces
 from services.roles.worker.stage_clock import StageClock, StageVisit
 from services.server import stage_spans
-from services.server.answer import AnswerPiece, AnswerStream, FinalAnswer, Usage
+from services.server.answer import AnswerStream, FinalAnswer, Usage
 from services.server.answer_request import AnswerRequest
 from services.server.deadline import Deadline
 from services.server.errors import (
@@ -190,7 +190,9 @@ class Worker:
             output = generator.output(request.stop, abort=partial(self._generation.stop, generation.future),
                                       tools_offered=bool(request.tools),
                                       max_calls=None if request.parallel_tool_calls else 1)
-            pieces = _Pieces(generator.tokens, logprobs if request.logprobs is not None else None)
+            pieces = AnswerPieces(generator.tokens, logprobs if request.logprobs is not None else None)
+            if not (request.stream or request.stop or request.tools):  # nothing to send or end on before the end:
+                wait([generation.future], deadline.left())  # one wake-up here, not one a token
             for token in tokens.read(deadline):
                 yield from pieces.of(output, output.push(token))
             yield from pieces.of(output, output.finish(clock.wait(generation, deadline)), last=True)
@@ -312,34 +314,6 @@ class Worker:
         for svc in self.services.values():
             svc.close(timeout)
         self.index.close()
-
-
-class _Pieces:
-    """One answer's pieces as its output processor gives them: each with the log probabilities (where
-    asked) of the tokens pushed since the previous piece, and the tool-call deltas it has ready."""
-
-    def __init__(self, decoder, logprobs: list | None):
-        self._decoder = decoder
-        self._logprobs = logprobs  # the engine's records, one per token; None: not asked
-        self.given: tuple[dict[str, Any], ...] = ()  # the log probabilities given so far, in order
-
-    def of(self, output, text: str, *, last: bool = False) -> Iterator[AnswerPiece]:
-        """The pieces `text` and the calls' progress make; `last`: the answer's end, where the tokens
-        that gave no text (a stop string's, an end-of-sequence token) give their log probabilities."""
-        deltas = output.take_call_deltas()
-        records = self._pending(output.token_count) if text or deltas or last else ()
-        if text or (records and not deltas):
-            yield AnswerPiece(text, logprobs=records)
-            records = ()
-        for i, delta in enumerate(deltas):
-            yield AnswerPiece(tool_call=delta, logprobs=records if i == 0 else ())
-
-    def _pending(self, token_count: int) -> tuple[dict[str, Any], ...]:
-        if self._logprobs is None or len(self.given) >= token_count:
-            return ()
-        items = tuple(logprob_content(self._decoder, self._logprobs[len(self.given):token_count]))
-        self.given += items
-        return items
 
 
 def _grouped(items: list, key: Callable[[Any], object]) -> dict[object, list[int]]:
