@@ -307,7 +307,7 @@ def test_a_workers_internal_stream_carries_every_field_of_its_answer_to_the_gate
     item = {"token": "ok", "logprob": -0.1, "bytes": [111, 107], "top_logprobs": []}
 
     class Worker:
-        def answer(self, request, deadline):
+        def answer(self, request, deadline, first_piece_only=False):
             yield AnswerPiece("ok", (item,))
             yield AnswerPiece(tool_call=ToolCallDelta(0, "refund", "{}"))
             yield FinalAnswer(request.request_id, "ok", "neutral", "false", finish_reason="tool_calls",

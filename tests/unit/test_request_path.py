@@ -139,6 +139,15 @@ def test_an_answer_read_whole_takes_its_tokens_after_the_generation_a_streamed_o
     ended_at_push.clear()
     pieces, streamed = answer(worker, AnswerRequest("streamed-1", QUERY, max_new_tokens=24, stream=True))
     assert len(ended_at_push) == 24 and pieces == streamed["generated_response"] == whole["generated_response"]
+    ended_at_push.clear()
+    # A gateway's caller that collects the reply: its first piece as it comes, the other tokens after the end.
+    events = worker.answer(AnswerRequest("first-1", QUERY, max_new_tokens=24, stream=True), Deadline.after(120),
+                           first_piece_only=True)
+    assert isinstance(next(events), AnswerPiece)
+    before_first = len(ended_at_push)
+    rest = list(events)
+    assert all(ended_at_push[before_first:]) and len(ended_at_push) == 24
+    assert rest[-1].wire()["generated_response"] == whole["generated_response"]
 
 
 def test_a_stop_string_completed_by_the_last_allowed_token_finishes_with_stop(worker, reference, generator):

@@ -162,11 +162,12 @@ class Worker:
         except Exception as exc:
             raise StageFailed(stage, exc) from exc
 
-    def answer(self, request: AnswerRequest, deadline: Deadline) -> AnswerStream:
+    def answer(self, request: AnswerRequest, deadline: Deadline, first_piece_only: bool = False) -> AnswerStream:
         """The answer in pieces as the LLM produces them (never half a character, nor the start of a stop
         string; each with its tokens' log probabilities where asked; a tool call's name and arguments as
         they are generated), then the final answer (services/server/answer.py), all from the sequence's
-        output processor. Closing the stream early cancels the generation."""
+        output processor. Closing the stream early cancels the generation. `first_piece_only`: the caller
+        reads the first piece and the final answer alone (a gateway's caller that collects the reply)."""
         clock, trace = self._begin(request.request_id, spec.WORKER_STAGES)
         generation: StageVisit | None = None
         with self._lock:
@@ -191,9 +192,19 @@ class Worker:
                                       tools_offered=bool(request.tools),
                                       max_calls=None if request.parallel_tool_calls else 1)
             pieces = AnswerPieces(generator.tokens, logprobs if request.logprobs is not None else None)
-            if not (request.stream or request.stop or request.tools):  # nothing to send or end on before the end:
-                wait([generation.future], deadline.left())  # one wake-up here, not one a token
-            for token in tokens.read(deadline):
+            # Nothing to end on early and no piece to send (read whole), or only the first (a gateway's collecting
+            # caller): the tokens after it are read once the generation ends, one wake-up and not one a token.
+            quiet = not (request.stop or request.tools) and (first_piece_only or not request.stream)
+            read = tokens.read(deadline)
+            if quiet and request.stream:  # the first piece as soon as it is ready
+                for token in read:
+                    first = list(pieces.of(output, output.push(token)))
+                    yield from first
+                    if first:
+                        break
+            if quiet:
+                wait([generation.future], deadline.left())
+            for token in read:
                 yield from pieces.of(output, output.push(token))
             yield from pieces.of(output, output.finish(clock.wait(generation, deadline)), last=True)
             labels = self._classify(clock, request.request_id, output.text, deadline)

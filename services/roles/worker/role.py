@@ -180,15 +180,15 @@ class WorkerRole(Role):
         `"stream": true` (every field of the answer: the hop's serializer), else one JSON reply."""
         request = read_request(body, self.bounds, also=("timeout_s",))
         pieces = http_request.headers.get(PIECES_HEADER, "").lower() != "none"
-        return Call(lambda deadline: self.answer(request, deadline), stream=request.stream,
+        return Call(lambda deadline: self.answer(request, deadline, first_piece_only=not pieces), stream=request.stream,
                     events=internal_events if pieces else internal_reply_events,
                     timeout_s=internal_timeout(body, self.settings))
 
-    def answer(self, request: AnswerRequest, deadline: Deadline) -> AnswerStream:
+    def answer(self, request: AnswerRequest, deadline: Deadline, first_piece_only: bool = False) -> AnswerStream:
         """The worker's answer stream, its final answer naming this node (`served_by`) and its stage
         times, which are also noted for this node's completion line (a failure's too)."""
         times = collect_stage_times()
-        events = self.worker.require().answer(request, deadline)
+        events = self.worker.require().answer(request, deadline, first_piece_only=first_piece_only)
         try:
             for event in events:
                 yield dataclasses.replace(event, served_by=self.node, stages_ms=dict(times)) \
