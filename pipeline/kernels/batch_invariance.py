@@ -232,11 +232,13 @@ def _batch_invariant_sdpa(module, query, key, value, attention_mask, **kwargs):
     runs = None if attention_mask is None or attention_mask.dtype != torch.bool else _row_key_runs(attention_mask)
     if attention_mask is None and query.is_cuda:
         runs = [(0, kv_len)] * query.shape[0]
-    unpadded = runs is not None and all(run == (0, kv_len) for run in runs)
-    if runs is None or (unpadded and (query.shape[0] == 1 or not query.is_cuda)):
-        return sdpa_attention_forward(module, query, key, value, attention_mask=attention_mask, **kwargs)
     causal = kwargs.get("is_causal")
     causal = getattr(module, "is_causal", True) if causal is None else causal
+    unpadded = runs is not None and all(run == (0, kv_len) for run in runs)
+    # on CUDA a prompt's later chunk (queries after keys of their own) goes by the row loop, as a whole prompt would
+    chunk_on_cuda = query.is_cuda and causal and attention_mask is not None and 1 < q_len < kv_len
+    if runs is None or (unpadded and not chunk_on_cuda and (query.shape[0] == 1 or not query.is_cuda)):
+        return sdpa_attention_forward(module, query, key, value, attention_mask=attention_mask, **kwargs)
     past = kv_len - q_len  # query i is key past + i
     output = query.new_zeros((query.shape[0], q_len, query.shape[1], value.shape[3]))
     for row, (start, end) in enumerate(runs):
@@ -245,10 +247,26 @@ def _batch_invariant_sdpa(module, query, key, value, attention_mask, **kwargs):
         if not causal or q1 - q0 == 1 or q1 - q0 == end - start:
             # as transformers does for an unpadded row: no mask (bidirectional, or is_causal over a whole prompt)
             mask = None
+        elif query.is_cuda and attention_mask is not None:
+            output[row, q0:q1] = _after_own_keys(query[row:row + 1, :, q0:q1], key[row:row + 1, :, start:end],
+                                                 value[row:row + 1, :, start:end], kwargs.get("scaling"))[0]
+            continue
         out, _ = sdpa_attention_forward(module, query[row:row + 1, :, q0:q1], key[row:row + 1, :, start:end],
                                         value[row:row + 1, :, start:end], attention_mask=mask, **kwargs)
         output[row, q0:q1] = out[0]
     return output, None
+
+
+def _after_own_keys(query, key, value, scale):
+    """Causal attention of queries that are a row's last keys (a prompt's later chunk: its own keys after earlier
+    ones), on CUDA, as (rows, queries, heads, dim). Lower-right causal, which takes FlashAttention as a whole
+    prompt's is_causal does; a boolean mask would take another kernel (memory-efficient attention), whose sums
+    round otherwise, so a prompt's answer would follow where its chunks were cut."""
+    from torch.nn.attention.bias import causal_lower_right
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=causal_lower_right(query.shape[2], key.shape[2]), scale=scale,
+        enable_gqa=query.shape[1] != key.shape[1])
+    return out.transpose(1, 2)
 
 
 def attend_without_cudnn() -> None:

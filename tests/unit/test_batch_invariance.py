@@ -357,3 +357,32 @@ def test_an_encoders_row_alone_equals_the_row_among_unpadded_batch_mates(device,
         for row in range(ids.shape[0]):
             alone = model(input_ids=ids[row:row + 1], attention_mask=torch.ones_like(ids[row:row + 1]))
             assert torch.equal(alone.last_hidden_state[0], batch[row]), row
+
+
+class _CausalAttention(torch.nn.Module):
+    """What transformers' attention hands the attention function: Qwen2.5-0.5B's 14 query heads on 2 key heads."""
+    is_causal = True
+    num_key_value_groups = 7
+
+
+@ON_CUDA
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+def test_a_prompts_chunks_on_cuda_give_its_queries_the_bits_of_the_whole_prompt(cudnn_attention_switch, dtype):
+    """A prompt prefills in chunks cut where an iteration's budget ends (which follows its batch-mates): every
+    query's attention must come out as in the whole prompt's one call, on SDPA's kernels without cuDNN."""
+    from pipeline.kernels.batch_invariance import _batch_invariant_sdpa, attend_without_cudnn
+    attend_without_cudnn()
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    query, key, value = (torch.randn(1, heads, 301, 64, generator=gen, device="cuda", dtype=dtype)
+                         for heads in (14, 2, 2))
+    module = _CausalAttention()
+    whole, _ = _batch_invariant_sdpa(module, query, key, value, None, scaling=0.125)
+    for cuts in ([0, 32, 64, 96, 128, 160, 192, 224, 256, 288, 301], [0, 45, 101, 230, 300, 301]):
+        chunks = []
+        for start, end in zip(cuts, cuts[1:]):
+            mask = None if start == 0 else (torch.arange(end, device="cuda")[None, :]
+                                            <= torch.arange(start, end, device="cuda")[:, None])[None, None]
+            out, _ = _batch_invariant_sdpa(module, query[:, :, start:end], key[:, :, :end], value[:, :, :end], mask,
+                                           scaling=0.125)
+            chunks.append(out)
+        assert torch.equal(torch.cat(chunks, dim=1), whole), cuts
