@@ -99,7 +99,7 @@ class ModelSettings:
 class BatchWindow(Protocol):
     """What every stage section but generate's (continuous batching, no window) has: its batch window."""
     @property
-    def max_batch(self) -> int: ...
+    def max_batch(self) -> int | None: ...
     @property
     def max_wait_ms(self) -> float: ...
 
@@ -140,7 +140,7 @@ class FetchSettings:
 
 @dataclass(frozen=True)
 class RerankSettings:
-    max_batch: int = f.max_batch(Stage.RERANK, 1, "measured: about 2.9 s per request at 1, 2 and 4; batching only delays the first")
+    max_batch: int | None = f.var("RERANK_MAX_BATCH", p.optional(p.int_range(1, 4096)), "", "largest batch the rerank stage runs (empty: the device's, RERANK_MAX_BATCH_BY_DEVICE: 1 on a CPU, where a rerank's cost follows its tokens and a batch only delays its first request; 8 on a GPU, where batches share launches: 1.17x the requests a minute at 32 clients on an H200; docs/performance.md)")
     max_wait_ms: float = f.max_wait(Stage.RERANK, 0)
     precision: str = f.precision(Stage.RERANK, "reranker")
 

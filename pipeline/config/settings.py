@@ -32,12 +32,21 @@ READ_TIMEOUT_SHARE, MIN_READ_TIMEOUT_S, MAX_READ_TIMEOUT_S = 30.0, 2.0, 30.0
 MIN_CONNECTION_LIMIT = 1024
 
 
+# The rerank batch where RERANK_MAX_BATCH is empty, by device: on a CPU a rerank's cost follows its tokens, so a
+# batch only delays its first request; on a GPU a batch's requests share its launches (docs/performance.md).
+RERANK_MAX_BATCH_BY_DEVICE = {"cpu": 1, "cuda": 8}
+
+
 @dataclass(frozen=True)
 class BatchConfig:
     """What a stage's batching service is built with: its window and its queue bound."""
-    max_batch: int  # <STAGE>_MAX_BATCH
+    max_batch: int | None  # <STAGE>_MAX_BATCH; None: the device's (only rerank's may be: RERANK_MAX_BATCH_BY_DEVICE)
     max_wait_ms: float
     max_queue: int
+
+    def max_batch_on(self, device: str) -> int:
+        """The largest batch on `device` ("cpu" or "cuda")."""
+        return RERANK_MAX_BATCH_BY_DEVICE[device] if self.max_batch is None else self.max_batch
 
 
 @dataclass(frozen=True)

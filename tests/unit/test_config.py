@@ -409,3 +409,13 @@ def test_a_numbered_variable_has_a_default_per_number():
     assert Settings.default_of("TOTAL_NODES") == "3"
     with pytest.raises(KeyError):
         Settings.default_of("NODE_2_IPS")
+
+
+def test_an_empty_rerank_max_batch_takes_the_devices_and_a_set_one_holds_on_every_device():
+    from pipeline.config.settings import RERANK_MAX_BATCH_BY_DEVICE
+    rerank = Settings.from_env({}).batching("rerank")
+    assert [rerank.max_batch_on(d) for d in ("cpu", "cuda")] == [RERANK_MAX_BATCH_BY_DEVICE[d] for d in ("cpu", "cuda")]
+    assert RERANK_MAX_BATCH_BY_DEVICE["cpu"] == 1 < RERANK_MAX_BATCH_BY_DEVICE["cuda"]
+    chosen = Settings.from_env({"RERANK_MAX_BATCH": "3"}).batching("rerank")
+    assert chosen.max_batch_on("cpu") == chosen.max_batch_on("cuda") == 3
+    assert Settings.from_env({}).batching("embed").max_batch_on("cuda") == Settings.from_env({}).embed.max_batch
