@@ -235,37 +235,45 @@ def _batch_invariant_sdpa(module, query, key, value, attention_mask, **kwargs):
     causal = kwargs.get("is_causal")
     causal = getattr(module, "is_causal", True) if causal is None else causal
     unpadded = runs is not None and all(run == (0, kv_len) for run in runs)
-    # on CUDA a prompt's later chunk (queries after keys of their own) goes by the row loop, as a whole prompt would
-    chunk_on_cuda = query.is_cuda and causal and attention_mask is not None and 1 < q_len < kv_len
-    if runs is None or (unpadded and not chunk_on_cuda and (query.shape[0] == 1 or not query.is_cuda)):
+    # on CUDA every prompt's queries (a whole prompt's, or a later chunk's after keys before them) go by the row
+    # loop, each row through one kernel (_causal_on_cuda); a mask-less call with more keys than queries is
+    # transformers' upper-left case (a static cache's first prefill), left to it
+    prefill_on_cuda = query.is_cuda and causal and q_len > 1 and (attention_mask is not None or q_len == kv_len)
+    if runs is None or (unpadded and not prefill_on_cuda and (query.shape[0] == 1 or not query.is_cuda)):
         return sdpa_attention_forward(module, query, key, value, attention_mask=attention_mask, **kwargs)
     past = kv_len - q_len  # query i is key past + i
     output = query.new_zeros((query.shape[0], q_len, query.shape[1], value.shape[3]))
     for row, (start, end) in enumerate(runs):
         q0, q1 = max(0, start - past), min(q_len, end - past)
         mask = None if attention_mask is None else attention_mask[row:row + 1, :, q0:q1, start:end]
+        if prefill_on_cuda and q1 - q0 > 1:
+            output[row, q0:q1] = _causal_on_cuda(query[row:row + 1, :, q0:q1], key[row:row + 1, :, start:end],
+                                                 value[row:row + 1, :, start:end], kwargs.get("scaling"))[0]
+            continue
         if not causal or q1 - q0 == 1 or q1 - q0 == end - start:
             # as transformers does for an unpadded row: no mask (bidirectional, or is_causal over a whole prompt)
             mask = None
-        elif query.is_cuda and attention_mask is not None:
-            output[row, q0:q1] = _after_own_keys(query[row:row + 1, :, q0:q1], key[row:row + 1, :, start:end],
-                                                 value[row:row + 1, :, start:end], kwargs.get("scaling"))[0]
-            continue
         out, _ = sdpa_attention_forward(module, query[row:row + 1, :, q0:q1], key[row:row + 1, :, start:end],
                                         value[row:row + 1, :, start:end], attention_mask=mask, **kwargs)
         output[row, q0:q1] = out[0]
     return output, None
 
 
-def _after_own_keys(query, key, value, scale):
-    """Causal attention of queries that are a row's last keys (a prompt's later chunk: its own keys after earlier
-    ones), on CUDA, as (rows, queries, heads, dim). Lower-right causal, which takes FlashAttention as a whole
-    prompt's is_causal does; a boolean mask would take another kernel (memory-efficient attention), whose sums
-    round otherwise, so a prompt's answer would follow where its chunks were cut."""
-    from torch.nn.attention.bias import causal_lower_right
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=causal_lower_right(query.shape[2], key.shape[2]), scale=scale,
-        enable_gqa=query.shape[1] != key.shape[1])
+def _causal_on_cuda(query, key, value, scale):
+    """Causal attention of one row's queries, its last keys (a whole prompt, or a later chunk after the keys
+    before it), on CUDA, as (1, queries, heads, dim): always with a boolean mask and the key heads repeated, which
+    SDPA without cuDNN runs as memory-efficient attention. That kernel sums each query's keys in blocks counted
+    from column 0 and masked keys add exact zeros, so a query gets the same bits however the prompt was cut into
+    chunks (which follows the iteration's budget, and so the batch-mates). FlashAttention (a mask-less is_causal
+    call) rounds otherwise than in a chunk with keys before it, and cuDNN's kernel differed in float16 where
+    cuts fell mid-block (measured on an H200; docs/performance.md, section 32)."""
+    from transformers.integrations.sdpa_attention import repeat_kv
+    queries, keys = query.shape[2], key.shape[2]
+    mask = (torch.arange(keys, device=query.device)[None, :]
+            <= torch.arange(keys - queries, keys, device=query.device)[:, None])[None, None]
+    groups = query.shape[1] // key.shape[1]
+    out = torch.nn.functional.scaled_dot_product_attention(query, repeat_kv(key, groups), repeat_kv(value, groups),
+                                                           attn_mask=mask, scale=scale)
     return out.transpose(1, 2)
 
 
