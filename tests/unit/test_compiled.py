@@ -83,3 +83,16 @@ def test_where_it_is_built_build_needs_neither_compiler_nor_lock(extension, monk
     with monkeypatch.context() as patched:
         patched.setattr(extension, "ops", lambda: pytest.fail("build() loaded the library"))
         assert extension.build() == f"{extension.name} is built in {extension.build_directory()}"
+
+
+@pytest.mark.slow  # compiles two small extensions (tens of seconds: torch's headers)
+def test_build_all_compiles_side_by_side_and_names_the_extension_that_failed(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))  # the build processes inherit it
+    tiny, broken = "tests.support.tiny_extension", "tests.support.broken_extension"
+    extension = importlib.import_module(tiny).EXTENSION
+    with pytest.raises(RuntimeError, match=r"(?s)tests\.support\.broken_extension: .*not_declared_anywhere") as failed:
+        compiled.build_all((tiny, broken))
+    assert tiny + ":" not in str(failed.value)
+    assert extension._library(extension.build_directory()) is not None  # built, though the other failed
+    _compiler_refused(monkeypatch)  # and found built in this process, with no compiler
+    assert compiled.build_all((tiny,)) == [f"{extension.name} is built in {extension.build_directory()}"]
