@@ -140,7 +140,7 @@ class FetchSettings:
 
 @dataclass(frozen=True)
 class RerankSettings:
-    max_batch: int | None = f.var("RERANK_MAX_BATCH", p.optional(p.int_range(1, 4096)), "", "largest batch the rerank stage runs (empty: the device's, RERANK_MAX_BATCH_BY_DEVICE: 1 on a CPU, where a rerank's cost follows its tokens and a batch only delays its first request; 8 on a GPU, where batches share launches: 1.17x the requests a minute at 32 clients on an H200; docs/performance.md)")
+    max_batch: int | None = f.var("RERANK_MAX_BATCH", p.optional(p.int_range(1, 4096)), "", "largest batch the rerank stage runs (empty: the device's, RERANK_MAX_BATCH_BY_DEVICE: 1 on a CPU, where a rerank's cost follows its tokens and a batch only delays its first request; 8 on a GPU, where a batch's requests share launches: 632 and 697 requests a minute at 32 clients on an H200 against 595 at 1, one run each; docs/performance.md)")
     max_wait_ms: float = f.max_wait(Stage.RERANK, 0)
     precision: str = f.precision(Stage.RERANK, "reranker")
 
