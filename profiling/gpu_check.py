@@ -10,7 +10,9 @@ clients, then one at a time again (idle once every stage has run under load), an
 from its /metrics (items, mean batch, run time a batch and an item, each item's wait from submit to its batch: queue
 and batch formation); then each batched stage's batch of one timed in-process (`profiling.microbench`), beside what
 the same batch took in the cluster alone; last, three decode steps at 32 sequences profiled (the device's kernels
-with the host's ops: the top operators kept, the chrome trace saved beside the results).
+with the host's ops: the top operators kept, the chrome trace saved beside the results). Then, once for the host,
+the service's own overhead at 32 clients (`profiling.overhead_floor`: null models, the same three nodes), beside
+each precision's request at 32 clients (the issue's target: the overhead at most 10 % of it).
 Every tool runs as a subprocess through its command line, with this interpreter (a GPU machine's
 torch, not .venv's). Phases past --budget-s (default: under 8 minutes in all) are skipped and shown
 as "-" (a cluster's load phases done before are kept); `--phases` runs some of them only (PHASES: a GPU lent
@@ -18,7 +20,7 @@ for minutes, the tests in one call and the cluster in the next). `--tiny`: tiny 
 CPU, a few requests: the script's own check.
 
 The results (device, torch, commit, the figures, each phase's breakdown, the stages in-process, the engine's top
-operators, each CUDA test's outcome) go to --results as JSON: by default docs/gpu-check.json, the file committed
+operators, the overhead floor, each CUDA test's outcome) go to --results as JSON: by default docs/gpu-check.json, the file committed
 beside docs/performance.md that the docs' claims about CUDA cite (with --tiny, into --out instead); the traces
 beside it (`<results>-trace-<precision>.json.gz`).
 """
@@ -39,10 +41,10 @@ from pathlib import Path
 from typing import Any
 
 from profiling.lib import local_cluster
+from profiling.lib.gpu_check_report import SEQUENCES, breakdown_table, floor_line, table
 from profiling.lib.provenance import git_commit
 
 ROOT = local_cluster.ROOT
-SEQUENCES = (1, 8, 32)
 PROFILE_TOP = 25  # the engine's operators kept, by self host time
 RESULTS = ROOT / "docs" / "gpu-check.json"
 # The stages whose cluster batch is one call of the batch function microbench times (generate's is an engine
@@ -54,8 +56,8 @@ CUDA_TESTS = ["tests/unit/test_batch_invariance.py", "tests/unit/test_precision.
 
 
 # The check's phases in the order they run: the CUDA tests, then per precision the decode steps, the cluster, the
-# stages in-process and the engine's profile.
-PHASES = ("tests", "steps", "cluster", "in_process", "profile")
+# stages in-process and the engine's profile; last the service's own overhead with null models on this host.
+PHASES = ("tests", "steps", "cluster", "in_process", "profile", "floor")
 
 
 class OverBudget(Exception):
@@ -164,9 +166,25 @@ class Check:
                 summary = json.loads((self.out / f"loadgen-{precision}" / f"loadgen_{name}.json").read_text())
                 overall = summary["overall"]
                 found[name] = overall["latency"]["p50_s"] if clients == 1 else overall["throughput_rpm"]
+                if clients > 1:
+                    found[f"{name}_p50_s"] = overall["latency"]["p50_s"]
                 found[f"{name}_stages"] = stage_breakdown(summary)
         finally:
             local_cluster.stop(nodes)
+
+
+    def overhead_floor(self) -> dict[str, Any]:
+        """The service's own overhead on this host (`profiling.overhead_floor`: null models, the same three nodes)
+        at 32 clients: requests a minute, p50 latency and the nodes' CPU a request."""
+        folder = self.out / "overhead_floor"
+        sizes = ["--clients", "4", "--requests-per-client", "1", "--min-requests", "4", "--level-s", "30"] \
+            if self.args.tiny else ["--clients", "32", "--requests-per-client", "5", "--level-s", "60"]
+        self.run("overhead_floor", ["profiling.overhead_floor", *sizes, "--docs", "200" if self.args.tiny else "2000",
+                                    "--out", str(folder)])
+        (level,) = json.loads((folder / "overhead_floor.json").read_text())["results"]["here"]["levels"]
+        return {"clients": level["clients"], "requests_per_minute": level["requests_per_minute"],
+                "p50_ms": level["latency_ms"]["p50"], "ok": level["ok"], "sent": level["sent"],
+                "cpu_ms": level["components_ms"].get("nodes: CPU ms per request")}
 
 
 def microbench_ms(folder: Path) -> dict[str, float]:
@@ -206,23 +224,6 @@ def stage_breakdown(summary: dict) -> list[dict]:
     return rows
 
 
-def breakdown_table(rows: dict[str, dict], phase: str = "c32") -> str:
-    """Each precision's stages in one loadgen phase (`idle`, `c8`, `c32`, `idle_warm`), one line each; for the idle
-    ones, beside each stage its batch of one timed in-process (where the check timed it)."""
-    idle = phase.startswith("idle")
-    lines = ["| precision | node | stage | items | mean batch | run ms a batch | run ms an item | wait ms an item |"
-             + (" in-process ms a batch of one |" if idle else ""),
-             "|---|---|---|---|---|---|---|---|" + ("---|" if idle else "")]
-    for precision, r in rows.items():
-        in_process = r.get("in_process_ms") or {}
-        for s in r.get(f"{phase}_stages") or []:
-            lines.append(f"| {precision} | {s['node']} | {s['stage']} | {s['items']:.0f} | {cell(s['mean_batch'], '.2f')} | "
-                         f"{cell(s['run_ms_per_batch'], '.1f')} | {cell(s['run_ms_per_item'], '.1f')} | "
-                         f"{cell(s['wait_ms_per_item'], '.1f')} |"
-                         + (f" {cell(in_process.get(s['stage']), '.1f')} |" if idle else ""))
-    return "\n".join(lines)
-
-
 def save_traces(rows: dict[str, dict], results: Path) -> None:
     """Each precision's engine trace gzipped beside the results file (`<results>-trace-<precision>.json.gz`: a
     tenth of the size; Perfetto opens it as is), the row naming the copy instead of the run's folder."""
@@ -254,29 +255,13 @@ def junit_outcomes(xml: str) -> dict[str, str]:
 
 
 def results(rows: dict[str, dict], tests: dict[str, str] | None, *, device: str, commit: str, profile: str,
-            failed: bool) -> dict:
+            failed: bool, floor: dict[str, Any] | None = None) -> dict:
     """What the check found, as the results file holds it."""
     return {"device": device, "commit": commit, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "stand_ins": profile, "failed": failed, "precisions": rows, "cuda_tests": tests,
+            "stand_ins": profile, "failed": failed, "precisions": rows, "floor": floor, "cuda_tests": tests,
             "cuda_tests_passed": None if tests is None else sum(v == "passed" for v in tests.values()),
             "cuda_tests_failed": None if tests is None else sorted(k for k, v in tests.items()
                                                                    if v in ("failed", "error"))}
-
-
-def cell(value: float | None, form: str) -> str:
-    return "-" if value is None else format(value, form)
-
-
-def table(rows: dict[str, dict]) -> str:
-    lines = ["| | idle request | idle after the loads | concurrency 8 | concurrency 32 | decode step, 1 / 8 / 32 sequences "
-             "| CUDA graphs |", "|---|---|---|---|---|---|---|"]
-    for precision, r in rows.items():
-        steps = " / ".join(cell(s, ".1f") for s in r.get("steps") or [None] * len(SEQUENCES))
-        graphs = " / ".join(cell(g, "d") for g in r.get("graphs") or [None] * len(SEQUENCES))
-        lines.append(f"| {precision} | {cell(r.get('idle'), '.2f')} s | {cell(r.get('idle_warm'), '.2f')} s | "
-                     f"{cell(r.get('c8'), '.1f')} req/min | "
-                     f"{cell(r.get('c32'), '.1f')} req/min | {steps} ms | {graphs} |")
-    return "\n".join(lines)
 
 
 def device_line() -> str:
@@ -304,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     check = Check(args)
     rows: dict[str, dict] = {precision: {} for precision in args.precisions.split(",")}
     tests: dict[str, str] | None = None
+    floor: dict[str, Any] | None = None
     failed = False
     try:
         check.prepare()
@@ -324,6 +310,12 @@ def main(argv: list[str] | None = None) -> int:
                 except (RuntimeError, subprocess.TimeoutExpired) as exc:
                     failed = True
                     print(f"[gpu_check] {precision} {key}: {exc}", flush=True)
+        if "floor" in phases:
+            try:
+                floor = check.overhead_floor()
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                failed = True
+                print(f"[gpu_check] floor: {exc}", flush=True)
     except OverBudget:
         failed = True
         print(f"[gpu_check] the {args.budget_s:.0f} s budget is spent: the rest is skipped", flush=True)
@@ -336,11 +328,13 @@ def main(argv: list[str] | None = None) -> int:
     print("\none request alone, the first after start, beside each stage in-process:\n" + breakdown_table(rows, "idle"))
     print("\none request alone after the loads:\n" + breakdown_table(rows, "idle_warm"))
     print("\nunder 32 clients:\n" + breakdown_table(rows))
+    print("\n" + floor_line(rows, floor))
     path = Path(args.results) if args.results else (check.out / "gpu-check.json" if args.tiny else RESULTS)
     save_traces(rows, path)
     code = git_commit()  # the check's own code: HEAD, and whether the tree differed from it
     commit = code["commit"] + ("+changes" if code["dirty"] else "")
-    found = results(rows, tests, device=device, commit=commit, profile=check.env["STANDIN_PROFILE"], failed=failed)
+    found = results(rows, tests, device=device, commit=commit, profile=check.env["STANDIN_PROFILE"], failed=failed,
+                    floor=floor)
     path.write_text(json.dumps(found, indent=1) + "\n")
     print(f"results: {path}")
     return 1 if failed else 0

@@ -163,4 +163,31 @@ def test_phases_outside_the_list_are_refused_by_name(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["--phases", "cluster,warmup", "--tiny"])
     assert exit_.value.code == 2
-    assert "--phases: unknown warmup; expected some of tests, steps, cluster, in_process, profile" in capsys.readouterr().err
+    assert "--phases: unknown warmup; expected some of tests, steps, cluster, in_process, profile, floor" in capsys.readouterr().err
+
+
+def test_the_floor_line_puts_the_null_model_overhead_against_each_precisions_request_at_32_clients():
+    from profiling.gpu_check import floor_line
+    floor = {"clients": 32, "requests_per_minute": 3100.0, "p50_ms": 286.0, "cpu_ms": 30.5, "ok": 160, "sent": 160}
+    line = floor_line({"auto": {"c32_p50_s": 2.86}, "float16": {}}, floor)
+    assert line == ("the floor at 32 clients (null models, this host): 286.0 ms p50, 30.5 ms of the nodes' CPU a request, "
+                    "3100.0 req/min; auto: 10.0 % of its request's 2.86 s at 32 clients")
+    assert floor_line({"auto": {"c32_p50_s": 2.86}}, None) == "the floor at 32 clients: not measured"
+
+
+def test_the_floor_phase_reads_the_last_level_of_the_overhead_floors_results(tmp_path, monkeypatch):
+    import json
+    check = Check(argparse.Namespace(budget_s=600.0, out=str(tmp_path), tiny=False))
+    ran = []
+
+    def run(name, argv, env=None):  # what profiling.overhead_floor writes, for one level
+        ran.append(argv)
+        level = {"clients": 32, "sent": 160, "ok": 160, "requests_per_minute": 3000.0, "latency_ms": {"p50": 300.0},
+                 "components_ms": {"nodes: CPU ms per request": 31.0}}
+        folder = tmp_path / "overhead_floor"
+        folder.mkdir()
+        (folder / "overhead_floor.json").write_text(json.dumps({"results": {"here": {"levels": [level]}}}))
+    monkeypatch.setattr(check, "run", run)
+    assert check.overhead_floor() == {"clients": 32, "requests_per_minute": 3000.0, "p50_ms": 300.0, "ok": 160,
+                                      "sent": 160, "cpu_ms": 31.0}
+    assert ran[0][0] == "profiling.overhead_floor" and ran[0][ran[0].index("--clients") + 1] == "32"
