@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from profiling.lib import local_cluster
-from profiling.lib.gpu_check_report import SEQUENCES, breakdown_table, floor_line, table
+from profiling.lib.gpu_check_report import SEQUENCES, breakdown_table, engine_lines, floor_line, table
 from profiling.lib.provenance import git_commit
 
 ROOT = local_cluster.ROOT
@@ -208,7 +208,7 @@ def decode_report(folder: Path) -> dict:
 def stage_breakdown(summary: dict) -> list[dict]:
     """Each node's active stages over a loadgen phase (its /metrics deltas): items, mean batch, ms a batch runs,
     the stage's run ms per item (its batches' run over their items) and each item's wait from submit to its batch
-    (queue and batch formation), ms."""
+    (queue and batch formation), ms; generate's also its decode steps, the engine's ms a step, sequences a step."""
     def ms(value: float | None) -> float | None:
         return None if value is None or value != value else round(1000 * value, 2)  # NaN: no batch to divide by
     rows = []
@@ -221,6 +221,9 @@ def stage_breakdown(summary: dict) -> list[dict]:
                              "mean_batch": None if stage["mean_batch_size"] is None else round(stage["mean_batch_size"], 2),
                              "run_ms_per_batch": ms(run_s), "run_ms_per_item": ms(per_item),
                              "wait_ms_per_item": ms(stage["mean_item_wait_s"])})
+                if steps := stage.get("decode_steps"):  # generate: the engine's time a step (prefills included)
+                    rows[-1].update(decode_steps=steps, engine_ms_per_step=ms(run_s * stage["batches"] / steps),
+                                    sequences_per_step=round((stage.get("step_sequences") or 0.0) / steps, 2))
     return rows
 
 
@@ -327,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows))
     print("\none request alone, the first after start, beside each stage in-process:\n" + breakdown_table(rows, "idle"))
     print("\none request alone after the loads:\n" + breakdown_table(rows, "idle_warm"))
-    print("\nunder 32 clients:\n" + breakdown_table(rows))
+    print("\nunder 32 clients:\n" + breakdown_table(rows) + "\n" + engine_lines(rows))
     print("\n" + floor_line(rows, floor))
     path = Path(args.results) if args.results else (check.out / "gpu-check.json" if args.tiny else RESULTS)
     save_traces(rows, path)

@@ -40,6 +40,14 @@ def breakdown_table(rows: dict[str, dict], phase: str = "c32") -> str:
     return "\n".join(lines)
 
 
+def engine_lines(rows: dict[str, dict], phase: str = "c32") -> str:
+    """Each node's engine over one loadgen phase: its decode steps, its time a step (the generate stage's run over
+    its steps: the prefills between them included) and the sequences a step held."""
+    return "\n".join(f"{precision} {s['node']}: {s['decode_steps']:.0f} decode steps, "
+                     f"{cell(s['engine_ms_per_step'], '.2f')} ms of the engine a step, {s['sequences_per_step']:.2f} sequences a step"
+                     for precision, r in rows.items() for s in r.get(f"{phase}_stages") or [] if s.get("decode_steps"))
+
+
 def floor_line(rows: dict[str, dict], floor: dict[str, Any] | None) -> str:
     """The service's own overhead at 32 clients (null models on this host, `profiling.overhead_floor`) against each
     precision's request at 32 clients in the cluster (p50s): the issue's target is at most 10 %."""

@@ -130,6 +130,10 @@ class StageDelta:
     mean_batch_run_s: float  # per batch
     mean_item_wait_s: float  # per item, submit to batch start
     queue_depth_after: float | None
+    # The continuous generate stage's decode steps during the run and the sequences summed over them (None for
+    # the other stages): its batches are admissions, so its run time over its steps is the engine's time a step.
+    decode_steps: float | None = None
+    step_sequences: float | None = None
 
 
 @dataclass(frozen=True)
@@ -165,8 +169,10 @@ def stage_delta(before: MetricsSnapshot, after: MetricsSnapshot, stage: str) -> 
     batched = counter_delta(before, after, "rag_batch_size_sum", "rag_batch_items_total", stage=stage)
     run_s = counter_delta(before, after, "rag_batch_run_seconds_total", stage=stage)
     wait_s = counter_delta(before, after, "rag_batch_wait_seconds_total", stage=stage)
+    steps = counter_delta(before, after, "rag_generate_decode_steps_total", stage=stage)
+    sequences = counter_delta(before, after, "rag_generate_step_sequences_sum", stage=stage)
     return StageDelta(stage, batches or 0.0, items or 0.0, _ratio(batched, batches), _ratio(run_s, batches),
-                      _ratio(wait_s, items), after.get("rag_batch_queue_depth", stage=stage))
+                      _ratio(wait_s, items), after.get("rag_batch_queue_depth", stage=stage), steps, sequences)
 
 
 def http_deltas(before: MetricsSnapshot, after: MetricsSnapshot) -> dict[str, float]:

@@ -191,3 +191,15 @@ def test_the_floor_phase_reads_the_last_level_of_the_overhead_floors_results(tmp
     assert check.overhead_floor() == {"clients": 32, "requests_per_minute": 3000.0, "p50_ms": 300.0, "ok": 160,
                                       "sent": 160, "cpu_ms": 31.0}
     assert ran[0][0] == "profiling.overhead_floor" and ran[0][ran[0].index("--clients") + 1] == "32"
+
+
+def test_the_generate_stages_breakdown_has_the_engines_time_a_step_under_load():
+    from profiling.gpu_check import engine_lines, stage_breakdown
+    generate = {"stage": "generate", "batches": 46.0, "items": 80.0, "mean_batch_size": 1.74, "mean_batch_run_s": 0.324,
+                "mean_item_wait_s": 0.047, "queue_depth_after": 0.0, "decode_steps": 1000.0, "step_sequences": 12000.0}
+    (row,) = stage_breakdown({"nodes": [{"url": "n0", "stages": [generate]}]})
+    assert (row["decode_steps"], row["engine_ms_per_step"], row["sequences_per_step"]) == (1000.0, 14.9, 12.0)
+    assert engine_lines({"auto": {"c32_stages": [row]}}) == ("auto n0: 1000 decode steps, 14.90 ms of the engine a "
+                                                             "step, 12.00 sequences a step")
+    (other,) = stage_breakdown({"nodes": [{"url": "n0", "stages": [{**generate, "stage": "rerank", "decode_steps": None}]}]})
+    assert "decode_steps" not in other

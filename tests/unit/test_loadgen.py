@@ -91,6 +91,10 @@ rag_batch_run_seconds_total{stage="generate"} 10
 rag_batch_wait_seconds_total{stage="generate"} 1
 # TYPE rag_http_requests counter
 rag_http_requests_total{endpoint="/query",status="200"} 3
+# TYPE rag_generate_decode_steps counter
+rag_generate_decode_steps_total{stage="generate"} 100
+# TYPE rag_generate_step_sequences histogram
+rag_generate_step_sequences_sum{stage="generate"} 250
 """
 METRICS_AFTER = """
 # TYPE rag_batch_size histogram
@@ -107,6 +111,10 @@ rag_batch_queue_depth{stage="generate"} 0
 rag_process_peak_rss_bytes 1048576
 # TYPE rag_http_requests counter
 rag_http_requests_total{endpoint="/query",status="200"} 15
+# TYPE rag_generate_decode_steps counter
+rag_generate_decode_steps_total{stage="generate"} 400
+# TYPE rag_generate_step_sequences histogram
+rag_generate_step_sequences_sum{stage="generate"} 1450
 """
 
 
@@ -117,6 +125,7 @@ def test_metrics_deltas():
     (stage,) = node.stages
     assert (stage.stage, stage.batches, stage.items) == ("generate", 3, 12)
     assert stage.mean_batch_size == 4 and stage.mean_batch_run_s == 10 and stage.mean_item_wait_s == 0.5
+    assert (stage.decode_steps, stage.step_sequences) == (300, 1200)  # the engine's steps during the run
     assert node.peak_rss_bytes == 1048576 and node.rss_bytes is None  # absent metrics are tolerated
     assert node.http_requests == {"/query 200": 12}
     missing = prometheus.node_delta(before, prometheus.MetricsSnapshot("u", {}, "http_404"))
