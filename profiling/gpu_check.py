@@ -1,32 +1,31 @@
 """The GPU check (issue 30): decode steps and a 3-node cluster with faithful stand-ins, one table.
 
-    python -m profiling.gpu_check [--precisions auto] [--budget-s 450] [--phases LIST] [--out DIR] [--results FILE] [--tiny]
+    python -m profiling.gpu_check [--precisions auto] [--budget-s 450] [--phases LIST] [--out DIR] [--results F] [--mps]
 
-Builds the stand-ins and the support corpus, runs the test cases that need CUDA (CUDA_TESTS; their
-outcomes by test id), then per precision: `profiling.bench_decode` at 1, 8 and 32 sequences (with the CUDA graphs
+Builds the stand-ins and the support corpus, runs the test cases that need CUDA (CUDA_TESTS; their outcomes by test
+id), then per precision: `profiling.bench_decode` at 1, 8 and 32 sequences (with the CUDA graphs
 its engine recorded: "-" where it decodes eagerly), a local 3-node cluster (the launcher's command line) driven by
 `profiling.loadgen`: one request at a time (the idle request's median latency), then closed loops of 8 and 32
 clients, then one at a time again (idle once every stage has run under load), and in each phase each node's stages
 from its /metrics (items, mean batch, run time a batch and an item, each item's wait from submit to its batch: queue
 and batch formation); then each batched stage's batch of one timed in-process (`profiling.microbench`), beside what
 the same batch took in the cluster alone; last, three decode steps at 32 sequences profiled (the device's kernels
-with the host's ops: the top operators kept, the chrome trace saved beside the results). Then, once for the host,
-the service's own overhead at 32 clients (`profiling.overhead_floor`: null models, the same three nodes), beside
-each precision's request at 32 clients (the issue's target: the overhead at most 10 % of it).
-Every tool runs as a subprocess through its command line, with this interpreter (a GPU machine's
-torch, not .venv's). Phases past --budget-s (default: under 8 minutes in all) are skipped and shown
-as "-" (a cluster's load phases done before are kept); `--phases` runs some of them only (PHASES: a GPU lent
-for minutes, the tests in one call and the cluster in the next). `--tiny`: tiny stand-ins and a small corpus on the
-CPU, a few requests: the script's own check.
+with the host's ops: the top operators kept, the chrome trace saved beside the results); then the service's own
+overhead at 32 clients on this host (`profiling.overhead_floor`: null models) beside each precision's request there.
+Every tool runs as a subprocess through its command line, with this interpreter (a GPU machine's torch, not .venv's);
+with `--mps` each is a client of NVIDIA's MPS daemon (the workers' kernels side by side on the one GPU). Phases
+past --budget-s are skipped and shown as "-" (a cluster's load phases done before are kept); `--phases` runs some
+(PHASES: the tests in one call, the cluster in the next). `--tiny`: tiny stand-ins on the CPU, the script's check.
 
 The results (device, torch, commit, the figures, each phase's breakdown, the stages in-process, the engine's top
-operators, the overhead floor, each CUDA test's outcome) go to --results as JSON: by default docs/gpu-check.json, the file committed
-beside docs/performance.md that the docs' claims about CUDA cite (with --tiny, into --out instead); the traces
-beside it (`<results>-trace-<precision>.json.gz`).
+operators, the overhead floor, each CUDA test's outcome) go to --results as JSON: by default docs/gpu-check.json,
+committed beside docs/performance.md, whose claims about CUDA cite it (with --tiny, into --out); the traces beside
+it (`<results>-trace-<precision>.json.gz`).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import gzip
 import json
@@ -40,7 +39,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from profiling.lib import local_cluster
+from profiling.lib import cuda_mps, local_cluster
 from profiling.lib.gpu_check_report import SEQUENCES, breakdown_table, engine_lines, floor_line, table
 from profiling.lib.provenance import git_commit
 
@@ -280,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-s", type=float, default=450.0, help="phases past this many seconds are skipped")
     p.add_argument("--out", default=str(ROOT / "runs" / time.strftime("gpu_check-%Y%m%dT%H%M%SZ", time.gmtime())))
     p.add_argument("--tiny", action="store_true", help="tiny stand-ins on the CPU, a few requests: checks the script")
+    p.add_argument("--mps", action="store_true", help="every process the check starts a client of NVIDIA's MPS daemon")
     p.add_argument("--results", default=None,
                    help=f"the results file (JSON); default {RESULTS.relative_to(ROOT)}, with --tiny OUT/gpu-check.json")
     p.add_argument("--phases", default=",".join(PHASES),
@@ -294,37 +294,40 @@ def main(argv: list[str] | None = None) -> int:
     tests: dict[str, str] | None = None
     floor: dict[str, Any] | None = None
     failed = False
-    try:
-        check.prepare()
-        if "tests" in phases:
-            try:
-                tests = check.cuda_tests()
-                failed = any(v in ("failed", "error") for v in tests.values())
-            except (RuntimeError, subprocess.TimeoutExpired) as exc:
-                failed = True
-                print(f"[gpu_check] CUDA tests: {exc}", flush=True)
-        for precision, row in rows.items():
-            for key, phase in (("steps", check.decode_steps), ("cluster", partial(check.cluster, found=row)),
-                               ("in_process", check.stages_in_process), ("profile", check.engine_profile)):
-                if key not in phases:
-                    continue
+    with contextlib.ExitStack() as stack:
+        try:
+            if args.mps:  # stopped once every phase is done
+                stack.enter_context(cuda_mps.daemon(check.env, check.out / "mps"))
+            check.prepare()
+            if "tests" in phases:
                 try:
-                    row.update(phase(precision) or {})
+                    tests = check.cuda_tests()
+                    failed = any(v in ("failed", "error") for v in tests.values())
                 except (RuntimeError, subprocess.TimeoutExpired) as exc:
                     failed = True
-                    print(f"[gpu_check] {precision} {key}: {exc}", flush=True)
-        if "floor" in phases:
-            try:
-                floor = check.overhead_floor()
-            except (RuntimeError, subprocess.TimeoutExpired) as exc:
-                failed = True
-                print(f"[gpu_check] floor: {exc}", flush=True)
-    except OverBudget:
-        failed = True
-        print(f"[gpu_check] the {args.budget_s:.0f} s budget is spent: the rest is skipped", flush=True)
-    except (RuntimeError, subprocess.TimeoutExpired) as exc:
-        failed = True
-        print(f"[gpu_check] preparing: {exc}", flush=True)
+                    print(f"[gpu_check] CUDA tests: {exc}", flush=True)
+            for precision, row in rows.items():
+                for key, phase in (("steps", check.decode_steps), ("cluster", partial(check.cluster, found=row)),
+                                   ("in_process", check.stages_in_process), ("profile", check.engine_profile)):
+                    if key not in phases:
+                        continue
+                    try:
+                        row.update(phase(precision) or {})
+                    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                        failed = True
+                        print(f"[gpu_check] {precision} {key}: {exc}", flush=True)
+            if "floor" in phases:
+                try:
+                    floor = check.overhead_floor()
+                except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                    failed = True
+                    print(f"[gpu_check] floor: {exc}", flush=True)
+        except OverBudget:
+            failed = True
+            print(f"[gpu_check] the {args.budget_s:.0f} s budget is spent: the rest is skipped", flush=True)
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            failed = True
+            print(f"[gpu_check] preparing: {exc}", flush=True)
     device = device_line()
     print(f"\n{device}; {check.env['STANDIN_PROFILE']} stand-ins; logs and reports in {check.out}\n")
     print(table(rows))
