@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from pipeline.kernels import avx512_bf16
+from pipeline.kernels import avx512_bf16, cuda_attention
 from pipeline.kernels.chunked_attention import chunked_attention_forward
 from pipeline.kernels.versions import check_kernel_versions
 
@@ -215,10 +215,11 @@ def _batch_invariant_sdpa(module, query, key, value, attention_mask, **kwargs):
     attention rounds. Each padded row is sliced to its real keys and queries and given exactly
     what it would be given alone: transformers passes no mask for an unpadded encoder row, nor
     for a decoder row whose queries are 1 or all of its keys (SDPA then runs is_causal). A batch
-    without padding is one call on the CPU (its kernels compute each row and head on its own);
-    on CUDA it goes row by row too, since FlashAttention splits a row's keys into as many pieces
-    as rows x heads leave its multiprocessors room for (PyTorch's num_splits_heuristic). Queries
-    outside a row's run are padding: they keep zeros, and nothing reads them.
+    without padding is one call on the CPU (its kernels compute each row and head on its own).
+    On CUDA an encoder's batch is one masked call and a decoder's prompts go row by row, each with a
+    mask (pipeline.kernels.cuda_attention): never FlashAttention, which splits a row's keys into as
+    many pieces as rows x heads leave its multiprocessors room for (PyTorch's num_splits_heuristic).
+    Queries outside a row's run are padding: nothing reads them.
 
     A decoder's decode step (one query per row) is one call for the whole batch instead:
     pipeline.kernels.chunked_attention, which on a CPU where it is built runs
@@ -234,9 +235,11 @@ def _batch_invariant_sdpa(module, query, key, value, attention_mask, **kwargs):
         runs = [(0, kv_len)] * query.shape[0]
     causal = kwargs.get("is_causal")
     causal = getattr(module, "is_causal", True) if causal is None else causal
+    if query.is_cuda and not causal and runs is not None and q_len == kv_len:
+        return cuda_attention.bidirectional(query, key, value, runs, attention_mask, kwargs.get("scaling")), None
     unpadded = runs is not None and all(run == (0, kv_len) for run in runs)
     # on CUDA every prompt's queries (a whole prompt's, or a later chunk's after keys before them) go by the row
-    # loop, each row through one kernel (_causal_on_cuda); a mask-less call with more keys than queries is
+    # loop, each row through one kernel (cuda_attention.causal); a mask-less call with more keys than queries is
     # transformers' upper-left case (a static cache's first prefill), left to it
     prefill_on_cuda = query.is_cuda and causal and q_len > 1 and (attention_mask is not None or q_len == kv_len)
     if runs is None or (unpadded and not prefill_on_cuda and (query.shape[0] == 1 or not query.is_cuda)):
@@ -247,8 +250,8 @@ def _batch_invariant_sdpa(module, query, key, value, attention_mask, **kwargs):
         q0, q1 = max(0, start - past), min(q_len, end - past)
         mask = None if attention_mask is None else attention_mask[row:row + 1, :, q0:q1, start:end]
         if prefill_on_cuda and q1 - q0 > 1:
-            output[row, q0:q1] = _causal_on_cuda(query[row:row + 1, :, q0:q1], key[row:row + 1, :, start:end],
-                                                 value[row:row + 1, :, start:end], kwargs.get("scaling"))[0]
+            output[row, q0:q1] = cuda_attention.causal(query[row:row + 1, :, q0:q1], key[row:row + 1, :, start:end],
+                                                       value[row:row + 1, :, start:end], kwargs.get("scaling"))[0]
             continue
         if not causal or q1 - q0 == 1 or q1 - q0 == end - start:
             # as transformers does for an unpadded row: no mask (bidirectional, or is_causal over a whole prompt)
@@ -257,24 +260,6 @@ def _batch_invariant_sdpa(module, query, key, value, attention_mask, **kwargs):
                                         value[row:row + 1, :, start:end], attention_mask=mask, **kwargs)
         output[row, q0:q1] = out[0]
     return output, None
-
-
-def _causal_on_cuda(query, key, value, scale):
-    """Causal attention of one row's queries, its last keys (a whole prompt, or a later chunk after the keys
-    before it), on CUDA, as (1, queries, heads, dim): always with a boolean mask and the key heads repeated, which
-    SDPA without cuDNN runs as memory-efficient attention. That kernel sums each query's keys in blocks counted
-    from column 0 and masked keys add exact zeros, so a query gets the same bits however the prompt was cut into
-    chunks (which follows the iteration's budget, and so the batch-mates). FlashAttention (a mask-less is_causal
-    call) rounds otherwise than in a chunk with keys before it, and cuDNN's kernel differed in float16 where
-    cuts fell mid-block (measured on an H200; docs/performance.md, section 32)."""
-    from transformers.integrations.sdpa_attention import repeat_kv
-    queries, keys = query.shape[2], key.shape[2]
-    mask = (torch.arange(keys, device=query.device)[None, :]
-            <= torch.arange(keys - queries, keys, device=query.device)[:, None])[None, None]
-    groups = query.shape[1] // key.shape[1]
-    out = torch.nn.functional.scaled_dot_product_attention(query, repeat_kv(key, groups), repeat_kv(value, groups),
-                                                           attn_mask=mask, scale=scale)
-    return out.transpose(1, 2)
 
 
 def attend_without_cudnn() -> None:
