@@ -50,8 +50,8 @@ RESULTS = ROOT / "docs" / "gpu-check.json"
 # iteration; search's in the cluster is node 2's HTTP call, in-process the index itself).
 IN_PROCESS_STAGES = ("embed", "search", "fetch", "rerank", "sentiment", "toxicity")
 # The test modules with CUDA cases, and the expression that picks those cases (their ids name cuda).
-CUDA_TESTS = ["tests/unit/test_batch_invariance.py", "tests/unit/test_precision.py", "tests/unit/test_chunked_attention.py",
-              "tests/unit/test_decode_floor.py", "tests/unit/test_cuda_streams.py", "-k", "cuda"]
+CUDA_TESTS = [f"tests/unit/test_{name}.py" for name in ("batch_invariance", "precision", "chunked_attention", "decode_floor",
+                                                        "cuda_streams", "cuda_attention")] + ["-k", "cuda"]
 
 
 # The check's phases in the order they run: the CUDA tests, then per precision the decode steps, the cluster, the
