@@ -30,8 +30,8 @@ def bidirectional(query, key, value, runs, attention_mask, scale):
 
 def causal(query, key, value, scale):
     """One row's causal attention of queries that are its last keys (a whole prompt, or a later chunk after the keys
-    before it), as (1, queries, heads, dim), the key heads repeated: a query's bits do not follow where the prompt
-    was cut into chunks (which follows an iteration's budget, and so the batch-mates)."""
+    before it), as (1, queries, heads, dim), the key heads repeated: a query's bits do not follow whether the prompt
+    was cut into chunks (the engine's, at the multiples of GENERATE_PREFILL_CHUNK) or not (the reference's)."""
     from transformers.integrations.sdpa_attention import repeat_kv
     queries, keys = query.shape[2], key.shape[2]
     mask = (torch.arange(keys, device=query.device)[None, :]

@@ -368,8 +368,8 @@ class _CausalAttention(torch.nn.Module):
 @ON_CUDA
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
 def test_a_prompts_chunks_on_cuda_give_its_queries_the_bits_of_the_whole_prompt(cudnn_attention_switch, dtype):
-    """A prompt prefills in chunks cut where an iteration's budget ends (which follows its batch-mates): every
-    query's attention must come out as in the whole prompt's one call, on SDPA's kernels without cuDNN."""
+    """The engine prefills a prompt in chunks (at the multiples of GENERATE_PREFILL_CHUNK), the reference whole:
+    every query's attention must come out as in the whole prompt's one call, on SDPA's kernels without cuDNN."""
     from pipeline.kernels.batch_invariance import _batch_invariant_sdpa, attend_without_cudnn
     attend_without_cudnn()
     gen = torch.Generator(device="cuda").manual_seed(5)
