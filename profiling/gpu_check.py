@@ -26,21 +26,25 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
-import gzip
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
-import xml.etree.ElementTree as ElementTree
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from profiling.lib import cuda_mps, local_cluster
-from profiling.lib.gpu_check_report import SEQUENCES, breakdown_table, engine_lines, floor_line, table
+from profiling.lib import cuda_mps, local_cluster, py_spy
+from profiling.lib.gpu_check_report import SEQUENCES, breakdown_table, engine_lines, floor_line, gil_lines, table
+from profiling.lib.gpu_check_results import (
+    decode_report,
+    junit_outcomes,
+    microbench_ms,
+    results,
+    save_traces,
+    stage_breakdown,
+)
 from profiling.lib.provenance import git_commit
 
 ROOT = local_cluster.ROOT
@@ -161,7 +165,13 @@ class Check:
                            "--count", str(count), "--duration", str(min(60.0, self.left() - 5)), "--no-plots",
                            "--wait-health", str(min(300.0, self.left() - 5)), "--max-duration", str(self.left()),
                            "--out", str(self.out / f"loadgen-{precision}"), "--name", name]
-                self.run(f"loadgen-{precision}-{name}", loadgen, env)
+                # --spy: node 1's GIL through the 32 clients (py-spy, where it is on PATH)
+                spy = self.args.spy and name == "c32"
+                with py_spy.gil_recording(py_spy.node_pid(nodes.pid, 1) if spy else None,
+                                          self.out / f"spy-{precision}-{name}.txt") as recorded:
+                    self.run(f"loadgen-{precision}-{name}", loadgen, env)
+                if tops := py_spy.read_tops(recorded):
+                    found[f"{name}_gil"] = tops
                 summary = json.loads((self.out / f"loadgen-{precision}" / f"loadgen_{name}.json").read_text())
                 overall = summary["overall"]
                 found[name] = overall["latency"]["p50_s"] if clients == 1 else overall["throughput_rpm"]
@@ -186,86 +196,6 @@ class Check:
                 "cpu_ms": level["components_ms"].get("nodes: CPU ms per request")}
 
 
-def microbench_ms(folder: Path) -> dict[str, float]:
-    """{stage: median ms of a batch of one} from the microbench_<stage>.csv files microbench wrote into `folder`."""
-    found = {}
-    for path in sorted(folder.glob("microbench_*.csv")):
-        with open(path, newline="") as f:
-            for row in csv.DictReader(f):
-                if row["batch_size"] == "1" and row["kernels"] == "current":
-                    found[row["stage"]] = round(1000 * float(row["batch_s_median"]), 2)
-    return found
-
-
-def decode_report(folder: Path) -> dict:
-    """The report bench_decode wrote into `folder` for the one precision it ran (bench_decode_<precision>.json),
-    not its floor table (bench_decode_floor.json, which the same pattern matches)."""
-    (report,) = [path for path in folder.glob("bench_decode_*.json") if path.name != "bench_decode_floor.json"]
-    return json.loads(report.read_text())
-
-
-def stage_breakdown(summary: dict) -> list[dict]:
-    """Each node's active stages over a loadgen phase (its /metrics deltas): items, mean batch, ms a batch runs,
-    the stage's run ms per item (its batches' run over their items) and each item's wait from submit to its batch
-    (queue and batch formation), ms; generate's also its decode steps, the engine's ms a step, sequences a step."""
-    def ms(value: float | None) -> float | None:
-        return None if value is None or value != value else round(1000 * value, 2)  # NaN: no batch to divide by
-    rows = []
-    for node in summary.get("nodes", []):
-        for stage in node.get("stages", []):
-            if stage["batches"]:
-                run_s = stage["mean_batch_run_s"]
-                per_item = None if run_s is None or not stage["items"] else run_s * stage["batches"] / stage["items"]
-                rows.append({"node": node["url"], "stage": stage["stage"], "items": stage["items"],
-                             "mean_batch": None if stage["mean_batch_size"] is None else round(stage["mean_batch_size"], 2),
-                             "run_ms_per_batch": ms(run_s), "run_ms_per_item": ms(per_item),
-                             "wait_ms_per_item": ms(stage["mean_item_wait_s"])})
-                if steps := stage.get("decode_steps"):  # generate: the engine's time a step (prefills included)
-                    rows[-1].update(decode_steps=steps, engine_ms_per_step=ms(run_s * stage["batches"] / steps),
-                                    sequences_per_step=round((stage.get("step_sequences") or 0.0) / steps, 2))
-    return rows
-
-
-def save_traces(rows: dict[str, dict], results: Path) -> None:
-    """Each precision's engine trace gzipped beside the results file (`<results>-trace-<precision>.json.gz`: a
-    tenth of the size; Perfetto opens it as is), the row naming the copy instead of the run's folder."""
-    for precision, row in rows.items():
-        source = row.pop("trace_file", None)
-        if source and Path(source).exists():
-            target = results.with_name(f"{results.stem}-trace-{precision}.json.gz")
-            with open(source, "rb") as trace, gzip.open(target, "wb") as packed:
-                shutil.copyfileobj(trace, packed)
-            row["engine_profile"]["trace"] = target.name
-
-
-def junit_outcomes(xml: str) -> dict[str, str]:
-    """'path::name' -> passed / failed / error / 'skipped: reason', from pytest's JUnit XML."""
-    outcomes = {}
-    for case in ElementTree.fromstring(xml).iter("testcase"):
-        module = case.get("classname", "").replace(".", "/")
-        name = f"{module}.py::{case.get('name')}"
-        found = {child.tag: child for child in case}
-        if "failure" in found:
-            outcomes[name] = "failed"
-        elif "error" in found:
-            outcomes[name] = "error"
-        elif "skipped" in found:
-            outcomes[name] = f"skipped: {found['skipped'].get('message', '')}"
-        else:
-            outcomes[name] = "passed"
-    return outcomes
-
-
-def results(rows: dict[str, dict], tests: dict[str, str] | None, *, device: str, commit: str, profile: str,
-            failed: bool, floor: dict[str, Any] | None = None) -> dict:
-    """What the check found, as the results file holds it."""
-    return {"device": device, "commit": commit, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "stand_ins": profile, "failed": failed, "precisions": rows, "floor": floor, "cuda_tests": tests,
-            "cuda_tests_passed": None if tests is None else sum(v == "passed" for v in tests.values()),
-            "cuda_tests_failed": None if tests is None else sorted(k for k, v in tests.items()
-                                                                   if v in ("failed", "error"))}
-
-
 def device_line() -> str:
     probe = ("import torch; print('torch', torch.__version__, '|', torch.cuda.get_device_name(0) "
              "if torch.cuda.is_available() else 'no CUDA: the CPU')")
@@ -280,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(ROOT / "runs" / time.strftime("gpu_check-%Y%m%dT%H%M%SZ", time.gmtime())))
     p.add_argument("--tiny", action="store_true", help="tiny stand-ins on the CPU, a few requests: checks the script")
     p.add_argument("--mps", action="store_true", help="every process the check starts a client of NVIDIA's MPS daemon")
+    p.add_argument("--spy", action="store_true", help="py-spy's GIL samples of node 1 through the 32 clients (a diagnosis)")
     p.add_argument("--results", default=None,
                    help=f"the results file (JSON); default {RESULTS.relative_to(ROOT)}, with --tiny OUT/gpu-check.json")
     p.add_argument("--phases", default=",".join(PHASES),
@@ -333,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows))
     print("\none request alone, the first after start, beside each stage in-process:\n" + breakdown_table(rows, "idle"))
     print("\none request alone after the loads:\n" + breakdown_table(rows, "idle_warm"))
-    print("\nunder 32 clients:\n" + breakdown_table(rows) + "\n" + engine_lines(rows))
+    print("\nunder 32 clients:\n" + breakdown_table(rows) + "\n" + engine_lines(rows) + gil_lines(rows))
     print("\n" + floor_line(rows, floor))
     path = Path(args.results) if args.results else (check.out / "gpu-check.json" if args.tiny else RESULTS)
     save_traces(rows, path)

@@ -48,6 +48,17 @@ def engine_lines(rows: dict[str, dict], phase: str = "c32") -> str:
                      for precision, r in rows.items() for s in r.get(f"{phase}_stages") or [] if s.get("decode_steps"))
 
 
+def gil_lines(rows: dict[str, dict], phase: str = "c32") -> str:
+    """Node 1's threads by their GIL samples over one phase (where --spy recorded them), each with its most sampled
+    frames: whether the engine's thread waits for the GIL or for the device."""
+    lines = []
+    for precision, r in rows.items():
+        for thread, seen in (r.get(f"{phase}_gil") or {}).items():
+            lines.append(f"{precision} node 1 GIL: {thread} {seen['samples']} samples; "
+                         + "; ".join(f"{frames} {n}" for frames, n in list(seen["top"].items())[:3]))
+    return "".join("\n" + line for line in lines)
+
+
 def floor_line(rows: dict[str, dict], floor: dict[str, Any] | None) -> str:
     """The service's own overhead at 32 clients (null models on this host, `profiling.overhead_floor`) against each
     precision's request at 32 clients in the cluster (p50s): the issue's target is at most 10 %."""

@@ -138,7 +138,7 @@ def test_a_budget_spent_midway_through_the_cluster_keeps_its_finished_load_phase
     from profiling import gpu_check
     monkeypatch.setattr(gpu_check.local_cluster, "start", lambda env, folder, log: ([], [8000]))
     monkeypatch.setattr(gpu_check.local_cluster, "stop", lambda nodes: None)
-    check = Check(argparse.Namespace(budget_s=600.0, out=str(tmp_path), tiny=True))
+    check = Check(argparse.Namespace(budget_s=600.0, out=str(tmp_path), tiny=True, spy=False))
     ran = []
 
     def run(name, argv, env=None):  # each loadgen phase writes its summary; the third finds the budget spent
@@ -203,3 +203,13 @@ def test_the_generate_stages_breakdown_has_the_engines_time_a_step_under_load():
                                                              "step, 12.00 sequences a step")
     (other,) = stage_breakdown({"nodes": [{"url": "n0", "stages": [{**generate, "stage": "rerank", "decode_steps": None}]}]})
     assert "decode_steps" not in other
+
+
+def test_the_gil_lines_name_node_1s_threads_by_their_samples():
+    from profiling.gpu_check import gil_lines
+    gil = {"continuous-generate": {"samples": 332, "top": {"a;b;decode": 62, "a;b;choose": 43}},
+           "waitress": {"samples": 152, "top": {"x;y;submit": 20}}}
+    assert gil_lines({"auto": {"c32_gil": gil}, "float16": {}}).splitlines()[1:] == [
+        "auto node 1 GIL: continuous-generate 332 samples; a;b;decode 62; a;b;choose 43",
+        "auto node 1 GIL: waitress 152 samples; x;y;submit 20"]
+    assert gil_lines({"auto": {}}) == ""
