@@ -151,7 +151,7 @@ class GenerateSettings:
     max_batch: int = f.max_batch(Stage.GENERATE, 16, "sequences decoding together; one decode step measured 476 ms at 8, 554 ms at 16 (2.99x the one-at-a-time reference's tokens/s)")
     precision: str = f.precision(Stage.GENERATE, "LLM")
     kv_cache_tokens: int = f.var("GENERATE_KV_CACHE_TOKENS", p.int_range(256, 10_000_000), "16384", "KV-cache tokens the running sequences' slots may take together, each slot as long as the longest sequence's prompt + 128 new tokens in whole 256-token chunks; bounds its memory (Qwen2-0.5B: 24 KiB a token in float32, so about 400 MB)")
-    prefill_chunk: int = f.var("GENERATE_PREFILL_CHUNK", p.int_range(1, 100_000), "512", "prompt tokens prefilled per iteration, so decoding sequences wait at most that long")
+    prefill_chunk: int = f.var("GENERATE_PREFILL_CHUNK", p.int_range(2, 100_000), "512", "prompt tokens prefilled per iteration (one more where a prompt's last token would be a chunk of its own), so decoding sequences wait at most that long; at least 2: a chunk of one token attends as a decode step does")
 
 
 @dataclass(frozen=True)

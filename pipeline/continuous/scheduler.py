@@ -76,8 +76,8 @@ class Scheduler:
                  clock: Callable[[], float] = time.monotonic):
         """slots: the slot table's rule (pipeline/continuous/slots.py), which says how many sequences of
         what budgets (prompt + max new tokens) may hold a slot at once."""
-        if prefill_chunk < 1:
-            raise ValueError("prefill_chunk must be >= 1")
+        if prefill_chunk < 2:
+            raise ValueError("prefill_chunk must be >= 2 (a chunk of one token attends as a decode step does)")
         self.slots = slots
         self.prefill_chunk = prefill_chunk
         self.eos_ids = frozenset(eos_ids)
@@ -133,8 +133,8 @@ class Scheduler:
         for seq in self.prefilling:
             start = seq.prefilled
             end = self.chunk_end(seq, start)
-            if end - start > budget:
-                break  # its next whole chunk waits for the next iteration (the first always fits)
+            if chunks and end - start > budget:
+                break  # its next whole chunk waits for the next iteration (the first always runs)
             chunks.append(PrefillChunk(seq, start, end))
             budget -= end - start
         return SchedulerOutput(prefill=chunks, decode=list(self.running), admitted=admitted)
@@ -144,8 +144,12 @@ class Scheduler:
 
         The cuts are the multiples of prefill_chunk, counted from its own start, whoever shares the
         iteration: where a chunk starts and ends changes its rounding (visibly in bfloat16), so a cut
-        placed by another prompt's leftover budget would make the answer depend on company."""
-        return min(seq.prompt_len, (start // self.prefill_chunk + 1) * self.prefill_chunk)
+        placed by another prompt's leftover budget would make the answer depend on company. A last
+        chunk of one token joins the chunk before it: one query attends as a decode step does
+        (pipeline.kernels.chunked_attention), where the prompt alone gives its last token the prompt's
+        attention; on CUDA the two kernels round apart."""
+        end = min(seq.prompt_len, (start // self.prefill_chunk + 1) * self.prefill_chunk)
+        return seq.prompt_len if seq.prompt_len - end == 1 else end
 
     def update_from_output(self, plan: SchedulerOutput, output: RunnerOutput) -> UpdateResult:
         """The one place sequences change: tokens appended, prompts promoted, leavers dropped."""

@@ -289,6 +289,19 @@ def test_generated_text_alone_equals_text_among_mixed_length_batch_mates(stages)
 CROWDED = [GenerationRequest(q, _docs(1 + i % 3, long=i % 2 == 0)) for i, q in enumerate(QUERIES[:6])]
 
 
+def test_a_prompt_cut_where_its_last_token_would_be_a_chunk_of_its_own_generates_as_alone(stages):
+    """The engine's last chunk takes that token with it: one query would attend as a decode step does (on CUDA the
+    two kernels round apart). Chunks of 16 rows: chunks of 37 changed int8-weight's and int4-weight's text on a CPU
+    (their packed products round a row by where it falls among the call's rows), chunks of 16 and 32 did not."""
+    generator = stages["generate"]
+    chunk = 16
+    request = next(r for r in GEN_REQUESTS + CROWDED if len(generator.request_ids(r)) % chunk == 1
+                   and len(generator.request_ids(r)) > 2 * chunk)
+    engine = ContinuousEngine(generator, max_batch=2, kv_cache_tokens=8192, prefill_chunk=chunk)
+    (seq,) = run_joining(engine, [request], 1)
+    assert generator.completion(seq.generated).text == generator.generate([request])[0]
+
+
 def test_generated_text_alone_equals_text_when_prompts_prefill_side_by_side(stages):
     generator = stages["generate"]
     alone = [generator.generate([r])[0] for r in CROWDED]

@@ -141,3 +141,23 @@ def test_plan_lists_decode_and_admissions_and_update_drops_failures():
                                                      first_tokens={c.seq_id: 7}))
     assert update.finished == [a] and a.finished and s.running == [c]  # eos: a left at once
     assert s.tokens_reserved() == c.budget_tokens
+
+
+def test_a_prompts_last_token_never_prefills_as_a_chunk_of_its_own():
+    # One query attends as a decode step does (chunked attention), where the prompt alone gives its last token
+    # the prompt's attention; on CUDA the two round apart. So a last chunk of one token joins the one before.
+    def cuts_of(length: int) -> list[tuple[int, int]]:
+        s = make(max_batch=4, kv_cache_tokens=1000, chunk=8)
+        seq = s.new_sequence(list(range(1, length + 1)), 5)
+        s.add(seq)
+        cuts = []
+        while seq.prefilled < seq.prompt_len:
+            plan = s.plan()
+            cuts += [(a, b) for _, a, b in plan.prefill]
+            s.update_from_output(plan, RunnerOutput(prefilled={seq.seq_id: plan.prefill[0].end}))
+        return cuts
+    # nine tokens run in one iteration over its budget of eight: a prompt's first chunk of an iteration always runs
+    assert cuts_of(17) == [(0, 8), (8, 17)] and cuts_of(9) == [(0, 9)]
+    assert cuts_of(18) == [(0, 8), (8, 16), (16, 18)] and cuts_of(16) == [(0, 8), (8, 16)] and cuts_of(1) == [(0, 1)]
+    with pytest.raises(ValueError, match="prefill_chunk must be >= 2"):
+        make(chunk=1)
