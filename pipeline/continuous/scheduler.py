@@ -129,7 +129,8 @@ class Scheduler:
             seq = self.waiting.popleft()
             self.prefilling.append(seq)
             admitted.append(seq)
-        chunks, budget = [], self.prefill_chunk
+        chunks: list[PrefillChunk] = []
+        budget = self.prefill_chunk
         for seq in self.prefilling:
             start = seq.prefilled
             end = self.chunk_end(seq, start)
