@@ -289,10 +289,18 @@ def test_generated_text_alone_equals_text_among_mixed_length_batch_mates(stages)
 CROWDED = [GenerationRequest(q, _docs(1 + i % 3, long=i % 2 == 0)) for i, q in enumerate(QUERIES[:6])]
 
 
+# A known defect, not fixed (docs/performance.md, section 32): torch's packed weight-only products on the CPU give a
+# row other bits by how many rows the call holds, so the engine's prefill chunks (4, 8, 24 or 37 tokens here) can
+# change these variants' text against the reference's whole prompt; some chunk sizes happen to match.
+WEIGHT_ONLY = ("int8-weight", "int4-weight")
+WEIGHT_ONLY_CHUNKS = "weight-only products round a row by the call's row count: not chunk-invariant (known defect)"
+
+
 def test_a_prompt_cut_where_its_last_token_would_be_a_chunk_of_its_own_generates_as_alone(stages):
     """The engine's last chunk takes that token with it: one query would attend as a decode step does (on CUDA the
-    two kernels round apart). Chunks of 16 rows: chunks of 37 changed int8-weight's and int4-weight's text on a CPU
-    (their packed products round a row by where it falls among the call's rows), chunks of 16 and 32 did not."""
+    two kernels round apart)."""
+    if stages["variant"] in WEIGHT_ONLY:
+        pytest.skip(WEIGHT_ONLY_CHUNKS)
     generator = stages["generate"]
     chunk = 16
     request = next(r for r in GEN_REQUESTS + CROWDED if len(generator.request_ids(r)) % chunk == 1
