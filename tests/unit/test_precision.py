@@ -289,11 +289,11 @@ def test_generated_text_alone_equals_text_among_mixed_length_batch_mates(stages)
 CROWDED = [GenerationRequest(q, _docs(1 + i % 3, long=i % 2 == 0)) for i, q in enumerate(QUERIES[:6])]
 
 
-# A known defect, not fixed (docs/performance.md, section 32): torch's packed weight-only products on the CPU give a
-# row other bits by how many rows the call holds, so the engine's prefill chunks (4, 8, 24 or 37 tokens here) can
-# change these variants' text against the reference's whole prompt; some chunk sizes happen to match.
+# A known defect, not fixed (docs/performance.md, section 32): with these variants the engine's prefill chunks (4, 8,
+# 24 or 37 tokens here) can change the text against the reference's whole prompt, some chunk sizes happen to match;
+# the cause is not found (their products alone are row-invariant).
 WEIGHT_ONLY = ("int8-weight", "int4-weight")
-WEIGHT_ONLY_CHUNKS = "weight-only products round a row by the call's row count: not chunk-invariant (known defect)"
+WEIGHT_ONLY_CHUNKS = "the weight-only variants' text can follow the prefill's chunk size (known defect, cause not found)"
 
 
 def test_a_prompt_cut_where_its_last_token_would_be_a_chunk_of_its_own_generates_as_alone(stages):
