@@ -40,13 +40,9 @@ RERANK_MAX_BATCH_BY_DEVICE = {"cpu": 1, "cuda": 8}
 @dataclass(frozen=True)
 class BatchConfig:
     """What a stage's batching service is built with: its window and its queue bound."""
-    max_batch: int | None  # <STAGE>_MAX_BATCH; None: the device's (only rerank's may be: RERANK_MAX_BATCH_BY_DEVICE)
+    max_batch: int  # <STAGE>_MAX_BATCH, or where it is empty the device's
     max_wait_ms: float
     max_queue: int
-
-    def max_batch_on(self, device: str) -> int:
-        """The largest batch on `device` ("cpu" or "cuda")."""
-        return RERANK_MAX_BATCH_BY_DEVICE[device] if self.max_batch is None else self.max_batch
 
 
 @dataclass(frozen=True)
@@ -164,12 +160,14 @@ class Settings(s.Sections):
         section: s.ModelStage = getattr(self, str(stage))
         return section
 
-    def batching(self, stage: str) -> BatchConfig:
-        """A batched stage's window and queue bound (a Stage, or its name; generate has no window)."""
+    def batching(self, stage: str, device: str = "cpu") -> BatchConfig:
+        """A batched stage's window and queue bound (a Stage, or its name; generate has no window) where it runs on
+        `device` ("cpu" or "cuda"): an empty RERANK_MAX_BATCH is the device's (RERANK_MAX_BATCH_BY_DEVICE)."""
         if stage not in tuple(Stage) or stage == Stage.GENERATE:
             raise KeyError(stage)
         section: s.BatchWindow = getattr(self, str(stage))
-        return BatchConfig(section.max_batch, section.max_wait_ms, self.limits.stage_max_queue)
+        size = RERANK_MAX_BATCH_BY_DEVICE[device] if section.max_batch is None else section.max_batch
+        return BatchConfig(size, section.max_wait_ms, self.limits.stage_max_queue)
 
     def stage_precision(self, stage: str) -> str:
         return self.model_stage(stage).precision or self.models.precision

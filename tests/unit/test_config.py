@@ -120,6 +120,7 @@ def test_worker_config_takes_only_what_the_worker_reads():
     assert set(cfg.batching) == set(WORKER_STAGES) - {"generate"} and cfg.embed_cache_size == 7
     assert cfg.continuous.max_batch == 4
     assert worker_config(Settings.from_env({"GENERATE_KV_CACHE_TOKENS": "20000"})).continuous.kv_cache_tokens == 20000
+    assert worker_config(s, "cuda").batching["rerank"] == s.batching("rerank", "cuda")  # the models' device's
 
 
 def test_default_http_threads_leave_spare_threads_beyond_the_gateway_limit():
@@ -413,9 +414,10 @@ def test_a_numbered_variable_has_a_default_per_number():
 
 def test_an_empty_rerank_max_batch_takes_the_devices_and_a_set_one_holds_on_every_device():
     from pipeline.config.settings import RERANK_MAX_BATCH_BY_DEVICE
-    rerank = Settings.from_env({}).batching("rerank")
-    assert [rerank.max_batch_on(d) for d in ("cpu", "cuda")] == [RERANK_MAX_BATCH_BY_DEVICE[d] for d in ("cpu", "cuda")]
+    defaults = Settings.from_env({})
+    assert [defaults.batching("rerank", d).max_batch for d in ("cpu", "cuda")] == [RERANK_MAX_BATCH_BY_DEVICE[d]
+                                                                                  for d in ("cpu", "cuda")]
     assert RERANK_MAX_BATCH_BY_DEVICE["cpu"] == 1 < RERANK_MAX_BATCH_BY_DEVICE["cuda"]
-    chosen = Settings.from_env({"RERANK_MAX_BATCH": "3"}).batching("rerank")
-    assert chosen.max_batch_on("cpu") == chosen.max_batch_on("cuda") == 3
-    assert Settings.from_env({}).batching("embed").max_batch_on("cuda") == Settings.from_env({}).embed.max_batch
+    chosen = Settings.from_env({"RERANK_MAX_BATCH": "3"})
+    assert chosen.batching("rerank", "cpu").max_batch == chosen.batching("rerank", "cuda").max_batch == 3
+    assert defaults.batching("embed", "cuda").max_batch == defaults.embed.max_batch

@@ -82,7 +82,7 @@ class IndexRole(Role):
         log.info("index %s (data version %s) loaded in %.2fs: %d vectors, dim %d, nprobe %s, ef_search %s, mmap %s, "
                  "recall@10 %s", path, manifest.version, time.monotonic() - started, index.ntotal, index.dim,
                  index.nprobe, index.ef_search, index.is_mmap, shard_recall(manifest, cluster.served_shard(self.node)))
-        return IndexService(index, max_size=cfg.max_batch_on("cpu"), max_wait_ms=cfg.max_wait_ms, max_queue=cfg.max_queue,
+        return IndexService(index, max_size=cfg.max_batch, max_wait_ms=cfg.max_wait_ms, max_queue=cfg.max_queue,
                             manifest=manifest, owned_lists=owned_lists_of(manifest, cluster.served_shard(self.node)),
                             upstream=self.upstream)
 

@@ -116,8 +116,7 @@ class Worker:
                                   prefill_chunk=c.prefill_chunk)
         stages.warm_up(engine)  # before the generate service's thread owns the engine
         self.services: dict[Stage, StageService] = {}
-        device = stages.generator.placement.device
-        on_start = own_stream_starter(device)  # every stage's thread, as on_idle
+        on_start = own_stream_starter(stages.generator.placement.device)  # every stage's thread, as on_idle
         for stage in spec.WORKER_STAGES:
             if stage == Stage.GENERATE:
                 self.services[stage] = self._generation = ContinuousGenerationService(
@@ -125,7 +124,7 @@ class Worker:
                 continue
             cfg = config.batching[stage]  # each batch tells its requests' stage spans its size and start (tracing on)
             self.services[stage] = BatchingService(
-                stage, stage_spans.noting_batches(batch_fns[stage]), max_size=cfg.max_batch_on(device), max_wait_ms=cfg.max_wait_ms,
+                stage, stage_spans.noting_batches(batch_fns[stage]), max_size=cfg.max_batch, max_wait_ms=cfg.max_wait_ms,
                 max_queue=cfg.max_queue, upstream=self.upstream, on_idle=hand_back_openmp_workers, on_start=on_start)
 
     def _search_batch(self, items: list[PendingSearch]) -> list[list[int]]:

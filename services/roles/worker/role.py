@@ -45,11 +45,12 @@ log = logging.getLogger(__name__)
 FORWARD_SLACK_BYTES = 1024
 
 
-def worker_config(settings: Settings) -> WorkerConfig:
+def worker_config(settings: Settings, device: str = "cpu") -> WorkerConfig:
+    """What a worker whose models run on `device` reads of the settings."""
     generate = settings.generate
     continuous = ContinuousConfig(max_batch=generate.max_batch, kv_cache_tokens=generate.kv_cache_tokens,
                                   prefill_chunk=generate.prefill_chunk, max_queue=settings.limits.stage_max_queue)
-    return WorkerConfig(batching={stage: settings.batching(stage) for stage in spec.WORKER_STAGES
+    return WorkerConfig(batching={stage: settings.batching(stage, device) for stage in spec.WORKER_STAGES
                                   if stage != spec.Stage.GENERATE},
                         embed_cache_size=settings.embed.cache_size, continuous=continuous,
                         history_tokens=settings.limits.max_history_tokens)
@@ -129,7 +130,7 @@ class WorkerRole(Role):
         # Read once: the CPU's flags and the kernels' builds do not change while the node runs, and /health
         # is polled often.
         self._numerics = {**stages.numerics(), "models": self._model_source}
-        self.worker.set(Worker(worker_config(settings), stages, index, documents))
+        self.worker.set(Worker(worker_config(settings, stages.generator.placement.device), stages, index, documents))
         log.info("node %d loaded and warmed its models in %.1fs (%s)", self.node, time.monotonic() - started,
                  self._model_source)
 
