@@ -248,11 +248,11 @@ def _batch_invariant_sdpa(module, query, key, value, attention_mask, **kwargs):
     output = query.new_zeros((query.shape[0], q_len, query.shape[1], value.shape[3]))
     for row, (start, end) in enumerate(runs):
         q0, q1 = max(0, start - past), min(q_len, end - past)
-        mask = None if attention_mask is None else attention_mask[row:row + 1, :, q0:q1, start:end]
         if prefill_on_cuda and q1 - q0 > 1:
             output[row, q0:q1] = cuda_attention.causal(query[row:row + 1, :, q0:q1], key[row:row + 1, :, start:end],
                                                        value[row:row + 1, :, start:end], kwargs.get("scaling"))[0]
             continue
+        mask = None if attention_mask is None else attention_mask[row:row + 1, :, q0:q1, start:end]
         if not causal or q1 - q0 == 1 or q1 - q0 == end - start:
             # as transformers does for an unpadded row: no mask (bidirectional, or is_causal over a whole prompt)
             mask = None

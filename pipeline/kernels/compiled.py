@@ -122,10 +122,10 @@ def _installed_torch_version() -> str | None:
 
 def build_all(modules: tuple[str, ...] = EXTENSIONS) -> list[str]:
     """Build the extension of each of `modules` (each defining EXTENSION; default every one in :data:`EXTENSIONS`),
-    what each build did in words. Those to compile build side by
-    side, one process each and as many at once as there are cores (each is one g++ on one core: nine took 34 s
-    together on 16 cores where one after the other took about three minutes). Raises RuntimeError naming each
-    extension that failed to build, with the end of its error, once the others are done."""
+    what each build did in words. Those to compile build side by side, one process each and as many at once as
+    there are cores (each is one g++ on one core: nine took 34 s together on 16 cores where one after the other took
+    about three minutes). Raises RuntimeError naming each extension that failed to build, with the end of its
+    error, once the others are done."""
     import importlib
     import subprocess
     from concurrent.futures import ThreadPoolExecutor
