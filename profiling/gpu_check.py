@@ -33,7 +33,7 @@ import sys
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from profiling.lib import cuda_mps, local_cluster, py_spy
 from profiling.lib.gpu_check_report import SEQUENCES, breakdown_table, engine_lines, floor_line, gil_lines, table
@@ -225,40 +225,38 @@ def main(argv: list[str] | None = None) -> int:
     tests: dict[str, str] | None = None
     floor: dict[str, Any] | None = None
     failed = False
+    phases_failed: list[str] = []
+
+    def attempt(label: str, phase: Callable[[], Any]) -> Any:
+        """`phase()`, or None where it failed: said, and the check fails (the phases after it still run)."""
+        try:
+            return phase()
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            phases_failed.append(label)
+            print(f"[gpu_check] {label}: {exc}", flush=True)
+            return None
+
     with contextlib.ExitStack() as stack:
         try:
             if args.mps:  # stopped once every phase is done
                 stack.enter_context(cuda_mps.daemon(check.env, check.out / "mps"))
             check.prepare()
             if "tests" in phases:
-                try:
-                    tests = check.cuda_tests()
-                    failed = any(v in ("failed", "error") for v in tests.values())
-                except (RuntimeError, subprocess.TimeoutExpired) as exc:
-                    failed = True
-                    print(f"[gpu_check] CUDA tests: {exc}", flush=True)
+                tests = attempt("CUDA tests", check.cuda_tests)
             for precision, row in rows.items():
                 for key, phase in (("steps", check.decode_steps), ("cluster", partial(check.cluster, found=row)),
                                    ("in_process", check.stages_in_process), ("profile", check.engine_profile)):
-                    if key not in phases:
-                        continue
-                    try:
-                        row.update(phase(precision) or {})
-                    except (RuntimeError, subprocess.TimeoutExpired) as exc:
-                        failed = True
-                        print(f"[gpu_check] {precision} {key}: {exc}", flush=True)
+                    if key in phases:
+                        row.update(attempt(f"{precision} {key}", partial(phase, precision)) or {})
             if "floor" in phases:
-                try:
-                    floor = check.overhead_floor()
-                except (RuntimeError, subprocess.TimeoutExpired) as exc:
-                    failed = True
-                    print(f"[gpu_check] floor: {exc}", flush=True)
+                floor = attempt("floor", check.overhead_floor)
         except OverBudget:
             failed = True
             print(f"[gpu_check] the {args.budget_s:.0f} s budget is spent: the rest is skipped", flush=True)
         except (RuntimeError, subprocess.TimeoutExpired) as exc:
             failed = True
             print(f"[gpu_check] preparing: {exc}", flush=True)
+    failed = failed or bool(phases_failed) or any(v in ("failed", "error") for v in (tests or {}).values())
     device = device_line()
     print(f"\n{device}; {check.env['STANDIN_PROFILE']} stand-ins; logs and reports in {check.out}\n")
     print(table(rows))
