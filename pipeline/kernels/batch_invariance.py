@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from pipeline.kernels import avx512_bf16, cuda_attention
-from pipeline.kernels.chunked_attention import chunked_attention_forward
+from pipeline.kernels.chunked_attention import chunked_attention_forward, ordered_attention_runs
 from pipeline.kernels.versions import check_kernel_versions
 
 # The name under which the attention is registered with transformers.
@@ -207,6 +207,17 @@ def _key_runs(attention_mask) -> list[tuple[int, int]] | None:
     return list(zip(starts.tolist(), ends.tolist())) if torch.equal(visible, run) else None
 
 
+def _ordered_or_decode(module, query, key, attention_mask) -> bool:
+    """Whether a decoder's call goes to pipeline.kernels.chunked_attention whole: a decode step (one query a row),
+    or, on a CPU where pipeline.kernels.ordered_attention is built, any prompt's queries (a whole prompt, or a
+    later chunk after the keys before it; a bool mask, or none with as many queries as keys). A mask-less call
+    with more keys than queries is transformers' upper-left case (a static cache's first prefill), left to SDPA."""
+    if not getattr(module, "is_causal", False) or not (attention_mask is None or attention_mask.dtype == torch.bool):
+        return False
+    queries = query.shape[2]
+    return queries == 1 or (ordered_attention_runs(query) and (attention_mask is not None or queries == key.shape[2]))
+
+
 def _batch_invariant_sdpa(module, query, key, value, attention_mask, **kwargs):
     """transformers' SDPA attention, run for each row of a padded batch over its own keys.
 
@@ -224,10 +235,12 @@ def _batch_invariant_sdpa(module, query, key, value, attention_mask, **kwargs):
     A decoder's decode step (one query per row) is one call for the whole batch instead:
     pipeline.kernels.chunked_attention, which on a CPU where it is built runs
     pipeline.kernels.ordered_attention (each query's keys in order) and elsewhere fixed chunks counted
-    from each row's first key, as a row alone has them."""
+    from each row's first key, as a row alone has them. On a CPU where that kernel is built a decoder's
+    prompts take it too, the batch in one call (:func:`_ordered_or_decode`): SDPA's blocks follow the
+    call's length, so a prompt cut into chunks (the engine's) would round otherwise than whole (the
+    reference's)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    if query.shape[2] == 1 and getattr(module, "is_causal", False) and (
-            attention_mask is None or attention_mask.dtype == torch.bool):
+    if _ordered_or_decode(module, query, key, attention_mask):
         return chunked_attention_forward(module, query, key, value, attention_mask, **kwargs)
     q_len, kv_len = query.shape[2], key.shape[2]
     runs = None if attention_mask is None or attention_mask.dtype != torch.bool else _row_key_runs(attention_mask)

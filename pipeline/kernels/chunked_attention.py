@@ -1,7 +1,8 @@
 """Attention over a padded batch in one pass, each row's result independent of the others and of padding.
 
 On a CPU where it is built, :func:`chunked_attention` runs pipeline.kernels.ordered_attention (each
-query's keys summed first to last, no chunks); the chunked kernels below serve CUDA and a CPU without it.
+query's keys summed first to last, no chunks), for a decode step and for a prompt's queries alike; the
+chunked kernels below serve CUDA's decode steps and a CPU without it.
 
 Every row's keys start at column 0 (padding, if any, after its last key). The key axis is cut into
 chunks of :data:`CHUNK` keys, a size fixed whatever the batch and the padded width, counted from

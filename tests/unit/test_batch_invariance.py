@@ -112,6 +112,57 @@ def test_a_rows_decode_logits_alone_equal_its_logits_in_mixed_bucketed_batches(p
         assert torch.equal(got[at], alone), f"{len(batch)} rows, the row at {at}"
 
 
+def prefilled_logits(model, prompt: list[int], cuts: list[int], device: str) -> torch.Tensor:
+    """The first token's logits of `prompt` prefilled by the engine's runner in pieces at `cuts` (0 first, the
+    prompt's length last), each piece one forward over the slot table as the engine runs it."""
+    runner = ModelRunner(model, SlotRule(1, 4 * CHUNK, CHUNK), device=device)
+    seq = SequenceState(0, prompt, 4)
+    runner.table.join(seq.seq_id, seq.prompt_ids, seq.budget_tokens, seq.sampling)
+    chosen = runner._choose
+    logits = []
+    runner._choose = lambda rows_logits, *args: logits.append(rows_logits.clone()) or chosen(rows_logits, *args)
+    for start, end in zip(cuts, cuts[1:]):
+        runner.prefill_chunk(seq, start, end)
+    assert len(logits) == 1
+    return logits[0][0]
+
+
+CPU_PLACED = [param for param in PLACED if param.values[0][0] == "cpu"]
+
+
+@pytest.mark.parametrize("placed", CPU_PLACED)
+def test_a_prompt_prefilled_in_chunks_on_the_cpu_gets_the_whole_prompts_bits(placed):
+    """The engine prefills a prompt in chunks at the multiples of GENERATE_PREFILL_CHUNK, the reference whole:
+    the first token's logits must be the same bits (two layers, so that the second reads keys the first wrote
+    in chunks). 49 tokens cut in eights and at uneven places."""
+    device, variant = placed
+    model = qwen_shaped_llm(variant, device, layers=2)
+    prompt = _prompt(49, seed=4)
+    whole = prefilled_logits(model, prompt, [0, 49], device)
+    assert whole.isfinite().all() and whole.std() > 0
+    for cuts in ([0, 8, 16, 24, 32, 40, 49], [0, 5, 23, 47, 49], [0, 16, 32, 49]):
+        assert torch.equal(prefilled_logits(model, prompt, cuts, device), whole), cuts
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=BF16_CPU)],
+                         ids=["float32", "bfloat16"])
+def test_a_prompts_chunks_on_the_cpu_give_its_queries_the_bits_of_the_whole_prompt(dtype):
+    """The attention alone, as the CUDA test below: 301 queries, cut as the engine cuts and unevenly."""
+    from pipeline.kernels.batch_invariance import _batch_invariant_sdpa
+    gen = torch.Generator().manual_seed(5)
+    query, key, value = (torch.randn(1, heads, 301, 64, generator=gen, dtype=dtype) for heads in (14, 2, 2))
+    module = _CausalAttention()
+    whole, _ = _batch_invariant_sdpa(module, query, key, value, None, scaling=0.125)
+    for cuts in ([0, 32, 64, 96, 128, 160, 192, 224, 256, 288, 301], [0, 45, 101, 230, 300, 301]):
+        chunks = []
+        for start, end in zip(cuts, cuts[1:]):
+            mask = None if start == 0 else (torch.arange(end)[None, :] <= torch.arange(start, end)[:, None])[None, None]
+            out, _ = _batch_invariant_sdpa(module, query[:, :, start:end], key[:, :, :end], value[:, :, :end], mask,
+                                           scaling=0.125)
+            chunks.append(out)
+        assert torch.equal(torch.cat(chunks, dim=1), whole), cuts
+
+
 def test_the_steps_here_are_bucketed_as_on_a_gpu():
     model = qwen_shaped_llm("int8-dynamic", "cpu")
     rows = [decode_step_logits(model, [_prompt(3 + i, seed=i) for i in range(n)], "cpu").shape for n in (1, 5, 9)]

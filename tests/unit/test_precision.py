@@ -289,18 +289,9 @@ def test_generated_text_alone_equals_text_among_mixed_length_batch_mates(stages)
 CROWDED = [GenerationRequest(q, _docs(1 + i % 3, long=i % 2 == 0)) for i, q in enumerate(QUERIES[:6])]
 
 
-# A known defect, not fixed (docs/performance.md, section 32): with these variants the engine's prefill chunks (4, 8,
-# 24 or 37 tokens here) can change the text against the reference's whole prompt, some chunk sizes happen to match;
-# the cause is not found (their products alone are row-invariant).
-WEIGHT_ONLY = ("int8-weight", "int4-weight")
-WEIGHT_ONLY_CHUNKS = "the weight-only variants' text can follow the prefill's chunk size (known defect, cause not found)"
-
-
 def test_a_prompt_cut_where_its_last_token_would_be_a_chunk_of_its_own_generates_as_alone(stages):
     """The engine's last chunk takes that token with it: one query would attend as a decode step does (on CUDA the
     two kernels round apart)."""
-    if stages["variant"] in WEIGHT_ONLY:
-        pytest.skip(WEIGHT_ONLY_CHUNKS)
     generator = stages["generate"]
     chunk = 16
     request = next(r for r in GEN_REQUESTS + CROWDED if len(generator.request_ids(r)) % chunk == 1
@@ -308,6 +299,17 @@ def test_a_prompt_cut_where_its_last_token_would_be_a_chunk_of_its_own_generates
     engine = ContinuousEngine(generator, max_batch=2, kv_cache_tokens=8192, prefill_chunk=chunk)
     (seq,) = run_joining(engine, [request], 1)
     assert generator.completion(seq.generated).text == generator.generate([request])[0]
+
+
+@pytest.mark.parametrize("chunk", [4, 10, 37])
+def test_the_text_does_not_follow_the_prefill_chunk_size(stages, chunk):
+    """The engine prefills at the multiples of GENERATE_PREFILL_CHUNK, the reference whole: sizes whose cuts once
+    changed the weight-only variants' text (the CPU's prompt attention rounded by where a prompt was cut)."""
+    generator = stages["generate"]
+    engine = ContinuousEngine(generator, max_batch=2, kv_cache_tokens=8192, prefill_chunk=chunk)
+    seqs = run_joining(engine, GEN_REQUESTS[:2], 1)
+    assert [generator.completion(seq.generated).text for seq in seqs] == [generator.generate([r])[0]
+                                                                          for r in GEN_REQUESTS[:2]]
 
 
 def test_generated_text_alone_equals_text_when_prompts_prefill_side_by_side(stages):
