@@ -8,6 +8,10 @@ small parallel regions, on its engine's thread while the encoder stages' threads
 took 48 ms in a node against 28.6 ms alone (docs/performance.md, sections 28 and 29). A stage's
 thread that hands its workers back before it waits leaves the team that runs the only one;
 the next batch on that thread starts its workers again (a few pthread_create calls).
+
+faiss's wheel carries a libgomp of its own: the index node's search thread hands its team back too, or its
+worker spins about 300,000 times after every search, the CPU a node beside it on the host needs
+(docs/performance.md, section 34).
 """
 from __future__ import annotations
 
@@ -22,19 +26,24 @@ log = logging.getLogger(__name__)
 OMP_PAUSE_SOFT = 1  # omp_pause_resource_t: the thread pool goes, the runtime stays initialised
 
 
-def _libgomp() -> ctypes.CDLL | None:
-    """torch's libgomp, or None: torch not imported yet (no teams to hand back), or a build on another
-    OpenMP runtime (LLVM's libomp pauses the whole runtime, not one thread's team)."""
+def _libgomps() -> list[ctypes.CDLL]:
+    """The OpenMP runtimes loaded here that can hand a thread's team back: torch's libgomp and faiss's (its wheel
+    carries its own copy, a runtime of its own with its own teams), each where its package is imported. LLVM's
+    libomp, which pauses the whole runtime rather than one thread's team, is left alone."""
+    folders = []
     torch = sys.modules.get("torch")
-    if torch is None or torch.__file__ is None:
-        return None
-    return _libgomp_in(Path(torch.__file__).parent / "lib")
+    if torch is not None and torch.__file__ is not None:
+        folders.append(Path(torch.__file__).parent / "lib")
+    faiss = sys.modules.get("faiss")
+    if faiss is not None and faiss.__file__ is not None:
+        folders.append(Path(faiss.__file__).parent.parent / "faiss_cpu.libs")
+    return [library for folder in folders if (library := _libgomp_in(folder)) is not None]
 
 
 @functools.cache
 def _libgomp_in(folder: Path) -> ctypes.CDLL | None:
     for path in sorted(folder.glob("libgomp*.so*")):
-        library = ctypes.CDLL(str(path))  # already loaded by torch: the same handle, no second runtime
+        library = ctypes.CDLL(str(path))  # already loaded by its package: the same handle, no second runtime
         if hasattr(library, "omp_pause_resource_all"):  # OpenMP 5.0: libgomp from GCC 9 on
             return library
     log.debug("no libgomp with omp_pause_resource_all in %s: idle threads keep their OpenMP workers", folder)
@@ -42,9 +51,8 @@ def _libgomp_in(folder: Path) -> ctypes.CDLL | None:
 
 
 def hand_back_openmp_workers() -> None:
-    """End the calling thread's OpenMP workers (libgomp's pause is per thread: other threads' teams,
-    running or not, are not touched; its thread count stays). A no-op where torch is not loaded or not
-    on libgomp."""
-    library = _libgomp()
-    if library is not None:
+    """End the calling thread's OpenMP workers in torch's and faiss's runtimes (libgomp's pause is per thread:
+    other threads' teams, running or not, are not touched; its thread count stays). A no-op for a package not
+    imported or not on libgomp."""
+    for library in _libgomps():
         library.omp_pause_resource_all(OMP_PAUSE_SOFT)  # -1 only inside a parallel region, never here

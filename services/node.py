@@ -82,11 +82,6 @@ def _configure_threads(settings: Settings, uses_torch: bool) -> None:
     if uses_torch:  # importing torch where no model runs would only cost memory and start time
         import torch
         torch.set_num_threads(thread_budget(settings.models.torch_threads))
-    try:
-        import faiss
-        faiss.omp_set_num_threads(thread_budget(settings.index.faiss_threads))
-    except ImportError:
-        pass
 
 
 def log_settings(settings: Settings) -> None:

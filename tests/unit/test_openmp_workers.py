@@ -1,6 +1,6 @@
 """pipeline.openmp_workers: a thread hands back its OpenMP workers and keeps its thread count and its
-bits; without torch loaded it does nothing (and loads nothing). In a fresh interpreter: the team a
-thread holds is process state."""
+bits, in torch's runtime and in faiss's; without torch loaded it does nothing (and loads nothing). In a fresh
+interpreter: the team a thread holds is process state."""
 from __future__ import annotations
 
 import json
@@ -64,3 +64,55 @@ def test_a_thread_hands_back_its_openmp_workers_and_keeps_its_thread_count_and_b
     assert out["thread_count"] == 2
     assert out["team_again"] == out["alone"] + 1 and out["same_bits"] is True, out
     assert out["after_again"] == out["alone"], out
+
+
+FAISS_SCRIPT = r"""
+import json, os, threading, time
+import faiss, numpy as np
+from pipeline.openmp_workers import hand_back_openmp_workers
+
+out = {}
+vectors = np.random.default_rng(0).random((4000, 32), dtype=np.float32)
+index = faiss.IndexIVFFlat(faiss.IndexFlatL2(32), 32, 16)
+index.train(vectors)
+index.add(vectors)
+index.nprobe = 16
+
+def threads():
+    return len(os.listdir("/proc/self/task"))
+
+def settled(expected):  # a worker that was told to end may take a moment to leave /proc
+    deadline = time.monotonic() + 10
+    while threads() != expected and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return threads()
+
+def search():
+    faiss.omp_set_num_threads(2)
+    out["alone"] = threads()
+    first = index.search(vectors[:64], 10)
+    out["with_team"] = threads()
+    hand_back_openmp_workers()
+    out["after"] = settled(out["alone"])
+    out["thread_count"] = faiss.omp_get_max_threads()
+    second = index.search(vectors[:64], 10)
+    out["same_results"] = all(np.array_equal(a, b) for a, b in zip(first, second))
+
+thread = threading.Thread(target=search)
+thread.start()
+thread.join()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="libgomp and /proc/self/task: Linux only")
+def test_a_thread_hands_back_its_faiss_openmp_workers():
+    """faiss's wheel carries its own libgomp: the index node's search thread hands that team back too."""
+    done = subprocess.run([sys.executable, "-c", FAISS_SCRIPT], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "2"})
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.splitlines()[-1])
+    assert out["with_team"] == out["alone"] + 1, out  # the premise: a search of 64 vectors at 2 threads starts a worker
+    assert out["after"] == out["alone"], out
+    assert out["thread_count"] == 2 and out["same_results"] is True, out

@@ -15,6 +15,7 @@ from flask import Flask, jsonify
 from pipeline.centroid_routing import is_centroid
 from pipeline.config import Settings
 from pipeline.data_version import DataVersionError, Manifest, overall_recall, serving_params, shard_recall
+from pipeline.device import thread_budget
 from pipeline.shards import shard_path
 from pipeline.spec import Stage
 from services.roles.base import SPARE_HTTP_THREADS, Role
@@ -83,7 +84,7 @@ class IndexRole(Role):
                  "recall@10 %s", path, manifest.version, time.monotonic() - started, index.ntotal, index.dim,
                  index.nprobe, index.ef_search, index.is_mmap, shard_recall(manifest, cluster.served_shard(self.node)))
         return IndexService(index, max_size=cfg.max_batch, max_wait_ms=cfg.max_wait_ms, max_queue=cfg.max_queue,
-                            manifest=manifest, owned_lists=owned_lists_of(manifest, cluster.served_shard(self.node)),
+                            threads=thread_budget(settings.index.faiss_threads), manifest=manifest, owned_lists=owned_lists_of(manifest, cluster.served_shard(self.node)),
                             upstream=self.upstream)
 
     def batching_services(self):

@@ -7,12 +7,15 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from functools import partial
 
+import faiss
 import numpy as np
 
 from pipeline import spec
 from pipeline.centroid_search import ProbedSearch
 from pipeline.data_version import Manifest
+from pipeline.openmp_workers import hand_back_openmp_workers
 from pipeline.vector_index import VectorIndex
 from services.server import stage_spans
 from services.server.errors import ApiError
@@ -39,16 +42,20 @@ class IndexQuery:
 
 
 class IndexService:
-    def __init__(self, index: VectorIndex, *, max_size: int, max_wait_ms: float, max_queue: int,
+    def __init__(self, index: VectorIndex, *, max_size: int, max_wait_ms: float, max_queue: int, threads: int,
                  manifest: Manifest | None = None, owned_lists: frozenset[int] | None = None,
                  upstream: Upstream | None = None):
+        """`threads`: faiss's OpenMP threads for the searches (FAISS_THREADS' budget), set in the thread that runs
+        them: libgomp keeps a thread count per thread, and a new thread starts at the process's default."""
         self.index = index
         self.manifest = manifest  # the data version's: its recall, for /health and the metrics
         self.owned_lists = owned_lists  # a centroid shard's lists; None for a hash shard
         self.probed = ProbedSearch(index.index) if owned_lists is not None else None
         self.max_queue = max_queue
         self.batcher = BatchingService("index", stage_spans.noting_batches(self._search_batch), max_size=max_size,
-                                       max_wait_ms=max_wait_ms, max_queue=max_queue, upstream=upstream)
+                                       max_wait_ms=max_wait_ms, max_queue=max_queue, upstream=upstream,
+                                       on_start=partial(faiss.omp_set_num_threads, threads),
+                                       on_idle=hand_back_openmp_workers)
 
     def _search_batch(self, items: list[IndexQuery]) -> list[tuple[list[int], list[float]]]:
         k = max(item.k for item in items)
