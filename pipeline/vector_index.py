@@ -158,8 +158,13 @@ def _read_index(path: Path, mmap: bool) -> tuple[faiss.Index, bool]:
         except RuntimeError as exc:
             log.info("cannot memory-map %s (%s); reading it into memory", path, _short_error(exc))
         else:
-            if _uses_mmap(index):
-                _no_prefetch_threads(index)
+            lists = _on_disk_lists(index)
+            if lists is not None:
+                # faiss's on-disk lists start `prefetch_nthread` threads (32 by default) at every search call to touch
+                # the pages of the lists it is about to probe: 4.3 ms of CPU a one-vector search on a 2-vCPU EPYC,
+                # where the search took 0.14 ms (docs/performance.md, section 34). A served index's pages are in the
+                # page cache after its first searches; before that, the searching threads fault them in themselves.
+                lists.prefetch_nthread = 0
                 return index, True
             # faiss ignores the flag for types without inverted lists (e.g. IndexFlat).
             log.info("%s does not support mmap; it was read into memory", type(index).__name__)
@@ -170,20 +175,13 @@ def _read_index(path: Path, mmap: bool) -> tuple[faiss.Index, bool]:
         raise VectorIndexError(f"cannot read faiss index {path}: {_short_error(exc)}") from exc
 
 
-def _no_prefetch_threads(index: faiss.Index) -> None:
-    """faiss's on-disk lists start `prefetch_nthread` threads (32 by default) at every search call to touch the
-    pages of the lists it is about to probe: 4.3 ms of CPU a one-vector search on a 2-vCPU EPYC, where the
-    search took 0.14 ms (docs/performance.md, section 34). A served index's pages are in the page cache after
-    its first searches; before that, the searching threads fault them in themselves."""
-    lists = faiss.downcast_InvertedLists(faiss.extract_index_ivf(index).invlists)
-    lists.prefetch_nthread = 0
-
-
-def _uses_mmap(index: faiss.Index) -> bool:
+def _on_disk_lists(index: faiss.Index) -> faiss.OnDiskInvertedLists | None:
+    """The index's inverted lists where they are memory-mapped from the file (faiss's on-disk lists), else None."""
     ivf = faiss.try_extract_index_ivf(index)
     if ivf is None or ivf.invlists is None:
-        return False
-    return isinstance(faiss.downcast_InvertedLists(ivf.invlists), faiss.OnDiskInvertedLists)
+        return None
+    lists = faiss.downcast_InvertedLists(ivf.invlists)
+    return lists if isinstance(lists, faiss.OnDiskInvertedLists) else None
 
 
 def _short_error(exc: Exception) -> str:
