@@ -59,7 +59,9 @@ from builders.data import build_course, course_vector_batches
 from builders.index_kinds import InvalidBuildArgument, SharedTraining, parse_index_spec, shared_training
 from builders.mixture_vectors import VECTOR_SOURCES
 from builders.recall import RecallOptions, exact_top_k, open_shards, sample_queries, served_recall
+from pipeline.config import Settings
 from pipeline.data_version import write_manifest
+from pipeline.device import thread_budget
 from pipeline.spec import EMBED_DIM
 from profiling.lib.cli import add_out, comma_list, make_parser
 from profiling.lib.index_node import node_memory, search_latencies_ms
@@ -85,7 +87,8 @@ def bench_kind(spec: str, args, out: Path, queries, exact, shared: SharedTrainin
     train_reused_s = shared.reused_s - reused
     build_s = result.seconds + train_reused_s + reference_s  # what the build alone takes (the module's docstring)
     index = open_shards(result.index_files)[0]
-    service = IndexService(index, max_size=max(args.batches), max_wait_ms=1.0, max_queue=4 * max(args.batches))
+    service = IndexService(index, max_size=max(args.batches), max_wait_ms=1.0, max_queue=4 * max(args.batches),
+                           threads=thread_budget(Settings.from_env().index.faiss_threads))  # as a node's
     name, values = ("nprobe", args.nprobe) if index.nlist is not None else ("ef_search", args.ef_search)
     rows = []
     try:

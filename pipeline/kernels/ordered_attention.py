@@ -22,14 +22,11 @@ memory; docs/performance.md, sections 18 and 27). It reads up to the row's last 
 a decode step's cost follows each row's own length, not the batch's widest. It is registered with torch's
 dispatcher (``EXTENSION.registered("ordered_attention")``): profilers and op counts see it.
 
-`pipeline.kernels.chunked_attention.chunked_attention` runs it on a CPU where it is built (``python -m
-pipeline.kernels.compiled``) for every decode step and, through pipeline.kernels.batch_invariance, for every
-prompt's queries (a whole prompt, or a later chunk after the keys before it): a query's bits do not follow where
-the engine cut its prompt (at the multiples of GENERATE_PREFILL_CHUNK), and in the engine's pieces of 512 it is
-faster than SDPA (``python -m profiling.prompt_attention``; docs/performance.md, section 33). Elsewhere a decode
-step takes torch's flash kernel in chunks and a prompt SDPA row by row (encoders always do): they round
-differently, so the bits a CPU gives depend on whether it is built, as on which device runs (the reference
-oracle runs in the same process, with the same kernel).
+On a CPU where it is built (``python -m pipeline.kernels.compiled``) every decoder attention call runs it: each
+decode step and each prompt's queries, whole or in the engine's pieces (pipeline.kernels.batch_invariance), faster
+than SDPA in pieces of 512 (docs/performance.md, section 33). Elsewhere a decode step takes torch's flash kernel
+in chunks and a prompt SDPA row by row (as encoders always do): the bits a CPU gives depend on whether it is
+built, as on the device (the reference oracle runs in the same process, with the same kernel).
 """
 from __future__ import annotations
 
