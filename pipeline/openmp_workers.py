@@ -26,18 +26,20 @@ log = logging.getLogger(__name__)
 OMP_PAUSE_SOFT = 1  # omp_pause_resource_t: the thread pool goes, the runtime stays initialised
 
 
-def _libgomps() -> list[ctypes.CDLL]:
+def _libgomps() -> tuple[ctypes.CDLL, ...]:
     """The OpenMP runtimes loaded here that can hand a thread's team back: torch's libgomp and faiss's (its wheel
     carries its own copy, a runtime of its own with its own teams), each where its package is imported. LLVM's
     libomp, which pauses the whole runtime rather than one thread's team, is left alone."""
-    folders = []
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.__file__ is not None:
-        folders.append(Path(torch.__file__).parent / "lib")
-    faiss = sys.modules.get("faiss")
-    if faiss is not None and faiss.__file__ is not None:
-        folders.append(Path(faiss.__file__).parent.parent / "faiss_cpu.libs")
-    return [library for folder in folders if (library := _libgomp_in(folder)) is not None]
+    return _libgomps_of(getattr(sys.modules.get("torch"), "__file__", None),
+                        getattr(sys.modules.get("faiss"), "__file__", None))
+
+
+@functools.cache
+def _libgomps_of(torch_file: str | None, faiss_file: str | None) -> tuple[ctypes.CDLL, ...]:
+    folders = [Path(torch_file).parent / "lib"] if torch_file else []
+    if faiss_file:
+        folders.append(Path(faiss_file).parent.parent / "faiss_cpu.libs")
+    return tuple(library for folder in folders if (library := _libgomp_in(folder)) is not None)
 
 
 @functools.cache
