@@ -46,7 +46,11 @@ WORKER_REPLY_GRACE_S = 2.0
 
 
 def pooled_session(pool_size: int, token: str = "") -> requests.Session:
+    """A session for the cluster's own calls: pooled connections, the cluster token, and nothing from the
+    environment (no HTTP_PROXY, no .netrc): a lab machine's proxy is not for node-to-node calls, and reading
+    the environment took a tenth of a worker's search thread under load (docs/performance.md, section 34)."""
     session = requests.Session()
+    session.trust_env = False
     adapter = HTTPAdapter(pool_connections=4, pool_maxsize=pool_size, max_retries=0)
     session.mount("http://", adapter)
     session.mount("https://", adapter)

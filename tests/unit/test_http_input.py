@@ -239,6 +239,17 @@ def test_worker_client_says_what_happened_by_the_errors_type(node, status, error
         WorkerClient("http://127.0.0.1:9", connect_timeout_s=0.2).answer(AnswerRequest("r1", "q"), 5)
 
 
+def test_node_to_node_calls_go_direct_whatever_proxy_the_environment_names(node, monkeypatch):
+    """A lab machine's HTTP_PROXY (for pip, say) is not for the cluster's own calls: they reach the node directly."""
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # the discard port: nothing listens
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    client = IndexClient(node, connect_timeout_s=1, read_timeout_s=5, token=TOKEN, max_attempts=1)
+    ids, _ = client.search(np.zeros((1, 4)), 2)
+    assert ids == [[1, 2]] and len(Recorder.seen) == 1
+
+
 def test_index_client_retries_5xx_past_max_attempts_while_the_deadline_allows(node):
     Recorder.plan = [503, 500, 504, 502, 503, 500]  # every 5xx: unavailable, failed, timed out
     client = IndexClient(node, connect_timeout_s=1, read_timeout_s=5, token=TOKEN, max_attempts=2,
