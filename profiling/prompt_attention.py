@@ -95,7 +95,8 @@ def main(argv=None) -> int:
             sdpa_out, ordered_out = (torch.cat(run(), dim=2).float() for run in runs.values())
             drift = (sdpa_out - ordered_out).abs().max().item()
             if not drift <= (1e-4 if dtype == torch.float32 else 3e-2):
-                print(f"prompt_attention: the kernels disagree by {drift:.3g} ({dtype_name}, {length})", file=sys.stderr)
+                print(f"prompt_attention: the kernels disagree by {drift:.3g} ({dtype_name}, {length})",
+                      file=sys.stderr)
                 return 1
             times: dict[str, list[float]] = {name: [] for name in runs}
             for _ in range(args.rounds):  # alternated: drift on the machine falls on both alike
@@ -107,7 +108,8 @@ def main(argv=None) -> int:
             results[key] = {name: {"median": round(statistics.median(t), 2), "best": round(min(t), 2)}
                             for name, t in times.items()}
             results[key]["largest_difference"] = drift
-            row = [dtype_name, length] + [results[key][n]["median"] for n in runs] + [results[key][n]["best"] for n in runs]
+            row = [dtype_name, length] + [results[key][n]["median"] for n in runs]
+            row += [results[key][n]["best"] for n in runs]
             table.append(row + [results[key]["ordered"]["median"] / results[key]["sdpa"]["median"]])
     header = [("dtype", "<10"), ("tokens", ">7")] + [(f"  {n} median", ">16.2f") for n in ("sdpa", "ordered")]
     header += [(f"  {n} best", ">14.2f") for n in ("sdpa", "ordered")] + [("  ordered / sdpa (median)", ">26.2f")]

@@ -84,7 +84,8 @@ class IndexRole(Role):
                  "recall@10 %s", path, manifest.version, time.monotonic() - started, index.ntotal, index.dim,
                  index.nprobe, index.ef_search, index.is_mmap, shard_recall(manifest, cluster.served_shard(self.node)))
         return IndexService(index, max_size=cfg.max_batch, max_wait_ms=cfg.max_wait_ms, max_queue=cfg.max_queue,
-                            threads=thread_budget(settings.index.faiss_threads), manifest=manifest, owned_lists=owned_lists_of(manifest, cluster.served_shard(self.node)),
+                            threads=thread_budget(settings.index.faiss_threads), manifest=manifest,
+                            owned_lists=owned_lists_of(manifest, cluster.served_shard(self.node)),
                             upstream=self.upstream)
 
     def batching_services(self):
