@@ -12,14 +12,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-SCRIPT = r"""
+# The thread count of this process, and the wait for it to come back down: both scripts' first lines.
+THREADS = r"""
 import json, os, sys, threading, time
-from pipeline.openmp_workers import hand_back_openmp_workers
-
-hand_back_openmp_workers()
-out = {"torch_loaded_by_it": "torch" in sys.modules}
-import torch
-torch.set_num_threads(2)
 
 def threads():
     return len(os.listdir("/proc/self/task"))
@@ -29,6 +24,16 @@ def settled(expected):  # a worker that was told to end may take a moment to lea
     while threads() != expected and time.monotonic() < deadline:
         time.sleep(0.01)
     return threads()
+
+"""
+
+SCRIPT = THREADS + r"""
+from pipeline.openmp_workers import hand_back_openmp_workers
+
+hand_back_openmp_workers()
+out = {"torch_loaded_by_it": "torch" in sys.modules}
+import torch
+torch.set_num_threads(2)
 
 def stage():
     a = torch.randn(512, 512, generator=torch.Generator().manual_seed(0))
@@ -51,13 +56,18 @@ print(json.dumps(out))
 """
 
 
+def run_fresh(script: str) -> dict:
+    """What `script` printed last, as JSON, run in a fresh interpreter at two OpenMP threads."""
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "2"})
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="libgomp and /proc/self/task: Linux only")
 def test_a_thread_hands_back_its_openmp_workers_and_keeps_its_thread_count_and_bits():
-    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, capture_output=True, text=True, timeout=120,
-                          env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "2"})
-    assert done.returncode == 0, done.stderr
-    out = json.loads(done.stdout.splitlines()[-1])
+    out = run_fresh(SCRIPT)
     assert out["torch_loaded_by_it"] is False
     assert out["with_team"] == out["alone"] + 1, out  # the premise: a product at 2 threads starts a worker
     assert out["after"] == out["alone"], out
@@ -66,8 +76,7 @@ def test_a_thread_hands_back_its_openmp_workers_and_keeps_its_thread_count_and_b
     assert out["after_again"] == out["alone"], out
 
 
-FAISS_SCRIPT = r"""
-import json, os, threading, time
+FAISS_SCRIPT = THREADS + r"""
 import faiss, numpy as np
 from pipeline.openmp_workers import hand_back_openmp_workers
 
@@ -77,15 +86,6 @@ index = faiss.IndexIVFFlat(faiss.IndexFlatL2(32), 32, 16)
 index.train(vectors)
 index.add(vectors)
 index.nprobe = 16
-
-def threads():
-    return len(os.listdir("/proc/self/task"))
-
-def settled(expected):  # a worker that was told to end may take a moment to leave /proc
-    deadline = time.monotonic() + 10
-    while threads() != expected and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return threads()
 
 def search():
     faiss.omp_set_num_threads(2)
@@ -109,10 +109,7 @@ print(json.dumps(out))
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="libgomp and /proc/self/task: Linux only")
 def test_a_thread_hands_back_its_faiss_openmp_workers():
     """faiss's wheel carries its own libgomp: the index node's search thread hands that team back too."""
-    done = subprocess.run([sys.executable, "-c", FAISS_SCRIPT], cwd=REPO, capture_output=True, text=True, timeout=120,
-                          env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "2"})
-    assert done.returncode == 0, done.stderr
-    out = json.loads(done.stdout.splitlines()[-1])
+    out = run_fresh(FAISS_SCRIPT)
     assert out["with_team"] == out["alone"] + 1, out  # the premise: a search of 64 vectors at 2 threads starts a worker
     assert out["after"] == out["alone"], out
     assert out["thread_count"] == 2 and out["same_results"] is True, out
