@@ -144,25 +144,6 @@ def test_a_prompt_prefilled_in_chunks_on_the_cpu_gets_the_whole_prompts_bits(pla
         assert torch.equal(prefilled_logits(model, prompt, cuts, device), whole), cuts
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=BF16_CPU)],
-                         ids=["float32", "bfloat16"])
-def test_a_prompts_chunks_on_the_cpu_give_its_queries_the_bits_of_the_whole_prompt(dtype):
-    """The attention alone, as the CUDA test below: 301 queries, cut as the engine cuts and unevenly."""
-    from pipeline.kernels.batch_invariance import _batch_invariant_sdpa
-    gen = torch.Generator().manual_seed(5)
-    query, key, value = (torch.randn(1, heads, 301, 64, generator=gen, dtype=dtype) for heads in (14, 2, 2))
-    module = _CausalAttention()
-    whole, _ = _batch_invariant_sdpa(module, query, key, value, None, scaling=0.125)
-    for cuts in ([0, 32, 64, 96, 128, 160, 192, 224, 256, 288, 301], [0, 45, 101, 230, 300, 301]):
-        chunks = []
-        for start, end in zip(cuts, cuts[1:]):
-            mask = None if start == 0 else (torch.arange(end)[None, :] <= torch.arange(start, end)[:, None])[None, None]
-            out, _ = _batch_invariant_sdpa(module, query[:, :, start:end], key[:, :, :end], value[:, :, :end], mask,
-                                           scaling=0.125)
-            chunks.append(out)
-        assert torch.equal(torch.cat(chunks, dim=1), whole), cuts
-
-
 def test_the_steps_here_are_bucketed_as_on_a_gpu():
     model = qwen_shaped_llm("int8-dynamic", "cpu")
     rows = [decode_step_logits(model, [_prompt(3 + i, seed=i) for i in range(n)], "cpu").shape for n in (1, 5, 9)]
@@ -416,23 +397,28 @@ class _CausalAttention(torch.nn.Module):
     num_key_value_groups = 7
 
 
-@ON_CUDA
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
-def test_a_prompts_chunks_on_cuda_give_its_queries_the_bits_of_the_whole_prompt(cudnn_attention_switch, dtype):
+@pytest.mark.parametrize("device, dtype", [
+    pytest.param("cpu", torch.float32, id="cpu-float32"),
+    pytest.param("cpu", torch.bfloat16, id="cpu-bfloat16", marks=BF16_CPU),
+    pytest.param("cuda", torch.bfloat16, id="cuda-bfloat16", marks=ON_CUDA),
+    pytest.param("cuda", torch.float16, id="cuda-float16", marks=ON_CUDA)])
+def test_a_prompts_chunks_give_its_queries_the_bits_of_the_whole_prompt(cudnn_attention_switch, device, dtype):
     """The engine prefills a prompt in chunks (at the multiples of GENERATE_PREFILL_CHUNK), the reference whole:
-    every query's attention must come out as in the whole prompt's one call, on SDPA's kernels without cuDNN."""
+    every query's attention must come out as in the whole prompt's one call: on the CPU through the ordered kernel,
+    on CUDA on SDPA's kernels without cuDNN. 301 queries, cut as the engine cuts and unevenly."""
     from pipeline.kernels.batch_invariance import _batch_invariant_sdpa, attend_without_cudnn
-    attend_without_cudnn()
-    gen = torch.Generator(device="cuda").manual_seed(5)
-    query, key, value = (torch.randn(1, heads, 301, 64, generator=gen, device="cuda", dtype=dtype)
+    if device == "cuda":
+        attend_without_cudnn()
+    gen = torch.Generator(device=device).manual_seed(5)
+    query, key, value = (torch.randn(1, heads, 301, 64, generator=gen, device=device, dtype=dtype)
                          for heads in (14, 2, 2))
     module = _CausalAttention()
     whole, _ = _batch_invariant_sdpa(module, query, key, value, None, scaling=0.125)
     for cuts in ([0, 32, 64, 96, 128, 160, 192, 224, 256, 288, 301], [0, 45, 101, 230, 300, 301]):
         chunks = []
         for start, end in zip(cuts, cuts[1:]):
-            mask = None if start == 0 else (torch.arange(end, device="cuda")[None, :]
-                                            <= torch.arange(start, end, device="cuda")[:, None])[None, None]
+            mask = None if start == 0 else (torch.arange(end, device=device)[None, :]
+                                            <= torch.arange(start, end, device=device)[:, None])[None, None]
             out, _ = _batch_invariant_sdpa(module, query[:, :, start:end], key[:, :, :end], value[:, :, :end], mask,
                                            scaling=0.125)
             chunks.append(out)
