@@ -262,10 +262,11 @@ def test_generated_ids_alone_equal_ids_among_same_length_batch_mates(stages):
         assert generator.generate_ids([prompt] * 3, max_new_tokens=24) == [alone] * 3
 
 
-def _continuous_texts(generator, requests, join_every: int = 9, max_batch: int = 3, graphs: bool = True) -> list[str]:
+def _continuous_texts(generator, requests, join_every: int = 9, max_batch: int = 3, graphs: bool = True,
+                      prefill_chunk: int = 32) -> list[str]:
     """The engine's answers with each request joining `join_every` decode steps after the previous one;
     on CUDA with its steps replayed from CUDA graphs (checked), or eager (`graphs` False)."""
-    engine = ContinuousEngine(generator, max_batch=max_batch, kv_cache_tokens=8192, prefill_chunk=32)
+    engine = ContinuousEngine(generator, max_batch=max_batch, kv_cache_tokens=8192, prefill_chunk=prefill_chunk)
     recorded = engine.runner.graphs
     if not graphs:
         engine.runner.graphs = None
@@ -306,10 +307,8 @@ def test_the_text_does_not_follow_the_prefill_chunk_size(stages, chunk):
     """The engine prefills at the multiples of GENERATE_PREFILL_CHUNK, the reference whole: sizes whose cuts once
     changed the weight-only variants' text (the CPU's prompt attention rounded by where a prompt was cut)."""
     generator = stages["generate"]
-    engine = ContinuousEngine(generator, max_batch=2, kv_cache_tokens=8192, prefill_chunk=chunk)
-    seqs = run_joining(engine, GEN_REQUESTS[:2], 1)
-    assert [generator.completion(seq.generated).text for seq in seqs] == [generator.generate([r])[0]
-                                                                          for r in GEN_REQUESTS[:2]]
+    texts = _continuous_texts(generator, GEN_REQUESTS[:2], join_every=1, max_batch=2, prefill_chunk=chunk)
+    assert texts == [generator.generate([r])[0] for r in GEN_REQUESTS[:2]]
 
 
 def test_generated_text_alone_equals_text_when_prompts_prefill_side_by_side(stages):
