@@ -3,9 +3,10 @@ CPU's measured matmul peaks and memory bandwidth, in every precision.
 
 Shapes come from the configured models' configs (no weights are loaded; MODEL_SOURCE=standin
 STANDIN_PROFILE=faithful carries the real configs offline). Token lengths are the real tokenizers' counts for one
-reference query: the query (embed); the query with ten support-corpus documents, truncated at 512 (rerank); the chat
-prompt with the top three (prefill); an answer of 400-512 characters cut as the classifiers cut it (sentiment,
-toxicity). Peaks: float32, bfloat16 and int8 (`torch._int_mm`) matmuls and a sum and a copy of a large tensor, each
+reference query: the query (embed); the query with ten documents, truncated at 512 (rerank); the chat prompt with
+the top three (prefill); an answer of 400-512 characters cut as the classifiers cut it (sentiment, toxicity). The
+documents are the support corpus's, or with --documents DIR those of a data build's documents.db (what a
+protocol's requests fetch: a course build's rows are a tenth of a support article's tokens). Peaks: float32, bfloat16 and int8 (`torch._int_mm`) matmuls and a sum and a copy of a large tensor, each
 the median of --rounds. Floors are given for each variant on every stage and for PRECISION=fast's mix on this CPU:
 one idle request (the stages in sequence) and --concurrency requests served together (weights read once per pass and
 per decode step for all of them).
@@ -64,9 +65,10 @@ def load_models(source) -> roof.Models:
                        sentiment=encoder(spec.SENTIMENT_MODEL), toxicity=encoder(spec.TOXICITY_MODEL))
 
 
-def request_tokens(source, query_index: int, new_tokens: int,
-                   rerank_tokens: Sequence[int] | None = None) -> tuple[roof.RequestTokens, dict[str, Any]]:
-    """One reference request's token lengths, counted by each model's own tokenizer, and what was counted."""
+def request_tokens(source, query_index: int, new_tokens: int, rerank_tokens: Sequence[int] | None = None,
+                   documents_dir: Path | None = None) -> tuple[roof.RequestTokens, dict[str, Any]]:
+    """One reference request's token lengths, counted by each model's own tokenizer, and what was counted: over
+    the support corpus, or the documents of `documents_dir`'s documents.db."""
     from transformers import AutoTokenizer
 
     from pipeline.device import Placement
@@ -76,7 +78,7 @@ def request_tokens(source, query_index: int, new_tokens: int,
     def tokenizer(name: str) -> Any:
         return AutoTokenizer.from_pretrained(name, **source.hf_kwargs(name))
 
-    pool = document_pool(None)
+    pool = document_pool(documents_dir)
     request = rerank_inputs(pool, 1, query_index)[0]
     answer = spec.classifier_text(answer_texts(pool, 1, query_index)[0])
     if rerank_tokens is None:
@@ -97,6 +99,7 @@ def request_tokens(source, query_index: int, new_tokens: int,
                                 new_tokens=new_tokens, sentiment=classifier(spec.SENTIMENT_MODEL),
                                 toxicity=classifier(spec.TOXICITY_MODEL))
     return tokens, {"query": request.query, "answer_chars": len(answer),
+                    "documents": str(documents_dir) if documents_dir is not None else "support corpus",
                     "rerank_documents": [d.title for d in request.documents]}
 
 
@@ -205,6 +208,20 @@ def format_comparisons(plan: roof.PlanFloor, comparisons: Sequence[roof.Comparis
                                 for c in comparisons])
 
 
+def check_documents(folder: Path) -> None:
+    """Raise ConfigError where `folder` holds no readable documents.db with documents (checked before anything is
+    measured)."""
+    import sqlite3
+
+    from pipeline.docstore import DocumentStore
+    from profiling.lib.inputs import max_doc_id
+    try:
+        with DocumentStore(folder) as store:
+            max_doc_id(store.path)  # ValueError where it holds none
+    except (OSError, ValueError, sqlite3.Error) as exc:
+        raise ConfigError(f"--documents {folder}: no documents.db with documents to read ({exc})") from exc
+
+
 def parser() -> argparse.ArgumentParser:
     p = make_parser("python -m profiling.roofline", __doc__)
     p.add_argument("--threads", type=positive(int), default=2, help="torch threads the peaks are measured on")
@@ -218,7 +235,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--query-index", type=int, choices=range(len(spec.REFERENCE_QUERIES)), default=0,
                    metavar="0-7", help="which reference query (SPEC's client order)")
     p.add_argument("--rerank-tokens", type=comma_list(int, minimum=1, what="token counts", example="255,240"),
-                   default=None, help="token lengths of the rerank pairs; unset: tokenized from the support corpus")
+                   default=None, help="token lengths of the rerank pairs; unset: tokenized from the documents")
+    p.add_argument("--documents", type=Path, default=None,
+                   help="a data build's folder (its documents.db): the request's documents; unset: the support corpus")
     p.add_argument("--measured", type=Path, default=None, help="a JSON file of measured seconds by key (see above)")
     p.add_argument("--microbench", type=Path, default=None, help="a profiling.microbench output folder")
     p.add_argument("--measured-precision", choices=PLANS, default=FAST,
@@ -232,13 +251,16 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     try:
         settings = Settings.from_env(env)
         precision, measured = measured_figures(args)
+        if args.documents is not None:
+            check_documents(args.documents)
     except (ConfigError, MeasuredError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from builders.standins import source_building_standins
     source = source_building_standins(settings)
     models = load_models(source)
-    tokens, counted = request_tokens(source, args.query_index, args.new_tokens, args.rerank_tokens)
+    tokens, counted = request_tokens(source, args.query_index, args.new_tokens, args.rerank_tokens,
+                                     args.documents)
     machine = measure_machine(args.threads, args.matmul_size, args.bandwidth_mib, args.rounds, args.warmup)
     plans = [roof.plan_floor(name, stages, models, tokens, machine, args.concurrency)
              for name, stages in stage_plans().items()]

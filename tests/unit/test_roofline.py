@@ -246,6 +246,25 @@ def test_cli_end_to_end_on_the_tiny_standins(tmp_path, capsys):
     assert result["machine"]["cpu"] in out and "idle request s" in out and "x floor" in out
 
 
+def test_the_requests_documents_come_from_a_data_builds_documents_db(model_source, course_data):
+    """A course build's rows are a sentence each: its rerank pairs and prompt are shorter than the support corpus's,
+    and each pair is counted from the build's own documents (the protocol's requests fetch those)."""
+    support, support_counted = tool.request_tokens(model_source, 0, 4)
+    course, counted = tool.request_tokens(model_source, 0, 4, documents_dir=course_data.db_path.parent)
+    assert counted["documents"] == str(course_data.db_path.parent) and support_counted["documents"] == "support corpus"
+    assert all(title.startswith("Document ") for title in counted["rerank_documents"])
+    assert len(course.rerank) == 10 and max(course.rerank) < min(support.rerank)
+    assert course.prompt < support.prompt and course.query == support.query
+
+
+@pytest.mark.parametrize("make", [lambda tmp: tmp / "absent", lambda tmp: tmp])
+def test_cli_refuses_a_documents_folder_without_documents_before_measuring(tmp_path, capsys, make):
+    folder = make(tmp_path)
+    assert tool.main(["--documents", str(folder), "--out", str(tmp_path / "out")], env={**os.environ, **TEST_ENV}) == 2
+    assert f"--documents {folder}" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_cli_refuses_a_bad_measured_file_before_measuring(tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"embed": -1}))
