@@ -11,7 +11,7 @@ import profiling
 from profiling.lib import cli
 
 # The tools this test must cover; any other module in profiling/ with a parser() is checked too.
-TOOLS = ("bench_decode", "latency_breakdown", "loadgen", "microbench", "roofline", "select_variants", "soak")
+TOOLS = ("bench_decode", "latency_breakdown", "loadgen", "microbench", "roofline", "select_variants", "service_protocol", "soak")
 
 
 def tools_with_parsers() -> list[str]:
