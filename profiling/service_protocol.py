@@ -180,7 +180,7 @@ def main(argv: Sequence[str] | None = None, env: dict[str, str] | None = None) -
                 print(f"[{TOOL}] round {round_number}: PRECISION={precision}, {layout}", flush=True)
                 measured = measure(args, env, precision, layout, out / f"nodes-{round_number}-{precision}-{layout}")
                 results.append({"round": round_number, "precision": precision, "layout": str(layout), **measured})
-    columns = [("round", "<6"), ("precision", "<10"), ("layout", "<6"), ("idle ok", ">8"), ("idle p50 s", ">10.2f"),
+    columns = [("round", "<6"), ("precision", "<10"), ("layout", "<6"), ("idle ok", ">8"), ("idle p50 s", ">11.2f"),
                ("floor s", ">8.2f"), ("x floor", ">8.2f"), (f"c{args.concurrency} ok", ">7"), ("req/min", ">8.1f"),
                ("floor", ">7.1f"), ("of floor", ">9.2f")]
     print(text_table(columns, [row(r, found["floors"][r["precision"]][r["layout"]]) for r in results]))
