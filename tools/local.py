@@ -268,7 +268,8 @@ def pinned_env(env: Mapping[str, str], cores: int | None = None) -> dict[str, st
         pinned["STANDIN_HOME"] = str(settings.standin_dir)
     # Thread budget: the workers share this machine's cores (on separate
     # machines each node has its own and 0 = all of them is right), and an index
-    # node needs little: split the cores between the workers, one faiss thread.
+    # node needs little: split the cores between the workers, one faiss thread. Unsplit, two
+    # workers of two threads on two cores served a third as many requests (docs/performance.md, section 37).
     cores = thread_budget(0, cores)
     if settings.models.torch_threads == 0:
         pinned["TORCH_THREADS"] = str(max(1, cores // len(settings.cluster.workers)))
