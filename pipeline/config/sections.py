@@ -178,7 +178,7 @@ class IndexSettings:
     ef_search: int | None = f.var("INDEX_EF_SEARCH", p.optional(p.int_range(1, 65536)), "", "HNSW search breadth (efSearch) for an HNSW index; empty: what the manifest records")
     min_recall: float = f.var("INDEX_MIN_RECALL", p.float_range(0.0, 1.0), "0.95", "recall@10 floor a data build must meet against an exact search (builders.recall; --accept-low-recall writes it anyway)")
     faiss_mmap: bool = f.var("FAISS_MMAP", p.boolean, "true", "memory-map the index file instead of reading it into RAM")
-    faiss_threads: int = f.var("FAISS_THREADS", p.int_range(0, 1024), "0", "the index node's faiss OpenMP threads (its searches); 0 = the core count")
+    faiss_threads: int = f.var("FAISS_THREADS", p.int_range(0, 1024), "0", "faiss's OpenMP threads: an index node's searches, a worker's centroid routing; 0 = the core count")
 
 
 @dataclass(frozen=True)

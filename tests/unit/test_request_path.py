@@ -6,6 +6,7 @@ import copy
 import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 
+import faiss
 import numpy as np
 import pytest
 
@@ -48,6 +49,41 @@ def worker(support_data, embedder, reranker, generator, sentiment, toxicity):
     yield worker
     worker.close(timeout=30)
     documents.close()
+
+
+class ThreadCountingIndex(InProcessIndex):
+    """Notes faiss's OpenMP thread count on the thread each search runs on (the search stage's)."""
+
+    def __init__(self, index):
+        super().__init__(index)
+        self.threads: list[int] = []
+
+    def search(self, vectors, k, **context):
+        self.threads.append(faiss.omp_get_max_threads())
+        return super().search(vectors, k, **context)
+
+
+@pytest.mark.parametrize("faiss_threads", ["1", "3"])
+def test_the_search_stage_runs_faiss_at_faiss_threads_whatever_its_caller_set(
+        support_data, embedder, reranker, generator, sentiment, toxicity, faiss_threads):
+    """A centroid router's quantizer search runs on the search stage's thread, in faiss's own OpenMP runtime: its
+    thread count there is FAISS_THREADS', not the runtime's default for a new thread (the core count)."""
+    stages = Stages(embedder=embedder, reranker=reranker, generator=generator, sentiment=sentiment,
+                    toxicity=toxicity)
+    index = ThreadCountingIndex(VectorIndex.load(support_data.index_path, nprobe=64))
+    documents = VersionedData(support_data.db_path.parent, lambda directory, _: DocumentStore(directory / "documents"),
+                              DocumentStore.close)
+    documents.load_startup()
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(2)  # the caller's own count, unlike either case's
+    worker = Worker(worker_config(Settings.from_env({"FAISS_THREADS": faiss_threads})), stages, index, documents)
+    try:
+        answer(worker, AnswerRequest("faiss-threads", "How do I reset my password?", max_new_tokens=2))
+        assert index.threads and set(index.threads) == {int(faiss_threads)}
+    finally:
+        faiss.omp_set_num_threads(before)
+        worker.close(timeout=30)
+        documents.close()
 
 
 def test_a_reply_names_its_data_version_and_the_documents_it_was_given(worker, support_data, reference):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Mapping, Sequence
 
+import faiss
 import numpy as np
 
 from pipeline import spec
@@ -24,6 +25,7 @@ from pipeline.config import BatchConfig
 from pipeline.continuous import ContinuousEngine
 from pipeline.conversation import HISTORY_TOKENS, fit, retrieval_query
 from pipeline.cuda_streams import own_stream_starter
+from pipeline.device import thread_budget
 from pipeline.docstore import Document, DocumentStore
 from pipeline.generator import GenerationRequest
 from pipeline.openmp_workers import hand_back_openmp_workers
@@ -72,6 +74,16 @@ class WorkerConfig:
     embed_cache_size: int
     continuous: ContinuousConfig  # the generate stage's
     history_tokens: int = HISTORY_TOKENS  # MAX_HISTORY_TOKENS: a conversation's share of the prompt
+    faiss_threads: int = 0  # FAISS_THREADS: the search stage's (a centroid router's quantizer search); 0 = every core
+
+
+def _in_turn(*calls: Callable[[], None] | None) -> Callable[[], None]:
+    """One call that makes each of `calls` (None: nothing) in turn."""
+    def run() -> None:
+        for call in calls:
+            if call is not None:
+                call()
+    return run
 
 
 @dataclass(frozen=True)
@@ -117,6 +129,8 @@ class Worker:
         stages.warm_up(engine)  # before the generate service's thread owns the engine
         self.services: dict[Stage, StageService] = {}
         on_start = own_stream_starter(stages.generator.placement.device)  # every stage's thread, as on_idle
+        # faiss's wheel carries its own OpenMP runtime, whose thread count is per thread and not torch's.
+        faiss_threads = partial(faiss.omp_set_num_threads, thread_budget(config.faiss_threads))
         for stage in spec.WORKER_STAGES:
             if stage == Stage.GENERATE:
                 self.services[stage] = self._generation = ContinuousGenerationService(
@@ -125,7 +139,8 @@ class Worker:
             cfg = config.batching[stage]  # each batch tells its requests' stage spans its size and start (tracing on)
             self.services[stage] = BatchingService(
                 stage, stage_spans.noting_batches(batch_fns[stage]), max_size=cfg.max_batch, max_wait_ms=cfg.max_wait_ms,
-                max_queue=cfg.max_queue, upstream=self.upstream, on_idle=hand_back_openmp_workers, on_start=on_start)
+                max_queue=cfg.max_queue, upstream=self.upstream, on_idle=hand_back_openmp_workers,
+                on_start=_in_turn(on_start, faiss_threads) if stage == Stage.SEARCH else on_start)
 
     def _search_batch(self, items: list[PendingSearch]) -> list[list[int]]:
         # One HTTP call per index shard and data version in the batch, retried until its latest deadline.

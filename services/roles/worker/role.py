@@ -53,7 +53,7 @@ def worker_config(settings: Settings, device: str = "cpu") -> WorkerConfig:
     return WorkerConfig(batching={stage: settings.batching(stage, device) for stage in spec.WORKER_STAGES
                                   if stage != spec.Stage.GENERATE},
                         embed_cache_size=settings.embed.cache_size, continuous=continuous,
-                        history_tokens=settings.limits.max_history_tokens)
+                        history_tokens=settings.limits.max_history_tokens, faiss_threads=settings.index.faiss_threads)
 
 
 def versioned_documents(settings: Settings, embedder: EmbedderInfo) -> VersionedData[DocumentStore]:
