@@ -11,8 +11,10 @@ on 127.0.0.1 (caches off), one warm-up request, --idle-count requests one at a t
 --concurrency closed-loop clients; the queries are `profiling.lib.inputs.query_set`'s (none repeats within a phase).
 
 The floor is profiling.roofline's for the same request (the documents from --data's documents.db, the precision's
-stage variants, this CPU's peaks and read bandwidth measured first): one request alone on one worker's threads, and
---concurrency requests together on every thread the layout has. Each row prints the idle p50 over its floor (1 or
+stage variants, this CPU's peaks and read bandwidth measured first): one request alone on one worker's threads; and
+--concurrency requests spread over the workers as the gateway's round robin spreads them, each worker with its
+threads' peaks (scaled down where the layout's threads outnumber the cores) and its share of the read bandwidth of
+all of them (each worker streams its own copy of the weights). Each row prints the idle p50 over its floor (1 or
 more) and the requests a minute as a share of the floor's (1 or less). Writes service_protocol.json into --out
 (default: a fresh runs/service_protocol-<UTC time>/). Run it alone: the machine's spare cores are part of what it
 measures.
@@ -34,7 +36,7 @@ from profiling.lib import roofline as roof
 from profiling.lib.cli import add_out, comma_list, make_parser, positive
 from profiling.lib.inputs import query_set
 from profiling.lib.load import ClosedGroup, LoadTarget, run_closed
-from profiling.lib.machine_peaks import measure_machine
+from profiling.lib.machine_peaks import Machine, measure_machine
 from profiling.lib.provenance import local_record
 from profiling.lib.report import run_folder, run_stats, text_table, write_json
 from services.cluster.health_wait import wait_healthy
@@ -100,14 +102,28 @@ def floors(settings: Settings, args) -> dict[str, Any]:
     machines = {n: measure_machine(n, args.matmul_size, args.bandwidth_mib, rounds=5, warmup=1) for n in counts}
     plans = roofline.stage_plans()
 
-    def plan(precision: str, threads: int) -> roof.PlanFloor:
-        return roof.plan_floor(plan_name(precision), plans[plan_name(precision)], models, tokens,
-                               machines[min(threads, cores)], args.concurrency)
-    table = {precision: {str(layout): {"idle_s": plan(precision, layout.threads).idle_s,
-                                       "concurrent_rpm": plan(precision, layout.workers * layout.threads).concurrent_rpm}
-                         for layout in args.layouts} for precision in args.precisions}
+    def plan(precision: str, machine: Machine, requests: int) -> roof.PlanFloor:
+        return roof.plan_floor(plan_name(precision), plans[plan_name(precision)], models, tokens, machine, requests)
+
+    def layout_floor(precision: str, layout: Layout) -> dict[str, float]:
+        each = -(-args.concurrency // layout.workers)  # a worker's share of the clients, rounded up
+        busy = plan(precision, worker_share(machines, cores, layout), each)
+        return {"idle_s": plan(precision, machines[min(layout.threads, cores)], 1).idle_s,
+                "concurrent_rpm": busy.concurrent_rpm * args.concurrency / each}  # every worker busy alike
+    table = {precision: {str(layout): layout_floor(precision, layout) for layout in args.layouts}
+             for precision in args.precisions}
     return {"floors": table, "tokens": tokens, "counted": counted,
             "machines": {str(n): machine for n, machine in machines.items()}}
+
+
+def worker_share(machines: dict[int, Machine], cores: int, layout: Layout) -> Machine:
+    """One of the layout's workers while every one is busy: its threads' peaks, scaled down where the layout's
+    threads outnumber the cores, and its share of the read bandwidth at all their threads."""
+    own, shared = machines[min(layout.threads, cores)], machines[min(layout.workers * layout.threads, cores)]
+    scale = min(1.0, cores / (layout.workers * layout.threads))
+    return dataclasses.replace(own, peaks={k: v * scale for k, v in own.peaks.items()},
+                               read_bandwidth=shared.read_bandwidth / layout.workers,
+                               copy_bandwidth=shared.copy_bandwidth / layout.workers)
 
 
 @contextlib.contextmanager
