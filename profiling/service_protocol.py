@@ -10,14 +10,15 @@ workers on two cores; ``1x2`` one worker holding both cores, an index node besid
 on 127.0.0.1 (caches off), one warm-up request, --idle-count requests one at a time, then --count requests from
 --concurrency closed-loop clients; the queries are `profiling.lib.inputs.query_set`'s (none repeats within a phase).
 
-The floor is profiling.roofline's for the same request (the documents from --data's documents.db, the precision's
-stage variants, this CPU's peaks and read bandwidth measured first): one request alone on one worker's threads; and
---concurrency requests spread over the workers as the gateway's round robin spreads them, each worker with its
-threads' peaks (scaled down where the layout's threads outnumber the cores) and its share of the read bandwidth of
-all of them (each worker streams its own copy of the weights). Each row prints the idle p50 over its floor (1 or
-more) and the requests a minute as a share of the floor's (1 or less). Writes service_protocol.json into --out
-(default: a fresh runs/service_protocol-<UTC time>/). Run it alone: the machine's spare cores are part of what it
-measures.
+The floor is profiling.roofline's counts for the same request (the documents from --data's documents.db, the
+precision's stage variants, this CPU's peaks and read bandwidth measured first). An idle request's: its stages one
+after another (each its arithmetic or its bytes, whichever takes longer), on one worker's threads. --concurrency
+requests': every stage's arithmetic at the peaks of all the layout's threads (at most the cores) and every byte at
+their read bandwidth, each worker streaming its own copy of the weights, the two overlapped (while one worker's
+rerank computes, another's decode reads): the machine's bound, which no run passes at the bandwidth measured (a
+shared host's moves). Each row prints the idle p50 over its floor (1 or more) and the requests a minute as a share
+of the floor's (1 or less). Writes service_protocol.json into --out (default: a fresh runs/service_protocol-<UTC
+time>/). Run it alone: the machine's spare cores are part of what it measures.
 """
 from __future__ import annotations
 
@@ -90,8 +91,8 @@ def plan_name(precision: str) -> str:
 
 
 def floors(settings: Settings, args) -> dict[str, Any]:
-    """Per precision and layout: the idle request's floor (s) on a worker's threads and `concurrency` requests'
-    (requests a minute) on the layout's threads (at most the machine's cores), with the machine read at each count."""
+    """Per precision and layout: the idle request's floor (s) and `concurrency` requests' (requests a minute), as
+    the module's docstring says, with the machine read at each thread count they need."""
     from builders.standins import source_building_standins
     from profiling import roofline
     source = source_building_standins(settings)
@@ -106,24 +107,22 @@ def floors(settings: Settings, args) -> dict[str, Any]:
         return roof.plan_floor(plan_name(precision), plans[plan_name(precision)], models, tokens, machine, requests)
 
     def layout_floor(precision: str, layout: Layout) -> dict[str, float]:
-        each = -(-args.concurrency // layout.workers)  # a worker's share of the clients, rounded up
-        busy = plan(precision, worker_share(machines, cores, layout), each)
+        together = plan(precision, layout_machine(machines, cores, layout), args.concurrency).concurrent.values()
+        bound_s = max(sum(f.compute_s for f in together), sum(f.memory_s for f in together))
         return {"idle_s": plan(precision, machines[min(layout.threads, cores)], 1).idle_s,
-                "concurrent_rpm": busy.concurrent_rpm * args.concurrency / each}  # every worker busy alike
+                "concurrent_rpm": 60.0 * args.concurrency / bound_s}
     table = {precision: {str(layout): layout_floor(precision, layout) for layout in args.layouts}
              for precision in args.precisions}
     return {"floors": table, "tokens": tokens, "counted": counted,
             "machines": {str(n): machine for n, machine in machines.items()}}
 
 
-def worker_share(machines: dict[int, Machine], cores: int, layout: Layout) -> Machine:
-    """One of the layout's workers while every one is busy: its threads' peaks, scaled down where the layout's
-    threads outnumber the cores, and its share of the read bandwidth at all their threads."""
-    own, shared = machines[min(layout.threads, cores)], machines[min(layout.workers * layout.threads, cores)]
-    scale = min(1.0, cores / (layout.workers * layout.threads))
-    return dataclasses.replace(own, peaks={k: v * scale for k, v in own.peaks.items()},
-                               read_bandwidth=shared.read_bandwidth / layout.workers,
-                               copy_bandwidth=shared.copy_bandwidth / layout.workers)
+def layout_machine(machines: dict[int, Machine], cores: int, layout: Layout) -> Machine:
+    """This machine as the layout's workers use it together: the peaks of all their threads (at most the cores), and
+    the read bandwidth there divided among the copies of the weights they stream (one a worker)."""
+    machine = machines[min(layout.workers * layout.threads, cores)]
+    return dataclasses.replace(machine, read_bandwidth=machine.read_bandwidth / layout.workers,
+                               copy_bandwidth=machine.copy_bandwidth / layout.workers)
 
 
 @contextlib.contextmanager

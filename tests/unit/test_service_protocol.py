@@ -1,11 +1,11 @@
-"""profiling.service_protocol's floor for a layout of workers sharing this machine (no process is started: the
+"""profiling.service_protocol's machine for a layout of workers sharing it (no process is started: the
 cluster runs are tests/integration/test_service_protocol.py's)."""
 from __future__ import annotations
 
 import pytest
 
 from profiling.lib.machine_peaks import Machine
-from profiling.service_protocol import Layout, worker_share
+from profiling.service_protocol import Layout, layout_machine
 
 
 def machine(threads: int, peak: float, bandwidth: float) -> Machine:
@@ -16,15 +16,15 @@ MACHINES = {1: machine(1, 100.0, 30.0), 2: machine(2, 200.0, 40.0)}
 
 
 @pytest.mark.parametrize("layout, peak, bandwidth", [
-    (Layout(1, 2), 200.0, 40.0),  # one worker holds the machine
-    (Layout(2, 1), 100.0, 20.0),  # a core each, the two threads' bandwidth halved
-    (Layout(2, 2), 100.0, 20.0),  # four threads on two cores: each worker gets half of two threads' peaks
-    (Layout(1, 1), 100.0, 30.0),
+    (Layout(1, 2), 200.0, 40.0),  # one worker holds the machine: one copy of the weights
+    (Layout(2, 1), 200.0, 20.0),  # two workers: both cores' peaks, two copies through the two threads' bandwidth
+    (Layout(2, 2), 200.0, 20.0),  # four threads on two cores: still two cores' peaks
+    (Layout(1, 1), 100.0, 30.0),  # one worker on one core
 ])
-def test_a_busy_worker_has_its_threads_peaks_and_its_share_of_the_bandwidth(layout, peak, bandwidth):
-    share = worker_share(MACHINES, 2, layout)
-    assert share.peaks == {"float32": peak, "int8": 2 * peak}
-    assert share.read_bandwidth == bandwidth and share.copy_bandwidth == bandwidth / 2
+def test_the_layouts_machine_has_its_threads_peaks_and_a_copy_of_the_weights_a_worker(layout, peak, bandwidth):
+    machine = layout_machine(MACHINES, 2, layout)
+    assert machine.peaks == {"float32": peak, "int8": 2 * peak}
+    assert machine.read_bandwidth == bandwidth and machine.copy_bandwidth == bandwidth / 2
 
 
 @pytest.mark.parametrize("text, layout", [("2x1", Layout(2, 1)), ("1x16", Layout(1, 16))])
