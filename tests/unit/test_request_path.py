@@ -2,8 +2,10 @@
 in-process, and how it maps each stage's outcome."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import faiss
@@ -38,17 +40,29 @@ def collect(events) -> dict:
 
 
 @pytest.fixture
-def worker(support_data, embedder, reranker, generator, sentiment, toxicity):
-    stages = Stages(embedder=embedder, reranker=reranker, generator=generator, sentiment=sentiment,
-                    toxicity=toxicity)
-    index = InProcessIndex(VectorIndex.load(support_data.index_path, nprobe=64))
+def stages(embedder, reranker, generator, sentiment, toxicity) -> Stages:
+    return Stages(embedder=embedder, reranker=reranker, generator=generator, sentiment=sentiment, toxicity=toxicity)
+
+
+@contextlib.contextmanager
+def running_worker(support_data, stages: Stages, index, env: dict[str, str]) -> Iterator[Worker]:
+    """A worker at `env`'s settings over the support build's documents, `index` answering its searches."""
     documents = VersionedData(support_data.db_path.parent, lambda directory, _: DocumentStore(directory / "documents"),
                               DocumentStore.close)
     documents.load_startup()
-    worker = Worker(worker_config(Settings.from_env({})), stages, index, documents)
-    yield worker
-    worker.close(timeout=30)
-    documents.close()
+    worker = Worker(worker_config(Settings.from_env(env)), stages, index, documents)
+    try:
+        yield worker
+    finally:
+        worker.close(timeout=30)
+        documents.close()
+
+
+@pytest.fixture
+def worker(support_data, stages):
+    with running_worker(support_data, stages, InProcessIndex(VectorIndex.load(support_data.index_path, nprobe=64)),
+                        {}) as running:
+        yield running
 
 
 class ThreadCountingIndex(InProcessIndex):
@@ -64,26 +78,18 @@ class ThreadCountingIndex(InProcessIndex):
 
 
 @pytest.mark.parametrize("faiss_threads", ["1", "3"])
-def test_the_search_stage_runs_faiss_at_faiss_threads_whatever_its_caller_set(
-        support_data, embedder, reranker, generator, sentiment, toxicity, faiss_threads):
+def test_the_search_stage_runs_faiss_at_faiss_threads_whatever_its_caller_set(support_data, stages, faiss_threads):
     """A centroid router's quantizer search runs on the search stage's thread, in faiss's own OpenMP runtime: its
     thread count there is FAISS_THREADS', not the runtime's default for a new thread (the core count)."""
-    stages = Stages(embedder=embedder, reranker=reranker, generator=generator, sentiment=sentiment,
-                    toxicity=toxicity)
     index = ThreadCountingIndex(VectorIndex.load(support_data.index_path, nprobe=64))
-    documents = VersionedData(support_data.db_path.parent, lambda directory, _: DocumentStore(directory / "documents"),
-                              DocumentStore.close)
-    documents.load_startup()
     before = faiss.omp_get_max_threads()
     faiss.omp_set_num_threads(2)  # the caller's own count, unlike either case's
-    worker = Worker(worker_config(Settings.from_env({"FAISS_THREADS": faiss_threads})), stages, index, documents)
     try:
-        answer(worker, AnswerRequest("faiss-threads", "How do I reset my password?", max_new_tokens=2))
+        with running_worker(support_data, stages, index, {"FAISS_THREADS": faiss_threads}) as worker:
+            answer(worker, AnswerRequest("faiss-threads", "How do I reset my password?", max_new_tokens=2))
         assert index.threads and set(index.threads) == {int(faiss_threads)}
     finally:
         faiss.omp_set_num_threads(before)
-        worker.close(timeout=30)
-        documents.close()
 
 
 def test_a_reply_names_its_data_version_and_the_documents_it_was_given(worker, support_data, reference):
