@@ -33,7 +33,6 @@ from profiling.lib.prometheus import Node, scrape_nodes
 from profiling.lib.provenance import REPO_ROOT
 from profiling.lib.report import run_folder, run_stats
 from profiling.lib.revisions import checkout, write_compared
-from services.cluster.health_wait import wait_healthy
 
 TOOL = "overhead_floor"
 STARTUP_S = 300.0
@@ -76,12 +75,7 @@ def null_cluster(tree: Path, env: dict[str, str], log_dir: Path, log):
                                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{ports[0]}"
     try:
-        def launcher_alive() -> None:
-            if process.poll() is not None:
-                raise RuntimeError(f"the cluster exited with {process.returncode}: see {log.name} and {log_dir}")
-
-        health = wait_healthy(url, STARTUP_S, poll_s=0.5, check=launcher_alive,
-                              ready=lambda body: bool(body.get("workers")) and all(w.get("up") for w in body["workers"]))
+        health = local_cluster.wait_ready(url, process, STARTUP_S, f"{log.name} and {log_dir}")
         yield url, [Node(n, f"http://127.0.0.1:{p}") for n, p in enumerate(ports)], health
     finally:
         local_cluster.stop(process)

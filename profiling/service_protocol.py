@@ -40,7 +40,6 @@ from profiling.lib.load import ClosedGroup, LoadTarget, run_closed
 from profiling.lib.machine_peaks import Machine, measure_machine
 from profiling.lib.provenance import local_record
 from profiling.lib.report import run_folder, run_stats, text_table, write_json
-from services.cluster.health_wait import wait_healthy
 
 TOOL = "service_protocol"
 STARTUP_S = 600.0  # faithful stand-ins load in about half a minute a worker on two cores
@@ -134,11 +133,7 @@ def cluster(env: dict[str, str], layout: Layout, log_dir: Path) -> Iterator[str]
         process, ports = local_cluster.start(env, log_dir, log)
     url = f"http://127.0.0.1:{ports[0]}"
     try:
-        def launcher_alive() -> None:
-            if process.poll() is not None:
-                raise RuntimeError(f"the cluster exited with {process.returncode}: see {log_dir}")
-        wait_healthy(url, STARTUP_S, poll_s=0.5, check=launcher_alive,
-                     ready=lambda body: bool(body.get("workers")) and all(w.get("up") for w in body["workers"]))
+        local_cluster.wait_ready(url, process, STARTUP_S, str(log_dir))
         yield url
     finally:
         local_cluster.stop(process)

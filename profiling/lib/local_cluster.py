@@ -1,4 +1,4 @@
-"""A local cluster for the check tools: its ports, its start through the launcher's command line, its stop."""
+"""A local cluster for the check tools: its ports, its start through the launcher's command line, the wait for its workers, its stop."""
 from __future__ import annotations
 
 import os
@@ -30,6 +30,18 @@ def start(env: dict[str, str], log_dir: Path, log) -> tuple[subprocess.Popen, li
     nodes = subprocess.Popen([sys.executable, "-m", LAUNCHER, "--log-dir", str(log_dir)], cwd=ROOT, env=env,
                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return nodes, ports
+
+
+def wait_ready(url: str, process: subprocess.Popen, timeout_s: float, logs: str) -> dict:
+    """Node 0's /health body once it names its workers and every one is up; RuntimeError naming `logs` where the
+    launcher exits first (the wait's own error past `timeout_s`)."""
+    from services.cluster.health_wait import wait_healthy
+
+    def launcher_alive() -> None:
+        if process.poll() is not None:
+            raise RuntimeError(f"the cluster exited with {process.returncode}: see {logs}")
+    return wait_healthy(url, timeout_s, poll_s=0.5, check=launcher_alive,
+                        ready=lambda body: bool(body.get("workers")) and all(w.get("up") for w in body["workers"]))
 
 
 def stop(process: subprocess.Popen) -> None:
