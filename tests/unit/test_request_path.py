@@ -2,10 +2,8 @@
 in-process, and how it maps each stage's outcome."""
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import faiss
@@ -32,37 +30,12 @@ from services.server.answer_request import AnswerRequest
 from services.server.deadline import Deadline
 from services.server.stream_response import collect as collect_answer
 from tests.helpers import TEST_ENV, InProcessIndex, data_env
+from tests.support.running_worker import running_worker
 
 
 def collect(events) -> dict:
     """The final answer of a worker's stream, as JSON."""
     return collect_answer(events).wire()
-
-
-@pytest.fixture
-def stages(embedder, reranker, generator, sentiment, toxicity) -> Stages:
-    return Stages(embedder=embedder, reranker=reranker, generator=generator, sentiment=sentiment, toxicity=toxicity)
-
-
-@contextlib.contextmanager
-def running_worker(support_data, stages: Stages, index, env: dict[str, str]) -> Iterator[Worker]:
-    """A worker at `env`'s settings over the support build's documents, `index` answering its searches."""
-    documents = VersionedData(support_data.db_path.parent, lambda directory, _: DocumentStore(directory / "documents"),
-                              DocumentStore.close)
-    documents.load_startup()
-    worker = Worker(worker_config(Settings.from_env(env)), stages, index, documents)
-    try:
-        yield worker
-    finally:
-        worker.close(timeout=30)
-        documents.close()
-
-
-@pytest.fixture
-def worker(support_data, stages):
-    with running_worker(support_data, stages, InProcessIndex(VectorIndex.load(support_data.index_path, nprobe=64)),
-                        {}) as running:
-        yield running
 
 
 class ThreadCountingIndex(InProcessIndex):

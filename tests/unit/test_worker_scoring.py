@@ -13,7 +13,7 @@ from pipeline.spec import Stage
 from services.server.answer_request import AnswerRequest
 from services.server.deadline import Deadline
 from services.server.stream_response import collect as collect_answer
-from tests.unit.test_request_path import QUERY, worker  # noqa: F401 - the fixture
+from tests.unit.test_request_path import QUERY
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -23,7 +23,7 @@ def collect(events) -> dict:
     return collect_answer(events).wire()
 
 
-def test_rerank_gives_each_documents_score_in_the_documents_order_through_the_rerank_stage(worker, reranker):  # noqa: F811
+def test_rerank_gives_each_documents_score_in_the_documents_order_through_the_rerank_stage(worker, reranker):
     from services.roles.worker.stage_clock import collect_stage_times
     times = collect_stage_times()
     documents = ["Parcels to Canada take ten days.", "Refunds are issued within 5 business days.", "Reset it."]
@@ -32,7 +32,7 @@ def test_rerank_gives_each_documents_score_in_the_documents_order_through_the_re
     assert worker.stats()[Stage.RERANK].summary()["items"] >= 1 and "rerank" in times
 
 
-def test_moderate_gives_each_texts_label_scores_through_the_toxicity_stage(worker, toxicity):  # noqa: F811
+def test_moderate_gives_each_texts_label_scores_through_the_toxicity_stage(worker, toxicity):
     texts = ["Thanks, it arrived.", "word " * 300]
     scores = worker.moderate(texts, Deadline.after(60))
     expected = toxicity.label_scores(texts)
@@ -41,7 +41,7 @@ def test_moderate_gives_each_texts_label_scores_through_the_toxicity_stage(worke
     assert worker.stats()[Stage.TOXICITY].summary()["items"] >= 2
 
 
-def test_an_answers_log_probabilities_are_the_same_alone_and_among_7_others(worker):  # noqa: F811
+def test_an_answers_log_probabilities_are_the_same_alone_and_among_7_others(worker):
     asked = AnswerRequest("lp-alone", QUERY, max_new_tokens=12, logprobs=3)
     alone = collect(worker.answer(asked, Deadline.after(300)))
     plain = collect(worker.answer(AnswerRequest("lp-plain", QUERY, max_new_tokens=12), Deadline.after(300)))
@@ -57,7 +57,7 @@ def test_an_answers_log_probabilities_are_the_same_alone_and_among_7_others(work
     assert replies[0]["logprobs"] == content and replies[0]["generated_response"] == alone["generated_response"]
 
 
-def test_a_streamed_answers_pieces_carry_the_log_probabilities_of_their_own_tokens(worker):  # noqa: F811
+def test_a_streamed_answers_pieces_carry_the_log_probabilities_of_their_own_tokens(worker):
     from services.server.answer import AnswerPiece, FinalAnswer
     events = list(worker.answer(AnswerRequest("lp-pieces", QUERY, max_new_tokens=12, logprobs=2), Deadline.after(300)))
     *pieces, final = events
