@@ -13,7 +13,7 @@ Token choice follows the model's repetition penalty, exactly as transformers'
 RepetitionPenaltyLogitsProcessor, then is greedy or sampled per row
 (pipeline/continuous/sampling.py). The tokens each row has seen are the table's (slots, capacity)
 tensor aligned with its keys (past a row's length, its first token, which the penalty already
-counts), so the penalty is one batched gather/scatter.
+counts), so the penalty is one batched gather/scatter, or one C++ pass a row where every row is greedy.
 """
 from __future__ import annotations
 
@@ -40,8 +40,7 @@ class ModelRunner:
         self.torch = torch
         self.model = model
         self.device = device
-        self.repetition_penalty = float(repetition_penalty)
-        self.chooser = TokenChooser()
+        self.chooser = TokenChooser(float(repetition_penalty))
         self.table = SlotTable(rule, device)
         self.graphs = DecodeGraphs(self._forward) if device.startswith("cuda") else None
         # On the CPU a Qwen2 decoder's decode step skips transformers' per-layer glue (same bits).
@@ -86,14 +85,8 @@ class ModelRunner:
 
     def _choose(self, logits, seen, rows: Sequence[Any] = ()) -> list[int]:
         """Each row's token (greedy or as rows[i] samples) after the repetition penalty over `seen` (rows, k)
-        token ids, repeats allowed: RepetitionPenaltyLogitsProcessor's gather/where/scatter, for all rows at once."""
-        torch = self.torch
-        logits = logits.float()
-        if self.repetition_penalty != 1.0:
-            score = logits.gather(1, seen)
-            score = torch.where(score < 0, score * self.repetition_penalty, score / self.repetition_penalty)
-            logits.scatter_(1, seen, score)
-        return self.chooser.choose(logits, rows)
+        token ids, repeats allowed."""
+        return self.chooser.choose(logits, seen, rows)
 
     def prefill_chunk(self, seq: SequenceState, start: int, end: int) -> int | None:
         """Write prompt tokens [start, end) of one sequence into its slot; the first new token when the

@@ -1,4 +1,10 @@
-"""The runner's token choice per row: greedy, or sampled from the row's own random stream.
+"""The runner's token choice per row: the model's repetition penalty, then greedy, or sampled from the row's own
+random stream.
+
+The penalty is transformers' RepetitionPenaltyLogitsProcessor over each row's seen tokens (gather, penalize,
+scatter on a float copy, all rows at once). Where every row is greedy without log probabilities, the logits are
+on the CPU and pipeline.kernels.greedy_choice is built, one C++ pass a row does the penalty and the argmax
+instead, the same tokens without the float copy.
 
 A sampled row (temperature > 0) scales its logits by 1/temperature, keeps its top_k and then its
 top_p nucleus, and draws with torch.multinomial from a torch.Generator of its sequence's own (held in its slot),
@@ -52,16 +58,44 @@ def first_argmax(logits):
     return logits.gather(1, columns).argmax(dim=-1).add_(first)
 
 
+def penalized(logits, seen, penalty: float):
+    """Float logits (rows, vocab) after transformers' RepetitionPenaltyLogitsProcessor over each row's `seen`
+    (rows, k) token ids, repeats allowed, all rows at once: gather, where, scatter. On a float copy, or in place
+    where the logits are float32 already (the runner's own)."""
+    import torch
+    scores = logits.float()
+    if penalty != 1.0:
+        score = scores.gather(1, seen)
+        score = torch.where(score < 0, score * penalty, score / penalty)
+        scores.scatter_(1, seen, score)
+    return scores
+
+
+def plain_greedy(row: Any) -> bool:
+    """Whether a row (a SlotRow) takes its largest logit and asks for nothing else."""
+    sampling: Sampling | None = row.sampling
+    return sampling is None or (sampling.greedy and sampling.logprobs is None)
+
+
 class TokenChooser:
     """Stateless: each row's sampling and random stream live in its slot (pipeline.continuous.slots.SlotRow)."""
 
-    def __init__(self):
+    def __init__(self, repetition_penalty: float = 1.0):
         import torch
-        self.torch = torch
 
-    def choose(self, logits, rows: Sequence[Any]) -> list[int]:
-        """One token per row of float logits (rows, vocab), row i chosen as rows[i] (a SlotRow: its
-        `sampling` and `stream`) says; rows past len(rows) are greedy."""
+        from pipeline.kernels.greedy_choice import EXTENSION
+        self.torch, self.greedy_choice = torch, EXTENSION
+        self.repetition_penalty = float(repetition_penalty)
+
+    def choose(self, logits, seen, rows: Sequence[Any]) -> list[int]:
+        """One token per row of logits (rows, vocab) after the repetition penalty over `seen` (rows, k) token
+        ids (repeats allowed), row i chosen as rows[i] (a SlotRow: its `sampling` and `stream`) says; rows past
+        len(rows) are greedy."""
+        if (logits.is_cpu and logits.dtype in (self.torch.float32, self.torch.bfloat16) and logits.stride(-1) == 1
+                and all(plain_greedy(row) for row in rows)
+                and (greedy_tokens := self.greedy_choice.registered("greedy_tokens")) is not None):
+            return greedy_tokens(logits, seen, self.repetition_penalty).tolist()
+        logits = penalized(logits, seen, self.repetition_penalty)
         tokens = first_argmax(logits).tolist()
         for i, row in enumerate(rows):
             sampling: Sampling | None = row.sampling

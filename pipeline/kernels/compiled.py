@@ -25,7 +25,8 @@ from typing import Any
 # The extensions' modules, each defining EXTENSION: what `python -m pipeline.kernels.compiled` builds.
 EXTENSIONS = ("pipeline.kernels.fused_int8", "pipeline.kernels.ordered_attention", "pipeline.kernels.vnni_int8",
               "pipeline.kernels.avx2_int8", "pipeline.kernels.decode_glue", "pipeline.kernels.vnni_int4",
-              "pipeline.kernels.avx2_int4", "pipeline.kernels.avx512_bf16", "pipeline.kernels.decode_layers")
+              "pipeline.kernels.avx2_int4", "pipeline.kernels.avx512_bf16", "pipeline.kernels.decode_layers",
+              "pipeline.kernels.greedy_choice")
 
 
 class CompiledExtension:

@@ -12,6 +12,8 @@ on one loaded model (profiling/bench_decode.py's `--baselines`).
   pipeline/kernels/decode_glue.py's calls (the same bits);
 * ``python-layers``: the CPU decode step's layers looped in Python, not pipeline/kernels/decode_layers.py's
   one call (the same ops: the same bits);
+* ``torch-token-choice``: a greedy row's repetition penalty and argmax as torch ops on a float copy of the logits,
+  not pipeline/kernels/greedy_choice.py's one pass (the same tokens);
 * ``small-pages``: every weight of 2 MB and more (packed ones included) in a copy in torch's own allocation (4 KB
   pages), not pipeline/kernels/huge_pages.py's 2 MB ones (the same bits). The copies are made at the first switch
   and kept for the next.
@@ -24,7 +26,7 @@ from collections.abc import Iterator
 
 # name -> whether it gives the current kernels' bits
 BASELINES = {"fbgemm-int8": True, "unfused-int8": True, "avx2-kernels": True, "chunked-attention": False,
-             "torch-glue": True, "python-layers": True, "small-pages": True}
+             "torch-glue": True, "python-layers": True, "torch-token-choice": True, "small-pages": True}
 # model -> [(a weight, its own data, its copy in 4 KB pages)], for "small-pages"
 _SMALL_PAGE_COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -51,6 +53,7 @@ def running(model, baseline: str | None) -> Iterator[None]:
     current ones); the current ones are back after, an exception included."""
     from pipeline.kernels.decode_glue import EXTENSION as GLUE
     from pipeline.kernels.decode_layers import EXTENSION as LAYERS
+    from pipeline.kernels.greedy_choice import EXTENSION as GREEDY
     from pipeline.kernels.int4 import Int4DynamicLinear
     from pipeline.kernels.int8 import Int8DynamicLinear
     from pipeline.kernels.ordered_attention import EXTENSION
@@ -60,7 +63,7 @@ def running(model, baseline: str | None) -> Iterator[None]:
     kernels, fused = [m.kernel for m in int8], [m.fused for m in int8]
     int4 = [] if model is None else [m for m in model.modules() if isinstance(m, Int4DynamicLinear)]
     int4_kernels = [m.kernel for m in int4]
-    built, glue, layers = EXTENSION.ops, GLUE.ops, LAYERS.ops
+    built, glue, layers, greedy = EXTENSION.ops, GLUE.ops, LAYERS.ops, GREEDY.ops
     weights = _small_page_copies(model) if baseline == "small-pages" and model is not None else []
     try:
         if baseline in ("fbgemm-int8", "unfused-int8"):
@@ -78,6 +81,8 @@ def running(model, baseline: str | None) -> Iterator[None]:
             GLUE.ops = lambda: None  # the decode step asks it at every step
         elif baseline == "python-layers":
             LAYERS.ops = lambda: None  # the decode step asks it at every step
+        elif baseline == "torch-token-choice":
+            GREEDY.ops = lambda: None  # the token chooser asks it at every choice
         for tensor, _, copy in weights:
             tensor.data = copy  # the same tensor (the decode layers hold it) over other memory
         yield
@@ -87,6 +92,6 @@ def running(model, baseline: str | None) -> Iterator[None]:
             module.fused = was
         for module, kernel in zip(int4, int4_kernels):
             module.use_kernel(kernel)
-        EXTENSION.ops, GLUE.ops, LAYERS.ops = built, glue, layers
+        EXTENSION.ops, GLUE.ops, LAYERS.ops, GREEDY.ops = built, glue, layers, greedy
         for tensor, own, _ in weights:
             tensor.data = own

@@ -225,7 +225,7 @@ def test_a_switch_interrupted_by_killed_nodes_leaves_each_request_on_one_version
         wait_until(lambda: load.count(since=switched) >= 2 * CLIENTS, 400, "replies after the switch")
     answered = [reply for reply in load.replies if reply.status == 200]
     # The killed worker's requests in flight are computed again on node 0 or refused with a clear 503.
-    assert all(reply.status == 503 for reply in load.replies if reply.status != 200), load.replies
+    assert [reply for reply in load.replies if reply.status not in (200, 503)] == []
     counts = check_replies(answered, expected, {"v2", "v3"})
     assert counts.get("v3"), counts
     assert {reply.body["data_version"] for reply in answered if reply.started >= switched} == {"v3"}

@@ -115,6 +115,12 @@ def test_a_baseline_switches_its_kernels_within_and_restores_them_after_an_error
         assert LAYERS.ops() is None and GLUE.ops() is glue  # the decode step loops its layers in Python
         raise KeyError("a failing step")
     assert LAYERS.ops() is layers
+    from pipeline.kernels.greedy_choice import EXTENSION as GREEDY
+    greedy = GREEDY.ops()
+    with pytest.raises(KeyError), running(model, "torch-token-choice"):
+        assert GREEDY.ops() is None and LAYERS.ops() is layers  # the chooser runs the torch ops
+        raise KeyError("a failing step")
+    assert GREEDY.ops() is greedy
     with pytest.raises(ValueError, match="unknown baseline"), running(model, "fast-attention"):
         pass
 

@@ -1,15 +1,27 @@
 """pipeline/continuous/runner.py: the batched repetition penalty is the reference processor's, row by row."""
 from __future__ import annotations
 
+import pytest
+
 from pipeline.continuous.slots import SlotRule
 from pipeline.kernels.chunked_attention import CHUNK
+from tests.support.extensions import built_ops
 
 
-def test_batched_repetition_penalty_equals_the_reference_processor_per_row():
+@pytest.mark.parametrize("kernel", [True, False], ids=["greedy-kernel", "torch-ops"])
+def test_batched_repetition_penalty_equals_the_reference_processor_per_row(kernel, monkeypatch):
+    """The scores bit for bit (the torch ops the sampled rows take), and every greedy row's token, through
+    pipeline.kernels.greedy_choice where built and through the torch ops."""
     import torch
     from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
     from pipeline.continuous.runner import ModelRunner
+    from pipeline.continuous.sampling import penalized
+    from pipeline.kernels.greedy_choice import EXTENSION
+    if kernel:
+        built_ops(EXTENSION, "no AVX2: every row takes the torch ops on this CPU")
+    else:
+        monkeypatch.setattr(EXTENSION, "ops", lambda: None)
     runner = ModelRunner(None, SlotRule(1, CHUNK, CHUNK), repetition_penalty=1.1)
     processor = RepetitionPenaltyLogitsProcessor(1.1)
     gen = torch.Generator().manual_seed(0)
@@ -20,9 +32,10 @@ def test_batched_repetition_penalty_equals_the_reference_processor_per_row():
     seen = torch.tensor([row + [row[0]] * (width - len(row)) for row in rows])
     expected = [int(processor(torch.tensor([row]), logits[i:i + 1].clone()).argmax()) for i, row in enumerate(rows)]
     scores = torch.cat([processor(torch.tensor([row]), logits[i:i + 1].clone()) for i, row in enumerate(rows)])
-    penalised = logits.clone()
-    assert runner._choose(penalised, seen) == expected
-    assert torch.equal(penalised, scores)  # the same scores, bit for bit, not only the same argmax
+    assert runner._choose(logits.clone(), seen) == expected
+    assert runner._choose(logits.bfloat16(), seen) == [int(processor(torch.tensor([row]), logits[i:i + 1].bfloat16()
+                                                                     .float()).argmax()) for i, row in enumerate(rows)]
+    assert torch.equal(penalized(logits.clone(), seen, 1.1), scores)  # the same scores, bit for bit
 
 
 def test_a_sequence_cancelled_outside_inference_mode_leaves_its_slot_and_the_others_answer_as_alone(
