@@ -142,6 +142,8 @@ def build_all(modules: tuple[str, ...] = EXTENSIONS) -> list[str]:
     pending = [name for name, done in said.items() if done is None]
     with ThreadPoolExecutor(max_workers=max(1, min(len(pending), os.cpu_count() or 1))) as pool:
         finished = dict(zip(pending, pool.map(build, pending)))
+    for name in pending:  # asked above, before they were built: the None cached then is stale now
+        importlib.import_module(name).EXTENSION.ops.cache_clear()
     failed = [f"{name}: {run.stderr.strip()[-2000:]}" for name, run in finished.items() if run.returncode]
     if failed:
         raise RuntimeError("C++ extensions failed to build:\n" + "\n".join(failed))
