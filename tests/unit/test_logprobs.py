@@ -13,7 +13,7 @@ from pipeline.continuous.sampling import TokenLogprob
 from pipeline.generator import GenerationRequest
 from pipeline.sampling_params import Sampling, SamplingError
 from tests.helpers import run_joining
-from tests.unit.test_sampling import DOCS, NEW, QUERIES, engine, variant_engine  # noqa: F401 - fixtures
+from tests.unit.test_sampling import DOCS, NEW, QUERIES
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -22,12 +22,12 @@ def ask(i: int, sampling: Sampling | None, new: int = NEW) -> GenerationRequest:
     return GenerationRequest(QUERIES[i % len(QUERIES)], DOCS[: i % 3], new, sampling=sampling)
 
 
-def records(engine, requests: list[GenerationRequest], join_every: int = 1) -> list[tuple[list[int], list]]:  # noqa: F811
+def records(engine, requests: list[GenerationRequest], join_every: int = 1) -> list[tuple[list[int], list]]:
     seqs = run_joining(engine, requests, join_every)
     return [(seq.generated, seq.logprobs) for seq in seqs]
 
 
-def test_a_requests_log_probabilities_are_the_same_alone_and_among_8_bit_for_bit(variant_engine):  # noqa: F811
+def test_a_requests_log_probabilities_are_the_same_alone_and_among_8_bit_for_bit(variant_engine):
     greedy, sampled = ask(1, Sampling(logprobs=5)), ask(2, Sampling(0.8, seed=3, logprobs=2))
     mates = [ask(i, None if i % 3 == 0 else Sampling(0.3 + i / 10, 0.9, 40, seed=100 + i,
                                                      logprobs=None if i % 2 else i),
@@ -38,7 +38,7 @@ def test_a_requests_log_probabilities_are_the_same_alone_and_among_8_bit_for_bit
     assert [len(lp) for lp in (greedy_alone[1], sampled_alone[1])] == [len(greedy_alone[0]), len(sampled_alone[0])]
 
 
-def test_each_record_is_its_tokens_and_asking_changes_no_token(engine):  # noqa: F811
+def test_each_record_is_its_tokens_and_asking_changes_no_token(engine):
     [(plain, none)], [(tokens, logprobs)] = records(engine, [ask(0, None)]), records(engine, [ask(0, Sampling(logprobs=4))])
     assert none is None and tokens == plain and len(logprobs) == len(tokens)
     for token, record in zip(tokens, logprobs):

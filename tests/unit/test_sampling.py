@@ -11,11 +11,8 @@ import pytest
 from pipeline.continuous import ContinuousEngine
 from pipeline.continuous.output import Finish
 from pipeline.continuous.sampling import first_argmax
-from pipeline.cpu_features import cpu_supports_bf16
-from pipeline.device import Placement
 from pipeline.docstore import Document
-from pipeline.generator import GenerationRequest, Generator
-from pipeline.precision_policy import LOAD_DTYPE
+from pipeline.generator import GenerationRequest
 from pipeline.sampling_params import Sampling, SamplingError
 from pipeline.stop_strings import StopStringFilter, first_stop
 from tests.helpers import run_joining
@@ -63,22 +60,7 @@ def test_stop_filter_releases_a_held_tail_that_never_became_a_stop_string():
 
 
 # ----------------------------------------------------------------------------- engine, every precision
-# Kept cheap: one engine per precision for all its cases, short prompts, NEW tokens per answer.
-
-BF16_CPU = pytest.mark.skipif(not cpu_supports_bf16(), reason="this CPU has no avx512_bf16 or AMX: bfloat16 is "
-                                                              "emulated here, and oneDNN refuses its packed products")
-
-
-@pytest.fixture(scope="module", params=("float32", pytest.param("bfloat16", marks=BF16_CPU), "int8-dynamic",
-                                        "int8-weight"))
-def variant_engine(request, model_source):
-    generator = Generator.load(model_source, Placement("cpu", LOAD_DTYPE[request.param], request.param))
-    return ContinuousEngine(generator, max_batch=8, kv_cache_tokens=8192, prefill_chunk=64)
-
-
-@pytest.fixture(scope="module")
-def engine(generator):
-    return ContinuousEngine(generator, max_batch=8, kv_cache_tokens=8192, prefill_chunk=64)
+# Kept cheap: one engine per precision for all its cases (tests/unit/conftest.py), short prompts, NEW tokens per answer.
 
 
 def run(engine: ContinuousEngine, requests: list[GenerationRequest], join_every: int = 1) -> list[list[int]]:
