@@ -1,5 +1,6 @@
 """The house's shape, checked: no import circle anywhere in the project, each floor of services/
-imports only the floors below it (docs/architecture.md draws them), and no module is over 350 lines.
+imports only the floors below it (docs/architecture.md draws them), no module is over 350 lines, and no test
+module imports a fixture from another.
 
 Every import statement counts: a lazy one inside a function, and one under `if TYPE_CHECKING:` that
 names types only. A circle that closes only at run time, or only for the type checker, is still a
@@ -179,3 +180,39 @@ def long_modules() -> dict[str, int]:
 
 def test_no_module_is_over_350_lines():
     assert long_modules() == {}
+
+
+def _fixtures(tree: ast.Module) -> set[str]:
+    """The names of a module's top-level functions decorated as pytest fixtures."""
+    def is_fixture(decorator: ast.expr) -> bool:
+        target = decorator.func if isinstance(decorator, ast.Call) else decorator
+        return isinstance(target, ast.Attribute) and target.attr == "fixture"
+    return {node.name for node in tree.body
+            if isinstance(node, ast.FunctionDef) and any(map(is_fixture, node.decorator_list))}
+
+
+def fixtures_imported_from_test_modules(root: Path) -> list[str]:
+    """`module: name` for every fixture a test module imports from another test module (under root/tests): such a
+    fixture comes without the fixtures it asks for, which the importing module then lacks (a conftest.py shares
+    fixtures instead)."""
+    found = []
+    for path in sorted((root / "tests").rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.rsplit(".", 1)[-1].startswith("test_"):
+                source = root / (node.module.replace(".", "/") + ".py")
+                if source.is_file():
+                    fixtures = _fixtures(ast.parse(source.read_text()))
+                    found += [f"{path.relative_to(root)}: {a.name}" for a in node.names if a.name in fixtures]
+    return found
+
+
+def test_no_test_module_imports_a_fixture_from_another():
+    assert fixtures_imported_from_test_modules(ROOT) == []
+
+
+def test_a_fixture_imported_from_a_test_module_is_found(tmp_path):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_a.py").write_text("import pytest\n\n@pytest.fixture\ndef made():\n    return 1\n\n"
+                                                   "def helper():\n    return 2\n")
+    (tmp_path / "tests" / "test_b.py").write_text("from tests.test_a import helper, made\n")
+    assert fixtures_imported_from_test_modules(tmp_path) == ["tests/test_b.py: made"]
