@@ -90,25 +90,13 @@ def test_build_all_compiles_side_by_side_and_names_the_extension_that_failed(tmp
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))  # the build processes inherit it
     tiny, broken = "tests.support.tiny_extension", "tests.support.broken_extension"
     extension = importlib.import_module(tiny).EXTENSION
+    extension.ops.cache_clear()
+    assert extension.ops() is None  # what build_all asks first, cached
     with pytest.raises(RuntimeError, match=r"(?s)tests\.support\.broken_extension: .*not_declared_anywhere") as failed:
         compiled.build_all((tiny, broken))
     assert tiny + ":" not in str(failed.value)
     assert extension._library(extension.build_directory()) is not None  # built, though the other failed
+    assert extension.ops() is not None  # and loaded in this process, where the build processes built it
     _compiler_refused(monkeypatch)  # and found built in this process, with no compiler
     assert compiled.build_all((tiny,)) == [f"{extension.name} is built in {extension.build_directory()}"]
 
-
-@pytest.mark.slow  # compiles a small extension in a process of its own
-def test_what_build_all_compiles_loads_in_the_process_that_asked(tmp_path, monkeypatch):
-    """build_all asks each extension whether it is built (a load, None here, cached) before the side processes
-    compile it: afterwards this process loads what they built (a test run in one process builds, then tests)."""
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    tiny = "tests.support.tiny_extension"
-    extension = importlib.import_module(tiny).EXTENSION
-    extension.ops.cache_clear()
-    try:
-        assert extension.ops() is None
-        compiled.build_all((tiny,))
-        assert extension.ops() is not None
-    finally:
-        extension.ops.cache_clear()
