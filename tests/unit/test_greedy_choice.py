@@ -4,7 +4,7 @@ among other rows; and the token chooser takes it only for rows that are plain gr
 import pytest
 import torch
 
-from pipeline.continuous.sampling import TokenChooser
+from pipeline.continuous.sampling import TokenChooser, penalized
 from pipeline.kernels import greedy_choice
 from pipeline.sampling_params import Sampling
 from tests.support.extensions import built_ops
@@ -19,13 +19,9 @@ def greedy_tokens():
 
 
 def torch_tokens(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> list[int]:
-    """RepetitionPenaltyLogitsProcessor's ops on a float copy, then torch's own argmax."""
-    scores = logits.to(torch.float32, copy=True)
-    if penalty != 1.0:
-        score = scores.gather(1, seen)
-        score = torch.where(score < 0, score * penalty, score / penalty)
-        scores.scatter_(1, seen, score)
-    return scores.argmax(dim=-1).tolist()
+    """The torch ops' penalty (test_runner checks it against transformers' processor) on a float copy, then torch's
+    own argmax."""
+    return penalized(logits.to(torch.float32, copy=True), seen, penalty).argmax(dim=-1).tolist()
 
 
 def random_case(rows: int, vocab: int, width: int, dtype, seed: int):

@@ -14,7 +14,6 @@ from pipeline import spec
 from pipeline.config import Settings
 from pipeline.conversation import TURN_FRAME_TOKENS, Conversation, Turn, fit
 from pipeline.cpu_features import cpu_supports_bf16
-from pipeline.docstore import DocumentStore
 from pipeline.generator import GenerationRequest
 from pipeline.precision_policy import LOAD_DTYPE
 from pipeline.reference import ReferencePipeline
@@ -22,9 +21,7 @@ from pipeline.reranker import RerankRequest
 from pipeline.spec import Stage
 from pipeline.stages import Stages
 from pipeline.vector_index import VectorIndex
-from services.roles.versioned_data import VersionedData
 from services.roles.worker.request_path import Worker
-from services.roles.worker.role import worker_config
 from services.server.answer import AnswerPiece, FinalAnswer
 from services.server.answer_request import AnswerRequest
 from services.server.deadline import Deadline
@@ -178,8 +175,7 @@ def test_a_stop_string_completed_by_the_last_allowed_token_finishes_with_stop(wo
     assert reference.completion(QUERY, cap, (stop,)).finish_reason == "stop"
 
 
-def test_eos_on_the_last_allowed_token_finishes_with_stop(reference, generator, support_data, embedder, reranker,
-                                                         sentiment, toxicity):
+def test_eos_on_the_last_allowed_token_finishes_with_stop(reference, generator, support_data, stages):
     documents, ids = greedy_ids(reference, generator, QUERY, 16)
     at = next(i for i in range(3, len(ids)) if ids[i] not in ids[:i])  # its first time: the answer ends there
     ending = copy.copy(generator)  # the same model, whose end-of-sequence tokens include ids[at]
@@ -187,22 +183,13 @@ def test_eos_on_the_last_allowed_token_finishes_with_stop(reference, generator, 
     ending.generation_config.eos_token_id = [*generator.eos_ids, ids[at]]
     expected = ending.completions([GenerationRequest(QUERY, documents, at + 1)])  # the oracle, same rule
     assert expected[0].finish_reason == "stop"
-    stages = Stages(embedder=embedder, reranker=reranker, generator=ending, sentiment=sentiment,
-                    toxicity=toxicity)
-    documents = VersionedData(support_data.db_path.parent, lambda directory, _: DocumentStore(directory / "documents"),
-                              DocumentStore.close)
-    documents.load_startup()
-    eos_worker = Worker(worker_config(Settings.from_env({})), stages,
-                        InProcessIndex(VectorIndex.load(support_data.index_path, nprobe=64)), documents)
-    try:
+    index = InProcessIndex(VectorIndex.load(support_data.index_path, nprobe=64))
+    with running_worker(support_data, dataclasses.replace(stages, generator=ending), index, {}) as eos_worker:
         pieces, reply = answer(eos_worker, AnswerRequest("last-eos", QUERY, max_new_tokens=at + 1))
         assert pieces == reply["generated_response"] == ending.completion(ids[:at + 1]).text
         assert reply["finish_reason"] == "stop" and reply["usage"]["completion_tokens"] == at + 1
         _, capped = answer(eos_worker, AnswerRequest("cap-eos", QUERY, max_new_tokens=at))
         assert capped["finish_reason"] == "length" and capped["usage"]["completion_tokens"] == at
-    finally:
-        eos_worker.close(timeout=30)
-        documents.close()
 
 
 # A support conversation whose last turn is a short follow-up (retrieval reads the turn before it too).
@@ -239,28 +226,20 @@ def test_a_conversation_is_answered_alone_and_among_others_as_the_reference_answ
     assert "history_turns_dropped" not in replies[4]
 
 
-def test_the_oldest_turns_beyond_the_budget_are_dropped_as_the_reference_drops_them(
-        reference, support_data, embedder, reranker, generator, sentiment, toxicity):
+def test_the_oldest_turns_beyond_the_budget_are_dropped_as_the_reference_drops_them(reference, support_data, generator,
+                                                                                    stages):
     budget = sum(generator.count_tokens(t.content) + TURN_FRAME_TOKENS for t in CONVERSATION.history[2:]) + \
         generator.count_tokens(CONVERSATION.instructions or "")
     fitted = fit(CONVERSATION, generator.count_tokens, budget)
     assert fitted.dropped == 2 and fitted.conversation.history == CONVERSATION.history[2:]
-    stages = Stages(embedder=embedder, reranker=reranker, generator=generator, sentiment=sentiment, toxicity=toxicity)
-    documents = VersionedData(support_data.db_path.parent, lambda directory, _: DocumentStore(directory / "documents"),
-                              DocumentStore.close)
-    documents.load_startup()
-    config = dataclasses.replace(worker_config(Settings.from_env({})), history_tokens=budget)
-    small = Worker(config, stages, InProcessIndex(VectorIndex.load(support_data.index_path, nprobe=64)), documents)
-    try:
+    index = InProcessIndex(VectorIndex.load(support_data.index_path, nprobe=64))
+    with running_worker(support_data, stages, index, {"MAX_HISTORY_TOKENS": str(budget)}) as small:
         reply = collect(small.answer(conversation_request("conv-budget"), Deadline.after(300)))
         expected = dataclasses.replace(reference, history_tokens=budget).answer(FOLLOW_UP, "conv-budget", CONVERSATION)
         assert {k: reply[k] for k in expected} == expected and reply["history_turns_dropped"] == 2
         kept = collect(small.answer(conversation_request("conv-kept", fitted.conversation), Deadline.after(300)))
         assert kept["generated_response"] == reply["generated_response"] and kept["usage"] == reply["usage"]
         assert kept["history_turns_dropped"] == 0
-    finally:
-        small.close(timeout=30)
-        documents.close()
 
 
 def test_the_concurrency_gauge_counts_a_request_from_its_arrival_to_its_answers_end(worker):
@@ -306,29 +285,26 @@ def test_a_worker_at_a_precision_answers_requests_together_as_the_reference_at_i
     engine (padded, chunked KV cache, sequences joining and leaving) answers token for token as one
     request alone. On one torch thread, as the nodes run (TORCH_THREADS=1)."""
     import torch
-    settings = Settings.from_env({**TEST_ENV, **data_env(support_data), "RERANK_MAX_WAIT_MS": "20", **env})
+    node_env = {**TEST_ENV, **data_env(support_data), "RERANK_MAX_WAIT_MS": "20", **env}
+    settings = Settings.from_env(node_env)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    documents = VersionedData(support_data.db_path.parent, lambda directory, _: DocumentStore(directory / "documents"),
-                              DocumentStore.close)
-    documents.load_startup()
-    worker = Worker(worker_config(settings), Stages.load(settings, model_source),  # as a node loads them
-                    InProcessIndex(VectorIndex.load(support_data.index_path, nprobe=settings.index.nprobe)), documents)
+    index = InProcessIndex(VectorIndex.load(support_data.index_path, nprobe=settings.index.nprobe))
     try:
-        assert worker.stages.devices() == {stage: f"cpu/{device}" for stage in spec.MODEL_STAGES}  # its /health
-        reference = ReferencePipeline.from_settings(settings, model_source)
-        assert {(model.placement.precision, model.placement.dtype) for model in (reference.embedder,
-                reference.generator)} == {(device, LOAD_DTYPE[device])}
-        asked = list(enumerate(spec.REFERENCE_QUERIES[:queries]))
-        with ThreadPoolExecutor(len(asked)) as pool:
-            replies = list(pool.map(lambda iq: collect(worker.answer(AnswerRequest(f"{device}-{iq[0]}", iq[1]),
-                                                                     Deadline.after(300))), asked))
-        for (i, query), reply in zip(asked, replies):
-            expected = reference.answer(query, f"{device}-{i}")
-            assert {k: reply[k] for k in expected} == expected, f"query {query!r} differs from the reference"
+        stages = Stages.load(settings, model_source)  # as a node loads them
+        with running_worker(support_data, stages, index, node_env) as worker:
+            assert worker.stages.devices() == {stage: f"cpu/{device}" for stage in spec.MODEL_STAGES}  # its /health
+            reference = ReferencePipeline.from_settings(settings, model_source)
+            assert {(model.placement.precision, model.placement.dtype) for model in (reference.embedder,
+                    reference.generator)} == {(device, LOAD_DTYPE[device])}
+            asked = list(enumerate(spec.REFERENCE_QUERIES[:queries]))
+            with ThreadPoolExecutor(len(asked)) as pool:
+                replies = list(pool.map(lambda iq: collect(worker.answer(AnswerRequest(f"{device}-{iq[0]}", iq[1]),
+                                                                         Deadline.after(300))), asked))
+            for (i, query), reply in zip(asked, replies):
+                expected = reference.answer(query, f"{device}-{i}")
+                assert {k: reply[k] for k in expected} == expected, f"query {query!r} differs from the reference"
     finally:
-        worker.close(timeout=30)
-        documents.close()
         torch.set_num_threads(threads)
 
 
