@@ -51,19 +51,20 @@ def _small_page_copies(model) -> list[tuple]:
 def running(model, baseline: str | None) -> Iterator[None]:
     """Within: `model` (a torch module, or None for a stage without one) runs `baseline`'s kernels (None: the
     current ones); the current ones are back after, an exception included."""
-    from pipeline.kernels.decode_glue import EXTENSION as GLUE
-    from pipeline.kernels.decode_layers import EXTENSION as LAYERS
-    from pipeline.kernels.greedy_choice import EXTENSION as GREEDY
+    from pipeline.kernels import decode_glue, decode_layers, greedy_choice, ordered_attention
     from pipeline.kernels.int4 import Int4DynamicLinear
     from pipeline.kernels.int8 import Int8DynamicLinear
-    from pipeline.kernels.ordered_attention import EXTENSION
     if baseline is not None and baseline not in BASELINES:
         raise ValueError(f"unknown baseline {baseline!r} (expected one of {', '.join(BASELINES)})")
     int8 = [] if model is None else [m for m in model.modules() if isinstance(m, Int8DynamicLinear)]
     kernels, fused = [m.kernel for m in int8], [m.fused for m in int8]
     int4 = [] if model is None else [m for m in model.modules() if isinstance(m, Int4DynamicLinear)]
     int4_kernels = [m.kernel for m in int4]
-    built, glue, layers, greedy = EXTENSION.ops, GLUE.ops, LAYERS.ops, GREEDY.ops
+    # The baselines that unload one extension: its callers ask for it at every call (the attention, the decode step,
+    # the token chooser) and run torch's ops where it is not loaded.
+    unloaded = {"chunked-attention": ordered_attention.EXTENSION, "torch-glue": decode_glue.EXTENSION,
+                "python-layers": decode_layers.EXTENSION, "torch-token-choice": greedy_choice.EXTENSION}.get(baseline)
+    loaded = unloaded.ops if unloaded is not None else None
     weights = _small_page_copies(model) if baseline == "small-pages" and model is not None else []
     try:
         if baseline in ("fbgemm-int8", "unfused-int8"):
@@ -75,14 +76,8 @@ def running(model, baseline: str | None) -> Iterator[None]:
                 module.use_kernel("avx2", keep=True)
             for module in int4:
                 module.use_kernel("avx2")
-        elif baseline == "chunked-attention":
-            EXTENSION.ops = lambda: None  # chunked_attention and the decode step ask it at every call
-        elif baseline == "torch-glue":
-            GLUE.ops = lambda: None  # the decode step asks it at every step
-        elif baseline == "python-layers":
-            LAYERS.ops = lambda: None  # the decode step asks it at every step
-        elif baseline == "torch-token-choice":
-            GREEDY.ops = lambda: None  # the token chooser asks it at every choice
+        elif unloaded is not None:
+            unloaded.ops = lambda: None
         for tensor, _, copy in weights:
             tensor.data = copy  # the same tensor (the decode layers hold it) over other memory
         yield
@@ -92,6 +87,7 @@ def running(model, baseline: str | None) -> Iterator[None]:
             module.fused = was
         for module, kernel in zip(int4, int4_kernels):
             module.use_kernel(kernel)
-        EXTENSION.ops, GLUE.ops, LAYERS.ops, GREEDY.ops = built, glue, layers, greedy
+        if unloaded is not None:
+            unloaded.ops = loaded
         for tensor, own, _ in weights:
             tensor.data = own
