@@ -171,8 +171,9 @@ def stages(request, model_source, fp32):
     if placement == fp32:  # the session's float32 models (conftest): the same load, done once
         names = {"embed": "embedder", "rerank": "reranker", "generate": "generator", "sentiment": "sentiment",
                  "toxicity": "toxicity"}
-        return {"variant": variant, **{stage: request.getfixturevalue(name) for stage, name in names.items()}}
-    return {"variant": variant, "embed": Embedder.load(model_source, placement),
+        return {"variant": variant, "alone": {},
+                **{stage: request.getfixturevalue(name) for stage, name in names.items()}}
+    return {"variant": variant, "alone": {}, "embed": Embedder.load(model_source, placement),
             "rerank": Reranker.load(model_source, placement), "generate": Generator.load(model_source, placement),
             "sentiment": SentimentClassifier.load(model_source, placement),
             "toxicity": ToxicityClassifier.load(model_source, placement)}
@@ -262,6 +263,15 @@ def test_generated_ids_alone_equal_ids_among_same_length_batch_mates(stages):
         assert generator.generate_ids([prompt] * 3, max_new_tokens=24) == [alone] * 3
 
 
+def _alone(stages, requests) -> list[str]:
+    """Each request's text generated alone (the reference), once a variant: several tests compare against it."""
+    texts = stages["alone"]
+    for request in requests:
+        if request not in texts:
+            texts[request] = stages["generate"].generate([request])[0]
+    return [texts[request] for request in requests]
+
+
 def _continuous_texts(generator, requests, join_every: int = 9, max_batch: int = 3, graphs: bool = True,
                       prefill_chunk: int = 32) -> list[str]:
     """The engine's answers with each request joining `join_every` decode steps after the previous one;
@@ -278,7 +288,7 @@ def _continuous_texts(generator, requests, join_every: int = 9, max_batch: int =
 
 def test_generated_text_alone_equals_text_among_mixed_length_batch_mates(stages):
     generator = stages["generate"]
-    alone = [generator.generate([r])[0] for r in GEN_REQUESTS]
+    alone = _alone(stages, GEN_REQUESTS)
     assert generator.generate(GEN_REQUESTS) == alone
     assert _continuous_texts(generator, GEN_REQUESTS) == alone
     if generator.placement.device == "cuda":  # the eager steps the graphs recorded, too
@@ -299,7 +309,7 @@ def test_a_prompt_cut_where_its_last_token_would_be_a_chunk_of_its_own_generates
                    and len(generator.request_ids(r)) > 2 * chunk)
     engine = ContinuousEngine(generator, max_batch=2, kv_cache_tokens=8192, prefill_chunk=chunk)
     (seq,) = run_joining(engine, [request], 1)
-    assert generator.completion(seq.generated).text == generator.generate([request])[0]
+    assert [generator.completion(seq.generated).text] == _alone(stages, [request])
 
 
 @pytest.mark.parametrize("chunk", [4, 10, 37])
@@ -308,13 +318,12 @@ def test_the_text_does_not_follow_the_prefill_chunk_size(stages, chunk):
     changed the weight-only variants' text (the CPU's prompt attention rounded by where a prompt was cut)."""
     generator = stages["generate"]
     texts = _continuous_texts(generator, GEN_REQUESTS[:2], join_every=1, max_batch=2, prefill_chunk=chunk)
-    assert texts == [generator.generate([r])[0] for r in GEN_REQUESTS[:2]]
+    assert texts == _alone(stages, GEN_REQUESTS[:2])
 
 
 def test_generated_text_alone_equals_text_when_prompts_prefill_side_by_side(stages):
     generator = stages["generate"]
-    alone = [generator.generate([r])[0] for r in CROWDED]
-    assert _continuous_texts(generator, CROWDED, join_every=1, max_batch=6) == alone
+    assert _continuous_texts(generator, CROWDED, join_every=1, max_batch=6) == _alone(stages, CROWDED)
 
 
 def test_next_token_logits_alone_are_bit_identical_in_a_left_padded_batch(stages):

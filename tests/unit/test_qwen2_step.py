@@ -125,7 +125,7 @@ def test_the_fast_step_gives_the_model_forwards_bits_in_every_cpu_precision(vari
     attention_kernel(attention, monkeypatch)
     glue_kernel(glue, monkeypatch)
     layers_loop(loop, monkeypatch)
-    model = qwen2(variant, TINY, layers=24)
+    model = qwen2(variant, TINY, layers=6)
     steps_agree(model, [7], slots=4, one_call=one_call_expected(variant, loop))  # one row: run as a pair
     steps_agree(model, [CHUNK - 2], slots=1)  # one row, one slot; its keys cross into a second chunk
     steps_agree(model, [2 * CHUNK + 40, 3, CHUNK - 1, 90], slots=4)  # chunks some rows do not see, an idle row
